@@ -1,0 +1,230 @@
+//! Operations of a fusion: pointwise, reductions, shape ops, matmul and linear.
+
+use crate::diag::Span;
+use crate::dtype::DType;
+use crate::ids::TensorId;
+use crate::scalar::Scalar;
+
+/// Pointwise unary operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `|x|`
+    Abs,
+    /// `e^x`
+    Exp,
+    /// `ln x`
+    Log,
+    /// `sin x`
+    Sin,
+    /// `cos x`
+    Cos,
+    /// `tanh x`
+    Tanh,
+    /// `sqrt x`
+    Sqrt,
+    /// `1 / sqrt x`
+    Rsqrt,
+    /// `1 / x`
+    Reciprocal,
+    /// `max(x, 0)`
+    Relu,
+    /// `1 / (1 + e^-x)`
+    Sigmoid,
+    /// logical not (bool only)
+    Not,
+}
+
+/// Pointwise binary operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b`
+    Div,
+    /// elementwise maximum
+    Maximum,
+    /// elementwise minimum
+    Minimum,
+    /// `a ^ b`
+    Pow,
+    /// `a == b` (bool result)
+    Eq,
+    /// `a != b` (bool result)
+    Ne,
+    /// `a < b` (bool result)
+    Lt,
+    /// `a <= b` (bool result)
+    Le,
+    /// `a > b` (bool result)
+    Gt,
+    /// `a >= b` (bool result)
+    Ge,
+    /// logical and (bool only)
+    And,
+    /// logical or (bool only)
+    Or,
+}
+
+/// Reduction operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Maximum.
+    Max,
+}
+
+macro_rules! named_enum {
+    ($ty:ident { $($v:ident = $s:literal),* $(,)? }) => {
+        impl $ty {
+            /// Every variant.
+            pub const ALL: &'static [$ty] = &[$($ty::$v),*];
+            /// The op name used by the `.weave` format and the printer.
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$v => $s),* }
+            }
+            /// Parses [`Self::name`].
+            pub fn from_name(s: &str) -> Option<$ty> {
+                Self::ALL.iter().copied().find(|v| v.name() == s)
+            }
+        }
+    };
+}
+
+named_enum!(UnaryOp {
+    Neg = "neg", Abs = "abs", Exp = "exp", Log = "log", Sin = "sin", Cos = "cos",
+    Tanh = "tanh", Sqrt = "sqrt", Rsqrt = "rsqrt", Reciprocal = "reciprocal",
+    Relu = "relu", Sigmoid = "sigmoid", Not = "not",
+});
+named_enum!(BinaryOp {
+    Add = "add", Sub = "sub", Mul = "mul", Div = "div", Maximum = "maximum",
+    Minimum = "minimum", Pow = "pow", Eq = "eq", Ne = "ne", Lt = "lt", Le = "le",
+    Gt = "gt", Ge = "ge", And = "and", Or = "or",
+});
+named_enum!(ReduceOp { Sum = "sum", Max = "max" });
+
+impl BinaryOp {
+    /// True for comparisons, whose result is bool.
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
+    }
+
+    /// True for the logical operators, which take and give bool.
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or)
+    }
+}
+
+impl UnaryOp {
+    /// True for operators defined only on floating-point inputs.
+    pub fn needs_float(self) -> bool {
+        !matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Not)
+    }
+}
+
+/// What an expr computes. Axis lists refer to the input's logical axes without reductions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExprKind {
+    /// A copy; where producer and consumer shardings differ this is a communication.
+    Set,
+    /// Conversion to another dtype.
+    Cast(DType),
+    /// Pointwise unary.
+    Unary(UnaryOp),
+    /// Pointwise binary with broadcasting of `b` axes.
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`.
+    Where,
+    /// Reduction over `axes`; the output keeps them as reduction axes.
+    Reduction {
+        /// Sum or max.
+        op: ReduceOp,
+        /// Reduced axes, sorted.
+        axes: Vec<usize>,
+    },
+    /// Inserts broadcast axes at the given output positions.
+    Broadcast {
+        /// Output positions of the new axes, sorted.
+        axes: Vec<usize>,
+    },
+    /// Removes the given broadcast axes.
+    Squeeze {
+        /// Removed axes, sorted.
+        axes: Vec<usize>,
+    },
+    /// Output axis `i` is input axis `perm[i]`.
+    Permute {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// Splits one axis in two or merges two adjacent axes.
+    Reshape {
+        /// The new shape.
+        shape: Vec<Scalar>,
+    },
+    /// `[.., m, k] x [.., k, n] -> [.., m, n]`.
+    Matmul,
+    /// `x [.., k], w [n, k] (, bias [n]) -> [.., n]`.
+    Linear,
+}
+
+impl ExprKind {
+    /// The op name in the `.weave` format and printer.
+    pub fn op_name(&self) -> &'static str {
+        match self {
+            ExprKind::Set => "set",
+            ExprKind::Cast(_) => "cast",
+            ExprKind::Unary(u) => u.name(),
+            ExprKind::Binary(b) => b.name(),
+            ExprKind::Where => "where",
+            ExprKind::Reduction { op, .. } => op.name(),
+            ExprKind::Broadcast { .. } => "broadcast",
+            ExprKind::Squeeze { .. } => "squeeze",
+            ExprKind::Permute { .. } => "permute",
+            ExprKind::Reshape { .. } => "reshape",
+            ExprKind::Matmul => "matmul",
+            ExprKind::Linear => "linear",
+        }
+    }
+
+    /// True for pointwise ops (set, cast, unary, binary, where).
+    pub fn is_pointwise(&self) -> bool {
+        matches!(
+            self,
+            ExprKind::Set
+                | ExprKind::Cast(_)
+                | ExprKind::Unary(_)
+                | ExprKind::Binary(_)
+                | ExprKind::Where
+        )
+    }
+}
+
+/// An operation: inputs, outputs (one today), and where it was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expr {
+    /// What it computes.
+    pub kind: ExprKind,
+    /// Operand tensors, in order.
+    pub inputs: Vec<TensorId>,
+    /// Defined tensors.
+    pub outputs: Vec<TensorId>,
+    /// Source position of the statement.
+    pub span: Option<Span>,
+}
+
+impl Expr {
+    /// The span, if any.
+    pub fn span(&self) -> Option<Span> {
+        self.span
+    }
+}

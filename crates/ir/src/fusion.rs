@@ -1,0 +1,906 @@
+//! The fusion arena and its builder API: parameters, meshes, inputs, ops with shape and dtype
+//! inference, outputs. Program order is kept in vectors, never in arena order.
+
+use slotmap::SlotMap;
+
+use crate::diag::{Diagnostic, IrResult, Span};
+use crate::domain::{IdExpr, IterDomain, IterType, SplitKind};
+use crate::dtype::DType;
+use crate::expr::{BinaryOp, Expr, ExprKind, ReduceOp, UnaryOp};
+use crate::ids::{ExprId, IdExprId, IterDomainId, MeshId, TensorId};
+use crate::mesh::DeviceMesh;
+use crate::scalar::Scalar;
+use crate::tensor::{MemoryType, TensorView};
+
+/// A named parameter with an optional default and its current value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Param {
+    /// The name, usable in extents, split factors and meshes.
+    pub name: String,
+    /// The default written in the signature.
+    pub default: Option<i64>,
+    /// The value in effect (default or override); `None` until one is given.
+    pub value: Option<i64>,
+}
+
+/// How a mesh was written, kept for the `.weave` printer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MeshSpec {
+    /// `devices(n)` or `devices(rows, cols)`: devices `0..` laid out in that shape.
+    Devices(Vec<Scalar>),
+    /// `[0, 2, 4]` or `[[0, 1], [2, 3]]`.
+    Explicit {
+        /// Shape of the literal.
+        shape: Vec<usize>,
+        /// Device ids, row-major.
+        devices: Vec<i64>,
+    },
+}
+
+/// A named mesh of the fusion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MeshDecl {
+    /// The name used by `on m` and `mesh = m`.
+    pub name: String,
+    /// How it was written.
+    pub spec: MeshSpec,
+    /// The evaluated mesh.
+    pub mesh: DeviceMesh,
+    /// Where it was declared.
+    pub span: Option<Span>,
+}
+
+/// A whole tensor program: global shapes, annotations, ops in program order.
+#[derive(Clone, Debug, Default)]
+pub struct Fusion {
+    /// The fusion's name.
+    pub name: String,
+    params: Vec<Param>,
+    meshes: SlotMap<MeshId, MeshDecl>,
+    mesh_order: Vec<MeshId>,
+    ids: SlotMap<IterDomainId, IterDomain>,
+    id_exprs: SlotMap<IdExprId, IdExpr>,
+    tensors: SlotMap<TensorId, TensorView>,
+    exprs: SlotMap<ExprId, Expr>,
+    inputs: Vec<TensorId>,
+    outputs: Vec<TensorId>,
+    order: Vec<ExprId>,
+}
+
+impl Fusion {
+    /// An empty fusion.
+    pub fn new(name: &str) -> Fusion {
+        Fusion {
+            name: name.to_string(),
+            ..Fusion::default()
+        }
+    }
+
+    // ----- parameters -------------------------------------------------------------------
+
+    /// Declares a parameter. Fails on a duplicate name.
+    pub fn add_param(&mut self, name: &str, default: Option<i64>) -> IrResult<()> {
+        if self.params.iter().any(|p| p.name == name) {
+            return Err(Diagnostic::new(format!("duplicate parameter `{name}`")));
+        }
+        self.params.push(Param {
+            name: name.to_string(),
+            default,
+            value: default,
+        });
+        Ok(())
+    }
+
+    /// Overrides a parameter's value (`--set name=value`). Must happen before the parameter
+    /// is used; fails for an unknown name, listing the known ones.
+    pub fn set_param(&mut self, name: &str, value: i64) -> IrResult<()> {
+        let known: Vec<String> = self.params.iter().map(|p| p.name.clone()).collect();
+        match self.params.iter_mut().find(|p| p.name == name) {
+            Some(p) => {
+                p.value = Some(value);
+                Ok(())
+            }
+            None => Err(Diagnostic::new(format!(
+                "unknown parameter `{name}` (fusion `{}` has: {})",
+                self.name,
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ))),
+        }
+    }
+
+    /// All parameters in declaration order.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// The current value of a parameter.
+    pub fn param_value(&self, name: &str) -> Option<i64> {
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.value)
+    }
+
+    /// Evaluates `s` with the current parameter values.
+    pub fn eval(&self, s: &Scalar) -> Option<i64> {
+        s.eval(&|n| self.param_value(n))
+    }
+
+    /// True if two extents are provably equal: structurally after simplification, or equal
+    /// under the current parameter values.
+    pub fn same_extent(&self, a: &Scalar, b: &Scalar) -> bool {
+        if a == b {
+            return true;
+        }
+        matches!((self.eval(a), self.eval(b)), (Some(x), Some(y)) if x == y)
+    }
+
+    /// Checks that every symbol of `s` is a declared parameter.
+    pub fn check_symbols(&self, s: &Scalar) -> IrResult<()> {
+        for sym in s.symbols() {
+            if !self.params.iter().any(|p| *p.name == *sym) {
+                return Err(Diagnostic::new(format!(
+                    "undefined parameter `{sym}` in `{}`",
+                    s.to_source()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    // ----- meshes -----------------------------------------------------------------------
+
+    /// Declares a mesh, evaluating `spec` with the current parameter values.
+    pub fn add_mesh(&mut self, name: &str, spec: MeshSpec) -> IrResult<MeshId> {
+        if self.mesh_by_name(name).is_some() {
+            return Err(Diagnostic::new(format!("duplicate mesh `{name}`")));
+        }
+        let mesh = match &spec {
+            MeshSpec::Devices(dims) => {
+                let mut shape = Vec::new();
+                for d in dims {
+                    self.check_symbols(d)?;
+                    let v = self.eval(d).ok_or_else(|| {
+                        Diagnostic::new(format!(
+                            "mesh `{name}`: `{}` has no value (give the parameter a default or --set it)",
+                            d.to_source()
+                        ))
+                    })?;
+                    if v <= 0 {
+                        return Err(Diagnostic::new(format!(
+                            "mesh `{name}`: size `{}` = {v} must be positive",
+                            d.to_source()
+                        )));
+                    }
+                    shape.push(v as usize);
+                }
+                let n: usize = shape.iter().product();
+                DeviceMesh::new(shape, (0..n as i64).collect())
+            }
+            MeshSpec::Explicit { shape, devices } => DeviceMesh::new(shape.clone(), devices.clone()),
+        }
+        .map_err(|e| Diagnostic::new(format!("mesh `{name}`: {e}")))?;
+        let id = self.meshes.insert(MeshDecl {
+            name: name.to_string(),
+            spec,
+            mesh,
+            span: None,
+        });
+        self.mesh_order.push(id);
+        Ok(id)
+    }
+
+    /// Meshes in declaration order.
+    pub fn meshes(&self) -> &[MeshId] {
+        &self.mesh_order
+    }
+
+    /// A mesh declaration.
+    pub fn mesh(&self, id: MeshId) -> &MeshDecl {
+        &self.meshes[id]
+    }
+
+    /// A mesh declaration, mutably (to record its span).
+    pub fn mesh_mut(&mut self, id: MeshId) -> &mut MeshDecl {
+        &mut self.meshes[id]
+    }
+
+    /// Looks a mesh up by name.
+    pub fn mesh_by_name(&self, name: &str) -> Option<MeshId> {
+        self.mesh_order
+            .iter()
+            .copied()
+            .find(|m| self.meshes[*m].name == name)
+    }
+
+    /// The mesh of a tensor, if it has one.
+    pub fn mesh_of(&self, t: TensorId) -> Option<&DeviceMesh> {
+        self.tensors[t].mesh.map(|m| &self.meshes[m].mesh)
+    }
+
+    // ----- arena access -----------------------------------------------------------------
+
+    /// A tensor.
+    pub fn tensor(&self, id: TensorId) -> &TensorView {
+        &self.tensors[id]
+    }
+
+    /// A tensor, mutably.
+    pub fn tensor_mut(&mut self, id: TensorId) -> &mut TensorView {
+        &mut self.tensors[id]
+    }
+
+    /// An iter domain.
+    pub fn id(&self, id: IterDomainId) -> &IterDomain {
+        &self.ids[id]
+    }
+
+    /// An iter domain, mutably.
+    pub fn id_mut(&mut self, id: IterDomainId) -> &mut IterDomain {
+        &mut self.ids[id]
+    }
+
+    /// Adds an iter domain.
+    pub fn new_id(&mut self, id: IterDomain) -> IterDomainId {
+        self.ids.insert(id)
+    }
+
+    /// An id transform.
+    pub fn id_expr(&self, id: IdExprId) -> &IdExpr {
+        &self.id_exprs[id]
+    }
+
+    /// Splits `input`, recording the transform. Extents: outer split by `f` gives
+    /// `[f, ceilDiv(e, f)]`, inner split `[ceilDiv(e, f), f]`. Both outputs inherit the
+    /// input's iter type and parallel type.
+    pub fn split_id(
+        &mut self,
+        input: IterDomainId,
+        factor: Scalar,
+        kind: SplitKind,
+    ) -> (IterDomainId, IterDomainId) {
+        let src = self.ids[input].clone();
+        let divided = src.extent.clone().ceil_div(factor.clone());
+        let (oe, ie) = match kind {
+            SplitKind::Outer => (factor.clone(), divided),
+            SplitKind::Inner => (divided, factor.clone()),
+        };
+        let mk = |extent| IterDomain {
+            extent,
+            iter_type: src.iter_type,
+            parallel: src.parallel,
+            rfactor: false,
+            definition: None,
+        };
+        let outer = self.ids.insert(mk(oe));
+        let inner = self.ids.insert(mk(ie));
+        let e = self.id_exprs.insert(IdExpr::Split {
+            input,
+            outer,
+            inner,
+            factor,
+            kind,
+        });
+        self.ids[outer].definition = Some(e);
+        self.ids[inner].definition = Some(e);
+        (outer, inner)
+    }
+
+    /// Merges `outer` and `inner` into one axis of the product extent, recording the
+    /// transform. The result takes the outer's parallel type; it is a reduction if either
+    /// input is, iteration if either is, broadcast only if both are.
+    pub fn merge_ids(&mut self, outer: IterDomainId, inner: IterDomainId) -> IterDomainId {
+        let (o, i) = (&self.ids[outer], &self.ids[inner]);
+        let iter_type = match (o.iter_type, i.iter_type) {
+            (IterType::Reduction, _) | (_, IterType::Reduction) => IterType::Reduction,
+            (IterType::Broadcast, IterType::Broadcast) => IterType::Broadcast,
+            _ => IterType::Iteration,
+        };
+        let out = IterDomain {
+            extent: o.extent.clone().mul(i.extent.clone()),
+            iter_type,
+            parallel: o.parallel,
+            rfactor: false,
+            definition: None,
+        };
+        let output = self.ids.insert(out);
+        let e = self.id_exprs.insert(IdExpr::Merge {
+            outer,
+            inner,
+            output,
+        });
+        self.ids[output].definition = Some(e);
+        output
+    }
+
+    /// Every tensor: inputs first, then expr outputs in program order.
+    pub fn tensors_in_order(&self) -> Vec<TensorId> {
+        let mut v = self.inputs.clone();
+        for e in &self.order {
+            v.extend(self.exprs[*e].outputs.iter().copied());
+        }
+        v
+    }
+
+    /// Fusion inputs in declaration order.
+    pub fn inputs(&self) -> &[TensorId] {
+        &self.inputs
+    }
+
+    /// Fusion outputs in declaration order.
+    pub fn outputs(&self) -> &[TensorId] {
+        &self.outputs
+    }
+
+    /// Exprs in program (topological) order.
+    pub fn exprs(&self) -> &[ExprId] {
+        &self.order
+    }
+
+    /// An expr.
+    pub fn expr(&self, id: ExprId) -> &Expr {
+        &self.exprs[id]
+    }
+
+    /// An expr, mutably.
+    pub fn expr_mut(&mut self, id: ExprId) -> &mut Expr {
+        &mut self.exprs[id]
+    }
+
+    /// True for fusion inputs.
+    pub fn is_input(&self, t: TensorId) -> bool {
+        self.inputs.contains(&t)
+    }
+
+    /// True for fusion outputs.
+    pub fn is_output(&self, t: TensorId) -> bool {
+        self.outputs.contains(&t)
+    }
+
+    /// The exprs that read `t`, in program order.
+    pub fn uses(&self, t: TensorId) -> Vec<ExprId> {
+        self.order
+            .iter()
+            .copied()
+            .filter(|e| self.exprs[*e].inputs.contains(&t))
+            .collect()
+    }
+
+    /// Looks a tensor up by its user name.
+    pub fn tensor_by_name(&self, name: &str) -> Option<TensorId> {
+        self.tensors_in_order()
+            .into_iter()
+            .find(|t| self.tensors[*t].name == name)
+    }
+
+    /// A name not used by any tensor, built from `base` (`base`, `base_1`, ...).
+    pub fn fresh_name(&self, base: &str) -> String {
+        if self.tensor_by_name(base).is_none() {
+            return base.to_string();
+        }
+        (1..)
+            .map(|i| format!("{base}_{i}"))
+            .find(|n| self.tensor_by_name(n).is_none())
+            .unwrap_or_default()
+    }
+
+    /// The logical axes of `t` that are materialized (reductions excluded): the axes users
+    /// count when they write `sum(x, [1])`.
+    pub fn visible_axes(&self, t: TensorId) -> Vec<IterDomainId> {
+        self.tensors[t]
+            .logical
+            .iter()
+            .copied()
+            .filter(|i| self.ids[*i].iter_type != IterType::Reduction)
+            .collect()
+    }
+
+    // ----- building ---------------------------------------------------------------------
+
+    fn check_new_name(&self, name: &str) -> IrResult<()> {
+        if self.tensor_by_name(name).is_some() {
+            return Err(Diagnostic::new(format!("duplicate tensor name `{name}`")));
+        }
+        if self.params.iter().any(|p| p.name == name) {
+            return Err(Diagnostic::new(format!(
+                "tensor name `{name}` is already a parameter"
+            )));
+        }
+        Ok(())
+    }
+
+    fn new_tensor(&mut self, name: &str, dtype: DType, logical: Vec<IterDomainId>) -> TensorId {
+        self.tensors.insert(TensorView {
+            name: name.to_string(),
+            dtype,
+            loop_domain: logical.clone(),
+            logical,
+            root: None,
+            allocation: None,
+            mesh: None,
+            memory: MemoryType::Global,
+            definition: None,
+            schedule: Vec::new(),
+            span: None,
+        })
+    }
+
+    /// Declares a fusion input of global shape `extents`.
+    pub fn add_input(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        extents: Vec<Scalar>,
+        mesh: Option<MeshId>,
+    ) -> IrResult<TensorId> {
+        self.check_new_name(name)?;
+        let mut logical = Vec::new();
+        for (axis, e) in extents.into_iter().enumerate() {
+            self.check_symbols(&e)?;
+            if let Some(v) = self.eval(&e) {
+                if v <= 0 {
+                    return Err(Diagnostic::new(format!(
+                        "tensor `{name}` axis {axis}: extent `{}` = {v} must be positive",
+                        e.to_source()
+                    )));
+                }
+            }
+            logical.push(self.ids.insert(IterDomain::new(e, IterType::Iteration)));
+        }
+        let t = self.new_tensor(name, dtype, logical);
+        self.tensors[t].mesh = mesh;
+        self.inputs.push(t);
+        Ok(t)
+    }
+
+    /// Marks `t` as a fusion output.
+    pub fn add_output(&mut self, t: TensorId) -> IrResult<()> {
+        if self.outputs.contains(&t) {
+            return Err(Diagnostic::new(format!(
+                "tensor `{}` is already an output",
+                self.tensors[t].name
+            )));
+        }
+        self.outputs.push(t);
+        Ok(())
+    }
+
+    fn fresh_copy(&mut self, id: IterDomainId) -> IterDomainId {
+        let src = &self.ids[id];
+        let fresh = IterDomain::new(src.extent.clone(), src.iter_type);
+        self.ids.insert(fresh)
+    }
+
+    fn desc(&self, t: TensorId) -> String {
+        let tv = &self.tensors[t];
+        let dims: Vec<String> = self
+            .visible_axes(t)
+            .iter()
+            .map(|i| self.ids[*i].extent.to_source())
+            .collect();
+        format!("`{}` ({}[{}])", tv.name, tv.dtype, dims.join(", "))
+    }
+
+    /// Broadcast-aware pointwise shape: same rank; per axis equal extents, or one side a
+    /// broadcast.
+    fn pointwise_axes(&mut self, op: &str, ins: &[TensorId]) -> IrResult<Vec<IterDomainId>> {
+        let axes: Vec<Vec<IterDomainId>> = ins.iter().map(|t| self.visible_axes(*t)).collect();
+        let rank = axes[0].len();
+        for (k, a) in axes.iter().enumerate().skip(1) {
+            if a.len() != rank {
+                return Err(Diagnostic::new(format!(
+                    "rank mismatch in {op}: {} has rank {rank} but {} has rank {}",
+                    self.desc(ins[0]),
+                    self.desc(ins[k]),
+                    a.len()
+                )));
+            }
+        }
+        let mut out = Vec::with_capacity(rank);
+        for axis in 0..rank {
+            let mut chosen: Option<(usize, IterDomainId)> = None;
+            for (k, a) in axes.iter().enumerate() {
+                let id = a[axis];
+                if self.ids[id].iter_type == IterType::Broadcast {
+                    continue;
+                }
+                match chosen {
+                    None => chosen = Some((k, id)),
+                    Some((k0, id0)) => {
+                        if !self.same_extent(&self.ids[id0].extent, &self.ids[id].extent) {
+                            return Err(Diagnostic::new(format!(
+                                "shape mismatch in {op}: axis {axis} of {} has extent `{}` but axis {axis} of {} has extent `{}`",
+                                self.desc(ins[k0]),
+                                self.ids[id0].extent.to_source(),
+                                self.desc(ins[k]),
+                                self.ids[id].extent.to_source()
+                            )));
+                        }
+                    }
+                }
+            }
+            let src = chosen.map(|(_, id)| id).unwrap_or(axes[0][axis]);
+            out.push(self.fresh_copy(src));
+        }
+        Ok(out)
+    }
+
+    fn same_dtype(&self, op: &str, ins: &[TensorId]) -> IrResult<DType> {
+        let d0 = self.tensors[ins[0]].dtype;
+        for t in &ins[1..] {
+            let d = self.tensors[*t].dtype;
+            if d != d0 {
+                return Err(Diagnostic::new(format!(
+                    "dtype mismatch in {op}: `{}` is {d0} but `{}` is {d} (insert a cast)",
+                    self.tensors[ins[0]].name, self.tensors[*t].name
+                )));
+            }
+        }
+        Ok(d0)
+    }
+
+    fn check_axes(&self, op: &str, t: TensorId, axes: &[usize], rank: usize) -> IrResult<()> {
+        for (i, a) in axes.iter().enumerate() {
+            if *a >= rank {
+                return Err(Diagnostic::new(format!(
+                    "{op}: axis {a} is out of range for {} of rank {rank}",
+                    self.desc(t)
+                )));
+            }
+            if axes[..i].contains(a) {
+                return Err(Diagnostic::new(format!("{op}: axis {a} is listed twice")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds an op named `name` computing `kind` over `inputs`, infers its output's shape and
+    /// dtype, and returns the output. Errors name the op, tensors and axes involved.
+    pub fn add_op(&mut self, name: &str, kind: ExprKind, inputs: &[TensorId]) -> IrResult<TensorId> {
+        self.check_new_name(name)?;
+        let op = kind.op_name();
+        let arity = match &kind {
+            ExprKind::Binary(_) | ExprKind::Matmul => 2..=2,
+            ExprKind::Where => 3..=3,
+            ExprKind::Linear => 2..=3,
+            _ => 1..=1,
+        };
+        if !arity.contains(&inputs.len()) {
+            let want = if arity.start() == arity.end() {
+                format!("{}", arity.start())
+            } else {
+                format!("{} or {}", arity.start(), arity.end())
+            };
+            return Err(Diagnostic::new(format!(
+                "{op} takes {want} tensor operands, got {}",
+                inputs.len()
+            )));
+        }
+        let in0 = inputs[0];
+        let rank0 = self.visible_axes(in0).len();
+        let (dtype, logical, root) = match &kind {
+            ExprKind::Set => (self.tensors[in0].dtype, self.pointwise_axes(op, inputs)?, None),
+            ExprKind::Cast(d) => (*d, self.pointwise_axes(op, inputs)?, None),
+            ExprKind::Unary(u) => {
+                let d = self.tensors[in0].dtype;
+                if *u == UnaryOp::Not && d != DType::Bool {
+                    return Err(Diagnostic::new(format!(
+                        "not needs a bool operand, {} is {d}",
+                        self.desc(in0)
+                    )));
+                }
+                if u.needs_float() && !d.is_float() {
+                    return Err(Diagnostic::new(format!(
+                        "{op} needs a floating-point operand, {} is {d}",
+                        self.desc(in0)
+                    )));
+                }
+                (d, self.pointwise_axes(op, inputs)?, None)
+            }
+            ExprKind::Binary(b) => {
+                let d = self.same_dtype(op, inputs)?;
+                if b.is_logical() && d != DType::Bool {
+                    return Err(Diagnostic::new(format!("{op} needs bool operands, got {d}")));
+                }
+                let out_d = if b.is_comparison() { DType::Bool } else { d };
+                (out_d, self.pointwise_axes(op, inputs)?, None)
+            }
+            ExprKind::Where => {
+                let c = self.tensors[in0].dtype;
+                if c != DType::Bool {
+                    return Err(Diagnostic::new(format!(
+                        "where: the condition {} must be bool, not {c}",
+                        self.desc(in0)
+                    )));
+                }
+                let d = self.same_dtype(op, &inputs[1..])?;
+                (d, self.pointwise_axes(op, inputs)?, None)
+            }
+            ExprKind::Reduction { op: rop, axes } => {
+                self.check_axes(op, in0, axes, rank0)?;
+                if axes.is_empty() {
+                    return Err(Diagnostic::new(format!("{op}: no axes to reduce")));
+                }
+                let d = self.tensors[in0].dtype;
+                if *rop == ReduceOp::Sum && d == DType::Bool {
+                    return Err(Diagnostic::new(format!("sum of bool tensor {}", self.desc(in0))));
+                }
+                let vis = self.visible_axes(in0);
+                let mut out = Vec::new();
+                for (k, id) in vis.iter().enumerate() {
+                    let c = self.fresh_copy(*id);
+                    if axes.contains(&k) {
+                        self.ids[c].iter_type = IterType::Reduction;
+                    }
+                    out.push(c);
+                }
+                (d, out, None)
+            }
+            ExprKind::Broadcast { axes } => {
+                let out_rank = rank0 + axes.len();
+                self.check_axes(op, in0, axes, out_rank)?;
+                let vis = self.visible_axes(in0);
+                let mut src = vis.iter();
+                let mut out = Vec::new();
+                for k in 0..out_rank {
+                    if axes.contains(&k) {
+                        out.push(self.ids.insert(IterDomain::new(Scalar::c(1), IterType::Broadcast)));
+                    } else {
+                        let id = *src.next().expect("ranks checked");
+                        out.push(self.fresh_copy(id));
+                    }
+                }
+                (self.tensors[in0].dtype, out, None)
+            }
+            ExprKind::Squeeze { axes } => {
+                self.check_axes(op, in0, axes, rank0)?;
+                let vis = self.visible_axes(in0);
+                let mut out = Vec::new();
+                for (k, id) in vis.iter().enumerate() {
+                    if axes.contains(&k) {
+                        let d = &self.ids[*id];
+                        if d.iter_type != IterType::Broadcast && d.extent.as_const() != Some(1) {
+                            return Err(Diagnostic::new(format!(
+                                "squeeze: axis {k} of {} has extent `{}`, not 1",
+                                self.desc(in0),
+                                d.extent.to_source()
+                            )));
+                        }
+                    } else {
+                        out.push(self.fresh_copy(*id));
+                    }
+                }
+                (self.tensors[in0].dtype, out, None)
+            }
+            ExprKind::Permute { perm } => {
+                if perm.len() != rank0 {
+                    return Err(Diagnostic::new(format!(
+                        "permute: {} has rank {rank0} but the permutation has {} entries",
+                        self.desc(in0),
+                        perm.len()
+                    )));
+                }
+                self.check_axes(op, in0, perm, rank0)?;
+                let vis = self.visible_axes(in0);
+                let out = perm.iter().map(|p| self.fresh_copy(vis[*p])).collect();
+                (self.tensors[in0].dtype, out, None)
+            }
+            ExprKind::Reshape { shape } => {
+                let (root, logical) = self.reshape_domains(in0, shape)?;
+                (self.tensors[in0].dtype, logical, Some(root))
+            }
+            ExprKind::Matmul => {
+                let d = self.same_dtype(op, inputs)?;
+                (d, self.matmul_axes(inputs[0], inputs[1])?, None)
+            }
+            ExprKind::Linear => {
+                let d = self.same_dtype(op, inputs)?;
+                (d, self.linear_axes(inputs)?, None)
+            }
+        };
+        let out = self.new_tensor(name, dtype, logical);
+        self.tensors[out].root = root;
+        let e = self.exprs.insert(Expr {
+            kind,
+            inputs: inputs.to_vec(),
+            outputs: vec![out],
+            span: None,
+        });
+        self.tensors[out].definition = Some(e);
+        self.order.push(e);
+        Ok(out)
+    }
+
+    fn matmul_axes(&mut self, a: TensorId, b: TensorId) -> IrResult<Vec<IterDomainId>> {
+        let (va, vb) = (self.visible_axes(a), self.visible_axes(b));
+        if va.len() < 2 || vb.len() < 2 {
+            return Err(Diagnostic::new(format!(
+                "matmul needs operands of rank 2 or more, got {} and {}",
+                self.desc(a),
+                self.desc(b)
+            )));
+        }
+        if vb.len() > 2 && vb.len() != va.len() {
+            return Err(Diagnostic::new(format!(
+                "matmul: batched operands must have the same rank, got {} and {}",
+                self.desc(a),
+                self.desc(b)
+            )));
+        }
+        let ka = va[va.len() - 1];
+        let kb = vb[vb.len() - 2];
+        if !self.same_extent(&self.ids[ka].extent, &self.ids[kb].extent) {
+            return Err(Diagnostic::new(format!(
+                "matmul: contraction extents differ: last axis of {} is `{}`, axis {} of {} is `{}`",
+                self.desc(a),
+                self.ids[ka].extent.to_source(),
+                vb.len() - 2,
+                self.desc(b),
+                self.ids[kb].extent.to_source()
+            )));
+        }
+        let mut out = Vec::new();
+        for (k, id) in va[..va.len() - 2].iter().enumerate() {
+            if vb.len() > 2 && !self.same_extent(&self.ids[*id].extent, &self.ids[vb[k]].extent) {
+                return Err(Diagnostic::new(format!(
+                    "matmul: batch axis {k} differs between {} and {}",
+                    self.desc(a),
+                    self.desc(b)
+                )));
+            }
+            out.push(self.fresh_copy(*id));
+        }
+        out.push(self.fresh_copy(va[va.len() - 2]));
+        out.push(self.fresh_copy(vb[vb.len() - 1]));
+        let r = self.fresh_copy(ka);
+        self.ids[r].iter_type = IterType::Reduction;
+        out.push(r);
+        Ok(out)
+    }
+
+    fn linear_axes(&mut self, ins: &[TensorId]) -> IrResult<Vec<IterDomainId>> {
+        let (x, w) = (ins[0], ins[1]);
+        let (vx, vw) = (self.visible_axes(x), self.visible_axes(w));
+        if vx.is_empty() || vw.len() != 2 {
+            return Err(Diagnostic::new(format!(
+                "linear needs an input of rank 1 or more and a weight [n, k] of rank 2, got {} and {}",
+                self.desc(x),
+                self.desc(w)
+            )));
+        }
+        let kx = vx[vx.len() - 1];
+        if !self.same_extent(&self.ids[kx].extent, &self.ids[vw[1]].extent) {
+            return Err(Diagnostic::new(format!(
+                "linear: the last axis of {} is `{}` but axis 1 of weight {} is `{}`",
+                self.desc(x),
+                self.ids[kx].extent.to_source(),
+                self.desc(w),
+                self.ids[vw[1]].extent.to_source()
+            )));
+        }
+        if let Some(bias) = ins.get(2) {
+            let vb = self.visible_axes(*bias);
+            if vb.len() != 1 || !self.same_extent(&self.ids[vb[0]].extent, &self.ids[vw[0]].extent) {
+                return Err(Diagnostic::new(format!(
+                    "linear: bias {} must have shape [`{}`]",
+                    self.desc(*bias),
+                    self.ids[vw[0]].extent.to_source()
+                )));
+            }
+        }
+        let mut out = Vec::new();
+        for id in &vx[..vx.len() - 1] {
+            out.push(self.fresh_copy(*id));
+        }
+        out.push(self.fresh_copy(vw[0]));
+        let r = self.fresh_copy(kx);
+        self.ids[r].iter_type = IterType::Reduction;
+        out.push(r);
+        Ok(out)
+    }
+
+    /// Root (copies of the input axes) and logical (after one split or merge) for a reshape.
+    fn reshape_domains(
+        &mut self,
+        t: TensorId,
+        shape: &[Scalar],
+    ) -> IrResult<(Vec<IterDomainId>, Vec<IterDomainId>)> {
+        for s in shape {
+            self.check_symbols(s)?;
+        }
+        let vis = self.visible_axes(t);
+        let root: Vec<IterDomainId> = vis.iter().map(|i| self.fresh_copy(*i)).collect();
+        let ext: Vec<Scalar> = root.iter().map(|i| self.ids[*i].extent.clone()).collect();
+        let fail = |f: &Fusion| {
+            let to: Vec<String> = shape.iter().map(|s| s.to_source()).collect();
+            Diagnostic::new(format!(
+                "reshape of {} to [{}] is neither a split of one axis nor a merge of two adjacent axes",
+                f.desc(t),
+                to.join(", ")
+            ))
+        };
+        if shape.len() == ext.len() + 1 {
+            // Split of axis k: the first differing position.
+            let k = (0..ext.len())
+                .find(|k| !self.same_extent(&ext[*k], &shape[*k]))
+                .unwrap_or(ext.len() - 1);
+            let same_rest = (k + 1..ext.len()).all(|j| self.same_extent(&ext[j], &shape[j + 1]));
+            let prod = shape[k].clone().mul(shape[k + 1].clone());
+            if !same_rest || !self.same_extent(&prod, &ext[k]) {
+                return Err(fail(self));
+            }
+            let (o, i) = self.split_id(root[k], shape[k].clone(), SplitKind::Outer);
+            self.ids[o].rfactor = true;
+            self.ids[i].rfactor = true;
+            // Keep the written extent of the inner axis when it is provably the same.
+            self.ids[i].extent = shape[k + 1].clone();
+            let mut logical = root.clone();
+            logical.splice(k..=k, [o, i]);
+            Ok((root, logical))
+        } else if shape.len() + 1 == ext.len() && !ext.is_empty() {
+            let k = (0..shape.len())
+                .find(|k| !self.same_extent(&ext[*k], &shape[*k]))
+                .unwrap_or(shape.len() - 1);
+            let same_rest = (k + 1..shape.len()).all(|j| self.same_extent(&ext[j + 1], &shape[j]));
+            let prod = ext[k].clone().mul(ext[k + 1].clone());
+            if !same_rest || !self.same_extent(&prod, &shape[k]) {
+                return Err(fail(self));
+            }
+            let m = self.merge_ids(root[k], root[k + 1]);
+            self.ids[m].rfactor = true;
+            let mut logical = root.clone();
+            logical.splice(k..=k + 1, [m]);
+            Ok((root, logical))
+        } else {
+            Err(fail(self))
+        }
+    }
+
+    // ----- convenience builders for Rust users --------------------------------------------
+
+    /// `name = set(a)`
+    pub fn set(&mut self, name: &str, a: TensorId) -> IrResult<TensorId> {
+        self.add_op(name, ExprKind::Set, &[a])
+    }
+
+    /// `name = op(a, b)`
+    pub fn binary(&mut self, name: &str, op: BinaryOp, a: TensorId, b: TensorId) -> IrResult<TensorId> {
+        self.add_op(name, ExprKind::Binary(op), &[a, b])
+    }
+
+    /// `name = sum(a, axes)`
+    pub fn sum(&mut self, name: &str, a: TensorId, axes: &[usize]) -> IrResult<TensorId> {
+        let mut axes = axes.to_vec();
+        axes.sort_unstable();
+        self.add_op(
+            name,
+            ExprKind::Reduction {
+                op: ReduceOp::Sum,
+                axes,
+            },
+            &[a],
+        )
+    }
+
+    /// `name = matmul(a, b)`
+    pub fn matmul(&mut self, name: &str, a: TensorId, b: TensorId) -> IrResult<TensorId> {
+        self.add_op(name, ExprKind::Matmul, &[a, b])
+    }
+
+    /// `name = linear(x, w[, bias])`
+    pub fn linear(
+        &mut self,
+        name: &str,
+        x: TensorId,
+        w: TensorId,
+        bias: Option<TensorId>,
+    ) -> IrResult<TensorId> {
+        let mut ins = vec![x, w];
+        ins.extend(bias);
+        self.add_op(name, ExprKind::Linear, &ins)
+    }
+}

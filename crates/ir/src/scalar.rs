@@ -1,0 +1,395 @@
+//! Symbolic integer expressions for extents and split factors, simplified as they are built.
+//!
+//! Extents of iter domains are [`Scalar`]s over the fusion's named parameters (`t`, `h`, ...).
+//! Every constructor simplifies, so two extents that are equal by the rules below compare
+//! equal structurally; this is what replay and mapping tests rely on.
+//!
+//! Rules (extents are positive, so `x / x = 1` is sound): constant folding; `x + 0`, `x * 1`,
+//! `x * 0`, `x / 1`, `ceilDiv(x, 1)`, `x % 1`; constants gather on the left of `*` and the
+//! right of `+`; `(c1 * x) / c2 = (c1 / c2) * x` when `c2` divides `c1` (same for `ceilDiv`
+//! and `%`); `(a * b) / b = a`.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// An operator of a [`Scalar`] expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScalarOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b` (floor division)
+    Div,
+    /// `a % b`
+    Mod,
+    /// `ceilDiv(a, b)`
+    CeilDiv,
+}
+
+impl ScalarOp {
+    fn symbol(self) -> &'static str {
+        match self {
+            ScalarOp::Add => "+",
+            ScalarOp::Sub => "-",
+            ScalarOp::Mul => "*",
+            ScalarOp::Div => "/",
+            ScalarOp::Mod => "%",
+            ScalarOp::CeilDiv => "ceilDiv",
+        }
+    }
+
+    /// Binding strength in the `.weave` source form.
+    fn precedence(self) -> u8 {
+        match self {
+            ScalarOp::Add | ScalarOp::Sub => 1,
+            ScalarOp::Mul | ScalarOp::Div | ScalarOp::Mod => 2,
+            ScalarOp::CeilDiv => 3,
+        }
+    }
+}
+
+/// A symbolic integer: a constant, a named parameter, or an operator applied to two scalars.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Scalar {
+    /// An integer literal.
+    Const(i64),
+    /// A named parameter of the fusion (or a loop index / rank in host programs).
+    Named(Arc<str>),
+    /// `lhs op rhs`, already simplified.
+    Binary(ScalarOp, Box<Scalar>, Box<Scalar>),
+}
+
+impl From<i64> for Scalar {
+    fn from(v: i64) -> Scalar {
+        Scalar::Const(v)
+    }
+}
+
+impl Scalar {
+    /// The constant `v`.
+    pub fn c(v: i64) -> Scalar {
+        Scalar::Const(v)
+    }
+
+    /// The named symbol `name`.
+    pub fn named(name: &str) -> Scalar {
+        Scalar::Named(Arc::from(name))
+    }
+
+    /// The value if this is a constant.
+    pub fn as_const(&self) -> Option<i64> {
+        match self {
+            Scalar::Const(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// Builds `lhs op rhs` and simplifies it.
+    pub fn binary(op: ScalarOp, lhs: Scalar, rhs: Scalar) -> Scalar {
+        simplify_binary(op, lhs, rhs)
+    }
+
+    /// `self + rhs`
+    pub fn add(self, rhs: impl Into<Scalar>) -> Scalar {
+        Scalar::binary(ScalarOp::Add, self, rhs.into())
+    }
+    /// `self - rhs`
+    pub fn sub(self, rhs: impl Into<Scalar>) -> Scalar {
+        Scalar::binary(ScalarOp::Sub, self, rhs.into())
+    }
+    /// `self * rhs`
+    pub fn mul(self, rhs: impl Into<Scalar>) -> Scalar {
+        Scalar::binary(ScalarOp::Mul, self, rhs.into())
+    }
+    /// `self / rhs` (floor)
+    pub fn div(self, rhs: impl Into<Scalar>) -> Scalar {
+        Scalar::binary(ScalarOp::Div, self, rhs.into())
+    }
+    /// `self % rhs`
+    pub fn rem(self, rhs: impl Into<Scalar>) -> Scalar {
+        Scalar::binary(ScalarOp::Mod, self, rhs.into())
+    }
+    /// `ceilDiv(self, rhs)`
+    pub fn ceil_div(self, rhs: impl Into<Scalar>) -> Scalar {
+        Scalar::binary(ScalarOp::CeilDiv, self, rhs.into())
+    }
+
+    /// Evaluates with `lookup` giving the value of each named symbol. `None` when a symbol
+    /// is unbound, on division by zero, or on overflow.
+    pub fn eval(&self, lookup: &dyn Fn(&str) -> Option<i64>) -> Option<i64> {
+        match self {
+            Scalar::Const(v) => Some(*v),
+            Scalar::Named(n) => lookup(n),
+            Scalar::Binary(op, a, b) => fold(*op, a.eval(lookup)?, b.eval(lookup)?),
+        }
+    }
+
+    /// Replaces every named symbol for which `lookup` answers by that value, re-simplifying.
+    pub fn substitute(&self, lookup: &dyn Fn(&str) -> Option<Scalar>) -> Scalar {
+        match self {
+            Scalar::Const(_) => self.clone(),
+            Scalar::Named(n) => lookup(n).unwrap_or_else(|| self.clone()),
+            Scalar::Binary(op, a, b) => {
+                Scalar::binary(*op, a.substitute(lookup), b.substitute(lookup))
+            }
+        }
+    }
+
+    /// The named symbols this expression mentions, in first-occurrence order.
+    pub fn symbols(&self) -> Vec<Arc<str>> {
+        let mut out: Vec<Arc<str>> = Vec::new();
+        self.collect_symbols(&mut out);
+        out
+    }
+
+    fn collect_symbols(&self, out: &mut Vec<Arc<str>>) {
+        match self {
+            Scalar::Const(_) => {}
+            Scalar::Named(n) => {
+                if !out.iter().any(|o| o == n) {
+                    out.push(n.clone());
+                }
+            }
+            Scalar::Binary(_, a, b) => {
+                a.collect_symbols(out);
+                b.collect_symbols(out);
+            }
+        }
+    }
+
+    /// Formats in `.weave` source syntax: infix with minimal parentheses, `ceilDiv(a, b)`.
+    pub fn to_source(&self) -> String {
+        let mut s = String::new();
+        self.write_source(&mut s, 0);
+        s
+    }
+
+    fn write_source(&self, out: &mut String, parent_prec: u8) {
+        match self {
+            Scalar::Const(v) => out.push_str(&v.to_string()),
+            Scalar::Named(n) => out.push_str(n),
+            Scalar::Binary(ScalarOp::CeilDiv, a, b) => {
+                out.push_str("ceilDiv(");
+                a.write_source(out, 0);
+                out.push_str(", ");
+                b.write_source(out, 0);
+                out.push(')');
+            }
+            Scalar::Binary(op, a, b) => {
+                let prec = op.precedence();
+                let paren = prec < parent_prec;
+                if paren {
+                    out.push('(');
+                }
+                a.write_source(out, prec);
+                out.push(' ');
+                out.push_str(op.symbol());
+                out.push(' ');
+                // Left-associative: the right operand needs parentheses at equal precedence.
+                b.write_source(out, prec + 1);
+                if paren {
+                    out.push(')');
+                }
+            }
+        }
+    }
+}
+
+/// Seed-style printing: leaves bare, every operator wrapped as `( a * b )` or
+/// `( ceilDiv(a, b) )`, exactly as nvFuser prints extents.
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Const(v) => write!(f, "{v}"),
+            Scalar::Named(n) => f.write_str(n),
+            Scalar::Binary(ScalarOp::CeilDiv, a, b) => write!(f, "( ceilDiv({a}, {b}) )"),
+            Scalar::Binary(op, a, b) => write!(f, "( {a} {} {b} )", op.symbol()),
+        }
+    }
+}
+
+fn fold(op: ScalarOp, a: i64, b: i64) -> Option<i64> {
+    match op {
+        ScalarOp::Add => a.checked_add(b),
+        ScalarOp::Sub => a.checked_sub(b),
+        ScalarOp::Mul => a.checked_mul(b),
+        ScalarOp::Div => {
+            if b == 0 {
+                None
+            } else {
+                Some(a.div_euclid(b))
+            }
+        }
+        ScalarOp::Mod => {
+            if b == 0 {
+                None
+            } else {
+                Some(a.rem_euclid(b))
+            }
+        }
+        ScalarOp::CeilDiv => {
+            if b <= 0 {
+                None
+            } else {
+                Some(a.checked_add(b - 1)?.div_euclid(b))
+            }
+        }
+    }
+}
+
+/// `(c * x)` split into its constant factor and the rest, when it has that shape.
+fn const_factor(s: &Scalar) -> Option<(i64, &Scalar)> {
+    match s {
+        Scalar::Binary(ScalarOp::Mul, a, b) => a.as_const().map(|c| (c, b.as_ref())),
+        _ => None,
+    }
+}
+
+fn bin(op: ScalarOp, a: Scalar, b: Scalar) -> Scalar {
+    Scalar::Binary(op, Box::new(a), Box::new(b))
+}
+
+fn simplify_binary(op: ScalarOp, a: Scalar, b: Scalar) -> Scalar {
+    use ScalarOp::*;
+    if let (Some(x), Some(y)) = (a.as_const(), b.as_const()) {
+        if let Some(v) = fold(op, x, y) {
+            return Scalar::Const(v);
+        }
+        return bin(op, a, b);
+    }
+    match op {
+        Add => {
+            if a.as_const() == Some(0) {
+                return b;
+            }
+            if b.as_const() == Some(0) {
+                return a;
+            }
+            // Constants to the right: `c + x` -> `x + c`; `(x + c1) + c2` -> `x + (c1 + c2)`.
+            if a.as_const().is_some() {
+                return simplify_binary(Add, b, a);
+            }
+            if let (Scalar::Binary(Add, x, c1), Some(c2)) = (&a, b.as_const()) {
+                if let Some(c1) = c1.as_const() {
+                    if let Some(sum) = c1.checked_add(c2) {
+                        return simplify_binary(Add, (**x).clone(), Scalar::Const(sum));
+                    }
+                }
+            }
+            bin(Add, a, b)
+        }
+        Sub => {
+            if b.as_const() == Some(0) {
+                return a;
+            }
+            if a == b {
+                return Scalar::Const(0);
+            }
+            bin(Sub, a, b)
+        }
+        Mul => {
+            if a.as_const() == Some(0) || b.as_const() == Some(0) {
+                return Scalar::Const(0);
+            }
+            if a.as_const() == Some(1) {
+                return b;
+            }
+            if b.as_const() == Some(1) {
+                return a;
+            }
+            // Constants to the left: `x * c` -> `c * x`; `c1 * (c2 * x)` -> `(c1 * c2) * x`.
+            if b.as_const().is_some() {
+                return simplify_binary(Mul, b, a);
+            }
+            if let Some(c1) = a.as_const() {
+                if let Some((c2, x)) = const_factor(&b) {
+                    if let Some(p) = c1.checked_mul(c2) {
+                        return simplify_binary(Mul, Scalar::Const(p), x.clone());
+                    }
+                }
+            }
+            bin(Mul, a, b)
+        }
+        Div | CeilDiv => {
+            if b.as_const() == Some(1) {
+                return a;
+            }
+            if a == b {
+                return Scalar::Const(1);
+            }
+            if a.as_const() == Some(0) {
+                return Scalar::Const(0);
+            }
+            if let (Some((c1, x)), Some(c2)) = (const_factor(&a), b.as_const()) {
+                if c2 > 0 && c1 % c2 == 0 {
+                    return simplify_binary(Mul, Scalar::Const(c1 / c2), x.clone());
+                }
+            }
+            if let Scalar::Binary(Mul, x, y) = &a {
+                if **y == b {
+                    return (**x).clone();
+                }
+                if **x == b {
+                    return (**y).clone();
+                }
+            }
+            bin(op, a, b)
+        }
+        Mod => {
+            if b.as_const() == Some(1) || a == b {
+                return Scalar::Const(0);
+            }
+            if let (Some((c1, _)), Some(c2)) = (const_factor(&a), b.as_const()) {
+                if c2 > 0 && c1 % c2 == 0 {
+                    return Scalar::Const(0);
+                }
+            }
+            if let Scalar::Binary(Mul, x, y) = &a {
+                if **y == b || **x == b {
+                    return Scalar::Const(0);
+                }
+            }
+            bin(Mod, a, b)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> Scalar {
+        Scalar::named(s)
+    }
+
+    #[test]
+    fn folds_and_prints_like_the_seeds() {
+        assert_eq!(Scalar::c(7).ceil_div(3), Scalar::c(3));
+        assert_eq!(n("i0").ceil_div(3).to_string(), "( ceilDiv(i0, 3) )");
+        assert_eq!(n("i0").ceil_div(3).mul(12).to_string(), "( 12 * ( ceilDiv(i0, 3) ) )");
+        assert_eq!(n("h").mul(4).ceil_div(2), n("h").mul(2));
+        assert_eq!(n("h").mul(4).div(n("h")), Scalar::c(4));
+        assert_eq!(n("t").mul(n("s")).div(n("s")), n("t"));
+        assert_eq!(n("t").add(0).mul(1), n("t"));
+        assert_eq!(Scalar::c(2).mul(n("h").mul(3)), n("h").mul(6));
+    }
+
+    #[test]
+    fn source_form_uses_minimal_parentheses() {
+        let e = n("t").add(1).mul(n("h"));
+        assert_eq!(e.to_source(), "(t + 1) * h");
+        assert_eq!(n("a").sub(n("b").sub(n("c"))).to_source(), "a - (b - c)");
+        assert_eq!(n("t").ceil_div(n("s")).to_source(), "ceilDiv(t, s)");
+    }
+
+    #[test]
+    fn eval_reports_unbound_symbols_and_division_by_zero() {
+        let env = |s: &str| (s == "t").then_some(10);
+        assert_eq!(n("t").ceil_div(3).eval(&env), Some(4));
+        assert_eq!(n("u").eval(&env), None);
+        assert_eq!(n("t").div(Scalar::c(0)).eval(&env), None);
+    }
+}

@@ -1,0 +1,144 @@
+//! Tensor views: a dtype, the logical/root/loop/allocation domains, a mesh, a memory type,
+//! and the schedule recipe the user wrote for it.
+
+use crate::diag::Span;
+use crate::domain::ParallelType;
+use crate::dtype::DType;
+use crate::ids::{ExprId, IterDomainId, MeshId};
+use crate::scalar::Scalar;
+
+/// Where a tensor lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryType {
+    /// Device global memory (`_g`).
+    Global,
+    /// A kernel-local temporary (`_l`).
+    Local,
+    /// Symmetric memory registered with every peer (`_sym`), for copy-engine collectives.
+    Symmetric,
+}
+
+impl MemoryType {
+    /// The printer's infix (`g`, `l`, `sym`).
+    pub fn short(self) -> &'static str {
+        match self {
+            MemoryType::Global => "g",
+            MemoryType::Local => "l",
+            MemoryType::Symmetric => "sym",
+        }
+    }
+
+    /// The `.weave` spelling (`global`, `local`, `symmetric`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryType::Global => "global",
+            MemoryType::Local => "local",
+            MemoryType::Symmetric => "symmetric",
+        }
+    }
+
+    /// Parses [`MemoryType::name`].
+    pub fn from_name(s: &str) -> Option<MemoryType> {
+        [MemoryType::Global, MemoryType::Local, MemoryType::Symmetric]
+            .into_iter()
+            .find(|m| m.name() == s)
+    }
+}
+
+/// One step of a tensor's schedule, as the user wrote it. Axis numbers refer to the loop
+/// domain as it is when the step runs. `weave_transform::schedule` gives the steps meaning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScheduleOp {
+    /// `outer_split(axis, factor) [-> P]`: `factor` chunks; `P` parallelizes the outer output.
+    OuterSplit {
+        /// Loop axis to split.
+        axis: usize,
+        /// Number of chunks (must evaluate to a constant when applied).
+        factor: Scalar,
+        /// Parallel type for the outer output.
+        parallel: Option<ParallelType>,
+    },
+    /// `inner_split(axis, factor) [-> P]`: chunks of `factor`; `P` parallelizes the outer output.
+    InnerSplit {
+        /// Loop axis to split.
+        axis: usize,
+        /// Chunk size.
+        factor: Scalar,
+        /// Parallel type for the outer output.
+        parallel: Option<ParallelType>,
+    },
+    /// `merge(outer, inner)`: the two loop axes become one at `outer`'s position.
+    Merge {
+        /// Outer axis.
+        outer: usize,
+        /// Inner axis.
+        inner: usize,
+    },
+    /// `reorder(a -> b, ...)`: move loop axis `a` to position `b`; unnamed axes keep order.
+    Reorder {
+        /// `(from, to)` pairs.
+        moves: Vec<(usize, usize)>,
+    },
+    /// `parallelize(axis, P)`.
+    Parallelize {
+        /// Loop axis.
+        axis: usize,
+        /// The parallel type.
+        parallel: ParallelType,
+    },
+    /// `allocation = loop`: the allocation domain becomes the current loop domain.
+    AllocationAsLoop,
+    /// `mesh = m`.
+    SetMesh(MeshId),
+    /// `memory = symmetric`.
+    SetMemory(MemoryType),
+}
+
+/// A schedule step and where it was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleStep {
+    /// The step.
+    pub op: ScheduleOp,
+    /// Its position in the source, for errors.
+    pub span: Option<Span>,
+}
+
+/// A tensor of the fusion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorView {
+    /// The user's name (`inp`, `out`), unique in the fusion; used by the `.weave` printer and
+    /// in error messages. The seed-style printer numbers tensors `T0, T1, ...` instead.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// The global shape, including reduction axes produced by this tensor's definition.
+    pub logical: Vec<IterDomainId>,
+    /// The domain before root→logical transforms (reshape, rfactor), when there are any.
+    pub root: Option<Vec<IterDomainId>>,
+    /// The schedule: where DID and Stream axes live.
+    pub loop_domain: Vec<IterDomainId>,
+    /// The memory layout, outer to inner; `None` means "the logical domain".
+    pub allocation: Option<Vec<IterDomainId>>,
+    /// The device mesh, once known.
+    pub mesh: Option<MeshId>,
+    /// Memory type.
+    pub memory: MemoryType,
+    /// The expr that defines this tensor; `None` for fusion inputs.
+    pub definition: Option<ExprId>,
+    /// The schedule recipe as written (printed back by the `.weave` printer).
+    pub schedule: Vec<ScheduleStep>,
+    /// Where the tensor was declared or defined.
+    pub span: Option<Span>,
+}
+
+impl TensorView {
+    /// The allocation domain, defaulting to the logical domain.
+    pub fn allocation_domain(&self) -> &[IterDomainId] {
+        self.allocation.as_deref().unwrap_or(&self.logical)
+    }
+
+    /// The root domain, defaulting to the logical domain.
+    pub fn root_domain(&self) -> &[IterDomainId] {
+        self.root.as_deref().unwrap_or(&self.logical)
+    }
+}

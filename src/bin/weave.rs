@@ -1,0 +1,2 @@
+//! weave CLI.
+fn main() {}
