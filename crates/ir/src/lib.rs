@@ -15,6 +15,7 @@ pub mod ids;
 pub mod mesh;
 pub mod scalar;
 pub mod tensor;
+pub mod text;
 
 pub use diag::{Diagnostic, IrResult, Span};
 pub use domain::{IdExpr, IterDomain, IterType, ParallelType, SplitKind};
