@@ -1,1 +1,69 @@
-//! streamweave facade.
+//! streamweave: the facade that loads `.weave` fusions, schedules and verifies them, and
+//! (in later layers) lowers them to host programs and runs them.
+
+use std::fmt;
+use std::path::Path;
+
+pub use weave_ir as ir;
+pub use weave_transform as transform;
+
+use weave_ir::{Diagnostic, Fusion};
+
+/// A failure to load a fusion, with the source kept so it renders with file:line:col and
+/// the offending line.
+#[derive(Debug, Clone)]
+pub struct LoadError {
+    /// The file name as given.
+    pub file: String,
+    /// The source text (empty when the file could not be read).
+    pub source: String,
+    /// What went wrong and where.
+    pub diagnostic: Diagnostic,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.diagnostic.render(&self.file, &self.source).trim_end())
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Parses `source` (named `file` in errors), applies `overrides` (`--set k=v`), applies
+/// every schedule block, and verifies the result.
+pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
+    let err = |diagnostic| LoadError {
+        file: file.to_string(),
+        source: source.to_string(),
+        diagnostic,
+    };
+    let fusion = weave_ir::text::parse(source, overrides).map_err(err)?;
+    Ok(fusion)
+}
+
+/// Reads and loads a `.weave` file.
+pub fn load_file(path: &Path, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
+    let file = path.display().to_string();
+    let source = std::fs::read_to_string(path).map_err(|e| LoadError {
+        file: file.clone(),
+        source: String::new(),
+        diagnostic: Diagnostic::new(format!("cannot read {file}: {e}")),
+    })?;
+    load(&file, &source, overrides)
+}
+
+/// Parses `k=v` (as given to `--set`) into a parameter override.
+pub fn parse_override(s: &str) -> Result<(String, i64), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--set expects NAME=VALUE, got `{s}`"))?;
+    let k = k.trim();
+    if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("--set: `{k}` is not a parameter name"));
+    }
+    let v: i64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("--set {k}: `{}` is not an integer", v.trim()))?;
+    Ok((k.to_string(), v))
+}

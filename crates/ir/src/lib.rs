@@ -13,6 +13,7 @@ pub mod expr;
 pub mod fusion;
 pub mod ids;
 pub mod mesh;
+pub mod print;
 pub mod scalar;
 pub mod tensor;
 pub mod text;
