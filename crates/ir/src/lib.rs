@@ -17,6 +17,7 @@ pub mod print;
 pub mod scalar;
 pub mod tensor;
 pub mod text;
+pub mod verify;
 
 pub use diag::{Diagnostic, IrResult, Span};
 pub use domain::{IdExpr, IterDomain, IterType, ParallelType, SplitKind};

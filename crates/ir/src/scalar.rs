@@ -68,6 +68,9 @@ impl From<i64> for Scalar {
     }
 }
 
+// The builder methods are named after the operators on purpose; they take `impl Into<Scalar>`
+// and simplify, which the `std::ops` traits (also implemented below) forward to.
+#[allow(clippy::should_implement_trait)]
 impl Scalar {
     /// The constant `v`.
     pub fn c(v: i64) -> Scalar {
@@ -197,6 +200,22 @@ impl Scalar {
         }
     }
 }
+
+macro_rules! forward_op {
+    ($tr:ident, $m:ident, $op:ident) => {
+        impl<T: Into<Scalar>> std::ops::$tr<T> for Scalar {
+            type Output = Scalar;
+            fn $m(self, rhs: T) -> Scalar {
+                Scalar::binary(ScalarOp::$op, self, rhs.into())
+            }
+        }
+    };
+}
+forward_op!(Add, add, Add);
+forward_op!(Sub, sub, Sub);
+forward_op!(Mul, mul, Mul);
+forward_op!(Div, div, Div);
+forward_op!(Rem, rem, Mod);
 
 /// Seed-style printing: leaves bare, every operator wrapped as `( a * b )` or
 /// `( ceilDiv(a, b) )`, exactly as nvFuser prints extents.
