@@ -37,7 +37,9 @@ pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fus
         source: source.to_string(),
         diagnostic,
     };
-    let fusion = weave_ir::text::parse(source, overrides).map_err(err)?;
+    let mut fusion = weave_ir::text::parse(source, overrides).map_err(err)?;
+    weave_transform::schedule::apply_schedules(&mut fusion).map_err(err)?;
+    weave_ir::verify::verify(&fusion).map_err(err)?;
     Ok(fusion)
 }
 
