@@ -1,1 +1,25 @@
-//! placeholder
+//! weave-passes: every transformation between a user's fusion and the host program each rank
+//! runs, as named passes in named pipelines.
+//!
+//! The pipelines (DESIGN.md §1, §5), each pass verifying its output:
+//!
+//! * pre-segmentation, on a [`weave_ir::Fusion`]: `propagate-shardings →
+//!   decompose-reshardings → reorder-sharded-axis → finalize-multidevice-domains`; afterwards
+//!   every tensor is sharded and every expr is pure compute or exactly one communication;
+//! * segmentation (`weave-segmenter`) into a [`weave_segmenter::SegmentedFusion`];
+//! * `lower-to-host` into a [`weave_host_ir::HostProgram`] (stream loops, `ShardByStream`,
+//!   `Communication` + `Wait`);
+//! * host passes: `assign-streams → allocate-and-deallocate`.
+//!
+//! This version holds the interface every pass implements ([`Pass`], [`Changed`],
+//! [`PassError`]) and the IR a pipeline carries ([`Ir`]). The registry, the pipelines, the
+//! pass manager (verify after each pass, print before/after on request) and the passes
+//! themselves arrive with the pass issues; each pass module will open with its contract:
+//! input and output phase, what it preserves, whether it is idempotent.
+//!
+//! Architecture Invariant: passes transform IR; they never execute it. weave-passes knows
+//! nothing of CUDA, NCCL or the executor, and runs the same on a machine without a GPU.
+
+pub mod pass;
+
+pub use pass::{Changed, Ir, Pass, PassError};

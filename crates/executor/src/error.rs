@@ -1,0 +1,20 @@
+//! Errors of host-program execution.
+
+use weave_comm::CommError;
+use weave_cuda::CudaError;
+
+/// A failure while running a host program.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    /// The program asked for something it cannot have at this point — an unbound tensor or
+    /// scalar, sizes that do not match — which the verifier should have caught. The message
+    /// names the statement as printed.
+    #[error("invalid host program: {0}")]
+    Program(String),
+    /// The CUDA layer failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// A communication failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+}

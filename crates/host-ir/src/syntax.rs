@@ -1,0 +1,318 @@
+//! The host IR node set, data only: what a host program may say, with no behaviour attached.
+//!
+//! Definitions live apart from order. [`HostProgram`] owns one arena per kind of entity
+//! (statements, tensors, scalars, streams, kernels); program order lives only in
+//! [`HostProgram::top_level`] and in the `body` of each [`Stmt::ForLoop`]. A statement id
+//! appears in exactly one scope.
+//!
+//! The semantics follow nvFuser's `HostIrEvaluator` (reference/nvfuser-host-ir.md §3): every
+//! statement is issued, in program order, by one host thread per rank; device work (kernels,
+//! library calls, communications) is enqueued on the *current stream*, and streams are ordered
+//! only by [`Stmt::Synchronize`] and [`Stmt::Wait`].
+//!
+//! Changing this module changes the printed form, the parser and every pass; review it with
+//! that in mind.
+
+use slotmap::SlotMap;
+use weave_ir::{DType, Fusion, MemoryType, ReduceOp, Scalar, ScalarOp, TensorId};
+
+use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
+
+/// A whole host program: the arenas of its entities, its inputs and outputs, and the
+/// top-level scope.
+#[derive(Clone, Debug, Default)]
+pub struct HostProgram {
+    /// Every statement, wherever it is placed.
+    pub stmts: SlotMap<StmtId, Stmt>,
+    /// Every tensor: program inputs and outputs, allocated buffers and aliasing views.
+    pub tensors: SlotMap<HostTensorId, HostTensor>,
+    /// Every integer scalar the program reads.
+    pub scalars: SlotMap<ScalarId, HostScalar>,
+    /// Every stream value.
+    pub streams: SlotMap<StreamId, Stream>,
+    /// Every compute segment that a [`Stmt::LaunchKernel`] runs.
+    pub kernels: SlotMap<KernelId, KernelUnit>,
+    /// Tensors bound by the caller before the first statement, in signature order.
+    pub inputs: Vec<HostTensorId>,
+    /// Tensors handed back to the caller after the last statement, in signature order.
+    pub outputs: Vec<HostTensorId>,
+    /// The top-level scope, in program order.
+    pub top_level: Vec<StmtId>,
+}
+
+/// A tensor of the host program: a buffer or an aliasing view of one, as seen by one rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostTensor {
+    /// Element type.
+    pub dtype: DType,
+    /// Local sizes on one rank, outermost first (device-sharded axes already divided; a
+    /// stream-sharded buffer holds its slots).
+    pub sizes: Vec<ScalarId>,
+    /// Where the buffer lives.
+    pub memory: MemoryType,
+    /// The fusion tensor this one was lowered from, if any, so that the printer can show its
+    /// domains in the seed style (`T3_g_bf16[istreamIdx7{3}, …]`).
+    pub origin: Option<TensorId>,
+}
+
+/// An integer scalar. Scalars are values, not statements: the evaluator computes one when a
+/// statement reads it, from the bindings current at that point.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HostScalar {
+    /// A loop-invariant value: a constant or an expression over the fusion's parameters and
+    /// the evaluator's bindings (`rank`, `numberOfStreams`), such as `ceilDiv(t, 3)`.
+    Value(Scalar),
+    /// The index of the one [`Stmt::ForLoop`] that names it; rebound every iteration.
+    LoopIndex,
+    /// `lhs op rhs` over other host scalars, such as `( i5 % numberOfStreams )`.
+    Binary(ScalarOp, ScalarId, ScalarId),
+}
+
+/// A stream value. Two stream values denote the same stream when they are the same captured
+/// value, or when their indices evaluate to the same integer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// The stream that was current when a [`Stmt::GetCurrentStream`] defined this value: the
+    /// caller's (main) stream of the program.
+    Captured,
+    /// The pool stream numbered by the runtime value of the index (`Stream i5`,
+    /// `Stream ( i5 % numberOfStreams )`); created on first use and kept for the program's
+    /// lifetime.
+    Indexed(ScalarId),
+}
+
+/// A compute segment that runs as one generated kernel.
+#[derive(Clone, Debug)]
+pub struct KernelUnit {
+    /// The segment's own fusion; its inputs and outputs bind, in order, to the `inputs` and
+    /// `outputs` of the [`Stmt::LaunchKernel`] statements that run it.
+    pub fusion: Fusion,
+}
+
+/// The kind of a collective [`Communication`] (nvFuser's `CommunicationType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommunicationType {
+    /// Every member gathers every member's shard.
+    Allgather,
+    /// Every member receives the reduction of every member's buffer.
+    Allreduce,
+    /// Every member receives one shard of the reduction of every member's buffer.
+    ReduceScatter,
+    /// The root's buffer is copied to every member.
+    Broadcast,
+    /// The root receives the reduction of every member's buffer.
+    Reduce,
+    /// The root receives every member's shard.
+    Gather,
+    /// The root sends one shard to each member.
+    Scatter,
+    /// One member (the root) sends its buffer to the other.
+    SendRecv,
+    /// Every member sends one shard to each member.
+    AllToAll,
+    /// Every member sends its buffer to one peer and receives from another, as one step of a
+    /// permutation.
+    CollectivePermute,
+}
+
+impl CommunicationType {
+    /// Every type, in a fixed order.
+    pub const ALL: [CommunicationType; 10] = [
+        CommunicationType::Allgather,
+        CommunicationType::Allreduce,
+        CommunicationType::ReduceScatter,
+        CommunicationType::Broadcast,
+        CommunicationType::Reduce,
+        CommunicationType::Gather,
+        CommunicationType::Scatter,
+        CommunicationType::SendRecv,
+        CommunicationType::AllToAll,
+        CommunicationType::CollectivePermute,
+    ];
+
+    /// The printed name (`type=Allgather`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CommunicationType::Allgather => "Allgather",
+            CommunicationType::Allreduce => "Allreduce",
+            CommunicationType::ReduceScatter => "ReduceScatter",
+            CommunicationType::Broadcast => "Broadcast",
+            CommunicationType::Reduce => "Reduce",
+            CommunicationType::Gather => "Gather",
+            CommunicationType::Scatter => "Scatter",
+            CommunicationType::SendRecv => "SendRecv",
+            CommunicationType::AllToAll => "AllToAll",
+            CommunicationType::CollectivePermute => "CollectivePermute",
+        }
+    }
+
+    /// Whether the type has a root: Broadcast, Reduce, Gather, Scatter and SendRecv do.
+    pub fn has_root(self) -> bool {
+        matches!(
+            self,
+            CommunicationType::Broadcast
+                | CommunicationType::Reduce
+                | CommunicationType::Gather
+                | CommunicationType::Scatter
+                | CommunicationType::SendRecv
+        )
+    }
+
+    /// Whether the type reduces and so needs a reduction op: Allreduce, ReduceScatter and
+    /// Reduce do.
+    pub fn is_reduction(self) -> bool {
+        matches!(
+            self,
+            CommunicationType::Allreduce
+                | CommunicationType::ReduceScatter
+                | CommunicationType::Reduce
+        )
+    }
+}
+
+/// A collective communication among a team of devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Communication {
+    /// What the collective does.
+    pub kind: CommunicationType,
+    /// The member devices, by absolute device id, in team order.
+    pub team: Vec<i64>,
+    /// The root, as an index into `team` (not a device id); may depend on a loop index.
+    /// Present exactly when [`CommunicationType::has_root`].
+    pub root: Option<ScalarId>,
+    /// The reduction. Present exactly when [`CommunicationType::is_reduction`].
+    pub red_op: Option<ReduceOp>,
+    /// The buffer sent.
+    pub input: HostTensorId,
+    /// The buffer received into.
+    pub output: HostTensorId,
+}
+
+/// Which half of a point-to-point exchange a [`P2PCommunication`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum P2PDirection {
+    /// Send the buffer to the peer.
+    Send,
+    /// Receive the peer's message into the buffer.
+    Recv,
+}
+
+/// One half of a point-to-point exchange with a peer device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct P2PCommunication {
+    /// Send or receive.
+    pub direction: P2PDirection,
+    /// The peer's device id; usually computed from the loop index and `rank`.
+    pub peer: ScalarId,
+    /// The buffer sent from or received into.
+    pub buffer: HostTensorId,
+}
+
+/// A statement of a host program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stmt {
+    /// Binds `tensor` to a fresh buffer of its sizes, uninitialised unless `zero_init`.
+    Allocate {
+        /// The tensor to bind.
+        tensor: HostTensorId,
+        /// Whether the buffer is zero-filled (on the current stream).
+        zero_init: bool,
+    },
+    /// Drops the binding of `tensor`; its buffer may be reused once every stream that used
+    /// it is ordered after this point.
+    Deallocate {
+        /// The tensor to unbind.
+        tensor: HostTensorId,
+    },
+    /// Runs `body` once for every integer of `[start, stop)`, in order, with `index` bound to
+    /// it.
+    ForLoop {
+        /// The loop index; a [`HostScalar::LoopIndex`] named by this loop only.
+        index: ScalarId,
+        /// First value of the index.
+        start: ScalarId,
+        /// One past the last value of the index.
+        stop: ScalarId,
+        /// The loop body, in program order.
+        body: Vec<StmtId>,
+    },
+    /// Defines `out` as the stream that is current now.
+    GetCurrentStream {
+        /// A [`Stream::Captured`] value defined by this statement only.
+        out: StreamId,
+    },
+    /// Makes `stream` the current stream of the statements that follow.
+    SetCurrentStream {
+        /// The new current stream.
+        stream: StreamId,
+    },
+    /// Makes the current stream wait for the work enqueued so far on `stream`, without
+    /// blocking the host.
+    Synchronize {
+        /// The stream waited for.
+        stream: StreamId,
+    },
+    /// Binds `output` to the `index`-th of `chunks` equal chunks of `input` along `axis`: an
+    /// aliasing view, no copy.
+    ShardByStream {
+        /// The tensor cut into chunks.
+        input: HostTensorId,
+        /// The axis of `input` that is cut, counted in its local sizes.
+        axis: usize,
+        /// How many chunks the axis is cut into.
+        chunks: ScalarId,
+        /// Which chunk; usually the loop index.
+        index: ScalarId,
+        /// The view.
+        output: HostTensorId,
+    },
+    /// Runs the generated kernel of `kernel` on the current stream into preallocated outputs.
+    LaunchKernel {
+        /// The compute segment.
+        kernel: KernelId,
+        /// Bound, in order, to the segment's fusion inputs.
+        inputs: Vec<HostTensorId>,
+        /// Bound, in order, to the segment's fusion outputs; allocated before the launch.
+        outputs: Vec<HostTensorId>,
+    },
+    /// `out = a @ b` by the GEMM library on the current stream, into a preallocated `out`.
+    Matmul {
+        /// Left operand.
+        a: HostTensorId,
+        /// Right operand.
+        b: HostTensorId,
+        /// The preallocated result.
+        out: HostTensorId,
+    },
+    /// `out = input @ weightᵀ (+ bias)` by the GEMM library on the current stream, into a
+    /// preallocated `out`.
+    Linear {
+        /// The activations.
+        input: HostTensorId,
+        /// The weight, `[out_features, in_features]`.
+        weight: HostTensorId,
+        /// The optional bias, `[out_features]`.
+        bias: Option<HostTensorId>,
+        /// The preallocated result.
+        out: HostTensorId,
+    },
+    /// Posts a collective on the current stream. Asynchronous: its buffers may be read or
+    /// reused only after a [`Stmt::Wait`] names this statement.
+    Communication(Communication),
+    /// Posts a send or a receive on the current stream. Asynchronous like
+    /// [`Stmt::Communication`]; inside a coalescing group it is waited for through the
+    /// group's [`Stmt::EndCoalescing`].
+    P2PCommunication(P2PCommunication),
+    /// Opens a coalescing group: the point-to-point communications up to the matching
+    /// [`Stmt::EndCoalescing`] are posted as one operation.
+    StartCoalescing,
+    /// Closes the innermost open coalescing group and posts it.
+    EndCoalescing,
+    /// Makes the current stream wait for the communication posted by `comm`: a
+    /// [`Stmt::Communication`], a [`Stmt::P2PCommunication`] outside any coalescing group, or
+    /// an [`Stmt::EndCoalescing`]. Counts as a use of that communication's buffers.
+    Wait {
+        /// The statement that posted the communication.
+        comm: StmtId,
+    },
+}

@@ -1,0 +1,224 @@
+//! Tidy checks: the repository's conventions, tested like code.
+//!
+//! * every `.rs` file opens with a `//!` module doc;
+//! * crate dependencies point the one way docs/ARCHITECTURE.md draws (read from
+//!   `cargo metadata`), and nothing from `weave-ir` to `weave-passes` depends on cudarc;
+//! * every workspace package inherits the workspace lints.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every `.rs` file under `dir`, skipping build output and hidden directories.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("readable directory entry").path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if path.is_dir() {
+            if name.starts_with('.') || name == "target" {
+                continue;
+            }
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_rust_file_starts_with_a_module_doc() {
+    let root = repo_root();
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    assert!(
+        !files.is_empty(),
+        "no .rs files found under {}",
+        root.display()
+    );
+    let mut offenders: Vec<String> = files
+        .iter()
+        .filter(|p| {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            !text.starts_with("//!")
+        })
+        .map(|p| p.strip_prefix(&root).unwrap_or(p).display().to_string())
+        .collect();
+    offenders.sort();
+    assert!(
+        offenders.is_empty(),
+        "these files do not begin with a `//!` line saying what they hold:\n  {}",
+        offenders.join("\n  ")
+    );
+}
+
+/// The direct dependencies each layer may have among the workspace's crates
+/// (docs/ARCHITECTURE.md, "Dependency graph"). A crate may also depend on anything these
+/// reach, so `weave-segmenter` may name `weave-ir` directly; nothing may point back up.
+const ARROWS: &[(&str, &[&str])] = &[
+    ("weave-ir", &[]),
+    ("weave-transform", &["weave-ir"]),
+    ("weave-segmenter", &["weave-transform"]),
+    ("weave-host-ir", &["weave-ir"]),
+    (
+        "weave-passes",
+        &[
+            "weave-ir",
+            "weave-transform",
+            "weave-segmenter",
+            "weave-host-ir",
+        ],
+    ),
+    ("weave-cuda", &[]),
+    ("weave-comm", &["weave-cuda"]),
+    (
+        "weave-executor",
+        &["weave-host-ir", "weave-cuda", "weave-comm"],
+    ),
+    (
+        "streamweave",
+        &[
+            "weave-ir",
+            "weave-transform",
+            "weave-segmenter",
+            "weave-host-ir",
+            "weave-passes",
+            "weave-cuda",
+            "weave-comm",
+            "weave-executor",
+        ],
+    ),
+    ("xtask", &["streamweave"]),
+];
+
+/// The crates that compile and transform IR; they run without a GPU and never link CUDA.
+const CUDA_FREE: &[&str] = &[
+    "weave-ir",
+    "weave-transform",
+    "weave-segmenter",
+    "weave-host-ir",
+    "weave-passes",
+];
+
+/// For each crate, every workspace crate it may depend on (the transitive closure of
+/// [`ARROWS`]).
+fn allowed_dependencies() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
+    let direct: BTreeMap<&str, &[&str]> = ARROWS.iter().copied().collect();
+    direct
+        .keys()
+        .map(|&krate| {
+            let mut reach = BTreeSet::new();
+            let mut stack: Vec<&str> = direct[krate].to_vec();
+            while let Some(dep) = stack.pop() {
+                if reach.insert(dep) {
+                    stack.extend(direct.get(dep).copied().unwrap_or_default());
+                }
+            }
+            (krate, reach)
+        })
+        .collect()
+}
+
+fn cargo_metadata() -> Value {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(repo_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
+}
+
+fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("cargo metadata: `{key}` is not a string in {v}"))
+}
+
+#[test]
+fn crate_dependencies_point_one_way() {
+    let meta = cargo_metadata();
+    let packages = meta["packages"].as_array().expect("packages array");
+    let allowed = allowed_dependencies();
+    let members: BTreeSet<&str> = packages.iter().map(|p| str_field(p, "name")).collect();
+
+    let mut problems = Vec::new();
+    for name in &members {
+        if !allowed.contains_key(name) {
+            problems.push(format!(
+                "workspace package `{name}` has no place in the dependency graph; add it to \
+                 ARROWS here and to docs/ARCHITECTURE.md"
+            ));
+        }
+    }
+    for package in packages {
+        let name = str_field(package, "name");
+        let Some(may_use) = allowed.get(name) else {
+            continue;
+        };
+        for dep in package["dependencies"]
+            .as_array()
+            .expect("dependencies array")
+        {
+            let dep_name = str_field(dep, "name");
+            let kind = dep["kind"].as_str().unwrap_or("normal");
+            if members.contains(dep_name) && !may_use.contains(dep_name) {
+                problems.push(format!(
+                    "`{name}` depends on `{dep_name}` ({kind}), against the arrows; it may use: {}",
+                    may_use.iter().copied().collect::<Vec<_>>().join(", ")
+                ));
+            }
+            if CUDA_FREE.contains(&name) && dep_name == "cudarc" {
+                problems.push(format!(
+                    "`{name}` depends on cudarc; only weave-cuda and weave-comm may bind CUDA"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Whether a Cargo.toml's text opts into the workspace lints, as `[lints]` followed by
+/// `workspace = true`, or as `lints.workspace = true`.
+fn inherits_workspace_lints(manifest: &str) -> bool {
+    let mut in_lints = false;
+    for line in manifest.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+        if line.starts_with('[') {
+            in_lints = compact == "[lints]";
+        } else if compact == "lints.workspace=true" || (in_lints && compact == "workspace=true") {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn every_package_inherits_the_workspace_lints() {
+    let meta = cargo_metadata();
+    let mut missing = Vec::new();
+    for package in meta["packages"].as_array().expect("packages array") {
+        let manifest = str_field(package, "manifest_path");
+        let text = std::fs::read_to_string(manifest).unwrap_or_else(|e| panic!("{manifest}: {e}"));
+        if !inherits_workspace_lints(&text) {
+            missing.push(format!("{} ({manifest})", str_field(package, "name")));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "these packages lack `[lints] workspace = true`:\n  {}",
+        missing.join("\n  ")
+    );
+}

@@ -1,0 +1,96 @@
+//! `cargo xtask validate`: the checks CI runs, cheapest first.
+//!
+//! The same commands as `.ci/run`, so a green `validate` predicts a green CI. Each step runs
+//! from the workspace root; the first failing step stops the run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+/// One check: a cargo invocation with extra environment.
+struct Step {
+    name: &'static str,
+    args: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+}
+
+/// The checks, cheapest first.
+const STEPS: &[Step] = &[
+    Step {
+        name: "fmt",
+        args: &["fmt", "--all", "--", "--check"],
+        env: &[],
+    },
+    Step {
+        name: "clippy",
+        args: &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Step {
+        name: "doc",
+        args: &["doc", "--workspace", "--no-deps"],
+        env: &[("RUSTDOCFLAGS", "-Dwarnings")],
+    },
+    Step {
+        name: "test",
+        args: &["test", "--workspace"],
+        // A snapshot that differs fails instead of writing a `.snap.new` for review.
+        env: &[("INSTA_UPDATE", "no")],
+    },
+];
+
+/// Runs every step; fails with the name of the first step that fails.
+pub fn run() -> anyhow::Result<ExitCode> {
+    let root = workspace_root();
+    // `cargo run` sets CARGO to the cargo that built us; use the same toolchain.
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let total = Instant::now();
+    for step in STEPS {
+        let shown: Vec<String> = step
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .chain(std::iter::once("cargo".to_string()))
+            .chain(step.args.iter().map(|a| a.to_string()))
+            .collect();
+        eprintln!("==> {}: {}", step.name, shown.join(" "));
+        let start = Instant::now();
+        let status = Command::new(&cargo)
+            .args(step.args)
+            .envs(step.env.iter().copied())
+            .current_dir(&root)
+            .status()
+            .with_context(|| format!("cannot start `cargo {}`", step.args.join(" ")))?;
+        let took = start.elapsed().as_secs_f64();
+        if !status.success() {
+            bail!(
+                "validate: step `{}` failed after {took:.1}s ({status}); fix it and run `cargo xtask validate` again",
+                step.name
+            );
+        }
+        eprintln!("ok  {} ({took:.1}s)", step.name);
+    }
+    eprintln!(
+        "validate: all {} steps passed in {:.1}s",
+        STEPS.len(),
+        total.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The workspace root: the parent of this package's directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in a subdirectory of the workspace")
+        .to_path_buf()
+}
