@@ -127,7 +127,10 @@ impl BinaryOp {
 impl UnaryOp {
     /// True for operators defined only on floating-point inputs.
     pub fn needs_float(self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Not)
+        !matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Not
+        )
     }
 }
 

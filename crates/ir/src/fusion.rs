@@ -560,7 +560,12 @@ impl Fusion {
 
     /// Adds an op named `name` computing `kind` over `inputs`, infers its output's shape and
     /// dtype, and returns the output. Errors name the op, tensors and axes involved.
-    pub fn add_op(&mut self, name: &str, kind: ExprKind, inputs: &[TensorId]) -> IrResult<TensorId> {
+    pub fn add_op(
+        &mut self,
+        name: &str,
+        kind: ExprKind,
+        inputs: &[TensorId],
+    ) -> IrResult<TensorId> {
         self.check_new_name(name)?;
         let op = kind.op_name();
         let arity = match &kind {
@@ -583,7 +588,11 @@ impl Fusion {
         let in0 = inputs[0];
         let rank0 = self.visible_axes(in0).len();
         let (dtype, logical, root) = match &kind {
-            ExprKind::Set => (self.tensors[in0].dtype, self.pointwise_axes(op, inputs)?, None),
+            ExprKind::Set => (
+                self.tensors[in0].dtype,
+                self.pointwise_axes(op, inputs)?,
+                None,
+            ),
             ExprKind::Cast(d) => (*d, self.pointwise_axes(op, inputs)?, None),
             ExprKind::Unary(u) => {
                 let d = self.tensors[in0].dtype;
@@ -604,7 +613,9 @@ impl Fusion {
             ExprKind::Binary(b) => {
                 let d = self.same_dtype(op, inputs)?;
                 if b.is_logical() && d != DType::Bool {
-                    return Err(Diagnostic::new(format!("{op} needs bool operands, got {d}")));
+                    return Err(Diagnostic::new(format!(
+                        "{op} needs bool operands, got {d}"
+                    )));
                 }
                 let out_d = if b.is_comparison() { DType::Bool } else { d };
                 (out_d, self.pointwise_axes(op, inputs)?, None)
@@ -627,7 +638,10 @@ impl Fusion {
                 }
                 let d = self.tensors[in0].dtype;
                 if *rop == ReduceOp::Sum && d == DType::Bool {
-                    return Err(Diagnostic::new(format!("sum of bool tensor {}", self.desc(in0))));
+                    return Err(Diagnostic::new(format!(
+                        "sum of bool tensor {}",
+                        self.desc(in0)
+                    )));
                 }
                 let vis = self.visible_axes(in0);
                 let mut out = Vec::new();
@@ -648,7 +662,10 @@ impl Fusion {
                 let mut out = Vec::new();
                 for k in 0..out_rank {
                     if axes.contains(&k) {
-                        out.push(self.ids.insert(IterDomain::new(Scalar::c(1), IterType::Broadcast)));
+                        out.push(
+                            self.ids
+                                .insert(IterDomain::new(Scalar::c(1), IterType::Broadcast)),
+                        );
                     } else {
                         let id = *src.next().expect("ranks checked");
                         out.push(self.fresh_copy(id));
@@ -784,7 +801,8 @@ impl Fusion {
         }
         if let Some(bias) = ins.get(2) {
             let vb = self.visible_axes(*bias);
-            if vb.len() != 1 || !self.same_extent(&self.ids[vb[0]].extent, &self.ids[vw[0]].extent) {
+            if vb.len() != 1 || !self.same_extent(&self.ids[vb[0]].extent, &self.ids[vw[0]].extent)
+            {
                 return Err(Diagnostic::new(format!(
                     "linear: bias {} must have shape [`{}`]",
                     self.desc(*bias),
@@ -823,7 +841,7 @@ impl Fusion {
                 to.join(", ")
             ))
         };
-        if shape.len() == ext.len() + 1 {
+        if shape.len() == ext.len() + 1 && !ext.is_empty() {
             // Split of axis k: the first differing position.
             let k = (0..ext.len())
                 .find(|k| !self.same_extent(&ext[*k], &shape[*k]))
@@ -841,7 +859,7 @@ impl Fusion {
             let mut logical = root.clone();
             logical.splice(k..=k, [o, i]);
             Ok((root, logical))
-        } else if shape.len() + 1 == ext.len() && !ext.is_empty() {
+        } else if shape.len() + 1 == ext.len() && !shape.is_empty() {
             let k = (0..shape.len())
                 .find(|k| !self.same_extent(&ext[*k], &shape[*k]))
                 .unwrap_or(shape.len() - 1);
@@ -868,7 +886,13 @@ impl Fusion {
     }
 
     /// `name = op(a, b)`
-    pub fn binary(&mut self, name: &str, op: BinaryOp, a: TensorId, b: TensorId) -> IrResult<TensorId> {
+    pub fn binary(
+        &mut self,
+        name: &str,
+        op: BinaryOp,
+        a: TensorId,
+        b: TensorId,
+    ) -> IrResult<TensorId> {
         self.add_op(name, ExprKind::Binary(op), &[a, b])
     }
 

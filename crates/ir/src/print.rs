@@ -274,7 +274,12 @@ mod tests {
         let mut f = Fusion::new("t");
         f.add_param("t", Some(12)).unwrap();
         let a = f
-            .add_input("a", DType::BF16, vec![Scalar::named("t"), Scalar::c(4)], None)
+            .add_input(
+                "a",
+                DType::BF16,
+                vec![Scalar::named("t"), Scalar::c(4)],
+                None,
+            )
             .unwrap();
         let id0 = f.tensor(a).logical[0];
         let (o, i) = f.split_id(id0, Scalar::c(3), SplitKind::Outer);

@@ -236,18 +236,12 @@ fn fold(op: ScalarOp, a: i64, b: i64) -> Option<i64> {
         ScalarOp::Sub => a.checked_sub(b),
         ScalarOp::Mul => a.checked_mul(b),
         ScalarOp::Div => {
-            if b == 0 {
-                None
-            } else {
-                Some(a.div_euclid(b))
-            }
+            // checked: `i64::MIN / -1` overflows.
+            a.checked_div_euclid(b)
         }
         ScalarOp::Mod => {
-            if b == 0 {
-                None
-            } else {
-                Some(a.rem_euclid(b))
-            }
+            // checked: `i64::MIN % -1` overflows.
+            a.checked_rem_euclid(b)
         }
         ScalarOp::CeilDiv => {
             if b <= 0 {
@@ -388,7 +382,10 @@ mod tests {
     fn folds_and_prints_like_the_seeds() {
         assert_eq!(Scalar::c(7).ceil_div(3), Scalar::c(3));
         assert_eq!(n("i0").ceil_div(3).to_string(), "( ceilDiv(i0, 3) )");
-        assert_eq!(n("i0").ceil_div(3).mul(12).to_string(), "( 12 * ( ceilDiv(i0, 3) ) )");
+        assert_eq!(
+            n("i0").ceil_div(3).mul(12).to_string(),
+            "( 12 * ( ceilDiv(i0, 3) ) )"
+        );
         assert_eq!(n("h").mul(4).ceil_div(2), n("h").mul(2));
         assert_eq!(n("h").mul(4).div(n("h")), Scalar::c(4));
         assert_eq!(n("t").mul(n("s")).div(n("s")), n("t"));

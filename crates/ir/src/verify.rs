@@ -56,11 +56,9 @@ fn check_definitions(f: &Fusion) -> IrResult<()> {
         }
         for o in &expr.outputs {
             if !defined.insert(*o) {
-                return Err(Diagnostic::new(format!(
-                    "`{}` is defined twice",
-                    name(f, *o)
-                ))
-                .or_at(expr.span));
+                return Err(
+                    Diagnostic::new(format!("`{}` is defined twice", name(f, *o))).or_at(expr.span),
+                );
             }
             if f.tensor(*o).definition != Some(*e) {
                 return Err(Diagnostic::new(format!(
@@ -235,14 +233,21 @@ fn reaches(f: &Fusion, id: IterDomainId, stop: &HashSet<IterDomainId>) -> bool {
 fn check_tensor(f: &Fusion, t: TensorId) -> IrResult<()> {
     let tv = f.tensor(t);
     let n = &tv.name;
-    if f.is_input(t) && tv.logical.iter().any(|i| f.id(*i).iter_type == IterType::Reduction) {
+    if f.is_input(t)
+        && tv
+            .logical
+            .iter()
+            .any(|i| f.id(*i).iter_type == IterType::Reduction)
+    {
         return Err(Diagnostic::new(format!(
             "fusion input `{n}` has a reduction axis"
         )));
     }
     if let Some(m) = tv.mesh {
         if !f.meshes().contains(&m) {
-            return Err(Diagnostic::new(format!("`{n}` refers to an undeclared mesh")));
+            return Err(Diagnostic::new(format!(
+                "`{n}` refers to an undeclared mesh"
+            )));
         }
     }
     // Root → logical must be derivable when there is a root.
@@ -346,7 +351,12 @@ mod tests {
             .add_mesh("m", MeshSpec::Devices(vec![Scalar::c(2)]))
             .unwrap();
         let a = f
-            .add_input("a", DType::F32, vec![Scalar::named("t"), Scalar::c(4)], Some(m))
+            .add_input(
+                "a",
+                DType::F32,
+                vec![Scalar::named("t"), Scalar::c(4)],
+                Some(m),
+            )
             .unwrap();
         let b = f.set("b", a).unwrap();
         f.add_output(b).unwrap();

@@ -441,11 +441,11 @@ mod tests {
         assert_eq!(
             loop_of(&f, out),
             vec![
-                (ParallelType::Stream, n("s")),
-                (ParallelType::Serial, n("t").ceil_div(n("s"))),
+                (ParallelType::Stream, Scalar::c(4)),
+                (ParallelType::Serial, n("t").ceil_div(Scalar::c(4))),
                 (ParallelType::Serial, n("h")),
-                (ParallelType::DIDx, n("d")),
-                (ParallelType::Serial, n("h").mul(4).ceil_div(n("d"))),
+                (ParallelType::DIDx, Scalar::c(2)),
+                (ParallelType::Serial, n("h").mul(4).ceil_div(Scalar::c(2))),
             ]
         );
         let l = f.tensor(out).loop_domain[3];

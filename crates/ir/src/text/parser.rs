@@ -1,0 +1,1193 @@
+//! The `.weave` parser: tokens to a [`Fusion`] through the builder API. Every error is a
+//! [`Diagnostic`] with the span of the offending token and an "expected ..., found ..." or
+//! "unknown/undefined ..." message; the parser never panics and never recurses without bound.
+//!
+//! Span conventions:
+//! * syntax errors point at the token where something else was expected;
+//! * errors about a name (undefined tensor/mesh/parameter, duplicate name, unknown op, dtype,
+//!   step or parallel type) point at that name;
+//! * errors the builder reports for an op statement (arity, dtype, shape, axes) point at the
+//!   **op name** (`linear` in `out = linear(inp, w)`); the expr's span is that token too;
+//! * errors the builder reports for a declaration point at the declared name, which is also
+//!   the span recorded on the tensor or mesh;
+//! * an unterminated block points at the `{` that opened it;
+//! * an unknown `--set` parameter points at the `fusion` keyword of the header.
+
+use super::lexer::{lex, Punct, Tok, Token};
+use crate::diag::{Diagnostic, Span};
+use crate::domain::ParallelType;
+use crate::dtype::DType;
+use crate::expr::{BinaryOp, ExprKind, ReduceOp, UnaryOp};
+use crate::fusion::{Fusion, MeshSpec};
+use crate::ids::{MeshId, TensorId};
+use crate::scalar::{Scalar, ScalarOp};
+use crate::tensor::{MemoryType, ScheduleOp, ScheduleStep};
+
+/// The deepest nesting of parentheses / `ceilDiv(..)` one expression may have.
+pub(crate) const MAX_EXPR_DEPTH: usize = 64;
+/// The most operators one expression may have (keeps every [`Scalar`] tree shallow).
+pub(crate) const MAX_EXPR_OPS: usize = 256;
+/// The most devices a `devices(..)` mesh may have.
+pub(crate) const MAX_MESH_DEVICES: u64 = 1 << 16;
+
+type PResult<T> = Result<T, Diagnostic>;
+
+/// Returned by [`Parser::peek`] past the end; never reached because the token list always
+/// ends with `Eof` or `Error` and the cursor stops there.
+static EOF_TOKEN: Token = Token {
+    tok: Tok::Eof,
+    span: Span { line: 1, col: 1 },
+};
+
+const STEP_NAMES: &str =
+    "outer_split, inner_split, merge, reorder, parallelize, allocation, mesh, memory";
+
+/// An expression with where it started and the parameter names it mentions.
+struct ParsedExpr {
+    value: Scalar,
+    span: Span,
+    idents: Vec<(String, Span)>,
+}
+
+/// Bookkeeping while one expression is parsed.
+#[derive(Default)]
+struct ExprState {
+    depth: usize,
+    ops: usize,
+    idents: Vec<(String, Span)>,
+}
+
+/// One argument of an op call.
+enum Arg {
+    /// A name: a tensor, or cast's dtype.
+    Name(String, Span),
+    /// `[ expr, ... ]`.
+    List(Vec<ParsedExpr>, Span),
+}
+
+impl Arg {
+    fn span(&self) -> Span {
+        match self {
+            Arg::Name(_, s) | Arg::List(_, s) => *s,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Arg::Name(n, _) => format!("`{n}`"),
+            Arg::List(..) => "a `[...]` list".to_string(),
+        }
+    }
+}
+
+/// Ops that take a tensor and a `[...]` list of axis numbers.
+#[derive(Clone, Copy)]
+enum AxisOp {
+    Reduce(ReduceOp),
+    Broadcast,
+    Squeeze,
+    Permute,
+}
+
+/// How an op's arguments are read.
+enum Sig {
+    /// Only tensors, between `min` and `max` of them.
+    Tensors {
+        kind: ExprKind,
+        min: usize,
+        max: usize,
+    },
+    /// `cast(a, DTYPE)`.
+    Cast,
+    /// `op(a, [axes])`.
+    Axes(AxisOp),
+    /// `reshape(a, [exprs])`.
+    Reshape,
+}
+
+fn op_sig(name: &str) -> Option<Sig> {
+    let tensors = |kind, min, max| Sig::Tensors { kind, min, max };
+    Some(match name {
+        "set" => tensors(ExprKind::Set, 1, 1),
+        "cast" => Sig::Cast,
+        "where" => tensors(ExprKind::Where, 3, 3),
+        "broadcast" => Sig::Axes(AxisOp::Broadcast),
+        "squeeze" => Sig::Axes(AxisOp::Squeeze),
+        "permute" => Sig::Axes(AxisOp::Permute),
+        "reshape" => Sig::Reshape,
+        "matmul" => tensors(ExprKind::Matmul, 2, 2),
+        "linear" => tensors(ExprKind::Linear, 2, 3),
+        _ => {
+            if let Some(u) = UnaryOp::from_name(name) {
+                tensors(ExprKind::Unary(u), 1, 1)
+            } else if let Some(b) = BinaryOp::from_name(name) {
+                tensors(ExprKind::Binary(b), 2, 2)
+            } else {
+                Sig::Axes(AxisOp::Reduce(ReduceOp::from_name(name)?))
+            }
+        }
+    })
+}
+
+/// Every op name, in the order the "unknown op" message lists them.
+pub(crate) fn op_names() -> Vec<&'static str> {
+    let mut v = vec!["set", "cast"];
+    v.extend(UnaryOp::ALL.iter().map(|u| u.name()));
+    v.extend(BinaryOp::ALL.iter().map(|b| b.name()));
+    v.push("where");
+    v.extend(ReduceOp::ALL.iter().map(|r| r.name()));
+    v.extend([
+        "broadcast",
+        "squeeze",
+        "permute",
+        "reshape",
+        "matmul",
+        "linear",
+    ]);
+    v
+}
+
+fn dtype_names() -> String {
+    let v: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+    v.join(", ")
+}
+
+fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("{n} {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+/// Parses a whole `.weave` source; see [`super::parse`].
+pub(crate) fn parse(source: &str, overrides: &[(String, i64)]) -> PResult<Fusion> {
+    let mut p = Parser {
+        toks: lex(source),
+        pos: 0,
+        fusion: Fusion::new(""),
+    };
+    p.file(overrides)?;
+    Ok(p.fusion)
+}
+
+struct Parser {
+    toks: Vec<Token>,
+    pos: usize,
+    fusion: Fusion,
+}
+
+impl Parser {
+    // ----- token access -----------------------------------------------------------------
+
+    fn peek_at(&self, ahead: usize) -> &Token {
+        let last = self.toks.len().saturating_sub(1);
+        let i = self.pos.saturating_add(ahead).min(last);
+        self.toks.get(i).unwrap_or(&EOF_TOKEN)
+    }
+
+    fn peek(&self) -> &Token {
+        self.peek_at(0)
+    }
+
+    fn bump(&mut self) -> Token {
+        let t = self.peek().clone();
+        if self.pos + 1 < self.toks.len() {
+            self.pos += 1;
+        }
+        t
+    }
+
+    fn is_punct(&self, p: Punct) -> bool {
+        self.peek().tok == Tok::Punct(p)
+    }
+
+    fn is_ident(&self, word: &str) -> bool {
+        matches!(&self.peek().tok, Tok::Ident(s) if s == word)
+    }
+
+    fn eat_punct(&mut self, p: Punct) -> Option<Span> {
+        if self.is_punct(p) {
+            Some(self.bump().span)
+        } else {
+            None
+        }
+    }
+
+    fn skip_newlines(&mut self) {
+        while self.peek().tok == Tok::Newline {
+            self.bump();
+        }
+    }
+
+    /// "expected {expected}, found {current token}" at the current token, or the lexer's
+    /// message when the current token is a lexing error.
+    fn unexpected(&self, expected: &str) -> Diagnostic {
+        let t = self.peek();
+        match &t.tok {
+            Tok::Error(m) => Diagnostic::at(t.span, m.clone()),
+            _ => Diagnostic::at(
+                t.span,
+                format!("expected {expected}, found {}", t.describe()),
+            ),
+        }
+    }
+
+    /// Consumes `p` or fails with "expected `p` {context}, found ...".
+    fn expect_punct(&mut self, p: Punct, context: &str) -> PResult<Span> {
+        match self.eat_punct(p) {
+            Some(s) => Ok(s),
+            None => Err(self.unexpected(&format!("`{}` {context}", p.text()))),
+        }
+    }
+
+    /// Consumes an identifier or fails with "expected {what}, found ...".
+    fn expect_ident(&mut self, what: &str) -> PResult<(String, Span)> {
+        match &self.peek().tok {
+            Tok::Ident(s) => {
+                let s = s.clone();
+                Ok((s, self.bump().span))
+            }
+            _ => Err(self.unexpected(what)),
+        }
+    }
+
+    /// Consumes a non-negative integer literal.
+    fn expect_int(&mut self, what: &str) -> PResult<(i64, Span)> {
+        match &self.peek().tok {
+            Tok::Int(s) => {
+                let s = s.clone();
+                let span = self.bump().span;
+                Ok((int_value(&s, false, span)?, span))
+            }
+            _ => Err(self.unexpected(what)),
+        }
+    }
+
+    /// Consumes an axis number (a non-negative integer literal).
+    fn expect_axis(&mut self, what: &str) -> PResult<usize> {
+        let (v, span) = self.expect_int(what)?;
+        usize::try_from(v).map_err(|_| Diagnostic::at(span, format!("axis {v} is out of range")))
+    }
+
+    // ----- file and header --------------------------------------------------------------
+
+    fn file(&mut self, overrides: &[(String, i64)]) -> PResult<()> {
+        self.skip_newlines();
+        let header = self.peek().span;
+        if !self.is_ident("fusion") {
+            return Err(self.unexpected("`fusion` at the start of the file"));
+        }
+        self.bump();
+        let (name, _) = self.expect_ident("the fusion's name after `fusion`")?;
+        self.fusion = Fusion::new(&name);
+        self.expect_punct(Punct::LParen, &format!("after the fusion name `{name}`"))?;
+        if self.eat_punct(Punct::RParen).is_none() {
+            let mut what = "a parameter name or `)`".to_string();
+            loop {
+                let (p, pspan) = self.expect_ident(&what)?;
+                let default = if self.eat_punct(Punct::Eq).is_some() {
+                    Some(self.signed_int(&format!("an integer default for parameter `{p}`"))?)
+                } else {
+                    None
+                };
+                self.fusion
+                    .add_param(&p, default)
+                    .map_err(|d| d.or_at(Some(pspan)))?;
+                if self.eat_punct(Punct::Comma).is_some() {
+                    what = "a parameter name after `,`".to_string();
+                    continue;
+                }
+                if self.eat_punct(Punct::RParen).is_some() {
+                    break;
+                }
+                return Err(self.unexpected(&format!("`,` or `)` after parameter `{p}`")));
+            }
+        }
+        for (k, v) in overrides {
+            self.fusion
+                .set_param(k, *v)
+                .map_err(|d| d.or_at(Some(header)))?;
+        }
+        let open = self.expect_punct(
+            Punct::LBrace,
+            &format!("to open the body of fusion `{name}`"),
+        )?;
+        loop {
+            self.skip_newlines();
+            match self.peek().tok {
+                Tok::Punct(Punct::RBrace) => {
+                    self.bump();
+                    break;
+                }
+                Tok::Eof => {
+                    return Err(Diagnostic::at(
+                        open,
+                        format!("unterminated body of fusion `{name}` (expected `}}`)"),
+                    ))
+                }
+                _ => {
+                    self.statement()?;
+                    self.end_statement()?;
+                }
+            }
+        }
+        self.skip_newlines();
+        if self.peek().tok != Tok::Eof {
+            return Err(self.unexpected(&format!(
+                "end of file after the closing `}}` of fusion `{name}`"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `['-'] INT`, for parameter defaults.
+    fn signed_int(&mut self, what: &str) -> PResult<i64> {
+        let neg = self.is_punct(Punct::Minus) && matches!(self.peek_at(1).tok, Tok::Int(_));
+        if neg {
+            self.bump();
+        }
+        match &self.peek().tok {
+            Tok::Int(s) => {
+                let s = s.clone();
+                let span = self.bump().span;
+                int_value(&s, neg, span)
+            }
+            _ => Err(self.unexpected(what)),
+        }
+    }
+
+    /// After a statement: a newline, or the body's `}` / end of file (left for the caller).
+    fn end_statement(&mut self) -> PResult<()> {
+        match self.peek().tok {
+            Tok::Newline => {
+                self.bump();
+                Ok(())
+            }
+            Tok::Punct(Punct::RBrace) | Tok::Eof => Ok(()),
+            _ => Err(self.unexpected("end of line after the statement")),
+        }
+    }
+
+    fn statement(&mut self) -> PResult<()> {
+        let word = match &self.peek().tok {
+            Tok::Ident(s) => s.clone(),
+            _ => {
+                return Err(self.unexpected(
+                    "a statement (`mesh`, `tensor`, `output`, `schedule` or `NAME = op(...)`)",
+                ))
+            }
+        };
+        // Keywords are only special where the grammar expects them: `mesh = set(a)` defines
+        // a tensor named `mesh`.
+        let defines = self.peek_at(1).tok == Tok::Punct(Punct::Eq);
+        match word.as_str() {
+            "mesh" if !defines => self.mesh_decl(),
+            "tensor" if !defines => self.tensor_decl(),
+            "output" if !defines => self.output_stmt(),
+            "schedule" if !defines => self.schedule(),
+            _ => self.op_stmt(),
+        }
+    }
+
+    // ----- names ------------------------------------------------------------------------
+
+    fn tensor_named(&self, name: &str, span: Span) -> PResult<TensorId> {
+        self.fusion
+            .tensor_by_name(name)
+            .ok_or_else(|| Diagnostic::at(span, format!("undefined tensor `{name}`")))
+    }
+
+    fn mesh_named(&self, name: &str, span: Span) -> PResult<MeshId> {
+        self.fusion
+            .mesh_by_name(name)
+            .ok_or_else(|| Diagnostic::at(span, format!("undefined mesh `{name}`")))
+    }
+
+    /// The builder's name checks, reported at the name.
+    fn check_new_tensor_name(&self, name: &str, span: Span) -> PResult<()> {
+        if self.fusion.tensor_by_name(name).is_some() {
+            return Err(Diagnostic::at(
+                span,
+                format!("duplicate tensor name `{name}`"),
+            ));
+        }
+        if self.fusion.params().iter().any(|p| p.name == name) {
+            return Err(Diagnostic::at(
+                span,
+                format!("tensor name `{name}` is already a parameter"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn dtype(&mut self) -> PResult<DType> {
+        match &self.peek().tok {
+            Tok::Ident(s) => {
+                let s = s.clone();
+                let span = self.bump().span;
+                dtype_named(&s, span)
+            }
+            _ => Err(self.unexpected(&format!("a dtype ({})", dtype_names()))),
+        }
+    }
+
+    fn parallel_type(&mut self) -> PResult<ParallelType> {
+        match &self.peek().tok {
+            Tok::Ident(s) => {
+                let s = s.clone();
+                let span = self.bump().span;
+                ParallelType::from_name(&s).ok_or_else(|| {
+                    Diagnostic::at(
+                        span,
+                        format!(
+                            "unknown parallel type `{s}` (expected DIDx, DIDy, Stream or Serial)"
+                        ),
+                    )
+                })
+            }
+            _ => Err(self.unexpected("a parallel type (DIDx, DIDy, Stream or Serial)")),
+        }
+    }
+
+    // ----- meshes and inputs ------------------------------------------------------------
+
+    fn mesh_decl(&mut self) -> PResult<()> {
+        self.bump();
+        let (name, span) = self.expect_ident("a mesh name after `mesh`")?;
+        self.expect_punct(Punct::Eq, &format!("after mesh name `{name}`"))?;
+        let spec = if self.is_ident("devices") {
+            self.bump();
+            self.expect_punct(Punct::LParen, "after `devices`")?;
+            let mut dims = vec![self.expr()?];
+            if self.eat_punct(Punct::Comma).is_some() {
+                dims.push(self.expr()?);
+            }
+            self.expect_punct(Punct::RParen, "to close `devices(...)`")?;
+            let mut total: u64 = 1;
+            for d in &dims {
+                self.check_scalar(d)?;
+                if let Some(v) = self.fusion.eval(&d.value) {
+                    total = total.saturating_mul(v.max(1).unsigned_abs());
+                }
+            }
+            if total > MAX_MESH_DEVICES {
+                return Err(Diagnostic::at(
+                    span,
+                    format!(
+                        "mesh `{name}` has too many devices (at most {MAX_MESH_DEVICES} are supported)"
+                    ),
+                ));
+            }
+            MeshSpec::Devices(dims.into_iter().map(|d| d.value).collect())
+        } else if self.is_punct(Punct::LBracket) {
+            self.device_list(&name)?
+        } else {
+            return Err(self.unexpected(&format!(
+                "`devices(...)` or a device list `[...]` after `mesh {name} =`"
+            )));
+        };
+        let id = self
+            .fusion
+            .add_mesh(&name, spec)
+            .map_err(|d| d.or_at(Some(span)))?;
+        self.fusion.mesh_mut(id).span = Some(span);
+        Ok(())
+    }
+
+    /// `[0, 1, 2]` or `[[0, 1], [2, 3]]`, the opening `[` being current.
+    fn device_list(&mut self, name: &str) -> PResult<MeshSpec> {
+        self.bump();
+        if !self.is_punct(Punct::LBracket) {
+            let devices = self.device_ids()?;
+            return Ok(MeshSpec::Explicit {
+                shape: vec![devices.len()],
+                devices,
+            });
+        }
+        let mut rows: Vec<(Vec<i64>, Span)> = Vec::new();
+        loop {
+            let row_span =
+                self.expect_punct(Punct::LBracket, "to start a row of the device list")?;
+            rows.push((self.device_ids()?, row_span));
+            if self.eat_punct(Punct::Comma).is_some() {
+                continue;
+            }
+            if self.eat_punct(Punct::RBracket).is_some() {
+                break;
+            }
+            return Err(self.unexpected("`,` or `]` in the device list"));
+        }
+        let cols = rows.first().map_or(0, |r| r.0.len());
+        for (i, (row, span)) in rows.iter().enumerate() {
+            if row.len() != cols {
+                return Err(Diagnostic::at(
+                    *span,
+                    format!(
+                        "mesh `{name}`: row {i} has {} but row 0 has {}",
+                        plural(row.len(), "device"),
+                        plural(cols, "device")
+                    ),
+                ));
+            }
+        }
+        let shape = vec![rows.len(), cols];
+        let devices = rows.into_iter().flat_map(|r| r.0).collect();
+        Ok(MeshSpec::Explicit { shape, devices })
+    }
+
+    /// `INT { ',' INT } ']'` (the `[` already consumed).
+    fn device_ids(&mut self) -> PResult<Vec<i64>> {
+        let mut v = Vec::new();
+        loop {
+            v.push(self.expect_int("a device id (a non-negative integer)")?.0);
+            if self.eat_punct(Punct::Comma).is_some() {
+                continue;
+            }
+            if self.eat_punct(Punct::RBracket).is_some() {
+                return Ok(v);
+            }
+            return Err(self.unexpected("`,` or `]` in the device list"));
+        }
+    }
+
+    fn tensor_decl(&mut self) -> PResult<()> {
+        self.bump();
+        let (name, span) = self.expect_ident("a tensor name after `tensor`")?;
+        self.check_new_tensor_name(&name, span)?;
+        self.expect_punct(Punct::Colon, &format!("after tensor name `{name}`"))?;
+        let dtype = self.dtype()?;
+        self.expect_punct(Punct::LBracket, &format!("to start the shape of `{name}`"))?;
+        let mut extents = Vec::new();
+        if self.eat_punct(Punct::RBracket).is_none() {
+            loop {
+                let e = self.expr()?;
+                self.check_scalar(&e)?;
+                self.check_positive(&e, || {
+                    format!("tensor `{name}` axis {}: extent", extents.len())
+                })?;
+                extents.push(e.value);
+                if self.eat_punct(Punct::Comma).is_some() {
+                    continue;
+                }
+                if self.eat_punct(Punct::RBracket).is_some() {
+                    break;
+                }
+                return Err(self.unexpected(&format!("`,` or `]` in the shape of `{name}`")));
+            }
+        }
+        let mesh = if self.is_ident("on") {
+            self.bump();
+            let (m, mspan) = self.expect_ident("a mesh name after `on`")?;
+            Some(self.mesh_named(&m, mspan)?)
+        } else {
+            None
+        };
+        let t = self
+            .fusion
+            .add_input(&name, dtype, extents, mesh)
+            .map_err(|d| d.or_at(Some(span)))?;
+        self.fusion.tensor_mut(t).span = Some(span);
+        Ok(())
+    }
+
+    // ----- ops and outputs --------------------------------------------------------------
+
+    fn op_stmt(&mut self) -> PResult<()> {
+        let (name, span) = self.expect_ident("a tensor name")?;
+        self.expect_punct(Punct::Eq, &format!("after `{name}`"))?;
+        self.check_new_tensor_name(&name, span)?;
+        let (op, op_span) = self.expect_ident(&format!("an op name after `{name} =`"))?;
+        let sig = op_sig(&op).ok_or_else(|| {
+            Diagnostic::at(
+                op_span,
+                format!(
+                    "unknown op `{op}` (expected one of: {})",
+                    op_names().join(", ")
+                ),
+            )
+        })?;
+        self.expect_punct(Punct::LParen, &format!("after op `{op}`"))?;
+        let args = self.args(&op)?;
+        let (kind, inputs) = self.resolve(&op, op_span, sig, args)?;
+        let t = self
+            .fusion
+            .add_op(&name, kind, &inputs)
+            .map_err(|d| d.or_at(Some(op_span)))?;
+        self.fusion.tensor_mut(t).span = Some(span);
+        if let Some(e) = self.fusion.tensor(t).definition {
+            self.fusion.expr_mut(e).span = Some(op_span);
+        }
+        Ok(())
+    }
+
+    /// The arguments up to and including the closing `)` (the `(` already consumed).
+    fn args(&mut self, op: &str) -> PResult<Vec<Arg>> {
+        let mut args = Vec::new();
+        if self.eat_punct(Punct::RParen).is_some() {
+            return Ok(args);
+        }
+        loop {
+            args.push(self.arg(op)?);
+            if self.eat_punct(Punct::Comma).is_some() {
+                continue;
+            }
+            self.expect_punct(
+                Punct::RParen,
+                &format!("to close the argument list of `{op}`"),
+            )?;
+            return Ok(args);
+        }
+    }
+
+    fn arg(&mut self, op: &str) -> PResult<Arg> {
+        let t = self.peek().clone();
+        match t.tok {
+            Tok::Ident(s) => {
+                self.bump();
+                Ok(Arg::Name(s, t.span))
+            }
+            Tok::Punct(Punct::LBracket) => {
+                self.bump();
+                let mut items = Vec::new();
+                if self.eat_punct(Punct::RBracket).is_none() {
+                    loop {
+                        items.push(self.expr()?);
+                        if self.eat_punct(Punct::Comma).is_some() {
+                            continue;
+                        }
+                        if self.eat_punct(Punct::RBracket).is_some() {
+                            break;
+                        }
+                        return Err(
+                            self.unexpected(&format!("`,` or `]` in the list argument of `{op}`"))
+                        );
+                    }
+                }
+                Ok(Arg::List(items, t.span))
+            }
+            _ => Err(self.unexpected(&format!(
+                "an argument of `{op}` (a tensor name or a `[...]` list)"
+            ))),
+        }
+    }
+
+    fn operand(&self, op: &str, index: usize, arg: &Arg) -> PResult<TensorId> {
+        match arg {
+            Arg::Name(n, s) => self.tensor_named(n, *s),
+            Arg::List(_, s) => Err(Diagnostic::at(
+                *s,
+                format!(
+                    "operand {} of `{op}` must be a tensor, found a `[...]` list",
+                    index + 1
+                ),
+            )),
+        }
+    }
+
+    /// Checks an op's arguments against its signature and turns them into the builder's
+    /// `ExprKind` and input tensors.
+    fn resolve(
+        &self,
+        op: &str,
+        op_span: Span,
+        sig: Sig,
+        args: Vec<Arg>,
+    ) -> PResult<(ExprKind, Vec<TensorId>)> {
+        let n = args.len();
+        match sig {
+            Sig::Tensors { kind, min, max } => {
+                if n < min || n > max {
+                    let want = if min == max {
+                        plural(min, "tensor operand")
+                    } else {
+                        format!("{min} or {max} tensor operands")
+                    };
+                    return Err(Diagnostic::at(
+                        op_span,
+                        format!("`{op}` takes {want}, got {n}"),
+                    ));
+                }
+                let inputs = args
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| self.operand(op, i, a))
+                    .collect::<PResult<Vec<_>>>()?;
+                Ok((kind, inputs))
+            }
+            Sig::Cast => {
+                let [a, d] = two_args(
+                    op_span,
+                    "`cast` takes a tensor and a dtype, e.g. `cast(a, f32)`",
+                    args,
+                )?;
+                let input = self.operand(op, 0, &a)?;
+                let dtype = match &d {
+                    Arg::Name(s, span) => dtype_named(s, *span)?,
+                    Arg::List(_, span) => {
+                        return Err(Diagnostic::at(
+                            *span,
+                            format!(
+                                "`cast` expects a dtype ({}) as its second argument, found a `[...]` list",
+                                dtype_names()
+                            ),
+                        ))
+                    }
+                };
+                Ok((ExprKind::Cast(dtype), vec![input]))
+            }
+            Sig::Axes(axis_op) => {
+                let (what, example) = match axis_op {
+                    AxisOp::Reduce(_) => ("an axis list", format!("{op}(a, [1])")),
+                    AxisOp::Broadcast => {
+                        ("a list of new axis positions", format!("{op}(a, [0, 2])"))
+                    }
+                    AxisOp::Squeeze => ("an axis list", format!("{op}(a, [0])")),
+                    AxisOp::Permute => ("a permutation", format!("{op}(a, [1, 0])")),
+                };
+                let [a, l] = two_args(
+                    op_span,
+                    &format!("`{op}` takes a tensor and {what}, e.g. `{example}`"),
+                    args,
+                )?;
+                let input = self.operand(op, 0, &a)?;
+                let items = list_arg(op, what, &example, l)?;
+                let mut axes = Vec::new();
+                for e in &items {
+                    let axis = e
+                        .value
+                        .as_const()
+                        .filter(|_| e.idents.is_empty())
+                        .and_then(|v| usize::try_from(v).ok());
+                    match axis {
+                        Some(v) => axes.push(v),
+                        None => {
+                            return Err(Diagnostic::at(
+                                e.span,
+                                format!(
+                                    "`{op}`: `{}` is not an axis number (axes are non-negative integers)",
+                                    e.value.to_source()
+                                ),
+                            ))
+                        }
+                    }
+                }
+                let kind = match axis_op {
+                    AxisOp::Permute => ExprKind::Permute { perm: axes },
+                    other => {
+                        // Sorted for the builder; a repeated axis stays and is reported there.
+                        axes.sort_unstable();
+                        match other {
+                            AxisOp::Reduce(r) => ExprKind::Reduction { op: r, axes },
+                            AxisOp::Broadcast => ExprKind::Broadcast { axes },
+                            _ => ExprKind::Squeeze { axes },
+                        }
+                    }
+                };
+                Ok((kind, vec![input]))
+            }
+            Sig::Reshape => {
+                let example = "reshape(a, [t, 2, h])";
+                let [a, l] = two_args(
+                    op_span,
+                    &format!("`reshape` takes a tensor and a shape, e.g. `{example}`"),
+                    args,
+                )?;
+                let input = self.operand(op, 0, &a)?;
+                let items = list_arg(op, "a shape", example, l)?;
+                let mut shape = Vec::new();
+                for e in items {
+                    self.check_scalar(&e)?;
+                    self.check_positive(&e, || "`reshape`: shape entry".to_string())?;
+                    shape.push(e.value);
+                }
+                Ok((ExprKind::Reshape { shape }, vec![input]))
+            }
+        }
+    }
+
+    fn output_stmt(&mut self) -> PResult<()> {
+        self.bump();
+        let mut what = "a tensor name after `output`";
+        loop {
+            let (name, span) = self.expect_ident(what)?;
+            let t = self.tensor_named(&name, span)?;
+            self.fusion.add_output(t).map_err(|d| d.or_at(Some(span)))?;
+            if self.eat_punct(Punct::Comma).is_none() {
+                return Ok(());
+            }
+            what = "a tensor name after `,`";
+        }
+    }
+
+    // ----- schedules --------------------------------------------------------------------
+
+    fn schedule(&mut self) -> PResult<()> {
+        self.bump();
+        let (name, span) = self.expect_ident("a tensor name after `schedule`")?;
+        let t = self.tensor_named(&name, span)?;
+        let open = self.expect_punct(
+            Punct::LBrace,
+            &format!("to open the schedule block of `{name}`"),
+        )?;
+        let unterminated = || {
+            Diagnostic::at(
+                open,
+                format!("unterminated schedule block for `{name}` (expected `}}`)"),
+            )
+        };
+        loop {
+            while matches!(self.peek().tok, Tok::Newline | Tok::Punct(Punct::Semi)) {
+                self.bump();
+            }
+            match &self.peek().tok {
+                Tok::Punct(Punct::RBrace) => {
+                    self.bump();
+                    return Ok(());
+                }
+                Tok::Eof => return Err(unterminated()),
+                Tok::Ident(w) if self.starts_statement(w) => return Err(unterminated()),
+                _ => {}
+            }
+            let step = self.step()?;
+            self.fusion.tensor_mut(t).schedule.push(step);
+            if !matches!(
+                self.peek().tok,
+                Tok::Newline | Tok::Eof | Tok::Punct(Punct::Semi | Punct::RBrace)
+            ) {
+                return Err(self.unexpected("`;`, a new line or `}` after a schedule step"));
+            }
+        }
+    }
+
+    /// True when the word at a step position is really the next statement (a schedule block
+    /// missing its `}`).
+    fn starts_statement(&self, word: &str) -> bool {
+        let defines = self.peek_at(1).tok == Tok::Punct(Punct::Eq);
+        match word {
+            "output" | "tensor" | "schedule" => true,
+            "mesh" => !defines,
+            "outer_split" | "inner_split" | "merge" | "reorder" | "parallelize" | "allocation"
+            | "memory" => false,
+            _ => defines,
+        }
+    }
+
+    fn step(&mut self) -> PResult<ScheduleStep> {
+        let (word, span) = self.expect_ident("a schedule step")?;
+        let op = match word.as_str() {
+            "outer_split" | "inner_split" => {
+                self.expect_punct(Punct::LParen, &format!("after `{word}`"))?;
+                let axis = self.expect_axis(&format!("an axis number in `{word}`"))?;
+                self.expect_punct(Punct::Comma, &format!("after the axis of `{word}`"))?;
+                let f = self.expr()?;
+                self.check_scalar(&f)?;
+                self.expect_punct(Punct::RParen, &format!("to close `{word}(...)`"))?;
+                let parallel = if self.eat_punct(Punct::Arrow).is_some() {
+                    Some(self.parallel_type()?)
+                } else {
+                    None
+                };
+                let factor = f.value;
+                if word == "outer_split" {
+                    ScheduleOp::OuterSplit {
+                        axis,
+                        factor,
+                        parallel,
+                    }
+                } else {
+                    ScheduleOp::InnerSplit {
+                        axis,
+                        factor,
+                        parallel,
+                    }
+                }
+            }
+            "merge" => {
+                self.expect_punct(Punct::LParen, "after `merge`")?;
+                let outer = self.expect_axis("an axis number in `merge`")?;
+                self.expect_punct(Punct::Comma, "between the axes of `merge`")?;
+                let inner = self.expect_axis("an axis number in `merge`")?;
+                self.expect_punct(Punct::RParen, "to close `merge(...)`")?;
+                ScheduleOp::Merge { outer, inner }
+            }
+            "reorder" => {
+                self.expect_punct(Punct::LParen, "after `reorder`")?;
+                let mut moves = Vec::new();
+                loop {
+                    let from = self.expect_axis("an axis number in `reorder`")?;
+                    self.expect_punct(Punct::Arrow, "in a `reorder` move `from -> to`")?;
+                    let to = self.expect_axis("an axis number in `reorder`")?;
+                    moves.push((from, to));
+                    if self.eat_punct(Punct::Comma).is_none() {
+                        break;
+                    }
+                }
+                self.expect_punct(Punct::RParen, "to close `reorder(...)`")?;
+                ScheduleOp::Reorder { moves }
+            }
+            "parallelize" => {
+                self.expect_punct(Punct::LParen, "after `parallelize`")?;
+                let axis = self.expect_axis("an axis number in `parallelize`")?;
+                self.expect_punct(Punct::Comma, "after the axis of `parallelize`")?;
+                let parallel = self.parallel_type()?;
+                self.expect_punct(Punct::RParen, "to close `parallelize(...)`")?;
+                ScheduleOp::Parallelize { axis, parallel }
+            }
+            "allocation" => {
+                self.expect_punct(Punct::Eq, "after `allocation`")?;
+                if !self.is_ident("loop") {
+                    return Err(self.unexpected("`loop` after `allocation =`"));
+                }
+                self.bump();
+                ScheduleOp::AllocationAsLoop
+            }
+            "mesh" => {
+                self.expect_punct(Punct::Eq, "after `mesh`")?;
+                let (m, mspan) = self.expect_ident("a mesh name after `mesh =`")?;
+                ScheduleOp::SetMesh(self.mesh_named(&m, mspan)?)
+            }
+            "memory" => {
+                self.expect_punct(Punct::Eq, "after `memory`")?;
+                let (m, mspan) = self.expect_ident("a memory type (global, local or symmetric)")?;
+                let mem = MemoryType::from_name(&m).ok_or_else(|| {
+                    Diagnostic::at(
+                        mspan,
+                        format!("unknown memory type `{m}` (expected global, local or symmetric)"),
+                    )
+                })?;
+                ScheduleOp::SetMemory(mem)
+            }
+            _ => {
+                return Err(Diagnostic::at(
+                    span,
+                    format!("unknown schedule step `{word}` (expected one of {STEP_NAMES})"),
+                ))
+            }
+        };
+        Ok(ScheduleStep {
+            op,
+            span: Some(span),
+        })
+    }
+
+    // ----- expressions ------------------------------------------------------------------
+
+    fn expr(&mut self) -> PResult<ParsedExpr> {
+        let span = self.peek().span;
+        let mut st = ExprState::default();
+        let value = self.sum(&mut st)?;
+        Ok(ParsedExpr {
+            value,
+            span,
+            idents: st.idents,
+        })
+    }
+
+    fn count_op(&self, st: &mut ExprState, span: Span) -> PResult<()> {
+        st.ops += 1;
+        if st.ops > MAX_EXPR_OPS {
+            return Err(Diagnostic::at(
+                span,
+                format!("expression is too long (more than {MAX_EXPR_OPS} operators)"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn enter(&self, st: &mut ExprState, span: Span) -> PResult<()> {
+        st.depth += 1;
+        if st.depth > MAX_EXPR_DEPTH {
+            return Err(Diagnostic::at(
+                span,
+                format!("expression nesting is too deep (more than {MAX_EXPR_DEPTH} levels)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `term { ('+' | '-') term }`
+    fn sum(&mut self, st: &mut ExprState) -> PResult<Scalar> {
+        let mut acc = self.term(st)?;
+        loop {
+            let op = match self.peek().tok {
+                Tok::Punct(Punct::Plus) => ScalarOp::Add,
+                Tok::Punct(Punct::Minus) => ScalarOp::Sub,
+                _ => return Ok(acc),
+            };
+            let span = self.bump().span;
+            self.count_op(st, span)?;
+            let rhs = self.term(st)?;
+            acc = Scalar::binary(op, acc, rhs);
+        }
+    }
+
+    /// `atom { ('*' | '/' | '%') atom }`
+    fn term(&mut self, st: &mut ExprState) -> PResult<Scalar> {
+        let mut acc = self.atom(st)?;
+        loop {
+            let op = match self.peek().tok {
+                Tok::Punct(Punct::Star) => ScalarOp::Mul,
+                Tok::Punct(Punct::Slash) => ScalarOp::Div,
+                Tok::Punct(Punct::Percent) => ScalarOp::Mod,
+                _ => return Ok(acc),
+            };
+            let span = self.bump().span;
+            self.count_op(st, span)?;
+            let rhs = self.atom(st)?;
+            acc = Scalar::binary(op, acc, rhs);
+        }
+    }
+
+    /// `INT | IDENT | 'ceilDiv' '(' expr ',' expr ')' | '(' expr ')'`
+    fn atom(&mut self, st: &mut ExprState) -> PResult<Scalar> {
+        let t = self.peek().clone();
+        match t.tok {
+            Tok::Int(s) => {
+                self.bump();
+                Ok(Scalar::c(int_value(&s, false, t.span)?))
+            }
+            Tok::Ident(s) if s == "ceilDiv" && self.peek_at(1).tok == Tok::Punct(Punct::LParen) => {
+                self.enter(st, t.span)?;
+                self.count_op(st, t.span)?;
+                self.bump();
+                self.bump();
+                let a = self.sum(st)?;
+                self.expect_punct(Punct::Comma, "between the arguments of `ceilDiv`")?;
+                let b = self.sum(st)?;
+                self.expect_punct(Punct::RParen, "to close `ceilDiv(...)`")?;
+                st.depth -= 1;
+                Ok(Scalar::binary(ScalarOp::CeilDiv, a, b))
+            }
+            Tok::Ident(s) => {
+                self.bump();
+                let value = Scalar::named(&s);
+                st.idents.push((s, t.span));
+                Ok(value)
+            }
+            Tok::Punct(Punct::LParen) => {
+                self.enter(st, t.span)?;
+                self.bump();
+                let e = self.sum(st)?;
+                self.expect_punct(Punct::RParen, "to close the parenthesized expression")?;
+                st.depth -= 1;
+                Ok(e)
+            }
+            _ => Err(self.unexpected(
+                "an expression (an integer, a parameter name, `ceilDiv(..)` or `(..)`)",
+            )),
+        }
+    }
+
+    /// Every parameter the expression names is declared and has a value, and the
+    /// expression evaluates (no division by zero or overflow).
+    fn check_scalar(&self, e: &ParsedExpr) -> PResult<()> {
+        let is_param = |n: &str| self.fusion.params().iter().any(|p| p.name == n);
+        if let Err(d) = self.fusion.check_symbols(&e.value) {
+            let at = e
+                .value
+                .symbols()
+                .into_iter()
+                .find(|s| !is_param(s))
+                .and_then(|s| e.idents.iter().find(|(n, _)| **n == *s))
+                .map_or(e.span, |(_, sp)| *sp);
+            return Err(d.or_at(Some(at)));
+        }
+        for (n, sp) in &e.idents {
+            match self.fusion.params().iter().find(|p| p.name == *n) {
+                None => {
+                    return Err(Diagnostic::at(*sp, format!("undefined parameter `{n}`")));
+                }
+                Some(p) if p.value.is_none() => {
+                    return Err(Diagnostic::at(
+                        *sp,
+                        format!(
+                            "parameter `{n}` has no value (give it a default in the header or pass --set {n}=VALUE)"
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if self.fusion.eval(&e.value).is_none() {
+            return Err(Diagnostic::at(
+                e.span,
+                format!(
+                    "cannot evaluate `{}` (division by zero, a non-positive `ceilDiv` divisor, or overflow)",
+                    e.value.to_source()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The expression (already [`Self::check_scalar`]ed) is positive.
+    fn check_positive(&self, e: &ParsedExpr, what: impl FnOnce() -> String) -> PResult<()> {
+        match self.fusion.eval(&e.value) {
+            Some(v) if v <= 0 => Err(Diagnostic::at(
+                e.span,
+                format!(
+                    "{} `{}` = {v} must be positive",
+                    what(),
+                    e.value.to_source()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The value of an integer literal (digits only), negated when `neg`.
+fn int_value(digits: &str, neg: bool, span: Span) -> PResult<i64> {
+    let v: Option<i128> = digits
+        .parse::<i128>()
+        .ok()
+        .map(|v| if neg { -v } else { v });
+    match v.and_then(|v| i64::try_from(v).ok()) {
+        Some(v) => Ok(v),
+        None if neg => Err(Diagnostic::at(
+            span,
+            format!(
+                "integer `-{digits}` is too small (the smallest is {})",
+                i64::MIN
+            ),
+        )),
+        None => Err(Diagnostic::at(
+            span,
+            format!(
+                "integer `{digits}` is too large (the largest is {})",
+                i64::MAX
+            ),
+        )),
+    }
+}
+
+fn dtype_named(s: &str, span: Span) -> PResult<DType> {
+    DType::from_name(s).ok_or_else(|| {
+        Diagnostic::at(
+            span,
+            format!("unknown dtype `{s}` (expected one of {})", dtype_names()),
+        )
+    })
+}
+
+/// Exactly two arguments, or "{usage}, got N argument(s)" at the op name.
+fn two_args(op_span: Span, usage: &str, args: Vec<Arg>) -> PResult<[Arg; 2]> {
+    let n = args.len();
+    <[Arg; 2]>::try_from(args)
+        .map_err(|_| Diagnostic::at(op_span, format!("{usage}, got {}", plural(n, "argument"))))
+}
+
+/// The items of a `[...]` argument, or an error at the argument.
+fn list_arg(op: &str, what: &str, example: &str, arg: Arg) -> PResult<Vec<ParsedExpr>> {
+    match arg {
+        Arg::List(items, _) => Ok(items),
+        other => Err(Diagnostic::at(
+            other.span(),
+            format!(
+                "`{op}` expects {what} as its second argument, e.g. `{example}`, found {}",
+                other.describe()
+            ),
+        )),
+    }
+}

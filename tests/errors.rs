@@ -1,0 +1,140 @@
+//! Malformed `.weave` inputs through the whole load path (parse, schedule, verify): each
+//! asserts the exact rendered error — message, file:line:col and the caret line.
+
+use std::path::Path;
+
+fn load_err(src: &str) -> String {
+    match streamweave::load("bad.weave", src, &[]) {
+        Ok(_) => panic!("expected an error for:\n{src}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+const HEAD: &str = "fusion f(t = 8, d = 2) {\n  mesh m = devices(d)\n  tensor a: f32[t, 6] on m\n";
+
+fn with(body: &str) -> String {
+    format!("{HEAD}{body}}}\n")
+}
+
+#[test]
+fn split_of_a_non_existent_axis() {
+    let e = load_err(&with(
+        "  b = set(a)\n  output b\n  schedule a { outer_split(2, d) -> DIDx }\n",
+    ));
+    assert_eq!(
+        e,
+        "error: schedule of `a`: outer_split of axis 2, but the loop domain has 2 axes (0..1)\n \
+         --> bad.weave:6:16\n  |\n6 |   schedule a { outer_split(2, d) -> DIDx }\n  |                ^"
+    );
+}
+
+#[test]
+fn non_divisible_constant_device_split() {
+    let src = "fusion f(d = 4) {\n  mesh m = devices(d)\n  tensor a: f32[8, 6] on m\n  b = set(a)\n  output b\n  schedule a { outer_split(1, d) -> DIDx }\n}\n";
+    let e = load_err(src);
+    assert_eq!(
+        e,
+        "error: schedule of `a`: axis 1 has extent 6 (`6`), not divisible by 4 devices (DIDx)\n \
+         --> bad.weave:6:16\n  |\n6 |   schedule a { outer_split(1, d) -> DIDx }\n  |                ^"
+    );
+}
+
+#[test]
+fn inner_split_marked_didx() {
+    let e = load_err(&with(
+        "  b = set(a)\n  output b\n  schedule a { inner_split(0, 2) -> DIDx }\n",
+    ));
+    assert_eq!(
+        e,
+        "error: schedule of `a`: inner_split(0, 2) -> DIDx: device and stream axes must come from an outer split\n \
+         --> bad.weave:6:16\n  |\n6 |   schedule a { inner_split(0, 2) -> DIDx }\n  |                ^"
+    );
+}
+
+#[test]
+fn device_split_without_a_mesh() {
+    let src = "fusion f(d = 2) {\n  tensor a: f32[8, 6]\n  b = set(a)\n  output b\n  schedule b { outer_split(0, d) -> DIDx }\n}\n";
+    assert_eq!(
+        load_err(src),
+        "error: schedule of `b`: DIDx split needs a device mesh (declare the tensor `on m` or add `mesh = m`)\n \
+         --> bad.weave:5:16\n  |\n5 |   schedule b { outer_split(0, d) -> DIDx }\n  |                ^"
+    );
+}
+
+#[test]
+fn second_stream_axis() {
+    let e = load_err(&with(
+        "  b = set(a)\n  output b\n  schedule b { outer_split(0, 2) -> Stream; outer_split(2, 3) -> Stream }\n",
+    ));
+    assert_eq!(
+        e,
+        "error: schedule of `b`: outer_split(2, 3) -> Stream: loop axis 0 is already Stream; a loop domain has at most one Stream axis\n \
+         --> bad.weave:6:45\n  |\n6 |   schedule b { outer_split(0, 2) -> Stream; outer_split(2, 3) -> Stream }\n  |                                             ^"
+    );
+}
+
+#[test]
+fn parse_errors_render_with_the_line() {
+    let e = load_err(&with("  b = addd(a, a)\n  output b\n"));
+    assert!(
+        e.starts_with("error: unknown op `addd` (expected one of: set, cast, neg,"),
+        "{e}"
+    );
+    assert!(e.contains("--> bad.weave:4:7\n"), "{e}");
+    assert!(e.ends_with("4 |   b = addd(a, a)\n  |       ^"), "{e}");
+}
+
+#[test]
+fn unknown_override_names_the_known_parameters() {
+    let e = streamweave::load("bad.weave", &with("  output a\n"), &[("q".into(), 1)]).unwrap_err();
+    assert_eq!(
+        e.diagnostic.message,
+        "unknown parameter `q` (fusion `f` has: t, d)"
+    );
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    let e = streamweave::load_file(Path::new("no/such.weave"), &[]).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("error: cannot read no/such.weave:"),
+        "{e}"
+    );
+}
+
+/// The negative fixtures of tests/scenarios/invalid fail where their comments say.
+#[test]
+fn invalid_fixtures_fail_at_their_schedule_step() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/invalid");
+    let cases = [
+        (
+            "did_factor_not_mesh_size",
+            "DIDx split factor `4` = 4, but mesh `m` has 2 devices along DIDx",
+            10,
+            18,
+        ),
+        (
+            "stream_inner_split",
+            "inner_split(0, 2) -> Stream: device and stream axes must come from an outer split",
+            10,
+            18,
+        ),
+        (
+            "stream_merged_axis",
+            "parallelize(0, Stream): axis 0 is the output of a merge",
+            9,
+            31,
+        ),
+    ];
+    for (name, msg, line, col) in cases {
+        let e = streamweave::load_file(&dir.join(format!("{name}.weave")), &[]).unwrap_err();
+        assert!(
+            e.diagnostic.message.contains(msg),
+            "{name}: {}",
+            e.diagnostic.message
+        );
+        let span = e.diagnostic.span.expect("a position");
+        assert_eq!((span.line, span.col), (line, col), "{name}");
+    }
+}
