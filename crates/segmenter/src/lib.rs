@@ -5,17 +5,53 @@
 //! (`propagate-shardings → decompose-reshardings → reorder-sharded-axis →
 //! finalize-multidevice-domains`), in which every tensor is sharded and every expr is either
 //! pure compute or exactly one communication. Output: a [`SegmentedFusion`], a DAG of
-//! [`Segment`]s (petgraph) whose edges are the tensors passed between them, which
-//! `lower-to-host` turns into a host program.
+//! [`Segment`]s (petgraph) whose edges are the tensors passed between them, with a
+//! deterministic topological run order, which `lower-to-host` turns into a host program.
 //!
-//! Segmentation starts from one segment per expr and merges neighbours while a pluggable
-//! [`MergeRule`] allows it and the segment graph stays acyclic. The algorithm arrives with the
-//! segmenter issue; this version holds the types it produces and the rule interface.
+//! [`segment()`] starts from one segment per expr, of the kind a caller-supplied classifier
+//! gives ([`SegmentKind`]; this crate does not decide what is resharding), and merges kernel
+//! segments along producer→consumer edges while a pluggable [`MergeRule`]
+//! ([`DefaultMergeRule`], [`NoMergeRule`], or the caller's) allows it and the segment graph
+//! stays acyclic. [`verify()`] checks the result; `Display` prints it one line per segment.
+//!
+//! ```
+//! use weave_ir::{BinaryOp, DType, Fusion, Scalar};
+//! use weave_segmenter::{compute_kind, segment, verify, DefaultMergeRule};
+//!
+//! let mut f = Fusion::new("example");
+//! let a = f.add_input("a", DType::F32, vec![Scalar::c(4), Scalar::c(4)], None).unwrap();
+//! let w = f.add_input("w", DType::F32, vec![Scalar::c(4), Scalar::c(4)], None).unwrap();
+//! let b = f.binary("b", BinaryOp::Add, a, a).unwrap();
+//! let m = f.matmul("m", b, w).unwrap();
+//! let c = f.set("c", m).unwrap();
+//! f.add_output(c).unwrap();
+//!
+//! let sf = segment(f, &compute_kind, &DefaultMergeRule::new());
+//! verify(&sf).unwrap();
+//! assert_eq!(
+//!     sf.to_string(),
+//!     "segment 0 (kernel): exprs [add] inputs (a) outputs (b)\n\
+//!      segment 1 (library): exprs [matmul] inputs (b, w) outputs (m)\n\
+//!      segment 2 (kernel): exprs [set] inputs (m) outputs (c)\n"
+//! );
+//! ```
 //!
 //! Architecture Invariant: the segmenter decides grouping only. It never adds, removes or
-//! rewrites exprs or tensors, so every expr of the fusion belongs to exactly one segment. It
-//! knows nothing of host programs, streams at run time or CUDA.
+//! rewrites exprs or tensors, so every expr of the fusion belongs to exactly one segment, and
+//! the segment graph is acyclic. It knows nothing of host programs, streams at run time or
+//! CUDA, and does not depend on weave-passes.
 
-pub mod segment;
+mod partition;
+mod rule;
+mod segment;
+mod verify;
 
-pub use segment::{MergeRule, Segment, SegmentId, SegmentKind, SegmentedFusion};
+#[cfg(test)]
+mod tests;
+
+pub use partition::{compute_kind, segment, Classifier};
+pub use rule::{
+    parallel_signature, same_parallel_structure, DefaultMergeRule, MergeRule, NoMergeRule,
+};
+pub use segment::{Segment, SegmentEdge, SegmentId, SegmentKind, SegmentedFusion};
+pub use verify::verify;

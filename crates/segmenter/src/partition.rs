@@ -1,0 +1,193 @@
+//! The segmentation algorithm: one segment per expr, then greedy merges of kernel segments
+//! along producer→consumer edges (and, if the rule asks, between siblings) while the merge
+//! rule allows it and the segment graph stays acyclic.
+//!
+//! Cycle safety: merging segments `a` and `b` of a DAG gives a cycle exactly when a path
+//! `a ⇝ x ⇝ b` or `b ⇝ x ⇝ a` passes through a third segment `x`; such merges are refused,
+//! so the graph is a DAG after every step. The work graph is a petgraph `StableDiGraph`, so
+//! node indices survive the removal of merged nodes; the final graph is renumbered in run
+//! order (see [`SegmentedFusion`]).
+//!
+//! Cost: each candidate merge runs at most a few depth-first searches over the segment graph,
+//! and the merge loop repeats until nothing changes, so the worst case is cubic in the number
+//! of exprs; fusions after decomposition have tens to hundreds of exprs.
+
+use std::collections::HashMap;
+
+use petgraph::algo::{has_path_connecting, DfsSpace};
+use petgraph::graph::NodeIndex;
+use petgraph::stable_graph::StableDiGraph;
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+use weave_ir::{ExprId, Fusion, TensorId};
+
+use crate::rule::MergeRule;
+use crate::segment::{build, FusionIndex, Segment, SegmentKind, SegmentedFusion};
+
+type WorkGraph = StableDiGraph<Segment, TensorId>;
+
+/// The classification of one expr into the kind of segment it starts in; supplied by the
+/// caller (weave-passes knows which exprs are resharding). See [`compute_kind`] for the
+/// non-communication part.
+pub type Classifier<'a> = &'a dyn Fn(&Fusion, ExprId) -> SegmentKind;
+
+/// The kind of a compute (non-communication) expr: [`SegmentKind::Library`] for matmul and
+/// linear, [`SegmentKind::Kernel`] for everything else. A classifier is typically
+/// `|f, e| if is_resharding(f, e) { Communication } else { compute_kind(f, e) }`.
+pub fn compute_kind(fusion: &Fusion, e: ExprId) -> SegmentKind {
+    match fusion.expr(e).kind {
+        weave_ir::ExprKind::Matmul | weave_ir::ExprKind::Linear => SegmentKind::Library,
+        _ => SegmentKind::Kernel,
+    }
+}
+
+/// Partitions `fusion` into segments.
+///
+/// Every expr starts in its own segment of kind `classify(&fusion, e)`. Communication and
+/// library segments keep exactly one expr. Kernel segments are merged greedily: for each expr
+/// in program order and each of its operands in order, the operand's producing segment and
+/// the expr's segment are merged when both are kernels, `rule.can_merge` allows it (earlier
+/// segment first) and no path through a third segment connects them. If
+/// `rule.merge_siblings()`, kernel segments that read a common tensor are tried the same way
+/// (tensors in definition order, readers in program order). The passes repeat until nothing
+/// changes. The result is deterministic for a given fusion, classifier and rule; its run order
+/// is topological with ties broken by the program position of each segment's first expr.
+pub fn segment(fusion: Fusion, classify: Classifier<'_>, rule: &dyn MergeRule) -> SegmentedFusion {
+    let idx = FusionIndex::new(&fusion);
+    let mut g = WorkGraph::default();
+    let mut seg_of: HashMap<ExprId, NodeIndex> = HashMap::new();
+    for e in fusion.exprs() {
+        let kind = classify(&fusion, *e);
+        let n = g.add_node(Segment::with_index(&fusion, &idx, kind, vec![*e]));
+        seg_of.insert(*e, n);
+    }
+    for e in fusion.exprs() {
+        for t in &fusion.expr(*e).inputs {
+            if let Some(d) = idx.def.get(t) {
+                add_edge_unique(&mut g, seg_of[d], seg_of[e], *t);
+            }
+        }
+    }
+
+    let mut m = Merger {
+        fusion: &fusion,
+        idx: &idx,
+        rule,
+        g,
+        seg_of,
+        space: None,
+    };
+    loop {
+        let mut changed = false;
+        for e in fusion.exprs() {
+            for t in &fusion.expr(*e).inputs {
+                if let Some(d) = idx.def.get(t) {
+                    changed |= m.try_merge(m.seg_of[d], m.seg_of[e]);
+                }
+            }
+        }
+        if rule.merge_siblings() {
+            for t in fusion.tensors_in_order() {
+                let users = idx.uses.get(&t).map(Vec::as_slice).unwrap_or_default();
+                for (i, u) in users.iter().enumerate() {
+                    for v in &users[i + 1..] {
+                        changed |= m.try_merge(m.seg_of[u], m.seg_of[v]);
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+
+    let Merger { g, .. } = m;
+    let mut segments: Vec<Segment> = g.node_indices().map(|n| g[n].clone()).collect();
+    segments.sort_by_key(|s| idx.position(s.exprs()[0]));
+    build(fusion, &idx, segments).expect("segmentation keeps a valid acyclic partition")
+}
+
+struct Merger<'a> {
+    fusion: &'a Fusion,
+    idx: &'a FusionIndex,
+    rule: &'a dyn MergeRule,
+    g: WorkGraph,
+    seg_of: HashMap<ExprId, NodeIndex>,
+    space: Option<DfsSpace<NodeIndex, <WorkGraph as petgraph::visit::Visitable>::Map>>,
+}
+
+impl Merger<'_> {
+    /// Merges the segments `a` and `b` if allowed; returns whether it did.
+    fn try_merge(&mut self, a: NodeIndex, b: NodeIndex) -> bool {
+        if a == b {
+            return false;
+        }
+        let first = |n: NodeIndex| self.idx.position(self.g[n].exprs()[0]);
+        let (a, b) = if first(a) <= first(b) { (a, b) } else { (b, a) };
+        if self.g[a].kind() != SegmentKind::Kernel || self.g[b].kind() != SegmentKind::Kernel {
+            return false;
+        }
+        if !self.rule.can_merge(self.fusion, &self.g[a], &self.g[b]) {
+            return false;
+        }
+        if self.creates_cycle(a, b) || self.creates_cycle(b, a) {
+            return false;
+        }
+        self.merge(a, b);
+        true
+    }
+
+    /// True if a path `from → x ⇝ to` exists with `x ≠ to`: merging `from` and `to` would
+    /// close it into a cycle.
+    fn creates_cycle(&mut self, from: NodeIndex, to: NodeIndex) -> bool {
+        let mut succ: Vec<NodeIndex> = self
+            .g
+            .neighbors_directed(from, Direction::Outgoing)
+            .filter(|x| *x != to)
+            .collect();
+        succ.sort();
+        succ.dedup();
+        let space = self.space.get_or_insert_with(|| DfsSpace::new(&self.g));
+        succ.into_iter()
+            .any(|x| has_path_connecting(&self.g, x, to, Some(space)))
+    }
+
+    /// Moves `b`'s exprs and edges into `a` and removes `b`.
+    fn merge(&mut self, a: NodeIndex, b: NodeIndex) {
+        let incoming: Vec<(NodeIndex, TensorId)> = self
+            .g
+            .edges_directed(b, Direction::Incoming)
+            .map(|e| (e.source(), *e.weight()))
+            .collect();
+        let outgoing: Vec<(NodeIndex, TensorId)> = self
+            .g
+            .edges_directed(b, Direction::Outgoing)
+            .map(|e| (e.target(), *e.weight()))
+            .collect();
+        let removed = self.g.remove_node(b).expect("merged segment exists");
+        for e in removed.exprs() {
+            self.seg_of.insert(*e, a);
+        }
+        let mut exprs = self.g[a].exprs().to_vec();
+        exprs.extend_from_slice(removed.exprs());
+        self.g[a] = Segment::with_index(self.fusion, self.idx, SegmentKind::Kernel, exprs);
+        // Edges between `a` and `b` become internal; the rest now attach to `a`.
+        for (src, t) in incoming {
+            if src != a {
+                add_edge_unique(&mut self.g, src, a, t);
+            }
+        }
+        for (dst, t) in outgoing {
+            if dst != a {
+                add_edge_unique(&mut self.g, a, dst, t);
+            }
+        }
+    }
+}
+
+/// Adds edge `a → b` carrying `t` unless it is there already.
+fn add_edge_unique(g: &mut WorkGraph, a: NodeIndex, b: NodeIndex, t: TensorId) {
+    if a != b && !g.edges_connecting(a, b).any(|e| *e.weight() == t) {
+        g.add_edge(a, b, t);
+    }
+}
