@@ -1,6 +1,9 @@
 //! Compile-time benchmarks on the CPU: loading (parse, schedule, verify) the row-parallel
 //! linear fusion. Later layers add the pass pipeline here (target: under 2 ms end to end).
 
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
 fn load_row_parallel(c: &mut Criterion) {

@@ -4,7 +4,10 @@
 use std::fmt;
 use std::path::Path;
 
+pub use weave_host_ir as host_ir;
 pub use weave_ir as ir;
+pub use weave_passes as passes;
+pub use weave_segmenter as segmenter;
 pub use weave_transform as transform;
 
 use weave_ir::{Diagnostic, Fusion};
@@ -41,6 +44,16 @@ pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fus
     weave_transform::schedule::apply_schedules(&mut fusion).map_err(err)?;
     weave_ir::verify::verify(&fusion).map_err(err)?;
     Ok(fusion)
+}
+
+/// Runs the standard pipeline (`weave_passes::DEFAULT_PIPELINE`, with `WEAVE_DUMP` honoured)
+/// on a loaded fusion and returns the host program every rank runs.
+pub fn compile(fusion: Fusion) -> Result<weave_host_ir::HostProgram, weave_passes::PipelineError> {
+    let manager = weave_passes::PassManager::standard()?;
+    match manager.run(weave_passes::Ir::Fusion(fusion))? {
+        weave_passes::Ir::Host(p) => Ok(p),
+        other => Err(weave_passes::PipelineError::WrongResult(other.form())),
+    }
 }
 
 /// Reads and loads a `.weave` file.

@@ -1,12 +1,17 @@
 //! `weave`: the streamweave command line.
 //!
-//! `weave dump FILE [--set k=v]...` loads a `.weave` fusion (parse, schedule, verify) and
-//! prints it in the seed style. Running a program (`weave run`) arrives with the executor.
+//! `weave dump FILE [--set k=v]...` loads a `.weave` fusion (parse, schedule, verify), runs
+//! a pass pipeline verifying after every pass, and prints the IR; it takes the flags of
+//! `cargo xtask dump` (`--passes`, `--print-before`, `--print-after`, `--print-after-change`,
+//! `--dump-dir`, `--list-passes`; docs/passes.md) and honours `WEAVE_DUMP`. Running a program
+//! (`weave run`) arrives with the executor.
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use weave_passes::{DumpFlags, Ir, PassManager, Registry};
 
 /// Compile multi-GPU tensor programs into host programs that overlap communication with
 /// compute.
@@ -19,27 +24,99 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the parsed, scheduled and verified fusion of a `.weave` file.
+    /// Load a `.weave` file, run a pass pipeline and print the IR (docs/passes.md).
     Dump {
         /// The `.weave` file to load.
-        file: PathBuf,
+        #[arg(required_unless_present = "list_passes")]
+        file: Option<PathBuf>,
         /// Override a fusion parameter (repeatable), e.g. `--set s=3`.
         #[arg(long = "set", value_name = "NAME=VALUE", value_parser = streamweave::parse_override)]
         set: Vec<(String, i64)>,
+        /// The passes to run: `default`, a pipeline `a,b,c`, or edits `+x,-y` of the default
+        /// pipeline. Without it no pass runs (the loaded fusion is printed) unless a
+        /// `--print-*`/`--dump-dir` flag asks for dumps, which runs the default pipeline.
+        #[arg(long, value_name = "PIPELINE|EDITS", allow_hyphen_values = true)]
+        passes: Option<String>,
+        /// Print the IR before these passes: a name, names separated by commas, or `all`.
+        #[arg(long, value_name = "PASS|all")]
+        print_before: Vec<String>,
+        /// Print the IR after these passes: a name, names separated by commas, or `all`.
+        #[arg(long, value_name = "PASS|all")]
+        print_after: Vec<String>,
+        /// Print after a pass only when it changed the IR (alone: after every such pass).
+        #[arg(long)]
+        print_after_change: bool,
+        /// Write the dumps to DIR/NNN-PASS.{before,after}.txt instead (alone: after every
+        /// pass), and a failing pass's reproducer to DIR/weave-repro-PASS.txt.
+        #[arg(long, value_name = "DIR")]
+        dump_dir: Option<PathBuf>,
+        /// List the registered passes with their summaries, and the default pipeline.
+        #[arg(long)]
+        list_passes: bool,
     },
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Dump { file, set } => match streamweave::load_file(&file, &set) {
-            Ok(fusion) => {
-                print!("{}", streamweave::ir::print::fusion_to_string(&fusion));
-                ExitCode::SUCCESS
+        Command::Dump {
+            file,
+            set,
+            passes,
+            print_before,
+            print_after,
+            print_after_change,
+            dump_dir,
+            list_passes,
+        } => {
+            if list_passes {
+                print!("{}", Registry::standard().listing());
+                return ExitCode::SUCCESS;
             }
+            let Some(file) = file else {
+                eprintln!("error: dump needs a FILE (or --list-passes)");
+                return ExitCode::FAILURE;
+            };
+            let flags = DumpFlags {
+                passes,
+                print_before,
+                print_after,
+                print_after_change,
+                dump_dir,
+            };
+            dump(&file, &set, &flags)
+        }
+    }
+}
+
+/// Loads `file`, runs the pipeline `flags` ask for, printing its dumps, then prints the IR it
+/// leaves; every failure is reported on stderr with exit status 1.
+fn dump(file: &Path, set: &[(String, i64)], flags: &DumpFlags) -> ExitCode {
+    let manager = match PassManager::from_flags(flags) {
+        Ok(manager) => manager,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let fusion = match streamweave::load_file(file, set) {
+        Ok(fusion) => fusion,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    match manager.run_with_output(Ir::Fusion(fusion), &mut out) {
+        Ok(ir) => match out.write_all(weave_passes::manager::render(&ir).as_bytes()) {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("{e}");
+                eprintln!("error: cannot write the output: {e}");
                 ExitCode::FAILURE
             }
         },
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -3,8 +3,11 @@
 //! * `cargo xtask validate` — every check CI runs, cheapest first, stopping at the first
 //!   failure: formatting, clippy with warnings denied, docs with warnings denied, tests with
 //!   snapshot updates disabled.
-//! * `cargo xtask dump FILE [--set k=v]...` — load a `.weave` fusion (parse, schedule,
-//!   verify) and print it in the seed style.
+//! * `cargo xtask dump FILE [--set k=v]... [--passes=…] [--print-before=…]
+//!   [--print-after=…] [--print-after-change] [--dump-dir DIR]` — load a `.weave` fusion
+//!   (parse, schedule, verify), run a pass pipeline verifying after every pass, and print the
+//!   IR before, between and after the passes; `--list-passes` lists the passes
+//!   (docs/passes.md).
 
 mod dump;
 mod validate;
@@ -25,7 +28,7 @@ struct Cli {
 enum Task {
     /// Run fmt check, clippy (-D warnings), docs (-D warnings) and tests, cheapest first.
     Validate,
-    /// Print the parsed, scheduled and verified fusion of a `.weave` file.
+    /// Load a `.weave` file, run a pass pipeline and print the IR (docs/passes.md).
     Dump(dump::DumpArgs),
 }
 

@@ -351,6 +351,26 @@ impl Fusion {
         &mut self.exprs[id]
     }
 
+    /// Moves `e` to just before `anchor` in program order. Passes that insert an op between
+    /// existing ones build it with [`Fusion::add_op`] (which appends) and then move it; they
+    /// keep the order topological (the verifier checks it). Does nothing when `e` or `anchor`
+    /// is not in the program, or when they are the same expr.
+    pub fn move_expr_before(&mut self, e: ExprId, anchor: ExprId) {
+        if e == anchor || !self.order.contains(&anchor) {
+            return;
+        }
+        let Some(from) = self.order.iter().position(|x| *x == e) else {
+            return;
+        };
+        self.order.remove(from);
+        let to = self
+            .order
+            .iter()
+            .position(|x| *x == anchor)
+            .expect("anchor is in the order");
+        self.order.insert(to, e);
+    }
+
     /// True for fusion inputs.
     pub fn is_input(&self, t: TensorId) -> bool {
         self.inputs.contains(&t)

@@ -183,8 +183,10 @@ fn check_expr(f: &Fusion, e: crate::ids::ExprId) -> IrResult<()> {
             }
         }
     }
+    // Reduction positions are read from the root domain (the op's direct output) when there
+    // is one: an rfactor split moves reduction axes in the logical domain.
     let reductions: Vec<usize> = out_tv
-        .logical
+        .root_domain()
         .iter()
         .enumerate()
         .filter(|(_, i)| f.id(**i).iter_type == IterType::Reduction)
@@ -200,7 +202,7 @@ fn check_expr(f: &Fusion, e: crate::ids::ExprId) -> IrResult<()> {
             }
         }
         ExprKind::Matmul | ExprKind::Linear => {
-            if reductions != [out_tv.logical.len() - 1] {
+            if reductions != [out_tv.root_domain().len() - 1] {
                 return Err(Diagnostic::new(format!(
                     "{op}: output `{}` must end in exactly one reduction axis (the contraction)",
                     out_tv.name
@@ -406,6 +408,40 @@ mod tests {
             verify(&f).unwrap_err().message,
             "loop axis 0 of `a` is not derived from its logical domain"
         );
+    }
+
+    #[test]
+    fn an_rfactor_split_of_a_reduction_keeps_its_root_positions() {
+        // s = sum(a, [1]) with its root reduction split into [iDIDx{2}rf, r{2}rf]: the
+        // reduction axes are read from the root, so the logical split verifies.
+        let (mut f, a, _) = base();
+        let s = f.sum("s", a, &[1]).unwrap();
+        let root = f.tensor(s).logical.clone();
+        let (o, i) = f.split_id(root[1], Scalar::c(2), SplitKind::Outer);
+        f.id_mut(o).iter_type = IterType::Iteration;
+        let tv = f.tensor_mut(s);
+        tv.root = Some(root.clone());
+        tv.logical = vec![root[0], o, i];
+        tv.loop_domain = tv.logical.clone();
+        verify(&f).unwrap();
+    }
+
+    #[test]
+    fn moving_an_expr_before_its_producer_is_caught() {
+        let (mut f, _, b) = base();
+        let c = f.set("c", b).unwrap();
+        let (eb, ec) = (
+            f.tensor(b).definition.unwrap(),
+            f.tensor(c).definition.unwrap(),
+        );
+        f.move_expr_before(ec, eb);
+        assert_eq!(f.exprs(), [ec, eb]);
+        assert_eq!(
+            verify(&f).unwrap_err().message,
+            "set reads `b` before it is defined"
+        );
+        f.move_expr_before(eb, ec);
+        verify(&f).unwrap();
     }
 
     #[test]

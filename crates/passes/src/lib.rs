@@ -20,6 +20,27 @@
 //! Architecture Invariant: passes transform IR; they never execute it. weave-passes knows
 //! nothing of CUDA, NCCL or the executor, and runs the same on a machine without a GPU.
 
+pub mod allocate_and_deallocate;
+pub mod assign_streams;
+pub mod communication;
+pub mod decompose_reshardings;
+pub mod finalize_multidevice_domains;
+pub mod lower_to_host;
+pub mod manager;
 pub mod pass;
+pub mod pipeline;
+pub mod propagate_shardings;
+pub mod registry;
+pub mod reorder_sharded_axis;
+pub mod resharding;
+pub mod segment;
 
+pub use allocate_and_deallocate::AllocateAndDeallocate;
+pub use assign_streams::{AssignStreams, SyncVariant};
+pub use lower_to_host::LowerToHost;
+pub use manager::{
+    DumpFlags, DumpOptions, DumpSpecError, PassFailure, PassManager, PassSelection, PipelineError,
+};
 pub use pass::{Changed, Ir, Pass, PassError};
+pub use pipeline::{Pipeline, PipelineParseError};
+pub use registry::{PassInfo, Registry, UnknownPass, DEFAULT_PIPELINE};

@@ -1,0 +1,339 @@
+//! `assign-streams`: fork every stream loop onto a pool of `numberOfStreams` worker streams
+//! and join them back onto the caller's stream (reference/nvfuser-host-ir.md §5.2–5.5).
+//!
+//! Contract:
+//!
+//! * **Input**: a host program (`Ir::Host`) as `lower-to-host` leaves it: stream loops at top
+//!   level, all device work posted on whatever stream is current.
+//! * **Output**: a host program in which every top-level *stream loop* (a `ForLoop` whose body
+//!   holds anything besides stream management; an empty loop is left alone) is wrapped as
+//!   below. Worker `k` is `Stream (i % numberOfStreams)`, where `numberOfStreams` is the free
+//!   named scalar the evaluator binds at run time, so `S` chunks map round-robin onto `n`
+//!   streams and iterations `i` and `i + n` are serialized on one stream.
+//!
+//!   [`SyncVariant::Inline`] (seed 000, nvFuser #5751, the "factorized" form):
+//!   ```text
+//!   Stream main = GetCurrentStream()
+//!   FOR i from start to stop:
+//!     SetCurrentStream(Stream (i % numberOfStreams))   # first switch to the worker,
+//!     Synchronize(main)                               # then make it wait for main
+//!     <original body>
+//!   SetCurrentStream(main)                            # first switch back to main,
+//!   FOR j from start to stop:                         # then join every worker
+//!     Synchronize(Stream (j % numberOfStreams))
+//!   ```
+//!   [`SyncVariant::SeparateLoop`] (seed 001, nvFuser #4217, the "developed" form, which
+//!   restored overlap in Path B): the entry syncs get a loop of their own before the compute
+//!   loop, and the compute loop only switches streams:
+//!   ```text
+//!   Stream main = GetCurrentStream()
+//!   FOR j from start to stop:
+//!     SetCurrentStream(Stream (j % numberOfStreams))
+//!     Synchronize(main)
+//!   FOR i from start to stop:
+//!     SetCurrentStream(Stream (i % numberOfStreams))
+//!     <original body>
+//!   SetCurrentStream(main)
+//!   FOR k from start to stop:
+//!     Synchronize(Stream (k % numberOfStreams))
+//!   ```
+//!   The order inside each pair is the one the seed's review argued about: the worker must be
+//!   current *before* it waits for main (otherwise main waits for itself and the worker is not
+//!   ordered after the inputs), and main must be current *before* the join loop (otherwise the
+//!   last worker, not main, waits for the others, and the caller's stream races the outputs).
+//! * **Preserves**: every original statement, in its scope and order; the statements of a loop
+//!   body run on one worker stream, so data dependences inside an iteration keep their stream
+//!   order. Every added loop has a fresh [`HostScalar::LoopIndex`] (an index names one loop).
+//!   Nested loops are not stream loops and are left alone.
+//! * **Idempotent**: a loop whose body already starts with `SetCurrentStream` is managed and is
+//!   skipped, and the entry-sync and join loops hold stream management only, so running the
+//!   pass again reports [`Changed::No`] and leaves the program untouched.
+
+use weave_host_ir::{HostProgram, HostScalar, ScalarId, Stmt, StmtId, Stream, StreamId};
+use weave_ir::{Scalar, ScalarOp};
+
+use crate::pass::{Changed, Ir, Pass, PassError};
+
+/// The name of the run-time scalar that says how many worker streams a stream loop uses.
+pub const NUMBER_OF_STREAMS: &str = "numberOfStreams";
+
+/// Where the entry synchronization of a stream loop (`Synchronize(main)` on each worker)
+/// is placed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SyncVariant {
+    /// At the top of every iteration of the compute loop, right after switching to the worker
+    /// stream (seed 000; nvFuser Path A `AssignStreams`). The default until the benchmarks
+    /// decide otherwise.
+    #[default]
+    Inline,
+    /// In a loop of their own before the compute loop (seed 001; nvFuser Path B
+    /// `addStreamManagement`, #4217).
+    SeparateLoop,
+}
+
+/// The `assign-streams` pass; see the module documentation for its contract.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AssignStreams {
+    /// Where the entry synchronization goes.
+    pub variant: SyncVariant,
+}
+
+impl AssignStreams {
+    /// The pass with the given synchronization variant.
+    pub fn new(variant: SyncVariant) -> AssignStreams {
+        AssignStreams { variant }
+    }
+
+    /// Runs the pass on a host program directly; [`Pass::run`] forwards here.
+    pub fn run_on(&self, p: &mut HostProgram) -> Changed {
+        let todo: Vec<StmtId> = p
+            .top_level
+            .iter()
+            .copied()
+            .filter(|&s| needs_streams(p, s))
+            .collect();
+        if todo.is_empty() {
+            return Changed::No;
+        }
+        let old = std::mem::take(&mut p.top_level);
+        let mut new = Vec::with_capacity(old.len() + 4 * todo.len());
+        for sid in old {
+            if todo.contains(&sid) {
+                self.manage(p, sid, &mut new);
+            } else {
+                new.push(sid);
+            }
+        }
+        p.top_level = new;
+        Changed::Yes
+    }
+
+    /// Emits, into `out`, the managed form of the stream loop `lp` (including `lp` itself).
+    fn manage(&self, p: &mut HostProgram, lp: StmtId, out: &mut Vec<StmtId>) {
+        let Stmt::ForLoop {
+            index, start, stop, ..
+        } = p.stmts[lp].clone()
+        else {
+            unreachable!("only loops are managed");
+        };
+        let main = p.streams.insert(Stream::Captured);
+        out.push(p.stmts.insert(Stmt::GetCurrentStream { out: main }));
+
+        let worker = worker_stream(p, index);
+        let set_worker = p.stmts.insert(Stmt::SetCurrentStream { stream: worker });
+        let mut prologue = vec![set_worker];
+        match self.variant {
+            SyncVariant::Inline => {
+                // SetCurrentStream THEN Synchronize: the worker waits for main.
+                prologue.push(p.stmts.insert(Stmt::Synchronize { stream: main }));
+            }
+            SyncVariant::SeparateLoop => {
+                let j = p.scalars.insert(HostScalar::LoopIndex);
+                let wj = worker_stream(p, j);
+                let body = vec![
+                    p.stmts.insert(Stmt::SetCurrentStream { stream: wj }),
+                    p.stmts.insert(Stmt::Synchronize { stream: main }),
+                ];
+                out.push(p.stmts.insert(Stmt::ForLoop {
+                    index: j,
+                    start,
+                    stop,
+                    body,
+                }));
+            }
+        }
+        if let Stmt::ForLoop { body, .. } = &mut p.stmts[lp] {
+            body.splice(0..0, prologue);
+        }
+        out.push(lp);
+
+        // SetCurrentStream(main) THEN the join loop: main waits for every worker.
+        out.push(p.stmts.insert(Stmt::SetCurrentStream { stream: main }));
+        let k = p.scalars.insert(HostScalar::LoopIndex);
+        let wk = worker_stream(p, k);
+        let join_body = vec![p.stmts.insert(Stmt::Synchronize { stream: wk })];
+        out.push(p.stmts.insert(Stmt::ForLoop {
+            index: k,
+            start,
+            stop,
+            body: join_body,
+        }));
+    }
+}
+
+impl Pass for AssignStreams {
+    fn name(&self) -> &'static str {
+        "assign-streams"
+    }
+
+    fn summary(&self) -> &'static str {
+        "fork each top-level stream loop onto `Stream (i % numberOfStreams)` and join it back onto the caller's stream"
+    }
+
+    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
+        match ir {
+            Ir::Host(p) => Ok(self.run_on(p)),
+            other => Err(PassError::WrongForm {
+                pass: "assign-streams",
+                expected: "host program",
+                found: other.form(),
+            }),
+        }
+    }
+}
+
+/// Whether `s` is a statement that only manages streams (and so is no device work).
+fn is_stream_management(stmt: &Stmt) -> bool {
+    matches!(
+        stmt,
+        Stmt::GetCurrentStream { .. } | Stmt::SetCurrentStream { .. } | Stmt::Synchronize { .. }
+    )
+}
+
+/// Whether the top-level statement `s` is a stream loop that has no stream management yet.
+fn needs_streams(p: &HostProgram, s: StmtId) -> bool {
+    let Stmt::ForLoop { body, .. } = &p.stmts[s] else {
+        return false;
+    };
+    let Some(&first) = body.first() else {
+        return false;
+    };
+    if matches!(p.stmts[first], Stmt::SetCurrentStream { .. }) {
+        // Already managed (the compute loop of either variant).
+        return false;
+    }
+    // The entry-sync and join loops hold management only; they are not stream loops.
+    !body.iter().all(|&b| is_stream_management(&p.stmts[b]))
+}
+
+/// The scalar `numberOfStreams`, reusing the program's scalar when it already has one.
+pub fn number_of_streams(p: &mut HostProgram) -> ScalarId {
+    let wanted = HostScalar::Value(Scalar::named(NUMBER_OF_STREAMS));
+    find_or_insert_scalar(p, wanted)
+}
+
+/// The scalar `( index % numberOfStreams )`, reusing an equal scalar when there is one: the
+/// worker slot of iteration `index`.
+pub fn stream_slot(p: &mut HostProgram, index: ScalarId) -> ScalarId {
+    let n = number_of_streams(p);
+    find_or_insert_scalar(p, HostScalar::Binary(ScalarOp::Mod, index, n))
+}
+
+/// Whether `s` is `( index % numberOfStreams )` for this `index`.
+pub fn is_stream_slot(p: &HostProgram, s: ScalarId, index: ScalarId) -> bool {
+    match &p.scalars[s] {
+        HostScalar::Binary(ScalarOp::Mod, a, n) => {
+            *a == index
+                && matches!(&p.scalars[*n], HostScalar::Value(Scalar::Named(name)) if &**name == NUMBER_OF_STREAMS)
+        }
+        _ => false,
+    }
+}
+
+/// A new stream value `Stream (index % numberOfStreams)`.
+fn worker_stream(p: &mut HostProgram, index: ScalarId) -> StreamId {
+    let slot = stream_slot(p, index);
+    p.streams.insert(Stream::Indexed(slot))
+}
+
+/// The id of a scalar equal to `wanted`, inserting it if the program has none.
+pub(crate) fn find_or_insert_scalar(p: &mut HostProgram, wanted: HostScalar) -> ScalarId {
+    // A loop index is identified by its id, never by value: never share one.
+    if wanted != HostScalar::LoopIndex {
+        if let Some((id, _)) = p.scalars.iter().find(|(_, s)| **s == wanted) {
+            return id;
+        }
+    }
+    p.scalars.insert(wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(p: &HostProgram, scope: &[StmtId]) -> Vec<&'static str> {
+        scope
+            .iter()
+            .map(|&s| match &p.stmts[s] {
+                Stmt::ForLoop { .. } => "ForLoop",
+                Stmt::GetCurrentStream { .. } => "GetCurrentStream",
+                Stmt::SetCurrentStream { .. } => "SetCurrentStream",
+                Stmt::Synchronize { .. } => "Synchronize",
+                Stmt::Deallocate { .. } => "Deallocate",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    /// `FOR i from 0 to 3: Deallocate(t)` — any non-management statement makes a stream loop.
+    fn bare_loop() -> (HostProgram, StmtId) {
+        let mut p = HostProgram::default();
+        let t = p.tensors.insert(weave_host_ir::HostTensor {
+            dtype: weave_ir::DType::F32,
+            sizes: vec![],
+            memory: weave_ir::MemoryType::Global,
+            origin: None,
+        });
+        let i = p.scalars.insert(HostScalar::LoopIndex);
+        let z = p.scalars.insert(HostScalar::Value(Scalar::c(0)));
+        let s = p.scalars.insert(HostScalar::Value(Scalar::c(3)));
+        let d = p.stmts.insert(Stmt::Deallocate { tensor: t });
+        let lp = p.stmts.insert(Stmt::ForLoop {
+            index: i,
+            start: z,
+            stop: s,
+            body: vec![d],
+        });
+        p.top_level.push(lp);
+        (p, lp)
+    }
+
+    #[test]
+    fn inline_shape_and_order() {
+        let (mut p, lp) = bare_loop();
+        assert_eq!(AssignStreams::default().run_on(&mut p), Changed::Yes);
+        assert_eq!(
+            kinds(&p, &p.top_level),
+            ["GetCurrentStream", "ForLoop", "SetCurrentStream", "ForLoop"]
+        );
+        let Stmt::ForLoop { body, index, .. } = &p.stmts[lp] else {
+            panic!()
+        };
+        assert_eq!(
+            kinds(&p, body),
+            ["SetCurrentStream", "Synchronize", "Deallocate"]
+        );
+        let Stmt::SetCurrentStream { stream } = p.stmts[body[0]] else {
+            panic!()
+        };
+        let Stream::Indexed(slot) = p.streams[stream] else {
+            panic!()
+        };
+        assert!(is_stream_slot(&p, slot, *index));
+        assert_eq!(AssignStreams::default().run_on(&mut p), Changed::No);
+    }
+
+    #[test]
+    fn empty_loop_is_left_alone() {
+        let mut p = HostProgram::default();
+        let i = p.scalars.insert(HostScalar::LoopIndex);
+        let z = p.scalars.insert(HostScalar::Value(Scalar::c(0)));
+        let lp = p.stmts.insert(Stmt::ForLoop {
+            index: i,
+            start: z,
+            stop: z,
+            body: vec![],
+        });
+        p.top_level.push(lp);
+        assert_eq!(AssignStreams::default().run_on(&mut p), Changed::No);
+        assert_eq!(p.top_level, [lp]);
+    }
+
+    #[test]
+    fn number_of_streams_is_shared() {
+        let (mut p, _) = bare_loop();
+        let a = number_of_streams(&mut p);
+        let b = number_of_streams(&mut p);
+        assert_eq!(a, b);
+    }
+}

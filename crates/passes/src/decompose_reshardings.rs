@@ -1,0 +1,408 @@
+//! `decompose-reshardings`: make every expr either pure compute or exactly one communication
+//! (reference/nvfuser-host-ir.md §4.2, nvFuser's `DecomposeReshardingsPass`).
+//!
+//! Contract.
+//!
+//! * Input: an [`Ir::Fusion`] after `propagate-shardings` (every sharded tensor has a mesh).
+//!   Output: the same computation where every expr that changes the device sharding
+//!   ([`is_resharding`]) is a `set`, `sum`/`max` or `squeeze` whose collective
+//!   [`derive_communication`] names, and every other expr is local. Tensor ids of existing
+//!   tensors, fusion inputs and outputs are kept; new tensors are named `<out>_partial` and
+//!   `<in>_resharded` (made unique).
+//! * Idempotent: a second run finds nothing to decompose.
+//!
+//! Steps, in order:
+//!
+//! 1. **Device-reduced axes are marked.** When an operand of a reduction, `matmul` or `linear`
+//!    is device-sharded on an axis the expr reduces and the output's reduction axis is still
+//!    unscheduled (a user-annotated output), the operand's split is replayed onto that
+//!    reduction axis and parallelized (`rDIDx`), on the same mesh size only.
+//! 2. **rfactor.** A reduction, `matmul` or `linear` whose output reduces over a device axis
+//!    (`rDIDx`) and also over local axes (`linear`/`matmul` always have local work) is split
+//!    in two: `<out>_partial = op(inputs)` keeps the device axis as an iteration axis
+//!    (`ideviceIdx.x…rf`: its root reduction axis `r{k}` is outer-split by the device count
+//!    into `iDIDx{d}rf, r{k/d}rf`) and reduces locally; the original expr becomes
+//!    `out = sum(partial)` (or `max`) over that device axis only, which is an Allreduce,
+//!    Reduce or ReduceScatter. The partial takes the output's `Stream` split and the operands'
+//!    device shardings. E.g. the row-parallel `out = linear(inp, w)` with a DIDx-split
+//!    contraction becomes `out_partial = linear(inp, w)` (local) and `out = sum(out_partial)`
+//!    (Allreduce).
+//! 3. **Resharding sets.** A remaining resharding expr that is not a communication gets, for
+//!    each operand sharded differently from its output, `x_resharded = set(x)` inserted right
+//!    before it, on the output's mesh and sharded like the output (device and stream types,
+//!    replayed with [`weave_transform::replay_loop_like`]); the expr then reads the copy
+//!    (nvFuser's `insertReshardingSetsBefore`). A `set` or `squeeze` that is not a valid
+//!    communication, or a reduction over a device-sharded axis that is not, is refused with
+//!    the diagnostic of [`derive_communication`] (e.g. "expected at most one sharding change
+//!    in `x = set(y)`: DIDx and DIDy both change").
+
+use std::collections::HashSet;
+
+use weave_ir::{
+    Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IrResult, IterDomain, IterDomainId, IterType,
+    ParallelType, ReduceOp, Scalar, SplitKind,
+};
+use weave_transform::logical_map::pairwise_map;
+use weave_transform::schedule::{self, DomainKind};
+use weave_transform::IdGraph;
+
+use crate::communication::{ancestor, derive_communication, expr_desc};
+use crate::pass::{Changed, Ir, Pass, PassError};
+use crate::propagate_shardings::{reference_inputs, replay, run_on_fusion};
+use crate::resharding::{
+    have_different_shardings, is_resharding, parallel_axis, DEVICE_AND_STREAM_TYPES, DEVICE_TYPES,
+};
+
+/// The `decompose-reshardings` pass (see the module doc).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecomposeReshardings;
+
+impl Pass for DecomposeReshardings {
+    fn name(&self) -> &'static str {
+        "decompose-reshardings"
+    }
+
+    fn summary(&self) -> &'static str {
+        "rfactor device-split reductions and insert sets so each expr is compute or one communication"
+    }
+
+    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
+        run_on_fusion(self.name(), ir, decompose_reshardings)
+    }
+}
+
+/// Runs the three steps of the module doc.
+pub fn decompose_reshardings(f: &mut Fusion) -> IrResult<()> {
+    let exprs: Vec<ExprId> = f.exprs().to_vec();
+    for &e in &exprs {
+        if is_reducing(&f.expr(e).kind) {
+            mark_device_reduced_axes(f, e).map_err(|d| d.or_at(f.expr(e).span))?;
+            rfactor_device_reduction(f, e).map_err(|d| d.or_at(f.expr(e).span))?;
+        }
+    }
+    let exprs: Vec<ExprId> = f.exprs().to_vec();
+    for &e in &exprs {
+        insert_resharding_sets(f, e).map_err(|d| d.or_at(f.expr(e).span))?;
+    }
+    // Postcondition.
+    for &e in f.exprs() {
+        if is_resharding(f, e) {
+            derive_communication(f, e)?;
+        }
+    }
+    Ok(())
+}
+
+fn is_reducing(kind: &ExprKind) -> bool {
+    matches!(
+        kind,
+        ExprKind::Reduction { .. } | ExprKind::Matmul | ExprKind::Linear
+    )
+}
+
+/// The split that makes `id` the outer output of an outer split of `input`, if it is one.
+fn outer_split_of(f: &Fusion, id: IterDomainId) -> Option<(IterDomainId, Scalar)> {
+    match f.id_expr(f.id(id).definition?) {
+        IdExpr::Split {
+            input,
+            outer,
+            factor,
+            kind: SplitKind::Outer,
+            ..
+        } if *outer == id => Some((*input, factor.clone())),
+        _ => None,
+    }
+}
+
+/// Step 1: an operand's device split on a reduced axis is replayed onto the output's
+/// unscheduled reduction axis.
+fn mark_device_reduced_axes(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    let out = f.expr(e).outputs[0];
+    let mut inputs = f.expr(e).inputs.clone();
+    let mut seen = HashSet::new();
+    inputs.retain(|x| seen.insert(*x));
+    for x in inputs {
+        let pairs = pairwise_map(f, e, x);
+        for pt in DEVICE_TYPES {
+            let Some(xid) = parallel_axis(f, &f.tensor(x).loop_domain, pt) else {
+                continue;
+            };
+            let xl = &f.tensor(x).logical;
+            let (logical, factor) = if xl.contains(&xid) {
+                (xid, None)
+            } else {
+                match outer_split_of(f, xid) {
+                    Some((input, factor)) if xl.contains(&input) => (input, Some(factor)),
+                    _ => continue,
+                }
+            };
+            let Some(&(_, cr)) = pairs.iter().find(|(p, _)| *p == logical) else {
+                continue;
+            };
+            let out_loop = f.tensor(out).loop_domain.clone();
+            let already = out_loop.iter().any(|i| {
+                let d = f.id(*i);
+                d.parallel == pt && d.iter_type == IterType::Reduction
+            });
+            let same_size = f.mesh_of(x).and_then(|m| m.size_of(pt))
+                == f.mesh_of(out).and_then(|m| m.size_of(pt));
+            let Some(pos) = out_loop.iter().position(|i| *i == cr) else {
+                continue;
+            };
+            if already
+                || !same_size
+                || f.id(cr).iter_type != IterType::Reduction
+                || f.id(cr).parallel != ParallelType::Serial
+            {
+                continue;
+            }
+            if let Some(factor) = factor {
+                schedule::split(f, out, DomainKind::Loop, pos, factor, SplitKind::Outer)?;
+            }
+            schedule::parallelize(f, out, pos, pt)?;
+        }
+    }
+    Ok(())
+}
+
+/// A device-parallel reduction axis of an output to rfactor.
+struct DeviceReduction {
+    parallel: ParallelType,
+    /// The loop axis (`rDIDx`).
+    loop_id: IterDomainId,
+    /// Its position in the output's logical domain.
+    logical_pos: usize,
+    /// The device count (the loop axis' extent).
+    factor: i64,
+}
+
+/// Step 2: rfactor (see the module doc).
+fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    let out = f.expr(e).outputs[0];
+    let out_tv = f.tensor(out).clone();
+    let desc = expr_desc(f, e);
+    let mut devs: Vec<DeviceReduction> = Vec::new();
+    let mut local_work = false;
+    for &l in &out_tv.loop_domain {
+        let d = f.id(l);
+        if d.iter_type != IterType::Reduction {
+            continue;
+        }
+        if !d.parallel.is_device() {
+            local_work = true;
+            continue;
+        }
+        let logical = if out_tv.logical.contains(&l) {
+            Some(l)
+        } else {
+            outer_split_of(f, l)
+                .map(|(i, _)| i)
+                .filter(|i| out_tv.logical.contains(i))
+        };
+        let Some(logical) = logical else {
+            return Err(Diagnostic::new(format!(
+                "cannot rfactor {desc}: the {} reduction axis of `{}` is neither a logical axis nor the outer output of an outer split of one",
+                d.parallel, out_tv.name
+            )));
+        };
+        let Some(factor) = f.eval(&d.extent) else {
+            return Err(Diagnostic::new(format!(
+                "cannot rfactor {desc}: the {} axis of `{}` has no constant extent",
+                d.parallel, out_tv.name
+            )));
+        };
+        devs.push(DeviceReduction {
+            parallel: d.parallel,
+            loop_id: l,
+            logical_pos: out_tv
+                .logical
+                .iter()
+                .position(|x| *x == logical)
+                .expect("a logical axis"),
+            factor,
+        });
+    }
+    let kind = f.expr(e).kind.clone();
+    let must = matches!(kind, ExprKind::Matmul | ExprKind::Linear);
+    if devs.is_empty() || !(local_work || must) {
+        return Ok(());
+    }
+    if out_tv.root.is_some() {
+        return Err(Diagnostic::new(format!(
+            "cannot rfactor {desc}: `{}` already has a root domain",
+            out_tv.name
+        )));
+    }
+
+    // The partial: the same op, keeping the device axes as iteration axes.
+    let inputs = f.expr(e).inputs.clone();
+    let name = f.fresh_name(&format!("{}_partial", out_tv.name));
+    let partial = f.add_op(&name, kind.clone(), &inputs)?;
+    let pe = f.tensor(partial).definition.expect("just defined");
+    f.move_expr_before(pe, e);
+    f.expr_mut(pe).span = f.expr(e).span;
+    let root = f.tensor(partial).logical.clone();
+    let mut logical: Vec<IterDomainId> = Vec::new();
+    let mut device_axes: Vec<(ParallelType, IterDomainId)> = Vec::new();
+    for (j, &r) in root.iter().enumerate() {
+        match devs.iter().find(|d| d.logical_pos == j) {
+            Some(d) => {
+                let (o, i) = f.split_id(r, Scalar::c(d.factor), SplitKind::Outer);
+                f.id_mut(o).iter_type = IterType::Iteration;
+                f.id_mut(o).rfactor = true;
+                f.id_mut(i).rfactor = true;
+                logical.extend([o, i]);
+                device_axes.push((d.parallel, o));
+            }
+            None => logical.push(r),
+        }
+    }
+    {
+        let tv = f.tensor_mut(partial);
+        tv.root = Some(root);
+        tv.logical = logical.clone();
+        tv.loop_domain = logical;
+        tv.mesh = out_tv.mesh;
+        tv.span = out_tv.span;
+    }
+    for &(pt, o) in &device_axes {
+        let pos = f
+            .tensor(partial)
+            .loop_domain
+            .iter()
+            .position(|x| *x == o)
+            .expect("a loop axis");
+        schedule::parallelize(f, partial, pos, pt)?;
+    }
+    let graph = IdGraph::build(f);
+    replay(f, out, partial, &graph, &[ParallelType::Stream])?;
+    for r in reference_inputs(f, pe) {
+        replay(f, r, partial, &graph, &DEVICE_TYPES)?;
+    }
+
+    // The original expr reduces the partial over its device axes only.
+    let visible = f.visible_axes(partial);
+    let axes: Vec<usize> = device_axes
+        .iter()
+        .map(|(_, o)| visible.iter().position(|x| x == o).expect("visible"))
+        .collect();
+    let op = match kind {
+        ExprKind::Reduction { op, .. } => op,
+        _ => ReduceOp::Sum,
+    };
+    let mut new_logical = Vec::new();
+    let mut replaced: Vec<(IterDomainId, IterDomainId)> = Vec::new();
+    for (j, &l) in out_tv.logical.iter().enumerate() {
+        if let Some(d) = devs.iter().find(|d| d.logical_pos == j) {
+            let r = f.new_id(IterDomain {
+                extent: Scalar::c(d.factor),
+                iter_type: IterType::Reduction,
+                parallel: d.parallel,
+                rfactor: false,
+                definition: None,
+            });
+            new_logical.push(r);
+            replaced.push((d.loop_id, r));
+        } else if f.id(l).iter_type != IterType::Reduction {
+            new_logical.push(l);
+        }
+    }
+    let remap = |f: &Fusion, dom: &[IterDomainId]| -> Vec<IterDomainId> {
+        dom.iter()
+            .filter_map(|id| {
+                if let Some((_, r)) = replaced.iter().find(|(l, _)| l == id) {
+                    return Some(*r);
+                }
+                let src = source_in(f, *id, &out_tv.logical)?;
+                (f.id(src).iter_type != IterType::Reduction).then_some(*id)
+            })
+            .collect()
+    };
+    let new_loop = remap(f, &out_tv.loop_domain);
+    let new_alloc = out_tv.allocation.as_ref().map(|a| remap(f, a));
+    {
+        let tv = f.tensor_mut(out);
+        tv.logical = new_logical;
+        tv.loop_domain = new_loop;
+        tv.allocation = new_alloc;
+    }
+    let ex = f.expr_mut(e);
+    ex.kind = ExprKind::Reduction { op, axes };
+    ex.inputs = vec![partial];
+    Ok(())
+}
+
+/// The axis of `within` that `id` derives from (through any split or merge input).
+fn source_in(f: &Fusion, id: IterDomainId, within: &[IterDomainId]) -> Option<IterDomainId> {
+    let mut cur = id;
+    loop {
+        if within.contains(&cur) {
+            return Some(cur);
+        }
+        let e = f.id(cur).definition?;
+        cur = f.id_expr(e).inputs()[0];
+    }
+}
+
+/// Step 3: sets before the operands of a resharding expr that is not a communication.
+fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    if !is_resharding(f, e) {
+        return Ok(());
+    }
+    let kind = f.expr(e).kind.clone();
+    match kind {
+        ExprKind::Set | ExprKind::Squeeze { .. } => {
+            derive_communication(f, e)?;
+            return Ok(());
+        }
+        ExprKind::Reduction { .. } => match derive_communication(f, e) {
+            Ok(_) => return Ok(()),
+            Err(d) if reduces_device_axis(f, e) => return Err(d),
+            Err(_) => {}
+        },
+        _ => {}
+    }
+    let out = f.expr(e).outputs[0];
+    let mut inputs = f.expr(e).inputs.clone();
+    let mut seen = HashSet::new();
+    inputs.retain(|x| seen.insert(*x));
+    for x in inputs {
+        if !have_different_shardings(f, x, DomainKind::Loop, out, DomainKind::Loop, &DEVICE_TYPES) {
+            continue;
+        }
+        let name = f.fresh_name(&format!("{}_resharded", f.tensor(x).name));
+        let copy = f.add_op(&name, ExprKind::Set, &[x])?;
+        let se = f.tensor(copy).definition.expect("just defined");
+        f.move_expr_before(se, e);
+        f.expr_mut(se).span = f.expr(e).span;
+        f.tensor_mut(copy).mesh = f.tensor(out).mesh;
+        f.tensor_mut(copy).span = f.tensor(x).span;
+        for i in f.expr_mut(e).inputs.iter_mut() {
+            if *i == x {
+                *i = copy;
+            }
+        }
+        let graph = IdGraph::build(f);
+        replay(f, out, copy, &graph, &DEVICE_AND_STREAM_TYPES)?;
+        derive_communication(f, se)?;
+    }
+    if is_resharding(f, e) {
+        return Err(Diagnostic::new(format!(
+            "decompose-reshardings could not make {} local: its operands still differ from its output in device sharding",
+            expr_desc(f, e)
+        )));
+    }
+    Ok(())
+}
+
+/// True if an operand of the reduction `e` is device-sharded on an axis `e` reduces.
+fn reduces_device_axis(f: &Fusion, e: ExprId) -> bool {
+    let x = f.expr(e).inputs[0];
+    let pairs = pairwise_map(f, e, x);
+    DEVICE_TYPES.iter().any(|pt| {
+        parallel_axis(f, &f.tensor(x).loop_domain, *pt)
+            .and_then(|id| ancestor(f, id, &f.tensor(x).logical))
+            .and_then(|l| pairs.iter().find(|(p, _)| *p == l).map(|(_, c)| *c))
+            .is_some_and(|c| f.id(c).iter_type == IterType::Reduction)
+    })
+}

@@ -1,0 +1,649 @@
+//! `lower-to-host`: turns a segmented fusion into the host program every rank runs — stream
+//! `ForLoop`s over chunks, `ShardByStream` views, library calls, kernel launches and
+//! `Communication` + `Wait` per chunk, and the P2P decomposition of a stream-split allgather.
+//!
+//! Contract
+//! * Input: `Ir::Segmented` whose fusion has been through the pre-segmentation pipeline
+//!   (every expr is pure compute or exactly one communication; allocation domains carry the
+//!   DID splits and, for loop-local intermediates, the Stream split).
+//! * Output: `Ir::Host`. No stream management (that is `assign-streams`), no allocation of
+//!   library/kernel outputs and no deallocation (that is `allocate-and-deallocate`); the only
+//!   `Allocate`s emitted here are the full-size buffers of stream-parallel tensors that are
+//!   written chunk by chunk through `ShardByStream` views, hoisted before their loop.
+//! * Loops: one `ForLoop` per maximal run of consecutive segments (in run order) whose
+//!   reference loop domains have exactly-mapped Stream axes; a segment without a Stream axis
+//!   closes the loop and runs at top level.
+//! * Not idempotent: it changes the IR form.
+
+use std::collections::HashMap;
+
+use weave_host_ir::{
+    Communication, CommunicationType, HostProgram, HostScalar, HostTensor, HostTensorId,
+    KernelUnit, P2PCommunication, P2PDirection, ScalarId, Stmt, StmtId,
+};
+use weave_ir::{
+    Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IterDomainId, IterType, MemoryType, ParallelType,
+    Scalar, ScalarOp, SplitKind, TensorId,
+};
+use weave_segmenter::{SegmentKind, SegmentedFusion};
+use weave_transform::id_graph::IdGraph;
+
+use crate::communication::{derive_communication, RootKind};
+use crate::finalize_multidevice_domains::should_allocate_per_stream;
+use crate::pass::{Changed, Ir, Pass, PassError};
+
+/// The `lower-to-host` pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LowerToHost;
+
+impl Pass for LowerToHost {
+    fn name(&self) -> &'static str {
+        "lower-to-host"
+    }
+
+    fn summary(&self) -> &'static str {
+        "segmented fusion -> host program: stream loops, ShardByStream views, Communication + Wait per chunk"
+    }
+
+    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
+        let Ir::Segmented(sf) = ir else {
+            return Err(PassError::WrongForm {
+                pass: self.name(),
+                expected: "segmented fusion",
+                found: ir.form(),
+            });
+        };
+        let program = lower(sf).map_err(|diagnostic| PassError::Unsupported {
+            pass: "lower-to-host",
+            diagnostic,
+        })?;
+        *ir = Ir::Host(program);
+        Ok(Changed::Yes)
+    }
+}
+
+/// The loop currently open while segments are lowered in run order.
+struct OpenLoop {
+    stmt: StmtId,
+    /// The Stream axis of the reference tensor of the segment that opened the loop.
+    stream_id: IterDomainId,
+    /// The logical axis that Stream axis chunks; a tensor is chunked by this loop along
+    /// its axis exactly mapped to this one.
+    stream_root: IterDomainId,
+    /// Number of iterations (the Stream axis' extent).
+    extent: i64,
+    index: ScalarId,
+    /// The chunk every `ShardByStream` of this loop selects: the loop index, or a rotation of
+    /// it by the rank when the loop starts with a P2P allgather.
+    view_index: ScalarId,
+    /// Tensors bound inside this loop's body: chunk views and loop-local intermediates.
+    bound: HashMap<TensorId, HostTensorId>,
+}
+
+struct Lowering<'a> {
+    f: &'a Fusion,
+    graph: IdGraph,
+    p: HostProgram,
+    /// Tensors bound at top level (inputs, full buffers, non-stream intermediates).
+    top: HashMap<TensorId, HostTensorId>,
+    open: Option<OpenLoop>,
+    kernels: usize,
+}
+
+/// Lowers a segmented fusion to a host program (see the module contract).
+pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
+    let f = sf.fusion();
+    let mut l = Lowering {
+        f,
+        graph: IdGraph::build(f),
+        p: HostProgram::default(),
+        top: HashMap::new(),
+        open: None,
+        kernels: 0,
+    };
+    for t in f.inputs() {
+        let h = l.new_tensor(*t, l.local_sizes(*t, false)?);
+        l.p.inputs.push(h);
+        l.top.insert(*t, h);
+    }
+    for seg in sf.run_order() {
+        l.lower_segment(sf, *seg)?;
+    }
+    l.open = None;
+    for t in f.outputs() {
+        let h = *l.top.get(t).ok_or_else(|| {
+            Diagnostic::new(format!(
+                "output `{}` is only defined inside a stream loop; an output must be allocated whole",
+                f.tensor(*t).name
+            ))
+        })?;
+        l.p.outputs.push(h);
+    }
+    Ok(l.p)
+}
+
+/// The axis of `t` parallelized as `pt` in its loop domain (reduction axes excluded).
+fn loop_axis(f: &Fusion, t: TensorId, pt: ParallelType) -> Option<IterDomainId> {
+    f.tensor(t)
+        .loop_domain
+        .iter()
+        .copied()
+        .find(|i| f.id(*i).parallel == pt && f.id(*i).iter_type != IterType::Reduction)
+}
+
+impl Lowering<'_> {
+    fn scalar(&mut self, s: HostScalar) -> ScalarId {
+        self.p.scalars.insert(s)
+    }
+
+    fn constant(&mut self, v: i64) -> ScalarId {
+        self.scalar(HostScalar::Value(Scalar::c(v)))
+    }
+
+    fn new_tensor(&mut self, origin: TensorId, sizes: Vec<Scalar>) -> HostTensorId {
+        let tv = self.f.tensor(origin);
+        let sizes = sizes
+            .into_iter()
+            .map(|s| self.p.scalars.insert(HostScalar::Value(s)))
+            .collect();
+        self.p.tensors.insert(HostTensor {
+            dtype: tv.dtype,
+            sizes,
+            memory: if tv.memory == MemoryType::Symmetric {
+                MemoryType::Symmetric
+            } else {
+                MemoryType::Global
+            },
+            origin: Some(origin),
+        })
+    }
+
+    /// Appends a statement to the open loop's body or to the top level.
+    fn emit(&mut self, s: Stmt) -> StmtId {
+        let id = self.p.stmts.insert(s);
+        match &self.open {
+            Some(open) => {
+                if let Stmt::ForLoop { body, .. } = &mut self.p.stmts[open.stmt] {
+                    body.push(id);
+                }
+            }
+            None => self.p.top_level.push(id),
+        }
+        id
+    }
+
+    /// Inserts a statement at top level right before the open loop (hoisting), or appends it
+    /// at top level when no loop is open.
+    fn emit_before_loop(&mut self, s: Stmt) -> StmtId {
+        let id = self.p.stmts.insert(s);
+        match &self.open {
+            Some(open) => {
+                let pos = self
+                    .p
+                    .top_level
+                    .iter()
+                    .position(|x| *x == open.stmt)
+                    .unwrap_or(self.p.top_level.len());
+                self.p.top_level.insert(pos, id);
+            }
+            None => self.p.top_level.push(id),
+        }
+        id
+    }
+
+    /// Local sizes of `t` on one rank, one per materialized logical axis: device-split axes
+    /// divided by the device count; with `per_chunk`, the Stream-split axis divided by the
+    /// chunk count too.
+    fn local_sizes(&self, t: TensorId, per_chunk: bool) -> Result<Vec<Scalar>, Diagnostic> {
+        let f = self.f;
+        let tv = f.tensor(t);
+        // Where the sharding lives: the allocation domain once finalized, else the loop domain.
+        let mut sharded: Vec<IterDomainId> = tv.allocation_domain().to_vec();
+        sharded.extend(tv.loop_domain.iter().copied());
+        let mut out = Vec::new();
+        for l in f.visible_axes(t) {
+            let d = f.id(l);
+            if d.parallel.is_device() {
+                out.push(Scalar::c(1));
+                continue;
+            }
+            let mut size = d.extent.clone();
+            let mut seen: Vec<ParallelType> = Vec::new();
+            for id in &sharded {
+                let pt = f.id(*id).parallel;
+                let wanted = pt.is_device() || (per_chunk && pt == ParallelType::Stream);
+                if !wanted || seen.contains(&pt) || f.id(*id).iter_type == IterType::Reduction {
+                    continue;
+                }
+                if self.outer_split_root(*id) == Some(l) {
+                    seen.push(pt);
+                    size = size.ceil_div(f.id(*id).extent.clone());
+                }
+            }
+            out.push(size);
+        }
+        Ok(out)
+    }
+
+    /// Follows `id` up through outer-split outer outputs to a logical axis; `None` when the
+    /// chain passes through a merge or an inner output.
+    fn outer_split_root(&self, mut id: IterDomainId) -> Option<IterDomainId> {
+        loop {
+            match self.f.id(id).definition.map(|e| self.f.id_expr(e)) {
+                None => return Some(id),
+                Some(IdExpr::Split {
+                    input,
+                    outer,
+                    kind: SplitKind::Outer,
+                    ..
+                }) if *outer == id => id = *input,
+                Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
+                _ => return None,
+            }
+        }
+    }
+
+    /// The Stream axis of the most parallel output of the segment, if any.
+    fn reference_stream(
+        &self,
+        exprs: &[ExprId],
+    ) -> Result<Option<(TensorId, IterDomainId)>, Diagnostic> {
+        let f = self.f;
+        let mut best: Option<(usize, TensorId)> = None;
+        for e in exprs {
+            for o in &f.expr(*e).outputs {
+                let n = f
+                    .tensor(*o)
+                    .loop_domain
+                    .iter()
+                    .filter(|i| f.id(**i).parallel != ParallelType::Serial)
+                    .count();
+                if best.is_none_or(|(b, _)| n > b) {
+                    best = Some((n, *o));
+                }
+            }
+        }
+        let Some((_, r)) = best else { return Ok(None) };
+        if let Some(id) = f.tensor(r).loop_domain.iter().find(|i| {
+            f.id(**i).parallel == ParallelType::Stream && f.id(**i).iter_type == IterType::Reduction
+        }) {
+            let _ = id;
+            return Err(Diagnostic::new(format!(
+                "`{}` is stream-parallel on a reduction axis; chunking a reduction needs a cross-chunk accumulation that lowering does not express",
+                f.tensor(r).name
+            )));
+        }
+        Ok(loop_axis(f, r, ParallelType::Stream).map(|s| (r, s)))
+    }
+
+    fn open_loop_for(
+        &mut self,
+        stream: Option<(TensorId, IterDomainId)>,
+    ) -> Result<(), Diagnostic> {
+        let Some((r, sid)) = stream else {
+            self.open = None;
+            return Ok(());
+        };
+        let extent = self.f.eval(&self.f.id(sid).extent).ok_or_else(|| {
+            Diagnostic::new(format!(
+                "the Stream axis of `{}` has no constant extent",
+                self.f.tensor(r).name
+            ))
+        })?;
+        if let Some(open) = &self.open {
+            if open.extent == extent && self.graph.are_mapped(open.stream_id, sid) {
+                return Ok(());
+            }
+        }
+        self.open = None;
+        let stream_root = self.outer_split_root(sid).ok_or_else(|| {
+            Diagnostic::new(format!(
+                "stream-parallel tensor `{}` cannot be sliced: its Stream axis does not come from outer splits of one logical axis",
+                self.f.tensor(r).name
+            ))
+        })?;
+        let index = self.scalar(HostScalar::LoopIndex);
+        let start = self.constant(0);
+        let stop = self.constant(extent);
+        let stmt = self.emit(Stmt::ForLoop {
+            index,
+            start,
+            stop,
+            body: Vec::new(),
+        });
+        self.open = Some(OpenLoop {
+            stmt,
+            stream_id: sid,
+            stream_root,
+            extent,
+            index,
+            view_index: index,
+            bound: HashMap::new(),
+        });
+        Ok(())
+    }
+
+    /// The host tensor that stands for `t` at the current point: inside a loop, a chunk view
+    /// of a full buffer or a loop-local tensor; otherwise the whole tensor. `write` creates the
+    /// binding when `t` has none yet.
+    fn resolve(&mut self, t: TensorId, write: bool) -> Result<HostTensorId, Diagnostic> {
+        let f = self.f;
+        let name = f.tensor(t).name.clone();
+        // Chunked by the open loop: `t`'s own Stream axis is mapped to the loop's, or (an
+        // operand without a Stream split of its own) one of its logical axes is mapped to the
+        // logical axis the loop chunks.
+        let chunked = match &self.open {
+            Some(open) => {
+                let own = loop_axis(f, t, ParallelType::Stream)
+                    .filter(|s| self.graph.are_mapped(*s, open.stream_id))
+                    .and_then(|s| self.outer_split_root(s));
+                let by_map = || {
+                    f.visible_axes(t)
+                        .into_iter()
+                        .find(|a| self.graph.are_mapped(*a, open.stream_root))
+                };
+                own.or_else(by_map)
+                    .map(|root| (root, open.view_index, open.extent))
+            }
+            None => None,
+        };
+        if let Some(open) = &self.open {
+            if let Some(h) = open.bound.get(&t) {
+                return Ok(*h);
+            }
+        }
+        let Some((root, index, extent)) = chunked else {
+            // Not chunked by this loop: the whole tensor.
+            if let Some(h) = self.top.get(&t) {
+                return Ok(*h);
+            }
+            if !write {
+                return Err(Diagnostic::new(format!(
+                    "`{name}` is read before it is defined"
+                )));
+            }
+            let h = self.new_tensor(t, self.local_sizes(t, false)?);
+            if self.open.is_some() {
+                // Written whole inside a loop: every iteration writes all of it. Bind it
+                // inside the loop (a loop-local tensor).
+                self.open.as_mut().map(|o| o.bound.insert(t, h));
+            } else {
+                self.top.insert(t, h);
+            }
+            return Ok(h);
+        };
+        if should_allocate_per_stream(f, t) {
+            // A loop-local intermediate: one chunk per iteration.
+            if !write {
+                return Err(Diagnostic::new(format!(
+                    "`{name}` is allocated per stream chunk but read outside the loop that writes it"
+                )));
+            }
+            let h = self.new_tensor(t, self.local_sizes(t, true)?);
+            self.open.as_mut().map(|o| o.bound.insert(t, h));
+            return Ok(h);
+        }
+        // A full buffer, viewed chunk by chunk.
+        let full = match self.top.get(&t) {
+            Some(h) => *h,
+            None => {
+                if !write {
+                    return Err(Diagnostic::new(format!(
+                        "`{name}` is read before it is defined"
+                    )));
+                }
+                let h = self.new_tensor(t, self.local_sizes(t, false)?);
+                self.emit_before_loop(Stmt::Allocate {
+                    tensor: h,
+                    zero_init: false,
+                });
+                self.top.insert(t, h);
+                h
+            }
+        };
+        let axis = f
+            .visible_axes(t)
+            .iter()
+            .position(|x| *x == root)
+            .ok_or_else(|| {
+                Diagnostic::new(format!(
+                    "stream-parallel tensor `{name}` cannot be sliced: its Stream axis is a reduction axis"
+                ))
+            })?;
+        let chunks = Scalar::c(extent);
+        let mut sizes = self.local_sizes(t, false)?;
+        sizes[axis] = sizes[axis].clone().ceil_div(chunks.clone());
+        let view = self.new_tensor(t, sizes);
+        let chunks = self.scalar(HostScalar::Value(chunks));
+        self.emit(Stmt::ShardByStream {
+            input: full,
+            axis,
+            chunks,
+            index,
+            output: view,
+        });
+        self.open.as_mut().map(|o| o.bound.insert(t, view));
+        Ok(view)
+    }
+
+    fn lower_segment(
+        &mut self,
+        sf: &SegmentedFusion,
+        seg: weave_segmenter::SegmentId,
+    ) -> Result<(), Diagnostic> {
+        let s = sf.segment(seg);
+        let exprs: Vec<ExprId> = s.exprs().to_vec();
+        let stream = self.reference_stream(&exprs)?;
+        self.open_loop_for(stream)?;
+        match s.kind() {
+            SegmentKind::Library => self.lower_library(exprs[0]),
+            SegmentKind::Communication => self.lower_communication(exprs[0]),
+            SegmentKind::Kernel => self.lower_kernel(sf, seg),
+        }
+    }
+
+    fn lower_library(&mut self, e: ExprId) -> Result<(), Diagnostic> {
+        let expr = self.f.expr(e).clone();
+        let ins: Vec<HostTensorId> = expr
+            .inputs
+            .iter()
+            .map(|t| self.resolve(*t, false))
+            .collect::<Result<_, _>>()?;
+        let out = self.resolve(expr.outputs[0], true)?;
+        let stmt = match expr.kind {
+            ExprKind::Matmul => Stmt::Matmul {
+                a: ins[0],
+                b: ins[1],
+                out,
+            },
+            ExprKind::Linear => Stmt::Linear {
+                input: ins[0],
+                weight: ins[1],
+                bias: ins.get(2).copied(),
+                out,
+            },
+            ref k => {
+                return Err(Diagnostic::new(format!(
+                    "a library segment holds `{}`, which is not a matmul or linear",
+                    k.op_name()
+                )))
+            }
+        };
+        self.emit(stmt);
+        Ok(())
+    }
+
+    fn lower_kernel(
+        &mut self,
+        sf: &SegmentedFusion,
+        seg: weave_segmenter::SegmentId,
+    ) -> Result<(), Diagnostic> {
+        let s = sf.segment(seg);
+        let inputs: Vec<TensorId> = s.inputs().to_vec();
+        let outputs: Vec<TensorId> = s.outputs().to_vec();
+        let unit = kernel_fusion(self.f, s.exprs(), &inputs, &outputs, self.kernels)?;
+        self.kernels += 1;
+        let kernel = self.p.kernels.insert(KernelUnit { fusion: unit });
+        let ins = inputs
+            .iter()
+            .map(|t| self.resolve(*t, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outs = outputs
+            .iter()
+            .map(|t| self.resolve(*t, true))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.emit(Stmt::LaunchKernel {
+            kernel,
+            inputs: ins,
+            outputs: outs,
+        });
+        Ok(())
+    }
+}
+
+impl Lowering<'_> {
+    fn lower_communication(&mut self, e: ExprId) -> Result<(), Diagnostic> {
+        let f = self.f;
+        let expr = f.expr(e).clone();
+        let (producer, consumer) = (expr.inputs[0], expr.outputs[0]);
+        let info = derive_communication(f, e)?;
+        if let Some(open) = &self.open {
+            if info.kind == CommunicationType::Broadcast && info.root == Some(RootKind::StreamIndex)
+            {
+                let first_in_loop = open.bound.is_empty();
+                let d = info.team.len() as i64;
+                let arange = info
+                    .team
+                    .iter()
+                    .enumerate()
+                    .all(|(k, dev)| *dev == k as i64);
+                if first_in_loop && arange && open.extent == d {
+                    return self.lower_p2p_allgather(producer, consumer, d);
+                }
+            }
+        }
+        let input = self.resolve(producer, false)?;
+        let output = self.resolve(consumer, true)?;
+        // One node per team instance (several for Gather/Reduce with several receivers,
+        // SendRecv pairs, and slices of a multi-dimensional mesh); a rank skips the ones
+        // whose team it is not in. Each is waited for before the next is posted: they share
+        // buffers.
+        for inst in &info.instances {
+            let root = match inst.root {
+                None => None,
+                Some(RootKind::Member { index, .. }) => Some(self.constant(index as i64)),
+                Some(RootKind::StreamIndex) => match &self.open {
+                    Some(open) => Some(open.index),
+                    None => {
+                        return Err(Diagnostic::new(format!(
+                            "the {} of `{}` takes its root from a stream loop index, but it is not inside a stream loop",
+                            info.kind.name(),
+                            f.tensor(consumer).name
+                        )))
+                    }
+                },
+            };
+            let comm = self.emit(Stmt::Communication(Communication {
+                kind: info.kind,
+                team: inst.team.clone(),
+                root,
+                red_op: info.red_op,
+                input,
+                output,
+            }));
+            self.emit(Stmt::Wait { comm });
+        }
+        Ok(())
+    }
+
+    /// The P2P decomposition of a stream-split allgather (DID → Stream on the same axis, one
+    /// chunk per device): iteration `i` of every rank `r` receives the shard of device
+    /// `(r + i) % d` into chunk `(r + i) % d` and sends its own shard to device
+    /// `(d + r - i) % d`, as one coalesced group. Iteration 0 is each rank's own shard (a
+    /// send/recv with itself, which the runtime turns into a local copy). Every chunk view of
+    /// this loop uses the same rotated index, so the compute that follows reads the chunk that
+    /// just arrived.
+    fn lower_p2p_allgather(
+        &mut self,
+        producer: TensorId,
+        consumer: TensorId,
+        d: i64,
+    ) -> Result<(), Diagnostic> {
+        let (i, rank) = match &self.open {
+            Some(open) => (
+                open.index,
+                self.scalar(HostScalar::Value(Scalar::named("rank"))),
+            ),
+            None => unreachable_loop()?,
+        };
+        let dd = self.constant(d);
+        let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, i));
+        let recv_peer = self.scalar(HostScalar::Binary(ScalarOp::Mod, sum, dd));
+        let back = self.scalar(HostScalar::Binary(ScalarOp::Add, dd, rank));
+        let back = self.scalar(HostScalar::Binary(ScalarOp::Sub, back, i));
+        let send_peer = self.scalar(HostScalar::Binary(ScalarOp::Mod, back, dd));
+        if let Some(open) = self.open.as_mut() {
+            open.view_index = recv_peer;
+        }
+        let send = self.resolve(producer, false)?;
+        let recv = self.resolve(consumer, true)?;
+        self.emit(Stmt::StartCoalescing);
+        self.emit(Stmt::P2PCommunication(P2PCommunication {
+            direction: P2PDirection::Recv,
+            peer: recv_peer,
+            buffer: recv,
+        }));
+        self.emit(Stmt::P2PCommunication(P2PCommunication {
+            direction: P2PDirection::Send,
+            peer: send_peer,
+            buffer: send,
+        }));
+        let end = self.emit(Stmt::EndCoalescing);
+        self.emit(Stmt::Wait { comm: end });
+        Ok(())
+    }
+}
+
+fn unreachable_loop<T>() -> Result<T, Diagnostic> {
+    Err(Diagnostic::new(
+        "internal: P2P allgather lowering outside a stream loop",
+    ))
+}
+
+/// The fusion a kernel segment runs: its exprs replayed over fresh inputs that stand for the
+/// segment's inputs (global shapes; the runtime binds local chunks).
+fn kernel_fusion(
+    f: &Fusion,
+    exprs: &[ExprId],
+    inputs: &[TensorId],
+    outputs: &[TensorId],
+    k: usize,
+) -> Result<Fusion, Diagnostic> {
+    let mut u = Fusion::new(&format!("{}_kernel{k}", f.name));
+    for p in f.params() {
+        u.add_param(&p.name, p.value)?;
+    }
+    let mut map: HashMap<TensorId, TensorId> = HashMap::new();
+    for t in inputs {
+        let tv = f.tensor(*t);
+        let axes = f.visible_axes(*t);
+        let ext = axes.iter().map(|i| f.id(*i).extent.clone()).collect();
+        let n = u.add_input(&tv.name, tv.dtype, ext, None)?;
+        let new_axes = u.tensor(n).logical.clone();
+        for (old, new) in axes.iter().zip(new_axes) {
+            u.id_mut(new).iter_type = f.id(*old).iter_type;
+        }
+        map.insert(*t, n);
+    }
+    for e in exprs {
+        let ex = f.expr(*e);
+        let ins: Vec<TensorId> = ex.inputs.iter().map(|t| map[t]).collect();
+        let o = ex.outputs[0];
+        let n = u.add_op(&f.tensor(o).name, ex.kind.clone(), &ins)?;
+        map.insert(o, n);
+    }
+    for t in outputs {
+        u.add_output(map[t])?;
+    }
+    Ok(u)
+}

@@ -1,0 +1,209 @@
+//! `propagate-shardings`: give every tensor the device (`DIDx`, `DIDy`) and `Stream`
+//! parallelization its neighbours imply (reference/nvfuser-host-ir.md §2.5, nvFuser's
+//! `PropagateShardingsPass`).
+//!
+//! Contract.
+//!
+//! * Input: an [`Ir::Fusion`] as loaded (schedules applied, verified). Output: the same
+//!   fusion, with loop domains split and parallelized and meshes inherited; no expr or tensor
+//!   is added or removed, and allocation domains are untouched.
+//! * A tensor is *user-sharded* when the user wrote a schedule block for it (its
+//!   [`weave_ir::TensorView::schedule`] is not empty). User-sharded tensors keep their
+//!   sharding, except that fusion inputs may still receive `Stream`.
+//! * Idempotent: a second run finds every parallel type in place and changes nothing.
+//!
+//! Algorithm, with [`weave_transform::replay_loop_like`] doing each replay (it skips a type
+//! the target already has, an axis the target has no mapping for, or meshes of different
+//! sizes, and gives a target without a mesh the reference's):
+//!
+//! 1. **Forward**, exprs in program order. The reference inputs are ordered `linear`: weight,
+//!    bias, input; `matmul`: B then A; otherwise by the number of device/stream loop axes,
+//!    most first (ties: the larger mesh first, then operand order). Each output that is not
+//!    user-sharded receives, from each reference in turn, the parallel types it lacks. Taking
+//!    the weight first means a linear whose input is sharded on M and weight on N gets
+//!    `DIDx` on N only, never twice.
+//! 2. **Backward**, exprs in reverse order. The most parallel output is the reference. Inputs
+//!    that are intermediates and not user-sharded receive every missing type; fusion inputs
+//!    receive `Stream` only (nvFuser: "allow inputs to be stream parallelized"), so a stream
+//!    split on an output reaches back to the fusion inputs.
+
+use std::collections::HashSet;
+
+use weave_ir::{print, Diagnostic, ExprId, ExprKind, Fusion, IrResult, ParallelType, TensorId};
+use weave_transform::{replay_loop_like, IdGraph};
+
+use crate::pass::{Changed, Ir, Pass, PassError};
+use crate::resharding::DEVICE_AND_STREAM_TYPES;
+
+/// The `propagate-shardings` pass (see the module doc).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PropagateShardings;
+
+impl Pass for PropagateShardings {
+    fn name(&self) -> &'static str {
+        "propagate-shardings"
+    }
+
+    fn summary(&self) -> &'static str {
+        "give every tensor the DID/Stream shardings its neighbours imply (forward, then backward)"
+    }
+
+    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
+        run_on_fusion(self.name(), ir, propagate_shardings)
+    }
+}
+
+/// Runs `body` on the fusion of `ir` for the pre-segmentation pass `pass`: a wrong form is
+/// [`PassError::WrongForm`], a diagnostic is [`PassError::Unsupported`], and the result says
+/// whether the printed fusion changed. Shared by the four pre-segmentation passes.
+pub(crate) fn run_on_fusion(
+    pass: &'static str,
+    ir: &mut Ir,
+    body: fn(&mut Fusion) -> IrResult<()>,
+) -> Result<Changed, PassError> {
+    let Ir::Fusion(f) = ir else {
+        return Err(PassError::WrongForm {
+            pass,
+            expected: "fusion",
+            found: ir.form(),
+        });
+    };
+    // Work on a copy so that a failing pass leaves the IR as it was.
+    let mut work = f.clone();
+    body(&mut work).map_err(|diagnostic| PassError::Unsupported { pass, diagnostic })?;
+    let changed = print::fusion_to_string(&work) != print::fusion_to_string(f);
+    *f = work;
+    Ok(if changed { Changed::Yes } else { Changed::No })
+}
+
+/// True if the user wrote a schedule block for `t`.
+pub fn is_user_sharded(f: &Fusion, t: TensorId) -> bool {
+    !f.tensor(t).schedule.is_empty()
+}
+
+/// The number of device and stream axes among `t`'s loop axes.
+pub fn num_parallel_axes(f: &Fusion, t: TensorId) -> usize {
+    f.tensor(t)
+        .loop_domain
+        .iter()
+        .filter(|i| f.id(**i).parallel.is_device_or_stream())
+        .count()
+}
+
+/// The inputs of `expr` in the order forward propagation takes them as references (see the
+/// module doc), each once.
+pub fn reference_inputs(f: &Fusion, expr: ExprId) -> Vec<TensorId> {
+    let e = f.expr(expr);
+    let mut refs: Vec<TensorId> = match e.kind {
+        ExprKind::Linear => {
+            let mut v = vec![e.inputs[1]];
+            v.extend(e.inputs.get(2));
+            v.push(e.inputs[0]);
+            v
+        }
+        ExprKind::Matmul => vec![e.inputs[1], e.inputs[0]],
+        _ => {
+            let mut v = e.inputs.clone();
+            let mesh_size = |t: TensorId| f.mesh_of(t).map(|m| m.shape().len()).unwrap_or(0);
+            v.sort_by_key(|t| std::cmp::Reverse((num_parallel_axes(f, *t), mesh_size(*t))));
+            v
+        }
+    };
+    let mut seen = HashSet::new();
+    refs.retain(|t| seen.insert(*t));
+    refs
+}
+
+/// Replays `types` from `reference` onto `target`, naming both in errors.
+pub(crate) fn replay(
+    f: &mut Fusion,
+    reference: TensorId,
+    target: TensorId,
+    graph: &IdGraph,
+    types: &[ParallelType],
+) -> IrResult<()> {
+    replay_loop_like(f, reference, target, graph, types)
+        .map(|_| ())
+        .map_err(|d| {
+            Diagnostic::new(format!(
+                "propagating shardings from `{}` to `{}`: {}",
+                f.tensor(reference).name,
+                f.tensor(target).name,
+                d.message
+            ))
+            .or_at(d.span)
+        })
+}
+
+/// Propagates shardings forward, then backward (see the module doc), and repeats both until
+/// nothing changes: a mesh or stream split that the backward phase gives a fusion input
+/// reaches that input's other consumers in the next forward phase.
+pub fn propagate_shardings(f: &mut Fusion) -> IrResult<()> {
+    let user: HashSet<TensorId> = f
+        .tensors_in_order()
+        .into_iter()
+        .filter(|t| is_user_sharded(f, *t))
+        .collect();
+    let graph = IdGraph::build(f);
+    // Every round adds a parallel type or a mesh somewhere, so this terminates; the bound is
+    // a safety net.
+    let rounds = 2 + 3 * f.tensors_in_order().len();
+    for _ in 0..rounds {
+        let before = print::fusion_to_string(f);
+        propagate_once(f, &user, &graph)?;
+        if print::fusion_to_string(f) == before {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn propagate_once(f: &mut Fusion, user: &HashSet<TensorId>, graph: &IdGraph) -> IrResult<()> {
+    let exprs: Vec<ExprId> = f.exprs().to_vec();
+
+    for &e in &exprs {
+        let targets: Vec<TensorId> = f
+            .expr(e)
+            .outputs
+            .iter()
+            .copied()
+            .filter(|o| !user.contains(o))
+            .collect();
+        if targets.is_empty() {
+            continue;
+        }
+        for r in reference_inputs(f, e) {
+            for &t in &targets {
+                replay(f, r, t, graph, &DEVICE_AND_STREAM_TYPES)
+                    .map_err(|d| d.or_at(f.expr(e).span))?;
+            }
+        }
+    }
+
+    for &e in exprs.iter().rev() {
+        let outputs = f.expr(e).outputs.clone();
+        // The most parallel output; the first among equals.
+        let Some(r) = outputs
+            .iter()
+            .copied()
+            .rev()
+            .max_by_key(|o| num_parallel_axes(f, *o))
+        else {
+            continue;
+        };
+        let mut inputs = f.expr(e).inputs.clone();
+        let mut seen = HashSet::new();
+        inputs.retain(|t| seen.insert(*t));
+        for x in inputs {
+            let types: &[ParallelType] = if f.is_input(x) {
+                &[ParallelType::Stream]
+            } else if user.contains(&x) {
+                continue;
+            } else {
+                &DEVICE_AND_STREAM_TYPES
+            };
+            replay(f, r, x, graph, types).map_err(|d| d.or_at(f.expr(e).span))?;
+        }
+    }
+    Ok(())
+}

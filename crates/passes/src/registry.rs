@@ -1,0 +1,250 @@
+//! The pass registry: every pass a pipeline may name, by name, with its one-line summary.
+//!
+//! A pipeline names passes by string (`propagate-shardings,segment,…`); the registry turns
+//! each name into a fresh [`Pass`] and is the single place that knows which names exist. An
+//! unknown name is an [`UnknownPass`] error that lists the valid ones, so a typo on the
+//! command line answers with the menu.
+//!
+//! Adding a pass to the standard set is one line in `STANDARD_PASSES`:
+//!
+//! ```text
+//! || Box::new(crate::propagate_shardings::PropagateShardings),
+//! ```
+//!
+//! The name and the summary come from the pass itself ([`Pass::name`], [`Pass::summary`]), so
+//! the registry never disagrees with the pass about either.
+
+use std::fmt;
+
+use crate::pass::Pass;
+
+/// The standard pipeline, from a scheduled fusion to the host program every rank runs
+/// (DESIGN.md §1, §5). Its names are validated against a registry when it is parsed
+/// ([`crate::Pipeline::parse`]), so it runs only once every pass in it is registered.
+pub const DEFAULT_PIPELINE: &str = "propagate-shardings,decompose-reshardings,\
+reorder-sharded-axis,finalize-multidevice-domains,segment,lower-to-host,assign-streams,\
+allocate-and-deallocate";
+
+/// Makes a fresh instance of one pass.
+pub type PassFactory = fn() -> Box<dyn Pass>;
+
+/// The passes of [`Registry::standard`], one factory per line, in [`DEFAULT_PIPELINE`] order.
+/// A pass joins the standard registry by adding its line here.
+const STANDARD_PASSES: &[PassFactory] = &[
+    || Box::new(crate::propagate_shardings::PropagateShardings),
+    || Box::new(crate::decompose_reshardings::DecomposeReshardings),
+    || Box::new(crate::reorder_sharded_axis::ReorderShardedAxis),
+    || Box::new(crate::finalize_multidevice_domains::FinalizeMultideviceDomains),
+    || Box::new(crate::segment::Segment),
+    || Box::new(crate::lower_to_host::LowerToHost),
+    || Box::new(crate::assign_streams::AssignStreams::default()),
+    || Box::new(crate::allocate_and_deallocate::AllocateAndDeallocate),
+];
+
+/// A registered pass as listed: its name and one-line summary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassInfo {
+    /// The name pipelines use (`propagate-shardings`).
+    pub name: &'static str,
+    /// What the pass does, in one line.
+    pub summary: &'static str,
+}
+
+/// One registry entry: what is listed, and how to make the pass.
+struct Entry {
+    info: PassInfo,
+    make: Box<dyn Fn() -> Box<dyn Pass>>,
+}
+
+/// Name → pass factory and summary, in registration order.
+///
+/// Registration order is also listing order; the standard registry registers in pipeline
+/// order, so `--list-passes` reads as the compilation flow.
+#[derive(Default)]
+pub struct Registry {
+    entries: Vec<Entry>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| e.info.name))
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry (tests register their own passes into one).
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// The registry of every standard pass (adding one is a line in `STANDARD_PASSES`).
+    ///
+    /// Passes still being written are absent, so until all of them are registered
+    /// [`DEFAULT_PIPELINE`] does not parse against this registry.
+    pub fn standard() -> Registry {
+        let mut registry = Registry::new();
+        for make in STANDARD_PASSES {
+            registry.register(*make);
+        }
+        registry
+    }
+
+    /// Registers the pass that `make` creates, under the name the pass gives itself. `make`
+    /// is called once now, to read the name and summary, and once per pipeline run later.
+    ///
+    /// # Panics
+    ///
+    /// If a pass of the same name is already registered: two passes under one name is a bug
+    /// in the registration code, which the standard registry's tests catch.
+    pub fn register(&mut self, make: impl Fn() -> Box<dyn Pass> + 'static) -> &mut Registry {
+        let pass = make();
+        let info = PassInfo {
+            name: pass.name(),
+            summary: pass.summary(),
+        };
+        assert!(
+            !self.contains(info.name),
+            "pass `{}` is registered twice",
+            info.name
+        );
+        self.entries.push(Entry {
+            info,
+            make: Box::new(make),
+        });
+        self
+    }
+
+    /// A fresh instance of the pass called `name`.
+    pub fn get(&self, name: &str) -> Result<Box<dyn Pass>, UnknownPass> {
+        self.entry(name).map(|e| (e.make)())
+    }
+
+    /// The name and summary of the pass called `name`.
+    pub fn info(&self, name: &str) -> Result<PassInfo, UnknownPass> {
+        self.entry(name).map(|e| e.info)
+    }
+
+    /// Whether a pass called `name` is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.iter().any(|e| e.info.name == name)
+    }
+
+    /// Every registered pass, in registration order (for `--list-passes`).
+    pub fn list(&self) -> Vec<PassInfo> {
+        self.entries.iter().map(|e| e.info).collect()
+    }
+
+    /// Every registered name, in registration order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.entries.iter().map(|e| e.info.name).collect()
+    }
+
+    /// Whether no pass is registered.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// `Ok(())` if `name` is registered, else the error that lists the valid names.
+    pub fn check(&self, name: &str) -> Result<(), UnknownPass> {
+        self.entry(name).map(|_| ())
+    }
+
+    /// The text of `--list-passes`: one `name  summary` line per pass, then the default
+    /// pipeline and which of its passes are not registered.
+    pub fn listing(&self) -> String {
+        let width = self.entries.iter().map(|e| e.info.name.len()).max();
+        let mut s = String::new();
+        match width {
+            None => s.push_str("no passes are registered\n"),
+            Some(width) => {
+                for PassInfo { name, summary } in self.list() {
+                    s.push_str(&format!("{name:width$}  {summary}\n"));
+                }
+            }
+        }
+        s.push_str(&format!("\ndefault pipeline: {DEFAULT_PIPELINE}\n"));
+        let missing: Vec<&str> = DEFAULT_PIPELINE
+            .split(',')
+            .filter(|name| !self.contains(name))
+            .collect();
+        if !missing.is_empty() {
+            s.push_str(&format!("not registered: {}\n", missing.join(", ")));
+        }
+        s
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry, UnknownPass> {
+        self.entries
+            .iter()
+            .find(|e| e.info.name == name)
+            .ok_or_else(|| UnknownPass {
+                name: name.to_string(),
+                known: self.names(),
+            })
+    }
+}
+
+/// A pass name that no registered pass has.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown pass `{name}` ({})", known_list(.known))]
+pub struct UnknownPass {
+    /// The name asked for.
+    pub name: String,
+    /// Every registered name, in registration order.
+    pub known: Vec<&'static str>,
+}
+
+fn known_list(known: &[&str]) -> String {
+    if known.is_empty() {
+        "no passes are registered".to_string()
+    } else {
+        format!("known passes: {}", known.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::Pipeline;
+
+    #[test]
+    fn standard_passes_have_distinct_names_and_follow_the_default_pipeline() {
+        // Building the registry panics on a duplicate name.
+        let registry = Registry::standard();
+        let default: Vec<&str> = DEFAULT_PIPELINE.split(',').collect();
+        let registered = registry.names();
+        let in_pipeline: Vec<&str> = default
+            .iter()
+            .copied()
+            .filter(|n| registered.contains(n))
+            .collect();
+        assert_eq!(
+            registered, in_pipeline,
+            "standard passes are registered in DEFAULT_PIPELINE order, and only passes of it"
+        );
+        for info in registry.list() {
+            assert!(!info.summary.is_empty(), "`{}` has no summary", info.name);
+            assert!(
+                !info.summary.contains('\n'),
+                "`{}`: multi-line summary",
+                info.name
+            );
+        }
+        if registered.len() == default.len() {
+            let p = Pipeline::parse(DEFAULT_PIPELINE, &registry).unwrap();
+            assert_eq!(p.to_string(), DEFAULT_PIPELINE);
+        }
+    }
+
+    #[test]
+    fn default_pipeline_has_no_spaces_and_no_duplicates() {
+        let names: Vec<&str> = DEFAULT_PIPELINE.split(',').collect();
+        assert_eq!(names.len(), 8);
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(n.trim(), *n);
+            assert!(!names[..i].contains(n), "`{n}` twice");
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Refusals with exact messages: two sharding changes in one expr, a ReduceScatter across
+//! meshes, exprs that are not communications.
+
+mod preseg_util;
+
+use preseg_util::*;
+use weave_passes::communication::derive_communication;
+use weave_passes::decompose_reshardings::DecomposeReshardings;
+use weave_passes::propagate_shardings::PropagateShardings;
+use weave_passes::PassError;
+
+fn decompose_err(src: &str) -> (String, Option<weave_ir::Span>) {
+    let mut f = load_src(src);
+    run(&mut f, &PropagateShardings);
+    let before = show(&f);
+    match try_run(&mut f, &DecomposeReshardings) {
+        Err(PassError::Unsupported { pass, diagnostic }) => {
+            assert_eq!(pass, "decompose-reshardings");
+            assert_eq!(show(&f), before, "the fusion is left as it was");
+            (diagnostic.message, diagnostic.span)
+        }
+        other => panic!("expected an error, got {other:?}\n{}", show(&f)),
+    }
+}
+
+#[test]
+fn two_sharding_changes_in_one_set_are_refused() {
+    // DIDx leaves axis 0 and DIDy arrives on axis 1 in the same set.
+    let src = "fusion two(n = 4) {
+      mesh m = devices(2, 2)
+      tensor inp: f32[4, 4 * n] on m
+      out = set(inp)
+      output out
+      schedule inp { outer_split(0, 2) -> DIDx }
+      schedule out { mesh = m; outer_split(1, 2) -> DIDy }
+    }";
+    let (msg, span) = decompose_err(src);
+    assert_eq!(
+        msg,
+        "expected at most one sharding change in `out = set(inp)`: DIDx and DIDy both change"
+    );
+    assert_eq!(span, Some(weave_ir::Span::new(4, 13)), "the set's op name");
+    // derive_communication says the same.
+    let f = load_src(src);
+    let e = f.tensor(t(&f, "out")).definition.expect("defined");
+    assert_eq!(
+        derive_communication(&f, e).unwrap_err().message,
+        "expected at most one sharding change in `out = set(inp)`: DIDx and DIDy both change"
+    );
+}
+
+#[test]
+fn two_sharding_changes_through_an_inserted_set_are_refused() {
+    // A pointwise op whose operand is DIDx on axis 0 and whose output is DIDy on axis 1:
+    // the resharding set inserted before it would change both.
+    let (msg, _) = decompose_err(
+        "fusion two(n = 4) {
+          mesh m = devices(2, 2)
+          tensor a: f32[4, 4 * n] on m
+          b = neg(a)
+          output b
+          schedule a { outer_split(0, 2) -> DIDx }
+          schedule b { mesh = m; outer_split(1, 2) -> DIDy }
+        }",
+    );
+    assert_eq!(
+        msg,
+        "expected at most one sharding change in `a_resharded = set(a)`: DIDx and DIDy both change"
+    );
+}
+
+#[test]
+fn reduce_scatter_across_meshes_is_refused() {
+    let (msg, _) = decompose_err(
+        "fusion rs(n = 8) {
+          mesh m = devices(2)
+          mesh o = [2, 3]
+          tensor inp: f32[2, 2, n] on m
+          out = sum(inp, [0])
+          output out
+          schedule inp { parallelize(0, DIDx) }
+          schedule out { mesh = o; parallelize(1, DIDx) }
+        }",
+    );
+    assert_eq!(
+        msg,
+        "ReduceScatter needs the same mesh on both sides of `out = sum(inp)`, got DeviceMesh{0 1} and DeviceMesh{2 3}: insert a set before or after the reduction to reshard to another device mesh"
+    );
+}
+
+#[test]
+fn compute_exprs_are_not_communications() {
+    let mut f = load("row_parallel_linear");
+    run_until(&mut f, "decompose-reshardings");
+    let partial = f.tensor(t(&f, "out_partial")).definition.expect("defined");
+    assert_eq!(
+        derive_communication(&f, partial).unwrap_err().message,
+        "`out_partial = linear(inp, w)` cannot be a communication: only set, sum, max and squeeze can"
+    );
+    let f = load("have_different_shardings");
+    let e = f.tensor(t(&f, "tv2")).definition.expect("defined");
+    assert_eq!(
+        derive_communication(&f, e).unwrap_err().message,
+        "`tv2 = set(tv1)`: `tv1` has no device mesh (run propagate-shardings first)"
+    );
+}
+
+#[test]
+fn a_did_to_stream_set_needs_matching_splits() {
+    // inp is split over 2 devices, ag over 4 stream chunks of the same axis: iteration i
+    // would not hold device i's shard.
+    let (msg, _) = decompose_err(
+        "fusion cpl(t = 16, h = 4, d = 2, s = 4) {
+          mesh m = devices(d)
+          tensor inp: f32[t, h] on m
+          ag = set(inp)
+          output ag
+          schedule inp { outer_split(0, d) -> DIDx }
+          schedule ag { mesh = m; outer_split(0, s) -> Stream }
+        }",
+    );
+    assert_eq!(
+        msg,
+        "a DID → Stream set needs the stream split of `ag` to match the DIDx split of `inp` in `ag = set(inp)`"
+    );
+}

@@ -1,0 +1,214 @@
+//! `propagate-shardings` (reference §2.5, §10 #22): forward, backward, the reference order of
+//! linear/matmul, fusion inputs (Stream only), user-sharded tensors and mesh inheritance.
+
+mod preseg_util;
+
+use preseg_util::*;
+use weave_ir::IterType;
+use weave_ir::ParallelType::{DIDx, Serial, Stream};
+use weave_passes::propagate_shardings::PropagateShardings;
+use weave_passes::{Changed, Ir, Pass, PassError};
+
+#[test]
+fn forward_stream_from_the_weight_reaches_the_matmul_output_axis_1() {
+    // w.outer_split(1, 2) -> Stream  ==>  matmul(inp, w) has Stream on axis 1.
+    let mut f = load("propagation_forward");
+    assert_eq!(run(&mut f, &PropagateShardings), Changed::Yes);
+    let out = t(&f, "out");
+    assert_eq!(
+        shape(&f, &f.tensor(out).loop_domain),
+        vec![(Serial, 8), (Stream, 2), (Serial, 6), (Serial, 4)]
+    );
+    let k = f.tensor(out).loop_domain[3];
+    assert_eq!(f.id(k).iter_type, IterType::Reduction);
+    // inp shares no axis with the stream split: untouched.
+    assert_eq!(loop_types(&f, "inp"), vec![Serial, Serial]);
+    assert_eq!(run(&mut f, &PropagateShardings), Changed::No);
+}
+
+#[test]
+fn backward_stream_from_the_output_reaches_every_input() {
+    // tv2.outer_split(0, 2) -> Stream  ==>  tv0, tv1, tv2 all have Stream on axis 0.
+    let mut f = load("propagation_backward");
+    run(&mut f, &PropagateShardings);
+    for name in ["tv0", "tv1", "tv2"] {
+        let tv = f.tensor(t(&f, name));
+        assert_eq!(
+            shape(&f, &tv.loop_domain),
+            vec![(Stream, 2), (Serial, 6), (Serial, 4)],
+            "{name}"
+        );
+    }
+    assert_eq!(run(&mut f, &PropagateShardings), Changed::No);
+}
+
+#[test]
+fn linear_takes_the_weight_first_so_the_output_is_not_doubly_didx_sharded() {
+    // inp sharded on M, w sharded on N: the output takes DIDx on N (from w) only.
+    let mut f = load_src(
+        "fusion lin(t = 8, k = 4, n = 6, d = 2) {
+          mesh m = devices(d)
+          tensor inp: f32[t, k] on m
+          tensor w: f32[n, k] on m
+          out = linear(inp, w)
+          output out
+          schedule inp { outer_split(0, d) -> DIDx }
+          schedule w { outer_split(0, d) -> DIDx }
+        }",
+    );
+    run(&mut f, &PropagateShardings);
+    let out = t(&f, "out");
+    assert_eq!(
+        shape(&f, &f.tensor(out).loop_domain),
+        vec![(Serial, 8), (DIDx, 2), (Serial, 3), (Serial, 4)]
+    );
+    assert_eq!(
+        loop_types(&f, "out").iter().filter(|p| **p == DIDx).count(),
+        1
+    );
+    // The same with matmul: B (the weight) first.
+    let mut f = load_src(
+        "fusion mm(t = 8, k = 4, n = 6, d = 2) {
+          mesh m = devices(d)
+          tensor a: f32[t, k] on m
+          tensor b: f32[k, n] on m
+          out = matmul(a, b)
+          output out
+          schedule a { outer_split(0, d) -> DIDx }
+          schedule b { outer_split(1, d) -> DIDx }
+        }",
+    );
+    run(&mut f, &PropagateShardings);
+    assert_eq!(
+        shape(&f, &f.tensor(t(&f, "out")).loop_domain),
+        vec![(Serial, 8), (DIDx, 2), (Serial, 3), (Serial, 4)]
+    );
+}
+
+#[test]
+fn row_parallel_linear_output_gets_stream_and_a_device_reduction_axis() {
+    let mut f = load("row_parallel_linear");
+    let m = f.tensor(t(&f, "inp")).mesh;
+    assert_eq!(f.tensor(t(&f, "out")).mesh, None);
+    run(&mut f, &PropagateShardings);
+    let out = f.tensor(t(&f, "out"));
+    assert_eq!(out.mesh, m, "a tensor without a mesh inherits one");
+    assert_eq!(
+        shape(&f, &out.loop_domain),
+        vec![
+            (Stream, 4),
+            (Serial, 2048),
+            (Serial, 8192),
+            (DIDx, 2),
+            (Serial, 16384)
+        ]
+    );
+    let rdid = out.loop_domain[3];
+    assert_eq!(f.id(rdid).iter_type, IterType::Reduction);
+}
+
+#[test]
+fn fusion_inputs_receive_only_stream_and_user_sharded_tensors_keep_theirs() {
+    let mut f = load_src(
+        "fusion back(t = 8, n = 4, d = 2, s = 2) {
+          mesh m = devices(d)
+          tensor a: f32[t, n] on m
+          b = set(a)
+          c = set(b)
+          output c
+          schedule b { mesh = m }
+          schedule c { mesh = m; outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+        }",
+    );
+    run(&mut f, &PropagateShardings);
+    // b is user-sharded (replicated on purpose): untouched.
+    assert_eq!(loop_types(&f, "b"), vec![Serial, Serial]);
+    // A non-user intermediate takes everything: same fusion without b's schedule.
+    let mut g = load_src(
+        "fusion back(t = 8, n = 4, d = 2, s = 2) {
+          mesh m = devices(d)
+          tensor a: f32[t, n] on m
+          b = set(a)
+          c = set(b)
+          output c
+          schedule c { mesh = m; outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+        }",
+    );
+    run(&mut g, &PropagateShardings);
+    assert_eq!(loop_types(&g, "b"), vec![Stream, Serial, DIDx, Serial]);
+    // The fusion input takes the Stream split but never the DIDx one.
+    assert_eq!(loop_types(&g, "a"), vec![Stream, Serial, Serial]);
+}
+
+#[test]
+fn every_fixture_propagates_verifies_and_is_idempotent() {
+    for name in [
+        "propagation_forward",
+        "propagation_backward",
+        "have_different_shardings",
+        "sharded_allocation",
+        "replicated_allocation",
+        "row_parallel_linear",
+        "column_parallel_linear",
+        "matmul_rs",
+        "matmul_ar",
+        "ag_matmul",
+        "stream_matmul",
+        "two_matmuls_inlinable",
+        "two_matmuls_not_inlinable",
+    ] {
+        let mut f = load(name);
+        run(&mut f, &PropagateShardings);
+        assert_eq!(run(&mut f, &PropagateShardings), Changed::No, "{name}");
+    }
+}
+
+#[test]
+fn stream_matmul_gives_the_weight_the_output_stream_split() {
+    // §10 #24: out.outer_split(1, 3) -> Stream; w [7, 6] gets Stream on its n axis.
+    let mut f = load("stream_matmul");
+    run(&mut f, &PropagateShardings);
+    assert_eq!(loop_types(&f, "w"), vec![Serial, Stream, Serial]);
+    assert_eq!(loop_types(&f, "inp"), vec![Serial, Serial]);
+}
+
+#[test]
+fn a_device_split_that_does_not_divide_is_an_error() {
+    // a [12] split over 4 devices; r = reshape(a, [2, 6]): the split lands on r's outermost
+    // logical axis, of extent 2, which 4 devices do not divide.
+    let mut f = load_src(
+        "fusion ragged(d = 4) {
+          mesh m = devices(d)
+          tensor a: f32[12] on m
+          r = reshape(a, [2, 6])
+          output r
+          schedule a { outer_split(0, d) -> DIDx }
+        }",
+    );
+    let before = show(&f);
+    let err = try_run(&mut f, &PropagateShardings).unwrap_err();
+    let PassError::Unsupported { pass, diagnostic } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(*pass, "propagate-shardings");
+    assert_eq!(
+        diagnostic.message,
+        "propagating shardings from `a` to `r`: schedule of `r`: axis 0 has extent 2 (`2`), not divisible by 4 devices (DIDx)"
+    );
+    assert!(diagnostic.span.is_some(), "points at the reshape");
+    assert_eq!(
+        show(&f),
+        before,
+        "a failing pass leaves the fusion as it was"
+    );
+}
+
+#[test]
+fn passes_reject_other_forms() {
+    let mut ir = Ir::Host(weave_host_ir::HostProgram::default());
+    let err = PropagateShardings.run(&mut ir).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "pass `propagate-shardings` expects a fusion, got a host program"
+    );
+}

@@ -1,0 +1,120 @@
+//! Shared helpers of the pre-segmentation pass tests: load a scenario fixture, run passes with
+//! the verifier after each, look tensors and axes up.
+
+#![allow(dead_code)]
+
+use weave_ir::{Fusion, IterDomainId, ParallelType, TensorId};
+use weave_passes::decompose_reshardings::DecomposeReshardings;
+use weave_passes::finalize_multidevice_domains::FinalizeMultideviceDomains;
+use weave_passes::propagate_shardings::PropagateShardings;
+use weave_passes::reorder_sharded_axis::ReorderShardedAxis;
+use weave_passes::{Changed, Ir, Pass, PassError};
+
+/// Parses `source`, applies its schedules and verifies it (what `streamweave::load` does).
+pub fn load_src(source: &str) -> Fusion {
+    let mut f = weave_ir::text::parse(source, &[]).expect("parses");
+    weave_transform::schedule::apply_schedules(&mut f).expect("schedules apply");
+    weave_ir::verify::verify(&f).expect("verifies");
+    f
+}
+
+/// Loads `tests/scenarios/<name>.weave` of the workspace.
+pub fn load(name: &str) -> Fusion {
+    let path = format!(
+        "{}/../../tests/scenarios/{name}.weave",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    load_src(&src)
+}
+
+/// The four pre-segmentation passes, in pipeline order.
+pub fn preseg_passes() -> Vec<Box<dyn Pass>> {
+    vec![
+        Box::new(PropagateShardings),
+        Box::new(DecomposeReshardings),
+        Box::new(ReorderShardedAxis),
+        Box::new(FinalizeMultideviceDomains),
+    ]
+}
+
+/// Runs `pass` on `f` and verifies the result.
+pub fn try_run(f: &mut Fusion, pass: &dyn Pass) -> Result<Changed, PassError> {
+    let mut ir = Ir::Fusion(f.clone());
+    let changed = pass.run(&mut ir)?;
+    let Ir::Fusion(out) = ir else {
+        panic!("{} changed the IR form", pass.name())
+    };
+    if let Err(d) = weave_ir::verify::verify(&out) {
+        panic!(
+            "IR invalid after `{}`: {d}\n{}",
+            pass.name(),
+            weave_ir::print::fusion_to_string(&out)
+        );
+    }
+    *f = out;
+    Ok(changed)
+}
+
+/// Runs `pass` on `f`, which must succeed, and verifies the result.
+pub fn run(f: &mut Fusion, pass: &dyn Pass) -> Changed {
+    try_run(f, pass).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs the passes of the pipeline up to and including `last` (a pass name).
+pub fn run_until(f: &mut Fusion, last: &str) {
+    for p in preseg_passes() {
+        run(f, p.as_ref());
+        if p.name() == last {
+            return;
+        }
+    }
+    panic!("no pass named {last}");
+}
+
+/// Runs the whole pre-segmentation pipeline, checking that a second run of each pass changes
+/// nothing (idempotence).
+pub fn preseg(f: &mut Fusion) {
+    for p in preseg_passes() {
+        run(f, p.as_ref());
+        assert_eq!(
+            run(f, p.as_ref()),
+            Changed::No,
+            "`{}` is not idempotent:\n{}",
+            p.name(),
+            weave_ir::print::fusion_to_string(f)
+        );
+    }
+}
+
+/// The tensor named `name`.
+pub fn t(f: &Fusion, name: &str) -> TensorId {
+    f.tensor_by_name(name)
+        .unwrap_or_else(|| panic!("no tensor `{name}`"))
+}
+
+/// The parallel types of `name`'s loop axes.
+pub fn loop_types(f: &Fusion, name: &str) -> Vec<ParallelType> {
+    f.tensor(t(f, name))
+        .loop_domain
+        .iter()
+        .map(|i| f.id(*i).parallel)
+        .collect()
+}
+
+/// `(parallel type, evaluated extent)` of each of `ids`.
+pub fn shape(f: &Fusion, ids: &[IterDomainId]) -> Vec<(ParallelType, i64)> {
+    ids.iter()
+        .map(|i| {
+            (
+                f.id(*i).parallel,
+                f.eval(&f.id(*i).extent).expect("constant"),
+            )
+        })
+        .collect()
+}
+
+/// The seed-style print of the fusion.
+pub fn show(f: &Fusion) -> String {
+    weave_ir::print::fusion_to_string(f)
+}
