@@ -77,7 +77,7 @@ fn second_stream_axis() {
 fn parse_errors_render_with_the_line() {
     let e = load_err(&with("  b = addd(a, a)\n  output b\n"));
     assert!(
-        e.starts_with("error: unknown op `addd` (expected one of: set, cast, neg,"),
+        e.starts_with("error: unknown op `addd` (expected one of: set, segment_set, cast, neg,"),
         "{e}"
     );
     assert!(e.contains("--> bad.weave:4:7\n"), "{e}");

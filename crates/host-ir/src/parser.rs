@@ -993,13 +993,18 @@ impl Parser<'_> {
                     _ => self.err(&n, "an integer after `-`"),
                 }
             }
-            Tok::Ident(w) if w == "ceilDiv" && self.at_punct("(") => {
+            Tok::Ident(w) if (w == "ceilDiv" || w == "min") && self.at_punct("(") => {
+                let op = if w == "min" {
+                    ScalarOp::Min
+                } else {
+                    ScalarOp::CeilDiv
+                };
                 self.bump();
                 let a = self.sexpr(depth + 1)?;
-                self.expect_punct(",", "between the operands of `ceilDiv`")?;
+                self.expect_punct(",", &format!("between the operands of `{w}`"))?;
                 let b = self.sexpr(depth + 1)?;
-                self.expect_punct(")", "to close `ceilDiv(`")?;
-                Ok(SExpr::Bin(ScalarOp::CeilDiv, Box::new(a), Box::new(b)))
+                self.expect_punct(")", &format!("to close `{w}(`"))?;
+                Ok(SExpr::Bin(op, Box::new(a), Box::new(b)))
             }
             Tok::Ident(w) if is_index_name(w) => Ok(SExpr::Index(self.index(w))),
             Tok::Ident(w) => Ok(SExpr::Named(w.clone())),

@@ -135,7 +135,7 @@ impl Names {
                 let a = self.scalar_at(p, *a, depth + 1);
                 let b = self.scalar_at(p, *b, depth + 1);
                 match op {
-                    ScalarOp::CeilDiv => format!("( ceilDiv({a}, {b}) )"),
+                    op if op.is_call() => format!("( {}({a}, {b}) )", op_symbol(*op)),
                     op => format!("( {a} {} {b} )", op_symbol(*op)),
                 }
             }
@@ -330,6 +330,7 @@ pub(crate) fn op_symbol(op: ScalarOp) -> &'static str {
         ScalarOp::Div => "/",
         ScalarOp::Mod => "%",
         ScalarOp::CeilDiv => "ceilDiv",
+        ScalarOp::Min => "min",
     }
 }
 

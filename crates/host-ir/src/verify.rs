@@ -14,7 +14,9 @@
 //!   fusion parameters) are free.
 //! * **Definitions.** A tensor is defined by being a program input, by `Allocate`, as the
 //!   output of `ShardByStream`, or by a write (a library call or a receive into an unbound
-//!   tensor binds it). Every read, every `ShardByStream` input, every `Deallocate` and every
+//!   tensor binds it). A `ShardByStream` of a tensor that was never bound binds it too: it is
+//!   a buffer that lowering leaves to `allocate-and-deallocate` (loop-local intermediates get
+//!   their slots there), written only through its views. Every read, every `ShardByStream` input, every `Deallocate` and every
 //!   `Wait` (a use of its communication's buffers) needs a definition that dominates it: an
 //!   earlier one in the same scope or an enclosing one. A definition inside a loop body does
 //!   not reach past the loop. A view is usable only while the tensor it cuts is. A program
@@ -335,6 +337,12 @@ impl Verifier<'_> {
                 if input == output {
                     let n = self.t(*input);
                     return Err(self.fail(s, format!("makes {n} a view of itself")));
+                }
+                let never_bound = !state.defined.contains(input)
+                    && !state.freed.contains(input)
+                    && !state.loop_local.contains_key(input);
+                if never_bound {
+                    bind(state, *input);
                 }
                 self.need(s, state, *input, "shards")?;
                 let rank = p.tensors.get(*input).map_or(0, |t| t.sizes.len());

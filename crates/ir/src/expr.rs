@@ -139,6 +139,9 @@ impl UnaryOp {
 pub enum ExprKind {
     /// A copy; where producer and consumer shardings differ this is a communication.
     Set,
+    /// A copy that also marks a segment boundary: the segmenter never fuses it with the op
+    /// that produces its input (nvFuser's `segment_set`).
+    SegmentSet,
     /// Conversion to another dtype.
     Cast(DType),
     /// Pointwise unary.
@@ -185,6 +188,7 @@ impl ExprKind {
     pub fn op_name(&self) -> &'static str {
         match self {
             ExprKind::Set => "set",
+            ExprKind::SegmentSet => "segment_set",
             ExprKind::Cast(_) => "cast",
             ExprKind::Unary(u) => u.name(),
             ExprKind::Binary(b) => b.name(),
@@ -204,6 +208,7 @@ impl ExprKind {
         matches!(
             self,
             ExprKind::Set
+                | ExprKind::SegmentSet
                 | ExprKind::Cast(_)
                 | ExprKind::Unary(_)
                 | ExprKind::Binary(_)

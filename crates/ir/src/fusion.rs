@@ -608,7 +608,7 @@ impl Fusion {
         let in0 = inputs[0];
         let rank0 = self.visible_axes(in0).len();
         let (dtype, logical, root) = match &kind {
-            ExprKind::Set => (
+            ExprKind::Set | ExprKind::SegmentSet => (
                 self.tensors[in0].dtype,
                 self.pointwise_axes(op, inputs)?,
                 None,

@@ -27,6 +27,8 @@ pub enum ScalarOp {
     Mod,
     /// `ceilDiv(a, b)`
     CeilDiv,
+    /// `min(a, b)`
+    Min,
 }
 
 impl ScalarOp {
@@ -38,7 +40,13 @@ impl ScalarOp {
             ScalarOp::Div => "/",
             ScalarOp::Mod => "%",
             ScalarOp::CeilDiv => "ceilDiv",
+            ScalarOp::Min => "min",
         }
+    }
+
+    /// True for the operators written as calls (`ceilDiv(a, b)`, `min(a, b)`).
+    pub fn is_call(self) -> bool {
+        matches!(self, ScalarOp::CeilDiv | ScalarOp::Min)
     }
 
     /// Binding strength in the `.weave` source form.
@@ -46,7 +54,7 @@ impl ScalarOp {
         match self {
             ScalarOp::Add | ScalarOp::Sub => 1,
             ScalarOp::Mul | ScalarOp::Div | ScalarOp::Mod => 2,
-            ScalarOp::CeilDiv => 3,
+            ScalarOp::CeilDiv | ScalarOp::Min => 3,
         }
     }
 }
@@ -115,6 +123,10 @@ impl Scalar {
     pub fn rem(self, rhs: impl Into<Scalar>) -> Scalar {
         Scalar::binary(ScalarOp::Mod, self, rhs.into())
     }
+    /// `min(self, rhs)`
+    pub fn min(self, rhs: impl Into<Scalar>) -> Scalar {
+        Scalar::binary(ScalarOp::Min, self, rhs.into())
+    }
     /// `ceilDiv(self, rhs)`
     pub fn ceil_div(self, rhs: impl Into<Scalar>) -> Scalar {
         Scalar::binary(ScalarOp::CeilDiv, self, rhs.into())
@@ -174,8 +186,9 @@ impl Scalar {
         match self {
             Scalar::Const(v) => out.push_str(&v.to_string()),
             Scalar::Named(n) => out.push_str(n),
-            Scalar::Binary(ScalarOp::CeilDiv, a, b) => {
-                out.push_str("ceilDiv(");
+            Scalar::Binary(op, a, b) if op.is_call() => {
+                out.push_str(op.symbol());
+                out.push('(');
                 a.write_source(out, 0);
                 out.push_str(", ");
                 b.write_source(out, 0);
@@ -224,7 +237,7 @@ impl fmt::Display for Scalar {
         match self {
             Scalar::Const(v) => write!(f, "{v}"),
             Scalar::Named(n) => f.write_str(n),
-            Scalar::Binary(ScalarOp::CeilDiv, a, b) => write!(f, "( ceilDiv({a}, {b}) )"),
+            Scalar::Binary(op, a, b) if op.is_call() => write!(f, "( {}({a}, {b}) )", op.symbol()),
             Scalar::Binary(op, a, b) => write!(f, "( {a} {} {b} )", op.symbol()),
         }
     }
@@ -250,6 +263,7 @@ fn fold(op: ScalarOp, a: i64, b: i64) -> Option<i64> {
                 Some(a.checked_add(b - 1)?.div_euclid(b))
             }
         }
+        ScalarOp::Min => Some(a.min(b)),
     }
 }
 
@@ -349,7 +363,26 @@ fn simplify_binary(op: ScalarOp, a: Scalar, b: Scalar) -> Scalar {
                     return (**y).clone();
                 }
             }
+            // Nested divisions by positive constants fold: ceil(ceil(x / a) / b) =
+            // ceil(x / (a * b)), and the same for floor.
+            if let (Scalar::Binary(inner, x, c1), Some(c2)) = (&a, b.as_const()) {
+                if *inner == op {
+                    if let Some(c1) = c1.as_const() {
+                        if c1 > 0 && c2 > 0 {
+                            if let Some(p) = c1.checked_mul(c2) {
+                                return simplify_binary(op, (**x).clone(), Scalar::Const(p));
+                            }
+                        }
+                    }
+                }
+            }
             bin(op, a, b)
+        }
+        Min => {
+            if a == b {
+                return a;
+            }
+            bin(Min, a, b)
         }
         Mod => {
             if b.as_const() == Some(1) || a == b {
@@ -391,6 +424,8 @@ mod tests {
         assert_eq!(n("t").mul(n("s")).div(n("s")), n("t"));
         assert_eq!(n("t").add(0).mul(1), n("t"));
         assert_eq!(Scalar::c(2).mul(n("h").mul(3)), n("h").mul(6));
+        assert_eq!(n("t").ceil_div(4).ceil_div(2), n("t").ceil_div(8));
+        assert_eq!(n("t").div(4).div(2), n("t").div(8));
     }
 
     #[test]

@@ -30,12 +30,10 @@
 //!   nor written directly, and it is no program input or output — is rewritten to hold
 //!   `slots = min(S, numberOfStreams)` chunks instead of `S`:
 //!   ```text
-//!   t.sizes[axis] := (t.sizes[axis] / S) * slots      # chunk size unchanged
+//!   t.sizes[axis] := ceilDiv(t.sizes[axis], S) * slots      # chunk size unchanged
 //!   v = ShardByStream(t, axis, chunks=slots, index=( i % numberOfStreams ))
 //!   ```
-//!   and (a) then allocates `t` once, before `L`. `ScalarOp` has no `min`, so `slots` is
-//!   spelled `S - (S - n) * ceilDiv(S / n, S / n + 1)`, which is `min(S, n)` for `S, n ≥ 1`
-//!   (`ceilDiv(q, q + 1)` is 0 for `q = 0` and 1 for `q ≥ 1`).
+//!   and (a) then allocates `t` once, before `L`.
 //!   *Why it is safe* (§6.4): iteration `i` only touches slot `i % n`, and runs all of its
 //!   device work on `Stream (i % n)` (the rewrite requires every `SetCurrentStream` inside `L`
 //!   to set exactly that stream; a loop with none runs on one stream, which is safer still).
@@ -544,17 +542,11 @@ impl SlotPlan {
     fn apply(self, p: &mut HostProgram) {
         let n = number_of_streams(p);
         let s = self.chunks;
-        // slots = S - (S - n) * ceilDiv(S / n, S / n + 1) = min(S, n) for S, n >= 1.
-        let one = find_or_insert_scalar(p, HostScalar::Value(Scalar::c(1)));
-        let q = binary(p, ScalarOp::Div, s, n);
-        let q1 = binary(p, ScalarOp::Add, q, one);
-        let at_least_n = binary(p, ScalarOp::CeilDiv, q, q1);
-        let excess = binary(p, ScalarOp::Sub, s, n);
-        let cut = binary(p, ScalarOp::Mul, excess, at_least_n);
-        let slots = binary(p, ScalarOp::Sub, s, cut);
+        let slots = binary(p, ScalarOp::Min, s, n);
 
+        // The chunk size of the original view (`ShardByStream` cuts ceilDiv-sized chunks).
         let size = p.tensors[self.tensor].sizes[self.axis];
-        let chunk = binary(p, ScalarOp::Div, size, s);
+        let chunk = binary(p, ScalarOp::CeilDiv, size, s);
         let new_size = binary(p, ScalarOp::Mul, chunk, slots);
         p.tensors[self.tensor].sizes[self.axis] = new_size;
 
@@ -780,9 +772,7 @@ mod tests {
     #[test]
     fn min_formula_is_min() {
         let (s, n) = (Scalar::named("S"), Scalar::named("n"));
-        let q = s.clone().div(n.clone());
-        let at_least_n = q.clone().ceil_div(q.add(1));
-        let slots = s.clone().sub(s.sub(n).mul(at_least_n));
+        let slots = s.min(n);
         for sv in 1..12i64 {
             for nv in 1..9i64 {
                 let lookup = |name: &str| match name {

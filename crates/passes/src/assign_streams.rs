@@ -163,11 +163,21 @@ impl AssignStreams {
 
 impl Pass for AssignStreams {
     fn name(&self) -> &'static str {
-        "assign-streams"
+        match self.variant {
+            SyncVariant::Inline => "assign-streams",
+            SyncVariant::SeparateLoop => "assign-streams-separate-sync",
+        }
     }
 
     fn summary(&self) -> &'static str {
-        "fork each top-level stream loop onto `Stream (i % numberOfStreams)` and join it back onto the caller's stream"
+        match self.variant {
+            SyncVariant::Inline => {
+                "fork each top-level stream loop onto `Stream (i % numberOfStreams)` and join it back onto the caller's stream"
+            }
+            SyncVariant::SeparateLoop => {
+                "as assign-streams, with the entry synchronizations in their own loop before the compute loop (seed 001)"
+            }
+        }
     }
 
     fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {

@@ -147,7 +147,7 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
     let e = f.expr(expr);
     let desc = expr_desc(f, expr);
     let red_op = match &e.kind {
-        ExprKind::Set => None,
+        ExprKind::Set | ExprKind::SegmentSet => None,
         ExprKind::Reduction { op, .. } => Some(*op),
         ExprKind::Squeeze { .. } => Some(ReduceOp::Sum),
         _ => {

@@ -351,7 +351,7 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     }
     let kind = f.expr(e).kind.clone();
     match kind {
-        ExprKind::Set | ExprKind::Squeeze { .. } => {
+        ExprKind::Set | ExprKind::SegmentSet | ExprKind::Squeeze { .. } => {
             derive_communication(f, e)?;
             return Ok(());
         }

@@ -87,6 +87,8 @@ struct Lowering<'a> {
     /// Tensors bound at top level (inputs, full buffers, non-stream intermediates).
     top: HashMap<TensorId, HostTensorId>,
     open: Option<OpenLoop>,
+    /// Whole-size buffers of loop-local intermediates, visible only through chunk views.
+    loop_local: HashMap<TensorId, HostTensorId>,
     kernels: usize,
 }
 
@@ -99,6 +101,7 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         p: HostProgram::default(),
         top: HashMap::new(),
         open: None,
+        loop_local: HashMap::new(),
         kernels: 0,
     };
     for t in f.inputs() {
@@ -215,7 +218,7 @@ impl Lowering<'_> {
                 if !wanted || seen.contains(&pt) || f.id(*id).iter_type == IterType::Reduction {
                     continue;
                 }
-                if self.outer_split_root(*id) == Some(l) {
+                if self.split_root(*id) == Some(l) {
                     seen.push(pt);
                     size = size.ceil_div(f.id(*id).extent.clone());
                 }
@@ -223,6 +226,19 @@ impl Lowering<'_> {
             out.push(size);
         }
         Ok(out)
+    }
+
+    /// Follows `id` up through split outputs (outer or inner) to the axis it was split from;
+    /// `None` when the chain passes through a merge. A device axis found this way divides that
+    /// axis' local size wherever it sits in the split tree (e.g. inside each stream chunk).
+    fn split_root(&self, mut id: IterDomainId) -> Option<IterDomainId> {
+        loop {
+            match self.f.id(id).definition.map(|e| self.f.id_expr(e)) {
+                None => return Some(id),
+                Some(IdExpr::Split { input, .. }) => id = *input,
+                Some(IdExpr::Merge { .. }) => return None,
+            }
+        }
     }
 
     /// Follows `id` up through outer-split outer outputs to a logical axis; `None` when the
@@ -372,18 +388,11 @@ impl Lowering<'_> {
             }
             return Ok(h);
         };
-        if should_allocate_per_stream(f, t) {
-            // A loop-local intermediate: one chunk per iteration.
-            if !write {
-                return Err(Diagnostic::new(format!(
-                    "`{name}` is allocated per stream chunk but read outside the loop that writes it"
-                )));
-            }
-            let h = self.new_tensor(t, self.local_sizes(t, true)?);
-            self.open.as_mut().map(|o| o.bound.insert(t, h));
-            return Ok(h);
-        }
-        // A full buffer, viewed chunk by chunk.
+        // A buffer viewed chunk by chunk. A loop-local intermediate (allocated per stream
+        // chunk) gets no binding outside the loop and no Allocate here:
+        // `allocate-and-deallocate` allocates it before the loop with `numberOfStreams` slots.
+        // Any other stream-parallel tensor is allocated whole, hoisted before its loop.
+        let loop_local = should_allocate_per_stream(f, t);
         let full = match self.top.get(&t) {
             Some(h) => *h,
             None => {
@@ -393,11 +402,15 @@ impl Lowering<'_> {
                     )));
                 }
                 let h = self.new_tensor(t, self.local_sizes(t, false)?);
-                self.emit_before_loop(Stmt::Allocate {
-                    tensor: h,
-                    zero_init: false,
-                });
-                self.top.insert(t, h);
+                if loop_local {
+                    self.loop_local.insert(t, h);
+                } else {
+                    self.emit_before_loop(Stmt::Allocate {
+                        tensor: h,
+                        zero_init: false,
+                    });
+                    self.top.insert(t, h);
+                }
                 h
             }
         };
@@ -522,7 +535,12 @@ impl Lowering<'_> {
                 }
             }
         }
-        let input = self.resolve(producer, false)?;
+        // The root of a DID -> Stream broadcast sends its whole shard.
+        let input = if info.root == Some(RootKind::StreamIndex) {
+            self.whole(producer)?
+        } else {
+            self.resolve(producer, false)?
+        };
         let output = self.resolve(consumer, true)?;
         // One node per team instance (several for Gather/Reduce with several receivers,
         // SendRecv pairs, and slices of a multi-dimensional mesh); a rank skips the ones
@@ -556,6 +574,16 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// The whole tensor `t` as bound outside any loop.
+    fn whole(&self, t: TensorId) -> Result<HostTensorId, Diagnostic> {
+        self.top.get(&t).copied().ok_or_else(|| {
+            Diagnostic::new(format!(
+                "`{}` is read before it is defined",
+                self.f.tensor(t).name
+            ))
+        })
+    }
+
     /// The P2P decomposition of a stream-split allgather (DID → Stream on the same axis, one
     /// chunk per device): iteration `i` of every rank `r` receives the shard of device
     /// `(r + i) % d` into chunk `(r + i) % d` and sends its own shard to device
@@ -585,7 +613,8 @@ impl Lowering<'_> {
         if let Some(open) = self.open.as_mut() {
             open.view_index = recv_peer;
         }
-        let send = self.resolve(producer, false)?;
+        // The whole local shard is sent, never a chunk of it.
+        let send = self.whole(producer)?;
         let recv = self.resolve(consumer, true)?;
         self.emit(Stmt::StartCoalescing);
         self.emit(Stmt::P2PCommunication(P2PCommunication {

@@ -38,6 +38,11 @@ const STANDARD_PASSES: &[PassFactory] = &[
     || Box::new(crate::segment::Segment),
     || Box::new(crate::lower_to_host::LowerToHost),
     || Box::new(crate::assign_streams::AssignStreams::default()),
+    || {
+        Box::new(crate::assign_streams::AssignStreams::new(
+            crate::assign_streams::SyncVariant::SeparateLoop,
+        ))
+    },
     || Box::new(crate::allocate_and_deallocate::AllocateAndDeallocate),
 ];
 

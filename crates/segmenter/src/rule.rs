@@ -99,6 +99,18 @@ impl MergeRule for DefaultMergeRule {
         if !fusable(a) || !fusable(b) {
             return false;
         }
+        // A `segment_set` starts a segment: it never joins the segment that produces its
+        // input (in either merge direction).
+        let cuts = |x: &Segment, y: &Segment| {
+            let made = x.produced(fusion);
+            y.exprs().iter().any(|e| {
+                let ex = fusion.expr(*e);
+                ex.kind == ExprKind::SegmentSet && ex.inputs.iter().any(|i| made.contains(i))
+            })
+        };
+        if cuts(a, b) || cuts(b, a) {
+            return false;
+        }
         let produced: Vec<TensorId> = a
             .produced(fusion)
             .into_iter()

@@ -77,6 +77,7 @@ fn operand_pairs(kind: &ExprKind, pos: usize, prank: usize, crank: usize) -> Vec
     let identity = |n: usize| (0..n).map(|i| (i, i)).collect::<Vec<_>>();
     match kind {
         ExprKind::Set
+        | ExprKind::SegmentSet
         | ExprKind::Cast(_)
         | ExprKind::Unary(_)
         | ExprKind::Binary(_)

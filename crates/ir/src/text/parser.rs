@@ -109,6 +109,7 @@ fn op_sig(name: &str) -> Option<Sig> {
     let tensors = |kind, min, max| Sig::Tensors { kind, min, max };
     Some(match name {
         "set" => tensors(ExprKind::Set, 1, 1),
+        "segment_set" => tensors(ExprKind::SegmentSet, 1, 1),
         "cast" => Sig::Cast,
         "where" => tensors(ExprKind::Where, 3, 3),
         "broadcast" => Sig::Axes(AxisOp::Broadcast),
@@ -131,7 +132,7 @@ fn op_sig(name: &str) -> Option<Sig> {
 
 /// Every op name, in the order the "unknown op" message lists them.
 pub(crate) fn op_names() -> Vec<&'static str> {
-    let mut v = vec!["set", "cast"];
+    let mut v = vec!["set", "segment_set", "cast"];
     v.extend(UnaryOp::ALL.iter().map(|u| u.name()));
     v.extend(BinaryOp::ALL.iter().map(|b| b.name()));
     v.push("where");
@@ -1047,17 +1048,25 @@ impl Parser {
                 self.bump();
                 Ok(Scalar::c(int_value(&s, false, t.span)?))
             }
-            Tok::Ident(s) if s == "ceilDiv" && self.peek_at(1).tok == Tok::Punct(Punct::LParen) => {
+            Tok::Ident(s)
+                if (s == "ceilDiv" || s == "min")
+                    && self.peek_at(1).tok == Tok::Punct(Punct::LParen) =>
+            {
+                let op = if s == "min" {
+                    ScalarOp::Min
+                } else {
+                    ScalarOp::CeilDiv
+                };
                 self.enter(st, t.span)?;
                 self.count_op(st, t.span)?;
                 self.bump();
                 self.bump();
                 let a = self.sum(st)?;
-                self.expect_punct(Punct::Comma, "between the arguments of `ceilDiv`")?;
+                self.expect_punct(Punct::Comma, &format!("between the arguments of `{s}`"))?;
                 let b = self.sum(st)?;
-                self.expect_punct(Punct::RParen, "to close `ceilDiv(...)`")?;
+                self.expect_punct(Punct::RParen, &format!("to close `{s}(...)`"))?;
                 st.depth -= 1;
-                Ok(Scalar::binary(ScalarOp::CeilDiv, a, b))
+                Ok(Scalar::binary(op, a, b))
             }
             Tok::Ident(s) => {
                 self.bump();

@@ -116,6 +116,7 @@ fn op_call(f: &Fusion, expr: &Expr) -> String {
             args.push(format!("[{}]", s.join(", ")));
         }
         ExprKind::Set
+        | ExprKind::SegmentSet
         | ExprKind::Unary(_)
         | ExprKind::Binary(_)
         | ExprKind::Where
@@ -178,7 +179,7 @@ fn precedence(op: ScalarOp) -> u8 {
     match op {
         ScalarOp::Add | ScalarOp::Sub => 1,
         ScalarOp::Mul | ScalarOp::Div | ScalarOp::Mod => 2,
-        ScalarOp::CeilDiv => 3,
+        ScalarOp::CeilDiv | ScalarOp::Min => 3,
     }
 }
 
@@ -190,6 +191,7 @@ fn symbol(op: ScalarOp) -> &'static str {
         ScalarOp::Div => "/",
         ScalarOp::Mod => "%",
         ScalarOp::CeilDiv => "ceilDiv",
+        ScalarOp::Min => "min",
     }
 }
 
@@ -199,8 +201,9 @@ fn write_scalar(s: &Scalar, out: &mut String, parent_prec: u8) {
         Scalar::Const(v) if *v < 0 => out.push_str(&format!("(0 - {})", v.unsigned_abs())),
         Scalar::Const(v) => out.push_str(&v.to_string()),
         Scalar::Named(n) => out.push_str(n),
-        Scalar::Binary(ScalarOp::CeilDiv, a, b) => {
-            out.push_str("ceilDiv(");
+        Scalar::Binary(op, a, b) if op.is_call() => {
+            out.push_str(symbol(*op));
+            out.push('(');
             write_scalar(a, out, 0);
             out.push_str(", ");
             write_scalar(b, out, 0);

@@ -1,0 +1,390 @@
+//! The standard pipeline over every fixture in tests/scenarios: each lowers to a host program
+//! that verifies and matches its reviewed snapshot, and the structural properties of the
+//! reference's §10 scenarios hold (loop shapes, loop counts, collective types and teams,
+//! bounded buffers, deallocation counts), plus the pipeline's negative cases.
+
+use std::path::{Path, PathBuf};
+
+use streamweave::host_ir::{self, CommunicationType, HostProgram, Stmt, StmtId};
+use streamweave::passes::{DumpOptions, Ir, PassManager, Pipeline, Registry, DEFAULT_PIPELINE};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/scenarios/{name}.weave"))
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "weave"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn lower_with(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
+    let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let f = streamweave::load_file(&fixture(name), &ov).unwrap();
+    streamweave::compile(f).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn lower(name: &str) -> HostProgram {
+    lower_with(name, &[])
+}
+
+fn kinds(p: &HostProgram, scope: &[StmtId]) -> Vec<&'static str> {
+    scope.iter().map(|s| p.stmts[*s].kind_name()).collect()
+}
+
+fn top(p: &HostProgram) -> Vec<&'static str> {
+    kinds(p, &p.top_level)
+}
+
+/// Bodies of the top-level loops that do device work (not the join loops).
+fn compute_loops(p: &HostProgram) -> Vec<Vec<StmtId>> {
+    p.top_level
+        .iter()
+        .filter_map(|s| match &p.stmts[*s] {
+            Stmt::ForLoop { body, .. }
+                if body.iter().any(|b| {
+                    !matches!(
+                        p.stmts[*b],
+                        Stmt::Synchronize { .. } | Stmt::SetCurrentStream { .. }
+                    )
+                }) =>
+            {
+                Some(body.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn count(p: &HostProgram, kind: &str) -> usize {
+    p.stmts.values().filter(|s| s.kind_name() == kind).count()
+}
+
+fn communications(p: &HostProgram) -> Vec<(CommunicationType, Vec<i64>)> {
+    let mut v = Vec::new();
+    for w in p.walk() {
+        if let Stmt::Communication(c) = &p.stmts[w.stmt] {
+            v.push((c.kind, c.team.clone()));
+        }
+    }
+    v
+}
+
+#[test]
+fn every_scenario_lowers_verifies_and_prints_as_reviewed() {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path("snapshots/pipeline");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| {
+        for path in fixtures() {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let p = lower(&name);
+            host_ir::verify(&p).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let text = host_ir::print(&p);
+            // The printed program parses back to the same text.
+            let reparsed = host_ir::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            assert_eq!(host_ir::print(&reparsed), text, "{name}");
+            insta::assert_snapshot!(name, text);
+        }
+    });
+}
+
+/// §10 #14–16, #19, #20: one stream-parallel op: the output allocated whole before the loop,
+/// the fork on the captured stream, the compute loop, the switch back and the join loop.
+#[test]
+fn single_stream_ops_have_the_fork_join_shape() {
+    for name in [
+        "single_set_op",
+        "single_set_op_non_outermost",
+        "single_binary_op",
+        "reduction",
+        "matmul_m",
+        "batched_matmul",
+        "matmul_n",
+    ] {
+        let p = lower(name);
+        assert_eq!(
+            top(&p),
+            [
+                "Allocate",
+                "GetCurrentStream",
+                "ForLoop",
+                "SetCurrentStream",
+                "ForLoop"
+            ],
+            "{name}"
+        );
+        let loops = compute_loops(&p);
+        assert_eq!(loops.len(), 1, "{name}");
+        let body = kinds(&p, &loops[0]);
+        assert_eq!(&body[..2], ["SetCurrentStream", "Synchronize"], "{name}");
+    }
+}
+
+/// The seed-001 variant puts the entry synchronizations in their own loop.
+#[test]
+fn separate_entry_loop_variant() {
+    let f = streamweave::load_file(&fixture("single_set_op"), &[]).unwrap();
+    let registry = Registry::standard();
+    let pipeline = Pipeline::parse(
+        &DEFAULT_PIPELINE.replace("assign-streams", "assign-streams-separate-sync"),
+        &registry,
+    )
+    .unwrap();
+    let manager = PassManager::new(registry, pipeline).with_options(DumpOptions::default());
+    let Ir::Host(p) = manager
+        .run_with_output(Ir::Fusion(f), &mut Vec::new())
+        .unwrap()
+    else {
+        panic!("not a host program")
+    };
+    assert_eq!(
+        top(&p),
+        [
+            "Allocate",
+            "GetCurrentStream",
+            "ForLoop",
+            "ForLoop",
+            "SetCurrentStream",
+            "ForLoop"
+        ]
+    );
+}
+
+/// §10 #17: two mapped stream ops share one loop; §10 #18: a non-stream op in between
+/// separates them into two loops with the middle op at top level.
+#[test]
+fn loops_merge_and_separate() {
+    let p = lower("two_set_ops");
+    assert_eq!(compute_loops(&p).len(), 1);
+    let p = lower("three_set_ops_disjoint_loops");
+    assert_eq!(compute_loops(&p).len(), 2);
+    let t = top(&p);
+    let first = t.iter().position(|k| *k == "ForLoop").unwrap();
+    let kernel = t.iter().position(|k| *k == "LaunchKernel").unwrap();
+    let last = t.iter().rposition(|k| *k == "ForLoop").unwrap();
+    assert!(first < kernel && kernel < last, "{t:?}");
+    // §10 #25/#26: inlinable matmuls share a loop; non-inlinable ones need two.
+    assert_eq!(compute_loops(&lower("two_matmuls_inlinable")).len(), 1);
+    assert_eq!(compute_loops(&lower("two_matmuls_not_inlinable")).len(), 2);
+}
+
+/// §10 #43: exactly one stream loop, holding ShardByStream, Linear, ShardByStream,
+/// Allreduce and Wait in that order, inside the fork/join of assign-streams.
+#[test]
+fn row_parallel_linear_has_one_stream_loop() {
+    let p = lower_with("row_parallel_linear", &[("s", 3)]);
+    let loops = compute_loops(&p);
+    assert_eq!(loops.len(), 1);
+    let body: Vec<&str> = kinds(&p, &loops[0])
+        .into_iter()
+        .filter(|k| !matches!(*k, "SetCurrentStream" | "Synchronize"))
+        .collect();
+    let wanted = [
+        "ShardByStream",
+        "Linear",
+        "ShardByStream",
+        "Communication",
+        "Wait",
+    ];
+    let mut it = body.iter();
+    assert!(wanted.iter().all(|w| it.any(|k| k == w)), "{body:?}");
+    assert_eq!(
+        communications(&p),
+        vec![(CommunicationType::Allreduce, vec![0, 1])]
+    );
+    let t = top(&p);
+    assert_eq!(
+        t.iter().filter(|k| **k == "ForLoop").count(),
+        2,
+        "compute + join: {t:?}"
+    );
+    // The join loop comes right after switching back to the captured stream.
+    let join = t.iter().rposition(|k| *k == "ForLoop").unwrap();
+    assert_eq!(t[join - 1], "SetCurrentStream", "{t:?}");
+}
+
+/// §10 #27–#40: the collective each scenario lowers to, and its team on 2 ranks.
+#[test]
+fn collective_types_and_teams() {
+    use CommunicationType::*;
+    let cases: &[(&str, CommunicationType)] = &[
+        ("allgather", Allgather),
+        ("allgather_loop_split", Allgather),
+        ("broadcast", Broadcast),
+        ("reduce", Reduce),
+        ("allreduce", Allreduce),
+        ("reduce_scatter", ReduceScatter),
+        ("reduce_scatter_logical", ReduceScatter),
+        ("all_to_all_dispatch", AllToAll),
+        ("all_to_all_combine", AllToAll),
+        ("gather", Gather),
+        ("scatter", Scatter),
+        ("stream_allgather", Allgather),
+        ("stream_allreduce", Allreduce),
+        ("stream_reduce_scatter", ReduceScatter),
+        ("ag_matmul", Allgather),
+        ("matmul_ar", Allreduce),
+        ("matmul_rs", ReduceScatter),
+        ("matmul_rs_through_bcast", ReduceScatter),
+    ];
+    for (name, kind) in cases {
+        assert_eq!(
+            communications(&lower(name)),
+            vec![(*kind, vec![0, 1])],
+            "{name}"
+        );
+    }
+    // One SendRecv per (sender, receiver) pair.
+    assert_eq!(
+        communications(&lower("send_recv")),
+        vec![(SendRecv, vec![0, 1]), (SendRecv, vec![1, 0])]
+    );
+    // With 4 ranks the team is the whole mesh.
+    assert_eq!(
+        communications(&lower_with("allreduce", &[("d", 4)])),
+        vec![(Allreduce, vec![0, 1, 2, 3])]
+    );
+}
+
+/// §10 #40 / seed 003: a stream-split allgather becomes a coalesced send/recv ring whose
+/// peers come from the loop index and the rank.
+#[test]
+fn stream_split_allgather_is_a_p2p_ring() {
+    for name in ["allgather_p2p", "ag_matmul_p2p", "column_parallel_linear"] {
+        let p = lower(name);
+        let loops = compute_loops(&p);
+        assert_eq!(loops.len(), 1, "{name}");
+        let body: Vec<&str> = kinds(&p, &loops[0]);
+        let start = body.iter().position(|k| *k == "StartCoalescing").unwrap();
+        assert_eq!(
+            &body[start..start + 5],
+            [
+                "StartCoalescing",
+                "P2PCommunication",
+                "P2PCommunication",
+                "EndCoalescing",
+                "Wait"
+            ],
+            "{name}"
+        );
+        assert!(communications(&p).is_empty(), "{name}");
+        let text = host_ir::print(&p);
+        assert!(
+            text.contains("peer=( ( rank + i0 ) % 2 )"),
+            "{name}:\n{text}"
+        );
+        assert!(
+            text.contains("peer=( ( ( 2 + rank ) - i0 ) % 2 )"),
+            "{name}:\n{text}"
+        );
+    }
+}
+
+/// §6.4 / nvFuser #5308: a loop-local stream intermediate holds min(S, numberOfStreams)
+/// chunks, allocated once before its loop.
+#[test]
+fn loop_local_intermediate_gets_number_of_streams_slots() {
+    let p = lower("two_matmuls_inlinable");
+    let text = host_ir::print(&p);
+    assert!(
+        text.contains(
+            "T4_g_f32[( ( ceilDiv(M, 3) ) * ( min(3, numberOfStreams) ) ), N] = ALLOCATE"
+        ),
+        "{text}"
+    );
+    let loop_pos = top(&p).iter().position(|k| *k == "ForLoop").unwrap();
+    let alloc_pos = p
+        .top_level
+        .iter()
+        .position(|s| matches!(&p.stmts[*s], Stmt::Allocate { tensor, .. } if p.tensors[*tensor].sizes.len() == 2 && !p.outputs.contains(tensor)))
+        .unwrap();
+    assert!(alloc_pos < loop_pos);
+    // Iteration i writes slot i % numberOfStreams, one of min(S, numberOfStreams) chunks.
+    assert!(
+        text.contains("chunks=( min(3, numberOfStreams) ), stream_index=( i0 % numberOfStreams ))"),
+        "{text}"
+    );
+}
+
+/// §10 #10: three kernels separated by segment_set free the two intermediates;
+/// §10 #11: outputs are never freed.
+#[test]
+fn deallocation_counts() {
+    let p = lower("insert_deallocations");
+    assert_eq!(count(&p, "LaunchKernel"), 3);
+    assert_eq!(count(&p, "Deallocate"), 2);
+    let p = lower("exclude_outputs_from_deallocations");
+    assert_eq!(count(&p, "Deallocate"), 0);
+    assert_eq!(p.outputs.len(), 2);
+}
+
+/// The acceptance run: `--print-after=all` shows every pass in order and ends in the
+/// host program.
+#[test]
+fn print_after_all_shows_every_pass() {
+    let f = streamweave::load_file(&fixture("row_parallel_linear"), &[]).unwrap();
+    let registry = Registry::standard();
+    let pipeline = Pipeline::parse(DEFAULT_PIPELINE, &registry).unwrap();
+    let mut options = DumpOptions::default();
+    options.after.add("all");
+    let manager = PassManager::new(registry, pipeline).with_options(options);
+    let mut out = Vec::new();
+    manager.run_with_output(Ir::Fusion(f), &mut out).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    let mut at = 0;
+    for pass in DEFAULT_PIPELINE.split(',') {
+        let header = format!("IR Dump After {pass} ");
+        let pos = out[at..]
+            .find(&header)
+            .unwrap_or_else(|| panic!("no dump after {pass}"));
+        at += pos + header.len();
+    }
+    assert!(out[at..].contains("%HostIrContainer"));
+}
+
+/// A stream axis on a reduction cannot be sliced into chunks.
+#[test]
+fn stream_on_a_reduction_axis_is_refused() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scenarios/invalid/stream_on_reduction_axis.weave");
+    let f = streamweave::load_file(&path, &[]).unwrap();
+    let e = streamweave::compile(f).unwrap_err().to_string();
+    assert!(
+        e.starts_with("pass `lower-to-host`: `c` is stream-parallel on a reduction axis; chunking a reduction needs a cross-chunk accumulation that lowering does not express"),
+        "{e}"
+    );
+}
+
+/// The host verifier names the statement when a lowered program is broken.
+#[test]
+fn verifier_names_the_statement() {
+    let mut p = lower_with("row_parallel_linear", &[("s", 3)]);
+    let body = compute_loops(&p)[0].clone();
+    let wait = body
+        .iter()
+        .copied()
+        .find(|s| matches!(p.stmts[*s], Stmt::Wait { .. }))
+        .unwrap();
+    let Some(Stmt::ForLoop { body, .. }) = p
+        .top_level
+        .iter()
+        .copied()
+        .find(|s| matches!(&p.stmts[*s], Stmt::ForLoop { body, .. } if body.contains(&wait)))
+        .map(|s| &mut p.stmts[s])
+    else {
+        panic!("loop not found")
+    };
+    body.retain(|s| *s != wait);
+    let e = host_ir::verify(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("Communication") && e.contains("type=Allreduce"),
+        "{e}"
+    );
+    assert!(e.contains("is never waited for"), "{e}");
+}
