@@ -219,7 +219,14 @@ mod tests {
         // Building the registry panics on a duplicate name.
         let registry = Registry::standard();
         let default: Vec<&str> = DEFAULT_PIPELINE.split(',').collect();
-        let registered = registry.names();
+        let all = registry.names();
+        // Variants that replace a default pass when named in a pipeline.
+        let alternatives = ["assign-streams-separate-sync"];
+        let registered: Vec<&str> = all
+            .iter()
+            .copied()
+            .filter(|n| !alternatives.contains(n))
+            .collect();
         let in_pipeline: Vec<&str> = default
             .iter()
             .copied()
@@ -229,6 +236,7 @@ mod tests {
             registered, in_pipeline,
             "standard passes are registered in DEFAULT_PIPELINE order, and only passes of it"
         );
+        assert!(alternatives.iter().all(|a| all.contains(a)));
         for info in registry.list() {
             assert!(!info.summary.is_empty(), "`{}` has no summary", info.name);
             assert!(

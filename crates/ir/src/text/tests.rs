@@ -244,7 +244,7 @@ fn deep_but_allowed_nesting_parses() {
 fn error_unknown_op() {
     assert_eq!(
         parse_err(&with_ab("  c = addd(a, b)")),
-        "4:7: unknown op `addd` (expected one of: set, cast, neg, abs, exp, log, sin, cos, tanh, \
+        "4:7: unknown op `addd` (expected one of: set, segment_set, cast, neg, abs, exp, log, sin, cos, tanh, \
 sqrt, rsqrt, reciprocal, relu, sigmoid, not, add, sub, mul, div, maximum, minimum, pow, eq, ne, \
 lt, le, gt, ge, and, or, where, sum, max, broadcast, squeeze, permute, reshape, matmul, linear)"
     );
