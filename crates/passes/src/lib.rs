@@ -11,11 +11,10 @@
 //!   `Communication` + `Wait`);
 //! * host passes: `assign-streams → allocate-and-deallocate`.
 //!
-//! This version holds the interface every pass implements ([`Pass`], [`Changed`],
-//! [`PassError`]) and the IR a pipeline carries ([`Ir`]). The registry, the pipelines, the
-//! pass manager (verify after each pass, print before/after on request) and the passes
-//! themselves arrive with the pass issues; each pass module will open with its contract:
-//! input and output phase, what it preserves, whether it is idempotent.
+//! Every pass implements [`Pass`] over the [`Ir`] a pipeline carries; [`Registry`] names
+//! them, [`Pipeline`] orders them and [`PassManager`] runs them, verifying after each pass and
+//! dumping on request. Each pass module opens with its contract: input and output phase, what
+//! it preserves, whether it is idempotent.
 //!
 //! Architecture Invariant: passes transform IR; they never execute it. weave-passes knows
 //! nothing of CUDA, NCCL or the executor, and runs the same on a machine without a GPU.
