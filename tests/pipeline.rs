@@ -388,3 +388,27 @@ fn verifier_names_the_statement() {
     );
     assert!(e.contains("is never waited for"), "{e}");
 }
+
+/// A fusion input that reaches the stream axis only through a reshape cannot be cut into the
+/// loop's chunks; lowering names it instead of passing it whole.
+#[test]
+fn stream_input_that_cannot_be_sliced_is_refused() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scenarios/invalid/stream_input_through_reshape.weave");
+    let f = streamweave::load_file(&path, &[]).unwrap();
+    let e = streamweave::compile(f).unwrap_err().to_string();
+    assert!(
+        e.starts_with("pass `lower-to-host`: `a` cannot be sliced into this stream loop's chunks: it reaches the stream-parallel axis only through a reshape"),
+        "{e}"
+    );
+}
+
+/// Two sharding changes in one expr are refused before lowering, naming the expr.
+#[test]
+fn two_sharding_changes_in_one_expr_are_refused() {
+    let src = "fusion f(d = 2) {\n  mesh m = devices(d, d)\n  tensor a: f32[4, 4] on m\n  b = set(a)\n  output b\n  schedule a { outer_split(0, d) -> DIDx; outer_split(2, d) -> DIDy }\n  schedule b { mesh = m; outer_split(1, d) -> DIDx; outer_split(0, d) -> DIDy }\n}\n";
+    let f = streamweave::load("two.weave", src, &[]).unwrap();
+    let e = streamweave::compile(f).unwrap_err().to_string();
+    assert!(e.contains("expected at most one sharding change"), "{e}");
+    assert!(e.contains("`b = set(a)`"), "{e}");
+}

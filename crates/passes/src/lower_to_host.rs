@@ -23,7 +23,7 @@ use weave_host_ir::{
 };
 use weave_ir::{
     Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IterDomainId, IterType, MemoryType, ParallelType,
-    Scalar, ScalarOp, SplitKind, TensorId,
+    Scalar, ScalarOp, TensorId,
 };
 use weave_segmenter::{SegmentKind, SegmentedFusion};
 use weave_transform::id_graph::IdGraph;
@@ -70,6 +70,9 @@ struct OpenLoop {
     /// The logical axis that Stream axis chunks; a tensor is chunked by this loop along
     /// its axis exactly mapped to this one.
     stream_root: IterDomainId,
+    /// The axes the stream root is made from by a reshape: an operand mapped to one of these
+    /// but not to the root itself cannot be cut into this loop's chunks.
+    stream_root_ancestors: Vec<IterDomainId>,
     /// Number of iterations (the Stream axis' extent).
     extent: i64,
     index: ScalarId,
@@ -218,7 +221,7 @@ impl Lowering<'_> {
                 if !wanted || seen.contains(&pt) || f.id(*id).iter_type == IterType::Reduction {
                     continue;
                 }
-                if self.split_root(*id) == Some(l) {
+                if self.split_root(t, *id) == Some(l) {
                     seen.push(pt);
                     size = size.ceil_div(f.id(*id).extent.clone());
                 }
@@ -228,35 +231,53 @@ impl Lowering<'_> {
         Ok(out)
     }
 
-    /// Follows `id` up through split outputs (outer or inner) to the axis it was split from;
-    /// `None` when the chain passes through a merge. A device axis found this way divides that
-    /// axis' local size wherever it sits in the split tree (e.g. inside each stream chunk).
-    fn split_root(&self, mut id: IterDomainId) -> Option<IterDomainId> {
+    /// Follows `id` of tensor `t` up through split outputs (outer or inner) to `t`'s logical
+    /// axis it was split from; `None` when the chain passes through a merge. A device axis
+    /// found this way divides that axis' local size wherever it sits in the split tree (e.g.
+    /// inside each stream chunk).
+    fn split_root(&self, t: TensorId, mut id: IterDomainId) -> Option<IterDomainId> {
+        let logical = &self.f.tensor(t).logical;
         loop {
+            if logical.contains(&id) {
+                return Some(id);
+            }
             match self.f.id(id).definition.map(|e| self.f.id_expr(e)) {
-                None => return Some(id),
                 Some(IdExpr::Split { input, .. }) => id = *input,
-                Some(IdExpr::Merge { .. }) => return None,
+                _ => return None,
             }
         }
     }
 
-    /// Follows `id` up through outer-split outer outputs to a logical axis; `None` when the
-    /// chain passes through a merge or an inner output.
-    fn outer_split_root(&self, mut id: IterDomainId) -> Option<IterDomainId> {
+    /// Follows `id` of tensor `t` up through outer outputs of splits to `t`'s logical axis;
+    /// `None` when the chain passes through a merge or an inner output.
+    fn outer_split_root(&self, t: TensorId, mut id: IterDomainId) -> Option<IterDomainId> {
+        let logical = &self.f.tensor(t).logical;
         loop {
+            if logical.contains(&id) {
+                return Some(id);
+            }
             match self.f.id(id).definition.map(|e| self.f.id_expr(e)) {
-                None => return Some(id),
-                Some(IdExpr::Split {
-                    input,
-                    outer,
-                    kind: SplitKind::Outer,
-                    ..
-                }) if *outer == id => id = *input,
                 Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
                 _ => return None,
             }
         }
+    }
+
+    /// The axes `id` is made from by root→logical transforms (reshape, rfactor), transitively.
+    fn transform_ancestors(&self, id: IterDomainId) -> Vec<IterDomainId> {
+        let mut out = Vec::new();
+        let mut work = vec![id];
+        while let Some(x) = work.pop() {
+            if let Some(e) = self.f.id(x).definition {
+                for i in self.f.id_expr(e).inputs() {
+                    if !out.contains(&i) {
+                        out.push(i);
+                        work.push(i);
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// The Stream axis of the most parallel output of the segment, if any.
@@ -312,7 +333,7 @@ impl Lowering<'_> {
             }
         }
         self.open = None;
-        let stream_root = self.outer_split_root(sid).ok_or_else(|| {
+        let stream_root = self.outer_split_root(r, sid).ok_or_else(|| {
             Diagnostic::new(format!(
                 "stream-parallel tensor `{}` cannot be sliced: its Stream axis does not come from outer splits of one logical axis",
                 self.f.tensor(r).name
@@ -330,6 +351,7 @@ impl Lowering<'_> {
         self.open = Some(OpenLoop {
             stmt,
             stream_id: sid,
+            stream_root_ancestors: self.transform_ancestors(stream_root),
             stream_root,
             extent,
             index,
@@ -352,7 +374,7 @@ impl Lowering<'_> {
             Some(open) => {
                 let own = loop_axis(f, t, ParallelType::Stream)
                     .filter(|s| self.graph.are_mapped(*s, open.stream_id))
-                    .and_then(|s| self.outer_split_root(s));
+                    .and_then(|s| self.outer_split_root(t, s));
                 let by_map = || {
                     f.visible_axes(t)
                         .into_iter()
@@ -369,7 +391,20 @@ impl Lowering<'_> {
             }
         }
         let Some((root, index, extent)) = chunked else {
-            // Not chunked by this loop: the whole tensor.
+            // Not chunked by this loop: the whole tensor. That is right only when no axis of
+            // it feeds the chunked axis.
+            if let Some(open) = &self.open {
+                let feeds = f.visible_axes(t).into_iter().any(|a| {
+                    open.stream_root_ancestors
+                        .iter()
+                        .any(|x| self.graph.are_mapped(a, *x))
+                });
+                if feeds && !write {
+                    return Err(Diagnostic::new(format!(
+                        "`{name}` cannot be sliced into this stream loop's chunks: it reaches the stream-parallel axis only through a reshape (split the tensor before the reshape instead)"
+                    )));
+                }
+            }
             if let Some(h) = self.top.get(&t) {
                 return Ok(*h);
             }

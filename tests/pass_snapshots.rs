@@ -1,0 +1,82 @@
+//! One isolated run of every pass of the default pipeline on every fixture: each pass runs
+//! alone (through the pass manager, so its output is verified) on the IR the passes before it
+//! produced, and the snapshot records what that pass changed — a line diff when the IR form
+//! stays the same, the new IR when the pass changes the form. One snapshot file per fixture,
+//! one section per pass, in pipeline order.
+
+use std::path::{Path, PathBuf};
+
+use similar::{ChangeTag, TextDiff};
+use streamweave::passes::{manager::render, DumpOptions, Ir, PassManager, Pipeline, Registry};
+
+fn fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "weave"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn diff(before: &str, after: &str) -> String {
+    if before == after {
+        return "(no change)\n".to_string();
+    }
+    let d = TextDiff::from_lines(before, after);
+    let mut out = String::new();
+    for group in d.grouped_ops(1) {
+        out.push_str("@@\n");
+        for op in group {
+            for change in d.iter_changes(&op) {
+                let sign = match change.tag() {
+                    ChangeTag::Delete => '-',
+                    ChangeTag::Insert => '+',
+                    ChangeTag::Equal => ' ',
+                };
+                out.push(sign);
+                out.push_str(change.value());
+                if !change.value().ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+fn run_one(pass: &str, ir: Ir) -> Ir {
+    let registry = Registry::standard();
+    let pipeline = Pipeline::parse(pass, &registry).unwrap();
+    PassManager::new(registry, pipeline)
+        .with_options(DumpOptions::default())
+        .run_with_output(ir, &mut Vec::new())
+        .unwrap_or_else(|e| panic!("{pass}: {e}"))
+}
+
+#[test]
+fn every_pass_on_every_fixture() {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path("snapshots/passes");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| {
+        for path in fixtures() {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let mut ir = Ir::Fusion(streamweave::load_file(&path, &[]).unwrap());
+            let mut report = String::new();
+            for pass in streamweave::passes::DEFAULT_PIPELINE.split(',') {
+                let (form, before) = (ir.form(), render(&ir));
+                ir = run_one(pass, ir);
+                let after = render(&ir);
+                report.push_str(&format!("=== {pass} ({form} -> {})\n", ir.form()));
+                if form == ir.form() {
+                    report.push_str(&diff(&before, &after));
+                } else {
+                    report.push_str(&after);
+                }
+            }
+            insta::assert_snapshot!(name, report);
+        }
+    });
+}
