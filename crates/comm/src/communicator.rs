@@ -1,13 +1,212 @@
-//! The communicator interface shared by every backend.
+//! The communicator interface shared by every backend: what a collective or point-to-point
+//! transfer is, and how it is posted on a stream.
+
+use std::time::Duration;
+
+use crate::dtype::RedOp;
+use crate::error::CommError;
+
+/// What a collective does, over buffers of type `B`. Buffers are read and written in
+/// row-major order of their elements, as NCCL sees contiguous memory: a gather concatenates
+/// the members' inputs in team order, a scatter cuts the root's input into `team.len()`
+/// equal consecutive pieces, and so on.
+#[derive(Clone, Debug)]
+pub enum CommOp<B> {
+    /// `output` = concatenation of every member's `input`, in team order.
+    Allgather {
+        /// This member's piece.
+        input: B,
+        /// `team.len()` times the input.
+        output: B,
+    },
+    /// `output` = reduction of every member's `input`.
+    Allreduce {
+        /// This member's contribution.
+        input: B,
+        /// Same size as the input.
+        output: B,
+        /// The reduction.
+        op: RedOp,
+    },
+    /// `output` = piece `i` (of `team.len()`) of the reduction of every member's `input`,
+    /// where `i` is this member's team index.
+    ReduceScatter {
+        /// This member's contribution, `team.len()` times the output.
+        input: B,
+        /// This member's piece.
+        output: B,
+        /// The reduction.
+        op: RedOp,
+    },
+    /// Every member's `output` = the root's `input`.
+    Broadcast {
+        /// Team index of the root.
+        root: usize,
+        /// Read on the root only.
+        input: B,
+        /// Written on every member.
+        output: B,
+    },
+    /// The root's `output` = reduction of every member's `input`.
+    Reduce {
+        /// Team index of the root.
+        root: usize,
+        /// This member's contribution.
+        input: B,
+        /// Written on the root only.
+        output: B,
+        /// The reduction.
+        op: RedOp,
+    },
+    /// The root's `output` = concatenation of every member's `input`, in team order.
+    Gather {
+        /// Team index of the root.
+        root: usize,
+        /// This member's piece.
+        input: B,
+        /// Written on the root only.
+        output: B,
+    },
+    /// Member `i`'s `output` = piece `i` of the root's `input`.
+    Scatter {
+        /// Team index of the root.
+        root: usize,
+        /// Read on the root only.
+        input: B,
+        /// This member's piece.
+        output: B,
+    },
+    /// The root sends `input`; the other member (a team of two) receives into `output`.
+    SendRecv {
+        /// Team index of the sender.
+        root: usize,
+        /// Read on the sender.
+        input: B,
+        /// Written on the receiver.
+        output: B,
+    },
+    /// Piece `j` of member `i`'s `input` lands as piece `i` of member `j`'s `output`.
+    AllToAll {
+        /// `team.len()` pieces, one per destination.
+        input: B,
+        /// `team.len()` pieces, one per source.
+        output: B,
+    },
+    /// Every member sends `input` to team member `send_to` and receives `output` from team
+    /// member `recv_from`.
+    CollectivePermute {
+        /// Sent.
+        input: B,
+        /// Received into.
+        output: B,
+        /// Team index of the destination.
+        send_to: usize,
+        /// Team index of the source.
+        recv_from: usize,
+    },
+}
+
+impl<B> CommOp<B> {
+    /// The lower-case name used in messages (`allgather`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            CommOp::Allgather { .. } => "allgather",
+            CommOp::Allreduce { .. } => "allreduce",
+            CommOp::ReduceScatter { .. } => "reduce-scatter",
+            CommOp::Broadcast { .. } => "broadcast",
+            CommOp::Reduce { .. } => "reduce",
+            CommOp::Gather { .. } => "gather",
+            CommOp::Scatter { .. } => "scatter",
+            CommOp::SendRecv { .. } => "send-recv",
+            CommOp::AllToAll { .. } => "all-to-all",
+            CommOp::CollectivePermute { .. } => "collective-permute",
+        }
+    }
+}
+
+/// A collective posted by one member of a team.
+#[derive(Clone, Debug)]
+pub struct Collective<B> {
+    /// How errors name this collective: the host statement as printed
+    /// (`Communication 10 (type=Allreduce, …)`).
+    pub label: String,
+    /// The members' ranks, in team order; must contain the posting rank.
+    pub team: Vec<usize>,
+    /// What it does.
+    pub op: CommOp<B>,
+}
+
+/// One half of a point-to-point exchange.
+#[derive(Clone, Debug)]
+pub enum P2p<B> {
+    /// Send `buffer` to rank `peer`.
+    Send {
+        /// Destination rank.
+        peer: usize,
+        /// Read.
+        buffer: B,
+    },
+    /// Receive from rank `peer` into `buffer`.
+    Recv {
+        /// Source rank.
+        peer: usize,
+        /// Written.
+        buffer: B,
+    },
+}
+
+/// A unit of work queued on a stream: it runs on the stream's own thread, after everything
+/// queued before it.
+pub type Task = Box<dyn FnOnce() -> Result<(), CommError> + Send>;
+
+/// A stream that accepts work in order: the CPU backend's worker-thread streams implement it,
+/// so the `Local` communicator posts collectives exactly where NCCL would, on the current
+/// stream.
+pub trait TaskQueue: Send + Sync {
+    /// Queues `task`, named `label` in traces and errors, behind everything queued so far.
+    fn enqueue(&self, label: String, task: Task);
+}
 
 /// One rank's handle on the group of ranks running the same host program.
 ///
-/// The methods that post collectives and point-to-point transfers are added with the
-/// backends that implement them.
-pub trait Communicator {
+/// Posting is asynchronous: a post returns once the operation is queued on `stream`, and the
+/// operation runs when the stream reaches it. Every rank must post the collectives of a team,
+/// and the transfers between a pair of ranks, in the same order (as NCCL requires); they are
+/// matched by that order.
+pub trait Communicator: Send + Sync {
+    /// The buffers it moves.
+    type Buffer;
+    /// The streams it posts on.
+    type Stream: ?Sized;
+
     /// This rank's index in the world, in `0..size()`; equal to its device id.
     fn rank(&self) -> usize;
 
     /// The number of ranks in the world.
     fn size(&self) -> usize;
+
+    /// How long an operation waits for its peers before failing with
+    /// [`CommError::Timeout`].
+    fn timeout(&self) -> Duration;
+
+    /// Posts a collective on `stream`.
+    fn post(
+        &self,
+        collective: Collective<Self::Buffer>,
+        stream: &Self::Stream,
+    ) -> Result<(), CommError>;
+
+    /// Posts point-to-point transfers on `stream` as one operation (a coalescing group, or
+    /// a single send or receive): every send of the group is issued before any receive
+    /// blocks, so a ring of sends and receives cannot deadlock.
+    fn post_p2p(
+        &self,
+        label: String,
+        ops: Vec<P2p<Self::Buffer>>,
+        stream: &Self::Stream,
+    ) -> Result<(), CommError>;
+
+    /// Marks this rank as failed with `reason`: every operation of any rank that waits for
+    /// it from now on fails with [`CommError::PeerFailed`] instead of waiting.
+    fn abort(&self, reason: &str);
 }

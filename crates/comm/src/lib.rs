@@ -1,26 +1,29 @@
 //! weave-comm: how ranks talk to each other.
 //!
-//! What this crate will own, as the communication issues land:
-//!
-//! * the [`Communicator`] trait, through which the executor posts the collectives and
-//!   point-to-point transfers of a host program;
-//! * `Local`: ranks are threads of one process, exchanging data through rendezvous buffers;
-//!   always available, and the backend of every CPU test;
-//! * `Nccl`: one NCCL communicator per rank, collectives posted on the *current* stream, in
-//!   the same order on every rank;
-//! * bootstrap: a single process driving all local GPUs, or one process per GPU configured
-//!   from launcher variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
-//!   `MASTER_PORT`, `OMPI_COMM_WORLD_*`) with a TCP store to exchange the NCCL id.
-//!
-//! This version holds the part of the interface that is settled — a communicator knows its
-//! rank and the world size — and the error type.
+//! * [`Communicator`], through which the executor posts the collectives and point-to-point
+//!   transfers of a host program on a stream, with [`CommOp`], [`Collective`] and [`P2p`]
+//!   describing them over any kind of buffer;
+//! * [`host`]: typed host-memory buffers and rectangular views, the buffers of the CPU
+//!   backend;
+//! * [`local`]: `Local`, where ranks are threads of one process exchanging host views through
+//!   rendezvous slots; always available, and the communicator of every CPU test. Every wait
+//!   has a timeout, and a failed rank makes its peers fail instead of hang;
+//! * later, `Nccl` (one NCCL communicator per rank, collectives posted on the *current*
+//!   stream) and bootstrap from launcher variables.
 //!
 //! Architecture Invariant: weave-comm knows nothing of fusions, host programs or passes; it
 //! moves buffers between ranks. It depends on `weave-cuda` for devices and streams and on
-//! nothing above it.
+//! nothing above it; its element types and reduction operators are its own ([`DataType`],
+//! [`RedOp`]), as NCCL's are.
 
 pub mod communicator;
+pub mod dtype;
 pub mod error;
+pub mod host;
+pub mod local;
 
-pub use communicator::Communicator;
+pub use communicator::{Collective, CommOp, Communicator, P2p, Task, TaskQueue};
+pub use dtype::{DataType, RedOp};
 pub use error::CommError;
+pub use host::HostView;
+pub use local::{Local, LocalWorld};

@@ -1,0 +1,311 @@
+//! Host memory buffers: typed storage shared between threads and the rectangular views
+//! that the CPU backend computes on and the `Local` communicator moves between ranks.
+//!
+//! A [`HostView`] is a box of a [`Storage`]: one half-open range per axis of the storage's
+//! shape. Chunking a view (`ShardByStream`) narrows one range and never copies, so two views
+//! of one storage alias exactly where their boxes intersect; that is also how the race
+//! checker compares the regions two statements touch.
+//!
+//! Values cross this interface as `f64`, rounded to the storage's element type on write, so a
+//! bf16 buffer holds exactly the values a bf16 buffer on a GPU would.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use half::{bf16, f16};
+
+use crate::dtype::DataType;
+
+/// The element vector of a storage, in its own type.
+#[derive(Debug)]
+enum Data {
+    Bool(Vec<u8>),
+    I64(Vec<i64>),
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Data {
+    fn new(dtype: DataType, len: usize, zero: bool) -> Data {
+        // Uninitialised buffers are poisoned (NaN, or a large sentinel for integers) so that a
+        // read of never-written memory shows up in results instead of passing as zeros.
+        match dtype {
+            DataType::Bool => Data::Bool(vec![0; len]),
+            DataType::I64 => Data::I64(vec![if zero { 0 } else { POISON_I64 }; len]),
+            DataType::F16 => Data::F16(vec![if zero { f16::ZERO } else { f16::NAN }; len]),
+            DataType::Bf16 => Data::Bf16(vec![if zero { bf16::ZERO } else { bf16::NAN }; len]),
+            DataType::F32 => Data::F32(vec![if zero { 0.0 } else { f32::NAN }; len]),
+            DataType::F64 => Data::F64(vec![if zero { 0.0 } else { f64::NAN }; len]),
+        }
+    }
+
+    fn get(&self, i: usize) -> f64 {
+        match self {
+            Data::Bool(v) => f64::from(v[i]),
+            Data::I64(v) => v[i] as f64,
+            Data::F16(v) => v[i].to_f64(),
+            Data::Bf16(v) => v[i].to_f64(),
+            Data::F32(v) => f64::from(v[i]),
+            Data::F64(v) => v[i],
+        }
+    }
+
+    fn set(&mut self, i: usize, x: f64) {
+        match self {
+            Data::Bool(v) => v[i] = u8::from(x != 0.0),
+            Data::I64(v) => v[i] = if x.is_nan() { 0 } else { x as i64 },
+            Data::F16(v) => v[i] = f16::from_f64(x),
+            Data::Bf16(v) => v[i] = bf16::from_f64(x),
+            Data::F32(v) => v[i] = x as f32,
+            Data::F64(v) => v[i] = x,
+        }
+    }
+}
+
+/// The value an uninitialised `i64` buffer holds.
+pub const POISON_I64: i64 = 0x5a5a_5a5a_5a5a;
+
+static NEXT_STORAGE: AtomicU64 = AtomicU64::new(1);
+
+/// A contiguous, row-major, typed buffer in host memory.
+#[derive(Debug)]
+pub struct Storage {
+    id: u64,
+    dtype: DataType,
+    shape: Vec<usize>,
+    data: RwLock<Data>,
+}
+
+impl Storage {
+    /// A process-unique id, stable for the storage's lifetime.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// A rectangular view of a [`Storage`]: one range per axis of the storage's shape.
+#[derive(Clone)]
+pub struct HostView {
+    storage: Arc<Storage>,
+    ranges: Vec<Range<usize>>,
+}
+
+impl fmt::Debug for HostView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "HostView(#{} {}{:?} of {:?})",
+            self.storage.id, self.storage.dtype, self.ranges, self.storage.shape
+        )
+    }
+}
+
+impl HostView {
+    /// A fresh storage of `shape`, zero-filled when `zero`, poisoned otherwise, viewed whole.
+    pub fn allocate(dtype: DataType, shape: &[usize], zero: bool) -> HostView {
+        let len = shape.iter().product();
+        let storage = Storage {
+            id: NEXT_STORAGE.fetch_add(1, Ordering::Relaxed),
+            dtype,
+            shape: shape.to_vec(),
+            data: RwLock::new(Data::new(dtype, len, zero)),
+        };
+        HostView {
+            storage: Arc::new(storage),
+            ranges: shape.iter().map(|&n| 0..n).collect(),
+        }
+    }
+
+    /// A fresh storage of `shape` holding `values` (row-major, rounded to `dtype`).
+    pub fn from_values(
+        dtype: DataType,
+        shape: &[usize],
+        values: &[f64],
+    ) -> Result<HostView, String> {
+        let view = HostView::allocate(dtype, shape, true);
+        view.write(values)?;
+        Ok(view)
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DataType {
+        self.storage.dtype
+    }
+
+    /// The view's sizes, one per axis.
+    pub fn sizes(&self) -> Vec<usize> {
+        self.ranges.iter().map(|r| r.len()).collect()
+    }
+
+    /// The number of elements in the view.
+    pub fn numel(&self) -> usize {
+        self.ranges.iter().map(|r| r.len()).product()
+    }
+
+    /// The storage viewed.
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
+    /// The shape of the whole storage.
+    pub fn storage_shape(&self) -> &[usize] {
+        &self.storage.shape
+    }
+
+    /// The box this view covers, one range per storage axis.
+    pub fn ranges(&self) -> &[Range<usize>] {
+        &self.ranges
+    }
+
+    /// Whether this view and `other` share at least one element.
+    pub fn overlaps(&self, other: &HostView) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+            && self
+                .ranges
+                .iter()
+                .zip(&other.ranges)
+                .all(|(a, b)| a.start < b.end && b.start < a.end)
+    }
+
+    /// The `index`-th of `chunks` chunks along `axis` (chunk size `ceil(n / chunks)`, the last
+    /// ones possibly shorter or empty): the view `ShardByStream` makes. No copy.
+    pub fn chunk(&self, axis: usize, chunks: usize, index: usize) -> Result<HostView, String> {
+        let Some(range) = self.ranges.get(axis) else {
+            return Err(format!(
+                "axis {axis} is out of range for a view of rank {}",
+                self.ranges.len()
+            ));
+        };
+        if chunks == 0 || index >= chunks {
+            return Err(format!(
+                "chunk {index} of {chunks} does not exist along axis {axis}"
+            ));
+        }
+        let n = range.len();
+        let size = n.div_ceil(chunks);
+        let lo = (range.start + index * size).min(range.end);
+        let hi = (lo + size).min(range.end);
+        let mut ranges = self.ranges.clone();
+        ranges[axis] = lo..hi;
+        Ok(HostView {
+            storage: self.storage.clone(),
+            ranges,
+        })
+    }
+
+    /// Calls `f(start, len)` for every contiguous run of storage elements in the view, in
+    /// row-major order of the view.
+    fn for_each_run(&self, mut f: impl FnMut(usize, usize)) {
+        let rank = self.ranges.len();
+        if self.ranges.iter().any(|r| r.is_empty()) {
+            return;
+        }
+        if rank == 0 {
+            f(0, 1);
+            return;
+        }
+        let shape = &self.storage.shape;
+        let mut strides = vec![1usize; rank];
+        for a in (0..rank - 1).rev() {
+            strides[a] = strides[a + 1] * shape[a + 1];
+        }
+        let inner = &self.ranges[rank - 1];
+        let mut idx: Vec<usize> = self.ranges.iter().map(|r| r.start).collect();
+        loop {
+            let base: usize = (0..rank - 1).map(|a| idx[a] * strides[a]).sum();
+            f(base + inner.start, inner.len());
+            // Advance the outer index (all axes but the last).
+            let mut a = rank - 1;
+            loop {
+                if a == 0 {
+                    return;
+                }
+                a -= 1;
+                idx[a] += 1;
+                if idx[a] < self.ranges[a].end {
+                    break;
+                }
+                idx[a] = self.ranges[a].start;
+            }
+        }
+    }
+
+    /// The view's elements in row-major order.
+    pub fn read(&self) -> Vec<f64> {
+        let data = self.storage.data.read().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(self.numel());
+        self.for_each_run(|start, len| out.extend((start..start + len).map(|i| data.get(i))));
+        out
+    }
+
+    /// Overwrites the view's elements, in row-major order, with `values` rounded to the
+    /// element type. Fails when the counts differ.
+    pub fn write(&self, values: &[f64]) -> Result<(), String> {
+        if values.len() != self.numel() {
+            return Err(format!(
+                "cannot write {} values into a view of {} elements (sizes {:?})",
+                values.len(),
+                self.numel(),
+                self.sizes()
+            ));
+        }
+        let mut data = self.storage.data.write().unwrap_or_else(|e| e.into_inner());
+        let mut k = 0;
+        self.for_each_run(|start, len| {
+            for i in start..start + len {
+                data.set(i, values[k]);
+                k += 1;
+            }
+        });
+        Ok(())
+    }
+
+    /// Fills the view with `x`.
+    pub fn fill(&self, x: f64) {
+        let mut data = self.storage.data.write().unwrap_or_else(|e| e.into_inner());
+        self.for_each_run(|start, len| {
+            for i in start..start + len {
+                data.set(i, x);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_alias_their_parent() {
+        let v = HostView::from_values(
+            DataType::F32,
+            &[4, 3],
+            &(0..12).map(f64::from).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let c = v.chunk(1, 3, 1).unwrap();
+        assert_eq!(c.sizes(), vec![4, 1]);
+        assert_eq!(c.read(), vec![1.0, 4.0, 7.0, 10.0]);
+        c.write(&[-1.0, -2.0, -3.0, -4.0]).unwrap();
+        assert_eq!(v.read()[..6], [0.0, -1.0, 2.0, 3.0, -2.0, 5.0]);
+        assert!(c.overlaps(&v));
+        assert!(!c.overlaps(&v.chunk(1, 3, 2).unwrap()));
+        let last = v.chunk(0, 3, 2).unwrap();
+        assert_eq!(last.sizes(), vec![0, 3], "ceil(4/3) = 2: chunk 2 is empty");
+    }
+
+    #[test]
+    fn writes_round_to_the_element_type() {
+        let v = HostView::from_values(DataType::Bf16, &[2], &[1.0 + 1.0 / 512.0, 3.0]).unwrap();
+        assert_eq!(v.read(), vec![1.0, 3.0]);
+        let p = HostView::allocate(DataType::F32, &[2], false);
+        assert!(
+            p.read().iter().all(|x| x.is_nan()),
+            "uninitialised memory is poisoned"
+        );
+    }
+}
