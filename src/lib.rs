@@ -1,9 +1,15 @@
-//! streamweave: the facade that loads `.weave` fusions, schedules and verifies them, and
-//! (in later layers) lowers them to host programs and runs them.
+//! streamweave: the facade that loads `.weave` fusions, schedules and verifies them, lowers
+//! them to host programs and runs them ([`run`], [`shard`], [`cli`]).
 
 use std::fmt;
 use std::path::Path;
 
+pub mod cli;
+pub mod run;
+pub mod shard;
+
+pub use weave_comm as comm;
+pub use weave_executor as executor;
 pub use weave_host_ir as host_ir;
 pub use weave_ir as ir;
 pub use weave_passes as passes;

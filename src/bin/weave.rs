@@ -3,12 +3,18 @@
 //! `weave dump FILE [--set k=v]...` loads a `.weave` fusion (parse, schedule, verify), runs
 //! a pass pipeline verifying after every pass, and prints the IR; it takes the flags of
 //! `cargo xtask dump` (`--passes`, `--print-before`, `--print-after`, `--print-after-change`,
-//! `--dump-dir`, `--list-passes`; docs/passes.md) and honours `WEAVE_DUMP`. Running a program
-//! (`weave run`) arrives with the executor.
+//! `--dump-dir`, `--list-passes`; docs/passes.md) and honours `WEAVE_DUMP`.
+//!
+//! `weave run FILE --ranks N [--set k=v]... [--backend cpu|cuda] [--streams K]
+//! [--check-races] [--trace F] [--seed S] [--timeout-secs T]` compiles the fusion, runs the
+//! host program on N ranks with seeded random inputs, compares every rank's outputs with the
+//! unsharded f64 reference and prints the max error, a summary of the host program and
+//! timings; with `--trace` it writes a Chrome trace and an SVG timeline beside it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use weave_passes::{DumpFlags, Ir, PassManager, Registry};
@@ -54,6 +60,37 @@ enum Command {
         #[arg(long)]
         list_passes: bool,
     },
+    /// Compile a `.weave` file, run it on N ranks with seeded random inputs and compare
+    /// every rank's outputs with the unsharded f64 reference.
+    Run {
+        /// The `.weave` file to run.
+        file: PathBuf,
+        /// How many ranks run the program (in-process threads on the CPU backend).
+        #[arg(long, default_value_t = 2)]
+        ranks: usize,
+        /// Override a fusion parameter (repeatable), e.g. `--set s=3`.
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = streamweave::parse_override)]
+        set: Vec<(String, i64)>,
+        /// Where to run: `cpu` (always available) or `cuda`. Default: `cpu` when no GPU
+        /// backend is available.
+        #[arg(long, value_name = "cpu|cuda")]
+        backend: Option<String>,
+        /// `numberOfStreams`: the size of each rank's stream pool.
+        #[arg(long, default_value_t = 2)]
+        streams: usize,
+        /// Check stream synchronization with the race checker.
+        #[arg(long)]
+        check_races: bool,
+        /// Write a Chrome trace (Perfetto) to this file, and an SVG timeline beside it.
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
+        /// Seed of the generated inputs.
+        #[arg(long, default_value_t = 0x5eed)]
+        seed: u64,
+        /// How long a stream or a collective waits before failing, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout_secs: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -84,6 +121,40 @@ fn main() -> ExitCode {
                 dump_dir,
             };
             dump(&file, &set, &flags)
+        }
+        Command::Run {
+            file,
+            ranks,
+            set,
+            backend,
+            streams,
+            check_races,
+            trace,
+            seed,
+            timeout_secs,
+        } => {
+            if let Some(b) = backend.as_deref() {
+                if b != "cpu" {
+                    let why = match b {
+                        "cuda" => {
+                            "the CUDA backend is not available in this build; use --backend cpu"
+                        }
+                        _ => "unknown backend (expected cpu or cuda)",
+                    };
+                    eprintln!("error: --backend {b}: {why}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            let options = streamweave::run::RunOptions {
+                ranks,
+                streams,
+                check_races,
+                trace: trace.is_some(),
+                seed,
+                timeout: Duration::from_secs(timeout_secs.max(1)),
+                delays: Vec::new(),
+            };
+            streamweave::cli::run(&file, &set, &options, trace.as_deref())
         }
     }
 }

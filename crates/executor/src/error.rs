@@ -11,6 +11,25 @@ pub enum ExecError {
     /// names the statement as printed.
     #[error("invalid host program: {0}")]
     Program(String),
+    /// The inputs given do not fit the program (count, dtype, sizes, ranks); nothing ran.
+    #[error("{0}")]
+    Input(String),
+    /// Device work failed; `stmt` is the host statement as printed.
+    #[error("`{stmt}` failed: {message}")]
+    Compute {
+        /// The statement.
+        stmt: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A stream waited longer than the timeout.
+    #[error("{what}: timed out after {millis} ms")]
+    Timeout {
+        /// What waited for what.
+        what: String,
+        /// How long it waited.
+        millis: u64,
+    },
     /// The CUDA layer failed.
     #[error(transparent)]
     Cuda(#[from] CudaError),

@@ -1,24 +1,34 @@
 //! weave-executor: runs host programs.
 //!
-//! What this crate will own, as the execution issues land:
-//!
-//! * **evaluator**: walks a [`weave_host_ir::HostProgram`] once per rank, binding scalars
-//!   (`rank`, `numberOfStreams`, the fusion's parameters) and tensors, and issues every
-//!   statement to a backend and a communicator;
-//! * **backends**: `Cpu`, always available, whose streams are worker threads with FIFO queues
-//!   and events so that a missing synchronization is a real race; and `Cuda`, over
-//!   `weave-cuda`;
-//! * **race checker** (`--check-races`): vector clocks per stream, advanced by `Synchronize`
-//!   and `Wait`, reporting an access not ordered after the last conflicting one together with
-//!   the host statement;
-//! * **timeline** (`--trace`): per-rank, per-stream spans in Chrome trace format.
-//!
-//! This version holds the error type only.
+//! * [`eval`]: the evaluator, which walks a [`weave_host_ir::HostProgram`] once per rank,
+//!   binding scalars (`rank`, `numberOfStreams`, the fusion's parameters) and tensors, and
+//!   issues every statement to a [`Backend`] and a [`weave_comm::Communicator`];
+//! * [`backend`]: the `Backend` interface; [`cpu`]: the CPU backend, whose streams are worker
+//!   threads with FIFO queues and events, so that a missing synchronization is a real race;
+//! * [`interp`]: the fusion interpreter that CPU kernel segments and the reference run;
+//!   [`reference`]: the unsharded reference evaluation and dtype-aware comparison;
+//! * [`race`]: the race checker (vector clocks per stream, advanced by `Synchronize` and
+//!   `Wait`);
+//! * [`timeline`]: per-rank, per-stream spans in Chrome trace format and as an SVG picture.
 //!
 //! Architecture Invariant: the executor runs host programs as given; it never rewrites them.
-//! It knows nothing of fusions' schedules, segmentation or passes; anything a program needs
-//! is decided before it reaches here.
+//! It knows nothing of fusions' schedules, segmentation or passes (a kernel segment's fusion
+//! is interpreted for its logical semantics only); anything a program needs is decided before
+//! it reaches here.
 
+pub mod backend;
+pub mod cpu;
+pub mod dense;
 pub mod error;
+pub mod eval;
+pub mod interp;
+pub mod race;
+pub mod reference;
+pub mod timeline;
 
+pub use backend::{Backend, Region, Span, StreamKey};
+pub use cpu::{CpuBackend, CpuOptions};
+pub use dense::Dense;
 pub use error::ExecError;
+pub use eval::{check_inputs, run_rank, RankRun, RunConfig};
+pub use race::{RaceChecker, RaceReport};

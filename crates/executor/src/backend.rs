@@ -1,0 +1,178 @@
+//! The `Backend` interface: what the evaluator asks of a device — buffers, streams, events,
+//! kernel segments and GEMMs — independent of whether the device is the CPU or a GPU.
+
+use std::ops::Range;
+
+use weave_host_ir::KernelId;
+use weave_ir::{DType, Fusion};
+
+use crate::dense::Dense;
+use crate::error::ExecError;
+
+/// Which stream a statement runs on: the caller's stream, or a pool stream by index
+/// (`Stream ( i0 % numberOfStreams )` evaluates to a pool index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StreamKey {
+    /// The stream that was current when the program started.
+    Main,
+    /// Pool stream `n`, created on first use.
+    Pool(usize),
+}
+
+impl std::fmt::Display for StreamKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamKey::Main => f.write_str("main stream"),
+            StreamKey::Pool(n) => write!(f, "pool stream {n}"),
+        }
+    }
+}
+
+/// The part of a buffer a statement touches, for the race checker: a box of one allocation,
+/// one range per axis of the allocation's shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// The allocation, unique for the run.
+    pub allocation: u64,
+    /// The box.
+    pub ranges: Vec<Range<usize>>,
+}
+
+impl Region {
+    /// Whether the two regions share an element.
+    pub fn overlaps(&self, other: &Region) -> bool {
+        self.allocation == other.allocation
+            && self.ranges.len() == other.ranges.len()
+            && self
+                .ranges
+                .iter()
+                .zip(&other.ranges)
+                .all(|(a, b)| a.start < b.end && b.start < a.end)
+    }
+}
+
+/// A span of device work on one stream, for the timeline.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Span {
+    /// The stream it ran on.
+    pub stream: StreamKey,
+    /// What ran (the host statement, as printed).
+    pub label: String,
+    /// Start, in microseconds since the backend was created.
+    pub start_us: f64,
+    /// Duration in microseconds.
+    pub dur_us: f64,
+}
+
+/// A device the evaluator can run a host program on.
+///
+/// Every method that takes a stream only *enqueues* work there; work on different streams
+/// is ordered only through [`Backend::record_event`] and [`Backend::wait_event`]. Errors of
+/// enqueued work surface at [`Backend::synchronize`].
+pub trait Backend: Send + Sync {
+    /// A tensor: a buffer or an aliasing view of one.
+    type Buffer: Clone + Send + Sync + 'static;
+    /// A stream handle.
+    type Stream: Clone;
+    /// A point in a stream's work.
+    type Event;
+    /// The stream type the backend's communicator posts on.
+    type CommStream: ?Sized;
+
+    /// `cpu`, `cuda`.
+    fn name(&self) -> &'static str;
+
+    /// The stream the program starts on.
+    fn stream(&self, key: StreamKey) -> Result<Self::Stream, ExecError>;
+
+    /// The communicator's view of `stream`.
+    fn comm_stream<'s>(&self, stream: &'s Self::Stream) -> &'s Self::CommStream;
+
+    /// An event marking everything enqueued on `stream` so far.
+    fn record_event(&self, stream: &Self::Stream) -> Self::Event;
+
+    /// Makes `stream` wait, without blocking the host, until `event` has happened.
+    fn wait_event(&self, stream: &Self::Stream, event: &Self::Event, label: &str);
+
+    /// A fresh buffer; zero-filled (on `stream`) when `zero`.
+    fn allocate(
+        &self,
+        dtype: DType,
+        sizes: &[usize],
+        zero: bool,
+        stream: &Self::Stream,
+    ) -> Result<Self::Buffer, ExecError>;
+
+    /// Releases `buffer` once the work enqueued on `stream` so far is done.
+    fn deallocate(&self, buffer: Self::Buffer, stream: &Self::Stream);
+
+    /// The `index`-th of `chunks` chunks of `buffer` along `axis`: an aliasing view.
+    fn chunk(
+        &self,
+        buffer: &Self::Buffer,
+        axis: usize,
+        chunks: usize,
+        index: usize,
+    ) -> Result<Self::Buffer, String>;
+
+    /// The buffer's sizes.
+    fn sizes(&self, buffer: &Self::Buffer) -> Vec<usize>;
+
+    /// The buffer's element type.
+    fn dtype(&self, buffer: &Self::Buffer) -> DType;
+
+    /// The region of its allocation that `buffer` covers.
+    fn region(&self, buffer: &Self::Buffer) -> Region;
+
+    /// Runs the kernel segment `fusion` (the program's kernel `kernel`) on `stream`.
+    fn launch_kernel(
+        &self,
+        label: &str,
+        kernel: KernelId,
+        fusion: &Fusion,
+        inputs: &[Self::Buffer],
+        outputs: &[Self::Buffer],
+        stream: &Self::Stream,
+    ) -> Result<(), ExecError>;
+
+    /// `out = a @ b` on `stream`.
+    fn matmul(
+        &self,
+        label: &str,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        out: &Self::Buffer,
+        stream: &Self::Stream,
+    ) -> Result<(), ExecError>;
+
+    /// `out = input @ weightᵀ (+ bias)` on `stream`.
+    fn linear(
+        &self,
+        label: &str,
+        input: &Self::Buffer,
+        weight: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
+        out: &Self::Buffer,
+        stream: &Self::Stream,
+    ) -> Result<(), ExecError>;
+
+    /// A buffer holding `data`, ready for every stream.
+    fn upload(&self, data: &Dense) -> Result<Self::Buffer, ExecError>;
+
+    /// Blocks the host until the work enqueued on `stream` so far is done, then copies
+    /// `buffer` out.
+    fn download(&self, buffer: &Self::Buffer, stream: &Self::Stream) -> Result<Dense, ExecError>;
+
+    /// Blocks the host until every stream is idle; returns the first error any enqueued work
+    /// reported.
+    fn synchronize(&self) -> Result<(), ExecError>;
+
+    /// The spans recorded so far (empty unless the backend was asked to trace).
+    fn spans(&self) -> Vec<Span>;
+
+    /// The streams created so far (the main stream and every pool stream used).
+    fn streams(&self) -> Vec<StreamKey>;
+
+    /// How many buffers made by [`Backend::allocate`] are still alive.
+    fn live_allocations(&self) -> usize;
+}

@@ -1,0 +1,541 @@
+//! The CPU backend: host-memory buffers, and streams that are real worker threads with FIFO
+//! queues and events, so that a program with a missing synchronization really races.
+//!
+//! Each stream owns one thread that runs its queue in order. An event is a ticket — the
+//! number of jobs enqueued on a stream so far — and waiting for it enqueues a job that blocks
+//! its own stream (never the host) until the other stream has completed that many jobs, for
+//! at most the timeout. A job that fails poisons its stream: later jobs there are skipped,
+//! and [`Backend::synchronize`] returns the first error.
+//!
+//! Compute runs in f64 (the fusion interpreter and `matrixmultiply`'s GEMM) and is rounded to
+//! the output's element type when written, as a fused GPU kernel rounds only its outputs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use weave_comm::host::Storage;
+use weave_comm::{DataType, HostView, TaskQueue};
+use weave_host_ir::KernelId;
+use weave_ir::{DType, Fusion};
+
+use crate::backend::{Backend, Region, Span, StreamKey};
+use crate::dense::Dense;
+use crate::error::ExecError;
+use crate::interp::{self, Precision};
+
+/// How a [`CpuBackend`] behaves.
+#[derive(Clone, Debug)]
+pub struct CpuOptions {
+    /// How long a stream waits for another stream's event, and the host for the streams.
+    pub timeout: Duration,
+    /// Whether to record a [`Span`] for every job.
+    pub trace: bool,
+    /// Streams that sleep this long before each of their jobs: a test's way of making an
+    /// unsynchronized access lose its race deterministically.
+    pub delays: Vec<(StreamKey, Duration)>,
+}
+
+impl Default for CpuOptions {
+    fn default() -> CpuOptions {
+        CpuOptions {
+            timeout: Duration::from_secs(60),
+            trace: false,
+            delays: Vec::new(),
+        }
+    }
+}
+
+/// The element type of the communication layer for an IR element type.
+pub fn data_type(dtype: DType) -> DataType {
+    match dtype {
+        DType::BF16 => DataType::Bf16,
+        DType::F16 => DataType::F16,
+        DType::F32 => DataType::F32,
+        DType::F64 => DataType::F64,
+        DType::I64 => DataType::I64,
+        DType::Bool => DataType::Bool,
+    }
+}
+
+/// The IR element type of a communication-layer element type.
+pub fn ir_dtype(dtype: DataType) -> DType {
+    match dtype {
+        DataType::Bf16 => DType::BF16,
+        DataType::F16 => DType::F16,
+        DataType::F32 => DType::F32,
+        DataType::F64 => DType::F64,
+        DataType::I64 => DType::I64,
+        DataType::Bool => DType::Bool,
+    }
+}
+
+type Job = Box<dyn FnOnce() -> Result<(), ExecError> + Send>;
+
+struct Progress {
+    completed: u64,
+    error: Option<ExecError>,
+}
+
+struct StreamInner {
+    key: StreamKey,
+    sender: Mutex<Option<Sender<(String, Job)>>>,
+    enqueued: AtomicU64,
+    progress: Mutex<Progress>,
+    done: Condvar,
+}
+
+impl StreamInner {
+    fn progress(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks until `ticket` jobs have completed, for at most `timeout`.
+    fn wait_for(&self, ticket: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut p = self.progress();
+        while p.completed < ticket {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            p = self
+                .done
+                .wait_timeout(p, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// A CPU stream: a worker thread running its queue in order.
+#[derive(Clone)]
+pub struct CpuStream {
+    inner: Arc<StreamInner>,
+}
+
+impl CpuStream {
+    /// Which stream this is.
+    pub fn key(&self) -> StreamKey {
+        self.inner.key
+    }
+
+    fn push(&self, label: String, job: Job) {
+        let sender = self.inner.sender.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.enqueued.fetch_add(1, Ordering::SeqCst);
+        let sent = sender.as_ref().map(|s| s.send((label, job)));
+        if !matches!(sent, Some(Ok(()))) {
+            // The worker is gone (the backend is shutting down): count the job as done so
+            // that nobody waits for it.
+            let mut p = self.inner.progress();
+            p.completed += 1;
+            p.error.get_or_insert(ExecError::Program(format!(
+                "{} was shut down while work was still being queued",
+                self.inner.key
+            )));
+            self.inner.done.notify_all();
+        }
+    }
+}
+
+impl TaskQueue for CpuStream {
+    fn enqueue(&self, label: String, task: weave_comm::Task) {
+        self.push(label, Box::new(move || task().map_err(ExecError::from)));
+    }
+}
+
+/// A point in a CPU stream's queue.
+pub struct CpuEvent {
+    stream: Arc<StreamInner>,
+    ticket: u64,
+}
+
+/// The CPU backend of one rank.
+pub struct CpuBackend {
+    options: CpuOptions,
+    epoch: Instant,
+    streams: Mutex<HashMap<StreamKey, CpuStream>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    spans: Arc<Mutex<Vec<Span>>>,
+    allocations: Mutex<Vec<Weak<Storage>>>,
+}
+
+impl CpuBackend {
+    /// A backend with no streams yet; they start on first use.
+    pub fn new(options: CpuOptions) -> CpuBackend {
+        CpuBackend {
+            options,
+            epoch: Instant::now(),
+            streams: Mutex::new(HashMap::new()),
+            workers: Mutex::new(Vec::new()),
+            spans: Arc::new(Mutex::new(Vec::new())),
+            allocations: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn start_stream(&self, key: StreamKey) -> Result<CpuStream, ExecError> {
+        let (tx, rx) = channel::<(String, Job)>();
+        let inner = Arc::new(StreamInner {
+            key,
+            sender: Mutex::new(Some(tx)),
+            enqueued: AtomicU64::new(0),
+            progress: Mutex::new(Progress {
+                completed: 0,
+                error: None,
+            }),
+            done: Condvar::new(),
+        });
+        let delay = self
+            .options
+            .delays
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, d)| *d);
+        let worker_inner = inner.clone();
+        let spans = self.options.trace.then(|| self.spans.clone());
+        let epoch = self.epoch;
+        let name = match key {
+            StreamKey::Main => "weave-cpu-main".to_string(),
+            StreamKey::Pool(n) => format!("weave-cpu-s{n}"),
+        };
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                for (label, job) in rx {
+                    if let Some(d) = delay {
+                        std::thread::sleep(d);
+                    }
+                    let failed = worker_inner.progress().error.is_some();
+                    let start = Instant::now();
+                    let result = if failed { Ok(()) } else { job() };
+                    if let Some(spans) = &spans {
+                        let s = Span {
+                            stream: key,
+                            label,
+                            start_us: (start - epoch).as_secs_f64() * 1e6,
+                            dur_us: start.elapsed().as_secs_f64() * 1e6,
+                        };
+                        spans.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                    }
+                    let mut p = worker_inner.progress();
+                    p.completed += 1;
+                    if let Err(e) = result {
+                        p.error.get_or_insert(e);
+                    }
+                    drop(p);
+                    worker_inner.done.notify_all();
+                }
+            })
+            .map_err(|e| ExecError::Program(format!("cannot start a thread for {key}: {e}")))?;
+        self.workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(handle);
+        Ok(CpuStream { inner })
+    }
+
+    fn enqueue_compute(
+        &self,
+        stream: &CpuStream,
+        label: &str,
+        job: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) {
+        let stmt = label.to_string();
+        stream.push(
+            label.to_string(),
+            Box::new(move || job().map_err(|message| ExecError::Compute { stmt, message })),
+        );
+    }
+
+    fn all_streams(&self) -> Vec<CpuStream> {
+        let mut v: Vec<CpuStream> = self
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|s| s.key());
+        v
+    }
+
+    fn wait_idle(&self, stream: &CpuStream) -> Result<(), ExecError> {
+        let ticket = stream.inner.enqueued.load(Ordering::SeqCst);
+        if stream.inner.wait_for(ticket, self.options.timeout) {
+            Ok(())
+        } else {
+            Err(ExecError::Timeout {
+                what: format!("the host waited for {} to finish", stream.key()),
+                millis: self.options.timeout.as_millis() as u64,
+            })
+        }
+    }
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        for s in self.all_streams() {
+            s.inner
+                .sender
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+        }
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in workers {
+            // A worker blocked in a wait gives up at its timeout; never join forever on one
+            // that is stuck past that.
+            let _ = w.join();
+        }
+    }
+}
+
+/// Reads a view as a dense tensor.
+fn dense_of(view: &HostView) -> Dense {
+    Dense {
+        dtype: ir_dtype(view.dtype()),
+        sizes: view.sizes(),
+        data: view.read(),
+    }
+}
+
+/// Writes `value` into `out`, whose sizes may differ from the value's only by axes of
+/// size 1 (a reduction's kept axis, a partial result's `rf` axis).
+fn store(out: &HostView, value: &Dense, what: &str) -> Result<(), String> {
+    let squeeze = |s: &[usize]| s.iter().copied().filter(|&n| n != 1).collect::<Vec<_>>();
+    if squeeze(&out.sizes()) != squeeze(&value.sizes) {
+        return Err(format!(
+            "{what} has sizes {:?} but the preallocated output has sizes {:?}",
+            value.sizes,
+            out.sizes()
+        ));
+    }
+    out.write(&value.data)
+}
+
+impl Backend for CpuBackend {
+    type Buffer = HostView;
+    type Stream = CpuStream;
+    type Event = CpuEvent;
+    type CommStream = dyn TaskQueue;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn stream(&self, key: StreamKey) -> Result<CpuStream, ExecError> {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = streams.get(&key) {
+            return Ok(s.clone());
+        }
+        let s = self.start_stream(key)?;
+        streams.insert(key, s.clone());
+        Ok(s)
+    }
+
+    fn comm_stream<'s>(&self, stream: &'s CpuStream) -> &'s (dyn TaskQueue + 'static) {
+        stream
+    }
+
+    fn record_event(&self, stream: &CpuStream) -> CpuEvent {
+        CpuEvent {
+            stream: stream.inner.clone(),
+            ticket: stream.inner.enqueued.load(Ordering::SeqCst),
+        }
+    }
+
+    fn wait_event(&self, stream: &CpuStream, event: &CpuEvent, label: &str) {
+        if Arc::ptr_eq(&stream.inner, &event.stream) {
+            return;
+        }
+        let other = event.stream.clone();
+        let ticket = event.ticket;
+        let timeout = self.options.timeout;
+        let what = format!(
+            "`{label}`: {} waited for {}",
+            stream.key(),
+            event.stream.key
+        );
+        stream.push(
+            label.to_string(),
+            Box::new(move || {
+                if other.wait_for(ticket, timeout) {
+                    Ok(())
+                } else {
+                    Err(ExecError::Timeout {
+                        what,
+                        millis: timeout.as_millis() as u64,
+                    })
+                }
+            }),
+        );
+    }
+
+    fn allocate(
+        &self,
+        dtype: DType,
+        sizes: &[usize],
+        zero: bool,
+        stream: &CpuStream,
+    ) -> Result<HostView, ExecError> {
+        let view = HostView::allocate(data_type(dtype), sizes, false);
+        let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
+        allocations.retain(|w| w.strong_count() > 0);
+        allocations.push(Arc::downgrade(view.storage()));
+        drop(allocations);
+        if zero {
+            let v = view.clone();
+            self.enqueue_compute(stream, "zero fill", move || {
+                v.fill(0.0);
+                Ok(())
+            });
+        }
+        Ok(view)
+    }
+
+    fn deallocate(&self, buffer: HostView, stream: &CpuStream) {
+        // Host memory is freed when the last view drops; keep the buffer alive until the
+        // stream gets here, as a stream-ordered allocator would.
+        stream.push(
+            "free".into(),
+            Box::new(move || {
+                drop(buffer);
+                Ok(())
+            }),
+        );
+    }
+
+    fn chunk(
+        &self,
+        buffer: &HostView,
+        axis: usize,
+        chunks: usize,
+        index: usize,
+    ) -> Result<HostView, String> {
+        buffer.chunk(axis, chunks, index)
+    }
+
+    fn sizes(&self, buffer: &HostView) -> Vec<usize> {
+        buffer.sizes()
+    }
+
+    fn dtype(&self, buffer: &HostView) -> DType {
+        ir_dtype(buffer.dtype())
+    }
+
+    fn region(&self, buffer: &HostView) -> Region {
+        Region {
+            allocation: buffer.storage().id(),
+            ranges: buffer.ranges().to_vec(),
+        }
+    }
+
+    fn launch_kernel(
+        &self,
+        label: &str,
+        _kernel: KernelId,
+        fusion: &Fusion,
+        inputs: &[HostView],
+        outputs: &[HostView],
+        stream: &CpuStream,
+    ) -> Result<(), ExecError> {
+        let fusion = fusion.clone();
+        let inputs = inputs.to_vec();
+        let outputs = outputs.to_vec();
+        self.enqueue_compute(stream, label, move || {
+            let args: Vec<Dense> = inputs.iter().map(dense_of).collect();
+            let results = interp::eval_fusion(&fusion, &args, Precision::RoundOutputs)?;
+            if results.len() != outputs.len() {
+                return Err(format!(
+                    "the kernel produced {} outputs for {} buffers",
+                    results.len(),
+                    outputs.len()
+                ));
+            }
+            for (k, (out, value)) in outputs.iter().zip(&results).enumerate() {
+                store(out, value, &format!("output {k}"))?;
+            }
+            Ok(())
+        });
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        label: &str,
+        a: &HostView,
+        b: &HostView,
+        out: &HostView,
+        stream: &CpuStream,
+    ) -> Result<(), ExecError> {
+        let (a, b, out) = (a.clone(), b.clone(), out.clone());
+        self.enqueue_compute(stream, label, move || {
+            let value = interp::matmul_dense(&dense_of(&a), &dense_of(&b))?;
+            store(&out, &value, "the product")
+        });
+        Ok(())
+    }
+
+    fn linear(
+        &self,
+        label: &str,
+        input: &HostView,
+        weight: &HostView,
+        bias: Option<&HostView>,
+        out: &HostView,
+        stream: &CpuStream,
+    ) -> Result<(), ExecError> {
+        let (x, w, out) = (input.clone(), weight.clone(), out.clone());
+        let bias = bias.cloned();
+        self.enqueue_compute(stream, label, move || {
+            let b = bias.as_ref().map(dense_of);
+            let value = interp::linear_dense(&dense_of(&x), &dense_of(&w), b.as_ref())?;
+            store(&out, &value, "the product")
+        });
+        Ok(())
+    }
+
+    fn upload(&self, data: &Dense) -> Result<HostView, ExecError> {
+        HostView::from_values(data_type(data.dtype), &data.sizes, &data.data)
+            .map_err(ExecError::Input)
+    }
+
+    fn download(&self, buffer: &HostView, stream: &CpuStream) -> Result<Dense, ExecError> {
+        self.wait_idle(stream)?;
+        Ok(dense_of(buffer))
+    }
+
+    fn synchronize(&self) -> Result<(), ExecError> {
+        let streams = self.all_streams();
+        for s in &streams {
+            self.wait_idle(s)?;
+        }
+        for s in &streams {
+            if let Some(e) = s.inner.progress().error.clone() {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn streams(&self) -> Vec<StreamKey> {
+        self.all_streams().iter().map(CpuStream::key).collect()
+    }
+
+    fn live_allocations(&self) -> usize {
+        self.allocations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|w| w.strong_count() > 0)
+            .count()
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}

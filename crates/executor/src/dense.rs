@@ -1,0 +1,253 @@
+//! Dense host tensors for the CPU interpreter: row-major `f64` values tagged with the dtype
+//! they stand for, rounding to that dtype, and a deterministic random generator for test
+//! inputs.
+
+use weave_ir::DType;
+
+/// A dense row-major tensor on the host.
+///
+/// Values are stored as `f64` whatever the dtype; a tensor of dtype `d` holds values that
+/// are representable in `d` once rounded with [`round_to`] (integers for `i64`, `0`/`1` for
+/// `bool`). The interpreter computes on these values in `f64`, so `i64` values are exact
+/// only within ±2^53.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dense {
+    /// The element type the values stand for.
+    pub dtype: DType,
+    /// Extent of each axis, outermost first.
+    pub sizes: Vec<usize>,
+    /// `sizes.iter().product()` values in row-major order.
+    pub data: Vec<f64>,
+}
+
+impl Dense {
+    /// A tensor from its parts. Fails when `data` does not hold exactly one value per
+    /// element of `sizes` (or when the element count overflows `usize`).
+    pub fn new(dtype: DType, sizes: Vec<usize>, data: Vec<f64>) -> Result<Dense, String> {
+        let numel = checked_numel(&sizes)
+            .ok_or_else(|| format!("tensor sizes {sizes:?} overflow the element count"))?;
+        if numel != data.len() {
+            return Err(format!(
+                "tensor sizes {sizes:?} hold {numel} elements but {} values were given",
+                data.len()
+            ));
+        }
+        Ok(Dense { dtype, sizes, data })
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(dtype: DType, sizes: Vec<usize>) -> Dense {
+        let numel = sizes.iter().product();
+        Dense {
+            dtype,
+            sizes,
+            data: vec![0.0; numel],
+        }
+    }
+
+    /// The number of elements (the product of the sizes; 1 for a rank-0 tensor).
+    pub fn numel(&self) -> usize {
+        self.sizes.iter().product()
+    }
+
+    /// The tensor with every value rounded to its dtype (see [`round_to`]).
+    pub fn rounded(mut self) -> Dense {
+        let dtype = self.dtype;
+        if dtype != DType::F64 {
+            for v in &mut self.data {
+                *v = round_to(dtype, *v);
+            }
+        }
+        self
+    }
+
+    /// A deterministic pseudo-random tensor: the same `(dtype, sizes, seed)` always gives the
+    /// same values, on every platform.
+    ///
+    /// Floating-point values are uniform in `[-1, 1)` and then rounded to `dtype`; `i64`
+    /// values are uniform integers in `[-8, 8]`; `bool` values are `0` or `1`. A tensor with
+    /// at least one element is never all zeros (if the draw gives only zeros, the first
+    /// element is set to 1).
+    pub fn random(dtype: DType, sizes: Vec<usize>, seed: u64) -> Dense {
+        let numel: usize = sizes.iter().product();
+        let mut rng = SplitMix64::new(seed);
+        let data: Vec<f64> = (0..numel)
+            .map(|_| {
+                let r = rng.next_u64();
+                match dtype {
+                    DType::I64 => (r % 17) as f64 - 8.0,
+                    DType::Bool => (r >> 63) as f64,
+                    _ => {
+                        // 53 random bits -> [0, 1) -> [-1, 1).
+                        let u = (r >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+                        round_to(dtype, 2.0 * u - 1.0)
+                    }
+                }
+            })
+            .collect();
+        let mut out = Dense { dtype, sizes, data };
+        if out.data.iter().all(|v| *v == 0.0) {
+            if let Some(first) = out.data.first_mut() {
+                *first = 1.0;
+            }
+        }
+        out
+    }
+}
+
+/// The element count of `sizes`, `None` on overflow.
+pub(crate) fn checked_numel(sizes: &[usize]) -> Option<usize> {
+    sizes.iter().try_fold(1usize, |acc, s| acc.checked_mul(*s))
+}
+
+/// Rounds `x` to the nearest value of `dtype`, returned as `f64`.
+///
+/// * `bf16`, `f16`: IEEE round-to-nearest-even, directly from `f64` (no double rounding),
+///   overflowing to ±∞; NaN stays NaN;
+/// * `f32`: `x as f32` (round-to-nearest-even);
+/// * `f64`: `x` unchanged;
+/// * `i64`: truncation toward zero, `-0` becoming `0` (NaN and ±∞ are kept as they are);
+/// * `bool`: `1` when `x != 0` (NaN counts as true), else `0`.
+pub fn round_to(dtype: DType, x: f64) -> f64 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(to_f32_round_to_odd(x)).to_f64(),
+        DType::F16 => half::f16::from_f32(to_f32_round_to_odd(x)).to_f64(),
+        DType::F32 => x as f32 as f64,
+        DType::F64 => x,
+        // `+ 0.0` turns -0 into 0.
+        DType::I64 => x.trunc() + 0.0,
+        DType::Bool => {
+            if x != 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+    }
+}
+
+/// `x` rounded to `f32` with round-to-odd: an inexact result gets an odd last mantissa bit.
+/// Rounding that to a format with at least two fewer significand bits (bf16: 8, f16: 11,
+/// against f32's 24; subnormals included) to nearest-even gives the correctly rounded result
+/// of `x` itself, which `half`'s own `f64` conversions do not (they drop the low 32 bits of
+/// the mantissa before rounding).
+fn to_f32_round_to_odd(x: f64) -> f32 {
+    let y = x as f32;
+    if !y.is_finite() || y as f64 == x {
+        return y;
+    }
+    let bits = y.to_bits();
+    if bits & 1 == 1 {
+        return y;
+    }
+    // Sign-magnitude: +1 on the bits moves away from zero, -1 toward zero. `y` is inexact,
+    // so `|x|` differs from `|y|`; move to the neighbour on `x`'s side, which has an odd bit.
+    if (y as f64).abs() < x.abs() {
+        f32::from_bits(bits + 1)
+    } else {
+        f32::from_bits(bits - 1)
+    }
+}
+
+/// The splitmix64 generator (Steele, Lea and Flood), written out so that random tensors do
+/// not depend on any crate's stream.
+struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    fn new(seed: u64) -> SplitMix64 {
+        SplitMix64 { state: seed }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Correct round-to-nearest-even to `p` significand bits with minimum normal exponent
+    /// `emin` and largest finite value `max`, by scaling (exact for powers of two).
+    fn reference_round(x: f64, p: i32, emin: i32, max: f64) -> f64 {
+        if !x.is_finite() || x == 0.0 {
+            return x;
+        }
+        let e = ((x.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        let q = 2f64.powi(e.max(emin) - (p - 1));
+        let r = (x / q).round_ties_even() * q;
+        if r.abs() > max {
+            f64::INFINITY.copysign(x)
+        } else {
+            r
+        }
+    }
+
+    #[test]
+    fn bf16_and_f16_round_to_nearest_even_from_f64() {
+        let bf16_max = half::bf16::MAX.to_f64();
+        let f16_max = half::f16::MAX.to_f64();
+        let mut rng = SplitMix64::new(7);
+        let mut cases = vec![
+            1.0 + 2f64.powi(-8),                  // tie: to even (1.0)
+            1.0 + 3.0 * 2f64.powi(-8),            // tie: to even (1 + 2^-6)
+            1.0 + 2f64.powi(-8) + 2f64.powi(-40), // just above a tie: up (half gets this wrong)
+            1.0 + 2f64.powi(-11) + 2f64.powi(-45),
+            -(1.0 + 2f64.powi(-8) + 2f64.powi(-40)),
+            65519.0,
+            65520.0,
+            1e-8,
+            2f64.powi(-24) * 1.5,
+            3.0e38,
+            3.5e38,
+            1e-300,
+        ];
+        for _ in 0..20_000 {
+            let r = rng.next_u64();
+            let m = (r >> 11) as f64 / (1u64 << 53) as f64;
+            let e = ((r & 0x3f) as i32) - 32;
+            cases.push((2.0 * m - 1.0) * 2f64.powi(e));
+        }
+        for x in cases {
+            let want = reference_round(x, 8, -126, bf16_max);
+            assert_eq!(round_to(DType::BF16, x), want, "bf16 of {x:e}");
+            let want = reference_round(x, 11, -14, f16_max);
+            assert_eq!(round_to(DType::F16, x), want, "f16 of {x:e}");
+        }
+        assert!(round_to(DType::BF16, f64::NAN).is_nan());
+        assert_eq!(round_to(DType::F16, f64::NEG_INFINITY), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn integer_and_bool_rounding() {
+        assert_eq!(round_to(DType::I64, -2.7), -2.0);
+        assert_eq!(round_to(DType::I64, 2.7), 2.0);
+        assert_eq!(round_to(DType::Bool, -0.5), 1.0);
+        assert_eq!(round_to(DType::Bool, 0.0), 0.0);
+        assert_eq!(round_to(DType::F32, 0.1), 0.1f32 as f64);
+        assert_eq!(round_to(DType::F64, 0.1), 0.1);
+    }
+
+    #[test]
+    fn new_checks_the_value_count() {
+        assert!(Dense::new(DType::F32, vec![2, 3], vec![0.0; 6]).is_ok());
+        assert_eq!(
+            Dense::new(DType::F32, vec![2, 3], vec![0.0; 5]).unwrap_err(),
+            "tensor sizes [2, 3] hold 6 elements but 5 values were given"
+        );
+        assert_eq!(Dense::zeros(DType::I64, vec![]).numel(), 1);
+        assert_eq!(
+            Dense::new(DType::F32, vec![3, 1], vec![0.25, 1.0 / 3.0, 7.0])
+                .unwrap()
+                .rounded()
+                .data,
+            vec![0.25, (1.0f32 / 3.0) as f64, 7.0]
+        );
+    }
+}

@@ -1,0 +1,745 @@
+//! The evaluator: walks a host program for one rank and issues every statement to a
+//! [`Backend`] and a [`Communicator`], optionally feeding the race checker.
+//!
+//! Before the first statement the inputs are checked against the program's signature
+//! (count, dtype, every size) and every team against the world; nothing is enqueued for a
+//! program that does not fit. When anything fails on this rank, the communicator is aborted
+//! so that the other ranks fail promptly instead of waiting for this one.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use weave_comm::{Collective, CommOp, Communicator, P2p, RedOp};
+use weave_host_ir::{
+    CommunicationType, HostProgram, HostScalar, HostTensorId, Names, P2PDirection, ScalarId, Stmt,
+    StmtId, Stream, StreamId,
+};
+use weave_ir::{ReduceOp, Scalar};
+
+use crate::backend::{Backend, Span, StreamKey};
+use crate::dense::Dense;
+use crate::error::ExecError;
+use crate::race::{Agent, RaceChecker, RaceReport};
+
+/// How one rank runs a program.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Values of the fusion's parameters that sizes mention (`t`, `h`, …).
+    pub params: HashMap<String, i64>,
+    /// The size of the stream pool: `numberOfStreams`.
+    pub number_of_streams: usize,
+    /// Whether to run the race checker.
+    pub check_races: bool,
+}
+
+impl Default for RunConfig {
+    fn default() -> RunConfig {
+        RunConfig {
+            params: HashMap::new(),
+            number_of_streams: 2,
+            check_races: true,
+        }
+    }
+}
+
+/// What one rank's run produced.
+#[derive(Clone, Debug)]
+pub struct RankRun {
+    /// The program's outputs, in signature order.
+    pub outputs: Vec<Dense>,
+    /// The races found (empty when the checker was off).
+    pub races: Vec<RaceReport>,
+    /// Device spans, when the backend traced.
+    pub spans: Vec<Span>,
+    /// Host time spent issuing statements.
+    pub issue_time: Duration,
+    /// Wall time from the first statement until every stream was idle.
+    pub wall_time: Duration,
+    /// Statements issued (a loop body counts once per iteration).
+    pub statements: usize,
+    /// The current stream after the last statement.
+    pub final_stream: StreamKey,
+    /// Every stream the run created.
+    pub streams: Vec<StreamKey>,
+    /// Buffers made by `Allocate` still alive when the run ended, outputs included.
+    pub live_allocations: usize,
+}
+
+/// Runs `program` as rank `comm.rank()` of `comm.size()` on `backend`.
+pub fn run_rank<B, C>(
+    program: &HostProgram,
+    backend: &B,
+    comm: &C,
+    inputs: &[Dense],
+    config: &RunConfig,
+) -> Result<RankRun, ExecError>
+where
+    B: Backend,
+    C: Communicator<Buffer = B::Buffer, Stream = B::CommStream>,
+{
+    let result = Evaluator::new(program, backend, comm, config).and_then(|mut e| e.run(inputs));
+    if let Err(e) = &result {
+        comm.abort(&e.to_string());
+    }
+    result
+}
+
+/// Checks `inputs` against the signature of `program` for a world of `world` ranks without
+/// running anything.
+pub fn check_inputs(
+    program: &HostProgram,
+    inputs: &[Dense],
+    config: &RunConfig,
+    rank: usize,
+    world: usize,
+) -> Result<(), ExecError> {
+    let mut names = Names::of(program);
+    let scalars = Scalars {
+        program,
+        params: &config.params,
+        rank: rank as i64,
+        number_of_streams: config.number_of_streams as i64,
+        bound: HashMap::new(),
+    };
+    if inputs.len() != program.inputs.len() {
+        return Err(ExecError::Input(format!(
+            "the program takes {} inputs but {} were given",
+            program.inputs.len(),
+            inputs.len()
+        )));
+    }
+    for (k, (&t, given)) in program.inputs.iter().zip(inputs).enumerate() {
+        let name = names.tensor(t);
+        let decl = program.tensors.get(t).ok_or_else(|| {
+            ExecError::Program(format!("input {k} is not a tensor of the program"))
+        })?;
+        if decl.dtype != given.dtype {
+            return Err(ExecError::Input(format!(
+                "rank {rank}: input {k} ({name}) must be {} but a {} tensor was given",
+                decl.dtype.name(),
+                given.dtype.name()
+            )));
+        }
+        if decl.sizes.len() != given.sizes.len() {
+            return Err(ExecError::Input(format!(
+                "rank {rank}: input {k} ({name}) has {} axes but the given tensor has {} (sizes {:?})",
+                decl.sizes.len(),
+                given.sizes.len(),
+                given.sizes
+            )));
+        }
+        for (axis, (&s, &n)) in decl.sizes.iter().zip(&given.sizes).enumerate() {
+            let want = scalars.eval(s, &mut names)?;
+            if want != n as i64 {
+                let expr = names.scalar(program, s);
+                let expr = if expr == want.to_string() {
+                    String::new()
+                } else {
+                    format!(" = {expr}")
+                };
+                return Err(ExecError::Input(format!(
+                    "rank {rank}: input {k} ({name}) axis {axis} must have size {want}{expr} but has {n}"
+                )));
+            }
+        }
+    }
+    for w in program.walk() {
+        if let Some(Stmt::Communication(c)) = program.stmts.get(w.stmt) {
+            if let Some(&bad) = c.team.iter().find(|&&d| d < 0 || d as usize >= world) {
+                return Err(ExecError::Input(format!(
+                    "`{}` needs device {bad} but only {world} rank(s) run the program",
+                    names.stmt(program, w.stmt)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Scalar evaluation with the bindings current at a point of the walk.
+struct Scalars<'p> {
+    program: &'p HostProgram,
+    params: &'p HashMap<String, i64>,
+    rank: i64,
+    number_of_streams: i64,
+    bound: HashMap<ScalarId, i64>,
+}
+
+impl Scalars<'_> {
+    fn eval(&self, s: ScalarId, names: &mut Names) -> Result<i64, ExecError> {
+        self.eval_depth(s, names, 0)
+    }
+
+    fn eval_depth(&self, s: ScalarId, names: &mut Names, depth: usize) -> Result<i64, ExecError> {
+        let fail = |names: &mut Names, why: &str| {
+            ExecError::Program(format!(
+                "cannot evaluate `{}`: {why}",
+                names.scalar(self.program, s)
+            ))
+        };
+        if depth > 256 {
+            return Err(fail(names, "the expression is cyclic"));
+        }
+        match self.program.scalars.get(s) {
+            None => Err(fail(names, "not a scalar of the program")),
+            Some(HostScalar::LoopIndex) => match self.bound.get(&s) {
+                Some(&v) => Ok(v),
+                None => Err(fail(names, "the loop index is read outside its loop")),
+            },
+            Some(HostScalar::Value(v)) => {
+                let lookup = |n: &str| match n {
+                    "rank" => Some(self.rank),
+                    "numberOfStreams" => Some(self.number_of_streams),
+                    _ => self.params.get(n).copied(),
+                };
+                match v.eval(&lookup) {
+                    Some(x) => Ok(x),
+                    None => {
+                        let missing: Vec<String> = v
+                            .symbols()
+                            .iter()
+                            .filter(|n| lookup(n).is_none())
+                            .map(|n| n.to_string())
+                            .collect();
+                        if missing.is_empty() {
+                            Err(fail(names, "division by zero or overflow"))
+                        } else {
+                            Err(fail(names, &format!("no value for {}", missing.join(", "))))
+                        }
+                    }
+                }
+            }
+            Some(HostScalar::Binary(op, a, b)) => {
+                let a = self.eval_depth(*a, names, depth + 1)?;
+                let b = self.eval_depth(*b, names, depth + 1)?;
+                Scalar::binary(*op, Scalar::c(a), Scalar::c(b))
+                    .eval(&|_| None)
+                    .ok_or_else(|| fail(names, "division by zero or overflow"))
+            }
+        }
+    }
+}
+
+struct Posted<E> {
+    event: E,
+    agent: Option<Agent>,
+}
+
+struct Evaluator<'p, B: Backend, C> {
+    program: &'p HostProgram,
+    backend: &'p B,
+    comm: &'p C,
+    config: &'p RunConfig,
+    names: Names,
+    labels: HashMap<StmtId, String>,
+    scalars: Scalars<'p>,
+    tensors: HashMap<HostTensorId, B::Buffer>,
+    captured: HashMap<StreamId, StreamKey>,
+    current: StreamKey,
+    posted: HashMap<StmtId, Posted<B::Event>>,
+    group: Option<Vec<(StmtId, P2p<B::Buffer>)>>,
+    races: Option<RaceChecker>,
+    statements: usize,
+}
+
+impl<'p, B, C> Evaluator<'p, B, C>
+where
+    B: Backend,
+    C: Communicator<Buffer = B::Buffer, Stream = B::CommStream>,
+{
+    fn new(
+        program: &'p HostProgram,
+        backend: &'p B,
+        comm: &'p C,
+        config: &'p RunConfig,
+    ) -> Result<Self, ExecError> {
+        if config.number_of_streams == 0 {
+            return Err(ExecError::Input(
+                "numberOfStreams must be at least 1".into(),
+            ));
+        }
+        let mut names = Names::of(program);
+        let labels = program
+            .walk()
+            .map(|w| (w.stmt, names.stmt(program, w.stmt)))
+            .collect();
+        Ok(Evaluator {
+            program,
+            backend,
+            comm,
+            config,
+            names,
+            labels,
+            scalars: Scalars {
+                program,
+                params: &config.params,
+                rank: comm.rank() as i64,
+                number_of_streams: config.number_of_streams as i64,
+                bound: HashMap::new(),
+            },
+            tensors: HashMap::new(),
+            captured: HashMap::new(),
+            current: StreamKey::Main,
+            posted: HashMap::new(),
+            group: None,
+            races: config.check_races.then(RaceChecker::new),
+            statements: 0,
+        })
+    }
+
+    fn run(&mut self, inputs: &[Dense]) -> Result<RankRun, ExecError> {
+        check_inputs(
+            self.program,
+            inputs,
+            self.config,
+            self.comm.rank(),
+            self.comm.size(),
+        )?;
+        for (&t, data) in self.program.inputs.iter().zip(inputs) {
+            let buffer = self.backend.upload(data)?;
+            self.tensors.insert(t, buffer);
+        }
+        let start = Instant::now();
+        let top = self.program.top_level.clone();
+        self.exec_scope(&top)?;
+        let issue_time = start.elapsed();
+        if self.group.is_some() {
+            return Err(ExecError::Program(
+                "the program ends inside a coalescing group (StartCoalescing without EndCoalescing)".into(),
+            ));
+        }
+        // The caller reads the outputs on its own stream.
+        let main = self.backend.stream(StreamKey::Main)?;
+        let mut outputs = Vec::new();
+        for &t in &self.program.outputs.clone() {
+            let buffer = self.buffer(t, "the end of the program")?;
+            self.record(
+                Agent::Stream(StreamKey::Main),
+                &buffer,
+                false,
+                "<caller reads outputs>",
+                t,
+            );
+            outputs.push(self.backend.download(&buffer, &main)?);
+        }
+        self.backend.synchronize()?;
+        let mut bound: Vec<_> = self.tensors.drain().collect();
+        bound.retain(|(t, _)| self.program.outputs.contains(t));
+        let live_allocations = self.backend.live_allocations();
+        drop(bound);
+        Ok(RankRun {
+            final_stream: self.current,
+            streams: self.backend.streams(),
+            live_allocations,
+            outputs,
+            races: self
+                .races
+                .as_ref()
+                .map(|r| r.reports().to_vec())
+                .unwrap_or_default(),
+            spans: self.backend.spans(),
+            issue_time,
+            wall_time: start.elapsed(),
+            statements: self.statements,
+        })
+    }
+
+    fn label(&self, s: StmtId) -> String {
+        self.labels
+            .get(&s)
+            .cloned()
+            .unwrap_or_else(|| "<statement>".into())
+    }
+
+    fn buffer(&mut self, t: HostTensorId, at: &str) -> Result<B::Buffer, ExecError> {
+        match self.tensors.get(&t) {
+            Some(b) => Ok(b.clone()),
+            None => Err(ExecError::Program(format!(
+                "`{at}` reads {}, which is not bound here",
+                self.names.tensor(t)
+            ))),
+        }
+    }
+
+    fn eval(&mut self, s: ScalarId) -> Result<i64, ExecError> {
+        self.scalars.eval(s, &mut self.names)
+    }
+
+    fn stream_key(&mut self, s: StreamId, at: &str) -> Result<StreamKey, ExecError> {
+        match self.program.streams.get(s) {
+            Some(Stream::Captured) => self.captured.get(&s).copied().ok_or_else(|| {
+                ExecError::Program(format!("`{at}` uses a stream before it is captured"))
+            }),
+            Some(Stream::Indexed(i)) => {
+                let n = self.eval(*i)?;
+                usize::try_from(n).map(StreamKey::Pool).map_err(|_| {
+                    ExecError::Program(format!("`{at}`: stream index {n} is negative"))
+                })
+            }
+            None => Err(ExecError::Program(format!(
+                "`{at}` names an unknown stream"
+            ))),
+        }
+    }
+
+    fn record(
+        &mut self,
+        agent: Agent,
+        buffer: &B::Buffer,
+        write: bool,
+        stmt: &str,
+        t: HostTensorId,
+    ) {
+        if self.races.is_some() {
+            let region = self.backend.region(buffer);
+            let tensor = self.names.tensor(t);
+            if let Some(r) = self.races.as_mut() {
+                r.access(agent, region, write, stmt, &tensor);
+            }
+        }
+    }
+
+    fn exec_scope(&mut self, body: &[StmtId]) -> Result<(), ExecError> {
+        for &s in body {
+            self.exec(s)?;
+        }
+        Ok(())
+    }
+
+    fn exec(&mut self, id: StmtId) -> Result<(), ExecError> {
+        let Some(stmt) = self.program.stmts.get(id) else {
+            return Err(ExecError::Program(
+                "a scope names a missing statement".into(),
+            ));
+        };
+        self.statements += 1;
+        let label = self.label(id);
+        let here = Agent::Stream(self.current);
+        match stmt {
+            Stmt::Allocate { tensor, zero_init } => {
+                let decl = self.program.tensors.get(*tensor).ok_or_else(|| {
+                    ExecError::Program(format!("`{label}` allocates an unknown tensor"))
+                })?;
+                let mut sizes = Vec::new();
+                for &s in &decl.sizes.clone() {
+                    let n = self.eval(s)?;
+                    sizes.push(usize::try_from(n).map_err(|_| {
+                        ExecError::Program(format!("`{label}`: size {n} is negative"))
+                    })?);
+                }
+                let stream = self.backend.stream(self.current)?;
+                let buffer = self
+                    .backend
+                    .allocate(decl.dtype, &sizes, *zero_init, &stream)?;
+                if *zero_init {
+                    self.record(here, &buffer, true, &label, *tensor);
+                }
+                self.tensors.insert(*tensor, buffer);
+            }
+            Stmt::Deallocate { tensor } => {
+                let buffer = self.buffer(*tensor, &label)?;
+                self.record(here, &buffer, true, &label, *tensor);
+                self.tensors.remove(tensor);
+                let stream = self.backend.stream(self.current)?;
+                self.backend.deallocate(buffer, &stream);
+            }
+            Stmt::ForLoop {
+                index,
+                start,
+                stop,
+                body,
+            } => {
+                let (a, b) = (self.eval(*start)?, self.eval(*stop)?);
+                let body = body.clone();
+                for i in a..b {
+                    self.scalars.bound.insert(*index, i);
+                    self.exec_scope(&body)?;
+                }
+                self.scalars.bound.remove(index);
+            }
+            Stmt::GetCurrentStream { out } => {
+                self.captured.insert(*out, self.current);
+            }
+            Stmt::SetCurrentStream { stream } => {
+                self.current = self.stream_key(*stream, &label)?;
+                self.backend.stream(self.current)?;
+            }
+            Stmt::Synchronize { stream } => {
+                let other = self.stream_key(*stream, &label)?;
+                let waited = self.backend.stream(other)?;
+                let waiter = self.backend.stream(self.current)?;
+                let event = self.backend.record_event(&waited);
+                self.backend.wait_event(&waiter, &event, &label);
+                if let Some(r) = self.races.as_mut() {
+                    r.synchronize(self.current, other);
+                }
+            }
+            Stmt::ShardByStream {
+                input,
+                axis,
+                chunks,
+                index,
+                output,
+            } => {
+                let buffer = self.buffer(*input, &label)?;
+                let (c, i) = (self.eval(*chunks)?, self.eval(*index)?);
+                if c <= 0 || i < 0 || i >= c {
+                    return Err(ExecError::Program(format!(
+                        "`{label}`: chunk {i} of {c} does not exist"
+                    )));
+                }
+                let view = self
+                    .backend
+                    .chunk(&buffer, *axis, c as usize, i as usize)
+                    .map_err(|m| ExecError::Program(format!("`{label}`: {m}")))?;
+                self.tensors.insert(*output, view);
+            }
+            Stmt::LaunchKernel {
+                kernel,
+                inputs,
+                outputs,
+            } => {
+                let unit = self.program.kernels.get(*kernel).ok_or_else(|| {
+                    ExecError::Program(format!("`{label}` launches an unknown kernel"))
+                })?;
+                let ins = self.buffers(inputs, &label)?;
+                let outs = self.buffers(outputs, &label)?;
+                for (t, b) in inputs.iter().zip(&ins) {
+                    self.record(here, b, false, &label, *t);
+                }
+                for (t, b) in outputs.iter().zip(&outs) {
+                    self.record(here, b, true, &label, *t);
+                }
+                let stream = self.backend.stream(self.current)?;
+                self.backend
+                    .launch_kernel(&label, *kernel, &unit.fusion, &ins, &outs, &stream)?;
+            }
+            Stmt::Matmul { a, b, out } => {
+                let (x, y, o) = (
+                    self.buffer(*a, &label)?,
+                    self.buffer(*b, &label)?,
+                    self.buffer(*out, &label)?,
+                );
+                self.record(here, &x, false, &label, *a);
+                self.record(here, &y, false, &label, *b);
+                self.record(here, &o, true, &label, *out);
+                let stream = self.backend.stream(self.current)?;
+                self.backend.matmul(&label, &x, &y, &o, &stream)?;
+            }
+            Stmt::Linear {
+                input,
+                weight,
+                bias,
+                out,
+            } => {
+                let x = self.buffer(*input, &label)?;
+                let w = self.buffer(*weight, &label)?;
+                let bb = match bias {
+                    Some(t) => Some(self.buffer(*t, &label)?),
+                    None => None,
+                };
+                let o = self.buffer(*out, &label)?;
+                self.record(here, &x, false, &label, *input);
+                self.record(here, &w, false, &label, *weight);
+                if let (Some(t), Some(b)) = (bias, &bb) {
+                    self.record(here, b, false, &label, *t);
+                }
+                self.record(here, &o, true, &label, *out);
+                let stream = self.backend.stream(self.current)?;
+                self.backend
+                    .linear(&label, &x, &w, bb.as_ref(), &o, &stream)?;
+            }
+            Stmt::Communication(c) => {
+                let c = c.clone();
+                let input = self.buffer(c.input, &label)?;
+                let output = self.buffer(c.output, &label)?;
+                let root = match c.root {
+                    Some(r) => {
+                        let v = self.eval(r)?;
+                        usize::try_from(v)
+                            .ok()
+                            .filter(|&v| v < c.team.len())
+                            .ok_or_else(|| {
+                                ExecError::Program(format!(
+                                    "`{label}`: root {v} is not an index into a team of {}",
+                                    c.team.len()
+                                ))
+                            })?
+                    }
+                    None => 0,
+                };
+                let op = red_op(c.red_op);
+                let (i, o) = (input.clone(), output.clone());
+                let op = match c.kind {
+                    CommunicationType::Allgather => CommOp::Allgather {
+                        input: i,
+                        output: o,
+                    },
+                    CommunicationType::Allreduce => CommOp::Allreduce {
+                        input: i,
+                        output: o,
+                        op,
+                    },
+                    CommunicationType::ReduceScatter => CommOp::ReduceScatter {
+                        input: i,
+                        output: o,
+                        op,
+                    },
+                    CommunicationType::Broadcast => CommOp::Broadcast {
+                        root,
+                        input: i,
+                        output: o,
+                    },
+                    CommunicationType::Reduce => CommOp::Reduce {
+                        root,
+                        input: i,
+                        output: o,
+                        op,
+                    },
+                    CommunicationType::Gather => CommOp::Gather {
+                        root,
+                        input: i,
+                        output: o,
+                    },
+                    CommunicationType::Scatter => CommOp::Scatter {
+                        root,
+                        input: i,
+                        output: o,
+                    },
+                    CommunicationType::SendRecv => CommOp::SendRecv {
+                        root,
+                        input: i,
+                        output: o,
+                    },
+                    CommunicationType::AllToAll => CommOp::AllToAll {
+                        input: i,
+                        output: o,
+                    },
+                    CommunicationType::CollectivePermute => {
+                        let n = c.team.len();
+                        let me = c
+                            .team
+                            .iter()
+                            .position(|&d| d == self.comm.rank() as i64)
+                            .unwrap_or(0);
+                        CommOp::CollectivePermute {
+                            input: i,
+                            output: o,
+                            send_to: (me + 1) % n.max(1),
+                            recv_from: (me + n.max(1) - 1) % n.max(1),
+                        }
+                    }
+                };
+                let team: Vec<usize> = c.team.iter().map(|&d| d.max(0) as usize).collect();
+                let stream = self.backend.stream(self.current)?;
+                self.comm.post(
+                    Collective {
+                        label: label.clone(),
+                        team,
+                        op,
+                    },
+                    self.backend.comm_stream(&stream),
+                )?;
+                let agent = self.races.as_mut().map(|r| r.post(self.current));
+                if let Some(agent) = agent {
+                    self.record(agent, &input, false, &label, c.input);
+                    self.record(agent, &output, true, &label, c.output);
+                }
+                let event = self.backend.record_event(&stream);
+                self.posted.insert(id, Posted { event, agent });
+            }
+            Stmt::P2PCommunication(p) => {
+                let p = p.clone();
+                let buffer = self.buffer(p.buffer, &label)?;
+                let peer = self.eval(p.peer)?;
+                let peer = usize::try_from(peer)
+                    .ok()
+                    .filter(|&v| v < self.comm.size())
+                    .ok_or_else(|| {
+                        ExecError::Program(format!(
+                            "`{label}`: peer {peer} is not a rank of a world of {}",
+                            self.comm.size()
+                        ))
+                    })?;
+                let op = match p.direction {
+                    P2PDirection::Send => P2p::Send { peer, buffer },
+                    P2PDirection::Recv => P2p::Recv { peer, buffer },
+                };
+                match self.group.as_mut() {
+                    Some(g) => g.push((id, op)),
+                    None => self.post_p2p(id, label, vec![(id, op)])?,
+                }
+            }
+            Stmt::StartCoalescing => {
+                if self.group.is_some() {
+                    return Err(ExecError::Program(format!(
+                        "`{label}`: coalescing groups do not nest"
+                    )));
+                }
+                self.group = Some(Vec::new());
+            }
+            Stmt::EndCoalescing => {
+                let ops = self.group.take().ok_or_else(|| {
+                    ExecError::Program(format!("`{label}` closes no coalescing group"))
+                })?;
+                self.post_p2p(id, label, ops)?;
+            }
+            Stmt::Wait { comm } => {
+                let posted = self.posted.get(comm).ok_or_else(|| {
+                    ExecError::Program(format!(
+                        "`{label}` waits for a communication that was not posted"
+                    ))
+                })?;
+                let stream = self.backend.stream(self.current)?;
+                self.backend.wait_event(&stream, &posted.event, &label);
+                if let (Some(r), Some(agent)) = (self.races.as_mut(), posted.agent) {
+                    r.wait(self.current, agent);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn buffers(&mut self, ts: &[HostTensorId], at: &str) -> Result<Vec<B::Buffer>, ExecError> {
+        ts.iter().map(|&t| self.buffer(t, at)).collect()
+    }
+
+    /// Posts point-to-point transfers as one operation, named by the statement `id` that a
+    /// `Wait` will name.
+    fn post_p2p(
+        &mut self,
+        id: StmtId,
+        label: String,
+        ops: Vec<(StmtId, P2p<B::Buffer>)>,
+    ) -> Result<(), ExecError> {
+        let stream = self.backend.stream(self.current)?;
+        let agent = self.races.as_mut().map(|r| r.post(self.current));
+        if let Some(agent) = agent {
+            for (stmt, op) in &ops {
+                let (write, buffer) = match op {
+                    P2p::Send { buffer, .. } => (false, buffer),
+                    P2p::Recv { buffer, .. } => (true, buffer),
+                };
+                let t = match self.program.stmts.get(*stmt) {
+                    Some(Stmt::P2PCommunication(p)) => p.buffer,
+                    _ => continue,
+                };
+                let l = self.label(*stmt);
+                self.record(agent, buffer, write, &l, t);
+            }
+        }
+        let ops: Vec<P2p<B::Buffer>> = ops.into_iter().map(|(_, op)| op).collect();
+        self.comm
+            .post_p2p(label, ops, self.backend.comm_stream(&stream))?;
+        let event = self.backend.record_event(&stream);
+        self.posted.insert(id, Posted { event, agent });
+        Ok(())
+    }
+}
+
+fn red_op(op: Option<ReduceOp>) -> RedOp {
+    match op {
+        Some(ReduceOp::Max) => RedOp::Max,
+        _ => RedOp::Sum,
+    }
+}

@@ -1,0 +1,170 @@
+//! Reference results and their comparison with actual ones: the exact `f64` evaluation of a
+//! fusion on its global (unsharded) inputs, per-dtype tolerances, and an element-wise
+//! comparison that judges errors relative to the tensor's magnitude.
+
+use std::fmt;
+
+use weave_ir::{DType, Fusion};
+
+use crate::dense::Dense;
+use crate::interp::{eval_fusion, Precision};
+
+/// The reference outputs of `fusion` on its global (unsharded) `inputs`: every op in `f64`,
+/// rounded only by explicit casts ([`Precision::Exact`]).
+pub fn run_reference(fusion: &Fusion, inputs: &[Dense]) -> Result<Vec<Dense>, String> {
+    eval_fusion(fusion, inputs, Precision::Exact)
+}
+
+/// How far an actual value may be from the reference.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    /// Relative tolerance.
+    pub rtol: f64,
+    /// Absolute tolerance.
+    pub atol: f64,
+}
+
+impl Tolerance {
+    /// The tolerance for results of dtype `dtype`: `bf16` rtol 1.6e-2, `f16` 2e-3, `f32`
+    /// 1e-5, `f64` 1e-12 (each with a small atol); `i64` and `bool` must match exactly.
+    pub fn for_dtype(dtype: DType) -> Tolerance {
+        let (rtol, atol) = match dtype {
+            DType::BF16 => (1.6e-2, 1e-5),
+            DType::F16 => (2e-3, 1e-5),
+            DType::F32 => (1e-5, 1e-6),
+            DType::F64 => (1e-12, 1e-12),
+            DType::I64 | DType::Bool => (0.0, 0.0),
+        };
+        Tolerance { rtol, atol }
+    }
+}
+
+/// The magnitude errors are judged against is `SCALE_FACTOR` times the largest finite
+/// `|expected|` of the tensor.
+pub const SCALE_FACTOR: f64 = 1.0;
+
+/// The outcome of [`compare`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Comparison {
+    /// The largest `|actual - expected|` (∞ where one is NaN or infinite and the other is not).
+    pub max_abs: f64,
+    /// `max_abs` relative to the tensor's scale (`SCALE_FACTOR` × max `|expected|`).
+    pub max_rel: f64,
+    /// The index of the largest error; `None` when no element differs.
+    pub worst: Option<usize>,
+    /// How many compared elements are out of tolerance.
+    pub mismatches: usize,
+    /// True when the lengths are equal and no element is out of tolerance.
+    pub ok: bool,
+    /// The largest finite `|expected|`.
+    pub max_ref: f64,
+    /// The number of actual values.
+    pub actual_len: usize,
+    /// The number of expected values.
+    pub expected_len: usize,
+}
+
+/// Compares `actual` with the reference `expected` at the tolerance of `dtype` (see
+/// [`compare_with`]).
+pub fn compare(actual: &[f64], expected: &[f64], dtype: DType) -> Comparison {
+    compare_with(actual, expected, Tolerance::for_dtype(dtype))
+}
+
+/// Compares `actual` with the reference `expected`, element by element.
+///
+/// Element `i` matches when `|a - e| <= atol + rtol * max(|e|, scale)`, where `scale` is
+/// [`SCALE_FACTOR`] times the largest finite `|e|` of the whole tensor: `rtol * scale` is an
+/// absolute floor, so errors are judged relative to the tensor's magnitude (low-precision
+/// results of long dot products with cancellation are only accurate relative to their
+/// operands). A non-finite expected value matches only itself (NaN matches NaN); a NaN or ∞
+/// actual value where the expected one is finite never matches (uninitialised memory is
+/// poisoned with NaN). Only the common prefix is compared when the lengths differ, and the
+/// comparison is then not `ok`.
+pub fn compare_with(actual: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
+    let max_ref = expected
+        .iter()
+        .filter(|e| e.is_finite())
+        .fold(0.0f64, |m, e| m.max(e.abs()));
+    let scale = max_ref * SCALE_FACTOR;
+    let mut max_abs = 0.0f64;
+    let mut worst = None;
+    let mut mismatches = 0;
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        let same = a == e || (a.is_nan() && e.is_nan());
+        let err = if same {
+            0.0
+        } else {
+            let d = (a - e).abs();
+            if d.is_nan() {
+                f64::INFINITY
+            } else {
+                d
+            }
+        };
+        let matches = if e.is_finite() {
+            err <= tol.atol + tol.rtol * e.abs().max(scale)
+        } else {
+            same
+        };
+        if !matches {
+            mismatches += 1;
+        }
+        if err > max_abs {
+            max_abs = err;
+            worst = Some(i);
+        }
+    }
+    Comparison {
+        max_abs,
+        max_rel: max_abs / scale.max(f64::MIN_POSITIVE),
+        worst,
+        mismatches,
+        ok: mismatches == 0 && actual.len() == expected.len(),
+        max_ref,
+        actual_len: actual.len(),
+        expected_len: expected.len(),
+    }
+}
+
+/// Compares two tensors: their dtypes and sizes must be equal (else an error saying how they
+/// differ), and their values are compared with [`compare`] at the dtype's tolerance.
+pub fn compare_dense(actual: &Dense, expected: &Dense) -> Result<Comparison, String> {
+    if actual.dtype != expected.dtype {
+        return Err(format!(
+            "dtype differs: actual {}, expected {}",
+            actual.dtype, expected.dtype
+        ));
+    }
+    if actual.sizes != expected.sizes {
+        return Err(format!(
+            "sizes differ: actual {:?}, expected {:?}",
+            actual.sizes, expected.sizes
+        ));
+    }
+    Ok(compare(&actual.data, &expected.data, actual.dtype))
+}
+
+impl fmt::Display for Comparison {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.actual_len != self.expected_len {
+            write!(
+                f,
+                "length mismatch: {} actual values, {} expected; ",
+                self.actual_len, self.expected_len
+            )?;
+        }
+        write!(
+            f,
+            "max abs error {:.1e} ({:.1e} relative to max |ref| {:.2e}), {} mismatch{}",
+            self.max_abs,
+            self.max_rel,
+            self.max_ref,
+            self.mismatches,
+            if self.mismatches == 1 { "" } else { "es" }
+        )?;
+        if let (Some(w), true) = (self.worst, self.mismatches > 0) {
+            write!(f, ", worst at index {w}")?;
+        }
+        Ok(())
+    }
+}

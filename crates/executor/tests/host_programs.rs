@@ -1,0 +1,396 @@
+//! Hand-written host programs on the CPU backend: the runtime primitives of the reference's
+//! §10 group A, and the two stream-synchronization bugs the seeds discuss — caught by the
+//! race checker, and shown to produce wrong results when a stream is slowed down.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use weave_comm::LocalWorld;
+use weave_executor::{
+    run_rank, Backend, CpuBackend, CpuOptions, Dense, ExecError, RankRun, RunConfig, StreamKey,
+};
+use weave_host_ir::parse;
+use weave_ir::DType;
+
+fn run_with(
+    src: &str,
+    inputs: Vec<Dense>,
+    check_races: bool,
+    delays: Vec<(StreamKey, Duration)>,
+) -> Result<RankRun, ExecError> {
+    let program = parse(src).unwrap_or_else(|e| panic!("{e}"));
+    let world = LocalWorld::new(1, Duration::from_secs(10));
+    let comm = world.communicator(0);
+    let backend = CpuBackend::new(CpuOptions {
+        timeout: Duration::from_secs(10),
+        trace: false,
+        delays,
+    });
+    let config = RunConfig {
+        params: HashMap::new(),
+        number_of_streams: 2,
+        check_races,
+    };
+    run_rank(&program, &backend, &comm, &inputs, &config)
+}
+
+fn run(src: &str, inputs: Vec<Dense>) -> RankRun {
+    run_with(src, inputs, true, Vec::new()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn dense(sizes: &[usize], data: Vec<f64>) -> Dense {
+    Dense {
+        dtype: DType::F32,
+        sizes: sizes.to_vec(),
+        data,
+    }
+}
+
+#[test]
+fn streams_are_created_by_index_and_captured_streams_restore() {
+    let r = run(
+        "\
+%HostIrContainer { () -> () :
+  SetCurrentStream(Stream ( 2 ))
+  SetCurrentStream(Stream ( 2 ))
+  SetCurrentStream(Stream ( 3 ))
+} // %HostIrContainer
+",
+        vec![],
+    );
+    assert_eq!(r.final_stream, StreamKey::Pool(3));
+    assert_eq!(
+        r.streams,
+        vec![StreamKey::Main, StreamKey::Pool(2), StreamKey::Pool(3)],
+        "the main stream and one stream per distinct index"
+    );
+    let r = run(
+        "\
+%HostIrContainer { () -> () :
+  SetCurrentStream(Stream ( 1 ))
+  Stream 0 = GetCurrentStream()
+  SetCurrentStream(Stream ( 4 ))
+  SetCurrentStream(Stream 0)
+} // %HostIrContainer
+",
+        vec![],
+    );
+    assert_eq!(
+        r.final_stream,
+        StreamKey::Pool(1),
+        "the captured stream is the one current at capture"
+    );
+}
+
+const ADD_KERNEL: &str = "\
+K0: fusion acc() {
+  tensor a: f32[1, 10]
+  tensor b: f32[1, 10]
+  c = add(a, b)
+  output c
+}
+";
+
+#[test]
+fn for_loop_accumulates_in_place() {
+    // acc = 21; FOR i in 0..3: acc += arange(7)[2i + 1]  ->  21 + 1 + 3 + 5 = 30.
+    let src = "\
+%HostIrContainer { (T0_g_f32[1], T1_g_f32[7]) -> (T2_g_f32[1]) :
+  T2 = ALLOCATE(mem_type=global, zero_init=true)
+  LaunchKernel(kernel=K0, inputs=(T2, T0), outputs=(T2))
+  FOR i0 from 0 to 3:
+    T3_g_f32[1] = ShardByStream(T1, axis=0, chunks=7, stream_index=( ( 2 * i0 ) + 1 ))
+    LaunchKernel(kernel=K0, inputs=(T2, T3), outputs=(T2))
+} // %HostIrContainer
+K0: fusion acc() {
+  tensor a: f32[1]
+  tensor b: f32[1]
+  c = add(a, b)
+  output c
+}
+";
+    let r = run(
+        src,
+        vec![
+            dense(&[1], vec![21.0]),
+            dense(&[7], (0..7).map(f64::from).collect()),
+        ],
+    );
+    assert_eq!(r.outputs[0].data, vec![30.0]);
+    assert!(r.races.is_empty(), "{:?}", r.races);
+}
+
+#[test]
+fn in_place_update_in_a_loop_keeps_one_buffer() {
+    // x = zeros; FOR i in 0..3: x = x + (2i + 1)  ->  full(10, 9).
+    let src = format!(
+        "\
+%HostIrContainer {{ (T0_g_f32[3, 10]) -> (T1_g_f32[1, 10]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=true)
+  FOR i0 from 0 to 3:
+    T2_g_f32[1, 10] = ShardByStream(T0, axis=0, chunks=3, stream_index=i0)
+    LaunchKernel(kernel=K0, inputs=(T1, T2), outputs=(T1))
+}} // %HostIrContainer
+{ADD_KERNEL}"
+    );
+    let odd: Vec<f64> = (0..3).flat_map(|i| [f64::from(2 * i + 1); 10]).collect();
+    let r = run(&src, vec![dense(&[3, 10], odd)]);
+    assert_eq!(r.outputs[0].data, vec![9.0; 10]);
+    assert_eq!(
+        r.live_allocations, 1,
+        "the output is the only buffer ever allocated"
+    );
+}
+
+#[test]
+fn a_stream_parallel_kernel_writes_only_its_chunks() {
+    // out = in + in on chunks 1 and 2 (of 3, along axis 1); chunk 0 stays zero.
+    let src = "\
+%HostIrContainer { (T0_g_f32[2, 6]) -> (T1_g_f32[2, 6]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=true)
+  FOR i0 from 1 to 3:
+    T2_g_f32[2, 2] = ShardByStream(T0, axis=1, chunks=3, stream_index=i0)
+    T3_g_f32[2, 2] = ShardByStream(T1, axis=1, chunks=3, stream_index=i0)
+    LaunchKernel(kernel=K0, inputs=(T2), outputs=(T3))
+} // %HostIrContainer
+K0: fusion add_per_stream() {
+  tensor a: f32[2, 2]
+  b = add(a, a)
+  output b
+}
+";
+    let input: Vec<f64> = (1..=12).map(f64::from).collect();
+    let r = run(src, vec![dense(&[2, 6], input)]);
+    assert_eq!(
+        r.outputs[0].data,
+        vec![0.0, 0.0, 6.0, 8.0, 10.0, 12.0, 0.0, 0.0, 18.0, 20.0, 22.0, 24.0]
+    );
+}
+
+#[test]
+fn deallocate_leaves_nothing_allocated() {
+    let r = run(
+        "\
+%HostIrContainer { () -> () :
+  FOR i0 from 0 to 10:
+    T0_g_f32[8, 64] = ALLOCATE(mem_type=global, zero_init=false)
+    Deallocate(T0)
+} // %HostIrContainer
+",
+        vec![],
+    );
+    assert_eq!(r.live_allocations, 0);
+    let r = run(
+        "\
+%HostIrContainer { () -> () :
+  FOR i0 from 0 to 10:
+    T0_g_f32[8, 64] = ALLOCATE(mem_type=global, zero_init=false)
+} // %HostIrContainer
+",
+        vec![],
+    );
+    assert_eq!(
+        r.live_allocations, 0,
+        "unbound at the end of the program too"
+    );
+}
+
+/// `T2 = T0 + T0` on the main stream, then a stream loop copying chunks of `T2` into the
+/// output `T1`, with the loop body and the join given by the caller.
+fn two_stage(body_head: &str, after_loop: &str) -> String {
+    format!(
+        "\
+%HostIrContainer {{ (T0_g_f32[4, 3]) -> (T1_g_f32[4, 3]) :
+  T2_g_f32[4, 3] = ALLOCATE(mem_type=global, zero_init=false)
+  LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))
+  T1 = ALLOCATE(mem_type=global, zero_init=false)
+  Stream 0 = GetCurrentStream()
+  FOR i0 from 0 to 2:
+{body_head}
+    T3_g_f32[2, 3] = ShardByStream(T2, axis=0, chunks=2, stream_index=i0)
+    T4_g_f32[2, 3] = ShardByStream(T1, axis=0, chunks=2, stream_index=i0)
+    LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))
+{after_loop}
+  Deallocate(T2)
+}} // %HostIrContainer
+K0: fusion double() {{
+  tensor a: f32[4, 3]
+  b = add(a, a)
+  output b
+}}
+K1: fusion copy() {{
+  tensor a: f32[2, 3]
+  b = set(a)
+  output b
+}}
+"
+    )
+}
+
+const ENTRY_OK: &str =
+    "    SetCurrentStream(Stream ( i0 % numberOfStreams ))\n    Synchronize(Stream 0)";
+const ENTRY_BUG: &str =
+    "    Synchronize(Stream 0)\n    SetCurrentStream(Stream ( i0 % numberOfStreams ))";
+const JOIN_OK: &str = "  SetCurrentStream(Stream 0)\n  FOR i1 from 0 to 2:\n    Synchronize(Stream ( i1 % numberOfStreams ))";
+const JOIN_BUG: &str = "  FOR i1 from 0 to 2:\n    Synchronize(Stream ( i1 % numberOfStreams ))\n  SetCurrentStream(Stream 0)";
+
+fn input() -> Vec<Dense> {
+    vec![dense(&[4, 3], (1..=12).map(f64::from).collect())]
+}
+
+fn doubled() -> Vec<f64> {
+    (1..=12).map(|x| f64::from(2 * x)).collect()
+}
+
+#[test]
+fn correct_synchronization_is_race_free_even_with_slow_streams() {
+    let slow = vec![
+        (StreamKey::Main, Duration::from_millis(30)),
+        (StreamKey::Pool(1), Duration::from_millis(30)),
+    ];
+    let r = run_with(&two_stage(ENTRY_OK, JOIN_OK), input(), true, slow).unwrap();
+    assert!(r.races.is_empty(), "{:?}", r.races);
+    assert_eq!(r.outputs[0].data, doubled());
+}
+
+#[test]
+fn synchronize_before_set_current_stream_is_reported() {
+    let r = run(&two_stage(ENTRY_BUG, JOIN_OK), input());
+    let reports: Vec<String> = r.races.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        reports,
+        vec![
+            "race: `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 0 reads T3, \
+             unordered with `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))` on main stream, which writes T2",
+            "race: `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 1 reads T3, \
+             unordered with `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))` on main stream, which writes T2",
+        ]
+    );
+}
+
+#[test]
+fn joining_before_switching_back_to_main_is_reported() {
+    let r = run(&two_stage(ENTRY_OK, JOIN_BUG), input());
+    let reports: Vec<String> = r.races.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        reports,
+        vec![
+            "race: `Deallocate(T2)` on main stream writes T2, unordered with \
+             `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 0, which reads T3",
+            "race: `Deallocate(T2)` on main stream writes T2, unordered with \
+             `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 1, which reads T3",
+            "race: `<caller reads outputs>` on main stream reads T1, unordered with \
+             `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 0, which writes T4",
+            "race: `<caller reads outputs>` on main stream reads T1, unordered with \
+             `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 1, which writes T4",
+        ]
+    );
+}
+
+#[test]
+fn a_missing_synchronization_gives_a_wrong_result_when_a_stream_is_slow() {
+    // Entry bug: the first worker does not wait for the main stream, which is slowed down, so
+    // it copies T2 before T2 is written (uninitialised memory is NaN).
+    let slow_main = vec![(StreamKey::Main, Duration::from_millis(200))];
+    let r = run_with(
+        &two_stage(ENTRY_BUG, JOIN_OK),
+        input(),
+        false,
+        slow_main.clone(),
+    )
+    .unwrap();
+    assert!(r.races.is_empty(), "the checker is off");
+    assert!(
+        r.outputs[0].data[..6].iter().all(|x| x.is_nan()),
+        "chunk 0 was copied before it was computed: {:?}",
+        r.outputs[0].data
+    );
+    // Join bug: the caller reads the output on the main stream, which never waited for the
+    // slow worker.
+    let slow_worker = vec![(StreamKey::Pool(1), Duration::from_millis(200))];
+    let r = run_with(
+        &two_stage(ENTRY_OK, JOIN_BUG),
+        input(),
+        false,
+        slow_worker.clone(),
+    )
+    .unwrap();
+    assert!(
+        r.outputs[0].data[6..].iter().all(|x| x.is_nan()),
+        "chunk 1 was read before the worker wrote it: {:?}",
+        r.outputs[0].data
+    );
+    // The same runs with the checker on report the races.
+    let r = run_with(&two_stage(ENTRY_BUG, JOIN_OK), input(), true, slow_main).unwrap();
+    assert_eq!(r.races.len(), 2);
+    let r = run_with(&two_stage(ENTRY_OK, JOIN_BUG), input(), true, slow_worker).unwrap();
+    assert_eq!(r.races.len(), 4);
+}
+
+#[test]
+fn a_read_before_the_wait_of_a_communication_is_reported() {
+    let src = "\
+%HostIrContainer { (T0_g_f32[4]) -> (T1_g_f32[4]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=false)
+  T2_g_f32[4] = ALLOCATE(mem_type=global, zero_init=false)
+  Communication 2 (type=Allreduce, team=(0), input=T0, output=T2, red_op=sum, backend=NCCL)
+  LaunchKernel(kernel=K0, inputs=(T2), outputs=(T1))
+  Wait(Communication 2)
+  Deallocate(T2)
+} // %HostIrContainer
+K0: fusion copy() {
+  tensor a: f32[4]
+  b = set(a)
+  output b
+}
+";
+    let r = run(src, vec![dense(&[4], vec![1.0, 2.0, 3.0, 4.0])]);
+    let reports: Vec<String> = r.races.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        reports,
+        vec![
+            "race: `LaunchKernel(kernel=K0, inputs=(T2), outputs=(T1))` on main stream reads T2, \
+             unordered with `Communication 2 (type=Allreduce, team=(0), input=T0, output=T2, red_op=sum, backend=NCCL)` \
+             on main stream, which writes T2"
+        ]
+    );
+}
+
+#[test]
+fn inputs_are_checked_before_anything_runs() {
+    let src = "\
+%HostIrContainer { (T0_g_f32[( 2 * n ), 3]) -> () :
+} // %HostIrContainer
+";
+    let program = parse(src).unwrap();
+    let world = LocalWorld::new(1, Duration::from_secs(1));
+    let backend = CpuBackend::new(CpuOptions::default());
+    let mut config = RunConfig::default();
+    config.params.insert("n".into(), 2);
+    let err = |inputs: Vec<Dense>| {
+        run_rank(&program, &backend, &world.communicator(0), &inputs, &config)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(vec![dense(&[4, 2], vec![0.0; 8])]),
+        "rank 0: input 0 (T0) axis 1 must have size 3 but has 2"
+    );
+    assert_eq!(
+        err(vec![dense(&[3, 3], vec![0.0; 9])]),
+        "rank 0: input 0 (T0) axis 0 must have size 4 = ( 2 * n ) but has 3"
+    );
+    assert_eq!(
+        err(vec![Dense {
+            dtype: DType::BF16,
+            sizes: vec![4, 3],
+            data: vec![0.0; 12]
+        }]),
+        "rank 0: input 0 (T0) must be f32 but a bf16 tensor was given"
+    );
+    assert_eq!(err(vec![]), "the program takes 1 inputs but 0 were given");
+    assert!(
+        backend.streams().is_empty() || backend.streams() == vec![StreamKey::Main],
+        "nothing ran"
+    );
+}

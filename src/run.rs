@@ -1,0 +1,353 @@
+//! Running a fusion end to end on the CPU backend with in-process ranks: compile, generate
+//! seeded inputs, shard them per rank, run every rank on its own thread, and compare each
+//! rank's outputs with the unsharded f64 reference.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use weave_comm::LocalWorld;
+use weave_executor::reference::{compare, run_reference, Comparison};
+use weave_executor::{
+    run_rank, CpuBackend, CpuOptions, Dense, ExecError, RankRun, RunConfig, StreamKey,
+};
+use weave_host_ir::HostProgram;
+use weave_ir::Fusion;
+use weave_passes::{Ir, PassManager, Pipeline, PipelineError, Registry, DEFAULT_PIPELINE};
+
+use crate::shard::Layout;
+
+/// A fusion compiled for running: the program every rank runs, and the fusions the inputs
+/// and the reference are made from.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The fusion as loaded: what the reference evaluates.
+    pub fusion: Fusion,
+    /// The fusion after the pre-segmentation passes: the shardings of every input and
+    /// output, which the per-rank buffers follow.
+    pub sharded: Fusion,
+    /// The host program.
+    pub program: HostProgram,
+    /// Time spent in the pass pipeline.
+    pub compile_time: Duration,
+}
+
+/// Runs the standard pipeline on `fusion`, keeping the fusion as it is just before
+/// segmentation.
+pub fn compile_for_run(fusion: Fusion) -> Result<Compiled, PipelineError> {
+    let start = Instant::now();
+    let registry = Registry::standard();
+    let all = Pipeline::parse(DEFAULT_PIPELINE, &registry)?;
+    let names = all.to_string();
+    let names: Vec<&str> = names.split(',').collect();
+    let cut = names
+        .iter()
+        .position(|n| *n == "segment")
+        .unwrap_or(names.len());
+    let options = weave_passes::DumpOptions::from_env()?;
+    let before = PassManager::new(Registry::standard(), Pipeline::new(names[..cut].to_vec()))
+        .with_options(options.clone());
+    let sharded = match before.run(Ir::Fusion(fusion.clone()))? {
+        Ir::Fusion(f) => f,
+        other => return Err(PipelineError::WrongResult(other.form())),
+    };
+    let after = PassManager::new(Registry::standard(), Pipeline::new(names[cut..].to_vec()))
+        .with_options(options);
+    let program = match after.run(Ir::Fusion(sharded.clone()))? {
+        Ir::Host(p) => p,
+        other => return Err(PipelineError::WrongResult(other.form())),
+    };
+    Ok(Compiled {
+        fusion,
+        sharded,
+        program,
+        compile_time: start.elapsed(),
+    })
+}
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// In-process ranks.
+    pub ranks: usize,
+    /// `numberOfStreams`: the size of each rank's stream pool.
+    pub streams: usize,
+    /// Run the race checker.
+    pub check_races: bool,
+    /// Record spans for the timeline.
+    pub trace: bool,
+    /// Seed of the generated inputs.
+    pub seed: u64,
+    /// How long any stream or collective waits before failing.
+    pub timeout: Duration,
+    /// Streams slowed down before each job (tests).
+    pub delays: Vec<(StreamKey, Duration)>,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions {
+            ranks: 2,
+            streams: 2,
+            check_races: true,
+            trace: false,
+            seed: 0x5eed,
+            timeout: Duration::from_secs(30),
+            delays: Vec::new(),
+        }
+    }
+}
+
+/// One output of one rank against the reference.
+#[derive(Clone, Debug)]
+pub struct OutputCheck {
+    /// The output's name in the fusion.
+    pub output: String,
+    /// The rank.
+    pub rank: usize,
+    /// The comparison.
+    pub comparison: Comparison,
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// Every rank's run, by rank.
+    pub ranks: Vec<RankRun>,
+    /// Every output of every rank that holds it, against the reference.
+    pub checks: Vec<OutputCheck>,
+    /// Time of the f64 reference evaluation.
+    pub reference_time: Duration,
+    /// Wall time of the whole run of all ranks.
+    pub run_time: Duration,
+}
+
+impl RunReport {
+    /// Whether every output matched and no race was found.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.comparison.ok) && self.races() == 0
+    }
+
+    /// The number of races found over all ranks.
+    pub fn races(&self) -> usize {
+        self.ranks.iter().map(|r| r.races.len()).sum()
+    }
+
+    /// The largest absolute error over every checked output.
+    pub fn max_abs_error(&self) -> f64 {
+        self.checks
+            .iter()
+            .map(|c| c.comparison.max_abs)
+            .fold(0.0, f64::max)
+    }
+}
+
+/// Why a run could not produce a report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunError {
+    /// The fusion and the run options do not fit together (rank count against meshes).
+    Setup(String),
+    /// The reference evaluation failed.
+    Reference(String),
+    /// Ranks failed; each with its error, by rank.
+    Ranks(Vec<(usize, ExecError)>),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Setup(m) => f.write_str(m),
+            RunError::Reference(m) => write!(f, "reference evaluation failed: {m}"),
+            RunError::Ranks(errors) => {
+                for (k, (rank, e)) in errors.iter().enumerate() {
+                    if k > 0 {
+                        writeln!(f)?;
+                    }
+                    write!(f, "rank {rank}: {e}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// The fusion's parameter values.
+pub fn params_of(fusion: &Fusion) -> HashMap<String, i64> {
+    fusion
+        .params()
+        .iter()
+        .filter_map(|p| p.value.or(p.default).map(|v| (p.name.clone(), v)))
+        .collect()
+}
+
+/// Checks that `ranks` fits every mesh of the fusion.
+pub fn check_ranks(fusion: &Fusion, ranks: usize) -> Result<(), RunError> {
+    if ranks == 0 {
+        return Err(RunError::Setup("at least one rank is needed".into()));
+    }
+    for &m in fusion.meshes() {
+        let decl = fusion.mesh(m);
+        let devices = decl.mesh.devices();
+        if let Some(&d) = devices.iter().find(|&&d| d < 0 || d as usize >= ranks) {
+            return Err(RunError::Setup(format!(
+                "mesh `{}` names device {d} but only {ranks} rank(s) were asked for",
+                decl.name
+            )));
+        }
+        if devices.len() < ranks {
+            return Err(RunError::Setup(format!(
+                "{ranks} ranks were asked for but mesh `{}` has {} device(s): every rank must belong to the mesh (pass --set to resize it, e.g. d={ranks})",
+                decl.name,
+                devices.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Seeded random global inputs for every input of the fusion.
+pub fn generate_inputs(fusion: &Fusion, seed: u64) -> Result<Vec<Dense>, RunError> {
+    fusion
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, &t)| {
+            let layout = Layout::of(fusion, t).map_err(RunError::Setup)?;
+            Ok(Dense::random(
+                fusion.tensor(t).dtype,
+                layout.global_sizes().to_vec(),
+                seed.wrapping_add(k as u64 * 0x9e37_79b9),
+            ))
+        })
+        .collect()
+}
+
+/// Compiles nothing and generates nothing: runs `compiled` on the given global inputs.
+pub fn run_compiled(
+    compiled: &Compiled,
+    globals: &[Dense],
+    options: &RunOptions,
+) -> Result<RunReport, RunError> {
+    check_ranks(&compiled.fusion, options.ranks)?;
+    let t0 = Instant::now();
+    let reference = run_reference(&compiled.fusion, globals).map_err(RunError::Reference)?;
+    let reference_time = t0.elapsed();
+    let inputs: Vec<Layout> = compiled
+        .sharded
+        .inputs()
+        .iter()
+        .map(|&t| Layout::of(&compiled.sharded, t))
+        .collect::<Result<_, _>>()
+        .map_err(RunError::Setup)?;
+    let per_rank: Vec<Vec<Dense>> = (0..options.ranks)
+        .map(|r| {
+            inputs
+                .iter()
+                .zip(globals)
+                .map(|(l, g)| l.shard(g, r))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect::<Result<_, _>>()
+        .map_err(RunError::Setup)?;
+    let report = run_local(compiled, per_rank, options)?;
+    let mut checks = Vec::new();
+    for (k, &t) in compiled.sharded.outputs().iter().enumerate() {
+        let layout = Layout::of(&compiled.sharded, t).map_err(RunError::Setup)?;
+        let want = reference
+            .get(k)
+            .ok_or_else(|| RunError::Reference(format!("the reference produced no output {k}")))?;
+        for (rank, run) in report.0.iter().enumerate() {
+            if !layout.holds(rank) {
+                continue;
+            }
+            let expected = layout.shard(want, rank).map_err(RunError::Setup)?;
+            let got = run
+                .outputs
+                .get(k)
+                .ok_or_else(|| RunError::Setup(format!("rank {rank} returned no output {k}")))?;
+            let idx = layout.global_indices(rank);
+            // Padding elements (past a non-divisible split) are not compared.
+            let (g, e): (Vec<f64>, Vec<f64>) = got
+                .data
+                .iter()
+                .zip(&expected.data)
+                .zip(&idx)
+                .filter(|(_, i)| i.is_some())
+                .map(|((a, b), _)| (*a, *b))
+                .unzip();
+            let mut comparison = compare(&g, &e, want.dtype);
+            if got.data.len() != expected.data.len() {
+                comparison.ok = false;
+            }
+            checks.push(OutputCheck {
+                output: compiled.sharded.tensor(t).name.clone(),
+                rank,
+                comparison,
+            });
+        }
+    }
+    Ok(RunReport {
+        ranks: report.0,
+        checks,
+        reference_time,
+        run_time: report.1,
+    })
+}
+
+/// Runs the program on `options.ranks` in-process ranks with the given per-rank inputs.
+pub fn run_local(
+    compiled: &Compiled,
+    per_rank: Vec<Vec<Dense>>,
+    options: &RunOptions,
+) -> Result<(Vec<RankRun>, Duration), RunError> {
+    let world = LocalWorld::new(options.ranks, options.timeout);
+    let config = RunConfig {
+        params: params_of(&compiled.sharded),
+        number_of_streams: options.streams,
+        check_races: options.check_races,
+    };
+    let start = Instant::now();
+    let results: Vec<Result<RankRun, ExecError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = per_rank
+            .into_iter()
+            .enumerate()
+            .map(|(rank, inputs)| {
+                let comm = world.communicator(rank);
+                let config = &config;
+                let program = &compiled.program;
+                scope.spawn(move || {
+                    let backend = CpuBackend::new(CpuOptions {
+                        timeout: options.timeout,
+                        trace: options.trace,
+                        delays: options.delays.clone(),
+                    });
+                    run_rank(program, &backend, &comm, &inputs, config)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ExecError::Program("the rank's thread panicked".into()))
+                })
+            })
+            .collect()
+    });
+    let elapsed = start.elapsed();
+    let mut runs = Vec::new();
+    let mut errors = Vec::new();
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(run) => runs.push(run),
+            Err(e) => errors.push((rank, e)),
+        }
+    }
+    if errors.is_empty() {
+        Ok((runs, elapsed))
+    } else {
+        Err(RunError::Ranks(errors))
+    }
+}
