@@ -187,22 +187,30 @@ pub fn check_ranks(fusion: &Fusion, ranks: usize) -> Result<(), RunError> {
     if ranks == 0 {
         return Err(RunError::Setup("at least one rank is needed".into()));
     }
+    let mut devices: Vec<i64> = Vec::new();
     for &m in fusion.meshes() {
         let decl = fusion.mesh(m);
-        let devices = decl.mesh.devices();
-        if let Some(&d) = devices.iter().find(|&&d| d < 0 || d as usize >= ranks) {
+        if let Some(&d) = decl.mesh.devices().iter().find(|&&d| d < 0 || d as usize >= ranks) {
             return Err(RunError::Setup(format!(
                 "mesh `{}` names device {d} but only {ranks} rank(s) were asked for",
                 decl.name
             )));
         }
-        if devices.len() < ranks {
-            return Err(RunError::Setup(format!(
-                "{ranks} ranks were asked for but mesh `{}` has {} device(s): every rank must belong to the mesh (pass --set to resize it, e.g. d={ranks})",
-                decl.name,
-                devices.len()
-            )));
-        }
+        devices.extend(decl.mesh.devices());
+    }
+    devices.sort_unstable();
+    devices.dedup();
+    if !devices.is_empty() && devices.len() < ranks {
+        let names: Vec<String> = fusion
+            .meshes()
+            .iter()
+            .map(|&m| format!("`{}`", fusion.mesh(m).name))
+            .collect();
+        return Err(RunError::Setup(format!(
+            "{ranks} ranks were asked for but the fusion's meshes ({}) cover {} device(s): every rank must be a device of a mesh (resize the mesh with --set, e.g. d={ranks})",
+            names.join(", "),
+            devices.len()
+        )));
     }
     Ok(())
 }

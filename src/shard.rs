@@ -3,8 +3,8 @@
 //! program takes and the per-rank results put back together.
 //!
 //! A rank's buffer of tensor `t` has one axis per visible logical axis of `t`, as the
-//! lowering sizes it. Along logical axis `L`, the splits below `L` (from the allocation and
-//! loop domains) form a tree; its leaves, outer before inner, enumerate the axis' global
+//! lowering sizes it. Along logical axis `L`, the splits below `L` (from the allocation
+//! domain, or the loop domain where no allocation domain is set) form a tree; its leaves, outer before inner, enumerate the axis' global
 //! indices. A device-parallel leaf is fixed to the rank's coordinate in the mesh, every other
 //! leaf is enumerated, so the local axis holds, in tree order, exactly the elements whose
 //! device leaf equals the rank's coordinate. This covers a DID split inside a Stream split
@@ -97,15 +97,16 @@ impl Layout {
     /// The layout of tensor `t` of `fusion` (schedules applied, parameters bound).
     pub fn of(fusion: &Fusion, t: TensorId) -> Result<Layout, String> {
         let tv = fusion.tensor(t);
-        // Every id that any domain of `t` mentions, with the split that defines it.
+        // The memory layout: the allocation domain once finalized (it may replay the loop
+        // domain's splits with fresh ids), else the loop domain, whose device splits are where
+        // the sharding lives. Every id it mentions, with the split that defines it.
+        let domain = match &tv.allocation {
+            Some(a) => a,
+            None => &tv.loop_domain,
+        };
         let mut children: HashMap<IterDomainId, (IterDomainId, IterDomainId, IdExpr)> =
             HashMap::new();
-        let mut work: Vec<IterDomainId> = tv
-            .allocation_domain()
-            .iter()
-            .chain(tv.loop_domain.iter())
-            .copied()
-            .collect();
+        let mut work: Vec<IterDomainId> = domain.clone();
         let logical = fusion.visible_axes(t);
         while let Some(id) = work.pop() {
             if tv.logical.contains(&id) {
