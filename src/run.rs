@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use weave_comm::LocalWorld;
 use weave_executor::reference::{compare, run_reference, Comparison};
 use weave_executor::{
-    run_rank, CpuBackend, CpuOptions, Dense, ExecError, RankRun, RunConfig, StreamKey,
+    check_inputs, run_rank, CpuBackend, CpuOptions, Dense, ExecError, RankRun, RunConfig, StreamKey,
 };
 use weave_host_ir::HostProgram;
 use weave_ir::Fusion;
@@ -190,7 +190,12 @@ pub fn check_ranks(fusion: &Fusion, ranks: usize) -> Result<(), RunError> {
     let mut devices: Vec<i64> = Vec::new();
     for &m in fusion.meshes() {
         let decl = fusion.mesh(m);
-        if let Some(&d) = decl.mesh.devices().iter().find(|&&d| d < 0 || d as usize >= ranks) {
+        if let Some(&d) = decl
+            .mesh
+            .devices()
+            .iter()
+            .find(|&&d| d < 0 || d as usize >= ranks)
+        {
             return Err(RunError::Setup(format!(
                 "mesh `{}` names device {d} but only {ranks} rank(s) were asked for",
                 decl.name
@@ -316,6 +321,24 @@ pub fn run_local(
         number_of_streams: options.streams,
         check_races: options.check_races,
     };
+    // Every rank's inputs are checked before any rank starts, so a bad input stops the run
+    // with its own message instead of failing the other ranks' collectives.
+    let mut errors = Vec::new();
+    for (rank, inputs) in per_rank.iter().enumerate() {
+        if let Err(e) = check_inputs(&compiled.program, inputs, &config, rank, options.ranks) {
+            errors.push((rank, e));
+        }
+    }
+    if per_rank.len() != options.ranks {
+        return Err(RunError::Setup(format!(
+            "inputs were given for {} rank(s) but {} ranks run",
+            per_rank.len(),
+            options.ranks
+        )));
+    }
+    if !errors.is_empty() {
+        return Err(RunError::Ranks(errors));
+    }
     let start = Instant::now();
     let results: Vec<Result<RankRun, ExecError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = per_rank

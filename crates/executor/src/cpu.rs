@@ -263,14 +263,21 @@ impl CpuBackend {
         v
     }
 
+    /// Blocks the host until `stream` has run everything enqueued so far, then reports the
+    /// stream's first error. The host waits longer than any single job may (twice the timeout
+    /// and a second), so that a job that gives up reports its own, more precise error first.
     fn wait_idle(&self, stream: &CpuStream) -> Result<(), ExecError> {
         let ticket = stream.inner.enqueued.load(Ordering::SeqCst);
-        if stream.inner.wait_for(ticket, self.options.timeout) {
-            Ok(())
+        let patience = self.options.timeout * 2 + Duration::from_secs(1);
+        if stream.inner.wait_for(ticket, patience) {
+            match stream.inner.progress().error.clone() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
         } else {
             Err(ExecError::Timeout {
                 what: format!("the host waited for {} to finish", stream.key()),
-                millis: self.options.timeout.as_millis() as u64,
+                millis: patience.as_millis() as u64,
             })
         }
     }

@@ -115,14 +115,14 @@ pub fn check_inputs(
         })?;
         if decl.dtype != given.dtype {
             return Err(ExecError::Input(format!(
-                "rank {rank}: input {k} ({name}) must be {} but a {} tensor was given",
+                "input {k} ({name}) must be {} but a {} tensor was given",
                 decl.dtype.name(),
                 given.dtype.name()
             )));
         }
         if decl.sizes.len() != given.sizes.len() {
             return Err(ExecError::Input(format!(
-                "rank {rank}: input {k} ({name}) has {} axes but the given tensor has {} (sizes {:?})",
+                "input {k} ({name}) has {} axes but the given tensor has {} (sizes {:?})",
                 decl.sizes.len(),
                 given.sizes.len(),
                 given.sizes
@@ -138,7 +138,7 @@ pub fn check_inputs(
                     format!(" = {expr}")
                 };
                 return Err(ExecError::Input(format!(
-                    "rank {rank}: input {k} ({name}) axis {axis} must have size {want}{expr} but has {n}"
+                    "input {k} ({name}) axis {axis} must have size {want}{expr} but has {n}"
                 )));
             }
         }

@@ -374,11 +374,11 @@ fn inputs_are_checked_before_anything_runs() {
     };
     assert_eq!(
         err(vec![dense(&[4, 2], vec![0.0; 8])]),
-        "rank 0: input 0 (T0) axis 1 must have size 3 but has 2"
+        "input 0 (T0) axis 1 must have size 3 but has 2"
     );
     assert_eq!(
         err(vec![dense(&[3, 3], vec![0.0; 9])]),
-        "rank 0: input 0 (T0) axis 0 must have size 4 = ( 2 * n ) but has 3"
+        "input 0 (T0) axis 0 must have size 4 = ( 2 * n ) but has 3"
     );
     assert_eq!(
         err(vec![Dense {
@@ -386,7 +386,7 @@ fn inputs_are_checked_before_anything_runs() {
             sizes: vec![4, 3],
             data: vec![0.0; 12]
         }]),
-        "rank 0: input 0 (T0) must be f32 but a bf16 tensor was given"
+        "input 0 (T0) must be f32 but a bf16 tensor was given"
     );
     assert_eq!(err(vec![]), "the program takes 1 inputs but 0 were given");
     assert!(
