@@ -1,0 +1,118 @@
+//! The `weave run` command end to end: it runs a scenario on simulated ranks, prints the
+//! match against the reference, the race checker's verdict, timings and the trace path, and
+//! writes a Chrome trace with spans of every rank and stream and an SVG beside it; bad
+//! requests fail with a clear message and exit status 1.
+
+use std::path::Path;
+use std::process::Command;
+
+fn weave(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn run_prints_the_match_timings_and_the_trace() {
+    let dir = std::env::temp_dir().join(format!("weave-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("rp.json");
+    let (ok, out, err) = weave(&[
+        "run",
+        "tests/scenarios/row_parallel_linear.weave",
+        "--ranks",
+        "2",
+        "--set",
+        "t=48",
+        "--set",
+        "h=8",
+        "--check-races",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("2 rank(s) on the cpu backend, numberOfStreams = 2"),
+        "{out}"
+    );
+    assert!(
+        out.contains("host program: 16 statements, 2 loop(s), 0 kernel launch(es), 1 GEMM(s), collectives: Allreduce"),
+        "{out}"
+    );
+    assert!(
+        out.contains("output out: matches the reference on 2 rank(s)"),
+        "{out}"
+    );
+    assert!(out.contains("race checker: no races"), "{out}");
+    assert!(out.contains("timings: compile "), "{out}");
+    assert!(
+        out.contains(&format!("trace: {}", trace.display())),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with("result: PASS"), "{out}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let spans: Vec<&serde_json::Value> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    for rank in 0..2 {
+        let linears = spans
+            .iter()
+            .filter(|e| e["pid"] == rank && e["name"].as_str().unwrap().contains("linear"))
+            .count();
+        let allreduces = spans
+            .iter()
+            .filter(|e| e["pid"] == rank && e["cat"] == "comm")
+            .count();
+        assert_eq!(
+            (linears, allreduces),
+            (4, 4),
+            "rank {rank}: one of each per chunk"
+        );
+    }
+    let tids: std::collections::BTreeSet<i64> =
+        spans.iter().map(|e| e["tid"].as_i64().unwrap()).collect();
+    assert!(tids.len() >= 2, "chunks ran on two pool streams: {tids:?}");
+    let svg = std::fs::read_to_string(Path::new(&trace).with_extension("svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("rank 1 pool stream 1"),
+        "{svg}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_refuses_more_ranks_than_the_mesh_and_unknown_backends() {
+    let (ok, _, err) = weave(&["run", "tests/scenarios/allgather.weave", "--ranks", "4"]);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "error: 4 ranks were asked for but the fusion's meshes (`m`) cover 2 device(s): every \
+         rank must be a device of a mesh (resize the mesh with --set, e.g. d=4)"
+    );
+    let (ok, _, err) = weave(&[
+        "run",
+        "tests/scenarios/allgather.weave",
+        "--backend",
+        "cuda",
+    ]);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "error: --backend cuda: the CUDA backend is not available in this build; use --backend cpu"
+    );
+    let (ok, _, err) = weave(&["run", "tests/scenarios/allgather.weave", "--set", "q=1"]);
+    assert!(!ok);
+    assert!(err.contains("unknown parameter `q`"), "{err}");
+}
