@@ -6,7 +6,7 @@
 //! * [`backend`]: the `Backend` interface; [`cpu`]: the CPU backend, whose streams are worker
 //!   threads with FIFO queues and events, so that a missing synchronization is a real race;
 //! * [`interp`]: the fusion interpreter that CPU kernel segments and the reference run;
-//!   [`reference`]: the unsharded reference evaluation and dtype-aware comparison;
+//!   [`reference`](mod@reference): the unsharded reference evaluation and dtype-aware comparison;
 //! * [`race`]: the race checker (vector clocks per stream, advanced by `Synchronize` and
 //!   `Wait`);
 //! * [`timeline`]: per-rank, per-stream spans in Chrome trace format and as an SVG picture.
