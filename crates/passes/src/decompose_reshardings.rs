@@ -227,6 +227,15 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     if devs.is_empty() || !(local_work || must) {
         return Ok(());
     }
+    if matches!(kind, ExprKind::Linear) && f.expr(e).inputs.len() == 3 {
+        // Each device's partial product would add the bias, and the reduction over devices
+        // would then add it once per device.
+        return Err(Diagnostic::new(format!(
+            "cannot rfactor {desc}: its contraction axis is split across devices, so a bias \
+             would be added once per device; write `linear(inp, w)` and add the bias to its \
+             result"
+        )));
+    }
     if out_tv.root.is_some() {
         return Err(Diagnostic::new(format!(
             "cannot rfactor {desc}: `{}` already has a root domain",
