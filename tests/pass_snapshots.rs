@@ -4,21 +4,12 @@
 //! stays the same, the new IR when the pass changes the form. One snapshot file per fixture,
 //! one section per pass, in pipeline order.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::fixtures;
 
 use similar::{ChangeTag, TextDiff};
 use streamweave::passes::{manager::render, DumpOptions, Ir, PassManager, Pipeline, Registry};
-
-fn fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "weave"))
-        .collect();
-    v.sort();
-    v
-}
 
 fn diff(before: &str, after: &str) -> String {
     if before == after {

@@ -3,25 +3,14 @@
 //! reference's §10 scenarios hold (loop shapes, loop counts, collective types and teams,
 //! bounded buffers, deallocation counts), plus the pipeline's negative cases.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{fixture, fixtures};
+
+use std::path::Path;
 
 use streamweave::host_ir::{self, CommunicationType, HostProgram, Stmt, StmtId};
 use streamweave::passes::{DumpOptions, Ir, PassManager, Pipeline, Registry, DEFAULT_PIPELINE};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/scenarios/{name}.weave"))
-}
-
-fn fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "weave"))
-        .collect();
-    v.sort();
-    v
-}
 
 fn lower_with(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();

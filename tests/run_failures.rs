@@ -3,7 +3,8 @@
 //! ranks than the mesh. Each ends every rank with a clear error within seconds; nothing
 //! hangs.
 
-use std::path::Path;
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use streamweave::run::{
 use streamweave::shard::Layout;
 
 fn compiled(name: &str, set: &[(&str, i64)]) -> Compiled {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/scenarios/{name}.weave"));
+    let path = common::fixture(name);
     let set: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     compile_for_run(streamweave::load_file(&path, &set).unwrap()).unwrap()
 }

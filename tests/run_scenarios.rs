@@ -2,21 +2,13 @@
 //! ranks (`d` set to the rank count where the fusion has that parameter), matches the
 //! unsharded f64 reference on every rank, and passes the race checker.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::fixtures;
+
 use std::time::Duration;
 
 use streamweave::run::{compile_for_run, generate_inputs, run_compiled, RunOptions};
-
-fn scenarios() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "weave"))
-        .collect();
-    v.sort();
-    v
-}
 
 /// The rank counts a scenario runs with: every count, except for fusions whose meshes are
 /// written with fixed devices.
@@ -52,7 +44,7 @@ fn overrides(source: &str, ranks: usize) -> Vec<(String, i64)> {
 fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
     let mut runs = 0;
     let mut failures = Vec::new();
-    for path in scenarios() {
+    for path in fixtures() {
         let name = path.file_stem().unwrap().to_string_lossy().to_string();
         let source = std::fs::read_to_string(&path).unwrap();
         for &ranks in rank_counts(&name) {
@@ -100,11 +92,9 @@ fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
 fn row_parallel_linear_with_more_chunks_than_streams_is_race_free_and_exact_in_f32() {
     // The functional configuration of §10 #43 in f32 so that the comparison is tight: three
     // chunks on two pool streams reuse the loop-local partial buffer's slots.
-    let source = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/row_parallel_linear.weave"),
-    )
-    .unwrap()
-    .replace("bf16", "f32");
+    let source = std::fs::read_to_string(common::fixture("row_parallel_linear"))
+        .unwrap()
+        .replace("bf16", "f32");
     let set = |k: &str, v: i64| (k.to_string(), v);
     let fusion = streamweave::load(
         "row_parallel_linear",

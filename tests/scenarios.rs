@@ -1,20 +1,13 @@
 //! Every fixture in tests/scenarios: it loads (parse, schedule, verify), round-trips through
 //! the `.weave` printer, and its seed-style print matches the reviewed snapshot.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::fixtures;
+
+use std::path::Path;
 
 use streamweave::ir::{self, IterType, ParallelType};
-
-fn fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/scenarios exists")
-        .map(|e| e.expect("readable dir entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "weave"))
-        .collect();
-    v.sort();
-    v
-}
 
 fn stem(p: &Path) -> String {
     p.file_stem().unwrap().to_string_lossy().into_owned()

@@ -2,23 +2,14 @@
 //! of every input and output has the sizes the host program declares, and cutting a global
 //! tensor into per-rank buffers and putting them back together is the identity.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::fixtures;
 
 use streamweave::executor::Dense;
 use streamweave::host_ir::HostProgram;
 use streamweave::run::{compile_for_run, params_of};
 use streamweave::shard::Layout;
-
-fn scenarios() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "weave"))
-        .collect();
-    v.sort();
-    v
-}
 
 fn declared_sizes(
     p: &HostProgram,
@@ -40,7 +31,7 @@ fn declared_sizes(
 #[test]
 fn per_rank_buffers_match_the_host_signature_and_round_trip() {
     let mut checked = 0;
-    for path in scenarios() {
+    for path in fixtures() {
         let fusion = streamweave::load_file(&path, &[]).unwrap();
         let name = path.file_stem().unwrap().to_string_lossy().to_string();
         if fusion.params().iter().any(|p| p.value.unwrap_or(0) > 1000) {
@@ -93,7 +84,7 @@ fn per_rank_buffers_match_the_host_signature_and_round_trip() {
 fn a_did_split_inside_stream_chunks_interleaves_by_chunk() {
     // matmul_rs: out [t, h] is cut into 4 stream chunks, and each chunk across 2 devices;
     // rank 1 holds the second half of every chunk, chunk by chunk.
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/matmul_rs.weave");
+    let path = common::fixture("matmul_rs");
     let set = |k: &str, v: i64| (k.to_string(), v);
     let fusion = streamweave::load_file(&path, &[set("t", 16), set("h", 1)]).unwrap();
     let c = compile_for_run(fusion).unwrap();

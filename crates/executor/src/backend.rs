@@ -2,6 +2,7 @@
 //! kernel segments and GEMMs — independent of whether the device is the CPU or a GPU.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use weave_host_ir::KernelId;
 use weave_ir::{DType, Fusion};
@@ -124,12 +125,13 @@ pub trait Backend: Send + Sync {
     /// The region of its allocation that `buffer` covers.
     fn region(&self, buffer: &Self::Buffer) -> Region;
 
-    /// Runs the kernel segment `fusion` (the program's kernel `kernel`) on `stream`.
+    /// Runs the kernel segment `fusion` (the program's kernel `kernel`) on `stream`. The
+    /// fusion is shared so that queuing a launch per chunk copies nothing.
     fn launch_kernel(
         &self,
         label: &str,
         kernel: KernelId,
-        fusion: &Fusion,
+        fusion: &Arc<Fusion>,
         inputs: &[Self::Buffer],
         outputs: &[Self::Buffer],
         stream: &Self::Stream,

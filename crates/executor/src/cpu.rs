@@ -445,7 +445,7 @@ impl Backend for CpuBackend {
         &self,
         label: &str,
         _kernel: KernelId,
-        fusion: &Fusion,
+        fusion: &Arc<Fusion>,
         inputs: &[HostView],
         outputs: &[HostView],
         stream: &CpuStream,

@@ -7,14 +7,16 @@
 //! so that the other ranks fail promptly instead of waiting for this one.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weave_comm::{Collective, CommOp, Communicator, P2p, RedOp};
+use weave_host_ir::KernelId;
 use weave_host_ir::{
     CommunicationType, HostProgram, HostScalar, HostTensorId, Names, P2PDirection, ScalarId, Stmt,
     StmtId, Stream, StreamId,
 };
-use weave_ir::{ReduceOp, Scalar};
+use weave_ir::{Fusion, ReduceOp, Scalar};
 
 use crate::backend::{Backend, Span, StreamKey};
 use crate::dense::Dense;
@@ -232,6 +234,7 @@ struct Evaluator<'p, B: Backend, C> {
     config: &'p RunConfig,
     names: Names,
     labels: HashMap<StmtId, String>,
+    kernels: HashMap<KernelId, Arc<Fusion>>,
     scalars: Scalars<'p>,
     tensors: HashMap<HostTensorId, B::Buffer>,
     captured: HashMap<StreamId, StreamKey>,
@@ -263,6 +266,11 @@ where
             .walk()
             .map(|w| (w.stmt, names.stmt(program, w.stmt)))
             .collect();
+        let kernels = program
+            .kernels
+            .iter()
+            .map(|(k, unit)| (k, Arc::new(unit.fusion.clone())))
+            .collect();
         Ok(Evaluator {
             program,
             backend,
@@ -270,6 +278,7 @@ where
             config,
             names,
             labels,
+            kernels,
             scalars: Scalars {
                 program,
                 params: &config.params,
@@ -499,7 +508,7 @@ where
                 inputs,
                 outputs,
             } => {
-                let unit = self.program.kernels.get(*kernel).ok_or_else(|| {
+                let fusion = self.kernels.get(kernel).cloned().ok_or_else(|| {
                     ExecError::Program(format!("`{label}` launches an unknown kernel"))
                 })?;
                 let ins = self.buffers(inputs, &label)?;
@@ -512,7 +521,7 @@ where
                 }
                 let stream = self.backend.stream(self.current)?;
                 self.backend
-                    .launch_kernel(&label, *kernel, &unit.fusion, &ins, &outs, &stream)?;
+                    .launch_kernel(&label, *kernel, &fusion, &ins, &outs, &stream)?;
             }
             Stmt::Matmul { a, b, out } => {
                 let (x, y, o) = (
