@@ -1,5 +1,6 @@
-//! The `weave run` command: compile, run on in-process ranks with a progress bar, compare
-//! with the reference, print a summary, and write the timeline.
+//! The `weave run` command: compile, run on in-process ranks or GPUs (threads, or one process
+//! per rank under a launcher) with a progress bar, compare with the reference, print a
+//! summary, write the timeline and an optional JSON summary.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -10,7 +11,10 @@ use std::time::Duration;
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_host_ir::{HostProgram, Stmt};
 
-use crate::run::{compile_for_run, generate_inputs, run_compiled, RunOptions, RunReport};
+use crate::run::{
+    check_outputs, check_ranks, compile_for_run, generate_inputs, run_compiled, shard_inputs,
+    BackendKind, RunOptions, RunReport,
+};
 
 /// A one-paragraph summary of a host program: statements by kind, loops, communications.
 pub fn summarize(program: &HostProgram) -> String {
@@ -100,45 +104,157 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
     println!("max abs error: {:.3e}", report.max_abs_error());
 }
 
-/// Runs `weave run`.
+/// Where `weave run` writes its one-line JSON summary, and the scenario name it reports.
+#[derive(Clone, Debug, Default)]
+pub struct JsonOut {
+    /// The file to write, if any.
+    pub path: Option<std::path::PathBuf>,
+}
+
+/// The JSON summary of a run (or of its failure).
+fn summary_json(
+    file: &Path,
+    ranks: usize,
+    mode: &str,
+    backend: &str,
+    report: Option<&RunReport>,
+    error: Option<&str>,
+) -> String {
+    let scenario = file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let num = |v: f64| {
+        if v.is_finite() {
+            format!("{v:e}")
+        } else {
+            "null".to_string()
+        }
+    };
+    let (passed, abs, rel, wall) = match report {
+        Some(r) => (
+            r.passed(),
+            num(r.max_abs_error()),
+            num(r
+                .checks
+                .iter()
+                .map(|c| c.comparison.max_rel)
+                .fold(0.0, f64::max)),
+            num(r
+                .ranks
+                .iter()
+                .map(|x| x.wall_time.as_secs_f64() * 1e3)
+                .fold(0.0, f64::max)),
+        ),
+        None => (false, "null".into(), "null".into(), "null".into()),
+    };
+    let error = match error {
+        Some(e) => format!("\"{}\"", e.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")),
+        None => "null".into(),
+    };
+    format!(
+        "{{\"scenario\":\"{scenario}\",\"ranks\":{ranks},\"mode\":\"{mode}\",\"backend\":\"{backend}\",\
+         \"passed\":{passed},\"max_abs_error\":{abs},\"max_rel_error\":{rel},\"wall_ms\":{wall},\
+         \"error\":{error}}}\n"
+    )
+}
+
+/// Runs `weave run`. The fusion parameter `d`, when the fusion has one and `set` does not give
+/// it, is the number of ranks. With the CUDA backend in a process started by `weave launch`
+/// (or torchrun, or mpirun) this process runs one rank and rank 0 reports.
 pub fn run(
     file: &Path,
     set: &[(String, i64)],
     options: &RunOptions,
     trace: Option<&Path>,
+    json: &JsonOut,
 ) -> ExitCode {
-    let fusion = match crate::load_file(file, set) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
+    let mut options = options.clone();
+    let launched = if options.backend == BackendKind::Cuda {
+        match crate::gpu::launch_env() {
+            Ok(env) => env,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
         }
+    } else {
+        None
     };
+    if let Some(env) = &launched {
+        options.ranks = env.world;
+    }
+    let mode = if launched.is_some() { "launch" } else { "threads" };
+    let backend = match options.backend {
+        BackendKind::Cpu => "cpu",
+        BackendKind::Cuda => "cuda",
+    };
+    let is_reporter = launched.as_ref().is_none_or(|e| e.rank == 0);
+    let fail = |message: String| -> ExitCode {
+        eprintln!("error: {message}");
+        if is_reporter {
+            if let Some(p) = &json.path {
+                let _ = std::fs::write(
+                    p,
+                    summary_json(file, options.ranks, mode, backend, None, Some(&message)),
+                );
+            }
+        }
+        ExitCode::FAILURE
+    };
+    let mut set = set.to_vec();
+    let fusion = match crate::load_file(file, &set) {
+        Ok(f) => f,
+        Err(e) => return fail(e.to_string()),
+    };
+    let fusion = if fusion.params().iter().any(|p| p.name == "d") && !set.iter().any(|(k, _)| k == "d") {
+        set.push(("d".into(), options.ranks as i64));
+        match crate::load_file(file, &set) {
+            Ok(f) => f,
+            Err(e) => return fail(e.to_string()),
+        }
+    } else {
+        fusion
+    };
+    if let Err(e) = check_ranks(&fusion, options.ranks) {
+        // A fusion whose meshes are fixed and need other ranks (send_recv on 2 devices) is
+        // skipped, not failed, by the GPU scripts.
+        println!("skipped: {e}");
+        if is_reporter {
+            if let Some(p) = &json.path {
+                let _ = std::fs::write(
+                    p,
+                    summary_json(file, options.ranks, mode, backend, None, Some(&format!("skipped: {e}"))),
+                );
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
     let compiled = match compile_for_run(fusion) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(e.to_string()),
     };
-    println!(
-        "{}: {} rank(s) on the cpu backend, numberOfStreams = {}",
-        file.display(),
-        options.ranks,
-        options.streams
-    );
-    println!("host program: {}", summarize(&compiled.program));
+    if is_reporter {
+        println!(
+            "{}: {} rank(s) on the {backend} backend ({mode}), numberOfStreams = {}",
+            file.display(),
+            options.ranks,
+            options.streams
+        );
+        println!("host program: {}", summarize(&compiled.program));
+    }
     let globals = match generate_inputs(&compiled.fusion, options.seed) {
         Ok(g) => g,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(e.to_string()),
     };
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let progress = std::thread::spawn(move || {
         // Quiet for runs under a second; a spinner with the elapsed time after that.
         if done_rx.recv_timeout(Duration::from_secs(1)).is_ok() {
+            return;
+        }
+        if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            let _ = done_rx.recv();
             return;
         }
         let bar = indicatif::ProgressBar::new_spinner();
@@ -147,15 +263,19 @@ pub fn run(
         let _ = done_rx.recv();
         bar.finish_and_clear();
     });
-    let result = run_compiled(&compiled, &globals, options);
+    let result = match &launched {
+        None => run_compiled(&compiled, &globals, &options).map(Some),
+        Some(env) => run_launched_report(&compiled, &globals, &options, env),
+    };
     let _ = done_tx.send(());
     let _ = progress.join();
     let report = match result {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            println!("rank done; rank 0 reports");
+            return ExitCode::SUCCESS;
         }
+        Err(e) => return fail(e.to_string()),
     };
     println!(
         "timings: compile {}, reference {}, run {}",
@@ -164,6 +284,12 @@ pub fn run(
         ms(report.run_time)
     );
     print_report(&report, options.check_races);
+    if let Some(p) = &json.path {
+        if let Err(e) = std::fs::write(p, summary_json(file, options.ranks, mode, backend, Some(&report), None)) {
+            eprintln!("error: cannot write {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
     if let Some(path) = trace {
         let ranks: Vec<RankSpans> = report
             .ranks
@@ -196,4 +322,30 @@ pub fn run(
         println!("result: FAIL");
         ExitCode::FAILURE
     }
+}
+
+/// Runs this process's rank of a launched world; on rank 0, computes the reference and
+/// checks every rank's gathered outputs.
+fn run_launched_report(
+    compiled: &crate::run::Compiled,
+    globals: &[weave_executor::Dense],
+    options: &RunOptions,
+    env: &weave_comm::bootstrap::LaunchEnv,
+) -> Result<Option<RunReport>, crate::run::RunError> {
+    let per_rank = shard_inputs(compiled, globals, env.world)?;
+    let inputs = per_rank.into_iter().nth(env.rank).unwrap_or_default();
+    let Some((runs, run_time)) = crate::gpu::run_launched(compiled, inputs, options, env)? else {
+        return Ok(None);
+    };
+    let t0 = std::time::Instant::now();
+    let reference = weave_executor::reference::run_reference(&compiled.fusion, globals)
+        .map_err(crate::run::RunError::Reference)?;
+    let reference_time = t0.elapsed();
+    let checks = check_outputs(compiled, &reference, &runs)?;
+    Ok(Some(RunReport {
+        ranks: runs,
+        checks,
+        reference_time,
+        run_time,
+    }))
 }

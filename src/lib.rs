@@ -5,6 +5,8 @@ use std::fmt;
 use std::path::Path;
 
 pub mod cli;
+pub mod gpu;
+pub mod launch;
 pub mod run;
 pub mod shard;
 

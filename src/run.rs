@@ -1,6 +1,6 @@
-//! Running a fusion end to end on the CPU backend with in-process ranks: compile, generate
-//! seeded inputs, shard them per rank, run every rank on its own thread, and compare each
-//! rank's outputs with the unsharded f64 reference.
+//! Running a fusion end to end: compile, generate seeded inputs, shard them per rank, run
+//! every rank (on its own thread with the CPU backend or a GPU, or as one process of a
+//! launched world), and compare each rank's outputs with the unsharded f64 reference.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -80,8 +80,19 @@ pub struct RunOptions {
     pub seed: u64,
     /// How long any stream or collective waits before failing.
     pub timeout: Duration,
-    /// Streams slowed down before each job (tests).
+    /// Streams slowed down before each job (tests, CPU backend).
     pub delays: Vec<(StreamKey, Duration)>,
+    /// Where the ranks run.
+    pub backend: BackendKind,
+}
+
+/// Where ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Host threads and memory; always available.
+    Cpu,
+    /// One GPU per rank, NCCL between them.
+    Cuda,
 }
 
 impl Default for RunOptions {
@@ -94,6 +105,7 @@ impl Default for RunOptions {
             seed: 0x5eed,
             timeout: Duration::from_secs(30),
             delays: Vec::new(),
+            backend: BackendKind::Cpu,
         }
     }
 }
@@ -247,31 +259,34 @@ pub fn run_compiled(
     let t0 = Instant::now();
     let reference = run_reference(&compiled.fusion, globals).map_err(RunError::Reference)?;
     let reference_time = t0.elapsed();
-    let inputs: Vec<Layout> = compiled
-        .sharded
-        .inputs()
-        .iter()
-        .map(|&t| Layout::of(&compiled.sharded, t))
-        .collect::<Result<_, _>>()
-        .map_err(RunError::Setup)?;
-    let per_rank: Vec<Vec<Dense>> = (0..options.ranks)
-        .map(|r| {
-            inputs
-                .iter()
-                .zip(globals)
-                .map(|(l, g)| l.shard(g, r))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .collect::<Result<_, _>>()
-        .map_err(RunError::Setup)?;
-    let report = run_local(compiled, per_rank, options)?;
+    let per_rank = shard_inputs(compiled, globals, options.ranks)?;
+    let report = match options.backend {
+        BackendKind::Cpu => run_local(compiled, per_rank, options)?,
+        BackendKind::Cuda => crate::gpu::run_threads(compiled, per_rank, options)?,
+    };
+    let checks = check_outputs(compiled, &reference, &report.0)?;
+    Ok(RunReport {
+        ranks: report.0,
+        checks,
+        reference_time,
+        run_time: report.1,
+    })
+}
+
+/// Compares every rank's outputs (`runs`, by rank) with the shards of the reference outputs
+/// that the rank holds.
+pub fn check_outputs(
+    compiled: &Compiled,
+    reference: &[Dense],
+    runs: &[RankRun],
+) -> Result<Vec<OutputCheck>, RunError> {
     let mut checks = Vec::new();
     for (k, &t) in compiled.sharded.outputs().iter().enumerate() {
         let layout = Layout::of(&compiled.sharded, t).map_err(RunError::Setup)?;
         let want = reference
             .get(k)
             .ok_or_else(|| RunError::Reference(format!("the reference produced no output {k}")))?;
-        for (rank, run) in report.0.iter().enumerate() {
+        for (rank, run) in runs.iter().enumerate() {
             if !layout.holds(rank) {
                 continue;
             }
@@ -301,12 +316,28 @@ pub fn run_compiled(
             });
         }
     }
-    Ok(RunReport {
-        ranks: report.0,
-        checks,
-        reference_time,
-        run_time: report.1,
-    })
+    Ok(checks)
+}
+
+/// The per-rank inputs: every global input cut into rank `r`'s shard.
+pub fn shard_inputs(compiled: &Compiled, globals: &[Dense], ranks: usize) -> Result<Vec<Vec<Dense>>, RunError> {
+    let inputs: Vec<Layout> = compiled
+        .sharded
+        .inputs()
+        .iter()
+        .map(|&t| Layout::of(&compiled.sharded, t))
+        .collect::<Result<_, _>>()
+        .map_err(RunError::Setup)?;
+    (0..ranks)
+        .map(|r| {
+            inputs
+                .iter()
+                .zip(globals)
+                .map(|(l, g)| l.shard(g, r))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect::<Result<_, _>>()
+        .map_err(RunError::Setup)
 }
 
 /// Runs the program on `options.ranks` in-process ranks with the given per-rank inputs.

@@ -10,7 +10,13 @@
 //! host program on N ranks with seeded random inputs, compares every rank's outputs with the
 //! unsharded f64 reference and prints the max error, a summary of the host program and
 //! timings; with `--trace` it writes a Chrome trace and an SVG timeline beside it.
+//!
+//! `weave launch -n N [--timeout-secs T] [--grace-secs G] [--master-addr A] [--master-port P]
+//! -- CMD ARGS...` starts N processes of CMD with the torchrun environment (`RANK`,
+//! `WORLD_SIZE`, `LOCAL_RANK`, ...), prefixes their output with `[rank R] ` and stops them
+//! all when one fails or the timeout expires (`streamweave::launch`).
 
+use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -90,6 +96,35 @@ enum Command {
         /// How long a stream or a collective waits before failing, in seconds.
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
+        /// Write a one-line JSON summary (scenario, ranks, mode, max errors, wall time,
+        /// result) to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
+    /// Start N processes of a command with the torchrun environment (RANK, WORLD_SIZE,
+    /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK), forward their
+    /// output prefixed with `[rank R] `, and stop them all when one fails or time runs out.
+    ///
+    /// Exit status: 0 when every rank succeeds, 124 when the timeout expired, 1 otherwise.
+    Launch {
+        /// How many processes (ranks) to start.
+        #[arg(short = 'n', long = "nprocs", value_name = "N")]
+        nprocs: usize,
+        /// Kill every rank still running after this many seconds.
+        #[arg(long, value_name = "T", default_value_t = 600)]
+        timeout_secs: u64,
+        /// After a rank fails, kill the others once this many seconds have passed.
+        #[arg(long, value_name = "G", default_value_t = 5)]
+        grace_secs: u64,
+        /// MASTER_ADDR given to every rank.
+        #[arg(long, value_name = "A", default_value = streamweave::launch::DEFAULT_MASTER_ADDR)]
+        master_addr: String,
+        /// MASTER_PORT given to every rank (default: a free port on 127.0.0.1).
+        #[arg(long, value_name = "P")]
+        master_port: Option<u16>,
+        /// The command and its arguments, after `--`. A bare `weave` runs this executable.
+        #[arg(last = true, value_name = "CMD")]
+        command: Vec<OsString>,
     },
 }
 
@@ -132,19 +167,16 @@ fn main() -> ExitCode {
             trace,
             seed,
             timeout_secs,
+            json,
         } => {
-            if let Some(b) = backend.as_deref() {
-                if b != "cpu" {
-                    let why = match b {
-                        "cuda" => {
-                            "the CUDA backend is not available in this build; use --backend cpu"
-                        }
-                        _ => "unknown backend (expected cpu or cuda)",
-                    };
-                    eprintln!("error: --backend {b}: {why}");
+            let backend = match backend.as_deref() {
+                None | Some("cpu") => streamweave::run::BackendKind::Cpu,
+                Some("cuda") => streamweave::run::BackendKind::Cuda,
+                Some(b) => {
+                    eprintln!("error: --backend {b}: unknown backend (expected cpu or cuda)");
                     return ExitCode::FAILURE;
                 }
-            }
+            };
             let options = streamweave::run::RunOptions {
                 ranks,
                 streams,
@@ -153,8 +185,56 @@ fn main() -> ExitCode {
                 seed,
                 timeout: Duration::from_secs(timeout_secs.max(1)),
                 delays: Vec::new(),
+                backend,
             };
-            streamweave::cli::run(&file, &set, &options, trace.as_deref())
+            let json = streamweave::cli::JsonOut { path: json };
+            streamweave::cli::run(&file, &set, &options, trace.as_deref(), &json)
+        }
+        Command::Launch {
+            nprocs,
+            timeout_secs,
+            grace_secs,
+            master_addr,
+            master_port,
+            command,
+        } => {
+            let options = streamweave::launch::LaunchOptions {
+                nprocs,
+                command,
+                timeout: Duration::from_secs(timeout_secs),
+                grace: Duration::from_secs(grace_secs),
+                master_addr,
+                master_port,
+            };
+            launch(&options)
+        }
+    }
+}
+
+/// Runs `weave launch` and prints its verdict on stderr: one line per failed rank.
+fn launch(options: &streamweave::launch::LaunchOptions) -> ExitCode {
+    use streamweave::launch::LaunchError;
+    match streamweave::launch::launch(options) {
+        Ok(report) => {
+            eprintln!(
+                "launch: all {} rank(s) succeeded in {:.1} s",
+                report.ranks.len(),
+                report.wall.as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e @ LaunchError::Failed(_)) => {
+            for line in e.to_string().lines() {
+                eprintln!("launch: {line}");
+            }
+            match e {
+                LaunchError::Failed(report) if report.timed_out() => ExitCode::from(124),
+                _ => ExitCode::FAILURE,
+            }
+        }
+        Err(e) => {
+            eprintln!("error: launch: {e}");
+            ExitCode::FAILURE
         }
     }
 }

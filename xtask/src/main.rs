@@ -8,8 +8,13 @@
 //!   (parse, schedule, verify), run a pass pipeline verifying after every pass, and print the
 //!   IR before, between and after the passes; `--list-passes` lists the passes
 //!   (docs/passes.md).
+//! * `cargo xtask gpu-bundle [--out DIR]` — build `weave`, the GPU integration test and the
+//!   `gpu_*` benches with `--profile bundle`, and gather them with the scenarios and
+//!   scripts/gpu into DIR (default target/gpu-bundle) to copy to a GPU machine, where
+//!   `bash scripts/run-all.sh` runs them.
 
 mod dump;
+mod gpu_bundle;
 mod validate;
 
 use std::process::ExitCode;
@@ -30,6 +35,9 @@ enum Task {
     Validate,
     /// Load a `.weave` file, run a pass pipeline and print the IR (docs/passes.md).
     Dump(dump::DumpArgs),
+    /// Build the GPU executables and gather them with the scenarios and scripts/gpu into a
+    /// directory to copy to a GPU machine.
+    GpuBundle(gpu_bundle::BundleArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +45,7 @@ fn main() -> ExitCode {
     let result = match cli.task {
         Task::Validate => validate::run(),
         Task::Dump(args) => dump::run(&args),
+        Task::GpuBundle(args) => gpu_bundle::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -88,7 +88,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
 }
 
 /// The workspace root: the parent of this package's directory.
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in a subdirectory of the workspace")

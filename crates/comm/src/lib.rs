@@ -8,22 +8,29 @@
 //! * [`local`]: `Local`, where ranks are threads of one process exchanging host views through
 //!   rendezvous slots; always available, and the communicator of every CPU test. Every wait
 //!   has a timeout, and a failed rank makes its peers fail instead of hang;
-//! * later, `Nccl` (one NCCL communicator per rank, collectives posted on the *current*
-//!   stream) and bootstrap from launcher variables.
+//! * [`nccl`]: `Nccl`, one NCCL communicator per rank (plus one per team that needs its
+//!   own), collectives and point-to-point groups posted on the caller's stream, every wait
+//!   bounded by a timeout;
+//! * [`bootstrap`]: rank and world size from launcher variables (torchrun, Open MPI, PMI,
+//!   Slurm), and a TCP store through which rank 0 hands out the NCCL unique id.
 //!
 //! Architecture Invariant: weave-comm knows nothing of fusions, host programs or passes; it
 //! moves buffers between ranks. It depends on `weave-cuda` for devices and streams and on
 //! nothing above it; its element types and reduction operators are its own ([`DataType`],
 //! [`RedOp`]), as NCCL's are.
 
+pub mod bootstrap;
 pub mod communicator;
 pub mod dtype;
 pub mod error;
 pub mod host;
 pub mod local;
+pub mod nccl;
 
+pub use bootstrap::{exchange_id, gather, LaunchEnv, TcpStore};
 pub use communicator::{Collective, CommOp, Communicator, P2p, Task, TaskQueue};
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;
 pub use host::HostView;
 pub use local::{Local, LocalWorld};
+pub use nccl::{DeviceBuffer, Nccl, NcclId, NcclOptions};

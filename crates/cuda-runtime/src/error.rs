@@ -30,6 +30,12 @@ pub enum CudaError {
         /// The compiler log.
         log: String,
     },
+    /// The host waited for the device longer than its timeout.
+    #[error("the GPU did not finish the enqueued work within {waited:?}")]
+    Timeout {
+        /// How long the host waited.
+        waited: std::time::Duration,
+    },
     /// A cuBLASLt call failed or found no algorithm for the problem.
     #[error("cuBLASLt `{call}` failed: {message}")]
     Blas {
@@ -38,4 +44,12 @@ pub enum CudaError {
         /// The status and problem description.
         message: String,
     },
+}
+
+/// Maps a driver error of `call` to [`CudaError::Driver`], for `map_err`.
+pub fn driver(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+    move |e| CudaError::Driver {
+        call,
+        message: format!("{e:?}"),
+    }
 }

@@ -1,21 +1,16 @@
 //! weave-cuda: the CUDA side of execution, built on cudarc.
 //!
-//! What this crate will own, as the CUDA backend issue lands:
+//! * [`device`]: one primary context per local GPU ([`Gpu`]), streams with priorities
+//!   ([`GpuStream`]), events, and a stream-ordered caching allocator ([`DeviceMemory`]) over
+//!   the device memory pool; cudarc's own event tracking is turned off so that only the host
+//!   program orders streams;
+//! * [`gemm`]: cuBLASLt GEMMs with one handle and workspace per stream, plans cached per
+//!   shape, an SM-count target, TF32 only when asked;
+//! * [`nvrtc`]: generated kernels compiled at run time and cached by source hash.
 //!
-//! * **contexts**: one primary context per local GPU, selected by local rank;
-//! * **stream pool**: the pool streams that host programs name by index
-//!   (`Stream ( i5 % numberOfStreams )`), created on first use, plus the caller's stream;
-//! * **events**: placed by the evaluator for `Synchronize` and `Wait` (cudarc's own event
-//!   tracking is turned off so that only the host program orders streams), and timed spans
-//!   for the timeline;
-//! * **allocator**: device buffers for `Allocate`, with reuse once every stream that touched a
-//!   buffer is ordered after its `Deallocate`;
-//! * **cuBLASLt**: one handle per stream for `Matmul` and `Linear`, with an SM-count target so
-//!   GEMMs leave room for concurrent NCCL kernels;
-//! * **NVRTC**: generated kernels compiled at run time and cached by segment hash.
-//!
-//! This version defines the error type those parts share and nothing else: no CUDA
-//! binding is linked yet, and nothing here pretends to run on a device.
+//! Every entry point checks that its CUDA library can be loaded first and returns
+//! [`CudaError::Unavailable`] otherwise: a machine without CUDA builds and runs everything
+//! else, and a missing library is an error, never a panic.
 //!
 //! Architecture Invariant: weave-cuda knows nothing of fusions, host programs or passes; it
 //! exposes device resources to `weave-comm` and `weave-executor`. It and `weave-comm` (for
@@ -23,6 +18,13 @@
 //! on a machine without CUDA their entry points return [`CudaError::Unavailable`] instead of
 //! failing to build.
 
+pub mod device;
 pub mod error;
+pub mod gemm;
+pub mod nvrtc;
 
+pub use cudarc;
+pub use device::{device_count, wait_event, DeviceMemory, Gpu, GpuStream, Priority};
 pub use error::CudaError;
+pub use gemm::{GemmOperands, GemmShape, GemmType};
+pub use nvrtc::Kernel;

@@ -251,3 +251,80 @@ mod tests {
         );
     }
 }
+
+/// Bytes per element of `d` on a device.
+pub fn elem_bytes(d: DType) -> usize {
+    match d {
+        DType::Bool => 1,
+        DType::BF16 | DType::F16 => 2,
+        DType::F32 => 4,
+        DType::F64 | DType::I64 => 8,
+    }
+}
+
+impl Dense {
+    /// The values as a device holds them: little-endian elements of the dtype.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.data.len() * elem_bytes(self.dtype));
+        for &v in &self.data {
+            match self.dtype {
+                DType::BF16 => out.extend(half::bf16::from_f64(v).to_bits().to_le_bytes()),
+                DType::F16 => out.extend(half::f16::from_f64(v).to_bits().to_le_bytes()),
+                DType::F32 => out.extend((v as f32).to_le_bytes()),
+                DType::F64 => out.extend(v.to_le_bytes()),
+                DType::I64 => out.extend((v as i64).to_le_bytes()),
+                DType::Bool => out.push(u8::from(v != 0.0)),
+            }
+        }
+        out
+    }
+
+    /// A tensor of `sizes` from little-endian elements of `dtype`; errors when the byte count
+    /// does not match.
+    pub fn from_le_bytes(dtype: DType, sizes: Vec<usize>, bytes: &[u8]) -> Result<Dense, String> {
+        let w = elem_bytes(dtype);
+        let n = checked_numel(&sizes).ok_or_else(|| format!("sizes {sizes:?} overflow"))?;
+        if bytes.len() != n * w {
+            return Err(format!(
+                "{} bytes do not hold {n} {dtype} elements of sizes {sizes:?}",
+                bytes.len()
+            ));
+        }
+        let data = bytes
+            .chunks_exact(w)
+            .map(|c| match dtype {
+                DType::BF16 => half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64(),
+                DType::F16 => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64(),
+                DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+                DType::F64 => f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+                DType::I64 => {
+                    i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64
+                }
+                DType::Bool => f64::from(c[0] != 0),
+            })
+            .collect();
+        Ok(Dense { dtype, sizes, data })
+    }
+}
+
+#[cfg(test)]
+mod byte_tests {
+    use super::*;
+
+    #[test]
+    fn le_bytes_round_trip_every_dtype() {
+        for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64, DType::I64, DType::Bool] {
+            let data: Vec<f64> = match dtype {
+                DType::Bool => vec![0.0, 1.0, 1.0],
+                _ => vec![-2.0, 1.0, 3.0],
+            };
+            let d = Dense { dtype, sizes: vec![3], data };
+            let back = Dense::from_le_bytes(dtype, vec![3], &d.to_le_bytes()).unwrap();
+            assert_eq!(back, d, "{dtype}");
+        }
+        assert_eq!(
+            Dense::from_le_bytes(DType::F32, vec![2], &[0u8; 7]).unwrap_err(),
+            "7 bytes do not hold 2 f32 elements of sizes [2]"
+        );
+    }
+}

@@ -641,14 +641,15 @@ where
                 };
                 let team: Vec<usize> = c.team.iter().map(|&d| d.max(0) as usize).collect();
                 let stream = self.backend.stream(self.current)?;
-                self.comm.post(
-                    Collective {
-                        label: label.clone(),
-                        team,
-                        op,
-                    },
-                    self.backend.comm_stream(&stream),
-                )?;
+                let collective = Collective {
+                    label: label.clone(),
+                    team,
+                    op,
+                };
+                self.backend.traced_post(&stream, &label, || {
+                    self.comm
+                        .post(collective, self.backend.comm_stream(&stream))
+                })?;
                 let agent = self.races.as_mut().map(|r| r.post(self.current));
                 if let Some(agent) = agent {
                     self.record(agent, &input, false, &label, c.input);
@@ -738,12 +739,31 @@ where
             }
         }
         let ops: Vec<P2p<B::Buffer>> = ops.into_iter().map(|(_, op)| op).collect();
-        self.comm
-            .post_p2p(label, ops, self.backend.comm_stream(&stream))?;
+        let name = label.clone();
+        self.backend.traced_post(&stream, &name, || {
+            self.comm
+                .post_p2p(label, ops, self.backend.comm_stream(&stream))
+        })?;
         let event = self.backend.record_event(&stream);
         self.posted.insert(id, Posted { event, agent });
         Ok(())
     }
+}
+
+/// The teams of the program's collectives, in program order, each once: what a communicator
+/// that builds one sub-communicator per team must prepare, identically on every rank, before
+/// the program runs.
+pub fn program_teams(program: &HostProgram) -> Vec<Vec<usize>> {
+    let mut teams: Vec<Vec<usize>> = Vec::new();
+    for stmt in program.stmts.values() {
+        if let Stmt::Communication(c) = stmt {
+            let team: Vec<usize> = c.team.iter().map(|&d| d.max(0) as usize).collect();
+            if !teams.contains(&team) {
+                teams.push(team);
+            }
+        }
+    }
+    teams
 }
 
 fn red_op(op: Option<ReduceOp>) -> RedOp {

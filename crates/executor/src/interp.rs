@@ -240,7 +240,7 @@ fn eval_expr(
         }
         ExprKind::Permute { perm } => permute(x, perm)?,
         ExprKind::Reshape { shape } => (
-            reshape_sizes(fusion, in_ids[0], out_t, shape, x)?,
+            reshape_sizes(fusion, in_ids[0], out_t, shape, &x.sizes)?,
             x.data.clone(),
         ),
         ExprKind::Matmul => matmul(x, ins[1])?,
@@ -351,7 +351,7 @@ fn row_major_strides(sizes: &[usize]) -> Vec<usize> {
 }
 
 /// The numpy broadcast of `shapes`: trailing axes aligned, size-1 axes stretched.
-fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
+pub(crate) fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
     let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
     let mut out = vec![1usize; rank];
     for s in shapes {
@@ -550,12 +550,12 @@ fn permute(x: &Dense, perm: &[usize]) -> Result<Value, String> {
 /// reshape-produced (`rf`) axes, else by comparing declared extents with `shape`. Any other
 /// reshape uses `shape` as evaluated, with the outermost target axis scaled when the input
 /// is a chunk (the element counts differ and the rest of the target divides the input's).
-fn reshape_sizes(
+pub(crate) fn reshape_sizes(
     fusion: &Fusion,
     in_t: TensorId,
     out_t: TensorId,
     shape: &[Scalar],
-    x: &Dense,
+    ins: &[usize],
 ) -> Result<Vec<usize>, String> {
     let eval = |s: &Scalar| -> Result<usize, String> {
         match fusion.eval(s) {
@@ -570,7 +570,6 @@ fn reshape_sizes(
             )),
         }
     };
-    let ins = &x.sizes;
     let r = ins.len();
     let rf: Vec<usize> = fusion
         .visible_axes(out_t)
@@ -613,7 +612,7 @@ fn reshape_sizes(
         return Ok(out);
     }
     let mut target = shape.iter().map(eval).collect::<Result<Vec<usize>, _>>()?;
-    let numel = x.data.len();
+    let numel = checked_numel(ins).ok_or_else(|| format!("the element count of {ins:?} overflows"))?;
     if checked_numel(&target) == Some(numel) {
         return Ok(target);
     }

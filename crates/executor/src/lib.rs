@@ -5,6 +5,7 @@
 //!   issues every statement to a [`Backend`] and a [`weave_comm::Communicator`];
 //! * [`backend`]: the `Backend` interface; [`cpu`]: the CPU backend, whose streams are worker
 //!   threads with FIFO queues and events, so that a missing synchronization is a real race;
+//!   [`cuda`]: the CUDA backend (cuBLASLt GEMMs, generated NVRTC kernels, CUDA-event spans);
 //! * [`interp`]: the fusion interpreter that CPU kernel segments and the reference run;
 //!   [`reference`](mod@reference): the unsharded reference evaluation and dtype-aware comparison;
 //! * [`race`]: the race checker (vector clocks per stream, advanced by `Synchronize` and
@@ -18,6 +19,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod dense;
 pub mod error;
 pub mod eval;
@@ -30,5 +32,6 @@ pub use backend::{Backend, Region, Span, StreamKey};
 pub use cpu::{CpuBackend, CpuOptions};
 pub use dense::Dense;
 pub use error::ExecError;
-pub use eval::{check_inputs, run_rank, RankRun, RunConfig};
+pub use cuda::{CudaBackend, CudaOptions, DeviceTensor};
+pub use eval::{check_inputs, program_teams, run_rank, RankRun, RunConfig};
 pub use race::{RaceChecker, RaceReport};

@@ -1,0 +1,454 @@
+//! One GPU: its context, a stream pool with priorities, events, and a stream-ordered caching
+//! allocator over the device's memory pool.
+//!
+//! cudarc's safe layer is used for the context, streams and events; memory is managed as
+//! raw device pointers (`cuMemAllocAsync` / `cuMemFreeAsync` on the device's default memory
+//! pool, whose release threshold is raised so that freed blocks stay cached: a steady-state
+//! loop never reaches `cudaMalloc`). cudarc's per-buffer event tracking is never used, so
+//! the only ordering between streams is the one the host program asks for.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
+
+use crate::error::{driver, CudaError};
+use crate::gemm::LtHandle;
+
+/// Whether the CUDA driver library can be loaded and how many GPUs it sees. Never panics:
+/// a missing library is [`CudaError::Unavailable`].
+pub fn device_count() -> Result<usize, CudaError> {
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::Unavailable(
+            "the CUDA driver library (libcuda.so) cannot be loaded; check LD_LIBRARY_PATH".into(),
+        ));
+    }
+    result::init().map_err(driver("cuInit"))?;
+    let n = CudaContext::device_count().map_err(driver("cuDeviceGetCount"))?;
+    Ok(n.max(0) as usize)
+}
+
+/// How urgent a stream's work is. Communication streams get the highest priority so that
+/// their (short) kernels are scheduled ahead of queued GEMM blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Priority {
+    /// The default priority.
+    Normal,
+    /// The greatest priority the device offers.
+    High,
+}
+
+/// One GPU of this process. Cheap to clone.
+#[derive(Clone)]
+pub struct Gpu {
+    inner: Arc<GpuInner>,
+}
+
+pub(crate) struct GpuInner {
+    ctx: Arc<CudaContext>,
+    ordinal: usize,
+    /// (least, greatest) priority as CUDA numbers them (greatest is the smaller number).
+    priorities: (i32, i32),
+    /// Pointers whose last handle was dropped without an explicit stream-ordered free; freed
+    /// at the next [`Gpu::synchronize`], when no stream can still use them.
+    deferred: Mutex<Vec<Ptr>>,
+    next_allocation: AtomicU64,
+    live: AtomicU64,
+    pub(crate) kernels: crate::nvrtc::KernelCache,
+    pub(crate) gemm_plans: crate::gemm::PlanCache,
+    sm_count: i32,
+}
+
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu({})", self.inner.ordinal)
+    }
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal` (its primary context).
+    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::Unavailable(format!(
+                "GPU {ordinal} was asked for but {count} GPU(s) are visible"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        // SAFETY: called before any slice is allocated through cudarc; this crate allocates
+        // raw pointers only, so cudarc's tracking would never apply anyway.
+        unsafe { ctx.disable_event_tracking() };
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let priorities = {
+            let (mut least, mut greatest) = (0, 0);
+            // SAFETY: out-pointers to locals.
+            unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }
+                .result()
+                .map_err(driver("cuCtxGetStreamPriorityRange"))?;
+            (least, greatest)
+        };
+        // SAFETY: the device handle comes from the live context.
+        let pool = unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }
+            .map_err(driver("cuDeviceGetDefaultMemPool"))?;
+        let mut threshold: u64 = u64::MAX;
+        // SAFETY: the attribute takes a cuuint64_t, passed by pointer to a local.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold) as *mut u64 as *mut std::ffi::c_void,
+            )
+        }
+        .result()
+        .map_err(driver("cuMemPoolSetAttribute"))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver("cuDeviceGetAttribute"))?;
+        Ok(Gpu {
+            inner: Arc::new(GpuInner {
+                ctx,
+                ordinal,
+                priorities,
+                deferred: Mutex::new(Vec::new()),
+                next_allocation: AtomicU64::new(1),
+                live: AtomicU64::new(0),
+                kernels: Default::default(),
+                gemm_plans: Default::default(),
+                sm_count,
+            }),
+        })
+    }
+
+    pub(crate) fn inner(&self) -> &GpuInner {
+        &self.inner
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    /// The number of streaming multiprocessors.
+    pub fn sm_count(&self) -> i32 {
+        self.inner.sm_count
+    }
+
+    /// The device name, e.g. `NVIDIA H200`.
+    pub fn name(&self) -> String {
+        self.inner.ctx.name().unwrap_or_else(|_| "unknown GPU".into())
+    }
+
+    /// The cudarc context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(driver("cuCtxSetCurrent"))
+    }
+
+    /// A new non-blocking stream.
+    pub fn new_stream(&self, priority: Priority) -> Result<GpuStream, CudaError> {
+        self.bind()?;
+        let p = match priority {
+            Priority::Normal => self.inner.priorities.0,
+            Priority::High => self.inner.priorities.1,
+        };
+        let stream = self
+            .inner
+            .ctx
+            .new_stream_with_priority(p)
+            .map_err(driver("cuStreamCreateWithPriority"))?;
+        Ok(GpuStream {
+            stream,
+            gpu: self.clone(),
+            lt: Arc::new(OnceLock::new()),
+        })
+    }
+
+    /// A new event; `timing` events can measure elapsed time.
+    pub fn new_event(&self, timing: bool) -> Result<CudaEvent, CudaError> {
+        let flags = if timing {
+            sys::CUevent_flags::CU_EVENT_DEFAULT
+        } else {
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+        };
+        self.inner
+            .ctx
+            .new_event(Some(flags))
+            .map_err(driver("cuEventCreate"))
+    }
+
+    /// `bytes` of device memory, ordered on `stream`: usable by work enqueued on `stream`
+    /// from now on (and by other streams once they are ordered after it).
+    pub fn alloc(&self, bytes: usize, stream: &GpuStream) -> Result<Arc<DeviceMemory>, CudaError> {
+        self.bind()?;
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            // SAFETY: the stream belongs to this context, which is current.
+            unsafe { result::malloc_async(stream.cu_stream(), bytes) }.map_err(|e| {
+                if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                    CudaError::OutOfMemory {
+                        device: self.inner.ordinal,
+                        requested: bytes,
+                    }
+                } else {
+                    driver("cuMemAllocAsync")(e)
+                }
+            })?
+        };
+        self.inner.live.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(DeviceMemory {
+            ptr,
+            bytes,
+            id: self.inner.next_allocation.fetch_add(1, Ordering::Relaxed),
+            freed: AtomicBool::new(false),
+            gpu: self.clone(),
+        }))
+    }
+
+    /// Device allocations made by [`Gpu::alloc`] and not yet freed.
+    pub fn live_allocations(&self) -> usize {
+        self.inner.live.load(Ordering::Relaxed) as usize
+    }
+
+    /// Frees memory whose last handle was dropped. Call it only when every stream that may
+    /// have used such memory is idle (after synchronizing them).
+    pub fn collect(&self) {
+        self.free_deferred();
+    }
+
+    fn free_deferred(&self) {
+        let ptrs = std::mem::take(&mut *self.inner.deferred.lock().unwrap());
+        for Ptr(p) in ptrs {
+            // SAFETY: the device is idle (called after a context synchronize) and nothing
+            // holds `p` any more.
+            let _ = unsafe { result::free_sync(p) };
+        }
+    }
+
+    /// Copies `bytes` from host memory to `dst` on `stream` and waits for it.
+    pub fn upload(&self, dst: sys::CUdeviceptr, src: &[u8], stream: &GpuStream) -> Result<(), CudaError> {
+        self.bind()?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `dst` holds at least `src.len()` bytes (callers allocate it so); the copy
+        // is waited for before `src` can go away.
+        unsafe {
+            result::memcpy_htod_async(dst, src, stream.cu_stream())
+                .map_err(driver("cuMemcpyHtoDAsync"))?;
+        }
+        stream.synchronize_timeout(Duration::from_secs(600))
+    }
+
+    /// Copies `dst.len()` bytes from device address `src` into host memory, after the work
+    /// enqueued on `stream` so far, waiting at most `timeout`.
+    pub fn download(
+        &self,
+        dst: &mut [u8],
+        src: sys::CUdeviceptr,
+        stream: &GpuStream,
+        timeout: Duration,
+    ) -> Result<(), CudaError> {
+        self.bind()?;
+        if dst.is_empty() {
+            return stream.synchronize_timeout(timeout);
+        }
+        // SAFETY: `src` holds at least `dst.len()` bytes; the copy is waited for before
+        // `dst` is released to the caller.
+        unsafe {
+            result::memcpy_dtoh_async(dst, src, stream.cu_stream())
+                .map_err(driver("cuMemcpyDtoHAsync"))?;
+        }
+        stream.synchronize_timeout(timeout)
+    }
+
+    /// Copies `bytes` bytes from `src` to `dst` (both on this device) on `stream`.
+    pub fn copy(
+        &self,
+        dst: sys::CUdeviceptr,
+        src: sys::CUdeviceptr,
+        bytes: usize,
+        stream: &GpuStream,
+    ) -> Result<(), CudaError> {
+        self.bind()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: callers pass ranges inside live allocations.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
+            .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
+    /// Fills `bytes` bytes at `dst` with zeros on `stream`.
+    pub fn zero(&self, dst: sys::CUdeviceptr, bytes: usize, stream: &GpuStream) -> Result<(), CudaError> {
+        self.bind()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: callers pass a range inside a live allocation.
+        unsafe { result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) }
+            .map_err(driver("cuMemsetD8Async"))
+    }
+}
+
+/// A device address kept for a deferred free.
+struct Ptr(sys::CUdeviceptr);
+
+/// A block of device memory. Freed stream-ordered by [`DeviceMemory::free_on`], or, when the
+/// last handle is dropped without that, at the next device synchronization.
+pub struct DeviceMemory {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    id: u64,
+    freed: AtomicBool,
+    gpu: Gpu,
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceMemory(#{}, {} bytes)", self.id, self.bytes)
+    }
+}
+
+impl DeviceMemory {
+    /// The device address.
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// The size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// A number unique among this process's allocations on this GPU.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The GPU it lives on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Returns the memory to the pool once the work enqueued on `stream` so far is done.
+    /// Every other stream that used it must already be ordered before that point.
+    pub fn free_on(&self, stream: &GpuStream) -> Result<(), CudaError> {
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.gpu.inner.live.fetch_sub(1, Ordering::Relaxed);
+        if self.ptr == 0 {
+            return Ok(());
+        }
+        self.gpu.bind()?;
+        // SAFETY: the pointer came from cuMemAllocAsync on this device and is freed once.
+        unsafe { result::free_async(self.ptr, stream.cu_stream()) }
+            .map_err(driver("cuMemFreeAsync"))
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if !self.freed.swap(true, Ordering::AcqRel) {
+            self.gpu.inner.live.fetch_sub(1, Ordering::Relaxed);
+            if self.ptr != 0 {
+                self.gpu.inner.deferred.lock().unwrap().push(Ptr(self.ptr));
+            }
+        }
+    }
+}
+
+/// A stream of one GPU, with its own cuBLASLt handle (created on first GEMM).
+#[derive(Clone)]
+pub struct GpuStream {
+    stream: Arc<CudaStream>,
+    gpu: Gpu,
+    pub(crate) lt: Arc<OnceLock<Result<LtHandle, CudaError>>>,
+}
+
+impl std::fmt::Debug for GpuStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuStream({:?})", self.stream.cu_stream())
+    }
+}
+
+impl GpuStream {
+    /// The raw stream handle, for NCCL and cuBLASLt calls.
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// The cudarc stream.
+    pub fn cuda_stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The GPU it belongs to.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Records `event` here.
+    pub fn record(&self, event: &CudaEvent) -> Result<(), CudaError> {
+        event.record(&self.stream).map_err(driver("cuEventRecord"))
+    }
+
+    /// Makes this stream wait for `event` without blocking the host.
+    pub fn wait(&self, event: &CudaEvent) -> Result<(), CudaError> {
+        self.stream.wait(event).map_err(driver("cuStreamWaitEvent"))
+    }
+
+    /// Blocks the host until the work enqueued so far is done, for at most `timeout`.
+    pub fn synchronize_timeout(&self, timeout: Duration) -> Result<(), CudaError> {
+        let event = self.gpu.new_event(false)?;
+        self.record(&event)?;
+        wait_event(&event, timeout, || None)
+    }
+}
+
+/// Blocks the host until `event` has happened, polling; every poll also asks `check` for an
+/// asynchronous error (a communicator's, say) and stops with it. After `timeout` it fails
+/// with [`CudaError::Timeout`].
+pub fn wait_event(
+    event: &CudaEvent,
+    timeout: Duration,
+    mut check: impl FnMut() -> Option<CudaError>,
+) -> Result<(), CudaError> {
+    let start = Instant::now();
+    let mut spin = 0u32;
+    loop {
+        match event.try_is_complete() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(driver("cuEventQuery")(e)),
+        }
+        if let Some(e) = check() {
+            return Err(e);
+        }
+        if start.elapsed() >= timeout {
+            return Err(CudaError::Timeout {
+                waited: timeout,
+            });
+        }
+        spin += 1;
+        if spin < 2000 {
+            std::hint::spin_loop();
+        } else if spin < 4000 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}

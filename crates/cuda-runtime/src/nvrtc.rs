@@ -1,0 +1,141 @@
+//! Run-time compiled kernels: CUDA C source compiled by NVRTC for the device's architecture,
+//! loaded once per GPU and cached by a hash of the source, and launched with 64-bit
+//! arguments (device addresses and integers).
+#![allow(unsafe_code)]
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use crate::device::{Gpu, GpuStream};
+use crate::error::{driver, CudaError};
+
+/// A loaded kernel.
+#[derive(Clone)]
+pub struct Kernel {
+    function: CudaFunction,
+    name: String,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kernel({})", self.name)
+    }
+}
+
+/// The kernels of one GPU, by source hash.
+#[derive(Default)]
+pub(crate) struct KernelCache {
+    kernels: Mutex<HashMap<u64, Arc<Kernel>>>,
+    compiles: std::sync::atomic::AtomicUsize,
+}
+
+fn arch_name(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (10, _) => "sm_100",
+        (9, _) => "sm_90",
+        (8, 9) => "sm_89",
+        (8, 6) => "sm_86",
+        (8, _) => "sm_80",
+        (7, 5) => "sm_75",
+        _ => "sm_70",
+    }
+}
+
+impl Gpu {
+    /// The kernel `name` defined (as `extern "C" __global__`) in `source`, compiled on first
+    /// use and cached for the life of the process.
+    pub fn kernel(&self, name: &str, source: &str) -> Result<Arc<Kernel>, CudaError> {
+        let mut h = DefaultHasher::new();
+        source.hash(&mut h);
+        name.hash(&mut h);
+        let key = h.finish();
+        let cache = &self.inner().kernels;
+        if let Some(k) = cache.kernels.lock().unwrap().get(&key) {
+            return Ok(k.clone());
+        }
+        // SAFETY: probing for the library only dlopens it.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(CudaError::Unavailable(
+                "the NVRTC library (libnvrtc.so) cannot be loaded; check LD_LIBRARY_PATH".into(),
+            ));
+        }
+        let (major, minor) = self
+            .context()
+            .compute_capability()
+            .map_err(driver("cuDeviceGetAttribute"))?;
+        let ptx = compile_ptx_with_opts(
+            source,
+            CompileOptions {
+                arch: Some(arch_name(major, minor)),
+                options: vec!["--std=c++17".into()],
+                ..Default::default()
+            },
+        )
+        .map_err(|e| CudaError::Compile {
+            kernel: name.to_string(),
+            log: format!("{e:?}\n--- source ---\n{source}"),
+        })?;
+        self.bind()?;
+        let module = self
+            .context()
+            .load_module(ptx)
+            .map_err(driver("cuModuleLoadData"))?;
+        let function = module
+            .load_function(name)
+            .map_err(driver("cuModuleGetFunction"))?;
+        let kernel = Arc::new(Kernel {
+            function,
+            name: name.to_string(),
+        });
+        cache.compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        cache.kernels.lock().unwrap().insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    /// How many kernels this GPU has compiled (cache misses).
+    pub fn kernels_compiled(&self) -> usize {
+        self.inner()
+            .kernels
+            .compiles
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Launches `kernel` on `stream` with `grid` blocks of `block` threads; `args` are the
+    /// kernel's parameters in order, each a 64-bit value (`unsigned long long` or `long
+    /// long` in the source: device addresses and sizes).
+    ///
+    /// The caller guarantees that the arguments match the kernel's signature and that every
+    /// address covers what the kernel touches.
+    pub fn launch(
+        &self,
+        stream: &GpuStream,
+        kernel: &Kernel,
+        grid: u32,
+        block: u32,
+        args: &[u64],
+    ) -> Result<(), CudaError> {
+        if grid == 0 {
+            return Ok(());
+        }
+        let mut launch = stream.cuda_stream().launch_builder(&kernel.function);
+        for a in args {
+            launch.arg(a);
+        }
+        // SAFETY: see the doc comment: the generated kernels take exactly `args.len()` 64-bit
+        // parameters, and the addresses are live allocations of this GPU.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map(|_| ())
+        .map_err(driver("cuLaunchKernel"))
+    }
+}

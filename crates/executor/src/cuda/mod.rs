@@ -1,0 +1,839 @@
+//! The CUDA backend: device buffers as boxes of row-major allocations, a main stream and a
+//! pool of streams per rank, events placed by the evaluator, cuBLASLt for `matmul` and
+//! `linear`, generated NVRTC kernels for kernel segments, and GPU-side spans from CUDA
+//! events for the timeline.
+//!
+//! Errors of enqueued work surface when the host waits ([`Backend::synchronize`],
+//! [`Backend::download`]); every host wait polls with the backend's timeout and an optional
+//! check of the communicator's asynchronous errors, so a hung collective ends in an error
+//! naming what was waited for instead of a hang.
+
+pub mod codegen;
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use weave_comm::nccl::DeviceBuffer;
+use weave_comm::DataType;
+use weave_cuda::cudarc::driver::CudaEvent;
+use weave_cuda::{
+    wait_event, CudaError, DeviceMemory, GemmOperands, GemmShape, GemmType, Gpu, GpuStream,
+    Priority,
+};
+use weave_host_ir::KernelId;
+use weave_ir::{DType, Fusion};
+
+use crate::backend::{Backend, Region, Span, StreamKey};
+use crate::cpu::data_type;
+use crate::dense::Dense;
+use crate::error::ExecError;
+use codegen::{Buf, KernelPlan, TensorArg};
+
+/// How a [`CudaBackend`] behaves.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    /// How long the host waits for the device before failing.
+    pub timeout: Duration,
+    /// Record GPU-side spans (two timing events per operation).
+    pub trace: bool,
+    /// Allow TF32 for f32 GEMMs.
+    pub tf32: bool,
+    /// cuBLASLt SM-count target for GEMMs (0: the whole GPU).
+    pub gemm_sm_count: i32,
+    /// Give pool streams the highest priority (they carry the communication).
+    pub pool_priority_high: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> CudaOptions {
+        CudaOptions {
+            timeout: Duration::from_secs(60),
+            trace: false,
+            tf32: false,
+            gemm_sm_count: 0,
+            pool_priority_high: false,
+        }
+    }
+}
+
+/// A tensor on the GPU: a box (one range per axis) of a row-major allocation.
+#[derive(Clone)]
+pub struct DeviceTensor {
+    mem: Arc<DeviceMemory>,
+    dtype: DType,
+    shape: Arc<Vec<usize>>,
+    ranges: Vec<Range<usize>>,
+}
+
+impl std::fmt::Debug for DeviceTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceTensor({:?}, {:?} of {:?})", self.mem, self.ranges, self.shape)
+    }
+}
+
+use crate::dense::elem_bytes;
+
+fn row_major(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for a in (0..shape.len().saturating_sub(1)).rev() {
+        s[a] = s[a + 1] * shape[a + 1];
+    }
+    s
+}
+
+impl DeviceTensor {
+    /// The sizes of the box.
+    pub fn sizes(&self) -> Vec<usize> {
+        self.ranges.iter().map(|r| r.len()).collect()
+    }
+
+    /// Element strides of the box's axes.
+    pub fn strides(&self) -> Vec<usize> {
+        row_major(&self.shape)
+    }
+
+    /// Elements in the box.
+    pub fn numel(&self) -> usize {
+        self.ranges.iter().map(|r| r.len()).product()
+    }
+
+    /// Offset of the box's first element, in elements.
+    fn offset(&self) -> usize {
+        self.ranges
+            .iter()
+            .zip(row_major(&self.shape))
+            .map(|(r, s)| r.start * s)
+            .sum()
+    }
+
+    /// The device address of the box's first element.
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr() + (self.offset() * elem_bytes(self.dtype)) as u64
+    }
+
+    /// Whether the box is one contiguous run of the allocation.
+    pub fn contiguous(&self) -> bool {
+        // From the innermost axis out: full axes, then one partial axis, then axes of one
+        // element.
+        let mut partial = false;
+        for (r, &n) in self.ranges.iter().zip(self.shape.iter()).rev() {
+            if partial {
+                if r.len() > 1 {
+                    return false;
+                }
+            } else if r.len() != n {
+                partial = true;
+            }
+        }
+        true
+    }
+
+    /// The box as a row-major matrix of `cols` columns: its row count and the element
+    /// distance between rows, when its leading axes merge into uniformly strided rows.
+    fn as_matrix(&self, cols: usize) -> Option<(usize, usize)> {
+        matrix_of(&self.sizes(), &self.strides(), cols)
+    }
+
+    fn arg(&self) -> TensorArg {
+        TensorArg {
+            dtype: self.dtype,
+            sizes: self.sizes(),
+            strides: self.strides(),
+        }
+    }
+}
+
+impl DeviceBuffer for DeviceTensor {
+    fn device_ptr(&self) -> u64 {
+        self.ptr()
+    }
+
+    fn len(&self) -> usize {
+        self.numel()
+    }
+
+    fn data_type(&self) -> DataType {
+        data_type(self.dtype)
+    }
+
+    fn is_contiguous(&self) -> bool {
+        self.contiguous()
+    }
+}
+
+
+/// A box of `sizes` with element `strides` as a row-major matrix of `cols` columns: (rows,
+/// leading dimension), when its axes merge into uniformly strided rows. Axes of one element
+/// do not matter (a GEMM result may carry a trailing `1`).
+fn matrix_of(sizes: &[usize], strides: &[usize], cols: usize) -> Option<(usize, usize)> {
+    let (sizes, strides): (Vec<usize>, Vec<usize>) = sizes
+        .iter()
+        .zip(strides)
+        .filter(|(n, _)| **n != 1)
+        .map(|(n, s)| (*n, *s))
+        .unzip();
+        let merges = |axes: usize| {
+        (0..axes.saturating_sub(1)).all(|a| strides[a] == strides[a + 1] * sizes[a + 1])
+    };
+    let r = sizes.len();
+    if cols == 1 {
+        // One column: the rows are every remaining axis.
+        if !merges(r) {
+            return None;
+        }
+        return Some((sizes.iter().product(), strides.last().copied().unwrap_or(1).max(1)));
+    }
+    if r == 0 || sizes[r - 1] != cols || strides[r - 1] != 1 || !merges(r - 1) {
+        return None;
+    }
+    let rows: usize = sizes[..r - 1].iter().product();
+    let ld = if r >= 2 { strides[r - 2] } else { cols };
+    Some((rows, ld.max(cols)))
+}
+
+/// An event placed by the evaluator; `None` when recording failed (the failure is reported at
+/// the next host wait).
+pub type GpuEvent = Option<Arc<CudaEvent>>;
+
+struct PendingSpan {
+    stream: StreamKey,
+    label: String,
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+/// A check the backend runs while the host waits: the communicator's asynchronous error.
+pub type ErrorCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// One rank's GPU.
+pub struct CudaBackend {
+    gpu: Gpu,
+    options: CudaOptions,
+    streams: Mutex<BTreeMap<StreamKey, GpuStream>>,
+    error: Mutex<Option<ExecError>>,
+    check: Mutex<Option<ErrorCheck>>,
+    plans: Mutex<HashMap<(KernelId, Vec<TensorArg>, Vec<TensorArg>), Arc<KernelPlan>>>,
+    spans: Mutex<Vec<PendingSpan>>,
+    origin: Mutex<Option<CudaEvent>>,
+    allocations: Mutex<Vec<std::sync::Weak<DeviceMemory>>>,
+}
+
+impl CudaBackend {
+    /// A backend on `gpu`.
+    pub fn new(gpu: Gpu, options: CudaOptions) -> Result<CudaBackend, ExecError> {
+        gpu.bind()?;
+        let backend = CudaBackend {
+            gpu,
+            options,
+            streams: Mutex::new(BTreeMap::new()),
+            error: Mutex::new(None),
+            check: Mutex::new(None),
+            plans: Mutex::new(HashMap::new()),
+            spans: Mutex::new(Vec::new()),
+            origin: Mutex::new(None),
+            allocations: Mutex::new(Vec::new()),
+        };
+        backend.stream(StreamKey::Main)?;
+        Ok(backend)
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Sets the check that host waits poll (the communicator's asynchronous error).
+    pub fn set_error_check(&self, check: ErrorCheck) {
+        *self.check.lock().unwrap() = Some(check);
+    }
+
+    /// Starts (or restarts) recording spans: later spans are timed from this point.
+    pub fn start_trace(&self) -> Result<(), ExecError> {
+        let main = self.stream(StreamKey::Main)?;
+        let origin = self.gpu.new_event(true)?;
+        main.record(&origin)?;
+        *self.origin.lock().unwrap() = Some(origin);
+        self.spans.lock().unwrap().clear();
+        Ok(())
+    }
+
+    /// A buffer of `sizes` on the GPU, filled from nothing (uninitialised).
+    pub fn empty(&self, dtype: DType, sizes: &[usize]) -> Result<DeviceTensor, ExecError> {
+        let main = self.stream(StreamKey::Main)?;
+        self.allocate(dtype, sizes, false, &main)
+    }
+
+    fn fail(&self, e: ExecError) {
+        let mut slot = self.error.lock().unwrap();
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+    }
+
+    fn take_error(&self) -> Result<(), ExecError> {
+        match self.error.lock().unwrap().clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Blocks until `stream`'s work so far is done, polling the error check.
+    fn wait_stream(&self, stream: &GpuStream, what: &str) -> Result<(), ExecError> {
+        let event = self.gpu.new_event(false)?;
+        stream.record(&event)?;
+        let check = self.check.lock().unwrap().clone();
+        let timeout = self.options.timeout;
+        wait_event(&event, timeout, || {
+            check
+                .as_ref()
+                .and_then(|c| c())
+                .map(|m| CudaError::Driver {
+                    call: "communicator",
+                    message: m,
+                })
+        })
+        .map_err(|e| match e {
+            CudaError::Timeout { waited } => ExecError::Timeout {
+                what: format!("{what}: the GPU work did not finish"),
+                millis: waited.as_millis() as u64,
+            },
+            CudaError::Driver {
+                call: "communicator",
+                message,
+            } => ExecError::Compute {
+                stmt: what.to_string(),
+                message: format!("the communicator failed: {message}"),
+            },
+            e => ExecError::Cuda(e),
+        })
+    }
+
+    fn key_of(&self, stream: &GpuStream) -> StreamKey {
+        let streams = self.streams.lock().unwrap();
+        streams
+            .iter()
+            .find(|(_, s)| s.cu_stream() == stream.cu_stream())
+            .map(|(k, _)| *k)
+            .unwrap_or(StreamKey::Main)
+    }
+
+    /// Runs `enqueue` on `stream`, timed when tracing.
+    fn timed<R>(
+        &self,
+        stream: &GpuStream,
+        label: &str,
+        enqueue: impl FnOnce() -> Result<R, ExecError>,
+    ) -> Result<R, ExecError> {
+        if !self.options.trace {
+            return enqueue();
+        }
+        let start = self.gpu.new_event(true)?;
+        stream.record(&start)?;
+        let r = enqueue()?;
+        let end = self.gpu.new_event(true)?;
+        stream.record(&end)?;
+        self.spans.lock().unwrap().push(PendingSpan {
+            stream: self.key_of(stream),
+            label: label.to_string(),
+            start,
+            end,
+        });
+        Ok(r)
+    }
+
+    fn gemm_type(&self, d: DType, label: &str) -> Result<GemmType, ExecError> {
+        match d {
+            DType::BF16 => Ok(GemmType::Bf16),
+            DType::F16 => Ok(GemmType::F16),
+            DType::F32 => Ok(GemmType::F32),
+            DType::F64 => Ok(GemmType::F64),
+            other => Err(ExecError::Compute {
+                stmt: label.to_string(),
+                message: format!("GEMMs of {other} tensors are not supported on the GPU"),
+            }),
+        }
+    }
+
+    /// Enqueues `c[.., m, n] = a[.., m, k] · b[.., k, n] (+ bias[n])` where `bt` says that
+    /// `b` is given as `[.., n, k]` (linear's weight).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        label: &str,
+        a: &DeviceTensor,
+        b: &DeviceTensor,
+        bt: bool,
+        bias: Option<&DeviceTensor>,
+        c: &DeviceTensor,
+        stream: &GpuStream,
+    ) -> Result<(), ExecError> {
+        let err = |m: String| ExecError::Compute {
+            stmt: label.to_string(),
+            message: m,
+        };
+        if a.dtype != b.dtype || a.dtype != c.dtype {
+            return Err(err(format!(
+                "operand types differ: {} x {} -> {}",
+                a.dtype, b.dtype, c.dtype
+            )));
+        }
+        let dtype = self.gemm_type(a.dtype, label)?;
+        let (asz, bsz) = (a.sizes(), b.sizes());
+        if asz.len() < 2 && !(bt && !asz.is_empty()) || bsz.len() < 2 {
+            return Err(err(format!("operands of sizes {asz:?} and {bsz:?}")));
+        }
+        let k = asz[asz.len() - 1];
+        let (kb, n) = if bt {
+            (bsz[bsz.len() - 1], bsz[bsz.len() - 2])
+        } else {
+            (bsz[bsz.len() - 2], bsz[bsz.len() - 1])
+        };
+        if k != kb {
+            return Err(err(format!("contraction sizes differ: {asz:?} x {bsz:?}")));
+        }
+        let b_batch: usize = bsz[..bsz.len() - 2].iter().product();
+        if b_batch > 1 && !(a.contiguous() && b.contiguous() && c.contiguous()) {
+            return Err(err(
+                "a batched GEMM operand is not contiguous; the GPU takes contiguous batches"
+                    .into(),
+            ));
+        }
+        // Each operand as a row-major matrix: (rows, leading dimension).
+        let strided = |t: &DeviceTensor, cols: usize, what: &str| {
+            t.as_matrix(cols).ok_or_else(|| {
+                err(format!(
+                    "the {what} (sizes {:?} in an allocation of {:?}) is not a matrix of \
+                     uniformly strided rows",
+                    t.sizes(),
+                    t.shape
+                ))
+            })
+        };
+        let (_, lda_rm) = strided(a, k, "left operand")?;
+        let (_, ldb_rm) = strided(b, if bt { k } else { n }, "right operand")?;
+        let (_, ldc_rm) = strided(c, n, "result")?;
+        let a_rows = a.numel() / k.max(1);
+        let c_rows = c.numel() / n.max(1);
+        let bias_ptr = match bias {
+            Some(t) if t.numel() == n && t.contiguous() && t.dtype == a.dtype => t.ptr(),
+            Some(t) => {
+                return Err(err(format!(
+                    "the bias has sizes {:?}, expected [{n}] of {}",
+                    t.sizes(),
+                    a.dtype
+                )))
+            }
+            None => 0,
+        };
+        let (batch, m) = if b_batch <= 1 {
+            (1usize, a_rows)
+        } else {
+            // Batched: a is [batch, m, k], b [batch, k, n] (same batch count).
+            let m = asz[asz.len() - 2];
+            if a_rows != b_batch * m {
+                return Err(err(format!(
+                    "batch sizes of {asz:?} and {bsz:?} differ; broadcast batches are not \
+                     supported on the GPU"
+                )));
+            }
+            (b_batch, m)
+        };
+        if c_rows != batch * m {
+            return Err(err(format!(
+                "the result buffer has sizes {:?}, expected {} rows of {n}",
+                c.sizes(),
+                batch * m
+            )));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        // Row-major C[m, n] = A[m, k] B[k, n] is column-major C'[n, m] = B'[n, k] A'[k, m].
+        let shape = GemmShape {
+            dtype,
+            m: n as u64,
+            n: m as u64,
+            k: k as u64,
+            transa: bt,
+            transb: false,
+            lda: ldb_rm as i64,
+            ldb: lda_rm as i64,
+            ldd: ldc_rm as i64,
+            batch: batch as i32,
+            stride_a: (k * n) as i64,
+            stride_b: (m * k) as i64,
+            stride_d: (m * n) as i64,
+            bias: bias.is_some(),
+            tf32: self.options.tf32,
+            sm_count: self.options.gemm_sm_count,
+        };
+        let ops = GemmOperands {
+            a: b.ptr(),
+            b: a.ptr(),
+            d: c.ptr(),
+            bias: bias_ptr,
+        };
+        if k == 0 {
+            return self
+                .gpu
+                .zero(c.ptr(), c.numel() * elem_bytes(c.dtype), stream)
+                .map_err(ExecError::from);
+        }
+        self.timed(stream, label, || {
+            self.gpu.gemm(stream, &shape, ops).map_err(ExecError::from)
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buffer = DeviceTensor;
+    type Stream = GpuStream;
+    type Event = GpuEvent;
+    type CommStream = GpuStream;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn stream(&self, key: StreamKey) -> Result<GpuStream, ExecError> {
+        let mut streams = self.streams.lock().unwrap();
+        if let Some(s) = streams.get(&key) {
+            return Ok(s.clone());
+        }
+        let priority = match key {
+            StreamKey::Pool(_) if self.options.pool_priority_high => Priority::High,
+            _ => Priority::Normal,
+        };
+        let s = self.gpu.new_stream(priority)?;
+        streams.insert(key, s.clone());
+        Ok(s)
+    }
+
+    fn comm_stream<'s>(&self, stream: &'s GpuStream) -> &'s GpuStream {
+        stream
+    }
+
+    fn traced_post<R>(&self, stream: &GpuStream, label: &str, post: impl FnOnce() -> R) -> R {
+        if !self.options.trace {
+            return post();
+        }
+        let start = self.gpu.new_event(true).ok();
+        if let Some(e) = &start {
+            let _ = stream.record(e);
+        }
+        let r = post();
+        let end = self.gpu.new_event(true).ok();
+        if let (Some(start), Some(end)) = (start, end) {
+            if stream.record(&end).is_ok() {
+                self.spans.lock().unwrap().push(PendingSpan {
+                    stream: self.key_of(stream),
+                    label: label.to_string(),
+                    start,
+                    end,
+                });
+            }
+        }
+        r
+    }
+
+    fn record_event(&self, stream: &GpuStream) -> GpuEvent {
+        match self.gpu.new_event(false).and_then(|e| stream.record(&e).map(|()| e)) {
+            Ok(e) => Some(Arc::new(e)),
+            Err(e) => {
+                self.fail(e.into());
+                None
+            }
+        }
+    }
+
+    fn wait_event(&self, stream: &GpuStream, event: &GpuEvent, _label: &str) {
+        if let Some(e) = event {
+            if let Err(e) = stream.wait(e) {
+                self.fail(e.into());
+            }
+        }
+    }
+
+    fn allocate(
+        &self,
+        dtype: DType,
+        sizes: &[usize],
+        zero: bool,
+        stream: &GpuStream,
+    ) -> Result<DeviceTensor, ExecError> {
+        let n = sizes
+            .iter()
+            .try_fold(1usize, |a, s| a.checked_mul(*s))
+            .and_then(|n| n.checked_mul(elem_bytes(dtype)))
+            .ok_or_else(|| ExecError::Program(format!("sizes {sizes:?} overflow")))?;
+        let mem = self.gpu.alloc(n, stream)?;
+        if zero {
+            self.gpu.zero(mem.ptr(), n, stream)?;
+        }
+        {
+            let mut a = self.allocations.lock().unwrap();
+            a.retain(|w| w.strong_count() > 0);
+            a.push(Arc::downgrade(&mem));
+        }
+        Ok(DeviceTensor {
+            mem,
+            dtype,
+            shape: Arc::new(sizes.to_vec()),
+            ranges: sizes.iter().map(|&s| 0..s).collect(),
+        })
+    }
+
+    fn deallocate(&self, buffer: DeviceTensor, stream: &GpuStream) {
+        if let Err(e) = buffer.mem.free_on(stream) {
+            self.fail(e.into());
+        }
+    }
+
+    fn chunk(
+        &self,
+        buffer: &DeviceTensor,
+        axis: usize,
+        chunks: usize,
+        index: usize,
+    ) -> Result<DeviceTensor, String> {
+        let Some(range) = buffer.ranges.get(axis) else {
+            return Err(format!(
+                "axis {axis} is out of range for a view of rank {}",
+                buffer.ranges.len()
+            ));
+        };
+        if chunks == 0 || index >= chunks {
+            return Err(format!(
+                "chunk {index} of {chunks} does not exist along axis {axis}"
+            ));
+        }
+        let size = range.len().div_ceil(chunks);
+        let lo = (range.start + index * size).min(range.end);
+        let hi = (lo + size).min(range.end);
+        let mut ranges = buffer.ranges.clone();
+        ranges[axis] = lo..hi;
+        Ok(DeviceTensor {
+            ranges,
+            ..buffer.clone()
+        })
+    }
+
+    fn sizes(&self, buffer: &DeviceTensor) -> Vec<usize> {
+        buffer.sizes()
+    }
+
+    fn dtype(&self, buffer: &DeviceTensor) -> DType {
+        buffer.dtype
+    }
+
+    fn region(&self, buffer: &DeviceTensor) -> Region {
+        Region {
+            allocation: buffer.mem.id(),
+            ranges: buffer.ranges.clone(),
+        }
+    }
+
+    fn launch_kernel(
+        &self,
+        label: &str,
+        kernel: KernelId,
+        fusion: &Arc<Fusion>,
+        inputs: &[DeviceTensor],
+        outputs: &[DeviceTensor],
+        stream: &GpuStream,
+    ) -> Result<(), ExecError> {
+        let ins: Vec<TensorArg> = inputs.iter().map(DeviceTensor::arg).collect();
+        let outs: Vec<TensorArg> = outputs.iter().map(DeviceTensor::arg).collect();
+        let key = (kernel, ins, outs);
+        let cached = self.plans.lock().unwrap().get(&key).cloned();
+        let plan = match cached {
+            Some(p) => p,
+            None => {
+                let name = format!("weave_kernel_{}", fusion.name);
+                let p = Arc::new(codegen::plan(fusion, &name, &key.1, &key.2).map_err(|m| {
+                    ExecError::Compute {
+                        stmt: label.to_string(),
+                        message: m,
+                    }
+                })?);
+                self.plans.lock().unwrap().insert(key, p.clone());
+                p
+            }
+        };
+        let temps: Vec<Arc<DeviceMemory>> = plan
+            .temps
+            .iter()
+            .map(|(d, n)| self.gpu.alloc(n * elem_bytes(*d), stream))
+            .collect::<Result<_, _>>()?;
+        let sms = self.gpu.sm_count().max(1) as usize;
+        self.timed(stream, label, || {
+            for l in &plan.launches {
+                let k = self.gpu.kernel(&l.name, &l.source)?;
+                let args: Vec<u64> = l
+                    .args
+                    .iter()
+                    .map(|b| match b {
+                        Buf::Input(i) => inputs[*i].ptr(),
+                        Buf::Output(i) => outputs[*i].ptr(),
+                        Buf::Temp(i) => temps[*i].ptr(),
+                    })
+                    .collect();
+                let block = 256usize;
+                let grid = l.threads.div_ceil(block).min(sms * 16) as u32;
+                self.gpu.launch(stream, &k, grid, block as u32, &args)?;
+            }
+            Ok(())
+        })?;
+        for t in temps {
+            t.free_on(stream)?;
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        label: &str,
+        a: &DeviceTensor,
+        b: &DeviceTensor,
+        out: &DeviceTensor,
+        stream: &GpuStream,
+    ) -> Result<(), ExecError> {
+        self.gemm(label, a, b, false, None, out, stream)
+    }
+
+    fn linear(
+        &self,
+        label: &str,
+        input: &DeviceTensor,
+        weight: &DeviceTensor,
+        bias: Option<&DeviceTensor>,
+        out: &DeviceTensor,
+        stream: &GpuStream,
+    ) -> Result<(), ExecError> {
+        if weight.sizes().len() != 2 {
+            return Err(ExecError::Compute {
+                stmt: label.to_string(),
+                message: format!(
+                    "the weight must have rank 2 ([n, k]), got sizes {:?}",
+                    weight.sizes()
+                ),
+            });
+        }
+        self.gemm(label, input, weight, true, bias, out, stream)
+    }
+
+    fn upload(&self, data: &Dense) -> Result<DeviceTensor, ExecError> {
+        let t = self.empty(data.dtype, &data.sizes)?;
+        let bytes = data.to_le_bytes();
+        let main = self.stream(StreamKey::Main)?;
+        self.gpu.upload(t.ptr(), &bytes, &main)?;
+        Ok(t)
+    }
+
+    fn download(&self, buffer: &DeviceTensor, stream: &GpuStream) -> Result<Dense, ExecError> {
+        self.wait_stream(stream, "reading the outputs")?;
+        self.take_error()?;
+        // Copy the whole allocation and cut the box out on the host.
+        let full: usize = buffer.shape.iter().product();
+        let mut bytes = vec![0u8; full * elem_bytes(buffer.dtype)];
+        self.gpu
+            .download(&mut bytes, buffer.mem.ptr(), stream, self.options.timeout)?;
+        let all = Dense::from_le_bytes(buffer.dtype, vec![full], &bytes)
+            .map_err(ExecError::Program)?
+            .data;
+        let strides = buffer.strides();
+        let sizes = buffer.sizes();
+        let n = buffer.numel();
+        let mut data = Vec::with_capacity(n);
+        let mut idx = vec![0usize; sizes.len()];
+        for _ in 0..n {
+            let off: usize = idx
+                .iter()
+                .zip(&buffer.ranges)
+                .zip(&strides)
+                .map(|((i, r), s)| (r.start + i) * s)
+                .sum();
+            data.push(all[off]);
+            for a in (0..sizes.len()).rev() {
+                idx[a] += 1;
+                if idx[a] < sizes[a] {
+                    break;
+                }
+                idx[a] = 0;
+            }
+        }
+        Ok(Dense {
+            dtype: buffer.dtype,
+            sizes,
+            data,
+        })
+    }
+
+    fn synchronize(&self) -> Result<(), ExecError> {
+        let streams: Vec<(StreamKey, GpuStream)> = self
+            .streams
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, s)| (*k, s.clone()))
+            .collect();
+        for (k, s) in &streams {
+            self.wait_stream(s, &format!("synchronizing the {k}"))?;
+        }
+        self.gpu.collect();
+        self.take_error()
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        let origin = self.origin.lock().unwrap();
+        let spans = self.spans.lock().unwrap();
+        let Some(origin) = origin.as_ref().or(spans.first().map(|s| &s.start)) else {
+            return Vec::new();
+        };
+        spans
+            .iter()
+            .filter_map(|s| {
+                let start = origin.elapsed_ms(&s.start).ok()? as f64 * 1000.0;
+                let end = origin.elapsed_ms(&s.end).ok()? as f64 * 1000.0;
+                Some(Span {
+                    stream: s.stream,
+                    label: s.label.clone(),
+                    start_us: start,
+                    dur_us: (end - start).max(0.0),
+                })
+            })
+            .collect()
+    }
+
+    fn streams(&self) -> Vec<StreamKey> {
+        self.streams.lock().unwrap().keys().copied().collect()
+    }
+
+    fn live_allocations(&self) -> usize {
+        let mut a = self.allocations.lock().unwrap();
+        a.retain(|w| w.strong_count() > 0);
+        a.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matrix_of;
+
+    #[test]
+    fn matrices_of_chunks_ignore_size_one_axes() {
+        // A chunk of rows of a [512, 512, 1] buffer (a linear's partial result).
+        assert_eq!(matrix_of(&[256, 512, 1], &[512, 1, 1], 512), Some((256, 512)));
+        // A chunk of columns: rows keep the allocation's stride.
+        assert_eq!(matrix_of(&[8, 4], &[12, 1], 4), Some((8, 12)));
+        // Leading axes merge when they are contiguous, not otherwise.
+        assert_eq!(matrix_of(&[2, 3, 4], &[12, 4, 1], 4), Some((6, 4)));
+        assert_eq!(matrix_of(&[2, 3, 4], &[24, 4, 1], 4), None);
+        // One column.
+        assert_eq!(matrix_of(&[6, 1], &[1, 1], 1), Some((6, 1)));
+        // The last axis is not the columns.
+        assert_eq!(matrix_of(&[4, 3], &[3, 1], 4), None);
+    }
+}

@@ -1,0 +1,700 @@
+//! `weave launch`: start N processes of one command with the torchrun environment, forward
+//! their output prefixed with the rank, and stop them all when one fails or time runs out.
+//!
+//! Every child gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+//! `MASTER_PORT` and `GROUP_RANK=0` on top of the launcher's own environment (so `NCCL_*`
+//! and `CUDA_*` variables pass through untouched). Children stay in the launcher's process
+//! group, so a Ctrl-C at the terminal or a `timeout(1)` around the launcher reaches them
+//! too. When a child fails, the others get a grace period and are then killed, together
+//! with any processes they started; the whole run is bounded by a timeout. Every error
+//! path kills what was started before returning.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The default `--timeout-secs` of `weave launch`: the bound on the whole run.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The default grace period the surviving ranks get after one rank fails.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// The default `MASTER_ADDR`.
+pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
+
+/// How often the launcher polls its children.
+const POLL: Duration = Duration::from_millis(10);
+
+/// How long the launcher waits, once every child has exited, for the output they left in
+/// their pipes (a process that escaped the kill may keep a pipe open; it is not waited for).
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// What to launch, and how.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// How many processes (ranks) to start; at least 1.
+    pub nprocs: usize,
+    /// The command and its arguments. A bare `weave` runs the launcher's own executable;
+    /// a name containing `/` is a path (relative to the working directory) spawned as is;
+    /// any other bare name is looked up in `PATH`.
+    pub command: Vec<OsString>,
+    /// The bound on the whole run; on expiry every child still running is killed.
+    pub timeout: Duration,
+    /// How long the surviving ranks may keep running after the first failure.
+    pub grace: Duration,
+    /// `MASTER_ADDR` given to every child.
+    pub master_addr: String,
+    /// `MASTER_PORT` given to every child; `None` picks a free port on 127.0.0.1.
+    pub master_port: Option<u16>,
+}
+
+impl LaunchOptions {
+    /// Options for `nprocs` ranks of `command` with the default timeout, grace period,
+    /// address and port.
+    pub fn new(nprocs: usize, command: Vec<OsString>) -> Self {
+        LaunchOptions {
+            nprocs,
+            command,
+            timeout: DEFAULT_TIMEOUT,
+            grace: DEFAULT_GRACE,
+            master_addr: DEFAULT_MASTER_ADDR.to_string(),
+            master_port: None,
+        }
+    }
+}
+
+/// How one rank ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankOutcome {
+    /// It exited with status 0.
+    Succeeded,
+    /// It exited with this non-zero status.
+    Exited(i32),
+    /// A signal it did not survive ended it (not one the launcher sent).
+    Signaled(i32),
+    /// The launcher killed it when the grace period that followed `failed_rank`'s failure
+    /// ran out.
+    KilledAfterGrace {
+        /// The rank whose failure started the grace period.
+        failed_rank: usize,
+        /// The grace period.
+        grace: Duration,
+    },
+    /// The launcher killed it when the run's timeout expired.
+    TimedOut {
+        /// The timeout.
+        after: Duration,
+    },
+}
+
+impl RankOutcome {
+    /// Whether the rank succeeded.
+    pub fn succeeded(self) -> bool {
+        self == RankOutcome::Succeeded
+    }
+}
+
+/// One rank's outcome and when it ended.
+#[derive(Debug, Clone)]
+pub struct RankReport {
+    /// The rank.
+    pub rank: usize,
+    /// How it ended.
+    pub outcome: RankOutcome,
+    /// When it ended, from the start of the launch.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for RankReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rank = self.rank;
+        match self.outcome {
+            RankOutcome::Succeeded => write!(f, "rank {rank} succeeded"),
+            RankOutcome::Exited(code) => write!(f, "rank {rank} exited with status {code}"),
+            RankOutcome::Signaled(sig) => {
+                write!(f, "rank {rank} was killed by signal {sig}")?;
+                match signal_name(sig) {
+                    Some(name) => write!(f, " ({name})"),
+                    None => Ok(()),
+                }
+            }
+            RankOutcome::KilledAfterGrace { failed_rank, grace } => write!(
+                f,
+                "rank {rank} killed after the {} grace period that followed rank {failed_rank}'s failure",
+                secs(grace)
+            ),
+            RankOutcome::TimedOut { after } => {
+                write!(f, "rank {rank} timed out after {}", secs(after))
+            }
+        }
+    }
+}
+
+/// The result of a launch: every rank's outcome, in rank order.
+#[derive(Debug, Clone)]
+pub struct LaunchReport {
+    /// One entry per rank, rank 0 first.
+    pub ranks: Vec<RankReport>,
+    /// The `MASTER_ADDR` the children got.
+    pub master_addr: String,
+    /// The `MASTER_PORT` the children got.
+    pub master_port: u16,
+    /// How long the launch took.
+    pub wall: Duration,
+}
+
+impl LaunchReport {
+    /// Whether every rank succeeded.
+    pub fn succeeded(&self) -> bool {
+        self.ranks.iter().all(|r| r.outcome.succeeded())
+    }
+
+    /// The ranks that did not succeed.
+    pub fn failures(&self) -> impl Iterator<Item = &RankReport> {
+        self.ranks.iter().filter(|r| !r.outcome.succeeded())
+    }
+
+    /// Whether the run's timeout expired.
+    pub fn timed_out(&self) -> bool {
+        self.ranks
+            .iter()
+            .any(|r| matches!(r.outcome, RankOutcome::TimedOut { .. }))
+    }
+}
+
+/// Why a launch failed.
+#[derive(Debug)]
+pub enum LaunchError {
+    /// `nprocs` was 0.
+    NoRanks,
+    /// No command was given.
+    EmptyCommand,
+    /// The timeout was zero.
+    ZeroTimeout,
+    /// The command does not name an executable file.
+    CommandNotFound {
+        /// The command as given.
+        command: OsString,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No free port could be found for `MASTER_PORT`.
+    Port(std::io::Error),
+    /// A rank could not be started; the ranks started before it were killed.
+    Spawn {
+        /// The rank that could not be started.
+        rank: usize,
+        /// The program.
+        program: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The children ran, and at least one of them failed (or the run timed out).
+    Failed(LaunchReport),
+}
+
+impl fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LaunchError::NoRanks => {
+                f.write_str("the number of processes (-n) must be at least 1, got 0")
+            }
+            LaunchError::EmptyCommand => {
+                f.write_str("no command to launch; give it after `--`, e.g. `weave launch -n 2 -- weave run FILE`")
+            }
+            LaunchError::ZeroTimeout => f.write_str("the timeout must be at least 1 s"),
+            LaunchError::CommandNotFound { command, reason } => {
+                write!(f, "cannot launch `{}`: {reason}", command.to_string_lossy())
+            }
+            LaunchError::Port(e) => {
+                write!(f, "cannot find a free port for MASTER_PORT on 127.0.0.1: {e}")
+            }
+            LaunchError::Spawn {
+                rank,
+                program,
+                source,
+            } => write!(
+                f,
+                "cannot start rank {rank} (`{}`): {source}; the ranks already started were killed",
+                program.display()
+            ),
+            LaunchError::Failed(report) => {
+                let failed: Vec<RankReport> = report.failures().cloned().collect();
+                if report.timed_out() {
+                    let running: Vec<String> = failed
+                        .iter()
+                        .filter(|r| matches!(r.outcome, RankOutcome::TimedOut { .. }))
+                        .map(|r| r.rank.to_string())
+                        .collect();
+                    writeln!(
+                        f,
+                        "the launch timed out with rank(s) {} still running",
+                        running.join(", ")
+                    )?;
+                } else {
+                    writeln!(
+                        f,
+                        "{} of {} rank(s) failed",
+                        failed.len(),
+                        report.ranks.len()
+                    )?;
+                }
+                let lines: Vec<String> = failed.iter().map(ToString::to_string).collect();
+                f.write_str(&lines.join("\n"))
+            }
+        }
+    }
+}
+
+impl std::error::Error for LaunchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LaunchError::Port(e) | LaunchError::Spawn { source: e, .. } => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Starts `opts.nprocs` processes of `opts.command` with the torchrun environment, forwards
+/// their stdout and stderr line by line with a `[rank R] ` prefix to the launcher's stdout
+/// and stderr, and waits for them all.
+///
+/// When a rank fails, the others get `opts.grace` and are then killed; after `opts.timeout`
+/// every rank still running is killed. Returns the report when every rank succeeded, and
+/// [`LaunchError::Failed`] with the same report otherwise. No child outlives the call.
+pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
+    if opts.nprocs == 0 {
+        return Err(LaunchError::NoRanks);
+    }
+    if opts.timeout.is_zero() {
+        return Err(LaunchError::ZeroTimeout);
+    }
+    let (program, args) = opts
+        .command
+        .split_first()
+        .ok_or(LaunchError::EmptyCommand)?;
+    let program = resolve_program(program)?;
+    let master_port = match opts.master_port {
+        Some(port) => port,
+        None => free_port().map_err(LaunchError::Port)?,
+    };
+
+    let start = Instant::now();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut children: Vec<Running> = Vec::with_capacity(opts.nprocs);
+    for rank in 0..opts.nprocs {
+        let mut cmd = Command::new(&program);
+        cmd.args(args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", opts.nprocs.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", opts.nprocs.to_string())
+            .env("GROUP_RANK", "0")
+            .env("MASTER_ADDR", &opts.master_addr)
+            .env("MASTER_PORT", master_port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let mut readers = 0;
+                if let Some(out) = child.stdout.take() {
+                    readers += usize::from(forward(out, rank, Stream::Stdout, done_tx.clone()));
+                }
+                if let Some(err) = child.stderr.take() {
+                    readers += usize::from(forward(err, rank, Stream::Stderr, done_tx.clone()));
+                }
+                children.push(Running {
+                    child,
+                    readers,
+                    outcome: None,
+                });
+            }
+            Err(source) => {
+                for running in &mut children {
+                    kill_tree(&mut running.child);
+                }
+                return Err(LaunchError::Spawn {
+                    rank,
+                    program,
+                    source,
+                });
+            }
+        }
+    }
+    drop(done_tx);
+
+    let ranks = supervise(&mut children, opts, start);
+    let readers: usize = children.iter().map(|r| r.readers).sum();
+    drain(&done_rx, readers);
+    let report = LaunchReport {
+        ranks,
+        master_addr: opts.master_addr.clone(),
+        master_port,
+        wall: start.elapsed(),
+    };
+    if report.succeeded() {
+        Ok(report)
+    } else {
+        Err(LaunchError::Failed(report))
+    }
+}
+
+/// A started rank: its process, how many output forwarders it has, and, once it ended, how.
+struct Running {
+    child: Child,
+    readers: usize,
+    outcome: Option<RankReport>,
+}
+
+/// Polls the children until every one has ended, applying the grace period and the timeout.
+fn supervise(children: &mut [Running], opts: &LaunchOptions, start: Instant) -> Vec<RankReport> {
+    // The first failure: its rank and when the grace period it starts runs out.
+    let mut first_failure: Option<(usize, Instant)> = None;
+    loop {
+        for (rank, running) in children.iter_mut().enumerate() {
+            if running.outcome.is_some() {
+                continue;
+            }
+            let status = match running.child.try_wait() {
+                Ok(Some(status)) => status,
+                Ok(None) => continue,
+                // The child cannot be waited for; count it as killed by the launcher.
+                Err(_) => {
+                    kill_tree(&mut running.child);
+                    ExitStatus::from_raw(9)
+                }
+            };
+            let outcome = outcome_of(status);
+            if !outcome.succeeded() && first_failure.is_none() {
+                first_failure = Some((rank, Instant::now() + opts.grace));
+            }
+            running.outcome = Some(RankReport {
+                rank,
+                outcome,
+                elapsed: start.elapsed(),
+            });
+        }
+        if children.iter().all(|r| r.outcome.is_some()) {
+            break;
+        }
+        let now = Instant::now();
+        let kill_with = if now.duration_since(start) >= opts.timeout {
+            Some(RankOutcome::TimedOut {
+                after: opts.timeout,
+            })
+        } else {
+            match first_failure {
+                Some((failed_rank, deadline)) if now >= deadline => {
+                    Some(RankOutcome::KilledAfterGrace {
+                        failed_rank,
+                        grace: opts.grace,
+                    })
+                }
+                _ => None,
+            }
+        };
+        if let Some(outcome) = kill_with {
+            for (rank, running) in children.iter_mut().enumerate() {
+                if running.outcome.is_none() {
+                    kill_tree(&mut running.child);
+                    running.outcome = Some(RankReport {
+                        rank,
+                        outcome,
+                        elapsed: start.elapsed(),
+                    });
+                }
+            }
+            break;
+        }
+        thread::sleep(POLL);
+    }
+    children
+        .iter_mut()
+        .map(|r| r.outcome.take())
+        .collect::<Option<Vec<_>>>()
+        .unwrap_or_default()
+}
+
+/// How an exit status reads as a rank outcome.
+fn outcome_of(status: ExitStatus) -> RankOutcome {
+    match (status.code(), status.signal()) {
+        (Some(0), _) => RankOutcome::Succeeded,
+        (Some(code), _) => RankOutcome::Exited(code),
+        (None, Some(sig)) => RankOutcome::Signaled(sig),
+        (None, None) => RankOutcome::Exited(-1),
+    }
+}
+
+/// Waits up to [`DRAIN`] for the output forwarders to reach the end of their pipes.
+fn drain(done: &mpsc::Receiver<()>, readers: usize) {
+    let deadline = Instant::now() + DRAIN;
+    for _ in 0..readers {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if done.recv_timeout(left).is_err() {
+            return;
+        }
+    }
+}
+
+/// Which of the launcher's streams a child's stream is forwarded to.
+#[derive(Clone, Copy)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Forwards `pipe` line by line to the launcher's `stream`, each line prefixed with
+/// `[rank R] `, on its own thread; signals `done` at the end of the pipe. Write errors (a
+/// closed stdout) are ignored so the child never blocks on a full pipe. Returns whether the
+/// thread started; without it the pipe is closed, which the child sees as a closed output.
+fn forward(
+    pipe: impl Read + Send + 'static,
+    rank: usize,
+    stream: Stream,
+    done: mpsc::Sender<()>,
+) -> bool {
+    thread::Builder::new()
+        .name(format!("rank-{rank}-output"))
+        .spawn(move || {
+            let prefix = format!("[rank {rank}] ");
+            let mut reader = BufReader::new(pipe);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if !line.ends_with(b"\n") {
+                    line.push(b'\n');
+                }
+                let _ = match stream {
+                    Stream::Stdout => write_line(&mut std::io::stdout().lock(), &prefix, &line),
+                    Stream::Stderr => write_line(&mut std::io::stderr().lock(), &prefix, &line),
+                };
+            }
+            let _ = done.send(());
+        })
+        .is_ok()
+}
+
+/// Writes one prefixed line and flushes it.
+fn write_line(out: &mut impl Write, prefix: &str, line: &[u8]) -> std::io::Result<()> {
+    out.write_all(prefix.as_bytes())?;
+    out.write_all(line)?;
+    out.flush()
+}
+
+/// Kills a child and every process it started (found through /proc), then reaps it.
+fn kill_tree(child: &mut Child) {
+    let descendants = descendants(child.id());
+    let _ = child.kill();
+    if !descendants.is_empty() {
+        let pids: Vec<String> = descendants.iter().map(u32::to_string).collect();
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .args(&pids)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    let _ = child.wait();
+}
+
+/// Every process below `pid` in the process tree, read from /proc (empty where there is no
+/// /proc).
+fn descendants(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut parent_of: Vec<(u32, u32)> = Vec::new();
+    for entry in entries.flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        parent_of.push((p, ppid));
+    }
+    let mut found = Vec::new();
+    let mut stack = vec![pid];
+    while let Some(parent) = stack.pop() {
+        for &(p, ppid) in &parent_of {
+            if ppid == parent && p != pid && !found.contains(&p) {
+                found.push(p);
+                stack.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// Resolves the program to run: a bare `weave` is the running executable, a name with a
+/// `/` is a path, any other name is looked up in `PATH`.
+fn resolve_program(program: &OsStr) -> Result<PathBuf, LaunchError> {
+    let not_found = |reason: String| LaunchError::CommandNotFound {
+        command: program.to_os_string(),
+        reason,
+    };
+    if program.is_empty() {
+        return Err(not_found("the command is empty".to_string()));
+    }
+    let path = Path::new(program);
+    if program.as_encoded_bytes().contains(&b'/') {
+        return match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => Err(not_found("it is a directory".to_string())),
+            Ok(meta) if meta.permissions().mode() & 0o111 == 0 => {
+                Err(not_found("it is not executable".to_string()))
+            }
+            Ok(_) => Ok(path.to_path_buf()),
+            Err(e) => Err(not_found(e.to_string())),
+        };
+    }
+    if program == "weave" {
+        if let Ok(me) = std::env::current_exe() {
+            return Ok(me);
+        }
+    }
+    let search = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&search)
+        .map(|dir| dir.join(path))
+        .find(|candidate| is_executable_file(candidate))
+        .ok_or_else(|| not_found("no such command in PATH".to_string()))
+}
+
+/// Whether `path` is a file with an execute bit.
+fn is_executable_file(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// A port that was free a moment ago on 127.0.0.1 (the OS picks it).
+fn free_port() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A duration in seconds as `5 s` or `0.5 s`.
+fn secs(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} s", d.as_secs_f64())
+    }
+}
+
+/// The name of a common signal.
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_read_as_one_line_each() {
+        let line = |outcome| {
+            RankReport {
+                rank: 0,
+                outcome,
+                elapsed: Duration::ZERO,
+            }
+            .to_string()
+        };
+        assert_eq!(line(RankOutcome::Exited(3)), "rank 0 exited with status 3");
+        assert_eq!(
+            line(RankOutcome::Signaled(11)),
+            "rank 0 was killed by signal 11 (SIGSEGV)"
+        );
+        assert_eq!(
+            line(RankOutcome::KilledAfterGrace {
+                failed_rank: 1,
+                grace: DEFAULT_GRACE
+            }),
+            "rank 0 killed after the 5 s grace period that followed rank 1's failure"
+        );
+        assert_eq!(
+            line(RankOutcome::TimedOut {
+                after: DEFAULT_TIMEOUT
+            }),
+            "rank 0 timed out after 600 s"
+        );
+    }
+
+    #[test]
+    fn bad_requests_fail_before_anything_starts() {
+        let sh = vec![
+            OsString::from("sh"),
+            OsString::from("-c"),
+            OsString::from("true"),
+        ];
+        assert!(matches!(
+            launch(&LaunchOptions::new(0, sh.clone())),
+            Err(LaunchError::NoRanks)
+        ));
+        assert!(matches!(
+            launch(&LaunchOptions::new(1, Vec::new())),
+            Err(LaunchError::EmptyCommand)
+        ));
+        let missing = vec![OsString::from("no-such-command-for-weave-launch")];
+        assert!(matches!(
+            launch(&LaunchOptions::new(1, missing)),
+            Err(LaunchError::CommandNotFound { .. })
+        ));
+        let mut zero = LaunchOptions::new(1, sh);
+        zero.timeout = Duration::ZERO;
+        assert!(matches!(launch(&zero), Err(LaunchError::ZeroTimeout)));
+    }
+
+    #[test]
+    fn every_rank_reports_its_own_status_in_rank_order() {
+        let cmd = ["sh", "-c", "exit $RANK"].map(OsString::from).to_vec();
+        let Err(LaunchError::Failed(report)) = launch(&LaunchOptions::new(3, cmd)) else {
+            panic!("ranks 1 and 2 exit non-zero");
+        };
+        let outcomes: Vec<RankOutcome> = report.ranks.iter().map(|r| r.outcome).collect();
+        assert_eq!(outcomes[0], RankOutcome::Succeeded);
+        assert!(report.master_port > 0);
+        for (rank, outcome) in outcomes.iter().enumerate().skip(1) {
+            // Each exits with its own status unless the grace period of an earlier failure
+            // ran out first (it cannot within 5 s here).
+            assert_eq!(*outcome, RankOutcome::Exited(rank as i32));
+        }
+    }
+}

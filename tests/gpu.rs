@@ -1,0 +1,295 @@
+//! GPU tests: every scenario on 2 and 4 GPUs against the CPU reference (with the CPU race
+//! checker agreeing), the large patterns at t = h = 8192 against a row-sampled reference,
+//! and a rank that fails early ending every rank with an error within the timeout.
+//!
+//! They run only with `WEAVE_GPU_TESTS=1` on a machine with GPUs (the GPU test bundle sets
+//! it); elsewhere each test prints why it is skipped and passes, so CI compiles them and the
+//! normal suite stays green without a GPU.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use streamweave::run::{
+    check_ranks, compile_for_run, generate_inputs, run_compiled, shard_inputs, BackendKind,
+    RunError, RunOptions,
+};
+use streamweave::shard::Layout;
+use weave_executor::reference::{compare, run_reference};
+use weave_executor::Dense;
+
+/// The number of GPUs to test on, or `None` (with the reason printed) to skip.
+fn gpus() -> Option<usize> {
+    if std::env::var("WEAVE_GPU_TESTS").ok().as_deref() != Some("1") {
+        eprintln!("skipped: set WEAVE_GPU_TESTS=1 on a machine with GPUs to run the GPU tests");
+        return None;
+    }
+    match weave_cuda::device_count() {
+        Ok(n) if n >= 2 => Some(n),
+        Ok(n) => {
+            eprintln!("skipped: {n} GPU(s) visible, the GPU tests need 2 or more");
+            None
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn rank_counts(gpus: usize) -> Vec<usize> {
+    [2, 4].into_iter().filter(|r| *r <= gpus).collect()
+}
+
+fn load(name: &str, set: &[(&str, i64)]) -> weave_ir::Fusion {
+    let set: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    streamweave::load_file(&common::fixture(name), &set).expect("the fixture loads")
+}
+
+fn gpu_options(ranks: usize) -> RunOptions {
+    RunOptions {
+        ranks,
+        streams: 2,
+        check_races: false,
+        trace: false,
+        seed: 0x5eed,
+        timeout: Duration::from_secs(60),
+        delays: Vec::new(),
+        backend: BackendKind::Cuda,
+    }
+}
+
+#[test]
+fn every_scenario_matches_the_reference_on_2_and_4_gpus_and_the_race_checker_agrees() {
+    let Some(n) = gpus() else { return };
+    let mut table = Vec::new();
+    let mut failures = Vec::new();
+    for ranks in rank_counts(n) {
+        for path in common::fixtures() {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let fusion = streamweave::load_file(&path, &[]).expect("loads");
+            let set: Vec<(String, i64)> = if fusion.params().iter().any(|p| p.name == "d") {
+                vec![("d".into(), ranks as i64)]
+            } else {
+                vec![]
+            };
+            // The big patterns run at their full size in their own test.
+            let mut set = set;
+            for (k, v) in [("t", 64), ("h", 32)] {
+                if fusion.params().iter().any(|p| p.name == k) {
+                    set.push((k.into(), v));
+                }
+            }
+            let fusion = streamweave::load_file(&path, &set).expect("loads");
+            if check_ranks(&fusion, ranks).is_err() {
+                continue;
+            }
+            let compiled = compile_for_run(fusion).expect("compiles");
+            let globals = generate_inputs(&compiled.fusion, 7).expect("inputs");
+            // The CPU race checker first: no races.
+            let cpu = run_compiled(
+                &compiled,
+                &globals,
+                &RunOptions {
+                    check_races: true,
+                    backend: BackendKind::Cpu,
+                    ..gpu_options(ranks)
+                },
+            );
+            let races = cpu.as_ref().map(|r| r.races()).unwrap_or(usize::MAX);
+            let gpu = run_compiled(&compiled, &globals, &gpu_options(ranks));
+            let line = match &gpu {
+                Ok(r) => format!(
+                    "{name:36} {ranks} ranks: max abs {:.3e} races(cpu) {races} {}",
+                    r.max_abs_error(),
+                    if r.passed() { "PASS" } else { "FAIL" }
+                ),
+                Err(e) => format!("{name:36} {ranks} ranks: ERROR {e}"),
+            };
+            println!("{line}");
+            if !matches!(&gpu, Ok(r) if r.passed()) || races != 0 {
+                failures.push(line.clone());
+            }
+            table.push(line);
+        }
+    }
+    assert!(!table.is_empty(), "no scenario ran");
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
+/// Runs `name` at full size on `ranks` GPUs and checks the rows `j * full / sample` of every
+/// output, along the axis that the parameter `rows` sizes, against the reference of the same
+/// fusion with `rows = sample_value` evaluated on the same rows of the inputs.
+fn sampled_check(
+    name: &str,
+    ranks: usize,
+    full: &[(&str, i64)],
+    rows: &str,
+    sample_value: i64,
+) -> Result<String, String> {
+    let mut set: Vec<(&str, i64)> = full.to_vec();
+    set.push(("d", ranks as i64));
+    let big = load(name, &set);
+    let mut small_set = set.clone();
+    for (k, v) in small_set.iter_mut() {
+        if *k == rows {
+            *v = sample_value;
+        }
+    }
+    let small = load(name, &small_set);
+    let compiled = compile_for_run(big).map_err(|e| e.to_string())?;
+    let small_compiled = compile_for_run(small).map_err(|e| e.to_string())?;
+    let globals = generate_inputs(&compiled.fusion, 11).map_err(|e| e.to_string())?;
+    let options = gpu_options(ranks);
+    let per_rank = shard_inputs(&compiled, &globals, ranks).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let (runs, _) = streamweave::gpu::run_threads(&compiled, per_rank, &options)
+        .map_err(|e: RunError| e.to_string())?;
+    let run_time = start.elapsed();
+    // The sampled inputs and reference.
+    let small_inputs: Vec<Dense> = globals
+        .iter()
+        .zip(small_compiled.fusion.inputs())
+        .map(|(g, t)| {
+            let want = tensor_sizes(&small_compiled.fusion, *t);
+            sample(g, &want)
+        })
+        .collect::<Result<_, _>>()?;
+    let reference = run_reference(&small_compiled.fusion, &small_inputs)?;
+    let mut report = Vec::new();
+    for (k, &t) in compiled.sharded.outputs().iter().enumerate() {
+        let layout = Layout::of(&compiled.sharded, t)?;
+        let locals: Vec<Dense> = runs.iter().map(|r| r.outputs[k].clone()).collect();
+        let global = layout.unshard(&locals)?;
+        let got = sample(&global, &reference[k].sizes)?;
+        let c = compare(&got.data, &reference[k].data, reference[k].dtype);
+        report.push(format!("{c}"));
+        if !c.ok {
+            return Err(format!("{name} on {ranks} GPUs: output {k}: {c}"));
+        }
+    }
+    Ok(format!(
+        "{name} on {ranks} GPUs ({} = {}, run {:.1} ms incl. upload): {}",
+        rows,
+        full.iter().find(|(k, _)| *k == rows).map(|p| p.1).unwrap_or(0),
+        run_time.as_secs_f64() * 1e3,
+        report.join("; ")
+    ))
+}
+
+fn tensor_sizes(fusion: &weave_ir::Fusion, t: weave_ir::TensorId) -> Vec<usize> {
+    fusion
+        .visible_axes(t)
+        .iter()
+        .map(|id| fusion.eval(&fusion.id(*id).extent).unwrap_or(0) as usize)
+        .collect()
+}
+
+/// The elements of `x` at indices `j * x.sizes[a] / want[a]` along every axis where the sizes
+/// differ (a uniform sample of rows).
+fn sample(x: &Dense, want: &[usize]) -> Result<Dense, String> {
+    if want.len() != x.sizes.len() {
+        return Err(format!("cannot sample {:?} as {want:?}", x.sizes));
+    }
+    let n: usize = want.iter().product();
+    let strides: Vec<usize> = (0..x.sizes.len())
+        .map(|a| x.sizes[a + 1..].iter().product())
+        .collect();
+    let mut data = Vec::with_capacity(n);
+    let mut idx = vec![0usize; want.len()];
+    for _ in 0..n {
+        let off: usize = (0..want.len())
+            .map(|a| (idx[a] * x.sizes[a] / want[a].max(1)) * strides[a])
+            .sum();
+        data.push(x.data[off]);
+        for a in (0..want.len()).rev() {
+            idx[a] += 1;
+            if idx[a] < want[a] {
+                break;
+            }
+            idx[a] = 0;
+        }
+    }
+    Ok(Dense {
+        dtype: x.dtype,
+        sizes: want.to_vec(),
+        data,
+    })
+}
+
+#[test]
+fn the_large_patterns_at_t_h_8192_match_a_row_sampled_reference() {
+    let Some(n) = gpus() else { return };
+    let mut lines = Vec::new();
+    for ranks in rank_counts(n) {
+        let cases: [(&str, &[(&str, i64)], &str, i64); 6] = [
+            ("row_parallel_linear", &[("t", 8192), ("h", 8192), ("s", 4)], "t", 64),
+            ("column_parallel_linear", &[("t", 8192), ("h", 8192)], "t", 64),
+            ("matmul_rs", &[("t", 8192), ("h", 8192), ("s", 4)], "t", 64),
+            (
+                "matmul_ar",
+                &[("M", 8192), ("K", 8192), ("N", 8192), ("s", 4)],
+                "M",
+                64 * 4,
+            ),
+            (
+                "ag_matmul",
+                &[("M", 8192), ("K", 8192), ("N", 8192), ("s", 4)],
+                "M",
+                16 * 4 * ranks as i64,
+            ),
+            (
+                "ag_matmul_p2p",
+                &[("M", 8192), ("K", 8192), ("N", 8192)],
+                "M",
+                64 * ranks as i64,
+            ),
+        ];
+        for (name, set, rows, sample_value) in cases {
+            match sampled_check(name, ranks, set, rows, sample_value) {
+                Ok(l) => {
+                    println!("{l}");
+                    lines.push(l)
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert!(!lines.is_empty());
+}
+
+#[test]
+fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
+    let Some(_) = gpus() else { return };
+    // Rank 1 sets up its GPU and communicator like every rank, then exits before posting
+    // anything; rank 0 runs the program and waits in its first allreduce for a peer that
+    // never comes.
+    let fusion = load("row_parallel_linear", &[("t", 256), ("h", 64), ("d", 2), ("s", 4)]);
+    let compiled = compile_for_run(fusion).expect("compiles");
+    let globals = generate_inputs(&compiled.fusion, 3).expect("inputs");
+    let per_rank = shard_inputs(&compiled, &globals, 2).expect("shards");
+    let options = RunOptions {
+        timeout: Duration::from_secs(10),
+        ..gpu_options(2)
+    };
+    let start = Instant::now();
+    let result = streamweave::gpu::run_threads_failing(&compiled, per_rank, &options, 1);
+    let elapsed = start.elapsed();
+    match result {
+        Err(RunError::Ranks(errors)) => {
+            let ranks: Vec<usize> = errors.iter().map(|(r, _)| *r).collect();
+            assert_eq!(ranks, vec![0, 1], "every rank ends with an error: {errors:?}");
+            let rank0 = errors[0].1.to_string();
+            println!("rank 0: {rank0}\nrank 1: {}", errors[1].1);
+            assert!(
+                rank0.contains("timed out") || rank0.contains("communicator"),
+                "rank 0 names a timeout or the communicator: {rank0}"
+            );
+        }
+        other => panic!("expected every rank to fail, got {other:?}"),
+    }
+    assert!(
+        elapsed < Duration::from_secs(40),
+        "every rank ended within the timeout (took {elapsed:?})"
+    );
+}
