@@ -149,7 +149,12 @@ fn summary_json(
         None => (false, "null".into(), "null".into(), "null".into()),
     };
     let error = match error {
-        Some(e) => format!("\"{}\"", e.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")),
+        Some(e) => format!(
+            "\"{}\"",
+            e.replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n")
+        ),
         None => "null".into(),
     };
     format!(
@@ -184,7 +189,11 @@ pub fn run(
     if let Some(env) = &launched {
         options.ranks = env.world;
     }
-    let mode = if launched.is_some() { "launch" } else { "threads" };
+    let mode = if launched.is_some() {
+        "launch"
+    } else {
+        "threads"
+    };
     let backend = match options.backend {
         BackendKind::Cpu => "cpu",
         BackendKind::Cuda => "cuda",
@@ -207,28 +216,37 @@ pub fn run(
         Ok(f) => f,
         Err(e) => return fail(e.to_string()),
     };
-    let fusion = if fusion.params().iter().any(|p| p.name == "d") && !set.iter().any(|(k, _)| k == "d") {
-        set.push(("d".into(), options.ranks as i64));
-        match crate::load_file(file, &set) {
-            Ok(f) => f,
-            Err(e) => return fail(e.to_string()),
-        }
-    } else {
-        fusion
-    };
+    let fusion =
+        if fusion.params().iter().any(|p| p.name == "d") && !set.iter().any(|(k, _)| k == "d") {
+            set.push(("d".into(), options.ranks as i64));
+            match crate::load_file(file, &set) {
+                Ok(f) => f,
+                Err(e) => return fail(e.to_string()),
+            }
+        } else {
+            fusion
+        };
     if let Err(e) = check_ranks(&fusion, options.ranks) {
-        // A fusion whose meshes are fixed and need other ranks (send_recv on 2 devices) is
-        // skipped, not failed, by the GPU scripts.
+        // An error; the `skipped:` line tells the GPU scripts that this fusion does not run
+        // on this many ranks (send_recv's meshes are fixed to 2 devices).
         println!("skipped: {e}");
+        eprintln!("error: {e}");
         if is_reporter {
             if let Some(p) = &json.path {
                 let _ = std::fs::write(
                     p,
-                    summary_json(file, options.ranks, mode, backend, None, Some(&format!("skipped: {e}"))),
+                    summary_json(
+                        file,
+                        options.ranks,
+                        mode,
+                        backend,
+                        None,
+                        Some(&format!("skipped: {e}")),
+                    ),
                 );
             }
         }
-        return ExitCode::SUCCESS;
+        return ExitCode::FAILURE;
     }
     let compiled = match compile_for_run(fusion) {
         Ok(c) => c,
@@ -285,7 +303,10 @@ pub fn run(
     );
     print_report(&report, options.check_races);
     if let Some(p) = &json.path {
-        if let Err(e) = std::fs::write(p, summary_json(file, options.ranks, mode, backend, Some(&report), None)) {
+        if let Err(e) = std::fs::write(
+            p,
+            summary_json(file, options.ranks, mode, backend, Some(&report), None),
+        ) {
             eprintln!("error: cannot write {}: {e}", p.display());
             return ExitCode::FAILURE;
         }

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use weave_comm::bootstrap::{exchange_id, gather, LaunchEnv, TcpStore};
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::{CommError, Communicator};
+use weave_cuda::Gpu;
 use weave_executor::{
     check_inputs, program_teams, run_rank, CudaBackend, CudaOptions, Dense, DeviceTensor,
     ExecError, RankRun, RunConfig, StreamKey,
 };
-use weave_cuda::Gpu;
 
 use crate::run::{params_of, Compiled, RunError, RunOptions};
 
@@ -78,10 +78,13 @@ fn run_one(
     }
     let check = comm.clone();
     backend.set_error_check(Arc::new(move || check.async_error().map(|e| e.to_string())));
+    let config = config_of(compiled, options);
+    for _ in 0..options.warmup {
+        run_rank(&compiled.program, &backend, &*comm, inputs, &config)?;
+    }
     if options.trace {
         backend.start_trace()?;
     }
-    let config = config_of(compiled, options);
     let run = run_rank(&compiled.program, &backend, &*comm, inputs, &config);
     if let Err(e) = &run {
         comm.abort(&e.to_string());
@@ -142,15 +145,25 @@ fn run_threads_with(
             .map(|(rank, inputs)| {
                 let id = &id;
                 scope.spawn(move || {
-                    run_one(compiled, inputs, options, rank, rank, world, id, fail == Some(rank))
+                    run_one(
+                        compiled,
+                        inputs,
+                        options,
+                        rank,
+                        rank,
+                        world,
+                        id,
+                        fail == Some(rank),
+                    )
                 })
             })
             .collect();
         handles
             .into_iter()
             .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(ExecError::Program("the rank's thread panicked".into())))
+                h.join().unwrap_or_else(|_| {
+                    Err(ExecError::Program("the rank's thread panicked".into()))
+                })
             })
             .collect()
     });
@@ -199,7 +212,16 @@ pub fn run_launched(
     .map_err(setup)?;
     let id = NcclId::from_bytes(&id_bytes).map_err(setup)?;
     let start = Instant::now();
-    let run = run_one(compiled, &inputs, options, env.local_rank, rank, world, &id, false);
+    let run = run_one(
+        compiled,
+        &inputs,
+        options,
+        env.local_rank,
+        rank,
+        world,
+        &id,
+        false,
+    );
     let elapsed = start.elapsed();
     // Every rank reports, failed or not, so rank 0 never waits for a report that will not
     // come.

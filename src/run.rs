@@ -84,6 +84,9 @@ pub struct RunOptions {
     pub delays: Vec<(StreamKey, Duration)>,
     /// Where the ranks run.
     pub backend: BackendKind,
+    /// Runs of the program before the one that is checked and traced (GPU: warms up
+    /// kernels, GEMM plans, NCCL connections and the memory pool).
+    pub warmup: usize,
 }
 
 /// Where ranks run.
@@ -106,6 +109,7 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(30),
             delays: Vec::new(),
             backend: BackendKind::Cpu,
+            warmup: 0,
         }
     }
 }
@@ -320,7 +324,11 @@ pub fn check_outputs(
 }
 
 /// The per-rank inputs: every global input cut into rank `r`'s shard.
-pub fn shard_inputs(compiled: &Compiled, globals: &[Dense], ranks: usize) -> Result<Vec<Vec<Dense>>, RunError> {
+pub fn shard_inputs(
+    compiled: &Compiled,
+    globals: &[Dense],
+    ranks: usize,
+) -> Result<Vec<Vec<Dense>>, RunError> {
     let inputs: Vec<Layout> = compiled
         .sharded
         .inputs()

@@ -39,7 +39,7 @@ fn run_prints_the_match_timings_and_the_trace() {
     ]);
     assert!(ok, "{out}\n{err}");
     assert!(
-        out.contains("2 rank(s) on the cpu backend, numberOfStreams = 2"),
+        out.contains("2 rank(s) on the cpu backend (threads), numberOfStreams = 2"),
         "{out}"
     );
     assert!(
@@ -94,8 +94,20 @@ fn run_prints_the_match_timings_and_the_trace() {
 
 #[test]
 fn run_refuses_more_ranks_than_the_mesh_and_unknown_backends() {
-    let (ok, _, err) = weave(&["run", "tests/scenarios/allgather.weave", "--ranks", "4"]);
+    // `d` follows --ranks unless --set gives it.
+    let (ok, out, err) = weave(&["run", "tests/scenarios/allgather.weave", "--ranks", "4"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("4 rank(s) on the cpu backend"), "{out}");
+    let (ok, out, err) = weave(&[
+        "run",
+        "tests/scenarios/allgather.weave",
+        "--ranks",
+        "4",
+        "--set",
+        "d=2",
+    ]);
     assert!(!ok);
+    assert!(out.starts_with("skipped: "), "{out}");
     assert_eq!(
         err.trim(),
         "error: 4 ranks were asked for but the fusion's meshes (`m`) cover 2 device(s): every \
@@ -108,9 +120,15 @@ fn run_refuses_more_ranks_than_the_mesh_and_unknown_backends() {
         "cuda",
     ]);
     assert!(!ok);
+    // Without a GPU (as in CI) the CUDA backend says why it cannot run.
+    if weave_cuda::device_count().is_err() {
+        assert!(err.contains("CUDA is not available"), "{err}");
+    }
+    let (ok, _, err) = weave(&["run", "tests/scenarios/allgather.weave", "--backend", "tpu"]);
+    assert!(!ok);
     assert_eq!(
         err.trim(),
-        "error: --backend cuda: the CUDA backend is not available in this build; use --backend cpu"
+        "error: --backend tpu: unknown backend (expected cpu or cuda)"
     );
     let (ok, _, err) = weave(&["run", "tests/scenarios/allgather.weave", "--set", "q=1"]);
     assert!(!ok);

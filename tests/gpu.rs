@@ -56,6 +56,7 @@ fn gpu_options(ranks: usize) -> RunOptions {
         timeout: Duration::from_secs(60),
         delays: Vec::new(),
         backend: BackendKind::Cuda,
+        warmup: 0,
     }
 }
 
@@ -171,7 +172,10 @@ fn sampled_check(
     Ok(format!(
         "{name} on {ranks} GPUs ({} = {}, run {:.1} ms incl. upload): {}",
         rows,
-        full.iter().find(|(k, _)| *k == rows).map(|p| p.1).unwrap_or(0),
+        full.iter()
+            .find(|(k, _)| *k == rows)
+            .map(|p| p.1)
+            .unwrap_or(0),
         run_time.as_secs_f64() * 1e3,
         report.join("; ")
     ))
@@ -217,14 +221,28 @@ fn sample(x: &Dense, want: &[usize]) -> Result<Dense, String> {
     })
 }
 
+/// A large pattern: the fixture, its full-size parameters, the parameter that sizes the rows,
+/// and its value in the sampled reference.
+type Case<'a> = (&'a str, &'a [(&'a str, i64)], &'a str, i64);
+
 #[test]
 fn the_large_patterns_at_t_h_8192_match_a_row_sampled_reference() {
     let Some(n) = gpus() else { return };
     let mut lines = Vec::new();
     for ranks in rank_counts(n) {
-        let cases: [(&str, &[(&str, i64)], &str, i64); 6] = [
-            ("row_parallel_linear", &[("t", 8192), ("h", 8192), ("s", 4)], "t", 64),
-            ("column_parallel_linear", &[("t", 8192), ("h", 8192)], "t", 64),
+        let cases: [Case; 6] = [
+            (
+                "row_parallel_linear",
+                &[("t", 8192), ("h", 8192), ("s", 4)],
+                "t",
+                64,
+            ),
+            (
+                "column_parallel_linear",
+                &[("t", 8192), ("h", 8192)],
+                "t",
+                64,
+            ),
             ("matmul_rs", &[("t", 8192), ("h", 8192), ("s", 4)], "t", 64),
             (
                 "matmul_ar",
@@ -264,7 +282,10 @@ fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
     // Rank 1 sets up its GPU and communicator like every rank, then exits before posting
     // anything; rank 0 runs the program and waits in its first allreduce for a peer that
     // never comes.
-    let fusion = load("row_parallel_linear", &[("t", 256), ("h", 64), ("d", 2), ("s", 4)]);
+    let fusion = load(
+        "row_parallel_linear",
+        &[("t", 256), ("h", 64), ("d", 2), ("s", 4)],
+    );
     let compiled = compile_for_run(fusion).expect("compiles");
     let globals = generate_inputs(&compiled.fusion, 3).expect("inputs");
     let per_rank = shard_inputs(&compiled, &globals, 2).expect("shards");
@@ -278,7 +299,11 @@ fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
     match result {
         Err(RunError::Ranks(errors)) => {
             let ranks: Vec<usize> = errors.iter().map(|(r, _)| *r).collect();
-            assert_eq!(ranks, vec![0, 1], "every rank ends with an error: {errors:?}");
+            assert_eq!(
+                ranks,
+                vec![0, 1],
+                "every rank ends with an error: {errors:?}"
+            );
             let rank0 = errors[0].1.to_string();
             println!("rank 0: {rank0}\nrank 1: {}", errors[1].1);
             assert!(

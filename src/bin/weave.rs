@@ -100,6 +100,10 @@ enum Command {
         /// result) to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
+        /// Run the program this many times first (GPU: warms kernels, GEMM plans and NCCL
+        /// up), then the run that is checked, timed and traced.
+        #[arg(long, default_value_t = 0)]
+        warmup: usize,
     },
     /// Start N processes of a command with the torchrun environment (RANK, WORLD_SIZE,
     /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK), forward their
@@ -168,6 +172,7 @@ fn main() -> ExitCode {
             seed,
             timeout_secs,
             json,
+            warmup,
         } => {
             let backend = match backend.as_deref() {
                 None | Some("cpu") => streamweave::run::BackendKind::Cpu,
@@ -186,6 +191,7 @@ fn main() -> ExitCode {
                 timeout: Duration::from_secs(timeout_secs.max(1)),
                 delays: Vec::new(),
                 backend,
+                warmup,
             };
             let json = streamweave::cli::JsonOut { path: json };
             streamweave::cli::run(&file, &set, &options, trace.as_deref(), &json)

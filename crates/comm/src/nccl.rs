@@ -1224,8 +1224,9 @@ impl<B> Nccl<B> {
             // Both leaked on purpose: NCCL completes a non-blocking split on its own thread
             // and may write the handle (or read the config) after the call returns, even
             // for a rank that passes no color.
-            let out: &'static AtomicPtr<sys::ncclComm> =
-                Box::leak(Box::new(AtomicPtr::new(std::ptr::null_mut::<sys::ncclComm>())));
+            let out: &'static AtomicPtr<sys::ncclComm> = Box::leak(Box::new(AtomicPtr::new(
+                std::ptr::null_mut::<sys::ncclComm>(),
+            )));
             let config: &'static mut sys::ncclConfig_t = Box::leak(Box::new(
                 make_config(self.version, &self.options).map_err(|e| backend(WHAT, e))?,
             ));

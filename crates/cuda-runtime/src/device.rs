@@ -62,7 +62,6 @@ pub(crate) struct GpuInner {
     sm_count: i32,
 }
 
-
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Gpu({})", self.inner.ordinal)
@@ -139,7 +138,10 @@ impl Gpu {
 
     /// The device name, e.g. `NVIDIA H200`.
     pub fn name(&self) -> String {
-        self.inner.ctx.name().unwrap_or_else(|_| "unknown GPU".into())
+        self.inner
+            .ctx
+            .name()
+            .unwrap_or_else(|_| "unknown GPU".into())
     }
 
     /// The cudarc context.
@@ -237,7 +239,12 @@ impl Gpu {
     }
 
     /// Copies `bytes` from host memory to `dst` on `stream` and waits for it.
-    pub fn upload(&self, dst: sys::CUdeviceptr, src: &[u8], stream: &GpuStream) -> Result<(), CudaError> {
+    pub fn upload(
+        &self,
+        dst: sys::CUdeviceptr,
+        src: &[u8],
+        stream: &GpuStream,
+    ) -> Result<(), CudaError> {
         self.bind()?;
         if src.is_empty() {
             return Ok(());
@@ -291,7 +298,12 @@ impl Gpu {
     }
 
     /// Fills `bytes` bytes at `dst` with zeros on `stream`.
-    pub fn zero(&self, dst: sys::CUdeviceptr, bytes: usize, stream: &GpuStream) -> Result<(), CudaError> {
+    pub fn zero(
+        &self,
+        dst: sys::CUdeviceptr,
+        bytes: usize,
+        stream: &GpuStream,
+    ) -> Result<(), CudaError> {
         self.bind()?;
         if bytes == 0 {
             return Ok(());
@@ -438,9 +450,7 @@ pub fn wait_event(
             return Err(e);
         }
         if start.elapsed() >= timeout {
-            return Err(CudaError::Timeout {
-                waited: timeout,
-            });
+            return Err(CudaError::Timeout { waited: timeout });
         }
         spin += 1;
         if spin < 2000 {

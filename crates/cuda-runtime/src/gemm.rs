@@ -122,12 +122,11 @@ impl LtHandle {
         gpu.bind()?;
         let handle = lt::create_handle().map_err(blas("cublasLtCreate"))?;
         // SAFETY: a plain synchronous allocation on the current context.
-        let workspace = unsafe { result::malloc_sync(WORKSPACE_BYTES) }.map_err(|e| {
-            CudaError::Driver {
+        let workspace =
+            unsafe { result::malloc_sync(WORKSPACE_BYTES) }.map_err(|e| CudaError::Driver {
                 call: "cuMemAlloc",
                 message: format!("{e:?}"),
-            }
-        })?;
+            })?;
         Ok(LtHandle { handle, workspace })
     }
 }
@@ -170,13 +169,24 @@ fn blas(call: &'static str) -> impl Fn(cudarc::cublaslt::result::CublasError) ->
     }
 }
 
-fn types(dtype: GemmType, tf32: bool) -> (ltsys::cudaDataType, ltsys::cublasComputeType_t, ltsys::cudaDataType) {
+fn types(
+    dtype: GemmType,
+    tf32: bool,
+) -> (
+    ltsys::cudaDataType,
+    ltsys::cublasComputeType_t,
+    ltsys::cudaDataType,
+) {
     use ltsys::cublasComputeType_t as C;
     use ltsys::cudaDataType as T;
     match dtype {
         GemmType::Bf16 => (T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
         GemmType::F16 => (T::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
-        GemmType::F32 if tf32 => (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32, T::CUDA_R_32F),
+        GemmType::F32 if tf32 => (
+            T::CUDA_R_32F,
+            C::CUBLAS_COMPUTE_32F_FAST_TF32,
+            T::CUDA_R_32F,
+        ),
         GemmType::F32 => (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
         GemmType::F64 => (T::CUDA_R_64F, C::CUBLAS_COMPUTE_64F, T::CUDA_R_64F),
     }
@@ -189,8 +199,13 @@ unsafe fn set_desc<V>(
     attr: ltsys::cublasLtMatmulDescAttributes_t,
     value: &V,
 ) -> Result<(), CudaError> {
-    lt::set_matmul_desc_attribute(desc, attr, value as *const V as *const c_void, size_of::<V>())
-        .map_err(blas("cublasLtMatmulDescSetAttribute"))
+    lt::set_matmul_desc_attribute(
+        desc,
+        attr,
+        value as *const V as *const c_void,
+        size_of::<V>(),
+    )
+    .map_err(blas("cublasLtMatmulDescSetAttribute"))
 }
 
 fn layout(
@@ -201,7 +216,8 @@ fn layout(
     batch: i32,
     stride: i64,
 ) -> Result<ltsys::cublasLtMatrixLayout_t, CudaError> {
-    let l = lt::create_matrix_layout(t, rows, cols, ld).map_err(blas("cublasLtMatrixLayoutCreate"))?;
+    let l =
+        lt::create_matrix_layout(t, rows, cols, ld).map_err(blas("cublasLtMatrixLayoutCreate"))?;
     if batch > 1 {
         use ltsys::cublasLtMatrixLayoutAttribute_t as A;
         // SAFETY: `l` is live; the attributes take an int32 and an int64.
@@ -229,7 +245,8 @@ impl Plan {
     fn new(handle: &LtHandle, s: &GemmShape) -> Result<Plan, CudaError> {
         use ltsys::cublasLtMatmulDescAttributes_t as D;
         let (t, compute, scale) = types(s.dtype, s.tf32);
-        let desc = lt::create_matmul_desc(compute, scale).map_err(blas("cublasLtMatmulDescCreate"))?;
+        let desc =
+            lt::create_matmul_desc(compute, scale).map_err(blas("cublasLtMatmulDescCreate"))?;
         // cublasOperation_t: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 (an int32 attribute).
         let op = |tr: bool| -> i32 { i32::from(tr) };
         let (ar, ac) = if s.transa { (s.k, s.m) } else { (s.m, s.k) };
@@ -247,7 +264,11 @@ impl Plan {
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(s.transa))?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(s.transb))?;
             if s.bias {
-                set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS)?;
+                set_desc(
+                    desc,
+                    D::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                    &ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+                )?;
             }
             if s.sm_count > 0 {
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &s.sm_count)?;
@@ -284,7 +305,12 @@ impl Plan {
 impl Gpu {
     /// Enqueues `shape` on `stream` with the given operands. The first call of a shape picks
     /// the algorithm; later calls reuse it.
-    pub fn gemm(&self, stream: &GpuStream, shape: &GemmShape, ops: GemmOperands) -> Result<(), CudaError> {
+    pub fn gemm(
+        &self,
+        stream: &GpuStream,
+        shape: &GemmShape,
+        ops: GemmOperands,
+    ) -> Result<(), CudaError> {
         let handle = stream
             .lt
             .get_or_init(|| LtHandle::new(self))

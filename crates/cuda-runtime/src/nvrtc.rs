@@ -92,7 +92,9 @@ impl Gpu {
             function,
             name: name.to_string(),
         });
-        cache.compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        cache
+            .compiles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         cache.kernels.lock().unwrap().insert(key, kernel.clone());
         Ok(kernel)
     }

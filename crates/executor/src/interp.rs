@@ -612,7 +612,8 @@ pub(crate) fn reshape_sizes(
         return Ok(out);
     }
     let mut target = shape.iter().map(eval).collect::<Result<Vec<usize>, _>>()?;
-    let numel = checked_numel(ins).ok_or_else(|| format!("the element count of {ins:?} overflows"))?;
+    let numel =
+        checked_numel(ins).ok_or_else(|| format!("the element count of {ins:?} overflows"))?;
     if checked_numel(&target) == Some(numel) {
         return Ok(target);
     }

@@ -30,8 +30,8 @@ pub mod timeline;
 
 pub use backend::{Backend, Region, Span, StreamKey};
 pub use cpu::{CpuBackend, CpuOptions};
+pub use cuda::{CudaBackend, CudaOptions, DeviceTensor};
 pub use dense::Dense;
 pub use error::ExecError;
-pub use cuda::{CudaBackend, CudaOptions, DeviceTensor};
 pub use eval::{check_inputs, program_teams, run_rank, RankRun, RunConfig};
 pub use race::{RaceChecker, RaceReport};

@@ -251,7 +251,10 @@ pub fn plan(
     }
     let mut g = Gen {
         fusion,
-        name: name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect(),
+        name: name
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect(),
         plan: KernelPlan::default(),
     };
     let mut env = std::collections::HashMap::new();
@@ -522,10 +525,19 @@ impl Gen<'_> {
         });
     }
 
-    fn reduce(&mut self, x: &Lazy, op: ReduceOp, axes: &[usize], dtype: DType) -> Result<Lazy, String> {
+    fn reduce(
+        &mut self,
+        x: &Lazy,
+        op: ReduceOp,
+        axes: &[usize],
+        dtype: DType,
+    ) -> Result<Lazy, String> {
         let rank = x.sizes.len();
         if axes.iter().any(|a| *a >= rank) {
-            return Err(format!("axes {axes:?} out of range for sizes {:?}", x.sizes));
+            return Err(format!(
+                "axes {axes:?} out of range for sizes {:?}",
+                x.sizes
+            ));
         }
         let kept: Vec<usize> = (0..rank).filter(|a| !axes.contains(a)).collect();
         let mut reduced = axes.to_vec();
@@ -534,7 +546,10 @@ impl Gen<'_> {
         let out_sizes: Vec<usize> = kept.iter().map(|a| x.sizes[*a]).collect();
         let red_sizes: Vec<usize> = reduced.iter().map(|a| x.sizes[*a]).collect();
         if numel(&red_sizes) == 0 && numel(&out_sizes) > 0 && op == ReduceOp::Max {
-            return Err(format!("max over axes {axes:?} of sizes {:?}, which are empty", x.sizes));
+            return Err(format!(
+                "max over axes {axes:?} of sizes {:?}, which are empty",
+                x.sizes
+            ));
         }
         let dst = self.new_temp(dtype, &out_sizes);
         let ct = compute_type(&x.node, Some(dtype));
@@ -724,7 +739,7 @@ impl Emitter {
     }
 
     /// `v` (compute type) rounded to `d`, as a raw value of `d`'s C type.
-    fn from_ct(&self, d: DType, v: &str) -> String {
+    fn round_to_c(&self, d: DType, v: &str) -> String {
         match d {
             DType::BF16 => format!("f2bf((float)({v}))"),
             DType::F16 => format!("f2h((float)({v}))"),
@@ -746,12 +761,18 @@ impl Emitter {
             }
             Node::Cast(d, x) => {
                 let a = self.expr(x);
-                let raw = self.from_ct(*d, &a);
+                let raw = self.round_to_c(*d, &a);
                 self.to_ct(*d, &raw)
             }
             Node::Unary(u, x) => {
                 let a = self.expr(x);
-                let m = |name: &str| if f { format!("{name}f({a})") } else { format!("{name}({a})") };
+                let m = |name: &str| {
+                    if f {
+                        format!("{name}f({a})")
+                    } else {
+                        format!("{name}({a})")
+                    }
+                };
                 match u {
                     UnaryOp::Neg => format!("-{a}"),
                     UnaryOp::Abs => m("fabs"),
@@ -765,7 +786,11 @@ impl Emitter {
                     UnaryOp::Reciprocal => format!("(({ct})1 / {a})"),
                     UnaryOp::Relu => format!("({a} < ({ct})0 ? ({ct})0 : {a})"),
                     UnaryOp::Sigmoid => {
-                        let e = if f { format!("expf(-{a})") } else { format!("exp(-{a})") };
+                        let e = if f {
+                            format!("expf(-{a})")
+                        } else {
+                            format!("exp(-{a})")
+                        };
                         format!("(({ct})1 / (({ct})1 + {e}))")
                     }
                     UnaryOp::Not => format!("({a} == ({ct})0 ? ({ct})1 : ({ct})0)"),
@@ -800,8 +825,12 @@ impl Emitter {
                     BinaryOp::Le => cmp("<="),
                     BinaryOp::Gt => cmp(">"),
                     BinaryOp::Ge => cmp(">="),
-                    BinaryOp::And => format!("(({a} != ({ct})0 && {c} != ({ct})0) ? ({ct})1 : ({ct})0)"),
-                    BinaryOp::Or => format!("(({a} != ({ct})0 || {c} != ({ct})0) ? ({ct})1 : ({ct})0)"),
+                    BinaryOp::And => {
+                        format!("(({a} != ({ct})0 && {c} != ({ct})0) ? ({ct})1 : ({ct})0)")
+                    }
+                    BinaryOp::Or => {
+                        format!("(({a} != ({ct})0 || {c} != ({ct})0) ? ({ct})1 : ({ct})0)")
+                    }
                 }
             }
             Node::Where(c, x, y) => {
@@ -825,7 +854,7 @@ impl Emitter {
             "    (({}*)p{k})[{}] = {};\n",
             c_type(dst.dtype),
             e.offset(dst),
-            self.from_ct(dst.dtype, v)
+            self.round_to_c(dst.dtype, v)
         )
     }
 
@@ -834,7 +863,11 @@ impl Emitter {
             .map(|k| format!("unsigned long long p{k}"))
             .collect();
         let mut s = String::from(PRELUDE);
-        let _ = writeln!(s, "extern \"C\" __global__ void {name}({}) {{", params.join(", "));
+        let _ = writeln!(
+            s,
+            "extern \"C\" __global__ void {name}({}) {{",
+            params.join(", ")
+        );
         let _ = writeln!(
             s,
             "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {n}LL; \
@@ -868,11 +901,17 @@ mod tests {
         let v = view(&[4, 6], &[6, 1]);
         assert_eq!(reshape_view(&v, &[4, 2, 3]).unwrap().strides, vec![6, 3, 1]);
         assert_eq!(reshape_view(&v, &[24]).unwrap().strides, vec![1]);
-        assert_eq!(reshape_view(&v, &[1, 4, 6, 1]).unwrap().strides, vec![0, 6, 1, 0]);
+        assert_eq!(
+            reshape_view(&v, &[1, 4, 6, 1]).unwrap().strides,
+            vec![0, 6, 1, 0]
+        );
         // A chunk of a wider buffer: rows are 10 apart, so rows cannot merge.
         let chunk = view(&[4, 6], &[10, 1]);
         assert!(reshape_view(&chunk, &[24]).is_none());
-        assert_eq!(reshape_view(&chunk, &[2, 2, 6]).unwrap().strides, vec![20, 10, 1]);
+        assert_eq!(
+            reshape_view(&chunk, &[2, 2, 6]).unwrap().strides,
+            vec![20, 10, 1]
+        );
         // A transposed view cannot split its inner axis into a row-major pair.
         let t = view(&[6, 4], &[1, 6]);
         assert!(reshape_view(&t, &[24]).is_none());

@@ -69,7 +69,11 @@ pub struct DeviceTensor {
 
 impl std::fmt::Debug for DeviceTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceTensor({:?}, {:?} of {:?})", self.mem, self.ranges, self.shape)
+        write!(
+            f,
+            "DeviceTensor({:?}, {:?} of {:?})",
+            self.mem, self.ranges, self.shape
+        )
     }
 }
 
@@ -163,7 +167,6 @@ impl DeviceBuffer for DeviceTensor {
     }
 }
 
-
 /// A box of `sizes` with element `strides` as a row-major matrix of `cols` columns: (rows,
 /// leading dimension), when its axes merge into uniformly strided rows. Axes of one element
 /// do not matter (a GEMM result may carry a trailing `1`).
@@ -174,7 +177,7 @@ fn matrix_of(sizes: &[usize], strides: &[usize], cols: usize) -> Option<(usize, 
         .filter(|(n, _)| **n != 1)
         .map(|(n, s)| (*n, *s))
         .unzip();
-        let merges = |axes: usize| {
+    let merges = |axes: usize| {
         (0..axes.saturating_sub(1)).all(|a| strides[a] == strides[a + 1] * sizes[a + 1])
     };
     let r = sizes.len();
@@ -183,7 +186,10 @@ fn matrix_of(sizes: &[usize], strides: &[usize], cols: usize) -> Option<(usize, 
         if !merges(r) {
             return None;
         }
-        return Some((sizes.iter().product(), strides.last().copied().unwrap_or(1).max(1)));
+        return Some((
+            sizes.iter().product(),
+            strides.last().copied().unwrap_or(1).max(1),
+        ));
     }
     if r == 0 || sizes[r - 1] != cols || strides[r - 1] != 1 || !merges(r - 1) {
         return None;
@@ -207,6 +213,9 @@ struct PendingSpan {
 /// A check the backend runs while the host waits: the communicator's asynchronous error.
 pub type ErrorCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
+/// A kernel segment's plans are specific to its operands' layouts.
+type PlanKey = (KernelId, Vec<TensorArg>, Vec<TensorArg>);
+
 /// One rank's GPU.
 pub struct CudaBackend {
     gpu: Gpu,
@@ -214,7 +223,7 @@ pub struct CudaBackend {
     streams: Mutex<BTreeMap<StreamKey, GpuStream>>,
     error: Mutex<Option<ExecError>>,
     check: Mutex<Option<ErrorCheck>>,
-    plans: Mutex<HashMap<(KernelId, Vec<TensorArg>, Vec<TensorArg>), Arc<KernelPlan>>>,
+    plans: Mutex<HashMap<PlanKey, Arc<KernelPlan>>>,
     spans: Mutex<Vec<PendingSpan>>,
     origin: Mutex<Option<CudaEvent>>,
     allocations: Mutex<Vec<std::sync::Weak<DeviceMemory>>>,
@@ -286,13 +295,10 @@ impl CudaBackend {
         let check = self.check.lock().unwrap().clone();
         let timeout = self.options.timeout;
         wait_event(&event, timeout, || {
-            check
-                .as_ref()
-                .and_then(|c| c())
-                .map(|m| CudaError::Driver {
-                    call: "communicator",
-                    message: m,
-                })
+            check.as_ref().and_then(|c| c()).map(|m| CudaError::Driver {
+                call: "communicator",
+                message: m,
+            })
         })
         .map_err(|e| match e {
             CudaError::Timeout { waited } => ExecError::Timeout {
@@ -381,7 +387,9 @@ impl CudaBackend {
         }
         let dtype = self.gemm_type(a.dtype, label)?;
         let (asz, bsz) = (a.sizes(), b.sizes());
-        if asz.len() < 2 && !(bt && !asz.is_empty()) || bsz.len() < 2 {
+        // `linear` takes a rank-1 input; `matmul` needs rank 2 or more on both sides.
+        let a_ok = if bt { !asz.is_empty() } else { asz.len() >= 2 };
+        if !a_ok || bsz.len() < 2 {
             return Err(err(format!("operands of sizes {asz:?} and {bsz:?}")));
         }
         let k = asz[asz.len() - 1];
@@ -396,8 +404,7 @@ impl CudaBackend {
         let b_batch: usize = bsz[..bsz.len() - 2].iter().product();
         if b_batch > 1 && !(a.contiguous() && b.contiguous() && c.contiguous()) {
             return Err(err(
-                "a batched GEMM operand is not contiguous; the GPU takes contiguous batches"
-                    .into(),
+                "a batched GEMM operand is not contiguous; the GPU takes contiguous batches".into(),
             ));
         }
         // Each operand as a row-major matrix: (rows, leading dimension).
@@ -539,7 +546,11 @@ impl Backend for CudaBackend {
     }
 
     fn record_event(&self, stream: &GpuStream) -> GpuEvent {
-        match self.gpu.new_event(false).and_then(|e| stream.record(&e).map(|()| e)) {
+        match self
+            .gpu
+            .new_event(false)
+            .and_then(|e| stream.record(&e).map(|()| e))
+        {
             Ok(e) => Some(Arc::new(e)),
             Err(e) => {
                 self.fail(e.into());
@@ -792,7 +803,9 @@ impl Backend for CudaBackend {
         let Some(origin) = origin.as_ref().or(spans.first().map(|s| &s.start)) else {
             return Vec::new();
         };
-        spans
+        // Times count from this rank's first span: GPUs' clocks are not comparable across
+        // ranks, and the host work before the first span (input uploads) is not GPU work.
+        let mut out: Vec<Span> = spans
             .iter()
             .filter_map(|s| {
                 let start = origin.elapsed_ms(&s.start).ok()? as f64 * 1000.0;
@@ -804,7 +817,14 @@ impl Backend for CudaBackend {
                     dur_us: (end - start).max(0.0),
                 })
             })
-            .collect()
+            .collect();
+        let first = out.iter().map(|s| s.start_us).fold(f64::INFINITY, f64::min);
+        if first.is_finite() {
+            for s in &mut out {
+                s.start_us -= first;
+            }
+        }
+        out
     }
 
     fn streams(&self) -> Vec<StreamKey> {
@@ -825,7 +845,10 @@ mod tests {
     #[test]
     fn matrices_of_chunks_ignore_size_one_axes() {
         // A chunk of rows of a [512, 512, 1] buffer (a linear's partial result).
-        assert_eq!(matrix_of(&[256, 512, 1], &[512, 1, 1], 512), Some((256, 512)));
+        assert_eq!(
+            matrix_of(&[256, 512, 1], &[512, 1, 1], 512),
+            Some((256, 512))
+        );
         // A chunk of columns: rows keep the allocation's stride.
         assert_eq!(matrix_of(&[8, 4], &[12, 1], 4), Some((8, 12)));
         // Leading axes merge when they are contiguous, not otherwise.
