@@ -1,17 +1,26 @@
-//! Compile-time benchmarks on the CPU: loading (parse, schedule, verify) the row-parallel
-//! linear fusion. Later layers add the pass pipeline here (target: under 2 ms end to end).
+//! Host-cost benchmarks on the CPU: loading (parse, schedule, verify) the row-parallel
+//! linear fusion, compiling it through the whole pass pipeline to its host program (target:
+//! under 2 ms), and the evaluator's own cost per loop iteration, measured on the meter
+//! backend, which does no device work (target: under 5 µs).
 
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use streamweave::run::{compile_for_run, params_of};
+use weave_executor::meter::MeterBackend;
+use weave_executor::{run_rank, Dense, RunConfig};
 
-fn load_row_parallel(c: &mut Criterion) {
+fn source() -> String {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/scenarios/row_parallel_linear.weave"
     );
-    let source = std::fs::read_to_string(path).expect("fixture exists");
+    std::fs::read_to_string(path).expect("fixture exists")
+}
+
+fn load_row_parallel(c: &mut Criterion) {
+    let source = source();
     c.bench_function("load row_parallel_linear", |b| {
         b.iter(|| streamweave::load("row_parallel_linear.weave", black_box(&source), &[]).unwrap())
     });
@@ -23,5 +32,72 @@ fn load_row_parallel(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, load_row_parallel);
+fn compile_row_parallel(c: &mut Criterion) {
+    let source = source();
+    c.bench_function("load+compile row_parallel_linear (whole pipeline)", |b| {
+        b.iter(|| {
+            let f =
+                streamweave::load("row_parallel_linear.weave", black_box(&source), &[]).unwrap();
+            compile_for_run(f).unwrap()
+        })
+    });
+}
+
+/// One rank of the row-parallel program with `s` chunks on the meter backend: every
+/// statement is evaluated (scalars, views, events, posts) and no device work is done, so the
+/// time per chunk is the evaluator's cost per loop iteration.
+fn evaluator_per_iteration(c: &mut Criterion) {
+    let mut group = c.benchmark_group("evaluator");
+    for s in [4usize, 64] {
+        let set: Vec<(String, i64)> = [("t", 64 * s as i64), ("h", 8), ("d", 2), ("s", s as i64)]
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        let fusion = streamweave::load("row_parallel_linear.weave", &source(), &set).unwrap();
+        let compiled = compile_for_run(fusion).unwrap();
+        let inputs: Vec<Dense> = compiled
+            .sharded
+            .inputs()
+            .iter()
+            .map(|&t| Dense {
+                dtype: compiled.sharded.tensor(t).dtype,
+                sizes: streamweave::shard::Layout::of(&compiled.sharded, t)
+                    .unwrap()
+                    .local_sizes(),
+                data: Vec::new(),
+            })
+            .collect();
+        let config = RunConfig {
+            params: params_of(&compiled.sharded),
+            number_of_streams: 2,
+            check_races: false,
+        };
+        group.throughput(Throughput::Elements(s as u64));
+        group.bench_function(
+            format!("row_parallel_linear, {s} chunks (per chunk: 1 / throughput)"),
+            |b| {
+                b.iter(|| {
+                    let backend = MeterBackend::new();
+                    let comm = backend.comm(0, 2);
+                    run_rank(
+                        &compiled.program,
+                        &backend,
+                        &comm,
+                        black_box(&inputs),
+                        &config,
+                    )
+                    .unwrap()
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    load_row_parallel,
+    compile_row_parallel,
+    evaluator_per_iteration
+);
 criterion_main!(benches);

@@ -104,11 +104,14 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
     println!("max abs error: {:.3e}", report.max_abs_error());
 }
 
-/// Where `weave run` writes its one-line JSON summary, and the scenario name it reports.
+/// The flags of `weave run` beyond [`RunOptions`]: where the one-line JSON summary goes, and
+/// the chunk count.
 #[derive(Clone, Debug, Default)]
-pub struct JsonOut {
-    /// The file to write, if any.
+pub struct RunFlags {
+    /// The JSON summary's file, if any.
     pub path: Option<std::path::PathBuf>,
+    /// `--chunks`: a fixed S, or `None` for the cost model's choice.
+    pub chunks: Option<usize>,
 }
 
 /// The JSON summary of a run (or of its failure).
@@ -172,7 +175,7 @@ pub fn run(
     set: &[(String, i64)],
     options: &RunOptions,
     trace: Option<&Path>,
-    json: &JsonOut,
+    json: &RunFlags,
 ) -> ExitCode {
     let mut options = options.clone();
     let launched = if options.backend == BackendKind::Cuda {
@@ -216,16 +219,57 @@ pub fn run(
         Ok(f) => f,
         Err(e) => return fail(e.to_string()),
     };
-    let fusion =
-        if fusion.params().iter().any(|p| p.name == "d") && !set.iter().any(|(k, _)| k == "d") {
-            set.push(("d".into(), options.ranks as i64));
-            match crate::load_file(file, &set) {
-                Ok(f) => f,
-                Err(e) => return fail(e.to_string()),
+    let has = |name: &str, set: &[(String, i64)]| {
+        fusion.params().iter().any(|p| p.name == name) && !set.iter().any(|(k, _)| k == name)
+    };
+    let mut reload = false;
+    if has("d", &set) {
+        set.push(("d".into(), options.ranks as i64));
+        reload = true;
+    }
+    if has("s", &set) {
+        match json.chunks {
+            Some(n) => {
+                set.push(("s".into(), n as i64));
+                reload = true;
             }
-        } else {
-            fusion
-        };
+            None if options.backend == BackendKind::Cuda => {
+                let cal = match crate::chunks::Calibration::load() {
+                    Ok(c) => c,
+                    Err(e) => return fail(e),
+                };
+                match crate::chunks::auto_chunks(file, &set, options.ranks, &cal) {
+                    Ok(choice) => {
+                        if is_reporter {
+                            let predicted: Vec<String> = choice
+                                .predicted
+                                .iter()
+                                .map(|(s, t)| format!("S={s}: {:.3} ms", t * 1e3))
+                                .collect();
+                            println!(
+                                "chunks: auto -> {} (predicted {}; calibration: {})",
+                                choice.chunks,
+                                predicted.join(", "),
+                                cal.source
+                            );
+                        }
+                        set.push(("s".into(), choice.chunks as i64));
+                        reload = true;
+                    }
+                    Err(e) => return fail(format!("choosing the chunk count: {e}")),
+                }
+            }
+            None => {}
+        }
+    }
+    let fusion = if reload {
+        match crate::load_file(file, &set) {
+            Ok(f) => f,
+            Err(e) => return fail(e.to_string()),
+        }
+    } else {
+        fusion
+    };
     if let Err(e) = check_ranks(&fusion, options.ranks) {
         // An error; the `skipped:` line tells the GPU scripts that this fusion does not run
         // on this many ranks (send_recv's meshes are fixed to 2 devices).

@@ -134,3 +134,43 @@ fn run_refuses_more_ranks_than_the_mesh_and_unknown_backends() {
     assert!(!ok);
     assert!(err.contains("unknown parameter `q`"), "{err}");
 }
+
+#[test]
+fn chunks_sets_the_stream_split_unless_set_gives_it() {
+    let dump = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "tests/scenarios/row_parallel_linear.weave",
+            "--set",
+            "t=48",
+            "--set",
+            "h=8",
+        ];
+        args.extend_from_slice(extra);
+        weave(&args)
+    };
+    // Statements rank 0 issued: the loop bodies run once per chunk.
+    let issued = |extra: &[&str]| {
+        let (ok, out, err) = dump(extra);
+        assert!(ok, "{out}\n{err}");
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix("rank 0: "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("no statement count in {out}"))
+    };
+    let three = issued(&["--chunks", "3"]);
+    let two = issued(&["--chunks", "2"]);
+    assert!(
+        three > two,
+        "3 chunks issue more statements than 2: {three} vs {two}"
+    );
+    // `--set s=` wins over --chunks.
+    assert_eq!(issued(&["--chunks", "3", "--set", "s=2"]), two);
+    let (ok, _, err) = dump(&["--chunks", "0"]);
+    assert!(!ok);
+    assert!(
+        err.contains("`0` is neither `auto` nor a positive number"),
+        "{err}"
+    );
+}

@@ -104,6 +104,12 @@ enum Command {
         /// up), then the run that is checked, timed and traced.
         #[arg(long, default_value_t = 0)]
         warmup: usize,
+        /// The chunk count S (the fusion's parameter `s`, unless `--set s=` gives it): a
+        /// number, or `auto` — on the CUDA backend a cost model (GEMM work and communication
+        /// of the unchunked program against the machine's calibration) picks the fastest of
+        /// 1, 2, 4, 8, no overlap when it cannot pay; on the CPU backend the declared `s`.
+        #[arg(long, default_value = "auto", value_parser = parse_chunks)]
+        chunks: Chunks,
     },
     /// Start N processes of a command with the torchrun environment (RANK, WORLD_SIZE,
     /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK), forward their
@@ -130,6 +136,20 @@ enum Command {
         #[arg(last = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
+}
+
+/// `--chunks`: `auto` or a positive count.
+#[derive(Clone, Copy, Debug)]
+struct Chunks(Option<usize>);
+
+fn parse_chunks(s: &str) -> Result<Chunks, String> {
+    if s == "auto" {
+        return Ok(Chunks(None));
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(Chunks(Some(n))),
+        _ => Err(format!("`{s}` is neither `auto` nor a positive number")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -173,6 +193,7 @@ fn main() -> ExitCode {
             timeout_secs,
             json,
             warmup,
+            chunks,
         } => {
             let backend = match backend.as_deref() {
                 None | Some("cpu") => streamweave::run::BackendKind::Cpu,
@@ -193,7 +214,10 @@ fn main() -> ExitCode {
                 backend,
                 warmup,
             };
-            let json = streamweave::cli::JsonOut { path: json };
+            let json = streamweave::cli::RunFlags {
+                path: json,
+                chunks: chunks.0,
+            };
             streamweave::cli::run(&file, &set, &options, trace.as_deref(), &json)
         }
         Command::Launch {

@@ -16,7 +16,7 @@ use weave_host_ir::{
     CommunicationType, HostProgram, HostScalar, HostTensorId, Names, P2PDirection, ScalarId, Stmt,
     StmtId, Stream, StreamId,
 };
-use weave_ir::{Fusion, ReduceOp, Scalar};
+use weave_ir::{DType, Fusion, ReduceOp, Scalar};
 
 use crate::backend::{Backend, Span, StreamKey};
 use crate::dense::Dense;
@@ -86,11 +86,71 @@ where
     result
 }
 
+/// What [`run_rank_buffers`] leaves: the outputs, still on the device, and the host's cost.
+#[derive(Clone, Debug)]
+pub struct BufferRun<T> {
+    /// The program's outputs, in signature order, as device buffers.
+    pub outputs: Vec<T>,
+    /// Host time spent issuing statements.
+    pub issue_time: Duration,
+    /// Statements issued (a loop body counts once per iteration).
+    pub statements: usize,
+}
+
+/// Runs `program` on inputs already on the device and returns once every statement is
+/// *issued*: nothing is uploaded, downloaded or waited for, so a caller can time the device
+/// work with its own events and run the program again on the same buffers (benchmarks, CUDA
+/// graph capture). The race checker is not run. Errors of enqueued work surface at the
+/// backend's next synchronization.
+pub fn run_rank_buffers<B, C>(
+    program: &HostProgram,
+    backend: &B,
+    comm: &C,
+    inputs: &[B::Buffer],
+    config: &RunConfig,
+) -> Result<BufferRun<B::Buffer>, ExecError>
+where
+    B: Backend,
+    C: Communicator<Buffer = B::Buffer, Stream = B::CommStream>,
+{
+    let config = RunConfig {
+        check_races: false,
+        ..config.clone()
+    };
+    let shapes: Vec<(DType, Vec<usize>)> = inputs
+        .iter()
+        .map(|b| (backend.dtype(b), backend.sizes(b)))
+        .collect();
+    let given: Vec<(DType, &[usize])> = shapes.iter().map(|(d, s)| (*d, s.as_slice())).collect();
+    let result = check_signature(program, &given, &config, comm.rank(), comm.size())
+        .and_then(|()| Evaluator::new(program, backend, comm, &config))
+        .and_then(|mut e| e.issue(inputs));
+    if let Err(e) = &result {
+        comm.abort(&e.to_string());
+    }
+    result
+}
+
 /// Checks `inputs` against the signature of `program` for a world of `world` ranks without
 /// running anything.
 pub fn check_inputs(
     program: &HostProgram,
     inputs: &[Dense],
+    config: &RunConfig,
+    rank: usize,
+    world: usize,
+) -> Result<(), ExecError> {
+    let given: Vec<(DType, &[usize])> = inputs
+        .iter()
+        .map(|d| (d.dtype, d.sizes.as_slice()))
+        .collect();
+    check_signature(program, &given, config, rank, world)
+}
+
+/// Checks inputs given as (dtype, sizes) against the signature of `program`.
+fn check_signature(
+    program: &HostProgram,
+    inputs: &[(DType, &[usize])],
     config: &RunConfig,
     rank: usize,
     world: usize,
@@ -110,27 +170,27 @@ pub fn check_inputs(
             inputs.len()
         )));
     }
-    for (k, (&t, given)) in program.inputs.iter().zip(inputs).enumerate() {
+    for (k, (&t, &(given_dtype, given_sizes))) in program.inputs.iter().zip(inputs).enumerate() {
         let name = names.tensor(t);
         let decl = program.tensors.get(t).ok_or_else(|| {
             ExecError::Program(format!("input {k} is not a tensor of the program"))
         })?;
-        if decl.dtype != given.dtype {
+        if decl.dtype != given_dtype {
             return Err(ExecError::Input(format!(
                 "input {k} ({name}) must be {} but a {} tensor was given",
                 decl.dtype.name(),
-                given.dtype.name()
+                given_dtype.name()
             )));
         }
-        if decl.sizes.len() != given.sizes.len() {
+        if decl.sizes.len() != given_sizes.len() {
             return Err(ExecError::Input(format!(
                 "input {k} ({name}) has {} axes but the given tensor has {} (sizes {:?})",
                 decl.sizes.len(),
-                given.sizes.len(),
-                given.sizes
+                given_sizes.len(),
+                given_sizes
             )));
         }
-        for (axis, (&s, &n)) in decl.sizes.iter().zip(&given.sizes).enumerate() {
+        for (axis, (&s, &n)) in decl.sizes.iter().zip(given_sizes).enumerate() {
             let want = scalars.eval(s, &mut names)?;
             if want != n as i64 {
                 let expr = names.scalar(program, s);
@@ -349,6 +409,31 @@ where
             spans: self.backend.spans(),
             issue_time,
             wall_time: start.elapsed(),
+            statements: self.statements,
+        })
+    }
+
+    /// Binds `inputs` and issues every statement; no download, no synchronization.
+    fn issue(&mut self, inputs: &[B::Buffer]) -> Result<BufferRun<B::Buffer>, ExecError> {
+        for (&t, b) in self.program.inputs.iter().zip(inputs) {
+            self.tensors.insert(t, b.clone());
+        }
+        let start = Instant::now();
+        let top = self.program.top_level.clone();
+        self.exec_scope(&top)?;
+        let issue_time = start.elapsed();
+        if self.group.is_some() {
+            return Err(ExecError::Program(
+                "the program ends inside a coalescing group (StartCoalescing without EndCoalescing)".into(),
+            ));
+        }
+        let mut outputs = Vec::new();
+        for &t in &self.program.outputs.clone() {
+            outputs.push(self.buffer(t, "the end of the program")?);
+        }
+        Ok(BufferRun {
+            outputs,
+            issue_time,
             statements: self.statements,
         })
     }

@@ -8,6 +8,8 @@
 //!   [`cuda`]: the CUDA backend (cuBLASLt GEMMs, generated NVRTC kernels, CUDA-event spans);
 //! * [`interp`]: the fusion interpreter that CPU kernel segments and the reference run;
 //!   [`reference`](mod@reference): the unsharded reference evaluation and dtype-aware comparison;
+//! * [`meter`]: a backend and communicator that do no work and count it (the evaluator's
+//!   host cost alone; the workload a cost model needs);
 //! * [`race`]: the race checker (vector clocks per stream, advanced by `Synchronize` and
 //!   `Wait`);
 //! * [`timeline`]: per-rank, per-stream spans in Chrome trace format and as an SVG picture.
@@ -24,6 +26,7 @@ pub mod dense;
 pub mod error;
 pub mod eval;
 pub mod interp;
+pub mod meter;
 pub mod race;
 pub mod reference;
 pub mod timeline;
@@ -33,5 +36,7 @@ pub use cpu::{CpuBackend, CpuOptions};
 pub use cuda::{CudaBackend, CudaOptions, DeviceTensor};
 pub use dense::Dense;
 pub use error::ExecError;
-pub use eval::{check_inputs, program_teams, run_rank, RankRun, RunConfig};
+pub use eval::{
+    check_inputs, program_teams, run_rank, run_rank_buffers, BufferRun, RankRun, RunConfig,
+};
 pub use race::{RaceChecker, RaceReport};

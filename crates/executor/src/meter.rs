@@ -1,0 +1,341 @@
+//! A backend and a communicator that do no work: buffers are shapes, streams are names, and
+//! every GEMM, kernel launch and communication is counted (flops, bytes). Running a program
+//! on them measures the evaluator's own host cost, and tells a cost model what one rank's
+//! program computes and moves.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use weave_comm::{Collective, CommError, CommOp, Communicator, P2p};
+use weave_host_ir::KernelId;
+use weave_ir::{DType, Fusion};
+
+use crate::backend::{Backend, Region, Span, StreamKey};
+use crate::dense::{elem_bytes, Dense};
+use crate::error::ExecError;
+
+/// A buffer that is only a shape: a box of an allocation.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    dtype: DType,
+    allocation: u64,
+    ranges: Vec<Range<usize>>,
+}
+
+impl Shape {
+    fn sizes(&self) -> Vec<usize> {
+        self.ranges.iter().map(|r| r.len()).collect()
+    }
+
+    fn bytes(&self) -> usize {
+        self.ranges.iter().map(|r| r.len()).product::<usize>() * elem_bytes(self.dtype)
+    }
+}
+
+/// One communication as the meter saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeteredComm {
+    /// `allreduce`, `allgather`, …, or `send/recv`.
+    pub kind: &'static str,
+    /// Ranks taking part.
+    pub team: usize,
+    /// Bytes of the larger of its input and output on this rank (for send/recv: the bytes
+    /// sent).
+    pub bytes: usize,
+}
+
+/// What a rank's program did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Meter {
+    /// GEMMs issued.
+    pub gemms: usize,
+    /// Their floating-point operations (2 · m · n · k each).
+    pub gemm_flops: f64,
+    /// Kernel segments launched.
+    pub kernels: usize,
+    /// Communications posted, in order.
+    pub comms: Vec<MeteredComm>,
+    /// Buffers allocated.
+    pub allocations: usize,
+}
+
+/// The shape-only backend.
+#[derive(Default)]
+pub struct MeterBackend {
+    meter: Arc<Mutex<Meter>>,
+    next: AtomicU64,
+}
+
+impl MeterBackend {
+    /// A backend whose counts are shared with communicators made by [`MeterBackend::comm`].
+    pub fn new() -> MeterBackend {
+        MeterBackend::default()
+    }
+
+    /// A communicator for rank `rank` of `size` that records into this backend's meter.
+    pub fn comm(&self, rank: usize, size: usize) -> MeterComm {
+        MeterComm {
+            rank,
+            size,
+            meter: self.meter.clone(),
+        }
+    }
+
+    /// The counts so far.
+    pub fn meter(&self) -> Meter {
+        self.meter.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A buffer of `sizes` (an input the program will take).
+    pub fn shape(&self, dtype: DType, sizes: &[usize]) -> Shape {
+        Shape {
+            dtype,
+            allocation: self.next.fetch_add(1, Ordering::Relaxed),
+            ranges: sizes.iter().map(|&n| 0..n).collect(),
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Meter)) {
+        f(&mut self.meter.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    fn gemm(&self, m: usize, n: usize, k: usize) {
+        self.count(|c| {
+            c.gemms += 1;
+            c.gemm_flops += 2.0 * m as f64 * n as f64 * k as f64;
+        });
+    }
+}
+
+impl Backend for MeterBackend {
+    type Buffer = Shape;
+    type Stream = StreamKey;
+    type Event = ();
+    type CommStream = StreamKey;
+
+    fn name(&self) -> &'static str {
+        "meter"
+    }
+
+    fn stream(&self, key: StreamKey) -> Result<StreamKey, ExecError> {
+        Ok(key)
+    }
+
+    fn comm_stream<'s>(&self, stream: &'s StreamKey) -> &'s StreamKey {
+        stream
+    }
+
+    fn record_event(&self, _stream: &StreamKey) {}
+
+    fn wait_event(&self, _stream: &StreamKey, _event: &(), _label: &str) {}
+
+    fn allocate(
+        &self,
+        dtype: DType,
+        sizes: &[usize],
+        _zero: bool,
+        _stream: &StreamKey,
+    ) -> Result<Shape, ExecError> {
+        self.count(|c| c.allocations += 1);
+        Ok(self.shape(dtype, sizes))
+    }
+
+    fn deallocate(&self, _buffer: Shape, _stream: &StreamKey) {}
+
+    fn chunk(
+        &self,
+        buffer: &Shape,
+        axis: usize,
+        chunks: usize,
+        index: usize,
+    ) -> Result<Shape, String> {
+        let Some(range) = buffer.ranges.get(axis) else {
+            return Err(format!(
+                "axis {axis} is out of range for a view of rank {}",
+                buffer.ranges.len()
+            ));
+        };
+        if chunks == 0 || index >= chunks {
+            return Err(format!(
+                "chunk {index} of {chunks} does not exist along axis {axis}"
+            ));
+        }
+        let size = range.len().div_ceil(chunks);
+        let lo = (range.start + index * size).min(range.end);
+        let hi = (lo + size).min(range.end);
+        let mut ranges = buffer.ranges.clone();
+        ranges[axis] = lo..hi;
+        Ok(Shape {
+            ranges,
+            ..buffer.clone()
+        })
+    }
+
+    fn sizes(&self, buffer: &Shape) -> Vec<usize> {
+        buffer.sizes()
+    }
+
+    fn dtype(&self, buffer: &Shape) -> DType {
+        buffer.dtype
+    }
+
+    fn region(&self, buffer: &Shape) -> Region {
+        Region {
+            allocation: buffer.allocation,
+            ranges: buffer.ranges.clone(),
+        }
+    }
+
+    fn launch_kernel(
+        &self,
+        _label: &str,
+        _kernel: KernelId,
+        _fusion: &Arc<Fusion>,
+        _inputs: &[Shape],
+        _outputs: &[Shape],
+        _stream: &StreamKey,
+    ) -> Result<(), ExecError> {
+        self.count(|c| c.kernels += 1);
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        _label: &str,
+        a: &Shape,
+        b: &Shape,
+        out: &Shape,
+        _stream: &StreamKey,
+    ) -> Result<(), ExecError> {
+        let (a, b, o) = (a.sizes(), b.sizes(), out.sizes());
+        let k = a.last().copied().unwrap_or(0);
+        let n = b.last().copied().unwrap_or(0);
+        let m = o.iter().product::<usize>() / n.max(1);
+        self.gemm(m, n, k);
+        Ok(())
+    }
+
+    fn linear(
+        &self,
+        _label: &str,
+        input: &Shape,
+        weight: &Shape,
+        _bias: Option<&Shape>,
+        _out: &Shape,
+        _stream: &StreamKey,
+    ) -> Result<(), ExecError> {
+        let (x, w) = (input.sizes(), weight.sizes());
+        let k = x.last().copied().unwrap_or(0);
+        let m = x.iter().product::<usize>() / k.max(1);
+        let n = w.first().copied().unwrap_or(0);
+        self.gemm(m, n, k);
+        Ok(())
+    }
+
+    fn upload(&self, data: &Dense) -> Result<Shape, ExecError> {
+        Ok(self.shape(data.dtype, &data.sizes))
+    }
+
+    fn download(&self, buffer: &Shape, _stream: &StreamKey) -> Result<Dense, ExecError> {
+        Ok(Dense {
+            dtype: buffer.dtype,
+            sizes: buffer.sizes(),
+            data: Vec::new(),
+        })
+    }
+
+    fn synchronize(&self) -> Result<(), ExecError> {
+        Ok(())
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        Vec::new()
+    }
+
+    fn streams(&self) -> Vec<StreamKey> {
+        Vec::new()
+    }
+
+    fn live_allocations(&self) -> usize {
+        0
+    }
+}
+
+/// The communicator of a [`MeterBackend`]: records, never waits.
+pub struct MeterComm {
+    rank: usize,
+    size: usize,
+    meter: Arc<Mutex<Meter>>,
+}
+
+impl Communicator for MeterComm {
+    type Buffer = Shape;
+    type Stream = StreamKey;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn post(&self, c: Collective<Shape>, _stream: &StreamKey) -> Result<(), CommError> {
+        let kind = c.op.name();
+        let bytes = match &c.op {
+            CommOp::Allgather { input, output }
+            | CommOp::Allreduce { input, output, .. }
+            | CommOp::ReduceScatter { input, output, .. }
+            | CommOp::Broadcast { input, output, .. }
+            | CommOp::Reduce { input, output, .. }
+            | CommOp::Gather { input, output, .. }
+            | CommOp::Scatter { input, output, .. }
+            | CommOp::SendRecv { input, output, .. }
+            | CommOp::AllToAll { input, output }
+            | CommOp::CollectivePermute { input, output, .. } => input.bytes().max(output.bytes()),
+        };
+        self.meter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .comms
+            .push(MeteredComm {
+                kind,
+                team: c.team.len(),
+                bytes,
+            });
+        Ok(())
+    }
+
+    fn post_p2p(
+        &self,
+        _label: String,
+        ops: Vec<P2p<Shape>>,
+        _stream: &StreamKey,
+    ) -> Result<(), CommError> {
+        let bytes = ops
+            .iter()
+            .map(|op| match op {
+                P2p::Send { buffer, .. } => buffer.bytes(),
+                P2p::Recv { .. } => 0,
+            })
+            .sum();
+        self.meter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .comms
+            .push(MeteredComm {
+                kind: "send/recv",
+                team: 2,
+                bytes,
+            });
+        Ok(())
+    }
+
+    fn abort(&self, _reason: &str) {}
+}

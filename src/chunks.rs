@@ -1,0 +1,422 @@
+//! Choosing the chunk count S: a cost model of one rank's program — its GEMM work and its
+//! communication, counted by running the unchunked program on the meter backend — against
+//! a machine calibration (GEMM throughput, collective bus bandwidth, per-chunk overheads),
+//! predicting the time of S = 1 (no overlap) and of S chunks pipelined over the stream pool,
+//! and picking the fastest, or no overlap when chunking cannot pay.
+
+use std::path::{Path, PathBuf};
+
+use weave_executor::meter::{Meter, MeterBackend, MeteredComm};
+use weave_executor::{run_rank, Dense, RunConfig};
+
+use crate::run::{compile_for_run, params_of, Compiled, RunError};
+use crate::shard::Layout;
+
+/// What a machine does: measured once per machine (`calibrate`) and cached, or the H200
+/// figures of reference/anchors.md when nothing was measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    /// Dense bf16/f16 GEMM throughput at large sizes, TFLOP/s.
+    pub gemm_tflops: f64,
+    /// f32 GEMM throughput (FP32 compute), TFLOP/s.
+    pub gemm_tflops_f32: f64,
+    /// Collective bus bandwidth (NCCL's busbw), GB/s.
+    pub busbw_gbs: f64,
+    /// Point-to-point bandwidth between two GPUs, GB/s.
+    pub p2p_gbs: f64,
+    /// Fixed cost of one GEMM launch (small-problem inefficiency), µs.
+    pub gemm_overhead_us: f64,
+    /// Fixed cost of one collective (latency), µs.
+    pub comm_latency_us: f64,
+    /// How much overlapped GEMM and communication slow each other (0.1 = 10%).
+    pub contention: f64,
+    /// Where the figures come from.
+    pub source: String,
+}
+
+impl Default for Calibration {
+    /// H200 figures (reference/anchors.md, PyTorch 2.11 + NCCL 2.28, NVLS off): an 8192 ×
+    /// 32768 × 8192 bf16 GEMM in 2.98 ms on one GPU (≈ 740 TFLOP/s), a 128 MiB allreduce in
+    /// 0.55 ms on 2 GPUs (≈ 245 GB/s busbw) and 0.71 ms on 4 (≈ 285 GB/s).
+    fn default() -> Calibration {
+        Calibration {
+            gemm_tflops: 740.0,
+            gemm_tflops_f32: 55.0,
+            busbw_gbs: 260.0,
+            p2p_gbs: 300.0,
+            gemm_overhead_us: 15.0,
+            comm_latency_us: 20.0,
+            contention: 0.10,
+            source: "H200 defaults (reference anchors)".into(),
+        }
+    }
+}
+
+impl Calibration {
+    /// Where a measured calibration is cached: `$WEAVE_CALIBRATION`, else
+    /// `$HOME/.cache/streamweave/calibration.txt`.
+    pub fn path() -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("WEAVE_CALIBRATION") {
+            return Some(PathBuf::from(p));
+        }
+        std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".cache/streamweave/calibration.txt"))
+    }
+
+    /// The cached calibration, or the defaults when there is none. A cache that cannot be
+    /// read is an error naming the file and line.
+    pub fn load() -> Result<Calibration, String> {
+        match Calibration::path() {
+            Some(p) if p.exists() => {
+                let text = std::fs::read_to_string(&p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                Calibration::parse(&text).map_err(|m| format!("{}: {m}", p.display()))
+            }
+            _ => Ok(Calibration::default()),
+        }
+    }
+
+    /// `key = value` lines (the format [`Calibration::render`] writes); `#` starts a comment.
+    pub fn parse(text: &str) -> Result<Calibration, String> {
+        let mut c = Calibration {
+            source: "measured".into(),
+            ..Calibration::default()
+        };
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| format!("line {}: expected `key = value`", n + 1))?;
+            let (k, v) = (k.trim(), v.trim());
+            if k == "source" {
+                c.source = v.to_string();
+                continue;
+            }
+            let x: f64 = v
+                .parse()
+                .ok()
+                .filter(|x: &f64| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| format!("line {}: `{v}` is not a non-negative number", n + 1))?;
+            match k {
+                "gemm_tflops" => c.gemm_tflops = x,
+                "gemm_tflops_f32" => c.gemm_tflops_f32 = x,
+                "busbw_gbs" => c.busbw_gbs = x,
+                "p2p_gbs" => c.p2p_gbs = x,
+                "gemm_overhead_us" => c.gemm_overhead_us = x,
+                "comm_latency_us" => c.comm_latency_us = x,
+                "contention" => c.contention = x,
+                other => return Err(format!("line {}: unknown key `{other}`", n + 1)),
+            }
+        }
+        if c.gemm_tflops <= 0.0
+            || c.busbw_gbs <= 0.0
+            || c.p2p_gbs <= 0.0
+            || c.gemm_tflops_f32 <= 0.0
+        {
+            return Err("throughputs and bandwidths must be positive".into());
+        }
+        Ok(c)
+    }
+
+    /// The text [`Calibration::parse`] reads.
+    pub fn render(&self) -> String {
+        format!(
+            "source = {}\ngemm_tflops = {}\ngemm_tflops_f32 = {}\nbusbw_gbs = {}\np2p_gbs = {}\n\
+             gemm_overhead_us = {}\ncomm_latency_us = {}\ncontention = {}\n",
+            self.source,
+            self.gemm_tflops,
+            self.gemm_tflops_f32,
+            self.busbw_gbs,
+            self.p2p_gbs,
+            self.gemm_overhead_us,
+            self.comm_latency_us,
+            self.contention
+        )
+    }
+}
+
+/// One rank's work in the unchunked program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// GEMM flops.
+    pub gemm_flops: f64,
+    /// Whether the GEMMs are f32 (FP32 compute) rather than 16-bit.
+    pub f32_gemm: bool,
+    /// The communications, in order.
+    pub comms: Vec<MeteredComm>,
+}
+
+impl Workload {
+    /// From the meter of a run.
+    pub fn of(meter: &Meter, f32_gemm: bool) -> Workload {
+        Workload {
+            gemm_flops: meter.gemm_flops,
+            f32_gemm,
+            comms: meter.comms.clone(),
+        }
+    }
+}
+
+/// Seconds one communication takes alone.
+pub fn comm_seconds(c: &MeteredComm, cal: &Calibration) -> f64 {
+    let n = c.team.max(1) as f64;
+    let bytes = c.bytes as f64;
+    let bus = cal.busbw_gbs * 1e9;
+    let moved = match c.kind {
+        // NCCL's bus-bandwidth factors: what each rank sends over its links.
+        "allreduce" => 2.0 * (n - 1.0) / n * bytes / bus,
+        "allgather" | "reduce-scatter" | "all-to-all" => (n - 1.0) / n * bytes / bus,
+        "send/recv" | "send-recv" | "collective-permute" => bytes / (cal.p2p_gbs * 1e9),
+        _ => bytes / bus,
+    };
+    moved + cal.comm_latency_us * 1e-6
+}
+
+/// Seconds the GEMMs take alone.
+pub fn gemm_seconds(w: &Workload, cal: &Calibration) -> f64 {
+    let tflops = if w.f32_gemm {
+        cal.gemm_tflops_f32
+    } else {
+        cal.gemm_tflops
+    };
+    w.gemm_flops / (tflops * 1e12)
+}
+
+/// The predicted time of the program cut into `s` chunks: `s = 1` runs GEMM then
+/// communication; more chunks pipeline chunk i's communication under chunk i+1's GEMM, each
+/// chunk paying the fixed GEMM and collective costs, and overlapped stages slowed by the
+/// contention factor.
+pub fn predict(w: &Workload, cal: &Calibration, s: usize) -> f64 {
+    let s = s.max(1) as f64;
+    let compute = gemm_seconds(w, cal);
+    let comm_fixed = cal.comm_latency_us * 1e-6 * w.comms.len() as f64;
+    let comm: f64 = w.comms.iter().map(|c| comm_seconds(c, cal)).sum::<f64>() - comm_fixed;
+    let g0 = cal.gemm_overhead_us * 1e-6;
+    let per_gemm = compute / s + g0;
+    let per_comm = comm / s + comm_fixed;
+    if s <= 1.0 {
+        return per_gemm + per_comm;
+    }
+    let stage = per_gemm.max(per_comm) * (1.0 + cal.contention);
+    per_gemm + (s - 1.0) * stage + per_comm
+}
+
+/// The chunk count a model picks, with what it predicted for every candidate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    /// The chosen S.
+    pub chunks: usize,
+    /// (S, predicted seconds) for every candidate, in order.
+    pub predicted: Vec<(usize, f64)>,
+}
+
+/// The fastest of `candidates` (1 is always a candidate: no overlap when chunking cannot
+/// pay); ties go to the fewer chunks.
+pub fn choose(w: &Workload, cal: &Calibration, candidates: &[usize]) -> Choice {
+    let mut cands: Vec<usize> = candidates.iter().copied().filter(|&s| s >= 1).collect();
+    if !cands.contains(&1) {
+        cands.insert(0, 1);
+    }
+    cands.sort_unstable();
+    cands.dedup();
+    let predicted: Vec<(usize, f64)> = cands.iter().map(|&s| (s, predict(w, cal, s))).collect();
+    let mut best = (1usize, f64::INFINITY);
+    for &(s, t) in &predicted {
+        if t < best.1 * (1.0 - 1e-9) {
+            best = (s, t);
+        }
+    }
+    Choice {
+        chunks: best.0,
+        predicted,
+    }
+}
+
+/// The chunk counts `--chunks auto` considers.
+pub const CANDIDATES: [usize; 4] = [1, 2, 4, 8];
+
+/// Measures the workload of `compiled` (built with one chunk) for rank 0 of `ranks` on the
+/// meter backend: nothing is computed and no tensor memory is allocated.
+pub fn workload(compiled: &Compiled, ranks: usize) -> Result<Workload, RunError> {
+    // Inputs as shapes only (rank 0's local sizes): the meter backend never reads values.
+    let inputs: Vec<Dense> = compiled
+        .sharded
+        .inputs()
+        .iter()
+        .map(|&t| {
+            let layout = Layout::of(&compiled.sharded, t).map_err(RunError::Setup)?;
+            Ok(Dense {
+                dtype: compiled.sharded.tensor(t).dtype,
+                sizes: layout.local_sizes(),
+                data: Vec::new(),
+            })
+        })
+        .collect::<Result<_, RunError>>()?;
+    let backend = MeterBackend::new();
+    let comm = backend.comm(0, ranks);
+    let config = RunConfig {
+        params: params_of(&compiled.sharded),
+        number_of_streams: 2,
+        check_races: false,
+    };
+    run_rank(&compiled.program, &backend, &comm, &inputs, &config)
+        .map_err(|e| RunError::Ranks(vec![(0, e)]))?;
+    let f32_gemm = compiled
+        .sharded
+        .inputs()
+        .iter()
+        .any(|&t| compiled.sharded.tensor(t).dtype == weave_ir::DType::F32);
+    Ok(Workload::of(&backend.meter(), f32_gemm))
+}
+
+/// Picks S for the fusion in `file` (which has a parameter `s`) loaded with `set`: compiles
+/// it with one chunk, meters rank 0 of `ranks`, and chooses among [`CANDIDATES`].
+pub fn auto_chunks(
+    file: &Path,
+    set: &[(String, i64)],
+    ranks: usize,
+    cal: &Calibration,
+) -> Result<Choice, RunError> {
+    let mut set: Vec<(String, i64)> = set.iter().filter(|(k, _)| k != "s").cloned().collect();
+    set.push(("s".into(), 1));
+    let one = crate::load_file(file, &set).map_err(|e| RunError::Setup(e.to_string()))?;
+    let compiled = compile_for_run(one).map_err(|e| RunError::Setup(e.to_string()))?;
+    let w = workload(&compiled, ranks)?;
+    Ok(choose(&w, cal, &CANDIDATES))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ar(bytes: usize, team: usize) -> MeteredComm {
+        MeteredComm {
+            kind: "allreduce",
+            team,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn balanced_work_chunks_and_tiny_work_does_not() {
+        let cal = Calibration::default();
+        // The anchor's matmul + allreduce on 2 H200s: 2.2 TFLOP and a 128 MiB allreduce.
+        let big = Workload {
+            gemm_flops: 2.0 * 8192.0 * 16384.0 * 8192.0,
+            f32_gemm: false,
+            comms: vec![ar(8192 * 8192 * 2, 2)],
+        };
+        let c = choose(&big, &cal, &CANDIDATES);
+        assert!(c.chunks > 1, "{c:?}");
+        assert!(predict(&big, &cal, c.chunks) < predict(&big, &cal, 1));
+        // A tiny problem: fixed costs dominate, chunking cannot pay.
+        let tiny = Workload {
+            gemm_flops: 2.0 * 64.0 * 64.0 * 64.0,
+            f32_gemm: false,
+            comms: vec![ar(64 * 64 * 2, 2)],
+        };
+        assert_eq!(choose(&tiny, &cal, &CANDIDATES).chunks, 1);
+        // No communication: nothing to hide.
+        let alone = Workload {
+            comms: vec![],
+            ..big.clone()
+        };
+        assert_eq!(choose(&alone, &cal, &CANDIDATES).chunks, 1);
+    }
+
+    #[test]
+    fn the_prediction_of_one_chunk_is_the_sum_and_of_many_at_least_the_max() {
+        let cal = Calibration {
+            gemm_overhead_us: 0.0,
+            comm_latency_us: 0.0,
+            contention: 0.0,
+            ..Calibration::default()
+        };
+        let w = Workload {
+            gemm_flops: 740e12 * 1e-3, // 1 ms
+            f32_gemm: false,
+            comms: vec![ar(260_000_000 / 2, 2)], // 2(n-1)/n · bytes / busbw = 0.5 ms
+        };
+        assert!((predict(&w, &cal, 1) - 1.5e-3).abs() < 1e-9);
+        // Perfect pipeline of 4: c + 3·max(c, m) + m = 0.25 + 0.75 + 0.125 ms.
+        assert!((predict(&w, &cal, 4) - 1.125e-3).abs() < 1e-9);
+        for s in [2, 4, 8, 64] {
+            assert!(predict(&w, &cal, s) >= 1e-3);
+        }
+    }
+
+    #[test]
+    fn calibration_files_round_trip_and_errors_name_the_line() {
+        let c = Calibration {
+            gemm_tflops: 700.5,
+            source: "measured on test".into(),
+            ..Calibration::default()
+        };
+        assert_eq!(Calibration::parse(&c.render()).unwrap(), c);
+        assert_eq!(
+            Calibration::parse("gemm_tflops = 700\nbusbw_gbs = fast\n").unwrap_err(),
+            "line 2: `fast` is not a non-negative number"
+        );
+        assert_eq!(
+            Calibration::parse("# comment\nspeed = 3\n").unwrap_err(),
+            "line 2: unknown key `speed`"
+        );
+        assert_eq!(
+            Calibration::parse("gemm_tflops 3\n").unwrap_err(),
+            "line 1: expected `key = value`"
+        );
+    }
+}
+
+#[cfg(test)]
+mod workload_tests {
+    use super::*;
+
+    fn compiled(s: i64) -> Compiled {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/row_parallel_linear.weave");
+        let set: Vec<(String, i64)> = [("t", 1024), ("h", 512), ("d", 2), ("s", s)]
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        compile_for_run(crate::load_file(&path, &set).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_meter_counts_one_ranks_gemm_flops_and_allreduce_bytes() {
+        // inp [t, 4h/d] · w[h, 4h/d]ᵀ on each of 2 ranks, then an allreduce of [t, h] bf16.
+        let one = workload(&compiled(1), 2).unwrap();
+        assert_eq!(one.gemm_flops, 2.0 * 1024.0 * 512.0 * 1024.0);
+        assert!(!one.f32_gemm);
+        assert_eq!(
+            one.comms,
+            vec![MeteredComm {
+                kind: "allreduce",
+                team: 2,
+                bytes: 1024 * 512 * 2
+            }]
+        );
+        // Chunked, the same work in four pieces.
+        let four = workload(&compiled(4), 2).unwrap();
+        assert_eq!(four.gemm_flops, one.gemm_flops);
+        assert_eq!(four.comms.len(), 4);
+        assert_eq!(
+            four.comms.iter().map(|c| c.bytes).sum::<usize>(),
+            1024 * 512 * 2
+        );
+    }
+
+    #[test]
+    fn auto_picks_overlap_at_8192_and_none_for_a_small_layer() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/row_parallel_linear.weave");
+        let cal = Calibration::default();
+        let big = auto_chunks(&path, &[("d".into(), 2)], 2, &cal).unwrap();
+        assert!(big.chunks > 1, "{big:?}");
+        let small: Vec<(String, i64)> = vec![("t".into(), 64), ("h".into(), 32), ("d".into(), 2)];
+        assert_eq!(auto_chunks(&path, &small, 2, &cal).unwrap().chunks, 1);
+    }
+}
