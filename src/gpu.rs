@@ -265,8 +265,9 @@ fn encode_run(run: &RankRun) -> Vec<u8> {
     b.extend((run.outputs.len() as u64).to_le_bytes());
     for d in &run.outputs {
         let bytes = d.to_le_bytes();
-        b.extend(d.dtype.to_string().len().to_le_bytes());
-        b.extend(d.dtype.to_string().as_bytes());
+        let name = d.dtype.to_string();
+        b.extend((name.len() as u64).to_le_bytes());
+        b.extend(name.as_bytes());
         b.extend((d.sizes.len() as u64).to_le_bytes());
         for s in &d.sizes {
             b.extend((*s as u64).to_le_bytes());
@@ -320,4 +321,40 @@ fn decode_run(b: &[u8]) -> Result<RankRun, String> {
         streams: Vec::new(),
         live_allocations: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weave_ir::DType;
+
+    #[test]
+    fn run_reports_round_trip_and_failures_carry_their_message() {
+        let run = RankRun {
+            outputs: vec![Dense {
+                dtype: DType::BF16,
+                sizes: vec![2, 3],
+                data: vec![1.0, -2.0, 0.5, 4.0, 8.0, -0.25],
+            }],
+            races: Vec::new(),
+            spans: Vec::new(),
+            issue_time: Duration::ZERO,
+            wall_time: Duration::from_micros(1234),
+            statements: 43,
+            final_stream: StreamKey::Main,
+            streams: Vec::new(),
+            live_allocations: 0,
+        };
+        let back = decode_run(&encode_run(&run)).unwrap();
+        assert_eq!(back.outputs, run.outputs);
+        assert_eq!(back.statements, 43);
+        assert_eq!(back.wall_time, Duration::from_micros(1234));
+        let mut failed = vec![1u8];
+        failed.extend(b"rank 1: out of memory");
+        assert_eq!(decode_run(&failed).unwrap_err(), "rank 1: out of memory");
+        assert_eq!(
+            decode_run(&[0, 1, 2]).unwrap_err(),
+            "a malformed run report"
+        );
+    }
 }
