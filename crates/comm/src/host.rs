@@ -174,26 +174,9 @@ impl HostView {
     /// The `index`-th of `chunks` chunks along `axis` (chunk size `ceil(n / chunks)`, the last
     /// ones possibly shorter or empty): the view `ShardByStream` makes. No copy.
     pub fn chunk(&self, axis: usize, chunks: usize, index: usize) -> Result<HostView, String> {
-        let Some(range) = self.ranges.get(axis) else {
-            return Err(format!(
-                "axis {axis} is out of range for a view of rank {}",
-                self.ranges.len()
-            ));
-        };
-        if chunks == 0 || index >= chunks {
-            return Err(format!(
-                "chunk {index} of {chunks} does not exist along axis {axis}"
-            ));
-        }
-        let n = range.len();
-        let size = n.div_ceil(chunks);
-        let lo = (range.start + index * size).min(range.end);
-        let hi = (lo + size).min(range.end);
-        let mut ranges = self.ranges.clone();
-        ranges[axis] = lo..hi;
         Ok(HostView {
             storage: self.storage.clone(),
-            ranges,
+            ranges: chunk_ranges(&self.ranges, axis, chunks, index)?,
         })
     }
 
@@ -273,6 +256,34 @@ impl HostView {
             }
         });
     }
+}
+
+/// The box `ranges` narrowed to the `index`-th of `chunks` chunks along `axis`: chunks of
+/// `ceil(len / chunks)` elements, the last ones shorter or empty. Every backend's chunk views
+/// follow this rule, so the same program cuts the same elements everywhere.
+pub fn chunk_ranges(
+    ranges: &[Range<usize>],
+    axis: usize,
+    chunks: usize,
+    index: usize,
+) -> Result<Vec<Range<usize>>, String> {
+    let Some(range) = ranges.get(axis) else {
+        return Err(format!(
+            "axis {axis} is out of range for a view of rank {}",
+            ranges.len()
+        ));
+    };
+    if chunks == 0 || index >= chunks {
+        return Err(format!(
+            "chunk {index} of {chunks} does not exist along axis {axis}"
+        ));
+    }
+    let size = range.len().div_ceil(chunks);
+    let lo = (range.start + index * size).min(range.end);
+    let hi = (lo + size).min(range.end);
+    let mut out = ranges.to_vec();
+    out[axis] = lo..hi;
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -151,22 +151,7 @@ impl Backend for MeterBackend {
         chunks: usize,
         index: usize,
     ) -> Result<Shape, String> {
-        let Some(range) = buffer.ranges.get(axis) else {
-            return Err(format!(
-                "axis {axis} is out of range for a view of rank {}",
-                buffer.ranges.len()
-            ));
-        };
-        if chunks == 0 || index >= chunks {
-            return Err(format!(
-                "chunk {index} of {chunks} does not exist along axis {axis}"
-            ));
-        }
-        let size = range.len().div_ceil(chunks);
-        let lo = (range.start + index * size).min(range.end);
-        let hi = (lo + size).min(range.end);
-        let mut ranges = buffer.ranges.clone();
-        ranges[axis] = lo..hi;
+        let ranges = weave_comm::host::chunk_ranges(&buffer.ranges, axis, chunks, index)?;
         Ok(Shape {
             ranges,
             ..buffer.clone()
