@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::Path;
 
+pub mod bench;
 pub mod chunks;
 pub mod cli;
 pub mod gpu;

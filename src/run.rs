@@ -35,9 +35,16 @@ pub struct Compiled {
 /// Runs the standard pipeline on `fusion`, keeping the fusion as it is just before
 /// segmentation.
 pub fn compile_for_run(fusion: Fusion) -> Result<Compiled, PipelineError> {
+    compile_with(fusion, DEFAULT_PIPELINE)
+}
+
+/// [`compile_for_run`] with the pipeline `pipeline` (a comma-separated list of registered
+/// passes that includes `segment`), e.g. the default one with `assign-streams` replaced by
+/// `assign-streams-separate-sync`.
+pub fn compile_with(fusion: Fusion, pipeline: &str) -> Result<Compiled, PipelineError> {
     let start = Instant::now();
     let registry = Registry::standard();
-    let all = Pipeline::parse(DEFAULT_PIPELINE, &registry)?;
+    let all = Pipeline::parse(pipeline, &registry)?;
     let names = all.to_string();
     let names: Vec<&str> = names.split(',').collect();
     let cut = names

@@ -215,11 +215,18 @@ impl Layout {
         }
     }
 
+    /// For each axis, the global index of every position of `rank`'s buffer along it (an index
+    /// at or past the global extent is padding): the per-axis form of
+    /// [`Layout::global_indices`], small enough for tensors of any size.
+    pub fn axis_indices(&self, rank: usize) -> Vec<Vec<usize>> {
+        let coords = self.coords(rank);
+        self.axes.iter().map(|a| a.indices(&coords)).collect()
+    }
+
     /// For each element of `rank`'s buffer (row-major), its row-major index in the global
     /// tensor, or `None` for padding past the global extent.
     pub fn global_indices(&self, rank: usize) -> Vec<Option<usize>> {
-        let coords = self.coords(rank);
-        let per_axis: Vec<Vec<usize>> = self.axes.iter().map(|a| a.indices(&coords)).collect();
+        let per_axis = self.axis_indices(rank);
         let mut strides = vec![1usize; self.global.len()];
         for a in (0..self.global.len().saturating_sub(1)).rev() {
             strides[a] = strides[a + 1] * self.global[a + 1];

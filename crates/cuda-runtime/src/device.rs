@@ -8,6 +8,7 @@
 //! the only ordering between streams is the one the host program asks for.
 #![allow(unsafe_code)]
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -29,6 +30,21 @@ pub fn device_count() -> Result<usize, CudaError> {
     result::init().map_err(driver("cuInit"))?;
     let n = CudaContext::device_count().map_err(driver("cuDeviceGetCount"))?;
     Ok(n.max(0) as usize)
+}
+
+/// Fails with [`CudaError::Unavailable`] when the CUDA driver library cannot be loaded. The
+/// probe runs once per process; entry points on objects that already exist call it so that
+/// no raw driver symbol is ever resolved (which panics) without a loadable library.
+pub(crate) fn require_driver() -> Result<(), CudaError> {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library.
+    if *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() }) {
+        Ok(())
+    } else {
+        Err(CudaError::Unavailable(
+            "the CUDA driver library (libcuda.so) cannot be loaded; check LD_LIBRARY_PATH".into(),
+        ))
+    }
 }
 
 /// How urgent a stream's work is. Communication streams get the highest priority so that
@@ -59,6 +75,9 @@ pub(crate) struct GpuInner {
     live: AtomicU64,
     pub(crate) kernels: crate::nvrtc::KernelCache,
     pub(crate) gemm_plans: crate::gemm::PlanCache,
+    /// Ordinals of the GPUs whose memory this context can already access (see
+    /// [`Gpu::enable_peer_access`]).
+    pub(crate) peers_enabled: Mutex<HashSet<usize>>,
     sm_count: i32,
 }
 
@@ -117,6 +136,7 @@ impl Gpu {
                 live: AtomicU64::new(0),
                 kernels: Default::default(),
                 gemm_plans: Default::default(),
+                peers_enabled: Mutex::new(HashSet::new()),
                 sm_count,
             }),
         })

@@ -6,7 +6,12 @@
 //!   program orders streams;
 //! * [`gemm`]: cuBLASLt GEMMs with one handle and workspace per stream, plans cached per
 //!   shape, an SM-count target, TF32 only when asked;
-//! * [`nvrtc`]: generated kernels compiled at run time and cached by source hash.
+//! * [`nvrtc`]: generated kernels compiled at run time and cached by source hash;
+//! * [`graph`]: a stream's work captured once into a CUDA graph ([`CudaGraph`], capture in
+//!   relaxed mode, instantiated to free its leftover allocations on relaunch) and replayed
+//!   with one launch;
+//! * [`peer`]: peer access between the GPUs of this process and stream-ordered peer copies
+//!   done by the copy engines.
 //!
 //! Every entry point checks that its CUDA library can be loaded first and returns
 //! [`CudaError::Unavailable`] otherwise: a machine without CUDA builds and runs everything
@@ -21,10 +26,13 @@
 pub mod device;
 pub mod error;
 pub mod gemm;
+pub mod graph;
 pub mod nvrtc;
+pub mod peer;
 
 pub use cudarc;
 pub use device::{device_count, wait_event, DeviceMemory, Gpu, GpuStream, Priority};
 pub use error::CudaError;
 pub use gemm::{GemmOperands, GemmShape, GemmType};
+pub use graph::CudaGraph;
 pub use nvrtc::Kernel;

@@ -1,0 +1,1108 @@
+//! The GPU benchmark harness: a world of ranks (one persistent thread per GPU with its CUDA
+//! backend and NCCL communicator) that runs the same job on every rank, CUDA-event timing
+//! (median over iterations; callers take the maximum over ranks), inputs generated on the
+//! device from a counter-based hash of their *global* indices (the same global tensor for
+//! every sharding and chunk count), sampled output rows checked against a host reference,
+//! and the machine calibration of the chunk-count model (`weave calibrate`).
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
+use weave_comm::{Collective, CommOp, Communicator, P2p, RedOp};
+use weave_cuda::{wait_event, CudaError, Gpu, GpuStream};
+use weave_executor::reference::compare;
+use weave_executor::{
+    program_teams, run_rank_buffers, Backend, CudaBackend, CudaOptions, Dense, DeviceTensor,
+    RunConfig, StreamKey,
+};
+use weave_ir::DType;
+
+use crate::chunks::Calibration;
+use crate::run::{params_of, Compiled};
+use crate::shard::Layout;
+
+/// A job's error: what failed, on which rank.
+pub type JobError = String;
+
+/// A barrier with a timeout that any rank can break: a rank whose job failed breaks it, so
+/// the others fail at their next wait instead of waiting forever.
+pub struct Barrier {
+    parties: usize,
+    state: Mutex<(usize, u64, Option<String>)>,
+    cv: Condvar,
+}
+
+impl Barrier {
+    /// A barrier for `parties` threads.
+    pub fn new(parties: usize) -> Barrier {
+        Barrier {
+            parties,
+            state: Mutex::new((0, 0, None)),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Waits until every party arrived, the barrier is broken, or `timeout` passed.
+    pub fn wait(&self, timeout: Duration) -> Result<(), JobError> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = &s.2 {
+            return Err(format!("the barrier was broken: {why}"));
+        }
+        let generation = s.1;
+        s.0 += 1;
+        if s.0 == self.parties {
+            s.0 = 0;
+            s.1 += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        let deadline = Instant::now() + timeout;
+        while s.1 == generation {
+            if let Some(why) = &s.2 {
+                return Err(format!("the barrier was broken: {why}"));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let why = format!(
+                    "a barrier of {} ranks timed out after {} ms ({} arrived)",
+                    self.parties,
+                    timeout.as_millis(),
+                    s.0
+                );
+                // A barrier that timed out cannot count again: break it for everyone.
+                s.2 = Some(why.clone());
+                self.cv.notify_all();
+                return Err(why);
+            }
+            s = self
+                .cv
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Breaks the barrier: every present and later wait fails with `why`.
+    pub fn break_with(&self, why: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.2.is_none() {
+            s.2 = Some(why.to_string());
+        }
+        self.cv.notify_all();
+    }
+}
+
+/// How a [`World`] is opened.
+#[derive(Clone, Debug)]
+pub struct WorldOptions {
+    /// Ranks, one GPU each (GPU `r` for rank `r`).
+    pub ranks: usize,
+    /// How long any wait (device, barrier, NCCL) may take.
+    pub timeout: Duration,
+    /// The NCCL communicator's options.
+    pub nccl: NcclOptions,
+}
+
+/// One rank of a [`World`], as a job sees it.
+pub struct Rank {
+    /// This rank.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world: usize,
+    /// The GPU.
+    pub gpu: Gpu,
+    /// The default backend (default [`CudaOptions`] with the world's timeout).
+    pub backend: CudaBackend,
+    /// The world's communicator.
+    pub comm: Arc<Nccl<DeviceTensor>>,
+    /// The host barrier of the world.
+    pub barrier: Arc<Barrier>,
+    /// The world's timeout.
+    pub timeout: Duration,
+}
+
+fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+impl Rank {
+    /// A backend on this rank's GPU with `options` (the world's timeout), checking the
+    /// communicator's asynchronous errors while it waits.
+    pub fn backend_with(&self, options: CudaOptions) -> Result<CudaBackend, JobError> {
+        let backend = CudaBackend::new(
+            self.gpu.clone(),
+            CudaOptions {
+                timeout: self.timeout,
+                ..options
+            },
+        )
+        .map_err(err("backend"))?;
+        let check = self.comm.clone();
+        backend.set_error_check(Arc::new(move || check.async_error().map(|e| e.to_string())));
+        Ok(backend)
+    }
+
+    /// Waits for every rank (host side).
+    pub fn barrier(&self) -> Result<(), JobError> {
+        self.barrier.wait(self.timeout)
+    }
+
+    /// Times `f`, which enqueues work on `backend`'s main stream (and streams joined back to
+    /// it): `warmup` untimed calls, then `iters` calls, each after every rank's GPU went idle
+    /// and every rank reached a host barrier, between two CUDA events on the main stream.
+    /// Returns the milliseconds of every timed call.
+    pub fn time(
+        &self,
+        backend: &CudaBackend,
+        warmup: usize,
+        iters: usize,
+        mut f: impl FnMut() -> Result<(), JobError>,
+    ) -> Result<Vec<f64>, JobError> {
+        let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
+        for _ in 0..warmup {
+            f()?;
+        }
+        backend.synchronize().map_err(err("warm-up"))?;
+        let mut out = Vec::with_capacity(iters);
+        for i in 0..iters {
+            self.barrier()?;
+            let start = self.gpu.new_event(true).map_err(err("event"))?;
+            let end = self.gpu.new_event(true).map_err(err("event"))?;
+            main.record(&start).map_err(err("event record"))?;
+            f()?;
+            main.record(&end).map_err(err("event record"))?;
+            let comm = self.comm.clone();
+            wait_event(&end, self.timeout, || {
+                comm.async_error().map(|e| CudaError::Driver {
+                    call: "communicator",
+                    message: e.to_string(),
+                })
+            })
+            .map_err(err(&format!("timed iteration {i}")))?;
+            out.push(start.elapsed_ms(&end).map_err(err("event time"))? as f64);
+            // Every stream is idle: frees the buffers dropped during the call.
+            backend
+                .synchronize()
+                .map_err(err(&format!("timed iteration {i}")))?;
+        }
+        Ok(out)
+    }
+
+    /// A buffer of `sizes` filled with hash values of the *global* row-major index that
+    /// `tables` gives each position (see [`hash_value`]): `tables[a][i]` is the global
+    /// offset (index × global stride) of position `i` along axis `a`, or `u64::MAX` for
+    /// padding (filled with zero).
+    pub fn fill(
+        &self,
+        backend: &CudaBackend,
+        dtype: DType,
+        tables: &[Vec<u64>],
+        seed: u64,
+    ) -> Result<DeviceTensor, JobError> {
+        if tables.len() > 4 {
+            return Err(format!(
+                "random inputs of rank {} are not supported (at most 4 axes)",
+                tables.len()
+            ));
+        }
+        let kind: u64 = match dtype {
+            DType::BF16 => 0,
+            DType::F32 => 1,
+            other => return Err(format!("random inputs of {other} are not supported")),
+        };
+        let sizes: Vec<usize> = tables.iter().map(Vec::len).collect();
+        let out = backend.empty(dtype, &sizes).map_err(err("allocate"))?;
+        let n: usize = sizes.iter().product();
+        if n == 0 {
+            return Ok(out);
+        }
+        // Pad to four axes on the left with one-position tables of offset 0.
+        let mut padded: Vec<Vec<u64>> = vec![vec![0]; 4 - tables.len()];
+        padded.extend(tables.iter().cloned());
+        let mut flat: Vec<u8> = Vec::new();
+        let mut offsets = Vec::new();
+        for t in &padded {
+            offsets.push((flat.len() / 8) as u64);
+            for v in t {
+                flat.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
+        let table = self.gpu.alloc(flat.len(), &main).map_err(err("allocate"))?;
+        self.gpu
+            .upload(table.ptr(), &flat, &main)
+            .map_err(err("upload"))?;
+        let kernel = self
+            .gpu
+            .kernel("weave_fill_hash", FILL_KERNEL)
+            .map_err(err("fill kernel"))?;
+        let args = [
+            out.ptr(),
+            table.ptr(),
+            n as u64,
+            padded[1].len() as u64,
+            padded[2].len() as u64,
+            padded[3].len() as u64,
+            offsets[1],
+            offsets[2],
+            offsets[3],
+            seed,
+            kind,
+        ];
+        let block = 256u32;
+        let grid = n.div_ceil(256).min(65535 * 16) as u32;
+        self.gpu
+            .launch(&main, &kernel, grid, block, &args)
+            .map_err(err("fill"))?;
+        table.free_on(&main).map_err(err("free"))?;
+        backend.synchronize().map_err(err("fill"))?;
+        Ok(out)
+    }
+
+    /// This rank's buffer of the fusion input with `layout`, filled from `seed`.
+    pub fn random_input(
+        &self,
+        backend: &CudaBackend,
+        dtype: DType,
+        layout: &Layout,
+        seed: u64,
+    ) -> Result<DeviceTensor, JobError> {
+        let tables = offset_tables(layout.global_sizes(), &layout.axis_indices(self.rank));
+        self.fill(backend, dtype, &tables, seed)
+    }
+
+    /// A buffer of `sizes` filled as if it were a whole global tensor (seeded by `seed`).
+    pub fn random_plain(
+        &self,
+        backend: &CudaBackend,
+        dtype: DType,
+        sizes: &[usize],
+        seed: u64,
+    ) -> Result<DeviceTensor, JobError> {
+        let identity: Vec<Vec<usize>> = sizes.iter().map(|&n| (0..n).collect()).collect();
+        self.fill(backend, dtype, &offset_tables(sizes, &identity), seed)
+    }
+
+    /// The elements of this rank's output buffer `out` (of the output with `layout`) that lie
+    /// in the global rows `rows` (a row is a row-major index over every axis but the last),
+    /// as (global row, global column, value).
+    pub fn sample_rows(
+        &self,
+        backend: &CudaBackend,
+        out: &DeviceTensor,
+        layout: &Layout,
+        rows: &[usize],
+    ) -> Result<Vec<(usize, usize, f64)>, JobError> {
+        let global = layout.global_sizes();
+        let tables = layout.axis_indices(self.rank);
+        let r = global.len();
+        if r == 0 {
+            return Err("a rank-0 output has no rows".into());
+        }
+        let last = r - 1;
+        let strides = out.strides();
+        if strides[last] != 1 {
+            return Err("the output's last axis is not contiguous".into());
+        }
+        let want: HashSet<usize> = rows.iter().copied().collect();
+        let lead_sizes: Vec<usize> = tables[..last].iter().map(Vec::len).collect();
+        let lead_count: usize = lead_sizes.iter().product();
+        let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
+        backend.synchronize().map_err(err("output"))?;
+        let eb = weave_executor::dense::elem_bytes(backend.dtype(out));
+        let cols = tables[last].len();
+        let mut found = Vec::new();
+        let mut idx = vec![0usize; last];
+        for _ in 0..lead_count {
+            // The global row of these leading positions (None for padding).
+            let mut row = Some(0usize);
+            let mut local_off = 0usize;
+            for a in 0..last {
+                let g = tables[a][idx[a]];
+                row = match row {
+                    Some(v) if g < global[a] => Some(v * global[a] + g),
+                    _ => None,
+                };
+                local_off += idx[a] * strides[a];
+            }
+            if let Some(row) = row.filter(|v| want.contains(v)) {
+                let mut bytes = vec![0u8; cols * eb];
+                self.gpu
+                    .download(
+                        &mut bytes,
+                        out.ptr() + (local_off * eb) as u64,
+                        &main,
+                        self.timeout,
+                    )
+                    .map_err(err("download"))?;
+                let values = Dense::from_le_bytes(backend.dtype(out), vec![cols], &bytes)
+                    .map_err(err("download"))?;
+                for (j, v) in values.data.iter().enumerate() {
+                    let g = tables[last][j];
+                    if g < global[last] {
+                        found.push((row, g, *v));
+                    }
+                }
+            }
+            for a in (0..last).rev() {
+                idx[a] += 1;
+                if idx[a] < lead_sizes[a] {
+                    break;
+                }
+                idx[a] = 0;
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// Per-axis tables of global offsets (index × global row-major stride; `u64::MAX` for padding).
+fn offset_tables(global: &[usize], indices: &[Vec<usize>]) -> Vec<Vec<u64>> {
+    let mut stride = vec![1usize; global.len()];
+    for a in (0..global.len().saturating_sub(1)).rev() {
+        stride[a] = stride[a + 1] * global[a + 1];
+    }
+    indices
+        .iter()
+        .enumerate()
+        .map(|(a, idx)| {
+            idx.iter()
+                .map(|&i| {
+                    if i < global[a] {
+                        (i * stride[a]) as u64
+                    } else {
+                        u64::MAX
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The device twin of [`hash_value`]: one thread per element (grid-stride), four axes.
+const FILL_KERNEL: &str = r#"
+__device__ unsigned long long weave_mix(unsigned long long z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+extern "C" __global__ void weave_fill_hash(
+    unsigned long long out, unsigned long long table, unsigned long long n,
+    unsigned long long s1, unsigned long long s2, unsigned long long s3,
+    unsigned long long o1, unsigned long long o2, unsigned long long o3,
+    unsigned long long seed, unsigned long long kind) {
+  const unsigned long long* t = (const unsigned long long*)table;
+  const unsigned long long pad = 0xffffffffffffffffULL;
+  for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < n;
+       e += (unsigned long long)gridDim.x * blockDim.x) {
+    unsigned long long r = e;
+    unsigned long long i3 = r % s3; r /= s3;
+    unsigned long long i2 = r % s2; r /= s2;
+    unsigned long long i1 = r % s1; r /= s1;
+    unsigned long long i0 = r;
+    unsigned long long a = t[i0], b = t[o1 + i1], c = t[o2 + i2], d = t[o3 + i3];
+    float v = 0.0f;
+    if (a != pad && b != pad && c != pad && d != pad) {
+      unsigned long long g = a + b + c + d;
+      unsigned long long m = weave_mix(g + seed * 0x9E3779B97F4A7C15ULL) >> 60;
+      v = (float)(2 * (long long)m - 15) / 16.0f;
+    }
+    if (kind == 0) {
+      ((unsigned short*)out)[e] = (unsigned short)(__float_as_uint(v) >> 16);
+    } else {
+      ((float*)out)[e] = v;
+    }
+  }
+}
+"#;
+
+/// The value of global element `g` of the tensor seeded by `seed`: an odd multiple of 1/16 in
+/// (-1, 1) — never zero, exact in bf16 — from the splitmix64 finaliser of `g`.
+pub fn hash_value(seed: u64, g: u64) -> f64 {
+    let mut z = g.wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let m = (z >> 60) as i64;
+    (2 * m - 15) as f64 / 16.0
+}
+
+/// Rows `rows` of `X · Wᵀ` for the global `X [.., k]` seeded by `seed_x` and `W [n, k]` seeded
+/// by `seed_w` (rows of X are row-major indices over its leading axes), in f64, on every core.
+pub fn linear_reference(
+    rows: &[usize],
+    k: usize,
+    n: usize,
+    seed_x: u64,
+    seed_w: u64,
+) -> Vec<Vec<f64>> {
+    let xs: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|&r| {
+            (0..k)
+                .map(|j| hash_value(seed_x, (r * k + j) as u64))
+                .collect()
+        })
+        .collect();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(n.max(1));
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let parts: Vec<Vec<Vec<f64>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(per)
+            .map(|lo| {
+                let xs = &xs;
+                s.spawn(move || {
+                    let hi = (lo + per).min(n);
+                    let mut out = vec![vec![0.0f64; hi - lo]; xs.len()];
+                    let mut w = vec![0.0f64; k];
+                    for col in lo..hi {
+                        for (j, v) in w.iter_mut().enumerate() {
+                            *v = hash_value(seed_w, (col * k + j) as u64);
+                        }
+                        for (x, o) in xs.iter().zip(out.iter_mut()) {
+                            o[col - lo] = x.iter().zip(&w).map(|(a, b)| a * b).sum();
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut out = vec![Vec::with_capacity(n); rows.len()];
+    for part in parts {
+        for (o, p) in out.iter_mut().zip(part) {
+            o.extend(p);
+        }
+    }
+    out
+}
+
+/// What a sampled check found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// Every element was within the bf16 tolerance of the reference.
+    pub ok: bool,
+    /// The largest error relative to the largest reference magnitude.
+    pub max_rel: f64,
+    /// Elements compared (every rank's copy of a replicated element counts).
+    pub compared: usize,
+}
+
+/// Compares sampled elements `(row, column, value)` (from every rank) with `reference`
+/// (rows in the order of `rows`), at the tolerance of `dtype`. Every sampled row must have
+/// been found with all its columns.
+pub fn check_sample(
+    found: &[(usize, usize, f64)],
+    rows: &[usize],
+    reference: &[Vec<f64>],
+    dtype: DType,
+) -> Check {
+    let pos: HashMap<usize, usize> = rows.iter().enumerate().map(|(i, r)| (*r, i)).collect();
+    let mut got = Vec::with_capacity(found.len());
+    let mut want = Vec::with_capacity(found.len());
+    let mut seen: HashSet<(usize, usize)> = HashSet::new();
+    for &(r, c, v) in found {
+        if let Some(&i) = pos.get(&r) {
+            if let Some(e) = reference[i].get(c) {
+                got.push(v);
+                want.push(*e);
+                seen.insert((r, c));
+            }
+        }
+    }
+    let expected: usize = reference.iter().map(Vec::len).sum();
+    let c = compare(&got, &want, dtype);
+    Check {
+        ok: c.ok && seen.len() == expected,
+        max_rel: c.max_rel,
+        compared: got.len(),
+    }
+}
+
+type Reply = (usize, Result<Box<dyn Any + Send>, JobError>);
+type Job = Arc<dyn Fn(&Rank) -> Result<Box<dyn Any + Send>, JobError> + Send + Sync>;
+
+/// Ranks on the GPUs of this process, one persistent thread each, that run jobs together.
+pub struct World {
+    jobs: Vec<mpsc::Sender<Job>>,
+    replies: mpsc::Receiver<Reply>,
+    threads: Vec<JoinHandle<()>>,
+    barrier: Arc<Barrier>,
+    options: WorldOptions,
+}
+
+impl World {
+    /// Opens GPUs `0..ranks`, a backend and an NCCL communicator on each.
+    pub fn open(options: WorldOptions) -> Result<World, JobError> {
+        let n = weave_cuda::device_count().map_err(err("GPUs"))?;
+        if n < options.ranks {
+            return Err(format!(
+                "{} GPU(s) are needed but {n} are visible",
+                options.ranks
+            ));
+        }
+        let id = NcclId::new().map_err(err("NCCL id"))?;
+        let barrier = Arc::new(Barrier::new(options.ranks));
+        let (reply_tx, replies) = mpsc::channel::<Reply>();
+        let mut jobs = Vec::new();
+        let mut threads = Vec::new();
+        for rank in 0..options.ranks {
+            let (tx, rx) = mpsc::channel::<Job>();
+            jobs.push(tx);
+            let reply = reply_tx.clone();
+            let barrier = barrier.clone();
+            let options = options.clone();
+            threads.push(std::thread::spawn(move || {
+                let open = || -> Result<Rank, JobError> {
+                    let gpu = Gpu::open(rank).map_err(err("GPU"))?;
+                    let backend = CudaBackend::new(
+                        gpu.clone(),
+                        CudaOptions {
+                            timeout: options.timeout,
+                            ..CudaOptions::default()
+                        },
+                    )
+                    .map_err(err("backend"))?;
+                    let comm = Arc::new(
+                        Nccl::init(
+                            &gpu,
+                            rank,
+                            options.ranks,
+                            &id,
+                            NcclOptions {
+                                timeout: options.timeout,
+                                ..options.nccl.clone()
+                            },
+                        )
+                        .map_err(err("NCCL"))?,
+                    );
+                    let check = comm.clone();
+                    backend.set_error_check(Arc::new(move || {
+                        check.async_error().map(|e| e.to_string())
+                    }));
+                    Ok(Rank {
+                        rank,
+                        world: options.ranks,
+                        gpu,
+                        backend,
+                        comm,
+                        barrier,
+                        timeout: options.timeout,
+                    })
+                };
+                let me = match open() {
+                    Ok(me) => {
+                        let _ = reply.send((rank, Ok(Box::new(()))));
+                        me
+                    }
+                    Err(e) => {
+                        let _ = reply.send((rank, Err(e)));
+                        return;
+                    }
+                };
+                while let Ok(job) = rx.recv() {
+                    let r = job(&me);
+                    if let Err(e) = &r {
+                        me.barrier.break_with(&format!("rank {rank}: {e}"));
+                        me.comm.abort(e);
+                    }
+                    if reply.send((rank, r)).is_err() {
+                        return;
+                    }
+                }
+            }));
+        }
+        let world = World {
+            jobs,
+            replies,
+            threads,
+            barrier,
+            options,
+        };
+        world.collect::<()>(Duration::from_secs(120))?;
+        Ok(world)
+    }
+
+    /// The number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.options.ranks
+    }
+
+    fn collect<R: 'static>(&self, limit: Duration) -> Result<Vec<R>, JobError> {
+        let mut out: Vec<Option<R>> = (0..self.options.ranks).map(|_| None).collect();
+        let mut errors = Vec::new();
+        let deadline = Instant::now() + limit;
+        for _ in 0..self.options.ranks {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.replies.recv_timeout(left) {
+                Ok((rank, Ok(v))) => match v.downcast::<R>() {
+                    Ok(v) => out[rank] = Some(*v),
+                    Err(_) => errors.push(format!("rank {rank}: a reply of the wrong type")),
+                },
+                Ok((rank, Err(e))) => errors.push(format!("rank {rank}: {e}")),
+                Err(_) => {
+                    errors.push(format!(
+                        "no reply from some rank within {} s",
+                        limit.as_secs()
+                    ));
+                    self.barrier.break_with("a rank did not reply in time");
+                    break;
+                }
+            }
+        }
+        if !errors.is_empty() {
+            errors.sort();
+            return Err(errors.join("; "));
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Runs `job` on every rank and returns the results by rank, or every rank's error.
+    pub fn run<R: Send + 'static>(
+        &self,
+        job: impl Fn(&Rank) -> Result<R, JobError> + Send + Sync + 'static,
+    ) -> Result<Vec<R>, JobError> {
+        let job: Job =
+            Arc::new(move |rank: &Rank| job(rank).map(|r| Box::new(r) as Box<dyn Any + Send>));
+        for tx in &self.jobs {
+            tx.send(job.clone())
+                .map_err(|_| "a rank's thread has ended".to_string())?;
+        }
+        // Generous: a job runs many timed iterations, each bounded by the timeout.
+        self.collect(self.options.timeout * 20)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.jobs.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The median of `v` (0 for none).
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+/// How a compiled program is run in a benchmark.
+#[derive(Clone, Debug)]
+pub struct ProgramRun {
+    /// The worker-stream pool size (`numberOfStreams`).
+    pub streams: usize,
+    /// Backend options (SM-count target, pool priorities).
+    pub cuda: CudaOptions,
+    /// Capture one run as a CUDA graph and time its replays.
+    pub graph: bool,
+    /// After timing, run once more with GPU-side spans recorded for the timeline.
+    pub trace: bool,
+}
+
+impl Default for ProgramRun {
+    fn default() -> ProgramRun {
+        ProgramRun {
+            streams: 2,
+            cuda: CudaOptions::default(),
+            graph: false,
+            trace: false,
+        }
+    }
+}
+
+/// What one rank measured of a program.
+#[derive(Clone, Debug)]
+pub struct ProgramTiming {
+    /// Milliseconds of every timed run.
+    pub times: Vec<f64>,
+    /// Sampled output elements `(row, column, value)` of the first output.
+    pub sample: Vec<(usize, usize, f64)>,
+    /// The spans of the traced run (empty unless asked for).
+    pub spans: Vec<weave_executor::Span>,
+}
+
+/// Runs `compiled` on `rank` with `comm` (the world's or one with other options): inputs filled from `seeds` (one per fusion input), `warmup`
+/// and `iters` timed runs, then one more run whose first output's `rows` are sampled.
+#[allow(clippy::too_many_arguments)]
+pub fn time_program(
+    rank: &Rank,
+    comm: &Nccl<DeviceTensor>,
+    compiled: &Compiled,
+    how: &ProgramRun,
+    seeds: &[u64],
+    warmup: usize,
+    iters: usize,
+    rows: &[usize],
+) -> Result<ProgramTiming, JobError> {
+    let backend = rank.backend_with(how.cuda.clone())?;
+    comm.prepare_teams(&program_teams(&compiled.program))
+        .map_err(err("teams"))?;
+    let mut inputs = Vec::new();
+    for (i, &t) in compiled.sharded.inputs().iter().enumerate() {
+        let layout = Layout::of(&compiled.sharded, t)?;
+        let dtype = compiled.sharded.tensor(t).dtype;
+        let seed = seeds.get(i).copied().unwrap_or(i as u64 + 1);
+        inputs.push(rank.random_input(&backend, dtype, &layout, seed)?);
+    }
+    let config = RunConfig {
+        params: params_of(&compiled.sharded),
+        number_of_streams: how.streams,
+        check_races: false,
+    };
+    let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
+    let once = |backend: &CudaBackend| -> Result<Vec<DeviceTensor>, JobError> {
+        run_rank_buffers(&compiled.program, backend, comm, &inputs, &config)
+            .map(|r| r.outputs)
+            .map_err(|e| e.to_string())
+    };
+    let times = if how.graph {
+        // Warm up outside the capture (NCCL connects lazily, kernels compile, plans build),
+        // then capture one run, freeing its outputs inside the graph.
+        for o in once(&backend)? {
+            backend.deallocate(o, &main);
+        }
+        backend.synchronize().map_err(err("warm-up"))?;
+        rank.barrier()?;
+        let ((), graph) = capture_on(&main, || {
+            for o in once(&backend)? {
+                backend.deallocate(o, &main);
+            }
+            Ok(())
+        })?;
+        rank.barrier()?;
+        rank.time(&backend, warmup, iters, || {
+            graph.launch(&main).map_err(err("graph launch"))
+        })?
+    } else {
+        rank.time(&backend, warmup, iters, || {
+            for o in once(&backend)? {
+                backend.deallocate(o, &main);
+            }
+            Ok(())
+        })?
+    };
+    let outputs = once(&backend)?;
+    backend.synchronize().map_err(err("checked run"))?;
+    let first = compiled
+        .sharded
+        .outputs()
+        .first()
+        .copied()
+        .ok_or("the program has no output")?;
+    let layout = Layout::of(&compiled.sharded, first)?;
+    let sample = rank.sample_rows(&backend, &outputs[0], &layout, rows)?;
+    for o in outputs {
+        backend.deallocate(o, &main);
+    }
+    backend.synchronize().map_err(err("checked run"))?;
+    let mut spans = Vec::new();
+    if how.trace {
+        let traced = rank.backend_with(CudaOptions {
+            trace: true,
+            ..how.cuda.clone()
+        })?;
+        let tmain = traced.stream(StreamKey::Main).map_err(err("stream"))?;
+        // One run before the traced one warms the new backend's streams and plans.
+        for o in once(&traced)? {
+            traced.deallocate(o, &tmain);
+        }
+        traced.synchronize().map_err(err("traced run"))?;
+        rank.barrier()?;
+        traced.start_trace().map_err(err("trace"))?;
+        for o in once(&traced)? {
+            traced.deallocate(o, &tmain);
+        }
+        traced.synchronize().map_err(err("traced run"))?;
+        spans = traced.spans();
+    }
+    Ok(ProgramTiming {
+        times,
+        sample,
+        spans,
+    })
+}
+
+impl From<CudaError> for JobErrorWrap {
+    fn from(e: CudaError) -> JobErrorWrap {
+        JobErrorWrap(e.to_string())
+    }
+}
+
+/// A [`JobError`] that CUDA errors convert into (for [`GpuStream::capture`]).
+#[derive(Debug)]
+pub struct JobErrorWrap(pub JobError);
+
+/// Times one GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` (bf16) on `rank`.
+pub fn time_gemm(
+    rank: &Rank,
+    (m, n, k): (usize, usize, usize),
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<f64>, JobError> {
+    let backend = &rank.backend;
+    let x = rank.random_plain(backend, DType::BF16, &[m, k], 11)?;
+    let w = rank.random_plain(backend, DType::BF16, &[n, k], 12)?;
+    let out = backend
+        .empty(DType::BF16, &[m, n])
+        .map_err(err("allocate"))?;
+    let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
+    rank.time(backend, warmup, iters, || {
+        backend
+            .linear("gemm", &x, &w, None, &out, &main)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// A collective to time alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommKind {
+    /// Allreduce of `elems` bf16 in place.
+    Allreduce,
+    /// Allgather of `elems / ranks` per rank into `elems`.
+    Allgather,
+    /// Reduce-scatter of `elems` into `elems / ranks`.
+    ReduceScatter,
+    /// The P2P ring: ranks − 1 steps, each sending this rank's `elems / ranks` block to
+    /// rank − i and receiving rank + i's.
+    Ring,
+}
+
+/// Times one collective of `elems` bf16 elements (see [`CommKind`]) over every rank.
+pub fn time_comm(
+    rank: &Rank,
+    kind: CommKind,
+    elems: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<f64>, JobError> {
+    let backend = &rank.backend;
+    let d = rank.world;
+    let block = elems / d.max(1);
+    let full = rank.random_plain(backend, DType::BF16, &[d, block], 21)?;
+    let part = rank.random_plain(backend, DType::BF16, &[block], 22)?;
+    let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
+    let team: Vec<usize> = (0..d).collect();
+    rank.comm
+        .prepare_teams(std::slice::from_ref(&team))
+        .map_err(err("teams"))?;
+    let post = |op: CommOp<DeviceTensor>| {
+        rank.comm
+            .post(
+                Collective {
+                    label: format!("{kind:?}"),
+                    team: team.clone(),
+                    op,
+                },
+                &main,
+            )
+            .map_err(|e| e.to_string())
+    };
+    rank.time(backend, warmup, iters, || match kind {
+        CommKind::Allreduce => post(CommOp::Allreduce {
+            input: full.clone(),
+            output: full.clone(),
+            op: RedOp::Sum,
+        }),
+        CommKind::Allgather => post(CommOp::Allgather {
+            input: part.clone(),
+            output: full.clone(),
+        }),
+        CommKind::ReduceScatter => post(CommOp::ReduceScatter {
+            input: full.clone(),
+            output: part.clone(),
+            op: RedOp::Sum,
+        }),
+        CommKind::Ring => {
+            for i in 1..d {
+                let from = (rank.rank + i) % d;
+                let to = (rank.rank + d - i) % d;
+                let slot = backend
+                    .chunk(&full, 0, d, from)
+                    .map_err(|e| format!("ring buffer: {e}"))?;
+                rank.comm
+                    .post_p2p(
+                        format!("ring step {i}"),
+                        vec![
+                            P2p::Recv {
+                                peer: from,
+                                buffer: slot,
+                            },
+                            P2p::Send {
+                                peer: to,
+                                buffer: part.clone(),
+                            },
+                        ],
+                        &main,
+                    )
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        }
+    })
+}
+
+/// Measures this machine for the chunk-count model on `world`: bf16 GEMM throughput (8192 ×
+/// 8192 × 8192) and the fixed cost of a small GEMM, allreduce bus bandwidth (128 MiB) and
+/// the latency of a small one, point-to-point bandwidth over the ring.
+pub fn calibrate(world: &World) -> Result<Calibration, JobError> {
+    let (w, i) = (3, 10);
+    let max = |v: Vec<Vec<f64>>| v.iter().map(|t| median(t)).fold(0.0f64, f64::max);
+    let big = (8192usize, 8192usize, 8192usize);
+    let big_ms = max(world.run(move |r| time_gemm(r, big, w, i))?);
+    let small = (1024usize, 1024usize, 1024usize);
+    let small_ms = max(world.run(move |r| time_gemm(r, small, w, i))?);
+    let tflops = 2.0 * (big.0 * big.1 * big.2) as f64 / (big_ms * 1e-3) / 1e12;
+    // The small GEMM's time beyond its share at full throughput is its fixed cost.
+    let small_ideal_ms = 2.0 * (small.0 * small.1 * small.2) as f64 / (tflops * 1e12) * 1e3;
+    let gemm_overhead_us = ((small_ms - small_ideal_ms) * 1e3).max(1.0);
+    let n = world.ranks() as f64;
+    let elems = 64usize << 20; // 128 MiB of bf16
+    let ar_ms = max(world.run(move |r| time_comm(r, CommKind::Allreduce, elems, w, i))?);
+    let busbw = 2.0 * (n - 1.0) / n * (elems * 2) as f64 / (ar_ms * 1e-3) / 1e9;
+    let tiny = 4096usize;
+    let tiny_ms = max(world.run(move |r| time_comm(r, CommKind::Allreduce, tiny, w, i))?);
+    let ring_ms = max(world.run(move |r| time_comm(r, CommKind::Ring, elems, w, i))?);
+    // Each ring step moves one block per rank; steps run one after another.
+    let block_bytes = (elems / world.ranks()) as f64 * 2.0;
+    let p2p = block_bytes * (n - 1.0) / (ring_ms * 1e-3) / 1e9;
+    Ok(Calibration {
+        gemm_tflops: tflops,
+        busbw_gbs: busbw,
+        p2p_gbs: p2p,
+        gemm_overhead_us,
+        comm_latency_us: (tiny_ms * 1e3).max(1.0),
+        source: format!(
+            "measured on {} x {} ({} ranks)",
+            world.ranks(),
+            world_gpu_name(world).unwrap_or_else(|_| "GPU".into()),
+            world.ranks()
+        ),
+        ..Calibration::default()
+    })
+}
+
+/// The name of rank 0's GPU.
+pub fn world_gpu_name(world: &World) -> Result<String, JobError> {
+    Ok(world
+        .run(|r| Ok(r.gpu.name()))?
+        .into_iter()
+        .next()
+        .unwrap_or_default())
+}
+
+/// Runs `f` with `stream` capturing (see [`GpuStream::capture`]), for jobs.
+pub fn capture_on<R>(
+    stream: &GpuStream,
+    f: impl FnOnce() -> Result<R, JobError>,
+) -> Result<(R, weave_cuda::CudaGraph), JobError> {
+    stream
+        .capture(|| f().map_err(JobErrorWrap))
+        .map_err(|e: JobErrorWrap| e.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_values_are_odd_sixteenths_never_zero_and_spread() {
+        let v: Vec<f64> = (0..4096).map(|g| hash_value(7, g)).collect();
+        assert!(v.iter().all(|x| *x != 0.0 && x.abs() < 1.0));
+        assert!(v.iter().all(|x| ((x * 16.0).round() as i64) % 2 != 0));
+        let distinct: HashSet<i64> = v.iter().map(|x| (x * 16.0) as i64).collect();
+        assert_eq!(distinct.len(), 16, "all 16 values occur");
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        assert!(mean.abs() < 0.05, "mean {mean}");
+        assert_ne!(hash_value(7, 3), hash_value(8, 3), "seeds differ");
+    }
+
+    #[test]
+    fn offset_tables_are_global_offsets_and_padding_is_marked() {
+        // A [4, 6] tensor; a rank holding rows 2..4 (and a padded third row) and columns 3..6.
+        let t = offset_tables(&[4, 6], &[vec![2, 3, 4], vec![3, 4, 5]]);
+        assert_eq!(t[0], vec![12, 18, u64::MAX]);
+        assert_eq!(t[1], vec![3, 4, 5]);
+    }
+
+    #[test]
+    fn the_linear_reference_is_the_dot_product_of_hashed_rows() {
+        let (k, n) = (5, 3);
+        let r = linear_reference(&[1, 3], k, n, 1, 2);
+        let want = |row: usize, col: usize| -> f64 {
+            (0..k)
+                .map(|j| hash_value(1, (row * k + j) as u64) * hash_value(2, (col * k + j) as u64))
+                .sum()
+        };
+        assert_eq!(r.len(), 2);
+        for (got, row) in r.iter().zip([1usize, 3]) {
+            let expected: Vec<f64> = (0..n).map(|col| want(row, col)).collect();
+            assert_eq!(got, &expected);
+        }
+    }
+
+    #[test]
+    fn a_sampled_check_needs_every_column_and_the_tolerance() {
+        let reference = vec![vec![1.0, 2.0], vec![3.0, 4.0]];
+        let rows = [5usize, 9];
+        let all = [
+            (5, 0, 1.0),
+            (5, 1, 2.0),
+            (9, 0, 3.0),
+            (9, 1, 4.0),
+            (9, 1, 4.0),
+        ];
+        let c = check_sample(&all, &rows, &reference, DType::BF16);
+        assert!(c.ok);
+        assert_eq!(c.compared, 5);
+        // A missing column fails; so does a wrong value.
+        assert!(!check_sample(&all[..3], &rows, &reference, DType::BF16).ok);
+        let mut wrong = all.to_vec();
+        wrong[1].2 = 2.5;
+        assert!(!check_sample(&wrong, &rows, &reference, DType::BF16).ok);
+    }
+
+    #[test]
+    fn a_barrier_times_out_and_a_broken_one_fails_at_once() {
+        let b = Barrier::new(2);
+        let e = b.wait(Duration::from_millis(20)).unwrap_err();
+        assert!(e.contains("timed out") && e.contains("1 arrived"), "{e}");
+        // A timed-out barrier stays broken.
+        let e = b.wait(Duration::from_secs(5)).unwrap_err();
+        assert!(e.contains("broken") && e.contains("timed out"), "{e}");
+        let b = Barrier::new(2);
+        b.break_with("rank 1 failed");
+        let e = b.wait(Duration::from_secs(5)).unwrap_err();
+        assert!(e.contains("rank 1 failed"), "{e}");
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+}
