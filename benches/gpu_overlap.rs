@@ -138,7 +138,7 @@ fn parse_args() -> Result<Args, String> {
         out: PathBuf::from("bench-out"),
         experiments: true,
         calibrate: true,
-        timeout: Duration::from_secs(60),
+        timeout: Duration::from_secs(30),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -309,15 +309,19 @@ fn run() -> Result<(), String> {
     let mut summary = Vec::new();
     let mut best_row_parallel: Option<(f64, String, Vec<RankSpans>)> = None;
     for &d in &ranks {
-        let world = World::open(WorldOptions {
+        let options = WorldOptions {
             ranks: d,
             timeout: bench.args.timeout,
             nccl: NcclOptions::default(),
-        })?;
-        let gpu = world_gpu_name(&world)?;
+        };
+        let mut world = Ranks {
+            world: World::open(options.clone())?,
+            options,
+        };
+        let gpu = world_gpu_name(world.get()?)?;
         println!("== {d} x {gpu}");
         if bench.args.calibrate {
-            cal = calibrate(&world)?;
+            cal = calibrate(world.get()?)?;
             if let Some(path) = Calibration::path() {
                 if let Some(dir) = path.parent() {
                     let _ = std::fs::create_dir_all(dir);
@@ -333,11 +337,23 @@ fn run() -> Result<(), String> {
                 "comm_latency_us": cal.comm_latency_us,
             }));
         }
-        let sms = world.run(|r| Ok(r.gpu.sm_count()))?[0];
+        let sms = world.get()?.run(|r| Ok(r.gpu.sm_count()))?[0];
         let t = bench.args.t;
         for h in bench.args.hs.clone() {
             for p in bench.args.patterns.clone() {
-                let row = run_row(&mut bench, &world, p, t, h, d, &cal, sms, &separate)?;
+                let row = match run_row(&mut bench, &mut world, p, t, h, d, &cal, sms, &separate) {
+                    Ok(row) => row,
+                    Err(e) => {
+                        let line = format!("{:16} d={d} h={h}: ERROR {e}", p.name());
+                        println!("{line}");
+                        bench.emit(json!({
+                            "source": "streamweave-error", "pattern": p.name(), "d": d,
+                            "t": t, "h": h, "error": e,
+                        }));
+                        summary.push(line);
+                        continue;
+                    }
+                };
                 if p == Pattern::RowParallel {
                     let better = best_row_parallel
                         .as_ref()
@@ -378,6 +394,26 @@ type Experiment = (
     String,
 );
 
+/// The world of one rank count, reopened after a job failed (a failed job may leave the
+/// communicator aborted).
+struct Ranks {
+    world: World,
+    options: WorldOptions,
+}
+
+impl Ranks {
+    fn get(&mut self) -> Result<&World, String> {
+        if self.world.failed() {
+            println!(
+                "(reopening the {} ranks after a failure)",
+                self.options.ranks
+            );
+            self.world = World::open(self.options.clone())?;
+        }
+        Ok(&self.world)
+    }
+}
+
 struct RowResult {
     best: Measured,
     line: String,
@@ -386,7 +422,7 @@ struct RowResult {
 #[allow(clippy::too_many_arguments)]
 fn run_row(
     bench: &mut Bench,
-    world: &World,
+    world: &mut Ranks,
     p: Pattern,
     t: usize,
     h: usize,
@@ -397,9 +433,9 @@ fn run_row(
 ) -> Result<RowResult, String> {
     let (w, i) = (bench.args.warmup, bench.args.iters);
     let gemm = p.gemm(t, h, d);
-    let mm = max_median(world.run(move |r| time_gemm(r, gemm, w, i))?);
+    let mm = max_median(world.get()?.run(move |r| time_gemm(r, gemm, w, i))?);
     let kind = p.comm();
-    let comm = max_median(world.run(move |r| time_comm(r, kind, t * h, w, i))?);
+    let comm = max_median(world.get()?.run(move |r| time_comm(r, kind, t * h, w, i))?);
     // The host reference of 16 sampled rows.
     let rows: Arc<Vec<usize>> = Arc::new(
         (0..16)
@@ -418,7 +454,7 @@ fn run_row(
             ..ProgramRun::default()
         };
         let m = measure(
-            world,
+            world.get()?,
             &compiled,
             &how,
             None,
@@ -548,7 +584,7 @@ fn run_row(
                 None => None,
             };
             let m = match measure(
-                world,
+                world.get()?,
                 &c,
                 &how,
                 comm_options,

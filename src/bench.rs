@@ -542,6 +542,7 @@ pub struct World {
     threads: Vec<JoinHandle<()>>,
     barrier: Arc<Barrier>,
     options: WorldOptions,
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl World {
@@ -631,6 +632,7 @@ impl World {
             threads,
             barrier,
             options,
+            failed: std::sync::atomic::AtomicBool::new(false),
         };
         world.collect::<()>(Duration::from_secs(120))?;
         Ok(world)
@@ -681,14 +683,30 @@ impl World {
             tx.send(job.clone())
                 .map_err(|_| "a rank's thread has ended".to_string())?;
         }
-        // Generous: a job runs many timed iterations, each bounded by the timeout.
-        self.collect(self.options.timeout * 20)
+        // A job runs many timed iterations, each bounded by the timeout; a job that takes
+        // longer than a few timeouts is stuck.
+        let r = self.collect(self.options.timeout * 4);
+        if r.is_err() {
+            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// Whether a job failed: the communicator may have been aborted and threads may be stuck,
+    /// so the world should be dropped (its threads are then left, not joined) and reopened.
+    pub fn failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
 impl Drop for World {
     fn drop(&mut self) {
         self.jobs.clear();
+        if self.failed() {
+            // A rank may still be stuck in a wait that ends with its timeout; do not wait.
+            self.threads.clear();
+            return;
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
