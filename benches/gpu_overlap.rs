@@ -23,6 +23,7 @@ use streamweave::bench::{
 use streamweave::chunks::{choose, workload, Calibration, CANDIDATES};
 use streamweave::run::{compile_with, Compiled};
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
+use weave_comm::{PeerCopy, PeerHub};
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_executor::{CudaOptions, DeviceTensor};
 use weave_passes::DEFAULT_PIPELINE;
@@ -230,6 +231,7 @@ fn measure(
     compiled: &Arc<Compiled>,
     how: &ProgramRun,
     comm_options: Option<(NcclId, NcclOptions)>,
+    peer: Option<Arc<PeerHub>>,
     args: &Args,
     rows: &Arc<Vec<usize>>,
     reference: &[Vec<f64>],
@@ -238,15 +240,20 @@ fn measure(
     let (c, how2, rows2) = (compiled.clone(), how.clone(), rows.clone());
     let (warmup, iters) = (args.warmup, args.iters);
     let timings: Vec<ProgramTiming> = world.run(move |r| {
-        let own: Option<Nccl<DeviceTensor>> = match &comm_options {
-            Some((id, o)) => Some(
+        let comm: Arc<Nccl<DeviceTensor>> = match &comm_options {
+            Some((id, o)) => Arc::new(
                 Nccl::init(&r.gpu, r.rank, r.world, id, o.clone())
                     .map_err(|e| format!("NCCL with {o:?}: {e}"))?,
             ),
-            None => None,
+            None => r.comm.clone(),
         };
-        let comm = own.as_ref().unwrap_or(&r.comm);
-        time_program(r, comm, &c, &how2, &[101, 202], warmup, iters, &rows2)
+        match &peer {
+            Some(hub) => {
+                let pc = PeerCopy::new(comm, hub.clone(), r.gpu.clone());
+                time_program(r, &pc, &c, &how2, &[101, 202], warmup, iters, &rows2)
+            }
+            None => time_program(r, &*comm, &c, &how2, &[101, 202], warmup, iters, &rows2),
+        }
     })?;
     let ms = timings
         .iter()
@@ -385,12 +392,14 @@ fn run() -> Result<(), String> {
 }
 
 /// An experiment: its kind, the program, how it runs, the communicator's options (`None`:
-/// the world's), and its description.
+/// the world's), whether allgathers and transfers are copy-engine peer copies, and its
+/// description.
 type Experiment = (
     &'static str,
     Arc<Compiled>,
     ProgramRun,
     Option<NcclOptions>,
+    bool,
     String,
 );
 
@@ -458,6 +467,7 @@ fn run_row(
             &compiled,
             &how,
             None,
+            None,
             &bench.args,
             &rows,
             &reference,
@@ -511,6 +521,7 @@ fn run_row(
                         ..base.clone()
                     },
                     None,
+                    false,
                     format!("S={s_best} K={k}"),
                 ));
             }
@@ -520,6 +531,7 @@ fn run_row(
             sep.clone(),
             base.clone(),
             None,
+            false,
             format!("S={s_best} K=2 separate entry-sync loop"),
         ));
         exps.push((
@@ -533,6 +545,7 @@ fn run_row(
                 ..base.clone()
             },
             None,
+            false,
             format!("S={s_best} K=2 pool streams high priority"),
         ));
         for cut in [8, 16, 32] {
@@ -547,6 +560,7 @@ fn run_row(
                     ..base.clone()
                 },
                 None,
+                false,
                 format!("S={s_best} K=2 GEMM on {} SMs", sms - cut),
             ));
         }
@@ -560,6 +574,7 @@ fn run_row(
                     max_ctas: Some(ctas),
                     min_ctas: None,
                 }),
+                false,
                 format!("S={s_best} K=2 NCCL maxCTAs={ctas}"),
             ));
         }
@@ -571,14 +586,30 @@ fn run_row(
                 ..base.clone()
             },
             None,
+            false,
             format!("S={s_best} K=2 CUDA graph replay"),
         ));
+        // Copy-engine allgathers and transfers: no SMs taken from the GEMMs, so more chunks
+        // may pay.
+        if matches!(p, Pattern::ColumnParallel | Pattern::P2pRing) {
+            for s in p.chunk_counts(d).into_iter().filter(|&s| s > 1) {
+                let param = (p != Pattern::P2pRing).then_some(s);
+                exps.push((
+                    "peer-copy",
+                    Arc::new(compile(p, t, h, d, param, DEFAULT_PIPELINE)?),
+                    base.clone(),
+                    None,
+                    true,
+                    format!("S={s} K=2 copy-engine transfers"),
+                ));
+            }
+        }
         let baseline = sweep
             .iter()
             .find(|(s, _)| *s == s_best)
             .map(|(_, m)| m.ms)
             .unwrap_or(f64::NAN);
-        for (exp, c, how, nccl, config) in exps {
+        for (exp, c, how, nccl, peer, config) in exps {
             let comm_options = match nccl {
                 Some(o) => Some((NcclId::new().map_err(|e| e.to_string())?, o)),
                 None => None,
@@ -588,6 +619,7 @@ fn run_row(
                 &c,
                 &how,
                 comm_options,
+                peer.then(PeerHub::new),
                 &bench.args,
                 &rows,
                 &reference,

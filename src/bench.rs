@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
+use weave_comm::PeerCopy;
 use weave_comm::{Collective, CommOp, Communicator, P2p, RedOp};
 use weave_cuda::{wait_event, CudaError, Gpu, GpuStream};
 use weave_executor::reference::compare;
@@ -728,6 +729,25 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// A communicator that benchmarks run programs with: NCCL, or NCCL with copy-engine
+/// allgathers and transfers.
+pub trait BenchComm: Communicator<Buffer = DeviceTensor, Stream = GpuStream> {
+    /// The NCCL communicator underneath (teams, asynchronous errors).
+    fn nccl(&self) -> &Nccl<DeviceTensor>;
+}
+
+impl BenchComm for Nccl<DeviceTensor> {
+    fn nccl(&self) -> &Nccl<DeviceTensor> {
+        self
+    }
+}
+
+impl BenchComm for PeerCopy<DeviceTensor> {
+    fn nccl(&self) -> &Nccl<DeviceTensor> {
+        self.inner()
+    }
+}
+
 /// How a compiled program is run in a benchmark.
 #[derive(Clone, Debug)]
 pub struct ProgramRun {
@@ -766,9 +786,9 @@ pub struct ProgramTiming {
 /// Runs `compiled` on `rank` with `comm` (the world's or one with other options): inputs filled from `seeds` (one per fusion input), `warmup`
 /// and `iters` timed runs, then one more run whose first output's `rows` are sampled.
 #[allow(clippy::too_many_arguments)]
-pub fn time_program(
+pub fn time_program<C: BenchComm>(
     rank: &Rank,
-    comm: &Nccl<DeviceTensor>,
+    comm: &C,
     compiled: &Compiled,
     how: &ProgramRun,
     seeds: &[u64],
@@ -777,7 +797,8 @@ pub fn time_program(
     rows: &[usize],
 ) -> Result<ProgramTiming, JobError> {
     let backend = rank.backend_with(how.cuda.clone())?;
-    comm.prepare_teams(&program_teams(&compiled.program))
+    comm.nccl()
+        .prepare_teams(&program_teams(&compiled.program))
         .map_err(err("teams"))?;
     let mut inputs = Vec::new();
     for (i, &t) in compiled.sharded.inputs().iter().enumerate() {

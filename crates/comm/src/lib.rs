@@ -11,6 +11,9 @@
 //! * [`nccl`]: `Nccl`, one NCCL communicator per rank (plus one per team that needs its
 //!   own), collectives and point-to-point groups posted on the caller's stream, every wait
 //!   bounded by a timeout;
+//! * [`peer`]: `PeerCopy`, an `Nccl` whose allgathers and point-to-point transfers between
+//!   the GPUs of one process are copy-engine peer copies (no SMs taken from the GEMMs they
+//!   overlap), pulled by the receiver and ordered by events on both sides;
 //! * [`bootstrap`]: rank and world size from launcher variables (torchrun, Open MPI, PMI,
 //!   Slurm), and a TCP store through which rank 0 hands out the NCCL unique id.
 //!
@@ -26,6 +29,7 @@ pub mod error;
 pub mod host;
 pub mod local;
 pub mod nccl;
+pub mod peer;
 
 pub use bootstrap::{exchange_id, gather, LaunchEnv, TcpStore};
 pub use communicator::{Collective, CommOp, Communicator, P2p, Task, TaskQueue};
@@ -34,3 +38,4 @@ pub use error::CommError;
 pub use host::HostView;
 pub use local::{Local, LocalWorld};
 pub use nccl::{DeviceBuffer, Nccl, NcclId, NcclOptions};
+pub use peer::{PeerCopy, PeerHub};

@@ -399,4 +399,90 @@ mod tests {
         b.free_on(&stream).unwrap();
         stream.synchronize_timeout(timeout).unwrap();
     }
+
+    /// On a machine with GPUs: a second stream forks from and joins back into the capture,
+    /// a peer copy (from GPU 1 where there is one) is captured, and an allocation the graph
+    /// never frees is freed on relaunch.
+    #[test]
+    fn fork_join_capture_with_peer_copy_and_allocation() {
+        let count = match device_count() {
+            Ok(n) if n > 0 => n,
+            _ => return,
+        };
+        let timeout = std::time::Duration::from_secs(60);
+        let gpu = Gpu::open(0).unwrap();
+        let other = Gpu::open(count.min(2) - 1).unwrap();
+        let main = gpu.new_stream(Priority::Normal).unwrap();
+        let side = gpu.new_stream(Priority::High).unwrap();
+        let other_stream = other.new_stream(Priority::Normal).unwrap();
+        let src = other.alloc(2048, &other_stream).unwrap();
+        other
+            .upload(src.ptr(), &[5u8; 2048], &other_stream)
+            .unwrap();
+        let dst = gpu.alloc(2048, &main).unwrap();
+        gpu.upload(dst.ptr(), &[1u8; 2048], &main).unwrap();
+        if other.ordinal() != gpu.ordinal() {
+            // Without peer access a copy between GPUs cannot be captured; the error says
+            // what to enable, and the stream is left usable.
+            let failed = main.capture(|| gpu.copy_peer(dst.ptr(), &other, src.ptr(), 16, &main));
+            match failed {
+                Err(CudaError::Driver { message, .. }) => {
+                    assert!(message.contains("enable peer access"), "{message}")
+                }
+                other => panic!("expected a failed capture, got {other:?}"),
+            }
+            assert!(!main.is_capturing().unwrap());
+            if !gpu.can_access_peer(&other).unwrap() {
+                return;
+            }
+            gpu.enable_peer_access(&other).unwrap();
+        }
+        let fork = gpu.new_event(false).unwrap();
+        let join = gpu.new_event(false).unwrap();
+        let ((), graph) = main
+            .capture(|| -> Result<(), CudaError> {
+                main.record(&fork)?;
+                side.wait(&fork)?;
+                assert!(side.is_capturing()?);
+                let scratch = gpu.alloc(1 << 20, &side)?;
+                gpu.zero(scratch.ptr(), 1 << 20, &side)?;
+                gpu.copy(dst.ptr() + 1024, scratch.ptr(), 1024, &side)?;
+                // Never freed in the graph: AUTO_FREE_ON_LAUNCH frees it at the next launch.
+                std::mem::forget(scratch);
+                side.record(&join)?;
+                gpu.copy_peer(dst.ptr(), &other, src.ptr(), 1024, &main)?;
+                main.wait(&join)?;
+                Ok(())
+            })
+            .unwrap();
+        assert!(!side.is_capturing().unwrap());
+        assert!(graph.nodes() >= 4, "{graph:?}");
+        let mut host = vec![0u8; 2048];
+        for _ in 0..3 {
+            graph.launch(&main).unwrap();
+            gpu.download(&mut host, dst.ptr(), &main, timeout).unwrap();
+            assert!(host[..1024].iter().all(|&x| x == 5));
+            assert!(host[1024..].iter().all(|&x| x == 0));
+        }
+        // A capture whose forked stream is never joined back fails and leaves no stream
+        // capturing.
+        let unjoined = main.capture(|| -> Result<(), CudaError> {
+            main.record(&fork)?;
+            side.wait(&fork)?;
+            gpu.zero(dst.ptr(), 16, &side)?;
+            Ok(())
+        });
+        match unjoined {
+            Err(CudaError::Driver { message, .. }) => {
+                eprintln!("{message}");
+                assert!(message.contains("joined back"), "{message}")
+            }
+            other => panic!("expected an unjoined capture, got {other:?}"),
+        }
+        assert!(!main.is_capturing().unwrap());
+        assert!(!side.is_capturing().unwrap());
+        drop(graph);
+        main.synchronize_timeout(timeout).unwrap();
+        side.synchronize_timeout(timeout).unwrap();
+    }
 }

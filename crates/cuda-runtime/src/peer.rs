@@ -1,15 +1,21 @@
 //! Peer-to-peer transfers between GPUs of this process: peer access between their contexts
 //! and stream-ordered copies between their memories, done by the copy engines.
 //!
-//! [`Gpu::copy_peer`] works with or without peer access; with it enabled
-//! ([`Gpu::enable_peer_access`]) the copy goes directly over NVLink or PCIe instead of being
-//! staged by the driver.
+//! Two kinds of access matter: context peer access (`cuCtxEnablePeerAccess`, for memory from
+//! `cuMemAlloc`, e.g. NCCL's) and the access list of the peer's memory pool
+//! (`cuMemPoolSetAccess`, for stream-ordered allocations, i.e. all of [`Gpu::alloc`]'s);
+//! [`Gpu::enable_peer_access`] grants both.
+//!
+//! [`Gpu::copy_peer`] picks its call by what the stream's GPU may access: with access
+//! enabled from the stream's GPU to the other GPU of the copy it is a unified-addressing
+//! `cuMemcpyAsync`, done directly by the copy engines and capturable into a graph; without
+//! it, `cuMemcpyPeerAsync`, which works on any pair but cannot be captured.
 #![allow(unsafe_code)]
 
 use std::collections::HashSet;
 use std::sync::MutexGuard;
 
-use cudarc::driver::sys;
+use cudarc::driver::{result, sys};
 
 use crate::device::{require_driver, Gpu, GpuStream};
 use crate::error::{driver, CudaError};
@@ -37,11 +43,13 @@ impl Gpu {
         Ok(can != 0)
     }
 
-    /// Makes `peer`'s memory accessible from this GPU's context (kernels and copies of this
-    /// GPU can then read and write it directly). Access is one-directional: enable it both
-    /// ways for transfers in both directions. Idempotent and cheap once enabled; the same
-    /// GPU needs nothing. Fails with [`CudaError::Unavailable`] when the pair has no
-    /// peer-to-peer path.
+    /// Makes `peer`'s memory accessible from this GPU: context peer access and read-write
+    /// access to `peer`'s default memory pool (where [`Gpu::alloc`] allocates), so kernels
+    /// and copies enqueued on this GPU's streams can read and write it directly. Access is
+    /// one-directional: enable it both ways for transfers ordered on either GPU's streams.
+    /// Idempotent, and cheap once enabled through this handle or a clone of it (the handle
+    /// remembers it); the same GPU needs nothing. Fails with [`CudaError::Unavailable`] when
+    /// the pair has no peer-to-peer path.
     pub fn enable_peer_access(&self, peer: &Gpu) -> Result<(), CudaError> {
         require_driver()?;
         let peer_ordinal = peer.ordinal();
@@ -59,6 +67,23 @@ impl Gpu {
             )));
         }
         self.bind()?;
+        // Stream-ordered allocations (all of this crate's) are governed by their pool's
+        // access list, not by context peer access: grant this GPU access to the peer's pool.
+        // SAFETY: the device handle comes from the peer's live context.
+        let pool = unsafe { result::device::get_default_mem_pool(peer.context().cu_device()) }
+            .map_err(driver("cuDeviceGetDefaultMemPool"))?;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.context().cu_device(),
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the pool belongs to the live peer device; `access` is one descriptor on
+        // the stack.
+        unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) }
+            .result()
+            .map_err(driver("cuMemPoolSetAccess"))?;
         // SAFETY: this GPU's context is current and `peer`'s context is alive (held by
         // `peer`); the flags must be 0.
         let status = unsafe { sys::cuCtxEnablePeerAccess(peer.context().cu_ctx(), 0) };
@@ -84,9 +109,14 @@ impl Gpu {
     /// Copies `bytes` bytes from `src` on `src_gpu` to `dst` on this GPU, ordered on
     /// `stream` (after the work enqueued there so far; later work there sees the data). The
     /// stream may belong to either GPU; every other stream that touches `src` or `dst` must
-    /// be ordered around it by events. With peer access enabled from this GPU to `src_gpu`
-    /// (or the other way round) the copy engines move the data directly; otherwise the
-    /// driver stages it. `bytes == 0` does nothing.
+    /// be ordered around it by events. `bytes == 0` does nothing.
+    ///
+    /// When the stream's GPU has enabled access to the other GPU of the copy
+    /// ([`Gpu::enable_peer_access`] on the stream's GPU handle or a clone of it), the copy is
+    /// a unified-addressing `cuMemcpyAsync`, done directly by the copy engines over NVLink or
+    /// PCIe, and can be captured into a graph ([`GpuStream::capture`]). Otherwise it is a
+    /// `cuMemcpyPeerAsync`, which works between any two GPUs but not while capturing (it
+    /// fails then, and the error says which access to enable).
     pub fn copy_peer(
         &self,
         dst: sys::CUdeviceptr,
@@ -99,22 +129,57 @@ impl Gpu {
         if bytes == 0 {
             return Ok(());
         }
-        stream.gpu().bind()?;
-        // SAFETY: both contexts are alive (held by `self` and `src_gpu`), the stream is alive
-        // while borrowed, and callers pass ranges of at least `bytes` bytes inside live
-        // allocations of the respective GPUs.
-        unsafe {
-            sys::cuMemcpyPeerAsync(
-                dst,
-                self.context().cu_ctx(),
-                src,
-                src_gpu.context().cu_ctx(),
-                bytes,
-                stream.cu_stream(),
-            )
-        }
-        .result()
-        .map_err(driver("cuMemcpyPeerAsync"))
+        let on = stream.gpu();
+        let route = {
+            let enabled = on.peers_enabled();
+            copy_route(self.ordinal(), src_gpu.ordinal(), on.ordinal(), |peer| {
+                enabled.contains(&peer)
+            })
+        };
+        on.bind()?;
+        let status = match route {
+            // SAFETY: both GPUs' contexts are alive (held by `self` and `src_gpu`), so their
+            // addresses are valid in the unified address space, and the stream's GPU may
+            // access both; the stream is alive while borrowed; callers pass ranges of at
+            // least `bytes` bytes inside live allocations of the two GPUs.
+            Route::Unified => unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream.cu_stream()) },
+            // SAFETY: as above, with the contexts named explicitly.
+            Route::Peer => unsafe {
+                sys::cuMemcpyPeerAsync(
+                    dst,
+                    self.context().cu_ctx(),
+                    src,
+                    src_gpu.context().cu_ctx(),
+                    bytes,
+                    stream.cu_stream(),
+                )
+            },
+        };
+        status.result().map_err(|e| {
+            let call = match route {
+                Route::Unified => "cuMemcpyAsync",
+                Route::Peer => "cuMemcpyPeerAsync",
+            };
+            let mut message = format!(
+                "peer copy of {bytes} bytes from GPU {} to GPU {} on a stream of GPU {}: {e:?}",
+                src_gpu.ordinal(),
+                self.ordinal(),
+                on.ordinal()
+            );
+            if route == Route::Peer && e.0 == sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED {
+                let other = if on.ordinal() == self.ordinal() {
+                    src_gpu.ordinal()
+                } else {
+                    self.ordinal()
+                };
+                message.push_str(&format!(
+                    "; to copy between GPUs while capturing, enable peer access from GPU {} \
+                     to GPU {other} first (Gpu::enable_peer_access, outside the capture)",
+                    on.ordinal()
+                ));
+            }
+            CudaError::Driver { call, message }
+        })
     }
 
     /// The set of peers whose memory this context can access, recovered if a holder
@@ -124,6 +189,28 @@ impl Gpu {
             .peers_enabled
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// How a copy between GPUs is issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// `cuMemcpyAsync` on unified addresses: direct, capturable; needs the stream's GPU to
+    /// access both sides.
+    Unified,
+    /// `cuMemcpyPeerAsync`: works on any pair, not capturable.
+    Peer,
+}
+
+/// The route of a copy from GPU `src` to GPU `dst` ordered on a stream of GPU `on`, where
+/// `enabled(peer)` says whether GPU `on` has been granted access to `peer`'s memory: direct
+/// when GPU `on` can reach both sides.
+fn copy_route(dst: usize, src: usize, on: usize, enabled: impl Fn(usize) -> bool) -> Route {
+    let reachable = |gpu: usize| gpu == on || enabled(gpu);
+    if reachable(dst) && reachable(src) {
+        Route::Unified
+    } else {
+        Route::Peer
     }
 }
 
@@ -161,6 +248,27 @@ mod tests {
     }
 
     #[test]
+    fn copies_are_direct_only_where_the_streams_gpu_reaches_both_sides() {
+        let none = |_: usize| false;
+        let only_1 = |gpu: usize| gpu == 1;
+        // Within one GPU, on its own stream.
+        assert_eq!(copy_route(0, 0, 0, none), Route::Unified);
+        // From GPU 1 to GPU 0 on a stream of GPU 0, then on one of GPU 1.
+        assert_eq!(copy_route(0, 1, 0, none), Route::Peer);
+        assert_eq!(copy_route(0, 1, 0, only_1), Route::Unified);
+        assert_eq!(copy_route(0, 1, 1, only_1), Route::Peer);
+        assert_eq!(copy_route(0, 1, 1, |gpu| gpu == 0), Route::Unified);
+        // From GPU 0 to GPU 1 on a stream of GPU 0.
+        assert_eq!(copy_route(1, 0, 0, only_1), Route::Unified);
+        // A third GPU's stream needs access to both sides.
+        assert_eq!(copy_route(0, 1, 2, only_1), Route::Peer);
+        assert_eq!(copy_route(0, 1, 2, |gpu| gpu < 2), Route::Unified);
+        // Within GPU 1 on a stream of GPU 0.
+        assert_eq!(copy_route(1, 1, 0, none), Route::Peer);
+        assert_eq!(copy_route(1, 1, 0, only_1), Route::Unified);
+    }
+
+    #[test]
     fn without_a_driver_nothing_opens() {
         if let Err(e) = device_count() {
             assert!(matches!(
@@ -185,11 +293,6 @@ mod tests {
         let g1 = Gpu::open(count.min(2) - 1).unwrap();
         assert!(g0.can_access_peer(&g0).unwrap());
         g0.enable_peer_access(&g0).unwrap();
-        if g0.can_access_peer(&g1).unwrap() {
-            g0.enable_peer_access(&g1).unwrap();
-            g0.enable_peer_access(&g1).unwrap();
-            g1.enable_peer_access(&g0).unwrap();
-        }
         let s0 = g0.new_stream(Priority::Normal).unwrap();
         let s1 = g1.new_stream(Priority::High).unwrap();
         let src = g1.alloc(4096, &s1).unwrap();
@@ -198,7 +301,16 @@ mod tests {
         g1.upload(src.ptr(), &data, &s1).unwrap();
         g0.upload(dst.ptr(), &[0u8; 4096], &s0).unwrap();
         g0.copy_peer(dst.ptr(), &g1, src.ptr(), 0, &s0).unwrap();
-        g0.copy_peer(dst.ptr(), &g1, src.ptr(), 4096, &s0).unwrap();
+        // Before peer access: cuMemcpyPeerAsync.
+        g0.copy_peer(dst.ptr(), &g1, src.ptr(), 2048, &s0).unwrap();
+        if g0.can_access_peer(&g1).unwrap() {
+            g0.enable_peer_access(&g1).unwrap();
+            g0.enable_peer_access(&g1).unwrap();
+            g1.enable_peer_access(&g0).unwrap();
+        }
+        // After it: a direct copy.
+        g0.copy_peer(dst.ptr() + 2048, &g1, src.ptr() + 2048, 2048, &s0)
+            .unwrap();
         let mut host = vec![0u8; 4096];
         g0.download(&mut host, dst.ptr(), &s0, timeout).unwrap();
         assert_eq!(host, data);
