@@ -414,3 +414,47 @@ fn run_launched_report(
         run_time,
     }))
 }
+
+/// `weave calibrate`: measures this machine on `ranks` GPUs and writes the calibration to
+/// `out` (default [`crate::chunks::Calibration::path`]).
+pub fn calibrate(ranks: usize, out: Option<std::path::PathBuf>, timeout: Duration) -> ExitCode {
+    let Some(path) = out.or_else(crate::chunks::Calibration::path) else {
+        eprintln!("error: no calibration file: pass --out FILE (neither WEAVE_CALIBRATION nor HOME is set)");
+        return ExitCode::FAILURE;
+    };
+    if ranks < 2 {
+        eprintln!("error: --ranks {ranks}: the collectives need 2 or more GPUs");
+        return ExitCode::FAILURE;
+    }
+    let world = match crate::bench::World::open(crate::bench::WorldOptions {
+        ranks,
+        timeout,
+        nccl: weave_comm::NcclOptions::default(),
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: cannot open {ranks} GPU(s): {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cal = match crate::bench::calibrate(&world) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: calibration failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(dir) = path.parent() {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("error: cannot create {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Err(e) = std::fs::write(&path, cal.render()) {
+        eprintln!("error: cannot write {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    print!("{}", cal.render());
+    println!("calibration written to {}", path.display());
+    ExitCode::SUCCESS
+}

@@ -11,6 +11,10 @@
 //! unsharded f64 reference and prints the max error, a summary of the host program and
 //! timings; with `--trace` it writes a Chrome trace and an SVG timeline beside it.
 //!
+//! `weave calibrate [--ranks N] [--out FILE]` measures the machine for the chunk-count model
+//! (`streamweave::bench::calibrate`) and writes the calibration cache that `--chunks auto`
+//! reads.
+//!
 //! `weave launch -n N [--timeout-secs T] [--grace-secs G] [--master-addr A] [--master-port P]
 //! -- CMD ARGS...` starts N processes of CMD with the torchrun environment (`RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, ...), prefixes their output with `[rank R] ` and stops them
@@ -136,6 +140,21 @@ enum Command {
         #[arg(last = true, value_name = "CMD")]
         command: Vec<OsString>,
     },
+    /// Measure this machine for the chunk-count model (`--chunks auto`) on N GPUs: bf16 GEMM
+    /// throughput and fixed cost, allreduce bus bandwidth and latency, point-to-point
+    /// bandwidth; write the figures to the calibration cache.
+    Calibrate {
+        /// GPUs (ranks) to measure the collectives on.
+        #[arg(long, default_value_t = 2)]
+        ranks: usize,
+        /// Where to write the figures (default: $WEAVE_CALIBRATION, else
+        /// ~/.cache/streamweave/calibration.txt).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// How long any wait may take before the calibration fails.
+        #[arg(long, value_name = "T", default_value_t = 60)]
+        timeout_secs: u64,
+    },
 }
 
 /// `--chunks`: `auto` or a positive count.
@@ -220,6 +239,11 @@ fn main() -> ExitCode {
             };
             streamweave::cli::run(&file, &set, &options, trace.as_deref(), &json)
         }
+        Command::Calibrate {
+            ranks,
+            out,
+            timeout_secs,
+        } => streamweave::cli::calibrate(ranks, out, Duration::from_secs(timeout_secs.max(1))),
         Command::Launch {
             nprocs,
             timeout_secs,
