@@ -341,7 +341,7 @@ fn run() -> Result<(), String> {
                 "source": "streamweave-calibration", "d": d, "gpu": gpu,
                 "gemm_tflops": cal.gemm_tflops, "busbw_gbs": cal.busbw_gbs,
                 "p2p_gbs": cal.p2p_gbs, "gemm_overhead_us": cal.gemm_overhead_us,
-                "comm_latency_us": cal.comm_latency_us,
+                "comm_latency_us": cal.comm_latency_us, "contention": cal.contention,
             }));
         }
         let sms = world.get()?.run(|r| Ok(r.gpu.sm_count()))?[0];
@@ -391,17 +391,24 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// An experiment: its kind, the program, how it runs, the communicator's options (`None`:
-/// the world's), whether allgathers and transfers are copy-engine peer copies, and its
-/// description.
-type Experiment = (
-    &'static str,
-    Arc<Compiled>,
-    ProgramRun,
-    Option<NcclOptions>,
-    bool,
-    String,
-);
+/// One experiment around the sweep.
+#[derive(Clone)]
+struct Experiment {
+    /// What is varied (`streams`, `cuda-graph`, …).
+    kind: &'static str,
+    /// The chunk count.
+    s: usize,
+    /// The program (compiled for `s`, possibly with another pipeline).
+    compiled: Arc<Compiled>,
+    /// How it runs.
+    how: ProgramRun,
+    /// The communicator's options (`None`: the world's communicator).
+    nccl: Option<NcclOptions>,
+    /// Allgathers and transfers as copy-engine peer copies.
+    peer: bool,
+    /// Its description.
+    config: String,
+}
 
 /// The world of one rank count, reopened after a job failed (a failed job may leave the
 /// communicator aborted).
@@ -506,148 +513,216 @@ fn run_row(
         );
     let mut variants: Vec<Measured> = Vec::new();
     if bench.args.experiments && s_best > 0 {
-        let param = (p != Pattern::P2pRing).then_some(s_best);
-        let compiled = Arc::new(compile(p, t, h, d, param, DEFAULT_PIPELINE)?);
-        let sep = Arc::new(compile(p, t, h, d, param, separate)?);
-        let mut exps: Vec<Experiment> = Vec::new();
+        let sweep_ms: Vec<(usize, f64)> = sweep.iter().map(|(s, m)| (*s, m.ms)).collect();
+        let program = |s: usize, pipeline: &str| -> Result<Arc<Compiled>, String> {
+            let param = (p != Pattern::P2pRing).then_some(s);
+            Ok(Arc::new(compile(p, t, h, d, param, pipeline)?))
+        };
+        let best_program = program(s_best, DEFAULT_PIPELINE)?;
         let base = ProgramRun::default();
+        let exp = |kind, s, compiled: &Arc<Compiled>, how: ProgramRun, config: String| Experiment {
+            kind,
+            s,
+            compiled: compiled.clone(),
+            how,
+            nccl: None,
+            peer: false,
+            config,
+        };
+        let timeout = bench.args.timeout;
+        let ctas = |n: i32| NcclOptions {
+            timeout,
+            max_ctas: Some(n),
+            ..NcclOptions::default()
+        };
+        let with_cuda = |cuda: CudaOptions, graph: bool| ProgramRun {
+            cuda,
+            graph,
+            ..ProgramRun::default()
+        };
+        let mut exps: Vec<Experiment> = Vec::new();
+        // Phase 1: knobs of the eager program at the best S, and CUDA graphs at every S.
         for k in [1usize, 3, 4, 8] {
-            if k <= s_best && k != 2 {
-                exps.push((
+            if k <= s_best {
+                let how = ProgramRun {
+                    streams: k,
+                    ..base.clone()
+                };
+                exps.push(exp(
                     "streams",
-                    compiled.clone(),
-                    ProgramRun {
-                        streams: k,
-                        ..base.clone()
-                    },
-                    None,
-                    false,
+                    s_best,
+                    &best_program,
+                    how,
                     format!("S={s_best} K={k}"),
                 ));
             }
         }
-        exps.push((
+        exps.push(exp(
             "entry-sync",
-            sep.clone(),
+            s_best,
+            &program(s_best, separate)?,
             base.clone(),
-            None,
-            false,
             format!("S={s_best} K=2 separate entry-sync loop"),
         ));
-        exps.push((
+        exps.push(exp(
             "priority",
-            compiled.clone(),
-            ProgramRun {
-                cuda: CudaOptions {
+            s_best,
+            &best_program,
+            with_cuda(
+                CudaOptions {
                     pool_priority_high: true,
                     ..CudaOptions::default()
                 },
-                ..base.clone()
-            },
-            None,
-            false,
+                false,
+            ),
             format!("S={s_best} K=2 pool streams high priority"),
         ));
         for cut in [8, 16, 32] {
-            exps.push((
+            exps.push(exp(
                 "gemm-sms",
-                compiled.clone(),
-                ProgramRun {
-                    cuda: CudaOptions {
+                s_best,
+                &best_program,
+                with_cuda(
+                    CudaOptions {
                         gemm_sm_count: sms - cut,
                         ..CudaOptions::default()
                     },
-                    ..base.clone()
-                },
-                None,
-                false,
+                    false,
+                ),
                 format!("S={s_best} K=2 GEMM on {} SMs", sms - cut),
             ));
         }
-        for ctas in [4, 8, 16] {
-            exps.push((
-                "nccl-ctas",
-                compiled.clone(),
-                base.clone(),
-                Some(NcclOptions {
-                    timeout: bench.args.timeout,
-                    max_ctas: Some(ctas),
-                    min_ctas: None,
-                }),
-                false,
-                format!("S={s_best} K=2 NCCL maxCTAs={ctas}"),
-            ));
+        for n in [4, 8, 16] {
+            exps.push(Experiment {
+                nccl: Some(ctas(n)),
+                ..exp(
+                    "nccl-ctas",
+                    s_best,
+                    &best_program,
+                    base.clone(),
+                    format!("S={s_best} K=2 NCCL maxCTAs={n}"),
+                )
+            });
         }
-        exps.push((
-            "cuda-graph",
-            compiled.clone(),
-            ProgramRun {
+        for s in [1, s_best] {
+            exps.push(Experiment {
+                nccl: Some(NcclOptions {
+                    timeout,
+                    blocking: true,
+                    ..NcclOptions::default()
+                }),
+                ..exp(
+                    "nccl-blocking",
+                    s,
+                    &program(s, DEFAULT_PIPELINE)?,
+                    base.clone(),
+                    format!("S={s} K=2 blocking NCCL communicator"),
+                )
+            });
+        }
+        for s in p.chunk_counts(d) {
+            let how = ProgramRun {
                 graph: true,
                 ..base.clone()
-            },
-            None,
-            false,
-            format!("S={s_best} K=2 CUDA graph replay"),
-        ));
+            };
+            exps.push(exp(
+                "cuda-graph",
+                s,
+                &program(s, DEFAULT_PIPELINE)?,
+                how,
+                format!("S={s} K=2 CUDA graph replay"),
+            ));
+        }
         // Copy-engine allgathers and transfers: no SMs taken from the GEMMs, so more chunks
         // may pay.
         if matches!(p, Pattern::ColumnParallel | Pattern::P2pRing) {
             for s in p.chunk_counts(d).into_iter().filter(|&s| s > 1) {
-                let param = (p != Pattern::P2pRing).then_some(s);
-                exps.push((
-                    "peer-copy",
-                    Arc::new(compile(p, t, h, d, param, DEFAULT_PIPELINE)?),
-                    base.clone(),
-                    None,
-                    true,
-                    format!("S={s} K=2 copy-engine transfers"),
-                ));
+                exps.push(Experiment {
+                    peer: true,
+                    ..exp(
+                        "peer-copy",
+                        s,
+                        &program(s, DEFAULT_PIPELINE)?,
+                        base.clone(),
+                        format!("S={s} K=2 copy-engine transfers"),
+                    )
+                });
             }
         }
-        let baseline = sweep
-            .iter()
-            .find(|(s, _)| *s == s_best)
-            .map(|(_, m)| m.ms)
-            .unwrap_or(f64::NAN);
-        for (exp, c, how, nccl, peer, config) in exps {
-            let comm_options = match nccl {
-                Some(o) => Some((NcclId::new().map_err(|e| e.to_string())?, o)),
-                None => None,
-            };
-            let m = match measure(
-                world.get()?,
-                &c,
-                &how,
-                comm_options,
-                peer.then(PeerHub::new),
-                &bench.args,
-                &rows,
-                &reference,
-                config.clone(),
-            ) {
-                Ok(m) => m,
-                Err(e) => {
-                    println!("{:16} d={d} h={h} {config}: ERROR {e}", p.name());
-                    bench.emit(json!({
-                        "source": "streamweave-experiment", "pattern": p.name(), "d": d,
-                        "t": t, "h": h, "experiment": exp, "config": config,
-                        "ms": null, "baseline_ms": baseline, "error": e,
-                    }));
-                    continue;
+        let mut graphs: Vec<(usize, f64)> = Vec::new();
+        for e in exps {
+            if let Some(m) =
+                run_experiment(bench, world, p, (t, h, d), &e, &sweep_ms, &rows, &reference)?
+            {
+                if e.kind == "cuda-graph" && e.s > 1 && m.check.ok {
+                    graphs.push((e.s, m.ms));
                 }
+                variants.push(m);
+            }
+        }
+        // Phase 2: the fastest replayed S with the knobs that may still help a replay.
+        if let Some(&(sg, _)) = graphs.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+            let g = program(sg, DEFAULT_PIPELINE)?;
+            let replay = |cuda: CudaOptions, streams: usize| ProgramRun {
+                cuda,
+                graph: true,
+                streams,
+                ..ProgramRun::default()
             };
-            println!(
-                "{:16} d={d} h={h} {config}: {:.3} ms (baseline {baseline:.3})  numerics {}",
-                p.name(),
-                m.ms,
-                if m.check.ok { "ok" } else { "FAIL" }
-            );
-            bench.emit(json!({
-                "source": "streamweave-experiment", "pattern": p.name(), "d": d, "t": t,
-                "h": h, "experiment": exp, "config": config, "ms": m.ms,
-                "baseline_ms": baseline, "numerics_ok": m.check.ok,
-            }));
-            variants.push(m);
+            let mut more = vec![
+                exp(
+                    "graph+priority",
+                    sg,
+                    &g,
+                    replay(
+                        CudaOptions {
+                            pool_priority_high: true,
+                            ..CudaOptions::default()
+                        },
+                        2,
+                    ),
+                    format!("S={sg} K=2 CUDA graph, pool streams high priority"),
+                ),
+                exp(
+                    "graph+gemm-sms",
+                    sg,
+                    &g,
+                    replay(
+                        CudaOptions {
+                            gemm_sm_count: sms - 8,
+                            ..CudaOptions::default()
+                        },
+                        2,
+                    ),
+                    format!("S={sg} K=2 CUDA graph, GEMM on {} SMs", sms - 8),
+                ),
+                Experiment {
+                    nccl: Some(ctas(16)),
+                    ..exp(
+                        "graph+nccl-ctas",
+                        sg,
+                        &g,
+                        replay(CudaOptions::default(), 2),
+                        format!("S={sg} K=2 CUDA graph, NCCL maxCTAs=16"),
+                    )
+                },
+            ];
+            if sg > 2 {
+                more.push(exp(
+                    "graph+streams",
+                    sg,
+                    &g,
+                    replay(CudaOptions::default(), sg),
+                    format!("S={sg} K={sg} CUDA graph"),
+                ));
+            }
+            for e in more {
+                if let Some(m) =
+                    run_experiment(bench, world, p, (t, h, d), &e, &sweep_ms, &rows, &reference)?
+                {
+                    variants.push(m);
+                }
+            }
         }
     }
     let numerics_ok = sweep.iter().all(|(_, m)| m.check.ok) && variants.iter().all(|m| m.check.ok);
@@ -699,6 +774,68 @@ fn run_row(
     );
     println!("{line}");
     Ok(RowResult { best, line })
+}
+
+/// Runs one experiment and writes its line; `None` (with the error written) when it failed.
+#[allow(clippy::too_many_arguments)]
+fn run_experiment(
+    bench: &mut Bench,
+    world: &mut Ranks,
+    p: Pattern,
+    (t, h, d): (usize, usize, usize),
+    e: &Experiment,
+    sweep_ms: &[(usize, f64)],
+    rows: &Arc<Vec<usize>>,
+    reference: &[Vec<f64>],
+) -> Result<Option<Measured>, String> {
+    let baseline = sweep_ms
+        .iter()
+        .find(|(s, _)| *s == e.s)
+        .map(|(_, ms)| *ms)
+        .unwrap_or(f64::NAN);
+    let comm_options = match &e.nccl {
+        Some(o) => Some((NcclId::new().map_err(|e| e.to_string())?, o.clone())),
+        None => None,
+    };
+    let measured = measure(
+        world.get()?,
+        &e.compiled,
+        &e.how,
+        comm_options,
+        e.peer.then(PeerHub::new),
+        &bench.args,
+        rows,
+        reference,
+        e.config.clone(),
+    );
+    let config = &e.config;
+    match measured {
+        Ok(m) => {
+            println!(
+                "{:16} d={d} h={h} {config}: {:.3} ms (eager S={} {baseline:.3})  numerics {}",
+                p.name(),
+                m.ms,
+                e.s,
+                if m.check.ok { "ok" } else { "FAIL" }
+            );
+            bench.emit(json!({
+                "source": "streamweave-experiment", "pattern": p.name(), "d": d, "t": t,
+                "h": h, "experiment": e.kind, "config": config, "ms": m.ms,
+                "baseline_ms": baseline, "numerics_ok": m.check.ok,
+                "max_err": m.check.max_rel,
+            }));
+            Ok(Some(m))
+        }
+        Err(err) => {
+            println!("{:16} d={d} h={h} {config}: ERROR {err}", p.name());
+            bench.emit(json!({
+                "source": "streamweave-experiment", "pattern": p.name(), "d": d, "t": t,
+                "h": h, "experiment": e.kind, "config": config, "ms": null,
+                "baseline_ms": baseline, "error": err,
+            }));
+            Ok(None)
+        }
+    }
 }
 
 fn main() {

@@ -1004,9 +1004,59 @@ pub fn time_comm(
     })
 }
 
+/// Times the GEMM of [`time_gemm`] on the main stream and the allreduce of `elems` bf16 of
+/// [`time_comm`] on a pool stream at the same time (both start together; the time ends when
+/// both are done): how much they slow each other.
+pub fn time_overlap(
+    rank: &Rank,
+    (m, n, k): (usize, usize, usize),
+    elems: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<f64>, JobError> {
+    let backend = &rank.backend;
+    let x = rank.random_plain(backend, DType::BF16, &[m, k], 11)?;
+    let w = rank.random_plain(backend, DType::BF16, &[n, k], 12)?;
+    let out = backend
+        .empty(DType::BF16, &[m, n])
+        .map_err(err("allocate"))?;
+    let buf = rank.random_plain(backend, DType::BF16, &[elems], 21)?;
+    let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
+    let side = backend.stream(StreamKey::Pool(0)).map_err(err("stream"))?;
+    let team: Vec<usize> = (0..rank.world).collect();
+    rank.comm
+        .prepare_teams(std::slice::from_ref(&team))
+        .map_err(err("teams"))?;
+    rank.time(backend, warmup, iters, || {
+        let fork = backend.record_event(&main);
+        backend.wait_event(&side, &fork, "fork");
+        backend
+            .linear("gemm", &x, &w, None, &out, &main)
+            .map_err(|e| e.to_string())?;
+        rank.comm
+            .post(
+                Collective {
+                    label: "overlapped allreduce".into(),
+                    team: team.clone(),
+                    op: CommOp::Allreduce {
+                        input: buf.clone(),
+                        output: buf.clone(),
+                        op: RedOp::Sum,
+                    },
+                },
+                &side,
+            )
+            .map_err(|e| e.to_string())?;
+        let join = backend.record_event(&side);
+        backend.wait_event(&main, &join, "join");
+        Ok(())
+    })
+}
+
 /// Measures this machine for the chunk-count model on `world`: bf16 GEMM throughput (8192 ×
 /// 8192 × 8192) and the fixed cost of a small GEMM, allreduce bus bandwidth (128 MiB) and
-/// the latency of a small one, point-to-point bandwidth over the ring.
+/// the latency of a small one, point-to-point bandwidth over the ring, and how much a GEMM
+/// and an allreduce running at once slow each other.
 pub fn calibrate(world: &World) -> Result<Calibration, JobError> {
     let (w, i) = (3, 10);
     let max = |v: Vec<Vec<f64>>| v.iter().map(|t| median(t)).fold(0.0f64, f64::max);
@@ -1025,6 +1075,9 @@ pub fn calibrate(world: &World) -> Result<Calibration, JobError> {
     let tiny = 4096usize;
     let tiny_ms = max(world.run(move |r| time_comm(r, CommKind::Allreduce, tiny, w, i))?);
     let ring_ms = max(world.run(move |r| time_comm(r, CommKind::Ring, elems, w, i))?);
+    // Contention: GEMM and allreduce at once, against the longer of the two alone.
+    let both_ms = max(world.run(move |r| time_overlap(r, big, elems, w, i))?);
+    let contention = (both_ms / big_ms.max(ar_ms) - 1.0).clamp(0.0, 1.0);
     // Each ring step moves one block per rank; steps run one after another.
     let block_bytes = (elems / world.ranks()) as f64 * 2.0;
     let p2p = block_bytes * (n - 1.0) / (ring_ms * 1e-3) / 1e9;
@@ -1034,6 +1087,7 @@ pub fn calibrate(world: &World) -> Result<Calibration, JobError> {
         p2p_gbs: p2p,
         gemm_overhead_us,
         comm_latency_us: (tiny_ms * 1e3).max(1.0),
+        contention,
         source: format!(
             "measured on {} x {} ({} ranks)",
             world.ranks(),

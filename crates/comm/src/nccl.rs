@@ -4,11 +4,12 @@
 //! * **Initialisation.** Rank 0 makes an [`NcclId`] and hands it to every rank (see
 //!   [`crate::bootstrap::exchange_id`], or share it in memory when the ranks are threads of
 //!   one process); each rank then calls [`Nccl::init`] with its GPU, from its own thread.
-//!   Communicators are created *non-blocking* (`ncclConfig_t::blocking = 0`): every NCCL
-//!   call may answer `ncclInProgress`, after which the communicator is polled with
-//!   `ncclCommGetAsyncError` until it settles. A poll that outlasts
+//!   Communicators are created *non-blocking* by default (`ncclConfig_t::blocking = 0`):
+//!   every NCCL call may answer `ncclInProgress`, after which the communicator is polled
+//!   with `ncclCommGetAsyncError` until it settles. A poll that outlasts
 //!   [`NcclOptions::timeout`] aborts every communicator of the rank and fails with
 //!   [`CommError::Timeout`], so a rank that never arrives cannot hang its peers' `init`.
+//!   [`NcclOptions::blocking`] trades that guarantee for less host time per operation.
 //! * **Teams.** A [`Collective`] names its team by world ranks, in team order. The team
 //!   `0..world` in that order uses the world communicator; a one-member team needs no
 //!   communicator (its operation is a device copy, or nothing); every other team uses a
@@ -154,6 +155,15 @@ pub struct NcclOptions {
     pub max_ctas: Option<i32>,
     /// The fewest CTAs one NCCL kernel uses (`minCTAs`); needs `max_ctas` too.
     pub min_ctas: Option<i32>,
+    /// Create *blocking* communicators (`ncclConfig_t::blocking = 1`). A non-blocking
+    /// communicator (the default) hands every group launch to a new NCCL helper thread and
+    /// answers `ncclInProgress`, which costs on the order of 100 µs of host time per
+    /// operation (docs/benchmarks.md); a blocking one enqueues in the caller's thread. The
+    /// price: init, splits and the first operation between two ranks (NCCL connects lazily)
+    /// block inside NCCL, where the timeout cannot reach, so a rank that never arrives hangs
+    /// its peers there. Later waits keep their timeouts (the host waits on events and
+    /// aborts). For benchmarks and jobs whose ranks are known to start.
+    pub blocking: bool,
 }
 
 impl Default for NcclOptions {
@@ -162,6 +172,7 @@ impl Default for NcclOptions {
             timeout: Duration::from_secs(60),
             max_ctas: None,
             min_ctas: None,
+            blocking: false,
         }
     }
 }
@@ -197,7 +208,7 @@ fn make_config(version: i32, options: &NcclOptions) -> Result<sys::ncclConfig_t,
         size: size_of::<sys::ncclConfig_t>(),
         magic: NCCL_CONFIG_MAGIC,
         version: u32::try_from(version).unwrap_or(0),
-        blocking: 0,
+        blocking: i32::from(options.blocking),
         cgaClusterSize: undef,
         minCTAs: options.min_ctas.unwrap_or(undef),
         maxCTAs: options.max_ctas.unwrap_or(undef),
@@ -1953,6 +1964,11 @@ mod tests {
         };
         let config = make_config(22803, &options).unwrap();
         assert_eq!((config.minCTAs, config.maxCTAs), (2, 8));
+        let blocking = NcclOptions {
+            blocking: true,
+            ..NcclOptions::default()
+        };
+        assert_eq!(make_config(22803, &blocking).unwrap().blocking, 1);
         let only_max = NcclOptions {
             max_ctas: Some(4),
             ..NcclOptions::default()
