@@ -7,8 +7,9 @@
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -32,10 +33,17 @@ pub type JobError = String;
 
 /// A barrier with a timeout that any rank can break: a rank whose job failed breaks it, so
 /// the others fail at their next wait instead of waiting forever.
+///
+/// Waiters *spin* on a generation counter (yielding only after 20 ms): timed iterations start
+/// right after it, and a waiter woken through the kernel (a futex, 50–200 µs later) would
+/// start its rank's collectives that much after its peers', which every rank's timing would
+/// then include as waiting.
 pub struct Barrier {
     parties: usize,
-    state: Mutex<(usize, u64, Option<String>)>,
-    cv: Condvar,
+    arrived: AtomicUsize,
+    generation: AtomicU64,
+    broken: AtomicBool,
+    why: Mutex<Option<String>>,
 }
 
 impl Barrier {
@@ -43,59 +51,66 @@ impl Barrier {
     pub fn new(parties: usize) -> Barrier {
         Barrier {
             parties,
-            state: Mutex::new((0, 0, None)),
-            cv: Condvar::new(),
+            arrived: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            broken: AtomicBool::new(false),
+            why: Mutex::new(None),
         }
+    }
+
+    fn broken_error(&self) -> JobError {
+        let why = self.why.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        format!("the barrier was broken: {}", why.unwrap_or_default())
     }
 
     /// Waits until every party arrived, the barrier is broken, or `timeout` passed.
     pub fn wait(&self, timeout: Duration) -> Result<(), JobError> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(why) = &s.2 {
-            return Err(format!("the barrier was broken: {why}"));
+        if self.broken.load(Ordering::Acquire) {
+            return Err(self.broken_error());
         }
-        let generation = s.1;
-        s.0 += 1;
-        if s.0 == self.parties {
-            s.0 = 0;
-            s.1 += 1;
-            self.cv.notify_all();
+        // Read before arriving: the generation cannot move until this thread has arrived.
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.parties {
+            self.arrived.store(0, Ordering::Release);
+            self.generation.fetch_add(1, Ordering::Release);
             return Ok(());
         }
-        let deadline = Instant::now() + timeout;
-        while s.1 == generation {
-            if let Some(why) = &s.2 {
-                return Err(format!("the barrier was broken: {why}"));
+        let start = Instant::now();
+        let mut spins = 0u64;
+        while self.generation.load(Ordering::Acquire) == generation {
+            if self.broken.load(Ordering::Acquire) {
+                return Err(self.broken_error());
             }
-            let now = Instant::now();
-            if now >= deadline {
-                let why = format!(
-                    "a barrier of {} ranks timed out after {} ms ({} arrived)",
-                    self.parties,
-                    timeout.as_millis(),
-                    s.0
-                );
-                // A barrier that timed out cannot count again: break it for everyone.
-                s.2 = Some(why.clone());
-                self.cv.notify_all();
-                return Err(why);
+            spins += 1;
+            if spins % 1024 == 0 {
+                let waited = start.elapsed();
+                if waited >= timeout {
+                    let why = format!(
+                        "a barrier of {} ranks timed out after {} ms ({} arrived)",
+                        self.parties,
+                        timeout.as_millis(),
+                        self.arrived.load(Ordering::Acquire)
+                    );
+                    // A barrier that timed out cannot count again: break it for everyone.
+                    self.break_with(&why);
+                    return Err(why);
+                }
+                if waited > Duration::from_millis(20) {
+                    std::thread::yield_now();
+                }
             }
-            s = self
-                .cv
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            std::hint::spin_loop();
         }
         Ok(())
     }
 
     /// Breaks the barrier: every present and later wait fails with `why`.
     pub fn break_with(&self, why: &str) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.2.is_none() {
-            s.2 = Some(why.to_string());
+        let mut slot = self.why.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(why.to_string());
         }
-        self.cv.notify_all();
+        self.broken.store(true, Ordering::Release);
     }
 }
 
@@ -543,7 +558,7 @@ pub struct World {
     threads: Vec<JoinHandle<()>>,
     barrier: Arc<Barrier>,
     options: WorldOptions,
-    failed: std::sync::atomic::AtomicBool,
+    failed: AtomicBool,
 }
 
 impl World {
@@ -633,7 +648,7 @@ impl World {
             threads,
             barrier,
             options,
-            failed: std::sync::atomic::AtomicBool::new(false),
+            failed: AtomicBool::new(false),
         };
         world.collect::<()>(Duration::from_secs(120))?;
         Ok(world)
@@ -688,7 +703,7 @@ impl World {
         // longer than a few timeouts is stuck.
         let r = self.collect(self.options.timeout * 4);
         if r.is_err() {
-            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.failed.store(true, Ordering::SeqCst);
         }
         r
     }
@@ -696,7 +711,7 @@ impl World {
     /// Whether a job failed: the communicator may have been aborted and threads may be stuck,
     /// so the world should be dropped (its threads are then left, not joined) and reopened.
     pub fn failed(&self) -> bool {
-        self.failed.load(std::sync::atomic::Ordering::SeqCst)
+        self.failed.load(Ordering::SeqCst)
     }
 }
 
@@ -1190,6 +1205,30 @@ mod tests {
         b.break_with("rank 1 failed");
         let e = b.wait(Duration::from_secs(5)).unwrap_err();
         assert!(e.contains("rank 1 failed"), "{e}");
+    }
+
+    #[test]
+    fn a_barrier_releases_every_party_of_every_generation() {
+        let b = Arc::new(Barrier::new(3));
+        let counter = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let (b, counter) = (b.clone(), counter.clone());
+                std::thread::spawn(move || {
+                    for round in 0..50 {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        b.wait(Duration::from_secs(10)).unwrap();
+                        // Nobody leaves a round before all three arrived in it.
+                        assert!(counter.load(Ordering::SeqCst) >= 3 * (round + 1));
+                        b.wait(Duration::from_secs(10)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(counter.load(Ordering::SeqCst), 150);
     }
 
     #[test]
