@@ -345,6 +345,13 @@ fn run() -> Result<(), String> {
             }));
         }
         let sms = world.get()?.run(|r| Ok(r.gpu.sm_count()))?[0];
+        let post_us = world
+            .get()?
+            .run(|r| streamweave::bench::host_post_us(r, 50))?
+            .into_iter()
+            .fold(0.0f64, f64::max);
+        println!("host time per allreduce post: {post_us:.1} us");
+        bench.emit(json!({"source": "streamweave-host", "d": d, "post_host_us": post_us}));
         let t = bench.args.t;
         for h in bench.args.hs.clone() {
             for p in bench.args.patterns.clone() {
@@ -365,7 +372,8 @@ fn run() -> Result<(), String> {
                     let better = best_row_parallel
                         .as_ref()
                         .is_none_or(|(ms, _, _)| row.best.ms < *ms);
-                    if better && h == 8192 && !row.best.spans.is_empty() {
+                    let traced = row.best.spans.iter().any(|r| !r.spans.is_empty());
+                    if better && h == 8192 && traced {
                         best_row_parallel = Some((
                             row.best.ms,
                             format!("d={d} h={h} {}", row.best.config),
@@ -519,7 +527,12 @@ fn run_row(
             Ok(Arc::new(compile(p, t, h, d, param, pipeline)?))
         };
         let best_program = program(s_best, DEFAULT_PIPELINE)?;
-        let base = ProgramRun::default();
+        // Row-parallel at h = 8192: every configuration keeps a trace, for the timeline of
+        // the best one.
+        let base = ProgramRun {
+            trace: p == Pattern::RowParallel && h == 8192,
+            ..ProgramRun::default()
+        };
         let exp = |kind, s, compiled: &Arc<Compiled>, how: ProgramRun, config: String| Experiment {
             kind,
             s,
@@ -538,7 +551,7 @@ fn run_row(
         let with_cuda = |cuda: CudaOptions, graph: bool| ProgramRun {
             cuda,
             graph,
-            ..ProgramRun::default()
+            ..base.clone()
         };
         let mut exps: Vec<Experiment> = Vec::new();
         // Phase 1: knobs of the eager program at the best S, and CUDA graphs at every S.
@@ -667,7 +680,7 @@ fn run_row(
                 cuda,
                 graph: true,
                 streams,
-                ..ProgramRun::default()
+                ..base.clone()
             };
             let mut more = vec![
                 exp(

@@ -885,12 +885,26 @@ pub fn time_program<C: BenchComm>(
             traced.deallocate(o, &tmain);
         }
         traced.synchronize().map_err(err("traced run"))?;
-        rank.barrier()?;
         traced.start_trace().map_err(err("trace"))?;
-        for o in once(&traced)? {
-            traced.deallocate(o, &tmain);
+        if how.graph {
+            // The span events recorded while capturing are event nodes of the graph: its
+            // replay records them (spans count from the first one, not from the origin).
+            let ((), graph) = capture_on(&tmain, || {
+                for o in once(&traced)? {
+                    traced.deallocate(o, &tmain);
+                }
+                Ok(())
+            })?;
+            rank.barrier()?;
+            graph.launch(&tmain).map_err(err("graph launch"))?;
+            traced.synchronize().map_err(err("traced replay"))?;
+        } else {
+            rank.barrier()?;
+            for o in once(&traced)? {
+                traced.deallocate(o, &tmain);
+            }
+            traced.synchronize().map_err(err("traced run"))?;
         }
-        traced.synchronize().map_err(err("traced run"))?;
         spans = traced.spans();
     }
     Ok(ProgramTiming {
@@ -909,6 +923,42 @@ impl From<CudaError> for JobErrorWrap {
 /// A [`JobError`] that CUDA errors convert into (for [`GpuStream::capture`]).
 #[derive(Debug)]
 pub struct JobErrorWrap(pub JobError);
+
+/// Host microseconds per post of a small (4096-element) allreduce, over `posts` posts
+/// issued back to back (the GPU work is awaited afterwards): what the communicator costs the
+/// host per collective.
+pub fn host_post_us(rank: &Rank, posts: usize) -> Result<f64, JobError> {
+    let backend = &rank.backend;
+    let buf = rank.random_plain(backend, DType::BF16, &[4096], 31)?;
+    let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
+    let team: Vec<usize> = (0..rank.world).collect();
+    let post = || {
+        rank.comm
+            .post(
+                Collective {
+                    label: "host-cost probe".into(),
+                    team: team.clone(),
+                    op: CommOp::Allreduce {
+                        input: buf.clone(),
+                        output: buf.clone(),
+                        op: RedOp::Sum,
+                    },
+                },
+                &main,
+            )
+            .map_err(|e| e.to_string())
+    };
+    post()?;
+    backend.synchronize().map_err(err("probe"))?;
+    rank.barrier()?;
+    let start = Instant::now();
+    for _ in 0..posts {
+        post()?;
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / posts.max(1) as f64;
+    backend.synchronize().map_err(err("probe"))?;
+    Ok(us)
+}
 
 /// Times one GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` (bf16) on `rank`.
 pub fn time_gemm(
