@@ -261,6 +261,10 @@ fn measure(
         .fold(0.0f64, f64::max);
     let found: Vec<(usize, usize, f64)> = timings.iter().flat_map(|t| t.sample.clone()).collect();
     let check = check_sample(&found, rows, reference, weave_ir::DType::BF16);
+    if how.trace {
+        let n: usize = timings.iter().map(|t| t.spans.len()).sum();
+        println!("  ({config}: {n} spans traced over all ranks)");
+    }
     let spans = timings
         .iter()
         .enumerate()
@@ -314,7 +318,6 @@ fn run() -> Result<(), String> {
         .collect();
     let mut cal = Calibration::load()?;
     let mut summary = Vec::new();
-    let mut best_row_parallel: Option<(f64, String, Vec<RankSpans>)> = None;
     for &d in &ranks {
         let options = WorldOptions {
             ranks: d,
@@ -368,32 +371,22 @@ fn run() -> Result<(), String> {
                         continue;
                     }
                 };
-                if p == Pattern::RowParallel {
-                    let better = best_row_parallel
-                        .as_ref()
-                        .is_none_or(|(ms, _, _)| row.best.ms < *ms);
-                    let traced = row.best.spans.iter().any(|r| !r.spans.is_empty());
-                    if better && h == 8192 && traced {
-                        best_row_parallel = Some((
-                            row.best.ms,
-                            format!("d={d} h={h} {}", row.best.config),
-                            row.best.spans.clone(),
-                        ));
+                if p == Pattern::RowParallel && h == 8192 {
+                    if let Some((ms, config, spans)) = &row.traced {
+                        let base = bench.args.out.join(format!("row_parallel_d{d}"));
+                        std::fs::write(base.with_extension("json"), chrome_trace(spans))
+                            .and_then(|()| std::fs::write(base.with_extension("svg"), svg(spans)))
+                            .map_err(|e| format!("cannot write the timeline: {e}"))?;
+                        println!(
+                            "timeline of the fastest traced row-parallel run (d={d} h={h} \
+                             {config}, {ms:.3} ms timed): {}.svg",
+                            base.display()
+                        );
                     }
                 }
                 summary.push(row.line);
             }
         }
-    }
-    if let Some((ms, config, spans)) = best_row_parallel {
-        let base = bench.args.out.join("row_parallel_best");
-        std::fs::write(base.with_extension("json"), chrome_trace(&spans))
-            .and_then(|()| std::fs::write(base.with_extension("svg"), svg(&spans)))
-            .map_err(|e| format!("cannot write the timeline: {e}"))?;
-        println!(
-            "timeline of the best row-parallel run ({config}, {ms:.3} ms timed): {}.svg",
-            base.display()
-        );
     }
     println!("\n{}", summary.join("\n"));
     Ok(())
@@ -439,7 +432,8 @@ impl Ranks {
 }
 
 struct RowResult {
-    best: Measured,
+    /// The fastest configuration that has a trace (with its time and description).
+    traced: Option<(f64, String, Vec<RankSpans>)>,
     line: String,
 }
 
@@ -751,6 +745,13 @@ fn run_row(
         .filter(|(s, _)| *s > 1)
         .map(|(s, m)| (s.to_string(), json!(m.ms)))
         .collect();
+    let traced = sweep
+        .iter()
+        .map(|(_, m)| m)
+        .chain(variants.iter())
+        .filter(|m| m.check.ok && m.spans.iter().any(|r| !r.spans.is_empty()))
+        .min_by(|a, b| a.ms.total_cmp(&b.ms))
+        .map(|m| (m.ms, m.config.clone(), m.spans.clone()));
     // The best overlapped configuration with correct numerics (S > 1, or P2P's S = d).
     let mut candidates: Vec<Measured> = sweep
         .into_iter()
@@ -786,7 +787,7 @@ fn run_row(
         if numerics_ok { "ok" } else { "FAIL" }
     );
     println!("{line}");
-    Ok(RowResult { best, line })
+    Ok(RowResult { traced, line })
 }
 
 /// Runs one experiment and writes its line; `None` (with the error written) when it failed.
