@@ -640,6 +640,31 @@ fn run_row(
                 format!("S={s} K=2 CUDA graph replay"),
             ));
         }
+        // Compute in issue order across streams (chunk i + 1's GEMM after chunk i's), eager
+        // and replayed.
+        let ordered = CudaOptions {
+            ordered_compute: true,
+            ..CudaOptions::default()
+        };
+        for s in p.chunk_counts(d).into_iter().filter(|&s| s > 1) {
+            let c = program(s, DEFAULT_PIPELINE)?;
+            for graph in [false, true] {
+                let how = with_cuda(ordered.clone(), graph);
+                let kind = if graph {
+                    "graph+ordered"
+                } else {
+                    "ordered-compute"
+                };
+                let what = if graph { ", CUDA graph" } else { "" };
+                exps.push(exp(
+                    kind,
+                    s,
+                    &c,
+                    how,
+                    format!("S={s} K=2 ordered compute{what}"),
+                ));
+            }
+        }
         // Copy-engine allgathers and transfers: no SMs taken from the GEMMs, so more chunks
         // may pay.
         if matches!(p, Pattern::ColumnParallel | Pattern::P2pRing) {

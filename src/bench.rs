@@ -841,6 +841,7 @@ pub fn time_program<C: BenchComm>(
         }
         backend.synchronize().map_err(err("warm-up"))?;
         rank.barrier()?;
+        backend.reset_compute_order();
         let ((), graph) = capture_on(&main, || {
             for o in once(&backend)? {
                 backend.deallocate(o, &main);
@@ -887,6 +888,7 @@ pub fn time_program<C: BenchComm>(
         traced.synchronize().map_err(err("traced run"))?;
         traced.start_trace().map_err(err("trace"))?;
         if how.graph {
+            traced.reset_compute_order();
             // The span events recorded while capturing are event nodes of the graph: its
             // replay records them (spans count from the first one, not from the origin).
             let ((), graph) = capture_on(&tmain, || {

@@ -44,6 +44,12 @@ pub struct CudaOptions {
     pub gemm_sm_count: i32,
     /// Give pool streams the highest priority (they carry the communication).
     pub pool_priority_high: bool,
+    /// Run compute (GEMMs and generated kernels) in issue order across streams: each waits,
+    /// on the GPU, for the one issued before it on another stream. Chunks of a stream loop
+    /// then compute one after another while their collectives overlap the next chunk's
+    /// compute, instead of every worker stream's GEMM starting at once and sharing the SMs
+    /// (which delays the first collective until most of the compute is done).
+    pub ordered_compute: bool,
 }
 
 impl Default for CudaOptions {
@@ -54,6 +60,7 @@ impl Default for CudaOptions {
             tf32: false,
             gemm_sm_count: 0,
             pool_priority_high: false,
+            ordered_compute: false,
         }
     }
 }
@@ -227,6 +234,9 @@ pub struct CudaBackend {
     spans: Mutex<Vec<PendingSpan>>,
     origin: Mutex<Option<CudaEvent>>,
     allocations: Mutex<Vec<std::sync::Weak<DeviceMemory>>>,
+    /// With [`CudaOptions::ordered_compute`]: the stream (as an address) and completion
+    /// event of the last compute operation issued.
+    last_compute: Mutex<Option<(usize, Arc<CudaEvent>)>>,
 }
 
 impl CudaBackend {
@@ -243,6 +253,7 @@ impl CudaBackend {
             spans: Mutex::new(Vec::new()),
             origin: Mutex::new(None),
             allocations: Mutex::new(Vec::new()),
+            last_compute: Mutex::new(None),
         };
         backend.stream(StreamKey::Main)?;
         Ok(backend)
@@ -256,6 +267,37 @@ impl CudaBackend {
     /// Sets the check that host waits poll (the communicator's asynchronous error).
     pub fn set_error_check(&self, check: ErrorCheck) {
         *self.check.lock().unwrap() = Some(check);
+    }
+
+    /// Forgets the last compute operation of [`CudaOptions::ordered_compute`], so the next
+    /// one waits for nothing issued before (call it before capturing a graph, which must not
+    /// wait for events recorded outside it).
+    pub fn reset_compute_order(&self) {
+        *self.last_compute.lock().unwrap() = None;
+    }
+
+    /// Enqueues the compute operation `enqueue` on `stream`, after the previous one when
+    /// compute is ordered.
+    fn compute<R>(
+        &self,
+        stream: &GpuStream,
+        enqueue: impl FnOnce() -> Result<R, ExecError>,
+    ) -> Result<R, ExecError> {
+        if !self.options.ordered_compute {
+            return enqueue();
+        }
+        let mut last = self.last_compute.lock().unwrap();
+        let here = stream.cu_stream() as usize;
+        if let Some((s, event)) = last.as_ref() {
+            if *s != here {
+                stream.wait(event)?;
+            }
+        }
+        let r = enqueue()?;
+        let event = self.gpu.new_event(false)?;
+        stream.record(&event)?;
+        *last = Some((here, Arc::new(event)));
+        Ok(r)
     }
 
     /// Starts (or restarts) recording spans: later spans are timed from this point.
@@ -488,8 +530,10 @@ impl CudaBackend {
                 .zero(c.ptr(), c.numel() * elem_bytes(c.dtype), stream)
                 .map_err(ExecError::from);
         }
-        self.timed(stream, label, || {
-            self.gpu.gemm(stream, &shape, ops).map_err(ExecError::from)
+        self.compute(stream, || {
+            self.timed(stream, label, || {
+                self.gpu.gemm(stream, &shape, ops).map_err(ExecError::from)
+            })
         })
     }
 }
@@ -664,23 +708,25 @@ impl Backend for CudaBackend {
             .map(|(d, n)| self.gpu.alloc(n * elem_bytes(*d), stream))
             .collect::<Result<_, _>>()?;
         let sms = self.gpu.sm_count().max(1) as usize;
-        self.timed(stream, label, || {
-            for l in &plan.launches {
-                let k = self.gpu.kernel(&l.name, &l.source)?;
-                let args: Vec<u64> = l
-                    .args
-                    .iter()
-                    .map(|b| match b {
-                        Buf::Input(i) => inputs[*i].ptr(),
-                        Buf::Output(i) => outputs[*i].ptr(),
-                        Buf::Temp(i) => temps[*i].ptr(),
-                    })
-                    .collect();
-                let block = 256usize;
-                let grid = l.threads.div_ceil(block).min(sms * 16) as u32;
-                self.gpu.launch(stream, &k, grid, block as u32, &args)?;
-            }
-            Ok(())
+        self.compute(stream, || {
+            self.timed(stream, label, || {
+                for l in &plan.launches {
+                    let k = self.gpu.kernel(&l.name, &l.source)?;
+                    let args: Vec<u64> = l
+                        .args
+                        .iter()
+                        .map(|b| match b {
+                            Buf::Input(i) => inputs[*i].ptr(),
+                            Buf::Output(i) => outputs[*i].ptr(),
+                            Buf::Temp(i) => temps[*i].ptr(),
+                        })
+                        .collect();
+                    let block = 256usize;
+                    let grid = l.threads.div_ceil(block).min(sms * 16) as u32;
+                    self.gpu.launch(stream, &k, grid, block as u32, &args)?;
+                }
+                Ok(())
+            })
         })?;
         for t in temps {
             t.free_on(stream)?;
