@@ -848,6 +848,8 @@ pub fn time_program<C: BenchComm>(
             }
             Ok(())
         })?;
+        // Events recorded while capturing cannot be waited for outside the graph.
+        backend.reset_compute_order();
         rank.barrier()?;
         rank.time(&backend, warmup, iters, || {
             graph.launch(&main).map_err(err("graph launch"))
@@ -897,6 +899,7 @@ pub fn time_program<C: BenchComm>(
                 }
                 Ok(())
             })?;
+            traced.reset_compute_order();
             rank.barrier()?;
             graph.launch(&tmain).map_err(err("graph launch"))?;
             traced.synchronize().map_err(err("traced replay"))?;
