@@ -174,3 +174,29 @@ fn chunks_sets_the_stream_split_unless_set_gives_it() {
         "{err}"
     );
 }
+
+#[test]
+fn calibrate_refuses_one_rank_and_names_what_is_missing_without_gpus() {
+    let out_file = std::env::temp_dir().join(format!("weave-cal-{}.txt", std::process::id()));
+    let out_arg = out_file.to_string_lossy().to_string();
+    let (ok, _, err) = weave(&["calibrate", "--ranks", "1", "--out", &out_arg]);
+    assert!(!ok);
+    assert!(
+        err.contains("--ranks 1: the collectives need 2 or more GPUs"),
+        "{err}"
+    );
+    // Without GPUs (CI) the error says why; with them it measures and writes the file.
+    let (ok, out, err) = weave(&["calibrate", "--ranks", "2", "--out", &out_arg]);
+    if ok {
+        let text = std::fs::read_to_string(&out_file).unwrap();
+        let cal = streamweave::chunks::Calibration::parse(&text).unwrap();
+        assert!(cal.gemm_tflops > 0.0 && cal.busbw_gbs > 0.0, "{out}");
+        let _ = std::fs::remove_file(&out_file);
+    } else {
+        assert!(err.contains("cannot open 2 GPU(s)"), "{err}");
+        assert!(
+            !out_file.exists(),
+            "nothing is written when calibration fails"
+        );
+    }
+}

@@ -401,3 +401,46 @@ fn two_sharding_changes_in_one_expr_are_refused() {
     assert!(e.contains("expected at most one sharding change"), "{e}");
     assert!(e.contains("`b = set(a)`"), "{e}");
 }
+
+/// The column-parallel benchmark patterns (issue 6): the chunked form gathers each chunk with
+/// one allgather inside the stream loop into a buffer of min(s, numberOfStreams) slots; the
+/// P2P form receives and sends one block per iteration in a coalesced pair and multiplies it,
+/// with no collective at all.
+#[test]
+fn column_parallel_benchmark_patterns_pipeline_per_chunk() {
+    let p = lower_with("column_parallel_chunked", &[("t", 64), ("h", 8), ("s", 4)]);
+    let loops = compute_loops(&p);
+    assert_eq!(loops.len(), 1);
+    let body = kinds(&p, &loops[0]);
+    let gather = body.iter().position(|k| *k == "Communication").unwrap();
+    let linear = body.iter().position(|k| *k == "Linear").unwrap();
+    assert!(gather < linear, "{body:?}");
+    assert_eq!(
+        communications(&p),
+        vec![(CommunicationType::Allgather, vec![0, 1])]
+    );
+    let text = host_ir::print(&p);
+    assert!(
+        text.contains("min(4, numberOfStreams)"),
+        "the gather buffer is bounded by the stream pool:\n{text}"
+    );
+
+    let p = lower_with("column_parallel_p2p", &[("t", 64), ("h", 8), ("d", 4)]);
+    let loops = compute_loops(&p);
+    assert_eq!(loops.len(), 1);
+    let body = kinds(&p, &loops[0]);
+    assert_eq!(communications(&p), vec![], "no collective: {body:?}");
+    let start = body.iter().position(|k| *k == "StartCoalescing").unwrap();
+    let end = body.iter().position(|k| *k == "EndCoalescing").unwrap();
+    assert_eq!(
+        body[start + 1..end],
+        ["P2PCommunication", "P2PCommunication"],
+        "{body:?}"
+    );
+    assert!(body.iter().position(|k| *k == "Linear").unwrap() > end);
+    let text = host_ir::print(&p);
+    assert!(
+        text.contains("FOR i0 from 0 to 4"),
+        "d = 4 iterations:\n{text}"
+    );
+}
