@@ -431,7 +431,7 @@ mod workload_tests {
     fn auto_picks_overlap_at_8192_and_none_for_a_small_layer() {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/row_parallel_linear.weave");
-        let cal = super::tests::fast_start();
+        let cal = tests::fast_start();
         let big = auto_chunks(&path, &[("d".into(), 2)], 2, &cal).unwrap();
         assert!(big.chunks > 1, "{big:?}");
         let small: Vec<(String, i64)> = vec![("t".into(), 64), ("h".into(), 32), ("d".into(), 2)];
