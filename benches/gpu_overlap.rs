@@ -213,13 +213,11 @@ struct Measured {
 struct Bench {
     args: Args,
     log: std::fs::File,
-    lines: Vec<Value>,
 }
 
 impl Bench {
     fn emit(&mut self, v: Value) {
         let _ = writeln!(self.log, "{v}");
-        self.lines.push(v);
     }
 }
 
@@ -303,11 +301,7 @@ fn run() -> Result<(), String> {
     let log_path = args.out.join("ours.jsonl");
     let log = std::fs::File::create(&log_path)
         .map_err(|e| format!("cannot write {}: {e}", log_path.display()))?;
-    let mut bench = Bench {
-        args,
-        log,
-        lines: Vec::new(),
-    };
+    let mut bench = Bench { args, log };
     let separate = DEFAULT_PIPELINE.replace(",assign-streams,", ",assign-streams-separate-sync,");
     let ranks: Vec<usize> = bench
         .args

@@ -772,7 +772,8 @@ pub struct ProgramRun {
     pub cuda: CudaOptions,
     /// Capture one run as a CUDA graph and time its replays.
     pub graph: bool,
-    /// After timing, run once more with GPU-side spans recorded for the timeline.
+    /// After timing, run once more with GPU-side spans recorded for the timeline (eager runs
+    /// only; a graph replay has none).
     pub trace: bool,
 }
 
@@ -877,7 +878,9 @@ pub fn time_program<C: BenchComm>(
     }
     backend.synchronize().map_err(err("checked run"))?;
     let mut spans = Vec::new();
-    if how.trace {
+    // Eager runs only: span events recorded while capturing come back untimed from a replay
+    // (measured: no span of a replayed graph could be read).
+    if how.trace && !how.graph {
         let traced = rank.backend_with(CudaOptions {
             trace: true,
             ..how.cuda.clone()
@@ -889,27 +892,11 @@ pub fn time_program<C: BenchComm>(
         }
         traced.synchronize().map_err(err("traced run"))?;
         traced.start_trace().map_err(err("trace"))?;
-        if how.graph {
-            traced.reset_compute_order();
-            // The span events recorded while capturing are event nodes of the graph: its
-            // replay records them (spans count from the first one, not from the origin).
-            let ((), graph) = capture_on(&tmain, || {
-                for o in once(&traced)? {
-                    traced.deallocate(o, &tmain);
-                }
-                Ok(())
-            })?;
-            traced.reset_compute_order();
-            rank.barrier()?;
-            graph.launch(&tmain).map_err(err("graph launch"))?;
-            traced.synchronize().map_err(err("traced replay"))?;
-        } else {
-            rank.barrier()?;
-            for o in once(&traced)? {
-                traced.deallocate(o, &tmain);
-            }
-            traced.synchronize().map_err(err("traced run"))?;
+        rank.barrier()?;
+        for o in once(&traced)? {
+            traced.deallocate(o, &tmain);
         }
+        traced.synchronize().map_err(err("traced run"))?;
         spans = traced.spans();
     }
     Ok(ProgramTiming {
@@ -918,16 +905,6 @@ pub fn time_program<C: BenchComm>(
         spans,
     })
 }
-
-impl From<CudaError> for JobErrorWrap {
-    fn from(e: CudaError) -> JobErrorWrap {
-        JobErrorWrap(e.to_string())
-    }
-}
-
-/// A [`JobError`] that CUDA errors convert into (for [`GpuStream::capture`]).
-#[derive(Debug)]
-pub struct JobErrorWrap(pub JobError);
 
 /// Host microseconds per post of a small (4096-element) allreduce, over `posts` posts
 /// issued back to back (the GPU work is awaited afterwards): what the communicator costs the
@@ -1177,14 +1154,23 @@ pub fn world_gpu_name(world: &World) -> Result<String, JobError> {
         .unwrap_or_default())
 }
 
+/// A job's error inside a capture (the capture's own failures are CUDA errors).
+struct CaptureError(JobError);
+
+impl From<CudaError> for CaptureError {
+    fn from(e: CudaError) -> CaptureError {
+        CaptureError(e.to_string())
+    }
+}
+
 /// Runs `f` with `stream` capturing (see [`GpuStream::capture`]), for jobs.
 pub fn capture_on<R>(
     stream: &GpuStream,
     f: impl FnOnce() -> Result<R, JobError>,
 ) -> Result<(R, weave_cuda::CudaGraph), JobError> {
     stream
-        .capture(|| f().map_err(JobErrorWrap))
-        .map_err(|e: JobErrorWrap| e.0)
+        .capture(|| f().map_err(CaptureError))
+        .map_err(|e: CaptureError| e.0)
 }
 
 #[cfg(test)]
