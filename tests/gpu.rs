@@ -1,6 +1,8 @@
 //! GPU tests: every scenario on 2 and 4 GPUs against the CPU reference (with the CPU race
 //! checker agreeing), the large patterns at t = h = 8192 against a row-sampled reference,
-//! and a rank that fails early ending every rank with an error within the timeout.
+//! a rank that fails early ending every rank with an error within the timeout, and the
+//! benchmark's execution variants (graph replay, ordered compute, copy-engine transfers,
+//! a blocking NCCL communicator) matching the reference.
 //!
 //! They run only with `WEAVE_GPU_TESTS=1` on a machine with GPUs (the GPU test bundle sets
 //! it); elsewhere each test prints why it is skipped and passes, so CI compiles them and the
@@ -317,4 +319,121 @@ fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
         elapsed < Duration::from_secs(40),
         "every rank ended within the timeout (took {elapsed:?})"
     );
+}
+
+/// A layer to check: its fixture, parameters beyond t, h, d, and its contraction size.
+type Layer<'a> = (&'a str, &'a [(&'a str, i64)], usize);
+
+/// The benchmark's execution variants produce the reference's numbers: CUDA-graph replay,
+/// ordered compute (eager and replayed), copy-engine allgathers and ring transfers, and a
+/// blocking NCCL communicator, on the chunked and P2P column-parallel layers and the
+/// row-parallel one, on 2 and 4 GPUs (sampled rows against the f64 host reference).
+#[test]
+fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
+    use std::sync::Arc;
+    use streamweave::bench::{
+        check_sample, linear_reference, time_program, ProgramRun, World, WorldOptions,
+    };
+    use weave_comm::{Nccl, NcclId, NcclOptions, PeerCopy, PeerHub};
+    use weave_executor::{CudaOptions, DeviceTensor};
+
+    let Some(n) = gpus() else { return };
+    let (t, h) = (256i64, 64i64);
+    for ranks in rank_counts(n) {
+        let world = World::open(WorldOptions {
+            ranks,
+            timeout: Duration::from_secs(30),
+            nccl: NcclOptions::default(),
+        })
+        .expect("the GPUs open");
+        let cases: [Layer; 3] = [
+            ("column_parallel_chunked", &[("s", 2)], h as usize),
+            ("column_parallel_p2p", &[], h as usize),
+            ("row_parallel_linear", &[("s", 4)], 4 * h as usize),
+        ];
+        for (name, extra, k) in cases {
+            let mut set = vec![("t", t), ("h", h), ("d", ranks as i64)];
+            set.extend_from_slice(extra);
+            let compiled = Arc::new(compile_for_run(load(name, &set)).expect("compiles"));
+            let n_out = if name == "row_parallel_linear" {
+                h
+            } else {
+                4 * h
+            } as usize;
+            let rows: Arc<Vec<usize>> = Arc::new((0..t as usize).step_by(37).collect());
+            let reference = linear_reference(&rows, k, n_out, 101, 202);
+            let variants: [(&str, ProgramRun, bool, bool); 6] = [
+                ("eager", ProgramRun::default(), false, false),
+                (
+                    "replay",
+                    ProgramRun {
+                        graph: true,
+                        ..ProgramRun::default()
+                    },
+                    false,
+                    false,
+                ),
+                (
+                    "ordered",
+                    ProgramRun {
+                        cuda: CudaOptions {
+                            ordered_compute: true,
+                            ..CudaOptions::default()
+                        },
+                        ..ProgramRun::default()
+                    },
+                    false,
+                    false,
+                ),
+                (
+                    "ordered replay",
+                    ProgramRun {
+                        graph: true,
+                        cuda: CudaOptions {
+                            ordered_compute: true,
+                            ..CudaOptions::default()
+                        },
+                        ..ProgramRun::default()
+                    },
+                    false,
+                    false,
+                ),
+                ("copy engine", ProgramRun::default(), true, false),
+                ("blocking NCCL", ProgramRun::default(), false, true),
+            ];
+            for (what, how, peer, blocking) in variants {
+                let (c, rows2) = (compiled.clone(), rows.clone());
+                let hub = PeerHub::new();
+                let id = NcclId::new().expect("an NCCL id");
+                let samples = world
+                    .run(move |r| {
+                        let comm: Arc<Nccl<DeviceTensor>> = if blocking {
+                            let options = NcclOptions {
+                                blocking: true,
+                                timeout: Duration::from_secs(30),
+                                ..NcclOptions::default()
+                            };
+                            Arc::new(
+                                Nccl::init(&r.gpu, r.rank, r.world, &id, options)
+                                    .map_err(|e| e.to_string())?,
+                            )
+                        } else {
+                            r.comm.clone()
+                        };
+                        let timing = if peer {
+                            let pc = PeerCopy::new(comm, hub.clone(), r.gpu.clone());
+                            time_program(r, &pc, &c, &how, &[101, 202], 1, 2, &rows2)?
+                        } else {
+                            time_program(r, &*comm, &c, &how, &[101, 202], 1, 2, &rows2)?
+                        };
+                        Ok(timing.sample)
+                    })
+                    .unwrap_or_else(|e| panic!("{name} {what} on {ranks} GPUs: {e}"));
+                let found: Vec<(usize, usize, f64)> = samples.into_iter().flatten().collect();
+                let check = check_sample(&found, &rows, &reference, weave_ir::DType::BF16);
+                println!("{name} {what} on {ranks} GPUs: {check:?}");
+                assert!(check.ok, "{name} {what} on {ranks} GPUs: {check:?}");
+            }
+        }
+    }
 }
