@@ -33,42 +33,66 @@ struct Offer {
     ready: Arc<CudaEvent>,
 }
 
-/// One transfer's state in the hub.
-#[derive(Default)]
-struct Slot {
-    offer: Option<Offer>,
-    done: Option<Arc<CudaEvent>>,
+/// A transfer's key: (sender, receiver, sequence number of the pair).
+type Key = (usize, usize, u64);
+
+/// One transfer's state in a hub: the sender's offer, then the receiver's done mark.
+struct Slot<O, D> {
+    offer: Option<O>,
+    done: Option<D>,
 }
 
-/// The meeting place of the ranks of one process: transfers keyed by (sender, receiver,
-/// sequence number of the pair).
-#[derive(Default)]
-pub struct PeerHub {
-    slots: Mutex<HashMap<(usize, usize, u64), Slot>>,
+impl<O, D> Default for Slot<O, D> {
+    fn default() -> Self {
+        Slot {
+            offer: None,
+            done: None,
+        }
+    }
+}
+
+/// Transfers in flight between the threads of one process, by [`Key`].
+struct Hub<O, D> {
+    slots: Mutex<HashMap<Key, Slot<O, D>>>,
     aborted: AtomicBool,
 }
 
-impl PeerHub {
-    /// A hub for the ranks of this process.
-    pub fn new() -> Arc<PeerHub> {
-        Arc::new(PeerHub::default())
+impl<O, D> Default for Hub<O, D> {
+    fn default() -> Self {
+        Hub {
+            slots: Mutex::new(HashMap::new()),
+            aborted: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<O, D> Hub<O, D> {
+    fn with_slot<T>(&self, key: Key, f: impl FnOnce(&mut Slot<O, D>) -> T) -> T {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        f(slots.entry(key).or_default())
     }
 
-    /// Polls `ready` on the slot of `key` until it gives a value, for at most `timeout`.
+    fn remove(&self, key: Key) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+    }
+
+    /// Polls `ready` on the slot of `key` until it gives a value, for at most `timeout`;
+    /// `None` after the timeout or once the hub is aborted. Spins first (a peer's post is
+    /// usually microseconds away), then yields, then sleeps 50 µs at a time.
     fn wait_for<T>(
         &self,
-        key: (usize, usize, u64),
+        key: Key,
         timeout: Duration,
-        mut ready: impl FnMut(&mut Slot) -> Option<T>,
+        mut ready: impl FnMut(&mut Slot<O, D>) -> Option<T>,
     ) -> Option<T> {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
-            {
-                let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(v) = ready(slots.entry(key).or_default()) {
-                    return Some(v);
-                }
+            if let Some(v) = self.with_slot(key, &mut ready) {
+                return Some(v);
             }
             if self.aborted.load(Ordering::Acquire) || start.elapsed() >= timeout {
                 return None;
@@ -82,6 +106,63 @@ impl PeerHub {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
+    }
+}
+
+/// Numbers the sends (`to` ranks) and receives (`from` ranks) of one post by the sequence of
+/// their pair, advancing `counts` (sends so far to each rank, receives so far from each).
+fn number_transfers(
+    me: usize,
+    counts: &mut (Vec<u64>, Vec<u64>),
+    sends: &[usize],
+    recvs: &[usize],
+) -> (Vec<Key>, Vec<Key>) {
+    let s = sends
+        .iter()
+        .map(|&to| {
+            counts.0[to] += 1;
+            (me, to, counts.0[to] - 1)
+        })
+        .collect();
+    let r = recvs
+        .iter()
+        .map(|&from| {
+            counts.1[from] += 1;
+            (from, me, counts.1[from] - 1)
+        })
+        .collect();
+    (s, r)
+}
+
+/// Checks that a rank's sends to itself meet its receives from itself, in order and by size
+/// in bytes: they become local copies.
+fn pair_self(to_self: &[usize], from_self: &[usize]) -> Result<(), String> {
+    if to_self.len() != from_self.len() {
+        return Err(format!(
+            "{} send(s) to itself but {} receive(s) from itself",
+            to_self.len(),
+            from_self.len()
+        ));
+    }
+    for (s, r) in to_self.iter().zip(from_self) {
+        if s != r {
+            return Err(format!("it sends itself {s} bytes but receives {r}"));
+        }
+    }
+    Ok(())
+}
+
+/// The meeting place of the ranks (threads) of one process: share one between their
+/// [`PeerCopy`] communicators.
+#[derive(Default)]
+pub struct PeerHub {
+    hub: Hub<Offer, Arc<CudaEvent>>,
+}
+
+impl PeerHub {
+    /// A hub for the ranks of this process.
+    pub fn new() -> Arc<PeerHub> {
+        Arc::new(PeerHub::default())
     }
 }
 
@@ -139,41 +220,32 @@ impl<B: DeviceBuffer> PeerCopy<B> {
         let me = self.inner.rank();
         let timeout = self.inner.timeout();
         // Number every transfer of this post by its pair's sequence.
-        let (send_keys, recv_keys): (Vec<_>, Vec<_>) = {
+        let (send_keys, recv_keys) = {
             let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-            let s = sends
-                .iter()
-                .map(|(to, _, _)| {
-                    c.0[*to] += 1;
-                    (me, *to, c.0[*to] - 1)
-                })
-                .collect();
-            let r = recvs
-                .iter()
-                .map(|(from, _, _)| {
-                    c.1[*from] += 1;
-                    (*from, me, c.1[*from] - 1)
-                })
-                .collect();
-            (s, r)
+            let to: Vec<usize> = sends.iter().map(|s| s.0).collect();
+            let from: Vec<usize> = recvs.iter().map(|r| r.0).collect();
+            number_transfers(me, &mut c, &to, &from)
         };
         // Offer every send first.
         if !sends.is_empty() {
             let ready = Arc::new(self.gpu.new_event(false)?);
             stream.record(&ready)?;
-            let mut slots = self.hub.slots.lock().unwrap_or_else(|e| e.into_inner());
             for ((_, ptr, bytes), key) in sends.iter().zip(&send_keys) {
-                slots.entry(*key).or_default().offer = Some(Offer {
+                let offer = Offer {
                     ptr: *ptr,
                     bytes: *bytes,
                     gpu: self.gpu.clone(),
                     ready: ready.clone(),
-                });
+                };
+                self.hub
+                    .hub
+                    .with_slot(*key, |slot| slot.offer = Some(offer));
             }
         }
         // Pull every receive.
         for ((from, dst, want), key) in recvs.iter().zip(&recv_keys) {
             let offer = self
+                .hub
                 .hub
                 .wait_for(*key, timeout, |slot| {
                     slot.offer
@@ -196,21 +268,17 @@ impl<B: DeviceBuffer> PeerCopy<B> {
             self.gpu.copy_peer(*dst, &gpu, ptr, bytes, stream)?;
             let done = Arc::new(self.gpu.new_event(false)?);
             stream.record(&done)?;
-            let mut slots = self.hub.slots.lock().unwrap_or_else(|e| e.into_inner());
-            slots.entry(*key).or_default().done = Some(done);
+            self.hub.hub.with_slot(*key, |slot| slot.done = Some(done));
         }
         // Wait (on the stream) until every receiver of our offers has its copy.
         for ((to, _, _), key) in sends.iter().zip(&send_keys) {
             let done = self
                 .hub
+                .hub
                 .wait_for(*key, timeout, |slot| slot.done.clone())
                 .ok_or_else(|| self.timed_out(label, *to, timeout))?;
             stream.wait(&done)?;
-            self.hub
-                .slots
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(key);
+            self.hub.hub.remove(*key);
         }
         Ok(())
     }
@@ -290,27 +358,9 @@ impl<B: DeviceBuffer + Clone> Communicator for PeerCopy<B> {
             }
         }
         // A rank's sends to itself meet its receives from itself, in order: local copies.
-        if to_self.len() != from_self.len() {
-            return Err(self.fail(
-                &label,
-                format!(
-                    "{} send(s) to itself but {} receive(s) from itself",
-                    to_self.len(),
-                    from_self.len()
-                ),
-            ));
-        }
+        let sizes = |v: &[&B]| v.iter().map(|b| bytes(b)).collect::<Vec<usize>>();
+        pair_self(&sizes(&to_self), &sizes(&from_self)).map_err(|m| self.fail(&label, m))?;
         for (s, r) in to_self.into_iter().zip(from_self) {
-            if bytes(s) != bytes(r) {
-                return Err(self.fail(
-                    &label,
-                    format!(
-                        "it sends itself {} bytes but receives {}",
-                        bytes(s),
-                        bytes(r)
-                    ),
-                ));
-            }
             self.gpu
                 .copy(r.device_ptr(), s.device_ptr(), bytes(s), stream)?;
         }
@@ -318,7 +368,81 @@ impl<B: DeviceBuffer + Clone> Communicator for PeerCopy<B> {
     }
 
     fn abort(&self, reason: &str) {
-        self.hub.aborted.store(true, Ordering::Release);
+        self.hub.hub.aborted.store(true, Ordering::Release);
         self.inner.abort(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transfers_between_a_pair_are_numbered_in_posting_order() {
+        let mut counts = (vec![0; 3], vec![0; 3]);
+        // Rank 1 sends to 0 and 2 and receives from 2, then sends to 2 and receives from 2
+        // and 0.
+        let (s, r) = number_transfers(1, &mut counts, &[0, 2], &[2]);
+        assert_eq!(s, vec![(1, 0, 0), (1, 2, 0)]);
+        assert_eq!(r, vec![(2, 1, 0)]);
+        let (s, r) = number_transfers(1, &mut counts, &[2], &[2, 0]);
+        assert_eq!(s, vec![(1, 2, 1)]);
+        assert_eq!(r, vec![(2, 1, 1), (0, 1, 0)]);
+        // Rank 2's receives from 1 meet rank 1's sends to 2: (1, 2, n).
+        let mut other = (vec![0; 3], vec![0; 3]);
+        let (_, r) = number_transfers(2, &mut other, &[], &[1, 1]);
+        assert_eq!(r, vec![(1, 2, 0), (1, 2, 1)]);
+    }
+
+    #[test]
+    fn sends_to_itself_must_meet_receives_of_the_same_sizes() {
+        assert_eq!(pair_self(&[8, 16], &[8, 16]), Ok(()));
+        assert_eq!(
+            pair_self(&[8], &[]).unwrap_err(),
+            "1 send(s) to itself but 0 receive(s) from itself"
+        );
+        assert_eq!(
+            pair_self(&[8], &[4]).unwrap_err(),
+            "it sends itself 8 bytes but receives 4"
+        );
+    }
+
+    #[test]
+    fn a_receiver_gets_another_threads_offer_and_the_sender_its_done_mark() {
+        let hub: Arc<Hub<u64, u32>> = Arc::new(Hub::default());
+        let key = (0, 1, 0);
+        let sender = {
+            let hub = hub.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                hub.with_slot(key, |s| s.offer = Some(0xabc));
+                let done = hub.wait_for(key, Duration::from_secs(5), |s| s.done);
+                hub.remove(key);
+                done
+            })
+        };
+        let got = hub.wait_for(key, Duration::from_secs(5), |s| s.offer);
+        assert_eq!(got, Some(0xabc));
+        hub.with_slot(key, |s| s.done = Some(7));
+        assert_eq!(sender.join().unwrap(), Some(7));
+        assert!(hub.slots.lock().unwrap().is_empty(), "the sender cleans up");
+    }
+
+    #[test]
+    fn waits_end_at_the_timeout_or_at_once_when_aborted() {
+        let hub: Hub<u64, u32> = Hub::default();
+        let start = Instant::now();
+        assert_eq!(
+            hub.wait_for((0, 1, 0), Duration::from_millis(20), |s| s.offer),
+            None
+        );
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        hub.aborted.store(true, Ordering::Release);
+        let start = Instant::now();
+        assert_eq!(
+            hub.wait_for((0, 1, 1), Duration::from_secs(30), |s| s.offer),
+            None
+        );
+        assert!(start.elapsed() < Duration::from_secs(1));
     }
 }
