@@ -17,15 +17,15 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use streamweave::bench::{
-    calibrate, check_sample, linear_reference, median, time_comm, time_gemm, time_program,
-    world_gpu_name, Check, CommKind, ProgramRun, ProgramTiming, World, WorldOptions,
+    calibrate, check_sample, linear_reference, median, run_program, time_comm, time_gemm,
+    world_gpu_name, Check, CommKind, ProgramRun, ProgramTiming, World, WorldOptions, LINEAR_SEEDS,
 };
 use streamweave::chunks::{choose, workload, Calibration, CANDIDATES};
 use streamweave::run::{compile_with, Compiled};
-use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
-use weave_comm::{PeerCopy, PeerHub};
+use weave_comm::nccl::{NcclId, NcclOptions};
+use weave_comm::PeerHub;
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
-use weave_executor::{CudaOptions, DeviceTensor};
+use weave_executor::CudaOptions;
 use weave_passes::DEFAULT_PIPELINE;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,20 +238,17 @@ fn measure(
     let (c, how2, rows2) = (compiled.clone(), how.clone(), rows.clone());
     let (warmup, iters) = (args.warmup, args.iters);
     let timings: Vec<ProgramTiming> = world.run(move |r| {
-        let comm: Arc<Nccl<DeviceTensor>> = match &comm_options {
-            Some((id, o)) => Arc::new(
-                Nccl::init(&r.gpu, r.rank, r.world, id, o.clone())
-                    .map_err(|e| format!("NCCL with {o:?}: {e}"))?,
-            ),
-            None => r.comm.clone(),
-        };
-        match &peer {
-            Some(hub) => {
-                let pc = PeerCopy::new(comm, hub.clone(), r.gpu.clone());
-                time_program(r, &pc, &c, &how2, &[101, 202], warmup, iters, &rows2)
-            }
-            None => time_program(r, &*comm, &c, &how2, &[101, 202], warmup, iters, &rows2),
-        }
+        let (fresh, peer) = (comm_options.as_ref(), peer.as_ref());
+        run_program(
+            r,
+            fresh,
+            peer,
+            &c,
+            &how2,
+            &LINEAR_SEEDS,
+            (warmup, iters),
+            &rows2,
+        )
     })?;
     let ms = timings
         .iter()
@@ -455,7 +452,7 @@ fn run_row(
             .collect(),
     );
     let (k, n) = p.reference(h);
-    let reference = linear_reference(&rows, k, n, 101, 202);
+    let reference = linear_reference(&rows, k, n, LINEAR_SEEDS[0], LINEAR_SEEDS[1]);
     let mut sweep: Vec<(usize, Measured)> = Vec::new();
     for s in p.chunk_counts(d) {
         let param = (p != Pattern::P2pRing).then_some(s);

@@ -14,8 +14,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
-use weave_comm::PeerCopy;
 use weave_comm::{Collective, CommOp, Communicator, P2p, RedOp};
+use weave_comm::{PeerCopy, PeerHub};
 use weave_cuda::{wait_event, CudaError, Gpu, GpuStream};
 use weave_executor::reference::compare;
 use weave_executor::{
@@ -25,11 +25,16 @@ use weave_executor::{
 use weave_ir::DType;
 
 use crate::chunks::Calibration;
+use crate::gpu::backend_for;
 use crate::run::{params_of, Compiled};
 use crate::shard::Layout;
 
 /// A job's error: what failed, on which rank.
 pub type JobError = String;
+
+/// The seeds of a linear layer's input and weight in the benchmarks, for [`time_program`] and
+/// [`linear_reference`] alike.
+pub const LINEAR_SEEDS: [u64; 2] = [101, 202];
 
 /// A barrier with a timeout that any rank can break: a rank whose job failed breaks it, so
 /// the others fail at their next wait instead of waiting forever.
@@ -151,17 +156,26 @@ impl Rank {
     /// A backend on this rank's GPU with `options` (the world's timeout), checking the
     /// communicator's asynchronous errors while it waits.
     pub fn backend_with(&self, options: CudaOptions) -> Result<CudaBackend, JobError> {
-        let backend = CudaBackend::new(
-            self.gpu.clone(),
-            CudaOptions {
-                timeout: self.timeout,
-                ..options
-            },
-        )
-        .map_err(err("backend"))?;
-        let check = self.comm.clone();
-        backend.set_error_check(Arc::new(move || check.async_error().map(|e| e.to_string())));
-        Ok(backend)
+        let options = CudaOptions {
+            timeout: self.timeout,
+            ..options
+        };
+        backend_for(&self.gpu, options, &self.comm).map_err(err("backend"))
+    }
+
+    /// Posts `op` over the whole world on `stream` through the world's communicator.
+    pub fn post_world(
+        &self,
+        label: &str,
+        op: CommOp<DeviceTensor>,
+        stream: &GpuStream,
+    ) -> Result<(), JobError> {
+        let collective = Collective {
+            label: label.to_string(),
+            team: (0..self.world).collect(),
+            op,
+        };
+        self.comm.post(collective, stream).map_err(err(label))
     }
 
     /// Waits for every rank (host side).
@@ -585,14 +599,6 @@ impl World {
             threads.push(std::thread::spawn(move || {
                 let open = || -> Result<Rank, JobError> {
                     let gpu = Gpu::open(rank).map_err(err("GPU"))?;
-                    let backend = CudaBackend::new(
-                        gpu.clone(),
-                        CudaOptions {
-                            timeout: options.timeout,
-                            ..CudaOptions::default()
-                        },
-                    )
-                    .map_err(err("backend"))?;
                     let comm = Arc::new(
                         Nccl::init(
                             &gpu,
@@ -606,10 +612,11 @@ impl World {
                         )
                         .map_err(err("NCCL"))?,
                     );
-                    let check = comm.clone();
-                    backend.set_error_check(Arc::new(move || {
-                        check.async_error().map(|e| e.to_string())
-                    }));
+                    let cuda = CudaOptions {
+                        timeout: options.timeout,
+                        ..CudaOptions::default()
+                    };
+                    let backend = backend_for(&gpu, cuda, &comm).map_err(err("backend"))?;
                     Ok(Rank {
                         rank,
                         world: options.ranks,
@@ -906,6 +913,36 @@ pub fn time_program<C: BenchComm>(
     })
 }
 
+/// [`time_program`] on `rank` with the world's communicator, or a fresh one made from
+/// `fresh` (an id shared by every rank and its options), and with copy-engine allgathers and
+/// transfers through `peer` (a hub shared by every rank) when given.
+#[allow(clippy::too_many_arguments)]
+pub fn run_program(
+    rank: &Rank,
+    fresh: Option<&(NcclId, NcclOptions)>,
+    peer: Option<&Arc<PeerHub>>,
+    compiled: &Compiled,
+    how: &ProgramRun,
+    seeds: &[u64],
+    (warmup, iters): (usize, usize),
+    rows: &[usize],
+) -> Result<ProgramTiming, JobError> {
+    let comm: Arc<Nccl<DeviceTensor>> = match fresh {
+        Some((id, options)) => Arc::new(
+            Nccl::init(&rank.gpu, rank.rank, rank.world, id, options.clone())
+                .map_err(|e| format!("NCCL with {options:?}: {e}"))?,
+        ),
+        None => rank.comm.clone(),
+    };
+    match peer {
+        Some(hub) => {
+            let pc = PeerCopy::new(comm, hub.clone(), rank.gpu.clone());
+            time_program(rank, &pc, compiled, how, seeds, warmup, iters, rows)
+        }
+        None => time_program(rank, &*comm, compiled, how, seeds, warmup, iters, rows),
+    }
+}
+
 /// Host microseconds per post of a small (4096-element) allreduce, over `posts` posts
 /// issued back to back (the GPU work is awaited afterwards): what the communicator costs the
 /// host per collective.
@@ -913,22 +950,13 @@ pub fn host_post_us(rank: &Rank, posts: usize) -> Result<f64, JobError> {
     let backend = &rank.backend;
     let buf = rank.random_plain(backend, DType::BF16, &[4096], 31)?;
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
-    let team: Vec<usize> = (0..rank.world).collect();
     let post = || {
-        rank.comm
-            .post(
-                Collective {
-                    label: "host-cost probe".into(),
-                    team: team.clone(),
-                    op: CommOp::Allreduce {
-                        input: buf.clone(),
-                        output: buf.clone(),
-                        op: RedOp::Sum,
-                    },
-                },
-                &main,
-            )
-            .map_err(|e| e.to_string())
+        let op = CommOp::Allreduce {
+            input: buf.clone(),
+            output: buf.clone(),
+            op: RedOp::Sum,
+        };
+        rank.post_world("host-cost probe", op, &main)
     };
     post()?;
     backend.synchronize().map_err(err("probe"))?;
@@ -991,22 +1019,8 @@ pub fn time_comm(
     let full = rank.random_plain(backend, DType::BF16, &[d, block], 21)?;
     let part = rank.random_plain(backend, DType::BF16, &[block], 22)?;
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
-    let team: Vec<usize> = (0..d).collect();
-    rank.comm
-        .prepare_teams(std::slice::from_ref(&team))
-        .map_err(err("teams"))?;
-    let post = |op: CommOp<DeviceTensor>| {
-        rank.comm
-            .post(
-                Collective {
-                    label: format!("{kind:?}"),
-                    team: team.clone(),
-                    op,
-                },
-                &main,
-            )
-            .map_err(|e| e.to_string())
-    };
+    let label = format!("{kind:?}");
+    let post = |op: CommOp<DeviceTensor>| rank.post_world(&label, op, &main);
     rank.time(backend, warmup, iters, || match kind {
         CommKind::Allreduce => post(CommOp::Allreduce {
             input: full.clone(),
@@ -1070,30 +1084,18 @@ pub fn time_overlap(
     let buf = rank.random_plain(backend, DType::BF16, &[elems], 21)?;
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
     let side = backend.stream(StreamKey::Pool(0)).map_err(err("stream"))?;
-    let team: Vec<usize> = (0..rank.world).collect();
-    rank.comm
-        .prepare_teams(std::slice::from_ref(&team))
-        .map_err(err("teams"))?;
     rank.time(backend, warmup, iters, || {
         let fork = backend.record_event(&main);
         backend.wait_event(&side, &fork, "fork");
         backend
             .linear("gemm", &x, &w, None, &out, &main)
             .map_err(|e| e.to_string())?;
-        rank.comm
-            .post(
-                Collective {
-                    label: "overlapped allreduce".into(),
-                    team: team.clone(),
-                    op: CommOp::Allreduce {
-                        input: buf.clone(),
-                        output: buf.clone(),
-                        op: RedOp::Sum,
-                    },
-                },
-                &side,
-            )
-            .map_err(|e| e.to_string())?;
+        let op = CommOp::Allreduce {
+            input: buf.clone(),
+            output: buf.clone(),
+            op: RedOp::Sum,
+        };
+        rank.post_world("overlapped allreduce", op, &side)?;
         let join = backend.record_event(&side);
         backend.wait_event(&main, &join, "join");
         Ok(())

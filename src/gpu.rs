@@ -45,6 +45,19 @@ fn gpus_available(needed: usize) -> Result<(), RunError> {
     Ok(())
 }
 
+/// A backend on `gpu` whose host waits also poll `comm`'s asynchronous errors, so a failed
+/// collective ends a wait with the communicator's error instead of a timeout.
+pub fn backend_for(
+    gpu: &Gpu,
+    options: CudaOptions,
+    comm: &Arc<Nccl<DeviceTensor>>,
+) -> Result<CudaBackend, ExecError> {
+    let backend = CudaBackend::new(gpu.clone(), options)?;
+    let check = comm.clone();
+    backend.set_error_check(Arc::new(move || check.async_error().map(|e| e.to_string())));
+    Ok(backend)
+}
+
 /// Opens rank `rank`'s GPU, its backend and its communicator, and runs the program (or, when
 /// `fail_early`, aborts right after the setup).
 #[allow(clippy::too_many_arguments)]
@@ -59,7 +72,6 @@ fn run_one(
     fail_early: bool,
 ) -> Result<RankRun, ExecError> {
     let gpu = Gpu::open(device)?;
-    let backend = CudaBackend::new(gpu.clone(), cuda_options(options))?;
     let comm: Arc<Nccl<DeviceTensor>> = Arc::new(Nccl::init(
         &gpu,
         rank,
@@ -76,8 +88,7 @@ fn run_one(
         comm.abort(&why);
         return Err(ExecError::Program(why));
     }
-    let check = comm.clone();
-    backend.set_error_check(Arc::new(move || check.async_error().map(|e| e.to_string())));
+    let backend = backend_for(&gpu, cuda_options(options), &comm)?;
     let config = config_of(compiled, options);
     for _ in 0..options.warmup {
         run_rank(&compiled.program, &backend, &*comm, inputs, &config)?;

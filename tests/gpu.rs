@@ -332,10 +332,10 @@ type Layer<'a> = (&'a str, &'a [(&'a str, i64)], usize);
 fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
     use std::sync::Arc;
     use streamweave::bench::{
-        check_sample, linear_reference, time_program, ProgramRun, World, WorldOptions,
+        check_sample, linear_reference, run_program, ProgramRun, World, WorldOptions, LINEAR_SEEDS,
     };
-    use weave_comm::{Nccl, NcclId, NcclOptions, PeerCopy, PeerHub};
-    use weave_executor::{CudaOptions, DeviceTensor};
+    use weave_comm::{NcclId, NcclOptions, PeerHub};
+    use weave_executor::CudaOptions;
 
     let Some(n) = gpus() else { return };
     let (t, h) = (256i64, 64i64);
@@ -361,7 +361,7 @@ fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
                 4 * h
             } as usize;
             let rows: Arc<Vec<usize>> = Arc::new((0..t as usize).step_by(37).collect());
-            let reference = linear_reference(&rows, k, n_out, 101, 202);
+            let reference = linear_reference(&rows, k, n_out, LINEAR_SEEDS[0], LINEAR_SEEDS[1]);
             let variants: [(&str, ProgramRun, bool, bool); 6] = [
                 ("eager", ProgramRun::default(), false, false),
                 (
@@ -403,29 +403,19 @@ fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
             ];
             for (what, how, peer, blocking) in variants {
                 let (c, rows2) = (compiled.clone(), rows.clone());
-                let hub = PeerHub::new();
-                let id = NcclId::new().expect("an NCCL id");
+                let fresh = blocking.then(|| {
+                    let options = NcclOptions {
+                        blocking: true,
+                        timeout: Duration::from_secs(30),
+                        ..NcclOptions::default()
+                    };
+                    (NcclId::new().expect("an NCCL id"), options)
+                });
+                let hub = peer.then(PeerHub::new);
                 let samples = world
                     .run(move |r| {
-                        let comm: Arc<Nccl<DeviceTensor>> = if blocking {
-                            let options = NcclOptions {
-                                blocking: true,
-                                timeout: Duration::from_secs(30),
-                                ..NcclOptions::default()
-                            };
-                            Arc::new(
-                                Nccl::init(&r.gpu, r.rank, r.world, &id, options)
-                                    .map_err(|e| e.to_string())?,
-                            )
-                        } else {
-                            r.comm.clone()
-                        };
-                        let timing = if peer {
-                            let pc = PeerCopy::new(comm, hub.clone(), r.gpu.clone());
-                            time_program(r, &pc, &c, &how, &[101, 202], 1, 2, &rows2)?
-                        } else {
-                            time_program(r, &*comm, &c, &how, &[101, 202], 1, 2, &rows2)?
-                        };
+                        let (f, p) = (fresh.as_ref(), hub.as_ref());
+                        let timing = run_program(r, f, p, &c, &how, &LINEAR_SEEDS, (1, 2), &rows2)?;
                         Ok(timing.sample)
                     })
                     .unwrap_or_else(|e| panic!("{name} {what} on {ranks} GPUs: {e}"));

@@ -1359,7 +1359,7 @@ impl<B> Nccl<B> {
     /// timeout (counted from `start`), or when the rank is aborted meanwhile.
     fn poll(&self, comms: &[sys::ncclComm_t], start: Instant) -> Result<(), Stop> {
         let mut pending: Vec<sys::ncclComm_t> = comms.to_vec();
-        let mut pause = Pause::new();
+        let mut pause = weave_cuda::Backoff::new();
         loop {
             let mut still = Vec::new();
             for &comm in &pending {
@@ -1793,36 +1793,6 @@ impl<B> Drop for Nccl<B> {
         for comm in failed.into_iter().chain(finalizing) {
             // SAFETY: live handles whose finalisation failed or timed out; aborted once.
             unsafe { sys::ncclCommAbort(comm) };
-        }
-    }
-}
-
-/// How a host poll waits between two looks: spinning for the first 200 µs (a post of a
-/// non-blocking communicator usually settles within microseconds, and every microsecond the
-/// host sleeps here is a microsecond the GPU may idle before the next launch), then yielding
-/// for a millisecond, then sleeping 50 µs doubling up to 1 ms.
-struct Pause {
-    start: Instant,
-    sleep: Duration,
-}
-
-impl Pause {
-    fn new() -> Pause {
-        Pause {
-            start: Instant::now(),
-            sleep: Duration::from_micros(50),
-        }
-    }
-
-    fn pause(&mut self) {
-        let waited = self.start.elapsed();
-        if waited < Duration::from_micros(200) {
-            std::hint::spin_loop();
-        } else if waited < Duration::from_micros(1200) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(self.sleep);
-            self.sleep = (self.sleep * 2).min(Duration::from_millis(1));
         }
     }
 }

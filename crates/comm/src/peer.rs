@@ -80,8 +80,7 @@ impl<O, D> Hub<O, D> {
     }
 
     /// Polls `ready` on the slot of `key` until it gives a value, for at most `timeout`;
-    /// `None` after the timeout or once the hub is aborted. Spins first (a peer's post is
-    /// usually microseconds away), then yields, then sleeps 50 µs at a time.
+    /// `None` after the timeout or once the hub is aborted (polling with a [`weave_cuda::Backoff`]).
     fn wait_for<T>(
         &self,
         key: Key,
@@ -89,7 +88,7 @@ impl<O, D> Hub<O, D> {
         mut ready: impl FnMut(&mut Slot<O, D>) -> Option<T>,
     ) -> Option<T> {
         let start = Instant::now();
-        let mut spins = 0u32;
+        let mut backoff = weave_cuda::Backoff::new();
         loop {
             if let Some(v) = self.with_slot(key, &mut ready) {
                 return Some(v);
@@ -97,14 +96,7 @@ impl<O, D> Hub<O, D> {
             if self.aborted.load(Ordering::Acquire) || start.elapsed() >= timeout {
                 return None;
             }
-            spins += 1;
-            if spins < 2000 {
-                std::hint::spin_loop();
-            } else if spins < 6000 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            backoff.pause();
         }
     }
 }
