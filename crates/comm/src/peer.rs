@@ -144,6 +144,88 @@ fn pair_self(to_self: &[usize], from_self: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
+/// What the copy engines do for one operation of one rank: copies within its own memory
+/// (its block of an allgather, sends to itself), and sends `(to, address, bytes)` and
+/// receives `(from, address, bytes)` between ranks.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Transfers {
+    pub local: Vec<(u64, u64, usize)>,
+    pub sends: Vec<(usize, u64, usize)>,
+    pub recvs: Vec<(usize, u64, usize)>,
+}
+
+impl Transfers {
+    /// Enqueues the local copies on `stream`.
+    pub fn copy_local(&self, gpu: &Gpu, stream: &GpuStream) -> Result<(), CommError> {
+        for &(dst, src, bytes) in &self.local {
+            gpu.copy(dst, src, bytes, stream)?;
+        }
+        Ok(())
+    }
+}
+
+/// The transfers of an allgather that `me` is a member of, over contiguous buffers whose
+/// output holds every member's input; `None` for anything else (it goes to NCCL).
+pub(crate) fn allgather_transfers<B: DeviceBuffer>(
+    me: usize,
+    collective: &Collective<B>,
+) -> Option<Transfers> {
+    let CommOp::Allgather { input, output } = &collective.op else {
+        return None;
+    };
+    if !collective.team.contains(&me)
+        || !input.is_contiguous()
+        || !output.is_contiguous()
+        || output.len() != input.len() * collective.team.len()
+    {
+        return None;
+    }
+    let bytes = input.len() * input.data_type().size();
+    let block = |i: usize| output.device_ptr() + (i * bytes) as u64;
+    let mut t = Transfers::default();
+    for (i, &p) in collective.team.iter().enumerate() {
+        if p == me {
+            t.local.push((block(i), input.device_ptr(), bytes));
+        } else {
+            t.sends.push((p, input.device_ptr(), bytes));
+            t.recvs.push((p, block(i), bytes));
+        }
+    }
+    Some(t)
+}
+
+/// The transfers of a group of sends and receives of `me` over contiguous buffers (`None`
+/// when a buffer is not contiguous: NCCL moves it); sends to itself meet receives from
+/// itself in order and become local copies, an error when their count or sizes differ.
+pub(crate) fn p2p_transfers<B: DeviceBuffer>(
+    me: usize,
+    ops: &[P2p<B>],
+) -> Result<Option<Transfers>, String> {
+    if ops.iter().any(|op| match op {
+        P2p::Send { buffer, .. } | P2p::Recv { buffer, .. } => !buffer.is_contiguous(),
+    }) {
+        return Ok(None);
+    }
+    let bytes = |b: &B| b.len() * b.data_type().size();
+    let mut t = Transfers::default();
+    let mut to_self = Vec::new();
+    let mut from_self = Vec::new();
+    for op in ops {
+        match op {
+            P2p::Send { peer, buffer } if *peer == me => to_self.push(buffer),
+            P2p::Recv { peer, buffer } if *peer == me => from_self.push(buffer),
+            P2p::Send { peer, buffer } => t.sends.push((*peer, buffer.device_ptr(), bytes(buffer))),
+            P2p::Recv { peer, buffer } => t.recvs.push((*peer, buffer.device_ptr(), bytes(buffer))),
+        }
+    }
+    let sizes = |v: &[&B]| v.iter().map(|b| bytes(b)).collect::<Vec<usize>>();
+    pair_self(&sizes(&to_self), &sizes(&from_self))?;
+    for (s, r) in to_self.into_iter().zip(from_self) {
+        t.local.push((r.device_ptr(), s.device_ptr(), bytes(s)));
+    }
+    Ok(Some(t))
+}
+
 /// The meeting place of the ranks (threads) of one process: share one between their
 /// [`PeerCopy`] communicators.
 #[derive(Default)]
@@ -293,30 +375,12 @@ impl<B: DeviceBuffer + Clone> Communicator for PeerCopy<B> {
     }
 
     fn post(&self, collective: Collective<B>, stream: &GpuStream) -> Result<(), CommError> {
-        let me = self.inner.rank();
-        match &collective.op {
-            CommOp::Allgather { input, output }
-                if collective.team.contains(&me)
-                    && input.is_contiguous()
-                    && output.is_contiguous()
-                    && output.len() == input.len() * collective.team.len() =>
-            {
-                let bytes = input.len() * input.data_type().size();
-                let block = |i: usize| output.device_ptr() + (i * bytes) as u64;
-                let mut sends = Vec::new();
-                let mut recvs = Vec::new();
-                for (i, &p) in collective.team.iter().enumerate() {
-                    if p == me {
-                        // The local block.
-                        self.gpu.copy(block(i), input.device_ptr(), bytes, stream)?;
-                    } else {
-                        sends.push((p, input.device_ptr(), bytes));
-                        recvs.push((p, block(i), bytes));
-                    }
-                }
-                self.transfer(&collective.label, &sends, &recvs, stream)
+        match allgather_transfers(self.inner.rank(), &collective) {
+            Some(t) => {
+                t.copy_local(&self.gpu, stream)?;
+                self.transfer(&collective.label, &t.sends, &t.recvs, stream)
             }
-            _ => self.inner.post(collective, stream),
+            None => self.inner.post(collective, stream),
         }
     }
 
@@ -326,37 +390,14 @@ impl<B: DeviceBuffer + Clone> Communicator for PeerCopy<B> {
         ops: Vec<P2p<B>>,
         stream: &GpuStream,
     ) -> Result<(), CommError> {
-        if ops.iter().any(|op| match op {
-            P2p::Send { buffer, .. } | P2p::Recv { buffer, .. } => !buffer.is_contiguous(),
-        }) {
-            return self.inner.post_p2p(label, ops, stream);
-        }
-        let me = self.inner.rank();
-        let bytes = |b: &B| b.len() * b.data_type().size();
-        let mut sends = Vec::new();
-        let mut recvs = Vec::new();
-        let mut to_self = Vec::new();
-        let mut from_self = Vec::new();
-        for op in &ops {
-            match op {
-                P2p::Send { peer, buffer } if *peer == me => to_self.push(buffer),
-                P2p::Recv { peer, buffer } if *peer == me => from_self.push(buffer),
-                P2p::Send { peer, buffer } => {
-                    sends.push((*peer, buffer.device_ptr(), bytes(buffer)))
-                }
-                P2p::Recv { peer, buffer } => {
-                    recvs.push((*peer, buffer.device_ptr(), bytes(buffer)))
-                }
+        match p2p_transfers(self.inner.rank(), &ops) {
+            Ok(Some(t)) => {
+                t.copy_local(&self.gpu, stream)?;
+                self.transfer(&label, &t.sends, &t.recvs, stream)
             }
+            Ok(None) => self.inner.post_p2p(label, ops, stream),
+            Err(m) => Err(self.fail(&label, m)),
         }
-        // A rank's sends to itself meet its receives from itself, in order: local copies.
-        let sizes = |v: &[&B]| v.iter().map(|b| bytes(b)).collect::<Vec<usize>>();
-        pair_self(&sizes(&to_self), &sizes(&from_self)).map_err(|m| self.fail(&label, m))?;
-        for (s, r) in to_self.into_iter().zip(from_self) {
-            self.gpu
-                .copy(r.device_ptr(), s.device_ptr(), bytes(s), stream)?;
-        }
-        self.transfer(&label, &sends, &recvs, stream)
     }
 
     fn abort(&self, reason: &str) {

@@ -11,7 +11,10 @@
 //!   relaxed mode, instantiated to free its leftover allocations on relaunch) and replayed
 //!   with one launch;
 //! * [`peer`]: peer access between the GPUs of this process and stream-ordered peer copies
-//!   done by the copy engines.
+//!   done by the copy engines;
+//! * [`ipc`]: device memory shared with other processes on the host (CUDA IPC handles) and
+//!   32-bit flags written and waited for in stream order, so GPUs signal each other without
+//!   the host.
 //!
 //! Every entry point checks that its CUDA library can be loaded first and returns
 //! [`CudaError::Unavailable`] otherwise: a machine without CUDA builds and runs everything
@@ -27,6 +30,7 @@ pub mod device;
 pub mod error;
 pub mod gemm;
 pub mod graph;
+pub mod ipc;
 pub mod nvrtc;
 pub mod peer;
 
@@ -35,4 +39,5 @@ pub use device::{device_count, wait_event, Backoff, DeviceMemory, Gpu, GpuStream
 pub use error::CudaError;
 pub use gemm::{GemmOperands, GemmShape, GemmType};
 pub use graph::CudaGraph;
+pub use ipc::{PeerRegion, SharedRegion, IPC_HANDLE_BYTES};
 pub use nvrtc::Kernel;

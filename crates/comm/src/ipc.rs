@@ -1,0 +1,565 @@
+//! Copy-engine transfers between ranks in different processes of one host (CUDA IPC), or
+//! threads of one process: allgathers and point-to-point sends/receives pushed by the copy
+//! engines into receive windows that every rank shares with its peers, signalled by flags
+//! the GPUs write and wait on in stream order. The host never waits: a post only enqueues
+//! copies and flag operations. Every other operation goes to the wrapped NCCL communicator.
+//!
+//! Each rank allocates one [`SharedRegion`] at set-up and hands its IPC handle to every peer
+//! (through any all-gather of bytes: the launcher's TCP store, say); each peer maps it once.
+//! A region holds, for every other rank, a *window* of `slots` slots of `slot_bytes` bytes
+//! that only that rank writes, plus 32-bit flags:
+//!
+//! * `ready[from][slot]`, in the receiver's region, written by the sender: the number (from
+//!   1) of the last piece it pushed into that slot;
+//! * `consumed[to][slot]`, in the sender's region, written by the receiver: the number of the
+//!   last piece of that slot it has copied out.
+//!
+//! A transfer is cut into pieces of at most one slot; the n-th piece (from 0) between a pair
+//! goes to slot `n % slots`. The sender's stream waits until the slot's previous piece
+//! (`n - slots`) is consumed, copies into the receiver's slot, and writes `n + 1` to its
+//! `ready` flag (after a memory fence); the receiver's stream waits for that value, copies
+//! the slot into the destination and writes `n + 1` to the sender's `consumed` flag. Pieces
+//! are numbered in posting order, which both sides share (the executor posts in program
+//! order); flags are per slot, so posts running out of order on different streams still
+//! meet the right piece. A post's sends and receives are interleaved piece by piece, so a
+//! transfer longer than the window cannot deadlock its own post, and the sender's stream ends
+//! each post by waiting until its last piece to every peer is consumed: once a rank's streams
+//! are idle, no peer writes into its region any more, so it may be freed.
+//!
+//! The GPU-side waits have no timeout of their own: a peer that never posts stalls the
+//! stream, and the executor's host wait on that stream fails with its timeout. Transfers
+//! cannot be captured into a CUDA graph (a replay would repeat the same piece numbers).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use weave_cuda::{Gpu, GpuStream, PeerRegion, SharedRegion, IPC_HANDLE_BYTES};
+
+use crate::communicator::{Collective, Communicator, P2p};
+use crate::error::CommError;
+use crate::nccl::{DeviceBuffer, Nccl};
+use crate::peer::{allgather_transfers, p2p_transfers, Transfers};
+
+/// The receive windows' shape: the same on every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcOptions {
+    /// Slots per window (pieces in flight between a pair), at least 1.
+    pub slots: usize,
+    /// Bytes per slot (the largest piece), a positive multiple of 256.
+    pub slot_bytes: usize,
+}
+
+impl Default for IpcOptions {
+    /// 4 slots of 16 MiB: 64 MiB of window per peer.
+    fn default() -> IpcOptions {
+        IpcOptions {
+            slots: 4,
+            slot_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Where flags and windows lie in a rank's region, for a world of `ranks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowLayout {
+    ranks: usize,
+    slots: usize,
+    slot_bytes: usize,
+}
+
+impl WindowLayout {
+    /// The layout for `ranks` ranks; an error naming the bad option.
+    pub fn new(ranks: usize, options: IpcOptions) -> Result<WindowLayout, String> {
+        if options.slots == 0 {
+            return Err("the windows need at least 1 slot".into());
+        }
+        if options.slot_bytes == 0 || options.slot_bytes % 256 != 0 {
+            return Err(format!(
+                "slot size {} bytes is not a positive multiple of 256",
+                options.slot_bytes
+            ));
+        }
+        Ok(WindowLayout {
+            ranks,
+            slots: options.slots,
+            slot_bytes: options.slot_bytes,
+        })
+    }
+
+    /// Slots per window.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    fn flags_bytes(&self) -> usize {
+        (2 * self.ranks * self.slots * 4).div_ceil(256) * 256
+    }
+
+    /// Offset of `ready[from][slot]` in a receiver's region.
+    pub fn ready(&self, from: usize, slot: usize) -> usize {
+        (from * self.slots + slot) * 4
+    }
+
+    /// Offset of `consumed[to][slot]` in a sender's region.
+    pub fn consumed(&self, to: usize, slot: usize) -> usize {
+        ((self.ranks + to) * self.slots + slot) * 4
+    }
+
+    /// Offset of the slot that `from` writes in `owner`'s region (`from != owner`).
+    pub fn window(&self, owner: usize, from: usize, slot: usize) -> usize {
+        let index = if from < owner { from } else { from - 1 };
+        self.flags_bytes() + (index * self.slots + slot) * self.slot_bytes
+    }
+
+    /// The size of one rank's region.
+    pub fn region_bytes(&self) -> usize {
+        self.flags_bytes() + self.ranks.saturating_sub(1) * self.slots * self.slot_bytes
+    }
+}
+
+/// One stream operation of a transfer, in the order a rank enqueues them. `value`s are piece
+/// numbers from 1, written and compared as wrapping 32-bit words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Sender: wait until `consumed[peer][slot]` (local) reaches `value`.
+    WaitConsumed {
+        /// The receiver.
+        peer: usize,
+        /// The slot.
+        slot: usize,
+        /// The piece number waited for.
+        value: u64,
+    },
+    /// Sender: copy `bytes` from local address `src` into `peer`'s slot for this rank.
+    Push {
+        /// The receiver.
+        peer: usize,
+        /// The slot.
+        slot: usize,
+        /// The local address read.
+        src: u64,
+        /// The piece's size.
+        bytes: usize,
+    },
+    /// Sender: write `value` to `ready[me][slot]` in `peer`'s region.
+    SignalReady {
+        /// The receiver.
+        peer: usize,
+        /// The slot.
+        slot: usize,
+        /// The piece number written.
+        value: u64,
+    },
+    /// Receiver: wait until `ready[peer][slot]` (local) reaches `value`.
+    WaitReady {
+        /// The sender.
+        peer: usize,
+        /// The slot.
+        slot: usize,
+        /// The piece number waited for.
+        value: u64,
+    },
+    /// Receiver: copy `bytes` from its slot for `peer` to local address `dst`.
+    Drain {
+        /// The sender.
+        peer: usize,
+        /// The slot.
+        slot: usize,
+        /// The local address written.
+        dst: u64,
+        /// The piece's size.
+        bytes: usize,
+    },
+    /// Receiver: write `value` to `consumed[me][slot]` in `peer`'s region.
+    SignalConsumed {
+        /// The sender.
+        peer: usize,
+        /// The slot.
+        slot: usize,
+        /// The piece number written.
+        value: u64,
+    },
+}
+
+/// Pieces sent to and received from each peer so far.
+#[derive(Clone, Debug, Default)]
+pub struct PieceCounts {
+    sent: Vec<u64>,
+    received: Vec<u64>,
+}
+
+impl PieceCounts {
+    /// Zero counts for a world of `ranks`.
+    pub fn new(ranks: usize) -> PieceCounts {
+        PieceCounts {
+            sent: vec![0; ranks],
+            received: vec![0; ranks],
+        }
+    }
+}
+
+/// The steps of one post of rank `me`: sends `(to, address, bytes)` and receives `(from,
+/// address, bytes)` cut into pieces, numbered from `counts` (which it advances), interleaved
+/// piece by piece (every send's piece j, then every receive's piece j), and closed by a wait
+/// for the last piece sent to each peer.
+pub fn plan(
+    me: usize,
+    layout: &WindowLayout,
+    counts: &mut PieceCounts,
+    sends: &[(usize, u64, usize)],
+    recvs: &[(usize, u64, usize)],
+) -> Vec<Step> {
+    let z = layout.slot_bytes;
+    let k = layout.slots as u64;
+    let pieces = |bytes: usize| bytes.div_ceil(z);
+    let rounds = sends
+        .iter()
+        .chain(recvs)
+        .map(|t| pieces(t.2))
+        .max()
+        .unwrap_or(0);
+    let piece = |j: usize, bytes: usize| (j * z, z.min(bytes - j * z));
+    let mut steps = Vec::new();
+    // The last piece sent to each peer in this post.
+    let mut last: Vec<Option<u64>> = vec![None; counts.sent.len()];
+    debug_assert!(sends.iter().chain(recvs).all(|t| t.0 != me));
+    for j in 0..rounds {
+        for &(to, src, bytes) in sends.iter().filter(|t| pieces(t.2) > j) {
+            let (offset, len) = piece(j, bytes);
+            let n = counts.sent[to];
+            counts.sent[to] += 1;
+            let slot = (n % k) as usize;
+            if n >= k {
+                steps.push(Step::WaitConsumed {
+                    peer: to,
+                    slot,
+                    value: n - k + 1,
+                });
+            }
+            steps.push(Step::Push {
+                peer: to,
+                slot,
+                src: src + offset as u64,
+                bytes: len,
+            });
+            steps.push(Step::SignalReady {
+                peer: to,
+                slot,
+                value: n + 1,
+            });
+            last[to] = Some(n);
+        }
+        for &(from, dst, bytes) in recvs.iter().filter(|t| pieces(t.2) > j) {
+            let (offset, len) = piece(j, bytes);
+            let n = counts.received[from];
+            counts.received[from] += 1;
+            let slot = (n % k) as usize;
+            steps.push(Step::WaitReady {
+                peer: from,
+                slot,
+                value: n + 1,
+            });
+            steps.push(Step::Drain {
+                peer: from,
+                slot,
+                dst: dst + offset as u64,
+                bytes: len,
+            });
+            steps.push(Step::SignalConsumed {
+                peer: from,
+                slot,
+                value: n + 1,
+            });
+        }
+    }
+    for (to, n) in last.iter().enumerate() {
+        if let Some(n) = n {
+            steps.push(Step::WaitConsumed {
+                peer: to,
+                slot: (n % k) as usize,
+                value: n + 1,
+            });
+        }
+    }
+    steps
+}
+
+/// What one rank tells the others at set-up: a format tag, its process, its GPU, the
+/// window shape, its region's address (for ranks of the same process) and IPC handle.
+struct Card {
+    process: u64,
+    device: u32,
+    slots: u64,
+    slot_bytes: u64,
+    ptr: u64,
+    handle: [u8; IPC_HANDLE_BYTES],
+}
+
+const CARD_TAG: &[u8; 8] = b"weaveipc";
+
+impl Card {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = CARD_TAG.to_vec();
+        b.extend(self.process.to_le_bytes());
+        b.extend(self.device.to_le_bytes());
+        b.extend(self.slots.to_le_bytes());
+        b.extend(self.slot_bytes.to_le_bytes());
+        b.extend(self.ptr.to_le_bytes());
+        b.extend(self.handle);
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Card> {
+        let rest = b.strip_prefix(CARD_TAG)?;
+        if rest.len() != 8 + 4 + 8 + 8 + 8 + IPC_HANDLE_BYTES {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(rest[i..i + 8].try_into().unwrap_or([0; 8]));
+        let mut handle = [0; IPC_HANDLE_BYTES];
+        handle.copy_from_slice(&rest[36..]);
+        Some(Card {
+            process: u64_at(0),
+            device: u32::from_le_bytes(rest[8..12].try_into().unwrap_or([0; 4])),
+            slots: u64_at(12),
+            slot_bytes: u64_at(20),
+            ptr: u64_at(28),
+            handle,
+        })
+    }
+}
+
+/// An identifier of this process, distinct from other processes' on the host (the pid and
+/// the start time: pids may repeat across PID namespaces).
+fn process_token() -> u64 {
+    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        (u64::from(std::process::id()) << 32) ^ nanos
+    })
+}
+
+/// Checks every rank's card against this rank's window shape; the error names the rank.
+fn check_cards(cards: &[Option<Card>], layout: &WindowLayout) -> Result<(), String> {
+    for (rank, card) in cards.iter().enumerate() {
+        let Some(card) = card else {
+            return Err(format!(
+                "rank {rank}'s set-up message is not a copy-engine window description"
+            ));
+        };
+        if card.slots != layout.slots as u64 || card.slot_bytes != layout.slot_bytes as u64 {
+            return Err(format!(
+                "rank {rank} has windows of {} slot(s) of {} bytes but this rank {} of {}",
+                card.slots, card.slot_bytes, layout.slots, layout.slot_bytes
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An NCCL communicator whose allgathers and point-to-point transfers are pushed by the copy
+/// engines through shared receive windows (see the module documentation).
+pub struct IpcCopy<B> {
+    inner: Arc<Nccl<B>>,
+    gpu: Gpu,
+    layout: WindowLayout,
+    /// This rank's region.
+    region: SharedRegion,
+    /// Each peer's region mapped here (`None` for this rank and for ranks of this process).
+    _mapped: Vec<Option<PeerRegion>>,
+    /// Each rank's region base address in this process.
+    bases: Vec<u64>,
+    counts: std::sync::Mutex<PieceCounts>,
+}
+
+impl<B: DeviceBuffer> IpcCopy<B> {
+    /// Sets up the windows of this rank of `inner` (on `gpu`) and maps every peer's.
+    /// `all_gather` hands this rank's set-up message to every rank and returns all of them in
+    /// rank order (every rank calls `connect` collectively); ranks of other processes must be
+    /// on this host, ranks of this process on GPUs with peer access.
+    pub fn connect(
+        inner: Arc<Nccl<B>>,
+        gpu: Gpu,
+        options: IpcOptions,
+        all_gather: impl FnOnce(Vec<u8>) -> Result<Vec<Vec<u8>>, CommError>,
+    ) -> Result<IpcCopy<B>, CommError> {
+        let me = inner.rank();
+        let n = inner.size();
+        let setup = |message: String| {
+            CommError::Bootstrap(format!("rank {me}: copy-engine windows: {message}"))
+        };
+        let layout = WindowLayout::new(n, options).map_err(setup)?;
+        let region = gpu.alloc_shared(layout.region_bytes())?;
+        let card = Card {
+            process: process_token(),
+            device: gpu.ordinal() as u32,
+            slots: layout.slots as u64,
+            slot_bytes: layout.slot_bytes as u64,
+            ptr: region.ptr(),
+            handle: region.handle(),
+        };
+        let all = all_gather(card.encode())?;
+        if all.len() != n {
+            return Err(setup(format!(
+                "the set-up exchange returned {} message(s) for {n} ranks",
+                all.len()
+            )));
+        }
+        let cards: Vec<Option<Card>> = all.iter().map(|b| Card::decode(b)).collect();
+        check_cards(&cards, &layout).map_err(setup)?;
+        let mut mapped = Vec::with_capacity(n);
+        let mut bases = Vec::with_capacity(n);
+        for (rank, card) in cards.into_iter().flatten().enumerate() {
+            if rank == me {
+                mapped.push(None);
+                bases.push(region.ptr());
+            } else if card.process == process_token() {
+                let peer = Gpu::open(card.device as usize)?;
+                if peer.ordinal() != gpu.ordinal() {
+                    gpu.enable_peer_access(&peer)?;
+                }
+                mapped.push(None);
+                bases.push(card.ptr);
+            } else {
+                let region = gpu.open_region(&card.handle).map_err(|e| {
+                    setup(format!(
+                        "cannot map rank {rank}'s window (ranks must share one host): {e}"
+                    ))
+                })?;
+                bases.push(region.ptr());
+                mapped.push(Some(region));
+            }
+        }
+        Ok(IpcCopy {
+            inner,
+            gpu,
+            layout,
+            region,
+            _mapped: mapped,
+            bases,
+            counts: std::sync::Mutex::new(PieceCounts::new(n)),
+        })
+    }
+
+    /// The wrapped communicator.
+    pub fn inner(&self) -> &Arc<Nccl<B>> {
+        &self.inner
+    }
+
+    /// The windows' shape.
+    pub fn layout(&self) -> &WindowLayout {
+        &self.layout
+    }
+
+    fn fail(&self, label: &str, message: String) -> CommError {
+        CommError::Backend {
+            op: label.to_string(),
+            message: format!("rank {}: {message}", self.inner.rank()),
+        }
+    }
+
+    /// Enqueues `t` on `stream`.
+    fn transfer(&self, label: &str, t: &Transfers, stream: &GpuStream) -> Result<(), CommError> {
+        if stream.is_capturing()? {
+            return Err(self.fail(
+                label,
+                "copy-engine transfers through shared windows cannot be captured into a CUDA \
+                 graph (a replay would repeat their piece numbers)"
+                    .into(),
+            ));
+        }
+        t.copy_local(&self.gpu, stream)?;
+        let me = self.inner.rank();
+        let steps = {
+            let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+            plan(me, &self.layout, &mut counts, &t.sends, &t.recvs)
+        };
+        let local = self.region.ptr();
+        let l = &self.layout;
+        for step in steps {
+            match step {
+                Step::WaitConsumed { peer, slot, value } => {
+                    stream.wait_value(local + l.consumed(peer, slot) as u64, value as u32)?
+                }
+                Step::Push {
+                    peer,
+                    slot,
+                    src,
+                    bytes,
+                } => {
+                    let dst = self.bases[peer] + l.window(peer, me, slot) as u64;
+                    self.gpu.copy(dst, src, bytes, stream)?
+                }
+                Step::SignalReady { peer, slot, value } => {
+                    stream.write_value(self.bases[peer] + l.ready(me, slot) as u64, value as u32)?
+                }
+                Step::WaitReady { peer, slot, value } => {
+                    stream.wait_value(local + l.ready(peer, slot) as u64, value as u32)?
+                }
+                Step::Drain {
+                    peer,
+                    slot,
+                    dst,
+                    bytes,
+                } => {
+                    let src = local + l.window(me, peer, slot) as u64;
+                    self.gpu.copy(dst, src, bytes, stream)?
+                }
+                Step::SignalConsumed { peer, slot, value } => stream
+                    .write_value(self.bases[peer] + l.consumed(me, slot) as u64, value as u32)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B: DeviceBuffer + Clone> Communicator for IpcCopy<B> {
+    type Buffer = B;
+    type Stream = GpuStream;
+
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+
+    fn post(&self, collective: Collective<B>, stream: &GpuStream) -> Result<(), CommError> {
+        match allgather_transfers(self.inner.rank(), &collective) {
+            Some(t) => self.transfer(&collective.label, &t, stream),
+            None => self.inner.post(collective, stream),
+        }
+    }
+
+    fn post_p2p(
+        &self,
+        label: String,
+        ops: Vec<P2p<B>>,
+        stream: &GpuStream,
+    ) -> Result<(), CommError> {
+        match p2p_transfers(self.inner.rank(), &ops) {
+            Ok(Some(t)) => self.transfer(&label, &t, stream),
+            Ok(None) => self.inner.post_p2p(label, ops, stream),
+            Err(m) => Err(self.fail(&label, m)),
+        }
+    }
+
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests;

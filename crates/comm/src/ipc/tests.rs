@@ -1,0 +1,522 @@
+//! Tests of the shared-window protocol on the CPU: the layout, the plan of a post, the
+//! set-up messages, and a simulator that runs every rank's planned steps on streams in a
+//! random order (flags and windows as plain memory) to check that data arrives whole, that
+//! no schedule deadlocks, and that no peer writes into a rank's region once that rank's
+//! streams are idle.
+
+use std::collections::VecDeque;
+
+use super::*;
+
+fn layout(ranks: usize, slots: usize, slot_bytes: usize) -> WindowLayout {
+    WindowLayout::new(ranks, IpcOptions { slots, slot_bytes }).unwrap()
+}
+
+#[test]
+fn windows_and_flags_do_not_overlap() {
+    let l = layout(4, 3, 512);
+    let mut ranges = Vec::new();
+    for owner in 0..4 {
+        let mut mine = Vec::new();
+        for p in 0..4 {
+            for s in 0..3 {
+                mine.push((l.ready(p, s), 4));
+                mine.push((l.consumed(p, s), 4));
+                if p != owner {
+                    mine.push((l.window(owner, p, s), 512));
+                }
+            }
+        }
+        mine.sort();
+        for w in mine.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "overlap in rank {owner}: {w:?}");
+        }
+        let end = mine.last().map(|r| r.0 + r.1).unwrap();
+        assert_eq!(
+            end,
+            l.region_bytes(),
+            "rank {owner}'s region is exactly used"
+        );
+        ranges.push(mine);
+    }
+    // Three peers' windows of 3 slots each, after 256 bytes of flags.
+    assert_eq!(l.region_bytes(), 256 + 3 * 3 * 512);
+}
+
+#[test]
+fn bad_window_shapes_are_refused_with_the_reason() {
+    let e = WindowLayout::new(
+        2,
+        IpcOptions {
+            slots: 0,
+            slot_bytes: 256,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e, "the windows need at least 1 slot");
+    let e = WindowLayout::new(
+        2,
+        IpcOptions {
+            slots: 2,
+            slot_bytes: 100,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e, "slot size 100 bytes is not a positive multiple of 256");
+}
+
+#[test]
+fn a_post_interleaves_pieces_and_ends_waiting_for_its_last_send() {
+    // Rank 0 sends 600 bytes to rank 1 (3 pieces of at most 256) with 2 slots, and
+    // receives 256 bytes from it.
+    let l = layout(2, 2, 256);
+    let mut counts = PieceCounts::new(2);
+    let steps = plan(0, &l, &mut counts, &[(1, 1000, 600)], &[(1, 5000, 256)]);
+    use Step::*;
+    assert_eq!(
+        steps,
+        vec![
+            Push {
+                peer: 1,
+                slot: 0,
+                src: 1000,
+                bytes: 256
+            },
+            SignalReady {
+                peer: 1,
+                slot: 0,
+                value: 1
+            },
+            WaitReady {
+                peer: 1,
+                slot: 0,
+                value: 1
+            },
+            Drain {
+                peer: 1,
+                slot: 0,
+                dst: 5000,
+                bytes: 256
+            },
+            SignalConsumed {
+                peer: 1,
+                slot: 0,
+                value: 1
+            },
+            Push {
+                peer: 1,
+                slot: 1,
+                src: 1256,
+                bytes: 256
+            },
+            SignalReady {
+                peer: 1,
+                slot: 1,
+                value: 2
+            },
+            // The third piece reuses slot 0: after the receiver drained piece 1.
+            WaitConsumed {
+                peer: 1,
+                slot: 0,
+                value: 1
+            },
+            Push {
+                peer: 1,
+                slot: 0,
+                src: 1512,
+                bytes: 88
+            },
+            SignalReady {
+                peer: 1,
+                slot: 0,
+                value: 3
+            },
+            WaitConsumed {
+                peer: 1,
+                slot: 0,
+                value: 3
+            },
+        ]
+    );
+    // The next post goes on numbering: piece 4 to rank 1 uses slot 1 after piece 2.
+    let steps = plan(0, &l, &mut counts, &[(1, 0, 10)], &[]);
+    assert_eq!(
+        steps[0],
+        WaitConsumed {
+            peer: 1,
+            slot: 1,
+            value: 2
+        }
+    );
+    assert_eq!(
+        steps[2],
+        SignalReady {
+            peer: 1,
+            slot: 1,
+            value: 4
+        }
+    );
+}
+
+#[test]
+fn set_up_messages_round_trip_and_mismatched_windows_are_named() {
+    let card = Card {
+        process: 0x1234_5678_9abc,
+        device: 3,
+        slots: 4,
+        slot_bytes: 1 << 20,
+        ptr: 0x7f00_0000_0000,
+        handle: [7; IPC_HANDLE_BYTES],
+    };
+    let back = Card::decode(&card.encode()).unwrap();
+    assert_eq!(
+        (
+            back.process,
+            back.device,
+            back.slots,
+            back.slot_bytes,
+            back.ptr,
+            back.handle
+        ),
+        (card.process, 3, 4, 1 << 20, card.ptr, [7; IPC_HANDLE_BYTES])
+    );
+    assert!(Card::decode(b"weaveipc").is_none());
+    assert!(Card::decode(&[0; 108]).is_none());
+    let l = layout(2, 4, 1 << 20);
+    let other = Card { slots: 2, ..back };
+    let same = Card::decode(&card.encode());
+    assert_eq!(
+        check_cards(&[same, Some(other)], &l).unwrap_err(),
+        "rank 1 has windows of 2 slot(s) of 1048576 bytes but this rank 4 of 1048576"
+    );
+    assert_eq!(
+        check_cards(&[Card::decode(&card.encode()), None], &l).unwrap_err(),
+        "rank 1's set-up message is not a copy-engine window description"
+    );
+}
+
+/// Ranks' memory and streams, run step by step in a seeded random order.
+struct Sim {
+    layout: WindowLayout,
+    regions: Vec<Vec<u8>>,
+    heaps: Vec<Vec<u8>>,
+    /// Per rank, per stream: the steps not yet run.
+    streams: Vec<Vec<VecDeque<Step>>>,
+    counts: Vec<PieceCounts>,
+}
+
+fn flag(region: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(region[at..at + 4].try_into().unwrap())
+}
+
+fn reached(word: u32, value: u64) -> bool {
+    (word.wrapping_sub(value as u32) as i32) >= 0
+}
+
+impl Sim {
+    fn new(ranks: usize, streams: usize, options: IpcOptions, heap: usize) -> Sim {
+        let layout = WindowLayout::new(ranks, options).unwrap();
+        Sim {
+            layout,
+            regions: vec![vec![0; layout.region_bytes()]; ranks],
+            heaps: vec![vec![0; heap]; ranks],
+            streams: vec![vec![VecDeque::new(); streams]; ranks],
+            counts: vec![PieceCounts::new(ranks); ranks],
+        }
+    }
+
+    /// Rank `me` posts sends and receives on `stream` (posting order = call order).
+    fn post(
+        &mut self,
+        me: usize,
+        stream: usize,
+        sends: &[(usize, u64, usize)],
+        recvs: &[(usize, u64, usize)],
+    ) {
+        let steps = plan(me, &self.layout, &mut self.counts[me], sends, recvs);
+        self.streams[me][stream].extend(steps);
+    }
+
+    fn can_run(&self, me: usize, step: &Step) -> bool {
+        let l = &self.layout;
+        match *step {
+            Step::WaitConsumed { peer, slot, value } => {
+                reached(flag(&self.regions[me], l.consumed(peer, slot)), value)
+            }
+            Step::WaitReady { peer, slot, value } => {
+                reached(flag(&self.regions[me], l.ready(peer, slot)), value)
+            }
+            _ => true,
+        }
+    }
+
+    fn exec(&mut self, me: usize, step: Step) {
+        let l = self.layout;
+        let put = |region: &mut Vec<u8>, at: usize, value: u64| {
+            region[at..at + 4].copy_from_slice(&(value as u32).to_le_bytes())
+        };
+        match step {
+            Step::WaitConsumed { .. } | Step::WaitReady { .. } => {}
+            Step::Push {
+                peer,
+                slot,
+                src,
+                bytes,
+            } => {
+                let at = l.window(peer, me, slot);
+                let data = self.heaps[me][src as usize..src as usize + bytes].to_vec();
+                self.regions[peer][at..at + bytes].copy_from_slice(&data);
+            }
+            Step::SignalReady { peer, slot, value } => {
+                put(&mut self.regions[peer], l.ready(me, slot), value)
+            }
+            Step::Drain {
+                peer,
+                slot,
+                dst,
+                bytes,
+            } => {
+                let at = l.window(me, peer, slot);
+                let data = self.regions[me][at..at + bytes].to_vec();
+                self.heaps[me][dst as usize..dst as usize + bytes].copy_from_slice(&data);
+            }
+            Step::SignalConsumed { peer, slot, value } => {
+                put(&mut self.regions[peer], l.consumed(me, slot), value)
+            }
+        }
+    }
+
+    /// Whether a step still queued anywhere writes into `rank`'s region.
+    fn writes_pending_into(&self, rank: usize) -> bool {
+        self.streams.iter().flatten().flatten().any(|s| {
+            matches!(
+                *s,
+                Step::Push { peer, .. } | Step::SignalReady { peer, .. }
+                    | Step::SignalConsumed { peer, .. } if peer == rank
+            )
+        })
+    }
+
+    /// Runs every stream to the end, picking a runnable stream at random each time; an
+    /// error on deadlock or when a peer would write into an idle rank's region.
+    fn run(&mut self, seed: u64) -> Result<(), String> {
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        loop {
+            let runnable: Vec<(usize, usize)> = (0..self.streams.len())
+                .flat_map(|r| (0..self.streams[r].len()).map(move |s| (r, s)))
+                .filter(|&(r, s)| {
+                    self.streams[r][s]
+                        .front()
+                        .is_some_and(|step| self.can_run(r, step))
+                })
+                .collect();
+            if runnable.is_empty() {
+                let stuck: Vec<String> = self
+                    .streams
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(r, ss)| {
+                        ss.iter()
+                            .enumerate()
+                            .filter_map(move |(s, q)| q.front().map(|f| format!("{r}/{s}: {f:?}")))
+                    })
+                    .collect();
+                return if stuck.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("deadlock: {stuck:?}"))
+                };
+            }
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let (r, s) = runnable[(rng % runnable.len() as u64) as usize];
+            let step = self.streams[r][s].pop_front().unwrap();
+            self.exec(r, step);
+            for rank in 0..self.streams.len() {
+                if self.streams[rank].iter().all(|q| q.is_empty()) && self.writes_pending_into(rank)
+                {
+                    return Err(format!(
+                        "rank {rank}'s streams are idle but a peer will still write into its \
+                         region"
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// A byte pattern naming its rank and position.
+fn pattern(rank: usize, tag: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (rank * 61 + tag * 17 + i * 7 + i / 251) as u8)
+        .collect()
+}
+
+#[test]
+fn an_allgather_longer_than_the_window_arrives_whole_in_every_schedule() {
+    // 3 ranks, 2 slots of 256 bytes: each block of 1000 bytes is 4 pieces.
+    let (n, len) = (3, 1000);
+    for seed in 0..40 {
+        let mut sim = Sim::new(
+            n,
+            1,
+            IpcOptions {
+                slots: 2,
+                slot_bytes: 256,
+            },
+            8192,
+        );
+        for r in 0..n {
+            sim.heaps[r][..len].copy_from_slice(&pattern(r, 0, len));
+        }
+        for me in 0..n {
+            // Input at 0, output blocks at 4096 + i * len.
+            let peers: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+            let sends: Vec<_> = peers.iter().map(|&p| (p, 0, len)).collect();
+            let recvs: Vec<_> = peers
+                .iter()
+                .map(|&p| (p, (4096 + p * len) as u64, len))
+                .collect();
+            sim.post(me, 0, &sends, &recvs);
+        }
+        sim.run(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        for me in 0..n {
+            for p in (0..n).filter(|&p| p != me) {
+                let at = 4096 + p * len;
+                assert_eq!(
+                    sim.heaps[me][at..at + len],
+                    pattern(p, 0, len)[..],
+                    "seed {seed}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn posts_running_out_of_order_on_two_streams_meet_their_own_pieces() {
+    // 2 ranks exchange 6 messages of different sizes, posts alternating between two
+    // streams that the scheduler runs in any order; 2 slots of 256 bytes.
+    let sizes = [100usize, 700, 256, 40, 513, 300];
+    for seed in 0..60 {
+        let mut sim = Sim::new(
+            2,
+            2,
+            IpcOptions {
+                slots: 2,
+                slot_bytes: 256,
+            },
+            16384,
+        );
+        let mut at = 0;
+        let mut spots = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            for r in 0..2 {
+                sim.heaps[r][at..at + len].copy_from_slice(&pattern(r, i, len));
+            }
+            spots.push((at as u64, (8192 + at) as u64, len));
+            at += len;
+        }
+        for (i, &(src, dst, len)) in spots.iter().enumerate() {
+            for me in 0..2 {
+                sim.post(me, i % 2, &[(1 - me, src, len)], &[(1 - me, dst, len)]);
+            }
+        }
+        sim.run(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        for (i, &(_, dst, len)) in spots.iter().enumerate() {
+            for me in 0..2 {
+                let dst = dst as usize;
+                assert_eq!(
+                    sim.heaps[me][dst..dst + len],
+                    pattern(1 - me, i, len)[..],
+                    "seed {seed}, message {i}, rank {me}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_ring_of_unequal_transfers_completes_with_one_slot() {
+    // 4 ranks, each sends a different amount to the next and receives from the previous,
+    // twice, through windows of a single slot.
+    let n = 4;
+    let len = |r: usize| 200 + r * 150;
+    for seed in 0..40 {
+        let mut sim = Sim::new(
+            n,
+            1,
+            IpcOptions {
+                slots: 1,
+                slot_bytes: 256,
+            },
+            8192,
+        );
+        for r in 0..n {
+            sim.heaps[r][..len(r)].copy_from_slice(&pattern(r, 1, len(r)));
+        }
+        for round in 0..2u64 {
+            for me in 0..n {
+                let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+                sim.post(
+                    me,
+                    0,
+                    &[(next, 0, len(me))],
+                    &[(prev, 2048 + round * 2048, len(prev))],
+                );
+            }
+        }
+        sim.run(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        for me in 0..n {
+            let prev = (me + n - 1) % n;
+            for round in 0..2 {
+                let at = 2048 + round * 2048;
+                assert_eq!(
+                    sim.heaps[me][at..at + len(prev)],
+                    pattern(prev, 1, len(prev))[..]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn piece_numbers_wrap_around_32_bits() {
+    // Counts near 2^32: the flags compare cyclically, so the wrap is invisible.
+    let mut sim = Sim::new(
+        2,
+        1,
+        IpcOptions {
+            slots: 2,
+            slot_bytes: 256,
+        },
+        4096,
+    );
+    let start = (1u64 << 32) - 3;
+    for me in 0..2 {
+        sim.counts[me].sent[1 - me] = start;
+        sim.counts[me].received[1 - me] = start;
+    }
+    // The flags hold what the pieces before `start` left there.
+    for me in 0..2 {
+        let l = sim.layout;
+        for n in start - 2..start {
+            let slot = (n % 2) as usize;
+            let at = l.ready(1 - me, slot);
+            sim.regions[me][at..at + 4].copy_from_slice(&((n + 1) as u32).to_le_bytes());
+            let at = l.consumed(1 - me, slot);
+            sim.regions[me][at..at + 4].copy_from_slice(&((n + 1) as u32).to_le_bytes());
+        }
+    }
+    for r in 0..2 {
+        sim.heaps[r][..1200].copy_from_slice(&pattern(r, 2, 1200));
+    }
+    for me in 0..2 {
+        sim.post(me, 0, &[(1 - me, 0, 1200)], &[(1 - me, 2048, 1200)]);
+    }
+    sim.run(7).unwrap();
+    for me in 0..2 {
+        assert_eq!(sim.heaps[me][2048..3248], pattern(1 - me, 2, 1200)[..]);
+    }
+}
