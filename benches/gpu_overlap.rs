@@ -18,12 +18,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use streamweave::bench::{
     calibrate, check_sample, linear_reference, median, run_program, time_comm, time_gemm,
-    world_gpu_name, Check, CommKind, ProgramRun, ProgramTiming, World, WorldOptions, LINEAR_SEEDS,
+    world_gpu_name, Check, CommKind, CopyEngine, ProgramRun, ProgramTiming, World, WorldOptions,
+    LINEAR_SEEDS,
 };
 use streamweave::chunks::{choose, workload, Calibration, CANDIDATES};
 use streamweave::run::{compile_with, Compiled};
 use weave_comm::nccl::{NcclId, NcclOptions};
-use weave_comm::PeerHub;
+use weave_comm::{IpcOptions, PeerHub};
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_executor::CudaOptions;
 use weave_passes::DEFAULT_PIPELINE;
@@ -229,7 +230,7 @@ fn measure(
     compiled: &Arc<Compiled>,
     how: &ProgramRun,
     comm_options: Option<(NcclId, NcclOptions)>,
-    peer: Option<Arc<PeerHub>>,
+    engine: CopyEngine,
     args: &Args,
     rows: &Arc<Vec<usize>>,
     reference: &[Vec<f64>],
@@ -238,11 +239,10 @@ fn measure(
     let (c, how2, rows2) = (compiled.clone(), how.clone(), rows.clone());
     let (warmup, iters) = (args.warmup, args.iters);
     let timings: Vec<ProgramTiming> = world.run(move |r| {
-        let (fresh, peer) = (comm_options.as_ref(), peer.as_ref());
         run_program(
             r,
-            fresh,
-            peer,
+            comm_options.as_ref(),
+            &engine,
             &c,
             &how2,
             &LINEAR_SEEDS,
@@ -396,10 +396,22 @@ struct Experiment {
     how: ProgramRun,
     /// The communicator's options (`None`: the world's communicator).
     nccl: Option<NcclOptions>,
-    /// Allgathers and transfers as copy-engine peer copies.
-    peer: bool,
+    /// How allgathers and transfers move.
+    engine: Engine,
     /// Its description.
     config: String,
+}
+
+/// How an experiment moves allgathers and transfers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Engine {
+    /// NCCL kernels.
+    Nccl,
+    /// Copy-engine peer copies pulled by the receiver (`PeerCopy`).
+    Peer,
+    /// Copy-engine pushes through shared receive windows (`IpcCopy`, the launched-process
+    /// protocol).
+    Windows,
 }
 
 /// The world of one rank count, reopened after a job failed (a failed job may leave the
@@ -467,7 +479,7 @@ fn run_row(
             &compiled,
             &how,
             None,
-            None,
+            CopyEngine::Off,
             &bench.args,
             &rows,
             &reference,
@@ -524,7 +536,7 @@ fn run_row(
             compiled: compiled.clone(),
             how,
             nccl: None,
-            peer: false,
+            engine: Engine::Nccl,
             config,
         };
         let timeout = bench.args.timeout;
@@ -660,16 +672,20 @@ fn run_row(
         // may pay.
         if matches!(p, Pattern::ColumnParallel | Pattern::P2pRing) {
             for s in p.chunk_counts(d).into_iter().filter(|&s| s > 1) {
-                exps.push(Experiment {
-                    peer: true,
-                    ..exp(
-                        "peer-copy",
-                        s,
-                        &program(s, DEFAULT_PIPELINE)?,
-                        base.clone(),
-                        format!("S={s} K=2 copy-engine transfers"),
-                    )
-                });
+                let c = program(s, DEFAULT_PIPELINE)?;
+                for (engine, kind, what) in [
+                    (Engine::Peer, "peer-copy", "copy-engine transfers"),
+                    (
+                        Engine::Windows,
+                        "window-copy",
+                        "copy-engine pushes through shared windows",
+                    ),
+                ] {
+                    exps.push(Experiment {
+                        engine,
+                        ..exp(kind, s, &c, base.clone(), format!("S={s} K=2 {what}"))
+                    });
+                }
             }
         }
         let mut graphs: Vec<(usize, f64)> = Vec::new();
@@ -832,7 +848,11 @@ fn run_experiment(
         &e.compiled,
         &e.how,
         comm_options,
-        e.peer.then(PeerHub::new),
+        match e.engine {
+            Engine::Nccl => CopyEngine::Off,
+            Engine::Peer => CopyEngine::Peer(PeerHub::new()),
+            Engine::Windows => CopyEngine::windows(d, IpcOptions::default()),
+        },
         &bench.args,
         rows,
         reference,

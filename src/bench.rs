@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::{Collective, CommOp, Communicator, P2p, RedOp};
-use weave_comm::{PeerCopy, PeerHub};
+use weave_comm::{IpcCopy, IpcOptions, PeerCopy, PeerHub};
 use weave_cuda::{wait_event, CudaError, Gpu, GpuStream};
 use weave_executor::reference::compare;
 use weave_executor::{
@@ -770,6 +770,12 @@ impl BenchComm for PeerCopy<DeviceTensor> {
     }
 }
 
+impl BenchComm for IpcCopy<DeviceTensor> {
+    fn nccl(&self) -> &Nccl<DeviceTensor> {
+        self.inner()
+    }
+}
+
 /// How a compiled program is run in a benchmark.
 #[derive(Clone, Debug)]
 pub struct ProgramRun {
@@ -913,14 +919,73 @@ pub fn time_program<C: BenchComm>(
     })
 }
 
+/// How a benchmark job moves allgathers and send/recv transfers.
+#[derive(Clone, Default)]
+pub enum CopyEngine {
+    /// NCCL kernels.
+    #[default]
+    Off,
+    /// Peer copies pulled by the receiver ([`PeerCopy`]), meeting at a hub shared by every
+    /// rank.
+    Peer(Arc<PeerHub>),
+    /// Pushes into shared receive windows ([`IpcCopy`]) of this shape, set up through an
+    /// exchange shared by every rank: the protocol of launched processes, with the ranks'
+    /// regions addressed directly because they are threads of one process.
+    Windows(Arc<Exchange>, IpcOptions),
+}
+
+impl CopyEngine {
+    /// Fresh shared windows for a world of `ranks`.
+    pub fn windows(ranks: usize, options: IpcOptions) -> CopyEngine {
+        CopyEngine::Windows(Exchange::new(ranks), options)
+    }
+}
+
+/// A one-time all-gather of bytes between the ranks (threads) of a [`World`].
+pub struct Exchange {
+    values: Mutex<Vec<Option<Vec<u8>>>>,
+}
+
+impl Exchange {
+    /// An exchange for `ranks` ranks.
+    pub fn new(ranks: usize) -> Arc<Exchange> {
+        Arc::new(Exchange {
+            values: Mutex::new(vec![None; ranks]),
+        })
+    }
+
+    /// Hands `value` to every rank and returns every rank's, in rank order.
+    pub fn all_gather(&self, rank: &Rank, value: Vec<u8>) -> Result<Vec<Vec<u8>>, JobError> {
+        let put = |v: &mut Vec<Option<Vec<u8>>>| match v.get_mut(rank.rank) {
+            Some(slot) => {
+                *slot = Some(value);
+                Ok(())
+            }
+            None => Err(format!(
+                "rank {}: an exchange of {} ranks",
+                rank.rank,
+                v.len()
+            )),
+        };
+        put(&mut self.values.lock().unwrap_or_else(|p| p.into_inner()))?;
+        rank.barrier()?;
+        let values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        values
+            .iter()
+            .enumerate()
+            .map(|(r, v)| v.clone().ok_or_else(|| format!("rank {r} gave no value")))
+            .collect()
+    }
+}
+
 /// [`time_program`] on `rank` with the world's communicator, or a fresh one made from
-/// `fresh` (an id shared by every rank and its options), and with copy-engine allgathers and
-/// transfers through `peer` (a hub shared by every rank) when given.
+/// `fresh` (an id shared by every rank and its options), moving allgathers and transfers as
+/// `engine` says.
 #[allow(clippy::too_many_arguments)]
 pub fn run_program(
     rank: &Rank,
     fresh: Option<&(NcclId, NcclOptions)>,
-    peer: Option<&Arc<PeerHub>>,
+    engine: &CopyEngine,
     compiled: &Compiled,
     how: &ProgramRun,
     seeds: &[u64],
@@ -934,12 +999,27 @@ pub fn run_program(
         ),
         None => rank.comm.clone(),
     };
-    match peer {
-        Some(hub) => {
+    match engine {
+        CopyEngine::Off => time_program(rank, &*comm, compiled, how, seeds, warmup, iters, rows),
+        CopyEngine::Peer(hub) => {
             let pc = PeerCopy::new(comm, hub.clone(), rank.gpu.clone());
             time_program(rank, &pc, compiled, how, seeds, warmup, iters, rows)
         }
-        None => time_program(rank, &*comm, compiled, how, seeds, warmup, iters, rows),
+        CopyEngine::Windows(exchange, options) => {
+            let mut gathered = None;
+            let ipc = IpcCopy::connect(comm, rank.gpu.clone(), *options, |card| {
+                let all = exchange.all_gather(rank, card);
+                gathered = all.as_ref().err().cloned();
+                all.map_err(weave_comm::CommError::Bootstrap)
+            })
+            .map_err(|e| gathered.unwrap_or_else(|| format!("copy-engine windows: {e}")))?;
+            let timing = time_program(rank, &ipc, compiled, how, seeds, warmup, iters, rows);
+            if timing.is_err() {
+                // A stream may still wait on the windows: never free memory the GPU may touch.
+                std::mem::forget(ipc);
+            }
+            timing
+        }
     }
 }
 

@@ -63,6 +63,14 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
             ms(r.wall_time)
         );
     }
+    if let Some(t) = report.timed() {
+        println!(
+            "timed: {} runs, median {}, min {} (each run's slowest rank)",
+            t.count,
+            ms(t.median),
+            ms(t.min)
+        );
+    }
     let mut outputs: Vec<&str> = report.checks.iter().map(|c| c.output.as_str()).collect();
     outputs.dedup();
     for o in outputs {
@@ -151,6 +159,13 @@ fn summary_json(
         ),
         None => (false, "null".into(), "null".into(), "null".into()),
     };
+    let (median, min) = match report.and_then(|r| r.timed()) {
+        Some(t) => (
+            num(t.median.as_secs_f64() * 1e3),
+            num(t.min.as_secs_f64() * 1e3),
+        ),
+        None => ("null".into(), "null".into()),
+    };
     let error = match error {
         Some(e) => format!(
             "\"{}\"",
@@ -163,7 +178,7 @@ fn summary_json(
     format!(
         "{{\"scenario\":\"{scenario}\",\"ranks\":{ranks},\"mode\":\"{mode}\",\"backend\":\"{backend}\",\
          \"passed\":{passed},\"max_abs_error\":{abs},\"max_rel_error\":{rel},\"wall_ms\":{wall},\
-         \"error\":{error}}}\n"
+         \"timed_median_ms\":{median},\"timed_min_ms\":{min},\"error\":{error}}}\n"
     )
 }
 
@@ -297,8 +312,12 @@ pub fn run(
         Err(e) => return fail(e.to_string()),
     };
     if is_reporter {
+        let transport = match options.transport {
+            crate::run::Transport::Nccl => "",
+            crate::run::Transport::CopyEngine => ", copy-engine transfers",
+        };
         println!(
-            "{}: {} rank(s) on the {backend} backend ({mode}), numberOfStreams = {}",
+            "{}: {} rank(s) on the {backend} backend ({mode}{transport}), numberOfStreams = {}",
             file.display(),
             options.ranks,
             options.streams

@@ -6,16 +6,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weave_comm::bootstrap::{exchange_id, gather, LaunchEnv, TcpStore};
+use weave_comm::bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
-use weave_comm::{CommError, Communicator};
-use weave_cuda::Gpu;
+use weave_comm::{CommError, Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub};
+use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
-    check_inputs, program_teams, run_rank, CudaBackend, CudaOptions, Dense, DeviceTensor,
-    ExecError, RankRun, RunConfig, StreamKey,
+    check_inputs, program_teams, run_rank, run_rank_buffers, Backend, CudaBackend, CudaOptions,
+    Dense, DeviceTensor, ExecError, RankRun, RunConfig, StreamKey,
 };
 
-use crate::run::{params_of, Compiled, RunError, RunOptions};
+use crate::run::{params_of, Compiled, RunError, RunOptions, Transport};
 
 /// The CUDA options a run asks for.
 fn cuda_options(options: &RunOptions) -> CudaOptions {
@@ -58,6 +58,16 @@ pub fn backend_for(
     Ok(backend)
 }
 
+/// How a rank's communicator moves allgathers and send/recv transfers.
+enum Link<'a> {
+    /// NCCL for everything.
+    Nccl,
+    /// Copy-engine peer copies between the threads of this process, meeting at the hub.
+    Peer(&'a Arc<PeerHub>),
+    /// Copy-engine pushes into shared windows, set up through the launcher's store.
+    Ipc(&'a TcpStore),
+}
+
 /// Opens rank `rank`'s GPU, its backend and its communicator, and runs the program (or, when
 /// `fail_early`, aborts right after the setup).
 #[allow(clippy::too_many_arguments)]
@@ -69,6 +79,7 @@ fn run_one(
     rank: usize,
     world: usize,
     id: &NcclId,
+    link: Link<'_>,
     fail_early: bool,
 ) -> Result<RankRun, ExecError> {
     let gpu = Gpu::open(device)?;
@@ -89,18 +100,76 @@ fn run_one(
         return Err(ExecError::Program(why));
     }
     let backend = backend_for(&gpu, cuda_options(options), &comm)?;
-    let config = config_of(compiled, options);
-    for _ in 0..options.warmup {
-        run_rank(&compiled.program, &backend, &*comm, inputs, &config)?;
-    }
-    if options.trace {
-        backend.start_trace()?;
-    }
-    let run = run_rank(&compiled.program, &backend, &*comm, inputs, &config);
+    let run = match link {
+        Link::Nccl => drive(compiled, inputs, options, &backend, &*comm),
+        Link::Peer(hub) => {
+            let peer = PeerCopy::new(comm.clone(), hub.clone(), gpu.clone());
+            drive(compiled, inputs, options, &backend, &peer)
+        }
+        Link::Ipc(store) => {
+            let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), IpcOptions::default(), |card| {
+                all_gather(store, rank, world, "copy-engine-windows", &card)
+            });
+            match ipc {
+                Ok(ipc) => {
+                    let run = drive(compiled, inputs, options, &backend, &ipc);
+                    if run.is_err() {
+                        // A stream may still wait on the windows: leave them to the
+                        // process's exit rather than free memory the GPU may touch.
+                        std::mem::forget(ipc);
+                    }
+                    run
+                }
+                Err(e) => {
+                    comm.abort(&e.to_string());
+                    Err(e.into())
+                }
+            }
+        }
+    };
     if let Err(e) = &run {
         comm.abort(&e.to_string());
     }
     run
+}
+
+/// Runs the program on `comm`: the warm-up runs, the timed runs (inputs uploaded once,
+/// outputs left on the device, each timed from the first statement until the backend is
+/// idle), then the run that is checked and traced.
+fn drive<C>(
+    compiled: &Compiled,
+    inputs: &[Dense],
+    options: &RunOptions,
+    backend: &CudaBackend,
+    comm: &C,
+) -> Result<RankRun, ExecError>
+where
+    C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>,
+{
+    let config = config_of(compiled, options);
+    for _ in 0..options.warmup {
+        run_rank(&compiled.program, backend, comm, inputs, &config)?;
+    }
+    let mut timed = Vec::with_capacity(options.iters);
+    if options.iters > 0 {
+        let buffers = inputs
+            .iter()
+            .map(|d| backend.upload(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        for _ in 0..options.iters {
+            let start = Instant::now();
+            let run = run_rank_buffers(&compiled.program, backend, comm, &buffers, &config)?;
+            backend.synchronize()?;
+            timed.push(start.elapsed());
+            drop(run);
+        }
+    }
+    if options.trace {
+        backend.start_trace()?;
+    }
+    let mut run = run_rank(&compiled.program, backend, comm, inputs, &config)?;
+    run.timed = timed;
+    Ok(run)
 }
 
 /// Runs every rank on its own GPU, one thread per rank, in this process.
@@ -148,6 +217,7 @@ fn run_threads_with(
     }
     gpus_available(world)?;
     let id = NcclId::new().map_err(|e| RunError::Setup(e.to_string()))?;
+    let hub = PeerHub::new();
     let start = Instant::now();
     let results: Vec<Result<RankRun, ExecError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = per_rank
@@ -155,6 +225,10 @@ fn run_threads_with(
             .enumerate()
             .map(|(rank, inputs)| {
                 let id = &id;
+                let link = match options.transport {
+                    Transport::Nccl => Link::Nccl,
+                    Transport::CopyEngine => Link::Peer(&hub),
+                };
                 scope.spawn(move || {
                     run_one(
                         compiled,
@@ -164,6 +238,7 @@ fn run_threads_with(
                         rank,
                         world,
                         id,
+                        link,
                         fail == Some(rank),
                     )
                 })
@@ -231,6 +306,10 @@ pub fn run_launched(
         rank,
         world,
         &id,
+        match options.transport {
+            Transport::Nccl => Link::Nccl,
+            Transport::CopyEngine => Link::Ipc(&store),
+        },
         false,
     );
     let elapsed = start.elapsed();
@@ -267,12 +346,17 @@ pub fn run_launched(
     Ok(Some((runs, elapsed)))
 }
 
-/// A rank's run as bytes for the store: `0`, then wall time (µs), statements, and each output
+/// A rank's run as bytes for the store: `0`, then wall time (µs), statements, the timed
+/// repetitions (count, then ns each), and each output
 /// as dtype, rank, sizes and its values in the output's element type.
 fn encode_run(run: &RankRun) -> Vec<u8> {
     let mut b = vec![0u8];
     b.extend((run.wall_time.as_micros() as u64).to_le_bytes());
     b.extend((run.statements as u64).to_le_bytes());
+    b.extend((run.timed.len() as u64).to_le_bytes());
+    for t in &run.timed {
+        b.extend((t.as_nanos() as u64).to_le_bytes());
+    }
     b.extend((run.outputs.len() as u64).to_le_bytes());
     for d in &run.outputs {
         let bytes = d.to_le_bytes();
@@ -304,6 +388,11 @@ fn decode_run(b: &[u8]) -> Result<RankRun, String> {
     };
     let wall = u64_(&mut at)?;
     let statements = u64_(&mut at)? as usize;
+    let count = u64_(&mut at)? as usize;
+    let mut timed = Vec::with_capacity(count.min(1 << 20));
+    for _ in 0..count {
+        timed.push(Duration::from_nanos(u64_(&mut at)?));
+    }
     let n = u64_(&mut at)? as usize;
     let mut outputs = Vec::new();
     for _ in 0..n {
@@ -328,6 +417,7 @@ fn decode_run(b: &[u8]) -> Result<RankRun, String> {
         issue_time: Duration::ZERO,
         wall_time: Duration::from_micros(wall),
         statements,
+        timed,
         final_stream: StreamKey::Main,
         streams: Vec::new(),
         live_allocations: 0,
@@ -352,6 +442,7 @@ mod tests {
             issue_time: Duration::ZERO,
             wall_time: Duration::from_micros(1234),
             statements: 43,
+            timed: vec![Duration::from_nanos(1_500_123), Duration::from_micros(7)],
             final_stream: StreamKey::Main,
             streams: Vec::new(),
             live_allocations: 0,
@@ -360,6 +451,7 @@ mod tests {
         assert_eq!(back.outputs, run.outputs);
         assert_eq!(back.statements, 43);
         assert_eq!(back.wall_time, Duration::from_micros(1234));
+        assert_eq!(back.timed, run.timed);
         let mut failed = vec![1u8];
         failed.extend(b"rank 1: out of memory");
         assert_eq!(decode_run(&failed).unwrap_err(), "rank 1: out of memory");

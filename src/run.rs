@@ -94,6 +94,23 @@ pub struct RunOptions {
     /// Runs of the program before the one that is checked and traced (GPU: warms up
     /// kernels, GEMM plans, NCCL connections and the memory pool).
     pub warmup: usize,
+    /// Timed runs after the warm-up ones, on inputs already on the device (outputs left
+    /// there): their wall times land in [`RankRun::timed`](weave_executor::RankRun).
+    pub iters: usize,
+    /// How the CUDA backend moves allgathers and send/recv transfers.
+    pub transport: Transport,
+}
+
+/// How ranks on GPUs move the data of allgathers and point-to-point transfers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// NCCL kernels for everything.
+    #[default]
+    Nccl,
+    /// The GPUs' copy engines (no SMs): peer copies between the threads of one process
+    /// (`weave_comm::PeerCopy`), shared receive windows between processes
+    /// (`weave_comm::IpcCopy`); other collectives still use NCCL.
+    CopyEngine,
 }
 
 /// Where ranks run.
@@ -117,6 +134,8 @@ impl Default for RunOptions {
             delays: Vec::new(),
             backend: BackendKind::Cpu,
             warmup: 0,
+            iters: 0,
+            transport: Transport::Nccl,
         }
     }
 }
@@ -163,6 +182,42 @@ impl RunReport {
             .map(|c| c.comparison.max_abs)
             .fold(0.0, f64::max)
     }
+
+    /// The timed repetitions (`--iters`): each repetition's slowest rank, then the median
+    /// and the minimum over repetitions; `None` without repetitions or when ranks timed
+    /// different numbers of them.
+    pub fn timed(&self) -> Option<TimedRuns> {
+        let count = self.ranks.first()?.timed.len();
+        if count == 0 || self.ranks.iter().any(|r| r.timed.len() != count) {
+            return None;
+        }
+        let mut slowest: Vec<Duration> = (0..count)
+            .map(|i| {
+                self.ranks
+                    .iter()
+                    .map(|r| r.timed[i])
+                    .max()
+                    .unwrap_or_default()
+            })
+            .collect();
+        slowest.sort();
+        Some(TimedRuns {
+            count,
+            median: slowest[count / 2],
+            min: slowest[0],
+        })
+    }
+}
+
+/// Timed repetitions of a run, each taken at its slowest rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimedRuns {
+    /// How many.
+    pub count: usize,
+    /// The median (the upper one of an even count).
+    pub median: Duration,
+    /// The fastest.
+    pub min: Duration,
 }
 
 /// Why a run could not produce a report.
@@ -426,5 +481,50 @@ pub fn run_local(
         Ok((runs, elapsed))
     } else {
         Err(RunError::Ranks(errors))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(timed_ms: &[u64]) -> RankRun {
+        RankRun {
+            outputs: Vec::new(),
+            races: Vec::new(),
+            spans: Vec::new(),
+            issue_time: Duration::ZERO,
+            wall_time: Duration::ZERO,
+            statements: 0,
+            timed: timed_ms.iter().map(|&m| Duration::from_millis(m)).collect(),
+            final_stream: StreamKey::Main,
+            streams: Vec::new(),
+            live_allocations: 0,
+        }
+    }
+
+    fn report(ranks: Vec<RankRun>) -> RunReport {
+        RunReport {
+            ranks,
+            checks: Vec::new(),
+            reference_time: Duration::ZERO,
+            run_time: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn timed_runs_take_each_runs_slowest_rank_then_the_median() {
+        // Run by run, the slowest ranks take 5, 9, 4, 7 ms: median (upper) 7, min 4.
+        let r = report(vec![rank(&[5, 2, 4, 7]), rank(&[1, 9, 3, 6])]);
+        assert_eq!(
+            r.timed(),
+            Some(TimedRuns {
+                count: 4,
+                median: Duration::from_millis(7),
+                min: Duration::from_millis(4),
+            })
+        );
+        assert_eq!(report(vec![rank(&[]), rank(&[])]).timed(), None);
+        assert_eq!(report(vec![rank(&[1, 2]), rank(&[1])]).timed(), None);
     }
 }

@@ -200,3 +200,23 @@ fn calibrate_refuses_one_rank_and_names_what_is_missing_without_gpus() {
         );
     }
 }
+
+#[test]
+fn gpu_only_flags_and_unknown_transports_are_refused_with_the_flag() {
+    let file = "tests/scenarios/row_parallel_linear.weave";
+    let (ok, _, err) = weave(&["run", file, "--iters", "5"]);
+    assert!(!ok);
+    assert_eq!(err.trim(), "error: --iters needs --backend cuda");
+    let (ok, _, err) = weave(&["run", file, "--transport", "copy-engine"]);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "error: --transport copy-engine needs --backend cuda"
+    );
+    let (ok, _, err) = weave(&["run", file, "--backend", "cuda", "--transport", "ipc"]);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "error: --transport ipc: unknown transport (expected nccl or copy-engine)"
+    );
+}

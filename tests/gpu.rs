@@ -59,6 +59,8 @@ fn gpu_options(ranks: usize) -> RunOptions {
         delays: Vec::new(),
         backend: BackendKind::Cuda,
         warmup: 0,
+        iters: 0,
+        transport: Default::default(),
     }
 }
 
@@ -329,12 +331,13 @@ type Layer<'a> = (&'a str, &'a [(&'a str, i64)], usize);
 /// blocking NCCL communicator, on the chunked and P2P column-parallel layers and the
 /// row-parallel one, on 2 and 4 GPUs (sampled rows against the f64 host reference).
 #[test]
-fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
+fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference() {
     use std::sync::Arc;
     use streamweave::bench::{
-        check_sample, linear_reference, run_program, ProgramRun, World, WorldOptions, LINEAR_SEEDS,
+        check_sample, linear_reference, run_program, CopyEngine, ProgramRun, World, WorldOptions,
+        LINEAR_SEEDS,
     };
-    use weave_comm::{NcclId, NcclOptions, PeerHub};
+    use weave_comm::{IpcOptions, NcclId, NcclOptions, PeerHub};
     use weave_executor::CudaOptions;
 
     let Some(n) = gpus() else { return };
@@ -362,15 +365,20 @@ fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
             } as usize;
             let rows: Arc<Vec<usize>> = Arc::new((0..t as usize).step_by(37).collect());
             let reference = linear_reference(&rows, k, n_out, LINEAR_SEEDS[0], LINEAR_SEEDS[1]);
-            let variants: [(&str, ProgramRun, bool, bool); 6] = [
-                ("eager", ProgramRun::default(), false, false),
+            // Windows of 2 slots of 1 KiB: every transfer is several pieces and reuses slots.
+            let small_windows = IpcOptions {
+                slots: 2,
+                slot_bytes: 1024,
+            };
+            let variants: [(&str, ProgramRun, u8, bool); 8] = [
+                ("eager", ProgramRun::default(), 0, false),
                 (
                     "replay",
                     ProgramRun {
                         graph: true,
                         ..ProgramRun::default()
                     },
-                    false,
+                    0,
                     false,
                 ),
                 (
@@ -382,7 +390,7 @@ fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
                         },
                         ..ProgramRun::default()
                     },
-                    false,
+                    0,
                     false,
                 ),
                 (
@@ -395,13 +403,20 @@ fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
                         },
                         ..ProgramRun::default()
                     },
-                    false,
+                    0,
                     false,
                 ),
-                ("copy engine", ProgramRun::default(), true, false),
-                ("blocking NCCL", ProgramRun::default(), false, true),
+                ("copy engine", ProgramRun::default(), 1, false),
+                ("copy-engine windows", ProgramRun::default(), 2, false),
+                (
+                    "copy-engine windows of 2 x 1 KiB",
+                    ProgramRun::default(),
+                    3,
+                    false,
+                ),
+                ("blocking NCCL", ProgramRun::default(), 0, true),
             ];
-            for (what, how, peer, blocking) in variants {
+            for (what, how, engine, blocking) in variants {
                 let (c, rows2) = (compiled.clone(), rows.clone());
                 let fresh = blocking.then(|| {
                     let options = NcclOptions {
@@ -411,11 +426,17 @@ fn replay_ordered_compute_and_copy_engine_transfers_match_the_reference() {
                     };
                     (NcclId::new().expect("an NCCL id"), options)
                 });
-                let hub = peer.then(PeerHub::new);
+                let engine = match engine {
+                    0 => CopyEngine::Off,
+                    1 => CopyEngine::Peer(PeerHub::new()),
+                    2 => CopyEngine::windows(ranks, IpcOptions::default()),
+                    _ => CopyEngine::windows(ranks, small_windows),
+                };
                 let samples = world
                     .run(move |r| {
-                        let (f, p) = (fresh.as_ref(), hub.as_ref());
-                        let timing = run_program(r, f, p, &c, &how, &LINEAR_SEEDS, (1, 2), &rows2)?;
+                        let f = fresh.as_ref();
+                        let timing =
+                            run_program(r, f, &engine, &c, &how, &LINEAR_SEEDS, (1, 2), &rows2)?;
                         Ok(timing.sample)
                     })
                     .unwrap_or_else(|e| panic!("{name} {what} on {ranks} GPUs: {e}"));

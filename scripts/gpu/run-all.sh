@@ -6,10 +6,12 @@
 #                           [--scenarios "NAME ..."] [--no-tests] [--out DIR]
 #
 # 1. prints `nvidia-smi -L` and keeps NCCL_NVLS_ENABLE=0 (exported when unset);
-# 2. runs bin/gpu-tests (when present) with WEAVE_GPU_TESTS=1, one test at a time;
+# 2. runs bin/gpu-tests (when present) with WEAVE_GPU_TESTS=1, one test at a time, within
+#    TEST_TIMEOUT seconds (default 300);
 # 3. runs every scenarios/*.weave on the CUDA backend for every rank count (those above the
 #    GPU count are skipped), once with in-process rank threads and once with one process per
-#    rank under `weave launch`;
+#    rank under `weave launch` (modes `threads` and `launch`; `threads-ce` and `launch-ce`
+#    run the same with `--transport copy-engine`);
 # 4. prints a table of the results (scripts/table.py), last, and exits non-zero when
 #    anything failed.
 #
@@ -20,7 +22,7 @@
 set -u
 
 usage() {
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 RANKS="2 4"
@@ -91,7 +93,7 @@ record() {
 
 if [ "$RUN_TESTS" = 1 ] && [ -x bin/gpu-tests ]; then
     echo "==> bin/gpu-tests (WEAVE_GPU_TESTS=1, --test-threads=1)"
-    WEAVE_GPU_TESTS=1 timeout -k 10 300 bin/gpu-tests --test-threads=1 \
+    WEAVE_GPU_TESTS=1 timeout -k 10 "${TEST_TIMEOUT:-300}" bin/gpu-tests --test-threads=1 \
         >"$OUT_DIR/gpu-tests.log" 2>&1
     rc=$?
     record gpu-tests - tests "$rc"
@@ -114,13 +116,17 @@ run_one() {
         extra=(--set t=1024 --set h=512)
     fi
     echo "==> $name ranks=$r mode=$mode"
+    # `-ce` modes move allgathers and send/recv with the copy engines.
     case "$mode" in
-        threads)
+        *-ce) extra+=(--transport copy-engine) ;;
+    esac
+    case "$mode" in
+        threads|threads-ce)
             timeout -k 10 120 bin/weave run "scenarios/$name.weave" --backend cuda \
                 --ranks "$r" "${extra[@]}" --json "$json" >"$log" 2>&1
             rc=$?
             ;;
-        launch)
+        launch|launch-ce)
             timeout -k 10 150 bin/weave launch -n "$r" --timeout-secs 120 -- \
                 bin/weave run "scenarios/$name.weave" --backend cuda \
                 --ranks "$r" "${extra[@]}" --json "$json" >"$log" 2>&1

@@ -6,8 +6,9 @@
 //! `--dump-dir`, `--list-passes`; docs/passes.md) and honours `WEAVE_DUMP`.
 //!
 //! `weave run FILE --ranks N [--set k=v]... [--backend cpu|cuda] [--streams K]
-//! [--check-races] [--trace F] [--seed S] [--timeout-secs T]` compiles the fusion, runs the
-//! host program on N ranks with seeded random inputs, compares every rank's outputs with the
+//! [--check-races] [--trace F] [--seed S] [--timeout-secs T] [--warmup W] [--iters I]
+//! [--transport nccl|copy-engine] [--chunks S|auto]` compiles the fusion, runs the host
+//! program on N ranks with seeded random inputs, compares every rank's outputs with the
 //! unsharded f64 reference and prints the max error, a summary of the host program and
 //! timings; with `--trace` it writes a Chrome trace and an SVG timeline beside it.
 //!
@@ -114,6 +115,16 @@ enum Command {
         /// 1, 2, 4, 8, no overlap when it cannot pay; on the CPU backend the declared `s`.
         #[arg(long, default_value = "auto", value_parser = parse_chunks)]
         chunks: Chunks,
+        /// CUDA backend: after the warm-up, time this many runs on inputs already on the
+        /// device (each from the first statement until every stream is idle) and print
+        /// their median and minimum (the slowest rank's), before the checked run.
+        #[arg(long, default_value_t = 0)]
+        iters: usize,
+        /// CUDA backend: how allgathers and send/recv transfers move: `nccl`, or
+        /// `copy-engine` (the GPUs' copy engines, no SMs: peer copies between the ranks of
+        /// one process, CUDA IPC windows between launched processes).
+        #[arg(long, value_name = "nccl|copy-engine", default_value = "nccl")]
+        transport: String,
     },
     /// Start N processes of a command with the torchrun environment (RANK, WORLD_SIZE,
     /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK), forward their
@@ -213,6 +224,8 @@ fn main() -> ExitCode {
             json,
             warmup,
             chunks,
+            iters,
+            transport,
         } => {
             let backend = match backend.as_deref() {
                 None | Some("cpu") => streamweave::run::BackendKind::Cpu,
@@ -222,6 +235,29 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            let transport = match transport.as_str() {
+                "nccl" => streamweave::run::Transport::Nccl,
+                "copy-engine" => streamweave::run::Transport::CopyEngine,
+                t => {
+                    eprintln!(
+                        "error: --transport {t}: unknown transport (expected nccl or copy-engine)"
+                    );
+                    return ExitCode::FAILURE;
+                }
+            };
+            if backend == streamweave::run::BackendKind::Cpu {
+                let gpu_only = [
+                    (iters > 0, "--iters"),
+                    (
+                        transport != streamweave::run::Transport::Nccl,
+                        "--transport copy-engine",
+                    ),
+                ];
+                if let Some((_, flag)) = gpu_only.iter().find(|f| f.0) {
+                    eprintln!("error: {flag} needs --backend cuda");
+                    return ExitCode::FAILURE;
+                }
+            }
             let options = streamweave::run::RunOptions {
                 ranks,
                 streams,
@@ -232,6 +268,8 @@ fn main() -> ExitCode {
                 delays: Vec::new(),
                 backend,
                 warmup,
+                iters,
+                transport,
             };
             let json = streamweave::cli::RunFlags {
                 path: json,

@@ -774,21 +774,56 @@ pub fn gather(
     key: &str,
     value: &[u8],
 ) -> Result<Option<Vec<Vec<u8>>>, CommError> {
-    if rank >= world {
-        return Err(bootstrap(format!(
-            "gather of \"{key}\": rank {rank} is outside a world of {world} ranks"
-        )));
-    }
+    check_member("gather", key, rank, world)?;
     if rank != 0 {
         store.set(&format!("{key}/{rank}"), value)?;
         return Ok(None);
     }
+    read_all(store, rank, world, key, value).map(Some)
+}
+
+/// Hands every rank's `value` to every rank: each publishes it under `key/<rank>` and reads
+/// all `world` of them, in rank order (the set-up exchange of copy-engine windows). Every
+/// rank calls it with the same `key`, once per key.
+pub fn all_gather(
+    store: &TcpStore,
+    rank: usize,
+    world: usize,
+    key: &str,
+    value: &[u8],
+) -> Result<Vec<Vec<u8>>, CommError> {
+    check_member("all-gather", key, rank, world)?;
+    store.set(&format!("{key}/{rank}"), value)?;
+    read_all(store, rank, world, key, value)
+}
+
+fn check_member(what: &str, key: &str, rank: usize, world: usize) -> Result<(), CommError> {
+    if rank >= world {
+        return Err(bootstrap(format!(
+            "{what} of \"{key}\": rank {rank} is outside a world of {world} ranks"
+        )));
+    }
+    Ok(())
+}
+
+/// Every rank's value under `key/<r>` in rank order, `value` in `rank`'s place, all within
+/// the store's timeout.
+fn read_all(
+    store: &TcpStore,
+    rank: usize,
+    world: usize,
+    key: &str,
+    value: &[u8],
+) -> Result<Vec<Vec<u8>>, CommError> {
     let start = Instant::now();
     let mut values = Vec::with_capacity(world);
-    values.push(value.to_vec());
-    for r in 1..world {
+    for r in 0..world {
+        if r == rank {
+            values.push(value.to_vec());
+            continue;
+        }
         let remaining = store.timeout().saturating_sub(start.elapsed());
         values.push(store.get_timeout(&format!("{key}/{r}"), remaining)?);
     }
-    Ok(Some(values))
+    Ok(values)
 }

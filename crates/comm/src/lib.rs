@@ -32,7 +32,7 @@ pub mod local;
 pub mod nccl;
 pub mod peer;
 
-pub use bootstrap::{exchange_id, gather, LaunchEnv, TcpStore};
+pub use bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 pub use communicator::{Collective, CommOp, Communicator, P2p, Task, TaskQueue};
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use weave_comm::bootstrap::{
-    exchange_id, gather, LaunchEnv, TcpStore, DEFAULT_MASTER_PORT, MAX_KEY_BYTES,
+    all_gather, exchange_id, gather, LaunchEnv, TcpStore, DEFAULT_MASTER_PORT, MAX_KEY_BYTES,
 };
 use weave_comm::CommError;
 
@@ -523,6 +523,32 @@ fn gather_checks_the_rank() {
     assert_eq!(
         gather(&server, 0, 1, "solo", b"me").unwrap(),
         Some(vec![b"me".to_vec()])
+    );
+}
+
+#[test]
+fn all_gather_gives_every_rank_every_value_in_rank_order() {
+    let server = TcpStore::serve("127.0.0.1:0", 3, LONG).unwrap();
+    let addr = server.local_addr().to_string();
+    let others: Vec<_> = (1..3)
+        .map(|rank| {
+            let addr = addr.clone();
+            thread::spawn(move || {
+                let client = TcpStore::connect(&addr, LONG).unwrap();
+                all_gather(&client, rank, 3, "cards", format!("card {rank}").as_bytes())
+            })
+        })
+        .collect();
+    let mine = all_gather(&server, 0, 3, "cards", b"card 0").unwrap();
+    let want: Vec<Vec<u8>> = (0..3).map(|r| format!("card {r}").into_bytes()).collect();
+    assert_eq!(mine, want);
+    for h in others {
+        assert_eq!(h.join().unwrap().unwrap(), want);
+    }
+    let e = all_gather(&server, 5, 3, "x", b"").unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "bootstrap failed: all-gather of \"x\": rank 5 is outside a world of 3 ranks"
     );
 }
 

@@ -59,6 +59,10 @@ pub struct RankRun {
     pub wall_time: Duration,
     /// Statements issued (a loop body counts once per iteration).
     pub statements: usize,
+    /// Wall times of timed repetitions run before this one, each from the first statement
+    /// until every stream was idle (filled by callers that time repetitions, like `weave run
+    /// --iters`; empty otherwise).
+    pub timed: Vec<Duration>,
     /// The current stream after the last statement.
     pub final_stream: StreamKey,
     /// Every stream the run created.
@@ -410,6 +414,7 @@ where
             issue_time,
             wall_time: start.elapsed(),
             statements: self.statements,
+            timed: Vec::new(),
         })
     }
 
