@@ -673,17 +673,29 @@ fn run_row(
         if matches!(p, Pattern::ColumnParallel | Pattern::P2pRing) {
             for s in p.chunk_counts(d).into_iter().filter(|&s| s > 1) {
                 let c = program(s, DEFAULT_PIPELINE)?;
-                for (engine, kind, what) in [
-                    (Engine::Peer, "peer-copy", "copy-engine transfers"),
+                // Window transfers leave their flags as they found them, so they replay.
+                let replay = ProgramRun {
+                    graph: true,
+                    ..base.clone()
+                };
+                for (engine, kind, how, what) in [
+                    (Engine::Peer, "peer-copy", &base, "copy-engine transfers"),
                     (
                         Engine::Windows,
                         "window-copy",
+                        &base,
                         "copy-engine pushes through shared windows",
+                    ),
+                    (
+                        Engine::Windows,
+                        "graph+window-copy",
+                        &replay,
+                        "CUDA graph, copy-engine pushes through shared windows",
                     ),
                 ] {
                     exps.push(Experiment {
                         engine,
-                        ..exp(kind, s, &c, base.clone(), format!("S={s} K=2 {what}"))
+                        ..exp(kind, s, &c, how.clone(), format!("S={s} K=2 {what}"))
                     });
                 }
             }

@@ -367,10 +367,15 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
             let reference = linear_reference(&rows, k, n_out, LINEAR_SEEDS[0], LINEAR_SEEDS[1]);
             // Windows of 2 slots of 1 KiB: every transfer is several pieces and reuses slots.
             let small_windows = IpcOptions {
+                lanes: 4,
                 slots: 2,
                 slot_bytes: 1024,
             };
-            let variants: [(&str, ProgramRun, u8, bool); 8] = [
+            let replay = ProgramRun {
+                graph: true,
+                ..ProgramRun::default()
+            };
+            let variants: [(&str, ProgramRun, u8, bool); 10] = [
                 ("eager", ProgramRun::default(), 0, false),
                 (
                     "replay",
@@ -411,6 +416,13 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
                 (
                     "copy-engine windows of 2 x 1 KiB",
                     ProgramRun::default(),
+                    3,
+                    false,
+                ),
+                ("copy-engine windows replayed", replay.clone(), 2, false),
+                (
+                    "copy-engine windows of 2 x 1 KiB replayed",
+                    replay,
                     3,
                     false,
                 ),

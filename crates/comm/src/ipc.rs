@@ -6,29 +6,31 @@
 //!
 //! Each rank allocates one [`SharedRegion`] at set-up and hands its IPC handle to every peer
 //! (through any all-gather of bytes: the launcher's TCP store, say); each peer maps it once.
-//! A region holds, for every other rank, a *window* of `slots` slots of `slot_bytes` bytes
-//! that only that rank writes, plus 32-bit flags:
+//! Transfers posted on different streams never share a slot: the streams that post are
+//! numbered in the order they first post (the same on every rank, which posts in program
+//! order) and each number, a *lane*, has its own slots. A region holds, for every other rank
+//! and lane, a *window* of `slots` slots of `slot_bytes` bytes that only that rank writes,
+//! plus one pair of 32-bit flags per slot:
 //!
-//! * `ready[from][slot]`, in the receiver's region, written by the sender: the number (from
-//!   1) of the last piece it pushed into that slot;
-//! * `consumed[to][slot]`, in the sender's region, written by the receiver: the number of the
-//!   last piece of that slot it has copied out.
+//! * `ready[from][lane][slot]`, in the receiver's region: 1 once the sender's piece is in the
+//!   slot, set by the sender, cleared by the receiver when it takes the piece;
+//! * `consumed[to][lane][slot]`, in the sender's region: 1 while the slot is free, cleared by
+//!   the sender when it fills the slot, set by the receiver once it has copied the piece out.
 //!
-//! A transfer is cut into pieces of at most one slot; the n-th piece (from 0) between a pair
-//! goes to slot `n % slots`. The sender's stream waits until the slot's previous piece
-//! (`n - slots`) is consumed, copies into the receiver's slot, and writes `n + 1` to its
-//! `ready` flag (after a memory fence); the receiver's stream waits for that value, copies
-//! the slot into the destination and writes `n + 1` to the sender's `consumed` flag. Pieces
-//! are numbered in posting order, which both sides share (the executor posts in program
-//! order); flags are per slot, so posts running out of order on different streams still
-//! meet the right piece. A post's sends and receives are interleaved piece by piece, so a
-//! transfer longer than the window cannot deadlock its own post, and the sender's stream ends
-//! each post by waiting until its last piece to every peer is consumed: once a rank's streams
-//! are idle, no peer writes into its region any more, so it may be freed.
+//! A transfer is cut into pieces of at most one slot; the n-th piece of a lane between a pair
+//! goes to slot `n % slots`. The sender's stream waits until the slot is free, clears
+//! `consumed`, copies into the receiver's slot and sets `ready` (after a memory fence); the
+//! receiver's stream waits for `ready`, clears it, copies the slot into the destination and
+//! sets the sender's `consumed`. Within a lane both sides run in stream order, so 0/1 flags
+//! suffice, and every flag returns to its initial value once a post completes: the same
+//! operations captured into a CUDA graph and replayed stay correct. A post's sends and
+//! receives are interleaved piece by piece, so a transfer longer than the window cannot
+//! deadlock its own post, and the sender's stream ends each post by waiting until its last
+//! piece to every peer is consumed: once a rank's streams are idle, no peer writes into its
+//! region any more, so it may be freed.
 //!
 //! The GPU-side waits have no timeout of their own: a peer that never posts stalls the
-//! stream, and the executor's host wait on that stream fails with its timeout. Transfers
-//! cannot be captured into a CUDA graph (a replay would repeat the same piece numbers).
+//! stream, and the executor's host wait on that stream fails with its timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,18 +45,22 @@ use crate::peer::{allgather_transfers, p2p_transfers, Transfers};
 /// The receive windows' shape: the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IpcOptions {
-    /// Slots per window (pieces in flight between a pair), at least 1.
+    /// Streams that may post transfers (lanes), at least 1.
+    pub lanes: usize,
+    /// Slots per window (pieces in flight between a pair on one lane), at least 1.
     pub slots: usize,
     /// Bytes per slot (the largest piece), a positive multiple of 256.
     pub slot_bytes: usize,
 }
 
 impl Default for IpcOptions {
-    /// 4 slots of 16 MiB: 64 MiB of window per peer.
+    /// 8 lanes (a main stream and a pool of up to 7) of 2 slots of 8 MiB: 128 MiB of
+    /// windows per peer.
     fn default() -> IpcOptions {
         IpcOptions {
-            slots: 4,
-            slot_bytes: 16 << 20,
+            lanes: 8,
+            slots: 2,
+            slot_bytes: 8 << 20,
         }
     }
 }
@@ -63,6 +69,7 @@ impl Default for IpcOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowLayout {
     ranks: usize,
+    lanes: usize,
     slots: usize,
     slot_bytes: usize,
 }
@@ -70,6 +77,9 @@ pub struct WindowLayout {
 impl WindowLayout {
     /// The layout for `ranks` ranks; an error naming the bad option.
     pub fn new(ranks: usize, options: IpcOptions) -> Result<WindowLayout, String> {
+        if options.lanes == 0 {
+            return Err("the windows need at least 1 lane".into());
+        }
         if options.slots == 0 {
             return Err("the windows need at least 1 slot".into());
         }
@@ -81,9 +91,15 @@ impl WindowLayout {
         }
         Ok(WindowLayout {
             ranks,
+            lanes: options.lanes,
             slots: options.slots,
             slot_bytes: options.slot_bytes,
         })
+    }
+
+    /// Streams that may post.
+    pub fn lanes(&self) -> usize {
+        self.lanes
     }
 
     /// Slots per window.
@@ -96,44 +112,64 @@ impl WindowLayout {
         self.slot_bytes
     }
 
+    /// Flags of one kind in a region: one per rank, lane and slot.
+    fn flag_count(&self) -> usize {
+        self.ranks * self.lanes * self.slots
+    }
+
     fn flags_bytes(&self) -> usize {
-        (2 * self.ranks * self.slots * 4).div_ceil(256) * 256
+        (2 * self.flag_count() * 4).div_ceil(256) * 256
     }
 
-    /// Offset of `ready[from][slot]` in a receiver's region.
-    pub fn ready(&self, from: usize, slot: usize) -> usize {
-        (from * self.slots + slot) * 4
+    fn index(&self, rank: usize, lane: usize, slot: usize) -> usize {
+        (rank * self.lanes + lane) * self.slots + slot
     }
 
-    /// Offset of `consumed[to][slot]` in a sender's region.
-    pub fn consumed(&self, to: usize, slot: usize) -> usize {
-        ((self.ranks + to) * self.slots + slot) * 4
+    /// Offset of `ready[from][lane][slot]` in a receiver's region.
+    pub fn ready(&self, from: usize, lane: usize, slot: usize) -> usize {
+        self.index(from, lane, slot) * 4
     }
 
-    /// Offset of the slot that `from` writes in `owner`'s region (`from != owner`).
-    pub fn window(&self, owner: usize, from: usize, slot: usize) -> usize {
-        let index = if from < owner { from } else { from - 1 };
-        self.flags_bytes() + (index * self.slots + slot) * self.slot_bytes
+    /// Offset of `consumed[to][lane][slot]` in a sender's region.
+    pub fn consumed(&self, to: usize, lane: usize, slot: usize) -> usize {
+        (self.flag_count() + self.index(to, lane, slot)) * 4
+    }
+
+    /// The `consumed` flags of a region: (offset of the first, count); they start at 1.
+    pub fn consumed_flags(&self) -> (usize, usize) {
+        (self.consumed(0, 0, 0), self.flag_count())
+    }
+
+    /// Offset of the slot that `from` writes on `lane` in `owner`'s region (`from !=
+    /// owner`).
+    pub fn window(&self, owner: usize, from: usize, lane: usize, slot: usize) -> usize {
+        let peer = if from < owner { from } else { from - 1 };
+        self.flags_bytes() + ((peer * self.lanes + lane) * self.slots + slot) * self.slot_bytes
     }
 
     /// The size of one rank's region.
     pub fn region_bytes(&self) -> usize {
-        self.flags_bytes() + self.ranks.saturating_sub(1) * self.slots * self.slot_bytes
+        self.flags_bytes()
+            + self.ranks.saturating_sub(1) * self.lanes * self.slots * self.slot_bytes
     }
 }
 
-/// One stream operation of a transfer, in the order a rank enqueues them. `value`s are piece
-/// numbers from 1, written and compared as wrapping 32-bit words.
+/// One stream operation of a transfer on a lane, in the order a rank enqueues them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Sender: wait until `consumed[peer][slot]` (local) reaches `value`.
-    WaitConsumed {
+    /// Sender: wait until `consumed[peer][lane][slot]` (local) is 1: the slot is free.
+    WaitFree {
         /// The receiver.
         peer: usize,
         /// The slot.
         slot: usize,
-        /// The piece number waited for.
-        value: u64,
+    },
+    /// Sender: clear `consumed[peer][lane][slot]` (local): the slot is being filled.
+    Claim {
+        /// The receiver.
+        peer: usize,
+        /// The slot.
+        slot: usize,
     },
     /// Sender: copy `bytes` from local address `src` into `peer`'s slot for this rank.
     Push {
@@ -146,23 +182,26 @@ pub enum Step {
         /// The piece's size.
         bytes: usize,
     },
-    /// Sender: write `value` to `ready[me][slot]` in `peer`'s region.
+    /// Sender: set `ready[me][lane][slot]` in `peer`'s region.
     SignalReady {
         /// The receiver.
         peer: usize,
         /// The slot.
         slot: usize,
-        /// The piece number written.
-        value: u64,
     },
-    /// Receiver: wait until `ready[peer][slot]` (local) reaches `value`.
+    /// Receiver: wait until `ready[peer][lane][slot]` (local) is 1.
     WaitReady {
         /// The sender.
         peer: usize,
         /// The slot.
         slot: usize,
-        /// The piece number waited for.
-        value: u64,
+    },
+    /// Receiver: clear `ready[peer][lane][slot]` (local).
+    Take {
+        /// The sender.
+        peer: usize,
+        /// The slot.
+        slot: usize,
     },
     /// Receiver: copy `bytes` from its slot for `peer` to local address `dst`.
     Drain {
@@ -175,47 +214,49 @@ pub enum Step {
         /// The piece's size.
         bytes: usize,
     },
-    /// Receiver: write `value` to `consumed[me][slot]` in `peer`'s region.
-    SignalConsumed {
+    /// Receiver: set `consumed[me][lane][slot]` in `peer`'s region: the slot is free again.
+    SignalFree {
         /// The sender.
         peer: usize,
         /// The slot.
         slot: usize,
-        /// The piece number written.
-        value: u64,
     },
 }
 
-/// Pieces sent to and received from each peer so far.
+/// Pieces sent to and received from each peer so far, per lane.
 #[derive(Clone, Debug, Default)]
 pub struct PieceCounts {
+    lanes: usize,
     sent: Vec<u64>,
     received: Vec<u64>,
 }
 
 impl PieceCounts {
-    /// Zero counts for a world of `ranks`.
-    pub fn new(ranks: usize) -> PieceCounts {
+    /// Zero counts for a world of `ranks` with `lanes` lanes.
+    pub fn new(ranks: usize, lanes: usize) -> PieceCounts {
         PieceCounts {
-            sent: vec![0; ranks],
-            received: vec![0; ranks],
+            lanes,
+            sent: vec![0; ranks * lanes],
+            received: vec![0; ranks * lanes],
         }
     }
 }
 
-/// The steps of one post of rank `me`: sends `(to, address, bytes)` and receives `(from,
-/// address, bytes)` cut into pieces, numbered from `counts` (which it advances), interleaved
-/// piece by piece (every send's piece j, then every receive's piece j), and closed by a wait
-/// for the last piece sent to each peer.
+/// The steps of one post of rank `me` on `lane`: sends `(to, address, bytes)` and receives
+/// `(from, address, bytes)` cut into pieces, numbered from `counts` (which it advances),
+/// interleaved piece by piece (every send's piece j, then every receive's piece j), and
+/// closed by a wait until the last piece sent to each peer is consumed.
 pub fn plan(
     me: usize,
     layout: &WindowLayout,
     counts: &mut PieceCounts,
+    lane: usize,
     sends: &[(usize, u64, usize)],
     recvs: &[(usize, u64, usize)],
 ) -> Vec<Step> {
     let z = layout.slot_bytes;
     let k = layout.slots as u64;
+    let at = |peer: usize| peer * counts.lanes + lane;
     let pieces = |bytes: usize| bytes.div_ceil(z);
     let rounds = sends
         .iter()
@@ -225,65 +266,45 @@ pub fn plan(
         .unwrap_or(0);
     let piece = |j: usize, bytes: usize| (j * z, z.min(bytes - j * z));
     let mut steps = Vec::new();
-    // The last piece sent to each peer in this post.
-    let mut last: Vec<Option<u64>> = vec![None; counts.sent.len()];
+    // The slot of the last piece sent to each peer in this post.
+    let mut last: Vec<Option<usize>> = vec![None; counts.sent.len() / counts.lanes.max(1)];
     debug_assert!(sends.iter().chain(recvs).all(|t| t.0 != me));
     for j in 0..rounds {
         for &(to, src, bytes) in sends.iter().filter(|t| pieces(t.2) > j) {
             let (offset, len) = piece(j, bytes);
-            let n = counts.sent[to];
-            counts.sent[to] += 1;
+            let n = counts.sent[at(to)];
+            counts.sent[at(to)] += 1;
             let slot = (n % k) as usize;
-            if n >= k {
-                steps.push(Step::WaitConsumed {
-                    peer: to,
-                    slot,
-                    value: n - k + 1,
-                });
-            }
+            steps.push(Step::WaitFree { peer: to, slot });
+            steps.push(Step::Claim { peer: to, slot });
             steps.push(Step::Push {
                 peer: to,
                 slot,
                 src: src + offset as u64,
                 bytes: len,
             });
-            steps.push(Step::SignalReady {
-                peer: to,
-                slot,
-                value: n + 1,
-            });
-            last[to] = Some(n);
+            steps.push(Step::SignalReady { peer: to, slot });
+            last[to] = Some(slot);
         }
         for &(from, dst, bytes) in recvs.iter().filter(|t| pieces(t.2) > j) {
             let (offset, len) = piece(j, bytes);
-            let n = counts.received[from];
-            counts.received[from] += 1;
+            let n = counts.received[at(from)];
+            counts.received[at(from)] += 1;
             let slot = (n % k) as usize;
-            steps.push(Step::WaitReady {
-                peer: from,
-                slot,
-                value: n + 1,
-            });
+            steps.push(Step::WaitReady { peer: from, slot });
+            steps.push(Step::Take { peer: from, slot });
             steps.push(Step::Drain {
                 peer: from,
                 slot,
                 dst: dst + offset as u64,
                 bytes: len,
             });
-            steps.push(Step::SignalConsumed {
-                peer: from,
-                slot,
-                value: n + 1,
-            });
+            steps.push(Step::SignalFree { peer: from, slot });
         }
     }
-    for (to, n) in last.iter().enumerate() {
-        if let Some(n) = n {
-            steps.push(Step::WaitConsumed {
-                peer: to,
-                slot: (n % k) as usize,
-                value: n + 1,
-            });
+    for (to, slot) in last.iter().enumerate() {
+        if let Some(slot) = *slot {
+            steps.push(Step::WaitFree { peer: to, slot });
         }
     }
     steps
@@ -294,6 +315,7 @@ pub fn plan(
 struct Card {
     process: u64,
     device: u32,
+    lanes: u64,
     slots: u64,
     slot_bytes: u64,
     ptr: u64,
@@ -307,6 +329,7 @@ impl Card {
         let mut b = CARD_TAG.to_vec();
         b.extend(self.process.to_le_bytes());
         b.extend(self.device.to_le_bytes());
+        b.extend(self.lanes.to_le_bytes());
         b.extend(self.slots.to_le_bytes());
         b.extend(self.slot_bytes.to_le_bytes());
         b.extend(self.ptr.to_le_bytes());
@@ -316,18 +339,19 @@ impl Card {
 
     fn decode(b: &[u8]) -> Option<Card> {
         let rest = b.strip_prefix(CARD_TAG)?;
-        if rest.len() != 8 + 4 + 8 + 8 + 8 + IPC_HANDLE_BYTES {
+        if rest.len() != 8 + 4 + 8 + 8 + 8 + 8 + IPC_HANDLE_BYTES {
             return None;
         }
         let u64_at = |i: usize| u64::from_le_bytes(rest[i..i + 8].try_into().unwrap_or([0; 8]));
         let mut handle = [0; IPC_HANDLE_BYTES];
-        handle.copy_from_slice(&rest[36..]);
+        handle.copy_from_slice(&rest[44..]);
         Some(Card {
             process: u64_at(0),
             device: u32::from_le_bytes(rest[8..12].try_into().unwrap_or([0; 4])),
-            slots: u64_at(12),
-            slot_bytes: u64_at(20),
-            ptr: u64_at(28),
+            lanes: u64_at(12),
+            slots: u64_at(20),
+            slot_bytes: u64_at(28),
+            ptr: u64_at(36),
             handle,
         })
     }
@@ -354,10 +378,16 @@ fn check_cards(cards: &[Option<Card>], layout: &WindowLayout) -> Result<(), Stri
                 "rank {rank}'s set-up message is not a copy-engine window description"
             ));
         };
-        if card.slots != layout.slots as u64 || card.slot_bytes != layout.slot_bytes as u64 {
+        let shape = |l: u64, s: u64, b: u64| format!("{l} lane(s) x {s} slot(s) of {b} bytes");
+        let mine = shape(
+            layout.lanes as u64,
+            layout.slots as u64,
+            layout.slot_bytes as u64,
+        );
+        let theirs = shape(card.lanes, card.slots, card.slot_bytes);
+        if theirs != mine {
             return Err(format!(
-                "rank {rank} has windows of {} slot(s) of {} bytes but this rank {} of {}",
-                card.slots, card.slot_bytes, layout.slots, layout.slot_bytes
+                "rank {rank} has windows of {theirs} but this rank has {mine}"
             ));
         }
     }
@@ -366,6 +396,10 @@ fn check_cards(cards: &[Option<Card>], layout: &WindowLayout) -> Result<(), Stri
 
 /// An NCCL communicator whose allgathers and point-to-point transfers are pushed by the copy
 /// engines through shared receive windows (see the module documentation).
+///
+/// Lanes are keyed by stream handle: keep every stream that posts alive as long as the
+/// communicator (a destroyed stream's handle may come back for another stream, on one rank
+/// and not the others).
 pub struct IpcCopy<B> {
     inner: Arc<Nccl<B>>,
     gpu: Gpu,
@@ -376,7 +410,8 @@ pub struct IpcCopy<B> {
     _mapped: Vec<Option<PeerRegion>>,
     /// Each rank's region base address in this process.
     bases: Vec<u64>,
-    counts: std::sync::Mutex<PieceCounts>,
+    /// The posting streams, by lane, and the pieces numbered so far.
+    lanes: std::sync::Mutex<(Vec<usize>, PieceCounts)>,
 }
 
 impl<B: DeviceBuffer> IpcCopy<B> {
@@ -397,9 +432,13 @@ impl<B: DeviceBuffer> IpcCopy<B> {
         };
         let layout = WindowLayout::new(n, options).map_err(setup)?;
         let region = gpu.alloc_shared(layout.region_bytes())?;
+        // Every slot starts free; the exchange below orders this before any peer's write.
+        let (first, count) = layout.consumed_flags();
+        region.fill_u32(first, count, 1)?;
         let card = Card {
             process: process_token(),
             device: gpu.ordinal() as u32,
+            lanes: layout.lanes as u64,
             slots: layout.slots as u64,
             slot_bytes: layout.slot_bytes as u64,
             ptr: region.ptr(),
@@ -444,7 +483,7 @@ impl<B: DeviceBuffer> IpcCopy<B> {
             region,
             _mapped: mapped,
             bases,
-            counts: std::sync::Mutex::new(PieceCounts::new(n)),
+            lanes: std::sync::Mutex::new((Vec::new(), PieceCounts::new(n, layout.lanes))),
         })
     }
 
@@ -467,26 +506,41 @@ impl<B: DeviceBuffer> IpcCopy<B> {
 
     /// Enqueues `t` on `stream`.
     fn transfer(&self, label: &str, t: &Transfers, stream: &GpuStream) -> Result<(), CommError> {
-        if stream.is_capturing()? {
-            return Err(self.fail(
-                label,
-                "copy-engine transfers through shared windows cannot be captured into a CUDA \
-                 graph (a replay would repeat their piece numbers)"
-                    .into(),
-            ));
-        }
         t.copy_local(&self.gpu, stream)?;
         let me = self.inner.rank();
-        let steps = {
-            let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-            plan(me, &self.layout, &mut counts, &t.sends, &t.recvs)
+        let (lane, steps) = {
+            let mut guard = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            let (streams, counts) = &mut *guard;
+            let key = stream.cu_stream() as usize;
+            let lane = match streams.iter().position(|&s| s == key) {
+                Some(lane) => lane,
+                None if streams.len() < self.layout.lanes => {
+                    streams.push(key);
+                    streams.len() - 1
+                }
+                None => {
+                    return Err(self.fail(
+                        label,
+                        format!(
+                            "more than {} streams post copy-engine transfers; the windows \
+                             have {} lane(s) (IpcOptions::lanes)",
+                            self.layout.lanes, self.layout.lanes
+                        ),
+                    ))
+                }
+            };
+            let steps = plan(me, &self.layout, counts, lane, &t.sends, &t.recvs);
+            (lane, steps)
         };
         let local = self.region.ptr();
         let l = &self.layout;
         for step in steps {
             match step {
-                Step::WaitConsumed { peer, slot, value } => {
-                    stream.wait_value(local + l.consumed(peer, slot) as u64, value as u32)?
+                Step::WaitFree { peer, slot } => {
+                    stream.wait_value(local + l.consumed(peer, lane, slot) as u64, 1)?
+                }
+                Step::Claim { peer, slot } => {
+                    stream.write_value(local + l.consumed(peer, lane, slot) as u64, 0)?
                 }
                 Step::Push {
                     peer,
@@ -494,14 +548,17 @@ impl<B: DeviceBuffer> IpcCopy<B> {
                     src,
                     bytes,
                 } => {
-                    let dst = self.bases[peer] + l.window(peer, me, slot) as u64;
+                    let dst = self.bases[peer] + l.window(peer, me, lane, slot) as u64;
                     self.gpu.copy(dst, src, bytes, stream)?
                 }
-                Step::SignalReady { peer, slot, value } => {
-                    stream.write_value(self.bases[peer] + l.ready(me, slot) as u64, value as u32)?
+                Step::SignalReady { peer, slot } => {
+                    stream.write_value(self.bases[peer] + l.ready(me, lane, slot) as u64, 1)?
                 }
-                Step::WaitReady { peer, slot, value } => {
-                    stream.wait_value(local + l.ready(peer, slot) as u64, value as u32)?
+                Step::WaitReady { peer, slot } => {
+                    stream.wait_value(local + l.ready(peer, lane, slot) as u64, 1)?
+                }
+                Step::Take { peer, slot } => {
+                    stream.write_value(local + l.ready(peer, lane, slot) as u64, 0)?
                 }
                 Step::Drain {
                     peer,
@@ -509,11 +566,12 @@ impl<B: DeviceBuffer> IpcCopy<B> {
                     dst,
                     bytes,
                 } => {
-                    let src = local + l.window(me, peer, slot) as u64;
+                    let src = local + l.window(me, peer, lane, slot) as u64;
                     self.gpu.copy(dst, src, bytes, stream)?
                 }
-                Step::SignalConsumed { peer, slot, value } => stream
-                    .write_value(self.bases[peer] + l.consumed(me, slot) as u64, value as u32)?,
+                Step::SignalFree { peer, slot } => {
+                    stream.write_value(self.bases[peer] + l.consumed(me, lane, slot) as u64, 1)?
+                }
             }
         }
         Ok(())

@@ -49,6 +49,26 @@ impl SharedRegion {
     pub fn handle(&self) -> [u8; IPC_HANDLE_BYTES] {
         self.handle
     }
+
+    /// Sets `count` 32-bit words from byte `offset` to `value`, synchronously (set-up only:
+    /// no stream may use the region meanwhile).
+    pub fn fill_u32(&self, offset: usize, count: usize, value: u32) -> Result<(), CudaError> {
+        if offset % 4 != 0 || offset + 4 * count > self.bytes {
+            return Err(CudaError::Driver {
+                call: "cuMemsetD32",
+                message: format!(
+                    "{count} words at byte {offset} do not fit a region of {} bytes",
+                    self.bytes
+                ),
+            });
+        }
+        self.gpu.bind()?;
+        // SAFETY: the range lies inside this live `cuMemAlloc` block (checked above); the set
+        // is synchronous.
+        unsafe { sys::cuMemsetD32_v2(self.ptr + offset as u64, value, count) }
+            .result()
+            .map_err(driver("cuMemsetD32"))
+    }
 }
 
 impl Drop for SharedRegion {

@@ -1,29 +1,38 @@
 //! Tests of the shared-window protocol on the CPU: the layout, the plan of a post, the
 //! set-up messages, and a simulator that runs every rank's planned steps on streams in a
 //! random order (flags and windows as plain memory) to check that data arrives whole, that
-//! no schedule deadlocks, and that no peer writes into a rank's region once that rank's
-//! streams are idle.
+//! no schedule deadlocks, that no peer writes into a rank's region once that rank's streams
+//! are idle, and that replaying captured steps works and leaves the flags as they started.
 
 use std::collections::VecDeque;
 
 use super::*;
 
 fn layout(ranks: usize, slots: usize, slot_bytes: usize) -> WindowLayout {
-    WindowLayout::new(ranks, IpcOptions { slots, slot_bytes }).unwrap()
+    WindowLayout::new(ranks, options(1, slots, slot_bytes)).unwrap()
+}
+
+fn options(lanes: usize, slots: usize, slot_bytes: usize) -> IpcOptions {
+    IpcOptions {
+        lanes,
+        slots,
+        slot_bytes,
+    }
 }
 
 #[test]
 fn windows_and_flags_do_not_overlap() {
-    let l = layout(4, 3, 512);
-    let mut ranges = Vec::new();
+    let l = WindowLayout::new(4, options(2, 3, 512)).unwrap();
     for owner in 0..4 {
         let mut mine = Vec::new();
         for p in 0..4 {
-            for s in 0..3 {
-                mine.push((l.ready(p, s), 4));
-                mine.push((l.consumed(p, s), 4));
-                if p != owner {
-                    mine.push((l.window(owner, p, s), 512));
+            for lane in 0..2 {
+                for s in 0..3 {
+                    mine.push((l.ready(p, lane, s), 4));
+                    mine.push((l.consumed(p, lane, s), 4));
+                    if p != owner {
+                        mine.push((l.window(owner, p, lane, s), 512));
+                    }
                 }
             }
         }
@@ -37,31 +46,19 @@ fn windows_and_flags_do_not_overlap() {
             l.region_bytes(),
             "rank {owner}'s region is exactly used"
         );
-        ranges.push(mine);
     }
-    // Three peers' windows of 3 slots each, after 256 bytes of flags.
-    assert_eq!(l.region_bytes(), 256 + 3 * 3 * 512);
+    // 2 x 24 flags in 256 bytes, then three peers' windows of 2 lanes x 3 slots.
+    assert_eq!(l.region_bytes(), 256 + 3 * 2 * 3 * 512);
+    assert_eq!(l.consumed_flags(), (24 * 4, 24));
 }
 
 #[test]
 fn bad_window_shapes_are_refused_with_the_reason() {
-    let e = WindowLayout::new(
-        2,
-        IpcOptions {
-            slots: 0,
-            slot_bytes: 256,
-        },
-    )
-    .unwrap_err();
+    let e = WindowLayout::new(2, options(0, 2, 256)).unwrap_err();
+    assert_eq!(e, "the windows need at least 1 lane");
+    let e = WindowLayout::new(2, options(1, 0, 256)).unwrap_err();
     assert_eq!(e, "the windows need at least 1 slot");
-    let e = WindowLayout::new(
-        2,
-        IpcOptions {
-            slots: 2,
-            slot_bytes: 100,
-        },
-    )
-    .unwrap_err();
+    let e = WindowLayout::new(2, options(1, 2, 100)).unwrap_err();
     assert_eq!(e, "slot size 100 bytes is not a positive multiple of 256");
 }
 
@@ -70,92 +67,56 @@ fn a_post_interleaves_pieces_and_ends_waiting_for_its_last_send() {
     // Rank 0 sends 600 bytes to rank 1 (3 pieces of at most 256) with 2 slots, and
     // receives 256 bytes from it.
     let l = layout(2, 2, 256);
-    let mut counts = PieceCounts::new(2);
-    let steps = plan(0, &l, &mut counts, &[(1, 1000, 600)], &[(1, 5000, 256)]);
+    let mut counts = PieceCounts::new(2, 1);
+    let steps = plan(0, &l, &mut counts, 0, &[(1, 1000, 600)], &[(1, 5000, 256)]);
     use Step::*;
+    let p = 1;
     assert_eq!(
         steps,
         vec![
+            WaitFree { peer: p, slot: 0 },
+            Claim { peer: p, slot: 0 },
             Push {
-                peer: 1,
+                peer: p,
                 slot: 0,
                 src: 1000,
                 bytes: 256
             },
-            SignalReady {
-                peer: 1,
-                slot: 0,
-                value: 1
-            },
-            WaitReady {
-                peer: 1,
-                slot: 0,
-                value: 1
-            },
+            SignalReady { peer: p, slot: 0 },
+            WaitReady { peer: p, slot: 0 },
+            Take { peer: p, slot: 0 },
             Drain {
-                peer: 1,
+                peer: p,
                 slot: 0,
                 dst: 5000,
                 bytes: 256
             },
-            SignalConsumed {
-                peer: 1,
-                slot: 0,
-                value: 1
-            },
+            SignalFree { peer: p, slot: 0 },
+            WaitFree { peer: p, slot: 1 },
+            Claim { peer: p, slot: 1 },
             Push {
-                peer: 1,
+                peer: p,
                 slot: 1,
                 src: 1256,
                 bytes: 256
             },
-            SignalReady {
-                peer: 1,
-                slot: 1,
-                value: 2
-            },
-            // The third piece reuses slot 0: after the receiver drained piece 1.
-            WaitConsumed {
-                peer: 1,
-                slot: 0,
-                value: 1
-            },
+            SignalReady { peer: p, slot: 1 },
+            // The third piece reuses slot 0, once the receiver freed it.
+            WaitFree { peer: p, slot: 0 },
+            Claim { peer: p, slot: 0 },
             Push {
-                peer: 1,
+                peer: p,
                 slot: 0,
                 src: 1512,
                 bytes: 88
             },
-            SignalReady {
-                peer: 1,
-                slot: 0,
-                value: 3
-            },
-            WaitConsumed {
-                peer: 1,
-                slot: 0,
-                value: 3
-            },
+            SignalReady { peer: p, slot: 0 },
+            WaitFree { peer: p, slot: 0 },
         ]
     );
-    // The next post goes on numbering: piece 4 to rank 1 uses slot 1 after piece 2.
-    let steps = plan(0, &l, &mut counts, &[(1, 0, 10)], &[]);
-    assert_eq!(
-        steps[0],
-        WaitConsumed {
-            peer: 1,
-            slot: 1,
-            value: 2
-        }
-    );
-    assert_eq!(
-        steps[2],
-        SignalReady {
-            peer: 1,
-            slot: 1,
-            value: 4
-        }
-    );
+    // The next post goes on numbering: its piece (the fourth) takes slot 1.
+    let steps = plan(0, &l, &mut counts, 0, &[(1, 0, 10)], &[]);
+    assert_eq!(steps[0], WaitFree { peer: p, slot: 1 });
 }
 
 #[test]
@@ -163,6 +124,7 @@ fn set_up_messages_round_trip_and_mismatched_windows_are_named() {
     let card = Card {
         process: 0x1234_5678_9abc,
         device: 3,
+        lanes: 2,
         slots: 4,
         slot_bytes: 1 << 20,
         ptr: 0x7f00_0000_0000,
@@ -182,12 +144,13 @@ fn set_up_messages_round_trip_and_mismatched_windows_are_named() {
     );
     assert!(Card::decode(b"weaveipc").is_none());
     assert!(Card::decode(&[0; 108]).is_none());
-    let l = layout(2, 4, 1 << 20);
+    let l = WindowLayout::new(2, options(2, 4, 1 << 20)).unwrap();
     let other = Card { slots: 2, ..back };
     let same = Card::decode(&card.encode());
     assert_eq!(
         check_cards(&[same, Some(other)], &l).unwrap_err(),
-        "rank 1 has windows of 2 slot(s) of 1048576 bytes but this rank 4 of 1048576"
+        "rank 1 has windows of 2 lane(s) x 2 slot(s) of 1048576 bytes but this rank has \
+         2 lane(s) x 4 slot(s) of 1048576 bytes"
     );
     assert_eq!(
         check_cards(&[Card::decode(&card.encode()), None], &l).unwrap_err(),
@@ -195,7 +158,8 @@ fn set_up_messages_round_trip_and_mismatched_windows_are_named() {
     );
 }
 
-/// Ranks' memory and streams, run step by step in a seeded random order.
+/// Ranks' memory and streams, run step by step in a seeded random order. Stream `i` of a
+/// rank posts on lane `i`.
 struct Sim {
     layout: WindowLayout,
     regions: Vec<Vec<u8>>,
@@ -209,79 +173,87 @@ fn flag(region: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(region[at..at + 4].try_into().unwrap())
 }
 
-fn reached(word: u32, value: u64) -> bool {
-    (word.wrapping_sub(value as u32) as i32) >= 0
+fn put(region: &mut [u8], at: usize, value: u32) {
+    region[at..at + 4].copy_from_slice(&value.to_le_bytes())
 }
 
 impl Sim {
-    fn new(ranks: usize, streams: usize, options: IpcOptions, heap: usize) -> Sim {
-        let layout = WindowLayout::new(ranks, options).unwrap();
+    fn new(ranks: usize, streams: usize, slots: usize, slot_bytes: usize, heap: usize) -> Sim {
+        let layout = WindowLayout::new(ranks, options(streams, slots, slot_bytes)).unwrap();
+        let mut region = vec![0; layout.region_bytes()];
+        let (first, count) = layout.consumed_flags();
+        for i in 0..count {
+            put(&mut region, first + 4 * i, 1);
+        }
         Sim {
             layout,
-            regions: vec![vec![0; layout.region_bytes()]; ranks],
+            regions: vec![region; ranks],
             heaps: vec![vec![0; heap]; ranks],
             streams: vec![vec![VecDeque::new(); streams]; ranks],
-            counts: vec![PieceCounts::new(ranks); ranks],
+            counts: vec![PieceCounts::new(ranks, streams); ranks],
         }
     }
 
-    /// Rank `me` posts sends and receives on `stream` (posting order = call order).
+    /// Rank `me` posts sends and receives on `stream` (posting order = call order); returns
+    /// the steps (what a graph would capture).
     fn post(
         &mut self,
         me: usize,
         stream: usize,
         sends: &[(usize, u64, usize)],
         recvs: &[(usize, u64, usize)],
-    ) {
-        let steps = plan(me, &self.layout, &mut self.counts[me], sends, recvs);
-        self.streams[me][stream].extend(steps);
+    ) -> Vec<Step> {
+        let steps = plan(me, &self.layout, &mut self.counts[me], stream, sends, recvs);
+        self.streams[me][stream].extend(steps.iter().copied());
+        steps
     }
 
-    fn can_run(&self, me: usize, step: &Step) -> bool {
+    fn can_run(&self, me: usize, lane: usize, step: &Step) -> bool {
         let l = &self.layout;
         match *step {
-            Step::WaitConsumed { peer, slot, value } => {
-                reached(flag(&self.regions[me], l.consumed(peer, slot)), value)
+            Step::WaitFree { peer, slot } => {
+                flag(&self.regions[me], l.consumed(peer, lane, slot)) == 1
             }
-            Step::WaitReady { peer, slot, value } => {
-                reached(flag(&self.regions[me], l.ready(peer, slot)), value)
+            Step::WaitReady { peer, slot } => {
+                flag(&self.regions[me], l.ready(peer, lane, slot)) == 1
             }
             _ => true,
         }
     }
 
-    fn exec(&mut self, me: usize, step: Step) {
+    fn exec(&mut self, me: usize, lane: usize, step: Step) {
         let l = self.layout;
-        let put = |region: &mut Vec<u8>, at: usize, value: u64| {
-            region[at..at + 4].copy_from_slice(&(value as u32).to_le_bytes())
-        };
         match step {
-            Step::WaitConsumed { .. } | Step::WaitReady { .. } => {}
+            Step::WaitFree { .. } | Step::WaitReady { .. } => {}
+            Step::Claim { peer, slot } => {
+                put(&mut self.regions[me], l.consumed(peer, lane, slot), 0)
+            }
             Step::Push {
                 peer,
                 slot,
                 src,
                 bytes,
             } => {
-                let at = l.window(peer, me, slot);
+                let at = l.window(peer, me, lane, slot);
                 let data = self.heaps[me][src as usize..src as usize + bytes].to_vec();
                 self.regions[peer][at..at + bytes].copy_from_slice(&data);
             }
-            Step::SignalReady { peer, slot, value } => {
-                put(&mut self.regions[peer], l.ready(me, slot), value)
+            Step::SignalReady { peer, slot } => {
+                put(&mut self.regions[peer], l.ready(me, lane, slot), 1)
             }
+            Step::Take { peer, slot } => put(&mut self.regions[me], l.ready(peer, lane, slot), 0),
             Step::Drain {
                 peer,
                 slot,
                 dst,
                 bytes,
             } => {
-                let at = l.window(me, peer, slot);
+                let at = l.window(me, peer, lane, slot);
                 let data = self.regions[me][at..at + bytes].to_vec();
                 self.heaps[me][dst as usize..dst as usize + bytes].copy_from_slice(&data);
             }
-            Step::SignalConsumed { peer, slot, value } => {
-                put(&mut self.regions[peer], l.consumed(me, slot), value)
+            Step::SignalFree { peer, slot } => {
+                put(&mut self.regions[peer], l.consumed(me, lane, slot), 1)
             }
         }
     }
@@ -292,8 +264,18 @@ impl Sim {
             matches!(
                 *s,
                 Step::Push { peer, .. } | Step::SignalReady { peer, .. }
-                    | Step::SignalConsumed { peer, .. } if peer == rank
+                    | Step::SignalFree { peer, .. } if peer == rank
             )
+        })
+    }
+
+    /// Whether every flag holds its initial value (ready 0, consumed 1).
+    fn flags_at_rest(&self) -> bool {
+        let l = &self.layout;
+        let (first, count) = l.consumed_flags();
+        self.regions.iter().all(|r| {
+            (0..first / 4).all(|i| flag(r, 4 * i) == 0)
+                && (0..count).all(|i| flag(r, first + 4 * i) == 1)
         })
     }
 
@@ -307,7 +289,7 @@ impl Sim {
                 .filter(|&(r, s)| {
                     self.streams[r][s]
                         .front()
-                        .is_some_and(|step| self.can_run(r, step))
+                        .is_some_and(|step| self.can_run(r, s, step))
                 })
                 .collect();
             if runnable.is_empty() {
@@ -332,7 +314,7 @@ impl Sim {
             rng ^= rng << 17;
             let (r, s) = runnable[(rng % runnable.len() as u64) as usize];
             let step = self.streams[r][s].pop_front().unwrap();
-            self.exec(r, step);
+            self.exec(r, s, step);
             for rank in 0..self.streams.len() {
                 if self.streams[rank].iter().all(|q| q.is_empty()) && self.writes_pending_into(rank)
                 {
@@ -358,15 +340,7 @@ fn an_allgather_longer_than_the_window_arrives_whole_in_every_schedule() {
     // 3 ranks, 2 slots of 256 bytes: each block of 1000 bytes is 4 pieces.
     let (n, len) = (3, 1000);
     for seed in 0..40 {
-        let mut sim = Sim::new(
-            n,
-            1,
-            IpcOptions {
-                slots: 2,
-                slot_bytes: 256,
-            },
-            8192,
-        );
+        let mut sim = Sim::new(n, 1, 2, 256, 8192);
         for r in 0..n {
             sim.heaps[r][..len].copy_from_slice(&pattern(r, 0, len));
         }
@@ -400,15 +374,7 @@ fn posts_running_out_of_order_on_two_streams_meet_their_own_pieces() {
     // streams that the scheduler runs in any order; 2 slots of 256 bytes.
     let sizes = [100usize, 700, 256, 40, 513, 300];
     for seed in 0..60 {
-        let mut sim = Sim::new(
-            2,
-            2,
-            IpcOptions {
-                slots: 2,
-                slot_bytes: 256,
-            },
-            16384,
-        );
+        let mut sim = Sim::new(2, 2, 2, 256, 16384);
         let mut at = 0;
         let mut spots = Vec::new();
         for (i, &len) in sizes.iter().enumerate() {
@@ -444,15 +410,7 @@ fn a_ring_of_unequal_transfers_completes_with_one_slot() {
     let n = 4;
     let len = |r: usize| 200 + r * 150;
     for seed in 0..40 {
-        let mut sim = Sim::new(
-            n,
-            1,
-            IpcOptions {
-                slots: 1,
-                slot_bytes: 256,
-            },
-            8192,
-        );
+        let mut sim = Sim::new(n, 1, 1, 256, 8192);
         for r in 0..n {
             sim.heaps[r][..len(r)].copy_from_slice(&pattern(r, 1, len(r)));
         }
@@ -482,41 +440,51 @@ fn a_ring_of_unequal_transfers_completes_with_one_slot() {
 }
 
 #[test]
-fn piece_numbers_wrap_around_32_bits() {
-    // Counts near 2^32: the flags compare cyclically, so the wrap is invisible.
-    let mut sim = Sim::new(
-        2,
-        1,
-        IpcOptions {
-            slots: 2,
-            slot_bytes: 256,
-        },
-        4096,
-    );
-    let start = (1u64 << 32) - 3;
-    for me in 0..2 {
-        sim.counts[me].sent[1 - me] = start;
-        sim.counts[me].received[1 - me] = start;
+fn replayed_steps_move_new_data_and_leave_the_flags_at_rest() {
+    // Capture: two posts per rank on two streams (an allgather of 700 bytes and a ring of
+    // 300), 2 slots of 256 bytes. Replay the captured steps three times with new inputs.
+    let n = 3;
+    let mut sim = Sim::new(n, 2, 2, 256, 16384);
+    let mut captured: Vec<Vec<Vec<Step>>> = Vec::new();
+    for me in 0..n {
+        let peers: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+        let sends: Vec<_> = peers.iter().map(|&p| (p, 0, 700)).collect();
+        let recvs: Vec<_> = peers
+            .iter()
+            .map(|&p| (p, (4096 + p * 700) as u64, 700))
+            .collect();
+        let gather = sim.post(me, 0, &sends, &recvs);
+        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+        let ring = sim.post(me, 1, &[(next, 1024, 300)], &[(prev, 8192, 300)]);
+        captured.push(vec![gather, ring]);
     }
-    // The flags hold what the pieces before `start` left there.
-    for me in 0..2 {
-        let l = sim.layout;
-        for n in start - 2..start {
-            let slot = (n % 2) as usize;
-            let at = l.ready(1 - me, slot);
-            sim.regions[me][at..at + 4].copy_from_slice(&((n + 1) as u32).to_le_bytes());
-            let at = l.consumed(1 - me, slot);
-            sim.regions[me][at..at + 4].copy_from_slice(&((n + 1) as u32).to_le_bytes());
+    // Nothing ran while capturing.
+    for ss in &mut sim.streams {
+        for q in ss {
+            q.clear();
         }
     }
-    for r in 0..2 {
-        sim.heaps[r][..1200].copy_from_slice(&pattern(r, 2, 1200));
-    }
-    for me in 0..2 {
-        sim.post(me, 0, &[(1 - me, 0, 1200)], &[(1 - me, 2048, 1200)]);
-    }
-    sim.run(7).unwrap();
-    for me in 0..2 {
-        assert_eq!(sim.heaps[me][2048..3248], pattern(1 - me, 2, 1200)[..]);
+    for replay in 0..3 {
+        for (r, streams) in captured.iter().enumerate() {
+            sim.heaps[r][..700].copy_from_slice(&pattern(r, replay, 700));
+            sim.heaps[r][1024..1324].copy_from_slice(&pattern(r, 10 + replay, 300));
+            for (s, steps) in streams.iter().enumerate() {
+                sim.streams[r][s].extend(steps.iter().copied());
+            }
+        }
+        sim.run(replay as u64 + 11)
+            .unwrap_or_else(|e| panic!("replay {replay}: {e}"));
+        assert!(sim.flags_at_rest(), "replay {replay}");
+        for me in 0..n {
+            for p in (0..n).filter(|&p| p != me) {
+                let at = 4096 + p * 700;
+                assert_eq!(sim.heaps[me][at..at + 700], pattern(p, replay, 700)[..]);
+            }
+            let prev = (me + n - 1) % n;
+            assert_eq!(
+                sim.heaps[me][8192..8492],
+                pattern(prev, 10 + replay, 300)[..]
+            );
+        }
     }
 }
