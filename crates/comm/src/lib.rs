@@ -14,8 +14,13 @@
 //! * [`peer`]: `PeerCopy`, an `Nccl` whose allgathers and point-to-point transfers between
 //!   the GPUs of one process are copy-engine peer copies (no SMs taken from the GEMMs they
 //!   overlap), pulled by the receiver and ordered by events on both sides;
+//! * [`ipc`]: `IpcCopy`, an `Nccl` whose allgathers and point-to-point transfers are pushed
+//!   by the copy engines into receive windows that ranks share through CUDA IPC handles
+//!   (ranks in different processes of one host, or threads), signalled by flags the GPUs
+//!   write and wait on: no host waits, and replayable from a CUDA graph;
 //! * [`bootstrap`]: rank and world size from launcher variables (torchrun, Open MPI, PMI,
-//!   Slurm), and a TCP store through which rank 0 hands out the NCCL unique id.
+//!   Slurm), and a TCP store through which rank 0 hands out the NCCL unique id (and ranks
+//!   all-gather set-up messages).
 //!
 //! Architecture Invariant: weave-comm knows nothing of fusions, host programs or passes; it
 //! moves buffers between ranks. It depends on `weave-cuda` for devices and streams and on
