@@ -40,7 +40,7 @@ use weave_cuda::{Gpu, GpuStream, PeerRegion, SharedRegion, IPC_HANDLE_BYTES};
 use crate::communicator::{Collective, Communicator, P2p};
 use crate::error::CommError;
 use crate::nccl::{DeviceBuffer, Nccl};
-use crate::peer::{allgather_transfers, p2p_transfers, Transfers};
+use crate::peer::{copy_error, post_collective, post_group, Transfers};
 
 /// The receive windows' shape: the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -497,13 +497,6 @@ impl<B: DeviceBuffer> IpcCopy<B> {
         &self.layout
     }
 
-    fn fail(&self, label: &str, message: String) -> CommError {
-        CommError::Backend {
-            op: label.to_string(),
-            message: format!("rank {}: {message}", self.inner.rank()),
-        }
-    }
-
     /// Enqueues `t` on `stream`.
     fn transfer(&self, label: &str, t: &Transfers, stream: &GpuStream) -> Result<(), CommError> {
         t.copy_local(&self.gpu, stream)?;
@@ -519,7 +512,8 @@ impl<B: DeviceBuffer> IpcCopy<B> {
                     streams.len() - 1
                 }
                 None => {
-                    return Err(self.fail(
+                    return Err(copy_error(
+                        me,
                         label,
                         format!(
                             "more than {} streams post copy-engine transfers; the windows \
@@ -595,10 +589,9 @@ impl<B: DeviceBuffer + Clone> Communicator for IpcCopy<B> {
     }
 
     fn post(&self, collective: Collective<B>, stream: &GpuStream) -> Result<(), CommError> {
-        match allgather_transfers(self.inner.rank(), &collective) {
-            Some(t) => self.transfer(&collective.label, &t, stream),
-            None => self.inner.post(collective, stream),
-        }
+        post_collective(&self.inner, collective, stream, |label, t| {
+            self.transfer(label, t, stream)
+        })
     }
 
     fn post_p2p(
@@ -607,11 +600,9 @@ impl<B: DeviceBuffer + Clone> Communicator for IpcCopy<B> {
         ops: Vec<P2p<B>>,
         stream: &GpuStream,
     ) -> Result<(), CommError> {
-        match p2p_transfers(self.inner.rank(), &ops) {
-            Ok(Some(t)) => self.transfer(&label, &t, stream),
-            Ok(None) => self.inner.post_p2p(label, ops, stream),
-            Err(m) => Err(self.fail(&label, m)),
-        }
+        post_group(&self.inner, label, ops, stream, |label, t| {
+            self.transfer(label, t, stream)
+        })
     }
 
     fn abort(&self, reason: &str) {

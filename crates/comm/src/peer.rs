@@ -226,6 +226,44 @@ pub(crate) fn p2p_transfers<B: DeviceBuffer>(
     Ok(Some(t))
 }
 
+/// A copy-engine failure of `label` on `rank`.
+pub(crate) fn copy_error(rank: usize, label: &str, message: String) -> CommError {
+    CommError::Backend {
+        op: label.to_string(),
+        message: format!("rank {rank}: {message}"),
+    }
+}
+
+/// Posts `collective` through `copy` when it is an allgather the copy engines can do (see
+/// [`allgather_transfers`]), else on `inner`: the `post` of the copy-engine communicators.
+pub(crate) fn post_collective<B: DeviceBuffer>(
+    inner: &Nccl<B>,
+    collective: Collective<B>,
+    stream: &GpuStream,
+    copy: impl FnOnce(&str, &Transfers) -> Result<(), CommError>,
+) -> Result<(), CommError> {
+    match allgather_transfers(inner.rank(), &collective) {
+        Some(t) => copy(&collective.label, &t),
+        None => inner.post(collective, stream),
+    }
+}
+
+/// Posts a send/recv group through `copy` when its buffers are contiguous (see
+/// [`p2p_transfers`]), else on `inner`: the `post_p2p` of the copy-engine communicators.
+pub(crate) fn post_group<B: DeviceBuffer>(
+    inner: &Nccl<B>,
+    label: String,
+    ops: Vec<P2p<B>>,
+    stream: &GpuStream,
+    copy: impl FnOnce(&str, &Transfers) -> Result<(), CommError>,
+) -> Result<(), CommError> {
+    match p2p_transfers(inner.rank(), &ops) {
+        Ok(Some(t)) => copy(&label, &t),
+        Ok(None) => inner.post_p2p(label, ops, stream),
+        Err(m) => Err(copy_error(inner.rank(), &label, m)),
+    }
+}
+
 /// The meeting place of the ranks (threads) of one process: share one between their
 /// [`PeerCopy`] communicators.
 #[derive(Default)]
@@ -266,13 +304,6 @@ impl<B: DeviceBuffer> PeerCopy<B> {
         &self.inner
     }
 
-    fn fail(&self, label: &str, message: String) -> CommError {
-        CommError::Backend {
-            op: label.to_string(),
-            message: format!("rank {}: {message}", self.inner.rank()),
-        }
-    }
-
     fn timed_out(&self, label: &str, peer: usize, waited: Duration) -> CommError {
         CommError::Timeout {
             op: format!("{label} (copy-engine transfer)"),
@@ -282,15 +313,10 @@ impl<B: DeviceBuffer> PeerCopy<B> {
         }
     }
 
-    /// Posts sends `(to, address, bytes)` and receives `(from, address, bytes)` as peer copies
-    /// on `stream`.
-    fn transfer(
-        &self,
-        label: &str,
-        sends: &[(usize, u64, usize)],
-        recvs: &[(usize, u64, usize)],
-        stream: &GpuStream,
-    ) -> Result<(), CommError> {
+    /// Posts `t` on `stream`: its local copies, then its sends and receives as peer copies.
+    fn transfer(&self, label: &str, t: &Transfers, stream: &GpuStream) -> Result<(), CommError> {
+        t.copy_local(&self.gpu, stream)?;
+        let (sends, recvs) = (&t.sends, &t.recvs);
         let me = self.inner.rank();
         let timeout = self.inner.timeout();
         // Number every transfer of this post by its pair's sequence.
@@ -330,7 +356,8 @@ impl<B: DeviceBuffer> PeerCopy<B> {
             let (ptr, bytes, gpu, ready) = offer;
             let want = *want;
             if bytes != want {
-                return Err(self.fail(
+                return Err(copy_error(
+                    me,
                     label,
                     format!("rank {from} sends {bytes} bytes but {want} are received"),
                 ));
@@ -375,13 +402,9 @@ impl<B: DeviceBuffer + Clone> Communicator for PeerCopy<B> {
     }
 
     fn post(&self, collective: Collective<B>, stream: &GpuStream) -> Result<(), CommError> {
-        match allgather_transfers(self.inner.rank(), &collective) {
-            Some(t) => {
-                t.copy_local(&self.gpu, stream)?;
-                self.transfer(&collective.label, &t.sends, &t.recvs, stream)
-            }
-            None => self.inner.post(collective, stream),
-        }
+        post_collective(&self.inner, collective, stream, |label, t| {
+            self.transfer(label, t, stream)
+        })
     }
 
     fn post_p2p(
@@ -390,14 +413,9 @@ impl<B: DeviceBuffer + Clone> Communicator for PeerCopy<B> {
         ops: Vec<P2p<B>>,
         stream: &GpuStream,
     ) -> Result<(), CommError> {
-        match p2p_transfers(self.inner.rank(), &ops) {
-            Ok(Some(t)) => {
-                t.copy_local(&self.gpu, stream)?;
-                self.transfer(&label, &t.sends, &t.recvs, stream)
-            }
-            Ok(None) => self.inner.post_p2p(label, ops, stream),
-            Err(m) => Err(self.fail(&label, m)),
-        }
+        post_group(&self.inner, label, ops, stream, |label, t| {
+            self.transfer(label, t, stream)
+        })
     }
 
     fn abort(&self, reason: &str) {
@@ -438,6 +456,101 @@ mod tests {
             pair_self(&[8], &[4]).unwrap_err(),
             "it sends itself 8 bytes but receives 4"
         );
+    }
+
+    /// A device buffer by address only.
+    #[derive(Clone, Debug)]
+    struct Buf {
+        ptr: u64,
+        len: usize,
+        contiguous: bool,
+    }
+
+    impl DeviceBuffer for Buf {
+        fn device_ptr(&self) -> u64 {
+            self.ptr
+        }
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn data_type(&self) -> crate::DataType {
+            crate::DataType::Bf16
+        }
+        fn is_contiguous(&self) -> bool {
+            self.contiguous
+        }
+    }
+
+    fn buf(ptr: u64, len: usize) -> Buf {
+        Buf {
+            ptr,
+            len,
+            contiguous: true,
+        }
+    }
+
+    #[test]
+    fn an_allgather_sends_its_input_and_receives_each_block_in_team_order() {
+        // Rank 2 of team [3, 2, 0]: 100 bf16 elements (200 bytes) each.
+        let gather = |input: Buf, output: Buf| Collective {
+            label: "ag".into(),
+            team: vec![3, 2, 0],
+            op: CommOp::Allgather { input, output },
+        };
+        let t = allgather_transfers(2, &gather(buf(0x100, 100), buf(0x1000, 300))).unwrap();
+        assert_eq!(t.local, vec![(0x1000 + 200, 0x100, 200)]);
+        assert_eq!(t.sends, vec![(3, 0x100, 200), (0, 0x100, 200)]);
+        assert_eq!(t.recvs, vec![(3, 0x1000, 200), (0, 0x1000 + 400, 200)]);
+        // Outside the team, a strided buffer or an output of the wrong size: NCCL moves it.
+        assert!(allgather_transfers(1, &gather(buf(0, 100), buf(0, 300))).is_none());
+        let strided = Buf {
+            contiguous: false,
+            ..buf(0, 100)
+        };
+        assert!(allgather_transfers(2, &gather(strided, buf(0, 300))).is_none());
+        assert!(allgather_transfers(2, &gather(buf(0, 100), buf(0, 200))).is_none());
+    }
+
+    #[test]
+    fn a_group_pairs_sends_to_itself_with_receives_from_itself() {
+        let ops = vec![
+            P2p::Send {
+                peer: 1,
+                buffer: buf(0x10, 4),
+            },
+            P2p::Send {
+                peer: 0,
+                buffer: buf(0x20, 8),
+            },
+            P2p::Recv {
+                peer: 0,
+                buffer: buf(0x30, 8),
+            },
+            P2p::Recv {
+                peer: 2,
+                buffer: buf(0x40, 4),
+            },
+        ];
+        let t = p2p_transfers(0, &ops).unwrap().unwrap();
+        assert_eq!(t.local, vec![(0x30, 0x20, 16)]);
+        assert_eq!(t.sends, vec![(1, 0x10, 8)]);
+        assert_eq!(t.recvs, vec![(2, 0x40, 8)]);
+        let unmatched = vec![P2p::Send {
+            peer: 0,
+            buffer: buf(0x20, 8),
+        }];
+        assert_eq!(
+            p2p_transfers(0, &unmatched).unwrap_err(),
+            "1 send(s) to itself but 0 receive(s) from itself"
+        );
+        let strided = vec![P2p::Recv {
+            peer: 1,
+            buffer: Buf {
+                contiguous: false,
+                ..buf(0, 4)
+            },
+        }];
+        assert!(p2p_transfers(0, &strided).unwrap().is_none());
     }
 
     #[test]
