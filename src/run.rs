@@ -362,7 +362,7 @@ pub fn check_outputs(
                 .get(k)
                 .ok_or_else(|| RunError::Setup(format!("rank {rank} returned no output {k}")))?;
             let idx = layout.global_indices(rank);
-            // Padding elements (past a non-divisible split) are not compared.
+            // Positions past the global extent (which no split makes) are not compared.
             let (g, e): (Vec<f64>, Vec<f64>) = got
                 .data
                 .iter()

@@ -4,16 +4,22 @@
 //!
 //! A rank's buffer of tensor `t` has one axis per visible logical axis of `t`, as the
 //! lowering sizes it. Along logical axis `L`, the splits below `L` (from the allocation
-//! domain, or the loop domain where no allocation domain is set) form a tree; its leaves, outer before inner, enumerate the axis' global
-//! indices. A device-parallel leaf is fixed to the rank's coordinate in the mesh, every other
-//! leaf is enumerated, so the local axis holds, in tree order, exactly the elements whose
-//! device leaf equals the rank's coordinate. This covers a DID split inside a Stream split
-//! (each chunk cut again across devices), which is how reduce-scattered chunks land.
+//! domain, or the loop domain where no allocation domain is set) form a tree; its leaves,
+//! outer before inner, enumerate the axis' global indices. A device-parallel leaf is fixed to
+//! the rank's coordinate in the mesh, every other leaf is enumerated, so the local axis holds,
+//! in tree order, exactly the elements whose device leaf equals the rank's coordinate. This
+//! covers a DID split inside a Stream split (each chunk cut again across devices), which is
+//! how reduce-scattered chunks land.
+//!
+//! Splits cut the elements an axis really has, as the runtime does (`ShardByStream` chunks
+//! of `ceilDiv(n, s)`, the last ones shorter or empty): a split that does not divide adds no
+//! padding, and a Stream or Serial split of an input or output leaves its buffer the whole
+//! axis (`weave_comm::host::chunk_ranges`).
 
 use std::collections::HashMap;
 
 use weave_executor::Dense;
-use weave_ir::{DeviceMesh, Fusion, IdExpr, IterDomainId, ParallelType, TensorId};
+use weave_ir::{DeviceMesh, Fusion, IdExpr, IterDomainId, ParallelType, SplitKind, TensorId};
 
 /// The per-rank layout of one fusion tensor.
 #[derive(Clone, Debug)]
@@ -27,56 +33,57 @@ pub struct Layout {
 /// The split tree of one logical axis, with evaluated extents.
 #[derive(Clone, Debug)]
 enum AxisTree {
-    /// A leaf: its extent and parallel type.
-    Leaf {
-        extent: usize,
-        parallel: ParallelType,
-    },
-    /// A split: `[outer, inner]`, with the inner extent that strides the outer index.
+    /// A leaf: its parallel type (its extent is what its parent's chunk has).
+    Leaf { parallel: ParallelType },
+    /// A split: `[outer, inner]`, with the factor that sizes one of them.
     Split {
         outer: Box<AxisTree>,
         inner: Box<AxisTree>,
-        inner_extent: usize,
+        kind: SplitKind,
+        factor: usize,
     },
 }
 
 impl AxisTree {
-    /// Elements of this axis held by one rank.
-    fn local_extent(&self) -> usize {
+    /// Global indices of this axis held by the rank at `coords`, in local order, when the
+    /// axis has `len` elements.
+    ///
+    /// A split cuts the elements it really has, the way the runtime cuts them: an outer split
+    /// by `f` into `f` chunks of `ceilDiv(len, f)`, an inner split by `f` into chunks of `f`,
+    /// the last chunks shorter or empty; each chunk's subtree then sees the chunk's own
+    /// length. So a Stream or Serial split adds no padding (the buffer is the whole axis, cut
+    /// at run time), and a device split inside a shorter last chunk cuts that chunk (which
+    /// `load` requires to divide evenly).
+    fn indices(&self, len: usize, coords: &dyn Fn(ParallelType) -> usize) -> Vec<usize> {
         match self {
-            AxisTree::Leaf { extent, parallel } => {
+            AxisTree::Leaf { parallel, .. } => {
                 if parallel.is_device() {
-                    1
+                    let c = coords(*parallel);
+                    if c < len {
+                        vec![c]
+                    } else {
+                        Vec::new()
+                    }
                 } else {
-                    *extent
-                }
-            }
-            AxisTree::Split { outer, inner, .. } => outer.local_extent() * inner.local_extent(),
-        }
-    }
-
-    /// Global indices of this axis held by the rank at `coords`, in local order (possibly
-    /// past the global extent, for padding of a non-divisible split).
-    fn indices(&self, coords: &dyn Fn(ParallelType) -> usize) -> Vec<usize> {
-        match self {
-            AxisTree::Leaf { extent, parallel } => {
-                if parallel.is_device() {
-                    vec![coords(*parallel)]
-                } else {
-                    (0..*extent).collect()
+                    (0..len).collect()
                 }
             }
             AxisTree::Split {
                 outer,
                 inner,
-                inner_extent,
+                kind,
+                factor,
             } => {
-                let o = outer.indices(coords);
-                let i = inner.indices(coords);
-                let mut out = Vec::with_capacity(o.len() * i.len());
-                for a in &o {
-                    for b in &i {
-                        out.push(a * inner_extent + b);
+                let f = (*factor).max(1);
+                let (outer_len, stride) = match kind {
+                    SplitKind::Outer => (f, len.div_ceil(f)),
+                    SplitKind::Inner => (len.div_ceil(f), f),
+                };
+                let mut out = Vec::new();
+                for a in outer.indices(outer_len, coords) {
+                    let chunk = len.saturating_sub(a * stride).min(stride);
+                    for b in inner.indices(chunk, coords) {
+                        out.push(a * stride + b);
                     }
                 }
                 out
@@ -165,13 +172,16 @@ impl Layout {
     ) -> Result<AxisTree, String> {
         match children.get(&id) {
             None => Ok(AxisTree::Leaf {
-                extent: eval(fusion, id, name)?,
                 parallel: fusion.id(id).parallel,
             }),
-            Some((outer, inner, IdExpr::Split { .. })) => Ok(AxisTree::Split {
+            Some((outer, inner, IdExpr::Split { kind, .. })) => Ok(AxisTree::Split {
                 outer: Box::new(Self::tree(fusion, *outer, children, name)?),
                 inner: Box::new(Self::tree(fusion, *inner, children, name)?),
-                inner_extent: eval(fusion, *inner, name)?,
+                kind: *kind,
+                factor: match kind {
+                    SplitKind::Outer => eval(fusion, *outer, name)?,
+                    SplitKind::Inner => eval(fusion, *inner, name)?,
+                },
             }),
             Some(_) => Err(format!("tensor `{name}`: unexpected transform")),
         }
@@ -182,9 +192,16 @@ impl Layout {
         &self.global
     }
 
-    /// The sizes of one rank's buffer.
+    /// The sizes of one rank's buffer (of the first device of the mesh; `load` makes device
+    /// splits divide, so every device holds as many).
     pub fn local_sizes(&self) -> Vec<usize> {
-        self.axes.iter().map(AxisTree::local_extent).collect()
+        let first = self
+            .mesh
+            .as_ref()
+            .and_then(|m| m.devices().first().copied())
+            .and_then(|d| usize::try_from(d).ok())
+            .unwrap_or(0);
+        self.axis_indices(first).iter().map(Vec::len).collect()
     }
 
     /// Whether `rank` holds a piece of the tensor (it is in the tensor's mesh, or the tensor
@@ -215,16 +232,20 @@ impl Layout {
         }
     }
 
-    /// For each axis, the global index of every position of `rank`'s buffer along it (an index
-    /// at or past the global extent is padding): the per-axis form of
+    /// For each axis, the global index of every position of `rank`'s buffer along it: the
+    /// per-axis form of
     /// [`Layout::global_indices`], small enough for tensors of any size.
     pub fn axis_indices(&self, rank: usize) -> Vec<Vec<usize>> {
         let coords = self.coords(rank);
-        self.axes.iter().map(|a| a.indices(&coords)).collect()
+        self.axes
+            .iter()
+            .zip(&self.global)
+            .map(|(a, &len)| a.indices(len, &coords))
+            .collect()
     }
 
     /// For each element of `rank`'s buffer (row-major), its row-major index in the global
-    /// tensor, or `None` for padding past the global extent.
+    /// tensor (`None` would be a position past the global extent, which no split makes).
     pub fn global_indices(&self, rank: usize) -> Vec<Option<usize>> {
         let per_axis = self.axis_indices(rank);
         let mut strides = vec![1usize; self.global.len()];
@@ -247,7 +268,7 @@ impl Layout {
         out
     }
 
-    /// `rank`'s buffer of the global tensor `global` (padding is zero).
+    /// `rank`'s buffer of the global tensor `global`.
     pub fn shard(&self, global: &Dense, rank: usize) -> Result<Dense, String> {
         if global.sizes != self.global {
             return Err(format!(

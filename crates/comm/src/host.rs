@@ -180,6 +180,14 @@ impl HostView {
         })
     }
 
+    /// The first `len` elements of the view along `axis`. No copy.
+    pub fn narrow(&self, axis: usize, len: usize) -> Result<HostView, String> {
+        Ok(HostView {
+            storage: self.storage.clone(),
+            ranges: narrow_ranges(&self.ranges, axis, len)?,
+        })
+    }
+
     /// Calls `f(start, len)` for every contiguous run of storage elements in the view, in
     /// row-major order of the view.
     fn for_each_run(&self, mut f: impl FnMut(usize, usize)) {
@@ -286,6 +294,40 @@ pub fn chunk_ranges(
     Ok(out)
 }
 
+/// The length of the `index`-th of `chunks` chunks of an axis of `len` elements, cut as
+/// [`chunk_ranges`] cuts: `ceil(len / chunks)`, less for the last ones, 0 past the end.
+pub fn chunk_len(len: usize, chunks: usize, index: usize) -> usize {
+    if chunks == 0 {
+        return 0;
+    }
+    let size = len.div_ceil(chunks);
+    len.saturating_sub(index.saturating_mul(size)).min(size)
+}
+
+/// The box `ranges` narrowed to its first `len` elements along `axis`; fails when the axis
+/// is shorter than `len`.
+pub fn narrow_ranges(
+    ranges: &[Range<usize>],
+    axis: usize,
+    len: usize,
+) -> Result<Vec<Range<usize>>, String> {
+    let Some(range) = ranges.get(axis) else {
+        return Err(format!(
+            "axis {axis} is out of range for a view of rank {}",
+            ranges.len()
+        ));
+    };
+    if len > range.len() {
+        return Err(format!(
+            "cannot narrow axis {axis} of {} elements to {len}",
+            range.len()
+        ));
+    }
+    let mut out = ranges.to_vec();
+    out[axis] = range.start..range.start + len;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,6 +349,33 @@ mod tests {
         assert!(!c.overlaps(&v.chunk(1, 3, 2).unwrap()));
         let last = v.chunk(0, 3, 2).unwrap();
         assert_eq!(last.sizes(), vec![0, 3], "ceil(4/3) = 2: chunk 2 is empty");
+        let short = v.chunk(0, 3, 1).unwrap().narrow(0, 1).unwrap();
+        assert_eq!(short.read(), vec![6.0, 7.0, 8.0]);
+        assert!(v.narrow(0, 5).is_err());
+    }
+
+    #[test]
+    fn chunk_lengths_match_the_chunk_views() {
+        for len in 0..12 {
+            for chunks in 1..7 {
+                let mut total = 0;
+                for index in 0..chunks {
+                    let r = chunk_ranges(&[0..len], 0, chunks, index).unwrap();
+                    assert_eq!(r[0].len(), chunk_len(len, chunks, index));
+                    total += chunk_len(len, chunks, index);
+                }
+                assert_eq!(total, len);
+                assert_eq!(chunk_len(len, chunks, chunks + 3), 0);
+            }
+        }
+        assert_eq!(
+            (0..3).map(|i| chunk_len(10, 3, i)).collect::<Vec<_>>(),
+            [4, 4, 2]
+        );
+        assert_eq!(
+            (0..5).map(|i| chunk_len(12, 5, i)).collect::<Vec<_>>(),
+            [3, 3, 3, 3, 0]
+        );
     }
 
     #[test]

@@ -124,6 +124,14 @@ pub trait Backend: Send + Sync {
         index: usize,
     ) -> Result<Self::Buffer, String>;
 
+    /// The first `len` elements of `buffer` along `axis`: an aliasing view.
+    fn narrow(
+        &self,
+        buffer: &Self::Buffer,
+        axis: usize,
+        len: usize,
+    ) -> Result<Self::Buffer, String>;
+
     /// The buffer's sizes.
     fn sizes(&self, buffer: &Self::Buffer) -> Vec<usize>;
 

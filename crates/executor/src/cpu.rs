@@ -426,6 +426,10 @@ impl Backend for CpuBackend {
         buffer.chunk(axis, chunks, index)
     }
 
+    fn narrow(&self, buffer: &HostView, axis: usize, len: usize) -> Result<HostView, String> {
+        buffer.narrow(axis, len)
+    }
+
     fn sizes(&self, buffer: &HostView) -> Vec<usize> {
         buffer.sizes()
     }

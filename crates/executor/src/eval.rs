@@ -578,6 +578,7 @@ where
                 axis,
                 chunks,
                 index,
+                holds,
                 output,
             } => {
                 let buffer = self.buffer(*input, &label)?;
@@ -587,10 +588,28 @@ where
                         "`{label}`: chunk {i} of {c} does not exist"
                     )));
                 }
-                let view = self
+                let mut view = self
                     .backend
                     .chunk(&buffer, *axis, c as usize, i as usize)
                     .map_err(|m| ExecError::Program(format!("`{label}`: {m}")))?;
+                if let Some(h) = *holds {
+                    // A slot narrowed to the chunk of the longer axis that it holds.
+                    let (k, n, e) = (
+                        self.eval(h.chunk)?,
+                        self.eval(h.chunks)?,
+                        self.eval(h.extent)?,
+                    );
+                    if n <= 0 || k < 0 || k >= n || e < 0 {
+                        return Err(ExecError::Program(format!(
+                            "`{label}`: chunk {k} of {n} of an axis of {e} elements does not exist"
+                        )));
+                    }
+                    let len = weave_comm::host::chunk_len(e as usize, n as usize, k as usize);
+                    view = self
+                        .backend
+                        .narrow(&view, *axis, len)
+                        .map_err(|m| ExecError::Program(format!("`{label}`: {m}")))?;
+                }
                 self.tensors.insert(*output, view);
             }
             Stmt::LaunchKernel {

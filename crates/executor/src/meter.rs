@@ -158,6 +158,14 @@ impl Backend for MeterBackend {
         })
     }
 
+    fn narrow(&self, buffer: &Shape, axis: usize, len: usize) -> Result<Shape, String> {
+        let ranges = weave_comm::host::narrow_ranges(&buffer.ranges, axis, len)?;
+        Ok(Shape {
+            ranges,
+            ..buffer.clone()
+        })
+    }
+
     fn sizes(&self, buffer: &Shape) -> Vec<usize> {
         buffer.sizes()
     }

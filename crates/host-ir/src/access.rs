@@ -104,13 +104,24 @@ impl Stmt {
     }
 
     /// Scalars the statement evaluates when it runs: loop bounds, chunk count and index of a
-    /// view, the root of a collective, the peer of a point-to-point. The index of a
+    /// view (and of the chunk it holds), the root of a collective, the peer of a point-to-point. The index of a
     /// [`Stmt::ForLoop`] is bound, not read, and is not listed; neither are tensor sizes nor
     /// stream indices (see [`Stmt::stream`]).
     pub fn scalars(&self) -> Vec<ScalarId> {
         match self {
             Stmt::ForLoop { start, stop, .. } => vec![*start, *stop],
-            Stmt::ShardByStream { chunks, index, .. } => vec![*chunks, *index],
+            Stmt::ShardByStream {
+                chunks,
+                index,
+                holds,
+                ..
+            } => {
+                let mut v = vec![*chunks, *index];
+                if let Some(h) = holds {
+                    v.extend([h.chunk, h.chunks, h.extent]);
+                }
+                v
+            }
             Stmt::Communication(c) => c.root.into_iter().collect(),
             Stmt::P2PCommunication(c) => vec![c.peer],
             _ => Vec::new(),

@@ -41,7 +41,7 @@ pub use ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
 pub use parser::parse;
 pub use printer::{print, Names};
 pub use syntax::{
-    Communication, CommunicationType, HostProgram, HostScalar, HostTensor, KernelUnit,
+    ChunkOf, Communication, CommunicationType, HostProgram, HostScalar, HostTensor, KernelUnit,
     P2PCommunication, P2PDirection, Stmt, Stream,
 };
 pub use verify::verify;

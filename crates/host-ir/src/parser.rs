@@ -26,7 +26,8 @@ use crate::builder::ScopeRef;
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
 use crate::lexer::{clip, lex_line, Tok, Token};
 use crate::syntax::{
-    Communication, CommunicationType, HostProgram, HostScalar, P2PCommunication, P2PDirection, Stmt,
+    ChunkOf, Communication, CommunicationType, HostProgram, HostScalar, P2PCommunication,
+    P2PDirection, Stmt,
 };
 use crate::verify::MAX_LOOP_DEPTH;
 
@@ -817,12 +818,34 @@ impl Parser<'_> {
                 self.expect_punct(",", "after the number of chunks")?;
                 self.expect_key("stream_index", "after the number of chunks")?;
                 let index = self.scalar()?;
+                let holds = if self.at_punct(",") {
+                    self.expect_punct(",", "after the stream index")?;
+                    self.expect_key("holds", "after the stream index")?;
+                    self.expect_punct("(", "after `holds=`")?;
+                    self.expect_key("chunk", "after `holds=(`")?;
+                    let chunk = self.scalar()?;
+                    self.expect_punct(",", "after the chunk held")?;
+                    self.expect_key("chunks", "after the chunk held")?;
+                    let chunks = self.scalar()?;
+                    self.expect_punct(",", "after the number of chunks held")?;
+                    self.expect_key("extent", "after the number of chunks held")?;
+                    let extent = self.scalar()?;
+                    self.expect_punct(")", "to close `holds=(`")?;
+                    Some(ChunkOf {
+                        chunk,
+                        chunks,
+                        extent,
+                    })
+                } else {
+                    None
+                };
                 self.expect_punct(")", "to close `ShardByStream(`")?;
                 Stmt::ShardByStream {
                     input,
                     axis,
                     chunks,
                     index,
+                    holds,
                     output: out,
                 }
             }

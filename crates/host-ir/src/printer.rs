@@ -246,13 +246,23 @@ impl Names {
                 axis,
                 chunks,
                 index,
+                holds,
                 output,
             } => {
                 let o = self.tensor_text(p, *output, declare);
                 let i = self.tensor_text(p, *input, declare);
                 let c = self.scalar(p, *chunks);
                 let x = self.scalar(p, *index);
-                format!("{o} = ShardByStream({i}, axis={axis}, chunks={c}, stream_index={x})")
+                let h = match holds {
+                    Some(h) => format!(
+                        ", holds=(chunk={}, chunks={}, extent={})",
+                        self.scalar(p, h.chunk),
+                        self.scalar(p, h.chunks),
+                        self.scalar(p, h.extent)
+                    ),
+                    None => String::new(),
+                };
+                format!("{o} = ShardByStream({i}, axis={axis}, chunks={c}, stream_index={x}{h})")
             }
             Stmt::LaunchKernel {
                 kernel,

@@ -188,6 +188,22 @@ pub struct Communication {
     pub output: HostTensorId,
 }
 
+/// The chunk `chunk` of `chunks` chunks of an axis of `extent` elements, cut like
+/// [`Stmt::ShardByStream`] cuts (`ceilDiv(extent, chunks)` elements each, the last ones fewer
+/// or none). A buffer bounded to `numberOfStreams` slots holds one such chunk per slot, and a
+/// slot is as long as the longest chunk; the view of a slot that holds a shorter chunk (or an
+/// empty one) is narrowed to that chunk's length, so that it has the same sizes as the chunk
+/// of the unbounded buffer it stands for. Printed `holds=(chunk=i0, chunks=3, extent=t)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChunkOf {
+    /// Which chunk; usually the loop index.
+    pub chunk: ScalarId,
+    /// How many chunks the axis is cut into.
+    pub chunks: ScalarId,
+    /// The length of the whole axis.
+    pub extent: ScalarId,
+}
+
 /// Which half of a point-to-point exchange a [`P2PCommunication`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum P2PDirection {
@@ -252,8 +268,10 @@ pub enum Stmt {
         /// The stream waited for.
         stream: StreamId,
     },
-    /// Binds `output` to the `index`-th of `chunks` equal chunks of `input` along `axis`: an
-    /// aliasing view, no copy.
+    /// Binds `output` to the `index`-th of `chunks` chunks of `input` along `axis`: an
+    /// aliasing view, no copy. Chunks hold `ceilDiv(n, chunks)` elements of the axis' `n`,
+    /// the last ones fewer or none. With `holds`, the view is then narrowed to the length of
+    /// the chunk it holds (a slot of a bounded buffer, see [`ChunkOf`]).
     ShardByStream {
         /// The tensor cut into chunks.
         input: HostTensorId,
@@ -263,6 +281,9 @@ pub enum Stmt {
         chunks: ScalarId,
         /// Which chunk; usually the loop index.
         index: ScalarId,
+        /// The chunk of a longer axis that this view holds, when `input` is a buffer of
+        /// slots: the view is narrowed to that chunk's length.
+        holds: Option<ChunkOf>,
         /// The view.
         output: HostTensorId,
     },

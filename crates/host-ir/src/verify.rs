@@ -333,6 +333,7 @@ impl Verifier<'_> {
                 chunks,
                 index,
                 output,
+                ..
             } => {
                 if input == output {
                     let n = self.t(*input);

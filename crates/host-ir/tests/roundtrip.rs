@@ -145,6 +145,7 @@ fn build_row_parallel() -> HostProgram {
             axis: 0,
             chunks: three,
             index: i0,
+            holds: None,
             output: t3,
         },
     );
@@ -172,6 +173,7 @@ fn build_row_parallel() -> HostProgram {
             axis: 0,
             chunks: three,
             index: i0,
+            holds: None,
             output: t5,
         },
     );
@@ -321,6 +323,7 @@ fn random_program(ops: &[(u8, u8, u8, u8)]) -> HostProgram {
                     axis: c as usize % 3,
                     chunks: pick(&scalars, c),
                     index: pick(&scalars, a),
+                    holds: None,
                     output,
                 }
             }

@@ -31,8 +31,13 @@
 //!   `slots = min(S, numberOfStreams)` chunks instead of `S`:
 //!   ```text
 //!   t.sizes[axis] := ceilDiv(t.sizes[axis], S) * slots      # chunk size unchanged
-//!   v = ShardByStream(t, axis, chunks=slots, index=( i % numberOfStreams ))
+//!   v = ShardByStream(t, axis, chunks=slots, index=( i % numberOfStreams ),
+//!                     holds=(chunk=i, chunks=S, extent=old t.sizes[axis]))
 //!   ```
+//!   A slot is as long as the longest chunk, `ceilDiv(old size, S)`; `holds` narrows the view
+//!   of iteration `i` to the length of chunk `i` of the old axis (shorter or empty at the end
+//!   of an axis that `S` does not divide), so every view keeps the sizes of the chunk of the
+//!   unbounded buffer it replaces.
 //!   and (a) then allocates `t` once, before `L`.
 //!   *Why it is safe* (§6.4): iteration `i` only touches slot `i % n`, and runs all of its
 //!   device work on `Stream (i % n)` (the rewrite requires every `SetCurrentStream` inside `L`
@@ -65,7 +70,7 @@
 use std::collections::{HashMap, HashSet};
 
 use weave_host_ir::{
-    HostProgram, HostScalar, HostTensorId, P2PDirection, ScalarId, Stmt, StmtId, Stream,
+    ChunkOf, HostProgram, HostScalar, HostTensorId, P2PDirection, ScalarId, Stmt, StmtId, Stream,
 };
 use weave_ir::{Scalar, ScalarOp};
 
@@ -550,11 +555,26 @@ impl SlotPlan {
         let new_size = binary(p, ScalarOp::Mul, chunk, slots);
         p.tensors[self.tensor].sizes[self.axis] = new_size;
 
+        // A slot is as long as the longest chunk; each view is narrowed to the chunk that its
+        // iteration holds, which is shorter (or empty) at the end of an axis that `s` does
+        // not divide.
+        let holds = ChunkOf {
+            chunk: self.loop_index,
+            chunks: s,
+            extent: size,
+        };
         let slot = stream_slot(p, self.loop_index);
         for v in self.views {
-            if let Stmt::ShardByStream { chunks, index, .. } = &mut p.stmts[v] {
+            if let Stmt::ShardByStream {
+                chunks,
+                index,
+                holds: h,
+                ..
+            } = &mut p.stmts[v]
+            {
                 *chunks = slots;
                 *index = slot;
+                *h = Some(holds);
             }
         }
     }

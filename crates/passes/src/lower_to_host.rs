@@ -468,6 +468,7 @@ impl Lowering<'_> {
             axis,
             chunks,
             index,
+            holds: None,
             output: view,
         });
         self.open.as_mut().map(|o| o.bound.insert(t, view));

@@ -89,6 +89,7 @@ mod build {
                 axis: 0,
                 chunks,
                 index,
+                holds: None,
                 output,
             })
         }

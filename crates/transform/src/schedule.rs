@@ -381,6 +381,30 @@ fn check_device_axis(
                     )));
                 }
             }
+            // A chunk of a longer axis (the inner output of a split, e.g. a stream chunk)
+            // is as long as `in_extent` except at the end of an axis that the chunks do not
+            // cut evenly; every device must hold an equal piece of that last chunk too.
+            let mut cur = input;
+            while let Some(IdExpr::Split {
+                input: whole,
+                inner,
+                ..
+            }) = f.id(cur).definition.map(|e| f.id_expr(e))
+            {
+                if *inner == cur {
+                    let whole_extent = &f.id(*whole).extent;
+                    if let (Some(v), Some(e)) = (f.eval(in_extent), f.eval(whole_extent)) {
+                        if e % size as i64 != 0 {
+                            return Err(Diagnostic::new(format!(
+                                "{p}: axis {axis} (`{}` = {v}) is a chunk of an axis of extent {e} (`{}`) whose last chunk is shorter; a {pt} split of every chunk needs {e} divisible by {size} devices too",
+                                in_extent.to_source(),
+                                whole_extent.to_source()
+                            )));
+                        }
+                    }
+                }
+                cur = *whole;
+            }
         }
         Origin::Logical => {
             if let Some(v) = f.eval(extent) {

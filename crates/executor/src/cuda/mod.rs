@@ -660,6 +660,19 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn narrow(
+        &self,
+        buffer: &DeviceTensor,
+        axis: usize,
+        len: usize,
+    ) -> Result<DeviceTensor, String> {
+        let ranges = weave_comm::host::narrow_ranges(&buffer.ranges, axis, len)?;
+        Ok(DeviceTensor {
+            ranges,
+            ..buffer.clone()
+        })
+    }
+
     fn sizes(&self, buffer: &DeviceTensor) -> Vec<usize> {
         buffer.sizes()
     }
