@@ -294,9 +294,11 @@ fn loop_local_intermediate_gets_number_of_streams_slots() {
         .position(|s| matches!(&p.stmts[*s], Stmt::Allocate { tensor, .. } if p.tensors[*tensor].sizes.len() == 2 && !p.outputs.contains(tensor)))
         .unwrap();
     assert!(alloc_pos < loop_pos);
-    // Iteration i writes slot i % numberOfStreams, one of min(S, numberOfStreams) chunks.
+    // Iteration i writes slot i % numberOfStreams, one of min(S, numberOfStreams) chunks,
+    // narrowed to the length of chunk i of M (the last one is shorter when 3 does not
+    // divide M).
     assert!(
-        text.contains("chunks=( min(3, numberOfStreams) ), stream_index=( i0 % numberOfStreams ))"),
+        text.contains("chunks=( min(3, numberOfStreams) ), stream_index=( i0 % numberOfStreams ), holds=(chunk=i0, chunks=3, extent=M))"),
         "{text}"
     );
 }

@@ -350,7 +350,11 @@ mod tests {
         let last = v.chunk(0, 3, 2).unwrap();
         assert_eq!(last.sizes(), vec![0, 3], "ceil(4/3) = 2: chunk 2 is empty");
         let short = v.chunk(0, 3, 1).unwrap().narrow(0, 1).unwrap();
-        assert_eq!(short.read(), vec![6.0, 7.0, 8.0]);
+        assert_eq!(
+            short.read(),
+            vec![6.0, -3.0, 8.0],
+            "row 2 of the written view"
+        );
         assert!(v.narrow(0, 5).is_err());
     }
 

@@ -525,6 +525,19 @@ impl Call {
     fn is_p2p(&self) -> bool {
         matches!(self, Call::Send { .. } | Call::Recv { .. })
     }
+
+    /// The element count the call moves (per member, as NCCL counts it).
+    fn count(&self) -> usize {
+        match self {
+            Call::AllGather { count, .. }
+            | Call::AllReduce { count, .. }
+            | Call::ReduceScatter { count, .. }
+            | Call::Broadcast { count, .. }
+            | Call::Reduce { count, .. }
+            | Call::Send { count, .. }
+            | Call::Recv { count, .. } => *count,
+        }
+    }
 }
 
 /// A device-to-device copy on the posting stream.
@@ -544,6 +557,13 @@ struct Plan {
 }
 
 impl Plan {
+    /// Drops the calls that move no element: the empty last chunks of an axis that the
+    /// stream chunks do not divide. Every member of a team cuts the same chunk of the same
+    /// axis, so every member drops the same calls and nothing waits for a missing partner.
+    fn drop_empty_calls(&mut self) {
+        self.calls.retain(|c| c.count() > 0);
+    }
+
     fn grouped(&self) -> bool {
         self.calls.len() > 1 || self.calls.iter().any(Call::is_p2p)
     }
@@ -938,6 +958,7 @@ fn plan_collective<B: DeviceBuffer>(
             }
         }
     }
+    plan.drop_empty_calls();
     Ok(plan)
 }
 
@@ -1009,6 +1030,7 @@ fn plan_p2p<B: DeviceBuffer>(rank: usize, world: usize, ops: &[P2p<B>]) -> Resul
         }
         plan.copy(recv, 0, send, 0, send.len)?;
     }
+    plan.drop_empty_calls();
     Ok(plan)
 }
 
@@ -2413,6 +2435,50 @@ mod tests {
                 peer: 1
             }]
         );
+    }
+
+    #[test]
+    fn empty_chunks_issue_no_call_on_any_member() {
+        // The empty last chunk of an axis that the stream chunks do not divide: every member
+        // holds zero elements, so every member plans nothing and none waits for another.
+        for index in 0..2 {
+            let ops = [
+                CommOp::Allreduce {
+                    input: buf(IN, 0),
+                    output: buf(OUT, 0),
+                    op: RedOp::Sum,
+                },
+                CommOp::Allgather {
+                    input: buf(IN, 0),
+                    output: buf(OUT, 0),
+                },
+                CommOp::ReduceScatter {
+                    input: buf(IN, 0),
+                    output: buf(OUT, 0),
+                    op: RedOp::Sum,
+                },
+            ];
+            for op in ops {
+                let p = plan(op, index, 2);
+                assert!(p.calls.is_empty() && p.copies.is_empty(), "{p:?}");
+            }
+        }
+        let p = plan_p2p(
+            0,
+            2,
+            &[
+                P2p::Send {
+                    peer: 1,
+                    buffer: buf(IN, 0),
+                },
+                P2p::Recv {
+                    peer: 1,
+                    buffer: buf(OUT, 0),
+                },
+            ],
+        )
+        .unwrap();
+        assert!(p.calls.is_empty() && p.copies.is_empty(), "{p:?}");
     }
 
     #[test]

@@ -124,8 +124,11 @@ impl DeviceTensor {
         self.mem.ptr() + (self.offset() * elem_bytes(self.dtype)) as u64
     }
 
-    /// Whether the box is one contiguous run of the allocation.
+    /// Whether the box is one contiguous run of the allocation (an empty box is).
     pub fn contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
         // From the innermost axis out: full axes, then one partial axis, then axes of one
         // element.
         let mut partial = false;
@@ -443,6 +446,11 @@ impl CudaBackend {
         if k != kb {
             return Err(err(format!("contraction sizes differ: {asz:?} x {bsz:?}")));
         }
+        // The empty last chunk of an axis that the stream chunks do not divide: nothing to
+        // compute, and cuBLASLt takes no zero-sized matrices.
+        if c.numel() == 0 {
+            return Ok(());
+        }
         let b_batch: usize = bsz[..bsz.len() - 2].iter().product();
         if b_batch > 1 && !(a.contiguous() && b.contiguous() && c.contiguous()) {
             return Err(err(
@@ -697,6 +705,11 @@ impl Backend for CudaBackend {
         outputs: &[DeviceTensor],
         stream: &GpuStream,
     ) -> Result<(), ExecError> {
+        // A launch on the empty last chunk of an axis that the stream chunks do not divide
+        // writes nothing; a grid of zero blocks is not a valid launch.
+        if outputs.iter().all(|o| o.numel() == 0) {
+            return Ok(());
+        }
         let ins: Vec<TensorArg> = inputs.iter().map(DeviceTensor::arg).collect();
         let outs: Vec<TensorArg> = outputs.iter().map(DeviceTensor::arg).collect();
         let key = (kernel, ins, outs);
@@ -734,6 +747,9 @@ impl Backend for CudaBackend {
                             Buf::Temp(i) => temps[*i].ptr(),
                         })
                         .collect();
+                    if l.threads == 0 {
+                        continue;
+                    }
                     let block = 256usize;
                     let grid = l.threads.div_ceil(block).min(sms * 16) as u32;
                     self.gpu.launch(stream, &k, grid, block as u32, &args)?;
