@@ -121,3 +121,40 @@ fn row_parallel_linear_with_more_chunks_than_streams_is_race_free_and_exact_in_f
         assert_eq!(report.ranks[0].statements, report.ranks[1].statements);
     }
 }
+
+#[test]
+fn serial_splits_of_any_factor_match_the_reference() {
+    // A Serial split only names a loop; the buffer is the whole axis whatever the factor,
+    // also when it exceeds the extent (M = 3 rows split by up to 7) or does not divide it.
+    let schedules = [
+        "schedule c { outer_split(0, s) -> Serial }",
+        "schedule c { outer_split(1, s) -> Serial }",
+        "schedule c { inner_split(1, s) -> Serial }",
+        "schedule a { outer_split(0, s) -> Serial }",
+        "schedule a { outer_split(0, s) -> Serial }\n  schedule c { outer_split(1, s) -> Serial }",
+    ];
+    for schedule in schedules {
+        let source = format!(
+            "fusion serial(M = 3, K = 4, N = 5, s = 2) {{\n  tensor a: f32[M, K]\n  \
+             tensor b: f32[K, N]\n  c = matmul(a, b)\n  output c\n  {schedule}\n}}\n"
+        );
+        for s in 1..=7 {
+            let fusion = streamweave::load("serial.weave", &source, &[("s".to_string(), s)])
+                .unwrap_or_else(|e| panic!("{e}"));
+            let compiled = compile_for_run(fusion).unwrap();
+            let globals = generate_inputs(&compiled.fusion, 3).unwrap();
+            let report = run_compiled(
+                &compiled,
+                &globals,
+                &RunOptions {
+                    ranks: 1,
+                    ..RunOptions::default()
+                },
+            )
+            .unwrap();
+            assert!(report.passed(), "{schedule}, s = {s}: {:?}", report.checks);
+            assert!(report.max_abs_error() < 1e-5, "{schedule}, s = {s}");
+            assert_eq!(report.ranks[0].outputs[0].sizes, vec![3, 5]);
+        }
+    }
+}

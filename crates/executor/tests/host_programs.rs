@@ -394,3 +394,68 @@ fn inputs_are_checked_before_anything_runs() {
         "nothing ran"
     );
 }
+
+/// `T1 = 2 * T0` chunk by chunk through a buffer of two slots: the axis of `n` rows is cut
+/// into `chunks` chunks of `ceilDiv(n, chunks)` rows, the last ones shorter or empty, and
+/// each slot view is narrowed to the chunk it holds.
+fn slots_program(n: usize, chunks: usize) -> String {
+    let c = n.div_ceil(chunks);
+    format!(
+        "\
+%HostIrContainer {{ (T0_g_f32[{n}, 2]) -> (T1_g_f32[{n}, 2]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=false)
+  T2_g_f32[{slots}, 2] = ALLOCATE(mem_type=global, zero_init=false)
+  FOR i0 from 0 to {chunks}:
+    T3_g_f32[{c}, 2] = ShardByStream(T0, axis=0, chunks={chunks}, stream_index=i0)
+    T4_g_f32[{c}, 2] = ShardByStream(T2, axis=0, chunks=2, stream_index=( i0 % 2 ), holds=(chunk=i0, chunks={chunks}, extent={n}))
+    LaunchKernel(kernel=K0, inputs=(T3), outputs=(T4))
+    T5_g_f32[{c}, 2] = ShardByStream(T1, axis=0, chunks={chunks}, stream_index=i0)
+    LaunchKernel(kernel=K1, inputs=(T4), outputs=(T5))
+  Deallocate(T2)
+}} // %HostIrContainer
+K0: fusion twice() {{
+  tensor a: f32[{c}, 2]
+  b = add(a, a)
+  output b
+}}
+K1: fusion copy() {{
+  tensor a: f32[{c}, 2]
+  b = set(a)
+  output b
+}}
+",
+        slots = 2 * c
+    )
+}
+
+#[test]
+fn slot_views_take_the_length_of_the_chunk_they_hold() {
+    // 5 rows in 3 chunks: 2, 2 and 1 row; 3 rows in 5 chunks: 1, 1, 1, then two empty ones.
+    for (n, chunks) in [(5, 3), (3, 5), (6, 3), (7, 2)] {
+        let input: Vec<f64> = (0..2 * n).map(|x| x as f64).collect();
+        let r = run(
+            &slots_program(n, chunks),
+            vec![dense(&[n, 2], input.clone())],
+        );
+        let want: Vec<f64> = input.iter().map(|x| 2.0 * x).collect();
+        assert_eq!(r.outputs[0].data, want, "{n} rows in {chunks} chunks");
+        assert!(r.races.is_empty(), "{:?}", r.races);
+    }
+}
+
+#[test]
+fn a_slot_view_without_its_chunk_keeps_the_slot_length_and_fails_on_a_short_chunk() {
+    // The same program without `holds=`: the last slot view has 2 rows while the last chunk
+    // of the input has 1, so the kernel's result does not fit its output.
+    let src = slots_program(5, 3).replace(", holds=(chunk=i0, chunks=3, extent=5)", "");
+    let program = parse(&src).unwrap();
+    assert!(!weave_host_ir::print(&program).contains("holds="));
+    let e = run_with(&src, vec![dense(&[5, 2], vec![1.0; 10])], true, Vec::new()).unwrap_err();
+    assert!(
+        e.to_string().ends_with(
+            "`LaunchKernel(kernel=K0, inputs=(T3), outputs=(T4))` failed: output 0 has sizes \
+             [1, 2] but the preallocated output has sizes [2, 2]"
+        ),
+        "{e}"
+    );
+}

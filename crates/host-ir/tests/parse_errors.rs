@@ -116,6 +116,12 @@ fn statement_errors() {
          found `add`"
     );
     assert_eq!(
+        error(&program(
+            "  T1_g_f32[4] = ShardByStream(T0, axis=0, chunks=2, stream_index=0, holds=(chunk=0, extent=8))\n"
+        )),
+        "2:85: expected `chunks` after the chunk held, found `extent`"
+    );
+    assert_eq!(
         error(&program("  T1_g_f32[8] = linear(T0, T0 T0)\n")),
         "2:31: expected `)` or `,` with a bias to close `linear(`, found `T0`"
     );

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use weave_host_ir::{
-    parse, print, verify, Communication, CommunicationType, HostProgram, HostScalar, HostTensorId,
-    P2PCommunication, P2PDirection, ScalarId, ScopeRef, Stmt, StmtId, StreamId,
+    parse, print, verify, ChunkOf, Communication, CommunicationType, HostProgram, HostScalar,
+    HostTensorId, P2PCommunication, P2PDirection, ScalarId, ScopeRef, Stmt, StmtId, StreamId,
 };
 use weave_ir::{DType, MemoryType, ReduceOp, Scalar, ScalarOp};
 
@@ -323,7 +323,11 @@ fn random_program(ops: &[(u8, u8, u8, u8)]) -> HostProgram {
                     axis: c as usize % 3,
                     chunks: pick(&scalars, c),
                     index: pick(&scalars, a),
-                    holds: None,
+                    holds: (b % 2 == 0).then(|| ChunkOf {
+                        chunk: pick(&scalars, a),
+                        chunks: pick(&scalars, b),
+                        extent: pick(&scalars, c),
+                    }),
                     output,
                 }
             }

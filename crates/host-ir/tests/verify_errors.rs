@@ -144,6 +144,20 @@ fn a_loop_index_is_used_only_inside_its_loop() {
 }
 
 #[test]
+fn the_chunk_a_slot_view_holds_is_in_scope() {
+    let src = program(
+        "  FOR i0 from 0 to 2:\n    \
+         T3_g_f32[4, 4] = ShardByStream(T2, axis=0, chunks=2, stream_index=i0)\n  \
+         T4_g_f32[4, 4] = ShardByStream(T2, axis=0, chunks=2, stream_index=0, holds=(chunk=i0, chunks=3, extent=7))\n",
+    );
+    assert_eq!(
+        violation(&src),
+        "statement `T4 = ShardByStream(T2, axis=0, chunks=2, stream_index=0, holds=(chunk=i0, \
+         chunks=3, extent=7))`: the scalar `i0` uses loop index i0 outside the FOR that binds it"
+    );
+}
+
+#[test]
 fn a_loop_index_is_bound_by_one_loop() {
     let src = program("  FOR i0 from 0 to 2:\n  FOR i0 from 0 to 3:\n");
     assert_eq!(

@@ -18,7 +18,8 @@
 //!      caller, who cannot allocate them per loop iteration), and
 //!   2. every expr reading it produces outputs with the same stream sharding
 //!      (`!have_different_shardings(tv, consumer, [Stream])`), i.e. producer and consumers
-//!      can share the loop iteration.
+//!      can share the loop iteration, and their stream axes are one axis of the id graph
+//!      (one-chunk splits of two different axes have equal indices but lower to two loops).
 //!
 //!   Otherwise the tensor is stream-parallel in its loop but fully allocated ("`s*`"). When a
 //!   device split hangs below such an unallocated stream split (`[Stream, DIDx, rest]` from
@@ -30,6 +31,7 @@
 use weave_ir::{
     Diagnostic, Fusion, IdExpr, IrResult, IterDomainId, IterType, MeshId, ParallelType, TensorId,
 };
+use weave_transform::id_graph::IdGraph;
 use weave_transform::DomainKind;
 
 use crate::pass::{Changed, Ir, Pass, PassError};
@@ -105,6 +107,16 @@ pub fn should_allocate_per_stream(f: &Fusion, t: TensorId) -> bool {
     if !has_stream || f.is_input(t) || f.is_output(t) {
         return false;
     }
+    // The stream axes must also be one axis of the id graph, which is what puts producer and
+    // consumer into one stream loop: two one-chunk splits of different axes have provably
+    // equal (zero) indices but are two loops.
+    let graph = IdGraph::build(f);
+    let stream_of = |x: TensorId| {
+        f.tensor(x).loop_domain.iter().copied().find(|i| {
+            let d = f.id(*i);
+            d.parallel == ParallelType::Stream && d.iter_type != IterType::Reduction
+        })
+    };
     f.uses(t).into_iter().all(|e| {
         f.expr(e).outputs.iter().all(|o| {
             !have_different_shardings(
@@ -114,7 +126,10 @@ pub fn should_allocate_per_stream(f: &Fusion, t: TensorId) -> bool {
                 *o,
                 DomainKind::Loop,
                 &[ParallelType::Stream],
-            )
+            ) && match (stream_of(t), stream_of(*o)) {
+                (Some(a), Some(b)) => graph.are_mapped(a, b),
+                _ => true,
+            }
         })
     })
 }

@@ -635,12 +635,23 @@ fn assert_bounded(p: &HostProgram, l: &LoopLocal) {
     assert_eq!(eval(p, size, 16), 32, "never more than the full extent");
     assert_eq!(eval(p, p.tensors[l.t].sizes[1], 4), 2);
     for v in l.views {
-        let Stmt::ShardByStream { chunks, index, .. } = p.stmts[v] else {
+        let Stmt::ShardByStream {
+            chunks,
+            index,
+            holds,
+            ..
+        } = p.stmts[v]
+        else {
             panic!()
         };
         assert_eq!(eval(p, chunks, 4), 4);
         assert_eq!(eval(p, chunks, 16), 8);
         assert!(is_slot_of(p, index, l.i), "slot i % numberOfStreams");
+        // Each view holds chunk i of the 32 rows cut into 8, whatever the slot count.
+        let h = holds.expect("a slot view says which chunk it holds");
+        assert_eq!(h.chunk, l.i);
+        assert_eq!(eval(p, h.chunks, 4), 8);
+        assert_eq!(eval(p, h.extent, 4), 32);
     }
 }
 
