@@ -364,7 +364,8 @@ mod tests {
             for chunks in 1..7 {
                 let mut total = 0;
                 for index in 0..chunks {
-                    let r = chunk_ranges(&[0..len], 0, chunks, index).unwrap();
+                    let r =
+                        chunk_ranges(std::slice::from_ref(&(0..len)), 0, chunks, index).unwrap();
                     assert_eq!(r[0].len(), chunk_len(len, chunks, index));
                     total += chunk_len(len, chunks, index);
                 }
