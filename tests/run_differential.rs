@@ -40,7 +40,7 @@ impl Case {
 }
 
 /// An extent written as `f * d * s` with only the factors that the axis is split by.
-fn extent(f: usize, by_d: bool, by_s: bool) -> String {
+fn extent(f: usize, by_d: bool, by_s: bool, ragged: usize) -> String {
     let mut parts = Vec::new();
     if f != 1 || (!by_d && !by_s) {
         parts.push(f.to_string());
@@ -51,7 +51,14 @@ fn extent(f: usize, by_d: bool, by_s: bool) -> String {
     if by_s {
         parts.push("s".to_string());
     }
-    parts.join(" * ")
+    let e = parts.join(" * ");
+    // An axis cut only into stream chunks may be longer by `ragged`: the chunks are then
+    // uneven, the last ones shorter or empty (`s` = 4, `4 + 1` rows: 2, 2, 1 and none).
+    if by_s && !by_d && ragged > 0 {
+        format!("{e} + {ragged}")
+    } else {
+        e
+    }
 }
 
 /// A schedule split: logical axis (of the loop domain as it starts, reduction axes
@@ -239,6 +246,8 @@ struct Pointwise {
     s: usize,
     streams: usize,
     sizes: [usize; 2],
+    /// Elements added to an axis cut only into stream chunks (uneven chunks).
+    ragged: usize,
     /// Combines input `i + 1` into the running value; its length is the input count - 1.
     combine: Vec<Bin>,
     ops: Vec<PwOp>,
@@ -254,7 +263,13 @@ struct Pointwise {
 
 fn pointwise() -> impl Strategy<Value = Pointwise> {
     (
-        (1usize..=4, 1usize..=4, 1usize..=3, [1usize..=2, 1usize..=2]),
+        (
+            1usize..=4,
+            1usize..=4,
+            1usize..=3,
+            [1usize..=2, 1usize..=2],
+            0usize..3,
+        ),
         proptest::collection::vec(bin(), 0..=2),
         proptest::collection::vec(pw_op(), 1..=4),
         dt(),
@@ -274,7 +289,7 @@ fn pointwise() -> impl Strategy<Value = Pointwise> {
     )
         .prop_map(
             |(
-                (d, s, streams, sizes),
+                (d, s, streams, sizes, ragged),
                 combine,
                 ops,
                 dt,
@@ -288,6 +303,7 @@ fn pointwise() -> impl Strategy<Value = Pointwise> {
                     s,
                     streams,
                     sizes,
+                    ragged,
                     combine,
                     ops,
                     dt,
@@ -404,7 +420,7 @@ impl Pointwise {
         let all: Vec<&Split> = first_in.iter().chain(&out_splits).collect();
         let by = |axis: usize, f: &str| all.iter().any(|sp| sp.0 == axis && sp.1 == f);
         let dims: Vec<String> = (0..2)
-            .map(|a| extent(self.sizes[a], by(a, "d"), by(a, "s")))
+            .map(|a| extent(self.sizes[a], by(a, "d"), by(a, "s"), self.ragged))
             .collect();
         let in_ty = match self.dt {
             Dt::Bf16In => "bf16",
@@ -535,6 +551,8 @@ struct Reduction {
     s: usize,
     streams: usize,
     sizes: [usize; 3],
+    /// Elements added to an axis cut only into stream chunks (uneven chunks).
+    ragged: usize,
     max: bool,
     axis: usize,
     pre: Option<Un>,
@@ -553,6 +571,7 @@ fn reduction() -> impl Strategy<Value = Reduction> {
             1usize..=4,
             1usize..=3,
             [1usize..=2, 1usize..=3, 1usize..=2],
+            0usize..3,
         ),
         any::<bool>(),
         0usize..3,
@@ -571,18 +590,21 @@ fn reduction() -> impl Strategy<Value = Reduction> {
         ),
     )
         .prop_map(
-            |((d, s, streams, sizes), max, axis, pre, did, stream, (post, rot))| Reduction {
-                d,
-                s,
-                streams,
-                sizes,
-                max,
-                axis,
-                pre,
-                did,
-                stream,
-                post,
-                rot,
+            |((d, s, streams, sizes, ragged), max, axis, pre, did, stream, (post, rot))| {
+                Reduction {
+                    d,
+                    s,
+                    streams,
+                    sizes,
+                    ragged,
+                    max,
+                    axis,
+                    pre,
+                    did,
+                    stream,
+                    post,
+                    rot,
+                }
             },
         )
 }
@@ -654,7 +676,7 @@ impl Reduction {
         let all: Vec<&Split> = in_splits.iter().chain(&out_splits).collect();
         let by = |axis: usize, f: &str| all.iter().any(|sp| sp.0 == axis && sp.1 == f);
         let dims: Vec<String> = (0..3)
-            .map(|a| extent(spec.sizes[a], by(a, "d"), by(a, "s")))
+            .map(|a| extent(spec.sizes[a], by(a, "d"), by(a, "s"), spec.ragged))
             .collect();
 
         let mut src = header("reduction", d, s);
@@ -731,6 +753,8 @@ struct Matmul {
     d: usize,
     s: usize,
     streams: usize,
+    /// Elements added to an axis cut only into stream chunks (uneven chunks).
+    ragged: usize,
     kind: MmKind,
     par: MmPar,
     stream: MmStream,
@@ -746,7 +770,7 @@ struct Matmul {
 
 fn matmul() -> impl Strategy<Value = Matmul> {
     (
-        (1usize..=4, 1usize..=4, 1usize..=3),
+        (1usize..=4, 1usize..=4, 1usize..=3, 0usize..3),
         prop_oneof![
             Just(MmKind::Matmul),
             Just(MmKind::Linear),
@@ -773,18 +797,21 @@ fn matmul() -> impl Strategy<Value = Matmul> {
         ),
     )
         .prop_map(
-            |((d, s, streams), kind, par, stream, bf16, sizes, (shard_bias, post, rot))| Matmul {
-                d,
-                s,
-                streams,
-                kind,
-                par,
-                stream,
-                bf16,
-                sizes,
-                shard_bias,
-                post,
-                rot,
+            |((d, s, streams, ragged), kind, par, stream, bf16, sizes, (shard_bias, post, rot))| {
+                Matmul {
+                    d,
+                    s,
+                    streams,
+                    ragged,
+                    kind,
+                    par,
+                    stream,
+                    bf16,
+                    sizes,
+                    shard_bias,
+                    post,
+                    rot,
+                }
             },
         )
 }
@@ -824,14 +851,15 @@ impl Matmul {
             && !matches!(self.stream, MmStream::None)
             && !matches!(self.par, MmPar::ColumnAg);
         let row_d = matches!(self.par, MmPar::Row { scatter: true } | MmPar::ColumnAg);
-        let m = extent(mf, row_d, stream);
-        let k = extent(kf, matches!(self.par, MmPar::Row { .. }), false);
+        let m = extent(mf, row_d, stream, self.ragged);
+        let k = extent(kf, matches!(self.par, MmPar::Row { .. }), false, 0);
         let n = extent(
             nf,
             matches!(self.par, MmPar::Column | MmPar::ColumnAg),
             out_cols,
+            self.ragged,
         );
-        let h = extent(hf, true, false);
+        let h = extent(hf, true, false, 0);
         let mut src = header("matmul", d, s);
         src.push_str(&meshes(d, self.rot, false));
         // A weight of a product with `rows` inputs and `cols` outputs: `[rows, cols]` for
@@ -1102,8 +1130,8 @@ impl Collective {
                     (
                         format!(
                             "{}, {}",
-                            extent(n, true, false),
-                            extent(c, false, self.stream)
+                            extent(n, true, false, 0),
+                            extent(c, false, self.stream, 0)
                         ),
                         "m",
                         "set",
@@ -1117,7 +1145,7 @@ impl Collective {
                         out.extend(split_steps(2, &[(0, "s", "Stream")]));
                     }
                     (
-                        format!("{}, {c}", extent(n, false, self.stream)),
+                        format!("{}, {c}", extent(n, false, self.stream, 0)),
                         "root",
                         "set",
                         vec![],
@@ -1147,7 +1175,11 @@ impl Collective {
                     let mut out = vec!["mesh = m".to_string()];
                     out.extend(split_steps(2, &[(to, "d", "DIDx")]));
                     (
-                        format!("{}, {}", extent(n, true, false), extent(c, true, false)),
+                        format!(
+                            "{}, {}",
+                            extent(n, true, false, 0),
+                            extent(c, true, false, 0)
+                        ),
                         "m",
                         "set",
                         split_steps(2, &[(from, "d", "DIDx")]),
@@ -1311,6 +1343,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
             s: 3,
             streams: 2,
             sizes: [2, 1],
+            ragged: 0,
             combine: vec![Bin::Add, Bin::Mul],
             ops: vec![
                 PwOp::Un(Un::Exp),
@@ -1332,6 +1365,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
             s: 1,
             streams: 3,
             sizes: [1, 2],
+            ragged: 1,
             combine: vec![Bin::Maximum],
             ops: vec![PwOp::Un(Un::Tanh)],
             dt: Dt::Bf16In,
@@ -1349,6 +1383,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
             s: 2,
             streams: 2,
             sizes: [2, 1, 2],
+            ragged: 0,
             max: false,
             axis: 1,
             pre: Some(Un::Abs),
@@ -1364,6 +1399,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
             s: 2,
             streams: 1,
             sizes: [1, 2, 1],
+            ragged: 1,
             max: true,
             axis: 0,
             pre: None,
@@ -1383,6 +1419,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
             stream: MmStream::Rows,
             bf16: false,
             sizes: [1, 2, 2, 1],
+            ragged: 0,
             shard_bias: false,
             post: None,
             rot: 0,
@@ -1400,6 +1437,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
             stream: MmStream::Rows,
             bf16: false,
             sizes: [2, 2, 2, 1],
+            ragged: 1,
             shard_bias: false,
             post: None,
             rot: 2,
@@ -1415,6 +1453,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
             stream: MmStream::None,
             bf16: true,
             sizes: [1, 3, 1, 1],
+            ragged: 0,
             shard_bias: true,
             post: None,
             rot: 0,
