@@ -45,17 +45,25 @@ fn text(out: &Output) -> String {
 }
 
 #[test]
-fn run_all_parses() {
+fn every_shell_script_parses() {
     if !have("bash") {
         eprintln!("skipped: no bash");
         return;
     }
-    let out = Command::new("bash")
-        .arg("-n")
-        .arg(scripts().join("run-all.sh"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    let mut checked = 0;
+    for entry in std::fs::read_dir(scripts()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "sh") {
+            let out = Command::new("bash").arg("-n").arg(&path).output().unwrap();
+            assert!(out.status.success(), "{}: {}", path.display(), text(&out));
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 6,
+        "only {checked} scripts found in {}",
+        scripts().display()
+    );
 }
 
 const PASS: &str = r#"{"scenario":"a","ranks":2,"mode":"threads","backend":"cuda","passed":true,"max_abs_error":0.01,"max_rel_error":0.001,"wall_ms":12.3,"error":null}"#;
