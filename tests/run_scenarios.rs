@@ -158,3 +158,51 @@ fn serial_splits_of_any_factor_match_the_reference() {
         }
     }
 }
+
+/// Runs fixture `name` with `sets` on `ranks` in-process ranks and a pool of 2 streams, with
+/// the race checker on, and asserts that every output matches the reference.
+fn assert_matches_reference(name: &str, sets: &[(&str, i64)], ranks: usize) {
+    let source = std::fs::read_to_string(common::fixture(name)).unwrap();
+    let ov: Vec<(String, i64)> = sets.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let fusion = streamweave::load(name, &source, &ov).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let compiled = compile_for_run(fusion).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let globals = generate_inputs(&compiled.fusion, 11).unwrap();
+    let report = run_compiled(
+        &compiled,
+        &globals,
+        &RunOptions {
+            ranks,
+            streams: 2,
+            check_races: true,
+            ..RunOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{name} {sets:?}: {e}"));
+    assert!(
+        report.passed(),
+        "{name} {sets:?} on {ranks} ranks: {:?}",
+        report.checks
+    );
+    assert!(!report.checks.is_empty());
+}
+
+/// §10 #44 functional config (h = 2, t = 24; h = 3 where d = 3 needs it) and §10 #39 at
+/// nvFuser's sizes (M = 32, K = 8, N = 2, S = 4), on their rank counts.
+#[test]
+fn functional_configs_of_column_parallel_linear_and_matmul_rs_match_the_reference() {
+    for d in 1..=4i64 {
+        let h = if d == 3 { 3 } else { 2 };
+        assert_matches_reference(
+            "column_parallel_linear",
+            &[("d", d), ("h", h), ("t", 24)],
+            d as usize,
+        );
+    }
+    for d in [1, 2, 4i64] {
+        assert_matches_reference(
+            "matmul_rs_through_bcast_logical",
+            &[("d", d), ("M", 32), ("K", 8)],
+            d as usize,
+        );
+    }
+}
