@@ -632,5 +632,28 @@ fn column_parallel_linear_exchanges_one_block_per_iteration() {
             )),
             "{text}"
         );
+        // nvFuser's `collective_permute` variant writes the rotation as a swizzle1d: the same
+        // program.
+        let permute = lower_with(
+            "column_parallel_linear_permute",
+            &[("d", d), ("h", h), ("t", 24)],
+        );
+        assert_eq!(host_ir::print(&permute), text, "d={d}");
+    }
+}
+
+/// §10 #13 SwizzleWithParallelType: `swizzle1d(0, DIDx)` makes every chunk view of the stream
+/// loop select chunk (rank + i) % d; a plain copy, no communication.
+#[test]
+fn swizzle1d_rotates_every_chunk_view_by_the_rank() {
+    for d in 1..=4 {
+        let p = lower_with("swizzle_with_parallel_type", &[("d", d)]);
+        assert_eq!(communications(&p), vec![], "d={d}");
+        let loops = compute_loops(&p);
+        assert_eq!(loops.len(), 1, "d={d}");
+        let text = host_ir::print(&p);
+        let rotated = format!("stream_index=( ( rank + i0 ) % {d} ))");
+        assert_eq!(text.matches(&rotated).count(), 2, "{text}");
+        assert_eq!(text.matches("ShardByStream").count(), 2, "{text}");
     }
 }

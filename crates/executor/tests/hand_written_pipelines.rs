@@ -376,3 +376,47 @@ fn reduce_scatter_pipelining_with_bounded_slots_matches_the_unsharded_product() 
         }
     }
 }
+
+/// §10 #13 SwizzleWithParallelType, as nvFuser builds it by hand: in/out [3D, 5] per rank (the
+/// DIDx shard of [3D, 5D]), the output zero-initialised, and a loop over [0, D - 1) only whose
+/// views select chunk (rank + i) % D (the swizzle1d rotation). Every chunk but
+/// (rank + D - 1) % D is copied; that one stays zero. (The fixture
+/// tests/scenarios/swizzle_with_parallel_type.weave is the fusion form, lowered with the
+/// whole loop.)
+const SWIZZLE_WITH_PARALLEL_TYPE: &str = "\
+%HostIrContainer { (T0_g_f32[( 3 * @D ), 5]) -> (T1_g_f32[( 3 * @D ), 5]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=true)
+  FOR i0 from 0 to ( @D - 1 ):
+    T2_g_f32[3, 5] = ShardByStream(T1, axis=0, chunks=@D, stream_index=( ( rank + i0 ) % @D ))
+    T3_g_f32[3, 5] = ShardByStream(T0, axis=0, chunks=@D, stream_index=( ( rank + i0 ) % @D ))
+    LaunchKernel(kernel=K0, inputs=(T3), outputs=(T2))
+} // %HostIrContainer
+K0: fusion copy() {
+  tensor a: f32[3, 5]
+  b = set(a)
+  output b
+}
+";
+
+#[test]
+fn swizzle_with_parallel_type_leaves_the_last_rotated_chunk_zero() {
+    for d in 1..=4 {
+        let input = |r: usize| {
+            (0..3 * d * 5)
+                .map(|e| (100 * r + e + 1) as f64)
+                .collect::<Vec<f64>>()
+        };
+        let (_, runs) = run_ranks(SWIZZLE_WITH_PARALLEL_TYPE, d, 1, |r| {
+            vec![f32t(&[3 * d, 5], input(r))]
+        });
+        for (r, run) in runs.iter().enumerate() {
+            let skipped = (r + d - 1) % d;
+            let want: Vec<f64> = input(r)
+                .into_iter()
+                .enumerate()
+                .map(|(e, v)| if e / 15 == skipped { 0.0 } else { v })
+                .collect();
+            assert_eq!(run.outputs[0].data, want, "rank {r} of {d}");
+        }
+    }
+}

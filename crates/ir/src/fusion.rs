@@ -274,6 +274,7 @@ impl Fusion {
             iter_type: src.iter_type,
             parallel: src.parallel,
             rfactor: false,
+            swizzle: None,
             definition: None,
         };
         let outer = self.ids.insert(mk(oe));
@@ -305,6 +306,7 @@ impl Fusion {
             iter_type,
             parallel: o.parallel,
             rfactor: false,
+            swizzle: None,
             definition: None,
         };
         let output = self.ids.insert(out);

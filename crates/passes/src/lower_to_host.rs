@@ -340,6 +340,16 @@ impl Lowering<'_> {
             ))
         })?;
         let index = self.scalar(HostScalar::LoopIndex);
+        // A `swizzle1d(.., DIDx)` on the loop's stream axis (or an axis mapped to it) rotates
+        // the chunks by the rank: iteration i visits chunk (rank + i) % extent in every view.
+        let view_index = if self.swizzled(sid) {
+            let rank = self.scalar(HostScalar::Value(Scalar::named("rank")));
+            let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, index));
+            let n = self.constant(extent);
+            self.scalar(HostScalar::Binary(ScalarOp::Mod, sum, n))
+        } else {
+            index
+        };
         let start = self.constant(0);
         let stop = self.constant(extent);
         let stmt = self.emit(Stmt::ForLoop {
@@ -355,10 +365,21 @@ impl Lowering<'_> {
             stream_root,
             extent,
             index,
-            view_index: index,
+            view_index,
             bound: HashMap::new(),
         });
         Ok(())
+    }
+
+    /// Whether a loop axis of some tensor that is mapped to the Stream axis `sid` carries a
+    /// `swizzle1d`.
+    fn swizzled(&self, sid: IterDomainId) -> bool {
+        let f = self.f;
+        f.tensors_in_order().into_iter().any(|t| {
+            f.tensor(t).loop_domain.iter().any(|x| {
+                f.id(*x).swizzle.is_some() && (*x == sid || self.graph.are_mapped(*x, sid))
+            })
+        })
     }
 
     /// The host tensor that stands for `t` at the current point: inside a loop, a chunk view

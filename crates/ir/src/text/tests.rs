@@ -597,7 +597,7 @@ fn error_unclosed_argument_list_as_in_the_docs() {
 fn error_unknown_schedule_step_and_memory_type() {
     assert_eq!(
         parse_err(&with_ab("  schedule a { split(0, 2) }")),
-        "4:16: unknown schedule step `split` (expected one of outer_split, inner_split, merge, reorder, parallelize, allocation, mesh, memory)"
+        "4:16: unknown schedule step `split` (expected one of outer_split, inner_split, merge, reorder, parallelize, swizzle1d, allocation, mesh, memory)"
     );
     assert_eq!(
         parse_err(&with_ab("  schedule a { memory = shared }")),
