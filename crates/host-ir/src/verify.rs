@@ -5,7 +5,9 @@
 //! * **Structure.** Every placed statement id is in the arena and sits in exactly one scope;
 //!   loops nest at most [`MAX_LOOP_DEPTH`] deep;
 //!   every tensor, scalar, stream and kernel a statement names is in its arena; a
-//!   `LaunchKernel` passes as many tensors as its fusion has inputs and outputs; a
+//!   `LaunchKernel` passes as many tensors as its fusion has inputs and outputs, and that
+//!   fusion parallelizes no axis (a kernel computes whole buffers; nvFuser likewise refuses
+//!   a stream-parallel output of a `PostOnStream`); a
 //!   collective has a root exactly when its type has one and a reduction exactly when it
 //!   reduces; a `ShardByStream` cuts an axis the tensor has.
 //! * **Scalars.** A loop index is used only inside the `FOR` that binds it (in loop bounds,
@@ -48,7 +50,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use weave_ir::Diagnostic;
+use weave_ir::{Diagnostic, ParallelType, ScheduleOp};
 
 use crate::ids::{HostTensorId, ScalarId, StmtId, StreamId};
 use crate::printer::Names;
@@ -389,6 +391,39 @@ impl Verifier<'_> {
                             outputs.len()
                         ),
                     ));
+                }
+                // A kernel computes the whole buffers it is given: stream chunks and device
+                // shards are views that the host program cuts (nvFuser refuses a
+                // stream-parallel output of a PostOnStream the same way).
+                let kf = &unit.fusion;
+                for t in kf.tensors_in_order() {
+                    // Parsed kernel blocks keep their schedule steps unapplied.
+                    let scheduled = kf.tensor(t).schedule.iter().filter_map(|st| match &st.op {
+                        ScheduleOp::OuterSplit { parallel, .. }
+                        | ScheduleOp::InnerSplit { parallel, .. } => *parallel,
+                        ScheduleOp::Parallelize { parallel, .. }
+                        | ScheduleOp::Swizzle1d { parallel, .. } => Some(*parallel),
+                        _ => None,
+                    });
+                    let parallel = kf
+                        .tensor(t)
+                        .loop_domain
+                        .iter()
+                        .map(|i| kf.id(*i).parallel)
+                        .chain(scheduled)
+                        .find(|pt| *pt != ParallelType::Serial);
+                    if let Some(pt) = parallel {
+                        let k = self.names.kernel(p, *kernel);
+                        return Err(self.fail(
+                            s,
+                            format!(
+                                "launches {k}, whose fusion makes `{}` {pt}-parallel; a kernel \
+                                 computes the whole buffers it is given (stream chunks and \
+                                 device shards are views that the host program cuts)",
+                                kf.tensor(t).name
+                            ),
+                        ));
+                    }
                 }
                 self.access(s, state, stmt)?;
             }

@@ -493,6 +493,21 @@ fn sibling_chunks_cut_alike_with_different_indices_are_disjoint() {
 
 // ----- kernels ---------------------------------------------------------------------------------
 
+/// §10 #21's PostOnStream negative case: a kernel (nvFuser's PostOnStream) whose output is
+/// stream-parallel is refused.
+#[test]
+fn a_kernel_with_a_stream_parallel_output_is_refused() {
+    let src = program("  LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))\n")
+        + "K0: fusion copy() {\n  tensor a: f32[8, 4]\n  b = set(a)\n  output b\n  \
+         schedule b { outer_split(0, 2) -> Stream }\n}\n";
+    assert_eq!(
+        violation(&src),
+        "statement `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))`: launches K0, whose \
+         fusion makes `b` Stream-parallel; a kernel computes the whole buffers it is given \
+         (stream chunks and device shards are views that the host program cuts)"
+    );
+}
+
 #[test]
 fn a_kernel_launch_matches_its_fusion() {
     let src = program("  LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))\n")
