@@ -491,7 +491,9 @@ impl CudaBackend {
                 "batch sizes of {asz:?} and {bsz:?} do not broadcast"
             ))
         })?;
-        let flat = b_batch.iter().product::<usize>() <= 1 && a_batch == out_batch;
+        let batches: usize = out_batch.iter().product();
+        let flat =
+            b_batch.iter().product::<usize>() <= 1 && a_batch.iter().product::<usize>() == batches;
         let (plan, m) = if flat {
             (BatchPlan::single(), a_rows)
         } else {
@@ -505,7 +507,6 @@ impl CudaBackend {
             let plan = BatchPlan::new(&a_batch, &b_batch, &out_batch, (m * k, k * n, m * n));
             (plan, m)
         };
-        let batches: usize = out_batch.iter().product();
         let c_want = if flat { m } else { batches * m };
         if c_rows != c_want {
             return Err(err(format!(
@@ -519,7 +520,7 @@ impl CudaBackend {
                 plan.count
             )));
         };
-        if m == 0 || n == 0 {
+        if m == 0 || n == 0 || batches == 0 {
             return Ok(());
         }
         // Row-major C[m, n] = A[m, k] B[k, n] is column-major C'[n, m] = B'[n, k] A'[k, m].
