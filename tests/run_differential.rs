@@ -1290,6 +1290,8 @@ struct BatchedMatmul {
     stream: bool,
     /// Factors of the batch axes, M, K and N.
     sizes: [usize; 5],
+    /// Extra elements of a batch axis cut only into stream chunks (uneven chunks).
+    ragged: usize,
     rot: usize,
 }
 
@@ -1300,7 +1302,7 @@ fn batched_matmul() -> impl Strategy<Value = BatchedMatmul> {
         1 => Just((BatchAxis::Bcast, BatchAxis::Real)),
     ];
     (
-        (1usize..=4, 1usize..=4, 1usize..=3),
+        (1usize..=4, 1usize..=4, 1usize..=3, 0usize..3),
         prop::collection::vec(axis, 1..=2),
         (any::<bool>(), any::<bool>()),
         prop_oneof![
@@ -1313,7 +1315,7 @@ fn batched_matmul() -> impl Strategy<Value = BatchedMatmul> {
         0usize..4,
     )
         .prop_map(
-            |((d, s, streams), axes, drop, par, stream, sizes, rot)| BatchedMatmul {
+            |((d, s, streams, ragged), axes, drop, par, stream, sizes, rot)| BatchedMatmul {
                 d,
                 s,
                 streams,
@@ -1322,6 +1324,7 @@ fn batched_matmul() -> impl Strategy<Value = BatchedMatmul> {
                 par,
                 stream,
                 sizes,
+                ragged,
                 rot,
             },
         )
@@ -1355,13 +1358,20 @@ impl BatchedMatmul {
             _ => None,
         };
         let batch_ext: Vec<String> = (0..nb)
-            .map(|j| extent(bf[j], did_batch == Some(j), self.stream && j == 0))
+            .map(|j| {
+                extent(
+                    bf[j],
+                    did_batch == Some(j),
+                    self.stream && j == 0,
+                    self.ragged,
+                )
+            })
             .collect();
         let by_k = matches!(self.par, BmmPar::Contraction);
         let (m, k, n) = (
-            extent(mf, false, false),
-            extent(kf, by_k, false),
-            extent(nf, false, false),
+            extent(mf, false, false, 0),
+            extent(kf, by_k, false, 0),
+            extent(nf, false, false, 0),
         );
         let mut src = header("bmm", d, s);
         src.push_str(&meshes(d, self.rot, false));
