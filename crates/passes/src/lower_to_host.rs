@@ -93,6 +93,8 @@ struct Lowering<'a> {
     /// Whole-size buffers of loop-local intermediates, visible only through chunk views.
     loop_local: HashMap<TensorId, HostTensorId>,
     kernels: usize,
+    /// Loops whose chunk views a `swizzle1d` rotated: (loop, its index, the rotated index).
+    rotated: Vec<(StmtId, ScalarId, ScalarId)>,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -106,6 +108,7 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         open: None,
         loop_local: HashMap::new(),
         kernels: 0,
+        rotated: Vec::new(),
     };
     for t in f.inputs() {
         let h = l.new_tensor(*t, l.local_sizes(*t, false)?);
@@ -125,6 +128,7 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         })?;
         l.p.outputs.push(h);
     }
+    l.unrotate_collective_loops();
     Ok(l.p)
 }
 
@@ -358,6 +362,9 @@ impl Lowering<'_> {
             stop,
             body: Vec::new(),
         });
+        if view_index != index {
+            self.rotated.push((stmt, index, view_index));
+        }
         self.open = Some(OpenLoop {
             stmt,
             stream_id: sid,
@@ -369,6 +376,31 @@ impl Lowering<'_> {
             bound: HashMap::new(),
         });
         Ok(())
+    }
+
+    /// A `swizzle1d` only reorders a loop's iterations on each rank. A collective posted per
+    /// chunk needs every rank on the same chunk in the same iteration, so a loop that posts
+    /// one keeps the natural order: its rotated chunk views go back to the loop index.
+    fn unrotate_collective_loops(&mut self) {
+        for (lp, index, rotated) in std::mem::take(&mut self.rotated) {
+            let Stmt::ForLoop { body, .. } = &self.p.stmts[lp] else {
+                continue;
+            };
+            let body = body.clone();
+            let collective = body
+                .iter()
+                .any(|s| matches!(self.p.stmts[*s], Stmt::Communication(_)));
+            if !collective {
+                continue;
+            }
+            for s in body {
+                if let Stmt::ShardByStream { index: i, .. } = &mut self.p.stmts[s] {
+                    if *i == rotated {
+                        *i = index;
+                    }
+                }
+            }
+        }
     }
 
     /// Whether a loop axis of some tensor that is mapped to the Stream axis `sid` carries a
