@@ -1000,6 +1000,67 @@ impl Backend for CudaBackend {
 mod tests {
     use super::{matrix_of, BatchPlan};
 
+    /// Runs `a @ b` the way the GPU does under `BatchPlan` (one strided batch of GEMMs per
+    /// offset), on the CPU, and compares it with the reference matmul; every result matrix
+    /// must be written exactly once.
+    fn planned_matmul_matches_the_reference(a_sizes: &[usize], b_sizes: &[usize]) {
+        use crate::dense::Dense;
+        let (m, k, n) = (2, 3, 2);
+        let full = |batch: &[usize], r: usize, c: usize| {
+            let mut sz = batch.to_vec();
+            sz.extend([r, c]);
+            let len: usize = sz.iter().product();
+            let data = (0..len).map(|i| ((i * 7) % 5) as f64 - 2.0).collect();
+            Dense::new(weave_ir::DType::F64, sz, data).unwrap()
+        };
+        let (a, b) = (full(a_sizes, m, k), full(b_sizes, k, n));
+        let want = crate::interp::matmul_dense(&a, &b).unwrap();
+        let out = crate::interp::broadcast_shapes(&[a_sizes, b_sizes]).unwrap();
+        let plan = BatchPlan::new(a_sizes, b_sizes, &out, (m * k, k * n, m * n));
+        let mut c = vec![f64::NAN; want.data.len()];
+        let mut writes = vec![0usize; c.len() / (m * n)];
+        for (oa, ob, oc) in &plan.offsets {
+            for t in 0..plan.count {
+                let (pa, pb, pc) = (
+                    oa + t * plan.stride.0,
+                    ob + t * plan.stride.1,
+                    oc + t * plan.stride.2,
+                );
+                writes[pc / (m * n)] += 1;
+                for i in 0..m {
+                    for j in 0..n {
+                        c[pc + i * n + j] = (0..k)
+                            .map(|p| a.data[pa + i * k + p] * b.data[pb + p * n + j])
+                            .sum();
+                    }
+                }
+            }
+        }
+        assert!(
+            writes.iter().all(|w| *w == 1),
+            "{a_sizes:?} x {b_sizes:?}: {writes:?}"
+        );
+        assert_eq!(c, want.data, "{a_sizes:?} x {b_sizes:?}");
+    }
+
+    #[test]
+    fn planned_batches_compute_the_broadcast_product() {
+        for (a, b) in [
+            (&[4][..], &[][..]),
+            (&[][..], &[4][..]),
+            (&[3, 2][..], &[2][..]),
+            (&[3, 1][..], &[4][..]),
+            (&[3, 1][..], &[1, 4][..]),
+            (&[1, 4][..], &[3, 1][..]),
+            (&[2, 1, 3][..], &[4, 1][..]),
+            (&[2, 3, 4][..], &[2, 3, 4][..]),
+            (&[2, 1, 4][..], &[1, 3, 1][..]),
+            (&[1, 1][..], &[1][..]),
+        ] {
+            planned_matmul_matches_the_reference(a, b);
+        }
+    }
+
     #[test]
     fn broadcast_batches_become_strided_batches_with_zero_strides() {
         // [4, m, k] x [k, n] written as batched: b is shared (stride 0).
