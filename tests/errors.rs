@@ -138,3 +138,43 @@ fn invalid_fixtures_fail_at_their_schedule_step() {
         assert_eq!((span.line, span.col), (line, col), "{name}");
     }
 }
+
+/// `swizzle1d(axis, DIDx)` rotates a stream axis by the rank: refused at load time unless the
+/// parallel type is DIDx, the tensor sits on a `devices(n)` mesh and the axis has one chunk
+/// per device, from an unsplit axis or the outer output of an outer split.
+#[test]
+fn swizzle1d_needs_didx_a_devices_mesh_and_one_chunk_per_device() {
+    let first_line = |e: String| e.lines().next().unwrap().to_string();
+    let e = load_err(&with(
+        "  b = set(a)\n  output b\n  schedule a { outer_split(0, d); swizzle1d(0, Stream) }\n",
+    ));
+    assert_eq!(
+        e,
+        "error: schedule of `a`: swizzle1d(0, Stream): only DIDx can rotate a stream axis (the chunks are rotated by the device index of a 1-D mesh)\n \
+         --> bad.weave:6:35\n  |\n6 |   schedule a { outer_split(0, d); swizzle1d(0, Stream) }\n  |                                   ^"
+    );
+    assert_eq!(
+        first_line(load_err(&with(
+            "  b = set(a)\n  output b\n  schedule a { outer_split(0, 4); swizzle1d(0, DIDx) }\n",
+        ))),
+        "error: schedule of `a`: swizzle1d(0, DIDx): axis 0 has extent `4`, but the rotation needs one chunk per device of mesh `m` (2)"
+    );
+    assert_eq!(
+        first_line(load_err(&with(
+            "  b = set(a)\n  output b\n  schedule a { inner_split(0, 2); swizzle1d(0, DIDx) }\n",
+        ))),
+        "error: schedule of `a`: swizzle1d(0, DIDx): axis 0 is the outer output of an inner split; device and stream axes must be an unsplit logical axis or the outer output of an outer split"
+    );
+    assert_eq!(
+        first_line(load_err(
+            "fusion f() {\n  tensor a: f32[2, 6]\n  b = set(a)\n  output b\n  schedule a { swizzle1d(0, DIDx) }\n}\n"
+        )),
+        "error: schedule of `a`: swizzle1d(0, DIDx) needs a device mesh (declare the tensor `on m` or add `mesh = m` before it)"
+    );
+    assert_eq!(
+        first_line(load_err(
+            "fusion f() {\n  mesh m = [1, 0]\n  tensor a: f32[2, 6] on m\n  b = set(a)\n  output b\n  schedule a { swizzle1d(0, DIDx) }\n}\n"
+        )),
+        "error: schedule of `a`: swizzle1d(0, DIDx) needs a 1-D mesh of devices 0..n (`devices(n)`), but mesh `m` is [1, 0] with shape [2]"
+    );
+}

@@ -446,3 +446,214 @@ fn column_parallel_benchmark_patterns_pipeline_per_chunk() {
         "d = 4 iterations:\n{text}"
     );
 }
+
+/// The statements of `body` with the given kind names, in order.
+fn only<'a>(body: &[&'a str], wanted: &[&str]) -> Vec<&'a str> {
+    body.iter()
+        .copied()
+        .filter(|k| wanted.contains(k))
+        .collect()
+}
+
+/// §10 #37 AGMatmul CollectiveBasedPipeline (explicit stream axis): the loop body is nvFuser's
+/// "AG_before_Matmul" order — select the input chunk and the gather slot, Allgather, Wait,
+/// select the output chunk, matmul — and the gather buffer has min(S, numberOfStreams) slots.
+#[test]
+fn ag_matmul_gathers_then_multiplies_per_chunk() {
+    let p = lower("ag_matmul");
+    assert_eq!(
+        top(&p),
+        [
+            "Allocate",
+            "GetCurrentStream",
+            "Allocate",
+            "ForLoop",
+            "SetCurrentStream",
+            "ForLoop",
+            "Deallocate"
+        ]
+    );
+    let loops = compute_loops(&p);
+    assert_eq!(loops.len(), 1);
+    assert_eq!(
+        kinds(&p, &loops[0]),
+        [
+            "SetCurrentStream",
+            "Synchronize",
+            "ShardByStream",
+            "ShardByStream",
+            "Communication",
+            "Wait",
+            "ShardByStream",
+            "Matmul"
+        ]
+    );
+    assert_eq!(
+        communications(&p),
+        vec![(CommunicationType::Allgather, vec![0, 1])]
+    );
+    let text = host_ir::print(&p);
+    assert!(text.contains("FOR i0 from 0 to 4:"), "{text}");
+    assert!(text.contains("min(4, numberOfStreams)"), "{text}");
+}
+
+/// §10 #38 and #39 in nvFuser's explicit-axis form (matmul batch broadcasting): one stream
+/// loop whose body multiplies the chunk and reduces it with one collective per chunk; #39's
+/// explicit broadcast of the weight is a kernel launched once before the loop.
+#[test]
+fn logical_matmul_ar_and_rs_reduce_per_chunk() {
+    for (name, kind, head, kernels) in [
+        (
+            "matmul_ar_logical",
+            CommunicationType::Allreduce,
+            &["Allocate", "GetCurrentStream"][..],
+            0,
+        ),
+        (
+            "matmul_rs_through_bcast_logical",
+            CommunicationType::ReduceScatter,
+            &["Allocate", "LaunchKernel", "Allocate", "GetCurrentStream"][..],
+            1,
+        ),
+    ] {
+        for d in 1..=4 {
+            let p = lower_with(name, &[("d", d)]);
+            let t = top(&p);
+            assert_eq!(&t[..head.len()], head, "{name} d={d}");
+            assert_eq!(count(&p, "LaunchKernel"), kernels, "{name} d={d}");
+            let loops = compute_loops(&p);
+            assert_eq!(loops.len(), 1, "{name} d={d}");
+            let body = kinds(&p, &loops[0]);
+            assert_eq!(
+                only(&body, &["Matmul", "Communication", "Wait"]),
+                ["Matmul", "Communication", "Wait"],
+                "{name} d={d}: {body:?}"
+            );
+            let team: Vec<i64> = (0..d).collect();
+            assert_eq!(communications(&p), vec![(kind, team)], "{name} d={d}");
+            let text = host_ir::print(&p);
+            assert!(text.contains("FOR i0 from 0 to 4:"), "{name}:\n{text}");
+        }
+    }
+}
+
+/// §10 #42 RSMatmul (reconstructed): the partial product is computed chunk by chunk inside
+/// the stream loop (over the D blocks of rows), and the Stream -> DID sum is one
+/// ReduceScatter after the loop; the broadcast of `b` is a kernel before the loop.
+#[test]
+fn rs_matmul_multiplies_per_chunk_and_reduce_scatters_once() {
+    for d in 1..=4 {
+        let p = lower_with("rs_matmul", &[("d", d)]);
+        let t = top(&p);
+        assert_eq!(
+            &t[..5],
+            [
+                "Allocate",
+                "LaunchKernel",
+                "Allocate",
+                "GetCurrentStream",
+                "ForLoop"
+            ],
+            "d={d}"
+        );
+        let loops = compute_loops(&p);
+        assert_eq!(loops.len(), 1, "d={d}");
+        let body = kinds(&p, &loops[0]);
+        assert_eq!(
+            only(&body, &["Matmul", "Communication"]),
+            ["Matmul"],
+            "d={d}"
+        );
+        let after = t.iter().rposition(|k| *k == "ForLoop").unwrap();
+        assert_eq!(
+            only(&t[after..], &["Communication", "Wait"]),
+            ["Communication", "Wait"],
+            "d={d}: {t:?}"
+        );
+        let team: Vec<i64> = (0..d).collect();
+        assert_eq!(
+            communications(&p),
+            vec![(CommunicationType::ReduceScatter, team)],
+            "d={d}"
+        );
+        let text = host_ir::print(&p);
+        assert!(text.contains(&format!("FOR i0 from 0 to {d}:")), "{text}");
+    }
+}
+
+/// §10 #44 test_column_parallel_linear_forward, functional config (h = 2, t = 24): the default
+/// lowering of the DID -> Stream allgather is the offset-by-rank exchange (nvFuser's
+/// `collective_permute` variant): d iterations, each one coalesced recv + send pair. Iteration
+/// 0 exchanges with the rank itself (a local copy), so d - 1 iterations move data between
+/// ranks (nvFuser expects d - 1 SendRecv kernels); there is no collective.
+#[test]
+fn column_parallel_linear_exchanges_one_block_per_iteration() {
+    for d in 1..=4 {
+        let h = if d == 3 { 3 } else { 2 };
+        let p = lower_with("column_parallel_linear", &[("d", d), ("h", h), ("t", 24)]);
+        assert_eq!(communications(&p), vec![], "d={d}");
+        let loops = compute_loops(&p);
+        assert_eq!(loops.len(), 1, "d={d}");
+        let body = kinds(&p, &loops[0]);
+        assert_eq!(count(&p, "P2PCommunication"), 2, "d={d}");
+        assert_eq!(
+            only(
+                &body,
+                &[
+                    "StartCoalescing",
+                    "P2PCommunication",
+                    "EndCoalescing",
+                    "Wait",
+                    "Linear"
+                ]
+            ),
+            [
+                "StartCoalescing",
+                "P2PCommunication",
+                "P2PCommunication",
+                "EndCoalescing",
+                "Wait",
+                "Linear"
+            ],
+            "d={d}"
+        );
+        let text = host_ir::print(&p);
+        assert!(text.contains(&format!("FOR i0 from 0 to {d}:")), "{text}");
+        // recv from (rank + i) % d: the rank itself exactly when i = 0.
+        assert!(
+            text.contains(&format!(
+                "type=recv, buffer=T4, peer=( ( rank + i0 ) % {d} )"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "type=send, buffer=T0, peer=( ( ( {d} + rank ) - i0 ) % {d} )"
+            )),
+            "{text}"
+        );
+        // nvFuser's `collective_permute` variant writes the rotation as a swizzle1d: the same
+        // program.
+        let permute = lower_with(
+            "column_parallel_linear_permute",
+            &[("d", d), ("h", h), ("t", 24)],
+        );
+        assert_eq!(host_ir::print(&permute), text, "d={d}");
+    }
+}
+
+/// §10 #13 SwizzleWithParallelType: `swizzle1d(0, DIDx)` makes every chunk view of the stream
+/// loop select chunk (rank + i) % d; a plain copy, no communication.
+#[test]
+fn swizzle1d_rotates_every_chunk_view_by_the_rank() {
+    for d in 1..=4 {
+        let p = lower_with("swizzle_with_parallel_type", &[("d", d)]);
+        assert_eq!(communications(&p), vec![], "d={d}");
+        let loops = compute_loops(&p);
+        assert_eq!(loops.len(), 1, "d={d}");
+        let text = host_ir::print(&p);
+        let rotated = format!("stream_index=( ( rank + i0 ) % {d} ))");
+        assert_eq!(text.matches(&rotated).count(), 2, "{text}");
+        assert_eq!(text.matches("ShardByStream").count(), 2, "{text}");
+    }
+}

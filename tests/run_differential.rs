@@ -1254,6 +1254,201 @@ impl Collective {
 }
 
 // ---------------------------------------------------------------------------------------
+// Family 5: matmul with broadcast batch axes
+// ---------------------------------------------------------------------------------------
+
+/// How one operand holds an output batch axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BatchAxis {
+    /// An axis of the batch's extent.
+    Real,
+    /// A broadcast axis (from `broadcast`), which the other operand's axis stretches.
+    Bcast,
+}
+
+/// Where a batched product is DID-split.
+#[derive(Clone, Copy, Debug)]
+enum BmmPar {
+    None,
+    /// The first batch axis that both operands hold (no communication).
+    Batch,
+    /// The contraction axis (an allreduce of the partial products).
+    Contraction,
+}
+
+#[derive(Clone, Debug)]
+struct BatchedMatmul {
+    d: usize,
+    s: usize,
+    streams: usize,
+    /// Per output batch axis (1 or 2 of them): how `a` and `b` hold it.
+    axes: Vec<(BatchAxis, BatchAxis)>,
+    /// Leave out `a`'s / `b`'s leading broadcast axes (batch axes align at the right).
+    drop: (bool, bool),
+    par: BmmPar,
+    /// `outer_split(0, s) -> Stream` on an operand that holds batch axis 0.
+    stream: bool,
+    /// Factors of the batch axes, M, K and N.
+    sizes: [usize; 5],
+    /// Extra elements of a batch axis cut only into stream chunks (uneven chunks).
+    ragged: usize,
+    rot: usize,
+}
+
+fn batched_matmul() -> impl Strategy<Value = BatchedMatmul> {
+    let axis = prop_oneof![
+        2 => Just((BatchAxis::Real, BatchAxis::Real)),
+        1 => Just((BatchAxis::Real, BatchAxis::Bcast)),
+        1 => Just((BatchAxis::Bcast, BatchAxis::Real)),
+    ];
+    (
+        (1usize..=4, 1usize..=4, 1usize..=3, 0usize..3),
+        prop::collection::vec(axis, 1..=2),
+        (any::<bool>(), any::<bool>()),
+        prop_oneof![
+            Just(BmmPar::None),
+            Just(BmmPar::Batch),
+            Just(BmmPar::Contraction)
+        ],
+        any::<bool>(),
+        [1usize..=2, 1usize..=2, 1usize..=3, 1usize..=3, 1usize..=3],
+        0usize..4,
+    )
+        .prop_map(
+            |((d, s, streams, ragged), axes, drop, par, stream, sizes, rot)| BatchedMatmul {
+                d,
+                s,
+                streams,
+                axes,
+                drop,
+                par,
+                stream,
+                sizes,
+                ragged,
+                rot,
+            },
+        )
+}
+
+impl BatchedMatmul {
+    fn case(&self) -> Case {
+        let mut spec = self.clone();
+        let bcasts = |side: fn(&(BatchAxis, BatchAxis)) -> BatchAxis| {
+            spec.axes.iter().any(|a| side(a) == BatchAxis::Bcast)
+        };
+        if !known_bugs() && spec.stream && bcasts(|a| a.0) && bcasts(|a| a.1) {
+            // known_bug_loop_local_intermediate_read_across_a_non_stream_segment: the
+            // stream-split operand's broadcast and the other operand's (not stream-split)
+            // broadcast are two kernel segments that can split the stream loop.
+            spec.stream = false;
+        }
+        spec.case_as_is()
+    }
+
+    fn case_as_is(&self) -> Case {
+        let BatchedMatmul { d, s, .. } = *self;
+        let nb = self.axes.len();
+        let [b0, b1, mf, kf, nf] = self.sizes;
+        let bf = [b0, b1];
+        // The DID-split batch axis: the first that both operands hold, not the stream axis.
+        let did_batch = match self.par {
+            BmmPar::Batch => (0..nb).find(|j| {
+                self.axes[*j] == (BatchAxis::Real, BatchAxis::Real) && !(self.stream && *j == 0)
+            }),
+            _ => None,
+        };
+        let batch_ext: Vec<String> = (0..nb)
+            .map(|j| {
+                extent(
+                    bf[j],
+                    did_batch == Some(j),
+                    self.stream && j == 0,
+                    self.ragged,
+                )
+            })
+            .collect();
+        let by_k = matches!(self.par, BmmPar::Contraction);
+        let (m, k, n) = (
+            extent(mf, false, false, 0),
+            extent(kf, by_k, false, 0),
+            extent(nf, false, false, 0),
+        );
+        let mut src = header("bmm", d, s);
+        src.push_str(&meshes(d, self.rot, false));
+        let mut schedules = String::new();
+        let mut ops = String::new();
+        // One operand: its input (real batch axes, then its matrix axes) and, when it has
+        // broadcast axes, the `broadcast` that makes it. Returns the operand's name.
+        let mut operand = |name: &str,
+                           side: usize,
+                           drop: bool,
+                           matrix: [&str; 2],
+                           k_axis: usize,
+                           stream_here: bool| {
+            let holds: Vec<BatchAxis> = self
+                .axes
+                .iter()
+                .map(|a| if side == 0 { a.0 } else { a.1 })
+                .collect();
+            let lead = if drop {
+                holds.iter().take_while(|h| **h == BatchAxis::Bcast).count()
+            } else {
+                0
+            };
+            let kept: Vec<usize> = (lead..nb).collect();
+            let real: Vec<usize> = kept
+                .iter()
+                .copied()
+                .filter(|j| holds[*j] == BatchAxis::Real)
+                .collect();
+            let mut dims: Vec<String> = real.iter().map(|j| batch_ext[*j].clone()).collect();
+            dims.extend(matrix.iter().map(|x| x.to_string()));
+            let input = format!("{name}0");
+            writeln!(src, "  tensor {input}: f32[{}] on m", dims.join(", ")).unwrap();
+            let bc: Vec<String> = kept
+                .iter()
+                .enumerate()
+                .filter(|(_, j)| holds[**j] == BatchAxis::Bcast)
+                .map(|(pos, _)| pos.to_string())
+                .collect();
+            let mut splits: Vec<Split> = Vec::new();
+            if stream_here {
+                splits.push((0, "s", "Stream"));
+            }
+            if let Some(j) = did_batch {
+                let pos = real.iter().position(|x| *x == j).expect("both hold it");
+                splits.push((pos, "d", "DIDx"));
+            }
+            if by_k {
+                splits.push((real.len() + k_axis, "d", "DIDx"));
+            }
+            schedule(&mut schedules, &input, &split_steps(dims.len(), &splits));
+            if bc.is_empty() {
+                input
+            } else {
+                writeln!(ops, "  {name} = broadcast({input}, [{}])", bc.join(", ")).unwrap();
+                name.to_string()
+            }
+        };
+        let a_streams = self.stream && self.axes[0].0 == BatchAxis::Real;
+        let b_streams = self.stream && !a_streams;
+        let a = operand("a", 0, self.drop.0, [&m, &k], 1, a_streams);
+        let b = operand("b", 1, self.drop.1, [&k, &n], 0, b_streams);
+        src.push_str(&ops);
+        writeln!(src, "  out = matmul({a}, {b})").unwrap();
+        src.push_str("  output out\n");
+        src.push_str(&schedules);
+        src.push_str("}\n");
+        Case {
+            family: "batched_matmul",
+            source: src,
+            ranks: d,
+            streams: self.streams,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // The check
 // ---------------------------------------------------------------------------------------
 
@@ -1263,6 +1458,7 @@ fn any_case() -> impl Strategy<Value = Case> {
         reduction().prop_map(|r| r.case()),
         matmul().prop_map(|m| m.case()),
         collective().prop_map(|c| c.case()),
+        batched_matmul().prop_map(|b| b.case()),
     ]
 }
 

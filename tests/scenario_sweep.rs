@@ -156,8 +156,9 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
     eprintln!("{table}");
     eprintln!("{passed} passed ({uneven_passed} with s > 1), {refused} refused at load");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // 361 passed and 27 were refused when this was written; refusals may only turn into
-    // passes.
+    // 361 passed and 27 were refused when this was written (29 with
+    // column_parallel_linear_permute, which is refused where column_parallel_linear is: t = 10
+    // rows do not split across 3 or 4 devices); refusals may only turn into passes.
     assert!(passed >= 361, "only {passed} configurations passed");
-    assert!(refused <= 27, "{refused} configurations were refused");
+    assert!(refused <= 29, "{refused} configurations were refused");
 }

@@ -5,7 +5,9 @@
 //! * **Structure.** Every placed statement id is in the arena and sits in exactly one scope;
 //!   loops nest at most [`MAX_LOOP_DEPTH`] deep;
 //!   every tensor, scalar, stream and kernel a statement names is in its arena; a
-//!   `LaunchKernel` passes as many tensors as its fusion has inputs and outputs; a
+//!   `LaunchKernel` passes as many tensors as its fusion has inputs and outputs, and that
+//!   fusion parallelizes no axis (a kernel computes whole buffers; nvFuser likewise refuses
+//!   a stream-parallel output of a `PostOnStream`); a
 //!   collective has a root exactly when its type has one and a reduction exactly when it
 //!   reduces; a `ShardByStream` cuts an axis the tensor has.
 //! * **Scalars.** A loop index is used only inside the `FOR` that binds it (in loop bounds,
@@ -28,8 +30,10 @@
 //!   `GetCurrentStream` defines a captured stream.
 //! * **Communications.** Every `Communication`, every `P2PCommunication` outside a
 //!   coalescing group and every `EndCoalescing` is followed in the same scope by exactly one
-//!   `Wait` naming it, and until that `Wait` no statement reads, writes, reallocates, rebinds
-//!   or deallocates any of its buffers (or a view that shares memory with one). The scope
+//!   `Wait` naming it, and until that `Wait` no statement writes, reallocates, rebinds or
+//!   deallocates any of its buffers (or a view that shares memory with one), and none reads a
+//!   buffer that it writes (a received or output buffer; a sent or input buffer may be read
+//!   meanwhile, as a ring computes on the chunk it forwards). The scope
 //!   must not end first. A `Wait` names such a statement, never a point-to-point inside a
 //!   group. Coalescing groups open and close in one scope, do not nest, and hold only
 //!   `P2PCommunication`s.
@@ -46,11 +50,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use weave_ir::Diagnostic;
+use weave_ir::{Diagnostic, ParallelType, ScheduleOp};
 
 use crate::ids::{HostTensorId, ScalarId, StmtId, StreamId};
 use crate::printer::Names;
-use crate::syntax::{HostProgram, HostScalar, Stmt, Stream};
+use crate::syntax::{HostProgram, HostScalar, P2PDirection, Stmt, Stream};
 
 /// Checks every rule of the module docs; returns the first violation in program order.
 pub fn verify(p: &HostProgram) -> Result<(), Diagnostic> {
@@ -105,7 +109,9 @@ struct State {
 #[derive(Clone, Debug)]
 struct Pending {
     comm: StmtId,
-    buffers: Vec<HostTensorId>,
+    /// The buffers it uses, each with whether it writes that buffer (a received or output
+    /// buffer) or only reads it (a sent or input buffer).
+    buffers: Vec<(HostTensorId, bool)>,
     /// A point-to-point of a coalescing group that is still open.
     in_group: bool,
 }
@@ -386,6 +392,39 @@ impl Verifier<'_> {
                         ),
                     ));
                 }
+                // A kernel computes the whole buffers it is given: stream chunks and device
+                // shards are views that the host program cuts (nvFuser refuses a
+                // stream-parallel output of a PostOnStream the same way).
+                let kf = &unit.fusion;
+                for t in kf.tensors_in_order() {
+                    // Parsed kernel blocks keep their schedule steps unapplied.
+                    let scheduled = kf.tensor(t).schedule.iter().filter_map(|st| match &st.op {
+                        ScheduleOp::OuterSplit { parallel, .. }
+                        | ScheduleOp::InnerSplit { parallel, .. } => *parallel,
+                        ScheduleOp::Parallelize { parallel, .. }
+                        | ScheduleOp::Swizzle1d { parallel, .. } => Some(*parallel),
+                        _ => None,
+                    });
+                    let parallel = kf
+                        .tensor(t)
+                        .loop_domain
+                        .iter()
+                        .map(|i| kf.id(*i).parallel)
+                        .chain(scheduled)
+                        .find(|pt| *pt != ParallelType::Serial);
+                    if let Some(pt) = parallel {
+                        let k = self.names.kernel(p, *kernel);
+                        return Err(self.fail(
+                            s,
+                            format!(
+                                "launches {k}, whose fusion makes `{}` {pt}-parallel; a kernel \
+                                 computes the whole buffers it is given (stream chunks and \
+                                 device shards are views that the host program cuts)",
+                                kf.tensor(t).name
+                            ),
+                        ));
+                    }
+                }
                 self.access(s, state, stmt)?;
             }
             Stmt::Matmul { .. } | Stmt::Linear { .. } => self.access(s, state, stmt)?,
@@ -413,7 +452,7 @@ impl Verifier<'_> {
                     _ => {}
                 }
                 self.access(s, state, stmt)?;
-                self.post(s, vec![c.input, c.output]);
+                self.post(s, vec![(c.input, c.input == c.output), (c.output, true)]);
             }
             Stmt::P2PCommunication(c) => {
                 self.access(s, state, stmt)?;
@@ -422,12 +461,12 @@ impl Verifier<'_> {
                     if let Some(v) = self.pending.last_mut() {
                         v.push(Pending {
                             comm: s,
-                            buffers: vec![c.buffer],
+                            buffers: vec![(c.buffer, c.direction == P2PDirection::Recv)],
                             in_group: true,
                         });
                     }
                 } else {
-                    self.post(s, vec![c.buffer]);
+                    self.post(s, vec![(c.buffer, c.direction == P2PDirection::Recv)]);
                 }
             }
             Stmt::StartCoalescing => {
@@ -459,7 +498,7 @@ impl Verifier<'_> {
         Ok(())
     }
 
-    fn post(&mut self, comm: StmtId, buffers: Vec<HostTensorId>) {
+    fn post(&mut self, comm: StmtId, buffers: Vec<(HostTensorId, bool)>) {
         if let Some(v) = self.pending.last_mut() {
             v.push(Pending {
                 comm,
@@ -473,7 +512,7 @@ impl Verifier<'_> {
     fn access(&mut self, s: StmtId, state: &mut State, stmt: &Stmt) -> VResult {
         for t in stmt.reads() {
             self.need(s, state, t, "reads")?;
-            self.touch(s, state, t, "reads")?;
+            self.touch_as(s, state, t, "reads", true)?;
         }
         for t in stmt.writes() {
             self.usable_parents(s, state, t, "writes")?;
@@ -573,7 +612,7 @@ impl Verifier<'_> {
         };
         let done = self.pending.last_mut().map(|v| v.remove(i));
         // The Wait uses the communication's buffers: they must still be defined.
-        for b in done.map(|pd| pd.buffers).unwrap_or_default() {
+        for (b, _) in done.map(|pd| pd.buffers).unwrap_or_default() {
             self.need(s, state, b, "waits on")?;
         }
         Ok(())
@@ -617,10 +656,24 @@ impl Verifier<'_> {
 
     /// `s` touches `t`: no in-flight communication may use memory that `t` shares.
     fn touch(&mut self, s: StmtId, state: &State, t: HostTensorId, verb: &str) -> VResult {
+        self.touch_as(s, state, t, verb, false)
+    }
+
+    /// `s` touches `t`, only reading it when `reading`: a read may overlap an in-flight
+    /// communication that only reads the same memory (a send, or a collective's input), as
+    /// the ring patterns compute on the chunk they forward; anything else must wait.
+    fn touch_as(
+        &mut self,
+        s: StmtId,
+        state: &State,
+        t: HostTensorId,
+        verb: &str,
+        reading: bool,
+    ) -> VResult {
         let mut hit = None;
         'search: for pd in self.pending.iter().flatten() {
-            for &b in &pd.buffers {
-                if overlaps(&mut self.names, self.p, state, t, b) {
+            for &(b, written) in &pd.buffers {
+                if (written || !reading) && overlaps(&mut self.names, self.p, state, t, b) {
                     hit = Some((pd.comm, b, pd.in_group));
                     break 'search;
                 }

@@ -425,6 +425,46 @@ fn a_point_to_point_in_a_group_is_waited_for_through_the_group() {
 }
 
 #[test]
+fn a_sent_buffer_may_be_read_in_flight_but_not_written_and_a_received_one_not_read() {
+    // The ring pattern computes on the chunk it forwards.
+    valid(&coalesced(
+        "",
+        "  T2 = matmul(T0, T1)\n  Wait(EndCoalescing 5)\n  Deallocate(T3)\n",
+    ));
+    assert_eq!(
+        violation(&coalesced(
+            "",
+            "  T2 = matmul(T3, T1)\n  Wait(EndCoalescing 5)\n"
+        )),
+        "statement `T2 = matmul(T3, T1)`: reads T3 while `EndCoalescing 5` is in flight on it; \
+         `Wait(EndCoalescing 5)` must come first"
+    );
+    assert_eq!(
+        violation(&coalesced(
+            "",
+            "  T0 = matmul(T2, T1)\n  Wait(EndCoalescing 5)\n"
+        )),
+        "statement `T0 = matmul(T2, T1)`: writes T0 while `EndCoalescing 5` is in flight on it; \
+         `Wait(EndCoalescing 5)` must come first"
+    );
+    // A collective's input may be read too; its output may not.
+    let allreduce = |read: &str| {
+        program(&format!(
+            "  T3_g_f32[8, 4] = ALLOCATE(mem_type=global, zero_init=false)\n  \
+             Communication 2 (type=Allreduce, team=(0 1), input=T0, output=T3, red_op=sum, \
+             backend=NCCL)\n  T2 = matmul({read}, T1)\n  Wait(Communication 2)\n"
+        ))
+    };
+    valid(&allreduce("T0"));
+    assert_eq!(
+        violation(&allreduce("T3")),
+        "statement `T2 = matmul(T3, T1)`: reads T3 while `Communication 2 (type=Allreduce, \
+         team=(0 1), input=T0, output=T3, red_op=sum, backend=NCCL)` is in flight on it; \
+         `Wait(Communication 2)` must come first"
+    );
+}
+
+#[test]
 fn sibling_chunks_cut_alike_with_different_indices_are_disjoint() {
     // The ring pattern: receive one chunk of T2 while sending another.
     valid(&program(
@@ -452,6 +492,21 @@ fn sibling_chunks_cut_alike_with_different_indices_are_disjoint() {
 }
 
 // ----- kernels ---------------------------------------------------------------------------------
+
+/// §10 #21's PostOnStream negative case: a kernel (nvFuser's PostOnStream) whose output is
+/// stream-parallel is refused.
+#[test]
+fn a_kernel_with_a_stream_parallel_output_is_refused() {
+    let src = program("  LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))\n")
+        + "K0: fusion copy() {\n  tensor a: f32[8, 4]\n  b = set(a)\n  output b\n  \
+         schedule b { outer_split(0, 2) -> Stream }\n}\n";
+    assert_eq!(
+        violation(&src),
+        "statement `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))`: launches K0, whose \
+         fusion makes `b` Stream-parallel; a kernel computes the whole buffers it is given \
+         (stream chunks and device shards are views that the host program cuts)"
+    );
+}
 
 #[test]
 fn a_kernel_launch_matches_its_fusion() {

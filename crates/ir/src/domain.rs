@@ -112,6 +112,10 @@ pub struct IterDomain {
     pub parallel: ParallelType,
     /// Set on the outputs of root→logical transforms (reshape, rfactor); printed as `rf`.
     pub rfactor: bool,
+    /// Set by `swizzle1d(axis, DIDx)` (nvFuser's `Swizzle1D`): the stream loop over this axis
+    /// visits its chunks rotated by the device index, chunk `(i + deviceIdx.x) % extent` in
+    /// iteration `i`.
+    pub swizzle: Option<ParallelType>,
     /// The split or merge that produced this axis, if any.
     pub definition: Option<crate::ids::IdExprId>,
 }
@@ -124,6 +128,7 @@ impl IterDomain {
             iter_type,
             parallel: ParallelType::Serial,
             rfactor: false,
+            swizzle: None,
             definition: None,
         }
     }

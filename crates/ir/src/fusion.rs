@@ -274,6 +274,7 @@ impl Fusion {
             iter_type: src.iter_type,
             parallel: src.parallel,
             rfactor: false,
+            swizzle: None,
             definition: None,
         };
         let outer = self.ids.insert(mk(oe));
@@ -305,6 +306,7 @@ impl Fusion {
             iter_type,
             parallel: o.parallel,
             rfactor: false,
+            swizzle: None,
             definition: None,
         };
         let output = self.ids.insert(out);
@@ -752,18 +754,14 @@ impl Fusion {
         Ok(out)
     }
 
+    /// `[.., m, k] x [.., k, n] -> [.., m, n, r(k)]` with numpy batch broadcasting: the batch
+    /// axes of both operands align at the right, a missing axis or a broadcast axis `b`
+    /// stretches to the other side's extent, and other batch axes must have equal extents.
     fn matmul_axes(&mut self, a: TensorId, b: TensorId) -> IrResult<Vec<IterDomainId>> {
         let (va, vb) = (self.visible_axes(a), self.visible_axes(b));
         if va.len() < 2 || vb.len() < 2 {
             return Err(Diagnostic::new(format!(
                 "matmul needs operands of rank 2 or more, got {} and {}",
-                self.desc(a),
-                self.desc(b)
-            )));
-        }
-        if vb.len() > 2 && vb.len() != va.len() {
-            return Err(Diagnostic::new(format!(
-                "matmul: batched operands must have the same rank, got {} and {}",
                 self.desc(a),
                 self.desc(b)
             )));
@@ -780,16 +778,43 @@ impl Fusion {
                 self.ids[kb].extent.to_source()
             )));
         }
+        let (ba, bb) = (&va[..va.len() - 2], &vb[..vb.len() - 2]);
+        let nbatch = ba.len().max(bb.len());
         let mut out = Vec::new();
-        for (k, id) in va[..va.len() - 2].iter().enumerate() {
-            if vb.len() > 2 && !self.same_extent(&self.ids[*id].extent, &self.ids[vb[k]].extent) {
-                return Err(Diagnostic::new(format!(
-                    "matmul: batch axis {k} differs between {} and {}",
-                    self.desc(a),
-                    self.desc(b)
-                )));
-            }
-            out.push(self.fresh_copy(*id));
+        for axis in 0..nbatch {
+            // Right-aligned: output batch axis `axis` is axis `axis - (nbatch - len)` of an
+            // operand with `len` batch axes, when that is not negative.
+            let pick = |batch: &[IterDomainId]| {
+                (axis + batch.len())
+                    .checked_sub(nbatch)
+                    .map(|i| (i, batch[i]))
+            };
+            let (pa, pb) = (pick(ba), pick(bb));
+            let real = |id: IterDomainId| self.ids[id].iter_type != IterType::Broadcast;
+            let src = match (pa, pb) {
+                (Some((ia, x)), Some((ib, y))) if real(x) && real(y) => {
+                    if !self.same_extent(&self.ids[x].extent, &self.ids[y].extent) {
+                        return Err(Diagnostic::new(format!(
+                            "matmul: batch axis {ia} of {} has extent `{}` but batch axis {ib} of {} has extent `{}` (batch axes align at the right; only a broadcast axis stretches)",
+                            self.desc(a),
+                            self.ids[x].extent.to_source(),
+                            self.desc(b),
+                            self.ids[y].extent.to_source()
+                        )));
+                    }
+                    x
+                }
+                (Some((_, x)), Some((_, y))) => {
+                    if real(x) {
+                        x
+                    } else {
+                        y
+                    }
+                }
+                (Some((_, x)), None) | (None, Some((_, x))) => x,
+                (None, None) => continue,
+            };
+            out.push(self.fresh_copy(src));
         }
         out.push(self.fresh_copy(va[va.len() - 2]));
         out.push(self.fresh_copy(vb[vb.len() - 1]));

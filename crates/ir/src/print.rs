@@ -258,6 +258,16 @@ pub fn domains_to_string(fusion: &Fusion, n: &mut Namer, t: TensorId) -> String 
         }
     }
     let _ = writeln!(s, " loop domain : ({})", n.ids(fusion, &tv.loop_domain));
+    for id in &tv.loop_domain {
+        if let Some(pt) = fusion.id(*id).swizzle {
+            let _ = writeln!(
+                s,
+                "  Swizzle1D: {} by {}",
+                n.id(fusion, *id),
+                pt.print_name()
+            );
+        }
+    }
     if let Some(a) = &tv.allocation {
         let _ = writeln!(s, " allocation domain : ({})", n.ids(fusion, a));
     }

@@ -86,6 +86,14 @@ pub enum ScheduleOp {
         /// The parallel type.
         parallel: ParallelType,
     },
+    /// `swizzle1d(axis, DIDx)`: the stream loop over `axis` visits its chunks rotated by the
+    /// device index (nvFuser's `Swizzle1D`).
+    Swizzle1d {
+        /// Loop axis.
+        axis: usize,
+        /// The device parallel type whose index rotates the chunks.
+        parallel: ParallelType,
+    },
     /// `allocation = loop`: the allocation domain becomes the current loop domain.
     AllocationAsLoop,
     /// `mesh = m`.

@@ -308,6 +308,7 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
                 iter_type: IterType::Reduction,
                 parallel: d.parallel,
                 rfactor: false,
+                swizzle: None,
                 definition: None,
             });
             new_logical.push(r);

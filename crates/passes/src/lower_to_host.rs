@@ -93,6 +93,8 @@ struct Lowering<'a> {
     /// Whole-size buffers of loop-local intermediates, visible only through chunk views.
     loop_local: HashMap<TensorId, HostTensorId>,
     kernels: usize,
+    /// Loops whose chunk views a `swizzle1d` rotated: (loop, its index, the rotated index).
+    rotated: Vec<(StmtId, ScalarId, ScalarId)>,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -106,6 +108,7 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         open: None,
         loop_local: HashMap::new(),
         kernels: 0,
+        rotated: Vec::new(),
     };
     for t in f.inputs() {
         let h = l.new_tensor(*t, l.local_sizes(*t, false)?);
@@ -125,6 +128,7 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         })?;
         l.p.outputs.push(h);
     }
+    l.unrotate_collective_loops();
     Ok(l.p)
 }
 
@@ -340,6 +344,16 @@ impl Lowering<'_> {
             ))
         })?;
         let index = self.scalar(HostScalar::LoopIndex);
+        // A `swizzle1d(.., DIDx)` on the loop's stream axis (or an axis mapped to it) rotates
+        // the chunks by the rank: iteration i visits chunk (rank + i) % extent in every view.
+        let view_index = if self.swizzled(sid) {
+            let rank = self.scalar(HostScalar::Value(Scalar::named("rank")));
+            let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, index));
+            let n = self.constant(extent);
+            self.scalar(HostScalar::Binary(ScalarOp::Mod, sum, n))
+        } else {
+            index
+        };
         let start = self.constant(0);
         let stop = self.constant(extent);
         let stmt = self.emit(Stmt::ForLoop {
@@ -348,6 +362,9 @@ impl Lowering<'_> {
             stop,
             body: Vec::new(),
         });
+        if view_index != index {
+            self.rotated.push((stmt, index, view_index));
+        }
         self.open = Some(OpenLoop {
             stmt,
             stream_id: sid,
@@ -355,10 +372,46 @@ impl Lowering<'_> {
             stream_root,
             extent,
             index,
-            view_index: index,
+            view_index,
             bound: HashMap::new(),
         });
         Ok(())
+    }
+
+    /// A `swizzle1d` only reorders a loop's iterations on each rank. A collective posted per
+    /// chunk needs every rank on the same chunk in the same iteration, so a loop that posts
+    /// one keeps the natural order: its rotated chunk views go back to the loop index.
+    fn unrotate_collective_loops(&mut self) {
+        for (lp, index, rotated) in std::mem::take(&mut self.rotated) {
+            let Stmt::ForLoop { body, .. } = &self.p.stmts[lp] else {
+                continue;
+            };
+            let body = body.clone();
+            let collective = body
+                .iter()
+                .any(|s| matches!(self.p.stmts[*s], Stmt::Communication(_)));
+            if !collective {
+                continue;
+            }
+            for s in body {
+                if let Stmt::ShardByStream { index: i, .. } = &mut self.p.stmts[s] {
+                    if *i == rotated {
+                        *i = index;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a loop axis of some tensor that is mapped to the Stream axis `sid` carries a
+    /// `swizzle1d`.
+    fn swizzled(&self, sid: IterDomainId) -> bool {
+        let f = self.f;
+        f.tensors_in_order().into_iter().any(|t| {
+            f.tensor(t).loop_domain.iter().any(|x| {
+                f.id(*x).swizzle.is_some() && (*x == sid || self.graph.are_mapped(*x, sid))
+            })
+        })
     }
 
     /// The host tensor that stands for `t` at the current point: inside a loop, a chunk view

@@ -152,6 +152,9 @@ fn every_fixture_propagates_verifies_and_is_idempotent() {
         "column_parallel_linear",
         "matmul_rs",
         "matmul_ar",
+        "matmul_ar_logical",
+        "matmul_rs_through_bcast_logical",
+        "rs_matmul",
         "ag_matmul",
         "stream_matmul",
         "two_matmuls_inlinable",
@@ -161,6 +164,37 @@ fn every_fixture_propagates_verifies_and_is_idempotent() {
         run(&mut f, &PropagateShardings);
         assert_eq!(run(&mut f, &PropagateShardings), Changed::No, "{name}");
     }
+}
+
+#[test]
+fn shardings_cross_a_matmul_whose_batch_axes_broadcast() {
+    // [S, D, m, k] x [D, k, n]: b's batch axis 0 is the output's batch axis 1 (right-aligned),
+    // so b's DIDx lands on the output's axis 1, not on its stream axis 0.
+    let mut f = load_src(
+        "fusion mmb(s = 3, d = 2, m = 4, k = 6, n = 5) {
+          mesh m = devices(d)
+          tensor a: f32[s, d, m, k] on m
+          tensor b: f32[d, k, n] on m
+          c = matmul(a, b)
+          output c
+          schedule a { parallelize(0, Stream); parallelize(1, DIDx) }
+          schedule b { parallelize(0, DIDx) }
+        }",
+    );
+    run(&mut f, &PropagateShardings);
+    assert_eq!(
+        loop_types(&f, "c"),
+        vec![Stream, DIDx, Serial, Serial, Serial]
+    );
+    // Backward through a broadcast batch axis: the broadcast axis of `bb` takes nothing from
+    // the output's stream axis it stretches over, and `b` keeps its DIDx.
+    let mut g = load("matmul_rs_through_bcast_logical");
+    run(&mut g, &PropagateShardings);
+    assert_eq!(
+        loop_types(&g, "tv1b"),
+        vec![Serial, DIDx, Serial, Serial, Serial]
+    );
+    assert_eq!(loop_types(&g, "tv1"), vec![DIDx, Serial, Serial]);
 }
 
 #[test]

@@ -11,7 +11,10 @@
 //! * `permute`: output axis `i` ↔ producer axis `perm[i]`;
 //! * `reshape`: axis `i` ↔ output **root** axis `i`;
 //! * `matmul`: A `[.., m, k]` → out `[.., m, n, rk]`: batch ↔ batch, `m` ↔ `m`, `k` ↔ `rk`;
-//!   B `[(.., ) k, n]`: batch ↔ batch (batched B only), `k` ↔ `rk`, `n` ↔ `n`;
+//!   B `[.., k, n]`: batch ↔ batch, `k` ↔ `rk`, `n` ↔ `n`. Batch axes align at the right
+//!   (numpy broadcasting): an operand with fewer batch axes maps its batch axis `i` to output
+//!   batch axis `i + (output batch count − operand batch count)`, and a broadcast batch axis
+//!   maps to nothing where the other operand stretches it;
 //! * `linear`: x `[.., k]` → out `[.., n, rk]`: leading ↔ leading, `k` ↔ `rk`; w `[n, k]`:
 //!   `n` ↔ `n`, `k` ↔ `rk`; bias `[n]`: `n` ↔ `n`.
 //!
@@ -95,29 +98,24 @@ fn operand_pairs(kind: &ExprKind, pos: usize, prank: usize, crank: usize) -> Vec
             .collect(),
         ExprKind::Permute { perm } => perm.iter().enumerate().map(|(c, p)| (*p, c)).collect(),
         ExprKind::Matmul => {
-            // out = [batch.., m, n, rk]: crank = rank(A) + 1.
+            // out = [batch.., m, n, rk]; each operand's batch axes align at the right of the
+            // output's batch axes (numpy broadcasting), so a shorter batch maps with an offset.
             if crank < 3 || prank < 2 {
                 return Vec::new();
             }
             let (m, n, rk) = (crank - 3, crank - 2, crank - 1);
-            match pos {
-                0 => {
-                    let mut v = identity(prank - 2);
-                    v.push((prank - 2, m));
-                    v.push((prank - 1, rk));
-                    v
-                }
-                _ => {
-                    let mut v = if prank > 2 {
-                        identity(prank - 2)
-                    } else {
-                        Vec::new()
-                    };
-                    v.push((prank - 2, rk));
-                    v.push((prank - 1, n));
-                    v
-                }
+            let Some(offset) = (crank - 3).checked_sub(prank - 2) else {
+                return Vec::new();
+            };
+            let mut v: Vec<(usize, usize)> = (0..prank - 2).map(|i| (i, i + offset)).collect();
+            if pos == 0 {
+                v.push((prank - 2, m));
+                v.push((prank - 1, rk));
+            } else {
+                v.push((prank - 2, rk));
+                v.push((prank - 1, n));
             }
+            v
         }
         ExprKind::Linear => {
             // out = [leading.., n, rk]: crank = rank(x) + 1.
@@ -214,6 +212,48 @@ mod tests {
         assert_eq!(
             pairwise_map(&f, e2, b2),
             vec![(b2a[0], o2[3]), (b2a[1], o2[2])]
+        );
+    }
+
+    #[test]
+    fn matmul_batch_axes_align_at_the_right_and_broadcasts_stretch() {
+        let mut f = Fusion::new("mmb");
+        // [S, D, m, k] x [D, k, n] -> [S, D, m, n, rk]
+        let a = f
+            .add_input("a", DType::F32, vec![c(4), c(2), c(3), c(5)], None)
+            .unwrap();
+        let b = f
+            .add_input("b", DType::F32, vec![c(2), c(5), c(7)], None)
+            .unwrap();
+        let out = f.matmul("out", a, b).unwrap();
+        let e = def(&f, out);
+        let (aa, ba, oa) = (axes(&f, a), axes(&f, b), axes(&f, out));
+        assert_eq!(oa.len(), 5);
+        assert_eq!(
+            pairwise_map(&f, e, a),
+            vec![
+                (aa[0], oa[0]),
+                (aa[1], oa[1]),
+                (aa[2], oa[2]),
+                (aa[3], oa[4])
+            ]
+        );
+        assert_eq!(
+            pairwise_map(&f, e, b),
+            vec![(ba[0], oa[1]), (ba[1], oa[4]), (ba[2], oa[3])]
+        );
+
+        // [S, D, m, k] x [1, D, k, n] where the 1 is a broadcast: it maps to nothing.
+        let bc = f
+            .add_op("bc", ExprKind::Broadcast { axes: vec![0] }, &[b])
+            .unwrap();
+        let out2 = f.matmul("out2", a, bc).unwrap();
+        let e2 = def(&f, out2);
+        let (bca, o2) = (axes(&f, bc), axes(&f, out2));
+        assert_eq!(f.id(o2[0]).iter_type, IterType::Iteration);
+        assert_eq!(
+            pairwise_map(&f, e2, bc),
+            vec![(bca[1], o2[1]), (bca[2], o2[4]), (bca[3], o2[3])]
         );
     }
 

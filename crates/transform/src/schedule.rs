@@ -289,6 +289,63 @@ fn parallelize_step(
     Ok(())
 }
 
+/// `swizzle1d(axis, DIDx)` (nvFuser's `Swizzle1D`): a stream loop over loop axis `axis`
+/// visits chunk `(i + deviceIdx.x) % extent` in iteration `i`. The rotation is by the rank, so
+/// the tensor needs a 1-D mesh of devices `0..n` (`devices(n)`) and the axis one chunk per
+/// device (extent `n`); the axis must be one that can become a Stream axis.
+fn swizzle1d(
+    f: &mut Fusion,
+    t: TensorId,
+    axis: usize,
+    pt: ParallelType,
+    step: &str,
+) -> IrResult<()> {
+    let p = prefix(f, t);
+    if pt != ParallelType::DIDx {
+        return Err(Diagnostic::new(format!(
+            "{p}: {step}: only DIDx can rotate a stream axis (the chunks are rotated by the device index of a 1-D mesh)"
+        )));
+    }
+    let ids = f.tensor(t).loop_domain.clone();
+    if axis >= ids.len() {
+        return Err(out_of_range(
+            f,
+            t,
+            DomainKind::Loop,
+            &format!("swizzle1d of axis {axis}"),
+            ids.len(),
+        ));
+    }
+    let id = ids[axis];
+    check_origin(f, t, id, axis, step)?;
+    let Some(mesh_id) = f.tensor(t).mesh else {
+        return Err(Diagnostic::new(format!(
+            "{p}: {step} needs a device mesh (declare the tensor `on m` or add `mesh = m` before it)"
+        )));
+    };
+    let decl = f.mesh(mesh_id);
+    let n = decl.mesh.size();
+    let ranks: Vec<i64> = (0..n as i64).collect();
+    if decl.mesh.shape().len() != 1 || decl.mesh.devices() != ranks.as_slice() {
+        return Err(Diagnostic::new(format!(
+            "{p}: {step} needs a 1-D mesh of devices 0..n (`devices(n)`), but mesh `{}` is {:?} with shape {:?}",
+            decl.name,
+            decl.mesh.devices(),
+            decl.mesh.shape()
+        )));
+    }
+    let extent = f.id(id).extent.clone();
+    if f.eval(&extent) != Some(n as i64) {
+        return Err(Diagnostic::new(format!(
+            "{p}: {step}: axis {axis} has extent `{}`, but the rotation needs one chunk per device of mesh `{}` ({n})",
+            extent.to_source(),
+            decl.name
+        )));
+    }
+    f.id_mut(id).swizzle = Some(pt);
+    Ok(())
+}
+
 /// Where a device or stream axis comes from.
 #[derive(Clone, Copy)]
 enum Origin {
@@ -492,6 +549,7 @@ fn step_text(op: &ScheduleOp) -> String {
             format!("reorder({})", l.join(", "))
         }
         ScheduleOp::Parallelize { axis, parallel } => format!("parallelize({axis}, {parallel})"),
+        ScheduleOp::Swizzle1d { axis, parallel } => format!("swizzle1d({axis}, {parallel})"),
         ScheduleOp::AllocationAsLoop => "allocation = loop".to_string(),
         ScheduleOp::SetMesh(_) => "mesh = ...".to_string(),
         ScheduleOp::SetMemory(m) => format!("memory = {}", m.name()),
@@ -534,6 +592,9 @@ fn apply_step(f: &mut Fusion, t: TensorId, step: &ScheduleStep) -> IrResult<()> 
         }
         ScheduleOp::Reorder { moves } => reorder(f, t, DomainKind::Loop, moves),
         ScheduleOp::Parallelize { axis, parallel } => parallelize(f, t, *axis, *parallel),
+        ScheduleOp::Swizzle1d { axis, parallel } => {
+            swizzle1d(f, t, *axis, *parallel, &step_text(&step.op))
+        }
         ScheduleOp::AllocationAsLoop => {
             set_allocation_as_loop(f, t);
             Ok(())

@@ -451,12 +451,6 @@ impl CudaBackend {
         if c.numel() == 0 {
             return Ok(());
         }
-        let b_batch: usize = bsz[..bsz.len() - 2].iter().product();
-        if b_batch > 1 && !(a.contiguous() && b.contiguous() && c.contiguous()) {
-            return Err(err(
-                "a batched GEMM operand is not contiguous; the GPU takes contiguous batches".into(),
-            ));
-        }
         // Each operand as a row-major matrix: (rows, leading dimension).
         let strided = |t: &DeviceTensor, cols: usize, what: &str| {
             t.as_matrix(cols).ok_or_else(|| {
@@ -484,27 +478,49 @@ impl CudaBackend {
             }
             None => 0,
         };
-        let (batch, m) = if b_batch <= 1 {
-            (1usize, a_rows)
+        // `linear`'s weight and a rank-2 `b` apply to every row of `a`: one GEMM over all of
+        // `a`'s rows. Otherwise the batch axes broadcast numpy-style, and the GEMM runs as
+        // strided batches (a stride of 0 for a broadcast operand).
+        let (a_batch, b_batch) = if bt {
+            (Vec::new(), Vec::new())
         } else {
-            // Batched: a is [batch, m, k], b [batch, k, n] (same batch count).
-            let m = asz[asz.len() - 2];
-            if a_rows != b_batch * m {
-                return Err(err(format!(
-                    "batch sizes of {asz:?} and {bsz:?} differ; broadcast batches are not \
-                     supported on the GPU"
-                )));
-            }
-            (b_batch, m)
+            (asz[..asz.len() - 2].to_vec(), bsz[..bsz.len() - 2].to_vec())
         };
-        if c_rows != batch * m {
+        let out_batch = crate::interp::broadcast_shapes(&[&a_batch, &b_batch]).map_err(|_| {
+            err(format!(
+                "batch sizes of {asz:?} and {bsz:?} do not broadcast"
+            ))
+        })?;
+        let batches: usize = out_batch.iter().product();
+        let flat =
+            b_batch.iter().product::<usize>() <= 1 && a_batch.iter().product::<usize>() == batches;
+        let (plan, m) = if flat {
+            (BatchPlan::single(), a_rows)
+        } else {
+            if !(a.contiguous() && b.contiguous() && c.contiguous()) {
+                return Err(err(
+                    "a batched GEMM operand is not contiguous; the GPU takes contiguous batches"
+                        .into(),
+                ));
+            }
+            let m = asz[asz.len() - 2];
+            let plan = BatchPlan::new(&a_batch, &b_batch, &out_batch, (m * k, k * n, m * n));
+            (plan, m)
+        };
+        let c_want = if flat { m } else { batches * m };
+        if c_rows != c_want {
             return Err(err(format!(
-                "the result buffer has sizes {:?}, expected {} rows of {n}",
+                "the result buffer has sizes {:?}, expected {c_want} rows of {n}",
                 c.sizes(),
-                batch * m
             )));
         }
-        if m == 0 || n == 0 {
+        let Ok(batch) = i32::try_from(plan.count) else {
+            return Err(err(format!(
+                "{} batches in one GEMM exceed what cuBLASLt takes",
+                plan.count
+            )));
+        };
+        if m == 0 || n == 0 || batches == 0 {
             return Ok(());
         }
         // Row-major C[m, n] = A[m, k] B[k, n] is column-major C'[n, m] = B'[n, k] A'[k, m].
@@ -518,19 +534,13 @@ impl CudaBackend {
             lda: ldb_rm as i64,
             ldb: lda_rm as i64,
             ldd: ldc_rm as i64,
-            batch: batch as i32,
-            stride_a: (k * n) as i64,
-            stride_b: (m * k) as i64,
-            stride_d: (m * n) as i64,
+            batch,
+            stride_a: plan.stride.1 as i64,
+            stride_b: plan.stride.0 as i64,
+            stride_d: plan.stride.2 as i64,
             bias: bias.is_some(),
             tf32: self.options.tf32,
             sm_count: self.options.gemm_sm_count,
-        };
-        let ops = GemmOperands {
-            a: b.ptr(),
-            b: a.ptr(),
-            d: c.ptr(),
-            bias: bias_ptr,
         };
         if k == 0 {
             return self
@@ -538,11 +548,99 @@ impl CudaBackend {
                 .zero(c.ptr(), c.numel() * elem_bytes(c.dtype), stream)
                 .map_err(ExecError::from);
         }
+        let bytes = elem_bytes(a.dtype) as u64;
         self.compute(stream, || {
             self.timed(stream, label, || {
-                self.gpu.gemm(stream, &shape, ops).map_err(ExecError::from)
+                for (oa, ob, oc) in &plan.offsets {
+                    let ops = GemmOperands {
+                        a: b.ptr() + *ob as u64 * bytes,
+                        b: a.ptr() + *oa as u64 * bytes,
+                        d: c.ptr() + *oc as u64 * bytes,
+                        bias: bias_ptr,
+                    };
+                    self.gpu
+                        .gemm(stream, &shape, ops)
+                        .map_err(ExecError::from)?;
+                }
+                Ok(())
             })
         })
+    }
+}
+
+/// How a GEMM with numpy-broadcast batch axes runs as cuBLASLt strided batches: `count`
+/// problems `stride` elements apart per operand `(a, b, c)` (0 for an operand that the
+/// batches broadcast), posted once per entry of `offsets` (element offsets of the first
+/// problem). Batch axes whose operands all step uniformly merge into one strided batch; the
+/// others become separate posts.
+#[derive(Debug, PartialEq, Eq)]
+struct BatchPlan {
+    count: usize,
+    stride: (usize, usize, usize),
+    offsets: Vec<(usize, usize, usize)>,
+}
+
+impl BatchPlan {
+    /// One problem.
+    fn single() -> BatchPlan {
+        BatchPlan {
+            count: 1,
+            stride: (0, 0, 0),
+            offsets: vec![(0, 0, 0)],
+        }
+    }
+
+    /// The plan for contiguous operands with batch sizes `a`, `b` broadcast to `out`, and
+    /// matrices of `mats = (m·k, k·n, m·n)` elements.
+    fn new(a: &[usize], b: &[usize], out: &[usize], mats: (usize, usize, usize)) -> BatchPlan {
+        // Per output batch axis: its size and each operand's element stride (0 where the
+        // operand is missing the axis or has size 1 there).
+        let strides = |sizes: &[usize], mat: usize| {
+            let off = out.len() - sizes.len();
+            let mut st = vec![0usize; out.len()];
+            let mut run = mat;
+            for k in (0..sizes.len()).rev() {
+                if sizes[k] != 1 {
+                    st[k + off] = run;
+                }
+                run *= sizes[k];
+            }
+            st
+        };
+        let (sa, sb, sc) = (strides(a, mats.0), strides(b, mats.1), strides(out, mats.2));
+        // Axes of size 1 do not step; merge an axis into the one inside it when every operand
+        // steps across the pair uniformly.
+        let mut axes: Vec<(usize, [usize; 3])> = Vec::new();
+        for k in 0..out.len() {
+            if out[k] != 1 {
+                axes.push((out[k], [sa[k], sb[k], sc[k]]));
+            }
+        }
+        let mut merged: Vec<(usize, [usize; 3])> = Vec::new();
+        for (n, st) in axes.into_iter().rev() {
+            match merged.last_mut() {
+                Some((ni, si)) if (0..3).all(|o| st[o] == si[o] * *ni) => *ni *= n,
+                _ => merged.push((n, st)),
+            }
+        }
+        // `merged` runs inner to outer: the innermost is the strided batch, the rest are posts.
+        let Some(&(count, inner)) = merged.first() else {
+            return BatchPlan::single();
+        };
+        let mut offsets = vec![(0usize, 0usize, 0usize)];
+        for &(n, st) in merged.iter().skip(1).rev() {
+            offsets = offsets
+                .iter()
+                .flat_map(|&(x, y, z)| {
+                    (0..n).map(move |i| (x + i * st[0], y + i * st[1], z + i * st[2]))
+                })
+                .collect();
+        }
+        BatchPlan {
+            count,
+            stride: (inner[0], inner[1], inner[2]),
+            offsets,
+        }
     }
 }
 
@@ -900,7 +998,110 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::matrix_of;
+    use super::{matrix_of, BatchPlan};
+
+    /// Runs `a @ b` the way the GPU does under `BatchPlan` (one strided batch of GEMMs per
+    /// offset), on the CPU, and compares it with the reference matmul; every result matrix
+    /// must be written exactly once.
+    fn planned_matmul_matches_the_reference(a_sizes: &[usize], b_sizes: &[usize]) {
+        use crate::dense::Dense;
+        let (m, k, n) = (2, 3, 2);
+        let full = |batch: &[usize], r: usize, c: usize| {
+            let mut sz = batch.to_vec();
+            sz.extend([r, c]);
+            let len: usize = sz.iter().product();
+            let data = (0..len).map(|i| ((i * 7) % 5) as f64 - 2.0).collect();
+            Dense::new(weave_ir::DType::F64, sz, data).unwrap()
+        };
+        let (a, b) = (full(a_sizes, m, k), full(b_sizes, k, n));
+        let want = crate::interp::matmul_dense(&a, &b).unwrap();
+        let out = crate::interp::broadcast_shapes(&[a_sizes, b_sizes]).unwrap();
+        let plan = BatchPlan::new(a_sizes, b_sizes, &out, (m * k, k * n, m * n));
+        let mut c = vec![f64::NAN; want.data.len()];
+        let mut writes = vec![0usize; c.len() / (m * n)];
+        for (oa, ob, oc) in &plan.offsets {
+            for t in 0..plan.count {
+                let (pa, pb, pc) = (
+                    oa + t * plan.stride.0,
+                    ob + t * plan.stride.1,
+                    oc + t * plan.stride.2,
+                );
+                writes[pc / (m * n)] += 1;
+                for i in 0..m {
+                    for j in 0..n {
+                        c[pc + i * n + j] = (0..k)
+                            .map(|p| a.data[pa + i * k + p] * b.data[pb + p * n + j])
+                            .sum();
+                    }
+                }
+            }
+        }
+        assert!(
+            writes.iter().all(|w| *w == 1),
+            "{a_sizes:?} x {b_sizes:?}: {writes:?}"
+        );
+        assert_eq!(c, want.data, "{a_sizes:?} x {b_sizes:?}");
+    }
+
+    #[test]
+    fn planned_batches_compute_the_broadcast_product() {
+        for (a, b) in [
+            (&[4][..], &[][..]),
+            (&[][..], &[4][..]),
+            (&[3, 2][..], &[2][..]),
+            (&[3, 1][..], &[4][..]),
+            (&[3, 1][..], &[1, 4][..]),
+            (&[1, 4][..], &[3, 1][..]),
+            (&[2, 1, 3][..], &[4, 1][..]),
+            (&[2, 3, 4][..], &[2, 3, 4][..]),
+            (&[2, 1, 4][..], &[1, 3, 1][..]),
+            (&[1, 1][..], &[1][..]),
+        ] {
+            planned_matmul_matches_the_reference(a, b);
+        }
+    }
+
+    #[test]
+    fn broadcast_batches_become_strided_batches_with_zero_strides() {
+        // [4, m, k] x [k, n] written as batched: b is shared (stride 0).
+        assert_eq!(
+            BatchPlan::new(&[4], &[], &[4], (6, 12, 8)),
+            BatchPlan {
+                count: 4,
+                stride: (6, 0, 8),
+                offsets: vec![(0, 0, 0)]
+            }
+        );
+        // [S=3, D=2, m, k] x [D=2, k, n]: b steps with D but not with S, so D is the strided
+        // batch and S becomes 3 posts.
+        assert_eq!(
+            BatchPlan::new(&[3, 2], &[2], &[3, 2], (6, 12, 8)),
+            BatchPlan {
+                count: 2,
+                stride: (6, 12, 8),
+                offsets: vec![(0, 0, 0), (12, 0, 16), (24, 0, 32)]
+            }
+        );
+        // [3, 2, m, k] x [1, 2, k, n] (a broadcast axis of size 1) is the same plan.
+        assert_eq!(
+            BatchPlan::new(&[3, 2], &[1, 2], &[3, 2], (6, 12, 8)),
+            BatchPlan::new(&[3, 2], &[2], &[3, 2], (6, 12, 8))
+        );
+        // Equal batches merge into one strided batch; size-1 axes vanish.
+        assert_eq!(
+            BatchPlan::new(&[2, 1, 3], &[2, 1, 3], &[2, 1, 3], (6, 12, 8)),
+            BatchPlan {
+                count: 6,
+                stride: (6, 12, 8),
+                offsets: vec![(0, 0, 0)]
+            }
+        );
+        // All batch sizes 1: one problem.
+        assert_eq!(
+            BatchPlan::new(&[1, 1], &[1], &[1, 1], (6, 12, 8)),
+            BatchPlan::single()
+        );
+    }
 
     #[test]
     fn matrices_of_chunks_ignore_size_one_axes() {

@@ -40,7 +40,7 @@ static EOF_TOKEN: Token = Token {
 };
 
 const STEP_NAMES: &str =
-    "outer_split, inner_split, merge, reorder, parallelize, allocation, mesh, memory";
+    "outer_split, inner_split, merge, reorder, parallelize, swizzle1d, allocation, mesh, memory";
 
 /// An expression with where it started and the parameter names it mentions.
 struct ParsedExpr {
@@ -868,8 +868,8 @@ impl Parser {
         match word {
             "output" | "tensor" | "schedule" => true,
             "mesh" => !defines,
-            "outer_split" | "inner_split" | "merge" | "reorder" | "parallelize" | "allocation"
-            | "memory" => false,
+            "outer_split" | "inner_split" | "merge" | "reorder" | "parallelize" | "swizzle1d"
+            | "allocation" | "memory" => false,
             _ => defines,
         }
     }
@@ -934,6 +934,14 @@ impl Parser {
                 let parallel = self.parallel_type()?;
                 self.expect_punct(Punct::RParen, "to close `parallelize(...)`")?;
                 ScheduleOp::Parallelize { axis, parallel }
+            }
+            "swizzle1d" => {
+                self.expect_punct(Punct::LParen, "after `swizzle1d`")?;
+                let axis = self.expect_axis("an axis number in `swizzle1d`")?;
+                self.expect_punct(Punct::Comma, "after the axis of `swizzle1d`")?;
+                let parallel = self.parallel_type()?;
+                self.expect_punct(Punct::RParen, "to close `swizzle1d(...)`")?;
+                ScheduleOp::Swizzle1d { axis, parallel }
             }
             "allocation" => {
                 self.expect_punct(Punct::Eq, "after `allocation`")?;

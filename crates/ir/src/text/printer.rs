@@ -154,6 +154,7 @@ fn step(f: &Fusion, op: &ScheduleOp) -> String {
             format!("reorder({})", m.join(", "))
         }
         ScheduleOp::Parallelize { axis, parallel } => format!("parallelize({axis}, {parallel})"),
+        ScheduleOp::Swizzle1d { axis, parallel } => format!("swizzle1d({axis}, {parallel})"),
         ScheduleOp::AllocationAsLoop => "allocation = loop".to_string(),
         ScheduleOp::SetMesh(m) => {
             if f.meshes().contains(m) {

@@ -485,6 +485,37 @@ fn error_matmul_contraction_mismatch() {
 }
 
 #[test]
+fn matmul_batch_axes_broadcast_numpy_style() {
+    // Fewer batch axes on the right, and a broadcast batch axis that stretches.
+    let f = parse_ok(
+        "fusion f(s = 3, d = 2) {\n  tensor a: f32[s, d, 4, 5]\n  tensor b: f32[d, 5, 6]\n  \
+         c = matmul(a, b)\n  bb = broadcast(b, [0])\n  e = matmul(a, bb)\n  \
+         tensor x: f32[4, 5]\n  g = matmul(x, b)\n  output c, e, g\n}\n",
+    );
+    let shape = |name: &str| {
+        let t = f.tensor_by_name(name).unwrap();
+        f.visible_axes(t)
+            .iter()
+            .map(|i| f.id(*i).extent.to_source())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shape("c"), ["s", "d", "4", "6"]);
+    assert_eq!(shape("e"), ["s", "d", "4", "6"]);
+    // Fewer batch axes on the left: [m, k] x [d, k, n] -> [d, m, n].
+    assert_eq!(shape("g"), ["d", "4", "6"]);
+}
+
+#[test]
+fn error_matmul_batch_axes_that_do_not_broadcast() {
+    assert_eq!(
+        parse_err(
+            "fusion f() {\n  tensor a: f32[3, 2, 4, 5]\n  tensor b: f32[3, 5, 6]\n  c = matmul(a, b)\n}\n"
+        ),
+        "4:7: matmul: batch axis 1 of `a` (f32[3, 2, 4, 5]) has extent `2` but batch axis 0 of `b` (f32[3, 5, 6]) has extent `3` (batch axes align at the right; only a broadcast axis stretches)"
+    );
+}
+
+#[test]
 fn error_reshape_that_is_not_a_split_or_merge() {
     assert_eq!(
         parse_err(&with_ab("  c = reshape(a, [h, t])")),
@@ -566,7 +597,7 @@ fn error_unclosed_argument_list_as_in_the_docs() {
 fn error_unknown_schedule_step_and_memory_type() {
     assert_eq!(
         parse_err(&with_ab("  schedule a { split(0, 2) }")),
-        "4:16: unknown schedule step `split` (expected one of outer_split, inner_split, merge, reorder, parallelize, allocation, mesh, memory)"
+        "4:16: unknown schedule step `split` (expected one of outer_split, inner_split, merge, reorder, parallelize, swizzle1d, allocation, mesh, memory)"
     );
     assert_eq!(
         parse_err(&with_ab("  schedule a { memory = shared }")),
