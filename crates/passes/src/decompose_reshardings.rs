@@ -7,8 +7,8 @@
 //!   Output: the same computation where every expr that changes the device sharding
 //!   ([`is_resharding`]) is a `set`, `sum`/`max` or `squeeze` whose collective
 //!   [`derive_communication`] names, and every other expr is local. Tensor ids of existing
-//!   tensors, fusion inputs and outputs are kept; new tensors are named `<out>_partial` and
-//!   `<in>_resharded` (made unique).
+//!   tensors, fusion inputs and outputs are kept; new tensors are named `<out>_partial`,
+//!   `<out>_nobias`, `<bias>_broadcast` and `<in>_resharded` (made unique).
 //! * Idempotent: a second run finds nothing to decompose.
 //!
 //! Steps, in order:
@@ -17,6 +17,11 @@
 //!    is device-sharded on an axis the expr reduces and the output's reduction axis is still
 //!    unscheduled (a user-annotated output), the operand's split is replayed onto that
 //!    reduction axis and parallelized (`rDIDx`), on the same mesh size only.
+//!    A `linear(x, w, bias)` whose output is then device-reduced is split first:
+//!    `<out>_nobias = linear(x, w)` takes the output's sharding, and `out = add(<out>_nobias,
+//!    <bias>_broadcast)` with `<bias>_broadcast = broadcast(bias, [0, ..])`, so that step 2
+//!    reduces the products over devices and the bias is added once, after the Allreduce or
+//!    ReduceScatter (inside the stream loop when the output is stream-split).
 //! 2. **rfactor.** A reduction, `matmul` or `linear` whose output reduces over a device axis
 //!    (`rDIDx`) and also over local axes (`linear`/`matmul` always have local work) is split
 //!    in two: `<out>_partial = op(inputs)` keeps the device axis as an iteration axis
@@ -39,8 +44,8 @@
 use std::collections::HashSet;
 
 use weave_ir::{
-    Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IrResult, IterDomain, IterDomainId, IterType,
-    ParallelType, ReduceOp, Scalar, SplitKind,
+    BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IrResult, IterDomain, IterDomainId,
+    IterType, ParallelType, ReduceOp, Scalar, SplitKind,
 };
 use weave_transform::logical_map::pairwise_map;
 use weave_transform::schedule::{self, DomainKind};
@@ -76,8 +81,10 @@ pub fn decompose_reshardings(f: &mut Fusion) -> IrResult<()> {
     let exprs: Vec<ExprId> = f.exprs().to_vec();
     for &e in &exprs {
         if is_reducing(&f.expr(e).kind) {
-            mark_device_reduced_axes(f, e).map_err(|d| d.or_at(f.expr(e).span))?;
-            rfactor_device_reduction(f, e).map_err(|d| d.or_at(f.expr(e).span))?;
+            let span = f.expr(e).span;
+            mark_device_reduced_axes(f, e).map_err(|d| d.or_at(span))?;
+            let e = split_device_reduced_bias(f, e).map_err(|d| d.or_at(span))?;
+            rfactor_device_reduction(f, e).map_err(|d| d.or_at(span))?;
         }
     }
     let exprs: Vec<ExprId> = f.exprs().to_vec();
@@ -165,6 +172,82 @@ fn mark_device_reduced_axes(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     Ok(())
 }
 
+/// Step 1b: a `linear(x, w, bias)` whose contraction axis is device-reduced becomes
+/// `out_nobias = linear(x, w)`, `bias_broadcast = broadcast(bias, [0, ..])` and
+/// `out = add(out_nobias, bias_broadcast)`, so that the reduction over devices (step 2) sums
+/// products without the bias and the bias is added once, after it (nvFuser's decomposition).
+/// `out` keeps its id and its sharding minus the reduction axes; `out_nobias` takes `out`'s
+/// whole loop sharding (Stream, DID, the device-reduced axis) and the broadcast the bias'.
+/// Returns the expr that step 2 rfactors: the new product, or `e` itself when there is
+/// nothing to split.
+fn split_device_reduced_bias(f: &mut Fusion, e: ExprId) -> IrResult<ExprId> {
+    let ex = f.expr(e).clone();
+    if ex.kind != ExprKind::Linear || ex.inputs.len() != 3 {
+        return Ok(e);
+    }
+    let out = ex.outputs[0];
+    let out_tv = f.tensor(out).clone();
+    let device_reduced = out_tv.loop_domain.iter().any(|i| {
+        let d = f.id(*i);
+        d.parallel.is_device() && d.iter_type == IterType::Reduction
+    });
+    if !device_reduced {
+        return Ok(e);
+    }
+    let (x, w, bias) = (ex.inputs[0], ex.inputs[1], ex.inputs[2]);
+    let rank = f.visible_axes(out).len();
+
+    let bname = f.fresh_name(&format!("{}_broadcast", f.tensor(bias).name));
+    let bb = f.add_op(
+        &bname,
+        ExprKind::Broadcast {
+            axes: (0..rank - 1).collect(),
+        },
+        &[bias],
+    )?;
+    let be = f.tensor(bb).definition.expect("just defined");
+    f.move_expr_before(be, e);
+    f.expr_mut(be).span = ex.span;
+    f.tensor_mut(bb).mesh = f.tensor(bias).mesh.or(out_tv.mesh);
+    f.tensor_mut(bb).span = f.tensor(bias).span;
+
+    let name = f.fresh_name(&format!("{}_nobias", out_tv.name));
+    let prod = f.add_op(&name, ExprKind::Linear, &[x, w])?;
+    let pe = f.tensor(prod).definition.expect("just defined");
+    f.move_expr_before(pe, e);
+    f.expr_mut(pe).span = ex.span;
+    f.tensor_mut(prod).mesh = out_tv.mesh;
+    f.tensor_mut(prod).span = out_tv.span;
+
+    let graph = IdGraph::build(f);
+    replay(f, out, prod, &graph, &DEVICE_AND_STREAM_TYPES)?;
+    replay(f, bias, bb, &graph, &DEVICE_AND_STREAM_TYPES)?;
+
+    // `out` is now the pointwise add: its reduction axes, and loop axes made from them, go.
+    let kept = |f: &Fusion, dom: &[IterDomainId]| -> Vec<IterDomainId> {
+        dom.iter()
+            .copied()
+            .filter(|id| {
+                source_in(f, *id, &out_tv.logical)
+                    .is_some_and(|src| f.id(src).iter_type != IterType::Reduction)
+            })
+            .collect()
+    };
+    let logical = kept(f, &out_tv.logical);
+    let loop_domain = kept(f, &out_tv.loop_domain);
+    let allocation = out_tv.allocation.as_ref().map(|a| kept(f, a));
+    {
+        let tv = f.tensor_mut(out);
+        tv.logical = logical;
+        tv.loop_domain = loop_domain;
+        tv.allocation = allocation;
+    }
+    let ex = f.expr_mut(e);
+    ex.kind = ExprKind::Binary(BinaryOp::Add);
+    ex.inputs = vec![prod, bb];
+    Ok(pe)
+}
+
 /// A device-parallel reduction axis of an output to rfactor.
 struct DeviceReduction {
     parallel: ParallelType,
@@ -228,12 +311,10 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         return Ok(());
     }
     if matches!(kind, ExprKind::Linear) && f.expr(e).inputs.len() == 3 {
-        // Each device's partial product would add the bias, and the reduction over devices
-        // would then add it once per device.
+        // Step 1b takes the bias out first: each device's partial product would add it, and
+        // the reduction over devices would then add it once per device.
         return Err(Diagnostic::new(format!(
-            "cannot rfactor {desc}: its contraction axis is split across devices, so a bias \
-             would be added once per device; write `linear(inp, w)` and add the bias to its \
-             result"
+            "internal: cannot rfactor {desc}: its bias is still part of the product"
         )));
     }
     if out_tv.root.is_some() {
@@ -379,6 +460,18 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     for x in inputs {
         if !have_different_shardings(f, x, DomainKind::Loop, out, DomainKind::Loop, &DEVICE_TYPES) {
             continue;
+        }
+        if f.tensor(out).mesh.is_none() {
+            // propagate-shardings gives every tensor next to a meshed one a mesh, so only a
+            // pipeline that skipped it gets here; name the user's tensors, not the copy.
+            return Err(Diagnostic::new(format!(
+                "{}: `{}` has no device mesh while its operand `{}` is sharded across devices; \
+                 give `{}` a mesh (`mesh = …` in its schedule)",
+                expr_desc(f, e),
+                f.tensor(out).name,
+                f.tensor(x).name,
+                f.tensor(out).name
+            )));
         }
         let name = f.fresh_name(&format!("{}_resharded", f.tensor(x).name));
         let copy = f.add_op(&name, ExprKind::Set, &[x])?;

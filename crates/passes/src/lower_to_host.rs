@@ -10,9 +10,17 @@
 //!   library/kernel outputs and no deallocation (that is `allocate-and-deallocate`); the only
 //!   `Allocate`s emitted here are the full-size buffers of stream-parallel tensors that are
 //!   written chunk by chunk through `ShardByStream` views, hoisted before their loop.
-//! * Loops: one `ForLoop` per maximal run of consecutive segments (in run order) whose
+//! * Order: the segmenter's run order, except that a segment without a Stream axis that sits
+//!   between two segments of the same stream loop, and reads nothing that loop produced so
+//!   far, moves before the loop, so the loop stays one (a replicated bias sliced for a
+//!   column-parallel linear whose input is gathered chunk by chunk).
+//! * Loops: one `ForLoop` per maximal run of consecutive segments (in that order) whose
 //!   reference loop domains have exactly-mapped Stream axes; a segment without a Stream axis
 //!   closes the loop and runs at top level.
+//! * A stream-parallel intermediate is loop-local (bound only inside its loop, later given
+//!   `numberOfStreams` slots) when its allocation is stream-split and its producer and every
+//!   consumer run in the same loop; otherwise its whole buffer is allocated before the loop
+//!   that writes it, so a later loop or top-level segment reads it whole or chunk by chunk.
 //! * Not idempotent: it changes the IR form.
 
 use std::collections::HashMap;
@@ -25,7 +33,7 @@ use weave_ir::{
     Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IterDomainId, IterType, MemoryType, ParallelType,
     Scalar, ScalarOp, TensorId,
 };
-use weave_segmenter::{SegmentKind, SegmentedFusion};
+use weave_segmenter::{SegmentId, SegmentKind, SegmentedFusion};
 use weave_transform::id_graph::IdGraph;
 
 use crate::communication::{derive_communication, RootKind};
@@ -95,6 +103,11 @@ struct Lowering<'a> {
     kernels: usize,
     /// Loops whose chunk views a `swizzle1d` rotated: (loop, its index, the rotated index).
     rotated: Vec<(StmtId, ScalarId, ScalarId)>,
+    /// The stream loop each segment runs in (`None`: top level), numbered in order.
+    loop_of: HashMap<SegmentId, Option<usize>>,
+    /// The segment that defines each tensor, and the segments that read it.
+    producer: HashMap<TensorId, SegmentId>,
+    consumers: HashMap<TensorId, Vec<SegmentId>>,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -109,14 +122,26 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         loop_local: HashMap::new(),
         kernels: 0,
         rotated: Vec::new(),
+        loop_of: HashMap::new(),
+        producer: HashMap::new(),
+        consumers: HashMap::new(),
     };
+    for (id, s) in sf.segments() {
+        for t in s.produced(f) {
+            l.producer.insert(t, id);
+        }
+        for t in s.inputs() {
+            l.consumers.entry(*t).or_default().push(id);
+        }
+    }
+    let order = l.run_order(sf)?;
     for t in f.inputs() {
         let h = l.new_tensor(*t, l.local_sizes(*t, false)?);
         l.p.inputs.push(h);
         l.top.insert(*t, h);
     }
-    for seg in sf.run_order() {
-        l.lower_segment(sf, *seg)?;
+    for seg in order {
+        l.lower_segment(sf, seg)?;
     }
     l.open = None;
     for t in f.outputs() {
@@ -282,6 +307,83 @@ impl Lowering<'_> {
             }
         }
         out
+    }
+
+    /// The stream loop a segment with reference Stream axis `a` shares with one with `b`:
+    /// equal chunk counts and exactly mapped axes (what [`Self::open_loop_for`] merges).
+    fn same_loop(&self, a: IterDomainId, b: IterDomainId) -> bool {
+        let f = self.f;
+        f.eval(&f.id(a).extent) == f.eval(&f.id(b).extent) && self.graph.are_mapped(a, b)
+    }
+
+    /// The order segments are lowered in (see the module contract), and [`Self::loop_of`]
+    /// for each.
+    fn run_order(&mut self, sf: &SegmentedFusion) -> Result<Vec<SegmentId>, Diagnostic> {
+        let mut order: Vec<SegmentId> = sf.run_order().to_vec();
+        let mut key: HashMap<SegmentId, Option<IterDomainId>> = HashMap::new();
+        for &seg in &order {
+            let stream = self.reference_stream(sf.segment(seg).exprs())?;
+            key.insert(seg, stream.map(|(_, sid)| sid));
+        }
+        let mut i = 1;
+        while i < order.len() {
+            let (Some(prev), None) = (key[&order[i - 1]], key[&order[i]]) else {
+                i += 1;
+                continue;
+            };
+            // The next stream segment after this run of top-level segments.
+            let next = order[i..].iter().find_map(|s| key[s]);
+            if !next.is_some_and(|n| self.same_loop(prev, n)) {
+                i += 1;
+                continue;
+            }
+            // The start of the loop run that ends at i - 1.
+            let mut start = i - 1;
+            while start > 0 && key[&order[start - 1]].is_some_and(|k| self.same_loop(prev, k)) {
+                start -= 1;
+            }
+            let run: Vec<SegmentId> = order[start..i].to_vec();
+            let depends = sf
+                .segment(order[i])
+                .inputs()
+                .iter()
+                .any(|t| self.producer.get(t).is_some_and(|p| run.contains(p)));
+            if depends {
+                i += 1;
+                continue;
+            }
+            let seg = order.remove(i);
+            order.insert(start, seg);
+            // Keep scanning from the same index: the next top-level segment may move too.
+        }
+        let mut current: Option<(usize, IterDomainId)> = None;
+        let mut loops = 0;
+        for &seg in &order {
+            current = match key[&seg] {
+                None => None,
+                Some(k) => match current {
+                    Some((n, open)) if self.same_loop(open, k) => Some((n, open)),
+                    _ => {
+                        loops += 1;
+                        Some((loops - 1, k))
+                    }
+                },
+            };
+            self.loop_of.insert(seg, current.map(|(n, _)| n));
+        }
+        Ok(order)
+    }
+
+    /// True if `t` is written and read inside one stream loop only (see the module contract).
+    fn stays_in_one_loop(&self, t: TensorId) -> bool {
+        let Some(Some(l)) = self.producer.get(&t).map(|p| self.loop_of[p]) else {
+            return false;
+        };
+        self.consumers
+            .get(&t)
+            .into_iter()
+            .flatten()
+            .all(|c| self.loop_of[c] == Some(l))
     }
 
     /// The Stream axis of the most parallel output of the segment, if any.
@@ -480,7 +582,7 @@ impl Lowering<'_> {
         // chunk) gets no binding outside the loop and no Allocate here:
         // `allocate-and-deallocate` allocates it before the loop with `numberOfStreams` slots.
         // Any other stream-parallel tensor is allocated whole, hoisted before its loop.
-        let loop_local = should_allocate_per_stream(f, t);
+        let loop_local = should_allocate_per_stream(f, t) && self.stays_in_one_loop(t);
         let full = match self.top.get(&t) {
             Some(h) => *h,
             None => {
@@ -528,11 +630,7 @@ impl Lowering<'_> {
         Ok(view)
     }
 
-    fn lower_segment(
-        &mut self,
-        sf: &SegmentedFusion,
-        seg: weave_segmenter::SegmentId,
-    ) -> Result<(), Diagnostic> {
+    fn lower_segment(&mut self, sf: &SegmentedFusion, seg: SegmentId) -> Result<(), Diagnostic> {
         let s = sf.segment(seg);
         let exprs: Vec<ExprId> = s.exprs().to_vec();
         let stream = self.reference_stream(&exprs)?;
@@ -575,11 +673,7 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    fn lower_kernel(
-        &mut self,
-        sf: &SegmentedFusion,
-        seg: weave_segmenter::SegmentId,
-    ) -> Result<(), Diagnostic> {
+    fn lower_kernel(&mut self, sf: &SegmentedFusion, seg: SegmentId) -> Result<(), Diagnostic> {
         let s = sf.segment(seg);
         let inputs: Vec<TensorId> = s.inputs().to_vec();
         let outputs: Vec<TensorId> = s.outputs().to_vec();

@@ -9,7 +9,13 @@
 //!   is added or removed, and allocation domains are untouched.
 //! * A tensor is *user-sharded* when the user wrote a schedule block for it (its
 //!   [`weave_ir::TensorView::schedule`] is not empty). User-sharded tensors keep their
-//!   sharding, except that fusion inputs may still receive `Stream`.
+//!   sharding, except that fusion inputs may still receive `Stream`, and that a user-sharded
+//!   op output without a mesh (a schedule of stream splits only, no `mesh = …`) chose its
+//!   streams but not its devices: it still receives the device types and the mesh.
+//! * `Stream` never lands on a reduction axis ([`weave_transform::SkipReason::StreamOnReduction`]):
+//!   a consumer that reduces over a stream-split axis of its operand stays unstreamed (its own
+//!   segment, outside that loop), since chunking the reduction would need an accumulation
+//!   across chunks.
 //! * Idempotent: a second run finds every parallel type in place and changes nothing.
 //!
 //! Algorithm, with [`weave_transform::replay_loop_like`] doing each replay (it skips a type
@@ -33,7 +39,7 @@ use weave_ir::{print, Diagnostic, ExprId, ExprKind, Fusion, IrResult, ParallelTy
 use weave_transform::{replay_loop_like, IdGraph};
 
 use crate::pass::{Changed, Ir, Pass, PassError};
-use crate::resharding::DEVICE_AND_STREAM_TYPES;
+use crate::resharding::{DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
 
 /// The `propagate-shardings` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
@@ -139,11 +145,18 @@ pub(crate) fn replay(
 /// nothing changes: a mesh or stream split that the backward phase gives a fusion input
 /// reaches that input's other consumers in the next forward phase.
 pub fn propagate_shardings(f: &mut Fusion) -> IrResult<()> {
-    let user: HashSet<TensorId> = f
-        .tensors_in_order()
-        .into_iter()
-        .filter(|t| is_user_sharded(f, *t))
-        .collect();
+    let user = UserSharded {
+        all: f
+            .tensors_in_order()
+            .into_iter()
+            .filter(|t| is_user_sharded(f, *t))
+            .collect(),
+        streams_only: f
+            .tensors_in_order()
+            .into_iter()
+            .filter(|t| is_user_sharded(f, *t) && !f.is_input(*t) && f.tensor(*t).mesh.is_none())
+            .collect(),
+    };
     let graph = IdGraph::build(f);
     // Every round adds a parallel type or a mesh somewhere, so this terminates; the bound is
     // a safety net.
@@ -158,24 +171,42 @@ pub fn propagate_shardings(f: &mut Fusion) -> IrResult<()> {
     Ok(())
 }
 
-fn propagate_once(f: &mut Fusion, user: &HashSet<TensorId>, graph: &IdGraph) -> IrResult<()> {
+/// The tensors the user scheduled, and among them the op outputs that chose only streams.
+struct UserSharded {
+    all: HashSet<TensorId>,
+    streams_only: HashSet<TensorId>,
+}
+
+impl UserSharded {
+    /// The parallel types an intermediate `t` may still receive from its neighbours.
+    fn receivable(&self, t: TensorId) -> &'static [ParallelType] {
+        if self.streams_only.contains(&t) {
+            &DEVICE_TYPES
+        } else if self.all.contains(&t) {
+            &[]
+        } else {
+            &DEVICE_AND_STREAM_TYPES
+        }
+    }
+}
+
+fn propagate_once(f: &mut Fusion, user: &UserSharded, graph: &IdGraph) -> IrResult<()> {
     let exprs: Vec<ExprId> = f.exprs().to_vec();
 
     for &e in &exprs {
-        let targets: Vec<TensorId> = f
+        let targets: Vec<(TensorId, &[ParallelType])> = f
             .expr(e)
             .outputs
             .iter()
-            .copied()
-            .filter(|o| !user.contains(o))
+            .map(|o| (*o, user.receivable(*o)))
+            .filter(|(_, types)| !types.is_empty())
             .collect();
         if targets.is_empty() {
             continue;
         }
         for r in reference_inputs(f, e) {
-            for &t in &targets {
-                replay(f, r, t, graph, &DEVICE_AND_STREAM_TYPES)
-                    .map_err(|d| d.or_at(f.expr(e).span))?;
+            for &(t, types) in &targets {
+                replay(f, r, t, graph, types).map_err(|d| d.or_at(f.expr(e).span))?;
             }
         }
     }
@@ -197,11 +228,12 @@ fn propagate_once(f: &mut Fusion, user: &HashSet<TensorId>, graph: &IdGraph) -> 
         for x in inputs {
             let types: &[ParallelType] = if f.is_input(x) {
                 &[ParallelType::Stream]
-            } else if user.contains(&x) {
-                continue;
             } else {
-                &DEVICE_AND_STREAM_TYPES
+                user.receivable(x)
             };
+            if types.is_empty() {
+                continue;
+            }
             replay(f, r, x, graph, types).map_err(|d| d.or_at(f.expr(e).span))?;
         }
     }

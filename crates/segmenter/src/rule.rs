@@ -4,7 +4,8 @@
 //! when the merge would keep the segment graph acyclic; communication and library segments are
 //! never merged whatever the rule says.
 
-use weave_ir::{ExprKind, Fusion, ParallelType, Scalar, TensorId};
+use weave_ir::{ExprKind, Fusion, IterDomainId, IterType, ParallelType, Scalar, TensorId};
+use weave_transform::IdGraph;
 
 use crate::segment::{Segment, SegmentKind};
 
@@ -45,8 +46,9 @@ impl MergeRule for NoMergeRule {
 /// The default policy: merges two kernel segments when every expr of both is fusable into a
 /// generated kernel ([`DefaultMergeRule::is_fusable`]: pointwise ops, reductions, broadcast,
 /// squeeze) and every tensor either segment defines has the same device mesh and the same
-/// Stream/DID parallel structure ([`same_parallel_structure`]), so that a merged kernel never
-/// mixes chunked and unchunked (or differently sharded) iteration spaces.
+/// Stream/DID parallel structure ([`same_parallel_structure`]) with mapped Stream axes
+/// ([`same_stream_axis`]), so that a merged kernel never mixes chunked and unchunked (or
+/// differently sharded, or chunked along different axes) iteration spaces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DefaultMergeRule {
     /// Also merge sibling kernels that read a common tensor (see [`MergeRule::merge_siblings`]).
@@ -119,14 +121,40 @@ impl MergeRule for DefaultMergeRule {
         let Some((&t0, rest)) = produced.split_first() else {
             return true;
         };
-        rest.iter().all(|t| {
+        if !rest.iter().all(|t| {
             fusion.mesh_of(t0) == fusion.mesh_of(*t) && same_parallel_structure(fusion, t0, *t)
-        })
+        }) {
+            return false;
+        }
+        same_stream_axis(fusion, &produced)
     }
 
     fn merge_siblings(&self) -> bool {
         self.merge_siblings
     }
+}
+
+/// True if the Stream axes of all `tensors` (reduction axes aside) index the same elements:
+/// exactly mapped in the fusion's [`IdGraph`]. One kernel runs inside one stream loop, which
+/// chunks one axis; two tensors stream-split on unrelated axes (an add chunked by rows
+/// feeding a sum chunked by columns) need two loops, however equal their chunk counts.
+pub fn same_stream_axis(fusion: &Fusion, tensors: &[TensorId]) -> bool {
+    let stream_axes: Vec<IterDomainId> = tensors
+        .iter()
+        .flat_map(|t| fusion.tensor(*t).loop_domain.iter().copied())
+        .filter(|id| {
+            let d = fusion.id(*id);
+            d.parallel == ParallelType::Stream && d.iter_type != IterType::Reduction
+        })
+        .collect();
+    let Some((&first, rest)) = stream_axes.split_first() else {
+        return true;
+    };
+    if rest.iter().all(|id| *id == first) {
+        return true;
+    }
+    let graph = IdGraph::build(fusion);
+    rest.iter().all(|id| graph.are_mapped(first, *id))
 }
 
 /// The Stream and DID axes of `t`'s loop domain as `(parallel type, extent)`, sorted by

@@ -360,19 +360,54 @@ fn equal_structures_merge_regardless_of_axis_position() {
     let b = unary(&mut f, "b", UnaryOp::Abs, a);
     f.add_output(b).unwrap();
     stream_split(&mut f, a, 2);
-    // b's stream axis comes from axis 1.
+    // b chunks the same axis, but its stream axis sits at loop position 1.
+    stream_split(&mut f, b, 2);
+    weave_transform::reorder(&mut f, b, DomainKind::Loop, &[(0, 1)]).unwrap();
+    assert_eq!(
+        f.id(f.tensor(b).loop_domain[1]).parallel,
+        ParallelType::Stream
+    );
+    let sf = seg_default(f);
+    assert_eq!(sf.len(), 1);
+}
+
+#[test]
+fn stream_splits_of_unmapped_axes_are_never_merged() {
+    // a = add(x, y) chunked by rows feeding r = sum(a, [0]) chunked by columns: the same
+    // parallel signature (one Stream axis of 2), but one loop cannot chunk both.
+    let mut f = Fusion::new("two_axes");
+    let x = input(&mut f, "x");
+    let y = input(&mut f, "y");
+    let a = f.binary("a", BinaryOp::Add, x, y).unwrap();
+    let r = f
+        .add_op(
+            "r",
+            ExprKind::Reduction {
+                op: weave_ir::ReduceOp::Sum,
+                axes: vec![0],
+            },
+            &[a],
+        )
+        .unwrap();
+    f.add_output(r).unwrap();
+    stream_split(&mut f, a, 2);
     split(
         &mut f,
-        b,
+        r,
         DomainKind::Loop,
         1,
         Scalar::c(2),
         SplitKind::Outer,
     )
     .unwrap();
-    parallelize(&mut f, b, 1, ParallelType::Stream).unwrap();
+    parallelize(&mut f, r, 1, ParallelType::Stream).unwrap();
+    assert!(crate::same_parallel_structure(&f, a, r));
+    assert!(!crate::same_stream_axis(&f, &[a, r]));
     let sf = seg_default(f);
-    assert_eq!(sf.len(), 1);
+    insta::assert_snapshot!(sf.to_string(), @r"
+    segment 0 (kernel): exprs [add] inputs (x, y) outputs (a)
+    segment 1 (kernel): exprs [sum] inputs (a) outputs (r)
+    ");
 }
 
 #[test]

@@ -17,7 +17,8 @@
 //!    of [`crate::schedule::parallelize`].
 //!
 //! An axis is skipped, with the reason recorded in the [`ReplayReport`], when the target has
-//! no mapped axis (a broadcast, say), the target axis is already parallel or was
+//! no mapped axis (a broadcast, say), the target axis is a reduction axis and the type is
+//! `Stream` (a reduction is never chunked over streams), the target axis is already parallel or was
 //! transformed differently, the target already has that parallel type, or the meshes differ
 //! in size along a device type. A target without a mesh inherits the reference's.
 //!
@@ -86,6 +87,10 @@ pub enum SkipReason {
     /// The target axis was transformed differently (it is no longer in the loop domain).
     #[error("the target axis is no longer in the target's loop domain (scheduled differently)")]
     NotInLoopDomain,
+    /// A `Stream` split would land on a reduction axis of the target: a reduction chunked
+    /// over streams needs an accumulation across chunks, so the target stays unstreamed.
+    #[error("the target axis is a reduction axis, which is never stream-parallel")]
+    StreamOnReduction,
 }
 
 /// What [`replay_loop_like`] did.
@@ -187,6 +192,10 @@ pub fn replay_loop_like(
         let logical = ids[k0];
         ref2tgt.insert(logical, tl);
         let reduction = f.id(tl).iter_type == IterType::Reduction;
+        if reduction && pt == ParallelType::Stream {
+            skip(SkipReason::StreamOnReduction);
+            continue;
+        }
         let has_pt = f.tensor(target).loop_domain.iter().any(|i| {
             let d = f.id(*i);
             d.parallel == pt && (d.iter_type == IterType::Reduction) == reduction
@@ -484,6 +493,32 @@ mod tests {
         let rep = replay_loop_like(&mut f, w, out, &g, &[ParallelType::DIDx]).unwrap();
         assert_eq!(rep.applied.len(), 1);
         assert_eq!(f.id(rep.applied[0].target).iter_type, IterType::Reduction);
+    }
+
+    #[test]
+    fn stream_never_lands_on_a_reduction_axis() {
+        // x [4, 6] stream-split on axis 1; r = sum(x, [1]) reduces that axis.
+        let mut f = Fusion::new("stream_reduction");
+        let x = f
+            .add_input("x", DType::F32, vec![Scalar::c(4), Scalar::c(6)], None)
+            .unwrap();
+        let r = f
+            .add_op(
+                "r",
+                ExprKind::Reduction {
+                    op: weave_ir::ReduceOp::Sum,
+                    axes: vec![1],
+                },
+                &[x],
+            )
+            .unwrap();
+        f.tensor_mut(x).schedule = vec![outer(1, Scalar::c(2), Some(ParallelType::Stream))];
+        schedule::apply_schedules(&mut f).unwrap();
+        let g = IdGraph::build(&f);
+        let rep = replay_loop_like(&mut f, x, r, &g, &[ParallelType::Stream]).unwrap();
+        assert!(rep.applied.is_empty());
+        assert_eq!(rep.skipped[0].reason, SkipReason::StreamOnReduction);
+        assert_eq!(f.tensor(r).loop_domain, f.tensor(r).logical);
     }
 
     #[test]
