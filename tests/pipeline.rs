@@ -339,17 +339,18 @@ fn print_after_all_shows_every_pass() {
     assert!(out[at..].contains("%HostIrContainer"));
 }
 
-/// A stream axis on a reduction cannot be sliced into chunks.
+/// A stream axis on a reduction cannot be sliced into chunks: `load` refuses the schedule
+/// step, at its position.
 #[test]
 fn stream_on_a_reduction_axis_is_refused() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/scenarios/invalid/stream_on_reduction_axis.weave");
-    let f = streamweave::load_file(&path, &[]).unwrap();
-    let e = streamweave::compile(f).unwrap_err().to_string();
+    let e = streamweave::load_file(&path, &[]).unwrap_err().to_string();
     assert!(
-        e.starts_with("pass `lower-to-host`: `c` is stream-parallel on a reduction axis; chunking a reduction needs a cross-chunk accumulation that lowering does not express"),
+        e.contains("schedule of `c`: parallelize(2, Stream): loop axis 2 is a reduction axis, which cannot be stream-parallel (the chunks' partial results would need adding up); stream-split an iteration axis"),
         "{e}"
     );
+    assert!(e.contains("stream_on_reduction_axis.weave:11:16"), "{e}");
 }
 
 /// The host verifier names the statement when a lowered program is broken.

@@ -342,17 +342,6 @@ impl Pointwise {
             OutDid::Axis(k) => Some(k),
             _ => None,
         };
-        if p.row_vec
-            && !matches!(p.stream, PwStream::None)
-            && p.in_did.is_none()
-            && out_axis.is_some()
-            && !known_bugs()
-        {
-            // known_bug_loop_local_intermediate_read_across_a_non_stream_segment: slicing the
-            // replicated vector for the sharded output and broadcasting it are segments
-            // outside the stream loop that cut it in two.
-            p.row_vec = false;
-        }
         let stream_axis = match p.stream {
             PwStream::None => None,
             PwStream::Output(j) | PwStream::Input(j) => Some(j),
@@ -818,19 +807,7 @@ fn matmul() -> impl Strategy<Value = Matmul> {
 
 impl Matmul {
     fn case(&self) -> Case {
-        let mut spec = self.clone();
-        if !known_bugs() {
-            match (spec.par, spec.kind) {
-                // known_bug_row_parallel_linear_adds_the_bias_on_every_rank.
-                (MmPar::Row { .. }, MmKind::LinearBias) => spec.kind = MmKind::Linear,
-                // known_bug_loop_local_intermediate_read_across_a_non_stream_segment: the
-                // replicated bias's resharding splits the allgather's stream loop from the
-                // linear's.
-                (MmPar::ColumnAg, MmKind::LinearBias) => spec.shard_bias = true,
-                _ => {}
-            }
-        }
-        spec.case_as_is()
+        self.case_as_is()
     }
 
     fn case_as_is(&self) -> Case {
@@ -1702,11 +1679,13 @@ fn assert_runs(source: &str, ranks: usize, streams: usize) {
     }
 }
 
-/// A row-parallel `linear(x, w, bias)` would add the bias on every rank (the generator found
-/// it as a wrong result); the compiler now refuses it with a clear error.
+/// A row-parallel `linear(x, w, bias)` is decomposed into the product, the reduction over
+/// devices, and the bias added once after it (the generator first found the bias added on
+/// every rank): with an Allreduce, per stream chunk, reduce-scattered per chunk, and with the
+/// output's columns stream-split (the bias is then chunked too).
 #[test]
-fn row_parallel_linear_with_a_bias_is_refused() {
-    let source = "fusion bias(d = 2) {
+fn row_parallel_linear_with_a_bias_adds_the_bias_once() {
+    let allreduce = "fusion bias(d = 2) {
   mesh m = devices(d)
   tensor inp: f32[2, 2 * d] on m
   tensor w: f32[1, 2 * d] on m
@@ -1717,12 +1696,47 @@ fn row_parallel_linear_with_a_bias_is_refused() {
   schedule w { outer_split(1, d) -> DIDx }
 }
 ";
-    let fusion = streamweave::load("bias.weave", source, &[]).unwrap();
-    let err = compile_for_run(fusion).unwrap_err().to_string();
-    assert!(
-        err.contains("so a bias would be added once per device; write `linear(inp, w)`"),
-        "{err}"
-    );
+    let streamed = "fusion bias_stream(d = 2, s = 3) {
+  mesh m = devices(d)
+  tensor inp: f32[2 * s, 2 * d] on m
+  tensor w: f32[3, 2 * d] on m
+  tensor bias: f32[3] on m
+  out = linear(inp, w, bias)
+  output out
+  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+}
+";
+    let scattered = "fusion bias_rs(d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor inp: f32[2 * s * d, 2 * d] on m
+  tensor w: f32[3, 2 * d] on m
+  tensor bias: f32[3] on m
+  out = linear(inp, w, bias)
+  output out
+  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+  schedule out { mesh = m; outer_split(2, d) -> DIDx; outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }
+}
+";
+    let columns = "fusion bias_n(d = 2, s = 3) {
+  mesh m = devices(d)
+  tensor inp: f32[4, 2 * d] on m
+  tensor w: f32[3 * s, 2 * d] on m
+  tensor bias: f32[3 * s] on m
+  out = linear(inp, w, bias)
+  output out
+  schedule inp { outer_split(1, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+  schedule out { mesh = m; outer_split(1, s) -> Stream }
+}
+";
+    for source in [allreduce, streamed, scattered, columns] {
+        for d in 1..=4 {
+            let source = source.replacen("(d = 2", &format!("(d = {d}"), 1);
+            assert_runs(&source, d, 2);
+        }
+    }
 }
 
 /// Resharding rows → columns is one AllToAll, which is right only when axis 0 has exactly
@@ -1812,14 +1826,14 @@ fn known_bug_allgather_of_did_inside_stream() {
     );
 }
 
-/// Stream-parallel segments separated by a segment outside the stream loop: lowering opens
-/// two loops, and the second reads a tensor that only exists per chunk inside the first
-/// (`X is read before it is defined`). Two reproducers: `column_parallel_linear.weave` with
-/// a replicated bias (its resharding is the segment in between), and a pointwise chain whose
-/// inputs are sliced for a sharded output while a replicated vector is sliced and broadcast.
+/// Stream-parallel segments around a segment outside the stream loop that does not depend on
+/// the loop: lowering moves that segment before the loop and keeps one loop (it used to open
+/// two, the second reading a tensor that only existed per chunk inside the first). Two
+/// reproducers: `column_parallel_linear.weave` with a replicated bias (its resharding is the
+/// segment in between), and a pointwise chain whose inputs are sliced for a sharded output
+/// while a replicated vector is sliced and broadcast.
 #[test]
-#[ignore = "known bug: lower-to-host reads a loop-local tensor across a non-stream segment (run with --ignored)"]
-fn known_bug_loop_local_intermediate_read_across_a_non_stream_segment() {
+fn a_top_level_segment_between_two_parts_of_a_stream_loop_moves_before_it() {
     let sources = [
         "fusion ag_bias(d = 2) {
   mesh m = devices(d)

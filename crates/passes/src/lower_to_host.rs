@@ -842,10 +842,33 @@ fn kernel_fusion(
         let ext = axes.iter().map(|i| f.id(*i).extent.clone()).collect();
         let n = u.add_input(&tv.name, tv.dtype, ext, None)?;
         let new_axes = u.tensor(n).logical.clone();
-        for (old, new) in axes.iter().zip(new_axes) {
-            u.id_mut(new).iter_type = f.id(*old).iter_type;
+        let mut broadcast = Vec::new();
+        for (k, (old, new)) in axes.iter().zip(new_axes).enumerate() {
+            match f.id(*old).iter_type {
+                IterType::Broadcast => broadcast.push(k),
+                it => u.id_mut(new).iter_type = it,
+            }
         }
-        map.insert(*t, n);
+        // A `.weave` declaration has no broadcast axes, and the kernel must read back from
+        // the host IR text as it is: the input is declared with extent-1 axes, squeezed and
+        // broadcast again, so the ops that follow stretch them as before.
+        let value = if broadcast.is_empty() {
+            n
+        } else {
+            let squeezed = u.add_op(
+                &f.fresh_name(&format!("{}_squeezed", tv.name)),
+                ExprKind::Squeeze {
+                    axes: broadcast.clone(),
+                },
+                &[n],
+            )?;
+            u.add_op(
+                &f.fresh_name(&format!("{}_stretched", tv.name)),
+                ExprKind::Broadcast { axes: broadcast },
+                &[squeezed],
+            )?
+        };
+        map.insert(*t, value);
     }
     for e in exprs {
         let ex = f.expr(*e);

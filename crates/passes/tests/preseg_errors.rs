@@ -124,3 +124,32 @@ fn a_did_to_stream_set_needs_matching_splits() {
         "a DID → Stream set needs the stream split of `ag` to match the DIDx split of `inp` in `ag = set(inp)`"
     );
 }
+
+#[test]
+fn a_meshless_output_of_a_sharded_operand_is_named_in_the_error() {
+    // Without propagate-shardings `a` keeps no mesh; the error names the user's expr and
+    // tensors (never the copy decompose-reshardings would insert) at the expr.
+    let src = "fusion meshless(t = 8, h = 2, s = 2, d = 2) {
+  mesh m = devices(d)
+  tensor x: f32[t, h] on m
+  a = neg(x)
+  output a
+  schedule x { outer_split(1, d) -> DIDx }
+  schedule a { outer_split(0, s) -> Stream }
+}";
+    let mut f = load_src(src);
+    match try_run(&mut f, &DecomposeReshardings) {
+        Err(PassError::Unsupported { diagnostic, .. }) => {
+            assert_eq!(
+                diagnostic.message,
+                "`a = neg(x)`: `a` has no device mesh while its operand `x` is sharded across devices; give `a` a mesh (`mesh = …` in its schedule)"
+            );
+            assert_eq!(diagnostic.span.map(|s| s.line), Some(4));
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // With propagation, `a` receives the mesh and x's DIDx, and nothing is refused.
+    let mut f = load_src(src);
+    run(&mut f, &PropagateShardings);
+    run(&mut f, &DecomposeReshardings);
+}

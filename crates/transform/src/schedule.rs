@@ -278,6 +278,14 @@ fn parallelize_step(
         ));
     }
     let id = ids[axis];
+    if pt == ParallelType::Stream && f.id(id).iter_type == IterType::Reduction {
+        // Each chunk would hold a partial reduction, and nothing adds the chunks up.
+        return Err(Diagnostic::new(format!(
+            "{}: {step}: loop axis {axis} is a reduction axis, which cannot be stream-parallel \
+             (the chunks' partial results would need adding up); stream-split an iteration axis",
+            prefix(f, t)
+        )));
+    }
     if pt.is_device_or_stream() {
         let origin = check_origin(f, t, id, axis, step)?;
         if pt.is_device() {
