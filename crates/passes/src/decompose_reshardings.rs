@@ -454,6 +454,8 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         _ => {}
     }
     let out = f.expr(e).outputs[0];
+    // The user's expr as written, before its operands are replaced by copies.
+    let user_desc = expr_desc(f, e);
     let mut inputs = f.expr(e).inputs.clone();
     let mut seen = HashSet::new();
     inputs.retain(|x| seen.insert(*x));
@@ -465,9 +467,8 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
             // propagate-shardings gives every tensor next to a meshed one a mesh, so only a
             // pipeline that skipped it gets here; name the user's tensors, not the copy.
             return Err(Diagnostic::new(format!(
-                "{}: `{}` has no device mesh while its operand `{}` is sharded across devices; \
-                 give `{}` a mesh (`mesh = …` in its schedule)",
-                expr_desc(f, e),
+                "{user_desc}: `{}` has no device mesh while its operand `{}` is sharded across \
+                 devices; give `{}` a mesh (`mesh = …` in its schedule)",
                 f.tensor(out).name,
                 f.tensor(x).name,
                 f.tensor(out).name
@@ -487,12 +488,16 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         }
         let graph = IdGraph::build(f);
         replay(f, out, copy, &graph, &DEVICE_AND_STREAM_TYPES)?;
-        derive_communication(f, se)?;
+        derive_communication(f, se).map_err(|d| {
+            // The copy is the compiler's: name the user's tensor and expr instead.
+            let copy_desc = expr_desc(f, se);
+            let user = format!("the resharding of `{}` for {user_desc}", f.tensor(x).name);
+            Diagnostic::new(d.message.replace(&copy_desc, &user)).or_at(f.expr(e).span)
+        })?;
     }
     if is_resharding(f, e) {
         return Err(Diagnostic::new(format!(
-            "decompose-reshardings could not make {} local: its operands still differ from its output in device sharding",
-            expr_desc(f, e)
+            "decompose-reshardings could not make {user_desc} local: its operands still differ from its output in device sharding"
         )));
     }
     Ok(())

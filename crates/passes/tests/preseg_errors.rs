@@ -53,7 +53,7 @@ fn two_sharding_changes_in_one_set_are_refused() {
 fn two_sharding_changes_through_an_inserted_set_are_refused() {
     // A pointwise op whose operand is DIDx on axis 0 and whose output is DIDy on axis 1:
     // the resharding set inserted before it would change both.
-    let (msg, _) = decompose_err(
+    let (msg, span) = decompose_err(
         "fusion two(n = 4) {
           mesh m = devices(2, 2)
           tensor a: f32[4, 4 * n] on m
@@ -65,8 +65,9 @@ fn two_sharding_changes_through_an_inserted_set_are_refused() {
     );
     assert_eq!(
         msg,
-        "expected at most one sharding change in `a_resharded = set(a)`: DIDx and DIDy both change"
+        "expected at most one sharding change in the resharding of `a` for `b = neg(a)`: DIDx and DIDy both change"
     );
+    assert_eq!(span.map(|s| s.line), Some(4), "at the user's expr");
 }
 
 #[test]
