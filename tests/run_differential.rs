@@ -1731,7 +1731,51 @@ fn row_parallel_linear_with_a_bias_adds_the_bias_once() {
   schedule out { mesh = m; outer_split(1, s) -> Stream }
 }
 ";
-    for source in [allreduce, streamed, scattered, columns] {
+    // A vector input, a batched input, and a bias DID-split on the output features (gathered
+    // for the add after the Allreduce).
+    let vector = "fusion bias1d(d = 2) {
+  mesh m = devices(d)
+  tensor inp: f32[2 * d] on m
+  tensor w: f32[3, 2 * d] on m
+  tensor bias: f32[3] on m
+  out = linear(inp, w, bias)
+  output out
+  schedule inp { outer_split(0, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+}
+";
+    let batched = "fusion bias3d(d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor inp: f32[2, 2 * s, 2 * d] on m
+  tensor w: f32[3, 2 * d] on m
+  tensor bias: f32[3] on m
+  out = linear(inp, w, bias)
+  output out
+  schedule inp { outer_split(1, s) -> Stream; outer_split(3, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+}
+";
+    let sharded_bias = "fusion biasdid(d = 2) {
+  mesh m = devices(d)
+  tensor inp: f32[4, 2 * d] on m
+  tensor w: f32[2 * d, 2 * d] on m
+  tensor bias: f32[2 * d] on m
+  out = linear(inp, w, bias)
+  output out
+  schedule inp { outer_split(1, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+  schedule bias { outer_split(0, d) -> DIDx }
+}
+";
+    for source in [
+        allreduce,
+        streamed,
+        scattered,
+        columns,
+        vector,
+        batched,
+        sharded_bias,
+    ] {
         for d in 1..=4 {
             let source = source.replacen("(d = 2", &format!("(d = {d}"), 1);
             assert_runs(&source, d, 2);
