@@ -280,7 +280,15 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
             // DID → Stream: the consumer's stream axis cuts the producer's sharded axis.
             let c_stream_axis = parallel_axis(f, c_loop, ParallelType::Stream);
             let c_stream = c_stream_axis.and_then(|i| ancestor(f, i, f.tensor(c).root_domain()));
-            if let Some(cs) = c_stream.filter(|cs| p2c(pl) == Some(*cs)) {
+            // The producer cut into the same stream chunks, its device split inside each
+            // chunk (`outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx`): every rank holds
+            // a block of every chunk, so each chunk is an Allgather of its blocks.
+            let p_stream_axis = parallel_axis(f, p_loop, ParallelType::Stream);
+            let chunked_alike = match (p_stream_axis, c_stream_axis) {
+                (Some(ps), Some(cs)) => same_index(f, p, ps, c, cs),
+                _ => false,
+            };
+            if let Some(cs) = c_stream.filter(|cs| p2c(pl) == Some(*cs) && !chunked_alike) {
                 need_same_mesh("a DID → Stream set")?;
                 // Iteration i must hold exactly device i's shard.
                 let (pd, sd) = (p_id.expect("sharded"), c_stream_axis.expect("stream"));

@@ -23,7 +23,7 @@
 //!   that writes it, so a later loop or top-level segment reads it whole or chunk by chunk.
 //! * Not idempotent: it changes the IR form.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use weave_host_ir::{
     Communication, CommunicationType, HostProgram, HostScalar, HostTensor, HostTensorId,
@@ -108,6 +108,11 @@ struct Lowering<'a> {
     /// The segment that defines each tensor, and the segments that read it.
     producer: HashMap<TensorId, SegmentId>,
     consumers: HashMap<TensorId, Vec<SegmentId>>,
+    /// The communication segments, and the segment being lowered: a loop whose chunks are
+    /// visited in a rank-dependent order (the P2P allgather) must hold no other
+    /// communication.
+    communications: HashSet<SegmentId>,
+    current: Option<SegmentId>,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -125,6 +130,8 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         loop_of: HashMap::new(),
         producer: HashMap::new(),
         consumers: HashMap::new(),
+        communications: HashSet::new(),
+        current: None,
     };
     for (id, s) in sf.segments() {
         for t in s.produced(f) {
@@ -132,6 +139,11 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         }
         for t in s.inputs() {
             l.consumers.entry(*t).or_default().push(id);
+        }
+    }
+    for (id, s) in sf.segments() {
+        if s.kind() == SegmentKind::Communication {
+            l.communications.insert(id);
         }
     }
     let order = l.run_order(sf)?;
@@ -516,6 +528,22 @@ impl Lowering<'_> {
         })
     }
 
+    /// Whether another communication segment runs in the same stream loop as the segment
+    /// being lowered: a loop whose chunks are visited in a rank-dependent order (the P2P
+    /// allgather's rotation) must hold no other communication, since every rank has to post a
+    /// collective for the same chunk.
+    fn other_communication_in_loop(&self) -> bool {
+        let Some(cur) = self.current else {
+            return false;
+        };
+        let Some(Some(l)) = self.loop_of.get(&cur) else {
+            return false;
+        };
+        self.communications
+            .iter()
+            .any(|c| *c != cur && self.loop_of.get(c) == Some(&Some(*l)))
+    }
+
     /// The host tensor that stands for `t` at the current point: inside a loop, a chunk view
     /// of a full buffer or a loop-local tensor; otherwise the whole tensor. `write` creates the
     /// binding when `t` has none yet.
@@ -635,6 +663,7 @@ impl Lowering<'_> {
         let exprs: Vec<ExprId> = s.exprs().to_vec();
         let stream = self.reference_stream(&exprs)?;
         self.open_loop_for(stream)?;
+        self.current = Some(seg);
         match s.kind() {
             SegmentKind::Library => self.lower_library(exprs[0]),
             SegmentKind::Communication => self.lower_communication(exprs[0]),
@@ -713,7 +742,11 @@ impl Lowering<'_> {
                     .iter()
                     .enumerate()
                     .all(|(k, dev)| *dev == k as i64);
-                if first_in_loop && arange && open.extent == d {
+                if first_in_loop
+                    && arange
+                    && open.extent == d
+                    && !self.other_communication_in_loop()
+                {
                     return self.lower_p2p_allgather(producer, consumer, d);
                 }
             }
