@@ -346,6 +346,15 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
         }
         (Some(pl), Some(cr)) => {
             if p2c(pl) == Some(cr) {
+                if !same_index(f, p, p_id.expect("sharded"), c, c_id.expect("sharded")) {
+                    // Not whole shards moving between devices: the elements of one device
+                    // are spread over several (a device split inside stream chunks on one
+                    // side only). decompose-reshardings gathers first
+                    // (`is_layout_change`).
+                    return Err(Diagnostic::new(format!(
+                        "{desc} changes how the {pt} split lays out the axis (a device split inside stream chunks on one side only), which no single communication does"
+                    )));
+                }
                 if pm.size() != cm.size() {
                     return Err(Diagnostic::new(format!(
                         "SendRecv needs meshes of one size in {desc}, got {pm} and {cm}"
@@ -390,6 +399,38 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
             "{desc}: the {pt} axis does not derive from a logical axis through outer splits"
         ))),
     }
+}
+
+/// True if `expr` is a `set` between tensors sharded on the same logical axis by the same
+/// device type, but laid out differently along it (`[s, d, ..]` against `[d, ..]`: a device
+/// split inside stream chunks on one side only), so that no device's shard moves whole to one
+/// other device. decompose-reshardings makes such a copy an allgather into a replicated
+/// tensor followed by a scatter.
+pub fn is_layout_change(f: &Fusion, expr: ExprId) -> bool {
+    let e = f.expr(expr);
+    if !matches!(e.kind, ExprKind::Set | ExprKind::SegmentSet)
+        || e.inputs.len() != 1
+        || e.outputs.len() != 1
+    {
+        return false;
+    }
+    let (p, c) = (e.inputs[0], e.outputs[0]);
+    let pairs = pairwise_map(f, expr, p);
+    DEVICE_TYPES.iter().any(|&pt| {
+        let (Some(pi), Some(ci)) = (
+            parallel_axis(f, &f.tensor(p).loop_domain, pt),
+            parallel_axis(f, &f.tensor(c).loop_domain, pt),
+        ) else {
+            return false;
+        };
+        let pl = ancestor(f, pi, &f.tensor(p).logical);
+        let cr = ancestor(f, ci, f.tensor(c).root_domain());
+        let same_axis = match (pl, cr) {
+            (Some(pl), Some(cr)) => pairs.contains(&(pl, cr)),
+            _ => false,
+        };
+        same_axis && !same_index(f, p, pi, c, ci)
+    })
 }
 
 fn build(

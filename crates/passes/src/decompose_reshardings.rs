@@ -51,7 +51,7 @@ use weave_transform::logical_map::pairwise_map;
 use weave_transform::schedule::{self, DomainKind};
 use weave_transform::IdGraph;
 
-use crate::communication::{ancestor, derive_communication, expr_desc};
+use crate::communication::{ancestor, derive_communication, expr_desc, is_layout_change};
 use crate::pass::{Changed, Ir, Pass, PassError};
 use crate::propagate_shardings::{reference_inputs, replay, run_on_fusion};
 use crate::resharding::{
@@ -443,8 +443,7 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     let kind = f.expr(e).kind.clone();
     match kind {
         ExprKind::Set | ExprKind::SegmentSet | ExprKind::Squeeze { .. } => {
-            derive_communication(f, e)?;
-            return Ok(());
+            return ensure_communication(f, e);
         }
         ExprKind::Reduction { .. } => match derive_communication(f, e) {
             Ok(_) => return Ok(()),
@@ -488,7 +487,7 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         }
         let graph = IdGraph::build(f);
         replay(f, out, copy, &graph, &DEVICE_AND_STREAM_TYPES)?;
-        derive_communication(f, se).map_err(|d| {
+        ensure_communication(f, se).map_err(|d| {
             // The copy is the compiler's: name the user's tensor and expr instead.
             let copy_desc = expr_desc(f, se);
             let user = format!("the resharding of `{}` for {user_desc}", f.tensor(x).name);
@@ -500,6 +499,28 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
             "decompose-reshardings could not make {user_desc} local: its operands still differ from its output in device sharding"
         )));
     }
+    Ok(())
+}
+
+/// Checks that the `set` `e` is one communication; a copy that only changes how a device
+/// split lays out its axis ([`is_layout_change`]) first becomes `<in>_gathered = set(in)`,
+/// replicated on the input's mesh (an allgather), and `e` then copies that (a scatter).
+fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    if !is_layout_change(f, e) {
+        derive_communication(f, e)?;
+        return Ok(());
+    }
+    let x = f.expr(e).inputs[0];
+    let name = f.fresh_name(&format!("{}_gathered", f.tensor(x).name));
+    let gathered = f.add_op(&name, ExprKind::Set, &[x])?;
+    let ge = f.tensor(gathered).definition.expect("just defined");
+    f.move_expr_before(ge, e);
+    f.expr_mut(ge).span = f.expr(e).span;
+    f.tensor_mut(gathered).mesh = f.tensor(x).mesh;
+    f.tensor_mut(gathered).span = f.tensor(x).span;
+    f.expr_mut(e).inputs = vec![gathered];
+    derive_communication(f, ge)?;
+    derive_communication(f, e)?;
     Ok(())
 }
 

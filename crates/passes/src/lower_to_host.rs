@@ -36,7 +36,7 @@ use weave_ir::{
 use weave_segmenter::{SegmentId, SegmentKind, SegmentedFusion};
 use weave_transform::id_graph::IdGraph;
 
-use crate::communication::{derive_communication, RootKind};
+use crate::communication::{derive_communication, CommunicationInfo, RootKind};
 use crate::finalize_multidevice_domains::should_allocate_per_stream;
 use crate::pass::{Changed, Ir, Pass, PassError};
 
@@ -544,6 +544,22 @@ impl Lowering<'_> {
             .any(|c| *c != cur && self.loop_of.get(c) == Some(&Some(*l)))
     }
 
+    /// The axis of `t` the open loop cuts into chunks: `t`'s own Stream axis mapped to the
+    /// loop's, or (an operand without a Stream split of its own) one of its logical axes
+    /// mapped to the logical axis the loop chunks.
+    fn chunk_root(&self, t: TensorId) -> Option<IterDomainId> {
+        let f = self.f;
+        let open = self.open.as_ref()?;
+        let own = loop_axis(f, t, ParallelType::Stream)
+            .filter(|s| self.graph.are_mapped(*s, open.stream_id))
+            .and_then(|s| self.outer_split_root(t, s));
+        own.or_else(|| {
+            f.visible_axes(t)
+                .into_iter()
+                .find(|a| self.graph.are_mapped(*a, open.stream_root))
+        })
+    }
+
     /// The host tensor that stands for `t` at the current point: inside a loop, a chunk view
     /// of a full buffer or a loop-local tensor; otherwise the whole tensor. `write` creates the
     /// binding when `t` has none yet.
@@ -554,18 +570,9 @@ impl Lowering<'_> {
         // operand without a Stream split of its own) one of its logical axes is mapped to the
         // logical axis the loop chunks.
         let chunked = match &self.open {
-            Some(open) => {
-                let own = loop_axis(f, t, ParallelType::Stream)
-                    .filter(|s| self.graph.are_mapped(*s, open.stream_id))
-                    .and_then(|s| self.outer_split_root(t, s));
-                let by_map = || {
-                    f.visible_axes(t)
-                        .into_iter()
-                        .find(|a| self.graph.are_mapped(*a, open.stream_root))
-                };
-                own.or_else(by_map)
-                    .map(|root| (root, open.view_index, open.extent))
-            }
+            Some(open) => self
+                .chunk_root(t)
+                .map(|root| (root, open.view_index, open.extent)),
             None => None,
         };
         if let Some(open) = &self.open {
@@ -758,10 +765,133 @@ impl Lowering<'_> {
             self.resolve(producer, false)?
         };
         let output = self.resolve(consumer, true)?;
-        // One node per team instance (several for Gather/Reduce with several receivers,
-        // SendRecv pairs, and slices of a multi-dimensional mesh); a rank skips the ones
-        // whose team it is not in. Each is waited for before the next is posted: they share
-        // buffers.
+        let pieces = self.nested_pieces(&info, producer, consumer)?;
+        if pieces > 1 {
+            let axes = info
+                .producer_axis
+                .and_then(|a| a.axis)
+                .zip(info.consumer_axis.and_then(|a| a.axis));
+            let Some((pa, ca)) = axes else {
+                return Err(Diagnostic::new(format!(
+                    "the {} from `{}` to `{}` has a device split nested inside an outer split, but no axis to cut into pieces",
+                    info.kind.name(),
+                    f.tensor(producer).name,
+                    f.tensor(consumer).name
+                )));
+            };
+            for k in 0..pieces {
+                let input = self.piece(input, pa, pieces, k);
+                let output = self.piece(output, ca, pieces, k);
+                self.post(&info, consumer, input, output)?;
+            }
+            return Ok(());
+        }
+        self.post(&info, consumer, input, output)
+    }
+
+    /// A view of piece `k` of `pieces` equal pieces of `h` along `axis`.
+    fn piece(&mut self, h: HostTensorId, axis: usize, pieces: i64, k: i64) -> HostTensorId {
+        let mut tensor = self.p.tensors[h].clone();
+        let size = match &self.p.scalars[tensor.sizes[axis]] {
+            HostScalar::Value(v) => v.clone(),
+            _ => unreachable!("tensor sizes are loop-invariant values"),
+        };
+        tensor.sizes[axis] = self.scalar(HostScalar::Value(size.ceil_div(Scalar::c(pieces))));
+        let view = self.p.tensors.insert(tensor);
+        let chunks = self.constant(pieces);
+        let index = self.constant(k);
+        self.emit(Stmt::ShardByStream {
+            input: h,
+            axis,
+            chunks,
+            index,
+            output: view,
+        });
+        view
+    }
+
+    /// How many pieces a communication must be posted in: the product of the outer extents
+    /// of the splits whose inner output the device axis of the sharded side is cut from (a
+    /// device split inside stream chunks, `outer_split(0, s) -> Stream; outer_split(1, d) ->
+    /// DIDx`, gives `s`). Each rank holds one block of every piece, so a collective over the
+    /// whole buffer would order the blocks as if the device split were outermost. When the
+    /// open stream loop already cuts that side into those pieces, the chunk views it binds
+    /// are single pieces, and the answer is 1.
+    fn nested_pieces(
+        &self,
+        info: &CommunicationInfo,
+        producer: TensorId,
+        consumer: TensorId,
+    ) -> Result<i64, Diagnostic> {
+        let f = self.f;
+        let Some(pt) = info.parallel else {
+            return Ok(1);
+        };
+        let sharded = match info.kind {
+            CommunicationType::Allgather | CommunicationType::Gather => producer,
+            CommunicationType::Scatter | CommunicationType::ReduceScatter => consumer,
+            _ => return Ok(1),
+        };
+        let Some(did) = loop_axis(f, sharded, pt) else {
+            return Ok(1);
+        };
+        let tv = f.tensor(sharded);
+        let within: &[IterDomainId] = if sharded == consumer {
+            tv.root_domain()
+        } else {
+            &tv.logical
+        };
+        let mut pieces = 1;
+        let mut cur = did;
+        while !within.contains(&cur) {
+            let Some(def) = f.id(cur).definition else {
+                return Ok(1);
+            };
+            match f.id_expr(def) {
+                IdExpr::Split {
+                    input,
+                    outer,
+                    inner,
+                    ..
+                } => {
+                    if *inner == cur {
+                        pieces *= f.eval(&f.id(*outer).extent).ok_or_else(|| {
+                            Diagnostic::new(format!(
+                                "the {pt} split of `{}` sits inside a split without a constant extent",
+                                tv.name
+                            ))
+                        })?;
+                    }
+                    cur = *input;
+                }
+                IdExpr::Merge { .. } => return Ok(1),
+            }
+        }
+        if pieces > 1 && self.chunk_root(sharded) == Some(cur) {
+            let extent = self.open.as_ref().map_or(1, |o| o.extent);
+            if extent != pieces {
+                return Err(Diagnostic::new(format!(
+                    "the {pt} split of `{}` sits inside {pieces} pieces of its axis, which the stream loop does not cut alike",
+                    tv.name
+                )));
+            }
+            return Ok(1);
+        }
+        Ok(pieces)
+    }
+
+    /// Posts one communication node per team instance of `info` (several for Gather/Reduce
+    /// with several receivers, SendRecv pairs, and slices of a multi-dimensional mesh); a
+    /// rank skips the ones whose team it is not in. Each is waited for before the next is
+    /// posted: they share buffers.
+    fn post(
+        &mut self,
+        info: &CommunicationInfo,
+        consumer: TensorId,
+        input: HostTensorId,
+        output: HostTensorId,
+    ) -> Result<(), Diagnostic> {
+        let f = self.f;
         for inst in &info.instances {
             let root = match inst.root {
                 None => None,
