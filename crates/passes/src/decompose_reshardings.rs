@@ -257,6 +257,43 @@ struct DeviceReduction {
     logical_pos: usize,
     /// The device count (the loop axis' extent).
     factor: i64,
+    /// The outer splits from the logical axis down to the device axis: each split's factor
+    /// and whether the path goes on into its inner output (a device split inside stream
+    /// chunks, `[s, d, ..]`) or its outer one. The last step's outer output is the device
+    /// axis.
+    path: Vec<(Scalar, bool)>,
+}
+
+/// The outer splits from a logical axis of `within` down to `id` (see
+/// [`DeviceReduction::path`]), and that logical axis; `None` when `id` does not come from one
+/// through outer splits whose last step takes the outer output.
+fn split_path(
+    f: &Fusion,
+    id: IterDomainId,
+    within: &[IterDomainId],
+) -> Option<(IterDomainId, Vec<(Scalar, bool)>)> {
+    let mut path = Vec::new();
+    let mut cur = id;
+    while !within.contains(&cur) {
+        match f.id_expr(f.id(cur).definition?) {
+            IdExpr::Split {
+                input,
+                outer,
+                factor,
+                kind: SplitKind::Outer,
+                ..
+            } => {
+                if path.is_empty() && *outer != cur {
+                    return None;
+                }
+                path.push((factor.clone(), *outer != cur));
+                cur = *input;
+            }
+            _ => return None,
+        }
+    }
+    path.reverse();
+    Some((cur, path))
 }
 
 /// Step 2: rfactor (see the module doc).
@@ -275,16 +312,9 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
             local_work = true;
             continue;
         }
-        let logical = if out_tv.logical.contains(&l) {
-            Some(l)
-        } else {
-            outer_split_of(f, l)
-                .map(|(i, _)| i)
-                .filter(|i| out_tv.logical.contains(i))
-        };
-        let Some(logical) = logical else {
+        let Some((logical, path)) = split_path(f, l, &out_tv.logical) else {
             return Err(Diagnostic::new(format!(
-                "cannot rfactor {desc}: the {} reduction axis of `{}` is neither a logical axis nor the outer output of an outer split of one",
+                "cannot rfactor {desc}: the {} reduction axis of `{}` is neither a logical axis nor the outer output of outer splits of one",
                 d.parallel, out_tv.name
             )));
         };
@@ -303,6 +333,7 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
                 .position(|x| *x == logical)
                 .expect("a logical axis"),
             factor,
+            path,
         });
     }
     let kind = f.expr(e).kind.clone();
@@ -337,12 +368,37 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     for (j, &r) in root.iter().enumerate() {
         match devs.iter().find(|d| d.logical_pos == j) {
             Some(d) => {
-                let (o, i) = f.split_id(r, Scalar::c(d.factor), SplitKind::Outer);
-                f.id_mut(o).iter_type = IterType::Iteration;
-                f.id_mut(o).rfactor = true;
-                f.id_mut(i).rfactor = true;
-                logical.extend([o, i]);
-                device_axes.push((d.parallel, o));
+                // The reduction axis cut like the device axis of the output: the device
+                // output becomes an iteration axis, the other outputs stay local reductions.
+                let mut leaves_after = Vec::new();
+                let mut cur = r;
+                let last = d.path.len().saturating_sub(1);
+                let path = if d.path.is_empty() {
+                    vec![(Scalar::c(d.factor), false)]
+                } else {
+                    d.path.clone()
+                };
+                for (k, (factor, into_inner)) in path.iter().enumerate() {
+                    let factor = if k == last {
+                        Scalar::c(d.factor)
+                    } else {
+                        factor.clone()
+                    };
+                    let (o, i) = f.split_id(cur, factor, SplitKind::Outer);
+                    f.id_mut(o).rfactor = true;
+                    f.id_mut(i).rfactor = true;
+                    if *into_inner {
+                        logical.push(o);
+                        cur = i;
+                    } else {
+                        leaves_after.push(i);
+                        cur = o;
+                    }
+                }
+                f.id_mut(cur).iter_type = IterType::Iteration;
+                logical.push(cur);
+                logical.extend(leaves_after.into_iter().rev());
+                device_axes.push((d.parallel, cur));
             }
             None => logical.push(r),
         }

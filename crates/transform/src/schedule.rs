@@ -564,6 +564,46 @@ fn step_text(op: &ScheduleOp) -> String {
     }
 }
 
+/// Refuses a Stream axis cut from inside a device split of the same logical axis
+/// (`outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream`): every device would stream over
+/// its own block, so chunk `i` would hold different rows on different devices and no
+/// collective could pair the chunks. The order that works puts the device split inside each
+/// stream chunk.
+fn check_stream_outside_devices(
+    f: &Fusion,
+    t: TensorId,
+    axis: usize,
+    step: &str,
+) -> IrResult<()> {
+    let mut cur = f.tensor(t).loop_domain[axis];
+    while let Some(def) = f.id(cur).definition {
+        let IdExpr::Split {
+            input,
+            outer,
+            inner,
+            ..
+        } = f.id_expr(def)
+        else {
+            return Ok(());
+        };
+        let inside = if *inner == cur && f.id(*outer).parallel.is_device() {
+            Some(f.id(*outer).parallel)
+        } else if f.id(*input).parallel.is_device() {
+            Some(f.id(*input).parallel)
+        } else {
+            None
+        };
+        if let Some(pt) = inside {
+            return Err(Diagnostic::new(format!(
+                "{}: {step}: the Stream split cuts the inside of a {pt} split of the same axis, so each device would stream over its own block; split the stream first and the devices inside each chunk (`outer_split(a, s) -> Stream; outer_split(a + 1, d) -> {pt}`)",
+                prefix(f, t)
+            )));
+        }
+        cur = *input;
+    }
+    Ok(())
+}
+
 fn apply_step(f: &mut Fusion, t: TensorId, step: &ScheduleStep) -> IrResult<()> {
     match &step.op {
         ScheduleOp::OuterSplit {
@@ -593,7 +633,17 @@ fn apply_step(f: &mut Fusion, t: TensorId, step: &ScheduleStep) -> IrResult<()> 
             if pt != ParallelType::Serial {
                 parallelize_step(f, t, *axis, pt, &step_text(&step.op))?;
             }
+            if pt == ParallelType::Stream {
+                check_stream_outside_devices(f, t, *axis, &step_text(&step.op))?;
+            }
             Ok(())
+        }
+        ScheduleOp::Parallelize {
+            axis,
+            parallel: ParallelType::Stream,
+        } => {
+            parallelize(f, t, *axis, ParallelType::Stream)?;
+            check_stream_outside_devices(f, t, *axis, &step_text(&step.op))
         }
         ScheduleOp::Merge { outer, inner } => {
             merge(f, t, DomainKind::Loop, *outer, *inner).map(|_| ())
