@@ -292,9 +292,9 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
                 need_same_mesh("a DID → Stream set")?;
                 // Iteration i must hold exactly device i's shard.
                 let (pd, sd) = (p_id.expect("sharded"), c_stream_axis.expect("stream"));
-                if !same_index(f, p, pd, c, sd) {
+                if !same_index(f, p, pd, c, sd) && !nests_evenly(f, (pl, pd), (cs, sd)) {
                     return Err(Diagnostic::new(format!(
-                        "a DID → Stream set needs the stream split of `{}` to match the {pt} split of `{}` in {desc}",
+                        "a DID → Stream set needs the stream split of `{}` to match the {pt} split of `{}` in {desc}, or both to be outer splits of the axis by factors that divide it and one of which divides the other",
                         f.tensor(c).name,
                         f.tensor(p).name
                     )));
@@ -399,6 +399,59 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
             "{desc}: the {pt} axis does not derive from a logical axis through outer splits"
         ))),
     }
+}
+
+/// Checks, before any pass runs, every `set` whose input and output both carry the user's
+/// mesh and that changes the device sharding: it must be a communication
+/// [`derive_communication`] names, or a change of layout that decompose-reshardings splits
+/// in two ([`is_layout_change`]). So a copy no communication expresses is refused where the
+/// user wrote it (the error is at the `set`), not from inside a pass.
+pub fn check_user_communications(f: &Fusion) -> Result<(), Diagnostic> {
+    for &e in f.exprs() {
+        let ex = f.expr(e);
+        if !matches!(ex.kind, ExprKind::Set | ExprKind::SegmentSet)
+            || ex.inputs.len() != 1
+            || ex.outputs.len() != 1
+            || ex
+                .inputs
+                .iter()
+                .chain(&ex.outputs)
+                .any(|t| f.mesh_of(*t).is_none())
+        {
+            continue;
+        }
+        if crate::resharding::is_resharding(f, e) && !is_layout_change(f, e) {
+            derive_communication(f, e)?;
+        }
+    }
+    Ok(())
+}
+
+/// True if the device axis `pd` of the producer and the stream axis `sd` of the consumer are
+/// each the logical axis (`pl`, `cs`, mapped to each other) or one outer split of it, by
+/// factors `d` and `s` that divide its extent, and one of `d`, `s` divides the other: then
+/// stream chunk `i` lies within the shard of device `i / (s / d)` (s ≥ d) or is the shards of
+/// devices `i * (d / s) + j` (d > s), which lowering broadcasts piece by piece.
+fn nests_evenly(
+    f: &Fusion,
+    (pl, pd): (IterDomainId, IterDomainId),
+    (cs, sd): (IterDomainId, IterDomainId),
+) -> bool {
+    let direct = |id: IterDomainId, logical: IterDomainId| {
+        id == logical
+            || f.id(id).definition.is_some_and(|e| {
+                matches!(
+                    f.id_expr(e),
+                    weave_ir::IdExpr::Split { input, outer, kind: weave_ir::SplitKind::Outer, .. }
+                        if *input == logical && *outer == id
+                )
+            })
+    };
+    let ev = |id: IterDomainId| f.eval(&f.id(id).extent).filter(|v| *v > 0);
+    let (Some(t), Some(d), Some(s)) = (ev(pl), ev(pd), ev(sd)) else {
+        return false;
+    };
+    direct(pd, pl) && direct(sd, cs) && t % d == 0 && t % s == 0 && (s % d == 0 || d % s == 0)
 }
 
 /// True if `expr` is a `set` between tensors sharded on the same logical axis by the same

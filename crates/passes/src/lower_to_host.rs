@@ -758,12 +758,10 @@ impl Lowering<'_> {
                 }
             }
         }
-        // The root of a DID -> Stream broadcast sends its whole shard.
-        let input = if info.root == Some(RootKind::StreamIndex) {
-            self.whole(producer)?
-        } else {
-            self.resolve(producer, false)?
-        };
+        if info.root == Some(RootKind::StreamIndex) {
+            return self.lower_stream_broadcast(&info, producer, consumer);
+        }
+        let input = self.resolve(producer, false)?;
         let output = self.resolve(consumer, true)?;
         let pieces = self.nested_pieces(&info, producer, consumer)?;
         if pieces > 1 {
@@ -780,17 +778,70 @@ impl Lowering<'_> {
                 )));
             };
             for k in 0..pieces {
+                let k = self.constant(k);
                 let input = self.piece(input, pa, pieces, k);
                 let output = self.piece(output, ca, pieces, k);
-                self.post(&info, consumer, input, output)?;
+                self.post(&info, consumer, input, output, None)?;
             }
             return Ok(());
         }
-        self.post(&info, consumer, input, output)
+        self.post(&info, consumer, input, output, None)
+    }
+
+    /// A DID → Stream copy as broadcasts (iteration `i` of `s` obtains stream chunk `i`): with
+    /// as many chunks as devices, device `i` broadcasts its whole shard; with `s = k * d`,
+    /// device `i / k` broadcasts piece `i % k` of its shard; with `d = k * s`, devices
+    /// `i * k + j` broadcast their shards into piece `j` of the chunk.
+    fn lower_stream_broadcast(
+        &mut self,
+        info: &CommunicationInfo,
+        producer: TensorId,
+        consumer: TensorId,
+    ) -> Result<(), Diagnostic> {
+        let f = self.f;
+        let Some((i, s)) = self.open.as_ref().map(|o| (o.index, o.extent)) else {
+            return Err(Diagnostic::new(format!(
+                "the {} of `{}` takes its root from a stream loop index, but it is not inside a stream loop",
+                info.kind.name(),
+                f.tensor(consumer).name
+            )));
+        };
+        let d = info.team.len() as i64;
+        let input = self.whole(producer)?;
+        let output = self.resolve(consumer, true)?;
+        let axes = info
+            .producer_axis
+            .and_then(|a| a.axis)
+            .zip(info.consumer_axis.and_then(|a| a.axis));
+        if s == d {
+            return self.post(info, consumer, input, output, Some(i));
+        }
+        let Some((pa, ca)) = axes.filter(|_| s % d == 0 || d % s == 0) else {
+            return Err(Diagnostic::new(format!(
+                "the broadcasts that gather `{}` need {s} stream chunks and {d} devices, one a multiple of the other",
+                f.tensor(consumer).name
+            )));
+        };
+        if s > d {
+            let k = self.constant(s / d);
+            let root = self.scalar(HostScalar::Binary(ScalarOp::Div, i, k));
+            let j = self.scalar(HostScalar::Binary(ScalarOp::Mod, i, k));
+            let input = self.piece(input, pa, s / d, j);
+            return self.post(info, consumer, input, output, Some(root));
+        }
+        let k = self.constant(d / s);
+        let first = self.scalar(HostScalar::Binary(ScalarOp::Mul, i, k));
+        for j in 0..d / s {
+            let jj = self.constant(j);
+            let root = self.scalar(HostScalar::Binary(ScalarOp::Add, first, jj));
+            let out = self.piece(output, ca, d / s, jj);
+            self.post(info, consumer, input, out, Some(root))?;
+        }
+        Ok(())
     }
 
     /// A view of piece `k` of `pieces` equal pieces of `h` along `axis`.
-    fn piece(&mut self, h: HostTensorId, axis: usize, pieces: i64, k: i64) -> HostTensorId {
+    fn piece(&mut self, h: HostTensorId, axis: usize, pieces: i64, k: ScalarId) -> HostTensorId {
         let mut tensor = self.p.tensors[h].clone();
         let size = match &self.p.scalars[tensor.sizes[axis]] {
             HostScalar::Value(v) => v.clone(),
@@ -799,12 +850,11 @@ impl Lowering<'_> {
         tensor.sizes[axis] = self.scalar(HostScalar::Value(size.ceil_div(Scalar::c(pieces))));
         let view = self.p.tensors.insert(tensor);
         let chunks = self.constant(pieces);
-        let index = self.constant(k);
         self.emit(Stmt::ShardByStream {
             input: h,
             axis,
             chunks,
-            index,
+            index: k,
             output: view,
         });
         view
@@ -883,17 +933,19 @@ impl Lowering<'_> {
     /// Posts one communication node per team instance of `info` (several for Gather/Reduce
     /// with several receivers, SendRecv pairs, and slices of a multi-dimensional mesh); a
     /// rank skips the ones whose team it is not in. Each is waited for before the next is
-    /// posted: they share buffers.
+    /// posted: they share buffers. `stream_root` is the root of a DID → Stream broadcast.
     fn post(
         &mut self,
         info: &CommunicationInfo,
         consumer: TensorId,
         input: HostTensorId,
         output: HostTensorId,
+        stream_root: Option<ScalarId>,
     ) -> Result<(), Diagnostic> {
         let f = self.f;
         for inst in &info.instances {
             let root = match inst.root {
+                Some(RootKind::StreamIndex) if stream_root.is_some() => stream_root,
                 None => None,
                 Some(RootKind::Member { index, .. }) => Some(self.constant(index as i64)),
                 Some(RootKind::StreamIndex) => match &self.open {

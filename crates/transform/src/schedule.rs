@@ -569,12 +569,7 @@ fn step_text(op: &ScheduleOp) -> String {
 /// its own block, so chunk `i` would hold different rows on different devices and no
 /// collective could pair the chunks. The order that works puts the device split inside each
 /// stream chunk.
-fn check_stream_outside_devices(
-    f: &Fusion,
-    t: TensorId,
-    axis: usize,
-    step: &str,
-) -> IrResult<()> {
+fn check_stream_outside_devices(f: &Fusion, t: TensorId, axis: usize, step: &str) -> IrResult<()> {
     let mut cur = f.tensor(t).loop_domain[axis];
     while let Some(def) = f.id(cur).definition {
         let IdExpr::Split {
