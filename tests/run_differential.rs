@@ -361,18 +361,16 @@ impl Pointwise {
             return p;
         }
         if let (PwStream::Output(_), OutDid::Replicated) = (p.stream, p.effective_out_did()) {
-            // DID → Stream on one axis is a P2P allgather: lowering refuses (clearly) any stream
-            // split that does not match the DID split, so the factors must agree.
-            p.s = p.d;
+            // DID → Stream on one axis is a P2P ring or per-chunk broadcasts: load refuses
+            // (clearly) stream factors that do not nest with the DID split.
+            if p.s % p.d != 0 && p.d % p.s != 0 {
+                p.s = p.d;
+            }
             return p;
         }
         // Otherwise: an output on `root` cannot be stream-split on the inputs' DID axis
         // (decompose-reshardings refuses a DID → Stream set across meshes, clearly).
-        if matches!(p.effective_out_did(), OutDid::Root) || !known_bugs() {
-            // known_bug_resharding_did_inside_stream_to_did and
-            // known_bug_allgather_of_did_inside_stream: a tensor split [s, d, ..] on one axis
-            // next to one split [d, ..] (or replicated) is resharded wrongly; stream the other
-            // axis.
+        if matches!(p.effective_out_did(), OutDid::Root) {
             let other = 1 - j;
             p.stream = match p.stream {
                 PwStream::Output(_) => PwStream::Output(other),
@@ -603,9 +601,9 @@ impl Reduction {
     fn narrowed(&self) -> Reduction {
         let mut r = self.clone();
         if let RedDid::KeptGathered(k) = r.did {
-            if r.stream == Some(k) {
+            if r.stream == Some(k) && r.s % r.d != 0 && r.d % r.s != 0 {
                 // A stream split of the gathered axis is a DID → Stream set, which
-                // decompose-reshardings refuses (clearly) unless the factors match; stream the
+                // decompose-reshardings refuses (clearly) unless the factors nest; stream the
                 // other kept axis.
                 r.stream = Some(1 - k);
             }
@@ -613,14 +611,9 @@ impl Reduction {
         if known_bugs() {
             return r;
         }
-        match r.did {
+        if let RedDid::Reduced { root: true } = r.did {
             // known_bug_reduce_to_root_of_a_split_axis: the reduced axis must be exactly d.
-            RedDid::Reduced { root: true } => r.sizes[r.axis] = 1,
-            // known_bug_resharding_did_inside_stream_to_did: a Stream split of the DID axis
-            // makes the output's layout [s, d, ..] differ from the input's [d, ..]; stream the
-            // other kept axis.
-            RedDid::Kept(k) if r.stream == Some(k) => r.stream = Some(1 - k),
-            _ => {}
+            r.sizes[r.axis] = 1;
         }
         r
     }
@@ -1829,12 +1822,11 @@ fn known_bug_reduce_to_root_of_a_split_axis() {
 
 /// A tensor whose DID split cuts each stream chunk (`outer_split(0, s) -> Stream;
 /// outer_split(1, d) -> DIDx`, the layout `matmul_rs.weave` gives its output) resharded to a
-/// plain DID split of the same axis: lowering emits SendRecvs whose team is one rank, which the
-/// executor refuses. (The reverse direction, DID → DID inside stream chunks, fails the same
-/// way.)
+/// plain DID split of the same axis: no shard moves whole to one device, so the copy is an
+/// allgather into a replicated tensor and a scatter from it (it was a SendRecv whose team was
+/// one rank).
 #[test]
-#[ignore = "known bug: DID inside stream chunks to a plain DID split emits a one-rank SendRecv (run with --ignored)"]
-fn known_bug_resharding_did_inside_stream_to_did() {
+fn resharding_did_inside_stream_to_did_gathers_then_scatters() {
     assert_runs(
         "fusion nested(d = 2, s = 2) {
   mesh m = devices(d)
@@ -1850,11 +1842,10 @@ fn known_bug_resharding_did_inside_stream_to_did() {
     );
 }
 
-/// The same layout gathered into a replicated tensor: the Allgather puts the shards back as
-/// if the DID split were outermost, so rows come out in the wrong order.
+/// The same layout gathered into a replicated tensor: one Allgather per stream chunk (a single
+/// one put the shards back as if the DID split were outermost, rows in the wrong order).
 #[test]
-#[ignore = "known bug: gathering a DID split nested in stream chunks orders rows wrongly (run with --ignored)"]
-fn known_bug_allgather_of_did_inside_stream() {
+fn allgather_of_did_inside_stream_is_posted_per_chunk() {
     assert_runs(
         "fusion nested_ag(d = 2, s = 2) {
   mesh m = devices(d)

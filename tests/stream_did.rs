@@ -1,0 +1,277 @@
+//! Device splits and stream splits of the same axis: which collectives each chunk posts
+//! (sequence parallelism written with loop splits, a device split nested inside stream
+//! chunks, DID → Stream copies whose factors nest), that they match the f64 reference on 1–4
+//! ranks, and the exact load-time refusals of the layouts that are not supported.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fixture;
+use streamweave::host_ir::{self, CommunicationType, HostProgram, Stmt, StmtId};
+use streamweave::run::{compile_for_run, generate_inputs, run_compiled, RunOptions};
+
+fn lower_source(source: &str, overrides: &[(&str, i64)]) -> HostProgram {
+    let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let f = streamweave::load("test.weave", source, &ov).unwrap_or_else(|e| panic!("{e}"));
+    streamweave::compile(f).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn lower(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
+    lower_source(&std::fs::read_to_string(fixture(name)).unwrap(), overrides)
+}
+
+/// The statements of `scope` and of the loops in it, in program order, with the loop depth.
+fn flat(p: &HostProgram, scope: &[StmtId], depth: usize, out: &mut Vec<(usize, StmtId)>) {
+    for s in scope {
+        out.push((depth, *s));
+        if let Stmt::ForLoop { body, .. } = &p.stmts[*s] {
+            flat(p, body, depth + 1, out);
+        }
+    }
+}
+
+/// The communications in program order: their type, root as printed, and loop depth.
+fn communications(p: &HostProgram) -> Vec<(CommunicationType, usize)> {
+    let mut all = Vec::new();
+    flat(p, &p.top_level, 0, &mut all);
+    all.into_iter()
+        .filter_map(|(depth, s)| match &p.stmts[s] {
+            Stmt::Communication(c) => Some((c.kind, depth)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn count(p: &HostProgram, kind: &str) -> usize {
+    p.stmts.values().filter(|s| s.kind_name() == kind).count()
+}
+
+/// Runs `source` on `ranks` in-process ranks with the race checker and panics unless every
+/// output matches the reference.
+fn assert_matches_reference(source: &str, overrides: &[(&str, i64)], ranks: usize) {
+    let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let fusion = streamweave::load("test.weave", source, &ov).unwrap_or_else(|e| panic!("{e}"));
+    let compiled = compile_for_run(fusion).unwrap_or_else(|e| panic!("{e}"));
+    let globals = generate_inputs(&compiled.fusion, 11 + ranks as u64).unwrap();
+    let options = RunOptions {
+        ranks,
+        streams: 2,
+        check_races: true,
+        timeout: Duration::from_secs(20),
+        ..RunOptions::default()
+    };
+    let report = run_compiled(&compiled, &globals, &options).unwrap();
+    assert!(!report.checks.is_empty());
+    let bad: Vec<String> = report
+        .checks
+        .iter()
+        .filter(|c| !c.comparison.ok)
+        .map(|c| format!("{} rank {}: {}", c.output, c.rank, c.comparison))
+        .collect();
+    assert!(
+        report.passed(),
+        "{overrides:?} on {ranks} ranks: {bad:?}, {} races",
+        report.races()
+    );
+}
+
+fn load_error(source: &str, overrides: &[(&str, i64)]) -> String {
+    let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    streamweave::load("test.weave", source, &ov)
+        .err()
+        .expect("refused at load")
+        .to_string()
+}
+
+/// Sequence parallelism with x laid out `[s, d, ..]` on the tokens: one stream loop in which
+/// every chunk is an Allgather of the ranks' blocks, the two products, and a ReduceScatter
+/// into the same nested layout; no P2P ring and no rotated chunk order.
+#[test]
+fn sequence_parallel_mlp_allgathers_and_reduce_scatters_every_chunk() {
+    for (d, s) in [(2, 2), (2, 3), (4, 2)] {
+        let p = lower("sequence_parallel_mlp", &[("d", d), ("s", s)]);
+        assert_eq!(
+            communications(&p),
+            [
+                (CommunicationType::Allgather, 1),
+                (CommunicationType::ReduceScatter, 1)
+            ],
+            "d = {d}, s = {s}"
+        );
+        assert_eq!(count(&p, "P2PCommunication"), 0);
+        let text = host_ir::print(&p);
+        assert!(text.contains(&format!("FOR i0 from 0 to {s}:")), "{text}");
+        assert!(!text.contains("rank"), "chunks indexed by rank:\n{text}");
+    }
+}
+
+/// The same block from a plain device split: each chunk is a Broadcast rooted at the chunk's
+/// device, since the ReduceScatter in the same loop needs every rank on the same chunk.
+#[test]
+fn sequence_parallel_mlp_from_a_device_split_broadcasts_every_chunk() {
+    let p = lower("sequence_parallel_mlp_broadcast", &[]);
+    assert_eq!(
+        communications(&p),
+        [
+            (CommunicationType::Broadcast, 1),
+            (CommunicationType::ReduceScatter, 1)
+        ]
+    );
+    assert_eq!(count(&p, "P2PCommunication"), 0);
+    let text = host_ir::print(&p);
+    assert!(
+        text.contains("type=Broadcast, team=(0 1), root=i0,"),
+        "{text}"
+    );
+    assert!(!text.contains("rank"), "chunks indexed by rank:\n{text}");
+}
+
+/// The DID → Stream copy with a stream factor that is a multiple of the device count, or a
+/// divisor of it: per chunk one Broadcast of a piece of one device's block, or several
+/// Broadcasts into pieces of the chunk. Both match the reference.
+const SP_RATIO: &str = "fusion sp_ratio(t = 48, h = 4, f = 24, d = 2, s = 4) {
+  mesh m = devices(d)
+  tensor x: f32[t, h] on m
+  tensor w1: f32[f, h] on m
+  tensor w2: f32[h, f] on m
+  ag = set(x)
+  h1 = linear(ag, w1)
+  a = sigmoid(h1)
+  out = linear(a, w2)
+  output out
+  schedule x { outer_split(0, d) -> DIDx }
+  schedule w1 { outer_split(0, d) -> DIDx }
+  schedule w2 { outer_split(1, d) -> DIDx }
+  schedule ag { mesh = m; outer_split(0, s) -> Stream }
+  schedule out { mesh = m; outer_split(2, d) -> DIDx; outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }
+}
+";
+
+#[test]
+fn did_to_stream_with_nesting_factors_broadcasts_pieces() {
+    let p = lower_source(SP_RATIO, &[("d", 2), ("s", 4)]);
+    let text = host_ir::print(&p);
+    assert!(text.contains("root=( i0 / 2 )"), "{text}");
+    assert_eq!(count(&p, "Communication"), 2, "{text}");
+    let p = lower_source(SP_RATIO, &[("d", 4), ("s", 2)]);
+    let text = host_ir::print(&p);
+    assert!(text.contains("root=( ( i0 * 2 ) + 1 )"), "{text}");
+    assert_eq!(count(&p, "Communication"), 3, "{text}");
+    for (d, s) in [(1, 3), (2, 4), (2, 6), (4, 2), (4, 1), (3, 1), (2, 1)] {
+        assert_matches_reference(SP_RATIO, &[("d", d), ("s", s)], d as usize);
+    }
+}
+
+#[test]
+fn did_to_stream_with_unrelated_factors_is_refused_at_load() {
+    assert_eq!(
+        load_error(SP_RATIO, &[("d", 2), ("s", 3)]),
+        "error: a DID → Stream set needs the stream split of `ag` to match the DIDx split of `x` \
+         in `ag = set(x)`, or both to be outer splits of the axis by factors that divide it and \
+         one of which divides the other
+ --> test.weave:6:8
+  |
+6 |   ag = set(x)
+  |        ^"
+    );
+}
+
+/// A device split inside stream chunks gathered whole (no stream loop): one Allgather per
+/// chunk, each between views of that chunk, so rows come back in order.
+#[test]
+fn allgather_of_a_device_split_inside_stream_chunks_is_posted_per_chunk() {
+    let source = "fusion nested_ag(d = 2, s = 3) {
+  mesh m = devices(d)
+  tensor inp: f32[2 * d * s, 2] on m
+  out = neg(inp)
+  output out
+  schedule inp { outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }
+  schedule out { mesh = m }
+}
+";
+    let p = lower_source(source, &[]);
+    assert_eq!(
+        communications(&p),
+        [(CommunicationType::Allgather, 0); 3],
+        "{}",
+        host_ir::print(&p)
+    );
+    for d in 1..=4 {
+        assert_matches_reference(source, &[("d", d)], d as usize);
+    }
+}
+
+/// `[s, d, ..]` to `[d, ..]` and back on one axis: no device's shard moves whole, so the copy is
+/// an Allgather into a replicated tensor and a Scatter from it (not a one-rank SendRecv).
+#[test]
+fn resharding_between_nested_and_plain_device_splits_gathers_then_scatters() {
+    let nested = "outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx";
+    let plain = "outer_split(0, d) -> DIDx";
+    for (from, to) in [(nested, plain), (plain, nested)] {
+        let source = format!(
+            "fusion nested(d = 2, s = 2) {{
+  mesh m = devices(d)
+  tensor inp: f32[2 * d * s, 2] on m
+  out = set(inp)
+  output out
+  schedule inp {{ {from} }}
+  schedule out {{ mesh = m; {to} }}
+}}
+"
+        );
+        let p = lower_source(&source, &[]);
+        let kinds: Vec<CommunicationType> = communications(&p).iter().map(|c| c.0).collect();
+        assert!(
+            !kinds.contains(&CommunicationType::SendRecv),
+            "{}",
+            host_ir::print(&p)
+        );
+        assert_eq!(kinds.first(), Some(&CommunicationType::Allgather));
+        assert_eq!(kinds.last(), Some(&CommunicationType::Scatter));
+        for d in 1..=4 {
+            for s in 1..=3 {
+                assert_matches_reference(&source, &[("d", d), ("s", s)], d as usize);
+            }
+        }
+    }
+}
+
+/// A sum over an axis whose device split sits inside an outer split: each rank reduces the
+/// blocks it holds, then one Allreduce.
+#[test]
+fn sum_over_a_device_split_inside_an_outer_split_is_rfactored() {
+    let source = "fusion nested_sum(d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor inp: f32[3, 2 * d * s] on m
+  out = sum(inp, [1])
+  output out
+  schedule inp { outer_split(1, s); outer_split(2, d) -> DIDx }
+}
+";
+    let p = lower_source(source, &[]);
+    assert_eq!(communications(&p), [(CommunicationType::Allreduce, 0)]);
+    for d in 1..=4 {
+        assert_matches_reference(source, &[("d", d)], d as usize);
+    }
+}
+
+#[test]
+fn stream_split_inside_a_device_split_is_refused_at_load() {
+    let source = std::fs::read_to_string(fixture("invalid/stream_inside_did")).unwrap();
+    let err = streamweave::load("stream_inside_did.weave", &source, &[])
+        .err()
+        .expect("refused")
+        .to_string();
+    assert_eq!(
+        err,
+        "error: schedule of `inp`: outer_split(1, s) -> Stream: the Stream split cuts the inside \
+         of a DIDx split of the same axis, so each device would stream over its own block; split \
+         the stream first and the devices inside each chunk (`outer_split(a, s) -> Stream; \
+         outer_split(a + 1, d) -> DIDx`)
+  --> stream_inside_did.weave:10:45
+   |
+10 |   schedule inp { outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream }
+   |                                             ^"
+    );
+}
