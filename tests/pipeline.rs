@@ -395,14 +395,17 @@ fn stream_input_that_cannot_be_sliced_is_refused() {
     );
 }
 
-/// Two sharding changes in one expr are refused before lowering, naming the expr.
+/// Two sharding changes in one user-written copy are refused at load, at the `set`.
 #[test]
 fn two_sharding_changes_in_one_expr_are_refused() {
     let src = "fusion f(d = 2) {\n  mesh m = devices(d, d)\n  tensor a: f32[4, 4] on m\n  b = set(a)\n  output b\n  schedule a { outer_split(0, d) -> DIDx; outer_split(2, d) -> DIDy }\n  schedule b { mesh = m; outer_split(1, d) -> DIDx; outer_split(0, d) -> DIDy }\n}\n";
-    let f = streamweave::load("two.weave", src, &[]).unwrap();
-    let e = streamweave::compile(f).unwrap_err().to_string();
+    let e = streamweave::load("two.weave", src, &[])
+        .err()
+        .expect("refused at load")
+        .to_string();
     assert!(e.contains("expected at most one sharding change"), "{e}");
     assert!(e.contains("`b = set(a)`"), "{e}");
+    assert!(e.contains("--> two.weave:4:7"), "{e}");
 }
 
 /// The column-parallel benchmark patterns (issue 6): the chunked form gathers each chunk with

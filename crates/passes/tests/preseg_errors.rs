@@ -108,10 +108,11 @@ fn compute_exprs_are_not_communications() {
 
 #[test]
 fn a_did_to_stream_set_needs_matching_splits() {
-    // inp is split over 2 devices, ag over 4 stream chunks of the same axis: iteration i
-    // would not hold device i's shard.
+    // inp is split over 2 devices, ag over 3 stream chunks of the same axis: a chunk would
+    // straddle two shards unevenly (factors that nest, 4 chunks of 2 shards or 1 of 2, are
+    // broadcast piece by piece).
     let (msg, _) = decompose_err(
-        "fusion cpl(t = 16, h = 4, d = 2, s = 4) {
+        "fusion cpl(t = 12, h = 4, d = 2, s = 3) {
           mesh m = devices(d)
           tensor inp: f32[t, h] on m
           ag = set(inp)
@@ -122,7 +123,7 @@ fn a_did_to_stream_set_needs_matching_splits() {
     );
     assert_eq!(
         msg,
-        "a DID → Stream set needs the stream split of `ag` to match the DIDx split of `inp` in `ag = set(inp)`"
+        "a DID → Stream set needs the stream split of `ag` to match the DIDx split of `inp` in `ag = set(inp)`, or both to be outer splits of the axis by factors that divide it and one of which divides the other"
     );
 }
 
