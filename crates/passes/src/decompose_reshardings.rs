@@ -561,6 +561,10 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
 /// Checks that the `set` `e` is one communication; a copy that only changes how a device
 /// split lays out its axis ([`is_layout_change`]) first becomes `<in>_gathered = set(in)`,
 /// replicated on the input's mesh (an allgather), and `e` then copies that (a scatter).
+/// The gathered copy takes the Stream split of `e`'s output, so that gather and scatter run
+/// chunk by chunk in the output's stream loop (a broadcast per chunk), or else that of the
+/// input (an allgather per chunk when the input's device split sits inside its stream
+/// chunks), or else none.
 fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     if !is_layout_change(f, e) {
         derive_communication(f, e)?;
@@ -575,6 +579,19 @@ fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     f.tensor_mut(gathered).mesh = f.tensor(x).mesh;
     f.tensor_mut(gathered).span = f.tensor(x).span;
     f.expr_mut(e).inputs = vec![gathered];
+    let out = f.expr(e).outputs[0];
+    let unsplit = f.tensor(gathered).loop_domain.clone();
+    for reference in [out, x] {
+        if parallel_axis(f, &f.tensor(reference).loop_domain, ParallelType::Stream).is_none() {
+            continue;
+        }
+        let graph = IdGraph::build(f);
+        replay(f, reference, gathered, &graph, &[ParallelType::Stream])?;
+        if derive_communication(f, ge).is_ok() && derive_communication(f, e).is_ok() {
+            return Ok(());
+        }
+        f.tensor_mut(gathered).loop_domain = unsplit.clone();
+    }
     derive_communication(f, ge)?;
     derive_communication(f, e)?;
     Ok(())
