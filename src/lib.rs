@@ -43,9 +43,9 @@ impl fmt::Display for LoadError {
 impl std::error::Error for LoadError {}
 
 /// Parses `source` (named `file` in errors), applies `overrides` (`--set k=v`), applies
-/// every schedule block, verifies the result, and checks that every copy between two tensors
-/// the user placed on meshes is a communication the compiler can lower
-/// (`weave_passes::communication::check_user_communications`).
+/// every schedule block, verifies the result, and refuses shardings the pipeline cannot lower
+/// (`weave_passes::load_checks`): a stream split of a reduced axis, a copy between two tensors
+/// the user placed on meshes that no communication expresses.
 pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
     let err = |diagnostic| LoadError {
         file: file.to_string(),
@@ -55,7 +55,7 @@ pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fus
     let mut fusion = weave_ir::text::parse(source, overrides).map_err(err)?;
     weave_transform::schedule::apply_schedules(&mut fusion).map_err(err)?;
     weave_ir::verify::verify(&fusion).map_err(err)?;
-    weave_passes::communication::check_user_communications(&fusion).map_err(err)?;
+    weave_passes::load_checks::check_user_shardings(&fusion).map_err(err)?;
     Ok(fusion)
 }
 

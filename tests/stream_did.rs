@@ -275,3 +275,27 @@ fn stream_split_inside_a_device_split_is_refused_at_load() {
    |                                             ^"
     );
 }
+
+/// A sum over an axis split Stream-then-DIDx: the device split alone is fine (above), but no
+/// stream loop chunks a reduction; refused at load, at the sum, naming the user's tensors.
+#[test]
+fn sum_over_a_stream_split_axis_is_refused_at_load() {
+    let source = "fusion stream_sum(d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor inp: f32[3, 2 * d * s] on m
+  out = sum(inp, [1])
+  output out
+  schedule inp { outer_split(1, s) -> Stream; outer_split(2, d) -> DIDx }
+}
+";
+    assert_eq!(
+        load_error(source, &[]),
+        "error: `inp` is stream-split on axis 1, which `out = sum(inp)` reduces; chunking a \
+         reduction needs a cross-chunk accumulation that lowering does not express: stream-split \
+         an axis it keeps
+ --> test.weave:4:9
+  |
+4 |   out = sum(inp, [1])
+  |         ^"
+    );
+}

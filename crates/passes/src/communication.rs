@@ -401,32 +401,6 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
     }
 }
 
-/// Checks, before any pass runs, every `set` whose input and output both carry the user's
-/// mesh and that changes the device sharding: it must be a communication
-/// [`derive_communication`] names, or a change of layout that decompose-reshardings splits
-/// in two ([`is_layout_change`]). So a copy no communication expresses is refused where the
-/// user wrote it (the error is at the `set`), not from inside a pass.
-pub fn check_user_communications(f: &Fusion) -> Result<(), Diagnostic> {
-    for &e in f.exprs() {
-        let ex = f.expr(e);
-        if !matches!(ex.kind, ExprKind::Set | ExprKind::SegmentSet)
-            || ex.inputs.len() != 1
-            || ex.outputs.len() != 1
-            || ex
-                .inputs
-                .iter()
-                .chain(&ex.outputs)
-                .any(|t| f.mesh_of(*t).is_none())
-        {
-            continue;
-        }
-        if crate::resharding::is_resharding(f, e) && !is_layout_change(f, e) {
-            derive_communication(f, e)?;
-        }
-    }
-    Ok(())
-}
-
 /// True if the device axis `pd` of the producer and the stream axis `sd` of the consumer are
 /// each the logical axis (`pl`, `cs`, mapped to each other) or one outer split of it, by
 /// factors `d` and `s` that divide its extent, and one of `d`, `s` divides the other: then

@@ -11,6 +11,9 @@
 //!   `Communication` + `Wait`);
 //! * host passes: `assign-streams → allocate-and-deallocate`.
 //!
+//! Before any pass, [`load_checks`] (run by `streamweave::load`) refuses user shardings the
+//! pipeline cannot lower, at the user's source position.
+//!
 //! Every pass implements [`Pass`] over the [`Ir`] a pipeline carries; [`Registry`] names
 //! them, [`Pipeline`] orders them and [`PassManager`] runs them, verifying after each pass and
 //! dumping on request. Each pass module opens with its contract: input and output phase, what
@@ -24,6 +27,7 @@ pub mod assign_streams;
 pub mod communication;
 pub mod decompose_reshardings;
 pub mod finalize_multidevice_domains;
+pub mod load_checks;
 pub mod lower_to_host;
 pub mod manager;
 pub mod pass;
