@@ -10,11 +10,12 @@
 //! | producer sharded | consumer sharded | condition | type |
 //! |---|---|---|---|
 //! | no | no | meshes differ | Broadcast (root = the sender mesh's first device) |
-//! | yes | no | the consumer's Stream axis is the producer's sharded axis (same mesh) | Broadcast (root = the stream loop index) |
-//! | yes | no | same mesh | Allgather |
+//! | yes | no | the consumer's Stream axis cuts the producer's sharded axis (same mesh), one chunk per device or with factors that nest | Broadcast (root from the stream loop index; lowering may use a P2P ring) |
+//! | yes | no | same mesh (also a producer `[s, d, ..]` whose stream chunks the consumer's match: per chunk) | Allgather |
 //! | yes | no | different mesh | Gather (one per receiver) |
 //! | no | yes | – | Scatter |
-//! | yes | yes | same logical axis | SendRecv (one per sender/receiver pair) |
+//! | yes | yes | same logical axis, same index per device | SendRecv (one per sender/receiver pair) |
+//! | yes | yes | same logical axis laid out differently (`[s, d, ..]` against `[d, ..]`) | none: decompose-reshardings gathers first ([`is_layout_change`]) |
 //! | yes | yes | different axes | AllToAll |
 //!
 //! For a reduction (`sum`, `max`; a `squeeze` counts as a sum) the producer must be sharded

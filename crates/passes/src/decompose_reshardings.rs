@@ -39,7 +39,13 @@
 //!    (nvFuser's `insertReshardingSetsBefore`). A `set` or `squeeze` that is not a valid
 //!    communication, or a reduction over a device-sharded axis that is not, is refused with
 //!    the diagnostic of [`derive_communication`] (e.g. "expected at most one sharding change
-//!    in `x = set(y)`: DIDx and DIDy both change").
+//!    in `x = set(y)`: DIDx and DIDy both change"). A `set` that only changes how a device
+//!    split lays out its axis (`[s, d, ..]` against `[d, ..]`) becomes an allgather into
+//!    `<in>_gathered` (replicated, stream-split like the output or the input) and a scatter.
+//!
+//! The rfactor of step 2 also takes a device axis nested inside outer splits of the reduced
+//! axis (`outer_split(k, s); outer_split(k + 1, d) -> DIDx`): the partial cuts its reduction
+//! axis the same way and keeps only the device output as an iteration axis.
 
 use std::collections::HashSet;
 

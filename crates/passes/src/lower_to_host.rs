@@ -21,6 +21,12 @@
 //!   `numberOfStreams` slots) when its allocation is stream-split and its producer and every
 //!   consumer run in the same loop; otherwise its whole buffer is allocated before the loop
 //!   that writes it, so a later loop or top-level segment reads it whole or chunk by chunk.
+//! * Communications: a DID → Stream copy with one chunk per device is the rank-rotated P2P
+//!   ring when it opens its loop and no other communication joins that loop (the rotation
+//!   would make ranks post a collective for different chunks); otherwise Broadcasts rooted
+//!   from the loop index, on pieces of a shard or of a chunk when the factors nest. A
+//!   collective whose device split sits inside outer splits of the same axis (`[s, d, ..]`)
+//!   and that no loop cuts into those pieces is posted once per piece, on views of it.
 //! * Not idempotent: it changes the IR form.
 
 use std::collections::{HashMap, HashSet};
