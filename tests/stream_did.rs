@@ -299,3 +299,46 @@ fn sum_over_a_stream_split_axis_is_refused_at_load() {
   |         ^"
     );
 }
+
+/// `lower-to-host-broadcast`: the DID → Stream allgathers of the ring fixtures become one
+/// Broadcast per iteration rooted at the iteration's device, with no P2P statement, and still
+/// match the reference.
+#[test]
+fn broadcast_lowering_of_a_did_to_stream_allgather() {
+    let pipeline =
+        streamweave::passes::DEFAULT_PIPELINE.replace("lower-to-host", "lower-to-host-broadcast");
+    for name in ["allgather_p2p", "ag_matmul_p2p", "column_parallel_linear"] {
+        let source = std::fs::read_to_string(fixture(name)).unwrap();
+        for d in 1..=4i64 {
+            let mut ov = vec![("d".to_string(), d)];
+            if source.contains("(t = ") {
+                ov.push(("t".to_string(), 48));
+                ov.push(("h".to_string(), 12));
+            }
+            let fusion = streamweave::load(name, &source, &ov).unwrap();
+            let compiled = streamweave::run::compile_with(fusion, &pipeline).unwrap();
+            let p = &compiled.program;
+            assert_eq!(count(p, "P2PCommunication"), 0, "{name}");
+            let comms = communications(p);
+            if d > 1 {
+                assert_eq!(
+                    comms,
+                    [(CommunicationType::Broadcast, 1)],
+                    "{name}, d = {d}"
+                );
+                let text = host_ir::print(p);
+                assert!(text.contains("root=i0,"), "{text}");
+            }
+            let globals = generate_inputs(&compiled.fusion, 5).unwrap();
+            let options = RunOptions {
+                ranks: d as usize,
+                streams: 2,
+                check_races: true,
+                timeout: Duration::from_secs(20),
+                ..RunOptions::default()
+            };
+            let report = run_compiled(&compiled, &globals, &options).unwrap();
+            assert!(report.passed(), "{name}, d = {d}");
+        }
+    }
+}

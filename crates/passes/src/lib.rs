@@ -40,7 +40,7 @@ pub mod segment;
 
 pub use allocate_and_deallocate::AllocateAndDeallocate;
 pub use assign_streams::{AssignStreams, SyncVariant};
-pub use lower_to_host::LowerToHost;
+pub use lower_to_host::{LowerToHost, StreamAllgather};
 pub use manager::{
     DumpFlags, DumpOptions, DumpSpecError, PassFailure, PassManager, PassSelection, PipelineError,
 };

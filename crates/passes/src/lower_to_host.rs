@@ -46,17 +46,46 @@ use crate::communication::{derive_communication, CommunicationInfo, RootKind};
 use crate::finalize_multidevice_domains::should_allocate_per_stream;
 use crate::pass::{Changed, Ir, Pass, PassError};
 
-/// The `lower-to-host` pass.
+/// How a DID → Stream copy with one chunk per device is lowered when either form is right.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamAllgather {
+    /// The rank-rotated P2P ring (seed 003, nvFuser's `p2p` / `collective_permute`): `d`
+    /// coalesced send/recv pairs per rank, iteration 0 a local copy; used when the copy opens
+    /// its loop and no other communication shares it.
+    #[default]
+    P2pRing,
+    /// Iteration `i` is a Broadcast rooted at device `i` (nvFuser's `broadcast` variant of
+    /// `AllgatherP2p` and of the column-parallel linear: `d` Broadcasts).
+    Broadcast,
+}
+
+/// The `lower-to-host` pass; `lower-to-host-broadcast` with [`StreamAllgather::Broadcast`].
 #[derive(Clone, Copy, Debug, Default)]
-pub struct LowerToHost;
+pub struct LowerToHost {
+    /// The lowering of a DID → Stream copy with one chunk per device.
+    pub stream_allgather: StreamAllgather,
+}
+
+impl LowerToHost {
+    /// The pass with the given DID → Stream lowering.
+    pub fn new(stream_allgather: StreamAllgather) -> LowerToHost {
+        LowerToHost { stream_allgather }
+    }
+}
 
 impl Pass for LowerToHost {
     fn name(&self) -> &'static str {
-        "lower-to-host"
+        match self.stream_allgather {
+            StreamAllgather::P2pRing => "lower-to-host",
+            StreamAllgather::Broadcast => "lower-to-host-broadcast",
+        }
     }
 
     fn summary(&self) -> &'static str {
-        "segmented fusion -> host program: stream loops, ShardByStream views, Communication + Wait per chunk"
+        match self.stream_allgather {
+            StreamAllgather::P2pRing => "segmented fusion -> host program: stream loops, ShardByStream views, Communication + Wait per chunk",
+            StreamAllgather::Broadcast => "lower-to-host, with a DID -> Stream allgather as one Broadcast per iteration instead of the P2P ring",
+        }
     }
 
     fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
@@ -67,10 +96,9 @@ impl Pass for LowerToHost {
                 found: ir.form(),
             });
         };
-        let program = lower(sf).map_err(|diagnostic| PassError::Unsupported {
-            pass: "lower-to-host",
-            diagnostic,
-        })?;
+        let pass = self.name();
+        let program = lower_with(sf, self.stream_allgather)
+            .map_err(|diagnostic| PassError::Unsupported { pass, diagnostic })?;
         *ir = Ir::Host(program);
         Ok(Changed::Yes)
     }
@@ -119,10 +147,19 @@ struct Lowering<'a> {
     /// communication.
     communications: HashSet<SegmentId>,
     current: Option<SegmentId>,
+    stream_allgather: StreamAllgather,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
 pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
+    lower_with(sf, StreamAllgather::default())
+}
+
+/// [`lower`] with the given lowering of DID → Stream copies.
+pub fn lower_with(
+    sf: &SegmentedFusion,
+    stream_allgather: StreamAllgather,
+) -> Result<HostProgram, Diagnostic> {
     let f = sf.fusion();
     let mut l = Lowering {
         f,
@@ -138,6 +175,7 @@ pub fn lower(sf: &SegmentedFusion) -> Result<HostProgram, Diagnostic> {
         consumers: HashMap::new(),
         communications: HashSet::new(),
         current: None,
+        stream_allgather,
     };
     for (id, s) in sf.segments() {
         for t in s.produced(f) {
@@ -755,7 +793,8 @@ impl Lowering<'_> {
                     .iter()
                     .enumerate()
                     .all(|(k, dev)| *dev == k as i64);
-                if first_in_loop
+                if self.stream_allgather == StreamAllgather::P2pRing
+                    && first_in_loop
                     && arange
                     && open.extent == d
                     && !self.other_communication_in_loop()

@@ -36,7 +36,12 @@ const STANDARD_PASSES: &[PassFactory] = &[
     || Box::new(crate::reorder_sharded_axis::ReorderShardedAxis),
     || Box::new(crate::finalize_multidevice_domains::FinalizeMultideviceDomains),
     || Box::new(crate::segment::Segment),
-    || Box::new(crate::lower_to_host::LowerToHost),
+    || Box::new(crate::lower_to_host::LowerToHost::default()),
+    || {
+        Box::new(crate::lower_to_host::LowerToHost::new(
+            crate::lower_to_host::StreamAllgather::Broadcast,
+        ))
+    },
     || Box::new(crate::assign_streams::AssignStreams::default()),
     || {
         Box::new(crate::assign_streams::AssignStreams::new(
