@@ -900,6 +900,7 @@ impl Lowering<'_> {
             axis,
             chunks,
             index: k,
+            holds: None,
             output: view,
         });
         view
