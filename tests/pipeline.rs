@@ -400,8 +400,7 @@ fn stream_input_that_cannot_be_sliced_is_refused() {
 fn two_sharding_changes_in_one_expr_are_refused() {
     let src = "fusion f(d = 2) {\n  mesh m = devices(d, d)\n  tensor a: f32[4, 4] on m\n  b = set(a)\n  output b\n  schedule a { outer_split(0, d) -> DIDx; outer_split(2, d) -> DIDy }\n  schedule b { mesh = m; outer_split(1, d) -> DIDx; outer_split(0, d) -> DIDy }\n}\n";
     let e = streamweave::load("two.weave", src, &[])
-        .err()
-        .expect("refused at load")
+        .expect_err("refused at load")
         .to_string();
     assert!(e.contains("expected at most one sharding change"), "{e}");
     assert!(e.contains("`b = set(a)`"), "{e}");

@@ -79,8 +79,7 @@ fn assert_matches_reference(source: &str, overrides: &[(&str, i64)], ranks: usiz
 fn load_error(source: &str, overrides: &[(&str, i64)]) -> String {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     streamweave::load("test.weave", source, &ov)
-        .err()
-        .expect("refused at load")
+        .expect_err("refused at load")
         .to_string()
 }
 
@@ -260,8 +259,7 @@ fn sum_over_a_device_split_inside_an_outer_split_is_rfactored() {
 fn stream_split_inside_a_device_split_is_refused_at_load() {
     let source = std::fs::read_to_string(fixture("invalid/stream_inside_did")).unwrap();
     let err = streamweave::load("stream_inside_did.weave", &source, &[])
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert_eq!(
         err,
