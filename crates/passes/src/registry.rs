@@ -226,7 +226,7 @@ mod tests {
         let default: Vec<&str> = DEFAULT_PIPELINE.split(',').collect();
         let all = registry.names();
         // Variants that replace a default pass when named in a pipeline.
-        let alternatives = ["assign-streams-separate-sync"];
+        let alternatives = ["lower-to-host-broadcast", "assign-streams-separate-sync"];
         let registered: Vec<&str> = all
             .iter()
             .copied()
