@@ -340,3 +340,32 @@ fn broadcast_lowering_of_a_did_to_stream_allgather() {
         }
     }
 }
+
+/// The same DID → Stream mismatch through an op other than `set` (decompose-reshardings
+/// would insert the copy): refused at load, at the op.
+#[test]
+fn implicit_did_to_stream_with_unrelated_factors_is_refused_at_load() {
+    let source = "fusion imp(t = 12, h = 4, d = 2, s = 3) {
+  mesh m = devices(d)
+  tensor x: f32[t, h] on m
+  out = neg(x)
+  output out
+  schedule x { outer_split(0, d) -> DIDx }
+  schedule out { mesh = m; outer_split(0, s) -> Stream }
+}
+";
+    assert_eq!(
+        load_error(source, &[]),
+        "error: `out = neg(x)` reads `x` split across devices (DIDx) on the axis that `out` is \
+         stream-split on: copying it into the stream chunks needs the stream split of `out` to \
+         match the DIDx split of `x`, or both to be outer splits of the axis by factors that \
+         divide it and one of which divides the other
+ --> test.weave:4:9
+  |
+4 |   out = neg(x)
+  |         ^"
+    );
+    for (d, s) in [(2, 4), (2, 2), (2, 1), (4, 2), (3, 6)] {
+        assert_matches_reference(source, &[("d", d), ("s", s)], d as usize);
+    }
+}

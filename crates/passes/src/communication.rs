@@ -407,7 +407,7 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
 /// factors `d` and `s` that divide its extent, and one of `d`, `s` divides the other: then
 /// stream chunk `i` lies within the shard of device `i / (s / d)` (s ≥ d) or is the shards of
 /// devices `i * (d / s) + j` (d > s), which lowering broadcasts piece by piece.
-fn nests_evenly(
+pub(crate) fn nests_evenly(
     f: &Fusion,
     (pl, pd): (IterDomainId, IterDomainId),
     (cs, sd): (IterDomainId, IterDomainId),
