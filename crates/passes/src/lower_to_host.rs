@@ -824,8 +824,8 @@ impl Lowering<'_> {
             };
             for k in 0..pieces {
                 let k = self.constant(k);
-                let input = self.piece(input, pa, pieces, k);
-                let output = self.piece(output, ca, pieces, k);
+                let input = self.piece(input, pa, pieces, k)?;
+                let output = self.piece(output, ca, pieces, k)?;
                 self.post(&info, consumer, input, output, None)?;
             }
             return Ok(());
@@ -871,7 +871,7 @@ impl Lowering<'_> {
             let k = self.constant(s / d);
             let root = self.scalar(HostScalar::Binary(ScalarOp::Div, i, k));
             let j = self.scalar(HostScalar::Binary(ScalarOp::Mod, i, k));
-            let input = self.piece(input, pa, s / d, j);
+            let input = self.piece(input, pa, s / d, j)?;
             return self.post(info, consumer, input, output, Some(root));
         }
         let k = self.constant(d / s);
@@ -879,18 +879,28 @@ impl Lowering<'_> {
         for j in 0..d / s {
             let jj = self.constant(j);
             let root = self.scalar(HostScalar::Binary(ScalarOp::Add, first, jj));
-            let out = self.piece(output, ca, d / s, jj);
+            let out = self.piece(output, ca, d / s, jj)?;
             self.post(info, consumer, input, out, Some(root))?;
         }
         Ok(())
     }
 
     /// A view of piece `k` of `pieces` equal pieces of `h` along `axis`.
-    fn piece(&mut self, h: HostTensorId, axis: usize, pieces: i64, k: ScalarId) -> HostTensorId {
+    fn piece(
+        &mut self,
+        h: HostTensorId,
+        axis: usize,
+        pieces: i64,
+        k: ScalarId,
+    ) -> Result<HostTensorId, Diagnostic> {
         let mut tensor = self.p.tensors[h].clone();
-        let size = match &self.p.scalars[tensor.sizes[axis]] {
-            HostScalar::Value(v) => v.clone(),
-            _ => unreachable!("tensor sizes are loop-invariant values"),
+        let size = match tensor.sizes.get(axis).map(|s| &self.p.scalars[*s]) {
+            Some(HostScalar::Value(v)) => v.clone(),
+            _ => {
+                return Err(Diagnostic::new(format!(
+                    "internal: a view of axis {axis} cut into {pieces} pieces has no loop-invariant size"
+                )))
+            }
         };
         tensor.sizes[axis] = self.scalar(HostScalar::Value(size.ceil_div(Scalar::c(pieces))));
         let view = self.p.tensors.insert(tensor);
@@ -903,7 +913,7 @@ impl Lowering<'_> {
             holds: None,
             output: view,
         });
-        view
+        Ok(view)
     }
 
     /// How many pieces a communication must be posted in: the product of the outer extents
