@@ -305,7 +305,12 @@ fn sum_over_a_stream_split_axis_is_refused_at_load() {
 fn broadcast_lowering_of_a_did_to_stream_allgather() {
     let pipeline =
         streamweave::passes::DEFAULT_PIPELINE.replace("lower-to-host", "lower-to-host-broadcast");
-    for name in ["allgather_p2p", "ag_matmul_p2p", "column_parallel_linear"] {
+    for name in [
+        "allgather_p2p",
+        "ag_matmul_p2p",
+        "column_parallel_linear",
+        "column_parallel_linear_permute",
+    ] {
         let source = std::fs::read_to_string(fixture(name)).unwrap();
         for d in 1..=4i64 {
             let mut ov = vec![("d".to_string(), d)];
