@@ -346,12 +346,6 @@ impl Pointwise {
             PwStream::None => None,
             PwStream::Output(j) | PwStream::Input(j) => Some(j),
         };
-        if p.row_vec && stream_axis.is_some() && stream_axis == p.in_did && !known_bugs() {
-            // known_bug_loop_local_intermediate_read_across_a_non_stream_segment again: the
-            // other inputs' copy into the first input's nested [s, d] layout is a stream loop,
-            // and broadcasting the vector is a segment after it.
-            p.row_vec = false;
-        }
         if let (Some(k), Some(k2)) = (p.in_did, out_axis) {
             if k != k2 && !known_bugs() {
                 // known_bug_all_to_all_of_a_long_axis: an AllToAll is only right when axis 0
@@ -375,12 +369,8 @@ impl Pointwise {
             return p;
         }
         // Otherwise: an output on `root` cannot be stream-split on the inputs' DID axis
-        // (decompose-reshardings refuses a DID → Stream set across meshes, clearly). And
-        // known_bug_loop_local_intermediate_read_across_a_non_stream_segment: with stream
-        // factors that do not nest with d, copying the other inputs into the first one's
-        // [s, d, ..] layout gathers them whole, a segment that cuts the stream loop in two.
-        let nest = p.s % p.d == 0 || p.d % p.s == 0;
-        if matches!(p.effective_out_did(), OutDid::Root) || (!nest && !known_bugs()) {
+        // (decompose-reshardings refuses a DID → Stream set across meshes, clearly).
+        if matches!(p.effective_out_did(), OutDid::Root) {
             let other = 1 - j;
             p.stream = match p.stream {
                 PwStream::Output(_) => PwStream::Output(other),
