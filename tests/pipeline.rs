@@ -54,11 +54,11 @@ fn count(p: &HostProgram, kind: &str) -> usize {
     p.stmts.values().filter(|s| s.kind_name() == kind).count()
 }
 
-fn communications(p: &HostProgram) -> Vec<(CommunicationType, Vec<i64>)> {
+fn communications(p: &HostProgram) -> Vec<(CommunicationType, Vec<Vec<i64>>)> {
     let mut v = Vec::new();
     for w in p.walk() {
         if let Stmt::Communication(c) = &p.stmts[w.stmt] {
-            v.push((c.kind, c.team.clone()));
+            v.push((c.kind, c.teams.clone()));
         }
     }
     v
@@ -185,7 +185,7 @@ fn row_parallel_linear_has_one_stream_loop() {
     assert!(wanted.iter().all(|w| it.any(|k| k == w)), "{body:?}");
     assert_eq!(
         communications(&p),
-        vec![(CommunicationType::Allreduce, vec![0, 1])]
+        vec![(CommunicationType::Allreduce, vec![vec![0, 1]])]
     );
     let t = top(&p);
     assert_eq!(
@@ -422,7 +422,7 @@ fn column_parallel_benchmark_patterns_pipeline_per_chunk() {
     assert!(gather < linear, "{body:?}");
     assert_eq!(
         communications(&p),
-        vec![(CommunicationType::Allgather, vec![0, 1])]
+        vec![(CommunicationType::Allgather, vec![vec![0, 1]])]
     );
     let text = host_ir::print(&p);
     assert!(

@@ -211,7 +211,8 @@ fn check_signature(
     }
     for w in program.walk() {
         if let Some(Stmt::Communication(c)) = program.stmts.get(w.stmt) {
-            if let Some(&bad) = c.team.iter().find(|&&d| d < 0 || d as usize >= world) {
+            let devices = c.teams.iter().flatten();
+            if let Some(&bad) = devices.clone().find(|&&d| d < 0 || d as usize >= world) {
                 return Err(ExecError::Input(format!(
                     "`{}` needs device {bad} but only {world} rank(s) run the program",
                     names.stmt(program, w.stmt)
@@ -669,6 +670,10 @@ where
             }
             Stmt::Communication(c) => {
                 let c = c.clone();
+                // A rank in none of the teams takes no part (its `Wait` is a no-op).
+                let Some(team) = c.team_of(self.comm.rank() as i64).map(<[i64]>::to_vec) else {
+                    return Ok(());
+                };
                 let input = self.buffer(c.input, &label)?;
                 let output = self.buffer(c.output, &label)?;
                 let root = match c.root {
@@ -676,11 +681,11 @@ where
                         let v = self.eval(r)?;
                         usize::try_from(v)
                             .ok()
-                            .filter(|&v| v < c.team.len())
+                            .filter(|&v| v < team.len())
                             .ok_or_else(|| {
                                 ExecError::Program(format!(
                                     "`{label}`: root {v} is not an index into a team of {}",
-                                    c.team.len()
+                                    team.len()
                                 ))
                             })?
                     }
@@ -734,9 +739,8 @@ where
                         output: o,
                     },
                     CommunicationType::CollectivePermute => {
-                        let n = c.team.len();
-                        let me = c
-                            .team
+                        let n = team.len();
+                        let me = team
                             .iter()
                             .position(|&d| d == self.comm.rank() as i64)
                             .unwrap_or(0);
@@ -748,7 +752,7 @@ where
                         }
                     }
                 };
-                let team: Vec<usize> = c.team.iter().map(|&d| d.max(0) as usize).collect();
+                let team: Vec<usize> = team.iter().map(|&d| d.max(0) as usize).collect();
                 let stream = self.backend.stream(self.current)?;
                 let collective = Collective {
                     label: label.clone(),
@@ -804,6 +808,11 @@ where
                 self.post_p2p(id, label, ops)?;
             }
             Stmt::Wait { comm } => {
+                if let Some(Stmt::Communication(c)) = self.program.stmts.get(*comm) {
+                    if c.team_of(self.comm.rank() as i64).is_none() {
+                        return Ok(());
+                    }
+                }
                 let posted = self.posted.get(comm).ok_or_else(|| {
                     ExecError::Program(format!(
                         "`{label}` waits for a communication that was not posted"
@@ -859,16 +868,18 @@ where
     }
 }
 
-/// The teams of the program's collectives, in program order, each once: what a communicator
-/// that builds one sub-communicator per team must prepare, identically on every rank, before
-/// the program runs.
+/// The teams of the program's collectives, each once (every team of a communication, also
+/// those a given rank is not in): what a communicator that builds one sub-communicator per
+/// team must prepare, identically on every rank, before the program runs.
 pub fn program_teams(program: &HostProgram) -> Vec<Vec<usize>> {
     let mut teams: Vec<Vec<usize>> = Vec::new();
     for stmt in program.stmts.values() {
         if let Stmt::Communication(c) = stmt {
-            let team: Vec<usize> = c.team.iter().map(|&d| d.max(0) as usize).collect();
-            if !teams.contains(&team) {
-                teams.push(team);
+            for team in &c.teams {
+                let team: Vec<usize> = team.iter().map(|&d| d.max(0) as usize).collect();
+                if !teams.contains(&team) {
+                    teams.push(team);
+                }
             }
         }
     }

@@ -15,7 +15,7 @@ pub(crate) enum Tok {
     Ident(String),
     /// `[0-9]+`, kept as text so that the parser reports an out-of-range value where it is.
     Int(String),
-    /// One of `( ) [ ] { } , : = + - * / %` or `->`.
+    /// One of `( ) [ ] { } , : = + - * / % |` or `->`.
     Punct(&'static str),
     /// The end of the line (a `//` comment runs to it).
     Eol,
@@ -56,7 +56,7 @@ pub(crate) fn clip(s: &str) -> String {
 }
 
 const PUNCT: &[&str] = &[
-    "(", ")", "[", "]", "{", "}", ",", ":", "=", "+", "*", "/", "%",
+    "(", ")", "[", "]", "{", "}", ",", ":", "=", "+", "*", "/", "%", "|",
 ];
 
 /// Tokens of one line (`text` without its newline), numbered `line`. The result always

@@ -631,9 +631,18 @@ impl Parser<'_> {
         self.expect_punct(",", "after the communication type")?;
         self.expect_key("team", "after the communication type")?;
         self.expect_punct("(", "to open the team")?;
-        let mut team = Vec::new();
+        // `(0 1)`, or disjoint teams separated by `|`: `(0 1 | 2 3)`.
+        let mut teams = vec![Vec::new()];
         while !self.at_punct(")") {
-            team.push(self.signed("a device id or `)` in the team")?);
+            if self.at_punct("|") {
+                self.bump();
+                teams.push(Vec::new());
+                continue;
+            }
+            let device = self.signed("a device id, `|` or `)` in the team")?;
+            if let Some(team) = teams.last_mut() {
+                team.push(device);
+            }
         }
         self.bump();
         self.expect_punct(",", "after the team")?;
@@ -683,7 +692,7 @@ impl Parser<'_> {
             scope,
             Stmt::Communication(Communication {
                 kind,
-                team,
+                teams,
                 root,
                 red_op,
                 input,

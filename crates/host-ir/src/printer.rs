@@ -297,10 +297,17 @@ impl Names {
                 format!("{o} = linear({})", args.join(", "))
             }
             Stmt::Communication(c) => {
-                let team: Vec<String> = c.team.iter().map(i64::to_string).collect();
+                let teams: Vec<String> = c
+                    .teams
+                    .iter()
+                    .map(|t| {
+                        let devices: Vec<String> = t.iter().map(i64::to_string).collect();
+                        devices.join(" ")
+                    })
+                    .collect();
                 let mut fields = vec![
                     format!("type={}", c.kind.name()),
-                    format!("team=({})", team.join(" ")),
+                    format!("team=({})", teams.join(" | ")),
                 ];
                 if let Some(r) = c.root {
                     fields.push(format!("root={}", self.scalar(p, r)));

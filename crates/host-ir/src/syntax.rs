@@ -171,14 +171,22 @@ impl CommunicationType {
 }
 
 /// A collective communication among a team of devices.
+///
+/// The team a rank posts on may depend on the rank: a collective over one axis of a 2-D mesh
+/// runs within each slice of the mesh along that axis, so the node holds every slice
+/// (`teams`, pairwise disjoint) and each rank posts on the one that contains it. A rank in no
+/// team takes no part: it posts nothing, and its `Wait` for the communication is a no-op.
+/// Every rank still sees every team, which is what lets a communicator split one
+/// sub-communicator per team up front, identically on every rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Communication {
     /// What the collective does.
     pub kind: CommunicationType,
-    /// The member devices, by absolute device id, in team order.
-    pub team: Vec<i64>,
-    /// The root, as an index into `team` (not a device id); may depend on a loop index.
-    /// Present exactly when [`CommunicationType::has_root`].
+    /// The teams, pairwise disjoint, each listing its member devices by absolute device id
+    /// in team order; most communications have one.
+    pub teams: Vec<Vec<i64>>,
+    /// The root, as an index into the rank's team (not a device id), the same index in every
+    /// team; may depend on a loop index. Present exactly when [`CommunicationType::has_root`].
     pub root: Option<ScalarId>,
     /// The reduction. Present exactly when [`CommunicationType::is_reduction`].
     pub red_op: Option<ReduceOp>,
@@ -186,6 +194,16 @@ pub struct Communication {
     pub input: HostTensorId,
     /// The buffer received into.
     pub output: HostTensorId,
+}
+
+impl Communication {
+    /// The team `device` posts on: the one that contains it, if any.
+    pub fn team_of(&self, device: i64) -> Option<&[i64]> {
+        self.teams
+            .iter()
+            .find(|t| t.contains(&device))
+            .map(Vec::as_slice)
+    }
 }
 
 /// The chunk `chunk` of `chunks` chunks of an axis of `extent` elements, cut like

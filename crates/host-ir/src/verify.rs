@@ -9,7 +9,8 @@
 //!   fusion parallelizes no axis (a kernel computes whole buffers; nvFuser likewise refuses
 //!   a stream-parallel output of a `PostOnStream`); a
 //!   collective has a root exactly when its type has one and a reduction exactly when it
-//!   reduces; a `ShardByStream` cuts an axis the tensor has.
+//!   reduces, and at least one team, no device appearing twice among its teams; a
+//!   `ShardByStream` cuts an axis the tensor has.
 //! * **Scalars.** A loop index is used only inside the `FOR` that binds it (in loop bounds,
 //!   chunk indices, roots, peers, stream indices and the sizes of what is allocated), and
 //!   each loop index is bound by one `FOR`. Other named symbols (`rank`, `numberOfStreams`,
@@ -450,6 +451,19 @@ impl Verifier<'_> {
                         ));
                     }
                     _ => {}
+                }
+                if c.teams.is_empty() {
+                    return Err(self.fail(s, "has no team"));
+                }
+                let mut seen = Vec::new();
+                for d in c.teams.iter().flatten() {
+                    if seen.contains(d) {
+                        return Err(self.fail(
+                            s,
+                            format!("lists device {d} twice in its teams (teams are disjoint)"),
+                        ));
+                    }
+                    seen.push(*d);
                 }
                 self.access(s, state, stmt)?;
                 self.post(s, vec![(c.input, c.input == c.output), (c.output, true)]);
@@ -892,7 +906,7 @@ mod tests {
         let t = p.add_input(DType::F32, vec![Scalar::c(4)], MemoryType::Global);
         let c = p.stmts.insert(Stmt::Communication(Communication {
             kind: CommunicationType::Allgather,
-            team: vec![0, 1],
+            teams: vec![vec![0, 1]],
             root: None,
             red_op: None,
             input: t,

@@ -188,7 +188,7 @@ fn build_row_parallel() -> HostProgram {
         wait,
         Stmt::Communication(Communication {
             kind: CommunicationType::Allreduce,
-            team: vec![0, 1],
+            teams: vec![vec![0, 1]],
             root: None,
             red_op: Some(ReduceOp::Sum),
             input: t4,
@@ -351,7 +351,9 @@ fn random_program(ops: &[(u8, u8, u8, u8)]) -> HostProgram {
                 let kind = CommunicationType::ALL[a as usize % CommunicationType::ALL.len()];
                 Stmt::Communication(Communication {
                     kind,
-                    team: (0..b % 4).map(|d| i64::from(d) - 1).collect(),
+                    teams: (0..1 + i64::from(c % 2))
+                        .map(|k| (0..b % 4).map(|d| i64::from(d) - 1 + 10 * k).collect())
+                        .collect(),
                     root: (c % 2 == 0).then(|| pick(&scalars, c)),
                     red_op: (c % 3 == 0).then_some(ReduceOp::Max),
                     input: tensor(a),

@@ -361,6 +361,29 @@ fn collectives_have_roots_and_reductions_as_their_type_says() {
     );
 }
 
+#[test]
+fn teams_are_disjoint() {
+    let comm = |team: &str| {
+        program(&format!(
+            "  Communication 1 (type=Allreduce, team={team}, input=T0, output=T2, red_op=sum, \
+             backend=NCCL)\n  Wait(Communication 1)\n"
+        ))
+    };
+    assert_eq!(
+        violation(&comm("(0 1 | 1 2)")),
+        "statement `Communication 1 (type=Allreduce, team=(0 1 | 1 2), input=T0, output=T2, \
+         red_op=sum, backend=NCCL)`: lists device 1 twice in its teams (teams are disjoint)"
+    );
+    assert_eq!(
+        violation(&comm("(0 0)")),
+        "statement `Communication 1 (type=Allreduce, team=(0 0), input=T0, output=T2, \
+         red_op=sum, backend=NCCL)`: lists device 0 twice in its teams (teams are disjoint)"
+    );
+    let fine = comm("(0 1 | 2 3)");
+    valid(&fine);
+    assert_eq!(print(&parse(&fine).unwrap()), fine);
+}
+
 // ----- coalescing groups -----------------------------------------------------------------------
 
 /// A send/recv pair in a group, with `between` after the group's P2Ps and `after` after its end.

@@ -786,7 +786,9 @@ impl Lowering<'_> {
         if let Some(open) = &self.open {
             if info.kind == CommunicationType::Broadcast && info.root == Some(RootKind::StreamIndex)
             {
-                let first_in_loop = open.bound.is_empty();
+                // The ring's peers are computed from the rank, so it needs one team that is
+                // the whole world in rank order.
+                let first_in_loop = open.bound.is_empty() && info.instances.len() == 1;
                 let d = info.team.len() as i64;
                 let arange = info
                     .team
@@ -986,9 +988,11 @@ impl Lowering<'_> {
         Ok(pieces)
     }
 
-    /// Posts one communication node per team instance of `info` (several for Gather/Reduce
-    /// with several receivers, SendRecv pairs, and slices of a multi-dimensional mesh); a
-    /// rank skips the ones whose team it is not in. Each is waited for before the next is
+    /// Posts the team instances of `info` as few nodes as possible: consecutive instances
+    /// with the same root and disjoint teams (the slices of a multi-dimensional mesh, disjoint
+    /// SendRecv pairs) share one node, where each rank posts on the team that contains it;
+    /// overlapping ones (Gather/Reduce with several receivers) get one node each, and a rank
+    /// skips the nodes whose teams it is not in. Each node is waited for before the next is
     /// posted: they share buffers. `stream_root` is the root of a DID → Stream broadcast.
     fn post(
         &mut self,
@@ -999,8 +1003,19 @@ impl Lowering<'_> {
         stream_root: Option<ScalarId>,
     ) -> Result<(), Diagnostic> {
         let f = self.f;
+        let mut groups: Vec<(Option<RootKind>, Vec<Vec<i64>>)> = Vec::new();
         for inst in &info.instances {
-            let root = match inst.root {
+            let joins = groups.last().is_some_and(|(root, teams)| {
+                same_root_index(*root, inst.root)
+                    && teams.iter().flatten().all(|d| !inst.team.contains(d))
+            });
+            match groups.last_mut() {
+                Some((_, teams)) if joins => teams.push(inst.team.clone()),
+                _ => groups.push((inst.root, vec![inst.team.clone()])),
+            }
+        }
+        for (inst_root, teams) in groups {
+            let root = match inst_root {
                 Some(RootKind::StreamIndex) if stream_root.is_some() => stream_root,
                 None => None,
                 Some(RootKind::Member { index, .. }) => Some(self.constant(index as i64)),
@@ -1017,7 +1032,7 @@ impl Lowering<'_> {
             };
             let comm = self.emit(Stmt::Communication(Communication {
                 kind: info.kind,
-                team: inst.team.clone(),
+                teams,
                 root,
                 red_op: info.red_op,
                 input,
@@ -1084,6 +1099,16 @@ impl Lowering<'_> {
         let end = self.emit(Stmt::EndCoalescing);
         self.emit(Stmt::Wait { comm: end });
         Ok(())
+    }
+}
+
+/// Whether two instances' roots are the same index into their teams (the devices may differ).
+fn same_root_index(a: Option<RootKind>, b: Option<RootKind>) -> bool {
+    match (a, b) {
+        (Some(RootKind::Member { index: x, .. }), Some(RootKind::Member { index: y, .. })) => {
+            x == y
+        }
+        _ => a == b,
     }
 }
 

@@ -97,7 +97,7 @@ mod build {
         pub fn allreduce(&mut self, input: HostTensorId, output: HostTensorId) -> StmtId {
             self.stmt(Stmt::Communication(Communication {
                 kind: CommunicationType::Allreduce,
-                team: vec![0, 1],
+                teams: vec![vec![0, 1]],
                 root: None,
                 red_op: Some(ReduceOp::Sum),
                 input,
