@@ -23,9 +23,10 @@
 //! sharded, different mesh; one per receiver), ReduceScatter (consumer sharded on another
 //! axis; same mesh required).
 //!
-//! Teams: Allgather, Allreduce, ReduceScatter and the stream Broadcast run within each 1-D
-//! slice of the mesh along the changing type (one [`TeamInstance`] per slice; each device
-//! takes the one it belongs to). Gather and Reduce post one communication per receiver, whose
+//! Teams: Allgather, Allreduce, ReduceScatter, AllToAll and the stream Broadcast run within
+//! each 1-D slice of the mesh along the changing type (one [`TeamInstance`] per slice; each
+//! device takes the one it belongs to; lowering puts them in one host `Communication` whose
+//! teams are the slices). Gather and Reduce post one communication per receiver, whose
 //! team is the sender mesh plus the receiver. A cross-mesh Broadcast's team is the receiver
 //! mesh plus the root. Scatter's team is the receiver mesh, its root the first sender that is
 //! also a receiver. Roots are indices into the team.
@@ -379,20 +380,12 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
                 ))
             } else {
                 need_same_mesh("AllToAll")?;
-                if pm.shape().len() != 1 {
-                    return Err(Diagnostic::new(format!(
-                        "AllToAll needs a 1-D mesh in {desc}, got {pm}"
-                    )));
-                }
                 Ok(info(
                     CommunicationType::AllToAll,
                     Some(pt),
                     Some(pl),
                     Some(cr),
-                    vec![TeamInstance {
-                        team: pm.devices().to_vec(),
-                        root: None,
-                    }],
+                    slices(&pm, pt, None),
                 ))
             }
         }

@@ -163,7 +163,7 @@ fn mark_device_reduced_axes(f: &mut Fusion, e: ExprId) -> IrResult<()> {
                 continue;
             };
             if already
-                || !same_size
+                || f.mesh_of(out).is_none()
                 || f.id(cr).iter_type != IterType::Reduction
                 || f.id(cr).parallel != ParallelType::Serial
             {
@@ -172,7 +172,16 @@ fn mark_device_reduced_axes(f: &mut Fusion, e: ExprId) -> IrResult<()> {
             if let Some(factor) = factor {
                 schedule::split(f, out, DomainKind::Loop, pos, factor, SplitKind::Outer)?;
             }
-            schedule::parallelize(f, out, pos, pt)?;
+            if same_size {
+                schedule::parallelize(f, out, pos, pt)?;
+            } else {
+                // The output lives on another mesh (a Reduce to a root mesh): the mark only
+                // tells step 2 which axis the operand's devices split. Step 2 rfactors it or
+                // takes the mark back, so the output never keeps a device axis its mesh
+                // does not have.
+                let o = f.tensor(out).loop_domain[pos];
+                f.id_mut(o).parallel = pt;
+            }
         }
     }
     Ok(())
@@ -344,9 +353,36 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     }
     let kind = f.expr(e).kind.clone();
     let must = matches!(kind, ExprKind::Matmul | ExprKind::Linear);
+    // A marked axis whose device count the output's mesh does not have (step 1's cross-mesh
+    // mark): the partial then lives on the mesh of the operand that is split that way, and
+    // the output reduces the partial's device axis as a plain axis (a Reduce to its mesh).
+    let off_mesh = |f: &Fusion, d: &DeviceReduction| {
+        f.mesh_of(out).and_then(|m| m.size_of(d.parallel)) != Some(d.factor as usize)
+    };
     if devs.is_empty() || !(local_work || must) {
+        for d in &devs {
+            if off_mesh(f, d) {
+                f.id_mut(d.loop_id).parallel = ParallelType::Serial;
+            }
+        }
         return Ok(());
     }
+    let partial_mesh = match devs.iter().find(|d| off_mesh(f, d)) {
+        None => out_tv.mesh,
+        Some(d) => {
+            let sender = f.expr(e).inputs.iter().copied().find(|x| {
+                f.mesh_of(*x).and_then(|m| m.size_of(d.parallel)) == Some(d.factor as usize)
+            });
+            match sender {
+                Some(x) => f.tensor(x).mesh.or(out_tv.mesh),
+                None => return Err(Diagnostic::new(format!(
+                    "cannot rfactor {desc}: no operand lives on a mesh with {} devices along {}",
+                    d.factor, d.parallel
+                ))),
+            }
+        }
+    };
+    let off: Vec<bool> = devs.iter().map(|d| off_mesh(f, d)).collect();
     if matches!(kind, ExprKind::Linear) && f.expr(e).inputs.len() == 3 {
         // Step 1b takes the bias out first: each device's partial product would add it, and
         // the reduction over devices would then add it once per device.
@@ -414,7 +450,7 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         tv.root = Some(root);
         tv.logical = logical.clone();
         tv.loop_domain = logical;
-        tv.mesh = out_tv.mesh;
+        tv.mesh = partial_mesh;
         tv.span = out_tv.span;
     }
     for &(pt, o) in &device_axes {
@@ -445,11 +481,16 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     let mut new_logical = Vec::new();
     let mut replaced: Vec<(IterDomainId, IterDomainId)> = Vec::new();
     for (j, &l) in out_tv.logical.iter().enumerate() {
-        if let Some(d) = devs.iter().find(|d| d.logical_pos == j) {
+        if let Some(k) = devs.iter().position(|d| d.logical_pos == j) {
+            let d = &devs[k];
             let r = f.new_id(IterDomain {
                 extent: Scalar::c(d.factor),
                 iter_type: IterType::Reduction,
-                parallel: d.parallel,
+                parallel: if off[k] {
+                    ParallelType::Serial
+                } else {
+                    d.parallel
+                },
                 rfactor: false,
                 swizzle: None,
                 definition: None,

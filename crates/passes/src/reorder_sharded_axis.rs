@@ -30,7 +30,10 @@
 //! are left as they are.
 
 use weave_host_ir::CommunicationType;
-use weave_ir::{Diagnostic, ExprId, ExprKind, Fusion, IrResult, IterDomainId, IterType, TensorId};
+use weave_ir::{
+    Diagnostic, ExprId, ExprKind, Fusion, IrResult, IterDomainId, IterType, ParallelType, Scalar,
+    TensorId,
+};
 use weave_transform::IdGraph;
 
 use crate::communication::derive_communication;
@@ -64,6 +67,10 @@ pub fn reorder_sharded_axis(f: &mut Fusion) -> IrResult<()> {
             continue;
         }
         let info = derive_communication(f, e)?;
+        if info.kind == CommunicationType::AllToAll {
+            rewrite_all_to_all_if_needed(f, e, &info).map_err(|d| d.or_at(f.expr(e).span))?;
+            continue;
+        }
         if !matches!(
             info.kind,
             CommunicationType::Allgather
@@ -86,6 +93,138 @@ pub fn reorder_sharded_axis(f: &mut Fusion) -> IrResult<()> {
         rewrite(f, e, k).map_err(|d| d.or_at(f.expr(e).span))?;
     }
     Ok(())
+}
+
+/// An AllToAll `y = set(x)` from `x` split on axis `A` to `y` split on axis `B` moves, from
+/// member `i` to member `j`, the block of `x`'s rows `A_i` and columns `B_j`. The collective
+/// sends flat piece `j` of the input to member `j` and stores what member `i` sent as flat
+/// piece `i` of the output, so it is right as it stands only when `B` is the outermost
+/// non-unit axis of `x` in memory and `A` that of `y` (e.g. `A` has exactly one element per
+/// device). Otherwise it becomes
+///
+/// ```text
+/// x_reordered   = reshape(x, [.., d, B/d, ..])             // B cut into one block per member
+///                                                            // (left out when B == d)
+/// x_reordered_1 = permute(x_reordered, [d, A, others..])   // local pack: piece j is block j
+/// y_reordered   = set(x_reordered_1)                         // the AllToAll, d axis on devices
+/// y_reordered_1 = permute(y_reordered, inverse)            // back to x_reordered's order
+/// y_reordered_2 = reshape(y_reordered_1, y's shape)         // d and B/d merged into B
+/// y             = set(y_reordered_2)                         // local: y keeps its id
+/// ```
+///
+/// where every piece is `[A/d, B/d, others..]` on both sides, with `A` whole and outermost in
+/// the output.
+fn rewrite_all_to_all_if_needed(
+    f: &mut Fusion,
+    e: ExprId,
+    info: &crate::communication::CommunicationInfo,
+) -> IrResult<()> {
+    let (Some(pa), Some(ca), Some(pt)) = (info.producer_axis, info.consumer_axis, info.parallel)
+    else {
+        return Ok(());
+    };
+    let (Some(a), Some(b)) = (pa.axis, ca.axis) else {
+        return Ok(());
+    };
+    let (x, y) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
+    let (xv, yv) = (f.visible_axes(x), f.visible_axes(y));
+    if a == b || a >= xv.len() || b >= xv.len() || xv.len() != yv.len() {
+        return Ok(());
+    }
+    if outermost_in_memory(f, x, xv[b]) && outermost_in_memory(f, y, yv[a]) {
+        return Ok(());
+    }
+    let desc = crate::communication::expr_desc(f, e);
+    let Some(d) = f.mesh_of(x).and_then(|m| m.size_of(pt)) else {
+        return Err(Diagnostic::new(format!(
+            "AllToAll in {desc}: the mesh of `{}` has no {pt} axis",
+            f.tensor(x).name
+        )));
+    };
+    let d = d as i64;
+    let shape: Vec<Scalar> = xv.iter().map(|i| f.id(*i).extent.clone()).collect();
+    let eb = f.eval(&shape[b]);
+    if eb.is_none_or(|v| v % d != 0) {
+        return Err(Diagnostic::new(format!(
+            "AllToAll in {desc}: axis {b} of `{}` ({}) must be a multiple of the {d} devices along {pt}",
+            f.tensor(y).name,
+            shape[b]
+        )));
+    }
+    // When `B` has exactly one element per member it is cut already: no reshape.
+    let cut = eb != Some(d);
+    let (b2, a2) = match (cut, a > b) {
+        (true, true) => (b, a + 1),
+        _ => (b, a),
+    };
+    let rank = if cut { xv.len() + 1 } else { xv.len() };
+    let mut perm = vec![b2, a2];
+    perm.extend((0..rank).filter(|j| *j != b2 && *j != a2));
+    let inverse: Vec<usize> = (0..perm.len())
+        .map(|j| perm.iter().position(|q| *q == j).expect("a permutation"))
+        .collect();
+
+    let span = f.expr(e).span;
+    let add = |f: &mut Fusion, base: TensorId, kind: ExprKind, input: TensorId| {
+        let name = f.fresh_name(&format!("{}_reordered", f.tensor(base).name));
+        let t = f.add_op(&name, kind, &[input])?;
+        let def = f.tensor(t).definition.expect("just defined");
+        f.move_expr_before(def, e);
+        f.expr_mut(def).span = span;
+        f.tensor_mut(t).mesh = f.tensor(base).mesh;
+        f.tensor_mut(t).span = f.tensor(base).span;
+        Ok::<TensorId, Diagnostic>(t)
+    };
+    let x2 = if cut {
+        let mut split_shape = shape.clone();
+        split_shape.splice(b..=b, [Scalar::c(d), shape[b].clone().div(Scalar::c(d))]);
+        Some(add(f, x, ExprKind::Reshape { shape: split_shape }, x)?)
+    } else {
+        None
+    };
+    let x3 = add(
+        f,
+        x,
+        ExprKind::Permute { perm: perm.clone() },
+        x2.unwrap_or(x),
+    )?;
+    let y3 = add(f, y, ExprKind::Set, x3)?;
+    let y4 = add(f, y, ExprKind::Permute { perm: inverse }, y3)?;
+    let y5 = if cut {
+        Some(add(f, y, ExprKind::Reshape { shape }, y4)?)
+    } else {
+        None
+    };
+    f.expr_mut(e).inputs = vec![y5.unwrap_or(y4)];
+
+    let graph = IdGraph::build(f);
+    if let Some(x2) = x2 {
+        replay(f, x, x2, &graph, &DEVICE_AND_STREAM_TYPES)?;
+    }
+    replay(f, x, x3, &graph, &DEVICE_AND_STREAM_TYPES)?;
+    let others: Vec<ParallelType> = DEVICE_AND_STREAM_TYPES
+        .into_iter()
+        .filter(|t| *t != pt)
+        .collect();
+    replay(f, y, y3, &graph, &others)?;
+    weave_transform::schedule::parallelize(f, y3, 0, pt)?;
+    let graph = IdGraph::build(f);
+    replay(f, y3, y4, &graph, &DEVICE_AND_STREAM_TYPES)?;
+    if let Some(y5) = y5 {
+        replay(f, y, y5, &graph, &DEVICE_AND_STREAM_TYPES)?;
+    }
+    Ok(())
+}
+
+/// [`is_layout_compliant`] before `finalize-multidevice-domains` has placed the device
+/// splits in the allocation domain: the loop domain stands for it when none is set.
+fn outermost_in_memory(f: &Fusion, t: TensorId, axis: IterDomainId) -> bool {
+    let tv = f.tensor(t);
+    let order = tv.allocation.as_ref().unwrap_or(&tv.loop_domain);
+    let Some(pos) = order.iter().position(|a| derives_from(f, *a, axis)) else {
+        return true;
+    };
+    order[..pos].iter().all(|a| local_size_one(f, *a))
 }
 
 /// True if no allocation axis of `t` before the first one derived from `axis` (a logical or

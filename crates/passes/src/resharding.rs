@@ -27,6 +27,8 @@
 //! `(x / e) * e + x % e = x`. Extents are evaluated with the fusion's parameter values when
 //! they have them, so the proof holds for the sizes the fusion is compiled for.
 //!
+//! A variable whose bound is 1 is 0, and `o * 1 + 0 = o`.
+//!
 //! Before the proof, as in nvFuser: without any mesh and without `Stream` among the requested
 //! types nothing is sharded (`false`); different meshes with a device type requested are
 //! always resharding (`true`).
@@ -352,6 +354,9 @@ fn bound(x: &Idx, bounds: &[Scalar]) -> Scalar {
 pub(crate) fn simplify(x: Idx, bounds: &[Scalar]) -> Idx {
     let one = Scalar::c(1);
     match x {
+        // A variable below 1 is 0 (an extent-1 axis, e.g. from splitting an axis by its
+        // full extent).
+        Idx::Var(k) if bounds.get(k) == Some(&one) => Idx::Zero,
         Idx::Zero | Idx::Var(_) => x,
         Idx::Div(a, e) => {
             let a = simplify(*a, bounds);
@@ -385,6 +390,9 @@ pub(crate) fn simplify(x: Idx, bounds: &[Scalar]) -> Idx {
             let (o, i) = (simplify(*o, bounds), simplify(*i, bounds));
             if o == Idx::Zero {
                 return i;
+            }
+            if e == one && i == Idx::Zero {
+                return o;
             }
             if let (Idx::Div(x1, e1), Idx::Mod(x2, e2)) = (&o, &i) {
                 if x1 == x2 && *e1 == e && *e2 == e {
