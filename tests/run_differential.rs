@@ -334,10 +334,6 @@ impl Pointwise {
     /// resharding patterns the compiler refuses.
     fn narrowed(&self) -> Pointwise {
         let mut p = self.clone();
-        if matches!(p.out_did, OutDid::Root) && p.in_did.is_none() && !known_bugs() {
-            // known_bug_copy_of_a_replicated_tensor_to_a_one_device_mesh.
-            p.out_did = OutDid::Replicated;
-        }
         let out_axis = match p.effective_out_did() {
             OutDid::Axis(k) => Some(k),
             _ => None,
@@ -348,10 +344,16 @@ impl Pointwise {
         };
         if let (Some(k), Some(k2)) = (p.in_did, out_axis) {
             if k != k2 && !known_bugs() {
-                // known_bug_all_to_all_of_a_long_axis: an AllToAll is only right when axis 0
-                // has exactly d elements; and no stream split next to it.
-                p.sizes[0] = 1;
-                p.stream = PwStream::None;
+                // An AllToAll. known_bug_resharding_did_inside_stream_to_did: no stream
+                // split of a DID-split axis (that nests the DID split inside the chunks).
+                let nested = match p.stream {
+                    PwStream::Output(j) => j == k || j == k2,
+                    PwStream::Input(j) => j == k,
+                    PwStream::None => false,
+                };
+                if nested {
+                    p.stream = PwStream::None;
+                }
                 return p;
             }
         }
@@ -607,13 +609,6 @@ impl Reduction {
                 // other kept axis.
                 r.stream = Some(1 - k);
             }
-        }
-        if known_bugs() {
-            return r;
-        }
-        if let RedDid::Reduced { root: true } = r.did {
-            // known_bug_reduce_to_root_of_a_split_axis: the reduced axis must be exactly d.
-            r.sizes[r.axis] = 1;
         }
         r
     }
@@ -1054,14 +1049,7 @@ fn collective() -> impl Strategy<Value = Collective> {
 
 impl Collective {
     fn case(&self) -> Case {
-        let mut spec = self.clone();
-        if !known_bugs() {
-            if let Coll::AllToAll { .. } = spec.coll {
-                // known_bug_all_to_all_of_a_long_axis: axis 0 must have exactly d elements.
-                spec.n = 1;
-            }
-        }
-        spec.case_as_is()
+        self.case_as_is()
     }
 
     fn case_as_is(&self) -> Case {
@@ -1776,35 +1764,79 @@ fn row_parallel_linear_with_a_bias_adds_the_bias_once() {
     }
 }
 
-/// Resharding rows → columns is one AllToAll, which is right only when axis 0 has exactly
-/// `d` elements (`all_to_all_dispatch.weave`); with `2 * d` rows the data land in the wrong
-/// places. Either direction fails.
+/// Resharding rows → columns is one AllToAll, whose flat pieces are the blocks of both axes
+/// only when the scattered axis is outermost in the input and the gathered one in the output
+/// (`all_to_all_dispatch.weave`, whose axis 0 has exactly `d` elements). With longer axes
+/// `reorder-sharded-axis` packs the input (reshape + permute) and unpacks the output; both
+/// directions, any lengths divisible by `d`, and the shapes of issue 19 (`t = h = 8`, `d = 2`
+/// or 4; `t = h = 4`, `d = 2`).
 #[test]
-#[ignore = "known bug: AllToAll of an axis longer than d lands data in the wrong places (run with --ignored)"]
-fn known_bug_all_to_all_of_a_long_axis() {
-    assert_runs(
-        "fusion a2a(d = 2) {
+fn all_to_all_of_long_axes_places_every_block() {
+    let long = |rows: &str, cols: &str, from: usize, to: usize| {
+        format!(
+            "fusion a2a(d = 2, t = 8, h = 8) {{
   mesh m = devices(d)
-  tensor inp: f32[2 * d, d] on m
+  tensor inp: f32[{rows}, {cols}] on m
   out = set(inp)
   output out
-  schedule inp { outer_split(0, d) -> DIDx }
-  schedule out { mesh = m; outer_split(1, d) -> DIDx }
+  schedule inp {{ outer_split({from}, d) -> DIDx }}
+  schedule out {{ mesh = m; outer_split({to}, d) -> DIDx }}
+}}
+"
+        )
+    };
+    let mut cases = Vec::new();
+    for d in [1usize, 2, 3, 4] {
+        for (rows, cols) in [("2 * d", "d"), ("d", "2 * d"), ("2 * d", "3 * d")] {
+            for (from, to) in [(0, 1), (1, 0)] {
+                cases.push((long(rows, cols, from, to), d, vec![]));
+            }
+        }
+    }
+    for (t, h, d) in [(8, 8, 2), (8, 8, 4), (4, 4, 2)] {
+        let overrides = vec![("t", t), ("h", h)];
+        cases.push((long("t", "h", 1, 0), d, overrides.clone()));
+        cases.push((long("t", "h", 0, 1), d, overrides));
+    }
+    // A rank-3 tensor whose gathered axis is not the first one.
+    let rank3 = "fusion a2a3(a = 2, b = 3, r = 2, d = 2) {
+  mesh m = devices(d)
+  tensor x: f32[r, d * a, d * b] on m
+  y = set(x)
+  output y
+  schedule x { outer_split(2, d) -> DIDx }
+  schedule y { mesh = m; outer_split(1, d) -> DIDx }
 }
-",
-        2,
-        2,
-    );
+";
+    for d in [2usize, 3] {
+        cases.push((rank3.to_string(), d, vec![]));
+    }
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(source, d, overrides)| {
+            let mut source = source.replacen("d = 2", &format!("d = {d}"), 1);
+            for (k, v) in overrides {
+                source = source.replacen(&format!("{k} = 8"), &format!("{k} = {v}"), 1);
+            }
+            check(&Case {
+                family: "all-to-all",
+                source,
+                ranks: *d,
+                streams: 2,
+            })
+            .err()
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// A sum over a DID-split axis of extent `2 * d` into a one-device mesh: the Reduce is issued
-/// on the unreduced local `[2, 3]` shard (the local reduction that the Allreduce form gets is
-/// missing), and the executor refuses the size mismatch. The same fusion with `mesh = m` on
-/// the output (an Allreduce) passes.
+/// A sum over a DID-split axis of extent `2 * d` into a one-device mesh is rfactored like the
+/// Allreduce form: a local partial sum on the senders' mesh, then a Reduce of one element per
+/// device to the root (also a `max` over every axis to a root that is not device 0, and a
+/// row-parallel `linear` whose output lives on the root).
 #[test]
-#[ignore = "known bug: Reduce to a root mesh skips the local reduction (run with --ignored)"]
-fn known_bug_reduce_to_root_of_a_split_axis() {
-    assert_runs(
+fn reduce_to_a_root_mesh_reduces_locally_first() {
+    let sources = [
         "fusion reduce(d = 2) {
   mesh m = devices(d)
   mesh root = [0]
@@ -1815,9 +1847,34 @@ fn known_bug_reduce_to_root_of_a_split_axis() {
   schedule out { mesh = root }
 }
 ",
-        2,
-        2,
-    );
+        "fusion reduce_max(d = 2) {
+  mesh m = devices(d)
+  mesh root = [1]
+  tensor inp: f32[2 * d, 3] on m
+  out = max(inp, [0, 1])
+  output out
+  schedule inp { outer_split(0, d) -> DIDx }
+  schedule out { mesh = root }
+}
+",
+        "fusion linear_to_root(t = 4, h = 3, d = 2) {
+  mesh m = devices(d)
+  mesh root = [0]
+  tensor inp: f32[t, 4 * d] on m
+  tensor w: f32[h, 4 * d] on m
+  out = linear(inp, w)
+  output out
+  schedule inp { outer_split(1, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+  schedule out { mesh = root }
+}
+",
+    ];
+    for source in sources {
+        assert_runs(source, 2, 2);
+    }
+    let source = sources[0].replace("d = 2", "d = 3");
+    assert_runs(&source, 3, 2);
 }
 
 /// A tensor whose DID split cuts each stream chunk (`outer_split(0, s) -> Stream;
@@ -1913,12 +1970,10 @@ fn a_top_level_segment_between_two_parts_of_a_stream_loop_moves_before_it() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// A replicated tensor copied to a one-device mesh becomes a Broadcast whose team is that one
-/// device, and every rank issues it: the others fail as non-members. (A gather of a sharded
-/// tensor into the same mesh, `gather.weave`, passes.)
+/// A replicated tensor copied to a one-device mesh is a Broadcast whose team is that one
+/// device: the member copies locally, and the ranks outside the team post nothing.
 #[test]
-#[ignore = "known bug: a copy to a one-device mesh is a Broadcast that non-members also post (run with --ignored)"]
-fn known_bug_copy_of_a_replicated_tensor_to_a_one_device_mesh() {
+fn copy_of_a_replicated_tensor_to_a_one_device_mesh_runs_on_the_member_only() {
     assert_runs(
         "fusion to_root(d = 2) {
   mesh m = devices(d)

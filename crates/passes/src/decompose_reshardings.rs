@@ -375,10 +375,12 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
             });
             match sender {
                 Some(x) => f.tensor(x).mesh.or(out_tv.mesh),
-                None => return Err(Diagnostic::new(format!(
+                None => {
+                    return Err(Diagnostic::new(format!(
                     "cannot rfactor {desc}: no operand lives on a mesh with {} devices along {}",
                     d.factor, d.parallel
-                ))),
+                )))
+                }
             }
         }
     };

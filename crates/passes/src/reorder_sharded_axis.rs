@@ -39,7 +39,7 @@ use weave_transform::IdGraph;
 use crate::communication::derive_communication;
 use crate::pass::{Changed, Ir, Pass, PassError};
 use crate::propagate_shardings::{replay, run_on_fusion};
-use crate::resharding::{is_resharding, DEVICE_AND_STREAM_TYPES};
+use crate::resharding::{is_resharding, DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
 
 /// The `reorder-sharded-axis` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
@@ -197,21 +197,21 @@ fn rewrite_all_to_all_if_needed(
     };
     f.expr_mut(e).inputs = vec![y5.unwrap_or(y4)];
 
+    // Device splits only: the exchange and its packing run on whole tensors, after any stream
+    // loop that produces `x` and before any that reads `y` (a Stream split of `A` or `B`
+    // could not follow the reshape anyway).
     let graph = IdGraph::build(f);
     if let Some(x2) = x2 {
-        replay(f, x, x2, &graph, &DEVICE_AND_STREAM_TYPES)?;
+        replay(f, x, x2, &graph, &DEVICE_TYPES)?;
     }
-    replay(f, x, x3, &graph, &DEVICE_AND_STREAM_TYPES)?;
-    let others: Vec<ParallelType> = DEVICE_AND_STREAM_TYPES
-        .into_iter()
-        .filter(|t| *t != pt)
-        .collect();
+    replay(f, x, x3, &graph, &DEVICE_TYPES)?;
+    let others: Vec<ParallelType> = DEVICE_TYPES.into_iter().filter(|t| *t != pt).collect();
     replay(f, y, y3, &graph, &others)?;
     weave_transform::schedule::parallelize(f, y3, 0, pt)?;
     let graph = IdGraph::build(f);
-    replay(f, y3, y4, &graph, &DEVICE_AND_STREAM_TYPES)?;
+    replay(f, y3, y4, &graph, &DEVICE_TYPES)?;
     if let Some(y5) = y5 {
-        replay(f, y, y5, &graph, &DEVICE_AND_STREAM_TYPES)?;
+        replay(f, y, y5, &graph, &DEVICE_TYPES)?;
     }
     Ok(())
 }
