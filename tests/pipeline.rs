@@ -225,19 +225,19 @@ fn collective_types_and_teams() {
     for (name, kind) in cases {
         assert_eq!(
             communications(&lower(name)),
-            vec![(*kind, vec![0, 1])],
+            vec![(*kind, vec![vec![0, 1]])],
             "{name}"
         );
     }
     // One SendRecv per (sender, receiver) pair.
     assert_eq!(
         communications(&lower("send_recv")),
-        vec![(SendRecv, vec![0, 1]), (SendRecv, vec![1, 0])]
+        vec![(SendRecv, vec![vec![0, 1]]), (SendRecv, vec![vec![1, 0]])]
     );
     // With 4 ranks the team is the whole mesh.
     assert_eq!(
         communications(&lower_with("allreduce", &[("d", 4)])),
-        vec![(Allreduce, vec![0, 1, 2, 3])]
+        vec![(Allreduce, vec![vec![0, 1, 2, 3]])]
     );
 }
 
