@@ -241,6 +241,100 @@ fn collective_types_and_teams() {
     );
 }
 
+/// On a 2-D mesh `devices(dy, dx)` (device `y * dx + x`), a collective over DIDx runs within
+/// each row of the mesh: one node whose teams are the `dy` rows of `dx` devices, in which
+/// every rank posts on its own row. The list of teams (what NCCL splits communicators for up
+/// front) is the same for every rank.
+#[test]
+fn collectives_on_a_two_dimensional_mesh_run_within_its_rows() {
+    use CommunicationType::*;
+    let rows = |dy: i64, dx: i64| -> Vec<Vec<i64>> {
+        (0..dy)
+            .map(|y| (0..dx).map(|x| y * dx + x).collect())
+            .collect()
+    };
+    for (dy, dx) in [(1, 2), (2, 1), (2, 2), (3, 1), (2, 3)] {
+        let shape = [("dy", dy), ("dx", dx), ("t", 12), ("h", 6)];
+        // Row-parallel: one Allreduce of the partial product, at top level.
+        let p = lower_with("row_parallel_linear_2d", &shape);
+        assert_eq!(
+            communications(&p),
+            vec![(Allreduce, rows(dy, dx))],
+            "{dy}x{dx}"
+        );
+        assert!(compute_loops(&p).is_empty());
+        let teams = streamweave::executor::program_teams(&p);
+        let want: Vec<Vec<usize>> = rows(dy, dx)
+            .into_iter()
+            .map(|r| r.into_iter().map(|d| d as usize).collect())
+            .collect();
+        assert_eq!(teams, want, "{dy}x{dx}");
+        // Streamed row-parallel: one Allreduce per chunk inside the loop, same teams.
+        let p = lower_with("row_parallel_linear_2d_streamed", &shape);
+        let loops = compute_loops(&p);
+        assert_eq!(loops.len(), 1, "{dy}x{dx}");
+        let body = kinds(&p, &loops[0]);
+        let linear = body.iter().position(|k| *k == "Linear").unwrap();
+        let comm = body.iter().position(|k| *k == "Communication").unwrap();
+        assert!(linear < comm, "{body:?}");
+        assert_eq!(communications(&p), vec![(Allreduce, rows(dy, dx))]);
+        // Column-parallel: a Broadcast per iteration whose root is the loop index (an index
+        // into the rank's row). The P2P ring, whose peers come from the rank, only when the
+        // one row is the whole world.
+        let p = lower_with("column_parallel_linear_2d", &shape);
+        let loops = compute_loops(&p);
+        assert_eq!(loops.len(), 1);
+        if dy == 1 {
+            assert_eq!(communications(&p), vec![]);
+            assert_eq!(count(&p, "P2PCommunication"), 2);
+            continue;
+        }
+        assert_eq!(communications(&p), vec![(Broadcast, rows(dy, dx))]);
+        assert_eq!(count(&p, "P2PCommunication"), 0);
+        let comm = loops[0]
+            .iter()
+            .find_map(|s| match &p.stmts[*s] {
+                Stmt::Communication(c) => Some(c.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(matches!(
+            comm.root.map(|r| &p.scalars[r]),
+            Some(host_ir::HostScalar::LoopIndex)
+        ));
+        for row in rows(dy, dx) {
+            for d in &row {
+                assert_eq!(comm.team_of(*d), Some(row.as_slice()));
+            }
+        }
+        assert_eq!(comm.team_of(dy * dx), None);
+    }
+}
+
+/// A DID → DID copy between two meshes of one shape is one SendRecv node whose teams are the
+/// disjoint (sender, receiver) pairs.
+#[test]
+fn send_recv_pairs_between_disjoint_meshes_share_one_node() {
+    use CommunicationType::*;
+    let src = "fusion pairs(t = 4, h = 6) {
+  mesh a = [0, 1]
+  mesh b = [2, 3]
+  tensor x: f32[t, h] on a
+  y = set(x)
+  z = neg(y)
+  output z
+  schedule x { outer_split(0, 2) -> DIDx }
+  schedule y { mesh = b; outer_split(0, 2) -> DIDx }
+}
+";
+    let f = streamweave::load("pairs.weave", src, &[]).unwrap();
+    let p = streamweave::compile(f).unwrap();
+    assert_eq!(
+        communications(&p),
+        vec![(SendRecv, vec![vec![0, 2], vec![1, 3]])]
+    );
+}
+
 /// §10 #40 / seed 003: a stream-split allgather becomes a coalesced send/recv ring whose
 /// peers come from the loop index and the rank.
 #[test]

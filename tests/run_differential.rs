@@ -1970,6 +1970,44 @@ fn a_top_level_segment_between_two_parts_of_a_stream_loop_moves_before_it() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// Several meshes in one fusion, and 2-D meshes: a sharded copy to a disjoint mesh (one
+/// SendRecv node of two pairs), computed there and copied back the same way; and an AllToAll
+/// within the rows of a 2-D mesh whose tensors are also DIDy-split.
+#[test]
+fn several_meshes_and_two_dimensional_meshes_match_the_reference() {
+    assert_runs(
+        "fusion pairs(t = 4, h = 6) {
+  mesh a = [0, 1]
+  mesh b = [2, 3]
+  tensor x: f32[t, h] on a
+  y = set(x)
+  z = neg(y)
+  u = set(z)
+  output u
+  schedule x { outer_split(0, 2) -> DIDx }
+  schedule y { mesh = b; outer_split(0, 2) -> DIDx }
+  schedule u { mesh = a; outer_split(0, 2) -> DIDx }
+}
+",
+        4,
+        2,
+    );
+    for (dy, dx) in [(1, 2), (2, 1), (2, 2), (1, 3)] {
+        let source = format!(
+            "fusion a2a2d(r = 6, a = 2, b = 3, dy = {dy}, dx = {dx}) {{
+  mesh m = devices(dy, dx)
+  tensor x: f32[r, dx * a, dx * b] on m
+  y = set(x)
+  output y
+  schedule x {{ outer_split(0, dy) -> DIDy; outer_split(3, dx) -> DIDx }}
+  schedule y {{ mesh = m; outer_split(0, dy) -> DIDy; outer_split(2, dx) -> DIDx }}
+}}
+"
+        );
+        assert_runs(&source, (dy * dx) as usize, 2);
+    }
+}
+
 /// A replicated tensor copied to a one-device mesh is a Broadcast whose team is that one
 /// device: the member copies locally, and the ranks outside the team post nothing.
 #[test]

@@ -1,6 +1,7 @@
 //! Every scenario of tests/scenarios runs on the CPU backend with 1, 2, 3 and 4 in-process
-//! ranks (`d` set to the rank count where the fusion has that parameter), matches the
-//! unsharded f64 reference on every rank, and passes the race checker.
+//! ranks (`d` set to the rank count where the fusion has that parameter; a scenario on a 2-D
+//! mesh `devices(dy, dx)` runs the shapes of [`MESH_SHAPES_2D`] on `dy * dx` ranks), matches
+//! the unsharded f64 reference on every rank, and passes the race checker.
 
 mod common;
 
@@ -19,14 +20,41 @@ fn rank_counts(name: &str) -> &'static [usize] {
     }
 }
 
-/// Small sizes for the scenarios whose defaults are benchmark sizes.
-fn overrides(source: &str, ranks: usize) -> Vec<(String, i64)> {
+/// The `dy × dx` shapes the scenarios on a 2-D mesh `devices(dy, dx)` run with, on `dy * dx`
+/// ranks: both mesh axes alone, both together, and an odd data-parallel count.
+const MESH_SHAPES_2D: [(usize, usize); 4] = [(1, 2), (2, 1), (2, 2), (3, 1)];
+
+/// Whether the fusion header has parameter `p`.
+fn has_param(source: &str, p: &str) -> bool {
     let header = source
         .lines()
         .find(|l| l.starts_with("fusion"))
         .unwrap_or("");
-    let has =
-        |p: &str| header.contains(&format!("({p} = ")) || header.contains(&format!(" {p} = "));
+    header.contains(&format!("({p} = ")) || header.contains(&format!(" {p} = "))
+}
+
+/// Every run of a scenario: its rank count and the overrides that go with it.
+fn runs_of(name: &str, source: &str) -> Vec<(usize, Vec<(String, i64)>)> {
+    if has_param(source, "dy") && has_param(source, "dx") {
+        return MESH_SHAPES_2D
+            .iter()
+            .map(|&(dy, dx)| {
+                let mut o = overrides(source, dy * dx);
+                o.push(("dy".to_string(), dy as i64));
+                o.push(("dx".to_string(), dx as i64));
+                (dy * dx, o)
+            })
+            .collect();
+    }
+    rank_counts(name)
+        .iter()
+        .map(|&ranks| (ranks, overrides(source, ranks)))
+        .collect()
+}
+
+/// Small sizes for the scenarios whose defaults are benchmark sizes.
+fn overrides(source: &str, ranks: usize) -> Vec<(String, i64)> {
+    let has = |p: &str| has_param(source, p);
     let mut o = Vec::new();
     if has("d") {
         o.push(("d".to_string(), ranks as i64));
@@ -47,10 +75,10 @@ fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
     for path in fixtures() {
         let name = path.file_stem().unwrap().to_string_lossy().to_string();
         let source = std::fs::read_to_string(&path).unwrap();
-        for &ranks in rank_counts(&name) {
+        for (ranks, overrides) in runs_of(&name, &source) {
             // Vary the pool size too: 1, 2 and 3 streams across the rank counts.
             let streams = 1 + ranks % 3;
-            let fusion = streamweave::load(&name, &source, &overrides(&source, ranks))
+            let fusion = streamweave::load(&name, &source, &overrides)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             let compiled = compile_for_run(fusion).unwrap_or_else(|e| panic!("{name}: {e}"));
             let globals = generate_inputs(&compiled.fusion, 7 + ranks as u64).unwrap();
@@ -78,9 +106,11 @@ fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
                         .filter(|c| !c.comparison.ok)
                         .map(|c| format!("{} rank {}: {}", c.output, c.rank, c.comparison))
                         .collect();
-                    failures.push(format!("{name} ({ranks} ranks): {bad:?} {races:?}"));
+                    failures.push(format!(
+                        "{name} ({ranks} ranks, {overrides:?}): {bad:?} {races:?}"
+                    ));
                 }
-                Err(e) => failures.push(format!("{name} ({ranks} ranks): {e}")),
+                Err(e) => failures.push(format!("{name} ({ranks} ranks, {overrides:?}): {e}")),
             }
         }
     }
