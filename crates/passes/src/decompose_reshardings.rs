@@ -16,7 +16,9 @@
 //! 1. **Device-reduced axes are marked.** When an operand of a reduction, `matmul` or `linear`
 //!    is device-sharded on an axis the expr reduces and the output's reduction axis is still
 //!    unscheduled (a user-annotated output), the operand's split is replayed onto that
-//!    reduction axis and parallelized (`rDIDx`), on the same mesh size only.
+//!    reduction axis and parallelized (`rDIDx`). When the output's mesh does not have that
+//!    many devices along the type (a reduction to a root mesh), the axis is only marked for
+//!    step 2, which rfactors it or takes the mark back.
 //!    A `linear(x, w, bias)` whose output is then device-reduced is split first:
 //!    `<out>_nobias = linear(x, w)` takes the output's sharding, and `out = add(<out>_nobias,
 //!    <bias>_broadcast)` with `<bias>_broadcast = broadcast(bias, [0, ..])`, so that step 2
@@ -29,7 +31,9 @@
 //!    into `iDIDx{d}rf, r{k/d}rf`) and reduces locally; the original expr becomes
 //!    `out = sum(partial)` (or `max`) over that device axis only, which is an Allreduce,
 //!    Reduce or ReduceScatter. The partial takes the output's `Stream` split and the operands'
-//!    device shardings. E.g. the row-parallel `out = linear(inp, w)` with a DIDx-split
+//!    device shardings; it lives on the output's mesh, or for a reduction to another mesh
+//!    (a Reduce to a root) on the mesh of the operand whose devices split the reduced axis,
+//!    and the output then reduces the partial's device axis as a plain axis. E.g. the row-parallel `out = linear(inp, w)` with a DIDx-split
 //!    contraction becomes `out_partial = linear(inp, w)` (local) and `out = sum(out_partial)`
 //!    (Allreduce).
 //! 3. **Resharding sets.** A remaining resharding expr that is not a communication gets, for

@@ -1,13 +1,15 @@
-//! `reorder-sharded-axis`: make the buffers of Allgather, Gather, Scatter and ReduceScatter
-//! contiguous per device (reference/nvfuser-host-ir.md §4.2, nvFuser's
+//! `reorder-sharded-axis`: make the buffers of Allgather, Gather, Scatter, ReduceScatter and
+//! AllToAll contiguous per device (reference/nvfuser-host-ir.md §4.2, nvFuser's
 //! `ReorderShardedAxisPass`).
 //!
 //! NCCL gathers and scatters whole contiguous blocks: the block of member `i` is the `i`-th
 //! slice of the flat buffer. That matches the tensor only when the gathered (or scattered)
 //! axis is the outermost allocation axis whose local size is not 1 (device- and
 //! stream-parallel, broadcast, reduction and extent-1 axes have local size 1), on both sides
-//! of the collective. Reduce, Allreduce, Broadcast, SendRecv and AllToAll need contiguity
-//! only and are left alone.
+//! of the collective. An AllToAll needs both: its scattered axis outermost in the input and
+//! its gathered axis outermost in the output, and it is packed by a reshape and a permute
+//! when they are not (see [`rewrite_all_to_all_if_needed`]). Reduce, Allreduce, Broadcast
+//! and SendRecv need contiguity only and are left alone.
 //!
 //! What this pass does (the permute/set pairs of nvFuser's original pass, not allocation
 //! reordering): a non-compliant `y = set(x)` whose sharded axis is `k` becomes
@@ -51,7 +53,7 @@ impl Pass for ReorderShardedAxis {
     }
 
     fn summary(&self) -> &'static str {
-        "permute around gathers and scatters so the sharded axis is outermost in memory"
+        "permute around gathers, scatters and all-to-alls so the sharded axis is outermost in memory"
     }
 
     fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
