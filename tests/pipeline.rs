@@ -335,6 +335,30 @@ fn send_recv_pairs_between_disjoint_meshes_share_one_node() {
     );
 }
 
+/// A reduction to a mesh outside the senders' reduces among the senders (an Allreduce on
+/// their mesh) and broadcasts the result from the first sender; the receiver never takes part
+/// in the reduction, where it would add a term it does not have.
+#[test]
+fn a_reduction_to_a_receiver_outside_the_senders_goes_through_them() {
+    use CommunicationType::*;
+    let src = "fusion outside(d = 2) {
+  mesh m = [0, 1]
+  mesh r = [2]
+  tensor inp: f32[4, 3] on m
+  out = sum(inp, [0])
+  output out
+  schedule inp { outer_split(0, 2) -> DIDx }
+  schedule out { mesh = r }
+}
+";
+    let f = streamweave::load("outside.weave", src, &[]).unwrap();
+    let p = streamweave::compile(f).unwrap();
+    assert_eq!(
+        communications(&p),
+        vec![(Allreduce, vec![vec![0, 1]]), (Broadcast, vec![vec![2, 0]])]
+    );
+}
+
 /// §10 #40 / seed 003: a stream-split allgather becomes a coalesced send/recv ring whose
 /// peers come from the loop index and the rank.
 #[test]

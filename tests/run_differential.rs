@@ -1971,10 +1971,49 @@ fn a_top_level_segment_between_two_parts_of_a_stream_loop_moves_before_it() {
 }
 
 /// Several meshes in one fusion, and 2-D meshes: a sharded copy to a disjoint mesh (one
-/// SendRecv node of two pairs), computed there and copied back the same way; and an AllToAll
-/// within the rows of a 2-D mesh whose tensors are also DIDy-split.
+/// SendRecv node of two pairs), computed there and copied back the same way; gathers and
+/// reductions to receivers outside the sender mesh (through the senders, then a Broadcast);
+/// and an AllToAll within the rows of a 2-D mesh whose tensors are also DIDy-split.
 #[test]
 fn several_meshes_and_two_dimensional_meshes_match_the_reference() {
+    let outside = |op: &str, receivers: &str| {
+        format!(
+            "fusion outside(d = 2) {{
+  mesh m = [0, 1]
+  mesh r = {receivers}
+  tensor inp: f32[4, 3] on m
+  out = {op}
+  output out
+  schedule inp {{ outer_split(0, 2) -> DIDx }}
+  schedule out {{ mesh = r }}
+}}
+"
+        )
+    };
+    for (op, receivers, ranks) in [
+        ("set(inp)", "[2]", 3),
+        ("set(inp)", "[1, 2, 3]", 4),
+        ("sum(inp, [0])", "[2]", 3),
+        ("max(inp, [0, 1])", "[3, 2]", 4),
+    ] {
+        assert_runs(&outside(op, receivers), ranks, 2);
+    }
+    assert_runs(
+        "fusion linear_outside(t = 4, h = 3) {
+  mesh m = [0, 1]
+  mesh r = [2]
+  tensor inp: f32[t, 8] on m
+  tensor w: f32[h, 8] on m
+  out = linear(inp, w)
+  output out
+  schedule inp { outer_split(1, 2) -> DIDx }
+  schedule w { outer_split(1, 2) -> DIDx }
+  schedule out { mesh = r }
+}
+",
+        3,
+        2,
+    );
     assert_runs(
         "fusion pairs(t = 4, h = 6) {
   mesh a = [0, 1]

@@ -46,6 +46,10 @@
 //!    in `x = set(y)`: DIDx and DIDy both change"). A `set` that only changes how a device
 //!    split lays out its axis (`[s, d, ..]` against `[d, ..]`) becomes an allgather into
 //!    `<in>_gathered` (replicated, stream-split like the output or the input) and a scatter.
+//! 4. **Receivers outside the senders.** A Gather or Reduce to a mesh with a device outside
+//!    the sender mesh becomes an Allgather or Allreduce on the sender mesh followed by a
+//!    Broadcast `set` to the receivers (a member of a Gather or Reduce contributes its own
+//!    piece, which a device outside the sender mesh does not have).
 //!
 //! The rfactor of step 2 also takes a device axis nested inside outer splits of the reduced
 //! axis (`outer_split(k, s); outer_split(k + 1, d) -> DIDx`): the partial cuts its reduction
@@ -60,6 +64,8 @@ use weave_ir::{
 use weave_transform::logical_map::pairwise_map;
 use weave_transform::schedule::{self, DomainKind};
 use weave_transform::IdGraph;
+
+use weave_host_ir::CommunicationType;
 
 use crate::communication::{ancestor, derive_communication, expr_desc, is_layout_change};
 use crate::pass::{Changed, Ir, Pass, PassError};
@@ -100,6 +106,10 @@ pub fn decompose_reshardings(f: &mut Fusion) -> IrResult<()> {
     let exprs: Vec<ExprId> = f.exprs().to_vec();
     for &e in &exprs {
         insert_resharding_sets(f, e).map_err(|d| d.or_at(f.expr(e).span))?;
+    }
+    let exprs: Vec<ExprId> = f.exprs().to_vec();
+    for &e in &exprs {
+        route_through_the_senders(f, e).map_err(|d| d.or_at(f.expr(e).span))?;
     }
     // Postcondition.
     for &e in f.exprs() {
@@ -358,8 +368,7 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     let kind = f.expr(e).kind.clone();
     let must = matches!(kind, ExprKind::Matmul | ExprKind::Linear);
     // A marked axis whose device count the output's mesh does not have (step 1's cross-mesh
-    // mark): the partial then lives on the mesh of the operand that is split that way, and
-    // the output reduces the partial's device axis as a plain axis (a Reduce to its mesh).
+    // mark) is taken back when nothing is rfactored.
     let off_mesh = |f: &Fusion, d: &DeviceReduction| {
         f.mesh_of(out).and_then(|m| m.size_of(d.parallel)) != Some(d.factor as usize)
     };
@@ -371,24 +380,30 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         }
         return Ok(());
     }
-    let partial_mesh = match devs.iter().find(|d| off_mesh(f, d)) {
-        None => out_tv.mesh,
-        Some(d) => {
-            let sender = f.expr(e).inputs.iter().copied().find(|x| {
-                f.mesh_of(*x).and_then(|m| m.size_of(d.parallel)) == Some(d.factor as usize)
-            });
-            match sender {
-                Some(x) => f.tensor(x).mesh.or(out_tv.mesh),
-                None => {
-                    return Err(Diagnostic::new(format!(
-                    "cannot rfactor {desc}: no operand lives on a mesh with {} devices along {}",
-                    d.factor, d.parallel
-                )))
-                }
-            }
+    // The operand whose devices split the reduced axis. When it lives on another mesh than
+    // the output, the partial lives with it, and the output reduces the partial's device
+    // axis as a plain axis (a Reduce to the output's mesh).
+    let sender = devs.first().and_then(|d| {
+        f.expr(e)
+            .inputs
+            .iter()
+            .copied()
+            .find(|x| parallel_axis(f, &f.tensor(*x).loop_domain, d.parallel).is_some())
+    });
+    let cross = sender.is_some_and(|x| f.mesh_of(x) != f.mesh_of(out));
+    if !cross {
+        if let Some(d) = devs.iter().find(|d| off_mesh(f, d)) {
+            return Err(Diagnostic::new(format!(
+                "cannot rfactor {desc}: no operand lives on a mesh with {} devices along {}",
+                d.factor, d.parallel
+            )));
         }
+    }
+    let partial_mesh = match sender {
+        Some(x) if cross => f.tensor(x).mesh.or(out_tv.mesh),
+        _ => out_tv.mesh,
     };
-    let off: Vec<bool> = devs.iter().map(|d| off_mesh(f, d)).collect();
+    let off: Vec<bool> = vec![cross; devs.len()];
     if matches!(kind, ExprKind::Linear) && f.expr(e).inputs.len() == 3 {
         // Step 1b takes the bias out first: each device's partial product would add it, and
         // the reduction over devices would then add it once per device.
@@ -542,6 +557,62 @@ fn source_in(f: &Fusion, id: IterDomainId, within: &[IterDomainId]) -> Option<It
         let e = f.id(cur).definition?;
         cur = f.id_expr(e).inputs()[0];
     }
+}
+
+/// Step 4: a Gather or Reduce whose receiver is not a device of the sender mesh would make
+/// the receiver a member that contributes a piece (or a term) it does not have. It goes
+/// through the senders instead: `mid = op(x)` on the sender mesh, replicated there (an
+/// Allgather or Allreduce), then `y = set(mid)`, a Broadcast from the first sender to the
+/// receivers.
+fn route_through_the_senders(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    if !is_resharding(f, e) {
+        return Ok(());
+    }
+    let Ok(info) = derive_communication(f, e) else {
+        return Ok(());
+    };
+    if !matches!(
+        info.kind,
+        CommunicationType::Gather | CommunicationType::Reduce
+    ) {
+        return Ok(());
+    }
+    let (x, y) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
+    let (Some(pm), Some(cm)) = (f.mesh_of(x).cloned(), f.mesh_of(y).cloned()) else {
+        return Ok(());
+    };
+    if cm.devices().iter().all(|d| pm.has(*d)) || f.tensor(y).root.is_some() {
+        return Ok(());
+    }
+    let kind = f.expr(e).kind.clone();
+    let name = f.fresh_name(&format!("{}_on_senders", f.tensor(y).name));
+    let mid = f.add_op(&name, kind, &[x])?;
+    let me = f.tensor(mid).definition.expect("just defined");
+    f.move_expr_before(me, e);
+    f.expr_mut(me).span = f.expr(e).span;
+    f.tensor_mut(mid).mesh = f.tensor(x).mesh;
+    f.tensor_mut(mid).span = f.tensor(y).span;
+    let graph = IdGraph::build(f);
+    replay(f, y, mid, &graph, &[ParallelType::Stream])?;
+    // y = set(mid): y keeps its materialized axes, without the reduction ones.
+    let tv = f.tensor(y).clone();
+    let reduced = |f: &Fusion, id: IterDomainId| {
+        source_in(f, id, &tv.logical).is_some_and(|l| f.id(l).iter_type == IterType::Reduction)
+    };
+    let keep = |f: &Fusion, dom: &[IterDomainId]| -> Vec<IterDomainId> {
+        dom.iter().copied().filter(|i| !reduced(f, *i)).collect()
+    };
+    let logical = keep(f, &tv.logical);
+    let loop_domain = keep(f, &tv.loop_domain);
+    let allocation = tv.allocation.as_ref().map(|a| keep(f, a));
+    let t = f.tensor_mut(y);
+    t.logical = logical;
+    t.loop_domain = loop_domain;
+    t.allocation = allocation;
+    let ex = f.expr_mut(e);
+    ex.kind = ExprKind::Set;
+    ex.inputs = vec![mid];
+    Ok(())
 }
 
 /// Step 3: sets before the operands of a resharding expr that is not a communication.
