@@ -1407,6 +1407,155 @@ impl BatchedMatmul {
 }
 
 // ---------------------------------------------------------------------------------------
+// Family 6: collectives over one axis of a 2-D mesh
+// ---------------------------------------------------------------------------------------
+
+/// The mesh shapes `(dy, dx)` of family 6: every shape of at most 4 devices.
+const MESH_2D: [(usize, usize); 8] = [
+    (1, 1),
+    (1, 2),
+    (2, 1),
+    (2, 2),
+    (1, 3),
+    (3, 1),
+    (1, 4),
+    (4, 1),
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Coll2d {
+    /// Moving axis on 1 → replicated.
+    Allgather,
+    /// `sum` over the moving axis 1, replicated.
+    Allreduce,
+    /// `sum` over the moving axis 1, scattered on axis 2.
+    ReduceScatter,
+    /// Moving axis on 1 → on 2 (or back).
+    AllToAll { dispatch: bool },
+    /// Moving axis on 1 → Stream on 1 (a Broadcast per iteration, or the P2P ring).
+    StreamBroadcast,
+    /// `sum` over the moving axis 1 with the output stream-split on axis 3.
+    StreamAllreduce,
+}
+
+/// `inp [K * r, M * a, M * b, n]` on `devices(dy, dx)`, where `K` is the size of the mesh axis
+/// that keeps its split (axis 0, on both sides) and `M` that of the axis the collective runs
+/// over: within every slice of the mesh along `M`.
+#[derive(Clone, Debug)]
+struct Mesh2d {
+    shape: (usize, usize),
+    /// The collective runs over DIDx (rows of the mesh) or DIDy (its columns).
+    over_x: bool,
+    s: usize,
+    streams: usize,
+    coll: Coll2d,
+    r: usize,
+    a: usize,
+    b: usize,
+    n: usize,
+    bf16: bool,
+}
+
+fn mesh2d() -> impl Strategy<Value = Mesh2d> {
+    (
+        (0usize..MESH_2D.len(), any::<bool>(), 1usize..=3, 1usize..=3),
+        prop_oneof![
+            Just(Coll2d::Allgather),
+            Just(Coll2d::Allreduce),
+            Just(Coll2d::ReduceScatter),
+            any::<bool>().prop_map(|dispatch| Coll2d::AllToAll { dispatch }),
+            Just(Coll2d::StreamBroadcast),
+            Just(Coll2d::StreamAllreduce),
+        ],
+        (1usize..=2, 1usize..=3, 1usize..=3, 1usize..=3),
+        prop::bool::weighted(0.25),
+    )
+        .prop_map(
+            |((shape, over_x, s, streams), coll, (r, a, b, n), bf16)| Mesh2d {
+                shape: MESH_2D[shape],
+                over_x,
+                s,
+                streams,
+                coll,
+                r,
+                a,
+                b,
+                n,
+                bf16,
+            },
+        )
+}
+
+impl Mesh2d {
+    fn case(&self) -> Case {
+        let (dy, dx) = self.shape;
+        let (keep, keep_p, mov, mov_p) = if self.over_x {
+            ("dy", "DIDy", "dx", "DIDx")
+        } else {
+            ("dx", "DIDx", "dy", "DIDy")
+        };
+        let Mesh2d { r, a, b, n, s, .. } = *self;
+        let reduces = matches!(
+            self.coll,
+            Coll2d::Allreduce | Coll2d::ReduceScatter | Coll2d::StreamAllreduce
+        );
+        let ty = if self.bf16 && !reduces { "bf16" } else { "f32" };
+        let n_ext = if matches!(self.coll, Coll2d::StreamAllreduce) {
+            format!("s * {n}")
+        } else {
+            n.to_string()
+        };
+        let mut src = format!("fusion mesh2d(dy = {dy}, dx = {dx}, s = {s}) {{\n");
+        src.push_str("  mesh m = devices(dy, dx)\n");
+        writeln!(
+            src,
+            "  tensor inp: {ty}[{keep} * {r}, {mov} * {a}, {mov} * {b}, {n_ext}] on m"
+        )
+        .unwrap();
+        let mut inp: Vec<Split> = vec![(0, keep, keep_p), (1, mov, mov_p)];
+        let mut out: Vec<Split> = vec![(0, keep, keep_p)];
+        let rhs = match self.coll {
+            Coll2d::Allgather => "set(inp)",
+            Coll2d::Allreduce => "sum(inp, [1])",
+            Coll2d::ReduceScatter => {
+                out.push((2, mov, mov_p));
+                "sum(inp, [1])"
+            }
+            Coll2d::AllToAll { dispatch } => {
+                if dispatch {
+                    out.push((2, mov, mov_p));
+                } else {
+                    inp[1] = (2, mov, mov_p);
+                    out.push((1, mov, mov_p));
+                }
+                "set(inp)"
+            }
+            Coll2d::StreamBroadcast => {
+                out.push((1, mov, "Stream"));
+                "set(inp)"
+            }
+            Coll2d::StreamAllreduce => {
+                out.push((3, "s", "Stream"));
+                "sum(inp, [1])"
+            }
+        };
+        writeln!(src, "  out = {rhs}").unwrap();
+        src.push_str("  output out\n");
+        schedule(&mut src, "inp", &split_steps(4, &inp));
+        let mut steps = vec!["mesh = m".to_string()];
+        steps.extend(split_steps(4, &out));
+        schedule(&mut src, "out", &steps);
+        src.push_str("}\n");
+        Case {
+            family: "2-D mesh",
+            source: src,
+            ranks: dy * dx,
+            streams: self.streams,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // The check
 // ---------------------------------------------------------------------------------------
 
@@ -1417,6 +1566,7 @@ fn any_case() -> impl Strategy<Value = Case> {
         matmul().prop_map(|m| m.case()),
         collective().prop_map(|c| c.case()),
         batched_matmul().prop_map(|b| b.case()),
+        mesh2d().prop_map(|m| m.case()),
     ]
 }
 
@@ -1638,6 +1788,33 @@ fn fixed_programs_of_every_family_match_the_reference() {
         }
         .case(),
     ];
+    // Every collective of family 6 over the rows and over the columns of a 2 × 2 mesh.
+    let mut cases = cases;
+    for coll in [
+        Coll2d::Allgather,
+        Coll2d::Allreduce,
+        Coll2d::ReduceScatter,
+        Coll2d::AllToAll { dispatch: true },
+        Coll2d::AllToAll { dispatch: false },
+        Coll2d::StreamBroadcast,
+        Coll2d::StreamAllreduce,
+    ] {
+        for over_x in [true, false] {
+            let spec = Mesh2d {
+                shape: (2, 2),
+                over_x,
+                s: 2,
+                streams: 2,
+                coll,
+                r: 1,
+                a: 2,
+                b: 3,
+                n: 2,
+                bf16: false,
+            };
+            cases.push(spec.case());
+        }
+    }
     let failures: Vec<String> = cases.iter().filter_map(|c| check(c).err()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
