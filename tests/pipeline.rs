@@ -269,6 +269,18 @@ fn collectives_on_a_two_dimensional_mesh_run_within_its_rows() {
             .map(|r| r.into_iter().map(|d| d as usize).collect())
             .collect();
         assert_eq!(teams, want, "{dy}x{dx}");
+        // NCCL splits the rows in one round, each rank joining its own row.
+        let world = (dy * dx) as usize;
+        let plan = streamweave::comm::nccl::TeamPlan::new(world, &teams, &Default::default())
+            .unwrap();
+        if dx > 1 && dy > 1 {
+            assert_eq!(plan.rounds.len(), 1, "{dy}x{dx}");
+            for rank in 0..world {
+                let (_, key, team) = plan.split_args(0, rank);
+                assert_eq!(team, Some(&want[rank / dx as usize][..]));
+                assert_eq!(key as usize, rank % dx as usize);
+            }
+        }
         // Streamed row-parallel: one Allreduce per chunk inside the loop, same teams.
         let p = lower_with("row_parallel_linear_2d_streamed", &shape);
         let loops = compute_loops(&p);
