@@ -271,8 +271,8 @@ fn collectives_on_a_two_dimensional_mesh_run_within_its_rows() {
         assert_eq!(teams, want, "{dy}x{dx}");
         // NCCL splits the rows in one round, each rank joining its own row.
         let world = (dy * dx) as usize;
-        let plan = streamweave::comm::nccl::TeamPlan::new(world, &teams, &Default::default())
-            .unwrap();
+        let plan =
+            streamweave::comm::nccl::TeamPlan::new(world, &teams, &Default::default()).unwrap();
         if dx > 1 && dy > 1 {
             assert_eq!(plan.rounds.len(), 1, "{dy}x{dx}");
             for rank in 0..world {
@@ -290,18 +290,30 @@ fn collectives_on_a_two_dimensional_mesh_run_within_its_rows() {
         let comm = body.iter().position(|k| *k == "Communication").unwrap();
         assert!(linear < comm, "{body:?}");
         assert_eq!(communications(&p), vec![(Allreduce, rows(dy, dx))]);
-        // Column-parallel: a Broadcast per iteration whose root is the loop index (an index
-        // into the rank's row). The P2P ring, whose peers come from the rank, only when the
-        // one row is the whole world.
+        // Column-parallel: the P2P ring within every row, no collective.
         let p = lower_with("column_parallel_linear_2d", &shape);
         let loops = compute_loops(&p);
         assert_eq!(loops.len(), 1);
-        if dy == 1 {
-            assert_eq!(communications(&p), vec![]);
-            assert_eq!(count(&p, "P2PCommunication"), 2);
+        assert_eq!(communications(&p), vec![]);
+        assert_eq!(count(&p, "P2PCommunication"), 2);
+        // With the mesh's devices listed out of rank order, rows of several devices are no
+        // strided slices of the world: a Broadcast per iteration whose root is the loop index
+        // (an index into the rank's row), over the rows as teams.
+        if dx == 1 {
             continue;
         }
-        assert_eq!(communications(&p), vec![(Broadcast, rows(dy, dx))]);
+        let source = std::fs::read_to_string(fixture("column_parallel_linear_2d"))
+            .unwrap()
+            .replace("devices(dy, dx)", &permuted_mesh(dy, dx));
+        let ov: Vec<(String, i64)> = shape.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let f = streamweave::load("permuted.weave", &source, &ov).unwrap();
+        let p = streamweave::compile(f).unwrap();
+        let loops = compute_loops(&p);
+        let rows: Vec<Vec<i64>> = rows(dy, dx)
+            .into_iter()
+            .map(|r| r.into_iter().map(|d| (d + 1) % (dy * dx)).collect())
+            .collect();
+        assert_eq!(communications(&p), vec![(Broadcast, rows.clone())]);
         assert_eq!(count(&p, "P2PCommunication"), 0);
         let comm = loops[0]
             .iter()
@@ -314,13 +326,26 @@ fn collectives_on_a_two_dimensional_mesh_run_within_its_rows() {
             comm.root.map(|r| &p.scalars[r]),
             Some(host_ir::HostScalar::LoopIndex)
         ));
-        for row in rows(dy, dx) {
+        for row in rows {
             for d in &row {
                 assert_eq!(comm.team_of(*d), Some(row.as_slice()));
             }
         }
         assert_eq!(comm.team_of(dy * dx), None);
     }
+}
+
+/// `devices(dy, dx)` written out with device `(k + 1) % (dy * dx)` at flat position `k`.
+fn permuted_mesh(dy: i64, dx: i64) -> String {
+    let rows: Vec<String> = (0..dy)
+        .map(|y| {
+            let row: Vec<String> = (0..dx)
+                .map(|x| ((y * dx + x + 1) % (dy * dx)).to_string())
+                .collect();
+            format!("[{}]", row.join(", "))
+        })
+        .collect();
+    format!("[{}]", rows.join(", "))
 }
 
 /// A DID → DID copy between two meshes of one shape is one SendRecv node whose teams are the

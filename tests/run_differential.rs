@@ -1454,6 +1454,9 @@ struct Mesh2d {
     b: usize,
     n: usize,
     bf16: bool,
+    /// The mesh written out with device `(k + rot) % (dy * dx)` at flat position `k`, so that
+    /// its slices are not strided slices of the ranks.
+    rot: usize,
 }
 
 fn mesh2d() -> impl Strategy<Value = Mesh2d> {
@@ -1468,10 +1471,10 @@ fn mesh2d() -> impl Strategy<Value = Mesh2d> {
             Just(Coll2d::StreamAllreduce),
         ],
         (1usize..=2, 1usize..=3, 1usize..=3, 1usize..=3),
-        prop::bool::weighted(0.25),
+        (prop::bool::weighted(0.25), 0usize..4),
     )
         .prop_map(
-            |((shape, over_x, s, streams), coll, (r, a, b, n), bf16)| Mesh2d {
+            |((shape, over_x, s, streams), coll, (r, a, b, n), (bf16, rot))| Mesh2d {
                 shape: MESH_2D[shape],
                 over_x,
                 s,
@@ -1482,6 +1485,7 @@ fn mesh2d() -> impl Strategy<Value = Mesh2d> {
                 b,
                 n,
                 bf16,
+                rot,
             },
         )
 }
@@ -1506,7 +1510,20 @@ impl Mesh2d {
             n.to_string()
         };
         let mut src = format!("fusion mesh2d(dy = {dy}, dx = {dx}, s = {s}) {{\n");
-        src.push_str("  mesh m = devices(dy, dx)\n");
+        let n_dev = dy * dx;
+        if self.rot % n_dev == 0 {
+            src.push_str("  mesh m = devices(dy, dx)\n");
+        } else {
+            let rows: Vec<String> = (0..dy)
+                .map(|y| {
+                    let row: Vec<String> = (0..dx)
+                        .map(|x| ((y * dx + x + self.rot) % n_dev).to_string())
+                        .collect();
+                    format!("[{}]", row.join(", "))
+                })
+                .collect();
+            writeln!(src, "  mesh m = [{}]", rows.join(", ")).unwrap();
+        }
         writeln!(
             src,
             "  tensor inp: {ty}[{keep} * {r}, {mov} * {a}, {mov} * {b}, {n_ext}] on m"
@@ -1788,7 +1805,8 @@ fn fixed_programs_of_every_family_match_the_reference() {
         }
         .case(),
     ];
-    // Every collective of family 6 over the rows and over the columns of a 2 × 2 mesh.
+    // Every collective of family 6 over the rows and over the columns of a 2 × 2 mesh, with
+    // its devices in rank order and rotated.
     let mut cases = cases;
     for coll in [
         Coll2d::Allgather,
@@ -1799,7 +1817,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
         Coll2d::StreamBroadcast,
         Coll2d::StreamAllreduce,
     ] {
-        for over_x in [true, false] {
+        for (over_x, rot) in [(true, 0), (false, 0), (true, 1), (false, 3)] {
             let spec = Mesh2d {
                 shape: (2, 2),
                 over_x,
@@ -1811,6 +1829,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
                 b: 3,
                 n: 2,
                 bf16: false,
+                rot,
             };
             cases.push(spec.case());
         }

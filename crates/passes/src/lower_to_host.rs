@@ -786,22 +786,18 @@ impl Lowering<'_> {
         if let Some(open) = &self.open {
             if info.kind == CommunicationType::Broadcast && info.root == Some(RootKind::StreamIndex)
             {
-                // The ring's peers are computed from the rank, so it needs one team that is
-                // the whole world in rank order.
-                let first_in_loop = open.bound.is_empty() && info.instances.len() == 1;
+                // The ring's peers are computed from the rank, so its teams must be evenly
+                // strided slices of the world (the whole world in rank order, or the rows or
+                // columns of a `devices(dy, dx)` mesh).
+                let first_in_loop = open.bound.is_empty();
                 let d = info.team.len() as i64;
-                let arange = info
-                    .team
-                    .iter()
-                    .enumerate()
-                    .all(|(k, dev)| *dev == k as i64);
-                if self.stream_allgather == StreamAllgather::P2pRing
-                    && first_in_loop
-                    && arange
-                    && open.extent == d
-                    && !self.other_communication_in_loop()
-                {
-                    return self.lower_p2p_allgather(producer, consumer, d);
+                let stride = ring_stride(&info.instances).filter(|_| first_in_loop);
+                if let Some(stride) = stride.filter(|_| {
+                    self.stream_allgather == StreamAllgather::P2pRing
+                        && open.extent == d
+                        && !self.other_communication_in_loop()
+                }) {
+                    return self.lower_p2p_allgather(producer, consumer, d, stride);
                 }
             }
         }
@@ -1060,12 +1056,22 @@ impl Lowering<'_> {
     /// send/recv with itself, which the runtime turns into a local copy). Every chunk view of
     /// this loop uses the same rotated index, so the compute that follows reads the chunk that
     /// just arrived.
+    ///
+    /// With teams that are slices of the world with a stride (the rows, `stride = 1`, or the
+    /// columns, `stride = dx`, of a `devices(dy, dx)` mesh), the same ring runs within each
+    /// slice on team indices: `r`'s index is `p = (r / stride) % d`, the chunk of iteration `i`
+    /// is `k = (p + i) % d`, received from device `r + (k - p) * stride`, and the shard goes
+    /// to device `r + ((d + p - i) % d - p) * stride`.
     fn lower_p2p_allgather(
         &mut self,
         producer: TensorId,
         consumer: TensorId,
         d: i64,
+        stride: Option<i64>,
     ) -> Result<(), Diagnostic> {
+        if let Some(stride) = stride {
+            return self.lower_strided_p2p_allgather(producer, consumer, d, stride);
+        }
         let (i, rank) = match &self.open {
             Some(open) => (
                 open.index,
@@ -1110,6 +1116,106 @@ fn same_root_index(a: Option<RootKind>, b: Option<RootKind>) -> bool {
         }
         _ => a == b,
     }
+}
+
+impl Lowering<'_> {
+    /// [`Lowering::lower_p2p_allgather`] within strided slices of the world.
+    fn lower_strided_p2p_allgather(
+        &mut self,
+        producer: TensorId,
+        consumer: TensorId,
+        d: i64,
+        stride: i64,
+    ) -> Result<(), Diagnostic> {
+        let (i, rank) = match &self.open {
+            Some(open) => (
+                open.index,
+                self.scalar(HostScalar::Value(Scalar::named("rank"))),
+            ),
+            None => unreachable_loop()?,
+        };
+        let bin = |l: &mut Self, op, a, b| l.scalar(HostScalar::Binary(op, a, b));
+        let dd = self.constant(d);
+        let st = self.constant(stride);
+        // `x * stride` and `rank / stride`, written without a unit stride.
+        let scaled = |l: &mut Self, x| {
+            if stride == 1 {
+                x
+            } else {
+                bin(l, ScalarOp::Mul, x, st)
+            }
+        };
+        let row = if stride == 1 {
+            rank
+        } else {
+            bin(self, ScalarOp::Div, rank, st)
+        };
+        let pos = bin(self, ScalarOp::Mod, row, dd);
+        let sum = bin(self, ScalarOp::Add, pos, i);
+        let chunk = bin(self, ScalarOp::Mod, sum, dd);
+        let delta = bin(self, ScalarOp::Sub, chunk, pos);
+        let delta = scaled(self, delta);
+        let recv_peer = bin(self, ScalarOp::Add, rank, delta);
+        let back = bin(self, ScalarOp::Add, dd, pos);
+        let back = bin(self, ScalarOp::Sub, back, i);
+        let back = bin(self, ScalarOp::Mod, back, dd);
+        let delta = bin(self, ScalarOp::Sub, back, pos);
+        let delta = scaled(self, delta);
+        let send_peer = bin(self, ScalarOp::Add, rank, delta);
+        if let Some(open) = self.open.as_mut() {
+            open.view_index = chunk;
+        }
+        let send = self.whole(producer)?;
+        let recv = self.resolve(consumer, true)?;
+        self.emit(Stmt::StartCoalescing);
+        self.emit(Stmt::P2PCommunication(P2PCommunication {
+            direction: P2PDirection::Recv,
+            peer: recv_peer,
+            buffer: recv,
+        }));
+        self.emit(Stmt::P2PCommunication(P2PCommunication {
+            direction: P2PDirection::Send,
+            peer: send_peer,
+            buffer: send,
+        }));
+        let end = self.emit(Stmt::EndCoalescing);
+        self.emit(Stmt::Wait { comm: end });
+        Ok(())
+    }
+}
+
+/// Whether the ring allgather can run on these teams, and how: `Some(None)` for one team
+/// that is the world in rank order (peers are device numbers), `Some(Some(stride))` for
+/// several teams that cover the world, each `t0, t0 + stride, …` with `t0 / stride` a
+/// multiple of the team size (so a rank's team index is `(rank / stride) % d`), `None`
+/// otherwise.
+fn ring_stride(instances: &[crate::communication::TeamInstance]) -> Option<Option<i64>> {
+    let first = &instances.first()?.team;
+    let d = first.len() as i64;
+    if instances.len() == 1 {
+        let arange = first.iter().enumerate().all(|(k, dev)| *dev == k as i64);
+        return arange.then_some(None);
+    }
+    let stride = if d > 1 { first[1] - first[0] } else { 1 };
+    if stride <= 0 || d == 0 {
+        return None;
+    }
+    let mut all: Vec<i64> = instances.iter().flat_map(|t| t.team.clone()).collect();
+    all.sort_unstable();
+    if all.iter().enumerate().any(|(k, dev)| *dev != k as i64) {
+        return None;
+    }
+    for t in instances.iter().map(|t| &t.team) {
+        let regular = t.len() as i64 == d
+            && (t[0] / stride) % d == 0
+            && t.iter()
+                .enumerate()
+                .all(|(k, dev)| *dev == t[0] + k as i64 * stride);
+        if !regular {
+            return None;
+        }
+    }
+    Some(Some(stride))
 }
 
 fn unreachable_loop<T>() -> Result<T, Diagnostic> {
