@@ -2227,6 +2227,31 @@ fn several_meshes_and_two_dimensional_meshes_match_the_reference() {
         4,
         2,
     );
+    // Sets that change DIDx and DIDy at once: one collective per change.
+    let both = |from: &str, to: &str| {
+        format!(
+            "fusion both(a = 2, b = 3) {{
+  mesh m = devices(2, 2)
+  tensor x: f32[4 * a, 4 * b] on m
+  y = set(x)
+  output y
+  schedule x {{ {from} }}
+  schedule y {{ mesh = m; {to} }}
+}}
+"
+        )
+    };
+    for (from, to) in [
+        (
+            "outer_split(0, 2) -> DIDx; outer_split(2, 2) -> DIDy",
+            "outer_split(0, 2) -> DIDy; outer_split(2, 2) -> DIDx",
+        ),
+        ("outer_split(0, 2) -> DIDx", "outer_split(1, 2) -> DIDy"),
+        ("", "outer_split(0, 2) -> DIDy; outer_split(2, 2) -> DIDx"),
+        ("outer_split(0, 2) -> DIDy; outer_split(2, 2) -> DIDx", ""),
+    ] {
+        assert_runs(&both(from, to), 4, 2);
+    }
     for (dy, dx) in [(1, 2), (2, 1), (2, 2), (1, 3)] {
         let source = format!(
             "fusion a2a2d(r = 6, a = 2, b = 3, dy = {dy}, dx = {dx}) {{

@@ -28,8 +28,10 @@
 //! device takes the one it belongs to; lowering puts them in one host `Communication` whose
 //! teams are the slices). Gather and Reduce post one communication per receiver, whose
 //! team is the sender mesh plus the receiver. A cross-mesh Broadcast's team is the receiver
-//! mesh plus the root. Scatter's team is the receiver mesh, its root the first sender that is
-//! also a receiver. Roots are indices into the team.
+//! mesh plus the root. A Scatter on one mesh runs within each slice along the changing type,
+//! rooted at the slice's first member (every member holds the whole tensor); across meshes its
+//! team is the (1-D) receiver mesh, its root the first sender that is also a receiver. Roots
+//! are indices into the team.
 //!
 //! nvFuser's CollectivePermute (a DID→Stream `set` whose stream axis is a `Swizzle1D`) is not
 //! derived: the IR has no swizzle.
@@ -328,6 +330,21 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
             }
         }
         (None, Some(cr)) => {
+            if same_mesh {
+                // Every member has the whole tensor: within each slice along the type, the
+                // first member scatters.
+                let root = RootKind::Member {
+                    index: 0,
+                    device: cm.devices()[0],
+                };
+                return Ok(info(
+                    CommunicationType::Scatter,
+                    Some(pt),
+                    c2p(cr),
+                    Some(cr),
+                    slices(&cm, pt, Some(root)),
+                ));
+            }
             if cm.shape().len() != 1 {
                 return Err(Diagnostic::new(format!(
                     "Scatter needs a 1-D receiver mesh in {desc}, got {cm}"

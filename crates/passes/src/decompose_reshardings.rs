@@ -46,6 +46,8 @@
 //!    in `x = set(y)`: DIDx and DIDy both change"). A `set` that only changes how a device
 //!    split lays out its axis (`[s, d, ..]` against `[d, ..]`) becomes an allgather into
 //!    `<in>_gathered` (replicated, stream-split like the output or the input) and a scatter.
+//!    A `set` on one (2-D) mesh whose DIDx and DIDy shardings both change becomes a chain of
+//!    sets that each change one type ([`one_change_per_set`]).
 //! 4. **Receivers outside the senders.** A Gather or Reduce to a mesh with a device outside
 //!    the sender mesh becomes an Allgather or Allreduce on the sender mesh followed by a
 //!    Broadcast `set` to the receivers (a member of a Gather or Reduce contributes its own
@@ -59,7 +61,7 @@ use std::collections::HashSet;
 
 use weave_ir::{
     BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IrResult, IterDomain, IterDomainId,
-    IterType, ParallelType, ReduceOp, Scalar, SplitKind,
+    IterType, ParallelType, ReduceOp, Scalar, SplitKind, TensorId,
 };
 use weave_transform::logical_map::pairwise_map;
 use weave_transform::schedule::{self, DomainKind};
@@ -615,6 +617,91 @@ fn route_through_the_senders(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     Ok(())
 }
 
+/// The device types whose sharding differs between `x` and `y`.
+fn changing_types(f: &Fusion, x: TensorId, y: TensorId) -> Vec<ParallelType> {
+    DEVICE_TYPES
+        .into_iter()
+        .filter(|pt| {
+            let (xl, yl) = (&f.tensor(x).loop_domain, &f.tensor(y).loop_domain);
+            (parallel_axis(f, xl, *pt).is_some() || parallel_axis(f, yl, *pt).is_some())
+                && have_different_shardings(f, x, DomainKind::Loop, y, DomainKind::Loop, &[*pt])
+        })
+        .collect()
+}
+
+/// True if `e` is a `set` on one mesh whose DIDx and DIDy shardings both change: step 3
+/// turns it into one set per change ([`one_change_per_set`]).
+pub fn changes_several_device_types(f: &Fusion, e: ExprId) -> bool {
+    let ex = f.expr(e);
+    if !matches!(ex.kind, ExprKind::Set | ExprKind::SegmentSet)
+        || ex.inputs.len() != 1
+        || ex.outputs.len() != 1
+    {
+        return false;
+    }
+    let (x, y) = (ex.inputs[0], ex.outputs[0]);
+    f.mesh_of(x).is_some() && f.mesh_of(x) == f.mesh_of(y) && changing_types(f, x, y).len() > 1
+}
+
+/// The materialized axis of `t` that its `pt` loop axis splits, if any.
+fn sharded_position(f: &Fusion, t: TensorId, pt: ParallelType) -> Option<usize> {
+    let id = parallel_axis(f, &f.tensor(t).loop_domain, pt)?;
+    let logical = ancestor(f, id, &f.tensor(t).logical)?;
+    f.visible_axes(t).iter().position(|a| *a == logical)
+}
+
+/// Step 3 for a `y = set(x)` on one mesh whose DIDx and DIDy shardings both change (a 2-D
+/// mesh): a chain of sets, each changing one device type, is inserted before it. Each step
+/// takes one changing type to `y`'s sharding while keeping `x`'s others, unless `y` splits
+/// that type on an axis that `x` splits by another type; when every changing type clashes
+/// like that, the step gathers one type instead (e.g. swapping the DIDx and DIDy axes:
+/// Allgather over DIDx, AllToAll over DIDy, then the DIDx split of the replicated axis).
+fn one_change_per_set(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    let y = f.expr(e).outputs[0];
+    for _ in 0..2 * DEVICE_TYPES.len() {
+        let x = f.expr(e).inputs[0];
+        if f.mesh_of(x) != f.mesh_of(y) {
+            return Ok(());
+        }
+        let changes = changing_types(f, x, y);
+        if changes.len() < 2 {
+            return Ok(());
+        }
+        let clashes = |f: &Fusion, pt: ParallelType| {
+            let Some(at) = sharded_position(f, y, pt) else {
+                return false;
+            };
+            DEVICE_TYPES
+                .into_iter()
+                .filter(|o| *o != pt)
+                .any(|o| sharded_position(f, x, o) == Some(at))
+        };
+        let (pt, take) = match changes.iter().find(|pt| !clashes(f, **pt)) {
+            Some(pt) => (*pt, true),
+            None => (changes[0], false),
+        };
+        let name = f.fresh_name(&format!("{}_resharded", f.tensor(x).name));
+        let mid = f.add_op(&name, ExprKind::Set, &[x])?;
+        let se = f.tensor(mid).definition.expect("just defined");
+        f.move_expr_before(se, e);
+        f.expr_mut(se).span = f.expr(e).span;
+        f.tensor_mut(mid).mesh = f.tensor(y).mesh;
+        f.tensor_mut(mid).span = f.tensor(x).span;
+        let keep: Vec<ParallelType> = DEVICE_AND_STREAM_TYPES
+            .into_iter()
+            .filter(|t| *t != pt)
+            .collect();
+        let graph = IdGraph::build(f);
+        replay(f, x, mid, &graph, &keep)?;
+        if take {
+            replay(f, y, mid, &graph, &[pt])?;
+        }
+        f.expr_mut(e).inputs = vec![mid];
+        derive_communication(f, se)?;
+    }
+    Ok(())
+}
+
 /// Step 3: sets before the operands of a resharding expr that is not a communication.
 fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     if !is_resharding(f, e) {
@@ -622,7 +709,11 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     }
     let kind = f.expr(e).kind.clone();
     match kind {
-        ExprKind::Set | ExprKind::SegmentSet | ExprKind::Squeeze { .. } => {
+        ExprKind::Set | ExprKind::SegmentSet => {
+            one_change_per_set(f, e)?;
+            return ensure_communication(f, e);
+        }
+        ExprKind::Squeeze { .. } => {
             return ensure_communication(f, e);
         }
         ExprKind::Reduction { .. } => match derive_communication(f, e) {
@@ -667,6 +758,7 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         }
         let graph = IdGraph::build(f);
         replay(f, out, copy, &graph, &DEVICE_AND_STREAM_TYPES)?;
+        one_change_per_set(f, se)?;
         ensure_communication(f, se).map_err(|d| {
             // The copy is the compiler's: name the user's tensor and expr instead.
             let copy_desc = expr_desc(f, se);

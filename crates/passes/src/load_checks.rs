@@ -6,8 +6,9 @@
 //! verifies) and change nothing.
 //!
 //! * A `set` between two tensors that both carry the user's mesh and differ in device sharding
-//!   must be a communication [`derive_communication`] names, or a change of layout that
-//!   decompose-reshardings splits in two ([`is_layout_change`]).
+//!   must be a communication [`derive_communication`] names, a change of layout that
+//!   decompose-reshardings splits in two ([`is_layout_change`]), or a change of both DIDx and
+//!   DIDy on one mesh, which it splits into one set per type.
 //! * Any other op whose operand is split across devices on an axis that its output (on the
 //!   same mesh, not split across devices) is stream-split on: decompose-reshardings will copy
 //!   the operand into the output's stream chunks (a DID → Stream copy), which needs the
@@ -86,8 +87,9 @@ pub fn check_implicit_did_to_stream(f: &Fusion) -> Result<(), Diagnostic> {
 }
 
 /// Checks every `set` whose input and output both carry the user's mesh and that changes the
-/// device sharding: it must be a communication [`derive_communication`] names, or a change of
-/// layout that decompose-reshardings splits in two ([`is_layout_change`]). The error is at
+/// device sharding: it must be a communication [`derive_communication`] names, a change of
+/// layout that decompose-reshardings splits in two ([`is_layout_change`]), or a change of
+/// both device types on one mesh, which it splits into one set per type. The error is at
 /// the `set`.
 pub fn check_user_communications(f: &Fusion) -> Result<(), Diagnostic> {
     for &e in f.exprs() {
@@ -103,7 +105,10 @@ pub fn check_user_communications(f: &Fusion) -> Result<(), Diagnostic> {
         {
             continue;
         }
-        if is_resharding(f, e) && !is_layout_change(f, e) {
+        if is_resharding(f, e)
+            && !is_layout_change(f, e)
+            && !crate::decompose_reshardings::changes_several_device_types(f, e)
+        {
             derive_communication(f, e)?;
         }
     }

@@ -41,7 +41,7 @@ use weave_transform::IdGraph;
 use crate::communication::derive_communication;
 use crate::pass::{Changed, Ir, Pass, PassError};
 use crate::propagate_shardings::{replay, run_on_fusion};
-use crate::resharding::{is_resharding, DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
+use crate::resharding::{is_resharding, parallel_axis, DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
 
 /// The `reorder-sharded-axis` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
@@ -144,6 +144,23 @@ fn rewrite_all_to_all_if_needed(
         )));
     };
     let d = d as i64;
+    // Another device type on the axis the exchange cuts would have to follow the reshape
+    // that cuts it, which replay does not do.
+    for (t, axes) in [(x, [xv[b]]), (y, [yv[b]])] {
+        for o in DEVICE_TYPES.into_iter().filter(|o| *o != pt) {
+            let Some(id) = parallel_axis(f, &f.tensor(t).loop_domain, o) else {
+                continue;
+            };
+            if axes.iter().any(|ax| derives_from(f, id, *ax)) {
+                return Err(Diagnostic::new(format!(
+                    "AllToAll over {pt} in {desc}: `{}` is also split by {o} on an axis the \
+                     exchange moves; split that axis by {pt} only, or reshard {o} in a set of \
+                     its own",
+                    f.tensor(t).name
+                )));
+            }
+        }
+    }
     let shape: Vec<Scalar> = xv.iter().map(|i| f.id(*i).extent.clone()).collect();
     let eb = f.eval(&shape[b]);
     if eb.is_none_or(|v| v % d != 0) {
