@@ -1436,6 +1436,8 @@ enum Coll2d {
     StreamBroadcast,
     /// `sum` over the moving axis 1 with the output stream-split on axis 3.
     StreamAllreduce,
+    /// Both types move: the kept type from axis 0 to axis 1, the moving one from 1 to 0.
+    Swap,
 }
 
 /// `inp [K * r, M * a, M * b, n]` on `devices(dy, dx)`, where `K` is the size of the mesh axis
@@ -1469,6 +1471,7 @@ fn mesh2d() -> impl Strategy<Value = Mesh2d> {
             any::<bool>().prop_map(|dispatch| Coll2d::AllToAll { dispatch }),
             Just(Coll2d::StreamBroadcast),
             Just(Coll2d::StreamAllreduce),
+            Just(Coll2d::Swap),
         ],
         (1usize..=2, 1usize..=3, 1usize..=3, 1usize..=3),
         (prop::bool::weighted(0.25), 0usize..4),
@@ -1524,9 +1527,17 @@ impl Mesh2d {
                 .collect();
             writeln!(src, "  mesh m = [{}]", rows.join(", ")).unwrap();
         }
+        let (e0, e1) = if matches!(self.coll, Coll2d::Swap) {
+            (
+                format!("{keep} * {mov} * {r}"),
+                format!("{keep} * {mov} * {a}"),
+            )
+        } else {
+            (format!("{keep} * {r}"), format!("{mov} * {a}"))
+        };
         writeln!(
             src,
-            "  tensor inp: {ty}[{keep} * {r}, {mov} * {a}, {mov} * {b}, {n_ext}] on m"
+            "  tensor inp: {ty}[{e0}, {e1}, {mov} * {b}, {n_ext}] on m"
         )
         .unwrap();
         let mut inp: Vec<Split> = vec![(0, keep, keep_p), (1, mov, mov_p)];
@@ -1554,6 +1565,10 @@ impl Mesh2d {
             Coll2d::StreamAllreduce => {
                 out.push((3, "s", "Stream"));
                 "sum(inp, [1])"
+            }
+            Coll2d::Swap => {
+                out = vec![(0, mov, mov_p), (1, keep, keep_p)];
+                "set(inp)"
             }
         };
         writeln!(src, "  out = {rhs}").unwrap();
@@ -1816,6 +1831,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
         Coll2d::AllToAll { dispatch: false },
         Coll2d::StreamBroadcast,
         Coll2d::StreamAllreduce,
+        Coll2d::Swap,
     ] {
         for (over_x, rot) in [(true, 0), (false, 0), (true, 1), (false, 3)] {
             let spec = Mesh2d {
@@ -2251,6 +2267,23 @@ fn several_meshes_and_two_dimensional_meshes_match_the_reference() {
         ("outer_split(0, 2) -> DIDy; outer_split(2, 2) -> DIDx", ""),
     ] {
         assert_runs(&both(from, to), 4, 2);
+    }
+    // The swap on meshes with one device along an axis: that type's split is a one-member
+    // copy around the AllToAll of the other.
+    let swap = both(
+        "outer_split(0, dx) -> DIDx; outer_split(2, dy) -> DIDy",
+        "outer_split(0, dy) -> DIDy; outer_split(2, dx) -> DIDx",
+    );
+    for (dy, dx) in [(1, 2), (2, 1), (1, 3)] {
+        let source = swap
+            .replace(
+                "both(a = 2, b = 3)",
+                &format!("both(a = 2, b = 3, dy = {dy}, dx = {dx})"),
+            )
+            .replace("devices(2, 2)", "devices(dy, dx)")
+            .replace("4 * a", "dy * dx * a")
+            .replace("4 * b", "dy * dx * b");
+        assert_runs(&source, dy * dx, 2);
     }
     for (dy, dx) in [(1, 2), (2, 1), (2, 2), (1, 3)] {
         let source = format!(

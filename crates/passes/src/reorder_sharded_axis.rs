@@ -145,9 +145,11 @@ fn rewrite_all_to_all_if_needed(
     };
     let d = d as i64;
     // Another device type on the axis the exchange cuts would have to follow the reshape
-    // that cuts it, which replay does not do.
+    // that cuts it, which replay does not do (one of extent 1 splits nothing and may stay).
+    let mesh = f.mesh_of(x).cloned();
+    let splits = |o: ParallelType| mesh.as_ref().and_then(|m| m.size_of(o)).unwrap_or(1) > 1;
     for (t, axes) in [(x, [xv[b]]), (y, [yv[b]])] {
-        for o in DEVICE_TYPES.into_iter().filter(|o| *o != pt) {
+        for o in DEVICE_TYPES.into_iter().filter(|o| *o != pt && splits(*o)) {
             let Some(id) = parallel_axis(f, &f.tensor(t).loop_domain, o) else {
                 continue;
             };
@@ -194,10 +196,35 @@ fn rewrite_all_to_all_if_needed(
         f.tensor_mut(t).span = f.tensor(base).span;
         Ok::<TensorId, Diagnostic>(t)
     };
+    // A device type of extent 1 (it splits nothing) on the axis the exchange cuts cannot
+    // follow the reshape, nor share the devices' axis of the exchange: the chain leaves it
+    // out, a copy before it drops it from `x` and the final copy gives it back to `y`
+    // (one-member collectives, that is, local copies).
+    let on = |f: &Fusion, t: TensorId, o: ParallelType, axis: IterDomainId| {
+        parallel_axis(f, &f.tensor(t).loop_domain, o).is_some_and(|id| derives_from(f, id, axis))
+    };
+    let dropped: Vec<ParallelType> = DEVICE_TYPES
+        .into_iter()
+        .filter(|o| *o != pt && !splits(*o))
+        .filter(|o| on(f, x, *o, xv[b]) || on(f, y, *o, yv[b]))
+        .collect();
+    let chain: Vec<ParallelType> = DEVICE_TYPES
+        .into_iter()
+        .filter(|o| !dropped.contains(o))
+        .collect();
+    let x1 = if dropped
+        .iter()
+        .any(|o| parallel_axis(f, &f.tensor(x).loop_domain, *o).is_some())
+    {
+        Some(add(f, x, ExprKind::Set, x)?)
+    } else {
+        None
+    };
+    let src = x1.unwrap_or(x);
     let x2 = if cut {
         let mut split_shape = shape.clone();
         split_shape.splice(b..=b, [Scalar::c(d), shape[b].clone().div(Scalar::c(d))]);
-        Some(add(f, x, ExprKind::Reshape { shape: split_shape }, x)?)
+        Some(add(f, x, ExprKind::Reshape { shape: split_shape }, src)?)
     } else {
         None
     };
@@ -205,7 +232,7 @@ fn rewrite_all_to_all_if_needed(
         f,
         x,
         ExprKind::Permute { perm: perm.clone() },
-        x2.unwrap_or(x),
+        x2.unwrap_or(src),
     )?;
     let y3 = add(f, y, ExprKind::Set, x3)?;
     let y4 = add(f, y, ExprKind::Permute { perm: inverse }, y3)?;
@@ -220,17 +247,27 @@ fn rewrite_all_to_all_if_needed(
     // loop that produces `x` and before any that reads `y` (a Stream split of `A` or `B`
     // could not follow the reshape anyway).
     let graph = IdGraph::build(f);
-    if let Some(x2) = x2 {
-        replay(f, x, x2, &graph, &DEVICE_TYPES)?;
+    if let Some(x1) = x1 {
+        replay(f, x, x1, &graph, &chain)?;
     }
-    replay(f, x, x3, &graph, &DEVICE_TYPES)?;
-    let others: Vec<ParallelType> = DEVICE_TYPES.into_iter().filter(|t| *t != pt).collect();
+    if let Some(x2) = x2 {
+        replay(f, src, x2, &graph, &chain)?;
+    }
+    replay(f, x2.unwrap_or(src), x3, &graph, &chain)?;
+    // The other device types keep `y`'s splits; one of extent 1 keeps the producer's
+    // placement instead.
+    let (others, trivial): (Vec<ParallelType>, Vec<ParallelType>) = chain
+        .iter()
+        .copied()
+        .filter(|t| *t != pt)
+        .partition(|t| splits(*t));
     replay(f, y, y3, &graph, &others)?;
+    replay(f, x3, y3, &graph, &trivial)?;
     weave_transform::schedule::parallelize(f, y3, 0, pt)?;
     let graph = IdGraph::build(f);
-    replay(f, y3, y4, &graph, &DEVICE_TYPES)?;
+    replay(f, y3, y4, &graph, &chain)?;
     if let Some(y5) = y5 {
-        replay(f, y, y5, &graph, &DEVICE_TYPES)?;
+        replay(f, y, y5, &graph, &chain)?;
     }
     Ok(())
 }
