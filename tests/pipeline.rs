@@ -575,6 +575,28 @@ fn an_all_to_all_with_another_split_on_its_cut_axis_is_refused() {
     );
 }
 
+/// A scatter from another mesh onto a 2-D mesh is refused at load, at the `set`.
+#[test]
+fn a_scatter_onto_a_two_dimensional_mesh_from_another_is_refused_at_load() {
+    let src = "fusion sc(n = 2) {
+  mesh r = [0]
+  mesh m = devices(2, 2)
+  tensor x: f32[4, 2 * n] on r
+  y = set(x)
+  output y
+  schedule y { mesh = m; outer_split(0, 2) -> DIDx }
+}
+";
+    let e = streamweave::load("sc.weave", src, &[])
+        .expect_err("refused at load")
+        .to_string();
+    assert!(
+        e.contains("Scatter needs a 1-D receiver mesh in `y = set(x)`, got DeviceMesh{{0 1}{2 3}}"),
+        "{e}"
+    );
+    assert!(e.contains("--> sc.weave:5:7"), "{e}");
+}
+
 /// A set on a 2-D mesh that swaps the DIDx and DIDy axes becomes three collectives, each over
 /// the rows or the columns of the mesh: gather DIDx, move DIDy, split DIDx again.
 #[test]
