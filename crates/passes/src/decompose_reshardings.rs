@@ -676,9 +676,15 @@ fn one_change_per_set(f: &mut Fusion, e: ExprId) -> IrResult<()> {
                 .filter(|o| *o != pt)
                 .any(|o| sharded_position(f, x, o) == Some(at))
         };
+        // Gathering needs a split of `x` to gather; a clash means `x` has one.
+        let gatherable =
+            |pt: &&ParallelType| parallel_axis(f, &f.tensor(x).loop_domain, **pt).is_some();
         let (pt, take) = match changes.iter().find(|pt| !clashes(f, **pt)) {
             Some(pt) => (*pt, true),
-            None => (changes[0], false),
+            None => match changes.iter().find(gatherable) {
+                Some(pt) => (*pt, false),
+                None => return Ok(()),
+            },
         };
         let name = f.fresh_name(&format!("{}_resharded", f.tensor(x).name));
         let mid = f.add_op(&name, ExprKind::Set, &[x])?;
