@@ -2319,3 +2319,681 @@ fn copy_of_a_replicated_tensor_to_a_one_device_mesh_runs_on_the_member_only() {
         2,
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Family 7: uneven and over-long stream splits, Serial splits
+// ---------------------------------------------------------------------------------------
+
+/// What a ragged program computes; its rows are cut into `s` ceilDiv chunks whatever their
+/// number (a short last chunk, or empty ones when `s` exceeds the rows).
+#[derive(Clone, Copy, Debug)]
+enum RaggedKind {
+    /// `out = relu(add(a, b))`; the columns DID-split when `did`.
+    Pointwise { did: bool },
+    /// `out = sum(a, [1])`: with `did`, the reduced columns are DID-split (an Allreduce per
+    /// chunk).
+    RowSum { did: bool },
+    /// `out = linear(inp, w)` with replicated weights.
+    Linear,
+    /// `out = linear(inp, w)` with the contraction axis DID-split: an Allreduce per chunk.
+    RowParallel,
+    /// `out = linear(inp, w)` with the output features DID-split.
+    ColumnParallel,
+}
+
+#[derive(Clone, Debug)]
+struct Ragged {
+    d: usize,
+    s: usize,
+    streams: usize,
+    /// The stream-split axis: any length, not a multiple of `s`.
+    rows: usize,
+    /// Per-device column factor.
+    cols: usize,
+    kind: RaggedKind,
+    /// `Some(k)`: the output's columns (or, for a row sum, its rows) also get
+    /// `outer_split(.., k) -> Serial`, any `k`, larger than the axis too.
+    serial: Option<usize>,
+    /// Whether the stream split goes on the output (else on the first input).
+    on_output: bool,
+}
+
+fn ragged() -> impl Strategy<Value = Ragged> {
+    (
+        (1usize..=4, 1usize..=6, 1usize..=3),
+        (1usize..=9, 1usize..=3),
+        prop_oneof![
+            any::<bool>().prop_map(|did| RaggedKind::Pointwise { did }),
+            any::<bool>().prop_map(|did| RaggedKind::RowSum { did }),
+            Just(RaggedKind::Linear),
+            Just(RaggedKind::RowParallel),
+            Just(RaggedKind::ColumnParallel),
+        ],
+        prop_oneof![2 => Just(None), 1 => (1usize..=7).prop_map(Some)],
+        any::<bool>(),
+    )
+        .prop_map(
+            |((d, s, streams), (rows, cols), kind, serial, on_output)| Ragged {
+                d,
+                s,
+                streams,
+                rows,
+                cols,
+                kind,
+                serial,
+                on_output,
+            },
+        )
+}
+
+impl Ragged {
+    fn case(&self) -> Case {
+        let Ragged { d, s, rows, .. } = *self;
+        let k = self.serial.unwrap_or(1);
+        let mut src = format!("fusion ragged(d = {d}, s = {s}, k = {k}) {{\n");
+        src.push_str("  mesh m = devices(d)\n");
+        let cols = extent(
+            self.cols,
+            !matches!(
+                self.kind,
+                RaggedKind::Pointwise { did: false } | RaggedKind::RowSum { did: false }
+            ) && !matches!(self.kind, RaggedKind::Linear),
+            false,
+            0,
+        );
+        let stream: Vec<Split> = vec![(0, "s", "Stream")];
+        // (input splits, output loop rank, output splits without the stream split)
+        let mut inputs: Vec<(&str, Vec<Split>)> = Vec::new();
+        let out_rank;
+        let mut out_splits: Vec<Split> = Vec::new();
+        let serial_axis;
+        match self.kind {
+            RaggedKind::Pointwise { did } => {
+                writeln!(src, "  tensor a: f32[{rows}, {cols}] on m").unwrap();
+                writeln!(src, "  tensor b: f32[{rows}, {cols}] on m").unwrap();
+                src.push_str("  t0 = add(a, b)\n  out = relu(t0)\n");
+                let split: Vec<Split> = if did { vec![(1, "d", "DIDx")] } else { vec![] };
+                inputs.push(("a", split.clone()));
+                inputs.push(("b", split.clone()));
+                out_rank = 2;
+                out_splits = split;
+                serial_axis = 1;
+            }
+            RaggedKind::RowSum { did } => {
+                writeln!(src, "  tensor a: f32[{rows}, {cols}] on m").unwrap();
+                src.push_str("  out = sum(a, [1])\n");
+                let split: Vec<Split> = if did { vec![(1, "d", "DIDx")] } else { vec![] };
+                inputs.push(("a", split));
+                out_rank = 2;
+                serial_axis = 0;
+            }
+            RaggedKind::Linear | RaggedKind::RowParallel | RaggedKind::ColumnParallel => {
+                let n = if matches!(self.kind, RaggedKind::ColumnParallel) {
+                    extent(2, true, false, 0)
+                } else {
+                    "2".to_string()
+                };
+                let kk = if matches!(self.kind, RaggedKind::ColumnParallel) {
+                    self.cols.to_string()
+                } else {
+                    cols.clone()
+                };
+                writeln!(src, "  tensor inp: f32[{rows}, {kk}] on m").unwrap();
+                writeln!(src, "  tensor w: f32[{n}, {kk}] on m").unwrap();
+                src.push_str("  out = linear(inp, w)\n");
+                match self.kind {
+                    RaggedKind::RowParallel => {
+                        inputs.push(("inp", vec![(1, "d", "DIDx")]));
+                        inputs.push(("w", vec![(1, "d", "DIDx")]));
+                    }
+                    RaggedKind::ColumnParallel => {
+                        inputs.push(("inp", vec![]));
+                        inputs.push(("w", vec![(0, "d", "DIDx")]));
+                        out_splits.push((1, "d", "DIDx"));
+                    }
+                    _ => {
+                        inputs.push(("inp", vec![]));
+                        inputs.push(("w", vec![]));
+                    }
+                }
+                out_rank = 3;
+                serial_axis = 1;
+            }
+        }
+        src.push_str("  output out\n");
+        for (i, (name, splits)) in inputs.iter().enumerate() {
+            let mut all = Vec::new();
+            if i == 0 && !self.on_output {
+                all.extend(stream.iter().copied());
+            }
+            all.extend(splits.iter().copied());
+            schedule(&mut src, name, &split_steps(2, &all));
+        }
+        let mut out = Vec::new();
+        if self.on_output {
+            out.extend(stream.iter().copied());
+        }
+        out.extend(out_splits.iter().copied());
+        if self.serial.is_some() {
+            out.push((serial_axis, "k", "Serial"));
+        }
+        if !out.is_empty() {
+            let mut steps = vec!["mesh = m".to_string()];
+            steps.extend(split_steps(out_rank, &out));
+            schedule(&mut src, "out", &steps);
+        }
+        src.push_str("}\n");
+        Case {
+            family: "ragged",
+            source: src,
+            ranks: d,
+            streams: self.streams,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Family 8: 2-D meshes (data × tensor parallel)
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+enum GridKind {
+    /// Tokens DIDy, contraction DIDx: a partial product per rank, an Allreduce among the
+    /// ranks of one row of the mesh.
+    RowParallel,
+    /// Tokens DIDy, output features DIDx (no communication); with `gather`, the output is
+    /// then gathered along the features within each mesh row.
+    ColumnParallel { gather: bool },
+    /// `sum` over a DIDx axis of a tensor whose other axis is DIDy.
+    SumOverX,
+    /// A pointwise op whose output keeps only the DIDx split (gathered along DIDy).
+    GatherY,
+}
+
+#[derive(Clone, Debug)]
+struct Grid {
+    dy: usize,
+    dx: usize,
+    s: usize,
+    streams: usize,
+    kind: GridKind,
+    /// Per-device factors of the two axes.
+    a: usize,
+    b: usize,
+    /// A stream split of the (DIDy) rows on the output, by `s`.
+    stream: bool,
+}
+
+fn grid() -> impl Strategy<Value = Grid> {
+    (
+        prop_oneof![
+            Just((1usize, 2usize)),
+            Just((2, 1)),
+            Just((2, 2)),
+            Just((3, 1)),
+            Just((1, 3)),
+            Just((1, 1)),
+        ],
+        (1usize..=4, 1usize..=3),
+        prop_oneof![
+            Just(GridKind::RowParallel),
+            any::<bool>().prop_map(|gather| GridKind::ColumnParallel { gather }),
+            Just(GridKind::SumOverX),
+            Just(GridKind::GatherY),
+        ],
+        (1usize..=3, 1usize..=3),
+        any::<bool>(),
+    )
+        .prop_map(|((dy, dx), (s, streams), kind, (a, b), stream)| Grid {
+            dy,
+            dx,
+            s,
+            streams,
+            kind,
+            a,
+            b,
+            stream,
+        })
+}
+
+impl Grid {
+    fn case(&self) -> Case {
+        let Grid { dy, dx, a, b, .. } = *self;
+        // A DID → Stream copy (the gather along DIDy into stream chunks) needs factors that
+        // nest; any `s` that is a multiple of `dy` does (the other factors are refused at load,
+        // tests/stream_did.rs).
+        let s = if matches!(self.kind, GridKind::GatherY) && self.stream {
+            dy * self.s.div_ceil(2)
+        } else {
+            self.s
+        };
+        let mut src = format!("fusion mesh2d(dy = {dy}, dx = {dx}, s = {s}) {{\n");
+        src.push_str("  mesh m = devices(dy, dx)\n");
+        // The rows are split by DIDy (per device `a` rows; times `s` when streamed, so that
+        // each chunk splits evenly across the mesh rows).
+        let rows = if self.stream {
+            format!("{a} * dy * s")
+        } else {
+            format!("{a} * dy")
+        };
+        let xcols = format!("{b} * dx");
+        let rows_split = |stream: bool| -> Vec<Split> {
+            if stream {
+                vec![(0, "s", "Stream"), (0, "dy", "DIDy")]
+            } else {
+                vec![(0, "dy", "DIDy")]
+            }
+        };
+        match self.kind {
+            GridKind::RowParallel | GridKind::ColumnParallel { .. } => {
+                let row = matches!(self.kind, GridKind::RowParallel);
+                let (k, n) = if row {
+                    (xcols.clone(), "2".to_string())
+                } else {
+                    ("3".to_string(), xcols.clone())
+                };
+                writeln!(src, "  tensor inp: f32[{rows}, {k}] on m").unwrap();
+                writeln!(src, "  tensor w: f32[{n}, {k}] on m").unwrap();
+                src.push_str("  y = linear(inp, w)\n");
+                let gather = matches!(self.kind, GridKind::ColumnParallel { gather: true });
+                if gather {
+                    src.push_str("  out = set(y)\n");
+                } else {
+                    src.push_str("  out = relu(y)\n");
+                }
+                src.push_str("  output out\n");
+                let mut inp = rows_split(false);
+                if row {
+                    inp.push((1, "dx", "DIDx"));
+                    schedule(&mut src, "w", &split_steps(2, &[(1, "dx", "DIDx")]));
+                } else {
+                    schedule(&mut src, "w", &split_steps(2, &[(0, "dx", "DIDx")]));
+                }
+                schedule(&mut src, "inp", &split_steps(2, &inp));
+                let mut out = vec!["mesh = m".to_string()];
+                let mut splits = rows_split(self.stream);
+                if !row && !gather {
+                    splits.push((1, "dx", "DIDx"));
+                }
+                out.extend(split_steps(2, &splits));
+                schedule(&mut src, "out", &out);
+            }
+            GridKind::SumOverX => {
+                writeln!(src, "  tensor inp: f32[{rows}, {xcols}] on m").unwrap();
+                src.push_str("  out = sum(inp, [1])\n  output out\n");
+                let mut inp = rows_split(false);
+                inp.push((1, "dx", "DIDx"));
+                schedule(&mut src, "inp", &split_steps(2, &inp));
+                let mut out = vec!["mesh = m".to_string()];
+                out.extend(split_steps(2, &rows_split(self.stream)));
+                schedule(&mut src, "out", &out);
+            }
+            GridKind::GatherY => {
+                writeln!(src, "  tensor inp: f32[{rows}, {xcols}] on m").unwrap();
+                src.push_str("  out = neg(inp)\n  output out\n");
+                let mut inp = rows_split(false);
+                inp.push((1, "dx", "DIDx"));
+                schedule(&mut src, "inp", &split_steps(2, &inp));
+                let mut out = vec!["mesh = m".to_string()];
+                let mut splits = if self.stream {
+                    vec![(0, "s", "Stream")]
+                } else {
+                    vec![]
+                };
+                splits.push((1, "dx", "DIDx"));
+                out.extend(split_steps(2, &splits));
+                schedule(&mut src, "out", &out);
+            }
+        }
+        src.push_str("}\n");
+        Case {
+            family: "grid",
+            source: src,
+            ranks: dy * dx,
+            streams: self.streams,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Family 9: several meshes in one fusion
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+struct MultiMesh {
+    /// Sizes of the two meshes.
+    na: usize,
+    nb: usize,
+    /// Whether the second mesh is the first one reversed (else the next ranks).
+    reversed: bool,
+    /// DIDx splits of the rows on the first and the second mesh.
+    did_a: bool,
+    did_b: bool,
+    rows: usize,
+    cols: usize,
+    /// A stream split of the rows of the second stage's output.
+    stream: bool,
+    s: usize,
+    streams: usize,
+}
+
+fn multi_mesh() -> impl Strategy<Value = MultiMesh> {
+    (
+        (1usize..=2, 1usize..=2, any::<bool>()),
+        (any::<bool>(), any::<bool>()),
+        (1usize..=3, 1usize..=3),
+        (any::<bool>(), 1usize..=3, 1usize..=3),
+    )
+        .prop_map(
+            |((na, nb, reversed), (did_a, did_b), (rows, cols), (stream, s, streams))| MultiMesh {
+                na,
+                nb,
+                reversed,
+                did_a,
+                did_b,
+                rows,
+                cols,
+                stream,
+                s,
+                streams,
+            },
+        )
+}
+
+impl MultiMesh {
+    fn case(&self) -> Case {
+        let nb = if self.reversed { self.na } else { self.nb };
+        let a: Vec<usize> = (0..self.na).collect();
+        let b: Vec<usize> = if self.reversed {
+            a.iter().rev().copied().collect()
+        } else {
+            (self.na..self.na + nb).collect()
+        };
+        let list = |v: &[usize]| {
+            v.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (da, db) = (self.na, nb);
+        // Rows divisible by both mesh sizes.
+        let rows = self.rows * da * db;
+        let mut src = format!("fusion stages(da = {da}, db = {db}, s = {}) {{\n", self.s);
+        writeln!(src, "  mesh ma = [{}]", list(&a)).unwrap();
+        writeln!(src, "  mesh mb = [{}]", list(&b)).unwrap();
+        writeln!(src, "  tensor x: f32[{rows}, {}] on ma", self.cols).unwrap();
+        src.push_str("  y = relu(x)\n  z = set(y)\n  out = neg(z)\n  output out\n");
+        if self.did_a {
+            schedule(&mut src, "x", &split_steps(2, &[(0, "da", "DIDx")]));
+        }
+        let mut steps = vec!["mesh = mb".to_string()];
+        let mut splits = Vec::new();
+        if self.stream {
+            splits.push((1, "s", "Stream"));
+        }
+        if self.did_b {
+            splits.push((0, "db", "DIDx"));
+        }
+        steps.extend(split_steps(2, &splits));
+        schedule(&mut src, "z", &steps);
+        src.push_str("}\n");
+        Case {
+            family: "multi-mesh",
+            source: src,
+            ranks: if self.reversed { da } else { da + db },
+            streams: self.streams,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Family 10: backward (transposed) matmuls
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+enum BwdPar {
+    None,
+    /// The forward was row-parallel (`x`, `w` split on K): both gradients stay split on K.
+    Row,
+    /// The forward was column-parallel (`w`, `grad_out` split on N): `grad_x` sums over
+    /// devices (an Allreduce), `grad_w` stays split on N.
+    Column,
+}
+
+/// Where the backward is stream-split on the tokens.
+#[derive(Clone, Copy, Debug)]
+enum BwdStream {
+    None,
+    /// On `grad_x` (the user's schedule).
+    GradX,
+    /// On the input `grad_out` (reaches `grad_x` by propagation, and must not reach the
+    /// token reduction of `grad_w`).
+    GradOut,
+}
+
+#[derive(Clone, Debug)]
+struct Backward {
+    d: usize,
+    s: usize,
+    streams: usize,
+    par: BwdPar,
+    stream: BwdStream,
+    /// Factors of T, N, K.
+    sizes: [usize; 3],
+}
+
+fn backward() -> impl Strategy<Value = Backward> {
+    (
+        (1usize..=4, 1usize..=4, 1usize..=3),
+        prop_oneof![Just(BwdPar::None), Just(BwdPar::Row), Just(BwdPar::Column)],
+        prop_oneof![
+            Just(BwdStream::None),
+            Just(BwdStream::GradX),
+            Just(BwdStream::GradOut)
+        ],
+        [1usize..=5, 1usize..=3, 1usize..=3],
+    )
+        .prop_map(|((d, s, streams), par, stream, sizes)| Backward {
+            d,
+            s,
+            streams,
+            par,
+            stream,
+            sizes,
+        })
+}
+
+impl Backward {
+    fn case(&self) -> Case {
+        let Backward { d, s, .. } = *self;
+        let [t, n, k] = self.sizes;
+        let n = extent(n, matches!(self.par, BwdPar::Column), false, 0);
+        let k = extent(k, matches!(self.par, BwdPar::Row), false, 0);
+        let mut src = header("backward", d, s);
+        src.push_str("  mesh m = devices(d)\n");
+        writeln!(src, "  tensor grad_out: f32[{t}, {n}] on m").unwrap();
+        writeln!(src, "  tensor w: f32[{n}, {k}] on m").unwrap();
+        writeln!(src, "  tensor x: f32[{t}, {k}] on m").unwrap();
+        src.push_str(
+            "  grad_x = matmul(grad_out, w)\n  go_t = permute(grad_out, [1, 0])\n  \
+             grad_w = matmul(go_t, x)\n  output grad_x, grad_w\n",
+        );
+        let mut go = Vec::new();
+        if matches!(self.stream, BwdStream::GradOut) {
+            go.push((0, "s", "Stream"));
+        }
+        match self.par {
+            BwdPar::None => {}
+            BwdPar::Row => {
+                schedule(&mut src, "w", &split_steps(2, &[(1, "d", "DIDx")]));
+                schedule(&mut src, "x", &split_steps(2, &[(1, "d", "DIDx")]));
+            }
+            BwdPar::Column => {
+                schedule(&mut src, "w", &split_steps(2, &[(0, "d", "DIDx")]));
+                go.push((1, "d", "DIDx"));
+            }
+        }
+        schedule(&mut src, "grad_out", &split_steps(2, &go));
+        if matches!(self.stream, BwdStream::GradX) {
+            // Loop domain of grad_x: [T, K, r(N)].
+            let mut splits = vec![(0, "s", "Stream")];
+            if matches!(self.par, BwdPar::Row) {
+                splits.push((1, "d", "DIDx"));
+            }
+            let mut steps = vec!["mesh = m".to_string()];
+            steps.extend(split_steps(3, &splits));
+            schedule(&mut src, "grad_x", &steps);
+        }
+        src.push_str("}\n");
+        Case {
+            family: "backward",
+            source: src,
+            ranks: d,
+            streams: self.streams,
+        }
+    }
+}
+
+/// Every family of this file, by name: the random test runs each with its own case budget,
+/// so a failure names its family.
+fn family(name: &str) -> BoxedStrategy<Case> {
+    match name {
+        "pointwise" => pointwise().prop_map(|p| p.case()).boxed(),
+        "reduction" => reduction().prop_map(|r| r.case()).boxed(),
+        "matmul" => matmul().prop_map(|m| m.case()).boxed(),
+        "collective" => collective().prop_map(|c| c.case()).boxed(),
+        "ragged" => ragged().prop_map(|r| r.case()).boxed(),
+        "grid" => grid().prop_map(|m| m.case()).boxed(),
+        "batched-matmul" => batched_matmul().prop_map(|b| b.case()).boxed(),
+        "mesh2d" => mesh2d().prop_map(|m| m.case()).boxed(),
+        "multi-mesh" => multi_mesh().prop_map(|m| m.case()).boxed(),
+        "backward" => backward().prop_map(|b| b.case()).boxed(),
+        "seq-par" => seq_par().prop_map(|q| q.case()).boxed(),
+        other => panic!("no family `{other}`"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn ragged_programs_match_the_reference(case in family("ragged")) {
+        if let Err(e) = check(&case) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+
+    #[test]
+    fn grid_programs_match_the_reference(case in family("grid")) {
+        if let Err(e) = check(&case) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+
+    #[test]
+    fn multi_mesh_programs_match_the_reference(case in family("multi-mesh")) {
+        if let Err(e) = check(&case) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+
+    #[test]
+    fn backward_programs_match_the_reference(case in family("backward")) {
+        if let Err(e) = check(&case) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Family 11: sequence parallelism in loop-split form (DID inside Stream chunks)
+// ---------------------------------------------------------------------------------------
+
+/// A sequence-parallel MLP as users write it: the tokens of `x` are cut into `s` stream
+/// chunks and each chunk across the devices; every chunk is gathered, goes through a
+/// column-parallel and a row-parallel linear, and is reduce-scattered back onto the tokens.
+#[derive(Clone, Debug)]
+struct SeqPar {
+    d: usize,
+    s: usize,
+    streams: usize,
+    /// Tokens per device and chunk, model and hidden factors.
+    sizes: [usize; 3],
+    act: Option<Un>,
+    /// Where it stops: 0 = the gather alone, 1 = gather + column-parallel linear, 2 = the
+    /// whole MLP reduce-scattered, 3 = the whole MLP allreduced (replicated output).
+    depth: usize,
+}
+
+fn seq_par() -> impl Strategy<Value = SeqPar> {
+    (
+        (1usize..=4, 1usize..=4, 1usize..=3),
+        [1usize..=2, 1usize..=3, 1usize..=2],
+        prop_oneof![Just(None), un().prop_map(Some)],
+        0usize..4,
+    )
+        .prop_map(|((d, s, streams), sizes, act, depth)| SeqPar {
+            d,
+            s,
+            streams,
+            sizes,
+            act,
+            depth,
+        })
+}
+
+impl SeqPar {
+    fn case(&self) -> Case {
+        let SeqPar { d, s, depth, .. } = *self;
+        let [tf, hf, ff] = self.sizes;
+        let mut src = header("seq_par", d, s);
+        src.push_str("  mesh m = devices(d)\n");
+        writeln!(src, "  tensor x: f32[{tf} * s * d, {hf}] on m").unwrap();
+        writeln!(src, "  tensor w1: f32[{ff} * d, {hf}] on m").unwrap();
+        writeln!(src, "  tensor w2: f32[{hf}, {ff} * d] on m").unwrap();
+        src.push_str("  ag = set(x)\n");
+        let mut last = "ag";
+        if depth >= 1 {
+            src.push_str("  h1 = linear(ag, w1)\n");
+            last = "h1";
+        }
+        if depth >= 2 {
+            if let Some(u) = self.act {
+                writeln!(src, "  a1 = {}(h1)", u.name()).unwrap();
+                last = "a1";
+            }
+            writeln!(src, "  y = linear({last}, w2)").unwrap();
+            last = "y";
+        }
+        writeln!(src, "  output {last}").unwrap();
+        let chunked = [(0, "s", "Stream"), (0, "d", "DIDx")];
+        schedule(&mut src, "x", &split_steps(2, &chunked));
+        schedule(&mut src, "w1", &split_steps(2, &[(0, "d", "DIDx")]));
+        schedule(&mut src, "w2", &split_steps(2, &[(1, "d", "DIDx")]));
+        let mut ag = vec!["mesh = m".to_string()];
+        ag.extend(split_steps(2, &[(0, "s", "Stream")]));
+        schedule(&mut src, "ag", &ag);
+        if depth >= 2 {
+            // Loop domain of y: [t, h, r(f)].
+            let mut steps = vec!["mesh = m".to_string()];
+            let splits: Vec<Split> = if depth == 2 {
+                vec![(2, "d", "DIDx"), (0, "s", "Stream"), (0, "d", "DIDx")]
+            } else {
+                vec![(0, "s", "Stream")]
+            };
+            steps.extend(split_steps(3, &splits));
+            schedule(&mut src, "y", &steps);
+        }
+        src.push_str("}\n");
+        Case {
+            family: "seq-par",
+            source: src,
+            ranks: d,
+            streams: self.streams,
+        }
+    }
+}
