@@ -2301,6 +2301,81 @@ fn several_meshes_and_two_dimensional_meshes_match_the_reference() {
     }
 }
 
+/// A copy to a DID-split tensor on a mesh that shares no device with the sender mesh: the
+/// first sender sends each receiver its piece, one SendRecv pair per receiver (no Scatter),
+/// after an Allgather on the senders when the input is split there; also when the meshes
+/// differ in size, in stream chunks, and from a DIDx split of a 2-D mesh.
+#[test]
+fn scatters_to_a_disjoint_mesh_send_each_receiver_its_piece_from_the_first_sender() {
+    use streamweave::host_ir::{CommunicationType, Stmt};
+    let program = |a: &str, b: &str, rows: usize, x: &str, z: &str| {
+        format!(
+            "fusion stages(s = 2) {{
+  mesh ma = {a}
+  mesh mb = {b}
+  tensor x: f32[{rows}, 2] on ma
+  y = relu(x)
+  z = set(y)
+  out = neg(z)
+  output out
+  schedule x {{ {x} }}
+  schedule z {{ mesh = mb; {z} }}
+}}
+"
+        )
+    };
+    let split = |d: usize| format!("outer_split(0, {d}) -> DIDx");
+    let streamed = |d: usize| format!("outer_split(1, s) -> Stream; outer_split(0, {d}) -> DIDx");
+    // (sender mesh, receiver mesh, rows, x's schedule, z's schedule, ranks, allgather first)
+    let cases = [
+        ("[0, 1]", "[2]", 2, String::new(), split(1), 3, false),
+        ("[0]", "[1, 2]", 6, String::new(), split(2), 3, false),
+        ("[0]", "[1, 2]", 4, split(1), split(2), 3, true),
+        ("[0, 1]", "[2]", 6, String::new(), streamed(1), 3, false),
+        ("[0]", "[1, 2]", 2, split(1), streamed(2), 3, true),
+        (
+            "[0, 1]",
+            "[2, 3, 4]",
+            6,
+            String::new(),
+            streamed(3),
+            5,
+            false,
+        ),
+        ("[0, 1]", "[2, 3, 4]", 6, split(2), split(3), 5, true),
+        ("devices(2, 2)", "[4, 5]", 4, split(2), split(2), 6, true),
+    ];
+    for (a, b, rows, x, z, ranks, gathers) in cases {
+        let source = program(a, b, rows, &x, &z);
+        assert_runs(&source, ranks, 2);
+        let fusion = streamweave::load("scatter.weave", &source, &[]).unwrap();
+        let compiled = compile_for_run(fusion).unwrap();
+        let p = &compiled.program;
+        let mut comms = Vec::new();
+        for w in p.walk() {
+            if let Stmt::Communication(c) = &p.stmts[w.stmt] {
+                comms.push((c.kind, c.teams.clone()));
+            }
+        }
+        let receivers = ranks - b.matches(',').count() - 1..ranks;
+        let pairs: Vec<_> = receivers
+            .map(|r| (CommunicationType::SendRecv, vec![vec![0, r as i64]]))
+            .collect();
+        let sends: Vec<_> = comms
+            .iter()
+            .filter(|(k, _)| *k != CommunicationType::Allgather)
+            .cloned()
+            .collect();
+        assert!(
+            sends.len() % pairs.len() == 0
+                && sends.chunks(pairs.len()).all(|c| c == pairs.as_slice()),
+            "{source}: {comms:?}"
+        );
+        let allgathers = comms.len() - sends.len();
+        assert_eq!(allgathers > 0, gathers, "{source}: {comms:?}");
+    }
+}
+
 /// A replicated tensor copied to a one-device mesh is a Broadcast whose team is that one
 /// device: the member copies locally, and the ranks outside the team post nothing.
 #[test]

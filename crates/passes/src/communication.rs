@@ -30,8 +30,10 @@
 //! team is the sender mesh plus the receiver. A cross-mesh Broadcast's team is the receiver
 //! mesh plus the root. A Scatter on one mesh runs within each slice along the changing type,
 //! rooted at the slice's first member (every member holds the whole tensor); across meshes its
-//! team is the (1-D) receiver mesh, its root the first sender that is also a receiver. Roots
-//! are indices into the team.
+//! team is the (1-D) receiver mesh, its root the first sender that is also a receiver, or,
+//! when no sender is a receiver, one pair (first sender, receiver `i`) per receiver, which
+//! lowering posts as a SendRecv of piece `i` ([`CommunicationInfo::root_sends_pieces`]).
+//! Roots are indices into the team.
 //!
 //! nvFuser's CollectivePermute (a DID→Stream `set` whose stream axis is a `Swizzle1D`) is not
 //! derived: the IR has no swizzle.
@@ -106,6 +108,9 @@ pub struct CommunicationInfo {
     /// the first. Several for Gather and Reduce with several receivers, for SendRecv pairs,
     /// and for collectives over a slice of a multi-dimensional mesh.
     pub instances: Vec<TeamInstance>,
+    /// A Scatter to a mesh without any sender: instance `i` is the pair (root, receiver
+    /// `i`), and lowering posts it as a SendRecv of piece `i` of the root's input.
+    pub root_sends_pieces: bool,
 }
 
 impl CommunicationInfo {
@@ -351,9 +356,23 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
                 )));
             }
             let Some(root) = pm.devices().iter().copied().find(|d| cm.has(*d)) else {
-                return Err(Diagnostic::new(format!(
-                    "Scatter in {desc}: no device of the sender mesh {pm} is in the receiver mesh {cm}"
-                )));
+                // No sender receives a piece: the first sender sends piece `i` to receiver
+                // `i`, one pair each.
+                let root = pm.devices()[0];
+                let pairs = cm
+                    .devices()
+                    .iter()
+                    .map(|r| with_root(vec![root, *r], root))
+                    .collect();
+                let mut scatter = info(
+                    CommunicationType::Scatter,
+                    Some(pt),
+                    c2p(cr),
+                    Some(cr),
+                    pairs,
+                );
+                scatter.root_sends_pieces = true;
+                return Ok(scatter);
             };
             Ok(info(
                 CommunicationType::Scatter,
@@ -442,8 +461,9 @@ pub(crate) fn nests_evenly(
 /// True if `expr` is a `set` between tensors sharded on the same logical axis by the same
 /// device type, but laid out differently along it (`[s, d, ..]` against `[d, ..]`: a device
 /// split inside stream chunks on one side only), so that no device's shard moves whole to one
-/// other device. decompose-reshardings makes such a copy an allgather into a replicated
-/// tensor followed by a scatter.
+/// other device; or alike, but between meshes of different sizes (whole shards, but not one
+/// per receiver). decompose-reshardings makes such a copy an allgather into a replicated
+/// tensor on the sender mesh followed by a scatter.
 pub fn is_layout_change(f: &Fusion, expr: ExprId) -> bool {
     let e = f.expr(expr);
     if !matches!(e.kind, ExprKind::Set | ExprKind::SegmentSet)
@@ -454,6 +474,10 @@ pub fn is_layout_change(f: &Fusion, expr: ExprId) -> bool {
     }
     let (p, c) = (e.inputs[0], e.outputs[0]);
     let pairs = pairwise_map(f, expr, p);
+    let sizes_differ = match (f.mesh_of(p), f.mesh_of(c)) {
+        (Some(pm), Some(cm)) => pm.size() != cm.size(),
+        _ => false,
+    };
     DEVICE_TYPES.iter().any(|&pt| {
         let (Some(pi), Some(ci)) = (
             parallel_axis(f, &f.tensor(p).loop_domain, pt),
@@ -467,7 +491,7 @@ pub fn is_layout_change(f: &Fusion, expr: ExprId) -> bool {
             (Some(pl), Some(cr)) => pairs.contains(&(pl, cr)),
             _ => false,
         };
-        same_axis && !same_index(f, p, pi, c, ci)
+        same_axis && (sizes_differ || !same_index(f, p, pi, c, ci))
     })
 }
 
@@ -493,6 +517,7 @@ fn build(
         producer_axis: pa.map(|id| sharded_axis(f, p, id)),
         consumer_axis: ca.map(|id| sharded_axis(f, c, id)),
         instances,
+        root_sends_pieces: false,
     }
 }
 

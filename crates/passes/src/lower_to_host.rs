@@ -824,11 +824,55 @@ impl Lowering<'_> {
                 let k = self.constant(k);
                 let input = self.piece(input, pa, pieces, k)?;
                 let output = self.piece(output, ca, pieces, k)?;
-                self.post(&info, consumer, input, output, None)?;
+                self.post_pieces_or_all(&info, consumer, input, output)?;
             }
             return Ok(());
         }
-        self.post(&info, consumer, input, output, None)
+        self.post_pieces_or_all(&info, consumer, input, output)
+    }
+
+    /// Posts `info` with [`Self::post`], or, for a Scatter whose root is outside the receiver
+    /// mesh ([`CommunicationInfo::root_sends_pieces`]), one SendRecv per receiver of its
+    /// piece of the root's input (piece `i` of as many as receivers, along the scattered
+    /// axis), each waited for before the next.
+    fn post_pieces_or_all(
+        &mut self,
+        info: &CommunicationInfo,
+        consumer: TensorId,
+        input: HostTensorId,
+        output: HostTensorId,
+    ) -> Result<(), Diagnostic> {
+        if !info.root_sends_pieces {
+            return self.post(info, consumer, input, output, None);
+        }
+        let Some(pa) = info.producer_axis.and_then(|a| a.axis) else {
+            return Err(Diagnostic::new(format!(
+                "the Scatter to `{}` has no axis of its input to cut into pieces",
+                self.f.tensor(consumer).name
+            )));
+        };
+        let n = info.instances.len() as i64;
+        for (i, inst) in info.instances.iter().enumerate() {
+            let k = self.constant(i as i64);
+            let piece = self.piece(input, pa, n, k)?;
+            let Some(RootKind::Member { index, .. }) = inst.root else {
+                return Err(Diagnostic::new(format!(
+                    "internal: a piece of the Scatter to `{}` has no fixed sender",
+                    self.f.tensor(consumer).name
+                )));
+            };
+            let root = Some(self.constant(index as i64));
+            let comm = self.emit(Stmt::Communication(Communication {
+                kind: CommunicationType::SendRecv,
+                teams: vec![inst.team.clone()],
+                root,
+                red_op: None,
+                input: piece,
+                output,
+            }));
+            self.emit(Stmt::Wait { comm });
+        }
+        Ok(())
     }
 
     /// A DID → Stream copy as broadcasts (iteration `i` of `s` obtains stream chunk `i`): with
