@@ -14,7 +14,8 @@
 //! | yes | no | same mesh (also a producer `[s, d, ..]` whose stream chunks the consumer's match: per chunk) | Allgather |
 //! | yes | no | different mesh | Gather (one per receiver) |
 //! | no | yes | – | Scatter |
-//! | yes | yes | same logical axis, same index per device | SendRecv (one per sender/receiver pair) |
+//! | yes | yes | same logical axis, same index per device, meshes of one size | SendRecv (one per sender/receiver pair) |
+//! | yes | yes | same logical axis, meshes of different sizes | none: decompose-reshardings gathers first ([`is_layout_change`]) |
 //! | yes | yes | same logical axis laid out differently (`[s, d, ..]` against `[d, ..]`) | none: decompose-reshardings gathers first ([`is_layout_change`]) |
 //! | yes | yes | different axes | AllToAll |
 //!

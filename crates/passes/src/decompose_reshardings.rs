@@ -44,8 +44,10 @@
 //!    communication, or a reduction over a device-sharded axis that is not, is refused with
 //!    the diagnostic of [`derive_communication`] (e.g. "expected at most one sharding change
 //!    in `x = set(y)`: DIDx and DIDy both change"). A `set` that only changes how a device
-//!    split lays out its axis (`[s, d, ..]` against `[d, ..]`) becomes an allgather into
-//!    `<in>_gathered` (replicated, stream-split like the output or the input) and a scatter.
+//!    split lays out its axis (`[s, d, ..]` against `[d, ..]`), or moves the shards of one
+//!    axis between meshes of different sizes, becomes an allgather into `<in>_gathered`
+//!    (replicated on the input's mesh, stream-split like the output or the input) and a
+//!    scatter.
 //!    A `set` on one (2-D) mesh whose DIDx and DIDy shardings both change becomes a chain of
 //!    sets that each change one type ([`one_change_per_set`]).
 //! 4. **Receivers outside the senders.** A Gather or Reduce to a mesh with a device outside
