@@ -4,7 +4,7 @@
 #
 #   bash scripts/chunk_sweep.sh [OUT_DIR]
 #
-# Scenarios with a mesh size `d` run with d = 1 (one rank), the benchmark patterns with small
+# Scenarios with mesh sizes `d`, `dy`, `dx` run with them at 1 (one rank), the benchmark patterns with small
 # uneven sizes (t = 10, h = 3); scenarios whose meshes name other devices are skipped. A run passes when `weave run` checks it against the reference;
 # a run refused at load (exit status 1 with a `-->` file:line:col) counts as refused. Writes
 # OUT_DIR/sweep.txt (`NAME s RESULT`), logs/ and prints a summary last.
@@ -34,6 +34,8 @@ for f in scenarios/*.weave; do
     has() { echo "$header" | grep -Eq "[(, ]$1 ="; }
     base=()
     if has d; then base+=(--set d=1); fi
+    if has dy; then base+=(--set dy=1); fi
+    if has dx; then base+=(--set dx=1); fi
     if echo "$header" | grep -q '8192'; then base+=(--set t=10 --set h=3); fi
     if has s; then
         for s in 1 2 3 4 5 6; do run "$name" "s$s" "${base[@]}" --set "s=$s"; done

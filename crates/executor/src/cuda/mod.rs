@@ -209,6 +209,83 @@ fn matrix_of(sizes: &[usize], strides: &[usize], cols: usize) -> Option<(usize, 
     Some((rows, ld.max(cols)))
 }
 
+/// The rows of a GEMM whose left operand and result do not merge into uniformly strided rows
+/// (`[b, t/s, k]`, a stream chunk of the middle axis of `[b, t, k]`): the blocks of rows that
+/// do, each posted as one GEMM.
+#[derive(Debug, PartialEq)]
+struct RowBlocks {
+    /// Rows per block.
+    rows: usize,
+    /// Leading dimensions (element distance between rows) of the left operand and the result.
+    lda: usize,
+    ldc: usize,
+    /// Element offsets of each block in the left operand and the result, from each box start.
+    offsets: Vec<(usize, usize)>,
+}
+
+/// The row blocks of `a` (`[.., k]`) and `c` (`[.., n]`): see [`split_rows`].
+fn row_blocks(a: &DeviceTensor, k: usize, c: &DeviceTensor, n: usize) -> Option<RowBlocks> {
+    split_rows((&a.sizes(), &a.strides()), k, (&c.sizes(), &c.strides()), n)
+}
+
+/// Splits the leading axes of `a` (sizes and element strides, `[.., k]`) and `c` (`[.., n]`),
+/// which must hold the same rows, into outer axes enumerated block by block and the innermost
+/// run of axes that merges into uniformly strided rows in both. `None` when their leading axes
+/// differ or a last axis is not contiguous.
+fn split_rows(
+    a: (&[usize], &[usize]),
+    k: usize,
+    c: (&[usize], &[usize]),
+    n: usize,
+) -> Option<RowBlocks> {
+    // Axes of one element do not step (a GEMM result may carry a trailing `1`).
+    let lead = |(sizes, strides): (&[usize], &[usize]), cols: usize| {
+        let axes: Vec<(usize, usize)> = sizes
+            .iter()
+            .zip(strides)
+            .map(|(n, s)| (*n, *s))
+            .filter(|(n, _)| *n != 1)
+            .collect();
+        match axes.split_last() {
+            Some((&(last, 1), rest)) if last == cols => Some(rest.to_vec()),
+            _ if cols == 1 => Some(axes),
+            _ => None,
+        }
+    };
+    let (la, lc) = (lead(a, k)?, lead(c, n)?);
+    if la.len() != lc.len() || la.iter().zip(&lc).any(|(x, y)| x.0 != y.0) {
+        return None;
+    }
+    let r = la.len();
+    if r == 0 {
+        return Some(RowBlocks {
+            rows: 1,
+            lda: k,
+            ldc: n,
+            offsets: vec![(0, 0)],
+        });
+    }
+    let mut p = r - 1;
+    while p > 0 && la[p - 1].1 == la[p].1 * la[p].0 && lc[p - 1].1 == lc[p].1 * lc[p].0 {
+        p -= 1;
+    }
+    let rows = la[p..].iter().map(|x| x.0).product();
+    let mut offsets = vec![(0usize, 0usize)];
+    for q in 0..p {
+        let (size, sa, sc) = (la[q].0, la[q].1, lc[q].1);
+        offsets = offsets
+            .iter()
+            .flat_map(|&(x, z)| (0..size).map(move |i| (x + i * sa, z + i * sc)))
+            .collect();
+    }
+    Some(RowBlocks {
+        rows,
+        lda: la[r - 1].1.max(k),
+        ldc: lc[r - 1].1.max(n),
+        offsets,
+    })
+}
+
 /// An event placed by the evaluator; `None` when recording failed (the failure is reported at
 /// the next host wait).
 pub type GpuEvent = Option<Arc<CudaEvent>>;
@@ -462,9 +539,7 @@ impl CudaBackend {
                 ))
             })
         };
-        let (_, lda_rm) = strided(a, k, "left operand")?;
         let (_, ldb_rm) = strided(b, if bt { k } else { n }, "right operand")?;
-        let (_, ldc_rm) = strided(c, n, "result")?;
         let a_rows = a.numel() / k.max(1);
         let c_rows = c.numel() / n.max(1);
         let bias_ptr = match bias {
@@ -494,8 +569,33 @@ impl CudaBackend {
         let batches: usize = out_batch.iter().product();
         let flat =
             b_batch.iter().product::<usize>() <= 1 && a_batch.iter().product::<usize>() == batches;
-        let (plan, m) = if flat {
-            (BatchPlan::single(), a_rows)
+        let (plan, m, lda_rm, ldc_rm) = if flat {
+            match (a.as_matrix(k), c.as_matrix(n)) {
+                (Some((_, lda)), Some((_, ldc))) => (BatchPlan::single(), a_rows, lda, ldc),
+                // A stream chunk of a middle axis (`[b, t/s, k]` in `[b, t, k]`): the rows
+                // are blocks of uniformly strided rows, one GEMM per block.
+                (a_mat, _) => {
+                    let blocks = row_blocks(a, k, c, n).ok_or_else(|| {
+                        let (what, bad) = if a_mat.is_none() {
+                            ("left operand", a)
+                        } else {
+                            ("result", c)
+                        };
+                        err(format!(
+                            "the {what} (sizes {:?} in an allocation of {:?}) is not made of \
+                             blocks of uniformly strided rows",
+                            bad.sizes(),
+                            bad.shape
+                        ))
+                    })?;
+                    let plan = BatchPlan {
+                        count: 1,
+                        stride: (0, 0, 0),
+                        offsets: blocks.offsets.iter().map(|&(oa, oc)| (oa, 0, oc)).collect(),
+                    };
+                    (plan, blocks.rows, blocks.lda, blocks.ldc)
+                }
+            }
         } else {
             if !(a.contiguous() && b.contiguous() && c.contiguous()) {
                 return Err(err(
@@ -505,9 +605,15 @@ impl CudaBackend {
             }
             let m = asz[asz.len() - 2];
             let plan = BatchPlan::new(&a_batch, &b_batch, &out_batch, (m * k, k * n, m * n));
-            (plan, m)
+            let (_, lda) = strided(a, k, "left operand")?;
+            let (_, ldc) = strided(c, n, "result")?;
+            (plan, m, lda, ldc)
         };
-        let c_want = if flat { m } else { batches * m };
+        let c_want = if flat {
+            m * plan.offsets.len()
+        } else {
+            batches * m
+        };
         if c_rows != c_want {
             return Err(err(format!(
                 "the result buffer has sizes {:?}, expected {c_want} rows of {n}",
@@ -998,7 +1104,48 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{matrix_of, BatchPlan};
+    use super::{matrix_of, split_rows, BatchPlan};
+
+    #[test]
+    fn chunks_of_a_middle_axis_are_gemms_per_block_of_rows() {
+        // a = [6, 12, 16][:, 4..8, :] and c = [6, 12, 3, 1][:, 4..8, :, :]: 6 blocks of 4 rows.
+        let blocks = split_rows(
+            (&[6, 4, 16], &[192, 16, 1]),
+            16,
+            (&[6, 4, 3, 1], &[36, 3, 1, 1]),
+            3,
+        )
+        .unwrap();
+        assert_eq!(blocks.rows, 4);
+        assert_eq!((blocks.lda, blocks.ldc), (16, 3));
+        assert_eq!(
+            blocks.offsets,
+            (0..6).map(|i| (i * 192, i * 36)).collect::<Vec<_>>()
+        );
+        // Whole rows merge into one block.
+        let one = split_rows(
+            (&[6, 12, 16], &[192, 16, 1]),
+            16,
+            (&[6, 12, 3], &[36, 3, 1]),
+            3,
+        );
+        assert_eq!(one.unwrap().offsets, vec![(0, 0)]);
+        // Different rows, or a strided last axis, are no GEMM.
+        let rows_differ = split_rows(
+            (&[6, 4, 16], &[192, 16, 1]),
+            16,
+            (&[5, 4, 3], &[12, 3, 1]),
+            3,
+        );
+        assert!(rows_differ.is_none());
+        let strided = split_rows(
+            (&[6, 4, 16], &[192, 32, 2]),
+            16,
+            (&[6, 4, 3], &[12, 3, 1]),
+            3,
+        );
+        assert!(strided.is_none());
+    }
 
     /// Runs `a @ b` the way the GPU does under `BatchPlan` (one strided batch of GEMMs per
     /// offset), on the CPU, and compares it with the reference matmul; every result matrix
