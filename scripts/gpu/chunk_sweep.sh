@@ -4,9 +4,10 @@
 #
 #   bash scripts/chunk_sweep.sh [OUT_DIR]
 #
-# Scenarios with mesh sizes `d`, `dy`, `dx` run with them at 1 (one rank), the benchmark patterns with small
-# uneven sizes (t = 10, h = 3); scenarios whose meshes name other devices are skipped. A run passes when `weave run` checks it against the reference;
-# a run refused at load (exit status 1 with a `-->` file:line:col) counts as refused. Writes
+# Scenarios with mesh sizes `d`, `dy`, `dx` run with them at 1 (one rank), the benchmark
+# patterns with small uneven sizes (t = 10, h = 3); scenarios whose meshes name other devices
+# are skipped. A run passes when `weave run` checks it against the reference; a run refused at
+# load (exit status 1 with a `-->` file:line:col) counts as refused. Writes
 # OUT_DIR/sweep.txt (`NAME s RESULT`), logs/ and prints a summary last.
 set -u
 OUT_DIR="${1:-${OUT:-./out}}"
