@@ -488,9 +488,29 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         schedule::parallelize(f, partial, pos, pt)?;
     }
     let graph = IdGraph::build(f);
+    let unsplit = f.tensor(partial).loop_domain.clone();
     replay(f, out, partial, &graph, &[ParallelType::Stream])?;
-    for r in reference_inputs(f, pe) {
+    let refs = reference_inputs(f, pe);
+    for &r in &refs {
         replay(f, r, partial, &graph, &DEVICE_TYPES)?;
+    }
+    // The output's stream chunks may cut an axis that an operand splits over devices in
+    // another layout (`[s, d, ..]` against `[d, ..]`): the partial then keeps the operand's
+    // split and no stream split, and step 3 splits `out = sum(partial)` into the reduction
+    // over devices and the layout change.
+    let lost = |f: &Fusion| {
+        DEVICE_TYPES.into_iter().any(|pt| {
+            parallel_axis(f, &f.tensor(partial).loop_domain, pt).is_none()
+                && refs
+                    .iter()
+                    .any(|r| parallel_axis(f, &f.tensor(*r).loop_domain, pt).is_some())
+        })
+    };
+    if lost(f) {
+        f.tensor_mut(partial).loop_domain = unsplit;
+        for &r in &refs {
+            replay(f, r, partial, &graph, &DEVICE_TYPES)?;
+        }
     }
 
     // The original expr reduces the partial over its device axes only.
@@ -710,6 +730,63 @@ fn one_change_per_set(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     Ok(())
 }
 
+/// `first`, the diagnostic of the expr as written, unless `second` names something else
+/// than that it is no communication.
+fn other_or(first: Diagnostic, second: Option<Diagnostic>) -> Diagnostic {
+    second.unwrap_or(first)
+}
+
+/// Step 3 for a reduction `out = op(x)` over a device-sharded axis that also changes the
+/// sharding of other axes (e.g. `x`'s DIDy split `[d, ..]` against `out`'s `[s, d, ..]`):
+/// `<out>_reduced = op(x)` reduces over the devices keeping `x`'s sharding of the other axes
+/// (an Allreduce, Reduce or ReduceScatter), then `out = set(<out>_reduced)` makes the other
+/// changes (one set per change, a layout change as a gather and a scatter). `Err(None)`
+/// when the reduction over devices alone is no communication either.
+fn reduce_then_reshard(f: &mut Fusion, e: ExprId) -> Result<(), Option<Diagnostic>> {
+    let (x, out) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
+    let kind = f.expr(e).kind.clone();
+    let name = f.fresh_name(&format!("{}_reduced", f.tensor(out).name));
+    let mid = f.add_op(&name, kind, &[x]).map_err(Some)?;
+    let me = f.tensor(mid).definition.expect("just defined");
+    f.move_expr_before(me, e);
+    f.expr_mut(me).span = f.expr(e).span;
+    f.tensor_mut(mid).mesh = f.tensor(out).mesh;
+    f.tensor_mut(mid).span = f.tensor(out).span;
+    let graph = IdGraph::build(f);
+    replay(f, x, mid, &graph, &DEVICE_AND_STREAM_TYPES).map_err(Some)?;
+    // A failure leaves the fusion half-rewritten, but the pass then fails with the
+    // diagnostic of the expr as written.
+    if !is_resharding(f, me) || derive_communication(f, me).is_err() {
+        return Err(None);
+    }
+    make_set_of(f, e, mid);
+    one_change_per_set(f, e).map_err(Some)?;
+    ensure_communication(f, e).map_err(Some)
+}
+
+/// Makes the reduction `e` a `set` of `mid`: its output keeps its materialized axes, without
+/// the reduction ones.
+fn make_set_of(f: &mut Fusion, e: ExprId, mid: TensorId) {
+    let y = f.expr(e).outputs[0];
+    let tv = f.tensor(y).clone();
+    let reduced = |f: &Fusion, id: IterDomainId| {
+        source_in(f, id, &tv.logical).is_some_and(|l| f.id(l).iter_type == IterType::Reduction)
+    };
+    let keep = |f: &Fusion, dom: &[IterDomainId]| -> Vec<IterDomainId> {
+        dom.iter().copied().filter(|i| !reduced(f, *i)).collect()
+    };
+    let logical = keep(f, &tv.logical);
+    let loop_domain = keep(f, &tv.loop_domain);
+    let allocation = tv.allocation.as_ref().map(|a| keep(f, a));
+    let t = f.tensor_mut(y);
+    t.logical = logical;
+    t.loop_domain = loop_domain;
+    t.allocation = allocation;
+    let ex = f.expr_mut(e);
+    ex.kind = ExprKind::Set;
+    ex.inputs = vec![mid];
+}
+
 /// Step 3: sets before the operands of a resharding expr that is not a communication.
 fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     if !is_resharding(f, e) {
@@ -726,7 +803,9 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         }
         ExprKind::Reduction { .. } => match derive_communication(f, e) {
             Ok(_) => return Ok(()),
-            Err(d) if reduces_device_axis(f, e) => return Err(d),
+            Err(d) if reduces_device_axis(f, e) => {
+                return reduce_then_reshard(f, e).map_err(|other| other_or(d, other));
+            }
             Err(_) => {}
         },
         _ => {}
@@ -795,6 +874,7 @@ fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         return Ok(());
     }
     let x = f.expr(e).inputs[0];
+    let changing = changing_types(f, x, f.expr(e).outputs[0]);
     let name = f.fresh_name(&format!("{}_gathered", f.tensor(x).name));
     let gathered = f.add_op(&name, ExprKind::Set, &[x])?;
     let ge = f.tensor(gathered).definition.expect("just defined");
@@ -804,6 +884,16 @@ fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     f.tensor_mut(gathered).span = f.tensor(x).span;
     f.expr_mut(e).inputs = vec![gathered];
     let out = f.expr(e).outputs[0];
+    // Only the type whose layout changes is gathered: the others keep `x`'s splits, so that
+    // the gather and the scatter each change one type (on a 2-D mesh).
+    let kept: Vec<ParallelType> = DEVICE_TYPES
+        .into_iter()
+        .filter(|t| !changing.contains(t))
+        .collect();
+    if !kept.is_empty() {
+        let graph = IdGraph::build(f);
+        replay(f, x, gathered, &graph, &kept)?;
+    }
     let unsplit = f.tensor(gathered).loop_domain.clone();
     for reference in [out, x] {
         if parallel_axis(f, &f.tensor(reference).loop_domain, ParallelType::Stream).is_none() {
