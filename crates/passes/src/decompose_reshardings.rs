@@ -8,7 +8,8 @@
 //!   ([`is_resharding`]) is a `set`, `sum`/`max` or `squeeze` whose collective
 //!   [`derive_communication`] names, and every other expr is local. Tensor ids of existing
 //!   tensors, fusion inputs and outputs are kept; new tensors are named `<out>_partial`,
-//!   `<out>_nobias`, `<bias>_broadcast` and `<in>_resharded` (made unique).
+//!   `<out>_nobias`, `<bias>_broadcast`, `<out>_reduced`, `<in>_gathered` and `<in>_resharded`
+//!   (made unique).
 //! * Idempotent: a second run finds nothing to decompose.
 //!
 //! Steps, in order:
@@ -49,11 +50,19 @@
 //!    (replicated on the input's mesh, stream-split like the output or the input) and a
 //!    scatter.
 //!    A `set` on one (2-D) mesh whose DIDx and DIDy shardings both change becomes a chain of
-//!    sets that each change one type ([`one_change_per_set`]).
+//!    sets that each change one type ([`one_change_per_set`]); the gathered copy of a layout
+//!    change keeps the input's splits of the other device types. A reduction over a device
+//!    axis that also changes the sharding of other axes (its output lays out a DIDy split
+//!    inside stream chunks) becomes `<out>_reduced = op(x)`, the collective keeping `x`'s
+//!    sharding of the other axes, then `out = set(<out>_reduced)` ([`reduce_then_reshard`]).
 //! 4. **Receivers outside the senders.** A Gather or Reduce to a mesh with a device outside
 //!    the sender mesh becomes an Allgather or Allreduce on the sender mesh followed by a
 //!    Broadcast `set` to the receivers (a member of a Gather or Reduce contributes its own
 //!    piece, which a device outside the sender mesh does not have).
+//!
+//! The partial of step 2 takes the output's Stream split unless that drops an operand's device
+//! split (`[s, d, ..]` on the output against `[d, ..]` on the operand); it then keeps the
+//! operand's split unstreamed, and step 3 splits the reduction from the layout change.
 //!
 //! The rfactor of step 2 also takes a device axis nested inside outer splits of the reduced
 //! axis (`outer_split(k, s); outer_split(k + 1, d) -> DIDx`): the partial cuts its reduction
@@ -730,20 +739,19 @@ fn one_change_per_set(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     Ok(())
 }
 
-/// `first`, the diagnostic of the expr as written, unless `second` names something else
-/// than that it is no communication.
-fn other_or(first: Diagnostic, second: Option<Diagnostic>) -> Diagnostic {
-    second.unwrap_or(first)
-}
-
-/// Step 3 for a reduction `out = op(x)` over a device-sharded axis that also changes the
-/// sharding of other axes (e.g. `x`'s DIDy split `[d, ..]` against `out`'s `[s, d, ..]`):
-/// `<out>_reduced = op(x)` reduces over the devices keeping `x`'s sharding of the other axes
-/// (an Allreduce, Reduce or ReduceScatter), then `out = set(<out>_reduced)` makes the other
-/// changes (one set per change, a layout change as a gather and a scatter). `Err(None)`
-/// when the reduction over devices alone is no communication either.
+/// Step 3 for a reduction `out = op(x)` on one mesh over a device-sharded axis that also
+/// changes the sharding of other axes (e.g. `x`'s DIDy split `[d, ..]` against `out`'s
+/// `[s, d, ..]`): `<out>_reduced = op(x)` reduces over the devices keeping `x`'s sharding of
+/// the other axes (an Allreduce, Reduce or ReduceScatter), then `out = set(<out>_reduced)`
+/// makes the other changes (one set per change, a layout change as a gather and a scatter).
+/// `Err(None)` when `out` is on another mesh or the reduction over devices alone is no
+/// communication either: the expr's own diagnostic then stands.
 fn reduce_then_reshard(f: &mut Fusion, e: ExprId) -> Result<(), Option<Diagnostic>> {
     let (x, out) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
+    // A reduction to another mesh keeps its own diagnostic.
+    if f.mesh_of(x) != f.mesh_of(out) {
+        return Err(None);
+    }
     let kind = f.expr(e).kind.clone();
     let name = f.fresh_name(&format!("{}_reduced", f.tensor(out).name));
     let mid = f.add_op(&name, kind, &[x]).map_err(Some)?;
@@ -754,8 +762,7 @@ fn reduce_then_reshard(f: &mut Fusion, e: ExprId) -> Result<(), Option<Diagnosti
     f.tensor_mut(mid).span = f.tensor(out).span;
     let graph = IdGraph::build(f);
     replay(f, x, mid, &graph, &DEVICE_AND_STREAM_TYPES).map_err(Some)?;
-    // A failure leaves the fusion half-rewritten, but the pass then fails with the
-    // diagnostic of the expr as written.
+    // The pass works on a copy: a failure leaves the user's fusion as it was.
     if !is_resharding(f, me) || derive_communication(f, me).is_err() {
         return Err(None);
     }
@@ -804,7 +811,7 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         ExprKind::Reduction { .. } => match derive_communication(f, e) {
             Ok(_) => return Ok(()),
             Err(d) if reduces_device_axis(f, e) => {
-                return reduce_then_reshard(f, e).map_err(|other| other_or(d, other));
+                return reduce_then_reshard(f, e).map_err(|other| other.unwrap_or(d));
             }
             Err(_) => {}
         },
