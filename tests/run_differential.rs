@@ -2376,6 +2376,79 @@ fn scatters_to_a_disjoint_mesh_send_each_receiver_its_piece_from_the_first_sende
     }
 }
 
+/// Exprs on a 2-D mesh that change several shardings at once, one of them the layout of the
+/// DIDy split (`[dy, ..]` against the output's `[s, dy, ..]`, rows DIDy inside stream chunks):
+/// a reduction over a DIDx axis (an Allreduce keeping the input's row layout, then the layout
+/// change as a gather and a scatter per chunk), a row-parallel `linear`, and a pointwise op on
+/// a column-parallel `linear` whose output keeps DIDx (the layout change gathers only DIDy).
+#[test]
+fn layout_changes_next_to_other_changes_on_two_dimensional_meshes_match_the_reference() {
+    let reduce = |op: &str, dy: usize, dx: usize, s: usize, a: usize, b: usize| {
+        format!(
+            "fusion mesh2d(dy = {dy}, dx = {dx}, s = {s}) {{
+  mesh m = devices(dy, dx)
+  tensor inp: f32[{a} * dy * s, {b} * dx] on m
+  out = {op}
+  output out
+  schedule inp {{ outer_split(0, dy) -> DIDy; outer_split(2, dx) -> DIDx }}
+  schedule out {{ mesh = m; outer_split(0, s) -> Stream; outer_split(1, dy) -> DIDy }}
+}}
+"
+        )
+    };
+    for (op, dy, dx, s, a, b) in [
+        ("sum(inp, [1])", 2, 2, 4, 2, 3),
+        ("sum(inp, [1])", 1, 1, 3, 2, 1),
+        ("sum(inp, [1])", 1, 2, 4, 1, 3),
+        ("sum(inp, [1])", 2, 2, 1, 1, 3),
+        ("sum(inp, [1])", 2, 1, 2, 3, 1),
+        ("max(inp, [1])", 2, 2, 4, 2, 3),
+        ("relu(inp)", 2, 2, 2, 2, 3),
+    ] {
+        assert_runs(&reduce(op, dy, dx, s, a, b), dy * dx, 2);
+    }
+    let linear = |dy: usize, dx: usize, bias: bool| {
+        let (b, decl) = if bias {
+            (", b", "\n  tensor b: f32[5] on m")
+        } else {
+            ("", "")
+        };
+        format!(
+            "fusion row(dy = {dy}, dx = {dx}, s = 2) {{
+  mesh m = devices(dy, dx)
+  tensor inp: f32[2 * dy * s, 3 * dx] on m
+  tensor w: f32[5, 3 * dx] on m{decl}
+  out = linear(inp, w{b})
+  output out
+  schedule inp {{ outer_split(0, dy) -> DIDy; outer_split(2, dx) -> DIDx }}
+  schedule w {{ outer_split(1, dx) -> DIDx }}
+  schedule out {{ mesh = m; outer_split(0, s) -> Stream; outer_split(1, dy) -> DIDy }}
+}}
+"
+        )
+    };
+    for (dy, dx, bias) in [(2, 2, false), (2, 2, true), (2, 1, false), (1, 2, true)] {
+        assert_runs(&linear(dy, dx, bias), dy * dx, 2);
+    }
+    for (dy, dx) in [(2, 1), (2, 2), (1, 2)] {
+        let source = format!(
+            "fusion column(dy = {dy}, dx = {dx}, s = 3) {{
+  mesh m = devices(dy, dx)
+  tensor inp: f32[2 * dy * s, 3] on m
+  tensor w: f32[2 * dx, 3] on m
+  y = linear(inp, w)
+  out = relu(y)
+  output out
+  schedule w {{ outer_split(0, dx) -> DIDx }}
+  schedule inp {{ outer_split(0, dy) -> DIDy }}
+  schedule out {{ mesh = m; outer_split(0, s) -> Stream; outer_split(1, dy) -> DIDy; outer_split(3, dx) -> DIDx }}
+}}
+"
+        );
+        assert_runs(&source, dy * dx, 2);
+    }
+}
+
 /// A replicated tensor copied to a one-device mesh is a Broadcast whose team is that one
 /// device: the member copies locally, and the ranks outside the team post nothing.
 #[test]

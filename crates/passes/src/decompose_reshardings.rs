@@ -8,7 +8,8 @@
 //!   ([`is_resharding`]) is a `set`, `sum`/`max` or `squeeze` whose collective
 //!   [`derive_communication`] names, and every other expr is local. Tensor ids of existing
 //!   tensors, fusion inputs and outputs are kept; new tensors are named `<out>_partial`,
-//!   `<out>_nobias`, `<bias>_broadcast` and `<in>_resharded` (made unique).
+//!   `<out>_nobias`, `<bias>_broadcast`, `<out>_reduced`, `<in>_gathered` and `<in>_resharded`
+//!   (made unique).
 //! * Idempotent: a second run finds nothing to decompose.
 //!
 //! Steps, in order:
@@ -49,11 +50,19 @@
 //!    (replicated on the input's mesh, stream-split like the output or the input) and a
 //!    scatter.
 //!    A `set` on one (2-D) mesh whose DIDx and DIDy shardings both change becomes a chain of
-//!    sets that each change one type ([`one_change_per_set`]).
+//!    sets that each change one type ([`one_change_per_set`]); the gathered copy of a layout
+//!    change keeps the input's splits of the other device types. A reduction over a device
+//!    axis that also changes the sharding of other axes (its output lays out a DIDy split
+//!    inside stream chunks) becomes `<out>_reduced = op(x)`, the collective keeping `x`'s
+//!    sharding of the other axes, then `out = set(<out>_reduced)` ([`reduce_then_reshard`]).
 //! 4. **Receivers outside the senders.** A Gather or Reduce to a mesh with a device outside
 //!    the sender mesh becomes an Allgather or Allreduce on the sender mesh followed by a
 //!    Broadcast `set` to the receivers (a member of a Gather or Reduce contributes its own
 //!    piece, which a device outside the sender mesh does not have).
+//!
+//! The partial of step 2 takes the output's Stream split unless that drops an operand's device
+//! split (`[s, d, ..]` on the output against `[d, ..]` on the operand); it then keeps the
+//! operand's split unstreamed, and step 3 splits the reduction from the layout change.
 //!
 //! The rfactor of step 2 also takes a device axis nested inside outer splits of the reduced
 //! axis (`outer_split(k, s); outer_split(k + 1, d) -> DIDx`): the partial cuts its reduction
@@ -488,9 +497,29 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         schedule::parallelize(f, partial, pos, pt)?;
     }
     let graph = IdGraph::build(f);
+    let unsplit = f.tensor(partial).loop_domain.clone();
     replay(f, out, partial, &graph, &[ParallelType::Stream])?;
-    for r in reference_inputs(f, pe) {
+    let refs = reference_inputs(f, pe);
+    for &r in &refs {
         replay(f, r, partial, &graph, &DEVICE_TYPES)?;
+    }
+    // The output's stream chunks may cut an axis that an operand splits over devices in
+    // another layout (`[s, d, ..]` against `[d, ..]`): the partial then keeps the operand's
+    // split and no stream split, and step 3 splits `out = sum(partial)` into the reduction
+    // over devices and the layout change.
+    let lost = |f: &Fusion| {
+        DEVICE_TYPES.into_iter().any(|pt| {
+            parallel_axis(f, &f.tensor(partial).loop_domain, pt).is_none()
+                && refs
+                    .iter()
+                    .any(|r| parallel_axis(f, &f.tensor(*r).loop_domain, pt).is_some())
+        })
+    };
+    if lost(f) {
+        f.tensor_mut(partial).loop_domain = unsplit;
+        for &r in &refs {
+            replay(f, r, partial, &graph, &DEVICE_TYPES)?;
+        }
     }
 
     // The original expr reduces the partial over its device axes only.
@@ -710,6 +739,61 @@ fn one_change_per_set(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     Ok(())
 }
 
+/// Step 3 for a reduction `out = op(x)` on one mesh over a device-sharded axis that also
+/// changes the sharding of other axes (e.g. `x`'s DIDy split `[d, ..]` against `out`'s
+/// `[s, d, ..]`): `<out>_reduced = op(x)` reduces over the devices keeping `x`'s sharding of
+/// the other axes (an Allreduce, Reduce or ReduceScatter), then `out = set(<out>_reduced)`
+/// makes the other changes (one set per change, a layout change as a gather and a scatter).
+/// `Err(None)` when `out` is on another mesh or the reduction over devices alone is no
+/// communication either: the expr's own diagnostic then stands.
+fn reduce_then_reshard(f: &mut Fusion, e: ExprId) -> Result<(), Option<Diagnostic>> {
+    let (x, out) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
+    // A reduction to another mesh keeps its own diagnostic.
+    if f.mesh_of(x) != f.mesh_of(out) {
+        return Err(None);
+    }
+    let kind = f.expr(e).kind.clone();
+    let name = f.fresh_name(&format!("{}_reduced", f.tensor(out).name));
+    let mid = f.add_op(&name, kind, &[x]).map_err(Some)?;
+    let me = f.tensor(mid).definition.expect("just defined");
+    f.move_expr_before(me, e);
+    f.expr_mut(me).span = f.expr(e).span;
+    f.tensor_mut(mid).mesh = f.tensor(out).mesh;
+    f.tensor_mut(mid).span = f.tensor(out).span;
+    let graph = IdGraph::build(f);
+    replay(f, x, mid, &graph, &DEVICE_AND_STREAM_TYPES).map_err(Some)?;
+    // The pass works on a copy: a failure leaves the user's fusion as it was.
+    if !is_resharding(f, me) || derive_communication(f, me).is_err() {
+        return Err(None);
+    }
+    make_set_of(f, e, mid);
+    one_change_per_set(f, e).map_err(Some)?;
+    ensure_communication(f, e).map_err(Some)
+}
+
+/// Makes the reduction `e` a `set` of `mid`: its output keeps its materialized axes, without
+/// the reduction ones.
+fn make_set_of(f: &mut Fusion, e: ExprId, mid: TensorId) {
+    let y = f.expr(e).outputs[0];
+    let tv = f.tensor(y).clone();
+    let reduced = |f: &Fusion, id: IterDomainId| {
+        source_in(f, id, &tv.logical).is_some_and(|l| f.id(l).iter_type == IterType::Reduction)
+    };
+    let keep = |f: &Fusion, dom: &[IterDomainId]| -> Vec<IterDomainId> {
+        dom.iter().copied().filter(|i| !reduced(f, *i)).collect()
+    };
+    let logical = keep(f, &tv.logical);
+    let loop_domain = keep(f, &tv.loop_domain);
+    let allocation = tv.allocation.as_ref().map(|a| keep(f, a));
+    let t = f.tensor_mut(y);
+    t.logical = logical;
+    t.loop_domain = loop_domain;
+    t.allocation = allocation;
+    let ex = f.expr_mut(e);
+    ex.kind = ExprKind::Set;
+    ex.inputs = vec![mid];
+}
+
 /// Step 3: sets before the operands of a resharding expr that is not a communication.
 fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     if !is_resharding(f, e) {
@@ -726,7 +810,9 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         }
         ExprKind::Reduction { .. } => match derive_communication(f, e) {
             Ok(_) => return Ok(()),
-            Err(d) if reduces_device_axis(f, e) => return Err(d),
+            Err(d) if reduces_device_axis(f, e) => {
+                return reduce_then_reshard(f, e).map_err(|other| other.unwrap_or(d));
+            }
             Err(_) => {}
         },
         _ => {}
@@ -795,6 +881,7 @@ fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         return Ok(());
     }
     let x = f.expr(e).inputs[0];
+    let changing = changing_types(f, x, f.expr(e).outputs[0]);
     let name = f.fresh_name(&format!("{}_gathered", f.tensor(x).name));
     let gathered = f.add_op(&name, ExprKind::Set, &[x])?;
     let ge = f.tensor(gathered).definition.expect("just defined");
@@ -804,6 +891,16 @@ fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     f.tensor_mut(gathered).span = f.tensor(x).span;
     f.expr_mut(e).inputs = vec![gathered];
     let out = f.expr(e).outputs[0];
+    // Only the type whose layout changes is gathered: the others keep `x`'s splits, so that
+    // the gather and the scatter each change one type (on a 2-D mesh).
+    let kept: Vec<ParallelType> = DEVICE_TYPES
+        .into_iter()
+        .filter(|t| !changing.contains(t))
+        .collect();
+    if !kept.is_empty() {
+        let graph = IdGraph::build(f);
+        replay(f, x, gathered, &graph, &kept)?;
+    }
     let unsplit = f.tensor(gathered).loop_domain.clone();
     for reference in [out, x] {
         if parallel_axis(f, &f.tensor(reference).loop_domain, ParallelType::Stream).is_none() {
