@@ -1581,8 +1581,11 @@ impl Mesh2d {
 // The check
 // ---------------------------------------------------------------------------------------
 
+/// A family's generator of cases.
+type Cases = fn() -> BoxedStrategy<Case>;
+
 /// Every family of this file, by name, with its generator of cases.
-const FAMILIES: &[(&str, fn() -> BoxedStrategy<Case>)] = &[
+const FAMILIES: &[(&str, Cases)] = &[
     ("pointwise", || pointwise().prop_map(|p| p.case()).boxed()),
     ("reduction", || reduction().prop_map(|r| r.case()).boxed()),
     ("matmul", || matmul().prop_map(|m| m.case()).boxed()),
