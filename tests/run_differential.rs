@@ -1290,17 +1290,7 @@ fn batched_matmul() -> impl Strategy<Value = BatchedMatmul> {
 
 impl BatchedMatmul {
     fn case(&self) -> Case {
-        let mut spec = self.clone();
-        let bcasts = |side: fn(&(BatchAxis, BatchAxis)) -> BatchAxis| {
-            spec.axes.iter().any(|a| side(a) == BatchAxis::Bcast)
-        };
-        if !known_bugs() && spec.stream && bcasts(|a| a.0) && bcasts(|a| a.1) {
-            // known_bug_loop_local_intermediate_read_across_a_non_stream_segment: the
-            // stream-split operand's broadcast and the other operand's (not stream-split)
-            // broadcast are two kernel segments that can split the stream loop.
-            spec.stream = false;
-        }
-        spec.case_as_is()
+        self.case_as_is()
     }
 
     fn case_as_is(&self) -> Case {
@@ -1591,15 +1581,37 @@ impl Mesh2d {
 // The check
 // ---------------------------------------------------------------------------------------
 
+/// A family's generator of cases.
+type Cases = fn() -> BoxedStrategy<Case>;
+
+/// Every family of this file, by name, with its generator of cases.
+const FAMILIES: &[(&str, Cases)] = &[
+    ("pointwise", || pointwise().prop_map(|p| p.case()).boxed()),
+    ("reduction", || reduction().prop_map(|r| r.case()).boxed()),
+    ("matmul", || matmul().prop_map(|m| m.case()).boxed()),
+    ("collective", || collective().prop_map(|c| c.case()).boxed()),
+    ("batched-matmul", || {
+        batched_matmul().prop_map(|b| b.case()).boxed()
+    }),
+    ("mesh2d", || mesh2d().prop_map(|m| m.case()).boxed()),
+    ("ragged", || ragged().prop_map(|r| r.case()).boxed()),
+    ("grid", || grid().prop_map(|g| g.case()).boxed()),
+    ("multi-mesh", || multi_mesh().prop_map(|m| m.case()).boxed()),
+    ("backward", || backward().prop_map(|b| b.case()).boxed()),
+    ("seq-par", || seq_par().prop_map(|q| q.case()).boxed()),
+];
+
+/// The cases of the family `name`.
+fn family(name: &str) -> BoxedStrategy<Case> {
+    match FAMILIES.iter().find(|f| f.0 == name) {
+        Some((_, cases)) => cases(),
+        None => panic!("no family `{name}`"),
+    }
+}
+
+/// A case of any family.
 fn any_case() -> impl Strategy<Value = Case> {
-    prop_oneof![
-        pointwise().prop_map(|p| p.case()),
-        reduction().prop_map(|r| r.case()),
-        matmul().prop_map(|m| m.case()),
-        collective().prop_map(|c| c.case()),
-        batched_matmul().prop_map(|b| b.case()),
-        mesh2d().prop_map(|m| m.case()),
-    ]
+    proptest::strategy::Union::new(FAMILIES.iter().map(|(_, cases)| cases()))
 }
 
 /// Loads, compiles and runs `case`; an error describes the failure with the whole case.
@@ -1652,7 +1664,7 @@ fn check(case: &Case) -> Result<(), String> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 48,
+        cases: 128,
         // No proptest-regressions file: a failure prints the whole program to reproduce it.
         failure_persistence: None,
         ..ProptestConfig::default()
@@ -3002,61 +3014,6 @@ impl Backward {
     }
 }
 
-/// Every family of this file, by name: the random test runs each with its own case budget,
-/// so a failure names its family.
-fn family(name: &str) -> BoxedStrategy<Case> {
-    match name {
-        "pointwise" => pointwise().prop_map(|p| p.case()).boxed(),
-        "reduction" => reduction().prop_map(|r| r.case()).boxed(),
-        "matmul" => matmul().prop_map(|m| m.case()).boxed(),
-        "collective" => collective().prop_map(|c| c.case()).boxed(),
-        "ragged" => ragged().prop_map(|r| r.case()).boxed(),
-        "grid" => grid().prop_map(|m| m.case()).boxed(),
-        "batched-matmul" => batched_matmul().prop_map(|b| b.case()).boxed(),
-        "mesh2d" => mesh2d().prop_map(|m| m.case()).boxed(),
-        "multi-mesh" => multi_mesh().prop_map(|m| m.case()).boxed(),
-        "backward" => backward().prop_map(|b| b.case()).boxed(),
-        "seq-par" => seq_par().prop_map(|q| q.case()).boxed(),
-        other => panic!("no family `{other}`"),
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 24,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn ragged_programs_match_the_reference(case in family("ragged")) {
-        if let Err(e) = check(&case) {
-            prop_assert!(false, "{}", e);
-        }
-    }
-
-    #[test]
-    fn grid_programs_match_the_reference(case in family("grid")) {
-        if let Err(e) = check(&case) {
-            prop_assert!(false, "{}", e);
-        }
-    }
-
-    #[test]
-    fn multi_mesh_programs_match_the_reference(case in family("multi-mesh")) {
-        if let Err(e) = check(&case) {
-            prop_assert!(false, "{}", e);
-        }
-    }
-
-    #[test]
-    fn backward_programs_match_the_reference(case in family("backward")) {
-        if let Err(e) = check(&case) {
-            prop_assert!(false, "{}", e);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Family 11: sequence parallelism in loop-split form (DID inside Stream chunks)
 // ---------------------------------------------------------------------------------------
@@ -3144,4 +3101,53 @@ impl SeqPar {
             streams: self.streams,
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// One random test per family
+// ---------------------------------------------------------------------------------------
+
+/// A property test per family (each with its own case budget, so that a failure names its
+/// family), and the list of the families they cover.
+macro_rules! family_tests {
+    ($($test:ident: $name:literal,)*) => {
+        const TESTED_FAMILIES: &[&str] = &[$($name),*];
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 64,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+            $(
+                #[doc = concat!("Every generated `", $name, "` program matches the reference.")]
+                #[test]
+                fn $test(case in family($name)) {
+                    if let Err(e) = check(&case) {
+                        prop_assert!(false, "{}", e);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+family_tests! {
+    pointwise_programs_match_the_reference: "pointwise",
+    reduction_programs_match_the_reference: "reduction",
+    matmul_programs_match_the_reference: "matmul",
+    collective_programs_match_the_reference: "collective",
+    batched_matmul_programs_match_the_reference: "batched-matmul",
+    mesh2d_collectives_match_the_reference: "mesh2d",
+    ragged_programs_match_the_reference: "ragged",
+    grid_programs_match_the_reference: "grid",
+    multi_mesh_programs_match_the_reference: "multi-mesh",
+    backward_programs_match_the_reference: "backward",
+    seq_par_programs_match_the_reference: "seq-par",
+}
+
+#[test]
+fn every_family_has_its_own_test() {
+    let names: Vec<&str> = FAMILIES.iter().map(|f| f.0).collect();
+    assert_eq!(names, TESTED_FAMILIES);
 }
