@@ -110,13 +110,6 @@ fn header(name: &str, d: usize, s: usize) -> String {
     format!("fusion {name}(d = {d}, s = {s}) {{\n")
 }
 
-/// Whether to generate the shapes of the known bugs too (`WEAVE_DIFF_KNOWN_BUGS=1`); by
-/// default each family narrows them away, and the `known_bug_*` tests keep one minimized
-/// reproducer of each.
-fn known_bugs() -> bool {
-    std::env::var_os("WEAVE_DIFF_KNOWN_BUGS").is_some_and(|v| v == "1")
-}
-
 // ---------------------------------------------------------------------------------------
 // Family 1: pointwise chains
 // ---------------------------------------------------------------------------------------
@@ -330,8 +323,8 @@ impl Pointwise {
         }
     }
 
-    /// The spec without the shapes of known bugs (see the `known_bug_*` tests) and of
-    /// resharding patterns the compiler refuses.
+    /// The spec without the resharding patterns the compiler refuses on purpose (each refusal
+    /// has its own test of the exact message).
     fn narrowed(&self) -> Pointwise {
         let mut p = self.clone();
         let out_axis = match p.effective_out_did() {
@@ -343,17 +336,9 @@ impl Pointwise {
             PwStream::Output(j) | PwStream::Input(j) => Some(j),
         };
         if let (Some(k), Some(k2)) = (p.in_did, out_axis) {
-            if k != k2 && !known_bugs() {
-                // An AllToAll. known_bug_resharding_did_inside_stream_to_did: no stream
-                // split of a DID-split axis (that nests the DID split inside the chunks).
-                let nested = match p.stream {
-                    PwStream::Output(j) => j == k || j == k2,
-                    PwStream::Input(j) => j == k,
-                    PwStream::None => false,
-                };
-                if nested {
-                    p.stream = PwStream::None;
-                }
+            if k != k2 {
+                // An AllToAll (per stream chunk, through a gather, when a device split sits
+                // inside the chunks: `all_to_all_from_or_into_stream_chunks_gathers_first`).
                 return p;
             }
         }
@@ -599,7 +584,7 @@ fn reduction() -> impl Strategy<Value = Reduction> {
 }
 
 impl Reduction {
-    /// The spec without the shapes of known bugs (see the `known_bug_*` tests).
+    /// The spec without the resharding patterns the compiler refuses on purpose.
     fn narrowed(&self) -> Reduction {
         let mut r = self.clone();
         if let RedDid::KeptGathered(k) = r.did {
@@ -1671,7 +1656,6 @@ proptest! {
     })]
 
     /// Every generated fusion compiles, runs without races and matches the reference.
-    /// (`WEAVE_DIFF_KNOWN_BUGS=1` generates the shapes of the `known_bug_*` tests too.)
     #[test]
     fn random_fusions_match_the_reference(case in any_case()) {
         if let Err(e) = check(&case) {
@@ -1867,8 +1851,8 @@ fn fixed_programs_of_every_family_match_the_reference() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Known bugs: minimized reproducers of the failures this generator found. Each family
-// narrows these shapes away unless WEAVE_DIFF_KNOWN_BUGS=1.
+// Regressions: minimized reproducers of the failures this generator found, each fixed; the
+// families generate their shapes too.
 // ---------------------------------------------------------------------------------------
 
 /// Runs a literal program on `ranks` ranks and panics with the report when it fails.
@@ -1881,6 +1865,47 @@ fn assert_runs(source: &str, ranks: usize, streams: usize) {
     };
     if let Err(e) = check(&case) {
         panic!("{e}");
+    }
+}
+
+/// A device split moved to another axis from or into stream chunks (`[s, d, ..]` on one axis
+/// against a plain DIDx split of the other): the pieces are no blocks of both axes, so the
+/// copy gathers per chunk and takes its rows, instead of an AllToAll whose packing would need
+/// another layout change.
+#[test]
+fn all_to_all_from_or_into_stream_chunks_gathers_first() {
+    let into = "fusion into(d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor x: f32[2 * d * s, 2 * d] on m
+  out = set(x)
+  output out
+  schedule x { outer_split(1, d) -> DIDx }
+  schedule out { mesh = m; outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }
+}
+";
+    let from = into
+        .replace("fusion into", "fusion from")
+        .replace(
+            "schedule x { outer_split(1, d) -> DIDx }",
+            "schedule x { outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }",
+        )
+        .replace(
+            "schedule out { mesh = m; outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }",
+            "schedule out { mesh = m; outer_split(1, d) -> DIDx }",
+        );
+    for source in [into.to_string(), from] {
+        for d in 1..=4 {
+            for s in 1..=3 {
+                let source = source.replace("(d = 2, s = 2)", &format!("(d = {d}, s = {s})"));
+                assert_runs(&source, d, 2);
+            }
+        }
+        // No AllToAll: an Allgather per chunk (or of the whole), then the slice.
+        let fusion = streamweave::load("a2a.weave", &source, &[]).unwrap();
+        let compiled = compile_for_run(fusion).unwrap();
+        let text = compiled.program.to_string();
+        assert!(!text.contains("type=AllToAll"), "{text}");
+        assert!(text.contains("type=Allgather"), "{text}");
     }
 }
 

@@ -17,7 +17,8 @@
 //! | yes | yes | same logical axis, same index per device, meshes of one size | SendRecv (one per sender/receiver pair) |
 //! | yes | yes | same logical axis, meshes of different sizes | none: decompose-reshardings gathers first ([`is_layout_change`]) |
 //! | yes | yes | same logical axis laid out differently (`[s, d, ..]` against `[d, ..]`) | none: decompose-reshardings gathers first ([`is_layout_change`]) |
-//! | yes | yes | different axes | AllToAll |
+//! | yes | yes | different axes, each device split outermost on its axis | AllToAll |
+//! | yes | yes | different axes, a device split inside another split of its axis (`[s, d, ..]`) | none: decompose-reshardings gathers first ([`is_nested_all_to_all`]) |
 //!
 //! For a reduction (`sum`, `max`; a `squeeze` counts as a sum) the producer must be sharded
 //! on a reduced axis: Allreduce (consumer not sharded, same mesh), Reduce (consumer not
@@ -41,7 +42,7 @@
 
 use weave_host_ir::CommunicationType;
 use weave_ir::{
-    DeviceMesh, Diagnostic, ExprId, ExprKind, Fusion, IterDomainId, IterType, ParallelType,
+    DeviceMesh, Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IterDomainId, IterType, ParallelType,
     ReduceOp, TensorId,
 };
 use weave_transform::logical_map::pairwise_map;
@@ -493,6 +494,48 @@ pub fn is_layout_change(f: &Fusion, expr: ExprId) -> bool {
             _ => false,
         };
         same_axis && (sizes_differ || !same_index(f, p, pi, c, ci))
+    })
+}
+
+/// True if `expr` is a `set` that moves a device split from one logical axis to another (an
+/// AllToAll) where, on either side, that split cuts the inside of another split of its axis
+/// (`[s, d, ..]`, a device split of stream chunks): the pieces an AllToAll exchanges are then
+/// not blocks of both axes. decompose-reshardings gathers first (an allgather, per stream
+/// chunk where it can), and the copy from the gathered tensor is a local slice.
+pub fn is_nested_all_to_all(f: &Fusion, expr: ExprId) -> bool {
+    let e = f.expr(expr);
+    if !matches!(e.kind, ExprKind::Set | ExprKind::SegmentSet)
+        || e.inputs.len() != 1
+        || e.outputs.len() != 1
+    {
+        return false;
+    }
+    let (p, c) = (e.inputs[0], e.outputs[0]);
+    let pairs = pairwise_map(f, expr, p);
+    // The split that makes `id` has as input another split's output, not an axis of `within`.
+    let nested = |id: IterDomainId, within: &[IterDomainId]| match f.id(id).definition {
+        Some(def) => match f.id_expr(def) {
+            IdExpr::Split { input, .. } => !within.contains(input),
+            IdExpr::Merge { .. } => true,
+        },
+        None => false,
+    };
+    DEVICE_TYPES.iter().any(|&pt| {
+        let (Some(pi), Some(ci)) = (
+            parallel_axis(f, &f.tensor(p).loop_domain, pt),
+            parallel_axis(f, &f.tensor(c).loop_domain, pt),
+        ) else {
+            return false;
+        };
+        let (pl, cr) = (
+            ancestor(f, pi, &f.tensor(p).logical),
+            ancestor(f, ci, f.tensor(c).root_domain()),
+        );
+        let moved = match (pl, cr) {
+            (Some(pl), Some(cr)) => !pairs.contains(&(pl, cr)),
+            _ => false,
+        };
+        moved && (nested(pi, &f.tensor(p).logical) || nested(ci, f.tensor(c).root_domain()))
     })
 }
 

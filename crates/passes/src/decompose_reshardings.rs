@@ -80,7 +80,9 @@ use weave_transform::IdGraph;
 
 use weave_host_ir::CommunicationType;
 
-use crate::communication::{ancestor, derive_communication, expr_desc, is_layout_change};
+use crate::communication::{
+    ancestor, derive_communication, expr_desc, is_layout_change, is_nested_all_to_all,
+};
 use crate::pass::{Changed, Ir, Pass, PassError};
 use crate::propagate_shardings::{reference_inputs, replay, run_on_fusion};
 use crate::resharding::{
@@ -869,14 +871,16 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
 }
 
 /// Checks that the `set` `e` is one communication; a copy that only changes how a device
-/// split lays out its axis ([`is_layout_change`]) first becomes `<in>_gathered = set(in)`,
+/// split lays out its axis ([`is_layout_change`]), or that moves a device split to another
+/// axis from or into stream chunks ([`is_nested_all_to_all`]), first becomes
+/// `<in>_gathered = set(in)`,
 /// replicated on the input's mesh (an allgather), and `e` then copies that (a scatter).
 /// The gathered copy takes the Stream split of `e`'s output, so that gather and scatter run
 /// chunk by chunk in the output's stream loop (a broadcast per chunk), or else that of the
 /// input (an allgather per chunk when the input's device split sits inside its stream
 /// chunks), or else none.
 fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
-    if !is_layout_change(f, e) {
+    if !is_layout_change(f, e) && !is_nested_all_to_all(f, e) {
         derive_communication(f, e)?;
         return Ok(());
     }

@@ -107,6 +107,7 @@ pub fn check_user_communications(f: &Fusion) -> Result<(), Diagnostic> {
         }
         if is_resharding(f, e)
             && !is_layout_change(f, e)
+            && !crate::communication::is_nested_all_to_all(f, e)
             && !crate::decompose_reshardings::changes_several_device_types(f, e)
         {
             derive_communication(f, e)?;
