@@ -448,7 +448,7 @@ pub(crate) fn nests_evenly(
             || f.id(id).definition.is_some_and(|e| {
                 matches!(
                     f.id_expr(e),
-                    weave_ir::IdExpr::Split { input, outer, kind: weave_ir::SplitKind::Outer, .. }
+                    IdExpr::Split { input, outer, kind: weave_ir::SplitKind::Outer, .. }
                         if *input == logical && *outer == id
                 )
             })
@@ -635,8 +635,8 @@ pub fn ancestor(f: &Fusion, id: IterDomainId, within: &[IterDomainId]) -> Option
         }
         let e = f.id(cur).definition?;
         cur = match f.id_expr(e) {
-            weave_ir::IdExpr::Split { input, .. } => *input,
-            weave_ir::IdExpr::Merge { outer, .. } => *outer,
+            IdExpr::Split { input, .. } => *input,
+            IdExpr::Merge { outer, .. } => *outer,
         };
     }
 }

@@ -45,16 +45,17 @@
 //!    communication, or a reduction over a device-sharded axis that is not, is refused with
 //!    the diagnostic of [`derive_communication`] (e.g. "expected at most one sharding change
 //!    in `x = set(y)`: DIDx and DIDy both change"). A `set` that only changes how a device
-//!    split lays out its axis (`[s, d, ..]` against `[d, ..]`), or moves the shards of one
-//!    axis between meshes of different sizes, becomes an allgather into `<in>_gathered`
+//!    split lays out its axis (`[s, d, ..]` against `[d, ..]`), moves the shards of one
+//!    axis between meshes of different sizes, or moves a device split to another axis from or
+//!    into stream chunks (an AllToAll whose pieces would not be blocks), becomes an allgather into `<in>_gathered`
 //!    (replicated on the input's mesh, stream-split like the output or the input) and a
 //!    scatter.
 //!    A `set` on one (2-D) mesh whose DIDx and DIDy shardings both change becomes a chain of
-//!    sets that each change one type ([`one_change_per_set`]); the gathered copy of a layout
+//!    sets that each change one type (`one_change_per_set`); the gathered copy of a layout
 //!    change keeps the input's splits of the other device types. A reduction over a device
 //!    axis that also changes the sharding of other axes (its output lays out a DIDy split
 //!    inside stream chunks) becomes `<out>_reduced = op(x)`, the collective keeping `x`'s
-//!    sharding of the other axes, then `out = set(<out>_reduced)` ([`reduce_then_reshard`]).
+//!    sharding of the other axes, then `out = set(<out>_reduced)` (`reduce_then_reshard`).
 //! 4. **Receivers outside the senders.** A Gather or Reduce to a mesh with a device outside
 //!    the sender mesh becomes an Allgather or Allreduce on the sender mesh followed by a
 //!    Broadcast `set` to the receivers (a member of a Gather or Reduce contributes its own
@@ -663,7 +664,7 @@ fn changing_types(f: &Fusion, x: TensorId, y: TensorId) -> Vec<ParallelType> {
 }
 
 /// True if `e` is a `set` on one mesh whose DIDx and DIDy shardings both change: step 3
-/// turns it into one set per change ([`one_change_per_set`]).
+/// turns it into one set per change (`one_change_per_set`).
 pub fn changes_several_device_types(f: &Fusion, e: ExprId) -> bool {
     let ex = f.expr(e);
     if !matches!(ex.kind, ExprKind::Set | ExprKind::SegmentSet)

@@ -8,7 +8,7 @@
 //! stream-parallel, broadcast, reduction and extent-1 axes have local size 1), on both sides
 //! of the collective. An AllToAll needs both: its scattered axis outermost in the input and
 //! its gathered axis outermost in the output, and it is packed by a reshape and a permute
-//! when they are not (see [`rewrite_all_to_all_if_needed`]). Reduce, Allreduce, Broadcast
+//! when they are not (see `rewrite_all_to_all_if_needed`). Reduce, Allreduce, Broadcast
 //! and SendRecv need contiguity only and are left alone.
 //!
 //! What this pass does (the permute/set pairs of nvFuser's original pass, not allocation
