@@ -512,13 +512,33 @@ pub fn is_nested_all_to_all(f: &Fusion, expr: ExprId) -> bool {
     }
     let (p, c) = (e.inputs[0], e.outputs[0]);
     let pairs = pairwise_map(f, expr, p);
-    // The split that makes `id` has as input another split's output, not an axis of `within`.
-    let nested = |id: IterDomainId, within: &[IterDomainId]| match f.id(id).definition {
-        Some(def) => match f.id_expr(def) {
-            IdExpr::Split { input, .. } => !within.contains(input),
-            IdExpr::Merge { .. } => true,
-        },
-        None => false,
+    // The split that makes `id` cuts another split's output (not an axis of `within`), and
+    // every split above it is by stream or serial chunks: a device split nested in another
+    // device split is a different exchange (`reorder-sharded-axis` names it).
+    let nested = |id: IterDomainId, within: &[IterDomainId]| {
+        let mut cur = id;
+        let mut depth = 0;
+        while !within.contains(&cur) {
+            let Some(def) = f.id(cur).definition else {
+                return false;
+            };
+            let IdExpr::Split {
+                input,
+                outer,
+                inner,
+                ..
+            } = f.id_expr(def)
+            else {
+                return false;
+            };
+            let sibling = if *outer == cur { *inner } else { *outer };
+            if depth > 0 && f.id(sibling).parallel.is_device() {
+                return false;
+            }
+            cur = *input;
+            depth += 1;
+        }
+        depth > 1
     };
     DEVICE_TYPES.iter().any(|&pt| {
         let (Some(pi), Some(ci)) = (
