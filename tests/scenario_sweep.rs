@@ -1,5 +1,6 @@
 //! Every scenario of tests/scenarios, with every stream split `s` in 1..=6 and every device
-//! count `d` in 1..=4 that it has a parameter for, goes the way of `weave run` (load,
+//! count `d` in 1..=4 (or 2-D mesh `dy` × `dx` of up to 4 devices) that it has parameters
+//! for, goes the way of `weave run` (load,
 //! compile, generate inputs, run on the CPU backend with the race checker, compare with the
 //! f64 reference) and either passes or is refused at load time with an error that points at
 //! the file, line and column. Most of these `s` do not divide the axis they cut, so the last
@@ -108,18 +109,38 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
         let names = params(&source);
         let has = |p: &str| names.iter().any(|n| n == p);
         let ss: Vec<i64> = if has("s") { (1..=6).collect() } else { vec![0] };
-        let ds: Vec<i64> = if has("d") { (1..=4).collect() } else { vec![0] };
+        // The device counts: `d` in 1..=4, or every 2-D mesh shape of up to 4 devices.
+        let meshes: Vec<Vec<(String, i64)>> = if has("d") {
+            (1..=4).map(|d| vec![("d".to_string(), d)]).collect()
+        } else if has("dy") && has("dx") {
+            [
+                (1, 1),
+                (1, 2),
+                (2, 1),
+                (2, 2),
+                (1, 3),
+                (3, 1),
+                (1, 4),
+                (4, 1),
+            ]
+            .into_iter()
+            .map(|(dy, dx)| vec![("dy".to_string(), dy), ("dx".to_string(), dx)])
+            .collect()
+        } else {
+            vec![Vec::new()]
+        };
         for &s in &ss {
-            for &d in &ds {
+            for mesh in &meshes {
                 let mut set = Vec::new();
                 if s > 0 {
                     set.push(("s".to_string(), s));
                 }
-                let ranks = if d > 0 {
-                    set.push(("d".to_string(), d));
-                    d as usize
-                } else {
+                set.extend(mesh.iter().cloned());
+                let d: i64 = mesh.iter().map(|(_, v)| *v).product();
+                let ranks = if mesh.is_empty() {
                     fixed_ranks(&source)
+                } else {
+                    d as usize
                 };
                 // The benchmark patterns default to t = h = 8192: small and uneven here
                 // (4 * h = 12 splits across every d).
@@ -131,7 +152,11 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
                 }
                 let streams = 1 + (s.max(0) as usize + ranks) % 3;
                 let outcome = run_one(&path, &set, ranks, streams);
-                let what = format!("{name} s={s} d={d} ranks={ranks} streams={streams}");
+                let shape: Vec<String> = mesh.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let what = format!(
+                    "{name} s={s} {} ranks={ranks} streams={streams}",
+                    shape.join(" ")
+                );
                 match &outcome {
                     Outcome::Passed => {
                         passed += 1;
@@ -160,7 +185,9 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
     // with the fixtures added since (column_parallel_linear_permute is refused where
     // column_parallel_linear is: t = 10 rows do not split across 3 or 4 devices;
     // sequence_parallel_mlp's device splits of t = 10 in chunks are refused like
-    // matmul_rs's). Refusals may only turn into passes.
-    assert!(passed >= 481, "only {passed} configurations passed");
-    assert!(refused <= 43, "{refused} configurations were refused");
+    // matmul_rs's); 534 and 54 with the 2-D scenarios on every mesh shape (their refusals are
+    // the same divisibility of t = 10 and b = 6 by 3 or 4 devices). Refusals may only turn
+    // into passes.
+    assert!(passed >= 534, "only {passed} configurations passed");
+    assert!(refused <= 54, "{refused} configurations were refused");
 }
