@@ -115,6 +115,35 @@ pub trait Backend: Send + Sync {
     /// Releases `buffer` once the work enqueued on `stream` so far is done.
     fn deallocate(&self, buffer: Self::Buffer, stream: &Self::Stream);
 
+    /// A contiguous buffer that stands in for `buffer` in a communication, when the backend's
+    /// communicator moves contiguous memory only and `buffer` is a strided view (a stream
+    /// chunk of an inner axis); `None` when `buffer` can be posted as it is. The evaluator
+    /// copies into the stand-in before the post and out of it after, on the posting stream.
+    fn staging(
+        &self,
+        buffer: &Self::Buffer,
+        stream: &Self::Stream,
+    ) -> Result<Option<Self::Buffer>, ExecError> {
+        let _ = (buffer, stream);
+        Ok(None)
+    }
+
+    /// Copies `src` into `dst` (one size and type) on `stream`; only called for the buffers
+    /// [`Backend::staging`] returns.
+    fn copy(
+        &self,
+        label: &str,
+        src: &Self::Buffer,
+        dst: &Self::Buffer,
+        stream: &Self::Stream,
+    ) -> Result<(), ExecError> {
+        let _ = (src, dst, stream);
+        Err(ExecError::Program(format!(
+            "`{label}`: the {} backend stages no buffers",
+            self.name()
+        )))
+    }
+
     /// The `index`-th of `chunks` chunks of `buffer` along `axis`: an aliasing view.
     fn chunk(
         &self,

@@ -692,7 +692,16 @@ where
                     None => 0,
                 };
                 let op = red_op(c.red_op);
-                let (i, o) = (input.clone(), output.clone());
+                // Strided views go through contiguous stand-ins where the communicator needs
+                // contiguous memory (NCCL), copied in before the post and out after it.
+                let stream = self.backend.stream(self.current)?;
+                let staged_in = self.backend.staging(&input, &stream)?;
+                let staged_out = self.backend.staging(&output, &stream)?;
+                if let Some(t) = &staged_in {
+                    self.backend.copy(&label, &input, t, &stream)?;
+                }
+                let i = staged_in.clone().unwrap_or_else(|| input.clone());
+                let o = staged_out.clone().unwrap_or_else(|| output.clone());
                 let op = match c.kind {
                     CommunicationType::Allgather => CommOp::Allgather {
                         input: i,
@@ -753,7 +762,6 @@ where
                     }
                 };
                 let team: Vec<usize> = team.iter().map(|&d| d.max(0) as usize).collect();
-                let stream = self.backend.stream(self.current)?;
                 let collective = Collective {
                     label: label.clone(),
                     team,
@@ -763,6 +771,13 @@ where
                     self.comm
                         .post(collective, self.backend.comm_stream(&stream))
                 })?;
+                if let Some(t) = staged_out {
+                    self.backend.copy(&label, &t, &output, &stream)?;
+                    self.backend.deallocate(t, &stream);
+                }
+                if let Some(t) = staged_in {
+                    self.backend.deallocate(t, &stream);
+                }
                 let agent = self.races.as_mut().map(|r| r.post(self.current));
                 if let Some(agent) = agent {
                     self.record(agent, &input, false, &label, c.input);

@@ -286,6 +286,67 @@ fn split_rows(
     })
 }
 
+/// A box of a row-major allocation as 2-D copies: `height` rows of `width` contiguous
+/// elements, `pitch` elements apart, starting at each of `offsets` (elements from the box's
+/// first element), in the row-major order of the box.
+#[derive(Debug, PartialEq)]
+struct BoxRows {
+    width: usize,
+    height: usize,
+    pitch: usize,
+    offsets: Vec<usize>,
+}
+
+impl BoxRows {
+    fn of(sizes: &[usize], strides: &[usize]) -> BoxRows {
+        // Axes of one element do not step.
+        let axes: Vec<(usize, usize)> = sizes
+            .iter()
+            .zip(strides)
+            .map(|(n, s)| (*n, *s))
+            .filter(|(n, _)| *n != 1)
+            .collect();
+        let r = axes.len();
+        if r == 0 || axes.iter().any(|a| a.0 == 0) {
+            let n = usize::from(r == 0);
+            return BoxRows {
+                width: n,
+                height: n,
+                pitch: n,
+                offsets: vec![0],
+            };
+        }
+        // The innermost run of axes that is one contiguous run of elements.
+        let mut a = r;
+        if axes[r - 1].1 == 1 {
+            a = r - 1;
+            while a > 0 && axes[a - 1].1 == axes[a].1 * axes[a].0 {
+                a -= 1;
+            }
+        }
+        let width: usize = axes[a..].iter().map(|x| x.0).product();
+        // The axis outside it gives the rows of one 2-D copy; the rest are enumerated.
+        let (height, pitch, outer) = if a == 0 {
+            (1, width, 0)
+        } else {
+            (axes[a - 1].0, axes[a - 1].1, a - 1)
+        };
+        let mut offsets = vec![0usize];
+        for &(n, st) in &axes[..outer] {
+            offsets = offsets
+                .iter()
+                .flat_map(|&o| (0..n).map(move |i| o + i * st))
+                .collect();
+        }
+        BoxRows {
+            width,
+            height,
+            pitch,
+            offsets,
+        }
+    }
+}
+
 /// An event placed by the evaluator; `None` when recording failed (the failure is reported at
 /// the next host wait).
 pub type GpuEvent = Option<Arc<CudaEvent>>;
@@ -858,6 +919,78 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn staging(
+        &self,
+        buffer: &DeviceTensor,
+        stream: &GpuStream,
+    ) -> Result<Option<DeviceTensor>, ExecError> {
+        if buffer.contiguous() {
+            return Ok(None);
+        }
+        self.allocate(buffer.dtype, &buffer.sizes(), false, stream)
+            .map(Some)
+    }
+
+    fn copy(
+        &self,
+        label: &str,
+        src: &DeviceTensor,
+        dst: &DeviceTensor,
+        stream: &GpuStream,
+    ) -> Result<(), ExecError> {
+        let err = |m: String| ExecError::Compute {
+            stmt: label.to_string(),
+            message: m,
+        };
+        if src.dtype != dst.dtype || src.numel() != dst.numel() {
+            return Err(err(format!(
+                "cannot copy {:?} of {} into {:?} of {}",
+                src.sizes(),
+                src.dtype,
+                dst.sizes(),
+                dst.dtype
+            )));
+        }
+        let eb = elem_bytes(src.dtype);
+        // The strided side's rows, against runs of the contiguous side.
+        let (strided, into_strided) = match (src.contiguous(), dst.contiguous()) {
+            (_, true) => (src, false),
+            (true, false) => (dst, true),
+            (false, false) => {
+                return Err(err(format!(
+                    "cannot copy between two strided views ({:?} and {:?})",
+                    src.sizes(),
+                    dst.sizes()
+                )))
+            }
+        };
+        let rows = BoxRows::of(&strided.sizes(), &strided.strides());
+        let block = rows.width * rows.height;
+        self.compute(stream, || {
+            for (j, off) in rows.offsets.iter().enumerate() {
+                let (view, packed) = (
+                    strided.ptr() + (off * eb) as u64,
+                    if into_strided { src.ptr() } else { dst.ptr() } + (j * block * eb) as u64,
+                );
+                let (to, to_pitch, from, from_pitch) = if into_strided {
+                    (view, rows.pitch * eb, packed, rows.width * eb)
+                } else {
+                    (packed, rows.width * eb, view, rows.pitch * eb)
+                };
+                self.gpu.copy_2d(
+                    to,
+                    to_pitch,
+                    from,
+                    from_pitch,
+                    rows.width * eb,
+                    rows.height,
+                    stream,
+                )?;
+            }
+            Ok(())
+        })
+    }
+
     fn chunk(
         &self,
         buffer: &DeviceTensor,
@@ -1104,7 +1237,36 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{matrix_of, split_rows, BatchPlan};
+    use super::{matrix_of, split_rows, BatchPlan, BoxRows};
+
+    #[test]
+    fn strided_boxes_copy_as_rows() {
+        // [b = 6, chunk 4 of t = 12, h = 3, 1]: 6 rows of 12 contiguous elements, 36 apart.
+        let rows = BoxRows::of(&[6, 4, 3, 1], &[36, 3, 1, 1]);
+        assert_eq!((rows.width, rows.height, rows.pitch), (12, 6, 36));
+        assert_eq!(rows.offsets, vec![0]);
+        // A chunk of the last axis of [2, 3, 8]: rows of 2, 8 apart, one copy per outer index.
+        let rows = BoxRows::of(&[2, 3, 2], &[24, 8, 1]);
+        assert_eq!((rows.width, rows.height, rows.pitch), (2, 3, 8));
+        assert_eq!(rows.offsets, vec![0, 24]);
+        // Every element of the box is covered exactly once, in row-major order.
+        let covered: Vec<usize> = rows
+            .offsets
+            .iter()
+            .flat_map(|&o| {
+                (0..rows.height)
+                    .flat_map(move |h| (0..rows.width).map(move |w| o + h * rows.pitch + w))
+            })
+            .collect();
+        let expected: Vec<usize> = (0..2)
+            .flat_map(|i| (0..3).flat_map(move |j| (0..2).map(move |k| i * 24 + j * 8 + k)))
+            .collect();
+        assert_eq!(covered, expected);
+        // A contiguous box is one row; an empty one copies nothing.
+        let rows = BoxRows::of(&[4, 5], &[5, 1]);
+        assert_eq!((rows.width, rows.height, rows.offsets.len()), (20, 1, 1));
+        assert_eq!(BoxRows::of(&[0, 5], &[5, 1]).width, 0);
+    }
 
     #[test]
     fn chunks_of_a_middle_axis_are_gemms_per_block_of_rows() {
