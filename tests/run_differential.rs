@@ -3,10 +3,11 @@
 //! CPU backend with in-process ranks without races, and match the unsharded f64 reference.
 
 use std::fmt::Write as _;
-use std::time::Duration;
+
+mod common;
 
 use proptest::prelude::*;
-use streamweave::run::{compile_for_run, generate_inputs, run_compiled, RunOptions};
+use streamweave::run::compile_for_run;
 
 // ---------------------------------------------------------------------------------------
 // Source writing helpers
@@ -1611,40 +1612,9 @@ fn check(case: &Case) -> Result<(), String> {
     };
     let fusion = streamweave::load("gen.weave", &case.source, &[])
         .map_err(|e| what("load", e.to_string()))?;
-    let compiled = compile_for_run(fusion).map_err(|e| what("compile", e.to_string()))?;
-    let globals =
-        generate_inputs(&compiled.fusion, seed).map_err(|e| what("inputs", e.to_string()))?;
-    let options = RunOptions {
-        ranks: case.ranks,
-        streams: case.streams,
-        check_races: true,
-        seed,
-        timeout: Duration::from_secs(20),
-        ..RunOptions::default()
-    };
-    let report =
-        run_compiled(&compiled, &globals, &options).map_err(|e| what("run", e.to_string()))?;
-    if report.checks.is_empty() {
-        return Err(what("check", "no output was checked".into()));
-    }
-    if !report.passed() {
-        let mut detail = String::new();
-        for c in &report.checks {
-            writeln!(
-                detail,
-                "output {} rank {}: {}",
-                c.output, c.rank, c.comparison
-            )
-            .unwrap();
-        }
-        for (rank, r) in report.ranks.iter().enumerate() {
-            for race in &r.races {
-                writeln!(detail, "rank {rank} race: {race}").unwrap();
-            }
-        }
-        return Err(what("check", detail));
-    }
-    Ok(())
+    common::run_checked(fusion, case.ranks, case.streams, seed)
+        .map(|_| ())
+        .map_err(|f| what(f.stage, f.detail))
 }
 
 proptest! {

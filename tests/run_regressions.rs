@@ -5,13 +5,10 @@
 
 mod common;
 
-use std::fmt::Write as _;
-use std::time::Duration;
-
 use streamweave::host_ir::{HostProgram, Stmt};
 use streamweave::ir::{Fusion, IterType, ParallelType, TensorId};
 use streamweave::passes::{Ir, PassManager, Pipeline, Registry};
-use streamweave::run::{compile_for_run, generate_inputs, run_compiled, Compiled, RunOptions};
+use streamweave::run::Compiled;
 
 /// Compiles `source` with `overrides` and runs it on `ranks` ranks; an error holds the stage,
 /// the program and the report.
@@ -22,36 +19,7 @@ fn run(source: &str, overrides: &[(&str, i64)], ranks: usize) -> Result<Compiled
     };
     let fusion =
         streamweave::load("case.weave", source, &ov).map_err(|e| what("load", e.to_string()))?;
-    let compiled = compile_for_run(fusion).map_err(|e| what("compile", e.to_string()))?;
-    let globals =
-        generate_inputs(&compiled.fusion, 11).map_err(|e| what("inputs", e.to_string()))?;
-    let options = RunOptions {
-        ranks,
-        streams: 2,
-        check_races: true,
-        timeout: Duration::from_secs(20),
-        ..RunOptions::default()
-    };
-    let report =
-        run_compiled(&compiled, &globals, &options).map_err(|e| what("run", e.to_string()))?;
-    if report.checks.is_empty() || !report.passed() {
-        let mut detail = String::new();
-        for c in &report.checks {
-            writeln!(
-                detail,
-                "output {} rank {}: {}",
-                c.output, c.rank, c.comparison
-            )
-            .unwrap();
-        }
-        for (rank, r) in report.ranks.iter().enumerate() {
-            for race in &r.races {
-                writeln!(detail, "rank {rank} race: {race}").unwrap();
-            }
-        }
-        return Err(what("check", detail));
-    }
-    Ok(compiled)
+    common::run_checked(fusion, ranks, 2, 11).map_err(|f| what(f.stage, f.detail))
 }
 
 /// [`run`] on every rank count in `ranks`, setting `d` to it; panics with every failure.

@@ -9,10 +9,8 @@
 mod common;
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use common::fixtures;
-use streamweave::run::{compile_for_run, generate_inputs, run_compiled, RunOptions};
 
 /// What one configuration did.
 enum Outcome {
@@ -68,33 +66,9 @@ fn run_one(path: &std::path::Path, set: &[(String, i64)], ranks: usize, streams:
             };
         }
     };
-    let compiled = match compile_for_run(fusion) {
-        Ok(c) => c,
-        Err(e) => return Outcome::Failed(format!("compile: {e}")),
-    };
-    let globals = match generate_inputs(&compiled.fusion, 11) {
-        Ok(g) => g,
-        Err(e) => return Outcome::Failed(format!("inputs: {e}")),
-    };
-    let options = RunOptions {
-        ranks,
-        streams,
-        check_races: true,
-        timeout: Duration::from_secs(20),
-        ..RunOptions::default()
-    };
-    match run_compiled(&compiled, &globals, &options) {
-        Ok(report) if report.passed() && !report.checks.is_empty() => Outcome::Passed,
-        Ok(report) => {
-            let bad: Vec<String> = report
-                .checks
-                .iter()
-                .filter(|c| !c.comparison.ok)
-                .map(|c| format!("{} rank {}: {}", c.output, c.rank, c.comparison))
-                .collect();
-            Outcome::Failed(format!("{bad:?}, {} race(s)", report.races()))
-        }
-        Err(e) => Outcome::Failed(format!("run: {e}")),
+    match common::run_checked(fusion, ranks, streams, 11) {
+        Ok(_) => Outcome::Passed,
+        Err(f) => Outcome::Failed(format!("{}: {}", f.stage, f.detail)),
     }
 }
 

@@ -5,11 +5,8 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::fixture;
 use streamweave::host_ir::{self, CommunicationType, HostProgram, Stmt, StmtId};
-use streamweave::run::{compile_for_run, generate_inputs, run_compiled, RunOptions};
 
 fn lower_source(source: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
@@ -52,28 +49,9 @@ fn count(p: &HostProgram, kind: &str) -> usize {
 fn assert_matches_reference(source: &str, overrides: &[(&str, i64)], ranks: usize) {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let fusion = streamweave::load("test.weave", source, &ov).unwrap_or_else(|e| panic!("{e}"));
-    let compiled = compile_for_run(fusion).unwrap_or_else(|e| panic!("{e}"));
-    let globals = generate_inputs(&compiled.fusion, 11 + ranks as u64).unwrap();
-    let options = RunOptions {
-        ranks,
-        streams: 2,
-        check_races: true,
-        timeout: Duration::from_secs(20),
-        ..RunOptions::default()
-    };
-    let report = run_compiled(&compiled, &globals, &options).unwrap();
-    assert!(!report.checks.is_empty());
-    let bad: Vec<String> = report
-        .checks
-        .iter()
-        .filter(|c| !c.comparison.ok)
-        .map(|c| format!("{} rank {}: {}", c.output, c.rank, c.comparison))
-        .collect();
-    assert!(
-        report.passed(),
-        "{overrides:?} on {ranks} ranks: {bad:?}, {} races",
-        report.races()
-    );
+    if let Err(f) = common::run_checked(fusion, ranks, 2, 11 + ranks as u64) {
+        panic!("{overrides:?} on {ranks} ranks, {}:\n{}", f.stage, f.detail);
+    }
 }
 
 fn load_error(source: &str, overrides: &[(&str, i64)]) -> String {

@@ -467,14 +467,9 @@ pub(crate) fn nests_evenly(
 /// per receiver). decompose-reshardings makes such a copy an allgather into a replicated
 /// tensor on the sender mesh followed by a scatter.
 pub fn is_layout_change(f: &Fusion, expr: ExprId) -> bool {
-    let e = f.expr(expr);
-    if !matches!(e.kind, ExprKind::Set | ExprKind::SegmentSet)
-        || e.inputs.len() != 1
-        || e.outputs.len() != 1
-    {
+    let Some((p, c)) = copy_of(f, expr) else {
         return false;
-    }
-    let (p, c) = (e.inputs[0], e.outputs[0]);
+    };
     let pairs = pairwise_map(f, expr, p);
     let sizes_differ = match (f.mesh_of(p), f.mesh_of(c)) {
         (Some(pm), Some(cm)) => pm.size() != cm.size(),
@@ -497,20 +492,24 @@ pub fn is_layout_change(f: &Fusion, expr: ExprId) -> bool {
     })
 }
 
+/// The producer and consumer of `expr` when it is a one-to-one copy (`set`, `segment_set`).
+fn copy_of(f: &Fusion, expr: ExprId) -> Option<(TensorId, TensorId)> {
+    let e = f.expr(expr);
+    (matches!(e.kind, ExprKind::Set | ExprKind::SegmentSet)
+        && e.inputs.len() == 1
+        && e.outputs.len() == 1)
+        .then(|| (e.inputs[0], e.outputs[0]))
+}
+
 /// True if `expr` is a `set` that moves a device split from one logical axis to another (an
 /// AllToAll) where, on either side, that split cuts the inside of another split of its axis
 /// (`[s, d, ..]`, a device split of stream chunks): the pieces an AllToAll exchanges are then
 /// not blocks of both axes. decompose-reshardings gathers first (an allgather, per stream
 /// chunk where it can), and the copy from the gathered tensor is a local slice.
 pub fn is_nested_all_to_all(f: &Fusion, expr: ExprId) -> bool {
-    let e = f.expr(expr);
-    if !matches!(e.kind, ExprKind::Set | ExprKind::SegmentSet)
-        || e.inputs.len() != 1
-        || e.outputs.len() != 1
-    {
+    let Some((p, c)) = copy_of(f, expr) else {
         return false;
-    }
-    let (p, c) = (e.inputs[0], e.outputs[0]);
+    };
     let pairs = pairwise_map(f, expr, p);
     // The split that makes `id` cuts another split's output (not an axis of `within`), and
     // every split above it is by stream or serial chunks: a device split nested in another

@@ -630,24 +630,7 @@ fn route_through_the_senders(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     f.tensor_mut(mid).span = f.tensor(y).span;
     let graph = IdGraph::build(f);
     replay(f, y, mid, &graph, &[ParallelType::Stream])?;
-    // y = set(mid): y keeps its materialized axes, without the reduction ones.
-    let tv = f.tensor(y).clone();
-    let reduced = |f: &Fusion, id: IterDomainId| {
-        source_in(f, id, &tv.logical).is_some_and(|l| f.id(l).iter_type == IterType::Reduction)
-    };
-    let keep = |f: &Fusion, dom: &[IterDomainId]| -> Vec<IterDomainId> {
-        dom.iter().copied().filter(|i| !reduced(f, *i)).collect()
-    };
-    let logical = keep(f, &tv.logical);
-    let loop_domain = keep(f, &tv.loop_domain);
-    let allocation = tv.allocation.as_ref().map(|a| keep(f, a));
-    let t = f.tensor_mut(y);
-    t.logical = logical;
-    t.loop_domain = loop_domain;
-    t.allocation = allocation;
-    let ex = f.expr_mut(e);
-    ex.kind = ExprKind::Set;
-    ex.inputs = vec![mid];
+    make_set_of(f, e, mid);
     Ok(())
 }
 
