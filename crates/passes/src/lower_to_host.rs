@@ -1129,26 +1129,7 @@ impl Lowering<'_> {
         let back = self.scalar(HostScalar::Binary(ScalarOp::Add, dd, rank));
         let back = self.scalar(HostScalar::Binary(ScalarOp::Sub, back, i));
         let send_peer = self.scalar(HostScalar::Binary(ScalarOp::Mod, back, dd));
-        if let Some(open) = self.open.as_mut() {
-            open.view_index = recv_peer;
-        }
-        // The whole local shard is sent, never a chunk of it.
-        let send = self.whole(producer)?;
-        let recv = self.resolve(consumer, true)?;
-        self.emit(Stmt::StartCoalescing);
-        self.emit(Stmt::P2PCommunication(P2PCommunication {
-            direction: P2PDirection::Recv,
-            peer: recv_peer,
-            buffer: recv,
-        }));
-        self.emit(Stmt::P2PCommunication(P2PCommunication {
-            direction: P2PDirection::Send,
-            peer: send_peer,
-            buffer: send,
-        }));
-        let end = self.emit(Stmt::EndCoalescing);
-        self.emit(Stmt::Wait { comm: end });
-        Ok(())
+        self.emit_ring_exchange(producer, consumer, recv_peer, recv_peer, send_peer)
     }
 }
 
@@ -1206,9 +1187,24 @@ impl Lowering<'_> {
         let delta = bin(self, ScalarOp::Sub, back, pos);
         let delta = scaled(self, delta);
         let send_peer = bin(self, ScalarOp::Add, rank, delta);
+        self.emit_ring_exchange(producer, consumer, chunk, recv_peer, send_peer)
+    }
+
+    /// One step of the ring: the iteration's views take chunk `chunk` of the consumer, which
+    /// is received from `recv_peer` while the whole local shard of the producer goes to
+    /// `send_peer`, as one coalesced pair, waited for.
+    fn emit_ring_exchange(
+        &mut self,
+        producer: TensorId,
+        consumer: TensorId,
+        chunk: ScalarId,
+        recv_peer: ScalarId,
+        send_peer: ScalarId,
+    ) -> Result<(), Diagnostic> {
         if let Some(open) = self.open.as_mut() {
             open.view_index = chunk;
         }
+        // The whole local shard is sent, never a chunk of it.
         let send = self.whole(producer)?;
         let recv = self.resolve(consumer, true)?;
         self.emit(Stmt::StartCoalescing);
