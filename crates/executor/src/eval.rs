@@ -871,12 +871,41 @@ where
                 self.record(agent, buffer, write, &l, t);
             }
         }
-        let ops: Vec<P2p<B::Buffer>> = ops.into_iter().map(|(_, op)| op).collect();
+        // Strided views go through contiguous stand-ins, as for collectives: a send's is
+        // filled before the group, a receive's is copied out after it.
+        let mut staged: Vec<P2p<B::Buffer>> = Vec::with_capacity(ops.len());
+        let mut copy_out: Vec<(B::Buffer, B::Buffer)> = Vec::new();
+        let mut release: Vec<B::Buffer> = Vec::new();
+        for (_, op) in ops {
+            let (P2p::Send { buffer, .. } | P2p::Recv { buffer, .. }) = &op;
+            let Some(t) = self.backend.staging(buffer, &stream)? else {
+                staged.push(op);
+                continue;
+            };
+            staged.push(match op {
+                P2p::Send { peer, buffer } => {
+                    self.backend.copy(&label, &buffer, &t, &stream)?;
+                    release.push(t.clone());
+                    P2p::Send { peer, buffer: t }
+                }
+                P2p::Recv { peer, buffer } => {
+                    copy_out.push((t.clone(), buffer));
+                    P2p::Recv { peer, buffer: t }
+                }
+            });
+        }
         let name = label.clone();
         self.backend.traced_post(&stream, &name, || {
             self.comm
-                .post_p2p(label, ops, self.backend.comm_stream(&stream))
+                .post_p2p(label, staged, self.backend.comm_stream(&stream))
         })?;
+        for (t, buffer) in copy_out {
+            self.backend.copy(&name, &t, &buffer, &stream)?;
+            self.backend.deallocate(t, &stream);
+        }
+        for t in release {
+            self.backend.deallocate(t, &stream);
+        }
         let event = self.backend.record_event(&stream);
         self.posted.insert(id, Posted { event, agent });
         Ok(())
