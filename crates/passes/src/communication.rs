@@ -502,10 +502,12 @@ fn copy_of(f: &Fusion, expr: ExprId) -> Option<(TensorId, TensorId)> {
 }
 
 /// True if `expr` is a `set` that moves a device split from one logical axis to another (an
-/// AllToAll) where, on either side, that split cuts the inside of another split of its axis
-/// (`[s, d, ..]`, a device split of stream chunks): the pieces an AllToAll exchanges are then
-/// not blocks of both axes. decompose-reshardings gathers first (an allgather, per stream
-/// chunk where it can), and the copy from the gathered tensor is a local slice.
+/// AllToAll) that cannot run as one AllToAll, or one per stream chunk: on either side the
+/// split cuts the inside of another split of its axis (`[s, d, ..]`, a device split of stream
+/// chunks), so the pieces are not blocks of both axes; or one side is stream-split on the axis
+/// the other side splits across devices, so a chunk of the stream axis is not a chunk of every
+/// device's shard. decompose-reshardings gathers first (an allgather, per stream chunk where
+/// it can), and the copy from the gathered tensor is a local slice.
 pub fn is_nested_all_to_all(f: &Fusion, expr: ExprId) -> bool {
     let Some((p, c)) = copy_of(f, expr) else {
         return false;
@@ -554,7 +556,21 @@ pub fn is_nested_all_to_all(f: &Fusion, expr: ExprId) -> bool {
             (Some(pl), Some(cr)) => !pairs.contains(&(pl, cr)),
             _ => false,
         };
-        moved && (nested(pi, &f.tensor(p).logical) || nested(ci, f.tensor(c).root_domain()))
+        let (Some(pl), Some(cr)) = (pl, cr) else {
+            return false;
+        };
+        // The logical axis a side is stream-split on.
+        let stream_axis = |t: TensorId, within: &[IterDomainId]| {
+            parallel_axis(f, &f.tensor(t).loop_domain, ParallelType::Stream)
+                .and_then(|id| ancestor(f, id, within))
+        };
+        let streams_the_other_side = stream_axis(c, f.tensor(c).root_domain())
+            .is_some_and(|cs| pairs.contains(&(pl, cs)))
+            || stream_axis(p, &f.tensor(p).logical).is_some_and(|ps| pairs.contains(&(ps, cr)));
+        moved
+            && (nested(pi, &f.tensor(p).logical)
+                || nested(ci, f.tensor(c).root_domain())
+                || streams_the_other_side)
     })
 }
 
