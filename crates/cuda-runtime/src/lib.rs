@@ -6,7 +6,7 @@
 //!   program orders streams;
 //! * [`gemm`]: cuBLASLt GEMMs with one handle and workspace per stream, plans cached per
 //!   shape, an SM-count target, TF32 only when asked;
-//! * [`nvrtc`]: generated kernels compiled at run time and cached by source hash;
+//! * [`nvrtc`]: generated kernels compiled at run time and cached by name and source text;
 //! * [`graph`]: a stream's work captured once into a CUDA graph ([`CudaGraph`], capture in
 //!   relaxed mode, instantiated to free its leftover allocations on relaunch) and replayed
 //!   with one launch;

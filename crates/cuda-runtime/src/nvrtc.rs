@@ -1,11 +1,10 @@
 //! Run-time compiled kernels: CUDA C source compiled by NVRTC for the device's architecture,
-//! loaded once per GPU and cached by a hash of the source, and launched with 64-bit
+//! loaded once per GPU and cached by the kernel's name and source text (never by a hash
+//! alone, whose collision would run the wrong kernel), and launched with 64-bit
 //! arguments (device addresses and integers).
 #![allow(unsafe_code)]
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
@@ -27,10 +26,11 @@ impl std::fmt::Debug for Kernel {
     }
 }
 
-/// The kernels of one GPU, by source hash.
+/// The kernels of one GPU, by source text, then kernel name (looked up without copying the
+/// source on every launch).
 #[derive(Default)]
 pub(crate) struct KernelCache {
-    kernels: Mutex<HashMap<u64, Arc<Kernel>>>,
+    kernels: Mutex<HashMap<String, HashMap<String, Arc<Kernel>>>>,
     compiles: std::sync::atomic::AtomicUsize,
 }
 
@@ -50,12 +50,14 @@ impl Gpu {
     /// The kernel `name` defined (as `extern "C" __global__`) in `source`, compiled on first
     /// use and cached for the life of the process.
     pub fn kernel(&self, name: &str, source: &str) -> Result<Arc<Kernel>, CudaError> {
-        let mut h = DefaultHasher::new();
-        source.hash(&mut h);
-        name.hash(&mut h);
-        let key = h.finish();
         let cache = &self.inner().kernels;
-        if let Some(k) = cache.kernels.lock().unwrap().get(&key) {
+        if let Some(k) = cache
+            .kernels
+            .lock()
+            .unwrap()
+            .get(source)
+            .and_then(|by_name| by_name.get(name))
+        {
             return Ok(k.clone());
         }
         // SAFETY: probing for the library only dlopens it.
@@ -95,7 +97,13 @@ impl Gpu {
         cache
             .compiles
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        cache.kernels.lock().unwrap().insert(key, kernel.clone());
+        cache
+            .kernels
+            .lock()
+            .unwrap()
+            .entry(source.to_string())
+            .or_default()
+            .insert(name.to_string(), kernel.clone());
         Ok(kernel)
     }
 
