@@ -135,13 +135,8 @@ fn summary_json(
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let num = |v: f64| {
-        if v.is_finite() {
-            format!("{v:e}")
-        } else {
-            "null".to_string()
-        }
-    };
+    // Non-finite figures are `null` (JSON has no NaN or infinity).
+    let num = |v: f64| v.is_finite().then_some(v);
     let (passed, abs, rel, wall) = match report {
         Some(r) => (
             r.passed(),
@@ -157,29 +152,29 @@ fn summary_json(
                 .map(|x| x.wall_time.as_secs_f64() * 1e3)
                 .fold(0.0, f64::max)),
         ),
-        None => (false, "null".into(), "null".into(), "null".into()),
+        None => (false, None, None, None),
     };
     let (median, min) = match report.and_then(|r| r.timed()) {
         Some(t) => (
             num(t.median.as_secs_f64() * 1e3),
             num(t.min.as_secs_f64() * 1e3),
         ),
-        None => ("null".into(), "null".into()),
+        None => (None, None),
     };
-    let error = match error {
-        Some(e) => format!(
-            "\"{}\"",
-            e.replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('\n', "\\n")
-        ),
-        None => "null".into(),
-    };
-    format!(
-        "{{\"scenario\":\"{scenario}\",\"ranks\":{ranks},\"mode\":\"{mode}\",\"backend\":\"{backend}\",\
-         \"passed\":{passed},\"max_abs_error\":{abs},\"max_rel_error\":{rel},\"wall_ms\":{wall},\
-         \"timed_median_ms\":{median},\"timed_min_ms\":{min},\"error\":{error}}}\n"
-    )
+    let summary = serde_json::json!({
+        "scenario": scenario,
+        "ranks": ranks,
+        "mode": mode,
+        "backend": backend,
+        "passed": passed,
+        "max_abs_error": abs,
+        "max_rel_error": rel,
+        "wall_ms": wall,
+        "timed_median_ms": median,
+        "timed_min_ms": min,
+        "error": error,
+    });
+    format!("{summary}\n")
 }
 
 /// Runs `weave run`. The fusion parameter `d`, when the fusion has one and `set` does not give

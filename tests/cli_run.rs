@@ -220,3 +220,50 @@ fn gpu_only_flags_and_unknown_transports_are_refused_with_the_flag() {
         "error: --transport ipc: unknown transport (expected nccl or copy-engine)"
     );
 }
+
+/// The `--json` summary is JSON whatever the file is called and whatever the error says: a
+/// scenario name with a quote and a tab, and a failing run whose message spans lines.
+#[test]
+fn json_summaries_stay_valid_json() {
+    let dir = std::env::temp_dir().join(format!("weave-cli-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = dir.join("odd \"name\"\t.weave");
+    std::fs::copy("tests/scenarios/single_set_op.weave", &name).unwrap();
+    let summary = dir.join("summary.json");
+    let (ok, out, err) = weave(&[
+        "run",
+        name.to_str().unwrap(),
+        "--ranks",
+        "1",
+        "--json",
+        summary.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}\n{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(v["scenario"], "odd \"name\"\t");
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["ranks"], 1);
+    assert!(v["max_abs_error"].as_f64().is_some_and(|e| e == 0.0), "{v}");
+    // A failing run: the error is a string, newlines and all.
+    let (ok, _, _) = weave(&[
+        "run",
+        name.to_str().unwrap(),
+        "--ranks",
+        "1",
+        "--set",
+        "nope=1",
+        "--json",
+        summary.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    let text = std::fs::read_to_string(&summary).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(v["passed"], false);
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("nope")),
+        "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

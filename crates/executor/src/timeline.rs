@@ -22,22 +22,6 @@ fn tid(stream: StreamKey) -> usize {
     }
 }
 
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 fn xml(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -48,31 +32,30 @@ fn xml(s: &str) -> String {
 /// The Chrome trace (JSON array format): one process per rank, one thread per stream, one
 /// complete (`"ph": "X"`) event per span.
 pub fn chrome_trace(ranks: &[RankSpans]) -> String {
+    use serde_json::json;
     let mut events: Vec<String> = Vec::new();
     for r in ranks {
-        events.push(format!(
-            r#"{{"name":"process_name","ph":"M","pid":{},"args":{{"name":"rank {}"}}}}"#,
-            r.rank, r.rank
-        ));
+        events.push(
+            json!({"name": "process_name", "ph": "M", "pid": r.rank,
+                   "args": {"name": format!("rank {}", r.rank)}})
+            .to_string(),
+        );
         let streams: BTreeSet<StreamKey> = r.spans.iter().map(|s| s.stream).collect();
         for s in streams {
-            events.push(format!(
-                r#"{{"name":"thread_name","ph":"M","pid":{},"tid":{},"args":{{"name":"{}"}}}}"#,
-                r.rank,
-                tid(s),
-                s
-            ));
+            events.push(
+                json!({"name": "thread_name", "ph": "M", "pid": r.rank, "tid": tid(s),
+                       "args": {"name": s.to_string()}})
+                .to_string(),
+            );
         }
         for s in &r.spans {
-            events.push(format!(
-                r#"{{"name":"{}","cat":"{}","ph":"X","pid":{},"tid":{},"ts":{:.3},"dur":{:.3}}}"#,
-                escape(&s.label),
-                category(&s.label),
-                r.rank,
-                tid(s.stream),
-                s.start_us,
-                s.dur_us
-            ));
+            // Microseconds with nanosecond resolution, as the trace format reads them.
+            let us = |v: f64| (v * 1e3).round() / 1e3;
+            events.push(
+                json!({"name": s.label, "cat": category(&s.label), "ph": "X", "pid": r.rank,
+                       "tid": tid(s.stream), "ts": us(s.start_us), "dur": us(s.dur_us)})
+                .to_string(),
+            );
         }
     }
     format!("[\n{}\n]\n", events.join(",\n"))
@@ -187,7 +170,7 @@ mod tests {
                 },
                 Span {
                     stream: StreamKey::Pool(1),
-                    label: "Communication 10 (type=Allreduce, \"x\")".into(),
+                    label: "Communication 10 (type=Allreduce, \"x\")\t\n".into(),
                     start_us: 12.0,
                     dur_us: 4.0,
                 },
@@ -198,9 +181,26 @@ mod tests {
     #[test]
     fn chrome_trace_is_json_with_one_event_per_span() {
         let text = chrome_trace(&spans());
-        assert!(text.contains(r#""name":"T5 = linear(T4, T1)","cat":"compute","ph":"X","pid":1,"tid":1,"ts":10.000,"dur":5.000"#), "{text}");
-        assert!(text.contains(r#"\"x\""#), "quotes are escaped: {text}");
-        assert!(text.contains(r#""args":{"name":"pool stream 1"}"#));
+        let events: Vec<serde_json::Value> = serde_json::from_str(&text).expect("valid JSON");
+        let span = events
+            .iter()
+            .find(|e| e["name"] == "T5 = linear(T4, T1)")
+            .unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(span["cat"], "compute");
+        assert_eq!(span["ph"], "X");
+        assert_eq!(
+            (span["pid"].as_u64(), span["tid"].as_u64()),
+            (Some(1), Some(1))
+        );
+        assert_eq!(
+            (span["ts"].as_f64(), span["dur"].as_f64()),
+            (Some(10.0), Some(5.0))
+        );
+        assert!(events.iter().any(|e| e["args"]["name"] == "pool stream 1"));
+        // Quotes, tabs and newlines in labels survive as data.
+        assert!(events
+            .iter()
+            .any(|e| e["name"] == "Communication 10 (type=Allreduce, \"x\")\t\n"));
     }
 
     #[test]
