@@ -268,25 +268,8 @@ fn split_device_reduced_bias(f: &mut Fusion, e: ExprId) -> IrResult<ExprId> {
     replay(f, out, prod, &graph, &DEVICE_AND_STREAM_TYPES)?;
     replay(f, bias, bb, &graph, &DEVICE_AND_STREAM_TYPES)?;
 
-    // `out` is now the pointwise add: its reduction axes, and loop axes made from them, go.
-    let kept = |f: &Fusion, dom: &[IterDomainId]| -> Vec<IterDomainId> {
-        dom.iter()
-            .copied()
-            .filter(|id| {
-                source_in(f, *id, &out_tv.logical)
-                    .is_some_and(|src| f.id(src).iter_type != IterType::Reduction)
-            })
-            .collect()
-    };
-    let logical = kept(f, &out_tv.logical);
-    let loop_domain = kept(f, &out_tv.loop_domain);
-    let allocation = out_tv.allocation.as_ref().map(|a| kept(f, a));
-    {
-        let tv = f.tensor_mut(out);
-        tv.logical = logical;
-        tv.loop_domain = loop_domain;
-        tv.allocation = allocation;
-    }
+    // `out` is now the pointwise add.
+    drop_reduction_axes(f, out);
     let ex = f.expr_mut(e);
     ex.kind = ExprKind::Binary(BinaryOp::Add);
     ex.inputs = vec![prod, bb];
@@ -761,6 +744,15 @@ fn reduce_then_reshard(f: &mut Fusion, e: ExprId) -> Result<(), Option<Diagnosti
 /// the reduction ones.
 fn make_set_of(f: &mut Fusion, e: ExprId, mid: TensorId) {
     let y = f.expr(e).outputs[0];
+    drop_reduction_axes(f, y);
+    let ex = f.expr_mut(e);
+    ex.kind = ExprKind::Set;
+    ex.inputs = vec![mid];
+}
+
+/// Drops `y`'s reduction axes, and the loop and allocation axes made from them, when the expr
+/// that defines it stops reducing (it becomes a copy or a pointwise op).
+fn drop_reduction_axes(f: &mut Fusion, y: TensorId) {
     let tv = f.tensor(y).clone();
     let reduced = |f: &Fusion, id: IterDomainId| {
         source_in(f, id, &tv.logical).is_some_and(|l| f.id(l).iter_type == IterType::Reduction)
@@ -775,9 +767,6 @@ fn make_set_of(f: &mut Fusion, e: ExprId, mid: TensorId) {
     t.logical = logical;
     t.loop_domain = loop_domain;
     t.allocation = allocation;
-    let ex = f.expr_mut(e);
-    ex.kind = ExprKind::Set;
-    ex.inputs = vec![mid];
 }
 
 /// Step 3: sets before the operands of a resharding expr that is not a communication.
