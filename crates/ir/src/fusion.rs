@@ -21,6 +21,38 @@ pub struct Param {
     pub default: Option<i64>,
     /// The value in effect (default or override); `None` until one is given.
     pub value: Option<i64>,
+    /// What the runtime uses the parameter for, when the fusion declares it (`d: mesh = 2`);
+    /// [`Fusion::role_param`] also derives undeclared roles from use.
+    pub role: Option<ParamRole>,
+}
+
+/// What a runner sets a parameter to: the number of devices of the mesh, or the number of
+/// chunks the stream loops cut their axis into. A fusion says which parameter plays which
+/// role (`fusion f(t = 8, d: mesh = 2, s: chunks = 4)`), so a runner never guesses by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParamRole {
+    /// The device count of the fusion's (1-D) mesh: a runner sets it to its rank count.
+    MeshSize,
+    /// The number of stream chunks: a runner sets it from `--chunks` or the cost model.
+    ChunkCount,
+}
+
+impl ParamRole {
+    /// Both roles.
+    pub const ALL: [ParamRole; 2] = [ParamRole::MeshSize, ParamRole::ChunkCount];
+
+    /// The keyword of the `.weave` header (`d: mesh`, `s: chunks`).
+    pub fn keyword(self) -> &'static str {
+        match self {
+            ParamRole::MeshSize => "mesh",
+            ParamRole::ChunkCount => "chunks",
+        }
+    }
+
+    /// The role named by a header keyword.
+    pub fn from_keyword(word: &str) -> Option<ParamRole> {
+        ParamRole::ALL.into_iter().find(|r| r.keyword() == word)
+    }
 }
 
 /// How a mesh was written, kept for the `.weave` printer.
@@ -87,8 +119,76 @@ impl Fusion {
             name: name.to_string(),
             default,
             value: default,
+            role: None,
         });
         Ok(())
+    }
+
+    /// Declares that parameter `name` plays `role`. Fails for an unknown parameter, or when
+    /// another parameter already plays that role.
+    pub fn set_param_role(&mut self, name: &str, role: ParamRole) -> IrResult<()> {
+        if let Some(other) = self
+            .params
+            .iter()
+            .find(|p| p.role == Some(role) && p.name != name)
+        {
+            return Err(Diagnostic::new(format!(
+                "parameters `{}` and `{name}` both declare the role `{}`",
+                other.name,
+                role.keyword()
+            )));
+        }
+        match self.params.iter_mut().find(|p| p.name == name) {
+            Some(p) => {
+                p.role = Some(role);
+                Ok(())
+            }
+            None => Err(Diagnostic::new(format!(
+                "unknown parameter `{name}` (fusion `{}`)",
+                self.name
+            ))),
+        }
+    }
+
+    /// The parameter that plays `role`: the one declared with it, else the one its use
+    /// implies, when exactly one does. A mesh size is the parameter that alone sizes a 1-D
+    /// mesh (`devices(d)`); a chunk count is the parameter that is the extent of a
+    /// `Stream`-parallel loop axis once schedules are applied (`outer_split(0, s) -> Stream`).
+    /// `None` when no parameter, or more than one, fits.
+    pub fn role_param(&self, role: ParamRole) -> Option<&Param> {
+        if let Some(p) = self.params.iter().find(|p| p.role == Some(role)) {
+            return Some(p);
+        }
+        let candidates: Vec<&Scalar> = match role {
+            ParamRole::MeshSize => self
+                .mesh_order
+                .iter()
+                .filter_map(|m| match &self.meshes[*m].spec {
+                    MeshSpec::Devices(dims) if dims.len() == 1 => dims.first(),
+                    _ => None,
+                })
+                .collect(),
+            ParamRole::ChunkCount => self
+                .tensors
+                .values()
+                .flat_map(|tv| &tv.loop_domain)
+                .map(|id| &self.ids[*id])
+                .filter(|d| d.parallel == crate::domain::ParallelType::Stream)
+                .map(|d| &d.extent)
+                .collect(),
+        };
+        let mut found: Vec<&str> = Vec::new();
+        for s in candidates {
+            if let Scalar::Named(n) = s {
+                if !found.contains(&&**n) {
+                    found.push(n);
+                }
+            }
+        }
+        match found.as_slice() {
+            [one] => self.params.iter().find(|p| p.name == *one),
+            _ => None,
+        }
     }
 
     /// Overrides a parameter's value (`--set name=value`). Must happen before the parameter

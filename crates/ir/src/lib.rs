@@ -23,7 +23,7 @@ pub use diag::{Diagnostic, IrResult, Span};
 pub use domain::{IdExpr, IterDomain, IterType, ParallelType, SplitKind};
 pub use dtype::DType;
 pub use expr::{BinaryOp, Expr, ExprKind, ReduceOp, UnaryOp};
-pub use fusion::{Fusion, MeshDecl, MeshSpec, Param};
+pub use fusion::{Fusion, MeshDecl, MeshSpec, Param, ParamRole};
 pub use ids::{ExprId, IdExprId, IterDomainId, MeshId, TensorId};
 pub use mesh::DeviceMesh;
 pub use scalar::{Scalar, ScalarOp};

@@ -18,7 +18,7 @@ use crate::diag::{Diagnostic, Span};
 use crate::domain::ParallelType;
 use crate::dtype::DType;
 use crate::expr::{BinaryOp, ExprKind, ReduceOp, UnaryOp};
-use crate::fusion::{Fusion, MeshSpec};
+use crate::fusion::{Fusion, MeshSpec, ParamRole};
 use crate::ids::{MeshId, TensorId};
 use crate::scalar::{Scalar, ScalarOp};
 use crate::tensor::{MemoryType, ScheduleOp, ScheduleStep};
@@ -287,6 +287,24 @@ impl Parser {
             let mut what = "a parameter name or `)`".to_string();
             loop {
                 let (p, pspan) = self.expect_ident(&what)?;
+                let role = if self.eat_punct(Punct::Colon).is_some() {
+                    let (word, wspan) = self.expect_ident(&format!(
+                        "a role (`mesh` or `chunks`) after `{p}:`"
+                    ))?;
+                    match ParamRole::from_keyword(&word) {
+                        Some(r) => Some((r, wspan)),
+                        None => {
+                            return Err(Diagnostic::at(
+                                wspan,
+                                format!(
+                                    "unknown parameter role `{word}` for `{p}` (expected `mesh` or `chunks`)"
+                                ),
+                            ))
+                        }
+                    }
+                } else {
+                    None
+                };
                 let default = if self.eat_punct(Punct::Eq).is_some() {
                     Some(self.signed_int(&format!("an integer default for parameter `{p}`"))?)
                 } else {
@@ -295,6 +313,11 @@ impl Parser {
                 self.fusion
                     .add_param(&p, default)
                     .map_err(|d| d.or_at(Some(pspan)))?;
+                if let Some((r, wspan)) = role {
+                    self.fusion
+                        .set_param_role(&p, r)
+                        .map_err(|d| d.or_at(Some(wspan)))?;
+                }
                 if self.eat_punct(Punct::Comma).is_some() {
                     what = "a parameter name after `,`".to_string();
                     continue;

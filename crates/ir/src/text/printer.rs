@@ -13,9 +13,15 @@ pub(crate) fn print(f: &Fusion) -> String {
     let params: Vec<String> = f
         .params()
         .iter()
-        .map(|p| match p.value {
-            Some(v) => format!("{} = {v}", p.name),
-            None => p.name.clone(),
+        .map(|p| {
+            let name = match p.role {
+                Some(r) => format!("{}: {}", p.name, r.keyword()),
+                None => p.name.clone(),
+            };
+            match p.value {
+                Some(v) => format!("{name} = {v}"),
+                None => name,
+            }
         })
         .collect();
     lines.push(format!("fusion {}({}) {{", f.name, params.join(", ")));

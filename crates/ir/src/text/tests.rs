@@ -712,3 +712,43 @@ fn error_structure() {
         "1:14: expected an integer default for parameter `t`, found `-`"
     );
 }
+
+#[test]
+fn parameter_roles_parse_print_and_are_found() {
+    let src = "\
+fusion f(t = 8, n: mesh = 2, k: chunks = 4) {
+  mesh m = devices(n)
+  tensor a: f32[t] on m
+  output a
+}
+";
+    let f = parse_ok(src);
+    assert_eq!(print(&f), src);
+    use crate::fusion::ParamRole;
+    assert_eq!(f.role_param(ParamRole::MeshSize).unwrap().name, "n");
+    assert_eq!(f.role_param(ParamRole::ChunkCount).unwrap().name, "k");
+    // Undeclared, the mesh size is the parameter that alone sizes a 1-D mesh; nothing is read
+    // off a parameter's name.
+    let g = parse_ok("fusion g(t = 8, width = 2) {\n  mesh m = devices(width)\n  tensor a: f32[t] on m\n  output a\n}\n");
+    assert_eq!(g.role_param(ParamRole::MeshSize).unwrap().name, "width");
+    assert!(g.role_param(ParamRole::ChunkCount).is_none());
+    // Two parameters that could size meshes: no guess.
+    let h = parse_ok("fusion h(a = 2, b = 2) {\n  mesh m = devices(a)\n  mesh n = devices(b)\n  tensor x: f32[4] on m\n  y = set(x)\n  output y\n  schedule y { mesh = n }\n}\n");
+    assert!(h.role_param(ParamRole::MeshSize).is_none());
+}
+
+#[test]
+fn error_parameter_roles() {
+    assert_eq!(
+        parse_err("fusion f(d: devices = 2) {\n}\n"),
+        "1:13: unknown parameter role `devices` for `d` (expected `mesh` or `chunks`)"
+    );
+    assert_eq!(
+        parse_err("fusion f(a: mesh = 2, b: mesh = 2) {\n}\n"),
+        "1:26: parameters `a` and `b` both declare the role `mesh`"
+    );
+    assert_eq!(
+        parse_err("fusion f(a: = 2) {\n}\n"),
+        "1:13: expected a role (`mesh` or `chunks`) after `a:`, found `=`"
+    );
+}
