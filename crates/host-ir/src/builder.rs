@@ -136,11 +136,10 @@ impl HostProgram {
             dtype,
             sizes,
             memory,
-            origin: None,
         })
     }
 
-    /// A new tensor with the dtype, sizes (the same scalar ids), memory and origin of `like`.
+    /// A new tensor with the dtype, sizes (the same scalar ids) and memory of `like`.
     ///
     /// # Panics
     /// If `like` is not a tensor of this program.

@@ -33,6 +33,7 @@ pub mod ids;
 mod lexer;
 pub mod parser;
 pub mod printer;
+pub mod signature;
 pub mod syntax;
 pub mod verify;
 
@@ -44,4 +45,5 @@ pub use syntax::{
     ChunkOf, Communication, CommunicationType, HostProgram, HostScalar, HostTensor, KernelUnit,
     P2PCommunication, P2PDirection, Stmt, Stream,
 };
+pub use signature::{AxisSplit, ShardError, Sharding, Signature, TensorSig};
 pub use verify::verify;

@@ -19,8 +19,11 @@
 //! that a `Wait` can name them.
 //!
 //! A tensor's type is written where the text first mentions it (`T4_g_bf16[2, 3]`, usually
-//! at its `ALLOCATE` or `ShardByStream`), and it is bare (`T4`) everywhere after. The tensor's
-//! `origin` (its fusion tensor) is not printed: a host program does not own that fusion.
+//! at its `ALLOCATE` or `ShardByStream`), and it is bare (`T4`) everywhere after.
+//!
+//! After the container come the program's [`Signature`](crate::Signature) (`Signature:` and
+//! its indented entries), its definition (`Definition: fusion …`, the global fusion the
+//! program computes) and the kernel blocks (`K0: fusion …`).
 //!
 //! The printer never panics: an id that is not in its arena prints as `T?`, `?`, `Stream ?`,
 //! `K?` or `Statement ?`, which the parser rejects and the verifier explains.
@@ -366,6 +369,13 @@ fn print_with_names(p: &HostProgram) -> (String, Names) {
         out.push('\n');
     }
     out.push_str("} // %HostIrContainer\n");
+    if let Some(sig) = &p.signature {
+        out.push_str(&crate::signature::print_signature(sig));
+        if let Some(def) = &sig.definition {
+            out.push_str("Definition: ");
+            out.push_str(&weave_ir::text::print(def));
+        }
+    }
     for (n, k) in names.kernel_order.iter().enumerate() {
         if let Some(unit) = p.kernels.get(*k) {
             out.push_str(&format!("K{n}: "));

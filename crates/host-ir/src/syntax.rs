@@ -14,9 +14,10 @@
 //! that in mind.
 
 use slotmap::SlotMap;
-use weave_ir::{DType, Fusion, MemoryType, ReduceOp, Scalar, ScalarOp, TensorId};
+use weave_ir::{DType, Fusion, MemoryType, ReduceOp, Scalar, ScalarOp};
 
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
+use crate::signature::Signature;
 
 /// A whole host program: the arenas of its entities, its inputs and outputs, and the
 /// top-level scope.
@@ -38,6 +39,10 @@ pub struct HostProgram {
     pub outputs: Vec<HostTensorId>,
     /// The top-level scope, in program order.
     pub top_level: Vec<StmtId>,
+    /// What the caller binds and gets back in global terms (names, global shapes,
+    /// shardings, parameter values) and the fusion it computes: what makes a printed
+    /// program runnable by itself. `None` for a program written by hand without one.
+    pub signature: Option<Signature>,
 }
 
 /// A tensor of the host program: a buffer or an aliasing view of one, as seen by one rank.
@@ -50,9 +55,6 @@ pub struct HostTensor {
     pub sizes: Vec<ScalarId>,
     /// Where the buffer lives.
     pub memory: MemoryType,
-    /// The fusion tensor this one was lowered from, if any, so that the printer can show its
-    /// domains in the seed style (`T3_g_bf16[istreamIdx7{3}, …]`).
-    pub origin: Option<TensorId>,
 }
 
 /// An integer scalar. Scalars are values, not statements: the evaluator computes one when a

@@ -69,7 +69,77 @@ pub fn verify(p: &HostProgram) -> Result<(), Diagnostic> {
         pending: Vec::new(),
         group: Vec::new(),
     };
-    v.program()
+    v.program()?;
+    verify_signature(p)
+}
+
+/// A signature agrees with the program: one entry per input and output, with the tensor's
+/// dtype and rank, and a local shape (a rank's buffer under the entry's sharding, with the
+/// signature's parameter values) equal to the program's sizes of that tensor.
+fn verify_signature(p: &HostProgram) -> VResult {
+    let Some(sig) = &p.signature else {
+        return Ok(());
+    };
+    for (what, tensors, entries) in [
+        ("input", &p.inputs, &sig.inputs),
+        ("output", &p.outputs, &sig.outputs),
+    ] {
+        if tensors.len() != entries.len() {
+            return Err(Diagnostic::new(format!(
+                "the program has {} {what}(s) but its signature {}",
+                tensors.len(),
+                entries.len()
+            )));
+        }
+        for (k, (t, e)) in tensors.iter().zip(entries).enumerate() {
+            let Some(tensor) = p.tensors.get(*t) else {
+                continue;
+            };
+            let here = format!("signature {what} {k} `{}`", e.name);
+            if tensor.dtype != e.dtype {
+                return Err(Diagnostic::new(format!(
+                    "{here} is {} but the program's tensor is {}",
+                    e.dtype, tensor.dtype
+                )));
+            }
+            if tensor.sizes.len() != e.global.len() {
+                return Err(Diagnostic::new(format!(
+                    "{here} has {} axes but the program's tensor {}",
+                    e.global.len(),
+                    tensor.sizes.len()
+                )));
+            }
+            let local = e.local_sizes();
+            for (axis, (&size, want)) in tensor.sizes.iter().zip(&local).enumerate() {
+                let value = match p.scalars.get(size) {
+                    Some(HostScalar::Value(s)) => s.eval(&|n| sig.param(n)),
+                    _ => None,
+                };
+                match value {
+                    Some(v) if usize::try_from(v).ok() == Some(*want) => {}
+                    Some(v) => {
+                        return Err(Diagnostic::new(format!(
+                            "{here}: a rank's buffer has {want} elements along axis {axis} under its sharding, but the program's tensor has {v}"
+                        )))
+                    }
+                    None => {
+                        return Err(Diagnostic::new(format!(
+                            "{here}: the program's size of axis {axis} does not evaluate with the signature's params"
+                        )))
+                    }
+                }
+            }
+        }
+    }
+    for (role, name) in &sig.roles {
+        if sig.param(name).is_none() {
+            return Err(Diagnostic::new(format!(
+                "the signature's role `{}` names `{name}`, which is not among its params",
+                role.keyword()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Deeper scalars (only cyclic ones get there) are reported as malformed.

@@ -206,7 +206,7 @@ fn labels_and_kernels() {
     );
     assert_eq!(
         error(&(program("") + "fusion f() {\n}\n")),
-        "3:1: expected a kernel block `K0: fusion …` after the container, found `fusion`"
+        "3:1: expected a block `Signature:`, `Definition: fusion …` or `K0: fusion …` after the container, found `fusion`"
     );
 }
 
@@ -282,5 +282,42 @@ fn loops_nest_at_most_64_deep() {
     assert_eq!(
         error(&program(&body)),
         "66:131: loops nest too deeply (at most 64 levels)"
+    );
+}
+
+#[test]
+fn signature_errors() {
+    let sig = |lines: &str| program("") + "Signature:\n" + lines;
+    assert_eq!(
+        error(&sig("  input a: f32[8] split(Serial)\n")),
+        "4:3: expected `params(..)` as the first line of the signature, found `input`"
+    );
+    assert_eq!(
+        error(&sig("  params(n=8)\n  input a: f33[8] split(Serial)\n")),
+        "5:12: unknown dtype `f33`"
+    );
+    assert_eq!(
+        error(&sig("  params(n=8) roles(devices=n)\n")),
+        "4:21: unknown parameter role `devices` (expected `mesh` or `chunks`)"
+    );
+    assert_eq!(
+        error(&sig("  params(n=8) roles(mesh=m)\n")),
+        "4:26: role `mesh` names `m`, which is not among the params"
+    );
+    assert_eq!(
+        error(&sig("  params()\n  input a: f32[8, 2] split(Serial)\n")),
+        "5:34: `a` has 2 sizes but 1 split trees"
+    );
+    assert_eq!(
+        error(&sig("  params()\n  input a: f32[8] on [2](0 1) split(outer(0, DIDx, Serial))\n")),
+        "5:43: split factor 0 is out of range"
+    );
+    assert_eq!(
+        error(&sig("  params()\n  input a: f32[8] on [3](0 1) split(DIDx)\n")),
+        "5:19: mesh of `a`: mesh shape [3] holds 3 devices but 2 were given"
+    );
+    assert_eq!(
+        error(&sig("  params()\n  input a: f32[8] split(Thread)\n")),
+        "5:25: expected a parallel type (`Serial`, `Stream`, `DIDx`, `DIDy`) or `outer(..)`/`inner(..)`, found `Thread`"
     );
 }

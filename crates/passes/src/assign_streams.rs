@@ -282,7 +282,6 @@ mod tests {
             dtype: weave_ir::DType::F32,
             sizes: vec![],
             memory: weave_ir::MemoryType::Global,
-            origin: None,
         });
         let i = p.scalars.insert(HostScalar::LoopIndex);
         let z = p.scalars.insert(HostScalar::Value(Scalar::c(0)));

@@ -33,11 +33,11 @@ use std::collections::{HashMap, HashSet};
 
 use weave_host_ir::{
     Communication, CommunicationType, HostProgram, HostScalar, HostTensor, HostTensorId,
-    KernelUnit, P2PCommunication, P2PDirection, ScalarId, Stmt, StmtId,
+    KernelUnit, P2PCommunication, P2PDirection, ScalarId, Signature, Stmt, StmtId, TensorSig,
 };
 use weave_ir::{
     Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IterDomainId, IterType, MemoryType, ParallelType,
-    Scalar, ScalarOp, TensorId,
+    ParamRole, Scalar, ScalarOp, TensorId,
 };
 use weave_segmenter::{SegmentId, SegmentKind, SegmentedFusion};
 use weave_transform::id_graph::IdGraph;
@@ -210,7 +210,29 @@ pub fn lower_with(
         l.p.outputs.push(h);
     }
     l.unrotate_collective_loops();
+    l.p.signature = Some(signature_of(f)?);
     Ok(l.p)
+}
+
+/// The program's signature as the fusion gives it: every parameter's value, the roles, and
+/// each input's and output's global shape and sharding. The definition (the fusion as the
+/// user wrote it, before the passes that precede lowering) is the pass manager's to attach.
+fn signature_of(f: &Fusion) -> Result<Signature, Diagnostic> {
+    let entry = |t: &TensorId| TensorSig::of(f, *t).map_err(|e| Diagnostic::new(e.to_string()));
+    Ok(Signature {
+        params: f
+            .params()
+            .iter()
+            .filter_map(|p| p.value.map(|v| (p.name.clone(), v)))
+            .collect(),
+        roles: ParamRole::ALL
+            .into_iter()
+            .filter_map(|r| f.role_param(r).map(|p| (r, p.name.clone())))
+            .collect(),
+        inputs: f.inputs().iter().map(entry).collect::<Result<_, _>>()?,
+        outputs: f.outputs().iter().map(entry).collect::<Result<_, _>>()?,
+        definition: None,
+    })
 }
 
 /// The axis of `t` parallelized as `pt` in its loop domain (reduction axes excluded).
@@ -245,7 +267,6 @@ impl Lowering<'_> {
             } else {
                 MemoryType::Global
             },
-            origin: Some(origin),
         })
     }
 

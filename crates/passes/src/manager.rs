@@ -423,6 +423,12 @@ impl PassManager {
             diagnostic,
         })?;
 
+        // The fusion as given is the definition of the host program the pipeline lowers it
+        // to: what a reference evaluates, printed with the program.
+        let definition = match &ir {
+            Ir::Fusion(f) => Some(f.clone()),
+            _ => None,
+        };
         for (index, pass) in passes.iter().enumerate() {
             let name = pass.name();
             if self.options.prints_before(name) {
@@ -433,6 +439,11 @@ impl PassManager {
                 Ok(changed) => changed,
                 Err(error) => return Err(self.failure(name, index, error, &input)),
             };
+            if let (Ir::Host(p), Some(def)) = (&mut ir, &definition) {
+                if let Some(sig) = p.signature.as_mut() {
+                    sig.definition.get_or_insert_with(|| def.clone());
+                }
+            }
             let verified = verify(&ir);
             // The IR a pass leaves is printed even when the verifier rejects it: that is what
             // the pass's author needs to see.

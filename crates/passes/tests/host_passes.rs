@@ -38,7 +38,6 @@ mod build {
                 dtype: DType::F32,
                 sizes,
                 memory: MemoryType::Global,
-                origin: None,
             })
         }
 

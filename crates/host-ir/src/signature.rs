@@ -1,0 +1,565 @@
+//! A host program's signature: the parameter values its scalars read, and for every input
+//! and output its name, dtype, global shape and sharding (mesh, DID and Stream splits), so a
+//! printed program runs by itself; and the sharding arithmetic that cuts a global tensor into
+//! the buffer each rank takes and puts the ranks' buffers back together.
+//!
+//! A rank's buffer of a tensor has one axis per logical axis. Along each axis the splits form
+//! a tree ([`AxisSplit`]); its leaves, outer before inner, enumerate the axis' global indices.
+//! A device-parallel leaf is fixed to the rank's coordinate in the mesh, every other leaf is
+//! enumerated, so the local axis holds, in tree order, exactly the elements whose device leaf
+//! equals the rank's coordinate. This covers a DID split inside a Stream split (each chunk cut
+//! again across devices), which is how reduce-scattered chunks land.
+//!
+//! Splits cut the elements an axis really has, as the runtime does (`ShardByStream` chunks of
+//! `ceilDiv(n, s)`, the last ones shorter or empty): a split that does not divide adds no
+//! padding, and a Stream or Serial split leaves the buffer the whole axis.
+
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+
+use weave_ir::{
+    DType, DeviceMesh, Fusion, IdExpr, IterDomainId, ParallelType, ParamRole, SplitKind, TensorId,
+};
+
+/// What a caller binds and gets back, in global terms.
+#[derive(Clone, Debug, Default)]
+pub struct Signature {
+    /// The value of every parameter the program's scalars may read, in declaration order.
+    pub params: Vec<(String, i64)>,
+    /// Which parameter plays which role (mesh size, chunk count), where one does.
+    pub roles: Vec<(ParamRole, String)>,
+    /// One entry per program input, in the order of [`crate::HostProgram::inputs`].
+    pub inputs: Vec<TensorSig>,
+    /// One entry per program output, in the order of [`crate::HostProgram::outputs`].
+    pub outputs: Vec<TensorSig>,
+    /// The global (unsharded) fusion the program was compiled from: what a reference
+    /// evaluation runs. `None` for a program written by hand.
+    pub definition: Option<Fusion>,
+}
+
+impl Signature {
+    /// The value of parameter `name`.
+    pub fn param(&self, name: &str) -> Option<i64> {
+        self.params.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+
+    /// The parameter that plays `role`, if one does.
+    pub fn role(&self, role: ParamRole) -> Option<&str> {
+        self.roles
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, n)| n.as_str())
+    }
+
+    /// Every device any input or output lives on, sorted; empty when no tensor names a mesh.
+    pub fn devices(&self) -> Vec<i64> {
+        let mut d: Vec<i64> = self
+            .inputs
+            .iter()
+            .chain(&self.outputs)
+            .filter_map(|t| t.sharding.mesh.as_ref())
+            .flat_map(|m| m.devices().iter().copied())
+            .collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+}
+
+/// One input or output of a host program, in global terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSig {
+    /// The tensor's name in the fusion.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Global (logical) sizes, outermost first.
+    pub global: Vec<usize>,
+    /// How the global tensor is cut across ranks.
+    pub sharding: Sharding,
+}
+
+/// Where each element of a global tensor lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sharding {
+    /// The devices holding the tensor; `None` for a tensor every rank holds whole.
+    pub mesh: Option<DeviceMesh>,
+    /// One split tree per logical axis.
+    pub axes: Vec<AxisSplit>,
+}
+
+/// The split tree of one logical axis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AxisSplit {
+    /// A leaf and its parallel type (its extent is what its parent's chunk has).
+    Leaf(ParallelType),
+    /// A split: an outer split by `factor` makes `factor` chunks, an inner split chunks of
+    /// `factor` elements.
+    Split {
+        /// Outer or inner.
+        kind: SplitKind,
+        /// The chunk count (outer) or chunk length (inner).
+        factor: usize,
+        /// The tree below the outer output.
+        outer: Box<AxisSplit>,
+        /// The tree below the inner output.
+        inner: Box<AxisSplit>,
+    },
+}
+
+impl AxisSplit {
+    /// Global indices of this axis held by the rank at `coords`, in local order, when the
+    /// axis has `len` elements: each chunk's subtree sees the chunk's own length.
+    fn indices(&self, len: usize, coords: &dyn Fn(ParallelType) -> usize) -> Vec<usize> {
+        match self {
+            AxisSplit::Leaf(parallel) => {
+                if parallel.is_device() {
+                    let c = coords(*parallel);
+                    if c < len {
+                        vec![c]
+                    } else {
+                        Vec::new()
+                    }
+                } else {
+                    (0..len).collect()
+                }
+            }
+            AxisSplit::Split {
+                kind,
+                factor,
+                outer,
+                inner,
+            } => {
+                let f = (*factor).max(1);
+                let (outer_len, stride) = match kind {
+                    SplitKind::Outer => (f, len.div_ceil(f)),
+                    SplitKind::Inner => (len.div_ceil(f), f),
+                };
+                let mut out = Vec::new();
+                for a in outer.indices(outer_len, coords) {
+                    let chunk = len.saturating_sub(a * stride).min(stride);
+                    for b in inner.indices(chunk, coords) {
+                        out.push(a * stride + b);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    fn print(&self, out: &mut String) {
+        match self {
+            AxisSplit::Leaf(p) => out.push_str(p.name()),
+            AxisSplit::Split {
+                kind,
+                factor,
+                outer,
+                inner,
+            } => {
+                out.push_str(match kind {
+                    SplitKind::Outer => "outer(",
+                    SplitKind::Inner => "inner(",
+                });
+                let _ = write!(out, "{factor}, ");
+                outer.print(out);
+                out.push_str(", ");
+                inner.print(out);
+                out.push(')');
+            }
+        }
+    }
+}
+
+/// Why a tensor cannot be sharded or put back together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardError(pub String);
+
+impl fmt::Display for ShardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShardError {}
+
+fn eval(fusion: &Fusion, id: IterDomainId, what: &str) -> Result<usize, ShardError> {
+    let e = &fusion.id(id).extent;
+    fusion
+        .eval(e)
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| ShardError(format!("{what}: extent `{}` has no value", e.to_source())))
+}
+
+impl TensorSig {
+    /// The signature entry of tensor `t` of `fusion` (schedules applied, parameters bound):
+    /// its memory layout is the allocation domain once finalized (it may replay the loop
+    /// domain's splits with fresh ids), else the loop domain, whose device splits are where
+    /// the sharding lives.
+    pub fn of(fusion: &Fusion, t: TensorId) -> Result<TensorSig, ShardError> {
+        let tv = fusion.tensor(t);
+        let domain = match &tv.allocation {
+            Some(a) => a,
+            None => &tv.loop_domain,
+        };
+        let mut children: HashMap<IterDomainId, (IterDomainId, IterDomainId, SplitKind)> =
+            HashMap::new();
+        let mut work: Vec<IterDomainId> = domain.clone();
+        while let Some(id) = work.pop() {
+            if tv.logical.contains(&id) {
+                continue;
+            }
+            let Some(def) = fusion.id(id).definition else {
+                continue;
+            };
+            match fusion.id_expr(def) {
+                IdExpr::Split {
+                    input,
+                    outer,
+                    inner,
+                    kind,
+                    ..
+                } => {
+                    if let Some((o, i, _)) = children.get(input) {
+                        if (o, i) != (outer, inner) {
+                            return Err(ShardError(format!(
+                                "tensor `{}` splits one axis in two different ways",
+                                tv.name
+                            )));
+                        }
+                        continue;
+                    }
+                    children.insert(*input, (*outer, *inner, *kind));
+                    work.push(*input);
+                }
+                IdExpr::Merge { outer, inner, .. } => {
+                    // A merge that stays local (no device leaf under it) does not change
+                    // which elements a rank holds.
+                    work.push(*outer);
+                    work.push(*inner);
+                }
+            }
+        }
+        fn tree(
+            fusion: &Fusion,
+            id: IterDomainId,
+            children: &HashMap<IterDomainId, (IterDomainId, IterDomainId, SplitKind)>,
+            name: &str,
+        ) -> Result<AxisSplit, ShardError> {
+            match children.get(&id) {
+                None => Ok(AxisSplit::Leaf(fusion.id(id).parallel)),
+                Some((outer, inner, kind)) => Ok(AxisSplit::Split {
+                    kind: *kind,
+                    factor: match kind {
+                        SplitKind::Outer => eval(fusion, *outer, name)?,
+                        SplitKind::Inner => eval(fusion, *inner, name)?,
+                    },
+                    outer: Box::new(tree(fusion, *outer, children, name)?),
+                    inner: Box::new(tree(fusion, *inner, children, name)?),
+                }),
+            }
+        }
+        let mut axes = Vec::new();
+        let mut global = Vec::new();
+        for l in fusion.visible_axes(t) {
+            global.push(eval(fusion, l, &tv.name)?);
+            axes.push(tree(fusion, l, &children, &tv.name)?);
+        }
+        Ok(TensorSig {
+            name: tv.name.clone(),
+            dtype: tv.dtype,
+            global,
+            sharding: Sharding {
+                mesh: fusion.mesh_of(t).cloned(),
+                axes,
+            },
+        })
+    }
+
+    /// The number of elements of the global tensor (saturating).
+    pub fn global_len(&self) -> usize {
+        self.global
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Whether `rank` holds a piece of the tensor (it is in the tensor's mesh, or the tensor
+    /// has none).
+    pub fn holds(&self, rank: usize) -> bool {
+        self.sharding
+            .mesh
+            .as_ref()
+            .is_none_or(|m| i64::try_from(rank).is_ok_and(|r| m.has(r)))
+    }
+
+    /// The rank's coordinate along each device parallel type.
+    fn coords(&self, rank: usize) -> impl Fn(ParallelType) -> usize + '_ {
+        let mesh = self.sharding.mesh.as_ref();
+        let pos = mesh
+            .and_then(|m| m.devices().iter().position(|&d| Ok(d) == i64::try_from(rank)))
+            .unwrap_or(0);
+        move |pt: ParallelType| {
+            let Some(m) = mesh else { return 0 };
+            let shape = m.shape();
+            let Some(from_end) = pt.mesh_axis_from_end() else {
+                return 0;
+            };
+            if from_end >= shape.len() {
+                return 0;
+            }
+            let axis = shape.len() - 1 - from_end;
+            let stride: usize = shape[axis + 1..].iter().product();
+            (pos / stride.max(1)) % shape[axis].max(1)
+        }
+    }
+
+    /// For each axis, the global index of every position of `rank`'s buffer along it.
+    pub fn axis_indices(&self, rank: usize) -> Vec<Vec<usize>> {
+        let coords = self.coords(rank);
+        self.sharding
+            .axes
+            .iter()
+            .zip(&self.global)
+            .map(|(a, &len)| a.indices(len, &coords))
+            .collect()
+    }
+
+    /// The sizes of `rank`'s buffer.
+    pub fn local_sizes_of(&self, rank: usize) -> Vec<usize> {
+        self.axis_indices(rank).iter().map(Vec::len).collect()
+    }
+
+    /// The sizes of one rank's buffer (of the first device of the mesh; device splits
+    /// divide, so every device holds as many).
+    pub fn local_sizes(&self) -> Vec<usize> {
+        let first = self
+            .sharding
+            .mesh
+            .as_ref()
+            .and_then(|m| m.devices().first().copied())
+            .and_then(|d| usize::try_from(d).ok())
+            .unwrap_or(0);
+        self.local_sizes_of(first)
+    }
+
+    /// For each element of `rank`'s buffer (row-major), its row-major index in the global
+    /// tensor.
+    pub fn global_indices(&self, rank: usize) -> Vec<usize> {
+        let per_axis = self.axis_indices(rank);
+        let mut strides = vec![1usize; self.global.len()];
+        for a in (0..self.global.len().saturating_sub(1)).rev() {
+            strides[a] = strides[a + 1].saturating_mul(self.global[a + 1]);
+        }
+        let mut out = vec![0usize];
+        for (a, idx) in per_axis.iter().enumerate() {
+            let mut next = Vec::with_capacity(out.len().saturating_mul(idx.len()));
+            for base in &out {
+                for &i in idx {
+                    next.push(base + i * strides[a]);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    /// `rank`'s buffer of the global tensor `global` (row-major, [`TensorSig::global`] sizes).
+    pub fn shard<T: Copy>(&self, global: &[T], rank: usize) -> Result<Vec<T>, ShardError> {
+        if global.len() != self.global_len() {
+            return Err(ShardError(format!(
+                "tensor `{}` has global sizes {:?} ({} elements), but {} were given",
+                self.name,
+                self.global,
+                self.global_len(),
+                global.len()
+            )));
+        }
+        Ok(self
+            .global_indices(rank)
+            .into_iter()
+            .map(|g| global[g])
+            .collect())
+    }
+
+    /// The global tensor put back together from every rank's buffer (`locals[r]` is rank
+    /// `r`'s; ranks that do not hold the tensor are skipped). Where ranks hold the same
+    /// element, the lowest rank's copy wins; elements no rank holds are `fill`.
+    pub fn unshard<T: Copy, L: AsRef<[T]>>(
+        &self,
+        locals: &[L],
+        fill: T,
+    ) -> Result<Vec<T>, ShardError> {
+        let numel = self.global_len();
+        let mut data = vec![fill; numel];
+        let mut filled = vec![false; numel];
+        for (rank, local) in locals.iter().enumerate() {
+            if !self.holds(rank) {
+                continue;
+            }
+            let local = local.as_ref();
+            let idx = self.global_indices(rank);
+            if local.len() != idx.len() {
+                return Err(ShardError(format!(
+                    "rank {rank}'s buffer of `{}` has {} elements, its shard {}",
+                    self.name,
+                    local.len(),
+                    idx.len()
+                )));
+            }
+            for (v, g) in local.iter().zip(idx) {
+                if !filled[g] {
+                    data[g] = *v;
+                    filled[g] = true;
+                }
+            }
+        }
+        Ok(data)
+    }
+
+    /// The signature line without its `input`/`output` keyword:
+    /// `inp: bf16[8, 8] on [2](0 1) split(outer(4, Stream, Serial), outer(2, DIDx, Serial))`.
+    pub fn to_text(&self) -> String {
+        let sizes: Vec<String> = self.global.iter().map(usize::to_string).collect();
+        let mut out = format!("{}: {}[{}]", self.name, self.dtype, sizes.join(", "));
+        if let Some(m) = &self.sharding.mesh {
+            let shape: Vec<String> = m.shape().iter().map(usize::to_string).collect();
+            let devices: Vec<String> = m.devices().iter().map(i64::to_string).collect();
+            let _ = write!(out, " on [{}]({})", shape.join(", "), devices.join(" "));
+        }
+        out.push_str(" split(");
+        for (k, a) in self.sharding.axes.iter().enumerate() {
+            if k > 0 {
+                out.push_str(", ");
+            }
+            a.print(&mut out);
+        }
+        out.push(')');
+        out
+    }
+}
+
+/// The printed `Signature:` block (without the definition), one line per entry, each
+/// indented by two spaces.
+pub fn print_signature(s: &Signature) -> String {
+    let mut out = String::from("Signature:\n  params(");
+    let params: Vec<String> = s.params.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    out.push_str(&params.join(", "));
+    out.push(')');
+    if !s.roles.is_empty() {
+        let roles: Vec<String> = s
+            .roles
+            .iter()
+            .map(|(r, n)| format!("{}={n}", r.keyword()))
+            .collect();
+        let _ = write!(out, " roles({})", roles.join(", "));
+    }
+    out.push('\n');
+    for t in &s.inputs {
+        let _ = writeln!(out, "  input {}", t.to_text());
+    }
+    for t in &s.outputs {
+        let _ = writeln!(out, "  output {}", t.to_text());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(p: ParallelType) -> Box<AxisSplit> {
+        Box::new(AxisSplit::Leaf(p))
+    }
+
+    fn outer(factor: usize, o: Box<AxisSplit>, i: Box<AxisSplit>) -> AxisSplit {
+        AxisSplit::Split {
+            kind: SplitKind::Outer,
+            factor,
+            outer: o,
+            inner: i,
+        }
+    }
+
+    /// `[6, 2]` on two devices: axis 0 cut into 3 stream chunks of 2 rows, each chunk cut
+    /// again across the devices (the reduce-scattered layout); axis 1 whole.
+    fn chunked() -> TensorSig {
+        TensorSig {
+            name: "x".into(),
+            dtype: DType::F32,
+            global: vec![6, 2],
+            sharding: Sharding {
+                mesh: Some(DeviceMesh::arange(2).unwrap()),
+                axes: vec![
+                    outer(
+                        3,
+                        leaf(ParallelType::Stream),
+                        Box::new(outer(
+                            2,
+                            leaf(ParallelType::DIDx),
+                            leaf(ParallelType::Serial),
+                        )),
+                    ),
+                    AxisSplit::Leaf(ParallelType::Serial),
+                ],
+            },
+        }
+    }
+
+    #[test]
+    fn a_device_split_inside_stream_chunks_takes_one_half_of_each_chunk() {
+        let t = chunked();
+        // Rows 0..6 in chunks {0,1} {2,3} {4,5}; rank 0 holds the first row of each.
+        assert_eq!(t.axis_indices(0)[0], vec![0, 2, 4]);
+        assert_eq!(t.axis_indices(1)[0], vec![1, 3, 5]);
+        assert_eq!(t.local_sizes(), vec![3, 2]);
+        let global: Vec<i32> = (0..12).collect();
+        let locals: Vec<Vec<i32>> = (0..2).map(|r| t.shard(&global, r).unwrap()).collect();
+        assert_eq!(locals[1], vec![2, 3, 6, 7, 10, 11]);
+        assert_eq!(t.unshard(&locals, -1).unwrap(), global);
+        assert!(!t.holds(2));
+        assert_eq!(
+            t.shard(&global[..5], 0).unwrap_err().to_string(),
+            "tensor `x` has global sizes [6, 2] (12 elements), but 5 were given"
+        );
+        assert_eq!(
+            t.unshard(&[vec![0; 6], vec![0; 5]], 0).unwrap_err().to_string(),
+            "rank 1's buffer of `x` has 5 elements, its shard 6"
+        );
+    }
+
+    #[test]
+    fn a_split_that_does_not_divide_cuts_the_elements_the_axis_has() {
+        // 4 rows split across the rows of a 2-D mesh (DIDy), 3 columns cut into stream chunks.
+        let t = TensorSig {
+            name: "y".into(),
+            dtype: DType::F32,
+            global: vec![4, 3],
+            sharding: Sharding {
+                mesh: Some(DeviceMesh::new(vec![2, 2], vec![0, 1, 2, 3]).unwrap()),
+                axes: vec![
+                    outer(2, leaf(ParallelType::DIDy), leaf(ParallelType::Serial)),
+                    outer(3, leaf(ParallelType::Stream), leaf(ParallelType::Serial)),
+                ],
+            },
+        };
+        // Rank 2 is row 1 of the mesh: global rows 2..4, every column.
+        assert_eq!(t.axis_indices(2), vec![vec![2, 3], vec![0, 1, 2]]);
+        assert_eq!(t.global_indices(3), vec![6, 7, 8, 9, 10, 11]);
+    }
+
+    #[test]
+    fn entries_print_one_line_each() {
+        let s = Signature {
+            params: vec![("t".into(), 6), ("d".into(), 2)],
+            roles: vec![(ParamRole::MeshSize, "d".into())],
+            inputs: vec![chunked()],
+            outputs: Vec::new(),
+            definition: None,
+        };
+        assert_eq!(
+            print_signature(&s),
+            "Signature:\n  params(t=6, d=2) roles(mesh=d)\n  input x: f32[6, 2] on [2](0 1) \
+             split(outer(3, Stream, outer(2, DIDx, Serial)), Serial)\n"
+        );
+    }
+}
