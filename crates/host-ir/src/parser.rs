@@ -27,8 +27,8 @@ use weave_ir::{
 
 use crate::builder::ScopeRef;
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
-use crate::signature::{AxisSplit, Sharding, Signature, TensorSig};
 use crate::lexer::{clip, lex_line, Tok, Token};
+use crate::signature::{AxisSplit, Sharding, Signature, TensorSig};
 use crate::syntax::{
     ChunkOf, Communication, CommunicationType, HostProgram, HostScalar, P2PCommunication,
     P2PDirection, Stmt,
@@ -1263,7 +1263,10 @@ impl Parser<'_> {
             }
             let (name, span) = self.ident("a parameter name")?;
             if params.iter().any(|(n, _)| *n == name) {
-                return Err(Diagnostic::at(span, format!("parameter `{name}` is given twice")));
+                return Err(Diagnostic::at(
+                    span,
+                    format!("parameter `{name}` is given twice"),
+                ));
             }
             self.expect_punct("=", &format!("after parameter `{name}`"))?;
             let v = self.signed(&format!("the value of parameter `{name}`"))?;
@@ -1342,9 +1345,10 @@ impl Parser<'_> {
             let mut devices = Vec::new();
             while !self.at_punct(")") {
                 let (v, span) = self.unsigned("a device number")?;
-                devices.push(i64::try_from(v).map_err(|_| {
-                    Diagnostic::at(span, format!("device {v} is out of range"))
-                })?);
+                devices
+                    .push(i64::try_from(v).map_err(|_| {
+                        Diagnostic::at(span, format!("device {v} is out of range"))
+                    })?);
             }
             self.bump();
             mesh = Some(

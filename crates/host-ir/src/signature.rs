@@ -296,7 +296,11 @@ impl TensorSig {
     fn coords(&self, rank: usize) -> impl Fn(ParallelType) -> usize + '_ {
         let mesh = self.sharding.mesh.as_ref();
         let pos = mesh
-            .and_then(|m| m.devices().iter().position(|&d| Ok(d) == i64::try_from(rank)))
+            .and_then(|m| {
+                m.devices()
+                    .iter()
+                    .position(|&d| Ok(d) == i64::try_from(rank))
+            })
             .unwrap_or(0);
         move |pt: ParallelType| {
             let Some(m) = mesh else { return 0 };
@@ -522,7 +526,9 @@ mod tests {
             "tensor `x` has global sizes [6, 2] (12 elements), but 5 were given"
         );
         assert_eq!(
-            t.unshard(&[vec![0; 6], vec![0; 5]], 0).unwrap_err().to_string(),
+            t.unshard(&[vec![0; 6], vec![0; 5]], 0)
+                .unwrap_err()
+                .to_string(),
             "rank 1's buffer of `x` has 5 elements, its shard 6"
         );
     }

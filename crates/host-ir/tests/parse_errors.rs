@@ -309,11 +309,15 @@ fn signature_errors() {
         "5:34: `a` has 2 sizes but 1 split trees"
     );
     assert_eq!(
-        error(&sig("  params()\n  input a: f32[8] on [2](0 1) split(outer(0, DIDx, Serial))\n")),
+        error(&sig(
+            "  params()\n  input a: f32[8] on [2](0 1) split(outer(0, DIDx, Serial))\n"
+        )),
         "5:43: split factor 0 is out of range"
     );
     assert_eq!(
-        error(&sig("  params()\n  input a: f32[8] on [3](0 1) split(DIDx)\n")),
+        error(&sig(
+            "  params()\n  input a: f32[8] on [3](0 1) split(DIDx)\n"
+        )),
         "5:19: mesh of `a`: mesh shape [3] holds 3 devices but 2 were given"
     );
     assert_eq!(

@@ -4,13 +4,13 @@
 use slotmap::SlotMap;
 
 use crate::diag::{Diagnostic, IrResult, Span};
-use crate::domain::{IdExpr, IterDomain, IterType, SplitKind};
+use crate::domain::{IdExpr, IterDomain, IterType, ParallelType, SplitKind};
 use crate::dtype::DType;
 use crate::expr::{BinaryOp, Expr, ExprKind, ReduceOp, UnaryOp};
 use crate::ids::{ExprId, IdExprId, IterDomainId, MeshId, TensorId};
 use crate::mesh::DeviceMesh;
 use crate::scalar::Scalar;
-use crate::tensor::{MemoryType, TensorView};
+use crate::tensor::{MemoryType, ScheduleOp, TensorView};
 
 /// A named parameter with an optional default and its current value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,33 +152,41 @@ impl Fusion {
 
     /// The parameter that plays `role`: the one declared with it, else the one its use
     /// implies, when exactly one does. A mesh size is the parameter that alone sizes a 1-D
-    /// mesh (`devices(d)`); a chunk count is the parameter that is the extent of a
-    /// `Stream`-parallel loop axis once schedules are applied (`outer_split(0, s) -> Stream`).
+    /// mesh (`devices(d)`); a chunk count is a parameter, sizing no mesh, that is the extent
+    /// of a `Stream` loop axis as the tensors' schedules write them
+    /// (`outer_split(0, s) -> Stream`, or `parallelize(0, Stream)` of an axis of extent `s`).
     /// `None` when no parameter, or more than one, fits.
     pub fn role_param(&self, role: ParamRole) -> Option<&Param> {
         if let Some(p) = self.params.iter().find(|p| p.role == Some(role)) {
             return Some(p);
         }
-        let candidates: Vec<&Scalar> = match role {
+        let candidates: Vec<Scalar> = match role {
             ParamRole::MeshSize => self
                 .mesh_order
                 .iter()
                 .filter_map(|m| match &self.meshes[*m].spec {
-                    MeshSpec::Devices(dims) if dims.len() == 1 => dims.first(),
+                    MeshSpec::Devices(dims) if dims.len() == 1 => dims.first().cloned(),
                     _ => None,
                 })
                 .collect(),
-            ParamRole::ChunkCount => self
-                .tensors
-                .values()
-                .flat_map(|tv| &tv.loop_domain)
-                .map(|id| &self.ids[*id])
-                .filter(|d| d.parallel == crate::domain::ParallelType::Stream)
-                .map(|d| &d.extent)
-                .collect(),
+            ParamRole::ChunkCount => {
+                let sizes_mesh = |n: &str| {
+                    self.mesh_order.iter().any(|m| match &self.meshes[*m].spec {
+                        MeshSpec::Devices(dims) => {
+                            dims.iter().any(|d| d.symbols().iter().any(|s| &**s == n))
+                        }
+                        MeshSpec::Explicit { .. } => false,
+                    })
+                };
+                self.tensors
+                    .values()
+                    .flat_map(|tv| self.stream_extents(tv))
+                    .filter(|e| !matches!(e, Scalar::Named(n) if sizes_mesh(n)))
+                    .collect()
+            }
         };
         let mut found: Vec<&str> = Vec::new();
-        for s in candidates {
+        for s in &candidates {
             if let Scalar::Named(n) = s {
                 if !found.contains(&&**n) {
                     found.push(n);
@@ -189,6 +197,82 @@ impl Fusion {
             [one] => self.params.iter().find(|p| p.name == *one),
             _ => None,
         }
+    }
+
+    /// The extents of the `Stream` loop axes a tensor's schedule writes, kept symbolic (the
+    /// applied loop domain holds evaluated extents): the schedule's splits, merges, reorders
+    /// and parallelizations replayed over the logical extents.
+    fn stream_extents(&self, tv: &TensorView) -> Vec<Scalar> {
+        let mut axes: Vec<(Scalar, ParallelType)> = tv
+            .logical
+            .iter()
+            .map(|id| (self.ids[*id].extent.clone(), self.ids[*id].parallel))
+            .collect();
+        for step in &tv.schedule {
+            match &step.op {
+                ScheduleOp::OuterSplit {
+                    axis,
+                    factor,
+                    parallel,
+                }
+                | ScheduleOp::InnerSplit {
+                    axis,
+                    factor,
+                    parallel,
+                } => {
+                    let Some((e, p)) = axes.get(*axis).cloned() else {
+                        return Vec::new();
+                    };
+                    let divided = e.ceil_div(factor.clone());
+                    let (o, i) = match step.op {
+                        ScheduleOp::OuterSplit { .. } => (factor.clone(), divided),
+                        _ => (divided, factor.clone()),
+                    };
+                    axes[*axis] = (o, parallel.unwrap_or(p));
+                    axes.insert(axis + 1, (i, p));
+                }
+                ScheduleOp::Merge { outer, inner } => {
+                    let (Some(o), Some(i)) = (axes.get(*outer).cloned(), axes.get(*inner).cloned())
+                    else {
+                        return Vec::new();
+                    };
+                    axes[*outer] = (o.0.mul(i.0), o.1);
+                    axes.remove(*inner);
+                }
+                ScheduleOp::Reorder { moves } => {
+                    let n = axes.len();
+                    if moves.iter().any(|(a, b)| *a >= n || *b >= n) {
+                        return Vec::new();
+                    }
+                    let mut placed: Vec<Option<(Scalar, ParallelType)>> = vec![None; n];
+                    for (from, to) in moves {
+                        placed[*to] = Some(axes[*from].clone());
+                    }
+                    let mut rest = axes
+                        .iter()
+                        .enumerate()
+                        .filter(|(k, _)| !moves.iter().any(|(a, _)| a == k))
+                        .map(|(_, a)| a.clone());
+                    axes = placed
+                        .into_iter()
+                        .filter_map(|p| p.or_else(|| rest.next()))
+                        .collect();
+                }
+                ScheduleOp::Parallelize { axis, parallel } => {
+                    if let Some(a) = axes.get_mut(*axis) {
+                        a.1 = *parallel;
+                    }
+                }
+                ScheduleOp::Swizzle1d { .. }
+                | ScheduleOp::AllocationAsLoop
+                | ScheduleOp::SetMesh(_)
+                | ScheduleOp::SetMemory(_) => {}
+            }
+        }
+        axes.into_iter()
+            .filter(|(_, p)| *p == ParallelType::Stream)
+            .map(|(e, _)| e)
+            .collect()
     }
 
     /// Overrides a parameter's value (`--set name=value`). Must happen before the parameter

@@ -37,7 +37,7 @@ use weave_host_ir::{
 };
 use weave_ir::{
     Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IterDomainId, IterType, MemoryType, ParallelType,
-    ParamRole, Scalar, ScalarOp, TensorId,
+    Scalar, ScalarOp, TensorId,
 };
 use weave_segmenter::{SegmentId, SegmentKind, SegmentedFusion};
 use weave_transform::id_graph::IdGraph;
@@ -214,9 +214,10 @@ pub fn lower_with(
     Ok(l.p)
 }
 
-/// The program's signature as the fusion gives it: every parameter's value, the roles, and
-/// each input's and output's global shape and sharding. The definition (the fusion as the
-/// user wrote it, before the passes that precede lowering) is the pass manager's to attach.
+/// The program's signature as the fusion gives it: every parameter's value and each input's
+/// and output's global shape and sharding. What only the fusion as the user wrote it knows
+/// (before the passes that precede lowering), its definition and its parameter roles, is the
+/// pass manager's to attach.
 fn signature_of(f: &Fusion) -> Result<Signature, Diagnostic> {
     let entry = |t: &TensorId| TensorSig::of(f, *t).map_err(|e| Diagnostic::new(e.to_string()));
     Ok(Signature {
@@ -225,10 +226,7 @@ fn signature_of(f: &Fusion) -> Result<Signature, Diagnostic> {
             .iter()
             .filter_map(|p| p.value.map(|v| (p.name.clone(), v)))
             .collect(),
-        roles: ParamRole::ALL
-            .into_iter()
-            .filter_map(|r| f.role_param(r).map(|p| (r, p.name.clone())))
-            .collect(),
+        roles: Vec::new(),
         inputs: f.inputs().iter().map(entry).collect::<Result<_, _>>()?,
         outputs: f.outputs().iter().map(entry).collect::<Result<_, _>>()?,
         definition: None,

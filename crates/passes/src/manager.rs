@@ -57,7 +57,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use weave_ir::Diagnostic;
+use weave_ir::{Diagnostic, ParamRole};
 
 use crate::pass::{Changed, Ir, PassError};
 use crate::pipeline::{Pipeline, PipelineParseError};
@@ -441,7 +441,15 @@ impl PassManager {
             };
             if let (Ir::Host(p), Some(def)) = (&mut ir, &definition) {
                 if let Some(sig) = p.signature.as_mut() {
-                    sig.definition.get_or_insert_with(|| def.clone());
+                    if sig.definition.is_none() {
+                        // The roles are the user's fusion's: passes add stream axes of their
+                        // own.
+                        sig.roles = ParamRole::ALL
+                            .into_iter()
+                            .filter_map(|r| def.role_param(r).map(|p| (r, p.name.clone())))
+                            .collect();
+                        sig.definition = Some(def.clone());
+                    }
                 }
             }
             let verified = verify(&ir);

@@ -288,9 +288,8 @@ impl Parser {
             loop {
                 let (p, pspan) = self.expect_ident(&what)?;
                 let role = if self.eat_punct(Punct::Colon).is_some() {
-                    let (word, wspan) = self.expect_ident(&format!(
-                        "a role (`mesh` or `chunks`) after `{p}:`"
-                    ))?;
+                    let (word, wspan) =
+                        self.expect_ident(&format!("a role (`mesh` or `chunks`) after `{p}:`"))?;
                     match ParamRole::from_keyword(&word) {
                         Some(r) => Some((r, wspan)),
                         None => {

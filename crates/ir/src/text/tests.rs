@@ -752,3 +752,38 @@ fn error_parameter_roles() {
         "1:13: expected a role (`mesh` or `chunks`) after `a:`, found `=`"
     );
 }
+
+#[test]
+fn the_chunk_count_is_read_off_stream_axes_as_schedules_write_them() {
+    use crate::fusion::ParamRole;
+    let chunks = |src: &str| {
+        parse_ok(src)
+            .role_param(ParamRole::ChunkCount)
+            .map(|p| p.name.clone())
+    };
+    // A split's outer part parallelized as Stream.
+    assert_eq!(
+        chunks("fusion f(t = 8, pieces = 4) {\n  tensor a: f32[t, 2]\n  b = neg(a)\n  output b\n  schedule b { outer_split(0, pieces) -> Stream }\n}\n").as_deref(),
+        Some("pieces")
+    );
+    // A split, a reorder, then parallelize.
+    assert_eq!(
+        chunks("fusion f(t = 8, k = 4) {\n  tensor a: f32[2, t]\n  b = neg(a)\n  output b\n  schedule b { outer_split(1, k); reorder(1 -> 0); parallelize(0, Stream) }\n}\n").as_deref(),
+        Some("k")
+    );
+    // A logical axis of extent `s` parallelized as Stream.
+    assert_eq!(
+        chunks("fusion f(s = 4) {\n  tensor a: f32[s, 2]\n  b = neg(a)\n  output b\n  schedule b { parallelize(0, Stream) }\n}\n").as_deref(),
+        Some("s")
+    );
+    // The stream loop of a ring runs over the devices: its extent is the mesh size, which
+    // is no chunk count; an inner split's stream axis has no parameter extent.
+    assert_eq!(
+        chunks("fusion f(d = 2) {\n  mesh m = devices(d)\n  tensor a: f32[d, 4] on m\n  b = set(a)\n  output b\n  schedule a { parallelize(0, DIDx) }\n  schedule b { mesh = m; parallelize(0, Stream) }\n}\n"),
+        None
+    );
+    assert_eq!(
+        chunks("fusion f(t = 8, c = 2) {\n  tensor a: f32[t]\n  b = neg(a)\n  output b\n  schedule b { inner_split(0, c) -> Stream }\n}\n"),
+        None
+    );
+}
