@@ -27,7 +27,7 @@ use weave_comm::nccl::{NcclId, NcclOptions};
 use weave_comm::{IpcOptions, PeerHub};
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_executor::CudaOptions;
-use weave_passes::DEFAULT_PIPELINE;
+use weave_passes::{AssignStreams, DumpOptions, Pipeline, SyncVariant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pattern {
@@ -188,7 +188,7 @@ fn compile(
     h: usize,
     d: usize,
     s: Option<usize>,
-    pipeline: &str,
+    pipeline: &Pipeline,
 ) -> Result<Compiled, String> {
     let (name, source) = p.fixture();
     let mut set = vec![
@@ -200,7 +200,7 @@ fn compile(
         set.push(("s".to_string(), s as i64));
     }
     let fusion = streamweave::load(name, source, &set).map_err(|e| e.to_string())?;
-    compile_with(fusion, pipeline).map_err(|e| e.to_string())
+    compile_with(fusion, pipeline, &DumpOptions::default()).map_err(|e| e.to_string())
 }
 
 /// One measured configuration of a row.
@@ -299,7 +299,11 @@ fn run() -> Result<(), String> {
     let log = std::fs::File::create(&log_path)
         .map_err(|e| format!("cannot write {}: {e}", log_path.display()))?;
     let mut bench = Bench { args, log };
-    let separate = DEFAULT_PIPELINE.replace(",assign-streams,", ",assign-streams-separate-sync,");
+    let mut separate = Pipeline::standard();
+    separate.replace(
+        "assign-streams",
+        AssignStreams::new(SyncVariant::SeparateLoop),
+    );
     let ranks: Vec<usize> = bench
         .args
         .ranks
@@ -450,9 +454,10 @@ fn run_row(
     d: usize,
     cal: &Calibration,
     sms: i32,
-    separate: &str,
+    separate: &Pipeline,
 ) -> Result<RowResult, String> {
     let (w, i) = (bench.args.warmup, bench.args.iters);
+    let standard = Pipeline::standard();
     let gemm = p.gemm(t, h, d);
     let mm = max_median(world.get()?.run(move |r| time_gemm(r, gemm, w, i))?);
     let kind = p.comm();
@@ -468,7 +473,7 @@ fn run_row(
     let mut sweep: Vec<(usize, Measured)> = Vec::new();
     for s in p.chunk_counts(d) {
         let param = (p != Pattern::P2pRing).then_some(s);
-        let compiled = Arc::new(compile(p, t, h, d, param, DEFAULT_PIPELINE)?);
+        let compiled = Arc::new(compile(p, t, h, d, param, &standard)?);
         let how = ProgramRun {
             streams: 2,
             trace: p == Pattern::RowParallel && h == 8192,
@@ -498,7 +503,7 @@ fn run_row(
     let auto = if p == Pattern::P2pRing {
         None
     } else {
-        let one = compile(p, t, h, d, Some(1), DEFAULT_PIPELINE)?;
+        let one = compile(p, t, h, d, Some(1), &standard)?;
         let wl = workload(&one, d).map_err(|e| e.to_string())?;
         let c = choose(&wl, cal, &CANDIDATES);
         let ms = sweep
@@ -519,11 +524,11 @@ fn run_row(
     let mut variants: Vec<Measured> = Vec::new();
     if bench.args.experiments && s_best > 0 {
         let sweep_ms: Vec<(usize, f64)> = sweep.iter().map(|(s, m)| (*s, m.ms)).collect();
-        let program = |s: usize, pipeline: &str| -> Result<Arc<Compiled>, String> {
+        let program = |s: usize, pipeline: &Pipeline| -> Result<Arc<Compiled>, String> {
             let param = (p != Pattern::P2pRing).then_some(s);
             Ok(Arc::new(compile(p, t, h, d, param, pipeline)?))
         };
-        let best_program = program(s_best, DEFAULT_PIPELINE)?;
+        let best_program = program(s_best, &standard)?;
         // Row-parallel at h = 8192: every configuration keeps a trace, for the timeline of
         // the best one.
         let base = ProgramRun {
@@ -624,7 +629,7 @@ fn run_row(
                 ..exp(
                     "nccl-blocking",
                     s,
-                    &program(s, DEFAULT_PIPELINE)?,
+                    &program(s, &standard)?,
                     base.clone(),
                     format!("S={s} K=2 blocking NCCL communicator"),
                 )
@@ -638,7 +643,7 @@ fn run_row(
             exps.push(exp(
                 "cuda-graph",
                 s,
-                &program(s, DEFAULT_PIPELINE)?,
+                &program(s, &standard)?,
                 how,
                 format!("S={s} K=2 CUDA graph replay"),
             ));
@@ -650,7 +655,7 @@ fn run_row(
             ..CudaOptions::default()
         };
         for s in p.chunk_counts(d).into_iter().filter(|&s| s > 1) {
-            let c = program(s, DEFAULT_PIPELINE)?;
+            let c = program(s, &standard)?;
             for graph in [false, true] {
                 let how = with_cuda(ordered.clone(), graph);
                 let kind = if graph {
@@ -672,7 +677,7 @@ fn run_row(
         // may pay.
         if matches!(p, Pattern::ColumnParallel | Pattern::P2pRing) {
             for s in p.chunk_counts(d).into_iter().filter(|&s| s > 1) {
-                let c = program(s, DEFAULT_PIPELINE)?;
+                let c = program(s, &standard)?;
                 // Window transfers leave their flags as they found them, so they replay.
                 let replay = ProgramRun {
                     graph: true,
@@ -713,7 +718,7 @@ fn run_row(
         }
         // Phase 2: the fastest replayed S with the knobs that may still help a replay.
         if let Some(&(sg, _)) = graphs.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
-            let g = program(sg, DEFAULT_PIPELINE)?;
+            let g = program(sg, &standard)?;
             let replay = |cuda: CudaOptions, streams: usize| ProgramRun {
                 cuda,
                 graph: true,

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_host_ir::{HostProgram, Stmt};
+use weave_passes::{DumpOptions, Pipeline};
 
 use crate::run::{
-    check_outputs, check_ranks, compile_for_run, generate_inputs, run_compiled, shard_inputs,
+    check_outputs, check_ranks, compile_with, generate_inputs, run_compiled, shard_inputs,
     BackendKind, RunOptions, RunReport,
 };
 
@@ -112,14 +113,17 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
     println!("max abs error: {:.3e}", report.max_abs_error());
 }
 
-/// The flags of `weave run` beyond [`RunOptions`]: where the one-line JSON summary goes, and
-/// the chunk count.
+/// The flags of `weave run` beyond [`RunOptions`]: where the one-line JSON summary goes, the
+/// chunk count, and the dumps `WEAVE_DUMP` asks for.
 #[derive(Clone, Debug, Default)]
 pub struct RunFlags {
     /// The JSON summary's file, if any.
     pub path: Option<std::path::PathBuf>,
     /// `--chunks`: a fixed S, or `None` for the cost model's choice.
     pub chunks: Option<usize>,
+    /// The value of `WEAVE_DUMP` (`weave_passes::DumpOptions::parse` syntax), which the binary
+    /// reads: the IR to dump to stderr while compiling. `None` when unset.
+    pub weave_dump: Option<String>,
 }
 
 /// The JSON summary of a run (or of its failure).
@@ -224,6 +228,10 @@ pub fn run(
         }
         ExitCode::FAILURE
     };
+    let dumps = match DumpOptions::parse(json.weave_dump.as_deref().unwrap_or_default()) {
+        Ok(dumps) => dumps,
+        Err(e) => return fail(e.to_string()),
+    };
     let mut set = set.to_vec();
     let fusion = match crate::load_file(file, &set) {
         Ok(f) => f,
@@ -302,7 +310,7 @@ pub fn run(
         }
         return ExitCode::FAILURE;
     }
-    let compiled = match compile_for_run(fusion) {
+    let compiled = match compile_with(fusion, &Pipeline::standard(), &dumps) {
         Ok(c) => c,
         Err(e) => return fail(e.to_string()),
     };

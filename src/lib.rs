@@ -59,11 +59,10 @@ pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fus
     Ok(fusion)
 }
 
-/// Runs the standard pipeline (`weave_passes::DEFAULT_PIPELINE`, with `WEAVE_DUMP` honoured)
-/// on a loaded fusion and returns the host program every rank runs.
+/// Runs the standard pipeline ([`weave_passes::Pipeline::standard`], without dumps) on a
+/// loaded fusion and returns the host program every rank runs.
 pub fn compile(fusion: Fusion) -> Result<weave_host_ir::HostProgram, weave_passes::PipelineError> {
-    let manager = weave_passes::PassManager::standard()?;
-    match manager.run(weave_passes::Ir::Fusion(fusion))? {
+    match weave_passes::PassManager::standard().run(weave_passes::Ir::Fusion(fusion))? {
         weave_passes::Ir::Host(p) => Ok(p),
         other => Err(weave_passes::PipelineError::WrongResult(other.form())),
     }

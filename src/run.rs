@@ -13,7 +13,7 @@ use weave_executor::{
 };
 use weave_host_ir::HostProgram;
 use weave_ir::Fusion;
-use weave_passes::{Ir, PassManager, Pipeline, PipelineError, Registry, DEFAULT_PIPELINE};
+use weave_passes::{DumpOptions, Ir, PassManager, Pipeline, PipelineError, Registry};
 
 use crate::shard::Layout;
 
@@ -32,34 +32,40 @@ pub struct Compiled {
     pub compile_time: Duration,
 }
 
-/// Runs the standard pipeline on `fusion`, keeping the fusion as it is just before
-/// segmentation.
+/// Runs the standard pipeline on `fusion`, without dumps, keeping the fusion as it is just
+/// before segmentation.
 pub fn compile_for_run(fusion: Fusion) -> Result<Compiled, PipelineError> {
-    compile_with(fusion, DEFAULT_PIPELINE)
+    compile_with(fusion, &Pipeline::standard(), &DumpOptions::default())
 }
 
-/// [`compile_for_run`] with the pipeline `pipeline` (a comma-separated list of registered
-/// passes that includes `segment`), e.g. the default one with `assign-streams` replaced by
-/// `assign-streams-separate-sync`.
-pub fn compile_with(fusion: Fusion, pipeline: &str) -> Result<Compiled, PipelineError> {
+/// [`compile_for_run`] with `pipeline` (one that includes `segment`, e.g. the standard one
+/// with `assign-streams` replaced by `assign-streams-separate-sync`) and the dumps `dumps`
+/// asks for (the CLI reads them from `WEAVE_DUMP`).
+pub fn compile_with(
+    fusion: Fusion,
+    pipeline: &Pipeline,
+    dumps: &DumpOptions,
+) -> Result<Compiled, PipelineError> {
     let start = Instant::now();
-    let registry = Registry::standard();
-    let all = Pipeline::parse(pipeline, &registry)?;
-    let names = all.to_string();
-    let names: Vec<&str> = names.split(',').collect();
-    let cut = names
+    let passes = pipeline.passes();
+    let cut = passes
         .iter()
-        .position(|n| *n == "segment")
-        .unwrap_or(names.len());
-    let options = weave_passes::DumpOptions::from_env()?;
-    let before = PassManager::new(Registry::standard(), Pipeline::new(names[..cut].to_vec()))
-        .with_options(options.clone());
+        .position(|p| p.name() == "segment")
+        .unwrap_or(passes.len());
+    let before = PassManager::new(
+        Registry::standard(),
+        passes[..cut].iter().cloned().collect(),
+    )
+    .with_options(dumps.clone());
     let sharded = match before.run(Ir::Fusion(fusion.clone()))? {
         Ir::Fusion(f) => f,
         other => return Err(PipelineError::WrongResult(other.form())),
     };
-    let after = PassManager::new(Registry::standard(), Pipeline::new(names[cut..].to_vec()))
-        .with_options(options);
+    let after = PassManager::new(
+        Registry::standard(),
+        passes[cut..].iter().cloned().collect(),
+    )
+    .with_options(dumps.clone());
     let program = match after.run(Ir::Fusion(sharded.clone()))? {
         Ir::Host(p) => p,
         other => return Err(PipelineError::WrongResult(other.form())),

@@ -56,7 +56,7 @@ fn every_pass_on_every_fixture() {
             let name = path.file_stem().unwrap().to_string_lossy().into_owned();
             let mut ir = Ir::Fusion(streamweave::load_file(&path, &[]).unwrap());
             let mut report = String::new();
-            for pass in streamweave::passes::DEFAULT_PIPELINE.split(',') {
+            for pass in Pipeline::standard().names() {
                 let (form, before) = (ir.form(), render(&ir));
                 ir = run_one(pass, ir);
                 let after = render(&ir);

@@ -10,7 +10,9 @@ use common::{fixture, fixtures};
 use std::path::Path;
 
 use streamweave::host_ir::{self, CommunicationType, HostProgram, Stmt, StmtId};
-use streamweave::passes::{DumpOptions, Ir, PassManager, Pipeline, Registry, DEFAULT_PIPELINE};
+use streamweave::passes::{
+    AssignStreams, DumpOptions, Ir, PassManager, Pipeline, Registry, SyncVariant,
+};
 
 fn lower_with(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
@@ -119,13 +121,23 @@ fn single_stream_ops_have_the_fork_join_shape() {
 #[test]
 fn separate_entry_loop_variant() {
     let f = streamweave::load_file(&fixture("single_set_op"), &[]).unwrap();
-    let registry = Registry::standard();
-    let pipeline = Pipeline::parse(
-        &DEFAULT_PIPELINE.replace("assign-streams", "assign-streams-separate-sync"),
-        &registry,
-    )
-    .unwrap();
-    let manager = PassManager::new(registry, pipeline).with_options(DumpOptions::default());
+    let mut pipeline = Pipeline::standard();
+    assert!(pipeline.replace(
+        "assign-streams",
+        AssignStreams::new(SyncVariant::SeparateLoop)
+    ));
+    assert_eq!(
+        pipeline,
+        Pipeline::resolve(
+            "-assign-streams,-allocate-and-deallocate,\
+             +assign-streams-separate-sync,+allocate-and-deallocate",
+            &Pipeline::standard(),
+            &Registry::standard()
+        )
+        .unwrap()
+    );
+    let manager =
+        PassManager::new(Registry::standard(), pipeline).with_options(DumpOptions::default());
     let Ir::Host(p) = manager
         .run_with_output(Ir::Fusion(f), &mut Vec::new())
         .unwrap()
@@ -475,16 +487,14 @@ fn deallocation_counts() {
 #[test]
 fn print_after_all_shows_every_pass() {
     let f = streamweave::load_file(&fixture("row_parallel_linear"), &[]).unwrap();
-    let registry = Registry::standard();
-    let pipeline = Pipeline::parse(DEFAULT_PIPELINE, &registry).unwrap();
     let mut options = DumpOptions::default();
     options.after.add("all");
-    let manager = PassManager::new(registry, pipeline).with_options(options);
+    let manager = PassManager::standard().with_options(options);
     let mut out = Vec::new();
     manager.run_with_output(Ir::Fusion(f), &mut out).unwrap();
     let out = String::from_utf8(out).unwrap();
     let mut at = 0;
-    for pass in DEFAULT_PIPELINE.split(',') {
+    for pass in Pipeline::standard().names() {
         let header = format!("IR Dump After {pass} ");
         let pos = out[at..]
             .find(&header)

@@ -222,3 +222,36 @@ fn every_package_inherits_the_workspace_lints() {
         missing.join("\n  ")
     );
 }
+
+/// The compiler crates ([`CUDA_FREE`]) are libraries: they read no environment variable, so
+/// that what a program compiles depends on its arguments only. The binaries read `WEAVE_DUMP`
+/// and hand the options in.
+#[test]
+fn compiler_crates_read_no_environment_variable() {
+    let meta = cargo_metadata();
+    let mut offenders = Vec::new();
+    for package in meta["packages"].as_array().expect("packages array") {
+        if !CUDA_FREE.contains(&str_field(package, "name")) {
+            continue;
+        }
+        let manifest = Path::new(str_field(package, "manifest_path"));
+        let mut files = Vec::new();
+        rust_files(&manifest.with_file_name("src"), &mut files);
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            for (n, line) in text.lines().enumerate() {
+                if ["env::var(", "env::var_os(", "env::vars("]
+                    .iter()
+                    .any(|call| line.contains(call))
+                {
+                    offenders.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "a compiler crate reads the environment:\n  {}",
+        offenders.join("\n  ")
+    );
+}

@@ -3,7 +3,8 @@
 //! `weave dump FILE [--set k=v]...` loads a `.weave` fusion (parse, schedule, verify), runs
 //! a pass pipeline verifying after every pass, and prints the IR; it takes the flags of
 //! `cargo xtask dump` (`--passes`, `--print-before`, `--print-after`, `--print-after-change`,
-//! `--dump-dir`, `--list-passes`; docs/passes.md) and honours `WEAVE_DUMP`.
+//! `--dump-dir`, `--list-passes`; docs/passes.md) and honours `WEAVE_DUMP`, which this binary
+//! reads and hands to the library (`weave run` honours it too, dumping to stderr).
 //!
 //! `weave run FILE --ranks N [--set k=v]... [--backend cpu|cuda] [--streams K]
 //! [--check-races] [--trace F] [--seed S] [--timeout-secs T] [--warmup W] [--iters I]
@@ -28,7 +29,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use weave_passes::{DumpFlags, Ir, PassManager, Registry};
+use weave_passes::{DumpFlags, Ir, PassManager, Registry, DUMP_ENV};
 
 /// Compile multi-GPU tensor programs into host programs that overlap communication with
 /// compute.
@@ -208,6 +209,7 @@ fn main() -> ExitCode {
                 print_after,
                 print_after_change,
                 dump_dir,
+                weave_dump: std::env::var(DUMP_ENV).ok(),
             };
             dump(&file, &set, &flags)
         }
@@ -274,6 +276,7 @@ fn main() -> ExitCode {
             let json = streamweave::cli::RunFlags {
                 path: json,
                 chunks: chunks.0,
+                weave_dump: std::env::var(DUMP_ENV).ok(),
             };
             streamweave::cli::run(&file, &set, &options, trace.as_deref(), &json)
         }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use weave_passes::{DumpFlags, Ir, PassManager, Registry};
+use weave_passes::{DumpFlags, Ir, PassManager, Registry, DUMP_ENV};
 
 /// Arguments of `cargo xtask dump`.
 #[derive(Args)]
@@ -71,7 +71,7 @@ impl DumpArgs {
         vec![DumpPoint::Passes, DumpPoint::Result]
     }
 
-    /// The pass-manager flags, as given.
+    /// The pass-manager flags, as given, and `WEAVE_DUMP`.
     fn flags(&self) -> DumpFlags {
         DumpFlags {
             passes: self.passes.clone(),
@@ -79,6 +79,7 @@ impl DumpArgs {
             print_after: self.print_after.clone(),
             print_after_change: self.print_after_change,
             dump_dir: self.dump_dir.clone(),
+            weave_dump: std::env::var(DUMP_ENV).ok(),
         }
     }
 }

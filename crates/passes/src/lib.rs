@@ -43,7 +43,8 @@ pub use assign_streams::{AssignStreams, SyncVariant};
 pub use lower_to_host::{LowerToHost, StreamAllgather};
 pub use manager::{
     DumpFlags, DumpOptions, DumpSpecError, PassFailure, PassManager, PassSelection, PipelineError,
+    DUMP_ENV,
 };
 pub use pass::{Changed, Ir, Pass, PassError};
 pub use pipeline::{Pipeline, PipelineParseError};
-pub use registry::{PassInfo, Registry, UnknownPass, DEFAULT_PIPELINE};
+pub use registry::{PassInfo, Registry, UnknownPass};

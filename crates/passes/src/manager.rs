@@ -3,9 +3,8 @@
 //!
 //! # What a run does
 //!
-//! [`PassManager::run`] first checks every pipeline name and every pass named in the dump
-//! options against the registry, then verifies its input, so that a failure is always the
-//! fault of one pass. For each pass in order it keeps a copy of the pass's input, runs the
+//! [`PassManager::run`] first checks every pass named in the dump options against the
+//! registry, then verifies its input, so that a failure is always the fault of one pass. For each pass in order it keeps a copy of the pass's input, runs the
 //! pass, and verifies the IR the pass leaves with the verifier of that IR's form
 //! ([`verify`]). A pass error or a verifier failure stops the run with a
 //! [`PipelineError::Pass`] that names the pass and its position, carries the verifier's
@@ -33,8 +32,8 @@
 //!
 //! # `WEAVE_DUMP`
 //!
-//! [`DumpOptions::from_env`] reads the same options from the `WEAVE_DUMP` environment
-//! variable: comma-separated items, each one of
+//! [`DumpOptions::parse`] reads the same options from the text of the `WEAVE_DUMP`
+//! environment variable: comma-separated items, each one of
 //!
 //! * `before:PASS` or `before:all`, `after:PASS` or `after:all` (repeat the item for several
 //!   passes: `before:propagate-shardings,after:lower-to-host`);
@@ -43,6 +42,17 @@
 //!
 //! For example `WEAVE_DUMP=after:all`, `WEAVE_DUMP=after-change,dir:/tmp/weave`. Unset or
 //! empty means no dumps; an item of another shape is an error that shows this syntax.
+//!
+//! The library reads no environment variable: the binaries (`weave`, `cargo xtask dump`) read
+//! `WEAVE_DUMP` and hand its value in, through [`DumpFlags::weave_dump`] or as
+//! [`DumpOptions`] given to [`PassManager::with_options`].
+//!
+//! # Tracing
+//!
+//! A run opens a `tracing` span `pipeline` (field `pipeline`, its text), inside it one span
+//! `pass` per pass (`pass`: the name, `index`, `before` and `after`: the IR form, `changed`),
+//! and a span `verify` (`form`, `valid`) around every verification. The library installs no
+//! subscriber; without one the spans cost next to nothing.
 //!
 //! # Reproducers
 //!
@@ -61,9 +71,10 @@ use weave_ir::{Diagnostic, ParamRole};
 
 use crate::pass::{Changed, Ir, PassError};
 use crate::pipeline::{Pipeline, PipelineParseError};
-use crate::registry::{Registry, UnknownPass, DEFAULT_PIPELINE};
+use crate::registry::{Registry, UnknownPass};
 
-/// The environment variable [`DumpOptions::from_env`] reads.
+/// The environment variable the binaries read dump options from, in the syntax of
+/// [`DumpOptions::parse`]. The library itself never reads it.
 pub const DUMP_ENV: &str = "WEAVE_DUMP";
 
 /// Which passes a `before` or `after` dump applies to.
@@ -161,14 +172,6 @@ impl DumpOptions {
         Ok(options)
     }
 
-    /// The options in `WEAVE_DUMP`; no dumps when it is unset or empty.
-    pub fn from_env() -> Result<DumpOptions, DumpSpecError> {
-        match std::env::var(DUMP_ENV) {
-            Ok(spec) => DumpOptions::parse(&spec),
-            Err(_) => Ok(DumpOptions::default()),
-        }
-    }
-
     /// Adds these options to `self` (command-line flags on top of `WEAVE_DUMP`): selections
     /// are united, `after_change` is or-ed, and `other`'s directory wins when it has one.
     pub fn merge(&mut self, other: DumpOptions) {
@@ -258,7 +261,7 @@ pub enum PipelineError {
 #[error(
     "{error} (pass {} of {} in pipeline `{pipeline}`; {})",
     .index + 1,
-    .pipeline.passes.len(),
+    .pipeline.len(),
     reproducer_note(.reproducer)
 )]
 pub struct PassFailure {
@@ -299,8 +302,9 @@ impl PipelineError {
     }
 }
 
-/// The pass-manager flags of the `dump` commands (`cargo xtask dump`, `weave dump`), as
-/// given, so that both read them the same way through [`PassManager::from_flags`].
+/// The pass-manager flags of the `dump` commands (`cargo xtask dump`, `weave dump`) and the
+/// value of `WEAVE_DUMP`, as given, so that both read them the same way through
+/// [`PassManager::from_flags`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DumpFlags {
     /// `--passes`: a pipeline `a,b,c`, or edits `+x,-y` of the default pipeline.
@@ -313,6 +317,8 @@ pub struct DumpFlags {
     pub print_after_change: bool,
     /// `--dump-dir`.
     pub dump_dir: Option<PathBuf>,
+    /// The value of `WEAVE_DUMP` ([`DUMP_ENV`]), which the binary reads; `None` when unset.
+    pub weave_dump: Option<String>,
 }
 
 impl DumpFlags {
@@ -326,7 +332,7 @@ impl DumpFlags {
 
     /// The dump options: `WEAVE_DUMP`, with these flags added on top.
     pub fn dump_options(&self) -> Result<DumpOptions, DumpSpecError> {
-        let mut options = DumpOptions::from_env()?;
+        let mut options = DumpOptions::parse(self.weave_dump.as_deref().unwrap_or_default())?;
         let mut flags = DumpOptions {
             after_change: self.print_after_change,
             dir: self.dump_dir.clone(),
@@ -370,25 +376,21 @@ impl PassManager {
         self
     }
 
-    /// The standard registry, [`DEFAULT_PIPELINE`] and the dumps `WEAVE_DUMP` asks for: what
-    /// the library uses to compile a fusion. Fails while a pass of the default pipeline is
-    /// not registered yet.
-    pub fn standard() -> Result<PassManager, PipelineError> {
-        let registry = Registry::standard();
-        let pipeline = Pipeline::parse(DEFAULT_PIPELINE, &registry)?;
-        let options = DumpOptions::from_env()?;
-        Ok(PassManager::new(registry, pipeline).with_options(options))
+    /// The standard registry and [`Pipeline::standard`], without dumps: what the library
+    /// uses to compile a fusion. [`PassManager::with_options`] adds dumps.
+    pub fn standard() -> PassManager {
+        PassManager::new(Registry::standard(), Pipeline::standard())
     }
 
     /// The manager a `dump` command line asks for: the standard registry; the pipeline
     /// `--passes` gives, or edits of the default one; `WEAVE_DUMP` plus the dump flags.
     ///
-    /// `--passes=default` is [`DEFAULT_PIPELINE`]; edits apply to it. Without `--passes`, the
+    /// `--passes=default` is [`Pipeline::standard`]; edits apply to it. Without `--passes`, the
     /// pipeline is empty (so `dump` prints the loaded fusion) unless a dump flag asks to see
     /// the IR between passes, in which case it is the default pipeline.
     pub fn from_flags(flags: &DumpFlags) -> Result<PassManager, PipelineError> {
         let registry = Registry::standard();
-        let base = Pipeline::parse(DEFAULT_PIPELINE, &registry).unwrap_or_default();
+        let base = Pipeline::standard();
         let pipeline = match &flags.passes {
             Some(spec) if spec.trim() == "default" => base,
             Some(spec) => Pipeline::resolve(spec, &base, &registry)?,
@@ -408,13 +410,8 @@ impl PassManager {
 
     /// Runs the pipeline on `ir`, printing dumps to `out` (or into the dump directory).
     pub fn run_with_output(&self, mut ir: Ir, out: &mut dyn Write) -> Result<Ir, PipelineError> {
-        let passes = self
-            .pipeline
-            .passes
-            .iter()
-            .map(|name| self.registry.get(name))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(PipelineParseError::from)?;
+        let pipeline_span = tracing::info_span!("pipeline", pipeline = %self.pipeline);
+        let _in_pipeline = pipeline_span.enter();
         self.options
             .check(&self.registry)
             .map_err(PipelineParseError::from)?;
@@ -429,8 +426,17 @@ impl PassManager {
             Ir::Fusion(f) => Some(f.clone()),
             _ => None,
         };
-        for (index, pass) in passes.iter().enumerate() {
+        for (index, pass) in self.pipeline.passes().iter().enumerate() {
             let name = pass.name();
+            let span = tracing::info_span!(
+                "pass",
+                pass = name,
+                index,
+                before = ir.form(),
+                after = tracing::field::Empty,
+                changed = tracing::field::Empty,
+            );
+            let _in_pass = span.enter();
             if self.options.prints_before(name) {
                 self.dump(out, index, name, Stage::Before, &ir)?;
             }
@@ -439,6 +445,8 @@ impl PassManager {
                 Ok(changed) => changed,
                 Err(error) => return Err(self.failure(name, index, error, &input)),
             };
+            span.record("after", ir.form());
+            span.record("changed", changed == Changed::Yes);
             if let (Ir::Host(p), Some(def)) = (&mut ir, &definition) {
                 if let Some(sig) = p.signature.as_mut() {
                     if sig.definition.is_none() {
@@ -571,7 +579,7 @@ fn reproducer_text(
     input: &Ir,
 ) -> String {
     let mut s = String::new();
-    let n = pipeline.passes.len();
+    let n = pipeline.len();
     let _ = writeln!(
         s,
         "// weave reproducer: pass `{pass}` ({} of {n}) failed",
@@ -585,7 +593,7 @@ fn reproducer_text(
     let _ = writeln!(s, "// failing pass: {pass}");
     let source = match index {
         0 => "the pipeline's input".to_string(),
-        _ => format!("the output of `{}`", pipeline.passes[index - 1]),
+        _ => format!("the output of `{}`", pipeline.names()[index - 1]),
     };
     let form = input.form();
     let _ = writeln!(s, "// input to `{pass}` below: a {form}, {source}");
@@ -634,8 +642,16 @@ pub fn render(ir: &Ir) -> String {
     }
 }
 
-/// Checks `ir` with the verifier of its form.
+/// Checks `ir` with the verifier of its form, in a `verify` span (module docs, "Tracing").
 pub fn verify(ir: &Ir) -> Result<(), Diagnostic> {
+    let span = tracing::debug_span!("verify", form = ir.form(), valid = tracing::field::Empty);
+    let _in_verify = span.enter();
+    let verified = verify_form(ir);
+    span.record("valid", verified.is_ok());
+    verified
+}
+
+fn verify_form(ir: &Ir) -> Result<(), Diagnostic> {
     match ir {
         Ir::Fusion(fusion) => weave_ir::verify::verify(fusion),
         // The fusion first, so that a broken tensor is reported as such and not as a

@@ -38,7 +38,10 @@ pub enum Changed {
 }
 
 /// One named transformation of the IR.
-pub trait Pass {
+///
+/// A pass holds configuration only (its variant), never state of a run: a [`crate::Pipeline`]
+/// shares its passes between clones and threads.
+pub trait Pass: Send + Sync {
     /// The name used in pipelines and on the command line (`propagate-shardings`).
     fn name(&self) -> &'static str;
 

@@ -1,6 +1,8 @@
-//! Named pipelines: an ordered list of pass names, printed and parsed as `a,b,c`.
+//! Pipelines: an ordered list of passes, printed as their names `a,b,c`.
 //!
-//! Text forms:
+//! The standard pipeline is built from the passes themselves ([`Pipeline::standard`]), so it
+//! cannot fail to build. Text is for the pipelines a user writes (`--passes` on the command
+//! line), read against a [`Registry`]:
 //!
 //! * a pipeline is pass names separated by commas, `propagate-shardings,segment`; spaces
 //!   around a name are ignored, an empty name (`a,,b`, a trailing comma) is an error, and the
@@ -11,18 +13,30 @@
 //!   (and does nothing when there is none). There is no positional insertion: to put a pass
 //!   elsewhere, write the whole pipeline.
 //!
-//! Every name is checked against a [`Registry`], so an unknown name fails at parse time with
+//! Every name is checked against the registry, so an unknown name fails at parse time with
 //! the list of valid ones, never halfway through a run.
 
 use std::fmt;
+use std::sync::Arc;
 
+use crate::allocate_and_deallocate::AllocateAndDeallocate;
+use crate::assign_streams::AssignStreams;
+use crate::decompose_reshardings::DecomposeReshardings;
+use crate::finalize_multidevice_domains::FinalizeMultideviceDomains;
+use crate::lower_to_host::LowerToHost;
+use crate::pass::Pass;
+use crate::propagate_shardings::PropagateShardings;
 use crate::registry::{Registry, UnknownPass};
+use crate::reorder_sharded_axis::ReorderShardedAxis;
+use crate::segment::Segment;
 
-/// An ordered list of pass names; the pass manager runs them in order.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+/// An ordered list of passes; the pass manager runs them in order.
+///
+/// Passes hold configuration only, so cloning a pipeline shares them. Two pipelines are equal
+/// when they name the same passes in the same order.
+#[derive(Clone, Default)]
 pub struct Pipeline {
-    /// The pass names, in run order.
-    pub passes: Vec<String>,
+    passes: Vec<Arc<dyn Pass>>,
 }
 
 /// Why a pipeline or an edit list does not parse.
@@ -50,15 +64,67 @@ pub enum PipelineParseError {
 }
 
 impl Pipeline {
-    /// A pipeline of `passes`, in order, unchecked (see [`Pipeline::parse`] for the checked
-    /// form).
-    pub fn new<S: Into<String>>(passes: impl IntoIterator<Item = S>) -> Pipeline {
-        Pipeline {
-            passes: passes.into_iter().map(Into::into).collect(),
-        }
+    /// The standard pipeline, from a scheduled fusion to the host program every rank runs
+    /// (DESIGN.md §1, §5): `propagate-shardings, decompose-reshardings, reorder-sharded-axis,
+    /// finalize-multidevice-domains, segment, lower-to-host, assign-streams,
+    /// allocate-and-deallocate`.
+    pub fn standard() -> Pipeline {
+        Pipeline::default()
+            .then(PropagateShardings)
+            .then(DecomposeReshardings)
+            .then(ReorderShardedAxis)
+            .then(FinalizeMultideviceDomains)
+            .then(Segment)
+            .then(LowerToHost::default())
+            .then(AssignStreams::default())
+            .then(AllocateAndDeallocate)
     }
 
-    /// Parses `a,b,c`, checking every name against `registry`.
+    /// The same pipeline with `pass` appended.
+    pub fn then(mut self, pass: impl Pass + 'static) -> Pipeline {
+        self.push(pass);
+        self
+    }
+
+    /// Appends `pass`.
+    pub fn push(&mut self, pass: impl Pass + 'static) {
+        self.passes.push(Arc::new(pass));
+    }
+
+    /// Replaces every pass called `name` by `pass` (a variant of it, say
+    /// `AssignStreams::new(SyncVariant::SeparateLoop)` for `assign-streams`); returns whether
+    /// there was one.
+    pub fn replace(&mut self, name: &str, pass: impl Pass + 'static) -> bool {
+        let pass: Arc<dyn Pass> = Arc::new(pass);
+        let mut found = false;
+        for slot in self.passes.iter_mut().filter(|p| p.name() == name) {
+            *slot = Arc::clone(&pass);
+            found = true;
+        }
+        found
+    }
+
+    /// The passes, in run order.
+    pub fn passes(&self) -> &[Arc<dyn Pass>] {
+        &self.passes
+    }
+
+    /// The pass names, in run order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.passes.iter().map(|p| p.name()).collect()
+    }
+
+    /// How many passes the pipeline runs.
+    pub fn len(&self) -> usize {
+        self.passes.len()
+    }
+
+    /// Whether the pipeline runs no pass.
+    pub fn is_empty(&self) -> bool {
+        self.passes.is_empty()
+    }
+
+    /// Parses `a,b,c`, making every pass from `registry`.
     pub fn parse(text: &str, registry: &Registry) -> Result<Pipeline, PipelineParseError> {
         let mut passes = Vec::new();
         for item in items(text)? {
@@ -68,13 +134,12 @@ impl Pipeline {
                     item: item.to_string(),
                 });
             }
-            registry.check(item)?;
-            passes.push(item.to_string());
+            passes.push(Arc::from(registry.get(item)?));
         }
         Ok(Pipeline { passes })
     }
 
-    /// Applies edits `+x,-y` (module docs) left to right, checking every name against
+    /// Applies edits `+x,-y` (module docs) left to right, making added passes from
     /// `registry`. On error the pipeline is left as it was.
     pub fn apply_edits(
         &mut self,
@@ -98,13 +163,13 @@ impl Pipeline {
                     text: edits.to_string(),
                 });
             }
-            registry.check(name)?;
+            let pass = registry.get(name)?;
             if add {
-                if !passes.iter().any(|p| p == name) {
-                    passes.push(name.to_string());
+                if !passes.iter().any(|p| p.name() == name) {
+                    passes.push(Arc::from(pass));
                 }
             } else {
-                passes.retain(|p| p != name);
+                passes.retain(|p| p.name() != name);
             }
         }
         self.passes = passes;
@@ -128,17 +193,34 @@ impl Pipeline {
             Pipeline::parse(spec, registry)
         }
     }
+}
 
-    /// Whether the pipeline runs no pass.
-    pub fn is_empty(&self) -> bool {
-        self.passes.is_empty()
+impl FromIterator<Arc<dyn Pass>> for Pipeline {
+    fn from_iter<I: IntoIterator<Item = Arc<dyn Pass>>>(passes: I) -> Pipeline {
+        Pipeline {
+            passes: passes.into_iter().collect(),
+        }
+    }
+}
+
+impl PartialEq for Pipeline {
+    fn eq(&self, other: &Pipeline) -> bool {
+        self.names() == other.names()
+    }
+}
+
+impl Eq for Pipeline {}
+
+impl fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.names()).finish()
     }
 }
 
 impl fmt::Display for Pipeline {
     /// The canonical text, `a,b,c`, which [`Pipeline::parse`] reads back.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.passes.join(","))
+        f.write_str(&self.names().join(","))
     }
 }
 

@@ -1,7 +1,9 @@
 //! The pass registry: every pass a pipeline may name, by name, with its one-line summary.
 //!
-//! A pipeline names passes by string (`propagate-shardings,segment,…`); the registry turns
-//! each name into a fresh [`Pass`] and is the single place that knows which names exist. An
+//! A pipeline written as text (`--passes=propagate-shardings,segment,…`) names passes by
+//! string; the registry turns each name into a fresh [`Pass`] and is the single place that
+//! knows which names exist. The standard pipeline needs no registry: it is built from the
+//! passes themselves ([`Pipeline::standard`]). An
 //! unknown name is an [`UnknownPass`] error that lists the valid ones, so a typo on the
 //! command line answers with the menu.
 //!
@@ -17,18 +19,13 @@
 use std::fmt;
 
 use crate::pass::Pass;
-
-/// The standard pipeline, from a scheduled fusion to the host program every rank runs
-/// (DESIGN.md §1, §5). Its names are validated against a registry when it is parsed
-/// ([`crate::Pipeline::parse`]), so it runs only once every pass in it is registered.
-pub const DEFAULT_PIPELINE: &str = "propagate-shardings,decompose-reshardings,\
-reorder-sharded-axis,finalize-multidevice-domains,segment,lower-to-host,assign-streams,\
-allocate-and-deallocate";
+use crate::pipeline::Pipeline;
 
 /// Makes a fresh instance of one pass.
 pub type PassFactory = fn() -> Box<dyn Pass>;
 
-/// The passes of [`Registry::standard`], one factory per line, in [`DEFAULT_PIPELINE`] order.
+/// The passes of [`Registry::standard`], one factory per line, in [`Pipeline::standard`]
+/// order, each variant after the pass it replaces.
 /// A pass joins the standard registry by adding its line here.
 const STANDARD_PASSES: &[PassFactory] = &[
     || Box::new(crate::propagate_shardings::PropagateShardings),
@@ -89,10 +86,8 @@ impl Registry {
         Registry::default()
     }
 
-    /// The registry of every standard pass (adding one is a line in `STANDARD_PASSES`).
-    ///
-    /// Passes still being written are absent, so until all of them are registered
-    /// [`DEFAULT_PIPELINE`] does not parse against this registry.
+    /// The registry of every standard pass and its variants (adding one is a line in
+    /// `STANDARD_PASSES`).
     pub fn standard() -> Registry {
         let mut registry = Registry::new();
         for make in STANDARD_PASSES {
@@ -174,9 +169,11 @@ impl Registry {
                 }
             }
         }
-        s.push_str(&format!("\ndefault pipeline: {DEFAULT_PIPELINE}\n"));
-        let missing: Vec<&str> = DEFAULT_PIPELINE
-            .split(',')
+        let standard = Pipeline::standard();
+        s.push_str(&format!("\ndefault pipeline: {standard}\n"));
+        let missing: Vec<&str> = standard
+            .names()
+            .into_iter()
             .filter(|name| !self.contains(name))
             .collect();
         if !missing.is_empty() {
@@ -217,13 +214,12 @@ fn known_list(known: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::Pipeline;
 
     #[test]
     fn standard_passes_have_distinct_names_and_follow_the_default_pipeline() {
         // Building the registry panics on a duplicate name.
         let registry = Registry::standard();
-        let default: Vec<&str> = DEFAULT_PIPELINE.split(',').collect();
+        let default = Pipeline::standard().names();
         let all = registry.names();
         // Variants that replace a default pass when named in a pipeline.
         let alternatives = ["lower-to-host-broadcast", "assign-streams-separate-sync"];
@@ -232,14 +228,10 @@ mod tests {
             .copied()
             .filter(|n| !alternatives.contains(n))
             .collect();
-        let in_pipeline: Vec<&str> = default
-            .iter()
-            .copied()
-            .filter(|n| registered.contains(n))
-            .collect();
         assert_eq!(
-            registered, in_pipeline,
-            "standard passes are registered in DEFAULT_PIPELINE order, and only passes of it"
+            registered, default,
+            "the standard registry holds the default pipeline's passes in its order, and \
+             its variants"
         );
         assert!(alternatives.iter().all(|a| all.contains(a)));
         for info in registry.list() {
@@ -250,18 +242,25 @@ mod tests {
                 info.name
             );
         }
-        if registered.len() == default.len() {
-            let p = Pipeline::parse(DEFAULT_PIPELINE, &registry).unwrap();
-            assert_eq!(p.to_string(), DEFAULT_PIPELINE);
-        }
+        let text = Pipeline::standard().to_string();
+        assert_eq!(
+            text,
+            "propagate-shardings,decompose-reshardings,reorder-sharded-axis,\
+             finalize-multidevice-domains,segment,lower-to-host,assign-streams,\
+             allocate-and-deallocate"
+        );
+        assert_eq!(
+            Pipeline::parse(&text, &registry).unwrap(),
+            Pipeline::standard()
+        );
+        assert!(!registry.listing().contains("not registered"));
     }
 
     #[test]
-    fn default_pipeline_has_no_spaces_and_no_duplicates() {
-        let names: Vec<&str> = DEFAULT_PIPELINE.split(',').collect();
+    fn default_pipeline_has_no_duplicates() {
+        let names = Pipeline::standard().names();
         assert_eq!(names.len(), 8);
         for (i, n) in names.iter().enumerate() {
-            assert_eq!(n.trim(), *n);
             assert!(!names[..i].contains(n), "`{n}` twice");
         }
     }

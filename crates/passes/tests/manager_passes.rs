@@ -1,13 +1,14 @@
 //! The pass machinery with small test passes: the registry and its unknown-name error,
-//! pipeline text and edits, `WEAVE_DUMP`, print-before/after/after-change, the dump directory,
-//! and failures (a pass error, a verifier failure) with their reproducer files.
+//! typed pipelines, pipeline text and edits, the `WEAVE_DUMP` syntax, print-before/after/
+//! after-change, the dump directory, failures (a pass error, a verifier failure) with their
+//! reproducer files, and the tracing spans of a run.
 
 use std::path::PathBuf;
 
 use weave_ir::{Diagnostic, Fusion, MemoryType};
 use weave_passes::{
-    Changed, DumpOptions, Ir, Pass, PassError, PassManager, PassSelection, Pipeline, PipelineError,
-    PipelineParseError, Registry,
+    Changed, DumpFlags, DumpOptions, Ir, Pass, PassError, PassManager, PassSelection, Pipeline,
+    PipelineError, PipelineParseError, Registry,
 };
 
 const SOURCE: &str = "fusion f(n = 4) {
@@ -203,7 +204,7 @@ fn registering_a_name_twice_panics() {
 fn pipeline_prints_and_parses_back() {
     let r = registry();
     let p = Pipeline::parse("noop, rename ,corrupt", &r).unwrap();
-    assert_eq!(p.passes, ["noop", "rename", "corrupt"]);
+    assert_eq!(p.names(), ["noop", "rename", "corrupt"]);
     assert_eq!(p.to_string(), "noop,rename,corrupt");
     assert_eq!(Pipeline::parse(&p.to_string(), &r).unwrap(), p);
     assert!(Pipeline::parse("", &r).unwrap().is_empty());
@@ -228,6 +229,36 @@ fn pipeline_rejects_unknown_and_empty_names() {
         Pipeline::parse("noop,+rename", &r),
         Err(PipelineParseError::Mixed { .. })
     ));
+}
+
+#[test]
+fn typed_pipelines_need_no_registry() {
+    let mut p = Pipeline::default().then(Noop).then(Rename).then(Noop);
+    assert_eq!(p.to_string(), "noop,rename,noop");
+    assert_eq!(p, Pipeline::parse("noop,rename,noop", &registry()).unwrap());
+    assert!(p.replace("noop", Fail));
+    assert!(!p.replace("corrupt", Noop));
+    assert_eq!(p.names(), ["fail", "rename", "fail"]);
+
+    // A manager runs a typed pipeline whatever its registry holds.
+    let pipeline = Pipeline::default().then(Rename);
+    let ir = PassManager::new(Registry::new(), pipeline)
+        .run_with_output(Ir::Fusion(fusion()), &mut Vec::new())
+        .unwrap();
+    assert!(fusion_of(&ir).tensor_by_name("c_renamed").is_some());
+}
+
+#[test]
+fn the_standard_manager_is_the_standard_pipeline_without_dumps() {
+    let manager = PassManager::standard();
+    assert_eq!(manager.pipeline, Pipeline::standard());
+    assert_eq!(manager.options, DumpOptions::default());
+    assert_eq!(
+        Pipeline::standard().to_string(),
+        "propagate-shardings,decompose-reshardings,reorder-sharded-axis,\
+         finalize-multidevice-domains,segment,lower-to-host,assign-streams,\
+         allocate-and-deallocate"
+    );
 }
 
 #[test]
@@ -289,15 +320,31 @@ fn weave_dump_syntax() {
 }
 
 #[test]
-fn weave_dump_is_read_from_the_environment() {
-    // The only test in this binary that touches WEAVE_DUMP.
-    std::env::set_var("WEAVE_DUMP", "after:all,dir:/tmp/weave-env");
-    let from_env = DumpOptions::from_env();
-    std::env::remove_var("WEAVE_DUMP");
-    let o = from_env.unwrap();
+fn dump_flags_add_to_the_weave_dump_value_they_are_given() {
+    let flags = DumpFlags {
+        print_before: vec!["rename".into()],
+        weave_dump: Some("after:all,before:noop,dir:/tmp/weave-env".into()),
+        ..DumpFlags::default()
+    };
+    let o = flags.dump_options().unwrap();
+    assert_eq!(
+        o.before,
+        PassSelection::Only(vec!["noop".into(), "rename".into()])
+    );
     assert_eq!(o.after, PassSelection::All);
     assert_eq!(o.dir, Some(PathBuf::from("/tmp/weave-env")));
-    assert_eq!(DumpOptions::from_env().unwrap(), DumpOptions::default());
+    assert_eq!(
+        DumpFlags::default().dump_options().unwrap(),
+        DumpOptions::default()
+    );
+    let bad = DumpFlags {
+        weave_dump: Some("after".into()),
+        ..DumpFlags::default()
+    };
+    assert!(matches!(
+        PassManager::from_flags(&bad),
+        Err(PipelineError::DumpSpec(_))
+    ));
 }
 
 #[test]
@@ -600,4 +647,122 @@ fn standard_host_passes_run_verified_and_print_as_host_ir() {
     let printed = weave_host_ir::print(program);
     assert!(printed.contains("SetCurrentStream"), "{printed}");
     assert!(out.ends_with(&printed), "{out}");
+}
+
+// ---- Tracing ----
+
+/// One span as a subscriber saw it: its name and every field recorded, as text.
+#[derive(Clone, Debug, Default)]
+struct SeenSpan {
+    name: &'static str,
+    parent: Option<u64>,
+    fields: Vec<(String, String)>,
+}
+
+impl SeenSpan {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl tracing::field::Visit for SeenSpan {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.fields
+            .push((field.name().to_string(), format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.fields
+            .push((field.name().to_string(), value.to_string()));
+    }
+}
+
+/// A subscriber that keeps every span, for the test below.
+#[derive(Default)]
+struct Recorder {
+    spans: std::sync::Mutex<Vec<SeenSpan>>,
+    stack: std::sync::Mutex<Vec<u64>>,
+}
+
+impl tracing::Subscriber for Recorder {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut span = SeenSpan {
+            name: attrs.metadata().name(),
+            parent: self.stack.lock().unwrap().last().copied(),
+            ..SeenSpan::default()
+        };
+        attrs.record(&mut span);
+        let mut spans = self.spans.lock().unwrap();
+        spans.push(span);
+        tracing::span::Id::from_u64(spans.len() as u64)
+    }
+    fn record(&self, id: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        let mut spans = self.spans.lock().unwrap();
+        values.record(&mut spans[id.into_u64() as usize - 1]);
+    }
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, id: &tracing::span::Id) {
+        self.stack.lock().unwrap().push(id.into_u64());
+    }
+    fn exit(&self, _: &tracing::span::Id) {
+        self.stack.lock().unwrap().pop();
+    }
+}
+
+#[test]
+fn every_pass_and_verification_runs_in_a_span() {
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let dispatch = tracing::Dispatch::from(std::sync::Arc::clone(&recorder));
+    let result = tracing::dispatcher::with_default(&dispatch, || {
+        manager("noop,rename,fail", DumpOptions::default())
+            .run_with_output(Ir::Fusion(fusion()), &mut Vec::new())
+    });
+    assert_eq!(result.unwrap_err().pass(), Some("fail"));
+    let spans = recorder.spans.lock().unwrap().clone();
+
+    let pipeline: Vec<_> = spans.iter().filter(|s| s.name == "pipeline").collect();
+    assert_eq!(pipeline.len(), 1);
+    assert_eq!(pipeline[0].field("pipeline"), Some("noop,rename,fail"));
+    let pipeline_id = spans.iter().position(|s| s.name == "pipeline").unwrap() as u64 + 1;
+
+    let passes: Vec<_> = spans.iter().filter(|s| s.name == "pass").collect();
+    let seen: Vec<_> = passes
+        .iter()
+        .map(|s| {
+            (
+                s.field("pass").unwrap(),
+                s.field("index").unwrap(),
+                s.field("before").unwrap(),
+                s.field("after"),
+                s.field("changed"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("noop", "0", "fusion", Some("fusion"), Some("false")),
+            ("rename", "1", "fusion", Some("fusion"), Some("true")),
+            // A failing pass leaves no result to describe.
+            ("fail", "2", "fusion", None, None),
+        ]
+    );
+    assert!(passes.iter().all(|s| s.parent == Some(pipeline_id)));
+
+    // The input, then the output of each pass that succeeded.
+    let verify: Vec<_> = spans.iter().filter(|s| s.name == "verify").collect();
+    assert_eq!(verify.len(), 3);
+    for span in &verify {
+        assert_eq!(span.field("form"), Some("fusion"));
+        assert_eq!(span.field("valid"), Some("true"));
+    }
+    assert_eq!(verify[0].parent, Some(pipeline_id));
+    assert!(verify[1..].iter().all(|s| s.parent != Some(pipeline_id)));
 }

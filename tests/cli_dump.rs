@@ -1,0 +1,185 @@
+//! The `weave dump` command and `WEAVE_DUMP` end to end through the binary: the list of
+//! passes, dumps asked for by the environment with the flags adding to them, a dump
+//! directory, `weave run` dumping to stderr, and a `WEAVE_DUMP` that does not parse.
+
+use std::process::Command;
+
+/// Runs `weave ARGS` with `WEAVE_DUMP` set to `weave_dump` (unset for `None`); returns
+/// success, stdout and stderr.
+fn weave(args: &[&str], weave_dump: Option<&str>) -> (bool, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_weave"));
+    command.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    match weave_dump {
+        Some(value) => command.env("WEAVE_DUMP", value),
+        None => command.env_remove("WEAVE_DUMP"),
+    };
+    let out = command.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `IR Dump` header lines of `out`.
+fn headers(out: &str) -> Vec<&str> {
+    out.lines()
+        .filter(|l| l.starts_with("// -----// IR Dump"))
+        .collect()
+}
+
+const FUSION: &str = "tests/scenarios/row_parallel_linear.weave";
+
+const DEFAULT_PIPELINE: [&str; 8] = [
+    "propagate-shardings",
+    "decompose-reshardings",
+    "reorder-sharded-axis",
+    "finalize-multidevice-domains",
+    "segment",
+    "lower-to-host",
+    "assign-streams",
+    "allocate-and-deallocate",
+];
+
+#[test]
+fn list_passes_ends_with_the_default_pipeline() {
+    let (ok, out, err) = weave(&["dump", "--list-passes"], None);
+    assert!(ok, "{err}");
+    let names: Vec<&str> = out
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "propagate-shardings",
+            "decompose-reshardings",
+            "reorder-sharded-axis",
+            "finalize-multidevice-domains",
+            "segment",
+            "lower-to-host",
+            "lower-to-host-broadcast",
+            "assign-streams",
+            "assign-streams-separate-sync",
+            "allocate-and-deallocate",
+        ]
+    );
+    assert!(
+        out.ends_with(&format!(
+            "\ndefault pipeline: {}\n",
+            DEFAULT_PIPELINE.join(",")
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn weave_dump_selects_dumps_and_the_flags_add_to_it() {
+    let (ok, out, err) = weave(&["dump", FUSION, "--passes=default"], Some("after:all"));
+    assert!(ok, "{err}");
+    let expected: Vec<String> = DEFAULT_PIPELINE
+        .iter()
+        .map(|pass| {
+            let form = match *pass {
+                "segment" => "segmented fusion",
+                "lower-to-host" | "assign-streams" | "allocate-and-deallocate" => "host program",
+                _ => "fusion",
+            };
+            format!("// -----// IR Dump After {pass} ({form}) //----- //")
+        })
+        .collect();
+    assert_eq!(headers(&out), expected);
+    assert!(out.trim_end().ends_with("} // %HostIrContainer"), "{out}");
+
+    let (ok, out, err) = weave(
+        &[
+            "dump",
+            FUSION,
+            "--passes=propagate-shardings,segment",
+            "--print-before=segment",
+        ],
+        Some("after:propagate-shardings"),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        headers(&out),
+        [
+            "// -----// IR Dump After propagate-shardings (fusion) //----- //",
+            "// -----// IR Dump Before segment (fusion) //----- //",
+        ]
+    );
+
+    // Without --passes or a dump flag no pass runs, whatever WEAVE_DUMP says: the loaded
+    // fusion is printed.
+    for weave_dump in [None, Some("after:all")] {
+        let (ok, out, err) = weave(&["dump", FUSION], weave_dump);
+        assert!(ok, "{err}");
+        assert!(headers(&out).is_empty(), "{out}");
+        assert!(out.starts_with("Fusion row_parallel_linear("), "{out}");
+    }
+}
+
+#[test]
+fn weave_dump_dir_writes_a_file_after_every_pass() {
+    let dir = std::env::temp_dir().join(format!("weave-cli-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = format!("dir:{}", dir.display());
+    let (ok, out, err) = weave(&["dump", FUSION, "--passes=default"], Some(&spec));
+    assert!(ok, "{err}");
+    assert!(headers(&out).is_empty(), "{out}");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let expected: Vec<String> = DEFAULT_PIPELINE
+        .iter()
+        .enumerate()
+        .map(|(i, pass)| format!("{i:03}-{pass}.after.txt"))
+        .collect();
+    assert_eq!(files, expected);
+    let host = std::fs::read_to_string(dir.join("007-allocate-and-deallocate.after.txt")).unwrap();
+    assert!(host.contains("%HostIrContainer"), "{host}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn weave_run_dumps_to_stderr() {
+    let args = [
+        "run", FUSION, "--ranks", "2", "--set", "t=48", "--set", "h=8",
+    ];
+    let (ok, out, err) = weave(&args, Some("after:lower-to-host"));
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(
+        headers(&err),
+        ["// -----// IR Dump After lower-to-host (host program) //----- //"]
+    );
+    assert!(headers(&out).is_empty(), "{out}");
+    assert!(out.trim_end().ends_with("result: PASS"), "{out}");
+
+    let (ok, out, err) = weave(&args, None);
+    assert!(ok, "{out}\n{err}");
+    assert!(headers(&err).is_empty(), "{err}");
+}
+
+#[test]
+fn a_bad_weave_dump_fails_with_its_syntax() {
+    let syntax = "before:PASS|all, after:PASS|all, after-change, dir:PATH";
+    for args in [
+        &["dump", FUSION][..],
+        &[
+            "run", FUSION, "--ranks", "2", "--set", "t=48", "--set", "h=8",
+        ][..],
+    ] {
+        let (ok, out, err) = weave(args, Some("after"));
+        assert!(!ok, "{args:?}: {out}");
+        assert!(
+            err.contains("WEAVE_DUMP: `after` is not a dump item") && err.contains(syntax),
+            "{args:?}: {err}"
+        );
+        let (ok, _, err) = weave(args, Some("after:nope"));
+        assert!(!ok, "{args:?}");
+        assert!(err.contains("unknown pass `nope`"), "{args:?}: {err}");
+    }
+}
