@@ -6,7 +6,9 @@
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use streamweave::run::{compile_for_run, params_of};
 use weave_executor::meter::MeterBackend;
 use weave_executor::{run_rank, Dense, RunConfig};
