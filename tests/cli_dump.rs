@@ -90,7 +90,13 @@ fn weave_dump_selects_dumps_and_the_flags_add_to_it() {
         })
         .collect();
     assert_eq!(headers(&out), expected);
-    assert!(out.trim_end().ends_with("} // %HostIrContainer"), "{out}");
+    // Then the host program the pipeline leaves.
+    let last = out.rfind("// -----// IR Dump").unwrap();
+    assert_eq!(
+        out[last..].matches("} // %HostIrContainer").count(),
+        2,
+        "{out}"
+    );
 
     let (ok, out, err) = weave(
         &[

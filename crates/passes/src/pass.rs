@@ -6,6 +6,9 @@ use weave_segmenter::SegmentedFusion;
 
 /// The IR between two passes of a pipeline. A pass accepts one form and leaves one form;
 /// lowering passes are the ones that change the form.
+// An `Ir` moves once per pass and is never stored in bulk, so the size of its largest variant
+// costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Ir {
     /// A fusion, before segmentation.
