@@ -4,11 +4,12 @@
 //! # What a run does
 //!
 //! [`PassManager::run`] first checks every pass named in the dump options against the
-//! registry, then verifies its input, so that a failure is always the fault of one pass. For each pass in order it keeps a copy of the pass's input, runs the
-//! pass, and verifies the IR the pass leaves with the verifier of that IR's form
-//! ([`verify`]). A pass error or a verifier failure stops the run with a
-//! [`PipelineError::Pass`] that names the pass and its position, carries the verifier's
-//! message, and gives the path of a reproducer file. The manager never panics on a bad pass.
+//! registry, then verifies its input, so that a failure is always the fault of one pass. For
+//! each pass in order it keeps a copy of the pass's input, runs the pass, and verifies the IR
+//! the pass leaves with the verifier of that IR's form ([`verify`]). A pass error or a
+//! verifier failure stops the run with a [`PipelineError::Pass`] that names the pass and its
+//! position, carries the verifier's message, and gives the path of a reproducer file. The
+//! manager never panics on a bad pass.
 //!
 //! # Dumps
 //!
@@ -352,7 +353,7 @@ impl DumpFlags {
 /// Runs a pipeline of registered passes, verifying after each and dumping on request.
 #[derive(Debug)]
 pub struct PassManager {
-    /// Where pass names are looked up.
+    /// Where the pass names of the dump options are checked (the pipeline holds its passes).
     pub registry: Registry,
     /// The passes to run, in order.
     pub pipeline: Pipeline,
