@@ -751,31 +751,6 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// A communicator that benchmarks run programs with: NCCL, or NCCL with copy-engine
-/// allgathers and transfers.
-pub trait BenchComm: Communicator<Buffer = DeviceTensor, Stream = GpuStream> {
-    /// The NCCL communicator underneath (teams, asynchronous errors).
-    fn nccl(&self) -> &Nccl<DeviceTensor>;
-}
-
-impl BenchComm for Nccl<DeviceTensor> {
-    fn nccl(&self) -> &Nccl<DeviceTensor> {
-        self
-    }
-}
-
-impl BenchComm for PeerCopy<DeviceTensor> {
-    fn nccl(&self) -> &Nccl<DeviceTensor> {
-        self.inner()
-    }
-}
-
-impl BenchComm for IpcCopy<DeviceTensor> {
-    fn nccl(&self) -> &Nccl<DeviceTensor> {
-        self.inner()
-    }
-}
-
 /// How a compiled program is run in a benchmark.
 #[derive(Clone, Debug)]
 pub struct ProgramRun {
@@ -812,10 +787,11 @@ pub struct ProgramTiming {
     pub spans: Vec<weave_executor::Span>,
 }
 
-/// Runs `compiled` on `rank` with `comm` (the world's or one with other options): inputs filled from `seeds` (one per fusion input), `warmup`
-/// and `iters` timed runs, then one more run whose first output's `rows` are sampled.
+/// Runs `compiled` on `rank` with `comm` (the world's or one with other options, NCCL or the
+/// copy-engine communicator, its NCCL teams prepared): inputs filled from `seeds` (one per
+/// fusion input), `warmup` and `iters` timed runs, then one more run whose first output's `rows` are sampled.
 #[allow(clippy::too_many_arguments)]
-pub fn time_program<C: BenchComm>(
+pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     rank: &Rank,
     comm: &C,
     compiled: &Compiled,
@@ -826,9 +802,6 @@ pub fn time_program<C: BenchComm>(
     rows: &[usize],
 ) -> Result<ProgramTiming, JobError> {
     let backend = rank.backend_with(how.cuda.clone())?;
-    comm.nccl()
-        .prepare_teams(&program_teams(&compiled.program))
-        .map_err(err("teams"))?;
     let mut inputs = Vec::new();
     for (i, &t) in compiled.sharded.inputs().iter().enumerate() {
         let layout = Layout::of(&compiled.sharded, t)?;
@@ -999,6 +972,8 @@ pub fn run_program(
         ),
         None => rank.comm.clone(),
     };
+    comm.prepare_teams(&program_teams(&compiled.program))
+        .map_err(err("teams"))?;
     match engine {
         CopyEngine::Off => time_program(rank, &*comm, compiled, how, seeds, warmup, iters, rows),
         CopyEngine::Peer(hub) => {

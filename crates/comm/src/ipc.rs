@@ -2,7 +2,8 @@
 //! threads of one process: allgathers and point-to-point sends/receives pushed by the copy
 //! engines into receive windows that every rank shares with its peers, signalled by flags
 //! the GPUs write and wait on in stream order. The host never waits: a post only enqueues
-//! copies and flag operations. Every other operation goes to the wrapped NCCL communicator.
+//! copies and flag operations. This is the [`IpcTransport`] of the copy-engine communicator
+//! ([`crate::copy`]), which hands every other operation to the wrapped NCCL communicator.
 //!
 //! Each rank allocates one [`SharedRegion`] at set-up and hands its IPC handle to every peer
 //! (through any all-gather of bytes: the launcher's TCP store, say); each peer maps it once.
@@ -37,10 +38,10 @@ use std::time::Duration;
 
 use weave_cuda::{Gpu, GpuStream, PeerRegion, SharedRegion, IPC_HANDLE_BYTES};
 
-use crate::communicator::{Collective, Communicator, P2p};
+use crate::communicator::Communicator;
+use crate::copy::{copy_error, CopyComm, CopyTransport, Transfers};
 use crate::error::CommError;
 use crate::nccl::{DeviceBuffer, Nccl};
-use crate::peer::{copy_error, post_collective, post_group, Transfers};
 
 /// The receive windows' shape: the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -394,14 +395,13 @@ fn check_cards(cards: &[Option<Card>], layout: &WindowLayout) -> Result<(), Stri
     Ok(())
 }
 
-/// An NCCL communicator whose allgathers and point-to-point transfers are pushed by the copy
-/// engines through shared receive windows (see the module documentation).
+/// Pushes by the copy engines through shared receive windows (see the module documentation):
+/// the [`CopyTransport`] of [`IpcCopy`].
 ///
 /// Lanes are keyed by stream handle: keep every stream that posts alive as long as the
-/// communicator (a destroyed stream's handle may come back for another stream, on one rank
-/// and not the others).
-pub struct IpcCopy<B> {
-    inner: Arc<Nccl<B>>,
+/// transport (a destroyed stream's handle may come back for another stream, on one rank and
+/// not the others).
+pub struct IpcTransport {
     gpu: Gpu,
     layout: WindowLayout,
     /// This rank's region.
@@ -414,19 +414,42 @@ pub struct IpcCopy<B> {
     lanes: std::sync::Mutex<(Vec<usize>, PieceCounts)>,
 }
 
-impl<B: DeviceBuffer> IpcCopy<B> {
-    /// Sets up the windows of this rank of `inner` (on `gpu`) and maps every peer's.
-    /// `all_gather` hands this rank's set-up message to every rank and returns all of them in
-    /// rank order (every rank calls `connect` collectively); ranks of other processes must be
-    /// on this host, ranks of this process on GPUs with peer access.
+/// An NCCL communicator whose allgathers and point-to-point transfers are pushed by the copy
+/// engines through shared receive windows.
+pub type IpcCopy<B> = CopyComm<IpcTransport, Nccl<B>>;
+
+impl<B: DeviceBuffer> CopyComm<IpcTransport, Nccl<B>> {
+    /// Sets up the windows of this rank of `inner` (on `gpu`) and maps every peer's (see
+    /// [`IpcTransport::connect`]).
     pub fn connect(
         inner: Arc<Nccl<B>>,
         gpu: Gpu,
         options: IpcOptions,
         all_gather: impl FnOnce(Vec<u8>) -> Result<Vec<Vec<u8>>, CommError>,
     ) -> Result<IpcCopy<B>, CommError> {
-        let me = inner.rank();
-        let n = inner.size();
+        let transport =
+            IpcTransport::connect(inner.rank(), inner.size(), gpu, options, all_gather)?;
+        Ok(CopyComm::with_transport(inner, transport))
+    }
+
+    /// The windows' shape.
+    pub fn layout(&self) -> &WindowLayout {
+        self.transport().layout()
+    }
+}
+
+impl IpcTransport {
+    /// Sets up the windows of rank `me` of `n` (on `gpu`) and maps every peer's.
+    /// `all_gather` hands this rank's set-up message to every rank and returns all of them in
+    /// rank order (every rank calls `connect` collectively); ranks of other processes must be
+    /// on this host, ranks of this process on GPUs with peer access.
+    pub fn connect(
+        me: usize,
+        n: usize,
+        gpu: Gpu,
+        options: IpcOptions,
+        all_gather: impl FnOnce(Vec<u8>) -> Result<Vec<Vec<u8>>, CommError>,
+    ) -> Result<IpcTransport, CommError> {
         let setup = |message: String| {
             CommError::Bootstrap(format!("rank {me}: copy-engine windows: {message}"))
         };
@@ -476,8 +499,7 @@ impl<B: DeviceBuffer> IpcCopy<B> {
                 mapped.push(Some(region));
             }
         }
-        Ok(IpcCopy {
-            inner,
+        Ok(IpcTransport {
             gpu,
             layout,
             region,
@@ -487,20 +509,28 @@ impl<B: DeviceBuffer> IpcCopy<B> {
         })
     }
 
-    /// The wrapped communicator.
-    pub fn inner(&self) -> &Arc<Nccl<B>> {
-        &self.inner
-    }
-
     /// The windows' shape.
     pub fn layout(&self) -> &WindowLayout {
         &self.layout
     }
+}
 
-    /// Enqueues `t` on `stream`.
-    fn transfer(&self, label: &str, t: &Transfers, stream: &GpuStream) -> Result<(), CommError> {
-        t.copy_local(&self.gpu, stream)?;
-        let me = self.inner.rank();
+impl CopyTransport for IpcTransport {
+    type Stream = GpuStream;
+
+    /// Enqueues `t` on `stream`: every wait is a GPU-side flag wait, so `timeout` is not
+    /// used here (the executor's host wait on the stream bounds it).
+    fn transfer(
+        &self,
+        me: usize,
+        label: &str,
+        t: &Transfers,
+        stream: &GpuStream,
+        _timeout: Duration,
+    ) -> Result<(), CommError> {
+        for &(dst, src, bytes) in &t.local {
+            self.gpu.copy(dst, src, bytes, stream)?;
+        }
         let (lane, steps) = {
             let mut guard = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
             let (streams, counts) = &mut *guard;
@@ -569,44 +599,6 @@ impl<B: DeviceBuffer> IpcCopy<B> {
             }
         }
         Ok(())
-    }
-}
-
-impl<B: DeviceBuffer + Clone> Communicator for IpcCopy<B> {
-    type Buffer = B;
-    type Stream = GpuStream;
-
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-
-    fn timeout(&self) -> Duration {
-        self.inner.timeout()
-    }
-
-    fn post(&self, collective: Collective<B>, stream: &GpuStream) -> Result<(), CommError> {
-        post_collective(&self.inner, collective, stream, |label, t| {
-            self.transfer(label, t, stream)
-        })
-    }
-
-    fn post_p2p(
-        &self,
-        label: String,
-        ops: Vec<P2p<B>>,
-        stream: &GpuStream,
-    ) -> Result<(), CommError> {
-        post_group(&self.inner, label, ops, stream, |label, t| {
-            self.transfer(label, t, stream)
-        })
-    }
-
-    fn abort(&self, reason: &str) {
-        self.inner.abort(reason);
     }
 }
 

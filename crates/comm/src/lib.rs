@@ -11,13 +11,15 @@
 //! * [`nccl`]: `Nccl`, one NCCL communicator per rank (plus one per team that needs its
 //!   own), collectives and point-to-point groups posted on the caller's stream, every wait
 //!   bounded by a timeout;
-//! * [`peer`]: `PeerCopy`, an `Nccl` whose allgathers and point-to-point transfers between
-//!   the GPUs of one process are copy-engine peer copies (no SMs taken from the GEMMs they
-//!   overlap), pulled by the receiver and ordered by events on both sides;
-//! * [`ipc`]: `IpcCopy`, an `Nccl` whose allgathers and point-to-point transfers are pushed
-//!   by the copy engines into receive windows that ranks share through CUDA IPC handles
-//!   (ranks in different processes of one host, or threads), signalled by flags the GPUs
-//!   write and wait on: no host waits, and replayable from a CUDA graph;
+//! * [`copy`]: `CopyComm`, the copy-engine communicator: an `Nccl` whose allgathers and
+//!   point-to-point transfers over contiguous buffers go through a [`CopyTransport`] (the
+//!   copy engines, no SMs taken from the GEMMs they overlap), everything else through NCCL;
+//! * [`peer`]: `PeerTransport` and `PeerCopy`, peer copies between the GPUs of one process,
+//!   pulled by the receiver and ordered by events on both sides;
+//! * [`ipc`]: `IpcTransport` and `IpcCopy`, pushes into receive windows that ranks share
+//!   through CUDA IPC handles (ranks in different processes of one host, or threads),
+//!   signalled by flags the GPUs write and wait on: no host waits, and replayable from a CUDA
+//!   graph;
 //! * [`bootstrap`]: rank and world size from launcher variables (torchrun, Open MPI, PMI,
 //!   Slurm), and a TCP store through which rank 0 hands out the NCCL unique id (and ranks
 //!   all-gather set-up messages).
@@ -29,6 +31,7 @@
 
 pub mod bootstrap;
 pub mod communicator;
+pub mod copy;
 pub mod dtype;
 pub mod error;
 pub mod host;
@@ -39,10 +42,11 @@ pub mod peer;
 
 pub use bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 pub use communicator::{Collective, CommOp, Communicator, P2p, Task, TaskQueue};
+pub use copy::{CopyComm, CopyTransport, Transfers};
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;
 pub use host::HostView;
-pub use ipc::{IpcCopy, IpcOptions};
+pub use ipc::{IpcCopy, IpcOptions, IpcTransport};
 pub use local::{Local, LocalWorld};
 pub use nccl::{DeviceBuffer, Nccl, NcclId, NcclOptions};
-pub use peer::{PeerCopy, PeerHub};
+pub use peer::{PeerCopy, PeerHub, PeerTransport};

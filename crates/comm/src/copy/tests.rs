@@ -1,0 +1,298 @@
+//! The copy-engine communicator on the CPU: which operations its transport takes and which
+//! go to the wrapped communicator, over buffers at made-up addresses.
+
+use std::sync::Mutex;
+
+use super::*;
+use crate::DataType;
+
+/// A device buffer by address only.
+#[derive(Clone, Debug)]
+struct Buf {
+    ptr: u64,
+    len: usize,
+    contiguous: bool,
+}
+
+impl DeviceBuffer for Buf {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn data_type(&self) -> DataType {
+        DataType::Bf16
+    }
+    fn is_contiguous(&self) -> bool {
+        self.contiguous
+    }
+}
+
+fn buf(ptr: u64, len: usize) -> Buf {
+    Buf {
+        ptr,
+        len,
+        contiguous: true,
+    }
+}
+
+fn strided(ptr: u64, len: usize) -> Buf {
+    Buf {
+        contiguous: false,
+        ..buf(ptr, len)
+    }
+}
+
+#[test]
+fn sends_to_itself_must_meet_receives_of_the_same_sizes() {
+    assert_eq!(pair_self(&[8, 16], &[8, 16]), Ok(()));
+    assert_eq!(
+        pair_self(&[8], &[]).unwrap_err(),
+        "1 send(s) to itself but 0 receive(s) from itself"
+    );
+    assert_eq!(
+        pair_self(&[8], &[4]).unwrap_err(),
+        "it sends itself 8 bytes but receives 4"
+    );
+}
+
+#[test]
+fn an_allgather_sends_its_input_and_receives_each_block_in_team_order() {
+    // Rank 2 of team [3, 2, 0]: 100 bf16 elements (200 bytes) each.
+    let gather = |input: Buf, output: Buf| Collective {
+        label: "ag".into(),
+        team: vec![3, 2, 0],
+        op: CommOp::Allgather { input, output },
+    };
+    let t = allgather_transfers(2, &gather(buf(0x100, 100), buf(0x1000, 300))).unwrap();
+    assert_eq!(t.local, vec![(0x1000 + 200, 0x100, 200)]);
+    assert_eq!(t.sends, vec![(3, 0x100, 200), (0, 0x100, 200)]);
+    assert_eq!(t.recvs, vec![(3, 0x1000, 200), (0, 0x1000 + 400, 200)]);
+    assert_eq!(t.bytes(), 5 * 200);
+    // Outside the team, a strided buffer or an output of the wrong size: NCCL moves it.
+    assert!(allgather_transfers(1, &gather(buf(0, 100), buf(0, 300))).is_none());
+    assert!(allgather_transfers(2, &gather(strided(0, 100), buf(0, 300))).is_none());
+    assert!(allgather_transfers(2, &gather(buf(0, 100), buf(0, 200))).is_none());
+}
+
+#[test]
+fn a_group_pairs_sends_to_itself_with_receives_from_itself() {
+    let ops = vec![
+        P2p::Send {
+            peer: 1,
+            buffer: buf(0x10, 4),
+        },
+        P2p::Send {
+            peer: 0,
+            buffer: buf(0x20, 8),
+        },
+        P2p::Recv {
+            peer: 0,
+            buffer: buf(0x30, 8),
+        },
+        P2p::Recv {
+            peer: 2,
+            buffer: buf(0x40, 4),
+        },
+    ];
+    let t = p2p_transfers(0, &ops).unwrap().unwrap();
+    assert_eq!(t.local, vec![(0x30, 0x20, 16)]);
+    assert_eq!(t.sends, vec![(1, 0x10, 8)]);
+    assert_eq!(t.recvs, vec![(2, 0x40, 8)]);
+    let unmatched = vec![P2p::Send {
+        peer: 0,
+        buffer: buf(0x20, 8),
+    }];
+    assert_eq!(
+        p2p_transfers(0, &unmatched).unwrap_err(),
+        "1 send(s) to itself but 0 receive(s) from itself"
+    );
+    let strided = vec![P2p::Recv {
+        peer: 1,
+        buffer: strided(0, 4),
+    }];
+    assert!(p2p_transfers(0, &strided).unwrap().is_none());
+}
+
+/// What the fake communicator and transport saw, in order.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// The wrapped communicator got a collective (its label).
+    Post(String),
+    /// The wrapped communicator got a group (its label).
+    Group(String),
+    /// The transport moved these transfers of rank `me` for `label`.
+    Moved {
+        me: usize,
+        label: String,
+        transfers: Transfers,
+    },
+    Aborted(String),
+    TransportAborted,
+}
+
+#[derive(Default)]
+struct Log(Mutex<Vec<Seen>>);
+
+impl Log {
+    fn push(&self, seen: Seen) {
+        self.0.lock().unwrap().push(seen);
+    }
+    fn take(&self) -> Vec<Seen> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// Rank 1 of 3, recording what it is asked to post.
+struct Fallback(Arc<Log>);
+
+impl Communicator for Fallback {
+    type Buffer = Buf;
+    type Stream = ();
+
+    fn rank(&self) -> usize {
+        1
+    }
+    fn size(&self) -> usize {
+        3
+    }
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(7)
+    }
+    fn post(&self, collective: Collective<Buf>, _: &()) -> Result<(), CommError> {
+        self.0.push(Seen::Post(collective.label));
+        Ok(())
+    }
+    fn post_p2p(&self, label: String, _: Vec<P2p<Buf>>, _: &()) -> Result<(), CommError> {
+        self.0.push(Seen::Group(label));
+        Ok(())
+    }
+    fn abort(&self, reason: &str) {
+        self.0.push(Seen::Aborted(reason.to_string()));
+    }
+}
+
+/// A transport that records what it would move, and checks the timeout it is given.
+struct Recorder(Arc<Log>);
+
+impl CopyTransport for Recorder {
+    type Stream = ();
+
+    fn transfer(
+        &self,
+        me: usize,
+        label: &str,
+        t: &Transfers,
+        _: &(),
+        timeout: Duration,
+    ) -> Result<(), CommError> {
+        assert_eq!(timeout, Duration::from_secs(7));
+        self.0.push(Seen::Moved {
+            me,
+            label: label.to_string(),
+            transfers: t.clone(),
+        });
+        Ok(())
+    }
+
+    fn abort(&self) {
+        self.0.push(Seen::TransportAborted);
+    }
+}
+
+#[test]
+fn the_transport_takes_contiguous_allgathers_and_groups_and_the_rest_goes_to_the_inner_communicator(
+) {
+    let log = Arc::new(Log::default());
+    let comm = CopyComm::with_transport(Arc::new(Fallback(log.clone())), Recorder(log.clone()));
+    assert_eq!(
+        (comm.rank(), comm.size(), comm.timeout()),
+        (1, 3, Duration::from_secs(7))
+    );
+    let post = |label: &str, op: CommOp<Buf>| {
+        comm.post(
+            Collective {
+                label: label.into(),
+                team: vec![0, 1, 2],
+                op,
+            },
+            &(),
+        )
+    };
+    post(
+        "ag",
+        CommOp::Allgather {
+            input: buf(0x100, 4),
+            output: buf(0x1000, 12),
+        },
+    )
+    .unwrap();
+    post(
+        "strided ag",
+        CommOp::Allgather {
+            input: strided(0x100, 4),
+            output: buf(0x1000, 12),
+        },
+    )
+    .unwrap();
+    post(
+        "ar",
+        CommOp::Allreduce {
+            input: buf(0x100, 4),
+            output: buf(0x100, 4),
+            op: crate::RedOp::Sum,
+        },
+    )
+    .unwrap();
+    let send = |peer, buffer| P2p::Send { peer, buffer };
+    let recv = |peer, buffer| P2p::Recv { peer, buffer };
+    comm.post_p2p(
+        "ring".into(),
+        vec![send(2, buf(0x200, 2)), recv(0, buf(0x300, 2))],
+        &(),
+    )
+    .unwrap();
+    comm.post_p2p("strided".into(), vec![send(2, strided(0x200, 2))], &())
+        .unwrap();
+    let error = comm
+        .post_p2p("lonely".into(), vec![send(1, buf(0x200, 2))], &())
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        CommError::Backend {
+            op: "lonely".into(),
+            message: "rank 1: 1 send(s) to itself but 0 receive(s) from itself".into(),
+        }
+        .to_string()
+    );
+    comm.abort("stop");
+    assert_eq!(
+        log.take(),
+        vec![
+            Seen::Moved {
+                me: 1,
+                label: "ag".into(),
+                transfers: Transfers {
+                    local: vec![(0x1000 + 8, 0x100, 8)],
+                    sends: vec![(0, 0x100, 8), (2, 0x100, 8)],
+                    recvs: vec![(0, 0x1000, 8), (2, 0x1000 + 16, 8)],
+                },
+            },
+            Seen::Post("strided ag".into()),
+            Seen::Post("ar".into()),
+            Seen::Moved {
+                me: 1,
+                label: "ring".into(),
+                transfers: Transfers {
+                    local: vec![],
+                    sends: vec![(2, 0x200, 4)],
+                    recvs: vec![(0, 0x300, 4)],
+                },
+            },
+            Seen::Group("strided".into()),
+            Seen::TransportAborted,
+            Seen::Aborted("stop".into()),
+        ]
+    );
+}
