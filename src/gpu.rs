@@ -268,9 +268,14 @@ fn run_threads_with(
     }
 }
 
-/// This process's place in a launched world, if it was started as one.
+/// This process's place in a launched world, if it was started as one: the launcher's
+/// variables read from this process's environment (a value that is not UTF-8 is read lossily,
+/// so that it is reported as malformed rather than ignored).
 pub fn launch_env() -> Result<Option<LaunchEnv>, RunError> {
-    LaunchEnv::detect().map_err(|e| RunError::Setup(e.to_string()))
+    LaunchEnv::from_lookup(|name| {
+        std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+    })
+    .map_err(|e| RunError::Setup(e.to_string()))
 }
 
 /// What rank 0 of a launched world learns: every rank's run (outputs and timings; spans and

@@ -2,7 +2,7 @@
 //! small TCP key-value store through which the ranks exchange the NCCL unique id and collect
 //! per-rank results.
 //!
-//! * [`LaunchEnv`] reads the variables set by torchrun, Open MPI, MPICH/Intel MPI (PMI) or
+//! * [`LaunchEnv`] reads (through a lookup its caller passes) the variables set by torchrun, Open MPI, MPICH/Intel MPI (PMI) or
 //!   Slurm, in that order of precedence; none of them set means a single process.
 //! * [`TcpStore`]: rank 0 serves a key-value map on `MASTER_ADDR:MASTER_PORT`, the other
 //!   ranks connect to it (retrying until the timeout, since rank 0 may start later). `get`
@@ -110,7 +110,10 @@ fn number(name: &str, value: &str) -> Result<usize, CommError> {
 
 impl LaunchEnv {
     /// Reads the launch description through `get` (a variable's value, or `None` when it is
-    /// not set).
+    /// not set). The library never reads the process environment itself: a program passes
+    /// a lookup into it (`|name| std::env::var(name).ok()`, or one that reads values that are
+    /// not UTF-8 lossily so they are reported as malformed rather than ignored), a test a
+    /// map.
     ///
     /// The first launcher whose rank variable is set wins: torchrun (`RANK`, `WORLD_SIZE`,
     /// `LOCAL_RANK`, `LOCAL_WORLD_SIZE`), Open MPI (`OMPI_COMM_WORLD_RANK`, `…_SIZE`,
@@ -122,7 +125,9 @@ impl LaunchEnv {
     ///
     /// `Ok(None)` when no launcher variable is set: a single process. A malformed or
     /// inconsistent value is a [`CommError::Bootstrap`] naming the variable and its value.
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>, CommError> {
+    pub fn from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<LaunchEnv>, CommError> {
         let Some((convention, rank_value)) = CONVENTIONS
             .iter()
             .find_map(|c| get(c.rank).map(|value| (c, value)))
@@ -216,15 +221,6 @@ impl LaunchEnv {
             master_port,
             source: convention.source,
         }))
-    }
-
-    /// Reads the launch description from this process's environment (see
-    /// [`LaunchEnv::from_vars`]). A value that is not valid UTF-8 is read lossily, so that it
-    /// is reported as malformed rather than ignored.
-    pub fn detect() -> Result<Option<LaunchEnv>, CommError> {
-        LaunchEnv::from_vars(|name| {
-            std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
-        })
     }
 
     /// The GPU this process should use: its local rank.
@@ -504,6 +500,7 @@ impl TcpStore {
 
     /// The value of `key`, waiting at most `timeout` for some rank to set it.
     pub fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, CommError> {
+        let _span = tracing::debug_span!("store_wait", key).entered();
         check_sizes(key, 0).map_err(|e| self.failed("get", key, e))?;
         let timed_out = || {
             bootstrap(format!(

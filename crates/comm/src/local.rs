@@ -135,6 +135,14 @@ impl Communicator for Local {
     ) -> Result<(), CommError> {
         let Collective { label, team, op } = collective;
         let rank = self.rank;
+        let _span = tracing::debug_span!(
+            "local_post",
+            rank,
+            op = op.name(),
+            label = %label,
+            team = ?team,
+        )
+        .entered();
         let Some(index) = team.iter().position(|&r| r == rank) else {
             return Err(CommError::NotInTeam {
                 rank,
@@ -177,6 +185,14 @@ impl Communicator for Local {
         stream: &dyn TaskQueue,
     ) -> Result<(), CommError> {
         let rank = self.rank;
+        let _span = tracing::debug_span!(
+            "local_post",
+            rank,
+            op = "p2p",
+            label = %label,
+            transfers = ops.len(),
+        )
+        .entered();
         let Some(counters) = self.shared.counters.get(rank) else {
             return Err(mismatch(&label, rank, self.shared.outside(rank)));
         };
@@ -563,6 +579,7 @@ impl Shared {
         rank: usize,
         mut poll: impl FnMut(&mut State) -> Poll<T>,
     ) -> (MutexGuard<'a, State>, Result<T, CommError>) {
+        let _span = tracing::debug_span!("local_wait", rank, label).entered();
         let deadline = Instant::now().checked_add(self.timeout);
         loop {
             let missing = match poll(&mut state) {

@@ -127,6 +127,7 @@ impl<B> Nccl<B> {
         id: &NcclId,
         options: NcclOptions,
     ) -> Result<Nccl<B>, CommError> {
+        let _span = tracing::debug_span!("nccl_init", rank, world).entered();
         let what = format!("NCCL init of rank {rank} of {world}");
         if world == 0 || rank >= world || i32::try_from(world).is_err() {
             return Err(CommError::Bootstrap(format!(
@@ -229,6 +230,7 @@ impl<B> Nccl<B> {
     pub fn prepare_teams(&self, teams: &[Vec<usize>]) -> Result<(), CommError> {
         const WHAT: &str = "prepare_teams";
         let rank = self.rank;
+        let _span = tracing::debug_span!("nccl_prepare_teams", rank, teams = teams.len()).entered();
         let mut comms = self.lock_live(WHAT)?;
         let plan = TeamPlan::new(self.world, teams, &comms.prepared)
             .map_err(|detail| mismatch(WHAT, rank, detail))?;
@@ -375,6 +377,8 @@ impl<B> Nccl<B> {
     /// Polls `comms` until none is in progress, failing on an NCCL error, after the
     /// timeout (counted from `start`), or when the rank is aborted meanwhile.
     fn poll(&self, comms: &[sys::ncclComm_t], start: Instant) -> Result<(), Stop> {
+        let _span =
+            tracing::debug_span!("nccl_wait", rank = self.rank, comms = comms.len()).entered();
         let mut pending: Vec<sys::ncclComm_t> = comms.to_vec();
         let mut pause = weave_cuda::Backoff::new();
         loop {
@@ -581,6 +585,15 @@ impl<B: DeviceBuffer> Communicator for Nccl<B> {
         check_team(&team, self.world).map_err(|detail| mismatch(&label, rank, detail))?;
         let plan =
             plan_collective(&op, index, team.len()).map_err(|d| mismatch(&label, rank, d))?;
+        let _span = tracing::debug_span!(
+            "nccl_post",
+            rank,
+            op = op.name(),
+            label = %label,
+            team = ?team,
+            bytes = plan.bytes(),
+        )
+        .entered();
         self.check_stream(&label, stream)?;
         let mut comms = self.lock_live(&label)?;
         let comm = match TeamRoute::of(&team, self.world) {
@@ -615,6 +628,15 @@ impl<B: DeviceBuffer> Communicator for Nccl<B> {
         if ops.is_empty() {
             return Ok(());
         }
+        let _span = tracing::debug_span!(
+            "nccl_post",
+            rank,
+            op = "p2p",
+            label = %label,
+            transfers = ops.len(),
+            bytes = plan.bytes(),
+        )
+        .entered();
         self.check_stream(&label, stream)?;
         let mut comms = self.lock_live(&label)?;
         let comm = comms.world.as_ref().map(|c| c.0);

@@ -87,6 +87,20 @@ impl Call {
             | Call::Recv { count, .. } => *count,
         }
     }
+
+    /// The bytes of the call's `count` elements (for traces; saturating).
+    fn bytes(&self) -> usize {
+        let dtype = match self {
+            Call::AllGather { dtype, .. }
+            | Call::AllReduce { dtype, .. }
+            | Call::ReduceScatter { dtype, .. }
+            | Call::Broadcast { dtype, .. }
+            | Call::Reduce { dtype, .. }
+            | Call::Send { dtype, .. }
+            | Call::Recv { dtype, .. } => *dtype,
+        };
+        self.count().saturating_mul(dtype.size())
+    }
 }
 
 /// A device-to-device copy on the posting stream.
@@ -111,6 +125,14 @@ impl Plan {
     /// axis, so every member drops the same calls and nothing waits for a missing partner.
     fn drop_empty_calls(&mut self) {
         self.calls.retain(|c| c.count() > 0);
+    }
+
+    /// The bytes this member's calls and copies move, as traces report them: each call's
+    /// element count (per member, as NCCL counts it) in bytes, plus the copies.
+    pub(super) fn bytes(&self) -> usize {
+        let calls = self.calls.iter().map(Call::bytes);
+        let copies = self.copies.iter().map(|c| c.bytes);
+        calls.chain(copies).fold(0, usize::saturating_add)
     }
 
     pub(super) fn grouped(&self) -> bool {
