@@ -482,11 +482,15 @@ impl GpuStream {
 
     /// Makes this stream wait for `event` without blocking the host.
     pub fn wait(&self, event: &CudaEvent) -> Result<(), CudaError> {
+        let _span =
+            tracing::trace_span!("stream_wait_event", device = self.gpu.ordinal()).entered();
         self.stream.wait(event).map_err(driver("cuStreamWaitEvent"))
     }
 
     /// Blocks the host until the work enqueued so far is done, for at most `timeout`.
     pub fn synchronize_timeout(&self, timeout: Duration) -> Result<(), CudaError> {
+        let _span =
+            tracing::debug_span!("stream_synchronize", device = self.gpu.ordinal()).entered();
         let event = self.gpu.new_event(false)?;
         self.record(&event)?;
         wait_event(&event, timeout, || None)
@@ -501,6 +505,8 @@ pub fn wait_event(
     timeout: Duration,
     mut check: impl FnMut() -> Option<CudaError>,
 ) -> Result<(), CudaError> {
+    let _span =
+        tracing::debug_span!("wait_event", timeout_ms = timeout.as_millis() as u64).entered();
     let start = Instant::now();
     let mut backoff = Backoff::new();
     loop {

@@ -184,6 +184,13 @@ impl GpuStream {
     /// into this process) once the work enqueued on this stream so far is done; the write
     /// comes after a memory fence, so whoever sees the value also sees that work's writes.
     pub fn write_value(&self, addr: sys::CUdeviceptr, value: u32) -> Result<(), CudaError> {
+        let _span = tracing::trace_span!(
+            "stream_write_value",
+            device = self.gpu().ordinal(),
+            addr,
+            value
+        )
+        .entered();
         self.gpu().bind()?;
         // SAFETY: callers pass the address of a live, 4-byte aligned word; the stream is
         // live.
@@ -196,6 +203,13 @@ impl GpuStream {
     /// the cyclic order `(i32)(word - value) >= 0` (wrapping counters work). The wait runs
     /// on the GPU: the host goes on at once.
     pub fn wait_value(&self, addr: sys::CUdeviceptr, value: u32) -> Result<(), CudaError> {
+        let _span = tracing::trace_span!(
+            "stream_wait_value",
+            device = self.gpu().ordinal(),
+            addr,
+            value
+        )
+        .entered();
         self.gpu().bind()?;
         // SAFETY: callers pass the address of a live, 4-byte aligned word; the stream is
         // live.

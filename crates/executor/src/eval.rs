@@ -83,11 +83,28 @@ where
     B: Backend,
     C: Communicator<Buffer = B::Buffer, Stream = B::CommStream>,
 {
+    let span = run_span(program, comm.rank(), comm.size());
+    let _entered = span.enter();
     let result = Evaluator::new(program, backend, comm, config).and_then(|mut e| e.run(inputs));
-    if let Err(e) = &result {
-        comm.abort(&e.to_string());
+    match &result {
+        Ok(run) => {
+            span.record("issued", run.statements);
+        }
+        Err(e) => comm.abort(&e.to_string()),
     }
     result
+}
+
+/// The span of one run of `program` by `rank` of `world`: `statements` counts the program's
+/// statements, `issued` (recorded at the end) those issued, a loop body once per iteration.
+fn run_span(program: &HostProgram, rank: usize, world: usize) -> tracing::Span {
+    tracing::debug_span!(
+        "run_rank",
+        rank,
+        world,
+        statements = program.stmts.len(),
+        issued = tracing::field::Empty,
+    )
 }
 
 /// What [`run_rank_buffers`] leaves: the outputs, still on the device, and the host's cost.
@@ -126,11 +143,16 @@ where
         .map(|b| (backend.dtype(b), backend.sizes(b)))
         .collect();
     let given: Vec<(DType, &[usize])> = shapes.iter().map(|(d, s)| (*d, s.as_slice())).collect();
+    let span = run_span(program, comm.rank(), comm.size());
+    let _entered = span.enter();
     let result = check_signature(program, &given, &config, comm.rank(), comm.size())
         .and_then(|()| Evaluator::new(program, backend, comm, &config))
         .and_then(|mut e| e.issue(inputs));
-    if let Err(e) = &result {
-        comm.abort(&e.to_string());
+    match &result {
+        Ok(run) => {
+            span.record("issued", run.statements);
+        }
+        Err(e) => comm.abort(&e.to_string()),
     }
     result
 }
@@ -514,6 +536,7 @@ where
         };
         self.statements += 1;
         let label = self.label(id);
+        let _span = tracing::trace_span!("statement", label = %label).entered();
         let here = Agent::Stream(self.current);
         match stmt {
             Stmt::Allocate { tensor, zero_init } => {
