@@ -37,6 +37,11 @@ pub struct BundleArgs {
     /// replaced when it holds an earlier bundle. Default: target/gpu-bundle.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Build with these features of the root package instead of its defaults: the CUDA and
+    /// NCCL versions of the GPU machine, e.g. `cuda-12080,nccl-02027` (one of each; default
+    /// `cuda-13000,nccl-02028`).
+    #[arg(long, value_name = "LIST")]
+    features: Option<String>,
 }
 
 /// One executable to build: the cargo subcommand and target selection, the target's name
@@ -92,6 +97,15 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
         });
     }
 
+    if let Some(features) = &args.features {
+        for build in &mut builds {
+            build.cargo_args.extend([
+                "--no-default-features".to_string(),
+                "--features".to_string(),
+                features.clone(),
+            ]);
+        }
+    }
     let mut executables = Vec::new();
     for build in &builds {
         let exe = cargo_build(&root, build)?;

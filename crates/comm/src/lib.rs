@@ -24,6 +24,17 @@
 //!   Slurm), and a TCP store through which rank 0 hands out the NCCL unique id (and ranks
 //!   all-gather set-up messages).
 //!
+//! # CUDA and NCCL versions
+//!
+//! The NCCL bindings follow one NCCL version, chosen by exactly one feature: `nccl-02028`
+//! (NCCL 2.28, the default), or `nccl-02024` … `nccl-02027`, `nccl-02029`,
+//! `nccl-02030`, forwarded to cudarc; the `ncclConfig_t` a rank builds has the fields of that
+//! version (a newer loaded library keeps its defaults for the fields that layout lacks; the
+//! library must be 2.18 or newer, which loading checks). The CUDA version is a
+//! feature too (`cuda-13000` by default, `cuda-12080`, …), forwarded to `weave-cuda`: a
+//! CUDA 12.8 machine with NCCL 2.27 builds with `--no-default-features --features
+//! cuda-12080,nccl-02027`.
+//!
 //! Architecture Invariant: weave-comm knows nothing of fusions, host programs or passes; it
 //! moves buffers between ranks. It depends on `weave-cuda` for devices and streams and on
 //! nothing above it; its element types and reduction operators are its own ([`DataType`],

@@ -20,6 +20,16 @@
 //! [`CudaError::Unavailable`] otherwise: a machine without CUDA builds and runs everything
 //! else, and a missing library is an error, never a panic.
 //!
+//! # CUDA versions
+//!
+//! cudarc's bindings follow one CUDA toolkit version, chosen by exactly one feature of this
+//! crate: `cuda-13000` (CUDA 13.0, the default), or `cuda-12000`, `cuda-12010`, …,
+//! `cuda-12090`, `cuda-13010`, …, `cuda-13040`, forwarded to cudarc. The libraries are
+//! loaded at run time, so the choice only has to match the driver API the code may call: a
+//! machine with CUDA 12.8 builds with `--no-default-features --features cuda-12080`.
+//! `weave-comm`, `weave-executor` and `streamweave` forward the same features (with NCCL's,
+//! see `weave-comm`); two versions at once do not build.
+//!
 //! Architecture Invariant: weave-cuda knows nothing of fusions, host programs or passes; it
 //! exposes device resources to `weave-comm` and `weave-executor`. It and `weave-comm` (for
 //! NCCL) are the only crates that bind CUDA libraries directly, and both must always compile:

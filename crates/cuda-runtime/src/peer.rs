@@ -75,7 +75,21 @@ impl Gpu {
         let access = sys::CUmemAccessDesc {
             location: sys::CUmemLocation {
                 type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                // From CUDA 13.2 the device id is a member of a union.
+                #[cfg(not(any(
+                    feature = "cuda-13020",
+                    feature = "cuda-13030",
+                    feature = "cuda-13040"
+                )))]
                 id: self.context().cu_device(),
+                #[cfg(any(
+                    feature = "cuda-13020",
+                    feature = "cuda-13030",
+                    feature = "cuda-13040"
+                ))]
+                __bindgen_anon_1: sys::CUmemLocation_st__bindgen_ty_1 {
+                    id: self.context().cu_device(),
+                },
             },
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };

@@ -139,25 +139,56 @@ pub(super) fn make_config(
         _ => {}
     }
     let undef = NCCL_CONFIG_UNDEF_INT;
-    Ok(sys::ncclConfig_t {
-        size: size_of::<sys::ncclConfig_t>(),
-        magic: NCCL_CONFIG_MAGIC,
-        version: u32::try_from(version).unwrap_or(0),
-        blocking: i32::from(options.blocking),
-        cgaClusterSize: undef,
-        minCTAs: options.min_ctas.unwrap_or(undef),
-        maxCTAs: options.max_ctas.unwrap_or(undef),
-        netName: std::ptr::null(),
-        splitShare: undef,
-        trafficClass: undef,
-        commName: std::ptr::null(),
-        collnetEnable: undef,
-        CTAPolicy: undef,
-        shrinkShare: undef,
-        nvlsCTAs: undef,
-        nChannelsPerNetPeer: undef,
-        nvlinkCentricSched: undef,
-    })
+    // SAFETY: `ncclConfig_t` holds integers and pointers only, for which all-zero bytes are
+    // a valid value (null pointers); every integer field is set below.
+    let mut c: sys::ncclConfig_t = unsafe { std::mem::zeroed() };
+    c.size = size_of::<sys::ncclConfig_t>();
+    c.magic = NCCL_CONFIG_MAGIC;
+    c.version = u32::try_from(version).unwrap_or(0);
+    c.blocking = i32::from(options.blocking);
+    c.cgaClusterSize = undef;
+    c.minCTAs = options.min_ctas.unwrap_or(undef);
+    c.maxCTAs = options.max_ctas.unwrap_or(undef);
+    c.splitShare = undef;
+    // The fields after `splitShare` follow the NCCL version of the bindings (the `nccl-*`
+    // feature), each from the release that added it; `netName` and `commName` stay null.
+    #[cfg(any(
+        feature = "nccl-02026",
+        feature = "nccl-02027",
+        feature = "nccl-02028",
+        feature = "nccl-02029",
+        feature = "nccl-02030"
+    ))]
+    {
+        c.trafficClass = undef;
+    }
+    #[cfg(any(
+        feature = "nccl-02027",
+        feature = "nccl-02028",
+        feature = "nccl-02029",
+        feature = "nccl-02030"
+    ))]
+    {
+        c.collnetEnable = undef;
+        c.CTAPolicy = undef;
+        c.shrinkShare = undef;
+        c.nvlsCTAs = undef;
+    }
+    #[cfg(any(feature = "nccl-02028", feature = "nccl-02029", feature = "nccl-02030"))]
+    {
+        c.nChannelsPerNetPeer = undef;
+        c.nvlinkCentricSched = undef;
+    }
+    #[cfg(any(feature = "nccl-02029", feature = "nccl-02030"))]
+    {
+        c.graphUsageMode = undef;
+        c.numRmaCtx = undef;
+    }
+    #[cfg(feature = "nccl-02030")]
+    {
+        c.maxP2pPeers = undef;
+    }
+    Ok(c)
 }
 
 #[cfg(test)]
@@ -195,22 +226,27 @@ mod tests {
         assert_eq!(config.magic, 0xcafebeef);
         assert_eq!(config.version, 22803);
         assert_eq!(config.blocking, 0);
-        for field in [
-            config.cgaClusterSize,
-            config.minCTAs,
-            config.maxCTAs,
-            config.splitShare,
-            config.trafficClass,
-            config.collnetEnable,
-            config.CTAPolicy,
-            config.shrinkShare,
-            config.nvlsCTAs,
-            config.nChannelsPerNetPeer,
-            config.nvlinkCentricSched,
-        ] {
-            assert_eq!(field, i32::MIN);
+        // The fields of the default bindings (NCCL 2.28).
+        #[cfg(feature = "nccl-02028")]
+        {
+            for field in [
+                config.cgaClusterSize,
+                config.minCTAs,
+                config.maxCTAs,
+                config.splitShare,
+                config.trafficClass,
+                config.collnetEnable,
+                config.CTAPolicy,
+                config.shrinkShare,
+                config.nvlsCTAs,
+                config.nChannelsPerNetPeer,
+                config.nvlinkCentricSched,
+            ] {
+                assert_eq!(field, i32::MIN);
+            }
+            assert!(config.commName.is_null());
         }
-        assert!(config.netName.is_null() && config.commName.is_null());
+        assert!(config.netName.is_null());
 
         let options = NcclOptions {
             max_ctas: Some(8),
