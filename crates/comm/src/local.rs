@@ -582,13 +582,15 @@ impl Shared {
         let _span = tracing::debug_span!("local_wait", rank, label).entered();
         let deadline = Instant::now().checked_add(self.timeout);
         loop {
+            // A rank that has aborted fails its own waits even when its peers have arrived
+            // meanwhile: whether it saw them first must not decide the outcome.
+            if let Err(e) = Shared::check_alive(&state, label, rank) {
+                return (state, Err(e));
+            }
             let missing = match poll(&mut state) {
                 Poll::Ready(value) => return (state, Ok(value)),
                 Poll::Waiting(missing) => missing,
             };
-            if let Err(e) = Shared::check_alive(&state, label, rank) {
-                return (state, Err(e));
-            }
             if let Some((&failed, reason)) =
                 missing.iter().find_map(|r| state.aborted.get_key_value(r))
             {
