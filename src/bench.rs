@@ -789,7 +789,8 @@ pub struct ProgramTiming {
 
 /// Runs `compiled` on `rank` with `comm` (the world's or one with other options, NCCL or the
 /// copy-engine communicator, its NCCL teams prepared): inputs filled from `seeds` (one per
-/// fusion input), `warmup` and `iters` timed runs, then one more run whose first output's `rows` are sampled.
+/// fusion input), `warmup` and `iters` timed runs, then one more run whose first output's
+/// `rows` are sampled.
 #[allow(clippy::too_many_arguments)]
 pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     rank: &Rank,
