@@ -3,7 +3,7 @@
 //! summary, write the timeline and an optional JSON summary.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_host_ir::{HostProgram, Stmt};
 use weave_passes::{DumpOptions, Pipeline};
 
-use crate::run::{
+use streamweave::run::{
     check_outputs, check_ranks, compile_with, generate_inputs, run_compiled, shard_inputs,
     BackendKind, RunOptions, RunReport,
 };
@@ -118,7 +118,7 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
 #[derive(Clone, Debug, Default)]
 pub struct RunFlags {
     /// The JSON summary's file, if any.
-    pub path: Option<std::path::PathBuf>,
+    pub path: Option<PathBuf>,
     /// `--chunks`: a fixed S, or `None` for the cost model's choice.
     pub chunks: Option<usize>,
     /// The value of `WEAVE_DUMP` (`weave_passes::DumpOptions::parse` syntax), which the binary
@@ -191,9 +191,15 @@ pub fn run(
     trace: Option<&Path>,
     json: &RunFlags,
 ) -> ExitCode {
+    let _run = tracing::info_span!("weave_run", file = %file.display()).entered();
     let mut options = options.clone();
     let launched = if options.backend == BackendKind::Cuda {
-        match crate::gpu::launch_env() {
+        // RANK, WORLD_SIZE, ...: this process's place in a launched world, if any.
+        // A value that is not UTF-8 is read lossily, so that it is reported as malformed
+        // rather than ignored.
+        match weave_comm::bootstrap::LaunchEnv::from_lookup(|name| {
+            std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+        }) {
             Ok(env) => env,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -233,7 +239,7 @@ pub fn run(
         Err(e) => return fail(e.to_string()),
     };
     let mut set = set.to_vec();
-    let fusion = match crate::load_file(file, &set) {
+    let fusion = match streamweave::load_file(file, &set) {
         Ok(f) => f,
         Err(e) => return fail(e.to_string()),
     };
@@ -252,12 +258,14 @@ pub fn run(
                 reload = true;
             }
             None if options.backend == BackendKind::Cuda => {
-                let cal = match crate::chunks::Calibration::load() {
-                    Ok(c) => c,
-                    Err(e) => return fail(e),
-                };
-                match crate::chunks::auto_chunks(file, &set, options.ranks, &cal) {
+                let cal =
+                    match streamweave::chunks::Calibration::load(calibration_path().as_deref()) {
+                        Ok(c) => c,
+                        Err(e) => return fail(e),
+                    };
+                match streamweave::chunks::auto_chunks(file, &set, options.ranks, &cal) {
                     Ok(choice) => {
+                        tracing::debug!(chunks = choice.chunks, source = %cal.source, "chunk count chosen");
                         if is_reporter {
                             let predicted: Vec<String> = choice
                                 .predicted
@@ -281,7 +289,7 @@ pub fn run(
         }
     }
     let fusion = if reload {
-        match crate::load_file(file, &set) {
+        match streamweave::load_file(file, &set) {
             Ok(f) => f,
             Err(e) => return fail(e.to_string()),
         }
@@ -310,14 +318,16 @@ pub fn run(
         }
         return ExitCode::FAILURE;
     }
-    let compiled = match compile_with(fusion, &Pipeline::standard(), &dumps) {
+    let compiled = match tracing::info_span!("compile")
+        .in_scope(|| compile_with(fusion, &Pipeline::standard(), &dumps))
+    {
         Ok(c) => c,
         Err(e) => return fail(e.to_string()),
     };
     if is_reporter {
         let transport = match options.transport {
-            crate::run::Transport::Nccl => "",
-            crate::run::Transport::CopyEngine => ", copy-engine transfers",
+            streamweave::run::Transport::Nccl => "",
+            streamweave::run::Transport::CopyEngine => ", copy-engine transfers",
         };
         println!(
             "{}: {} rank(s) on the {backend} backend ({mode}{transport}), numberOfStreams = {}",
@@ -347,10 +357,12 @@ pub fn run(
         let _ = done_rx.recv();
         bar.finish_and_clear();
     });
+    let execute = tracing::info_span!("execute", ranks = options.ranks, backend).entered();
     let result = match &launched {
         None => run_compiled(&compiled, &globals, &options).map(Some),
         Some(env) => run_launched_report(&compiled, &globals, &options, env),
     };
+    drop(execute);
     let _ = done_tx.send(());
     let _ = progress.join();
     let report = match result {
@@ -414,19 +426,20 @@ pub fn run(
 /// Runs this process's rank of a launched world; on rank 0, computes the reference and
 /// checks every rank's gathered outputs.
 fn run_launched_report(
-    compiled: &crate::run::Compiled,
+    compiled: &streamweave::run::Compiled,
     globals: &[weave_executor::Dense],
     options: &RunOptions,
     env: &weave_comm::bootstrap::LaunchEnv,
-) -> Result<Option<RunReport>, crate::run::RunError> {
+) -> Result<Option<RunReport>, streamweave::run::RunError> {
     let per_rank = shard_inputs(compiled, globals, env.world)?;
     let inputs = per_rank.into_iter().nth(env.rank).unwrap_or_default();
-    let Some((runs, run_time)) = crate::gpu::run_launched(compiled, inputs, options, env)? else {
+    let Some((runs, run_time)) = streamweave::gpu::run_launched(compiled, inputs, options, env)?
+    else {
         return Ok(None);
     };
     let t0 = std::time::Instant::now();
     let reference = weave_executor::reference::run_reference(&compiled.fusion, globals)
-        .map_err(crate::run::RunError::Reference)?;
+        .map_err(streamweave::run::RunError::Reference)?;
     let reference_time = t0.elapsed();
     let checks = check_outputs(compiled, &reference, &runs)?;
     Ok(Some(RunReport {
@@ -437,10 +450,19 @@ fn run_launched_report(
     }))
 }
 
+/// Where the machine's calibration is cached: `$WEAVE_CALIBRATION`, else
+/// `$HOME/.cache/streamweave/calibration.txt` (`None` when neither variable is set).
+pub fn calibration_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("WEAVE_CALIBRATION") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/streamweave/calibration.txt"))
+}
+
 /// `weave calibrate`: measures this machine on `ranks` GPUs and writes the calibration to
-/// `out` (default [`crate::chunks::Calibration::path`]).
-pub fn calibrate(ranks: usize, out: Option<std::path::PathBuf>, timeout: Duration) -> ExitCode {
-    let Some(path) = out.or_else(crate::chunks::Calibration::path) else {
+/// `out` (default [`calibration_path`]).
+pub fn calibrate(ranks: usize, out: Option<PathBuf>, timeout: Duration) -> ExitCode {
+    let Some(path) = out.or_else(calibration_path) else {
         eprintln!("error: no calibration file: pass --out FILE (neither WEAVE_CALIBRATION nor HOME is set)");
         return ExitCode::FAILURE;
     };
@@ -448,7 +470,7 @@ pub fn calibrate(ranks: usize, out: Option<std::path::PathBuf>, timeout: Duratio
         eprintln!("error: --ranks {ranks}: the collectives need 2 or more GPUs");
         return ExitCode::FAILURE;
     }
-    let world = match crate::bench::World::open(crate::bench::WorldOptions {
+    let world = match streamweave::calibrate::World::open(streamweave::calibrate::WorldOptions {
         ranks,
         timeout,
         nccl: weave_comm::NcclOptions::default(),
@@ -459,7 +481,7 @@ pub fn calibrate(ranks: usize, out: Option<std::path::PathBuf>, timeout: Duratio
             return ExitCode::FAILURE;
         }
     };
-    let cal = match crate::bench::calibrate(&world) {
+    let cal = match streamweave::calibrate::calibrate(&world) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: calibration failed: {e}");

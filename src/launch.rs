@@ -3,11 +3,14 @@
 //!
 //! Every child gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
 //! `MASTER_PORT` and `GROUP_RANK=0` on top of the launcher's own environment (so `NCCL_*`
-//! and `CUDA_*` variables pass through untouched). Children stay in the launcher's process
-//! group, so a Ctrl-C at the terminal or a `timeout(1)` around the launcher reaches them
-//! too. When a child fails, the others get a grace period and are then killed, together
-//! with any processes they started; the whole run is bounded by a timeout. Every error
-//! path kills what was started before returning.
+//! and `CUDA_*` variables pass through untouched). Every rank leads a process group of its
+//! own (`process-wrap`), and the launcher stops a rank by killing its whole group, so
+//! whatever the rank started goes with it, even a process that ignores SIGTERM. When a child
+//! fails, the others get a grace period and are then killed; the whole run is bounded by a
+//! timeout; a SIGINT, SIGTERM or SIGHUP to the launcher (a Ctrl-C at the terminal, a
+//! `timeout(1)` around it) kills every group at once. When a rank ends, what it left running
+//! in its group is killed too, and every error path kills what was started before returning:
+//! no process of a rank outlives the launch.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -15,10 +18,14 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use process_wrap::std::{ChildWrapper, CommandWrap, ProcessGroup};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 /// The default `--timeout-secs` of `weave launch`: the bound on the whole run.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -92,6 +99,11 @@ pub enum RankOutcome {
         /// The timeout.
         after: Duration,
     },
+    /// The launcher killed it when it got this signal itself (SIGINT, SIGTERM or SIGHUP).
+    Interrupted {
+        /// The signal the launcher got.
+        signal: i32,
+    },
 }
 
 impl RankOutcome {
@@ -133,6 +145,13 @@ impl fmt::Display for RankReport {
             RankOutcome::TimedOut { after } => {
                 write!(f, "rank {rank} timed out after {}", secs(after))
             }
+            RankOutcome::Interrupted { signal } => {
+                write!(f, "rank {rank} killed when the launcher got signal {signal}")?;
+                match signal_name(signal) {
+                    Some(name) => write!(f, " ({name})"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -166,6 +185,14 @@ impl LaunchReport {
         self.ranks
             .iter()
             .any(|r| matches!(r.outcome, RankOutcome::TimedOut { .. }))
+    }
+
+    /// The signal that stopped the launch, if one did.
+    pub fn interrupted(&self) -> Option<i32> {
+        self.ranks.iter().find_map(|r| match r.outcome {
+            RankOutcome::Interrupted { signal } => Some(signal),
+            _ => None,
+        })
     }
 }
 
@@ -286,11 +313,33 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
         None => free_port().map_err(LaunchError::Port)?,
     };
 
+    // Set by SIGINT, SIGTERM or SIGHUP to the signal's number; the ranks, in groups of their
+    // own, do not get the terminal's signals themselves.
+    let signal = Arc::new(AtomicUsize::new(0));
+    let handlers: Vec<signal_hook::SigId> = [SIGINT, SIGTERM, SIGHUP]
+        .into_iter()
+        .filter_map(|s| signal_hook::flag::register_usize(s, signal.clone(), s as usize).ok())
+        .collect();
+    let result = launch_ranks(opts, &program, args, master_port, &signal);
+    for id in handlers {
+        signal_hook::low_level::unregister(id);
+    }
+    result
+}
+
+/// Starts the ranks and supervises them until every one has ended ([`launch`]).
+fn launch_ranks(
+    opts: &LaunchOptions,
+    program: &Path,
+    args: &[OsString],
+    master_port: u16,
+    signal: &AtomicUsize,
+) -> Result<LaunchReport, LaunchError> {
     let start = Instant::now();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut children: Vec<Running> = Vec::with_capacity(opts.nprocs);
     for rank in 0..opts.nprocs {
-        let mut cmd = Command::new(&program);
+        let mut cmd = Command::new(program);
         cmd.args(args)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", opts.nprocs.to_string())
@@ -302,13 +351,15 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let mut cmd = CommandWrap::from(cmd);
+        cmd.wrap(ProcessGroup::leader());
         match cmd.spawn() {
             Ok(mut child) => {
                 let mut readers = 0;
-                if let Some(out) = child.stdout.take() {
+                if let Some(out) = child.stdout().take() {
                     readers += usize::from(forward(out, rank, Stream::Stdout, done_tx.clone()));
                 }
-                if let Some(err) = child.stderr.take() {
+                if let Some(err) = child.stderr().take() {
                     readers += usize::from(forward(err, rank, Stream::Stderr, done_tx.clone()));
                 }
                 children.push(Running {
@@ -319,11 +370,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
             }
             Err(source) => {
                 for running in &mut children {
-                    kill_tree(&mut running.child);
+                    kill_group(running.child.as_mut());
                 }
                 return Err(LaunchError::Spawn {
                     rank,
-                    program,
+                    program: program.to_path_buf(),
                     source,
                 });
             }
@@ -331,7 +382,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
     }
     drop(done_tx);
 
-    let ranks = supervise(&mut children, opts, start);
+    let ranks = supervise(&mut children, opts, start, signal);
     let readers: usize = children.iter().map(|r| r.readers).sum();
     drain(&done_rx, readers);
     let report = LaunchReport {
@@ -347,15 +398,22 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
     }
 }
 
-/// A started rank: its process, how many output forwarders it has, and, once it ended, how.
+/// A started rank: its process (the leader of its process group), how many output
+/// forwarders it has, and, once it ended, how.
 struct Running {
-    child: Child,
+    child: Box<dyn ChildWrapper>,
     readers: usize,
     outcome: Option<RankReport>,
 }
 
-/// Polls the children until every one has ended, applying the grace period and the timeout.
-fn supervise(children: &mut [Running], opts: &LaunchOptions, start: Instant) -> Vec<RankReport> {
+/// Polls the children until every one has ended, applying the grace period, the timeout and
+/// the launcher's signals; kills each rank's group once the rank has ended.
+fn supervise(
+    children: &mut [Running],
+    opts: &LaunchOptions,
+    start: Instant,
+    signal: &AtomicUsize,
+) -> Vec<RankReport> {
     // The first failure: its rank and when the grace period it starts runs out.
     let mut first_failure: Option<(usize, Instant)> = None;
     loop {
@@ -368,10 +426,12 @@ fn supervise(children: &mut [Running], opts: &LaunchOptions, start: Instant) -> 
                 Ok(None) => continue,
                 // The child cannot be waited for; count it as killed by the launcher.
                 Err(_) => {
-                    kill_tree(&mut running.child);
+                    kill_group(running.child.as_mut());
                     ExitStatus::from_raw(9)
                 }
             };
+            // What the rank left running in its group goes with it.
+            let _ = running.child.start_kill();
             let outcome = outcome_of(status);
             if !outcome.succeeded() && first_failure.is_none() {
                 first_failure = Some((rank, Instant::now() + opts.grace));
@@ -386,7 +446,10 @@ fn supervise(children: &mut [Running], opts: &LaunchOptions, start: Instant) -> 
             break;
         }
         let now = Instant::now();
-        let kill_with = if now.duration_since(start) >= opts.timeout {
+        let got = signal.load(Ordering::SeqCst);
+        let kill_with = if got != 0 {
+            Some(RankOutcome::Interrupted { signal: got as i32 })
+        } else if now.duration_since(start) >= opts.timeout {
             Some(RankOutcome::TimedOut {
                 after: opts.timeout,
             })
@@ -404,7 +467,7 @@ fn supervise(children: &mut [Running], opts: &LaunchOptions, start: Instant) -> 
         if let Some(outcome) = kill_with {
             for (rank, running) in children.iter_mut().enumerate() {
                 if running.outcome.is_none() {
-                    kill_tree(&mut running.child);
+                    kill_group(running.child.as_mut());
                     running.outcome = Some(RankReport {
                         rank,
                         outcome,
@@ -493,62 +556,11 @@ fn write_line(out: &mut impl Write, prefix: &str, line: &[u8]) -> std::io::Resul
     out.flush()
 }
 
-/// Kills a child and every process it started (found through /proc), then reaps it.
-fn kill_tree(child: &mut Child) {
-    let descendants = descendants(child.id());
-    let _ = child.kill();
-    if !descendants.is_empty() {
-        let pids: Vec<String> = descendants.iter().map(u32::to_string).collect();
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .args(&pids)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
+/// Kills a rank's whole process group (SIGKILL: the rank and everything it started that is
+/// still in its group), then reaps the rank.
+fn kill_group(child: &mut dyn ChildWrapper) {
+    let _ = child.start_kill();
     let _ = child.wait();
-}
-
-/// Every process below `pid` in the process tree, read from /proc (empty where there is no
-/// /proc).
-fn descendants(pid: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut parent_of: Vec<(u32, u32)> = Vec::new();
-    for entry in entries.flatten() {
-        let Some(p) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-        let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        parent_of.push((p, ppid));
-    }
-    let mut found = Vec::new();
-    let mut stack = vec![pid];
-    while let Some(parent) = stack.pop() {
-        for &(p, ppid) in &parent_of {
-            if ppid == parent && p != pid && !found.contains(&p) {
-                found.push(p);
-                stack.push(p);
-            }
-        }
-    }
-    found
 }
 
 /// Resolves the program to run: a bare `weave` is the running executable, a name with a

@@ -1,8 +1,11 @@
 //! The `weave launch` command end to end: every rank gets the torchrun environment and its
 //! output comes back prefixed with its rank; a failing rank stops the others after the grace
-//! period, the timeout stops them all, and bad requests fail with a clear message.
+//! period, the timeout stops them all, and bad requests fail with a clear message. Stopping a
+//! rank stops its whole process group: what a rank started, even a process that ignores
+//! SIGTERM, SIGHUP and SIGINT, does not outlive the launch.
 
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Runs `weave ARGS`; returns the exit code, stdout, stderr and how long it took.
@@ -144,4 +147,162 @@ fn a_bare_weave_runs_this_executable() {
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("[rank 0] weave "), "{out}");
     assert!(out.contains("[rank 1] weave "), "{out}");
+}
+
+/// A fresh directory for one test's pid files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weave-launch-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Whether process `pid` runs (a zombie, dead and waiting for its parent to reap it, does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
+/// The pids written to `dir/NAME` files, once `count` such files hold one (waits up to 10 s).
+fn pids(dir: &Path, count: usize) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Vec<u32> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+            .filter_map(|t| t.trim().parse().ok())
+            .collect();
+        if found.len() >= count || Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A shell line that starts a child ignoring SIGTERM, SIGHUP and SIGINT, writes the child's
+/// pid to `$DIR/child_$RANK`, and then runs `then`.
+fn stubborn_child(then: &str) -> String {
+    format!("(trap '' TERM HUP INT; exec sleep 60) & echo $! > \"$DIR/child_$RANK\"; {then}")
+}
+
+/// Waits up to 5 s for every pid to stop running; returns those still running.
+fn still_running(pids: &[u32]) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_failure_stops_every_process_the_ranks_started() {
+    let dir = scratch("failure");
+    let script = stubborn_child("if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi; sleep 60");
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args([
+            "launch",
+            "-n",
+            "3",
+            "--grace-secs",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("DIR", &dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10), "{err}");
+    assert!(err.contains("rank 1 exited with status 3"), "{err}");
+    let children = pids(&dir, 3);
+    assert_eq!(children.len(), 3, "every rank wrote its child's pid");
+    assert_eq!(
+        still_running(&children),
+        Vec::<u32>::new(),
+        "orphans: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_timeout_and_a_finished_rank_leave_no_process_behind() {
+    let dir = scratch("timeout");
+    // Rank 0 succeeds at once, leaving its child; rank 1 runs into the timeout.
+    let script = stubborn_child("if [ \"$RANK\" = 0 ]; then exit 0; fi; sleep 60");
+    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--timeout-secs",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("DIR", &dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{err}");
+    assert!(err.contains("rank 1 timed out after 2 s"), "{err}");
+    let children = pids(&dir, 2);
+    assert_eq!(children.len(), 2, "every rank wrote its child's pid");
+    assert_eq!(
+        still_running(&children),
+        Vec::<u32>::new(),
+        "orphans: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_signal_to_the_launcher_stops_every_rank_and_what_it_started() {
+    let dir = scratch("signal");
+    let script = stubborn_child("echo $$ > \"$DIR/rank_$RANK\"; sleep 60");
+    let launcher = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
+        .env("DIR", &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = pids(&dir, 4);
+    assert_eq!(
+        started.len(),
+        4,
+        "two ranks and their children wrote their pids"
+    );
+    let sent = Command::new("kill")
+        .args(["-TERM", &launcher.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = launcher.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 15), "{err}");
+    assert!(
+        err.contains("rank 0 killed when the launcher got signal 15 (SIGTERM)"),
+        "{err}"
+    );
+    assert_eq!(still_running(&started), Vec::<u32>::new(), "orphans: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

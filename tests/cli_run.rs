@@ -267,3 +267,55 @@ fn json_summaries_stay_valid_json() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs a small `weave run` with `extra` arguments and `WEAVE_LOG` set to `env` (or unset).
+fn run_logged(extra: &[&str], env: Option<&str>) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weave"));
+    cmd.args([
+        "run",
+        "tests/scenarios/row_parallel_linear.weave",
+        "--ranks",
+        "2",
+        "--set",
+        "t=48",
+        "--set",
+        "h=8",
+    ])
+    .args(extra)
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .env_remove("WEAVE_LOG");
+    if let Some(filter) = env {
+        cmd.env("WEAVE_LOG", filter);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_log_is_off_by_default_and_goes_to_stderr_when_asked_for() {
+    let (ok, quiet_out, quiet_err) = run_logged(&[], None);
+    assert!(ok, "{quiet_out}\n{quiet_err}");
+    assert_eq!(quiet_err, "", "nothing on stderr without --log");
+    for (extra, env) in [(&["--log", "debug"][..], None), (&[][..], Some("debug"))] {
+        let (ok, out, err) = run_logged(extra, env);
+        assert!(ok, "{out}\n{err}");
+        // Each span of the command is printed when it closes, with its time.
+        for span in ["weave_run", "compile", "execute"] {
+            assert!(
+                err.lines().any(|l| l.contains(span) && l.contains("close")),
+                "no closing `{span}` span with {extra:?} / WEAVE_LOG={env:?}:\n{err}"
+            );
+        }
+        // The log stays off stdout: the report reads the same.
+        assert!(out.trim_end().ends_with("result: PASS"), "{out}");
+        assert!(!out.contains("close"), "{out}");
+    }
+    // --log wins over WEAVE_LOG; a filter that does not parse is refused.
+    let (ok, _, err) = run_logged(&["--log", "weave_cli=loud"], Some("debug"));
+    assert!(!ok);
+    assert!(err.contains("--log `weave_cli=loud`"), "{err}");
+}

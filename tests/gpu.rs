@@ -333,7 +333,7 @@ type Layer<'a> = (&'a str, &'a [(&'a str, i64)], usize);
 #[test]
 fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference() {
     use std::sync::Arc;
-    use streamweave::bench::{
+    use weave_bench::{
         check_sample, linear_reference, run_program, CopyEngine, ProgramRun, World, WorldOptions,
         LINEAR_SEEDS,
     };

@@ -94,7 +94,7 @@ fn schedule(out: &mut String, tensor: &str, steps: &[String]) {
 /// explicit list rotated by `rot`, so that mesh coordinates differ from rank numbers; and,
 /// when `root`, a one-device mesh `root`.
 fn meshes(d: usize, rot: usize, root: bool) -> String {
-    let mut out = if rot % d == 0 {
+    let mut out = if rot.is_multiple_of(d) {
         "  mesh m = devices(d)\n".to_string()
     } else {
         let list: Vec<String> = (0..d).map(|i| ((i + rot) % d).to_string()).collect();
@@ -351,7 +351,7 @@ impl Pointwise {
         if let (PwStream::Output(_), OutDid::Replicated) = (p.stream, p.effective_out_did()) {
             // DID → Stream on one axis is a P2P ring or per-chunk broadcasts: load refuses
             // (clearly) stream factors that do not nest with the DID split.
-            if p.s % p.d != 0 && p.d % p.s != 0 {
+            if !p.s.is_multiple_of(p.d) && !p.d.is_multiple_of(p.s) {
                 p.s = p.d;
             }
             return p;
@@ -589,7 +589,7 @@ impl Reduction {
     fn narrowed(&self) -> Reduction {
         let mut r = self.clone();
         if let RedDid::KeptGathered(k) = r.did {
-            if r.stream == Some(k) && r.s % r.d != 0 && r.d % r.s != 0 {
+            if r.stream == Some(k) && !r.s.is_multiple_of(r.d) && !r.d.is_multiple_of(r.s) {
                 // A stream split of the gathered axis is a DID → Stream set, which
                 // decompose-reshardings refuses (clearly) unless the factors nest; stream the
                 // other kept axis.
@@ -1490,7 +1490,7 @@ impl Mesh2d {
         };
         let mut src = format!("fusion mesh2d(dy = {dy}, dx = {dx}, s = {s}) {{\n");
         let n_dev = dy * dx;
-        if self.rot % n_dev == 0 {
+        if self.rot.is_multiple_of(n_dev) {
             src.push_str("  mesh m = devices(dy, dx)\n");
         } else {
             let rows: Vec<String> = (0..dy)

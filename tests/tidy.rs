@@ -3,6 +3,10 @@
 //! * every `.rs` file opens with a `//!` module doc;
 //! * crate dependencies point the one way docs/ARCHITECTURE.md draws (read from
 //!   `cargo metadata`), and nothing from `weave-ir` to `weave-passes` depends on cudarc;
+//! * the user-facing library `streamweave` pulls no CLI, progress-bar, error-reporting or
+//!   log-subscriber crate into a user's build (its normal dependency tree, from the resolve
+//!   graph of `cargo metadata`) and, like the compiler crates, reads no environment variable
+//!   (the binaries do), and no published package needs an unpublished one;
 //! * every workspace package inherits the workspace lints.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -94,8 +98,16 @@ const ARROWS: &[(&str, &[&str])] = &[
             "weave-executor",
         ],
     ),
+    ("weave-bench", &["streamweave"]),
+    // The benchmark harness only as a dev-dependency (tests/gpu.rs):
+    // `published_packages_need_no_unpublished_one` checks the kind.
+    ("weave-cli", &["streamweave", "weave-bench"]),
     ("xtask", &["streamweave"]),
 ];
+
+/// Crates an application chooses for itself, which the user-facing library must not bring
+/// into its users' builds.
+const APPLICATION_ONLY: &[&str] = &["clap", "indicatif", "anyhow", "tracing-subscriber"];
 
 /// The crates that compile and transform IR; they run without a GPU and never link CUDA.
 const CUDA_FREE: &[&str] = &[
@@ -126,9 +138,15 @@ fn allowed_dependencies() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
 }
 
 fn cargo_metadata() -> Value {
+    metadata(&["--no-deps"])
+}
+
+/// `cargo metadata --format-version 1 EXTRA...` as JSON.
+fn metadata(extra: &[&str]) -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .args(["metadata", "--format-version", "1"])
+        .args(extra)
         .current_dir(repo_root())
         .output()
         .expect("cargo metadata runs");
@@ -223,15 +241,17 @@ fn every_package_inherits_the_workspace_lints() {
     );
 }
 
-/// The compiler crates ([`CUDA_FREE`]) are libraries: they read no environment variable, so
-/// that what a program compiles depends on its arguments only. The binaries read `WEAVE_DUMP`
-/// and hand the options in.
+/// The compiler crates ([`CUDA_FREE`]) and the user-facing library are libraries: they read
+/// no environment variable, so that what a program compiles and how it runs depend on their
+/// arguments only. The binaries read `WEAVE_DUMP`, `WEAVE_CALIBRATION` and a launched
+/// process's `RANK`, ... and hand them in.
 #[test]
 fn compiler_crates_read_no_environment_variable() {
     let meta = cargo_metadata();
     let mut offenders = Vec::new();
     for package in meta["packages"].as_array().expect("packages array") {
-        if !CUDA_FREE.contains(&str_field(package, "name")) {
+        let name = str_field(package, "name");
+        if !CUDA_FREE.contains(&name) && name != "streamweave" {
             continue;
         }
         let manifest = Path::new(str_field(package, "manifest_path"));
@@ -254,4 +274,105 @@ fn compiler_crates_read_no_environment_variable() {
         "a compiler crate reads the environment:\n  {}",
         offenders.join("\n  ")
     );
+}
+
+/// The names of every package that `root` reaches through normal (not dev, not build)
+/// dependencies in the resolve graph of `meta`, `root` excluded.
+fn normal_closure(meta: &Value, root: &str) -> BTreeSet<String> {
+    let nodes = meta["resolve"]["nodes"].as_array().expect("resolve nodes");
+    let packages = meta["packages"].as_array().expect("packages array");
+    let name_of: BTreeMap<&str, &str> = packages
+        .iter()
+        .map(|p| (str_field(p, "id"), str_field(p, "name")))
+        .collect();
+    let edges: BTreeMap<&str, Vec<&str>> = nodes
+        .iter()
+        .map(|n| {
+            let normal = n["deps"]
+                .as_array()
+                .expect("node deps")
+                .iter()
+                .filter(|d| {
+                    d["dep_kinds"]
+                        .as_array()
+                        .is_some_and(|kinds| kinds.iter().any(|k| k["kind"].is_null()))
+                })
+                .map(|d| str_field(d, "pkg"))
+                .collect();
+            (str_field(n, "id"), normal)
+        })
+        .collect();
+    let start = name_of
+        .iter()
+        .find(|(_, name)| **name == root)
+        .map(|(id, _)| *id)
+        .unwrap_or_else(|| panic!("no package `{root}` in cargo metadata"));
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![start];
+    while let Some(id) = stack.pop() {
+        for &dep in edges.get(id).map(Vec::as_slice).unwrap_or_default() {
+            if seen.insert(dep) {
+                stack.push(dep);
+            }
+        }
+    }
+    seen.iter()
+        .map(|id| name_of.get(id).copied().unwrap_or(id).to_string())
+        .collect()
+}
+
+#[test]
+fn the_library_pulls_no_application_crates_into_a_users_build() {
+    let meta = metadata(&[]);
+    let closure = normal_closure(&meta, "streamweave");
+    assert!(
+        closure.contains("weave-executor") && closure.contains("serde"),
+        "the closure misses the library's own dependencies: {closure:?}"
+    );
+    let found: Vec<&str> = APPLICATION_ONLY
+        .iter()
+        .copied()
+        .filter(|c| closure.contains(*c))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "streamweave's dependency tree holds {found:?}; they belong to the CLI (weave-cli) or \
+         the benchmarks (weave-bench) (`cargo tree -p streamweave -e normal -i CRATE` shows why)"
+    );
+    // The CLI, on the other hand, does use them: the check looks where it should.
+    let cli = normal_closure(&meta, "weave-cli");
+    assert!(
+        cli.contains("clap") && cli.contains("tracing-subscriber"),
+        "{cli:?}"
+    );
+}
+
+#[test]
+fn published_packages_need_no_unpublished_one() {
+    let meta = cargo_metadata();
+    let packages = meta["packages"].as_array().expect("packages array");
+    // `publish = false` reads as an empty list of registries.
+    let unpublished: BTreeSet<&str> = packages
+        .iter()
+        .filter(|p| p["publish"].as_array().is_some_and(Vec::is_empty))
+        .map(|p| str_field(p, "name"))
+        .collect();
+    assert!(unpublished.contains("weave-bench"), "{unpublished:?}");
+    let mut problems = Vec::new();
+    for package in packages {
+        let name = str_field(package, "name");
+        if unpublished.contains(name) {
+            continue;
+        }
+        for dep in package["dependencies"].as_array().expect("dependencies") {
+            let dep_name = str_field(dep, "name");
+            let kind = dep["kind"].as_str().unwrap_or("normal");
+            if unpublished.contains(dep_name) && kind != "dev" {
+                problems.push(format!(
+                    "`{name}` is published but depends on the unpublished `{dep_name}` ({kind})"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

@@ -14,13 +14,16 @@
 //! timings; with `--trace` it writes a Chrome trace and an SVG timeline beside it.
 //!
 //! `weave calibrate [--ranks N] [--out FILE]` measures the machine for the chunk-count model
-//! (`streamweave::bench::calibrate`) and writes the calibration cache that `--chunks auto`
+//! (`streamweave::calibrate`) and writes the calibration cache that `--chunks auto`
 //! reads.
+//!
+//! Every command takes `--log FILTER` (or `WEAVE_LOG=FILTER`): the `tracing` log of the
+//! libraries and the command, on stderr (`weave_cli::log`).
 //!
 //! `weave launch -n N [--timeout-secs T] [--grace-secs G] [--master-addr A] [--master-port P]
 //! -- CMD ARGS...` starts N processes of CMD with the torchrun environment (`RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, ...), prefixes their output with `[rank R] ` and stops them
-//! all when one fails or the timeout expires (`streamweave::launch`).
+//! all when one fails or the timeout expires (`weave_cli::launch`).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -38,6 +41,10 @@ use weave_passes::{DumpFlags, Ir, PassManager, Registry, DUMP_ENV};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print the log of the libraries and the command to stderr, filtered by FILTER (e.g.
+    /// `debug`, `weave_passes=trace,info`); default: `$WEAVE_LOG`, else no log.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -131,7 +138,10 @@ enum Command {
     /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK), forward their
     /// output prefixed with `[rank R] `, and stop them all when one fails or time runs out.
     ///
-    /// Exit status: 0 when every rank succeeds, 124 when the timeout expired, 1 otherwise.
+    /// Every rank leads its own process group; stopping a rank kills its whole group.
+    ///
+    /// Exit status: 0 when every rank succeeds, 124 when the timeout expired, 128 + N when
+    /// the launcher got signal N (SIGINT, SIGTERM, SIGHUP), 1 otherwise.
     Launch {
         /// How many processes (ranks) to start.
         #[arg(short = 'n', long = "nprocs", value_name = "N")]
@@ -143,7 +153,7 @@ enum Command {
         #[arg(long, value_name = "G", default_value_t = 5)]
         grace_secs: u64,
         /// MASTER_ADDR given to every rank.
-        #[arg(long, value_name = "A", default_value = streamweave::launch::DEFAULT_MASTER_ADDR)]
+        #[arg(long, value_name = "A", default_value = weave_cli::launch::DEFAULT_MASTER_ADDR)]
         master_addr: String,
         /// MASTER_PORT given to every rank (default: a free port on 127.0.0.1).
         #[arg(long, value_name = "P")]
@@ -184,7 +194,14 @@ fn parse_chunks(s: &str) -> Result<Chunks, String> {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    if let Some(filter) = weave_cli::log::filter(cli.log) {
+        if let Err(e) = weave_cli::log::init(&filter) {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match cli.command {
         Command::Dump {
             file,
             set,
@@ -273,18 +290,18 @@ fn main() -> ExitCode {
                 iters,
                 transport,
             };
-            let json = streamweave::cli::RunFlags {
+            let json = weave_cli::cli::RunFlags {
                 path: json,
                 chunks: chunks.0,
                 weave_dump: std::env::var(DUMP_ENV).ok(),
             };
-            streamweave::cli::run(&file, &set, &options, trace.as_deref(), &json)
+            weave_cli::cli::run(&file, &set, &options, trace.as_deref(), &json)
         }
         Command::Calibrate {
             ranks,
             out,
             timeout_secs,
-        } => streamweave::cli::calibrate(ranks, out, Duration::from_secs(timeout_secs.max(1))),
+        } => weave_cli::cli::calibrate(ranks, out, Duration::from_secs(timeout_secs.max(1))),
         Command::Launch {
             nprocs,
             timeout_secs,
@@ -293,7 +310,7 @@ fn main() -> ExitCode {
             master_port,
             command,
         } => {
-            let options = streamweave::launch::LaunchOptions {
+            let options = weave_cli::launch::LaunchOptions {
                 nprocs,
                 command,
                 timeout: Duration::from_secs(timeout_secs),
@@ -307,9 +324,9 @@ fn main() -> ExitCode {
 }
 
 /// Runs `weave launch` and prints its verdict on stderr: one line per failed rank.
-fn launch(options: &streamweave::launch::LaunchOptions) -> ExitCode {
-    use streamweave::launch::LaunchError;
-    match streamweave::launch::launch(options) {
+fn launch(options: &weave_cli::launch::LaunchOptions) -> ExitCode {
+    use weave_cli::launch::LaunchError;
+    match weave_cli::launch::launch(options) {
         Ok(report) => {
             eprintln!(
                 "launch: all {} rank(s) succeeded in {:.1} s",
@@ -324,6 +341,11 @@ fn launch(options: &streamweave::launch::LaunchOptions) -> ExitCode {
             }
             match e {
                 LaunchError::Failed(report) if report.timed_out() => ExitCode::from(124),
+                // A launcher stopped by a signal exits as the shells report it: 128 + signal.
+                LaunchError::Failed(report) => match report.interrupted() {
+                    Some(sig) => ExitCode::from(128u8.saturating_add(sig as u8)),
+                    None => ExitCode::FAILURE,
+                },
                 _ => ExitCode::FAILURE,
             }
         }

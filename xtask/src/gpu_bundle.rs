@@ -6,7 +6,7 @@
 //! ```text
 //! bin/weave            the CLI (`--profile bundle`: optimized, no debug info, stripped)
 //! bin/gpu-tests        the root package's integration test `gpu` (when tests/gpu.rs exists)
-//! bin/gpu_*            the benches benches/gpu_* (when there are any)
+//! bin/gpu_*            weave-bench's benches crates/bench/benches/gpu_* (when there are any)
 //! scenarios/*.weave    tests/scenarios/*.weave (not its subdirectories)
 //! scripts/*            scripts/gpu/* (run-all.sh, table.py)
 //! MANIFEST.txt         commit, date, and every file with its size
@@ -27,8 +27,12 @@ const WARN_BYTES: u64 = 60 * 1024 * 1024;
 /// The cargo profile the bundle is built with (root Cargo.toml).
 const PROFILE: &str = "bundle";
 
-/// The root package, whose targets the bundle holds.
-const PACKAGE: &str = "streamweave";
+/// The root package: the CLI and the GPU integration test.
+const CLI_PACKAGE: &str = "weave-cli";
+
+/// The benchmark package and its directory.
+const BENCH_PACKAGE: &str = "weave-bench";
+const BENCH_DIR: &str = "crates/bench";
 
 /// Options of `cargo xtask gpu-bundle`.
 #[derive(clap::Args)]
@@ -47,6 +51,7 @@ pub struct BundleArgs {
 /// One executable to build: the cargo subcommand and target selection, the target's name
 /// and kind in cargo's messages, and its name in the bundle's `bin/`.
 struct Build {
+    package: &'static str,
     cargo_args: Vec<String>,
     target: String,
     kind: &'static str,
@@ -66,6 +71,7 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     check_replaceable(&out)?;
 
     let mut builds = vec![Build {
+        package: CLI_PACKAGE,
         cargo_args: vec!["build".into(), "--bin".into(), "weave".into()],
         target: "weave".into(),
         kind: "bin",
@@ -73,6 +79,7 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     }];
     if root.join("tests/gpu.rs").is_file() {
         builds.push(Build {
+            package: CLI_PACKAGE,
             cargo_args: ["test", "--test", "gpu", "--no-run"]
                 .map(String::from)
                 .to_vec(),
@@ -83,8 +90,9 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     } else {
         eprintln!("warning: tests/gpu.rs does not exist; the bundle has no bin/gpu-tests");
     }
-    for bench in gpu_benches(&root.join("benches"))? {
+    for bench in gpu_benches(&root.join(BENCH_DIR).join("benches"))? {
         builds.push(Build {
+            package: BENCH_PACKAGE,
             cargo_args: vec![
                 "bench".into(),
                 "--bench".into(),
@@ -248,7 +256,7 @@ fn cargo_build(root: &Path, build: &Build) -> anyhow::Result<PathBuf> {
     args.extend(
         [
             "--package",
-            PACKAGE,
+            build.package,
             "--profile",
             PROFILE,
             "--message-format=json-render-diagnostics",

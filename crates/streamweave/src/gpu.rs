@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use weave_comm::bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::{CommError, Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub};
@@ -15,7 +17,8 @@ use weave_executor::{
     Dense, DeviceTensor, ExecError, RankRun, RunConfig, StreamKey,
 };
 
-use crate::run::{params_of, Compiled, RunError, RunOptions, Transport};
+use crate::setup::{params_of, Compiled, RunError, RunOptions, Transport};
+use crate::threads::run_rank_threads;
 
 /// The CUDA options a run asks for.
 fn cuda_options(options: &RunOptions) -> CudaOptions {
@@ -218,64 +221,23 @@ fn run_threads_with(
     gpus_available(world)?;
     let id = NcclId::new().map_err(|e| RunError::Setup(e.to_string()))?;
     let hub = PeerHub::new();
-    let start = Instant::now();
-    let results: Vec<Result<RankRun, ExecError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = per_rank
-            .iter()
-            .enumerate()
-            .map(|(rank, inputs)| {
-                let id = &id;
-                let link = match options.transport {
-                    Transport::Nccl => Link::Nccl,
-                    Transport::CopyEngine => Link::Peer(&hub),
-                };
-                scope.spawn(move || {
-                    run_one(
-                        compiled,
-                        inputs,
-                        options,
-                        rank,
-                        rank,
-                        world,
-                        id,
-                        link,
-                        fail == Some(rank),
-                    )
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(ExecError::Program("the rank's thread panicked".into()))
-                })
-            })
-            .collect()
-    });
-    let elapsed = start.elapsed();
-    let mut runs = Vec::new();
-    for (rank, r) in results.into_iter().enumerate() {
-        match r {
-            Ok(run) => runs.push(run),
-            Err(e) => errors.push((rank, e)),
-        }
-    }
-    if errors.is_empty() {
-        Ok((runs, elapsed))
-    } else {
-        Err(RunError::Ranks(errors))
-    }
-}
-
-/// This process's place in a launched world, if it was started as one: the launcher's
-/// variables read from this process's environment (a value that is not UTF-8 is read lossily,
-/// so that it is reported as malformed rather than ignored).
-pub fn launch_env() -> Result<Option<LaunchEnv>, RunError> {
-    LaunchEnv::from_lookup(|name| {
-        std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+    let link = || match options.transport {
+        Transport::Nccl => Link::Nccl,
+        Transport::CopyEngine => Link::Peer(&hub),
+    };
+    run_rank_threads(per_rank, |rank, inputs| {
+        run_one(
+            compiled,
+            &inputs,
+            options,
+            rank,
+            rank,
+            world,
+            &id,
+            link(),
+            fail == Some(rank),
+        )
     })
-    .map_err(|e| RunError::Setup(e.to_string()))
 }
 
 /// What rank 0 of a launched world learns: every rank's run (outputs and timings; spans and
@@ -321,13 +283,11 @@ pub fn run_launched(
     // Every rank reports, failed or not, so rank 0 never waits for a report that will not
     // come.
     let report = match &run {
-        Ok(r) => encode_run(r),
-        Err(e) => {
-            let mut b = vec![1u8];
-            b.extend(e.to_string().as_bytes());
-            b
-        }
+        Ok(r) => RankReport::of(r),
+        Err(e) => RankReport::Failed(e.to_string()),
     };
+    let report = serde_json::to_vec(&report)
+        .map_err(|e| RunError::Setup(format!("rank {rank}: cannot write its report: {e}")))?;
     let gathered = gather(&store, rank, world, "run", &report).map_err(setup)?;
     let run = run.map_err(|e| RunError::Ranks(vec![(rank, e)]))?;
     let Some(reports) = gathered else {
@@ -351,78 +311,88 @@ pub fn run_launched(
     Ok(Some((runs, elapsed)))
 }
 
-/// A rank's run as bytes for the store: `0`, then wall time (µs), statements, the timed
-/// repetitions (count, then ns each), and each output
-/// as dtype, rank, sizes and its values in the output's element type.
-fn encode_run(run: &RankRun) -> Vec<u8> {
-    let mut b = vec![0u8];
-    b.extend((run.wall_time.as_micros() as u64).to_le_bytes());
-    b.extend((run.statements as u64).to_le_bytes());
-    b.extend((run.timed.len() as u64).to_le_bytes());
-    for t in &run.timed {
-        b.extend((t.as_nanos() as u64).to_le_bytes());
-    }
-    b.extend((run.outputs.len() as u64).to_le_bytes());
-    for d in &run.outputs {
-        let bytes = d.to_le_bytes();
-        let name = d.dtype.to_string();
-        b.extend((name.len() as u64).to_le_bytes());
-        b.extend(name.as_bytes());
-        b.extend((d.sizes.len() as u64).to_le_bytes());
-        for s in &d.sizes {
-            b.extend((*s as u64).to_le_bytes());
-        }
-        b.extend((bytes.len() as u64).to_le_bytes());
-        b.extend(bytes);
-    }
-    b
+/// What a rank of a launched world sends rank 0 through the store (as JSON): its run, or why
+/// it failed.
+#[derive(Debug, Serialize, Deserialize)]
+enum RankReport {
+    /// The rank ran.
+    Ran {
+        /// Wall time of the checked run, µs.
+        wall_us: u64,
+        /// Statements issued.
+        statements: usize,
+        /// The timed repetitions, ns each.
+        timed_ns: Vec<u64>,
+        /// The outputs, in signature order.
+        outputs: Vec<OutputReport>,
+    },
+    /// The rank failed with this message.
+    Failed(String),
 }
 
-fn decode_run(b: &[u8]) -> Result<RankRun, String> {
-    let bad = || "a malformed run report".to_string();
-    match b.first() {
-        Some(0) => {}
-        Some(_) => return Err(String::from_utf8_lossy(&b[1..]).into_owned()),
-        None => return Err(bad()),
-    }
-    let mut at = 1usize;
-    let u64_ = |at: &mut usize| -> Result<u64, String> {
-        let v = b.get(*at..*at + 8).ok_or_else(bad)?;
-        *at += 8;
-        Ok(u64::from_le_bytes(v.try_into().map_err(|_| bad())?))
-    };
-    let wall = u64_(&mut at)?;
-    let statements = u64_(&mut at)? as usize;
-    let count = u64_(&mut at)? as usize;
-    let mut timed = Vec::with_capacity(count.min(1 << 20));
-    for _ in 0..count {
-        timed.push(Duration::from_nanos(u64_(&mut at)?));
-    }
-    let n = u64_(&mut at)? as usize;
-    let mut outputs = Vec::new();
-    for _ in 0..n {
-        let len = u64_(&mut at)? as usize;
-        let name = std::str::from_utf8(b.get(at..at + len).ok_or_else(bad)?).map_err(|_| bad())?;
-        at += len;
-        let dtype = weave_ir::DType::from_name(name).ok_or_else(bad)?;
-        let rank = u64_(&mut at)? as usize;
-        let mut sizes = Vec::with_capacity(rank);
-        for _ in 0..rank {
-            sizes.push(u64_(&mut at)? as usize);
+/// One output of a [`RankReport`]: its element type by name, its sizes and its values.
+#[derive(Debug, Serialize, Deserialize)]
+struct OutputReport {
+    dtype: String,
+    sizes: Vec<usize>,
+    data: Vec<f64>,
+}
+
+impl RankReport {
+    fn of(run: &RankRun) -> RankReport {
+        RankReport::Ran {
+            wall_us: run.wall_time.as_micros() as u64,
+            statements: run.statements,
+            timed_ns: run.timed.iter().map(|t| t.as_nanos() as u64).collect(),
+            outputs: run
+                .outputs
+                .iter()
+                .map(|d| OutputReport {
+                    dtype: d.dtype.to_string(),
+                    sizes: d.sizes.clone(),
+                    data: d.data.clone(),
+                })
+                .collect(),
         }
-        let len = u64_(&mut at)? as usize;
-        let bytes = b.get(at..at + len).ok_or_else(bad)?;
-        at += len;
-        outputs.push(Dense::from_le_bytes(dtype, sizes, bytes)?);
     }
+}
+
+/// Reads a [`RankReport`] back into a run; a failed rank's report is its message.
+fn decode_run(bytes: &[u8]) -> Result<RankRun, String> {
+    let report: RankReport =
+        serde_json::from_slice(bytes).map_err(|e| format!("a malformed run report: {e}"))?;
+    let (wall_us, statements, timed_ns, outputs) = match report {
+        RankReport::Ran {
+            wall_us,
+            statements,
+            timed_ns,
+            outputs,
+        } => (wall_us, statements, timed_ns, outputs),
+        RankReport::Failed(message) => return Err(message),
+    };
+    let outputs = outputs
+        .into_iter()
+        .map(|o| {
+            let dtype = weave_ir::DType::from_name(&o.dtype)
+                .ok_or_else(|| format!("a malformed run report: no dtype `{}`", o.dtype))?;
+            if o.data.len() != o.sizes.iter().product::<usize>() {
+                return Err("a malformed run report: values do not fill the sizes".to_string());
+            }
+            Ok(Dense {
+                dtype,
+                sizes: o.sizes,
+                data: o.data,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     Ok(RankRun {
         outputs,
         races: Vec::new(),
         spans: Vec::new(),
         issue_time: Duration::ZERO,
-        wall_time: Duration::from_micros(wall),
+        wall_time: Duration::from_micros(wall_us),
         statements,
-        timed,
+        timed: timed_ns.into_iter().map(Duration::from_nanos).collect(),
         final_stream: StreamKey::Main,
         streams: Vec::new(),
         live_allocations: 0,
@@ -452,17 +422,23 @@ mod tests {
             streams: Vec::new(),
             live_allocations: 0,
         };
-        let back = decode_run(&encode_run(&run)).unwrap();
+        let encoded = serde_json::to_vec(&RankReport::of(&run)).unwrap();
+        let back = decode_run(&encoded).unwrap();
         assert_eq!(back.outputs, run.outputs);
         assert_eq!(back.statements, 43);
         assert_eq!(back.wall_time, Duration::from_micros(1234));
         assert_eq!(back.timed, run.timed);
-        let mut failed = vec![1u8];
-        failed.extend(b"rank 1: out of memory");
+        let failed =
+            serde_json::to_vec(&RankReport::Failed("rank 1: out of memory".into())).unwrap();
         assert_eq!(decode_run(&failed).unwrap_err(), "rank 1: out of memory");
-        assert_eq!(
-            decode_run(&[0, 1, 2]).unwrap_err(),
-            "a malformed run report"
+        let malformed = decode_run(&[0, 1, 2]).unwrap_err();
+        assert!(
+            malformed.starts_with("a malformed run report"),
+            "{malformed}"
         );
+        let mut short = serde_json::to_value(RankReport::of(&run)).unwrap();
+        short["Ran"]["outputs"][0]["sizes"] = serde_json::json!([2, 4]);
+        let short = decode_run(&serde_json::to_vec(&short).unwrap()).unwrap_err();
+        assert!(short.contains("do not fill"), "{short}");
     }
 }

@@ -15,36 +15,38 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::{ArgAction, Parser, ValueEnum};
 use serde_json::{json, Value};
-use streamweave::bench::{
+use streamweave::chunks::{choose, workload, Calibration, CANDIDATES};
+use streamweave::run::{compile_with, Compiled};
+use weave_bench::{
     calibrate, check_sample, linear_reference, median, run_program, time_comm, time_gemm,
     world_gpu_name, Check, CommKind, CopyEngine, ProgramRun, ProgramTiming, World, WorldOptions,
     LINEAR_SEEDS,
 };
-use streamweave::chunks::{choose, workload, Calibration, CANDIDATES};
-use streamweave::run::{compile_with, Compiled};
 use weave_comm::nccl::{NcclId, NcclOptions};
 use weave_comm::{IpcOptions, PeerHub};
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_executor::CudaOptions;
 use weave_passes::{AssignStreams, DumpOptions, Pipeline, SyncVariant};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Pattern {
+    /// Matmul + allreduce.
+    #[value(name = "row-parallel")]
     RowParallel,
+    /// Allgather + matmul.
+    #[value(name = "column-parallel")]
     ColumnParallel,
+    /// Matmul + reduce-scatter.
+    #[value(name = "matmul+rs")]
     MatmulRs,
+    /// The P2P-ring allgather + matmul.
+    #[value(name = "p2p-ring")]
     P2pRing,
 }
 
 impl Pattern {
-    const ALL: [Pattern; 4] = [
-        Pattern::RowParallel,
-        Pattern::ColumnParallel,
-        Pattern::MatmulRs,
-        Pattern::P2pRing,
-    ];
-
     fn name(self) -> &'static str {
         match self {
             Pattern::RowParallel => "row-parallel",
@@ -58,19 +60,19 @@ impl Pattern {
         match self {
             Pattern::RowParallel => (
                 "row_parallel_linear",
-                include_str!("../tests/scenarios/row_parallel_linear.weave"),
+                include_str!("../../../tests/scenarios/row_parallel_linear.weave"),
             ),
             Pattern::ColumnParallel => (
                 "column_parallel_chunked",
-                include_str!("../tests/scenarios/column_parallel_chunked.weave"),
+                include_str!("../../../tests/scenarios/column_parallel_chunked.weave"),
             ),
             Pattern::MatmulRs => (
                 "matmul_rs",
-                include_str!("../tests/scenarios/matmul_rs.weave"),
+                include_str!("../../../tests/scenarios/matmul_rs.weave"),
             ),
             Pattern::P2pRing => (
                 "column_parallel_p2p",
-                include_str!("../tests/scenarios/column_parallel_p2p.weave"),
+                include_str!("../../../tests/scenarios/column_parallel_p2p.weave"),
             ),
         }
     }
@@ -110,75 +112,74 @@ impl Pattern {
     }
 }
 
+/// The overlap benchmark on GPUs (rows, experiments and calibration; see the module doc).
+#[derive(Parser)]
+#[command(name = "gpu_overlap")]
 struct Args {
+    /// World sizes to measure, comma-separated (those above the visible GPUs are skipped).
+    #[arg(long, value_name = "D,...", value_delimiter = ',', default_values_t = [2, 4])]
     ranks: Vec<usize>,
+    /// Hidden sizes h, comma-separated.
+    #[arg(long = "h", value_name = "H,...", value_delimiter = ',', default_values_t = [4096, 8192])]
     hs: Vec<usize>,
+    /// Tokens t.
+    #[arg(long = "t", default_value_t = 8192)]
     t: usize,
+    /// Timed iterations per configuration (at least 1).
+    #[arg(long, default_value_t = 20, value_parser = at_least_one)]
     iters: usize,
+    /// Untimed iterations before them.
+    #[arg(long, default_value_t = 5)]
     warmup: usize,
+    /// The patterns to measure, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "row-parallel,column-parallel,matmul+rs,p2p-ring"
+    )]
     patterns: Vec<Pattern>,
+    /// Where to write ours.jsonl, the traces and the timelines.
+    #[arg(long, value_name = "DIR", default_value = "bench-out")]
     out: PathBuf,
+    /// Skip the overlap experiments.
+    #[arg(long = "no-experiments", action = ArgAction::SetFalse)]
     experiments: bool,
+    /// Skip the calibration (the cost model then reads --calibration, or its defaults).
+    #[arg(long = "no-calibrate", action = ArgAction::SetFalse)]
     calibrate: bool,
-    timeout: Duration,
+    /// The calibration cache: read for the cost model, and written with the calibration
+    /// measured here. Default: $WEAVE_CALIBRATION; without either the measured calibration
+    /// is used for this run only (and logged in ours.jsonl).
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
+    /// How long any wait may take, in seconds.
+    #[arg(long = "timeout-secs", value_name = "T", default_value_t = 30)]
+    timeout_secs: u64,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
-fn list(v: &str) -> Result<Vec<usize>, String> {
-    v.split(',')
-        .map(|x| x.trim().parse::<usize>().map_err(|e| format!("`{x}`: {e}")))
-        .collect()
+impl Args {
+    /// The bound on every wait.
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs)
+    }
+
+    /// `--calibration`, else `$WEAVE_CALIBRATION`.
+    fn calibration_path(&self) -> Option<PathBuf> {
+        self.calibration
+            .clone()
+            .or_else(|| std::env::var_os("WEAVE_CALIBRATION").map(PathBuf::from))
+    }
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        ranks: vec![2, 4],
-        hs: vec![4096, 8192],
-        t: 8192,
-        iters: 20,
-        warmup: 5,
-        patterns: Pattern::ALL.to_vec(),
-        out: PathBuf::from("bench-out"),
-        experiments: true,
-        calibrate: true,
-        timeout: Duration::from_secs(30),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--ranks" => a.ranks = list(&value()?)?,
-            "--h" => a.hs = list(&value()?)?,
-            "--t" => a.t = list(&value()?)?[0],
-            "--iters" => a.iters = list(&value()?)?[0],
-            "--warmup" => a.warmup = list(&value()?)?[0],
-            "--out" => a.out = PathBuf::from(value()?),
-            "--timeout-secs" => a.timeout = Duration::from_secs(list(&value()?)?[0] as u64),
-            "--patterns" => {
-                let v = value()?;
-                a.patterns = v
-                    .split(',')
-                    .map(|p| {
-                        Pattern::ALL
-                            .into_iter()
-                            .find(|x| x.name() == p.trim())
-                            .ok_or(format!(
-                                "unknown pattern `{p}`; the patterns are row-parallel, \
-                                 column-parallel, matmul+rs, p2p-ring"
-                            ))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            "--no-experiments" => a.experiments = false,
-            "--no-calibrate" => a.calibrate = false,
-            // cargo bench passes --bench.
-            "--bench" => {}
-            other => return Err(format!("unknown argument `{other}`")),
-        }
+/// A count of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a positive number")),
     }
-    if a.iters < 1 {
-        return Err("--iters must be at least 1".into());
-    }
-    Ok(a)
 }
 
 /// Loads and compiles the pattern at (t, h, d, s) with `pipeline`.
@@ -281,7 +282,7 @@ fn max_median(v: Vec<Vec<f64>>) -> f64 {
 }
 
 fn run() -> Result<(), String> {
-    let args = parse_args()?;
+    let args = Args::parse();
     match weave_cuda::device_count() {
         Ok(n) if n >= 2 => {}
         Ok(n) => {
@@ -311,12 +312,13 @@ fn run() -> Result<(), String> {
         .copied()
         .filter(|&r| r <= visible)
         .collect();
-    let mut cal = Calibration::load()?;
+    let calibration_path = bench.args.calibration_path();
+    let mut cal = Calibration::load(calibration_path.as_deref())?;
     let mut summary = Vec::new();
     for &d in &ranks {
         let options = WorldOptions {
             ranks: d,
-            timeout: bench.args.timeout,
+            timeout: bench.args.timeout(),
             nccl: NcclOptions::default(),
         };
         let mut world = Ranks {
@@ -327,11 +329,11 @@ fn run() -> Result<(), String> {
         println!("== {d} x {gpu}");
         if bench.args.calibrate {
             cal = calibrate(world.get()?)?;
-            if let Some(path) = Calibration::path() {
+            if let Some(path) = &calibration_path {
                 if let Some(dir) = path.parent() {
                     let _ = std::fs::create_dir_all(dir);
                 }
-                std::fs::write(&path, cal.render())
+                std::fs::write(path, cal.render())
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 println!("calibration ({}): {}", path.display(), cal.source);
             }
@@ -345,7 +347,7 @@ fn run() -> Result<(), String> {
         let sms = world.get()?.run(|r| Ok(r.gpu.sm_count()))?[0];
         let post_us = world
             .get()?
-            .run(|r| streamweave::bench::host_post_us(r, 50))?
+            .run(|r| weave_bench::host_post_us(r, 50))?
             .into_iter()
             .fold(0.0f64, f64::max);
         println!("host time per allreduce post: {post_us:.1} us");
@@ -544,7 +546,7 @@ fn run_row(
             engine: Engine::Nccl,
             config,
         };
-        let timeout = bench.args.timeout;
+        let timeout = bench.args.timeout();
         let ctas = |n: i32| NcclOptions {
             timeout,
             max_ctas: Some(n),

@@ -4,8 +4,9 @@
 //! predicting the time of S = 1 (no overlap) and of S chunks pipelined over the stream pool,
 //! and picking the fastest, or no overlap when chunking cannot pay.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use serde::{Deserialize, Serialize};
 use weave_executor::meter::{Meter, MeterBackend, MeteredComm};
 use weave_executor::{run_rank, Dense, RunConfig};
 
@@ -14,7 +15,11 @@ use crate::shard::Layout;
 
 /// What a machine does: measured once per machine (`calibrate`) and cached, or the H200
 /// figures of reference/anchors.md when nothing was measured.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// The cache is a TOML table of these fields ([`Calibration::render`]); a missing field takes
+/// its default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Calibration {
     /// Dense bf16/f16 GEMM throughput at large sizes, TFLOP/s.
     pub gemm_tflops: f64,
@@ -31,7 +36,13 @@ pub struct Calibration {
     /// How much overlapped GEMM and communication slow each other (0.1 = 10%).
     pub contention: f64,
     /// Where the figures come from.
+    #[serde(default = "measured")]
     pub source: String,
+}
+
+/// The source of a calibration file that does not name one.
+fn measured() -> String {
+    "measured".into()
 }
 
 impl Default for Calibration {
@@ -56,22 +67,14 @@ impl Default for Calibration {
 }
 
 impl Calibration {
-    /// Where a measured calibration is cached: `$WEAVE_CALIBRATION`, else
+    /// The calibration cached at `path`, or the defaults when there is no such file (or no
+    /// path). A cache that cannot be read is an error naming the file and where in it.
+    /// Where the cache lives is the caller's choice: `weave` reads `$WEAVE_CALIBRATION`, else
     /// `$HOME/.cache/streamweave/calibration.txt`.
-    pub fn path() -> Option<PathBuf> {
-        if let Some(p) = std::env::var_os("WEAVE_CALIBRATION") {
-            return Some(PathBuf::from(p));
-        }
-        std::env::var_os("HOME")
-            .map(|h| PathBuf::from(h).join(".cache/streamweave/calibration.txt"))
-    }
-
-    /// The cached calibration, or the defaults when there is none. A cache that cannot be
-    /// read is an error naming the file and line.
-    pub fn load() -> Result<Calibration, String> {
-        match Calibration::path() {
+    pub fn load(path: Option<&Path>) -> Result<Calibration, String> {
+        match path {
             Some(p) if p.exists() => {
-                let text = std::fs::read_to_string(&p)
+                let text = std::fs::read_to_string(p)
                     .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
                 Calibration::parse(&text).map_err(|m| format!("{}: {m}", p.display()))
             }
@@ -79,40 +82,28 @@ impl Calibration {
         }
     }
 
-    /// `key = value` lines (the format [`Calibration::render`] writes); `#` starts a comment.
+    /// Reads the TOML that [`Calibration::render`] writes (`key = value` lines, `#` comments).
+    /// The files written before the cache was TOML, whose `source` line is not quoted, read
+    /// the same.
     pub fn parse(text: &str) -> Result<Calibration, String> {
-        let mut c = Calibration {
-            source: "measured".into(),
-            ..Calibration::default()
+        let c: Calibration = match toml::from_str(text) {
+            Ok(c) => c,
+            Err(e) => match quote_source(text) {
+                Some(quoted) => toml::from_str(&quoted).map_err(|_| toml_error(&e))?,
+                None => return Err(toml_error(&e)),
+            },
         };
-        for (n, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim();
-            if line.is_empty() {
-                continue;
-            }
-            let (k, v) = line
-                .split_once('=')
-                .ok_or_else(|| format!("line {}: expected `key = value`", n + 1))?;
-            let (k, v) = (k.trim(), v.trim());
-            if k == "source" {
-                c.source = v.to_string();
-                continue;
-            }
-            let x: f64 = v
-                .parse()
-                .ok()
-                .filter(|x: &f64| x.is_finite() && *x >= 0.0)
-                .ok_or_else(|| format!("line {}: `{v}` is not a non-negative number", n + 1))?;
-            match k {
-                "gemm_tflops" => c.gemm_tflops = x,
-                "gemm_tflops_f32" => c.gemm_tflops_f32 = x,
-                "busbw_gbs" => c.busbw_gbs = x,
-                "p2p_gbs" => c.p2p_gbs = x,
-                "gemm_overhead_us" => c.gemm_overhead_us = x,
-                "comm_latency_us" => c.comm_latency_us = x,
-                "contention" => c.contention = x,
-                other => return Err(format!("line {}: unknown key `{other}`", n + 1)),
-            }
+        let figures = [
+            c.gemm_tflops,
+            c.gemm_tflops_f32,
+            c.busbw_gbs,
+            c.p2p_gbs,
+            c.gemm_overhead_us,
+            c.comm_latency_us,
+            c.contention,
+        ];
+        if figures.iter().any(|x| !x.is_finite() || *x < 0.0) {
+            return Err("every figure must be a non-negative number".into());
         }
         if c.gemm_tflops <= 0.0
             || c.busbw_gbs <= 0.0
@@ -124,21 +115,36 @@ impl Calibration {
         Ok(c)
     }
 
-    /// The text [`Calibration::parse`] reads.
+    /// The TOML text [`Calibration::parse`] reads.
     pub fn render(&self) -> String {
-        format!(
-            "source = {}\ngemm_tflops = {}\ngemm_tflops_f32 = {}\nbusbw_gbs = {}\np2p_gbs = {}\n\
-             gemm_overhead_us = {}\ncomm_latency_us = {}\ncontention = {}\n",
-            self.source,
-            self.gemm_tflops,
-            self.gemm_tflops_f32,
-            self.busbw_gbs,
-            self.p2p_gbs,
-            self.gemm_overhead_us,
-            self.comm_latency_us,
-            self.contention
-        )
+        // A struct of strings and floats always serializes.
+        toml::to_string(self).unwrap_or_default()
     }
+}
+
+/// A TOML error on one line: where, then what.
+fn toml_error(e: &toml::de::Error) -> String {
+    let text = e.to_string();
+    let at = text.lines().next().unwrap_or("");
+    let what = e.message().lines().next().unwrap_or("");
+    format!("{at}: {what}")
+}
+
+/// `text` with an unquoted `source = ...` line (the format before TOML) quoted, or `None`
+/// when it has none.
+fn quote_source(text: &str) -> Option<String> {
+    let mut changed = false;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| match line.split_once('=') {
+            Some((k, v)) if k.trim() == "source" && !v.trim().starts_with('"') => {
+                changed = true;
+                format!("source = {}", toml::Value::String(v.trim().to_string()))
+            }
+            _ => line.to_string(),
+        })
+        .collect();
+    changed.then(|| lines.join("\n"))
 }
 
 /// One rank's work in the unchunked program.
@@ -413,18 +419,47 @@ mod tests {
             ..Calibration::default()
         };
         assert_eq!(Calibration::parse(&c.render()).unwrap(), c);
-        assert_eq!(
-            Calibration::parse("gemm_tflops = 700\nbusbw_gbs = fast\n").unwrap_err(),
-            "line 2: `fast` is not a non-negative number"
+        assert!(
+            c.render().contains("source = \"measured on test\""),
+            "{}",
+            c.render()
         );
+        let err = Calibration::parse("gemm_tflops = 700\nbusbw_gbs = fast\n").unwrap_err();
+        assert!(err.contains("line 2"), "{err}");
+        let err = Calibration::parse("# comment\nspeed = 3\n").unwrap_err();
+        assert!(err.contains("line 2") && err.contains("speed"), "{err}");
+        let err = Calibration::parse("gemm_tflops 3\n").unwrap_err();
+        assert!(err.contains("line 1"), "{err}");
         assert_eq!(
-            Calibration::parse("# comment\nspeed = 3\n").unwrap_err(),
-            "line 2: unknown key `speed`"
+            Calibration::parse("busbw_gbs = -3\n").unwrap_err(),
+            "every figure must be a non-negative number"
         );
+        // Integers are figures too; a missing figure keeps its default.
+        let partial = Calibration::parse("gemm_tflops = 700\n").unwrap();
+        assert_eq!(partial.gemm_tflops, 700.0);
+        assert_eq!(partial.busbw_gbs, Calibration::default().busbw_gbs);
+        assert_eq!(partial.source, "measured");
+    }
+
+    #[test]
+    fn calibration_files_written_before_toml_still_read() {
+        let old = "source = measured on 2 x NVIDIA H200 (2 ranks)\ngemm_tflops = 851.2\n\
+                   gemm_tflops_f32 = 55\nbusbw_gbs = 219.5\np2p_gbs = 125\n\
+                   gemm_overhead_us = 15\ncomm_latency_us = 200\ncontention = 0.35\n";
+        let c = Calibration::parse(old).unwrap();
+        assert_eq!(c.source, "measured on 2 x NVIDIA H200 (2 ranks)");
+        assert_eq!(c.gemm_tflops, 851.2);
+        assert_eq!(c.p2p_gbs, 125.0);
+    }
+
+    #[test]
+    fn no_cache_file_means_the_defaults() {
+        let missing = Path::new("/no/such/dir/calibration.txt");
         assert_eq!(
-            Calibration::parse("gemm_tflops 3\n").unwrap_err(),
-            "line 1: expected `key = value`"
+            Calibration::load(Some(missing)).unwrap(),
+            Calibration::default()
         );
+        assert_eq!(Calibration::load(None).unwrap(), Calibration::default());
     }
 }
 
@@ -433,8 +468,8 @@ mod workload_tests {
     use super::*;
 
     fn compiled(s: i64) -> Compiled {
-        let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/row_parallel_linear.weave");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/scenarios/row_parallel_linear.weave");
         let set: Vec<(String, i64)> = [("t", 1024), ("h", 512), ("d", 2), ("s", s)]
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
@@ -468,8 +503,8 @@ mod workload_tests {
 
     #[test]
     fn auto_picks_overlap_at_8192_and_none_for_a_small_layer() {
-        let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/row_parallel_linear.weave");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/scenarios/row_parallel_linear.weave");
         let cal = tests::fast_start();
         let big = auto_chunks(&path, &[("d".into(), 2)], 2, &cal).unwrap();
         assert!(big.chunks > 1, "{big:?}");

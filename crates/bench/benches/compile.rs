@@ -16,7 +16,7 @@ use weave_executor::{run_rank, Dense, RunConfig};
 fn source() -> String {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/scenarios/row_parallel_linear.weave"
+        "/../../tests/scenarios/row_parallel_linear.weave"
     );
     std::fs::read_to_string(path).expect("fixture exists")
 }

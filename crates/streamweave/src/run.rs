@@ -2,35 +2,18 @@
 //! every rank (on its own thread with the CPU backend or a GPU, or as one process of a
 //! launched world), and compare each rank's outputs with the unsharded f64 reference.
 
-use std::collections::HashMap;
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use weave_comm::LocalWorld;
 use weave_executor::reference::{compare, run_reference, Comparison};
-use weave_executor::{
-    check_inputs, run_rank, CpuBackend, CpuOptions, Dense, ExecError, RankRun, RunConfig, StreamKey,
-};
-use weave_host_ir::HostProgram;
+use weave_executor::{check_inputs, run_rank, CpuBackend, CpuOptions, Dense, RankRun, RunConfig};
 use weave_ir::Fusion;
 use weave_passes::{DumpOptions, Ir, PassManager, Pipeline, PipelineError, Registry};
 
 use crate::shard::Layout;
+use crate::threads::run_rank_threads;
 
-/// A fusion compiled for running: the program every rank runs, and the fusions the inputs
-/// and the reference are made from.
-#[derive(Clone, Debug)]
-pub struct Compiled {
-    /// The fusion as loaded: what the reference evaluates.
-    pub fusion: Fusion,
-    /// The fusion after the pre-segmentation passes: the shardings of every input and
-    /// output, which the per-rank buffers follow.
-    pub sharded: Fusion,
-    /// The host program.
-    pub program: HostProgram,
-    /// Time spent in the pass pipeline.
-    pub compile_time: Duration,
-}
+pub use crate::setup::{params_of, BackendKind, Compiled, RunError, RunOptions, Transport};
 
 /// Runs the standard pipeline on `fusion`, without dumps, keeping the fusion as it is just
 /// before segmentation.
@@ -76,74 +59,6 @@ pub fn compile_with(
         program,
         compile_time: start.elapsed(),
     })
-}
-
-/// How to run.
-#[derive(Clone, Debug)]
-pub struct RunOptions {
-    /// In-process ranks.
-    pub ranks: usize,
-    /// `numberOfStreams`: the size of each rank's stream pool.
-    pub streams: usize,
-    /// Run the race checker.
-    pub check_races: bool,
-    /// Record spans for the timeline.
-    pub trace: bool,
-    /// Seed of the generated inputs.
-    pub seed: u64,
-    /// How long any stream or collective waits before failing.
-    pub timeout: Duration,
-    /// Streams slowed down before each job (tests, CPU backend).
-    pub delays: Vec<(StreamKey, Duration)>,
-    /// Where the ranks run.
-    pub backend: BackendKind,
-    /// Runs of the program before the one that is checked and traced (GPU: warms up
-    /// kernels, GEMM plans, NCCL connections and the memory pool).
-    pub warmup: usize,
-    /// Timed runs after the warm-up ones, on inputs already on the device (outputs left
-    /// there): their wall times land in [`RankRun::timed`](weave_executor::RankRun).
-    pub iters: usize,
-    /// How the CUDA backend moves allgathers and send/recv transfers.
-    pub transport: Transport,
-}
-
-/// How ranks on GPUs move the data of allgathers and point-to-point transfers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Transport {
-    /// NCCL kernels for everything.
-    #[default]
-    Nccl,
-    /// The GPUs' copy engines (no SMs): peer copies between the threads of one process
-    /// (`weave_comm::PeerCopy`), shared receive windows between processes
-    /// (`weave_comm::IpcCopy`); other collectives still use NCCL.
-    CopyEngine,
-}
-
-/// Where ranks run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// Host threads and memory; always available.
-    Cpu,
-    /// One GPU per rank, NCCL between them.
-    Cuda,
-}
-
-impl Default for RunOptions {
-    fn default() -> RunOptions {
-        RunOptions {
-            ranks: 2,
-            streams: 2,
-            check_races: true,
-            trace: false,
-            seed: 0x5eed,
-            timeout: Duration::from_secs(30),
-            delays: Vec::new(),
-            backend: BackendKind::Cpu,
-            warmup: 0,
-            iters: 0,
-            transport: Transport::Nccl,
-        }
-    }
 }
 
 /// One output of one rank against the reference.
@@ -224,46 +139,6 @@ pub struct TimedRuns {
     pub median: Duration,
     /// The fastest.
     pub min: Duration,
-}
-
-/// Why a run could not produce a report.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RunError {
-    /// The fusion and the run options do not fit together (rank count against meshes).
-    Setup(String),
-    /// The reference evaluation failed.
-    Reference(String),
-    /// Ranks failed; each with its error, by rank.
-    Ranks(Vec<(usize, ExecError)>),
-}
-
-impl fmt::Display for RunError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RunError::Setup(m) => f.write_str(m),
-            RunError::Reference(m) => write!(f, "reference evaluation failed: {m}"),
-            RunError::Ranks(errors) => {
-                for (k, (rank, e)) in errors.iter().enumerate() {
-                    if k > 0 {
-                        writeln!(f)?;
-                    }
-                    write!(f, "rank {rank}: {e}")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-impl std::error::Error for RunError {}
-
-/// The fusion's parameter values.
-pub fn params_of(fusion: &Fusion) -> HashMap<String, i64> {
-    fusion
-        .params()
-        .iter()
-        .filter_map(|p| p.value.or(p.default).map(|v| (p.name.clone(), v)))
-        .collect()
 }
 
 /// Checks that `ranks` fits every mesh of the fusion.
@@ -446,53 +321,25 @@ pub fn run_local(
     if !errors.is_empty() {
         return Err(RunError::Ranks(errors));
     }
-    let start = Instant::now();
-    let results: Vec<Result<RankRun, ExecError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = per_rank
-            .into_iter()
-            .enumerate()
-            .map(|(rank, inputs)| {
-                let comm = world.communicator(rank);
-                let config = &config;
-                let program = &compiled.program;
-                scope.spawn(move || {
-                    let backend = CpuBackend::new(CpuOptions {
-                        timeout: options.timeout,
-                        trace: options.trace,
-                        delays: options.delays.clone(),
-                    });
-                    run_rank(program, &backend, &comm, &inputs, config)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(ExecError::Program("the rank's thread panicked".into()))
-                })
-            })
-            .collect()
-    });
-    let elapsed = start.elapsed();
-    let mut runs = Vec::new();
-    let mut errors = Vec::new();
-    for (rank, r) in results.into_iter().enumerate() {
-        match r {
-            Ok(run) => runs.push(run),
-            Err(e) => errors.push((rank, e)),
-        }
-    }
-    if errors.is_empty() {
-        Ok((runs, elapsed))
-    } else {
-        Err(RunError::Ranks(errors))
-    }
+    let rank_inputs: Vec<_> = per_rank
+        .into_iter()
+        .enumerate()
+        .map(|(rank, inputs)| (inputs, world.communicator(rank)))
+        .collect();
+    run_rank_threads(rank_inputs, |_, (inputs, comm)| {
+        let backend = CpuBackend::new(CpuOptions {
+            timeout: options.timeout,
+            trace: options.trace,
+            delays: options.delays.clone(),
+        });
+        run_rank(&compiled.program, &backend, &comm, &inputs, &config)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weave_executor::StreamKey;
 
     fn rank(timed_ms: &[u64]) -> RankRun {
         RankRun {

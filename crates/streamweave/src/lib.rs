@@ -1,0 +1,101 @@
+//! streamweave: the facade that loads `.weave` fusions, schedules and verifies them, lowers
+//! them to host programs and runs them ([`run`], [`shard`]; CPU ranks in [`run`], GPU ranks
+//! in [`gpu`], the chunk-count model in [`chunks`] and its measurement in [`calibrate`]).
+//!
+//! The command line (`weave`) is the `weave-cli` package; this library depends on no CLI,
+//! progress-bar, error-reporting or log-subscriber crate, and its own code reads no
+//! environment variable: paths and a launched process's place are the caller's to give.
+
+use std::fmt;
+use std::path::Path;
+
+pub mod calibrate;
+pub mod chunks;
+pub mod gpu;
+pub mod run;
+mod setup;
+pub mod shard;
+mod threads;
+
+pub use weave_comm as comm;
+pub use weave_executor as executor;
+pub use weave_host_ir as host_ir;
+pub use weave_ir as ir;
+pub use weave_passes as passes;
+pub use weave_segmenter as segmenter;
+pub use weave_transform as transform;
+
+use weave_ir::{Diagnostic, Fusion};
+
+/// A failure to load a fusion, with the source kept so it renders with file:line:col and
+/// the offending line.
+#[derive(Debug, Clone)]
+pub struct LoadError {
+    /// The file name as given.
+    pub file: String,
+    /// The source text (empty when the file could not be read).
+    pub source: String,
+    /// What went wrong and where.
+    pub diagnostic: Diagnostic,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.diagnostic.render(&self.file, &self.source).trim_end())
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Parses `source` (named `file` in errors), applies `overrides` (`--set k=v`), applies
+/// every schedule block, verifies the result, and refuses shardings the pipeline cannot lower
+/// (`weave_passes::load_checks`): a stream split of a reduced axis, a copy between two tensors
+/// the user placed on meshes that no communication expresses.
+pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
+    let err = |diagnostic| LoadError {
+        file: file.to_string(),
+        source: source.to_string(),
+        diagnostic,
+    };
+    let mut fusion = weave_ir::text::parse(source, overrides).map_err(err)?;
+    weave_transform::schedule::apply_schedules(&mut fusion).map_err(err)?;
+    weave_ir::verify::verify(&fusion).map_err(err)?;
+    weave_passes::load_checks::check_user_shardings(&fusion).map_err(err)?;
+    Ok(fusion)
+}
+
+/// Runs the standard pipeline ([`weave_passes::Pipeline::standard`], without dumps) on a
+/// loaded fusion and returns the host program every rank runs.
+pub fn compile(fusion: Fusion) -> Result<weave_host_ir::HostProgram, weave_passes::PipelineError> {
+    match weave_passes::PassManager::standard().run(weave_passes::Ir::Fusion(fusion))? {
+        weave_passes::Ir::Host(p) => Ok(p),
+        other => Err(weave_passes::PipelineError::WrongResult(other.form())),
+    }
+}
+
+/// Reads and loads a `.weave` file.
+pub fn load_file(path: &Path, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
+    let file = path.display().to_string();
+    let source = std::fs::read_to_string(path).map_err(|e| LoadError {
+        file: file.clone(),
+        source: String::new(),
+        diagnostic: Diagnostic::new(format!("cannot read {file}: {e}")),
+    })?;
+    load(&file, &source, overrides)
+}
+
+/// Parses `k=v` (as given to `--set`) into a parameter override.
+pub fn parse_override(s: &str) -> Result<(String, i64), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--set expects NAME=VALUE, got `{s}`"))?;
+    let k = k.trim();
+    if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("--set: `{k}` is not a parameter name"));
+    }
+    let v: i64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("--set {k}: `{}` is not an integer", v.trim()))?;
+    Ok((k.to_string(), v))
+}
