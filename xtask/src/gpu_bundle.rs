@@ -41,7 +41,8 @@ pub struct BundleArgs {
     /// replaced when it holds an earlier bundle. Default: target/gpu-bundle.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Build with these features of the root package instead of its defaults: the CUDA and
+    /// Build with these features of weave-cli and weave-bench (both forward them to
+    /// streamweave) instead of their defaults: the CUDA and
     /// NCCL versions of the GPU machine, e.g. `cuda-12080,nccl-02027` (one of each; default
     /// `cuda-13000,nccl-02028`).
     #[arg(long, value_name = "LIST")]
