@@ -10,12 +10,9 @@ use std::time::Duration;
 
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_host_ir::{HostProgram, Stmt};
-use weave_passes::{DumpOptions, Pipeline};
+use weave_passes::DumpOptions;
 
-use streamweave::run::{
-    check_outputs, check_ranks, compile_with, generate_inputs, run_compiled, shard_inputs,
-    BackendKind, RunOptions, RunReport,
-};
+use streamweave::{Chunks, Compiler, Executable, RunOptions, RunReport, Target};
 
 /// A one-paragraph summary of a host program: statements by kind, loops, communications.
 pub fn summarize(program: &HostProgram) -> String {
@@ -113,10 +110,19 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
     println!("max abs error: {:.3e}", report.max_abs_error());
 }
 
-/// The flags of `weave run` beyond [`RunOptions`]: where the one-line JSON summary goes, the
-/// chunk count, and the dumps `WEAVE_DUMP` asks for.
+/// The flags of `weave run` beyond [`RunOptions`]: the rank count and backend (which make
+/// the target), the seed of the generated inputs, whether to check against the reference,
+/// where the one-line JSON summary goes, the chunk count, and the dumps `WEAVE_DUMP` asks for.
 #[derive(Clone, Debug, Default)]
 pub struct RunFlags {
+    /// `--ranks`: `None` for the default (2 for a fusion, its devices for a host program).
+    pub ranks: Option<usize>,
+    /// `--backend cuda`.
+    pub cuda: bool,
+    /// The seed of the generated inputs.
+    pub seed: u64,
+    /// `--no-check`: run without the reference.
+    pub no_check: bool,
     /// The JSON summary's file, if any.
     pub path: Option<PathBuf>,
     /// `--chunks`: a fixed S, or `None` for the cost model's choice.
@@ -181,19 +187,28 @@ fn summary_json(
     format!("{summary}\n")
 }
 
-/// Runs `weave run`. The fusion parameter `d`, when the fusion has one and `set` does not give
-/// it, is the number of ranks. With the CUDA backend in a process started by `weave launch`
-/// (or torchrun, or mpirun) this process runs one rank and rank 0 reports.
+/// Whether `file` holds a printed host program (`.hir`, or text that starts with the
+/// container header) rather than a `.weave` fusion.
+fn is_host_program(file: &Path, text: &str) -> bool {
+    file.extension().is_some_and(|e| e == "hir")
+        || text.trim_start().starts_with("%HostIrContainer")
+}
+
+/// Runs `weave run` on a `.weave` fusion or a printed host program (`.hir`). A fusion is
+/// compiled for the rank count (its mesh-size parameter, unless `set` gives it) and the chunk
+/// count; a host program runs as printed, its inputs sharded by its signature. With the CUDA
+/// backend in a process started by `weave launch` (or torchrun, or mpirun) this process runs
+/// one rank and rank 0 reports.
 pub fn run(
     file: &Path,
     set: &[(String, i64)],
     options: &RunOptions,
     trace: Option<&Path>,
-    json: &RunFlags,
+    flags: &RunFlags,
 ) -> ExitCode {
     let _run = tracing::info_span!("weave_run", file = %file.display()).entered();
     let mut options = options.clone();
-    let launched = if options.backend == BackendKind::Cuda {
+    let launched = if flags.cuda {
         // RANK, WORLD_SIZE, ...: this process's place in a launched world, if any.
         // A value that is not UTF-8 is read lossily, so that it is reported as malformed
         // rather than ignored.
@@ -209,105 +224,113 @@ pub fn run(
     } else {
         None
     };
-    if let Some(env) = &launched {
-        options.ranks = env.world;
-    }
     let mode = if launched.is_some() {
         "launch"
     } else {
         "threads"
     };
-    let backend = match options.backend {
-        BackendKind::Cpu => "cpu",
-        BackendKind::Cuda => "cuda",
-    };
+    let backend = if flags.cuda { "cuda" } else { "cpu" };
     let is_reporter = launched.as_ref().is_none_or(|e| e.rank == 0);
+    let json_ranks = launched
+        .as_ref()
+        .map(|e| e.world)
+        .or(flags.ranks)
+        .unwrap_or(0);
     let fail = |message: String| -> ExitCode {
         eprintln!("error: {message}");
         if is_reporter {
-            if let Some(p) = &json.path {
+            if let Some(p) = &flags.path {
                 let _ = std::fs::write(
                     p,
-                    summary_json(file, options.ranks, mode, backend, None, Some(&message)),
+                    summary_json(file, json_ranks, mode, backend, None, Some(&message)),
                 );
             }
         }
         ExitCode::FAILURE
     };
-    let dumps = match DumpOptions::parse(json.weave_dump.as_deref().unwrap_or_default()) {
-        Ok(dumps) => dumps,
-        Err(e) => return fail(e.to_string()),
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
     };
-    let mut set = set.to_vec();
-    let fusion = match streamweave::load_file(file, &set) {
-        Ok(f) => f,
-        Err(e) => return fail(e.to_string()),
-    };
-    let has = |name: &str, set: &[(String, i64)]| {
-        fusion.params().iter().any(|p| p.name == name) && !set.iter().any(|(k, _)| k == name)
-    };
-    let mut reload = false;
-    if has("d", &set) {
-        set.push(("d".into(), options.ranks as i64));
-        reload = true;
-    }
-    if has("s", &set) {
-        match json.chunks {
-            Some(n) => {
-                set.push(("s".into(), n as i64));
-                reload = true;
+    let name = file.display().to_string();
+    let compiled = tracing::info_span!("compile").in_scope(|| {
+        if is_host_program(file, &text) {
+            if let Some((k, _)) = set.first() {
+                return Err(format!(
+                    "--set {k}: a host program's parameters are fixed (its signature's `params(..)`); set them when compiling the .weave fusion"
+                ));
             }
-            None if options.backend == BackendKind::Cuda => {
-                let cal =
-                    match streamweave::chunks::Calibration::load(calibration_path().as_deref()) {
-                        Ok(c) => c,
-                        Err(e) => return fail(e),
-                    };
-                match streamweave::chunks::auto_chunks(file, &set, options.ranks, &cal) {
-                    Ok(choice) => {
-                        tracing::debug!(chunks = choice.chunks, source = %cal.source, "chunk count chosen");
-                        if is_reporter {
-                            let predicted: Vec<String> = choice
-                                .predicted
-                                .iter()
-                                .map(|(s, t)| format!("S={s}: {:.3} ms", t * 1e3))
-                                .collect();
-                            println!(
-                                "chunks: auto -> {} (predicted {}; calibration: {})",
-                                choice.chunks,
-                                predicted.join(", "),
-                                cal.source
-                            );
-                        }
-                        set.push(("s".into(), choice.chunks as i64));
-                        reload = true;
-                    }
-                    Err(e) => return fail(format!("choosing the chunk count: {e}")),
-                }
+            if let Some(n) = flags.chunks {
+                return Err(format!(
+                    "--chunks {n}: a host program's chunk count is fixed; choose it when compiling the .weave fusion"
+                ));
             }
-            None => {}
+            return Executable::from_text(&name, &text).map_err(|e| e.to_string());
         }
-    }
-    let fusion = if reload {
-        match streamweave::load_file(file, &set) {
-            Ok(f) => f,
-            Err(e) => return fail(e.to_string()),
+        let ranks = launched.as_ref().map(|e| e.world).or(flags.ranks).unwrap_or(2);
+        let dumps = DumpOptions::parse(flags.weave_dump.as_deref().unwrap_or_default())
+            .map_err(|e| e.to_string())?;
+        let chunks = match flags.chunks {
+            Some(n) => Chunks::Fixed(n),
+            None if flags.cuda => Chunks::Auto(
+                streamweave::chunks::Calibration::load(calibration_path().as_deref())?,
+            ),
+            None => Chunks::AsWritten,
+        };
+        let mut compiler = Compiler::new().dump(dumps).devices(ranks).chunks(chunks);
+        for (k, v) in set {
+            compiler = compiler.set(k, *v);
         }
-    } else {
-        fusion
+        compiler
+            .compile_source(&name, &text)
+            .map_err(|e| e.to_string())
+    });
+    let exe = match compiled {
+        Ok(e) => e,
+        Err(m) => return fail(m),
     };
-    if let Err(e) = check_ranks(&fusion, options.ranks) {
+    let ranks = launched
+        .as_ref()
+        .map(|e| e.world)
+        .or(flags.ranks)
+        .unwrap_or_else(|| {
+            if is_host_program(file, &text) {
+                exe.signature().all_devices().len().max(1)
+            } else {
+                2
+            }
+        });
+    options.target = match &launched {
+        Some(env) => Target::Launched(env.clone()),
+        None if flags.cuda => Target::Cuda { ranks },
+        None => Target::Cpu { ranks },
+    };
+    options.check = !flags.no_check;
+    if let (Some(choice), true) = (exe.chunk_choice(), is_reporter) {
+        tracing::debug!(chunks = choice.chunks, "chunk count chosen");
+        let predicted: Vec<String> = choice
+            .predicted
+            .iter()
+            .map(|(s, t)| format!("S={s}: {:.3} ms", t * 1e3))
+            .collect();
+        println!(
+            "chunks: auto -> {} (predicted {})",
+            choice.chunks,
+            predicted.join(", ")
+        );
+    }
+    if let Err(e) = exe.check_ranks(ranks) {
         // An error; the `skipped:` line tells the GPU scripts that this fusion does not run
         // on this many ranks (send_recv's meshes are fixed to 2 devices).
         println!("skipped: {e}");
         eprintln!("error: {e}");
         if is_reporter {
-            if let Some(p) = &json.path {
+            if let Some(p) = &flags.path {
                 let _ = std::fs::write(
                     p,
                     summary_json(
                         file,
-                        options.ranks,
+                        ranks,
                         mode,
                         backend,
                         None,
@@ -318,29 +341,19 @@ pub fn run(
         }
         return ExitCode::FAILURE;
     }
-    let compiled = match tracing::info_span!("compile")
-        .in_scope(|| compile_with(fusion, &Pipeline::standard(), &dumps))
-    {
-        Ok(c) => c,
-        Err(e) => return fail(e.to_string()),
-    };
     if is_reporter {
         let transport = match options.transport {
-            streamweave::run::Transport::Nccl => "",
-            streamweave::run::Transport::CopyEngine => ", copy-engine transfers",
+            streamweave::Transport::Nccl => "",
+            streamweave::Transport::CopyEngine => ", copy-engine transfers",
         };
         println!(
-            "{}: {} rank(s) on the {backend} backend ({mode}{transport}), numberOfStreams = {}",
+            "{}: {ranks} rank(s) on the {backend} backend ({mode}{transport}), numberOfStreams = {}",
             file.display(),
-            options.ranks,
             options.streams
         );
-        println!("host program: {}", summarize(&compiled.program));
+        println!("host program: {}", summarize(exe.program()));
     }
-    let globals = match generate_inputs(&compiled.fusion, options.seed) {
-        Ok(g) => g,
-        Err(e) => return fail(e.to_string()),
-    };
+    let globals = exe.random_inputs(flags.seed);
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let progress = std::thread::spawn(move || {
         // Quiet for runs under a second; a spinner with the elapsed time after that.
@@ -357,33 +370,33 @@ pub fn run(
         let _ = done_rx.recv();
         bar.finish_and_clear();
     });
-    let execute = tracing::info_span!("execute", ranks = options.ranks, backend).entered();
-    let result = match &launched {
-        None => run_compiled(&compiled, &globals, &options).map(Some),
-        Some(env) => run_launched_report(&compiled, &globals, &options, env),
-    };
+    let execute = tracing::info_span!("execute", ranks, backend).entered();
+    let result = exe.run_dense(&globals, &options);
     drop(execute);
     let _ = done_tx.send(());
     let _ = progress.join();
     let report = match result {
-        Ok(Some(r)) => r,
-        Ok(None) => {
+        Ok(r) if r.outputs.is_none() => {
             println!("rank done; rank 0 reports");
             return ExitCode::SUCCESS;
         }
+        Ok(r) => r,
         Err(e) => return fail(e.to_string()),
     };
     println!(
         "timings: compile {}, reference {}, run {}",
-        ms(compiled.compile_time),
+        ms(exe.compile_time()),
         ms(report.reference_time),
         ms(report.run_time)
     );
     print_report(&report, options.check_races);
-    if let Some(p) = &json.path {
+    if flags.no_check {
+        println!("reference check: skipped (--no-check)");
+    }
+    if let Some(p) = &flags.path {
         if let Err(e) = std::fs::write(
             p,
-            summary_json(file, options.ranks, mode, backend, Some(&report), None),
+            summary_json(file, ranks, mode, backend, Some(&report), None),
         ) {
             eprintln!("error: cannot write {}: {e}", p.display());
             return ExitCode::FAILURE;
@@ -421,33 +434,6 @@ pub fn run(
         println!("result: FAIL");
         ExitCode::FAILURE
     }
-}
-
-/// Runs this process's rank of a launched world; on rank 0, computes the reference and
-/// checks every rank's gathered outputs.
-fn run_launched_report(
-    compiled: &streamweave::run::Compiled,
-    globals: &[weave_executor::Dense],
-    options: &RunOptions,
-    env: &weave_comm::bootstrap::LaunchEnv,
-) -> Result<Option<RunReport>, streamweave::run::RunError> {
-    let per_rank = shard_inputs(compiled, globals, env.world)?;
-    let inputs = per_rank.into_iter().nth(env.rank).unwrap_or_default();
-    let Some((runs, run_time)) = streamweave::gpu::run_launched(compiled, inputs, options, env)?
-    else {
-        return Ok(None);
-    };
-    let t0 = std::time::Instant::now();
-    let reference = weave_executor::reference::run_reference(&compiled.fusion, globals)
-        .map_err(streamweave::run::RunError::Reference)?;
-    let reference_time = t0.elapsed();
-    let checks = check_outputs(compiled, &reference, &runs)?;
-    Ok(Some(RunReport {
-        ranks: runs,
-        checks,
-        reference_time,
-        run_time,
-    }))
 }
 
 /// Where the machine's calibration is cached: `$WEAVE_CALIBRATION`, else

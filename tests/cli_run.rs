@@ -110,8 +110,8 @@ fn run_refuses_more_ranks_than_the_mesh_and_unknown_backends() {
     assert!(out.starts_with("skipped: "), "{out}");
     assert_eq!(
         err.trim(),
-        "error: 4 ranks were asked for but the fusion's meshes (`m`) cover 2 device(s): every \
-         rank must be a device of a mesh (resize the mesh with --set, e.g. d=4)"
+        "error: 4 ranks were asked for but the program's meshes cover 2 device(s): every rank \
+         must be a device of a mesh (compile it with d=4)"
     );
     let (ok, _, err) = weave(&[
         "run",
@@ -318,4 +318,104 @@ fn the_log_is_off_by_default_and_goes_to_stderr_when_asked_for() {
     let (ok, _, err) = run_logged(&["--log", "weave_cli=loud"], Some("debug"));
     assert!(!ok);
     assert!(err.contains("--log `weave_cli=loud`"), "{err}");
+}
+
+/// `weave dump --passes default` prints a host program with its signature and definition;
+/// `weave run` runs that text by itself, on the ranks its signature names.
+#[test]
+fn a_printed_host_program_runs_by_itself() {
+    let dir = std::env::temp_dir().join(format!("weave-hir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (fixture, set, ranks) in [
+        (
+            "row_parallel_linear",
+            vec!["t=12", "h=4", "d=2", "s=3"],
+            "2",
+        ),
+        ("sequence_parallel_mlp", vec!["d=4", "t=48"], "4"),
+        ("allgather", vec!["d=3"], "3"),
+    ] {
+        let mut args = vec!["dump", "--passes", "default"];
+        let path = format!("tests/scenarios/{fixture}.weave");
+        args.push(&path);
+        for s in &set {
+            args.extend(["--set", s]);
+        }
+        let (ok, hir, err) = weave(&args);
+        assert!(ok, "{err}");
+        assert!(hir.contains("\nSignature:\n") && hir.contains("\nDefinition: fusion"));
+        let file = dir.join(format!("{fixture}.hir"));
+        std::fs::write(&file, &hir).unwrap();
+        let file = file.to_str().unwrap();
+        // Without --ranks: the devices its signature names.
+        let (ok, out, err) = weave(&["run", file, "--check-races"]);
+        assert!(ok, "{fixture}: {out}\n{err}");
+        assert!(
+            out.contains(&format!("{ranks} rank(s) on the cpu backend")),
+            "{out}"
+        );
+        assert!(out.contains("result: PASS"), "{out}");
+        assert!(out.contains("race checker: no races"), "{out}");
+    }
+    // A host program's parameters and chunk count are fixed.
+    let file = dir.join("row_parallel_linear.hir");
+    let file = file.to_str().unwrap();
+    let (ok, _, err) = weave(&["run", file, "--set", "t=24"]);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "error: --set t: a host program's parameters are fixed (its signature's `params(..)`); set them when compiling the .weave fusion"
+    );
+    let (ok, _, err) = weave(&["run", file, "--chunks", "2"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--chunks 2: a host program's chunk count is fixed"),
+        "{err}"
+    );
+    let (ok, out, err) = weave(&["run", file, "--ranks", "4"]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("4 ranks were asked for but the program's meshes cover 2 device(s)"),
+        "{err}"
+    );
+    // Without its definition there is no reference: refused unless --no-check.
+    let text = std::fs::read_to_string(file).unwrap();
+    let cut = text.find("Definition: ").unwrap();
+    let end = cut + text[cut..].find("\n}\n").unwrap() + 3;
+    let bare = dir.join("bare.hir");
+    std::fs::write(&bare, format!("{}{}", &text[..cut], &text[end..])).unwrap();
+    let bare = bare.to_str().unwrap();
+    let (ok, _, err) = weave(&["run", bare]);
+    assert!(!ok);
+    assert!(
+        err.contains("the program has no `Definition:` block, so there is no reference"),
+        "{err}"
+    );
+    let (ok, out, err) = weave(&["run", bare, "--no-check", "--check-races"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("reference check: skipped (--no-check)"),
+        "{out}"
+    );
+    // Without its signature it cannot be sharded at all; a broken line names its place.
+    let sig = text.find("Signature:").unwrap();
+    let unsigned = dir.join("unsigned.hir");
+    std::fs::write(&unsigned, &text[..sig]).unwrap();
+    let (ok, _, err) = weave(&["run", unsigned.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("the host program has no `Signature:` block"),
+        "{err}"
+    );
+    let broken = dir.join("broken.hir");
+    std::fs::write(
+        &broken,
+        text.replace("split(Serial, outer(2, DIDx", "split(Serial, outer(2, DIDz"),
+    )
+    .unwrap();
+    let (ok, _, err) = weave(&["run", broken.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("broken.hir:"), "{err}");
+    assert!(err.contains("expected a parallel type"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,11 +12,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use streamweave::run::{
-    check_ranks, compile_for_run, generate_inputs, run_compiled, shard_inputs, BackendKind,
-    RunError, RunOptions,
-};
-use streamweave::shard::Layout;
+use streamweave::run::RunError;
+use streamweave::{Compiler, Executable, RunOptions, Target};
 use weave_executor::reference::{compare, run_reference};
 use weave_executor::Dense;
 
@@ -50,18 +47,17 @@ fn load(name: &str, set: &[(&str, i64)]) -> weave_ir::Fusion {
 
 fn gpu_options(ranks: usize) -> RunOptions {
     RunOptions {
-        ranks,
+        target: Target::Cuda { ranks },
         streams: 2,
+        check: true,
         check_races: false,
-        trace: false,
-        seed: 0x5eed,
         timeout: Duration::from_secs(60),
-        delays: Vec::new(),
-        backend: BackendKind::Cuda,
-        warmup: 0,
-        iters: 0,
-        transport: Default::default(),
+        ..RunOptions::default()
     }
+}
+
+fn compile(fusion: weave_ir::Fusion) -> Executable {
+    Compiler::new().compile(&fusion).expect("compiles")
 }
 
 #[test]
@@ -86,23 +82,22 @@ fn every_scenario_matches_the_reference_on_2_and_4_gpus_and_the_race_checker_agr
                 }
             }
             let fusion = streamweave::load_file(&path, &set).expect("loads");
-            if check_ranks(&fusion, ranks).is_err() {
+            let compiled = compile(fusion);
+            if compiled.check_ranks(ranks).is_err() {
                 continue;
             }
-            let compiled = compile_for_run(fusion).expect("compiles");
-            let globals = generate_inputs(&compiled.fusion, 7).expect("inputs");
+            let globals = compiled.random_inputs(7);
             // The CPU race checker first: no races.
-            let cpu = run_compiled(
-                &compiled,
+            let cpu = compiled.run_dense(
                 &globals,
                 &RunOptions {
                     check_races: true,
-                    backend: BackendKind::Cpu,
+                    target: Target::Cpu { ranks },
                     ..gpu_options(ranks)
                 },
             );
             let races = cpu.as_ref().map(|r| r.races()).unwrap_or(usize::MAX);
-            let gpu = run_compiled(&compiled, &globals, &gpu_options(ranks));
+            let gpu = compiled.run_dense(&globals, &gpu_options(ranks));
             let line = match &gpu {
                 Ok(r) => format!(
                     "{name:36} {ranks} ranks: max abs {:.3e} races(cpu) {races} {}",
@@ -142,30 +137,42 @@ fn sampled_check(
         }
     }
     let small = load(name, &small_set);
-    let compiled = compile_for_run(big).map_err(|e| e.to_string())?;
-    let small_compiled = compile_for_run(small).map_err(|e| e.to_string())?;
-    let globals = generate_inputs(&compiled.fusion, 11).map_err(|e| e.to_string())?;
+    let compiled = compile(big);
+    let globals = compiled.random_inputs(11);
     let options = gpu_options(ranks);
-    let per_rank = shard_inputs(&compiled, &globals, ranks).map_err(|e| e.to_string())?;
+    let per_rank = (0..ranks)
+        .map(|r| compiled.shard_inputs(&globals, r))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
     let start = Instant::now();
-    let (runs, _) = streamweave::gpu::run_threads(&compiled, per_rank, &options)
-        .map_err(|e: RunError| e.to_string())?;
+    let (runs, _) = streamweave::gpu::run_threads(
+        compiled.program(),
+        &compiled.config(&options),
+        per_rank,
+        &options,
+    )
+    .map_err(|e: RunError| e.to_string())?;
     let run_time = start.elapsed();
     // The sampled inputs and reference.
     let small_inputs: Vec<Dense> = globals
         .iter()
-        .zip(small_compiled.fusion.inputs())
+        .zip(small.inputs())
         .map(|(g, t)| {
-            let want = tensor_sizes(&small_compiled.fusion, *t);
+            let want = tensor_sizes(&small, *t);
             sample(g, &want)
         })
         .collect::<Result<_, _>>()?;
-    let reference = run_reference(&small_compiled.fusion, &small_inputs)?;
+    let reference = run_reference(&small, &small_inputs)?;
     let mut report = Vec::new();
-    for (k, &t) in compiled.sharded.outputs().iter().enumerate() {
-        let layout = Layout::of(&compiled.sharded, t)?;
-        let locals: Vec<Dense> = runs.iter().map(|r| r.outputs[k].clone()).collect();
-        let global = layout.unshard(&locals)?;
+    for (k, layout) in compiled.outputs().iter().enumerate() {
+        let locals: Vec<&[f64]> = runs.iter().map(|r| r.outputs[k].data.as_slice()).collect();
+        let global = Dense {
+            dtype: layout.dtype,
+            sizes: layout.global.clone(),
+            data: layout
+                .unshard(&locals, f64::NAN)
+                .map_err(|e| e.to_string())?,
+        };
         let got = sample(&global, &reference[k].sizes)?;
         let c = compare(&got.data, &reference[k].data, reference[k].dtype);
         report.push(format!("{c}"));
@@ -290,15 +297,23 @@ fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
         "row_parallel_linear",
         &[("t", 256), ("h", 64), ("d", 2), ("s", 4)],
     );
-    let compiled = compile_for_run(fusion).expect("compiles");
-    let globals = generate_inputs(&compiled.fusion, 3).expect("inputs");
-    let per_rank = shard_inputs(&compiled, &globals, 2).expect("shards");
+    let compiled = compile(fusion);
+    let globals = compiled.random_inputs(3);
+    let per_rank: Vec<Vec<Dense>> = (0..2)
+        .map(|r| compiled.shard_inputs(&globals, r).expect("shards"))
+        .collect();
     let options = RunOptions {
         timeout: Duration::from_secs(10),
         ..gpu_options(2)
     };
     let start = Instant::now();
-    let result = streamweave::gpu::run_threads_failing(&compiled, per_rank, &options, 1);
+    let result = streamweave::gpu::run_threads_failing(
+        compiled.program(),
+        &compiled.config(&options),
+        per_rank,
+        &options,
+        1,
+    );
     let elapsed = start.elapsed();
     match result {
         Err(RunError::Ranks(errors)) => {
@@ -357,7 +372,7 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
         for (name, extra, k) in cases {
             let mut set = vec![("t", t), ("h", h), ("d", ranks as i64)];
             set.extend_from_slice(extra);
-            let compiled = Arc::new(compile_for_run(load(name, &set)).expect("compiles"));
+            let compiled = Arc::new(compile(load(name, &set)));
             let n_out = if name == "row_parallel_linear" {
                 h
             } else {

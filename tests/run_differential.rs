@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 mod common;
 
 use proptest::prelude::*;
-use streamweave::run::compile_for_run;
+use streamweave::Compiler;
 
 // ---------------------------------------------------------------------------------------
 // Source writing helpers
@@ -1894,8 +1894,8 @@ fn all_to_all_from_or_into_stream_chunks_gathers_first() {
         // No AllToAll: a gather (an Allgather of the whole or per chunk, or a Broadcast per
         // chunk where the stream chunks nest in the shards), then the slice.
         let fusion = streamweave::load("a2a.weave", &source, &[]).unwrap();
-        let compiled = compile_for_run(fusion).unwrap();
-        let text = compiled.program.to_string();
+        let compiled = Compiler::new().compile(&fusion).unwrap();
+        let text = compiled.program().to_string();
         assert!(!text.contains("type=AllToAll"), "{text}");
         assert!(
             text.contains("type=Allgather") || text.contains("type=Broadcast"),
@@ -2355,8 +2355,8 @@ fn scatters_to_a_disjoint_mesh_send_each_receiver_its_piece_from_the_first_sende
         let source = program(a, b, rows, &x, &z);
         assert_runs(&source, ranks, 2);
         let fusion = streamweave::load("scatter.weave", &source, &[]).unwrap();
-        let compiled = compile_for_run(fusion).unwrap();
-        let p = &compiled.program;
+        let compiled = Compiler::new().compile(&fusion).unwrap();
+        let p = compiled.program();
         let mut comms = Vec::new();
         for w in p.walk() {
             if let Stmt::Communication(c) = &p.stmts[w.stmt] {

@@ -12,30 +12,24 @@ use streamweave::comm::{
     Collective, CommError, Communicator, HostView, Local, LocalWorld, P2p, TaskQueue,
 };
 use streamweave::executor::{run_rank, CpuBackend, CpuOptions, Dense, ExecError, RunConfig};
-use streamweave::run::{
-    check_ranks, compile_for_run, generate_inputs, params_of, run_local, Compiled, RunError,
-    RunOptions,
-};
-use streamweave::shard::Layout;
+use streamweave::run::{run_local, RunError, RunOptions};
+use streamweave::{Compiler, Executable};
 
-fn compiled(name: &str, set: &[(&str, i64)]) -> Compiled {
+fn compiled(name: &str, set: &[(&str, i64)]) -> Executable {
     let path = common::fixture(name);
-    let set: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    compile_for_run(streamweave::load_file(&path, &set).unwrap()).unwrap()
+    let mut c = Compiler::new();
+    for (k, v) in set {
+        c = c.set(k, *v);
+    }
+    c.compile_source(name, &std::fs::read_to_string(path).unwrap())
+        .unwrap()
 }
 
 /// Every rank's inputs, sharded from seeded global inputs.
-fn inputs(c: &Compiled, ranks: usize) -> Vec<Vec<Dense>> {
-    let globals = generate_inputs(&c.fusion, 3).unwrap();
+fn inputs(c: &Executable, ranks: usize) -> Vec<Vec<Dense>> {
+    let globals = c.random_inputs(3);
     (0..ranks)
-        .map(|r| {
-            c.sharded
-                .inputs()
-                .iter()
-                .zip(&globals)
-                .map(|(&t, g)| Layout::of(&c.sharded, t).unwrap().shard(g, r).unwrap())
-                .collect()
-        })
+        .map(|r| c.shard_inputs(&globals, r).unwrap())
         .collect()
 }
 
@@ -111,7 +105,7 @@ impl Communicator for Faulty {
 }
 
 fn run_faulty(
-    c: &Compiled,
+    c: &Executable,
     ranks: usize,
     fault: Fault,
     nth: usize,
@@ -120,7 +114,7 @@ fn run_faulty(
     let world = LocalWorld::new(ranks, timeout);
     let per_rank = inputs(c, ranks);
     let config = RunConfig {
-        params: params_of(&c.sharded),
+        params: c.signature().params.iter().cloned().collect(),
         number_of_streams: 2,
         check_races: true,
     };
@@ -136,7 +130,7 @@ fn run_faulty(
                     fault,
                     seen: AtomicUsize::new(0),
                 };
-                let (program, config) = (&c.program, &config);
+                let (program, config) = (c.program(), &config);
                 s.spawn(move || {
                     let backend = CpuBackend::new(CpuOptions {
                         timeout,
@@ -204,21 +198,21 @@ fn a_collective_that_one_rank_never_posts_times_out_naming_it() {
 fn inputs_of_the_wrong_shape_or_dtype_are_rejected_before_anything_runs() {
     let c = compiled("row_parallel_linear", &[("t", 12), ("h", 4), ("d", 2)]);
     let options = RunOptions {
-        ranks: 2,
         timeout: Duration::from_secs(5),
         ..RunOptions::default()
     };
+    let config = c.config(&options);
     let mut bad = inputs(&c, 2);
     bad[1][0].sizes = vec![12, 4];
     bad[1][0].data.truncate(48);
-    let err = run_local(&c, bad, &options).unwrap_err();
+    let err = run_local(c.program(), &config, bad, &options).unwrap_err();
     assert_eq!(
         err.to_string(),
         "rank 1: input 0 (T0) axis 1 must have size 8 = ( 2 * h ) but has 4"
     );
     let mut bad = inputs(&c, 2);
     bad[0][1].dtype = streamweave::ir::DType::F32;
-    match run_local(&c, bad, &options).unwrap_err() {
+    match run_local(c.program(), &config, bad, &options).unwrap_err() {
         RunError::Ranks(errors) => {
             assert_eq!(
                 errors[0],
@@ -236,13 +230,13 @@ fn inputs_of_the_wrong_shape_or_dtype_are_rejected_before_anything_runs() {
 fn more_ranks_than_the_mesh_is_an_error() {
     let c = compiled("allgather", &[("d", 2)]);
     assert_eq!(
-        check_ranks(&c.fusion, 4).unwrap_err().to_string(),
-        "4 ranks were asked for but the fusion's meshes (`m`) cover 2 device(s): every rank \
-         must be a device of a mesh (resize the mesh with --set, e.g. d=4)"
+        c.check_ranks(4).unwrap_err().to_string(),
+        "4 ranks were asked for but the program's meshes cover 2 device(s): every rank must \
+         be a device of a mesh (compile it with d=4)"
     );
     assert_eq!(
-        check_ranks(&c.fusion, 1).unwrap_err().to_string(),
-        "mesh `m` names device 1 but only 1 rank(s) were asked for"
+        c.check_ranks(1).unwrap_err().to_string(),
+        "the program's meshes name device 1 but only 1 rank(s) were asked for"
     );
 }
 

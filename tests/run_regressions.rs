@@ -5,10 +5,10 @@
 
 mod common;
 
+use common::Checked as Compiled;
 use streamweave::host_ir::{HostProgram, Stmt};
 use streamweave::ir::{Fusion, IterType, ParallelType, TensorId};
 use streamweave::passes::{Ir, PassManager, Pipeline, Registry};
-use streamweave::run::Compiled;
 
 /// Compiles `source` with `overrides` and runs it on `ranks` ranks; an error holds the stage,
 /// the program and the report.
@@ -108,7 +108,7 @@ fn segments(source: &str) -> Vec<String> {
 fn a_reduction_over_a_streamed_axis_stays_outside_the_stream_loop() {
     let source = std::fs::read_to_string(common::fixture("row_parallel_linear_backward")).unwrap();
     for c in runs_on(&source, &[1, 2, 3, 4], &[]) {
-        let f = &c.sharded;
+        let f = &c.sharded();
         assert_eq!(streamed_reductions(f), Vec::<String>::new());
         assert!(has(f, "grad_inp", ParallelType::Stream));
         assert!(has(f, "grad_out_t", ParallelType::Stream));
@@ -139,8 +139,8 @@ fn a_reduction_over_a_streamed_axis_stays_outside_the_stream_loop() {
 }
 ";
     for c in runs_on(linear, &[1, 2, 4], &[]) {
-        assert_eq!(streamed_reductions(&c.sharded), Vec::<String>::new());
-        assert!(!has(&c.sharded, "grad_w", ParallelType::Stream));
+        assert_eq!(streamed_reductions(&c.sharded()), Vec::<String>::new());
+        assert!(!has(&c.sharded(), "grad_w", ParallelType::Stream));
     }
 }
 
@@ -160,7 +160,7 @@ fn a_stream_only_schedule_still_receives_the_device_sharding() {
 }
 ";
     for c in runs_on(column, &[1, 2, 4], &[]) {
-        let f = &c.sharded;
+        let f = &c.sharded();
         assert!(has(f, "grad_x", ParallelType::Stream));
         assert!(has(f, "grad_x", ParallelType::DIDx));
         assert!(f.tensor(tensor(f, "grad_x")).mesh.is_some());
@@ -176,7 +176,7 @@ fn a_stream_only_schedule_still_receives_the_device_sharding() {
 }
 ";
     for c in runs_on(chain, &[1, 2], &[]) {
-        assert!(has(&c.sharded, "a", ParallelType::DIDx));
+        assert!(has(&c.sharded(), "a", ParallelType::DIDx));
     }
     // No mesh anywhere: a stream split on one intermediate.
     let single = "fusion stream_only_single(t = 8, h = 2, s = 2) {
@@ -235,7 +235,7 @@ fn one_chunk_loops_over_unmapped_axes_stay_apart() {
                         .sizes
                         .iter()
                         .map(|s| match &p.scalars[*s] {
-                            weave_host_ir::HostScalar::Value(v) => v.eval(&|n| sig.param(n)),
+                            streamweave::host_ir::HostScalar::Value(v) => v.eval(&|n| sig.param(n)),
                             _ => None,
                         })
                         .collect();

@@ -9,7 +9,7 @@ use common::fixtures;
 
 use std::time::Duration;
 
-use streamweave::run::{compile_for_run, generate_inputs, run_compiled, RunOptions};
+use streamweave::{Compiler, RunOptions, Target};
 
 /// The rank counts a scenario runs with: every count, except for fusions whose meshes are
 /// written with fixed devices.
@@ -80,17 +80,20 @@ fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
             let streams = 1 + ranks % 3;
             let fusion = streamweave::load(&name, &source, &overrides)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let compiled = compile_for_run(fusion).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let globals = generate_inputs(&compiled.fusion, 7 + ranks as u64).unwrap();
+            let compiled = Compiler::new()
+                .compile(&fusion)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let globals = compiled.random_inputs(7 + ranks as u64);
             let options = RunOptions {
-                ranks,
+                target: Target::Cpu { ranks },
+                check: true,
                 streams,
                 check_races: true,
                 timeout: Duration::from_secs(20),
                 ..RunOptions::default()
             };
             runs += 1;
-            match run_compiled(&compiled, &globals, &options) {
+            match compiled.run_dense(&globals, &options) {
                 Ok(report) if report.passed() => {
                     assert!(!report.checks.is_empty(), "{name}: no output was checked");
                 }
@@ -132,19 +135,20 @@ fn row_parallel_linear_with_more_chunks_than_streams_is_race_free_and_exact_in_f
         &[set("t", 6), set("h", 2), set("s", 3), set("d", 2)],
     )
     .unwrap();
-    let compiled = compile_for_run(fusion).unwrap();
-    let globals = generate_inputs(&compiled.fusion, 1).unwrap();
+    let compiled = Compiler::new().compile(&fusion).unwrap();
+    let globals = compiled.random_inputs(1);
     for streams in 1..=4 {
-        let report = run_compiled(
-            &compiled,
-            &globals,
-            &RunOptions {
-                ranks: 2,
-                streams,
-                ..RunOptions::default()
-            },
-        )
-        .unwrap();
+        let report = compiled
+            .run_dense(
+                &globals,
+                &RunOptions {
+                    check: true,
+                    target: Target::Cpu { ranks: 2 },
+                    streams,
+                    ..RunOptions::default()
+                },
+            )
+            .unwrap();
         assert!(report.passed(), "{streams} streams: {:?}", report.checks);
         assert!(report.max_abs_error() < 1e-5, "{}", report.max_abs_error());
         // Three linears and three allreduces per rank, one per chunk.
@@ -171,17 +175,18 @@ fn serial_splits_of_any_factor_match_the_reference() {
         for s in 1..=7 {
             let fusion = streamweave::load("serial.weave", &source, &[("s".to_string(), s)])
                 .unwrap_or_else(|e| panic!("{e}"));
-            let compiled = compile_for_run(fusion).unwrap();
-            let globals = generate_inputs(&compiled.fusion, 3).unwrap();
-            let report = run_compiled(
-                &compiled,
-                &globals,
-                &RunOptions {
-                    ranks: 1,
-                    ..RunOptions::default()
-                },
-            )
-            .unwrap();
+            let compiled = Compiler::new().compile(&fusion).unwrap();
+            let globals = compiled.random_inputs(3);
+            let report = compiled
+                .run_dense(
+                    &globals,
+                    &RunOptions {
+                        check: true,
+                        target: Target::Cpu { ranks: 1 },
+                        ..RunOptions::default()
+                    },
+                )
+                .unwrap();
             assert!(report.passed(), "{schedule}, s = {s}: {:?}", report.checks);
             assert!(report.max_abs_error() < 1e-5, "{schedule}, s = {s}");
             assert_eq!(report.ranks[0].outputs[0].sizes, vec![3, 5]);
@@ -195,19 +200,22 @@ fn assert_matches_reference(name: &str, sets: &[(&str, i64)], ranks: usize) {
     let source = std::fs::read_to_string(common::fixture(name)).unwrap();
     let ov: Vec<(String, i64)> = sets.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let fusion = streamweave::load(name, &source, &ov).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let compiled = compile_for_run(fusion).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let globals = generate_inputs(&compiled.fusion, 11).unwrap();
-    let report = run_compiled(
-        &compiled,
-        &globals,
-        &RunOptions {
-            ranks,
-            streams: 2,
-            check_races: true,
-            ..RunOptions::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{name} {sets:?}: {e}"));
+    let compiled = Compiler::new()
+        .compile(&fusion)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let globals = compiled.random_inputs(11);
+    let report = compiled
+        .run_dense(
+            &globals,
+            &RunOptions {
+                check: true,
+                target: Target::Cpu { ranks },
+                streams: 2,
+                check_races: true,
+                ..RunOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{name} {sets:?}: {e}"));
     assert!(
         report.passed(),
         "{name} {sets:?} on {ranks} ranks: {:?}",
@@ -253,25 +261,26 @@ fn swizzled_loops_rotate_compute_but_not_collectives() {
     for d in 1..=4i64 {
         for (source, rotated) in [(compute, true), (collective, false)] {
             let fusion = streamweave::load("sw.weave", source, &[("d".to_string(), d)]).unwrap();
-            let compiled = compile_for_run(fusion).unwrap();
-            let text = streamweave::host_ir::print(&compiled.program);
+            let compiled = Compiler::new().compile(&fusion).unwrap();
+            let text = streamweave::host_ir::print(compiled.program());
             let rot = format!("stream_index=( ( rank + i0 ) % {d} ))");
             assert_eq!(text.contains(&rot), rotated, "d={d}:\n{text}");
             if !rotated {
                 assert!(text.contains("stream_index=i0)"), "d={d}:\n{text}");
             }
-            let globals = generate_inputs(&compiled.fusion, 5).unwrap();
-            let report = run_compiled(
-                &compiled,
-                &globals,
-                &RunOptions {
-                    ranks: d as usize,
-                    streams: 2,
-                    check_races: true,
-                    ..RunOptions::default()
-                },
-            )
-            .unwrap();
+            let globals = compiled.random_inputs(5);
+            let report = compiled
+                .run_dense(
+                    &globals,
+                    &RunOptions {
+                        check: true,
+                        target: Target::Cpu { ranks: d as usize },
+                        streams: 2,
+                        check_races: true,
+                        ..RunOptions::default()
+                    },
+                )
+                .unwrap();
             assert!(report.passed(), "d={d}: {:?}\n{text}", report.checks);
         }
     }

@@ -7,25 +7,17 @@ mod common;
 use common::fixtures;
 
 use streamweave::executor::Dense;
-use streamweave::host_ir::HostProgram;
-use streamweave::run::{compile_for_run, params_of};
-use streamweave::shard::Layout;
+use streamweave::host_ir::TensorSig;
+use streamweave::Compiler;
 
-fn declared_sizes(
-    p: &HostProgram,
-    t: streamweave::host_ir::HostTensorId,
-    params: &std::collections::HashMap<String, i64>,
-) -> Vec<usize> {
-    p.tensors[t]
-        .sizes
-        .iter()
-        .map(|&s| match &p.scalars[s] {
-            streamweave::host_ir::HostScalar::Value(v) => {
-                v.eval(&|n| params.get(n).copied()).unwrap() as usize
-            }
-            other => panic!("an input size is {other:?}"),
-        })
-        .collect()
+fn compile(path: &std::path::Path, set: &[(&str, i64)]) -> streamweave::Executable {
+    let mut c = Compiler::new();
+    for (k, v) in set {
+        c = c.set(k, *v);
+    }
+    let source = std::fs::read_to_string(path).unwrap();
+    c.compile_source(&path.display().to_string(), &source)
+        .unwrap()
 }
 
 #[test]
@@ -37,43 +29,22 @@ fn per_rank_buffers_match_the_host_signature_and_round_trip() {
         if fusion.params().iter().any(|p| p.value.unwrap_or(0) > 1000) {
             continue; // benchmark sizes; the same layouts are covered at small sizes below
         }
-        let c = compile_for_run(fusion).unwrap();
-        let params = params_of(&c.sharded);
-        let ranks = c
-            .fusion
-            .meshes()
-            .iter()
-            .flat_map(|&m| c.fusion.mesh(m).mesh.devices().to_vec())
-            .max()
-            .map_or(1, |d| d as usize + 1);
-        let pairs = c
-            .sharded
-            .inputs()
-            .iter()
-            .zip(&c.program.inputs)
-            .chain(c.sharded.outputs().iter().zip(&c.program.outputs));
-        for (&t, &h) in pairs {
-            let layout = Layout::of(&c.sharded, t).unwrap();
-            let want = declared_sizes(&c.program, h, &params);
-            let got = layout.local_sizes();
-            assert_eq!(
-                got.iter().product::<usize>(),
-                want.iter().product::<usize>(),
-                "{name}: `{}` local sizes {got:?}, host program {want:?}",
-                c.sharded.tensor(t).name
-            );
-            let global =
-                Dense::random(c.sharded.tensor(t).dtype, layout.global_sizes().to_vec(), 9);
-            let locals: Vec<Dense> = (0..ranks)
-                .map(|r| layout.shard(&global, r).unwrap())
+        // The verifier holds every signature entry's per-rank buffer to the program's sizes
+        // of that tensor (`weave_host_ir::verify`); `from_program` verifies.
+        let exe = compile(&path, &[]);
+        let ranks = exe.min_ranks();
+        for t in exe.inputs().iter().chain(exe.outputs()) {
+            let global = Dense::random(t.dtype, t.global.clone(), 9);
+            let locals: Vec<Vec<f64>> = (0..ranks)
+                .map(|r| t.shard(&global.data, r).unwrap())
                 .collect();
-            let back = layout.unshard(&locals).unwrap();
-            assert_eq!(
-                back.data,
-                global.data,
-                "{name}: `{}`",
-                c.sharded.tensor(t).name
-            );
+            for (r, l) in locals.iter().enumerate() {
+                if t.holds(r) {
+                    assert_eq!(l.len(), t.local_sizes_of(r).iter().product::<usize>());
+                }
+            }
+            let back = t.unshard(&locals, f64::NAN).unwrap();
+            assert_eq!(back, global.data, "{name}: `{}`", t.name);
             checked += 1;
         }
     }
@@ -84,34 +55,21 @@ fn per_rank_buffers_match_the_host_signature_and_round_trip() {
 fn a_did_split_inside_stream_chunks_interleaves_by_chunk() {
     // matmul_rs: out [t, h] is cut into 4 stream chunks, and each chunk across 2 devices;
     // rank 1 holds the second half of every chunk, chunk by chunk.
-    let path = common::fixture("matmul_rs");
-    let set = |k: &str, v: i64| (k.to_string(), v);
-    let fusion = streamweave::load_file(&path, &[set("t", 16), set("h", 1)]).unwrap();
-    let c = compile_for_run(fusion).unwrap();
-    let out = c.sharded.outputs()[0];
-    let layout = Layout::of(&c.sharded, out).unwrap();
-    assert_eq!(layout.local_sizes(), vec![8, 1]);
-    let rows: Vec<usize> = layout
-        .global_indices(1)
-        .into_iter()
-        .map(|i| i.unwrap())
-        .collect();
-    assert_eq!(rows, vec![2, 3, 6, 7, 10, 11, 14, 15]);
+    let out = layout_of("matmul_rs", &[("t", 16), ("h", 1)], true);
+    assert_eq!(out.local_sizes(), vec![8, 1]);
+    assert_eq!(out.global_indices(1), vec![2, 3, 6, 7, 10, 11, 14, 15]);
 }
 
-fn layout_of(name: &str, set: &[(&str, i64)], output: bool) -> Layout {
-    let set: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    let fusion = streamweave::load_file(&common::fixture(name), &set).unwrap();
-    let c = compile_for_run(fusion).unwrap();
-    let t = if output {
-        c.sharded.outputs()[0]
+fn layout_of(name: &str, set: &[(&str, i64)], output: bool) -> TensorSig {
+    let exe = compile(&common::fixture(name), set);
+    if output {
+        exe.outputs()[0].clone()
     } else {
-        c.sharded.inputs()[0]
-    };
-    Layout::of(&c.sharded, t).unwrap()
+        exe.inputs()[0].clone()
+    }
 }
 
-fn rows(layout: &Layout, rank: usize) -> Vec<usize> {
+fn rows(layout: &TensorSig, rank: usize) -> Vec<usize> {
     layout.axis_indices(rank)[0].clone()
 }
 

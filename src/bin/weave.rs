@@ -79,14 +79,21 @@ enum Command {
         #[arg(long)]
         list_passes: bool,
     },
-    /// Compile a `.weave` file, run it on N ranks with seeded random inputs and compare
-    /// every rank's outputs with the unsharded f64 reference.
+    /// Compile a `.weave` file (or take a printed host program, `.hir`), run it on N ranks
+    /// with seeded random inputs and compare every rank's outputs with the unsharded f64
+    /// reference.
     Run {
-        /// The `.weave` file to run.
+        /// The `.weave` fusion, or a host program printed by `weave dump --passes default`
+        /// (`.hir`: it runs as printed, its inputs sharded by its signature).
         file: PathBuf,
-        /// How many ranks run the program (in-process threads on the CPU backend).
-        #[arg(long, default_value_t = 2)]
-        ranks: usize,
+        /// How many ranks run the program (in-process threads on the CPU backend). Default:
+        /// 2 for a fusion (its mesh-size parameter follows), the devices of a host program.
+        #[arg(long)]
+        ranks: Option<usize>,
+        /// Run without the f64 reference (a host program without a `Definition:` block has
+        /// none): outputs are not checked, races still are with --check-races.
+        #[arg(long)]
+        no_check: bool,
         /// Override a fusion parameter (repeatable), e.g. `--set s=3`.
         #[arg(long = "set", value_name = "NAME=VALUE", value_parser = streamweave::parse_override)]
         set: Vec<(String, i64)>,
@@ -233,6 +240,7 @@ fn main() -> ExitCode {
         Command::Run {
             file,
             ranks,
+            no_check,
             set,
             backend,
             streams,
@@ -246,17 +254,17 @@ fn main() -> ExitCode {
             iters,
             transport,
         } => {
-            let backend = match backend.as_deref() {
-                None | Some("cpu") => streamweave::run::BackendKind::Cpu,
-                Some("cuda") => streamweave::run::BackendKind::Cuda,
+            let cuda = match backend.as_deref() {
+                None | Some("cpu") => false,
+                Some("cuda") => true,
                 Some(b) => {
                     eprintln!("error: --backend {b}: unknown backend (expected cpu or cuda)");
                     return ExitCode::FAILURE;
                 }
             };
             let transport = match transport.as_str() {
-                "nccl" => streamweave::run::Transport::Nccl,
-                "copy-engine" => streamweave::run::Transport::CopyEngine,
+                "nccl" => streamweave::Transport::Nccl,
+                "copy-engine" => streamweave::Transport::CopyEngine,
                 t => {
                     eprintln!(
                         "error: --transport {t}: unknown transport (expected nccl or copy-engine)"
@@ -264,11 +272,11 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            if backend == streamweave::run::BackendKind::Cpu {
+            if !cuda {
                 let gpu_only = [
                     (iters > 0, "--iters"),
                     (
-                        transport != streamweave::run::Transport::Nccl,
+                        transport != streamweave::Transport::Nccl,
                         "--transport copy-engine",
                     ),
                 ];
@@ -277,20 +285,21 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
-            let options = streamweave::run::RunOptions {
-                ranks,
+            let options = streamweave::RunOptions {
                 streams,
                 check_races,
                 trace: trace.is_some(),
-                seed,
                 timeout: Duration::from_secs(timeout_secs.max(1)),
-                delays: Vec::new(),
-                backend,
                 warmup,
                 iters,
                 transport,
+                ..streamweave::RunOptions::default()
             };
             let json = weave_cli::cli::RunFlags {
+                ranks,
+                cuda,
+                seed,
+                no_check,
                 path: json,
                 chunks: chunks.0,
                 weave_dump: std::env::var(DUMP_ENV).ok(),

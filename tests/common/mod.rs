@@ -30,33 +30,85 @@ pub struct Failure {
     pub detail: String,
 }
 
-/// Compiles `fusion`, generates its inputs from `seed`, runs it on `ranks` in-process ranks
-/// with `streams` streams and the race checker, and checks every output against the f64
-/// reference: the way `weave run` does. Fails unless at least one output was checked and
-/// every check passed without a race.
+/// A fusion that ran and matched: its host program (as printed and parsed back), the fusion
+/// as given (its form after the passes before segmentation, where propagation's choices
+/// show, is [`Checked::sharded`]), and the executable.
+#[allow(dead_code)]
+pub struct Checked {
+    pub program: streamweave::host_ir::HostProgram,
+    pub fusion: streamweave::ir::Fusion,
+    pub exe: streamweave::Executable,
+}
+
+#[allow(dead_code)]
+impl Checked {
+    /// The fusion after the passes before segmentation.
+    pub fn sharded(&self) -> streamweave::ir::Fusion {
+        sharded(self.fusion.clone())
+    }
+}
+
+/// The fusion after the standard pipeline's passes before `segment`.
+#[allow(dead_code)]
+pub fn sharded(fusion: streamweave::ir::Fusion) -> streamweave::ir::Fusion {
+    use streamweave::passes::{Ir, PassManager, Pipeline, Registry};
+    let passes = Pipeline::standard().passes().to_vec();
+    let cut = passes
+        .iter()
+        .position(|p| p.name() == "segment")
+        .unwrap_or(passes.len());
+    let before = PassManager::new(
+        Registry::standard(),
+        passes[..cut].iter().cloned().collect(),
+    );
+    match before
+        .run(Ir::Fusion(fusion))
+        .expect("the passes before segment run")
+    {
+        Ir::Fusion(f) => f,
+        other => panic!("the passes before segment gave a {}", other.form()),
+    }
+}
+
+/// Compiles `fusion`, prints its host program and runs the text parsed back (so every run
+/// is also a run of a printed `.hir`), on inputs generated from `seed`, on `ranks` in-process
+/// ranks with `streams` streams and the race checker, and checks every output against the f64
+/// reference of the program's definition: the way `weave run` does. Fails unless at least
+/// one output was checked and every check passed without a race.
 #[allow(dead_code)]
 pub fn run_checked(
     fusion: streamweave::ir::Fusion,
     ranks: usize,
     streams: usize,
     seed: u64,
-) -> Result<streamweave::run::Compiled, Failure> {
+) -> Result<Checked, Failure> {
     use std::fmt::Write as _;
-    use streamweave::run::{compile_for_run, generate_inputs, run_compiled, RunOptions};
+    use streamweave::{Compiler, Executable, RunOptions, Target};
     let fail = |stage: &'static str, detail: String| Failure { stage, detail };
-    let compiled = compile_for_run(fusion).map_err(|e| fail("compile", e.to_string()))?;
-    let globals =
-        generate_inputs(&compiled.fusion, seed).map_err(|e| fail("inputs", e.to_string()))?;
+    let compiled = Compiler::new()
+        .compile(&fusion)
+        .map_err(|e| fail("compile", e.to_string()))?;
+    let text = streamweave::host_ir::print(compiled.program());
+    let exe = Executable::from_text("program.hir", &text)
+        .map_err(|e| fail("parse", format!("{e}\n{text}")))?;
+    if streamweave::host_ir::print(exe.program()) != text {
+        return Err(fail(
+            "parse",
+            "the printed program reads back differently".into(),
+        ));
+    }
+    let globals = exe.random_inputs(seed);
     let options = RunOptions {
-        ranks,
+        target: Target::Cpu { ranks },
         streams,
+        check: true,
         check_races: true,
-        seed,
         timeout: std::time::Duration::from_secs(20),
         ..RunOptions::default()
     };
-    let report =
-        run_compiled(&compiled, &globals, &options).map_err(|e| fail("run", e.to_string()))?;
+    let report = exe
+        .run_dense(&globals, &options)
+        .map_err(|e| fail("run", e.to_string()))?;
     if report.checks.is_empty() {
         return Err(fail("check", "no output was checked".into()));
     }
@@ -76,5 +128,9 @@ pub fn run_checked(
         }
         return Err(fail("check", detail));
     }
-    Ok(compiled)
+    Ok(Checked {
+        program: exe.program().clone(),
+        fusion,
+        exe,
+    })
 }

@@ -9,9 +9,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use streamweave::run::{compile_for_run, params_of};
+use streamweave::Compiler;
 use weave_executor::meter::MeterBackend;
-use weave_executor::{run_rank, Dense, RunConfig};
+use weave_executor::{run_rank, Dense};
 
 fn source() -> String {
     let path = concat!(
@@ -38,9 +38,9 @@ fn compile_row_parallel(c: &mut Criterion) {
     let source = source();
     c.bench_function("load+compile row_parallel_linear (whole pipeline)", |b| {
         b.iter(|| {
-            let f =
-                streamweave::load("row_parallel_linear.weave", black_box(&source), &[]).unwrap();
-            compile_for_run(f).unwrap()
+            Compiler::new()
+                .compile_source("row_parallel_linear.weave", black_box(&source))
+                .unwrap()
         })
     });
 }
@@ -55,25 +55,27 @@ fn evaluator_per_iteration(c: &mut Criterion) {
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
             .collect();
-        let fusion = streamweave::load("row_parallel_linear.weave", &source(), &set).unwrap();
-        let compiled = compile_for_run(fusion).unwrap();
-        let inputs: Vec<Dense> = compiled
-            .sharded
+        let mut compiler = Compiler::new();
+        for (k, v) in &set {
+            compiler = compiler.set(k, *v);
+        }
+        let exe = compiler
+            .compile_source("row_parallel_linear.weave", &source())
+            .unwrap();
+        let inputs: Vec<Dense> = exe
             .inputs()
             .iter()
-            .map(|&t| Dense {
-                dtype: compiled.sharded.tensor(t).dtype,
-                sizes: streamweave::shard::Layout::of(&compiled.sharded, t)
-                    .unwrap()
-                    .local_sizes(),
+            .map(|t| Dense {
+                dtype: t.dtype,
+                sizes: t.local_sizes(),
                 data: Vec::new(),
             })
             .collect();
-        let config = RunConfig {
-            params: params_of(&compiled.sharded),
-            number_of_streams: 2,
+        let config = exe.config(&streamweave::RunOptions {
+            streams: 2,
             check_races: false,
-        };
+            ..streamweave::RunOptions::default()
+        });
         group.throughput(Throughput::Elements(s as u64));
         group.bench_function(
             format!("row_parallel_linear, {s} chunks (per chunk: 1 / throughput)"),
@@ -81,14 +83,7 @@ fn evaluator_per_iteration(c: &mut Criterion) {
                 b.iter(|| {
                     let backend = MeterBackend::new();
                     let comm = backend.comm(0, 2);
-                    run_rank(
-                        &compiled.program,
-                        &backend,
-                        &comm,
-                        black_box(&inputs),
-                        &config,
-                    )
-                    .unwrap()
+                    run_rank(exe.program(), &backend, &comm, black_box(&inputs), &config).unwrap()
                 })
             },
         );

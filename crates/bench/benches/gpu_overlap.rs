@@ -18,7 +18,7 @@ use std::time::Duration;
 use clap::{ArgAction, Parser, ValueEnum};
 use serde_json::{json, Value};
 use streamweave::chunks::{choose, workload, Calibration, CANDIDATES};
-use streamweave::run::{compile_with, Compiled};
+use streamweave::{Compiler, Executable};
 use weave_bench::{
     calibrate, check_sample, linear_reference, median, run_program, time_comm, time_gemm,
     world_gpu_name, Check, CommKind, CopyEngine, ProgramRun, ProgramTiming, World, WorldOptions,
@@ -28,7 +28,7 @@ use weave_comm::nccl::{NcclId, NcclOptions};
 use weave_comm::{IpcOptions, PeerHub};
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_executor::CudaOptions;
-use weave_passes::{AssignStreams, DumpOptions, Pipeline, SyncVariant};
+use weave_passes::{AssignStreams, Pipeline, SyncVariant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Pattern {
@@ -190,7 +190,7 @@ fn compile(
     d: usize,
     s: Option<usize>,
     pipeline: &Pipeline,
-) -> Result<Compiled, String> {
+) -> Result<Executable, String> {
     let (name, source) = p.fixture();
     let mut set = vec![
         ("t".to_string(), t as i64),
@@ -200,8 +200,13 @@ fn compile(
     if let Some(s) = s {
         set.push(("s".to_string(), s as i64));
     }
-    let fusion = streamweave::load(name, source, &set).map_err(|e| e.to_string())?;
-    compile_with(fusion, pipeline, &DumpOptions::default()).map_err(|e| e.to_string())
+    let mut compiler = Compiler::new().pipeline(pipeline.clone());
+    for (k, v) in set {
+        compiler = compiler.set(&k, v);
+    }
+    compiler
+        .compile_source(name, source)
+        .map_err(|e| e.to_string())
 }
 
 /// One measured configuration of a row.
@@ -228,7 +233,7 @@ impl Bench {
 #[allow(clippy::too_many_arguments)]
 fn measure(
     world: &World,
-    compiled: &Arc<Compiled>,
+    compiled: &Arc<Executable>,
     how: &ProgramRun,
     comm_options: Option<(NcclId, NcclOptions)>,
     engine: CopyEngine,
@@ -397,7 +402,7 @@ struct Experiment {
     /// The chunk count.
     s: usize,
     /// The program (compiled for `s`, possibly with another pipeline).
-    compiled: Arc<Compiled>,
+    compiled: Arc<Executable>,
     /// How it runs.
     how: ProgramRun,
     /// The communicator's options (`None`: the world's communicator).
@@ -506,7 +511,7 @@ fn run_row(
         None
     } else {
         let one = compile(p, t, h, d, Some(1), &standard)?;
-        let wl = workload(&one, d).map_err(|e| e.to_string())?;
+        let wl = workload(one.program(), d).map_err(|e| e.to_string())?;
         let c = choose(&wl, cal, &CANDIDATES);
         let ms = sweep
             .iter()
@@ -526,7 +531,7 @@ fn run_row(
     let mut variants: Vec<Measured> = Vec::new();
     if bench.args.experiments && s_best > 0 {
         let sweep_ms: Vec<(usize, f64)> = sweep.iter().map(|(s, m)| (*s, m.ms)).collect();
-        let program = |s: usize, pipeline: &Pipeline| -> Result<Arc<Compiled>, String> {
+        let program = |s: usize, pipeline: &Pipeline| -> Result<Arc<Executable>, String> {
             let param = (p != Pattern::P2pRing).then_some(s);
             Ok(Arc::new(compile(p, t, h, d, param, pipeline)?))
         };
@@ -537,15 +542,16 @@ fn run_row(
             trace: p == Pattern::RowParallel && h == 8192,
             ..ProgramRun::default()
         };
-        let exp = |kind, s, compiled: &Arc<Compiled>, how: ProgramRun, config: String| Experiment {
-            kind,
-            s,
-            compiled: compiled.clone(),
-            how,
-            nccl: None,
-            engine: Engine::Nccl,
-            config,
-        };
+        let exp =
+            |kind, s, compiled: &Arc<Executable>, how: ProgramRun, config: String| Experiment {
+                kind,
+                s,
+                compiled: compiled.clone(),
+                how,
+                nccl: None,
+                engine: Engine::Nccl,
+                config,
+            };
         let timeout = bench.args.timeout();
         let ctas = |n: i32| NcclOptions {
             timeout,

@@ -12,8 +12,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use streamweave::run::{params_of, Compiled};
-use streamweave::shard::Layout;
+use streamweave::host_ir::TensorSig;
+use streamweave::Executable;
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::{CommOp, Communicator, RedOp};
 use weave_comm::{IpcCopy, IpcOptions, PeerCopy, PeerHub};
@@ -44,10 +44,10 @@ pub fn random_input(
     rank: &Rank,
     backend: &CudaBackend,
     dtype: DType,
-    layout: &Layout,
+    layout: &TensorSig,
     seed: u64,
 ) -> Result<DeviceTensor, JobError> {
-    let tables = offset_tables(layout.global_sizes(), &layout.axis_indices(rank.rank));
+    let tables = offset_tables(&layout.global, &layout.axis_indices(rank.rank));
     rank.fill(backend, dtype, &tables, seed)
 }
 
@@ -58,10 +58,10 @@ pub fn sample_rows(
     rank: &Rank,
     backend: &CudaBackend,
     out: &DeviceTensor,
-    layout: &Layout,
+    layout: &TensorSig,
     rows: &[usize],
 ) -> Result<Vec<(usize, usize, f64)>, JobError> {
-    let global = layout.global_sizes();
+    let global = &layout.global;
     let tables = layout.axis_indices(rank.rank);
     let r = global.len();
     if r == 0 {
@@ -258,7 +258,7 @@ pub struct ProgramTiming {
     pub spans: Vec<weave_executor::Span>,
 }
 
-/// Runs `compiled` on `rank` with `comm` (the world's or one with other options, NCCL or the
+/// Runs `exe` on `rank` with `comm` (the world's or one with other options, NCCL or the
 /// copy-engine communicator, its NCCL teams prepared): inputs filled from `seeds` (one per
 /// fusion input), `warmup` and `iters` timed runs, then one more run whose first output's
 /// `rows` are sampled.
@@ -266,7 +266,7 @@ pub struct ProgramTiming {
 pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     rank: &Rank,
     comm: &C,
-    compiled: &Compiled,
+    exe: &Executable,
     how: &ProgramRun,
     seeds: &[u64],
     warmup: usize,
@@ -275,20 +275,18 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
 ) -> Result<ProgramTiming, JobError> {
     let backend = rank.backend_with(how.cuda.clone())?;
     let mut inputs = Vec::new();
-    for (i, &t) in compiled.sharded.inputs().iter().enumerate() {
-        let layout = Layout::of(&compiled.sharded, t)?;
-        let dtype = compiled.sharded.tensor(t).dtype;
+    for (i, layout) in exe.inputs().iter().enumerate() {
         let seed = seeds.get(i).copied().unwrap_or(i as u64 + 1);
-        inputs.push(random_input(rank, &backend, dtype, &layout, seed)?);
+        inputs.push(random_input(rank, &backend, layout.dtype, layout, seed)?);
     }
     let config = RunConfig {
-        params: params_of(&compiled.sharded),
+        params: exe.signature().params.iter().cloned().collect(),
         number_of_streams: how.streams,
         check_races: false,
     };
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
     let once = |backend: &CudaBackend| -> Result<Vec<DeviceTensor>, JobError> {
-        run_rank_buffers(&compiled.program, backend, comm, &inputs, &config)
+        run_rank_buffers(exe.program(), backend, comm, &inputs, &config)
             .map(|r| r.outputs)
             .map_err(|e| e.to_string())
     };
@@ -323,14 +321,8 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     };
     let outputs = once(&backend)?;
     backend.synchronize().map_err(err("checked run"))?;
-    let first = compiled
-        .sharded
-        .outputs()
-        .first()
-        .copied()
-        .ok_or("the program has no output")?;
-    let layout = Layout::of(&compiled.sharded, first)?;
-    let sample = sample_rows(rank, &backend, &outputs[0], &layout, rows)?;
+    let layout = exe.outputs().first().ok_or("the program has no output")?;
+    let sample = sample_rows(rank, &backend, &outputs[0], layout, rows)?;
     for o in outputs {
         backend.deallocate(o, &main);
     }
@@ -431,7 +423,7 @@ pub fn run_program(
     rank: &Rank,
     fresh: Option<&(NcclId, NcclOptions)>,
     engine: &CopyEngine,
-    compiled: &Compiled,
+    exe: &Executable,
     how: &ProgramRun,
     seeds: &[u64],
     (warmup, iters): (usize, usize),
@@ -444,13 +436,13 @@ pub fn run_program(
         ),
         None => rank.comm.clone(),
     };
-    comm.prepare_teams(&program_teams(&compiled.program))
+    comm.prepare_teams(&program_teams(exe.program()))
         .map_err(err("teams"))?;
     match engine {
-        CopyEngine::Off => time_program(rank, &*comm, compiled, how, seeds, warmup, iters, rows),
+        CopyEngine::Off => time_program(rank, &*comm, exe, how, seeds, warmup, iters, rows),
         CopyEngine::Peer(hub) => {
             let pc = PeerCopy::new(comm, hub.clone(), rank.gpu.clone());
-            time_program(rank, &pc, compiled, how, seeds, warmup, iters, rows)
+            time_program(rank, &pc, exe, how, seeds, warmup, iters, rows)
         }
         CopyEngine::Windows(exchange, options) => {
             let mut gathered = None;
@@ -460,7 +452,7 @@ pub fn run_program(
                 all.map_err(weave_comm::CommError::Bootstrap)
             })
             .map_err(|e| gathered.unwrap_or_else(|| format!("copy-engine windows: {e}")))?;
-            let timing = time_program(rank, &ipc, compiled, how, seeds, warmup, iters, rows);
+            let timing = time_program(rank, &ipc, exe, how, seeds, warmup, iters, rows);
             if timing.is_err() {
                 // A stream may still wait on the windows: never free memory the GPU may touch.
                 std::mem::forget(ipc);

@@ -1253,7 +1253,7 @@ impl Parser<'_> {
         Ok(())
     }
 
-    /// `(t=8, d=2) [roles(mesh=d, chunks=s)]`, after `params`.
+    /// `(t=8, d=2) [devices(0 1)] [roles(mesh=d, chunks=s)]`, after `params`.
     fn signature_params(&mut self) -> PResult<()> {
         self.expect_punct("(", "after `params`")?;
         let mut params = Vec::new();
@@ -1273,6 +1273,19 @@ impl Parser<'_> {
             params.push((name, v));
         }
         self.bump();
+        let mut devices = Vec::new();
+        if self.at_ident("devices") {
+            self.bump();
+            self.expect_punct("(", "after `devices`")?;
+            while !self.at_punct(")") {
+                let (v, span) = self.unsigned("a device number")?;
+                devices
+                    .push(i64::try_from(v).map_err(|_| {
+                        Diagnostic::at(span, format!("device {v} is out of range"))
+                    })?);
+            }
+            self.bump();
+        }
         let mut roles = Vec::new();
         if self.at_ident("roles") {
             self.bump();
@@ -1302,6 +1315,7 @@ impl Parser<'_> {
         }
         let sig = self.prog.signature.get_or_insert_with(Signature::default);
         sig.params = params;
+        sig.devices = devices;
         sig.roles = roles;
         Ok(())
     }

@@ -28,6 +28,9 @@ pub struct Signature {
     pub params: Vec<(String, i64)>,
     /// Which parameter plays which role (mesh size, chunk count), where one does.
     pub roles: Vec<(ParamRole, String)>,
+    /// Every device any tensor of the program lives on (intermediates included), sorted;
+    /// empty for a program on no mesh.
+    pub devices: Vec<i64>,
     /// One entry per program input, in the order of [`crate::HostProgram::inputs`].
     pub inputs: Vec<TensorSig>,
     /// One entry per program output, in the order of [`crate::HostProgram::outputs`].
@@ -51,14 +54,16 @@ impl Signature {
             .map(|(_, n)| n.as_str())
     }
 
-    /// Every device any input or output lives on, sorted; empty when no tensor names a mesh.
-    pub fn devices(&self) -> Vec<i64> {
+    /// Every device the program runs on: [`Signature::devices`], else those its inputs and
+    /// outputs name.
+    pub fn all_devices(&self) -> Vec<i64> {
         let mut d: Vec<i64> = self
             .inputs
             .iter()
             .chain(&self.outputs)
             .filter_map(|t| t.sharding.mesh.as_ref())
             .flat_map(|m| m.devices().iter().copied())
+            .chain(self.devices.iter().copied())
             .collect();
         d.sort_unstable();
         d.dedup();
@@ -449,6 +454,10 @@ pub fn print_signature(s: &Signature) -> String {
     let params: Vec<String> = s.params.iter().map(|(n, v)| format!("{n}={v}")).collect();
     out.push_str(&params.join(", "));
     out.push(')');
+    if !s.devices.is_empty() {
+        let devices: Vec<String> = s.devices.iter().map(i64::to_string).collect();
+        let _ = write!(out, " devices({})", devices.join(" "));
+    }
     if !s.roles.is_empty() {
         let roles: Vec<String> = s
             .roles
@@ -558,13 +567,14 @@ mod tests {
         let s = Signature {
             params: vec![("t".into(), 6), ("d".into(), 2)],
             roles: vec![(ParamRole::MeshSize, "d".into())],
+            devices: vec![0, 1],
             inputs: vec![chunked()],
             outputs: Vec::new(),
             definition: None,
         };
         assert_eq!(
             print_signature(&s),
-            "Signature:\n  params(t=6, d=2) roles(mesh=d)\n  input x: f32[6, 2] on [2](0 1) \
+            "Signature:\n  params(t=6, d=2) devices(0 1) roles(mesh=d)\n  input x: f32[6, 2] on [2](0 1) \
              split(outer(3, Stream, outer(2, DIDx, Serial)), Serial)\n"
         );
     }

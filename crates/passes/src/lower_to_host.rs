@@ -227,6 +227,16 @@ fn signature_of(f: &Fusion) -> Result<Signature, Diagnostic> {
             .filter_map(|p| p.value.map(|v| (p.name.clone(), v)))
             .collect(),
         roles: Vec::new(),
+        devices: {
+            let mut d: Vec<i64> = f
+                .meshes()
+                .iter()
+                .flat_map(|m| f.mesh(*m).mesh.devices().iter().copied())
+                .collect();
+            d.sort_unstable();
+            d.dedup();
+            d
+        },
         inputs: f.inputs().iter().map(entry).collect::<Result<_, _>>()?,
         outputs: f.outputs().iter().map(entry).collect::<Result<_, _>>()?,
         definition: None,

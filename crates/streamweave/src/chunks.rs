@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use weave_executor::meter::{Meter, MeterBackend, MeteredComm};
 use weave_executor::{run_rank, Dense, RunConfig};
 
-use crate::run::{compile_for_run, params_of, Compiled, RunError};
-use crate::shard::Layout;
+use weave_host_ir::HostProgram;
+
+use crate::run::RunError;
 
 /// What a machine does: measured once per machine (`calibrate`) and cached, or the H200
 /// figures of reference/anchors.md when nothing was measured.
@@ -254,54 +255,34 @@ pub fn choose(w: &Workload, cal: &Calibration, candidates: &[usize]) -> Choice {
 /// The chunk counts `--chunks auto` considers.
 pub const CANDIDATES: [usize; 4] = [1, 2, 4, 8];
 
-/// Measures the workload of `compiled` (built with one chunk) for rank 0 of `ranks` on the
-/// meter backend: nothing is computed and no tensor memory is allocated.
-pub fn workload(compiled: &Compiled, ranks: usize) -> Result<Workload, RunError> {
+/// Measures the workload of `program` (built with one chunk; its signature gives the inputs
+/// and parameters) for rank 0 of `ranks` on the meter backend: nothing is computed and no
+/// tensor memory is allocated.
+pub fn workload(program: &HostProgram, ranks: usize) -> Result<Workload, RunError> {
+    let sig = program.signature.as_ref().ok_or_else(|| {
+        RunError::Setup("the host program has no signature to meter it by".into())
+    })?;
     // Inputs as shapes only (rank 0's local sizes): the meter backend never reads values.
-    let inputs: Vec<Dense> = compiled
-        .sharded
-        .inputs()
+    let inputs: Vec<Dense> = sig
+        .inputs
         .iter()
-        .map(|&t| {
-            let layout = Layout::of(&compiled.sharded, t).map_err(RunError::Setup)?;
-            Ok(Dense {
-                dtype: compiled.sharded.tensor(t).dtype,
-                sizes: layout.local_sizes(),
-                data: Vec::new(),
-            })
+        .map(|t| Dense {
+            dtype: t.dtype,
+            sizes: t.local_sizes_of(0),
+            data: Vec::new(),
         })
-        .collect::<Result<_, RunError>>()?;
+        .collect();
     let backend = MeterBackend::new();
     let comm = backend.comm(0, ranks);
     let config = RunConfig {
-        params: params_of(&compiled.sharded),
+        params: sig.params.iter().cloned().collect(),
         number_of_streams: 2,
         check_races: false,
     };
-    run_rank(&compiled.program, &backend, &comm, &inputs, &config)
+    run_rank(program, &backend, &comm, &inputs, &config)
         .map_err(|e| RunError::Ranks(vec![(0, e)]))?;
-    let f32_gemm = compiled
-        .sharded
-        .inputs()
-        .iter()
-        .any(|&t| compiled.sharded.tensor(t).dtype == weave_ir::DType::F32);
+    let f32_gemm = sig.inputs.iter().any(|t| t.dtype == weave_ir::DType::F32);
     Ok(Workload::of(&backend.meter(), f32_gemm))
-}
-
-/// Picks S for the fusion in `file` (which has a parameter `s`) loaded with `set`: compiles
-/// it with one chunk, meters rank 0 of `ranks`, and chooses among [`CANDIDATES`].
-pub fn auto_chunks(
-    file: &Path,
-    set: &[(String, i64)],
-    ranks: usize,
-    cal: &Calibration,
-) -> Result<Choice, RunError> {
-    let mut set: Vec<(String, i64)> = set.iter().filter(|(k, _)| k != "s").cloned().collect();
-    set.push(("s".into(), 1));
-    let one = crate::load_file(file, &set).map_err(|e| RunError::Setup(e.to_string()))?;
-    let compiled = compile_for_run(one).map_err(|e| RunError::Setup(e.to_string()))?;
-    let w = workload(&compiled, ranks)?;
-    Ok(choose(&w, cal, &CANDIDATES))
 }
 
 #[cfg(test)]
@@ -466,21 +447,29 @@ mod tests {
 #[cfg(test)]
 mod workload_tests {
     use super::*;
+    use crate::{Chunks, Compiler};
 
-    fn compiled(s: i64) -> Compiled {
+    fn source() -> String {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/scenarios/row_parallel_linear.weave");
-        let set: Vec<(String, i64)> = [("t", 1024), ("h", 512), ("d", 2), ("s", s)]
-            .iter()
-            .map(|(k, v)| (k.to_string(), *v))
-            .collect();
-        compile_for_run(crate::load_file(&path, &set).unwrap()).unwrap()
+        std::fs::read_to_string(path).unwrap()
+    }
+
+    fn program(s: usize) -> HostProgram {
+        let exe = Compiler::new()
+            .set("t", 1024)
+            .set("h", 512)
+            .devices(2)
+            .chunks(Chunks::Fixed(s))
+            .compile_source("row_parallel_linear.weave", &source())
+            .unwrap();
+        exe.program().clone()
     }
 
     #[test]
     fn the_meter_counts_one_ranks_gemm_flops_and_allreduce_bytes() {
         // inp [t, 4h/d] · w[h, 4h/d]ᵀ on each of 2 ranks, then an allreduce of [t, h] bf16.
-        let one = workload(&compiled(1), 2).unwrap();
+        let one = workload(&program(1), 2).unwrap();
         assert_eq!(one.gemm_flops, 2.0 * 1024.0 * 512.0 * 1024.0);
         assert!(!one.f32_gemm);
         assert_eq!(
@@ -492,7 +481,7 @@ mod workload_tests {
             }]
         );
         // Chunked, the same work in four pieces.
-        let four = workload(&compiled(4), 2).unwrap();
+        let four = workload(&program(4), 2).unwrap();
         assert_eq!(four.gemm_flops, one.gemm_flops);
         assert_eq!(four.comms.len(), 4);
         assert_eq!(
@@ -503,17 +492,25 @@ mod workload_tests {
 
     #[test]
     fn auto_picks_overlap_at_8192_and_none_for_a_small_layer() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/scenarios/row_parallel_linear.weave");
+        let auto = |cal: &Calibration, set: &[(&str, i64)]| {
+            let mut c = Compiler::new().devices(2).chunks(Chunks::Auto(cal.clone()));
+            for (k, v) in set {
+                c = c.set(k, *v);
+            }
+            c.compile_source("row_parallel_linear.weave", &source())
+                .unwrap()
+                .chunk_choice()
+                .cloned()
+                .unwrap()
+        };
         let cal = tests::fast_start();
-        let big = auto_chunks(&path, &[("d".into(), 2)], 2, &cal).unwrap();
+        let big = auto(&cal, &[]);
         assert!(big.chunks > 1, "{big:?}");
-        let small: Vec<(String, i64)> = vec![("t".into(), 64), ("h".into(), 32), ("d".into(), 2)];
-        assert_eq!(auto_chunks(&path, &small, 2, &cal).unwrap().chunks, 1);
+        assert_eq!(auto(&cal, &[("t", 64), ("h", 32)]).chunks, 1);
         // On the measured H200 figures (≈ 200 µs per collective from the host, GEMM and
         // allreduce 35% slower together) the row-parallel layer at t = h = 8192 on 2 ranks
         // is not worth chunking eagerly: the device agreed within 4% (docs/benchmarks.md).
-        let h200 = auto_chunks(&path, &[("d".into(), 2)], 2, &Calibration::default()).unwrap();
+        let h200 = auto(&Calibration::default(), &[]);
         let one = h200.predicted[0].1;
         assert!(
             h200.predicted.iter().all(|(_, t)| *t >= one * 0.96),

@@ -16,8 +16,10 @@ use weave_executor::{
     check_inputs, program_teams, run_rank, run_rank_buffers, Backend, CudaBackend, CudaOptions,
     Dense, DeviceTensor, ExecError, RankRun, RunConfig, StreamKey,
 };
+use weave_host_ir::HostProgram;
 
-use crate::setup::{params_of, Compiled, RunError, RunOptions, Transport};
+use crate::run::check_all_inputs;
+use crate::setup::{RunError, RunOptions, Transport};
 use crate::threads::run_rank_threads;
 
 /// The CUDA options a run asks for.
@@ -26,14 +28,6 @@ fn cuda_options(options: &RunOptions) -> CudaOptions {
         timeout: options.timeout,
         trace: options.trace,
         ..CudaOptions::default()
-    }
-}
-
-fn config_of(compiled: &Compiled, options: &RunOptions) -> RunConfig {
-    RunConfig {
-        params: params_of(&compiled.sharded),
-        number_of_streams: options.streams,
-        check_races: options.check_races,
     }
 }
 
@@ -75,7 +69,8 @@ enum Link<'a> {
 /// `fail_early`, aborts right after the setup).
 #[allow(clippy::too_many_arguments)]
 fn run_one(
-    compiled: &Compiled,
+    program: &HostProgram,
+    config: &RunConfig,
     inputs: &[Dense],
     options: &RunOptions,
     device: usize,
@@ -96,7 +91,7 @@ fn run_one(
             ..NcclOptions::default()
         },
     )?);
-    comm.prepare_teams(&program_teams(&compiled.program))?;
+    comm.prepare_teams(&program_teams(program))?;
     if fail_early {
         let why = format!("rank {rank} exits early (injected failure)");
         comm.abort(&why);
@@ -104,10 +99,10 @@ fn run_one(
     }
     let backend = backend_for(&gpu, cuda_options(options), &comm)?;
     let run = match link {
-        Link::Nccl => drive(compiled, inputs, options, &backend, &*comm),
+        Link::Nccl => drive(program, config, inputs, options, &backend, &*comm),
         Link::Peer(hub) => {
             let peer = PeerCopy::new(comm.clone(), hub.clone(), gpu.clone());
-            drive(compiled, inputs, options, &backend, &peer)
+            drive(program, config, inputs, options, &backend, &peer)
         }
         Link::Ipc(store) => {
             let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), IpcOptions::default(), |card| {
@@ -115,7 +110,7 @@ fn run_one(
             });
             match ipc {
                 Ok(ipc) => {
-                    let run = drive(compiled, inputs, options, &backend, &ipc);
+                    let run = drive(program, config, inputs, options, &backend, &ipc);
                     if run.is_err() {
                         // A stream may still wait on the windows: leave them to the
                         // process's exit rather than free memory the GPU may touch.
@@ -140,7 +135,8 @@ fn run_one(
 /// outputs left on the device, each timed from the first statement until the backend is
 /// idle), then the run that is checked and traced.
 fn drive<C>(
-    compiled: &Compiled,
+    program: &HostProgram,
+    config: &RunConfig,
     inputs: &[Dense],
     options: &RunOptions,
     backend: &CudaBackend,
@@ -149,9 +145,8 @@ fn drive<C>(
 where
     C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>,
 {
-    let config = config_of(compiled, options);
     for _ in 0..options.warmup {
-        run_rank(&compiled.program, backend, comm, inputs, &config)?;
+        run_rank(program, backend, comm, inputs, config)?;
     }
     let mut timed = Vec::with_capacity(options.iters);
     if options.iters > 0 {
@@ -161,7 +156,7 @@ where
             .collect::<Result<Vec<_>, _>>()?;
         for _ in 0..options.iters {
             let start = Instant::now();
-            let run = run_rank_buffers(&compiled.program, backend, comm, &buffers, &config)?;
+            let run = run_rank_buffers(program, backend, comm, &buffers, config)?;
             backend.synchronize()?;
             timed.push(start.elapsed());
             drop(run);
@@ -170,54 +165,43 @@ where
     if options.trace {
         backend.start_trace()?;
     }
-    let mut run = run_rank(&compiled.program, backend, comm, inputs, &config)?;
+    let mut run = run_rank(program, backend, comm, inputs, config)?;
     run.timed = timed;
     Ok(run)
 }
 
-/// Runs every rank on its own GPU, one thread per rank, in this process.
+/// Runs every rank on its own GPU, one thread per rank, in this process: rank `r` on GPU `r`
+/// with `per_rank[r]`.
 pub fn run_threads(
-    compiled: &Compiled,
+    program: &HostProgram,
+    config: &RunConfig,
     per_rank: Vec<Vec<Dense>>,
     options: &RunOptions,
 ) -> Result<(Vec<RankRun>, Duration), RunError> {
-    run_threads_with(compiled, per_rank, options, None)
+    run_threads_with(program, config, per_rank, options, None)
 }
 
 /// [`run_threads`] where rank `fail` sets up its GPU and communicator and then exits before
 /// posting anything: the failure-injection test of the timeouts and aborts.
 pub fn run_threads_failing(
-    compiled: &Compiled,
+    program: &HostProgram,
+    config: &RunConfig,
     per_rank: Vec<Vec<Dense>>,
     options: &RunOptions,
     fail: usize,
 ) -> Result<(Vec<RankRun>, Duration), RunError> {
-    run_threads_with(compiled, per_rank, options, Some(fail))
+    run_threads_with(program, config, per_rank, options, Some(fail))
 }
 
 fn run_threads_with(
-    compiled: &Compiled,
+    program: &HostProgram,
+    config: &RunConfig,
     per_rank: Vec<Vec<Dense>>,
     options: &RunOptions,
     fail: Option<usize>,
 ) -> Result<(Vec<RankRun>, Duration), RunError> {
-    let world = options.ranks;
-    if per_rank.len() != world {
-        return Err(RunError::Setup(format!(
-            "inputs were given for {} rank(s) but {world} ranks run",
-            per_rank.len()
-        )));
-    }
-    let config = config_of(compiled, options);
-    let mut errors = Vec::new();
-    for (rank, inputs) in per_rank.iter().enumerate() {
-        if let Err(e) = check_inputs(&compiled.program, inputs, &config, rank, world) {
-            errors.push((rank, e));
-        }
-    }
-    if !errors.is_empty() {
-        return Err(RunError::Ranks(errors));
-    }
+    let world = per_rank.len();
+    check_all_inputs(program, config, &per_rank)?;
     gpus_available(world)?;
     let id = NcclId::new().map_err(|e| RunError::Setup(e.to_string()))?;
     let hub = PeerHub::new();
@@ -227,7 +211,8 @@ fn run_threads_with(
     };
     run_rank_threads(per_rank, |rank, inputs| {
         run_one(
-            compiled,
+            program,
+            config,
             &inputs,
             options,
             rank,
@@ -240,21 +225,29 @@ fn run_threads_with(
     })
 }
 
-/// What rank 0 of a launched world learns: every rank's run (outputs and timings; spans and
-/// races of rank 0 only), by rank.
-pub type Gathered = Vec<RankRun>;
+/// What a launched rank's run gives back: on rank 0 every rank's run (outputs and timings;
+/// spans and races of rank 0 only), by rank; on the others their own run only.
+#[derive(Clone, Debug)]
+pub struct Launched {
+    /// The runs: every rank's on rank 0, this rank's alone elsewhere.
+    pub runs: Vec<RankRun>,
+    /// Whether `runs` holds every rank's run (rank 0).
+    pub gathered: bool,
+    /// Wall time of this rank's run.
+    pub run_time: Duration,
+}
 
-/// Runs this process's rank of a launched world on GPU `env.local_rank`. Rank 0 returns every
-/// rank's run (outputs gathered through the store); the others return `None`.
+/// Runs this process's rank of a launched world on GPU `env.local_rank`, every rank's run
+/// gathered to rank 0 through the store.
 pub fn run_launched(
-    compiled: &Compiled,
+    program: &HostProgram,
+    config: &RunConfig,
     inputs: Vec<Dense>,
     options: &RunOptions,
     env: &LaunchEnv,
-) -> Result<Option<(Gathered, Duration)>, RunError> {
+) -> Result<Launched, RunError> {
     let (rank, world) = (env.rank, env.world);
-    let config = config_of(compiled, options);
-    check_inputs(&compiled.program, &inputs, &config, rank, world)
+    check_inputs(program, &inputs, config, rank, world)
         .map_err(|e| RunError::Ranks(vec![(rank, e)]))?;
     gpus_available(env.local_rank + 1)?;
     let setup = |e: CommError| RunError::Setup(format!("rank {rank}: {e}"));
@@ -266,7 +259,8 @@ pub fn run_launched(
     let id = NcclId::from_bytes(&id_bytes).map_err(setup)?;
     let start = Instant::now();
     let run = run_one(
-        compiled,
+        program,
+        config,
         &inputs,
         options,
         env.local_rank,
@@ -279,7 +273,7 @@ pub fn run_launched(
         },
         false,
     );
-    let elapsed = start.elapsed();
+    let run_time = start.elapsed();
     // Every rank reports, failed or not, so rank 0 never waits for a report that will not
     // come.
     let report = match &run {
@@ -291,7 +285,11 @@ pub fn run_launched(
     let gathered = gather(&store, rank, world, "run", &report).map_err(setup)?;
     let run = run.map_err(|e| RunError::Ranks(vec![(rank, e)]))?;
     let Some(reports) = gathered else {
-        return Ok(None);
+        return Ok(Launched {
+            runs: vec![run],
+            gathered: false,
+            run_time,
+        });
     };
     let mut runs = Vec::with_capacity(world);
     let mut errors = Vec::new();
@@ -308,7 +306,11 @@ pub fn run_launched(
     if !errors.is_empty() {
         return Err(RunError::Ranks(errors));
     }
-    Ok(Some((runs, elapsed)))
+    Ok(Launched {
+        runs,
+        gathered: true,
+        run_time,
+    })
 }
 
 /// What a rank of a launched world sends rank 0 through the store (as JSON): its run, or why

@@ -1,6 +1,13 @@
-//! streamweave: the facade that loads `.weave` fusions, schedules and verifies them, lowers
-//! them to host programs and runs them ([`run`], [`shard`]; CPU ranks in [`run`], GPU ranks
-//! in [`gpu`], the chunk-count model in [`chunks`] and its measurement in [`calibrate`]).
+//! streamweave: compile one global multi-GPU tensor program once, run it on your own tensors.
+//!
+//! [`load`] reads a `.weave` fusion (or build one with [`ir`]); a [`Compiler`] lowers it to an
+//! [`Executable`], a host program that carries its signature (every input's and output's
+//! global shape and sharding, the parameter values, the global definition); and
+//! [`Executable::run`] takes named global [`Tensor`]s, runs every rank on a [`Target`] (CPU
+//! ranks as threads, one GPU per thread, or this process as one rank of a launched world) and
+//! returns named global [`Outputs`], checked against the f64 reference when
+//! [`RunOptions::check`] asks. Around it: the CPU ranks in [`run`], the GPU ranks in [`gpu`],
+//! the chunk-count model in [`chunks`] and its measurement in [`calibrate`].
 //!
 //! The command line (`weave`) is the `weave-cli` package; this library depends on no CLI,
 //! progress-bar, error-reporting or log-subscriber crate, and its own code reads no
@@ -11,11 +18,17 @@ use std::path::Path;
 
 pub mod calibrate;
 pub mod chunks;
+mod executable;
 pub mod gpu;
 pub mod run;
 mod setup;
-pub mod shard;
+mod tensor;
 mod threads;
+
+pub use executable::{Chunks, Compiler, Error, Executable};
+pub use half;
+pub use run::{RunOptions, RunReport, Target, Transport};
+pub use tensor::{Data, Outputs, Tensor};
 
 pub use weave_comm as comm;
 pub use weave_executor as executor;

@@ -1,49 +1,75 @@
 //! What a run is given and how it fails, shared by the CPU ranks ([`crate::run`]) and the GPU
-//! ranks ([`crate::gpu`]): the compiled program ([`Compiled`]), how to run it
-//! ([`RunOptions`], [`BackendKind`], [`Transport`]) and [`RunError`].
+//! ranks ([`crate::gpu`]): how and where to run ([`RunOptions`], [`Target`], [`Transport`])
+//! and [`RunError`].
 
-use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
+use weave_comm::bootstrap::LaunchEnv;
 use weave_executor::{ExecError, StreamKey};
-use weave_host_ir::HostProgram;
-use weave_ir::Fusion;
 
-/// A fusion compiled for running: the program every rank runs, and the fusions the inputs
-/// and the reference are made from.
-#[derive(Clone, Debug)]
-pub struct Compiled {
-    /// The fusion as loaded: what the reference evaluates.
-    pub fusion: Fusion,
-    /// The fusion after the pre-segmentation passes: the shardings of every input and
-    /// output, which the per-rank buffers follow.
-    pub sharded: Fusion,
-    /// The host program.
-    pub program: HostProgram,
-    /// Time spent in the pass pipeline.
-    pub compile_time: Duration,
+/// Where the ranks of a run go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `ranks` ranks, each on its own host thread with the CPU backend; always available.
+    Cpu {
+        /// How many.
+        ranks: usize,
+    },
+    /// `ranks` ranks, each on its own host thread driving its own GPU (GPU `r` for rank `r`),
+    /// NCCL between them.
+    Cuda {
+        /// How many.
+        ranks: usize,
+    },
+    /// This process is one rank of a world of processes started by a launcher (`weave
+    /// launch`, torchrun, mpirun): it runs its rank on GPU `local_rank`, and rank 0 gathers
+    /// every rank's outputs.
+    Launched(LaunchEnv),
+}
+
+impl Target {
+    /// The number of ranks of the whole run.
+    pub fn ranks(&self) -> usize {
+        match self {
+            Target::Cpu { ranks } | Target::Cuda { ranks } => *ranks,
+            Target::Launched(env) => env.world,
+        }
+    }
+
+    /// Whether the ranks run on GPUs.
+    pub fn is_cuda(&self) -> bool {
+        !matches!(self, Target::Cpu { .. })
+    }
+
+    /// `cpu` or `cuda`.
+    pub fn backend_name(&self) -> &'static str {
+        if self.is_cuda() {
+            "cuda"
+        } else {
+            "cpu"
+        }
+    }
 }
 
 /// How to run.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    /// In-process ranks.
-    pub ranks: usize,
+    /// Where the ranks run.
+    pub target: Target,
     /// `numberOfStreams`: the size of each rank's stream pool.
     pub streams: usize,
+    /// Compare every rank's outputs with the f64 reference evaluation of the program's
+    /// definition (opt-in: it costs a global evaluation on the host).
+    pub check: bool,
     /// Run the race checker.
     pub check_races: bool,
     /// Record spans for the timeline.
     pub trace: bool,
-    /// Seed of the generated inputs.
-    pub seed: u64,
     /// How long any stream or collective waits before failing.
     pub timeout: Duration,
     /// Streams slowed down before each job (tests, CPU backend).
     pub delays: Vec<(StreamKey, Duration)>,
-    /// Where the ranks run.
-    pub backend: BackendKind,
     /// Runs of the program before the one that is checked and traced (GPU: warms up
     /// kernels, GEMM plans, NCCL connections and the memory pool).
     pub warmup: usize,
@@ -52,6 +78,16 @@ pub struct RunOptions {
     pub iters: usize,
     /// How the CUDA backend moves allgathers and send/recv transfers.
     pub transport: Transport,
+}
+
+impl RunOptions {
+    /// The default options on `target`.
+    pub fn on(target: Target) -> RunOptions {
+        RunOptions {
+            target,
+            ..RunOptions::default()
+        }
+    }
 }
 
 /// How ranks on GPUs move the data of allgathers and point-to-point transfers.
@@ -66,26 +102,16 @@ pub enum Transport {
     CopyEngine,
 }
 
-/// Where ranks run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// Host threads and memory; always available.
-    Cpu,
-    /// One GPU per rank, NCCL between them.
-    Cuda,
-}
-
 impl Default for RunOptions {
     fn default() -> RunOptions {
         RunOptions {
-            ranks: 2,
+            target: Target::Cpu { ranks: 2 },
             streams: 2,
+            check: false,
             check_races: true,
             trace: false,
-            seed: 0x5eed,
             timeout: Duration::from_secs(30),
             delays: Vec::new(),
-            backend: BackendKind::Cpu,
             warmup: 0,
             iters: 0,
             transport: Transport::Nccl,
@@ -102,6 +128,8 @@ pub enum RunError {
     Reference(String),
     /// Ranks failed; each with its error, by rank.
     Ranks(Vec<(usize, ExecError)>),
+    /// The outputs were asked of a launched rank other than 0, which does not gather them.
+    NotGathered,
 }
 
 impl fmt::Display for RunError {
@@ -109,6 +137,9 @@ impl fmt::Display for RunError {
         match self {
             RunError::Setup(m) => f.write_str(m),
             RunError::Reference(m) => write!(f, "reference evaluation failed: {m}"),
+            RunError::NotGathered => {
+                f.write_str("only rank 0 of a launched world gathers the outputs")
+            }
             RunError::Ranks(errors) => {
                 for (k, (rank, e)) in errors.iter().enumerate() {
                     if k > 0 {
@@ -123,12 +154,3 @@ impl fmt::Display for RunError {
 }
 
 impl std::error::Error for RunError {}
-
-/// The fusion's parameter values.
-pub fn params_of(fusion: &Fusion) -> HashMap<String, i64> {
-    fusion
-        .params()
-        .iter()
-        .filter_map(|p| p.value.or(p.default).map(|v| (p.name.clone(), v)))
-        .collect()
-}

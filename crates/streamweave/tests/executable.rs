@@ -1,0 +1,273 @@
+//! The user-facing API: compile once, run on named global tensors of their own dtype, get
+//! named global outputs back; parameter roles instead of parameter names; every bad input
+//! refused with the tensor it concerns.
+
+use streamweave::half::bf16;
+use streamweave::ir::{DType, Fusion, MeshSpec, ParallelType, Scalar, ScheduleOp, ScheduleStep};
+use streamweave::{Chunks, Compiler, Error, Executable, RunOptions, Target, Tensor};
+
+/// `y = x + x` with `x` split across the devices of a 1-D mesh (declared roles).
+const DOUBLE: &str = "\
+fusion double(n = 8, k: mesh = 2) {
+  mesh m = devices(k)
+  tensor x: f32[n] on m
+  y = add(x, x)
+  output y
+  schedule x { outer_split(0, k) -> DIDx }
+}
+";
+
+fn cpu(ranks: usize) -> RunOptions {
+    RunOptions {
+        check: true,
+        ..RunOptions::on(Target::Cpu { ranks })
+    }
+}
+
+#[test]
+fn outputs_come_back_global_and_in_the_inputs_dtype() {
+    for ranks in [1, 2, 4] {
+        let exe = Compiler::new()
+            .devices(ranks)
+            .compile_source("double.weave", DOUBLE)
+            .unwrap();
+        assert_eq!(exe.signature().param("k"), Some(ranks as i64));
+        let x = Tensor::new(vec![8], (0..8).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+        let report = exe.run(&[("x", &x)], &cpu(ranks)).unwrap();
+        assert!(report.passed(), "{:?}", report.checks);
+        assert_eq!(report.checks.len(), ranks);
+        let y = report.into_outputs().unwrap();
+        assert_eq!(
+            y.get("y").unwrap().as_f32().unwrap(),
+            &[0., 2., 4., 6., 8., 10., 12., 14.]
+        );
+    }
+    // bf16 in, bf16 out.
+    let exe = Compiler::new()
+        .compile_source("double.weave", &DOUBLE.replace("f32[n]", "bf16[n]"))
+        .unwrap();
+    let x = Tensor::new(vec![8], vec![bf16::from_f32(1.5); 8]).unwrap();
+    let y = exe
+        .run(&[("x", &x)], &RunOptions::default())
+        .unwrap()
+        .into_outputs()
+        .unwrap();
+    let y = y.get("y").unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    assert_eq!(y.as_bf16().unwrap(), &[bf16::from_f32(3.0); 8]);
+}
+
+#[test]
+fn inputs_that_do_not_fit_the_signature_name_the_tensor() {
+    let exe = Compiler::new()
+        .compile_source("double.weave", DOUBLE)
+        .unwrap();
+    let x = Tensor::new(vec![8], vec![0f32; 8]).unwrap();
+    let err = |inputs: &[(&str, &Tensor)]| exe.run(inputs, &cpu(2)).unwrap_err().to_string();
+    assert_eq!(err(&[]), "input `x`: not given");
+    assert_eq!(
+        err(&[("x", &x), ("w", &x)]),
+        "input `w`: the program has no such input (it has: x)"
+    );
+    assert_eq!(err(&[("x", &x), ("x", &x)]), "input `x`: given twice");
+    let wrong = Tensor::new(vec![8], vec![0f64; 8]).unwrap();
+    assert_eq!(
+        err(&[("x", &wrong)]),
+        "input `x`: is f64 but the program takes f32"
+    );
+    let short = Tensor::new(vec![2, 3], vec![0f32; 6]).unwrap();
+    assert_eq!(
+        err(&[("x", &short)]),
+        "input `x`: has sizes [2, 3] but the program takes [8]"
+    );
+    assert_eq!(
+        Tensor::new(vec![3], vec![0f32; 4]).unwrap_err().to_string(),
+        "a tensor of sizes [3] holds 3 elements, not 4"
+    );
+    assert_eq!(
+        exe.run(&[("x", &x)], &cpu(3)).unwrap_err().to_string(),
+        "3 ranks were asked for but the program's meshes cover 2 device(s): every rank must be \
+         a device of a mesh (compile it with k=3)"
+    );
+}
+
+fn step(op: ScheduleOp) -> ScheduleStep {
+    ScheduleStep { op, span: None }
+}
+
+/// A row-parallel linear built in Rust, its roles undeclared (derived from use: `width`
+/// sizes the mesh, `pieces` is the extent of the Stream axis).
+fn built() -> Fusion {
+    let mut f = Fusion::new("built");
+    for (name, v) in [("t", 12), ("h", 4), ("width", 2), ("pieces", 3)] {
+        f.add_param(name, Some(v)).unwrap();
+    }
+    let m = f
+        .add_mesh("m", MeshSpec::Devices(vec![Scalar::named("width")]))
+        .unwrap();
+    let k = Scalar::named("h").mul(4);
+    let inp = f
+        .add_input(
+            "inp",
+            DType::F32,
+            vec![Scalar::named("t"), k.clone()],
+            Some(m),
+        )
+        .unwrap();
+    let w = f
+        .add_input("w", DType::F32, vec![Scalar::named("h"), k], Some(m))
+        .unwrap();
+    let out = f.linear("out", inp, w, None).unwrap();
+    f.add_output(out).unwrap();
+    f.tensor_mut(inp).schedule = vec![
+        step(ScheduleOp::OuterSplit {
+            axis: 0,
+            factor: Scalar::named("pieces"),
+            parallel: Some(ParallelType::Stream),
+        }),
+        step(ScheduleOp::OuterSplit {
+            axis: 2,
+            factor: Scalar::named("width"),
+            parallel: Some(ParallelType::DIDx),
+        }),
+    ];
+    f.tensor_mut(w).schedule = vec![step(ScheduleOp::OuterSplit {
+        axis: 1,
+        factor: Scalar::named("width"),
+        parallel: Some(ParallelType::DIDx),
+    })];
+    streamweave::transform::schedule::apply_schedules(&mut f).unwrap();
+    f
+}
+
+#[test]
+fn fusions_built_in_rust_get_the_mesh_size_and_the_chunk_count_by_role() {
+    let exe = Compiler::new()
+        .devices(4)
+        .chunks(Chunks::Fixed(5))
+        .compile(&built())
+        .unwrap();
+    let sig = exe.signature();
+    assert_eq!(sig.param("width"), Some(4));
+    assert_eq!(sig.param("pieces"), Some(5));
+    let globals = exe.random_inputs(3);
+    let report = exe.run_dense(&globals, &cpu(4)).unwrap();
+    assert!(report.passed(), "{:?}", report.checks);
+    // A value given explicitly wins over the role.
+    let exe = Compiler::new()
+        .devices(4)
+        .set("width", 2)
+        .compile(&built())
+        .unwrap();
+    assert_eq!(exe.signature().param("width"), Some(2));
+    // The cost model picks the chunk count of a Rust-built fusion too.
+    let exe = Compiler::new()
+        .devices(2)
+        .chunks(Chunks::Auto(streamweave::chunks::Calibration::default()))
+        .compile(&built())
+        .unwrap();
+    let choice = exe.chunk_choice().expect("the model chose");
+    assert_eq!(exe.signature().param("pieces"), Some(choice.chunks as i64));
+    assert_eq!(
+        choice.predicted.len(),
+        streamweave::chunks::CANDIDATES.len()
+    );
+}
+
+#[test]
+fn a_two_dimensional_mesh_has_no_mesh_size_role() {
+    let source = "\
+fusion grid(dy = 2, dx = 2) {
+  mesh m = devices(dy, dx)
+  tensor x: f32[dy, dx] on m
+  y = neg(x)
+  output y
+  schedule x { parallelize(0, DIDy); parallelize(1, DIDx) }
+}
+";
+    let exe = Compiler::new()
+        .devices(8)
+        .compile_source("grid.weave", source)
+        .unwrap();
+    assert_eq!(exe.signature().param("dy"), Some(2));
+    assert_eq!(exe.signature().param("dx"), Some(2));
+    assert!(exe.signature().roles.is_empty());
+    let report = exe.run_dense(&exe.random_inputs(1), &cpu(4)).unwrap();
+    assert!(report.passed(), "{:?}", report.checks);
+}
+
+#[test]
+fn a_program_without_a_signature_is_refused_and_a_printed_one_runs() {
+    let exe = Compiler::new()
+        .compile_source("double.weave", DOUBLE)
+        .unwrap();
+    let mut bare = exe.program().clone();
+    bare.signature = None;
+    assert_eq!(
+        Executable::from_program(bare).unwrap_err().to_string(),
+        "the host program has no `Signature:` block: it does not say the global shapes and \
+         shardings of its inputs and outputs"
+    );
+    let text = streamweave::host_ir::print(exe.program());
+    let again = Executable::from_text("double.hir", &text).unwrap();
+    let x = Tensor::new(vec![8], vec![1f32; 8]).unwrap();
+    let y = again.run(&[("x", &x)], &cpu(2)).unwrap();
+    assert!(y.passed());
+    assert!(matches!(
+        Executable::from_text("double.hir", "%HostIrContainer {"),
+        Err(Error::Program(m)) if m.starts_with("expected `(` to open the list of program inputs")
+    ));
+}
+
+/// A caller that owns its ranks, backends, communicators and buffers runs each rank on
+/// buffers already in place; the outputs stay in its buffers.
+#[test]
+fn ranks_run_on_buffers_already_in_place() {
+    use streamweave::comm::LocalWorld;
+    use streamweave::executor::{Backend, CpuBackend, CpuOptions, StreamKey};
+    let exe = Compiler::new()
+        .devices(2)
+        .compile_source("double.weave", DOUBLE)
+        .unwrap();
+    let x = Tensor::new(vec![8], (0..8).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+    let globals = exe.bind(&[("x", &x)]).unwrap();
+    let world = LocalWorld::new(2, std::time::Duration::from_secs(10));
+    let options = RunOptions::default();
+    let shards: Vec<Vec<f64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let (exe, globals, options) = (&exe, &globals, &options);
+                let comm = world.communicator(rank);
+                s.spawn(move || {
+                    let backend = CpuBackend::new(CpuOptions::default());
+                    let buffers: Vec<_> = exe
+                        .shard_inputs(globals, rank)
+                        .unwrap()
+                        .iter()
+                        .map(|d| backend.upload(d).unwrap())
+                        .collect();
+                    let run = exe
+                        .run_rank_buffers(&backend, &comm, &buffers, options)
+                        .unwrap();
+                    let main = backend.stream(StreamKey::Main).unwrap();
+                    let out = backend.download(&run.outputs[0], &main).unwrap();
+                    backend.synchronize().unwrap();
+                    out.data
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(shards[1], vec![8., 10., 12., 14.]);
+    let y = exe.outputs()[0].unshard(&shards, f64::NAN).unwrap();
+    assert_eq!(y, vec![0., 2., 4., 6., 8., 10., 12., 14.]);
+    // The wrong number of buffers is refused before anything is issued.
+    let backend = CpuBackend::new(CpuOptions::default());
+    let err = exe
+        .run_rank_buffers(&backend, &world.communicator(0), &[], &options)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rank 0: 0 input buffers were given, the program takes 1"
+    );
+}
