@@ -5,14 +5,14 @@
 
 mod common;
 
-use common::Checked as Compiled;
+use common::Checked;
 use streamweave::host_ir::{HostProgram, Stmt};
 use streamweave::ir::{Fusion, IterType, ParallelType, TensorId};
 use streamweave::passes::{Ir, PassManager, Pipeline, Registry};
 
 /// Compiles `source` with `overrides` and runs it on `ranks` ranks; an error holds the stage,
 /// the program and the report.
-fn run(source: &str, overrides: &[(&str, i64)], ranks: usize) -> Result<Compiled, String> {
+fn run(source: &str, overrides: &[(&str, i64)], ranks: usize) -> Result<Checked, String> {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let what = |stage: &str, detail: String| {
         format!("{stage} failed ({ranks} ranks, {overrides:?}):\n{source}\n--- {detail}")
@@ -23,7 +23,7 @@ fn run(source: &str, overrides: &[(&str, i64)], ranks: usize) -> Result<Compiled
 }
 
 /// [`run`] on every rank count in `ranks`, setting `d` to it; panics with every failure.
-fn runs_on(source: &str, ranks: &[usize], extra: &[(&str, i64)]) -> Vec<Compiled> {
+fn runs_on(source: &str, ranks: &[usize], extra: &[(&str, i64)]) -> Vec<Checked> {
     let mut ok = Vec::new();
     let mut failures = Vec::new();
     for &r in ranks {

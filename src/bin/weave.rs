@@ -124,10 +124,11 @@ enum Command {
         /// up), then the run that is checked, timed and traced.
         #[arg(long, default_value_t = 0)]
         warmup: usize,
-        /// The chunk count S (the fusion's parameter `s`, unless `--set s=` gives it): a
-        /// number, or `auto` — on the CUDA backend a cost model (GEMM work and communication
-        /// of the unchunked program against the machine's calibration) picks the fastest of
-        /// 1, 2, 4, 8, no overlap when it cannot pay; on the CPU backend the declared `s`.
+        /// The chunk count S (the fusion's chunk-count parameter, declared `s: chunks` or the
+        /// extent of its Stream axes, unless `--set` gives it): a number, or `auto` — on the
+        /// CUDA backend a cost model (GEMM work and communication of the unchunked program
+        /// against the machine's calibration) picks the fastest of 1, 2, 4, 8, no overlap
+        /// when it cannot pay; on the CPU backend the fusion's own value.
         #[arg(long, default_value = "auto", value_parser = parse_chunks)]
         chunks: Chunks,
         /// CUDA backend: after the warm-up, time this many runs on inputs already on the
