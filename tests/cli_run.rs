@@ -7,11 +7,19 @@ use std::path::Path;
 use std::process::Command;
 
 fn weave(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args(args)
+    weave_with_log(args, None)
+}
+
+/// `weave ARGS` with `WEAVE_LOG` set to `log` (or unset): success, stdout, stderr.
+fn weave_with_log(args: &[&str], log: Option<&str>) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weave"));
+    cmd.args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
+        .env_remove("WEAVE_LOG");
+    if let Some(filter) = log {
+        cmd.env("WEAVE_LOG", filter);
+    }
+    let out = cmd.output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -270,8 +278,7 @@ fn json_summaries_stay_valid_json() {
 
 /// Runs a small `weave run` with `extra` arguments and `WEAVE_LOG` set to `env` (or unset).
 fn run_logged(extra: &[&str], env: Option<&str>) -> (bool, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weave"));
-    cmd.args([
+    let mut args = vec![
         "run",
         "tests/scenarios/row_parallel_linear.weave",
         "--ranks",
@@ -280,19 +287,9 @@ fn run_logged(extra: &[&str], env: Option<&str>) -> (bool, String, String) {
         "t=48",
         "--set",
         "h=8",
-    ])
-    .args(extra)
-    .current_dir(env!("CARGO_MANIFEST_DIR"))
-    .env_remove("WEAVE_LOG");
-    if let Some(filter) = env {
-        cmd.env("WEAVE_LOG", filter);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    ];
+    args.extend_from_slice(extra);
+    weave_with_log(&args, env)
 }
 
 #[test]

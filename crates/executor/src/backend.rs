@@ -12,9 +12,10 @@ use crate::error::ExecError;
 
 /// Which stream a statement runs on: the caller's stream, or a pool stream by index
 /// (`Stream ( i0 % numberOfStreams )` evaluates to a pool index).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StreamKey {
     /// The stream that was current when the program started.
+    #[default]
     Main,
     /// Pool stream `n`, created on first use.
     Pool(usize),

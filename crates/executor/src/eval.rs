@@ -44,8 +44,8 @@ impl Default for RunConfig {
     }
 }
 
-/// What one rank's run produced.
-#[derive(Clone, Debug)]
+/// What one rank's run produced (the default: nothing, no time, the main stream).
+#[derive(Clone, Debug, Default)]
 pub struct RankRun {
     /// The program's outputs, in signature order.
     pub outputs: Vec<Dense>,

@@ -239,25 +239,10 @@ impl Fusion {
                     axes[*outer] = (o.0.mul(i.0), o.1);
                     axes.remove(*inner);
                 }
-                ScheduleOp::Reorder { moves } => {
-                    let n = axes.len();
-                    if moves.iter().any(|(a, b)| *a >= n || *b >= n) {
-                        return Vec::new();
-                    }
-                    let mut placed: Vec<Option<(Scalar, ParallelType)>> = vec![None; n];
-                    for (from, to) in moves {
-                        placed[*to] = Some(axes[*from].clone());
-                    }
-                    let mut rest = axes
-                        .iter()
-                        .enumerate()
-                        .filter(|(k, _)| !moves.iter().any(|(a, _)| a == k))
-                        .map(|(_, a)| a.clone());
-                    axes = placed
-                        .into_iter()
-                        .filter_map(|p| p.or_else(|| rest.next()))
-                        .collect();
-                }
+                ScheduleOp::Reorder { moves } => match crate::tensor::reordered(&axes, moves) {
+                    Ok(r) => axes = r,
+                    Err(_) => return Vec::new(),
+                },
                 ScheduleOp::Parallelize { axis, parallel } => {
                     if let Some(a) = axes.get_mut(*axis) {
                         a.1 = *parallel;

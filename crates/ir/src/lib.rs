@@ -27,4 +27,4 @@ pub use fusion::{Fusion, MeshDecl, MeshSpec, Param, ParamRole};
 pub use ids::{ExprId, IdExprId, IterDomainId, MeshId, TensorId};
 pub use mesh::DeviceMesh;
 pub use scalar::{Scalar, ScalarOp};
-pub use tensor::{MemoryType, ScheduleOp, ScheduleStep, TensorView};
+pub use tensor::{reordered, MemoryType, ReorderError, ScheduleOp, ScheduleStep, TensorView};

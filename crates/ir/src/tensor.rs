@@ -150,3 +150,53 @@ impl TensorView {
         self.root.as_deref().unwrap_or(&self.logical)
     }
 }
+
+/// Why a `reorder` cannot apply to a domain of `n` axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReorderError {
+    /// A source axis (`what` = "axis") or a destination ("position") is `index >= n`.
+    OutOfRange {
+        /// "axis" or "position".
+        what: &'static str,
+        /// The index.
+        index: usize,
+    },
+    /// Axis `0` is the source of two moves.
+    MovedTwice(usize),
+    /// Two moves have destination `0`.
+    SamePosition(usize),
+}
+
+/// `items` reordered by `moves` (nvFuser's `reorder`): axis `from` goes to position `to` for
+/// every `(from, to)`, the items not named keep their relative order in the remaining
+/// positions. The sources and the destinations must each be distinct and in range.
+pub fn reordered<T: Clone>(items: &[T], moves: &[(usize, usize)]) -> Result<Vec<T>, ReorderError> {
+    let n = items.len();
+    let mut placed: Vec<Option<T>> = vec![None; n];
+    let mut moved = vec![false; n];
+    for &(from, to) in moves {
+        for (what, index) in [("axis", from), ("position", to)] {
+            if index >= n {
+                return Err(ReorderError::OutOfRange { what, index });
+            }
+        }
+        if moved[from] {
+            return Err(ReorderError::MovedTwice(from));
+        }
+        if placed[to].is_some() {
+            return Err(ReorderError::SamePosition(to));
+        }
+        moved[from] = true;
+        placed[to] = Some(items[from].clone());
+    }
+    let mut rest = items
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| !moved[*k])
+        .map(|(_, x)| x.clone());
+    // As many free positions as unmoved items: every `None` takes one.
+    Ok(placed
+        .into_iter()
+        .filter_map(|p| p.or_else(|| rest.next()))
+        .collect())
+}

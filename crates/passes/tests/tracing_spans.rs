@@ -3,74 +3,11 @@
 //! the IR, and a `verify` span per verification. Alone in its test binary, so that no other
 //! test's callsites race with the subscriber installed here.
 
-use weave_ir::{Diagnostic, Fusion};
-use weave_passes::{Changed, Ir, Pass, PassError, PassManager, Pipeline, Registry};
+use weave_passes::{Ir, PassManager, Pipeline, Registry};
 
-fn fusion() -> Fusion {
-    weave_ir::text::parse(
-        "fusion f(n = 4) {
-  tensor a: f32[n, 6]
-  c = set(a)
-  output c
-}
-",
-        &[],
-    )
-    .unwrap()
-}
+mod toy;
 
-/// Changes nothing.
-struct Noop;
-
-impl Pass for Noop {
-    fn name(&self) -> &'static str {
-        "noop"
-    }
-    fn summary(&self) -> &'static str {
-        "changes nothing"
-    }
-    fn run(&self, _ir: &mut Ir) -> Result<Changed, PassError> {
-        Ok(Changed::No)
-    }
-}
-
-/// Renames tensor `c`: a valid change.
-struct Rename;
-
-impl Pass for Rename {
-    fn name(&self) -> &'static str {
-        "rename"
-    }
-    fn summary(&self) -> &'static str {
-        "renames tensor `c`"
-    }
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        let Ir::Fusion(f) = ir else {
-            return Ok(Changed::No);
-        };
-        let c = f.tensor_by_name("c").unwrap();
-        f.tensor_mut(c).name = "c_renamed".to_string();
-        Ok(Changed::Yes)
-    }
-}
-
-/// Refuses every input.
-struct Fail;
-
-impl Pass for Fail {
-    fn name(&self) -> &'static str {
-        "fail"
-    }
-    fn summary(&self) -> &'static str {
-        "always reports an unsupported input"
-    }
-    fn run(&self, _ir: &mut Ir) -> Result<Changed, PassError> {
-        Err(PassError::Unsupported {
-            pass: self.name(),
-            diagnostic: Diagnostic::new("not supported here"),
-        })
-    }
-}
+use toy::{fusion, Fail, Noop, Rename};
 
 /// One span as a subscriber saw it: its name and every field recorded, as text.
 #[derive(Clone, Debug, Default)]

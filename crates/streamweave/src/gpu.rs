@@ -14,7 +14,7 @@ use weave_comm::{CommError, Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
     check_inputs, program_teams, run_rank, run_rank_buffers, Backend, CudaBackend, CudaOptions,
-    Dense, DeviceTensor, ExecError, RankRun, RunConfig, StreamKey,
+    Dense, DeviceTensor, ExecError, RankRun, RunConfig,
 };
 use weave_host_ir::HostProgram;
 
@@ -389,15 +389,10 @@ fn decode_run(bytes: &[u8]) -> Result<RankRun, String> {
         .collect::<Result<Vec<_>, String>>()?;
     Ok(RankRun {
         outputs,
-        races: Vec::new(),
-        spans: Vec::new(),
-        issue_time: Duration::ZERO,
         wall_time: Duration::from_micros(wall_us),
         statements,
         timed: timed_ns.into_iter().map(Duration::from_nanos).collect(),
-        final_stream: StreamKey::Main,
-        streams: Vec::new(),
-        live_allocations: 0,
+        ..RankRun::default()
     })
 }
 
@@ -414,15 +409,10 @@ mod tests {
                 sizes: vec![2, 3],
                 data: vec![1.0, -2.0, 0.5, 4.0, 8.0, -0.25],
             }],
-            races: Vec::new(),
-            spans: Vec::new(),
-            issue_time: Duration::ZERO,
             wall_time: Duration::from_micros(1234),
             statements: 43,
             timed: vec![Duration::from_nanos(1_500_123), Duration::from_micros(7)],
-            final_stream: StreamKey::Main,
-            streams: Vec::new(),
-            live_allocations: 0,
+            ..RankRun::default()
         };
         let encoded = serde_json::to_vec(&RankReport::of(&run)).unwrap();
         let back = decode_run(&encoded).unwrap();

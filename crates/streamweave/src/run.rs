@@ -159,20 +159,11 @@ pub(crate) fn check_all_inputs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weave_executor::StreamKey;
 
     fn rank(timed_ms: &[u64]) -> RankRun {
         RankRun {
-            outputs: Vec::new(),
-            races: Vec::new(),
-            spans: Vec::new(),
-            issue_time: Duration::ZERO,
-            wall_time: Duration::ZERO,
-            statements: 0,
             timed: timed_ms.iter().map(|&m| Duration::from_millis(m)).collect(),
-            final_stream: StreamKey::Main,
-            streams: Vec::new(),
-            live_allocations: 0,
+            ..RankRun::default()
         }
     }
 

@@ -54,20 +54,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weave_executor::StreamKey;
 
     fn run_of(statements: usize) -> RankRun {
         RankRun {
-            outputs: Vec::new(),
-            races: Vec::new(),
-            spans: Vec::new(),
-            issue_time: Duration::ZERO,
-            wall_time: Duration::ZERO,
             statements,
-            timed: Vec::new(),
-            final_stream: StreamKey::Main,
-            streams: Vec::new(),
-            live_allocations: 0,
+            ..RankRun::default()
         }
     }
 

@@ -22,8 +22,8 @@
 //! parallelize after the split that produces the axis.
 
 use weave_ir::{
-    Diagnostic, Fusion, IdExpr, IrResult, IterDomainId, IterType, ParallelType, Scalar, ScheduleOp,
-    ScheduleStep, SplitKind, TensorId,
+    Diagnostic, Fusion, IdExpr, IrResult, IterDomainId, IterType, ParallelType, ReorderError,
+    Scalar, ScheduleOp, ScheduleStep, SplitKind, TensorId,
 };
 
 /// Which domain of a tensor a schedule primitive rewrites.
@@ -216,39 +216,17 @@ pub fn reorder(
     let list: Vec<String> = moves.iter().map(|(a, b)| format!("{a} -> {b}")).collect();
     let step = format!("reorder({})", list.join(", "));
     let err = |msg: String| Diagnostic::new(format!("{}: {step}: {msg}", prefix(f, t)));
-    let mut placed: Vec<Option<IterDomainId>> = vec![None; n];
-    let mut moved = vec![false; n];
-    for &(from, to) in moves {
-        for (what, a) in [("axis", from), ("position", to)] {
-            if a >= n {
-                return Err(err(format!(
-                    "{what} {a} is out of range, the {} has {}",
-                    dom.label(),
-                    axes_text(n)
-                )));
-            }
-        }
-        if moved[from] {
-            return Err(err(format!("axis {from} is moved twice")));
-        }
-        if placed[to].is_some() {
-            return Err(err(format!("two axes are moved to position {to}")));
-        }
-        moved[from] = true;
-        placed[to] = Some(ids[from]);
-    }
-    let mut rest = ids
-        .iter()
-        .enumerate()
-        .filter(|(k, _)| !moved[*k])
-        .map(|(_, id)| *id);
-    let new: Vec<IterDomainId> = placed
-        .into_iter()
-        .map(|p| {
-            p.or_else(|| rest.next())
-                .expect("as many free positions as unmoved axes")
+    let new = weave_ir::reordered(&ids, moves).map_err(|e| {
+        err(match e {
+            ReorderError::OutOfRange { what, index } => format!(
+                "{what} {index} is out of range, the {} has {}",
+                dom.label(),
+                axes_text(n)
+            ),
+            ReorderError::MovedTwice(a) => format!("axis {a} is moved twice"),
+            ReorderError::SamePosition(p) => format!("two axes are moved to position {p}"),
         })
-        .collect();
+    })?;
     store(f, t, dom, new);
     Ok(())
 }
