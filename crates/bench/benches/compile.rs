@@ -91,10 +91,49 @@ fn evaluator_per_iteration(c: &mut Criterion) {
     group.finish();
 }
 
+/// A chain of `n` pointwise ops (`t_i = neg(t_{i-1})`), optionally stream-split: what a long
+/// generated program looks like to the compiler.
+fn chain(n: usize, streamed: bool) -> String {
+    let mut s = String::from("fusion chain(m = 64, s = 4) {\n  tensor t0: f32[m, 8]\n");
+    for i in 1..=n {
+        s.push_str(&format!("  t{i} = neg(t{})\n", i - 1));
+    }
+    s.push_str(&format!("  output t{n}\n"));
+    if streamed {
+        s.push_str(&format!(
+            "  schedule t{n} {{ outer_split(0, s) -> Stream }}\n"
+        ));
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// Load and lower long chains (target: 10,000 ops in under a second, growing near-linearly).
+fn compile_long_chains(c: &mut Criterion) {
+    let mut group = c.benchmark_group("long chains");
+    group.sample_size(10);
+    for n in [1_000usize, 10_000] {
+        for streamed in [false, true] {
+            let source = chain(n, streamed);
+            let what = if streamed { "stream-split" } else { "plain" };
+            group.throughput(Throughput::Elements(n as u64));
+            group.bench_function(format!("load+compile {n} ops, {what}"), |b| {
+                b.iter(|| {
+                    Compiler::new()
+                        .compile_source("chain.weave", black_box(&source))
+                        .unwrap()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     load_row_parallel,
     compile_row_parallel,
-    evaluator_per_iteration
+    evaluator_per_iteration,
+    compile_long_chains
 );
 criterion_main!(benches);

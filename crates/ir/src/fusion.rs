@@ -93,6 +93,8 @@ pub struct Fusion {
     ids: SlotMap<IterDomainId, IterDomain>,
     id_exprs: SlotMap<IdExprId, IdExpr>,
     tensors: SlotMap<TensorId, TensorView>,
+    /// Tensor names as the builder gave them, for lookups in constant time.
+    names: std::collections::HashMap<String, TensorId>,
     exprs: SlotMap<ExprId, Expr>,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
@@ -563,9 +565,34 @@ impl Fusion {
 
     /// Looks a tensor up by its user name.
     pub fn tensor_by_name(&self, name: &str) -> Option<TensorId> {
+        // The index of the names the builder gave, checked against the tensor (a name is a
+        // public field, so a pass or test may have renamed it since); a miss scans.
+        if let Some(&t) = self.names.get(name) {
+            if self.tensors.get(t).is_some_and(|tv| tv.name == name) && self.is_placed(t) {
+                return Some(t);
+            }
+        }
         self.tensors_in_order()
             .into_iter()
             .find(|t| self.tensors[*t].name == name)
+    }
+
+    /// Whether the builder gave a tensor of the fusion the name `name` (an index lookup:
+    /// what the builder's duplicate-name check asks; a tensor renamed through
+    /// [`Fusion::tensor_mut`] is judged by the verifier's unique-name rule instead).
+    pub fn has_builder_name(&self, name: &str) -> bool {
+        self.names
+            .get(name)
+            .is_some_and(|t| self.tensors.get(*t).is_some_and(|tv| tv.name == name))
+    }
+
+    /// True for a fusion input or a tensor some expr of the program outputs (every expr of
+    /// the arena is in the program order: exprs are appended and moved, never dropped).
+    fn is_placed(&self, t: TensorId) -> bool {
+        self.is_input(t)
+            || self.tensors[t]
+                .definition
+                .is_some_and(|e| self.exprs.get(e).is_some_and(|ex| ex.outputs.contains(&t)))
     }
 
     /// A name not used by any tensor, built from `base` (`base`, `base_1`, ...).
@@ -593,7 +620,7 @@ impl Fusion {
     // ----- building ---------------------------------------------------------------------
 
     fn check_new_name(&self, name: &str) -> IrResult<()> {
-        if self.tensor_by_name(name).is_some() {
+        if self.has_builder_name(name) {
             return Err(Diagnostic::new(format!("duplicate tensor name `{name}`")));
         }
         if self.params.iter().any(|p| p.name == name) {
@@ -605,7 +632,7 @@ impl Fusion {
     }
 
     fn new_tensor(&mut self, name: &str, dtype: DType, logical: Vec<IterDomainId>) -> TensorId {
-        self.tensors.insert(TensorView {
+        let t = self.tensors.insert(TensorView {
             name: name.to_string(),
             dtype,
             loop_domain: logical.clone(),
@@ -617,7 +644,9 @@ impl Fusion {
             definition: None,
             schedule: Vec::new(),
             span: None,
-        })
+        });
+        self.names.insert(name.to_string(), t);
+        t
     }
 
     /// Declares a fusion input of global shape `extents`.

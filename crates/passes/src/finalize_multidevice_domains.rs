@@ -59,8 +59,10 @@ impl Pass for FinalizeMultideviceDomains {
 /// Meshes, allocation domains and loop order (see the module doc).
 pub fn finalize_multidevice_domains(f: &mut Fusion) -> IrResult<()> {
     assign_meshes(f);
+    // One id graph for every tensor's question (loop domains do not change below).
+    let graph = IdGraph::build(f);
     for t in f.tensors_in_order() {
-        shard_allocation(f, t)?;
+        shard_allocation(f, t, &graph)?;
         reorder_parallelized_to_front(f, t);
     }
     Ok(())
@@ -98,8 +100,15 @@ fn assign_meshes(f: &mut Fusion) {
 }
 
 /// True if `t`'s `Stream` loop split may go to its allocation (the two conditions of the
-/// module doc). False when `t` has no stream axis.
+/// module doc). False when `t` has no stream axis. Builds the fusion's id graph; a caller
+/// asking about many tensors builds it once and asks [`should_allocate_per_stream_in`].
 pub fn should_allocate_per_stream(f: &Fusion, t: TensorId) -> bool {
+    should_allocate_per_stream_in(f, t, &IdGraph::build(f))
+}
+
+/// [`should_allocate_per_stream`] against `graph`, the id graph of `f` (only its loop-domain
+/// ids are asked about, so later allocation-domain replays leave it valid).
+pub fn should_allocate_per_stream_in(f: &Fusion, t: TensorId, graph: &IdGraph) -> bool {
     let has_stream = f.tensor(t).loop_domain.iter().any(|i| {
         let d = f.id(*i);
         d.parallel == ParallelType::Stream && d.iter_type != IterType::Reduction
@@ -110,7 +119,6 @@ pub fn should_allocate_per_stream(f: &Fusion, t: TensorId) -> bool {
     // The stream axes must also be one axis of the id graph, which is what puts producer and
     // consumer into one stream loop: two one-chunk splits of different axes have provably
     // equal (zero) indices but are two loops.
-    let graph = IdGraph::build(f);
     let stream_of = |x: TensorId| {
         f.tensor(x).loop_domain.iter().copied().find(|i| {
             let d = f.id(*i);
@@ -134,8 +142,8 @@ pub fn should_allocate_per_stream(f: &Fusion, t: TensorId) -> bool {
     })
 }
 
-fn shard_allocation(f: &mut Fusion, t: TensorId) -> IrResult<()> {
-    let stream_ok = should_allocate_per_stream(f, t);
+fn shard_allocation(f: &mut Fusion, t: TensorId, graph: &IdGraph) -> IrResult<()> {
+    let stream_ok = should_allocate_per_stream_in(f, t, graph);
     let tv = f.tensor(t).clone();
     let mut alloc: Vec<IterDomainId> = tv.allocation_domain().to_vec();
     let mut changed = false;

@@ -43,7 +43,7 @@ use weave_segmenter::{SegmentId, SegmentKind, SegmentedFusion};
 use weave_transform::id_graph::IdGraph;
 
 use crate::communication::{derive_communication, CommunicationInfo, RootKind};
-use crate::finalize_multidevice_domains::should_allocate_per_stream;
+use crate::finalize_multidevice_domains::should_allocate_per_stream_in;
 use crate::pass::{Changed, Ir, Pass, PassError};
 
 /// How a DID → Stream copy with one chunk per device is lowered when either form is right.
@@ -690,7 +690,8 @@ impl Lowering<'_> {
         // chunk) gets no binding outside the loop and no Allocate here:
         // `allocate-and-deallocate` allocates it before the loop with `numberOfStreams` slots.
         // Any other stream-parallel tensor is allocated whole, hoisted before its loop.
-        let loop_local = should_allocate_per_stream(f, t) && self.stays_in_one_loop(t);
+        let loop_local =
+            should_allocate_per_stream_in(f, t, &self.graph) && self.stays_in_one_loop(t);
         let full = match self.top.get(&t) {
             Some(h) => *h,
             None => {

@@ -51,8 +51,8 @@ mod tests;
 
 pub use partition::{compute_kind, segment, Classifier};
 pub use rule::{
-    parallel_signature, same_parallel_structure, same_stream_axis, DefaultMergeRule, MergeRule,
-    NoMergeRule,
+    parallel_signature, same_parallel_structure, same_stream_axis, DefaultMergeRule, MergeContext,
+    MergeRule, NoMergeRule,
 };
 pub use segment::{Segment, SegmentEdge, SegmentId, SegmentKind, SegmentedFusion};
 pub use verify::verify;

@@ -22,10 +22,40 @@ pub trait MergeRule {
     /// rule judges the pair alone.
     fn can_merge(&self, fusion: &Fusion, a: &Segment, b: &Segment) -> bool;
 
+    /// [`MergeRule::can_merge`] with what the segmenter computes once per fusion (`ctx`):
+    /// rules that need the fusion's id graph take it from there instead of building it per
+    /// question. The segmenter asks this; by default it asks [`MergeRule::can_merge`].
+    fn can_merge_in(&self, ctx: &MergeContext<'_>, a: &Segment, b: &Segment) -> bool {
+        self.can_merge(ctx.fusion, a, b)
+    }
+
     /// Whether the segmenter should also try to merge kernel segments that are not
     /// producer and consumer but read a common tensor (horizontal fusion). Off by default.
     fn merge_siblings(&self) -> bool {
         false
+    }
+}
+
+/// What the segmenter knows of the fusion it partitions, computed at most once: the fusion
+/// and, on first use, its exact id graph.
+pub struct MergeContext<'a> {
+    /// The fusion.
+    pub fusion: &'a Fusion,
+    ids: std::cell::OnceCell<IdGraph>,
+}
+
+impl<'a> MergeContext<'a> {
+    /// The context of `fusion`.
+    pub fn new(fusion: &'a Fusion) -> MergeContext<'a> {
+        MergeContext {
+            fusion,
+            ids: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The fusion's exact id graph, built on first use.
+    pub fn id_graph(&self) -> &IdGraph {
+        self.ids.get_or_init(|| IdGraph::build(self.fusion))
     }
 }
 
@@ -90,33 +120,49 @@ impl MergeRule for DefaultMergeRule {
     }
 
     fn can_merge(&self, fusion: &Fusion, a: &Segment, b: &Segment) -> bool {
+        self.can_merge_in(&MergeContext::new(fusion), a, b)
+    }
+
+    /// A segment of several exprs is one this rule accepted as a whole (the segmenter only
+    /// merges what the rule allows), so it is uniform — fusable, one mesh, one parallel
+    /// structure, mapped Stream axes — and its first expr stands for all of them; a segment
+    /// of one expr stands for itself. A question therefore costs the same however long the
+    /// segments have grown, which keeps segmentation near-linear in the number of exprs.
+    fn can_merge_in(&self, ctx: &MergeContext<'_>, a: &Segment, b: &Segment) -> bool {
+        let fusion = ctx.fusion;
         if a.kind() != SegmentKind::Kernel || b.kind() != SegmentKind::Kernel {
             return false;
         }
-        let fusable = |s: &Segment| {
-            s.exprs()
-                .iter()
-                .all(|e| DefaultMergeRule::is_fusable(&fusion.expr(*e).kind))
-        };
-        if !fusable(a) || !fusable(b) {
+        let (ra, rb) = (
+            &a.exprs()[..1.min(a.exprs().len())],
+            &b.exprs()[..1.min(b.exprs().len())],
+        );
+        if !ra
+            .iter()
+            .chain(rb)
+            .all(|e| DefaultMergeRule::is_fusable(&fusion.expr(*e).kind))
+        {
             return false;
         }
         // A `segment_set` starts a segment: it never joins the segment that produces its
         // input (in either merge direction).
         let cuts = |x: &Segment, y: &Segment| {
-            let made = x.produced(fusion);
             y.exprs().iter().any(|e| {
                 let ex = fusion.expr(*e);
-                ex.kind == ExprKind::SegmentSet && ex.inputs.iter().any(|i| made.contains(i))
+                ex.kind == ExprKind::SegmentSet
+                    && ex
+                        .inputs
+                        .iter()
+                        .any(|i| fusion.tensor(*i).definition.is_some_and(|d| x.contains(d)))
             })
         };
         if cuts(a, b) || cuts(b, a) {
             return false;
         }
-        let produced: Vec<TensorId> = a
-            .produced(fusion)
-            .into_iter()
-            .chain(b.produced(fusion))
+        let produced: Vec<TensorId> = ra
+            .iter()
+            .chain(rb)
+            .flat_map(|e| fusion.expr(*e).outputs.iter().copied())
             .collect();
         let Some((&t0, rest)) = produced.split_first() else {
             return true;
@@ -126,7 +172,7 @@ impl MergeRule for DefaultMergeRule {
         }) {
             return false;
         }
-        same_stream_axis(fusion, &produced)
+        stream_axes_mapped(fusion, &produced, || ctx.id_graph())
     }
 
     fn merge_siblings(&self) -> bool {
@@ -139,6 +185,18 @@ impl MergeRule for DefaultMergeRule {
 /// chunks one axis; two tensors stream-split on unrelated axes (an add chunked by rows
 /// feeding a sum chunked by columns) need two loops, however equal their chunk counts.
 pub fn same_stream_axis(fusion: &Fusion, tensors: &[TensorId]) -> bool {
+    let mut built = None;
+    stream_axes_mapped(fusion, tensors, || {
+        built.get_or_insert_with(|| IdGraph::build(fusion))
+    })
+}
+
+/// [`same_stream_axis`] with the id graph given by `graph` (asked only when the axes differ).
+fn stream_axes_mapped<'g>(
+    fusion: &Fusion,
+    tensors: &[TensorId],
+    graph: impl FnOnce() -> &'g IdGraph,
+) -> bool {
     let stream_axes: Vec<IterDomainId> = tensors
         .iter()
         .flat_map(|t| fusion.tensor(*t).loop_domain.iter().copied())
@@ -153,7 +211,7 @@ pub fn same_stream_axis(fusion: &Fusion, tensors: &[TensorId]) -> bool {
     if rest.iter().all(|id| *id == first) {
         return true;
     }
-    let graph = IdGraph::build(fusion);
+    let graph = graph();
     rest.iter().all(|id| graph.are_mapped(first, *id))
 }
 

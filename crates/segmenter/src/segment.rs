@@ -139,6 +139,14 @@ impl Segment {
         }
     }
 
+    /// Moves `other`'s exprs to the end of this segment's, leaving the inputs and outputs to
+    /// be recomputed ([`Segment::with_index`]) once merging is over.
+    pub(crate) fn absorb(&mut self, other: Segment) {
+        self.exprs.extend(other.exprs);
+        self.inputs.clear();
+        self.outputs.clear();
+    }
+
     /// How the segment runs.
     pub fn kind(&self) -> SegmentKind {
         self.kind

@@ -429,7 +429,7 @@ impl Parser {
 
     /// The builder's name checks, reported at the name.
     fn check_new_tensor_name(&self, name: &str, span: Span) -> PResult<()> {
-        if self.fusion.tensor_by_name(name).is_some() {
+        if self.fusion.has_builder_name(name) {
             return Err(Diagnostic::at(
                 span,
                 format!("duplicate tensor name `{name}`"),
