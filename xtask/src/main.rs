@@ -12,8 +12,11 @@
 //!   `gpu_*` benches with `--profile bundle`, and gather them with the scenarios and
 //!   scripts/gpu into DIR (default target/gpu-bundle) to copy to a GPU machine, where
 //!   `bash scripts/run-all.sh` runs them.
+//! * `cargo xtask fuzz --minutes N [--threads T]` — run the fuzz harness (tests/fuzz.rs) on
+//!   fresh seeds for N minutes and print how many inputs it tried.
 
 mod dump;
+mod fuzz;
 mod gpu_bundle;
 mod validate;
 
@@ -38,6 +41,9 @@ enum Task {
     /// Build the GPU executables and gather them with the scenarios and scripts/gpu into a
     /// directory to copy to a GPU machine.
     GpuBundle(gpu_bundle::BundleArgs),
+    /// Fuzz the loader, the pipeline and the host-IR parser and verifier for N minutes
+    /// (tests/fuzz.rs with fresh seeds); failing inputs land in target/fuzz-finds/.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +52,7 @@ fn main() -> ExitCode {
         Task::Validate => validate::run(),
         Task::Dump(args) => dump::run(&args),
         Task::GpuBundle(args) => gpu_bundle::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
     };
     match result {
         Ok(code) => code,

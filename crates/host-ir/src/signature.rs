@@ -152,6 +152,54 @@ impl AxisSplit {
         }
     }
 
+    /// How many of this axis' `len` elements the rank at `coords` holds: what
+    /// [`AxisSplit::indices`] would list, counted without listing them (an axis may be far
+    /// longer than memory holds).
+    fn count(&self, len: usize, coords: &dyn Fn(ParallelType) -> usize) -> usize {
+        match self {
+            AxisSplit::Leaf(parallel) => {
+                if parallel.is_device() {
+                    usize::from(coords(*parallel) < len)
+                } else {
+                    len
+                }
+            }
+            AxisSplit::Split {
+                kind,
+                factor,
+                outer,
+                inner,
+            } => {
+                let f = (*factor).max(1);
+                let (outer_len, stride) = match kind {
+                    SplitKind::Outer => (f, len.div_ceil(f)),
+                    SplitKind::Inner => (len.div_ceil(f), f),
+                };
+                let chunk = |a: usize| len.saturating_sub(a.saturating_mul(stride)).min(stride);
+                match &**outer {
+                    // Every chunk: the full ones, then the short last one (and empty ones).
+                    AxisSplit::Leaf(p) if !p.is_device() => {
+                        let full = if stride == 0 {
+                            0
+                        } else {
+                            (len / stride).min(outer_len)
+                        };
+                        let mut n = full.saturating_mul(inner.count(stride, coords));
+                        if full < outer_len {
+                            n = n.saturating_add(inner.count(chunk(full), coords));
+                        }
+                        n
+                    }
+                    _ => outer
+                        .indices(outer_len, coords)
+                        .into_iter()
+                        .map(|a| inner.count(chunk(a), coords))
+                        .fold(0usize, usize::saturating_add),
+                }
+            }
+        }
+    }
+
     fn print(&self, out: &mut String) {
         match self {
             AxisSplit::Leaf(p) => out.push_str(p.name()),
@@ -333,9 +381,16 @@ impl TensorSig {
             .collect()
     }
 
-    /// The sizes of `rank`'s buffer.
+    /// The sizes of `rank`'s buffer (counted, never listed: an axis may be longer than
+    /// memory holds).
     pub fn local_sizes_of(&self, rank: usize) -> Vec<usize> {
-        self.axis_indices(rank).iter().map(Vec::len).collect()
+        let coords = self.coords(rank);
+        self.sharding
+            .axes
+            .iter()
+            .zip(&self.global)
+            .map(|(a, &len)| a.count(len, &coords))
+            .collect()
     }
 
     /// The sizes of one rank's buffer (of the first device of the mesh; device splits
@@ -560,6 +615,51 @@ mod tests {
         // Rank 2 is row 1 of the mesh: global rows 2..4, every column.
         assert_eq!(t.axis_indices(2), vec![vec![2, 3], vec![0, 1, 2]]);
         assert_eq!(t.global_indices(3), vec![6, 7, 8, 9, 10, 11]);
+    }
+
+    #[test]
+    fn local_sizes_are_counted_without_listing_the_axis() {
+        // 2^40 rows in 4294967295 stream chunks, each cut across 2 devices: no list of 2^40
+        // indices is ever made.
+        let huge = TensorSig {
+            name: "h".into(),
+            dtype: DType::F32,
+            global: vec![1 << 40, 3],
+            sharding: Sharding {
+                mesh: Some(DeviceMesh::arange(2).unwrap()),
+                axes: vec![
+                    outer(
+                        4_294_967_295,
+                        leaf(ParallelType::Stream),
+                        Box::new(outer(
+                            2,
+                            leaf(ParallelType::DIDx),
+                            leaf(ParallelType::Serial),
+                        )),
+                    ),
+                    AxisSplit::Leaf(ParallelType::Serial),
+                ],
+            },
+        };
+        let sizes = huge.local_sizes_of(1);
+        assert_eq!(sizes[1], 3);
+        // Chunks of 257 rows (the last one short): rank 1 holds 128 of each full chunk.
+        let stride = (1usize << 40).div_ceil(4_294_967_295);
+        assert_eq!(stride, 257);
+        let full = (1usize << 40) / stride;
+        let last = (1usize << 40) - full * stride;
+        assert_eq!(sizes[0], full * 128 + last.saturating_sub(last.div_ceil(2)));
+        // Against the listing, on sizes that fit.
+        for rows in [0, 1, 5, 6, 7, 13] {
+            let t = TensorSig {
+                global: vec![rows, 2],
+                ..chunked()
+            };
+            for r in 0..2 {
+                let listed: Vec<usize> = t.axis_indices(r).iter().map(Vec::len).collect();
+                assert_eq!(t.local_sizes_of(r), listed, "rows {rows} rank {r}");
+            }
+        }
     }
 
     #[test]
