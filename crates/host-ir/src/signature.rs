@@ -179,11 +179,7 @@ impl AxisSplit {
                 match &**outer {
                     // Every chunk: the full ones, then the short last one (and empty ones).
                     AxisSplit::Leaf(p) if !p.is_device() => {
-                        let full = if stride == 0 {
-                            0
-                        } else {
-                            (len / stride).min(outer_len)
-                        };
+                        let full = len.checked_div(stride).unwrap_or(0).min(outer_len);
                         let mut n = full.saturating_mul(inner.count(stride, coords));
                         if full < outer_len {
                             n = n.saturating_add(inner.count(chunk(full), coords));
