@@ -326,10 +326,28 @@ fn an_input_read_on_a_pool_stream_before_it_synchronizes_with_main_is_reported()
         ),
         "{reports:?}"
     );
-    let r = run(
+    // The race is real: with the main stream slowed down, the worker copies T0 before the
+    // upload lands (uninitialised memory is NaN).
+    let slow_main = vec![(StreamKey::Main, Duration::from_millis(100))];
+    let r = run_with(
+        &copy_on_worker("  SetCurrentStream(Stream ( 0 ))"),
+        input(),
+        false,
+        slow_main.clone(),
+    )
+    .unwrap();
+    assert!(
+        r.outputs[0].data.iter().all(|x| x.is_nan()),
+        "{:?}",
+        r.outputs[0].data
+    );
+    let r = run_with(
         &copy_on_worker("  SetCurrentStream(Stream ( 0 ))\n  Synchronize(Stream 0)"),
         input(),
-    );
+        true,
+        slow_main,
+    )
+    .unwrap();
     assert!(r.races.is_empty(), "{:?}", r.races);
     assert_eq!(r.outputs[0].data, input()[0].data);
 }
@@ -386,6 +404,15 @@ K0: fusion copy() {
         "  SetCurrentStream(Stream ( 1 ))\n  Synchronize(Stream 0)\n  \
          LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))\n  SetCurrentStream(Stream ( 0 ))\n  \
          Synchronize(Stream ( 1 ))\n",
+    );
+    // The race is real: with pool stream 0 slowed down, its allocation's fill lands after
+    // pool stream 1's write.
+    let slow = vec![(StreamKey::Pool(0), Duration::from_millis(100))];
+    let r = run_with(&src, input(), false, slow).unwrap();
+    assert!(
+        r.outputs[0].data.iter().all(|x| x.is_nan()),
+        "{:?}",
+        r.outputs[0].data
     );
     let r = run(&src, input());
     let reports: Vec<String> = r.races.iter().map(ToString::to_string).collect();
