@@ -1,19 +1,21 @@
 //! Mutation test of the race checker: every scenario of tests/scenarios is lowered at one
 //! small configuration, and every synchronization of its host program is broken in turn —
 //! each `Synchronize` deleted, each `Wait` deleted, each join loop (a `FOR` of
-//! `Synchronize`s only) deleted, each fork (`SetCurrentStream(worker); Synchronize(main)`)
-//! reversed. A mutant is *killed* when the host-IR verifier refuses it, the run fails, or the
-//! race checker reports a race on some rank. A mutant that survives must be *redundant*:
-//! a happens-before analysis of the program's synchronization alone (below, independent of
-//! the race checker) shows that every statement instance of every rank is ordered after
-//! exactly the same statement instances as in the original program, so the removed edge was
-//! implied by the synchronization that is left. The test prints the score and the survivors,
-//! and fails on any survivor that is not redundant.
+//! `Synchronize`s only) deleted, each `SetCurrentStream(x); Synchronize(y)` pair swapped
+//! (forks, and the joins' switch back to the main stream). A mutant is *killed* when the
+//! host-IR verifier refuses it, the run fails, or the race checker reports a race on some
+//! rank. A mutant that survives must be *redundant*, as decided by a happens-before analysis
+//! of the program's synchronization (below, sharing no code with the race checker) on every
+//! rank: either every statement instance keeps its vector clock (the removed ordering is
+//! implied by the synchronization left), or every two accesses of one buffer, one a write,
+//! that the original orders stay ordered (what the removed synchronization ordered touches
+//! different buffers). The test prints the score, the redundant mutants and why, and fails
+//! on any other survivor, and on a race the analysis calls redundant (the two disagree).
 //!
-//! Sizes follow tests/scenario_sweep.rs (`t = 10`, `h = 3`), with `s = 3` chunks on 2 pool
-//! streams (more chunks than streams, so a pool stream is reused across iterations) and 2
-//! devices (a 2 × 2 mesh for the 2-D scenarios); a scenario refused there takes the next
-//! configuration of a short list. Every mutant runs on the CPU backend with the main stream
+//! Sizes follow tests/scenario_sweep.rs (`t = 10`, `h = 3`), with `s = 3` chunks and 2
+//! devices (a 2 × 2 mesh for the 2-D scenarios), each program run with 2 pool streams (more
+//! chunks than streams, so a pool stream is reused across iterations) and with 1; a scenario
+//! refused there takes the next configuration of a short list. Every mutant runs on the CPU backend with the main stream
 //! slowed down (uploads and allocations are stream-ordered there, so a worker that does not
 //! wait for the main stream really runs ahead and reads poison); its outputs are compared
 //! with the original program's, which shows how many of the races reported really happened,
