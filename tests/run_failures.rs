@@ -260,7 +260,9 @@ fn a_stream_waiting_for_a_stalled_stream_times_out() {
         trace: false,
         delays: vec![(
             streamweave::executor::StreamKey::Main,
-            Duration::from_millis(600),
+            // Three jobs on the main stream (the upload, the fill, the join) stay within the
+            // host's patience (twice the timeout and a second).
+            Duration::from_millis(400),
         )],
     });
     let input = Dense {

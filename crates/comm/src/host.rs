@@ -255,6 +255,16 @@ impl HostView {
         Ok(())
     }
 
+    /// Overwrites the view's elements with what an uninitialised buffer holds (NaN, or
+    /// [`POISON_I64`] for integers).
+    pub fn poison(&self) {
+        self.fill(match self.dtype() {
+            DataType::I64 => POISON_I64 as f64,
+            DataType::Bool => 0.0,
+            _ => f64::NAN,
+        });
+    }
+
     /// Fills the view with `x`.
     pub fn fill(&self, x: f64) {
         let mut data = self.storage.data.write().unwrap_or_else(|e| e.into_inner());

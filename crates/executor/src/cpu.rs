@@ -7,6 +7,11 @@
 //! at most the timeout. A job that fails poisons its stream: later jobs there are skipped,
 //! and [`Backend::synchronize`] returns the first error.
 //!
+//! Memory is stream-ordered as on a GPU: an input's upload runs on the main stream, and an
+//! allocation fills its buffer (zeros, or the poison of uninitialised memory) on the
+//! allocating stream, so a stream that uses either without synchronizing with that stream
+//! can see the poison or lose its write.
+//!
 //! Compute runs in f64 (the fusion interpreter and `matrixmultiply`'s GEMM) and is rounded to
 //! the output's element type when written, as a fused GPU kernel rounds only its outputs.
 
@@ -394,13 +399,19 @@ impl Backend for CpuBackend {
         allocations.retain(|w| w.strong_count() > 0);
         allocations.push(Arc::downgrade(view.storage()));
         drop(allocations);
-        if zero {
-            let v = view.clone();
-            self.enqueue_compute(stream, "zero fill", move || {
+        // A stream-ordered allocation: the memory is the buffer's only once the allocating
+        // stream gets here, where it is filled (zeros, or the poison of uninitialised
+        // memory), so a stream that uses it without synchronizing really races.
+        let v = view.clone();
+        let label = if zero { "zero fill" } else { "poison" };
+        self.enqueue_compute(stream, label, move || {
+            if zero {
                 v.fill(0.0);
-                Ok(())
-            });
-        }
+            } else {
+                v.poison();
+            }
+            Ok(())
+        });
         Ok(view)
     }
 
@@ -511,8 +522,16 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, data: &Dense) -> Result<HostView, ExecError> {
-        HostView::from_values(data_type(data.dtype), &data.sizes, &data.data)
-            .map_err(ExecError::Input)
+        let source = HostView::from_values(data_type(data.dtype), &data.sizes, &data.data)
+            .map_err(ExecError::Input)?;
+        // The copy lands in stream order on the main stream, as the CUDA backend's upload
+        // does: a pool stream that reads an input before synchronizing with the main stream
+        // really races.
+        let view = HostView::allocate(source.dtype(), &data.sizes, false);
+        let v = view.clone();
+        let main = self.stream(StreamKey::Main)?;
+        self.enqueue_compute(&main, "upload", move || v.write(&source.read()));
+        Ok(view)
     }
 
     fn download(&self, buffer: &HostView, stream: &CpuStream) -> Result<Dense, ExecError> {

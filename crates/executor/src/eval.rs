@@ -393,6 +393,16 @@ where
         )?;
         for (&t, data) in self.program.inputs.iter().zip(inputs) {
             let buffer = self.backend.upload(data)?;
+            // The caller wrote every input on its own stream before the program started (the
+            // CUDA backend uploads on the main stream): a pool stream reads one only after
+            // synchronizing with the main stream.
+            self.record(
+                Agent::Stream(StreamKey::Main),
+                &buffer,
+                true,
+                "<caller writes inputs>",
+                t,
+            );
             self.tensors.insert(t, buffer);
         }
         let start = Instant::now();
@@ -554,9 +564,11 @@ where
                 let buffer = self
                     .backend
                     .allocate(decl.dtype, &sizes, *zero_init, &stream)?;
-                if *zero_init {
-                    self.record(here, &buffer, true, &label, *tensor);
-                }
+                // A stream-ordered allocation (`cuMemAllocAsync`) is a write on the allocating
+                // stream: the memory may still be in use by its previous owner until that
+                // stream gets here, so another stream uses the buffer only after
+                // synchronizing with it. A zero fill is the same write.
+                self.record(here, &buffer, true, &label, *tensor);
                 self.tensors.insert(*tensor, buffer);
             }
             Stmt::Deallocate { tensor } => {

@@ -9,8 +9,16 @@
 //! * a communication is an agent of its own, ordered after its posting stream at the post and
 //!   before nothing until a `Wait` names it (its buffers may be touched only after the
 //!   `Wait`, as on NCCL's internal streams);
+//! * the caller writes every input on the main stream before the first statement (the CUDA
+//!   backend uploads there), so a pool stream reads an input only after `Synchronize(main)`;
+//! * `Allocate` writes the whole buffer on the allocating stream (a stream-ordered
+//!   allocation: the memory is the buffer's only once that stream gets there), so another
+//!   stream uses it only after synchronizing with the allocating one;
 //! * `Deallocate` writes the whole buffer (the memory may be reused), and the caller reads
 //!   every output on the main stream after the last statement.
+//!
+//! The evaluator ([`crate::eval`]) feeds these accesses; the checker itself knows only
+//! agents, regions and clocks.
 //!
 //! Two accesses conflict when their regions overlap and one of them writes.
 

@@ -262,8 +262,12 @@ fn synchronize_before_set_current_stream_is_reported() {
         vec![
             "race: `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 0 reads T3, \
              unordered with `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))` on main stream, which writes T2",
+            "race: `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 0 writes T4, \
+             unordered with `T1 = ALLOCATE(mem_type=global, zero_init=false)` on main stream, which writes T1",
             "race: `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 1 reads T3, \
              unordered with `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))` on main stream, which writes T2",
+            "race: `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 1 writes T4, \
+             unordered with `T1 = ALLOCATE(mem_type=global, zero_init=false)` on main stream, which writes T1",
         ]
     );
 }
@@ -283,6 +287,141 @@ fn joining_before_switching_back_to_main_is_reported() {
              `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 0, which writes T4",
             "race: `<caller reads outputs>` on main stream reads T1, unordered with \
              `LaunchKernel(kernel=K1, inputs=(T3), outputs=(T4))` on pool stream 1, which writes T4",
+        ]
+    );
+}
+
+/// A copy of the input `T0` into the output `T1` on pool stream 0, after `fork` (run on the
+/// main stream, which allocates `T1`) and joined back to the main stream.
+fn copy_on_worker(fork: &str) -> String {
+    format!(
+        "\
+%HostIrContainer {{ (T0_g_f32[4, 3]) -> (T1_g_f32[4, 3]) :
+  Stream 0 = GetCurrentStream()
+  T1 = ALLOCATE(mem_type=global, zero_init=false)
+{fork}
+  LaunchKernel(kernel=K0, inputs=(T0), outputs=(T1))
+  SetCurrentStream(Stream 0)
+  Synchronize(Stream ( 0 ))
+}} // %HostIrContainer
+K0: fusion copy() {{
+  tensor a: f32[4, 3]
+  b = set(a)
+  output b
+}}
+"
+    )
+}
+
+#[test]
+fn an_input_read_on_a_pool_stream_before_it_synchronizes_with_main_is_reported() {
+    // The caller wrote T0 on the main stream before the program started.
+    let r = run(&copy_on_worker("  SetCurrentStream(Stream ( 0 ))"), input());
+    let reports: Vec<String> = r.races.iter().map(ToString::to_string).collect();
+    assert!(
+        reports.contains(
+            &"race: `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T1))` on pool stream 0 reads T0, \
+              unordered with `<caller writes inputs>` on main stream, which writes T0"
+                .to_string()
+        ),
+        "{reports:?}"
+    );
+    // The race is real: with the main stream slowed down, the worker copies T0 before the
+    // upload lands (uninitialised memory is NaN).
+    let slow_main = vec![(StreamKey::Main, Duration::from_millis(100))];
+    let r = run_with(
+        &copy_on_worker("  SetCurrentStream(Stream ( 0 ))"),
+        input(),
+        false,
+        slow_main.clone(),
+    )
+    .unwrap();
+    assert!(
+        r.outputs[0].data.iter().all(|x| x.is_nan()),
+        "{:?}",
+        r.outputs[0].data
+    );
+    let r = run_with(
+        &copy_on_worker("  SetCurrentStream(Stream ( 0 ))\n  Synchronize(Stream 0)"),
+        input(),
+        true,
+        slow_main,
+    )
+    .unwrap();
+    assert!(r.races.is_empty(), "{:?}", r.races);
+    assert_eq!(r.outputs[0].data, input()[0].data);
+}
+
+#[test]
+fn a_buffer_allocated_on_main_and_written_on_a_pool_stream_without_synchronizing_is_reported() {
+    // T1's allocation is ordered on the main stream; the worker writes T1 unordered with it.
+    let r = run(&copy_on_worker("  SetCurrentStream(Stream ( 0 ))"), input());
+    let reports: Vec<String> = r.races.iter().map(ToString::to_string).collect();
+    assert!(
+        reports.contains(
+            &"race: `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T1))` on pool stream 0 writes T1, \
+              unordered with `T1 = ALLOCATE(mem_type=global, zero_init=false)` on main stream, which writes T1"
+                .to_string()
+        ),
+        "{reports:?}"
+    );
+    assert_eq!(
+        reports.len(),
+        2,
+        "the input and the allocation: {reports:?}"
+    );
+}
+
+#[test]
+fn a_buffer_allocated_and_used_on_one_pool_stream_needs_no_synchronization_for_itself() {
+    // The temporary T2 lives on pool stream 0 only: allocated, written, read and freed there.
+    let src = "\
+%HostIrContainer { (T0_g_f32[4, 3]) -> (T1_g_f32[4, 3]) :
+  Stream 0 = GetCurrentStream()
+  T1 = ALLOCATE(mem_type=global, zero_init=false)
+  SetCurrentStream(Stream ( 0 ))
+  Synchronize(Stream 0)
+  T2_g_f32[4, 3] = ALLOCATE(mem_type=global, zero_init=false)
+  LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))
+  LaunchKernel(kernel=K0, inputs=(T2), outputs=(T1))
+  Deallocate(T2)
+  SetCurrentStream(Stream 0)
+  Synchronize(Stream ( 0 ))
+} // %HostIrContainer
+K0: fusion copy() {
+  tensor a: f32[4, 3]
+  b = set(a)
+  output b
+}
+";
+    let r = run(src, input());
+    assert!(r.races.is_empty(), "{:?}", r.races);
+    assert_eq!(r.outputs[0].data, input()[0].data);
+    // Allocated on pool stream 0 but used on pool stream 1, which synchronized with main
+    // only: the use races with the allocation.
+    let src = src.replace(
+        "  LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))\n",
+        "  SetCurrentStream(Stream ( 1 ))\n  Synchronize(Stream 0)\n  \
+         LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))\n  SetCurrentStream(Stream ( 0 ))\n  \
+         Synchronize(Stream ( 1 ))\n",
+    );
+    // The race is real: with pool stream 0 slowed down, its allocation's fill lands after
+    // pool stream 1's write.
+    let slow = vec![(StreamKey::Pool(0), Duration::from_millis(100))];
+    let r = run_with(&src, input(), false, slow).unwrap();
+    assert!(
+        r.outputs[0].data.iter().all(|x| x.is_nan()),
+        "{:?}",
+        r.outputs[0].data
+    );
+    let r = run(&src, input());
+    let reports: Vec<String> = r.races.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        reports,
+        vec![
+            "race: `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T2))` on pool stream 1 writes T2, \
+             unordered with `T2 = ALLOCATE(mem_type=global, zero_init=false)` on pool stream 0, \
+             which writes T2"
         ]
     );
 }
@@ -322,7 +461,11 @@ fn a_missing_synchronization_gives_a_wrong_result_when_a_stream_is_slow() {
     );
     // The same runs with the checker on report the races.
     let r = run_with(&two_stage(ENTRY_BUG, JOIN_OK), input(), true, slow_main).unwrap();
-    assert_eq!(r.races.len(), 2);
+    assert_eq!(
+        r.races.len(),
+        4,
+        "T2 read and T1 (allocated on main) written, per worker"
+    );
     let r = run_with(&two_stage(ENTRY_OK, JOIN_BUG), input(), true, slow_worker).unwrap();
     assert_eq!(r.races.len(), 4);
 }
