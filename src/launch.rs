@@ -327,6 +327,34 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
     result
 }
 
+/// Makes the rank die with the launcher: a launcher killed outright (SIGKILL, which it cannot
+/// catch to stop its ranks) takes every rank with it through the parent-death signal (Linux).
+/// A rank whose parent is already gone when it starts exits at once.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn die_with_launcher(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let launcher = std::process::id();
+    // SAFETY: between fork and exec the closure calls only async-signal-safe functions
+    // (`prctl`, `getppid`, `_exit`) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher died before the signal was armed.
+            if u32::try_from(libc::getppid()).ok() != Some(launcher) {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Elsewhere ranks outlive a launcher killed outright (a caught signal still stops them).
+#[cfg(not(target_os = "linux"))]
+fn die_with_launcher(_cmd: &mut Command) {}
+
 /// Starts the ranks and supervises them until every one has ended ([`launch`]).
 fn launch_ranks(
     opts: &LaunchOptions,
@@ -351,6 +379,7 @@ fn launch_ranks(
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        die_with_launcher(&mut cmd);
         let mut cmd = CommandWrap::from(cmd);
         cmd.wrap(ProcessGroup::leader());
         match cmd.spawn() {

@@ -306,3 +306,38 @@ fn a_signal_to_the_launcher_stops_every_rank_and_what_it_started() {
     assert_eq!(still_running(&started), Vec::<u32>::new(), "orphans: {err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A launcher killed outright (SIGKILL: nothing to catch) takes its ranks with it.
+#[test]
+fn ranks_die_with_a_launcher_killed_outright() {
+    let dir = scratch("sigkill");
+    let launcher = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > \"$DIR/rank_$RANK\"; exec sleep 60",
+        ])
+        .env("DIR", &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ranks = pids(&dir, 2);
+    assert_eq!(ranks.len(), 2, "both ranks wrote their pids");
+    let sent = Command::new("kill")
+        .args(["-KILL", &launcher.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let _ = launcher.wait_with_output();
+    assert_eq!(
+        still_running(&ranks),
+        Vec::<u32>::new(),
+        "ranks outlived the launcher"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
