@@ -117,6 +117,7 @@ fn run_faulty(
         params: c.signature().params.iter().cloned().collect(),
         number_of_streams: 2,
         check_races: true,
+        deadline: None,
     };
     std::thread::scope(|s| {
         let handles: Vec<_> = per_rank

@@ -113,7 +113,8 @@ enum Command {
         /// Seed of the generated inputs.
         #[arg(long, default_value_t = 0x5eed)]
         seed: u64,
-        /// How long a stream or a collective waits before failing, in seconds.
+        /// How long a stream or a collective waits before failing, and how long the whole run
+        /// may take, in seconds.
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
         /// Write a one-line JSON summary (scenario, ranks, mode, max errors, wall time,

@@ -283,6 +283,7 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
         params: exe.signature().params.iter().cloned().collect(),
         number_of_streams: how.streams,
         check_races: false,
+        deadline: None,
     };
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
     let once = |backend: &CudaBackend| -> Result<Vec<DeviceTensor>, JobError> {

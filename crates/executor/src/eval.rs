@@ -32,6 +32,29 @@ pub struct RunConfig {
     pub number_of_streams: usize,
     /// Whether to run the race checker.
     pub check_races: bool,
+    /// When the whole run must be over: a rank still issuing statements then stops with a
+    /// timeout naming the statement it was at (and aborts its communicator, so its peers stop
+    /// too). Every wait is bounded on its own; this bounds the loops between waits. `None`:
+    /// no bound.
+    pub deadline: Option<Deadline>,
+}
+
+/// The end of a run's time budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    /// When the budget is spent.
+    pub at: std::time::Instant,
+    /// The budget (for messages).
+    pub budget: Duration,
+}
+
+impl Deadline {
+    /// A budget of `budget` from now; `None` when the end is past what an instant can hold.
+    pub fn after(budget: Duration) -> Option<Deadline> {
+        std::time::Instant::now()
+            .checked_add(budget)
+            .map(|at| Deadline { at, budget })
+    }
 }
 
 impl Default for RunConfig {
@@ -40,6 +63,7 @@ impl Default for RunConfig {
             params: HashMap::new(),
             number_of_streams: 2,
             check_races: true,
+            deadline: None,
         }
     }
 }
@@ -545,6 +569,19 @@ where
             ));
         };
         self.statements += 1;
+        if let Some(deadline) = self.config.deadline {
+            if std::time::Instant::now() >= deadline.at {
+                return Err(ExecError::Timeout {
+                    what: format!(
+                        "rank {}: the whole run, at `{}` after {} statements",
+                        self.comm.rank(),
+                        self.label(id),
+                        self.statements - 1
+                    ),
+                    millis: u64::try_from(deadline.budget.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+        }
         let label = self.label(id);
         let _span = tracing::trace_span!("statement", label = %label).entered();
         let here = Agent::Stream(self.current);

@@ -37,6 +37,7 @@ pub use cuda::{CudaBackend, CudaOptions, DeviceTensor};
 pub use dense::Dense;
 pub use error::ExecError;
 pub use eval::{
-    check_inputs, program_teams, run_rank, run_rank_buffers, BufferRun, RankRun, RunConfig,
+    check_inputs, program_teams, run_rank, run_rank_buffers, BufferRun, Deadline, RankRun,
+    RunConfig,
 };
 pub use race::{RaceChecker, RaceReport};

@@ -29,6 +29,7 @@ fn run_ranks(
         params: HashMap::new(),
         number_of_streams: streams,
         check_races: true,
+        deadline: None,
     };
     let runs = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..d)

@@ -30,6 +30,7 @@ fn run_with(
         params: HashMap::new(),
         number_of_streams: 2,
         check_races,
+        deadline: None,
     };
     run_rank(&program, &backend, &comm, &inputs, &config)
 }

@@ -100,6 +100,7 @@ fn a_run_has_one_span_with_its_rank_and_statements_and_one_span_per_statement_in
         params: HashMap::new(),
         number_of_streams: 2,
         check_races: false,
+        deadline: None,
     };
     let recorder = Recorder::default();
     let run = tracing::subscriber::with_default(recorder.clone(), || {

@@ -278,6 +278,7 @@ pub fn workload(program: &HostProgram, ranks: usize) -> Result<Workload, RunErro
         params: sig.params.iter().cloned().collect(),
         number_of_streams: 2,
         check_races: false,
+        deadline: None,
     };
     run_rank(program, &backend, &comm, &inputs, &config)
         .map_err(|e| RunError::Ranks(vec![(0, e)]))?;

@@ -299,12 +299,15 @@ impl Executable {
         self.chunk_choice.as_ref()
     }
 
-    /// The parameter values every rank binds.
+    /// The per-rank configuration of a run starting now: the parameter values, the stream
+    /// pool, the race checker, and the deadline of the whole run (`options.timeout` from now:
+    /// a rank still issuing statements then stops and names the statement).
     pub fn config(&self, options: &RunOptions) -> RunConfig {
         RunConfig {
             params: self.signature().params.iter().cloned().collect(),
             number_of_streams: options.streams,
             check_races: options.check_races,
+            deadline: weave_executor::Deadline::after(options.timeout),
         }
     }
 

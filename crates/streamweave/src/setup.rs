@@ -66,7 +66,8 @@ pub struct RunOptions {
     pub check_races: bool,
     /// Record spans for the timeline.
     pub trace: bool,
-    /// How long any stream or collective waits before failing.
+    /// How long any stream or collective waits before failing, and how long the whole run
+    /// may take (each rank checks the deadline before every statement it issues).
     pub timeout: Duration,
     /// Streams slowed down before each job (tests, CPU backend).
     pub delays: Vec<(StreamKey, Duration)>,

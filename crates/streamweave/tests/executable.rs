@@ -271,3 +271,40 @@ fn ranks_run_on_buffers_already_in_place() {
         "rank 0: 0 input buffers were given, the program takes 1"
     );
 }
+
+/// The timeout bounds the whole run, not only its waits: a loop of many cheap chunks that
+/// never waits long stops at the deadline, naming where it was, on every rank.
+#[test]
+fn the_timeout_bounds_the_whole_run() {
+    let source = "\
+fusion many(n = 400000, s: chunks = 400000) {
+  tensor x: f32[n, 1]
+  y = neg(x)
+  output y
+  schedule y { outer_split(0, s) -> Stream }
+}
+";
+    let exe = Compiler::new()
+        .compile_source("many.weave", source)
+        .unwrap();
+    let options = RunOptions {
+        timeout: std::time::Duration::from_millis(300),
+        check_races: false,
+        ..RunOptions::on(Target::Cpu { ranks: 1 })
+    };
+    let start = std::time::Instant::now();
+    let err = exe
+        .run_dense(&exe.random_inputs(1), &options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        err.starts_with("rank 0: rank 0: the whole run, at `"),
+        "{err}"
+    );
+    assert!(err.ends_with("timed out after 300 ms"), "{err}");
+}
