@@ -221,7 +221,7 @@ fn main() -> ExitCode {
             list_passes,
         } => {
             if list_passes {
-                print!("{}", Registry::standard().listing());
+                weave_cli::out!("{}", Registry::standard().listing());
                 return ExitCode::SUCCESS;
             }
             let Some(file) = file else {
@@ -379,11 +379,12 @@ fn dump(file: &Path, set: &[(String, i64)], flags: &DumpFlags) -> ExitCode {
     let fusion = match streamweave::load_file(file, set) {
         Ok(fusion) => fusion,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let mut out = std::io::stdout().lock();
+    // A closed pipe ends the process quietly (weave_cli::output::Stdout).
+    let mut out = weave_cli::output::Stdout;
     match manager.run_with_output(Ir::Fusion(fusion), &mut out) {
         Ok(ir) => match out.write_all(weave_passes::manager::render(&ir).as_bytes()) {
             Ok(()) => ExitCode::SUCCESS,

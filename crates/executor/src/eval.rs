@@ -23,6 +23,11 @@ use crate::dense::Dense;
 use crate::error::ExecError;
 use crate::race::{Agent, RaceChecker, RaceReport};
 
+/// The most iterations one `ForLoop` may run. Loops walk stream chunks, and a program
+/// asking for more than this is a mistaken chunk count, not a schedule worth running (a
+/// 4-billion-chunk loop would run for hours).
+pub const MAX_TRIP_COUNT: i64 = 1 << 16;
+
 /// How one rank runs a program.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -585,6 +590,12 @@ where
                 body,
             } => {
                 let (a, b) = (self.eval(*start)?, self.eval(*stop)?);
+                let trips = b.saturating_sub(a);
+                if trips > MAX_TRIP_COUNT {
+                    return Err(ExecError::Program(format!(
+                        "`{label}` would run {trips} iterations; a loop runs at most {MAX_TRIP_COUNT} (a stream split into fewer chunks)"
+                    )));
+                }
                 let body = body.clone();
                 for i in a..b {
                     self.scalars.bound.insert(*index, i);

@@ -150,7 +150,7 @@ fn fusions_built_in_rust_get_the_mesh_size_and_the_chunk_count_by_role() {
     let sig = exe.signature();
     assert_eq!(sig.param("width"), Some(4));
     assert_eq!(sig.param("pieces"), Some(5));
-    let globals = exe.random_inputs(3);
+    let globals = exe.random_inputs(3).unwrap();
     let report = exe.run_dense(&globals, &cpu(4)).unwrap();
     assert!(report.passed(), "{:?}", report.checks);
     // A value given explicitly wins over the role.
@@ -192,7 +192,9 @@ fusion grid(dy = 2, dx = 2) {
     assert_eq!(exe.signature().param("dy"), Some(2));
     assert_eq!(exe.signature().param("dx"), Some(2));
     assert!(exe.signature().roles.is_empty());
-    let report = exe.run_dense(&exe.random_inputs(1), &cpu(4)).unwrap();
+    let report = exe
+        .run_dense(&exe.random_inputs(1).unwrap(), &cpu(4))
+        .unwrap();
     assert!(report.passed(), "{:?}", report.checks);
 }
 
