@@ -51,10 +51,19 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-/// Prints the report of a finished run.
+/// Prints the report of a finished run ([`render_report`]).
 pub fn print_report(report: &RunReport, checked_races: bool) {
+    crate::out!("{}", render_report(report, checked_races));
+}
+
+/// The report of a finished run: every rank's statements and times, the timed runs, each
+/// output against the reference (on how many ranks it differs, and the worst of those), the
+/// race checker's verdict and the largest error.
+pub fn render_report(report: &RunReport, checked_races: bool) -> String {
+    let mut s = String::new();
     for (rank, r) in report.ranks.iter().enumerate() {
-        crate::outln!(
+        let _ = writeln!(
+            s,
             "  rank {rank}: {} statements issued in {}, done in {}",
             r.statements,
             ms(r.issue_time),
@@ -62,7 +71,8 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
         );
     }
     if let Some(t) = report.timed() {
-        crate::outln!(
+        let _ = writeln!(
+            s,
             "timed: {} runs, median {}, min {} (each run's slowest rank)",
             t.count,
             ms(t.median),
@@ -85,14 +95,18 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
                     .unwrap_or(std::cmp::Ordering::Equal)
             });
         if let Some(w) = worst {
-            crate::outln!(
-                "output {o}: {} on {} rank(s) (worst: rank {}: {})",
+            let _ = writeln!(
+                s,
+                "output {o}: {} (worst: rank {}: {})",
                 if ok {
-                    "matches the reference"
+                    format!("matches the reference on {} rank(s)", checks.len())
                 } else {
-                    "DIFFERS from the reference"
+                    let failed = checks.iter().filter(|c| !c.comparison.ok).count();
+                    format!(
+                        "DIFFERS from the reference on {failed} of {} rank(s)",
+                        checks.len()
+                    )
                 },
-                checks.len(),
                 w.rank,
                 w.comparison
             );
@@ -106,15 +120,16 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
             .flat_map(|(rank, r)| r.races.iter().map(move |x| format!("  rank {rank}: {x}")))
             .collect();
         if races.is_empty() {
-            crate::outln!("race checker: no races");
+            let _ = writeln!(s, "race checker: no races");
         } else {
-            crate::outln!("race checker: {} race(s)", races.len());
+            let _ = writeln!(s, "race checker: {} race(s)", races.len());
             for r in races {
-                crate::outln!("{r}");
+                let _ = writeln!(s, "{r}");
             }
         }
     }
-    crate::outln!("max abs error: {:.3e}", report.max_abs_error());
+    let _ = writeln!(s, "max abs error: {:.3e}", report.max_abs_error());
+    s
 }
 
 /// Why a finished run did not pass: the outputs that differ from the reference (and on how
@@ -424,26 +439,31 @@ pub fn run(
         Err(e) => return fail(e.to_string()),
     };
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let progress = std::thread::spawn(move || {
-        // Quiet for runs under a second; a spinner with the elapsed time after that.
-        if done_rx.recv_timeout(Duration::from_secs(1)).is_ok() {
-            return;
-        }
-        if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+    // The progress thread is a nicety: when the system refuses it, the run goes on without.
+    let progress = std::thread::Builder::new()
+        .name("weave-progress".into())
+        .spawn(move || {
+            // Quiet for runs under a second; a spinner with the elapsed time after that.
+            if done_rx.recv_timeout(Duration::from_secs(1)).is_ok() {
+                return;
+            }
+            if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                let _ = done_rx.recv();
+                return;
+            }
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_message("running");
+            bar.enable_steady_tick(Duration::from_millis(120));
             let _ = done_rx.recv();
-            return;
-        }
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_message("running");
-        bar.enable_steady_tick(Duration::from_millis(120));
-        let _ = done_rx.recv();
-        bar.finish_and_clear();
-    });
+            bar.finish_and_clear();
+        });
     let execute = tracing::info_span!("execute", ranks, backend).entered();
     let result = exe.run_dense(&globals, &options);
     drop(execute);
     let _ = done_tx.send(());
-    let _ = progress.join();
+    if let Ok(progress) = progress {
+        let _ = progress.join();
+    }
     let report = match result {
         Ok(r) if r.outputs.is_none() => {
             crate::outln!("rank done; rank 0 reports");

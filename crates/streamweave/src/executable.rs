@@ -386,7 +386,13 @@ impl Executable {
         let available = memory::available_host_bytes();
         let mut total: u64 = 0;
         for t in self.inputs() {
-            let what = format!("input `{}` {}{:?}", t.name, t.dtype, t.global);
+            let what = match ranks {
+                0 => format!("input `{}` {}{:?}", t.name, t.dtype, t.global),
+                n => format!(
+                    "input `{}` {}{:?} (the global tensor and the shards of {n} rank(s))",
+                    t.name, t.dtype, t.global
+                ),
+            };
             let input_error = |message: String| Error::Input {
                 tensor: t.name.clone(),
                 message,
