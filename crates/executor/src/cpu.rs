@@ -405,7 +405,10 @@ impl Backend for CpuBackend {
             sizes,
             crate::dense::elem_bytes(dtype),
         )
-        .map_err(ExecError::Program)?;
+        .map_err(|message| ExecError::Compute {
+            stmt: "Allocate".into(),
+            message,
+        })?;
         let view = HostView::allocate(data_type(dtype), sizes, false);
         let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
         allocations.retain(|w| w.strong_count() > 0);

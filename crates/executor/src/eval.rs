@@ -566,9 +566,17 @@ where
                     })?);
                 }
                 let stream = self.backend.stream(self.current)?;
+                // A refused allocation names the statement (and so the tensor).
                 let buffer = self
                     .backend
-                    .allocate(decl.dtype, &sizes, *zero_init, &stream)?;
+                    .allocate(decl.dtype, &sizes, *zero_init, &stream)
+                    .map_err(|e| match e {
+                        ExecError::Compute { message, .. } => ExecError::Compute {
+                            stmt: label.clone(),
+                            message,
+                        },
+                        e => e,
+                    })?;
                 // A stream-ordered allocation (`cuMemAllocAsync`) is a write on the allocating
                 // stream: the memory may still be in use by its previous owner until that
                 // stream gets here, so another stream uses the buffer only after
