@@ -96,18 +96,19 @@ fn the_largest_timeouts_and_grace_periods_are_no_overflow() {
     assert_eq!(code, Some(0), "{err}");
 }
 
-/// Runs `weave ARGS` with its stdout a pipe whose reading end is already closed.
+/// Runs `weave ARGS` with its stdout a pipe whose reading end is closed before it starts.
 #[cfg(unix)]
 fn with_closed_stdout(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
     let mut child = Command::new(env!("CARGO_BIN_EXE_weave"))
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_remove("WEAVE_LOG")
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    drop(child.stdout.take());
     let mut err = String::new();
     child
         .stderr
