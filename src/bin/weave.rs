@@ -86,8 +86,9 @@ enum Command {
         /// The `.weave` fusion, or a host program printed by `weave dump --passes default`
         /// (`.hir`: it runs as printed, its inputs sharded by its signature).
         file: PathBuf,
-        /// How many ranks run the program (in-process threads on the CPU backend). Default:
-        /// 2 for a fusion (its mesh-size parameter follows), the devices of a host program.
+        /// How many ranks run the program (in-process threads on the CPU backend; at most
+        /// 1024). Default: 2 for a fusion (its mesh-size parameter follows), the devices of a
+        /// host program.
         #[arg(long)]
         ranks: Option<usize>,
         /// Run without the f64 reference (a host program without a `Definition:` block has
@@ -107,7 +108,8 @@ enum Command {
         /// Check stream synchronization with the race checker.
         #[arg(long)]
         check_races: bool,
-        /// Write a Chrome trace (Perfetto) to this file, and an SVG timeline beside it.
+        /// Write a Chrome trace (Perfetto) to this file, and an SVG timeline beside it (the
+        /// same name with the extension `.svg`, so FILE must not end in `.svg`).
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
         /// Seed of the generated inputs.
@@ -117,7 +119,10 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
         /// Write a one-line JSON summary (scenario, ranks, mode, max errors, wall time,
-        /// result) to this file.
+        /// result) to this file. An earlier file is removed first; on any failure `passed`
+        /// is false and `error` says what failed.
+        ///
+        /// Output files are written atomically (a temporary file, then a rename).
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
         /// Run the program this many times first (GPU: warms kernels, GEMM plans and NCCL
