@@ -51,10 +51,19 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-/// Prints the report of a finished run.
+/// Prints the report of a finished run ([`render_report`]).
 pub fn print_report(report: &RunReport, checked_races: bool) {
+    crate::out!("{}", render_report(report, checked_races));
+}
+
+/// The report of a finished run: every rank's statements and times, the timed runs, each
+/// output against the reference (on how many ranks it differs, and the worst of those), the
+/// race checker's verdict and the largest error.
+pub fn render_report(report: &RunReport, checked_races: bool) -> String {
+    let mut s = String::new();
     for (rank, r) in report.ranks.iter().enumerate() {
-        println!(
+        let _ = writeln!(
+            s,
             "  rank {rank}: {} statements issued in {}, done in {}",
             r.statements,
             ms(r.issue_time),
@@ -62,7 +71,8 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
         );
     }
     if let Some(t) = report.timed() {
-        println!(
+        let _ = writeln!(
+            s,
             "timed: {} runs, median {}, min {} (each run's slowest rank)",
             t.count,
             ms(t.median),
@@ -73,19 +83,30 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
     outputs.dedup();
     for o in outputs {
         let checks: Vec<_> = report.checks.iter().filter(|c| c.output == o).collect();
+        let ok = checks.iter().all(|c| c.comparison.ok);
+        // The rank shown is the worst of those that decide the verdict: a failing one when
+        // any fails (a rank within tolerance can have the larger absolute error).
         let worst = checks
             .iter()
-            .max_by(|a, b| a.comparison.max_abs.total_cmp(&b.comparison.max_abs));
-        let ok = checks.iter().all(|c| c.comparison.ok);
+            .filter(|c| ok || !c.comparison.ok)
+            .max_by(|a, b| {
+                (a.comparison.mismatches, a.comparison.max_abs)
+                    .partial_cmp(&(b.comparison.mismatches, b.comparison.max_abs))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
         if let Some(w) = worst {
-            println!(
-                "output {o}: {} on {} rank(s) (worst: rank {}: {})",
+            let _ = writeln!(
+                s,
+                "output {o}: {} (worst: rank {}: {})",
                 if ok {
-                    "matches the reference"
+                    format!("matches the reference on {} rank(s)", checks.len())
                 } else {
-                    "DIFFERS from the reference"
+                    let failed = checks.iter().filter(|c| !c.comparison.ok).count();
+                    format!(
+                        "DIFFERS from the reference on {failed} of {} rank(s)",
+                        checks.len()
+                    )
                 },
-                checks.len(),
                 w.rank,
                 w.comparison
             );
@@ -99,15 +120,44 @@ pub fn print_report(report: &RunReport, checked_races: bool) {
             .flat_map(|(rank, r)| r.races.iter().map(move |x| format!("  rank {rank}: {x}")))
             .collect();
         if races.is_empty() {
-            println!("race checker: no races");
+            let _ = writeln!(s, "race checker: no races");
         } else {
-            println!("race checker: {} race(s)", races.len());
+            let _ = writeln!(s, "race checker: {} race(s)", races.len());
             for r in races {
-                println!("{r}");
+                let _ = writeln!(s, "{r}");
             }
         }
     }
-    println!("max abs error: {:.3e}", report.max_abs_error());
+    let _ = writeln!(s, "max abs error: {:.3e}", report.max_abs_error());
+    s
+}
+
+/// Why a finished run did not pass: the outputs that differ from the reference (and on how
+/// many ranks) and the races found; `None` when it passed.
+pub fn failures(report: &RunReport) -> Option<String> {
+    let mut why = Vec::new();
+    let mut outputs: Vec<&str> = report.checks.iter().map(|c| c.output.as_str()).collect();
+    outputs.dedup();
+    for o in outputs {
+        let failed = report
+            .checks
+            .iter()
+            .filter(|c| c.output == o && !c.comparison.ok)
+            .count();
+        if failed > 0 {
+            why.push(format!(
+                "output {o} differs from the reference on {failed} rank(s)"
+            ));
+        }
+    }
+    if report.races() > 0 {
+        why.push(format!("{} race(s)", report.races()));
+    }
+    match (why.is_empty(), report.passed()) {
+        (true, true) => None,
+        (true, false) => Some("the run did not pass".into()),
+        (false, _) => Some(why.join("; ")),
+    }
 }
 
 /// The flags of `weave run` beyond [`RunOptions`]: the rank count and backend (which make
@@ -236,20 +286,51 @@ pub fn run(
         .map(|e| e.world)
         .or(flags.ranks)
         .unwrap_or(0);
+    let summary_path = flags.path.as_deref().filter(|_| is_reporter);
+    // An earlier run's summary never outlives this one: were this run killed before it
+    // writes its own, a stale `"passed": true` would be read as this run's.
+    if let Some(p) = summary_path {
+        if let Err(e) = std::fs::remove_file(p) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!(
+                    "error: cannot remove the earlier summary {}: {e}",
+                    p.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    // Every failure prints one `error: ` line and leaves a summary that says what failed.
     let fail = |message: String| -> ExitCode {
         eprintln!("error: {message}");
-        if is_reporter {
-            if let Some(p) = &flags.path {
-                let _ = std::fs::write(
-                    p,
-                    summary_json(file, json_ranks, mode, backend, None, Some(&message)),
-                );
+        if let Some(p) = summary_path {
+            let json = summary_json(file, json_ranks, mode, backend, None, Some(&message));
+            if let Err(e) = crate::output::write_atomic(p, json.as_bytes()) {
+                eprintln!("error: {e}");
             }
         }
         ExitCode::FAILURE
     };
-    let text = match std::fs::read_to_string(file) {
-        Ok(t) => t,
+    if let Some(path) = trace {
+        if path.extension().is_some_and(|e| e == "svg") {
+            return fail(format!(
+                "--trace {}: the trace is a Chrome trace (JSON) and its SVG timeline is written beside it with the extension .svg; give the trace another extension (e.g. .json)",
+                path.display()
+            ));
+        }
+    }
+    if launched.is_none() {
+        if let Some(n) = flags.ranks {
+            if let Err(e) = (Target::Cpu { ranks: n }).check() {
+                return fail(e.to_string());
+            }
+        }
+    }
+    let text = match std::fs::read(file) {
+        Ok(bytes) => match streamweave::utf8_source(bytes) {
+            Ok(t) => t,
+            Err(d) => return fail(format!("{}:{d}", file.display())),
+        },
         Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
     };
     let name = file.display().to_string();
@@ -313,7 +394,7 @@ pub fn run(
             .iter()
             .map(|(s, t)| format!("S={s}: {:.3} ms", t * 1e3))
             .collect();
-        println!(
+        crate::outln!(
             "chunks: auto -> {} (predicted {})",
             choice.chunks,
             predicted.join(", ")
@@ -322,68 +403,76 @@ pub fn run(
     if let Err(e) = exe.check_ranks(ranks) {
         // An error; the `skipped:` line tells the GPU scripts that this fusion does not run
         // on this many ranks (send_recv's meshes are fixed to 2 devices).
-        println!("skipped: {e}");
+        crate::outln!("skipped: {e}");
         eprintln!("error: {e}");
-        if is_reporter {
-            if let Some(p) = &flags.path {
-                let _ = std::fs::write(
-                    p,
-                    summary_json(
-                        file,
-                        ranks,
-                        mode,
-                        backend,
-                        None,
-                        Some(&format!("skipped: {e}")),
-                    ),
-                );
+        if let Some(p) = summary_path {
+            let message = format!("skipped: {e}");
+            let json = summary_json(file, ranks, mode, backend, None, Some(&message));
+            if let Err(e) = crate::output::write_atomic(p, json.as_bytes()) {
+                eprintln!("error: {e}");
             }
         }
         return ExitCode::FAILURE;
+    }
+    if let Err(e) = options.target.check() {
+        return fail(e.to_string());
     }
     if is_reporter {
         let transport = match options.transport {
             streamweave::Transport::Nccl => "",
             streamweave::Transport::CopyEngine => ", copy-engine transfers",
         };
-        println!(
+        crate::outln!(
             "{}: {ranks} rank(s) on the {backend} backend ({mode}{transport}), numberOfStreams = {}",
             file.display(),
             options.streams
         );
-        println!("host program: {}", summarize(exe.program()));
+        crate::outln!("host program: {}", summarize(exe.program()));
     }
-    let globals = exe.random_inputs(flags.seed);
+    // Sizes are checked against the memory here before any input is generated.
+    let host_ranks = if launched.is_some() { 1 } else { ranks };
+    let globals = match exe
+        .check_memory(host_ranks)
+        .and_then(|()| exe.random_inputs(flags.seed))
+    {
+        Ok(g) => g,
+        Err(e) => return fail(e.to_string()),
+    };
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let progress = std::thread::spawn(move || {
-        // Quiet for runs under a second; a spinner with the elapsed time after that.
-        if done_rx.recv_timeout(Duration::from_secs(1)).is_ok() {
-            return;
-        }
-        if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+    // The progress thread is a nicety: when the system refuses it, the run goes on without.
+    let progress = std::thread::Builder::new()
+        .name("weave-progress".into())
+        .spawn(move || {
+            // Quiet for runs under a second; a spinner with the elapsed time after that.
+            if done_rx.recv_timeout(Duration::from_secs(1)).is_ok() {
+                return;
+            }
+            if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                let _ = done_rx.recv();
+                return;
+            }
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_message("running");
+            bar.enable_steady_tick(Duration::from_millis(120));
             let _ = done_rx.recv();
-            return;
-        }
-        let bar = indicatif::ProgressBar::new_spinner();
-        bar.set_message("running");
-        bar.enable_steady_tick(Duration::from_millis(120));
-        let _ = done_rx.recv();
-        bar.finish_and_clear();
-    });
+            bar.finish_and_clear();
+        });
     let execute = tracing::info_span!("execute", ranks, backend).entered();
     let result = exe.run_dense(&globals, &options);
     drop(execute);
     let _ = done_tx.send(());
-    let _ = progress.join();
+    if let Ok(progress) = progress {
+        let _ = progress.join();
+    }
     let report = match result {
         Ok(r) if r.outputs.is_none() => {
-            println!("rank done; rank 0 reports");
+            crate::outln!("rank done; rank 0 reports");
             return ExitCode::SUCCESS;
         }
         Ok(r) => r,
         Err(e) => return fail(e.to_string()),
     };
-    println!(
+    crate::outln!(
         "timings: compile {}, reference {}, run {}",
         ms(exe.compile_time()),
         ms(report.reference_time),
@@ -391,16 +480,7 @@ pub fn run(
     );
     print_report(&report, options.check_races);
     if flags.no_check {
-        println!("reference check: skipped (--no-check)");
-    }
-    if let Some(p) = &flags.path {
-        if let Err(e) = std::fs::write(
-            p,
-            summary_json(file, ranks, mode, backend, Some(&report), None),
-        ) {
-            eprintln!("error: cannot write {}: {e}", p.display());
-            return ExitCode::FAILURE;
-        }
+        crate::outln!("reference check: skipped (--no-check)");
     }
     if let Some(path) = trace {
         let ranks: Vec<RankSpans> = report
@@ -413,26 +493,34 @@ pub fn run(
             })
             .collect();
         let svg_path = path.with_extension("svg");
-        let written = std::fs::write(path, chrome_trace(&ranks))
-            .and_then(|()| std::fs::write(&svg_path, svg(&ranks)));
+        let written = crate::output::write_atomic(path, chrome_trace(&ranks).as_bytes())
+            .and_then(|()| crate::output::write_atomic(&svg_path, svg(&ranks).as_bytes()));
         match written {
-            Ok(()) => println!(
+            Ok(()) => crate::outln!(
                 "trace: {} (open in https://ui.perfetto.dev), timeline: {}",
                 path.display(),
                 svg_path.display()
             ),
-            Err(e) => {
-                eprintln!("error: cannot write the trace {}: {e}", path.display());
-                return ExitCode::FAILURE;
-            }
+            Err(e) => return fail(e),
         }
     }
-    if report.passed() {
-        println!("result: PASS");
-        ExitCode::SUCCESS
-    } else {
-        println!("result: FAIL");
-        ExitCode::FAILURE
+    let failed = failures(&report);
+    if let Some(p) = summary_path {
+        let json = summary_json(file, ranks, mode, backend, Some(&report), failed.as_deref());
+        if let Err(e) = crate::output::write_atomic(p, json.as_bytes()) {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match failed {
+        None => {
+            crate::outln!("result: PASS");
+            ExitCode::SUCCESS
+        }
+        Some(why) => {
+            crate::outln!("result: FAIL ({why})");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -480,11 +568,11 @@ pub fn calibrate(ranks: usize, out: Option<PathBuf>, timeout: Duration) -> ExitC
             return ExitCode::FAILURE;
         }
     }
-    if let Err(e) = std::fs::write(&path, cal.render()) {
-        eprintln!("error: cannot write {}: {e}", path.display());
+    if let Err(e) = crate::output::write_atomic(&path, cal.render().as_bytes()) {
+        eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }
-    print!("{}", cal.render());
-    println!("calibration written to {}", path.display());
+    crate::out!("{}", cal.render());
+    crate::outln!("calibration written to {}", path.display());
     ExitCode::SUCCESS
 }

@@ -443,8 +443,9 @@ fn supervise(
     start: Instant,
     signal: &AtomicUsize,
 ) -> Vec<RankReport> {
-    // The first failure: its rank and when the grace period it starts runs out.
-    let mut first_failure: Option<(usize, Instant)> = None;
+    // The first failure: its rank and when the grace period it starts runs out (`None`: a
+    // grace period past the end of time never does).
+    let mut first_failure: Option<(usize, Option<Instant>)> = None;
     loop {
         for (rank, running) in children.iter_mut().enumerate() {
             if running.outcome.is_some() {
@@ -463,7 +464,7 @@ fn supervise(
             let _ = running.child.start_kill();
             let outcome = outcome_of(status);
             if !outcome.succeeded() && first_failure.is_none() {
-                first_failure = Some((rank, Instant::now() + opts.grace));
+                first_failure = Some((rank, Instant::now().checked_add(opts.grace)));
             }
             running.outcome = Some(RankReport {
                 rank,
@@ -484,7 +485,7 @@ fn supervise(
             })
         } else {
             match first_failure {
-                Some((failed_rank, deadline)) if now >= deadline => {
+                Some((failed_rank, Some(deadline))) if now >= deadline => {
                     Some(RankOutcome::KilledAfterGrace {
                         failed_rank,
                         grace: opts.grace,

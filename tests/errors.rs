@@ -23,7 +23,7 @@ fn split_of_a_non_existent_axis() {
     ));
     assert_eq!(
         e,
-        "error: schedule of `a`: outer_split of axis 2, but the loop domain has 2 axes (0..1)\n \
+        "schedule of `a`: outer_split of axis 2, but the loop domain has 2 axes (0..1)\n \
          --> bad.weave:6:16\n  |\n6 |   schedule a { outer_split(2, d) -> DIDx }\n  |                ^"
     );
 }
@@ -34,7 +34,7 @@ fn non_divisible_constant_device_split() {
     let e = load_err(src);
     assert_eq!(
         e,
-        "error: schedule of `a`: axis 1 has extent 6 (`6`), not divisible by 4 devices (DIDx)\n \
+        "schedule of `a`: axis 1 has extent 6 (`6`), not divisible by 4 devices (DIDx)\n \
          --> bad.weave:6:16\n  |\n6 |   schedule a { outer_split(1, d) -> DIDx }\n  |                ^"
     );
 }
@@ -46,7 +46,7 @@ fn inner_split_marked_didx() {
     ));
     assert_eq!(
         e,
-        "error: schedule of `a`: inner_split(0, 2) -> DIDx: device and stream axes must come from an outer split\n \
+        "schedule of `a`: inner_split(0, 2) -> DIDx: device and stream axes must come from an outer split\n \
          --> bad.weave:6:16\n  |\n6 |   schedule a { inner_split(0, 2) -> DIDx }\n  |                ^"
     );
 }
@@ -56,7 +56,7 @@ fn device_split_without_a_mesh() {
     let src = "fusion f(d = 2) {\n  tensor a: f32[8, 6]\n  b = set(a)\n  output b\n  schedule b { outer_split(0, d) -> DIDx }\n}\n";
     assert_eq!(
         load_err(src),
-        "error: schedule of `b`: DIDx split needs a device mesh (declare the tensor `on m` or add `mesh = m`)\n \
+        "schedule of `b`: DIDx split needs a device mesh (declare the tensor `on m` or add `mesh = m`)\n \
          --> bad.weave:5:16\n  |\n5 |   schedule b { outer_split(0, d) -> DIDx }\n  |                ^"
     );
 }
@@ -68,7 +68,7 @@ fn second_stream_axis() {
     ));
     assert_eq!(
         e,
-        "error: schedule of `b`: outer_split(2, 3) -> Stream: loop axis 0 is already Stream; a loop domain has at most one Stream axis\n \
+        "schedule of `b`: outer_split(2, 3) -> Stream: loop axis 0 is already Stream; a loop domain has at most one Stream axis\n \
          --> bad.weave:6:45\n  |\n6 |   schedule b { outer_split(0, 2) -> Stream; outer_split(2, 3) -> Stream }\n  |                                             ^"
     );
 }
@@ -77,7 +77,7 @@ fn second_stream_axis() {
 fn parse_errors_render_with_the_line() {
     let e = load_err(&with("  b = addd(a, a)\n  output b\n"));
     assert!(
-        e.starts_with("error: unknown op `addd` (expected one of: set, segment_set, cast, neg,"),
+        e.starts_with("unknown op `addd` (expected one of: set, segment_set, cast, neg,"),
         "{e}"
     );
     assert!(e.contains("--> bad.weave:4:7\n"), "{e}");
@@ -97,8 +97,7 @@ fn unknown_override_names_the_known_parameters() {
 fn missing_file_is_a_clear_error() {
     let e = streamweave::load_file(Path::new("no/such.weave"), &[]).unwrap_err();
     assert!(
-        e.to_string()
-            .starts_with("error: cannot read no/such.weave:"),
+        e.to_string().starts_with("cannot read no/such.weave:"),
         "{e}"
     );
 }
@@ -150,31 +149,31 @@ fn swizzle1d_needs_didx_a_devices_mesh_and_one_chunk_per_device() {
     ));
     assert_eq!(
         e,
-        "error: schedule of `a`: swizzle1d(0, Stream): only DIDx can rotate a stream axis (the chunks are rotated by the device index of a 1-D mesh)\n \
+        "schedule of `a`: swizzle1d(0, Stream): only DIDx can rotate a stream axis (the chunks are rotated by the device index of a 1-D mesh)\n \
          --> bad.weave:6:35\n  |\n6 |   schedule a { outer_split(0, d); swizzle1d(0, Stream) }\n  |                                   ^"
     );
     assert_eq!(
         first_line(load_err(&with(
             "  b = set(a)\n  output b\n  schedule a { outer_split(0, 4); swizzle1d(0, DIDx) }\n",
         ))),
-        "error: schedule of `a`: swizzle1d(0, DIDx): axis 0 has extent `4`, but the rotation needs one chunk per device of mesh `m` (2)"
+        "schedule of `a`: swizzle1d(0, DIDx): axis 0 has extent `4`, but the rotation needs one chunk per device of mesh `m` (2)"
     );
     assert_eq!(
         first_line(load_err(&with(
             "  b = set(a)\n  output b\n  schedule a { inner_split(0, 2); swizzle1d(0, DIDx) }\n",
         ))),
-        "error: schedule of `a`: swizzle1d(0, DIDx): axis 0 is the outer output of an inner split; device and stream axes must be an unsplit logical axis or the outer output of an outer split"
+        "schedule of `a`: swizzle1d(0, DIDx): axis 0 is the outer output of an inner split; device and stream axes must be an unsplit logical axis or the outer output of an outer split"
     );
     assert_eq!(
         first_line(load_err(
             "fusion f() {\n  tensor a: f32[2, 6]\n  b = set(a)\n  output b\n  schedule a { swizzle1d(0, DIDx) }\n}\n"
         )),
-        "error: schedule of `a`: swizzle1d(0, DIDx) needs a device mesh (declare the tensor `on m` or add `mesh = m` before it)"
+        "schedule of `a`: swizzle1d(0, DIDx) needs a device mesh (declare the tensor `on m` or add `mesh = m` before it)"
     );
     assert_eq!(
         first_line(load_err(
             "fusion f() {\n  mesh m = [1, 0]\n  tensor a: f32[2, 6] on m\n  b = set(a)\n  output b\n  schedule a { swizzle1d(0, DIDx) }\n}\n"
         )),
-        "error: schedule of `a`: swizzle1d(0, DIDx) needs a 1-D mesh of devices 0..n (`devices(n)`), but mesh `m` is [1, 0] with shape [2]"
+        "schedule of `a`: swizzle1d(0, DIDx) needs a 1-D mesh of devices 0..n (`devices(n)`), but mesh `m` is [1, 0] with shape [2]"
     );
 }

@@ -86,7 +86,7 @@ fn every_scenario_matches_the_reference_on_2_and_4_gpus_and_the_race_checker_agr
             if compiled.check_ranks(ranks).is_err() {
                 continue;
             }
-            let globals = compiled.random_inputs(7);
+            let globals = compiled.random_inputs(7).unwrap();
             // The CPU race checker first: no races.
             let cpu = compiled.run_dense(
                 &globals,
@@ -138,7 +138,7 @@ fn sampled_check(
     }
     let small = load(name, &small_set);
     let compiled = compile(big);
-    let globals = compiled.random_inputs(11);
+    let globals = compiled.random_inputs(11).unwrap();
     let options = gpu_options(ranks);
     let per_rank = (0..ranks)
         .map(|r| compiled.shard_inputs(&globals, r))
@@ -298,7 +298,7 @@ fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
         &[("t", 256), ("h", 64), ("d", 2), ("s", 4)],
     );
     let compiled = compile(fusion);
-    let globals = compiled.random_inputs(3);
+    let globals = compiled.random_inputs(3).unwrap();
     let per_rank: Vec<Vec<Dense>> = (0..2)
         .map(|r| compiled.shard_inputs(&globals, r).expect("shards"))
         .collect();

@@ -527,7 +527,7 @@ fn baseline(path: &std::path::Path, streams: usize) -> Option<Baseline> {
             let Ok(exe) = Compiler::new().compile(&fusion) else {
                 continue;
             };
-            let globals = exe.random_inputs(7);
+            let globals = exe.random_inputs(7).unwrap();
             let Ok(per_rank) = (0..ranks)
                 .map(|r| exe.shard_inputs(&globals, r))
                 .collect::<Result<Vec<_>, _>>()

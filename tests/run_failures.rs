@@ -27,7 +27,7 @@ fn compiled(name: &str, set: &[(&str, i64)]) -> Executable {
 
 /// Every rank's inputs, sharded from seeded global inputs.
 fn inputs(c: &Executable, ranks: usize) -> Vec<Vec<Dense>> {
-    let globals = c.random_inputs(3);
+    let globals = c.random_inputs(3).unwrap();
     (0..ranks)
         .map(|r| c.shard_inputs(&globals, r).unwrap())
         .collect()

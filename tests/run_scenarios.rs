@@ -83,7 +83,7 @@ fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
             let compiled = Compiler::new()
                 .compile(&fusion)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let globals = compiled.random_inputs(7 + ranks as u64);
+            let globals = compiled.random_inputs(7 + ranks as u64).unwrap();
             let options = RunOptions {
                 target: Target::Cpu { ranks },
                 check: true,
@@ -136,7 +136,7 @@ fn row_parallel_linear_with_more_chunks_than_streams_is_race_free_and_exact_in_f
     )
     .unwrap();
     let compiled = Compiler::new().compile(&fusion).unwrap();
-    let globals = compiled.random_inputs(1);
+    let globals = compiled.random_inputs(1).unwrap();
     for streams in 1..=4 {
         let report = compiled
             .run_dense(
@@ -176,7 +176,7 @@ fn serial_splits_of_any_factor_match_the_reference() {
             let fusion = streamweave::load("serial.weave", &source, &[("s".to_string(), s)])
                 .unwrap_or_else(|e| panic!("{e}"));
             let compiled = Compiler::new().compile(&fusion).unwrap();
-            let globals = compiled.random_inputs(3);
+            let globals = compiled.random_inputs(3).unwrap();
             let report = compiled
                 .run_dense(
                     &globals,
@@ -203,7 +203,7 @@ fn assert_matches_reference(name: &str, sets: &[(&str, i64)], ranks: usize) {
     let compiled = Compiler::new()
         .compile(&fusion)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let globals = compiled.random_inputs(11);
+    let globals = compiled.random_inputs(11).unwrap();
     let report = compiled
         .run_dense(
             &globals,
@@ -268,7 +268,7 @@ fn swizzled_loops_rotate_compute_but_not_collectives() {
             if !rotated {
                 assert!(text.contains("stream_index=i0)"), "d={d}:\n{text}");
             }
-            let globals = compiled.random_inputs(5);
+            let globals = compiled.random_inputs(5).unwrap();
             let report = compiled
                 .run_dense(
                     &globals,

@@ -144,7 +144,7 @@ fn did_to_stream_with_nesting_factors_broadcasts_pieces() {
 fn did_to_stream_with_unrelated_factors_is_refused_at_load() {
     assert_eq!(
         load_error(SP_RATIO, &[("d", 2), ("s", 3)]),
-        "error: a DID → Stream set needs the stream split of `ag` to match the DIDx split of `x` \
+        "a DID → Stream set needs the stream split of `ag` to match the DIDx split of `x` \
          in `ag = set(x)`, or both to be outer splits of the axis by factors that divide it and \
          one of which divides the other
  --> test.weave:6:8
@@ -241,7 +241,7 @@ fn stream_split_inside_a_device_split_is_refused_at_load() {
         .to_string();
     assert_eq!(
         err,
-        "error: schedule of `inp`: outer_split(1, s) -> Stream: the Stream split cuts the inside \
+        "schedule of `inp`: outer_split(1, s) -> Stream: the Stream split cuts the inside \
          of a DIDx split of the same axis, so each device would stream over its own block; split \
          the stream first and the devices inside each chunk (`outer_split(a, s) -> Stream; \
          outer_split(a + 1, d) -> DIDx`)
@@ -289,7 +289,7 @@ fn implicit_did_to_stream_with_unrelated_factors_is_refused_at_load() {
 ";
     assert_eq!(
         load_error(source, &[]),
-        "error: `out = neg(x)` reads `x` split across devices (DIDx) on the axis that `out` is \
+        "`out = neg(x)` reads `x` split across devices (DIDx) on the axis that `out` is \
          stream-split on: copying it into the stream chunks needs the stream split of `out` to \
          match the DIDx split of `x`, or both to be outer splits of the axis by factors that \
          divide it and one of which divides the other

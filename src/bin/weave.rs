@@ -86,8 +86,9 @@ enum Command {
         /// The `.weave` fusion, or a host program printed by `weave dump --passes default`
         /// (`.hir`: it runs as printed, its inputs sharded by its signature).
         file: PathBuf,
-        /// How many ranks run the program (in-process threads on the CPU backend). Default:
-        /// 2 for a fusion (its mesh-size parameter follows), the devices of a host program.
+        /// How many ranks run the program (in-process threads on the CPU backend; at most
+        /// 1024). Default: 2 for a fusion (its mesh-size parameter follows), the devices of a
+        /// host program.
         #[arg(long)]
         ranks: Option<usize>,
         /// Run without the f64 reference (a host program without a `Definition:` block has
@@ -107,7 +108,8 @@ enum Command {
         /// Check stream synchronization with the race checker.
         #[arg(long)]
         check_races: bool,
-        /// Write a Chrome trace (Perfetto) to this file, and an SVG timeline beside it.
+        /// Write a Chrome trace (Perfetto) to this file, and an SVG timeline beside it (the
+        /// same name with the extension `.svg`, so FILE must not end in `.svg`).
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
         /// Seed of the generated inputs.
@@ -118,7 +120,10 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
         /// Write a one-line JSON summary (scenario, ranks, mode, max errors, wall time,
-        /// result) to this file.
+        /// result) to this file. An earlier file is removed first; on any failure `passed`
+        /// is false and `error` says what failed.
+        ///
+        /// Output files are written atomically (a temporary file, then a rename).
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
         /// Run the program this many times first (GPU: warms kernels, GEMM plans and NCCL
@@ -222,7 +227,7 @@ fn main() -> ExitCode {
             list_passes,
         } => {
             if list_passes {
-                print!("{}", Registry::standard().listing());
+                weave_cli::out!("{}", Registry::standard().listing());
                 return ExitCode::SUCCESS;
             }
             let Some(file) = file else {
@@ -380,11 +385,12 @@ fn dump(file: &Path, set: &[(String, i64)], flags: &DumpFlags) -> ExitCode {
     let fusion = match streamweave::load_file(file, set) {
         Ok(fusion) => fusion,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let mut out = std::io::stdout().lock();
+    // A closed pipe ends the process quietly (weave_cli::output::Stdout).
+    let mut out = weave_cli::output::Stdout;
     match manager.run_with_output(Ir::Fusion(fusion), &mut out) {
         Ok(ir) => match out.write_all(weave_passes::manager::render(&ir).as_bytes()) {
             Ok(()) => ExitCode::SUCCESS,

@@ -97,7 +97,7 @@ pub fn run_checked(
             "the printed program reads back differently".into(),
         ));
     }
-    let globals = exe.random_inputs(seed);
+    let globals = exe.random_inputs(seed).unwrap();
     let options = RunOptions {
         target: Target::Cpu { ranks },
         streams,

@@ -104,7 +104,7 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<ExitCode> {
     let fusion = match streamweave::load_file(file, &args.set) {
         Ok(fusion) => fusion,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("error: {e}");
             return Ok(ExitCode::FAILURE);
         }
     };

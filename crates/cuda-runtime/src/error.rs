@@ -15,12 +15,17 @@ pub enum CudaError {
         message: String,
     },
     /// A device allocation could not be satisfied.
-    #[error("out of device memory: {requested} bytes requested on device {device}")]
+    #[error(
+        "out of device memory: {requested} bytes requested on device {device}, {}",
+        free_bytes(.free)
+    )]
     OutOfMemory {
         /// The local device index.
         device: usize,
         /// The size of the failed allocation.
         requested: usize,
+        /// The device's free memory when the allocation failed, when the driver said.
+        free: Option<usize>,
     },
     /// NVRTC rejected a generated kernel.
     #[error("NVRTC failed to compile kernel `{kernel}`: {log}")]
@@ -51,5 +56,12 @@ pub fn driver(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Cud
     move |e| CudaError::Driver {
         call,
         message: format!("{e:?}"),
+    }
+}
+
+fn free_bytes(free: &Option<usize>) -> String {
+    match free {
+        Some(f) => format!("{f} bytes free"),
+        None => "free memory unknown".into(),
     }
 }

@@ -121,6 +121,8 @@ impl Gpu {
                 CudaError::OutOfMemory {
                     device: self.ordinal(),
                     requested: bytes,
+                    // The context is current: the driver says what this device has left.
+                    free: result::mem_get_info().ok().map(|(free, _)| free),
                 }
             } else {
                 driver("cuMemAlloc")(e)

@@ -100,16 +100,18 @@ impl StreamInner {
 
     /// Blocks until `ticket` jobs have completed, for at most `timeout`.
     fn wait_for(&self, ticket: u64, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        // A timeout past the end of time waits without a deadline.
+        let deadline = Instant::now().checked_add(timeout);
         let mut p = self.progress();
         while p.completed < ticket {
             let now = Instant::now();
-            if now >= deadline {
+            if deadline.is_some_and(|d| now >= d) {
                 return false;
             }
+            let left = deadline.map_or(timeout, |d| d - now);
             p = self
                 .done
-                .wait_timeout(p, deadline - now)
+                .wait_timeout(p, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -273,7 +275,11 @@ impl CpuBackend {
     /// and a second), so that a job that gives up reports its own, more precise error first.
     fn wait_idle(&self, stream: &CpuStream) -> Result<(), ExecError> {
         let ticket = stream.inner.enqueued.load(Ordering::SeqCst);
-        let patience = self.options.timeout * 2 + Duration::from_secs(1);
+        let patience = self
+            .options
+            .timeout
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(1));
         if stream.inner.wait_for(ticket, patience) {
             match stream.inner.progress().error.clone() {
                 Some(e) => Err(e),
@@ -394,6 +400,15 @@ impl Backend for CpuBackend {
         zero: bool,
         stream: &CpuStream,
     ) -> Result<HostView, ExecError> {
+        crate::memory::check_host(
+            &format!("a {dtype} buffer"),
+            sizes,
+            crate::dense::elem_bytes(dtype),
+        )
+        .map_err(|message| ExecError::Compute {
+            stmt: "Allocate".into(),
+            message,
+        })?;
         let view = HostView::allocate(data_type(dtype), sizes, false);
         let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
         allocations.retain(|w| w.strong_count() > 0);

@@ -68,8 +68,12 @@ impl Dense {
     /// values are uniform integers in `[-8, 8]`; `bool` values are `0` or `1`. A tensor with
     /// at least one element is never all zeros (if the draw gives only zeros, the first
     /// element is set to 1).
+    ///
+    /// The values are allocated as asked: a caller holding sizes from user input checks them
+    /// first ([`crate::memory::check_host`]); sizes whose element count overflows give no
+    /// values rather than a wrapped count.
     pub fn random(dtype: DType, sizes: Vec<usize>, seed: u64) -> Dense {
-        let numel: usize = sizes.iter().product();
+        let numel = checked_numel(&sizes).unwrap_or(0);
         let mut rng = SplitMix64::new(seed);
         let data: Vec<f64> = (0..numel)
             .map(|_| {

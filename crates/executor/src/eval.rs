@@ -23,6 +23,11 @@ use crate::dense::Dense;
 use crate::error::ExecError;
 use crate::race::{Agent, RaceChecker, RaceReport};
 
+/// The most iterations one `ForLoop` may run. Loops walk stream chunks, and a program
+/// asking for more than this is a mistaken chunk count, not a schedule worth running (a
+/// 4-billion-chunk loop would run for hours).
+pub const MAX_TRIP_COUNT: i64 = 1 << 16;
+
 /// How one rank runs a program.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -43,7 +48,7 @@ pub struct RunConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deadline {
     /// When the budget is spent.
-    pub at: std::time::Instant,
+    pub at: Instant,
     /// The budget (for messages).
     pub budget: Duration,
 }
@@ -51,7 +56,7 @@ pub struct Deadline {
 impl Deadline {
     /// A budget of `budget` from now; `None` when the end is past what an instant can hold.
     pub fn after(budget: Duration) -> Option<Deadline> {
-        std::time::Instant::now()
+        Instant::now()
             .checked_add(budget)
             .map(|at| Deadline { at, budget })
     }
@@ -570,7 +575,7 @@ where
         };
         self.statements += 1;
         if let Some(deadline) = self.config.deadline {
-            if std::time::Instant::now() >= deadline.at {
+            if Instant::now() >= deadline.at {
                 return Err(ExecError::Timeout {
                     what: format!(
                         "rank {}: the whole run, at `{}` after {} statements",
@@ -598,9 +603,17 @@ where
                     })?);
                 }
                 let stream = self.backend.stream(self.current)?;
+                // A refused allocation names the statement (and so the tensor).
                 let buffer = self
                     .backend
-                    .allocate(decl.dtype, &sizes, *zero_init, &stream)?;
+                    .allocate(decl.dtype, &sizes, *zero_init, &stream)
+                    .map_err(|e| match e {
+                        ExecError::Compute { message, .. } => ExecError::Compute {
+                            stmt: label.clone(),
+                            message,
+                        },
+                        e => e,
+                    })?;
                 // A stream-ordered allocation (`cuMemAllocAsync`) is a write on the allocating
                 // stream: the memory may still be in use by its previous owner until that
                 // stream gets here, so another stream uses the buffer only after
@@ -622,6 +635,12 @@ where
                 body,
             } => {
                 let (a, b) = (self.eval(*start)?, self.eval(*stop)?);
+                let trips = b.saturating_sub(a);
+                if trips > MAX_TRIP_COUNT {
+                    return Err(ExecError::Program(format!(
+                        "`{label}` would run {trips} iterations; a loop runs at most {MAX_TRIP_COUNT} (a stream split into fewer chunks)"
+                    )));
+                }
                 let body = body.clone();
                 for i in a..b {
                     self.scalars.bound.insert(*index, i);

@@ -415,6 +415,13 @@ fn for_rows(out: &mut [f64], row_len: usize, f: impl Fn(usize, &mut [f64]) + Syn
     }
 }
 
+/// A zero-filled result of `sizes`, checked first (element count, host memory) so that a
+/// huge result is an error, not an abort.
+fn zeroed(sizes: &[usize]) -> Result<Vec<f64>, String> {
+    crate::memory::check_host("a result", sizes, size_of::<f64>())?;
+    Ok(vec![0.0; checked_numel(sizes).unwrap_or(0)])
+}
+
 /// A pointwise op over `N` operands with numpy broadcasting.
 fn pointwise<const N: usize>(
     ops: [&Dense; N],
@@ -422,9 +429,8 @@ fn pointwise<const N: usize>(
 ) -> Result<Value, String> {
     let shapes: Vec<&[usize]> = ops.iter().map(|d| d.sizes.as_slice()).collect();
     let sizes = broadcast_shapes(&shapes)?;
-    let numel = checked_numel(&sizes)
-        .ok_or_else(|| format!("the element count of sizes {sizes:?} overflows"))?;
-    let mut out = vec![0.0; numel];
+    let mut out = zeroed(&sizes)?;
+    let numel = out.len();
     if numel == 0 {
         return Ok((sizes, out));
     }
@@ -472,8 +478,10 @@ fn reduce(x: &Dense, op: ReduceOp, axes: &[usize]) -> Result<Value, String> {
     reduced.sort_unstable();
     let out_sizes: Vec<usize> = kept.iter().map(|a| x.sizes[*a]).collect();
     let red_sizes: Vec<usize> = reduced.iter().map(|a| x.sizes[*a]).collect();
-    let out_n: usize = out_sizes.iter().product();
-    let red_n: usize = red_sizes.iter().product();
+    let red_n = checked_numel(&red_sizes)
+        .ok_or_else(|| crate::memory::overflow("a reduction", &red_sizes))?;
+    let mut out = zeroed(&out_sizes)?;
+    let out_n = out.len();
     if red_n == 0 && out_n > 0 && op == ReduceOp::Max {
         return Err(format!(
             "max over axes {axes:?} of sizes {:?}, which are empty",
@@ -491,7 +499,6 @@ fn reduce(x: &Dense, op: ReduceOp, axes: &[usize]) -> Result<Value, String> {
             off
         })
         .collect();
-    let mut out = vec![0.0; out_n];
     fill(&mut out, out_n.saturating_mul(red_n), |o| {
         let mut base = 0;
         let mut r = o;
@@ -655,9 +662,8 @@ fn matmul(a: &Dense, b: &Dense) -> Result<Value, String> {
     })?;
     let mut sizes = batch.clone();
     sizes.extend([m, n]);
-    let numel = checked_numel(&sizes)
-        .ok_or_else(|| format!("the element count of sizes {sizes:?} overflows"))?;
-    let mut out = vec![0.0; numel];
+    let mut out = zeroed(&sizes)?;
+    let numel = out.len();
     if numel == 0 {
         return Ok((sizes, out));
     }
@@ -724,9 +730,8 @@ fn linear(x: &Dense, w: &Dense, bias: Option<&Dense>) -> Result<Value, String> {
     let rows: usize = x.sizes[..rx - 1].iter().product();
     let mut sizes = x.sizes[..rx - 1].to_vec();
     sizes.push(n);
-    let numel = checked_numel(&sizes)
-        .ok_or_else(|| format!("the element count of sizes {sizes:?} overflows"))?;
-    let mut out = vec![0.0; numel];
+    let mut out = zeroed(&sizes)?;
+    let numel = out.len();
     if numel == 0 {
         return Ok((sizes, out));
     }

@@ -8,6 +8,7 @@
 //!   [`cuda`]: the CUDA backend (cuBLASLt GEMMs, generated NVRTC kernels, CUDA-event spans);
 //! * [`interp`]: the fusion interpreter that CPU kernel segments and the reference run;
 //!   [`reference`](mod@reference): the unsharded reference evaluation and dtype-aware comparison;
+//!   [`memory`]: sizes checked before allocation (overflow, the host memory available);
 //! * [`meter`]: a backend and communicator that do no work and count it (the evaluator's
 //!   host cost alone; the workload a cost model needs);
 //! * [`race`]: the race checker (vector clocks per stream, advanced by `Synchronize` and
@@ -26,6 +27,7 @@ pub mod dense;
 pub mod error;
 pub mod eval;
 pub mod interp;
+pub mod memory;
 pub mod meter;
 pub mod race;
 pub mod reference;
@@ -38,6 +40,6 @@ pub use dense::Dense;
 pub use error::ExecError;
 pub use eval::{
     check_inputs, program_teams, run_rank, run_rank_buffers, BufferRun, Deadline, RankRun,
-    RunConfig,
+    RunConfig, MAX_TRIP_COUNT,
 };
 pub use race::{RaceChecker, RaceReport};

@@ -196,6 +196,32 @@ impl AxisSplit {
         }
     }
 
+    /// The most chunks any Stream split of this tree cuts its part of an axis of `len`
+    /// elements into (0 without one).
+    fn stream_chunks(&self, len: usize) -> usize {
+        match self {
+            AxisSplit::Leaf(_) => 0,
+            AxisSplit::Split {
+                kind,
+                factor,
+                outer,
+                inner,
+            } => {
+                let f = (*factor).max(1);
+                let (outer_len, stride) = match kind {
+                    SplitKind::Outer => (f, len.div_ceil(f)),
+                    SplitKind::Inner => (len.div_ceil(f), f),
+                };
+                let here = match **outer {
+                    AxisSplit::Leaf(ParallelType::Stream) => outer_len,
+                    _ => 0,
+                };
+                here.max(outer.stream_chunks(outer_len))
+                    .max(inner.stream_chunks(stride.min(len)))
+            }
+        }
+    }
+
     fn print(&self, out: &mut String) {
         match self {
             AxisSplit::Leaf(p) => out.push_str(p.name()),
@@ -322,6 +348,18 @@ impl TensorSig {
                 axes,
             },
         })
+    }
+
+    /// The most chunks a Stream split of the tensor cuts an axis into (0 without one): a
+    /// run refuses more than a loop may run before it lists any chunk.
+    pub fn stream_chunks(&self) -> usize {
+        self.sharding
+            .axes
+            .iter()
+            .zip(&self.global)
+            .map(|(a, &len)| a.stream_chunks(len))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The number of elements of the global tensor (saturating).
@@ -572,6 +610,7 @@ mod tests {
     #[test]
     fn a_device_split_inside_stream_chunks_takes_one_half_of_each_chunk() {
         let t = chunked();
+        assert_eq!(t.stream_chunks(), 3);
         // Rows 0..6 in chunks {0,1} {2,3} {4,5}; rank 0 holds the first row of each.
         assert_eq!(t.axis_indices(0)[0], vec![0, 2, 4]);
         assert_eq!(t.axis_indices(1)[0], vec![1, 3, 5]);

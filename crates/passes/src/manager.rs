@@ -57,8 +57,10 @@
 //!
 //! # Reproducers
 //!
-//! When a pass fails, the manager writes `weave-repro-<pass>.txt` into the dump directory, or
-//! into [`std::env::temp_dir`] when none is set. It holds, as `//` comment lines, the error,
+//! When a pass fails and a dump directory is set (`--dump-dir DIR`, `WEAVE_DUMP=dir:DIR`),
+//! the manager writes `weave-repro-<pass>.txt` into it (`weave-repro-<pass>.2.txt`, ... when
+//! that name is taken: a reproducer never overwrites another); without one it writes nothing,
+//! and the error says how to ask for one. It holds, as `//` comment lines, the error,
 //! the pipeline and the failing pass, then the IR input to that pass in its text form. For a
 //! fusion that is the `.weave` text, so the file loads as is:
 //! `cargo xtask dump weave-repro-<pass>.txt --passes=<pass>`; the seed-style print follows in
@@ -274,14 +276,14 @@ pub struct PassFailure {
     pub pipeline: Pipeline,
     /// What went wrong; [`PassError::Verify`] holds the verifier's message.
     pub error: PassError,
-    /// The reproducer file written, or why it could not be.
+    /// The reproducer file written, or why there is none (not asked for, or not written).
     pub reproducer: Result<PathBuf, String>,
 }
 
 fn reproducer_note(reproducer: &Result<PathBuf, String>) -> String {
     match reproducer {
         Ok(path) => format!("reproducer: {}", path.display()),
-        Err(why) => format!("no reproducer: {why}"),
+        Err(why) => why.clone(),
     }
 }
 
@@ -522,12 +524,14 @@ impl PassManager {
     /// The error for pass `pass` (at `index`) failing on `input`, after writing
     /// `weave-repro-<pass>.txt` (module docs, "Reproducers").
     fn failure(&self, pass: &str, index: usize, error: PassError, input: &Ir) -> PipelineError {
-        let dir = self.options.dir.clone().unwrap_or_else(std::env::temp_dir);
-        let path = dir.join(format!("weave-repro-{}.txt", file_safe(pass)));
-        let text = reproducer_text(&self.pipeline, pass, index, &error, input);
-        let reproducer = write_file(&path, &text)
-            .map(|()| path)
-            .map_err(|e| e.to_string());
+        let reproducer = match &self.options.dir {
+            None => Err("no reproducer: set a dump directory (--dump-dir DIR) to write one".into()),
+            Some(dir) => {
+                let text = reproducer_text(&self.pipeline, pass, index, &error, input);
+                write_new(dir, &format!("weave-repro-{}", file_safe(pass)), &text)
+                    .map_err(|e| format!("no reproducer: {e}"))
+            }
+        };
         PipelineError::Pass(Box::new(PassFailure {
             pass: pass.to_string(),
             index,
@@ -679,6 +683,39 @@ fn file_safe(name: &str) -> String {
 }
 
 /// Writes `text` to `path`, creating its directory first.
+/// Writes `text` to a file of `dir` named `stem.txt`, or `stem.N.txt` with the first N from 2
+/// whose name is free: never over an existing file.
+fn write_new(dir: &Path, stem: &str, text: &str) -> Result<PathBuf, PipelineError> {
+    let err = |path: &Path, e: std::io::Error| PipelineError::Dump {
+        target: path.display().to_string(),
+        message: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    for n in 1..=10_000 {
+        let name = match n {
+            1 => format!("{stem}.txt"),
+            n => format!("{stem}.{n}.txt"),
+        };
+        let path = dir.join(name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                f.write_all(text.as_bytes()).map_err(|e| err(&path, e))?;
+                return Ok(path);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(err(&path, e)),
+        }
+    }
+    Err(err(
+        &dir.join(format!("{stem}.txt")),
+        std::io::Error::other("10000 reproducers of this pass are already there"),
+    ))
+}
+
 fn write_file(path: &Path, text: &str) -> Result<(), PipelineError> {
     let err = |e: std::io::Error| PipelineError::Dump {
         target: path.display().to_string(),

@@ -432,10 +432,38 @@ fn invalid_output_is_still_printed_after_the_pass() {
         headers(&out),
         ["// -----// IR Dump After corrupt (fusion, verifier failed) //----- //"]
     );
-    // Without a dump directory the reproducer goes to the temp dir.
-    let repro = err.reproducer().unwrap().to_path_buf();
-    assert_eq!(repro, std::env::temp_dir().join("weave-repro-corrupt.txt"));
-    std::fs::remove_file(repro).unwrap();
+    // Without a dump directory no reproducer is written, and the error says how to get one.
+    assert_eq!(err.reproducer(), None);
+    assert!(
+        err.to_string().ends_with(
+            "(pass 1 of 1 in pipeline `corrupt`; no reproducer: set a dump directory (--dump-dir DIR) to write one)"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_second_failure_never_overwrites_the_first_reproducer() {
+    let dir = scratch_dir("repro-unique");
+    let with_dir = || DumpOptions {
+        dir: Some(dir.clone()),
+        ..DumpOptions::default()
+    };
+    let first = run("fail", with_dir()).0.unwrap_err();
+    let second = run("fail", with_dir()).0.unwrap_err();
+    assert_eq!(
+        first.reproducer(),
+        Some(dir.join("weave-repro-fail.txt").as_path())
+    );
+    assert_eq!(
+        second.reproducer(),
+        Some(dir.join("weave-repro-fail.2.txt").as_path())
+    );
+    assert_eq!(
+        files_in(&dir),
+        ["weave-repro-fail.2.txt", "weave-repro-fail.txt"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

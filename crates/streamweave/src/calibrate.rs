@@ -474,9 +474,10 @@ impl World {
     fn collect<R: 'static>(&self, limit: Duration) -> Result<Vec<R>, JobError> {
         let mut out: Vec<Option<R>> = (0..self.options.ranks).map(|_| None).collect();
         let mut errors = Vec::new();
-        let deadline = Instant::now() + limit;
+        // A limit past the end of time has no deadline.
+        let deadline = Instant::now().checked_add(limit);
         for _ in 0..self.options.ranks {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(limit, |d| d.saturating_duration_since(Instant::now()));
             match self.replies.recv_timeout(left) {
                 Ok((rank, Ok(v))) => match v.downcast::<R>() {
                     Ok(v) => out[rank] = Some(*v),
@@ -513,7 +514,7 @@ impl World {
         }
         // A job runs many timed iterations, each bounded by the timeout; a job that takes
         // longer than a few timeouts is stuck.
-        let r = self.collect(self.options.timeout * 4);
+        let r = self.collect(self.options.timeout.saturating_mul(4));
         if r.is_err() {
             self.failed.store(true, Ordering::SeqCst);
         }

@@ -248,6 +248,17 @@ impl Executable {
             ));
         }
         weave_host_ir::verify(&program).map_err(|d| Error::Program(d.message))?;
+        let signature = program.signature.iter();
+        for t in signature.flat_map(|s| s.inputs.iter().chain(&s.outputs)) {
+            let chunks = t.stream_chunks();
+            if i64::try_from(chunks).map_or(true, |c| c > weave_executor::MAX_TRIP_COUNT) {
+                return Err(Error::Program(format!(
+                    "tensor `{}` is split into {chunks} stream chunks; a stream loop runs at most {} (choose a smaller chunk count)",
+                    t.name,
+                    weave_executor::MAX_TRIP_COUNT
+                )));
+            }
+        }
         Ok(Executable {
             program,
             compile_time: Duration::ZERO,
@@ -348,9 +359,13 @@ impl Executable {
         Ok(())
     }
 
-    /// Seeded random global inputs, one per signature input.
-    pub fn random_inputs(&self, seed: u64) -> Vec<Dense> {
-        self.inputs()
+    /// Seeded random global inputs, one per signature input. Their sizes are checked first
+    /// ([`Executable::check_memory`]): a shape whose element count overflows, or inputs that
+    /// do not fit in the host memory available, are an error naming the tensor and the bytes.
+    pub fn random_inputs(&self, seed: u64) -> Result<Vec<Dense>, Error> {
+        self.check_memory(0)?;
+        Ok(self
+            .inputs()
             .iter()
             .enumerate()
             .map(|(k, t)| {
@@ -360,7 +375,53 @@ impl Executable {
                     seed.wrapping_add(k as u64 * 0x9e37_79b9),
                 )
             })
-            .collect()
+            .collect())
+    }
+
+    /// Checks, before anything is allocated, that the global inputs and `ranks` ranks' shards
+    /// of them fit in this machine's memory as a run holds them on the host (`f64` values):
+    /// every element count must be finite, and their bytes, added up input by input, must
+    /// stay within the host memory available. The error names the input that goes over and
+    /// the bytes asked for against those available.
+    pub fn check_memory(&self, ranks: usize) -> Result<(), Error> {
+        use weave_executor::memory;
+        let value = size_of::<f64>();
+        let available = memory::available_host_bytes();
+        let mut total: u64 = 0;
+        for t in self.inputs() {
+            let what = match ranks {
+                0 => format!("input `{}` {}{:?}", t.name, t.dtype, t.global),
+                n => format!(
+                    "input `{}` {}{:?} (the global tensor and the shards of {n} rank(s))",
+                    t.name, t.dtype, t.global
+                ),
+            };
+            let input_error = |message: String| Error::Input {
+                tensor: t.name.clone(),
+                message,
+            };
+            let global = memory::bytes_of(&t.global, value)
+                .ok_or_else(|| input_error(memory::overflow("its global tensor", &t.global)))?;
+            let mut shards: u64 = 0;
+            for rank in 0..ranks {
+                if t.holds(rank) {
+                    let local = t.local_sizes_of(rank);
+                    let b = memory::bytes_of(&local, value)
+                        .ok_or_else(|| input_error(memory::overflow("its shard", &local)))?;
+                    shards = shards.saturating_add(b);
+                }
+            }
+            total = total.saturating_add(global).saturating_add(shards);
+            if total >= memory::CHECK_ABOVE_BYTES {
+                memory::check_fits(&what, total, available).map_err(Error::Program)?;
+            }
+            if usize::try_from(global).map_or(true, |b| b > isize::MAX as usize) {
+                return Err(Error::Program(format!(
+                    "{what} needs {global} bytes, more than one buffer can hold"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Matches named inputs to the signature: each exactly once, with its dtype and global
@@ -573,6 +634,7 @@ impl Executable {
             )));
         }
         let ranks = options.target.ranks();
+        options.target.check()?;
         self.check_ranks(ranks)?;
         let (reference, reference_time) = if options.check {
             let t0 = Instant::now();

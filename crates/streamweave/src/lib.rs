@@ -27,7 +27,7 @@ mod threads;
 
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
-pub use run::{RunOptions, RunReport, Target, Transport};
+pub use run::{RunOptions, RunReport, Target, Transport, MAX_THREAD_RANKS};
 pub use tensor::{Data, Outputs, Tensor};
 
 pub use weave_comm as comm;
@@ -52,9 +52,13 @@ pub struct LoadError {
     pub diagnostic: Diagnostic,
 }
 
+/// The rendered diagnostic (message, `file:line:col`, the source line and a caret) without
+/// the `error: ` label, which the program that reports it adds once.
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.diagnostic.render(&self.file, &self.source).trim_end())
+        let rendered = self.diagnostic.render(&self.file, &self.source);
+        let rendered = rendered.strip_prefix("error: ").unwrap_or(&rendered);
+        f.write_str(rendered.trim_end())
     }
 }
 
@@ -89,12 +93,39 @@ pub fn compile(fusion: Fusion) -> Result<weave_host_ir::HostProgram, weave_passe
 /// Reads and loads a `.weave` file.
 pub fn load_file(path: &Path, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
     let file = path.display().to_string();
-    let source = std::fs::read_to_string(path).map_err(|e| LoadError {
+    let bytes = std::fs::read(path).map_err(|e| LoadError {
         file: file.clone(),
         source: String::new(),
         diagnostic: Diagnostic::new(format!("cannot read {file}: {e}")),
     })?;
+    let source = utf8_source(bytes).map_err(|diagnostic| LoadError {
+        file: file.clone(),
+        source: String::new(),
+        diagnostic,
+    })?;
     load(&file, &source, overrides)
+}
+
+/// The text of a source file, or a diagnostic at the line and column (in characters, as
+/// every position is) of its first byte that is not UTF-8.
+pub fn utf8_source(bytes: Vec<u8>) -> Result<String, Diagnostic> {
+    String::from_utf8(bytes).map_err(|e| {
+        let offset = e.utf8_error().valid_up_to();
+        let bytes = e.as_bytes();
+        let valid = std::str::from_utf8(&bytes[..offset]).unwrap_or_default();
+        let line = valid.matches('\n').count() + 1;
+        let col = valid.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        Diagnostic::at(
+            weave_ir::Span::new(
+                u32::try_from(line).unwrap_or(u32::MAX),
+                u32::try_from(col).unwrap_or(u32::MAX),
+            ),
+            format!(
+                "the file is not UTF-8 text: byte 0x{:02x} at byte offset {offset}",
+                bytes.get(offset).copied().unwrap_or_default()
+            ),
+        )
+    })
 }
 
 /// Parses `k=v` (as given to `--set`) into a parameter override.

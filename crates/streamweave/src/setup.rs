@@ -28,7 +28,26 @@ pub enum Target {
     Launched(LaunchEnv),
 }
 
+/// The most ranks one process runs on its own threads ([`Target::Cpu`], [`Target::Cuda`]):
+/// each rank is a thread with a thread per stream, and more than this is a mistaken rank
+/// count, not a machine (a launched world is not limited: each process runs one rank).
+pub const MAX_THREAD_RANKS: usize = 1024;
+
 impl Target {
+    /// Checks the rank count: at least one, and at most [`MAX_THREAD_RANKS`] on threads.
+    pub fn check(&self) -> Result<(), RunError> {
+        let ranks = self.ranks();
+        if ranks == 0 {
+            return Err(RunError::Setup("at least one rank is needed".into()));
+        }
+        if !matches!(self, Target::Launched(_)) && ranks > MAX_THREAD_RANKS {
+            return Err(RunError::Setup(format!(
+                "{ranks} ranks were asked for; one process runs at most {MAX_THREAD_RANKS} ranks on its threads (start one process per rank with `weave launch` for more)"
+            )));
+        }
+        Ok(())
+    }
+
     /// The number of ranks of the whole run.
     pub fn ranks(&self) -> usize {
         match self {

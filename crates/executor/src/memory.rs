@@ -1,0 +1,125 @@
+//! Sizes checked before anything is allocated: the element count of a shape (checked, so a
+//! shape whose count overflows never wraps) and the bytes it asks for against the host memory
+//! this machine has, so that a huge tensor is an error naming it rather than an abort.
+
+/// Requests below this many bytes are not checked against the machine's memory (reading it
+/// costs a file read; small buffers cannot exhaust it on their own).
+pub const CHECK_ABOVE_BYTES: u64 = 64 << 20;
+
+/// The element count of `sizes`, `None` when it overflows `usize`.
+pub fn numel(sizes: &[usize]) -> Option<usize> {
+    sizes.iter().try_fold(1usize, |acc, s| acc.checked_mul(*s))
+}
+
+/// The bytes `sizes` take at `elem_bytes` per element, `None` when the count overflows.
+pub fn bytes_of(sizes: &[usize], elem_bytes: usize) -> Option<u64> {
+    let n = u64::try_from(numel(sizes)?).ok()?;
+    n.checked_mul(u64::try_from(elem_bytes).ok()?)
+}
+
+/// The host memory available to new allocations, in bytes: `MemAvailable` of `/proc/meminfo`
+/// on Linux; `None` where the machine does not say.
+pub fn available_host_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text)
+}
+
+fn parse_meminfo(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let value: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") | None => value.checked_mul(1024),
+        Some(_) => None,
+    }
+}
+
+/// Checks that `bytes` more bytes (for `what`, e.g. "input `x` f32[4, 8]") fit in the host
+/// memory `available` (as [`available_host_bytes`] gives it); `None` available is not checked.
+pub fn check_fits(what: &str, bytes: u64, available: Option<u64>) -> Result<(), String> {
+    match available {
+        Some(have) if bytes > have => Err(format!(
+            "{what} needs {bytes} bytes ({}) of host memory, but only {have} bytes ({}) are available",
+            human(bytes),
+            human(have)
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a host buffer of `sizes` at `elem_bytes` per element before it is allocated: its
+/// element count must not overflow, and a large one must fit in the host memory available.
+pub fn check_host(what: &str, sizes: &[usize], elem_bytes: usize) -> Result<(), String> {
+    let bytes = bytes_of(sizes, elem_bytes).ok_or_else(|| overflow(what, sizes))?;
+    // A `Vec` holds at most `isize::MAX` bytes.
+    if usize::try_from(bytes).map_or(true, |b| b > isize::MAX as usize) {
+        return Err(format!(
+            "{what} needs {bytes} bytes ({}), more than one buffer can hold",
+            human(bytes)
+        ));
+    }
+    if bytes < CHECK_ABOVE_BYTES {
+        return Ok(());
+    }
+    check_fits(what, bytes, available_host_bytes())
+}
+
+/// The message of a shape whose element count overflows.
+pub fn overflow(what: &str, sizes: &[usize]) -> String {
+    format!("{what}: the element count of sizes {sizes:?} overflows")
+}
+
+/// `bytes` in binary units, one decimal.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_overflow_instead_of_wrapping() {
+        assert_eq!(numel(&[1 << 32, 1 << 32]), None);
+        assert_eq!(numel(&[]), Some(1));
+        assert_eq!(bytes_of(&[1 << 31, 1 << 31], 8), None);
+        assert_eq!(bytes_of(&[3, 4], 2), Some(24));
+        assert_eq!(
+            check_host("input `x`", &[1 << 32, 1 << 32], 8).unwrap_err(),
+            "input `x`: the element count of sizes [4294967296, 4294967296] overflows"
+        );
+    }
+
+    #[test]
+    fn a_request_beyond_the_memory_available_names_both() {
+        assert_eq!(
+            check_fits("input `x`", 3 << 30, Some(1 << 30)).unwrap_err(),
+            "input `x` needs 3221225472 bytes (3.0 GiB) of host memory, but only 1073741824 bytes (1.0 GiB) are available"
+        );
+        assert!(check_fits("input `x`", 1 << 20, Some(1 << 30)).is_ok());
+        assert!(check_fits("input `x`", u64::MAX, None).is_ok());
+        // 2^40 rows of 8 f64 values: 64 TiB, more than any test machine has.
+        assert!(check_host("input `x`", &[1 << 40, 8], 8)
+            .unwrap_err()
+            .contains("bytes (64.0 TiB)"));
+        assert!(check_host("input `x`", &[4, 8], 8).is_ok());
+    }
+
+    #[test]
+    fn meminfo_is_read_in_kilobytes() {
+        let text = "MemTotal:       16303952 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(parse_meminfo(text), Some(2 << 20));
+        assert_eq!(parse_meminfo("MemTotal: 5 kB\n"), None);
+    }
+}
