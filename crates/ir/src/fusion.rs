@@ -99,6 +99,9 @@ pub struct Fusion {
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
     order: Vec<ExprId>,
+    /// The readers of each tensor in program order: built on the first [`Fusion::uses`] and
+    /// dropped by every change to the exprs or their order.
+    uses_index: std::sync::OnceLock<std::collections::HashMap<TensorId, Vec<ExprId>>>,
 }
 
 impl Fusion {
@@ -521,6 +524,7 @@ impl Fusion {
 
     /// An expr, mutably.
     pub fn expr_mut(&mut self, id: ExprId) -> &mut Expr {
+        self.uses_index = std::sync::OnceLock::new();
         &mut self.exprs[id]
     }
 
@@ -535,6 +539,7 @@ impl Fusion {
         let Some(from) = self.order.iter().position(|x| *x == e) else {
             return;
         };
+        self.uses_index = std::sync::OnceLock::new();
         self.order.remove(from);
         let to = self
             .order
@@ -556,11 +561,22 @@ impl Fusion {
 
     /// The exprs that read `t`, in program order.
     pub fn uses(&self, t: TensorId) -> Vec<ExprId> {
-        self.order
-            .iter()
-            .copied()
-            .filter(|e| self.exprs[*e].inputs.contains(&t))
-            .collect()
+        let index = self.uses_index.get_or_init(|| {
+            let mut index: std::collections::HashMap<TensorId, Vec<ExprId>> =
+                std::collections::HashMap::new();
+            for &e in &self.order {
+                let mut seen: Vec<TensorId> = Vec::new();
+                for &i in &self.exprs[e].inputs {
+                    // An expr reading a tensor twice is one use.
+                    if !seen.contains(&i) {
+                        seen.push(i);
+                        index.entry(i).or_default().push(e);
+                    }
+                }
+            }
+            index
+        });
+        index.get(&t).cloned().unwrap_or_default()
     }
 
     /// Looks a tensor up by its user name.
@@ -948,6 +964,7 @@ impl Fusion {
             span: None,
         });
         self.tensors[out].definition = Some(e);
+        self.uses_index = std::sync::OnceLock::new();
         self.order.push(e);
         Ok(out)
     }
