@@ -325,6 +325,25 @@ struct Card {
 
 const CARD_TAG: &[u8; 8] = b"weaveipc";
 
+/// What a rank sends instead of its card when it cannot set its windows up: the tag, then
+/// why, so that its peers fail at once instead of waiting for the store's timeout.
+const FAILED_TAG: &[u8] = b"weaveipc-failed:";
+
+/// The set-up message of a rank that failed before the exchange.
+fn failure_card(why: &str) -> Vec<u8> {
+    let mut b = FAILED_TAG.to_vec();
+    b.extend_from_slice(why.as_bytes());
+    b
+}
+
+/// The first rank of the exchange that sent a failure, with what it said.
+fn failed_peer(all: &[Vec<u8>]) -> Option<(usize, String)> {
+    all.iter().enumerate().find_map(|(rank, b)| {
+        b.strip_prefix(FAILED_TAG)
+            .map(|why| (rank, String::from_utf8_lossy(why).into_owned()))
+    })
+}
+
 impl Card {
     fn encode(&self) -> Vec<u8> {
         let mut b = CARD_TAG.to_vec();
@@ -453,21 +472,38 @@ impl IpcTransport {
         let setup = |message: String| {
             CommError::Bootstrap(format!("rank {me}: copy-engine windows: {message}"))
         };
-        let layout = WindowLayout::new(n, options).map_err(setup)?;
-        let region = gpu.alloc_shared(layout.region_bytes())?;
-        // Every slot starts free; the exchange below orders this before any peer's write.
-        let (first, count) = layout.consumed_flags();
-        region.fill_u32(first, count, 1)?;
-        let card = Card {
-            process: process_token(),
-            device: gpu.ordinal() as u32,
-            lanes: layout.lanes as u64,
-            slots: layout.slots as u64,
-            slot_bytes: layout.slot_bytes as u64,
-            ptr: region.ptr(),
-            handle: region.handle(),
+        let prepared = (|| -> Result<_, CommError> {
+            let layout = WindowLayout::new(n, options).map_err(setup)?;
+            let region = gpu.alloc_shared(layout.region_bytes())?;
+            // Every slot starts free; the exchange below orders this before any peer's write.
+            let (first, count) = layout.consumed_flags();
+            region.fill_u32(first, count, 1)?;
+            let card = Card {
+                process: process_token(),
+                device: gpu.ordinal() as u32,
+                lanes: layout.lanes as u64,
+                slots: layout.slots as u64,
+                slot_bytes: layout.slot_bytes as u64,
+                ptr: region.ptr(),
+                handle: region.handle(),
+            };
+            Ok((layout, region, card))
+        })();
+        let (layout, region, card) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                // The peers are in the exchange already: tell them, rather than leave them
+                // waiting for the store's timeout.
+                let _ = all_gather(failure_card(&e.to_string()));
+                return Err(e);
+            }
         };
         let all = all_gather(card.encode())?;
+        if let Some((rank, why)) = failed_peer(&all) {
+            return Err(setup(format!(
+                "rank {rank} could not set up its windows: {why}"
+            )));
+        }
         if all.len() != n {
             return Err(setup(format!(
                 "the set-up exchange returned {} message(s) for {n} ranks",

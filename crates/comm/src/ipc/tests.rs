@@ -488,3 +488,28 @@ fn replayed_steps_move_new_data_and_leave_the_flags_at_rest() {
         }
     }
 }
+
+#[test]
+fn a_rank_that_fails_before_the_exchange_is_named_by_its_peers() {
+    let card = Card {
+        process: 7,
+        device: 0,
+        lanes: 1,
+        slots: 2,
+        slot_bytes: 64,
+        ptr: 0x1000,
+        handle: [0; IPC_HANDLE_BYTES],
+    };
+    let all = vec![
+        card.encode(),
+        failure_card("out of memory: cuMemAlloc of 8388608 bytes"),
+        card.encode(),
+    ];
+    assert_eq!(
+        failed_peer(&all),
+        Some((1, "out of memory: cuMemAlloc of 8388608 bytes".to_string()))
+    );
+    // A failure card is no window description, and a card is no failure.
+    assert!(Card::decode(&all[1]).is_none());
+    assert_eq!(failed_peer(&[card.encode()]), None);
+}
