@@ -1,7 +1,8 @@
 //! A fuzz harness on the stable toolchain: mutated `.weave` fusions go through the loader and
 //! the whole pass pipeline, mutated printed host programs through the host-IR parser, the
-//! verifier and `Executable::from_program`. Every input must give a result or an error — no
-//! panic, and no input may take longer than [`PER_INPUT`].
+//! verifier and `Executable::from_program`, and every program whose tensors are small runs on
+//! the CPU ranks it names against its reference. Every input must give a result or an error —
+//! no panic, no wrong number, and no input may take longer than [`PER_INPUT`].
 //!
 //! By default (CI) it replays the corpus of earlier finds in `tests/fuzz/corpus/` and a fixed,
 //! seeded batch of mutations. `cargo xtask fuzz --minutes N` (which sets `WEAVE_FUZZ_MINUTES`
@@ -180,22 +181,34 @@ fn check(target: Target, text: String) -> Result<(), String> {
             let outcome = catch_unwind(AssertUnwindSafe(|| match target {
                 Target::Fusion => {
                     if let Ok(f) = streamweave::load("fuzz.weave", &text, &[]) {
-                        let _ = streamweave::Compiler::new().compile(&f);
+                        if let Ok(exe) = streamweave::Compiler::new().compile(&f) {
+                            return run_small(&exe, true);
+                        }
                     }
+                    Ok(())
                 }
                 Target::Host => {
                     if let Ok(p) = streamweave::host_ir::parse(&text) {
                         let _ = streamweave::host_ir::verify(&p);
-                        let _ = streamweave::Executable::from_program(p);
+                        if let Ok(exe) = streamweave::Executable::from_program(p) {
+                            // An edited program may well compute something else than its
+                            // definition (the check says so): only panics and hangs count.
+                            return run_small(&exe, false);
+                        }
                     }
+                    Ok(())
                 }
             }));
-            let _ = tx.send(outcome.map_err(|e| {
-                e.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "a panic".into())
-            }));
+            let _ = tx.send(match outcome {
+                Ok(result) => result,
+                Err(e) => Err(format!(
+                    "panicked: {}",
+                    e.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "a panic".into())
+                )),
+            });
         })
         .map_err(|e| format!("cannot start the input's thread: {e}"))?;
     match rx.recv_timeout(PER_INPUT) {
@@ -203,7 +216,7 @@ fn check(target: Target, text: String) -> Result<(), String> {
             let _ = worker.join();
             Ok(())
         }
-        Ok(Err(m)) => Err(format!("panicked: {m}")),
+        Ok(Err(m)) => Err(m),
         // The thread is left behind: the test fails with the input anyway.
         Err(_) => Err(format!("took longer than {PER_INPUT:?}")),
     }
@@ -215,6 +228,46 @@ fn root() -> PathBuf {
     std::env::var_os("WEAVE_FUZZ_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// Runs a program whose tensors are small on the ranks it names (at most 4), on the CPU, and
+/// with `compiled` (the compiler made it from a fusion) against its reference: an error is
+/// fine (the input may be nonsense), a wrong number or a race in what the compiler made is
+/// not. Anything bigger is left at compiling.
+fn run_small(exe: &streamweave::Executable, compiled: bool) -> Result<(), String> {
+    let small = exe
+        .inputs()
+        .iter()
+        .chain(exe.outputs())
+        .all(|t| t.global_len() <= 4096);
+    let ranks = exe.min_ranks();
+    if !small || ranks > 4 || exe.signature().definition.is_none() {
+        return Ok(());
+    }
+    let Ok(globals) = exe.random_inputs(7) else {
+        return Ok(());
+    };
+    let options = streamweave::RunOptions {
+        check: compiled,
+        check_races: compiled,
+        timeout: Duration::from_secs(5),
+        ..streamweave::RunOptions::on(streamweave::Target::Cpu { ranks })
+    };
+    match exe.run_dense(&globals, &options) {
+        Ok(report) if compiled && !report.passed() => {
+            let bad: Vec<String> = report
+                .checks
+                .iter()
+                .filter(|c| !c.comparison.ok)
+                .map(|c| format!("{} rank {}: {}", c.output, c.rank, c.comparison))
+                .collect();
+            Err(format!(
+                "wrong numbers or races: {bad:?}, {} race(s)",
+                report.races()
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn fixtures_dir() -> PathBuf {
