@@ -17,11 +17,43 @@ pub fn bytes_of(sizes: &[usize], elem_bytes: usize) -> Option<u64> {
     n.checked_mul(u64::try_from(elem_bytes).ok()?)
 }
 
-/// The host memory available to new allocations, in bytes: `MemAvailable` of `/proc/meminfo`
-/// on Linux; `None` where the machine does not say.
+/// The host memory available to new allocations, in bytes, on Linux: the least of
+/// `MemAvailable` (`/proc/meminfo`), what the process's cgroup still allows
+/// (`memory.max` − `memory.current`) and what its address-space limit still allows (`ulimit
+/// -v` − `VmSize`); `None` where none of them says.
 pub fn available_host_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_meminfo(&text)
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let meminfo = read("/proc/meminfo").and_then(|t| parse_meminfo(&t));
+    let cgroup = (|| {
+        let max: u64 = read("/sys/fs/cgroup/memory.max")?.trim().parse().ok()?;
+        let current: u64 = read("/sys/fs/cgroup/memory.current")?.trim().parse().ok()?;
+        Some(max.saturating_sub(current))
+    })();
+    let address_space = (|| {
+        let limit = parse_address_space_limit(&read("/proc/self/limits")?)?;
+        let used = parse_status_kb(&read("/proc/self/status")?, "VmSize:")?;
+        Some(limit.saturating_sub(used))
+    })();
+    [meminfo, cgroup, address_space].into_iter().flatten().min()
+}
+
+/// The soft limit of `Max address space` in `/proc/self/limits`; `None` when unlimited.
+fn parse_address_space_limit(limits: &str) -> Option<u64> {
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    line.trim_start_matches("Max address space")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes.
+fn parse_status_kb(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
 }
 
 fn parse_meminfo(text: &str) -> Option<u64> {
@@ -114,6 +146,25 @@ mod tests {
             .unwrap_err()
             .contains("bytes (64.0 TiB)"));
         assert!(check_host("input `x`", &[4, 8], 8).is_ok());
+    }
+
+    #[test]
+    fn limits_and_status_are_read() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+                      Max address space         4294967296           unlimited            bytes\n";
+        assert_eq!(parse_address_space_limit(limits), Some(4 << 30));
+        let unlimited =
+            "Max address space         unlimited            unlimited            bytes\n";
+        assert_eq!(parse_address_space_limit(unlimited), None);
+        let status = "Name:\tweave\nVmPeak:\t  20000 kB\nVmSize:\t   10000 kB\n";
+        assert_eq!(parse_status_kb(status, "VmSize:"), Some(10000 * 1024));
+        // This process: whatever the limits, the answer is at most what /proc/meminfo says.
+        let meminfo = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| parse_meminfo(&t));
+        if let (Some(all), Some(m)) = (available_host_bytes(), meminfo) {
+            assert!(all <= m);
+        }
     }
 
     #[test]
