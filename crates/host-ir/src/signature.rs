@@ -140,9 +140,17 @@ impl AxisSplit {
                     SplitKind::Outer => (f, len.div_ceil(f)),
                     SplitKind::Inner => (len.div_ceil(f), f),
                 };
+                // Chunks at or past the end are empty: a plain outer axis lists only the
+                // chunks that hold elements (a factor may be far larger than the axis).
+                let outer_indices = match &**outer {
+                    AxisSplit::Leaf(p) if !p.is_device() => {
+                        (0..outer_len.min(len.div_ceil(stride.max(1)))).collect()
+                    }
+                    _ => outer.indices(outer_len, coords),
+                };
                 let mut out = Vec::new();
-                for a in outer.indices(outer_len, coords) {
-                    let chunk = len.saturating_sub(a * stride).min(stride);
+                for a in outer_indices {
+                    let chunk = len.saturating_sub(a.saturating_mul(stride)).min(stride);
                     for b in inner.indices(chunk, coords) {
                         out.push(a * stride + b);
                     }
@@ -684,6 +692,24 @@ mod tests {
         let full = (1usize << 40) / stride;
         let last = (1usize << 40) - full * stride;
         assert_eq!(sizes[0], full * 128 + last.saturating_sub(last.div_ceil(2)));
+        // A factor far larger than the axis lists only the chunks that hold elements.
+        let sparse = TensorSig {
+            global: vec![5, 2],
+            sharding: Sharding {
+                mesh: None,
+                axes: vec![
+                    outer(
+                        4_294_967_295,
+                        leaf(ParallelType::Stream),
+                        leaf(ParallelType::Serial),
+                    ),
+                    AxisSplit::Leaf(ParallelType::Serial),
+                ],
+            },
+            ..chunked()
+        };
+        assert_eq!(sparse.axis_indices(0)[0], vec![0, 1, 2, 3, 4]);
+        assert_eq!(sparse.local_sizes_of(0), vec![5, 2]);
         // Against the listing, on sizes that fit.
         for rows in [0, 1, 5, 6, 7, 13] {
             let t = TensorSig {
