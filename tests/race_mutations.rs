@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use common::fixtures;
+use common::{fixed_ranks, fixtures, params};
 use streamweave::executor::{Dense, StreamKey};
 use streamweave::host_ir::{
     HostProgram, HostScalar, HostTensorId, Names, ScalarId, ScopeRef, Stmt, StmtId, Stream,
@@ -450,35 +450,6 @@ fn run(
         .next()
         .map(ToString::to_string);
     Ok((runs.into_iter().map(|r| r.outputs).collect(), race))
-}
-
-fn params(source: &str) -> Vec<String> {
-    let header = source
-        .lines()
-        .find(|l| l.starts_with("fusion"))
-        .unwrap_or("");
-    let inner = header
-        .split_once('(')
-        .and_then(|(_, r)| r.split_once(')'))
-        .map_or("", |(p, _)| p);
-    inner
-        .split(',')
-        .filter_map(|p| p.split('=').next())
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty())
-        .collect()
-}
-
-fn fixed_ranks(source: &str) -> usize {
-    let fusion = streamweave::load("fixture", source, &[]).expect("the defaults load");
-    let mut devices: Vec<i64> = fusion
-        .meshes()
-        .iter()
-        .flat_map(|&m| fusion.mesh(m).mesh.devices().to_vec())
-        .collect();
-    devices.sort_unstable();
-    devices.dedup();
-    devices.len().max(1)
 }
 
 /// A scenario lowered and run cleanly: its executable, ranks, inputs and outputs.

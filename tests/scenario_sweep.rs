@@ -10,7 +10,7 @@ mod common;
 
 use std::fmt::Write as _;
 
-use common::fixtures;
+use common::{fixed_ranks, fixtures, params};
 
 /// What one configuration did.
 enum Outcome {
@@ -19,38 +19,6 @@ enum Outcome {
     Refused(String),
     /// Anything else: a pass error, a run error, a mismatch or a race.
     Failed(String),
-}
-
-/// The fusion's parameter names, from its header line.
-fn params(source: &str) -> Vec<String> {
-    let header = source
-        .lines()
-        .find(|l| l.starts_with("fusion"))
-        .unwrap_or("");
-    let inner = header
-        .split_once('(')
-        .and_then(|(_, r)| r.split_once(')'))
-        .map_or("", |(p, _)| p);
-    inner
-        .split(',')
-        .filter_map(|p| p.split('=').next())
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty())
-        .collect()
-}
-
-/// The rank count of a fusion without a `d` parameter: as many as its meshes name (they are
-/// written with fixed devices), or 1.
-fn fixed_ranks(source: &str) -> usize {
-    let fusion = streamweave::load("fixture", source, &[]).expect("the defaults load");
-    let mut devices: Vec<i64> = fusion
-        .meshes()
-        .iter()
-        .flat_map(|&m| fusion.mesh(m).mesh.devices().to_vec())
-        .collect();
-    devices.sort_unstable();
-    devices.dedup();
-    devices.len().max(1)
 }
 
 fn run_one(path: &std::path::Path, set: &[(String, i64)], ranks: usize, streams: usize) -> Outcome {

@@ -134,3 +134,37 @@ pub fn run_checked(
         exe,
     })
 }
+
+/// The fusion's parameter names, from its header line.
+#[allow(dead_code)]
+pub fn params(source: &str) -> Vec<String> {
+    let header = source
+        .lines()
+        .find(|l| l.starts_with("fusion"))
+        .unwrap_or("");
+    let inner = header
+        .split_once('(')
+        .and_then(|(_, r)| r.split_once(')'))
+        .map_or("", |(p, _)| p);
+    inner
+        .split(',')
+        .filter_map(|p| p.split('=').next())
+        .map(|p| p.split(':').next().unwrap_or(p).trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// The rank count of a fusion without a mesh-size parameter: as many devices as its meshes
+/// name (they are written with fixed devices), or 1.
+#[allow(dead_code)]
+pub fn fixed_ranks(source: &str) -> usize {
+    let fusion = streamweave::load("fixture", source, &[]).expect("the defaults load");
+    let mut devices: Vec<i64> = fusion
+        .meshes()
+        .iter()
+        .flat_map(|&m| fusion.mesh(m).mesh.devices().to_vec())
+        .collect();
+    devices.sort_unstable();
+    devices.dedup();
+    devices.len().max(1)
+}
