@@ -1277,14 +1277,7 @@ impl Parser<'_> {
         if self.at_ident("devices") {
             self.bump();
             self.expect_punct("(", "after `devices`")?;
-            while !self.at_punct(")") {
-                let (v, span) = self.unsigned("a device number")?;
-                devices
-                    .push(i64::try_from(v).map_err(|_| {
-                        Diagnostic::at(span, format!("device {v} is out of range"))
-                    })?);
-            }
-            self.bump();
+            devices = self.device_list()?;
         }
         let mut roles = Vec::new();
         if self.at_ident("roles") {
@@ -1318,6 +1311,20 @@ impl Parser<'_> {
         sig.devices = devices;
         sig.roles = roles;
         Ok(())
+    }
+
+    /// Device numbers separated by spaces, up to and including the closing `)`.
+    fn device_list(&mut self) -> PResult<Vec<i64>> {
+        let mut devices = Vec::new();
+        while !self.at_punct(")") {
+            let (v, span) = self.unsigned("a device number")?;
+            devices.push(
+                i64::try_from(v)
+                    .map_err(|_| Diagnostic::at(span, format!("device {v} is out of range")))?,
+            );
+        }
+        self.bump();
+        Ok(devices)
     }
 
     /// `inp: bf16[8, 8] [on [2](0 1)] split(outer(4, Stream, Serial), DIDx)`.
@@ -1356,15 +1363,7 @@ impl Parser<'_> {
             }
             self.bump();
             self.expect_punct("(", "to open the mesh's devices")?;
-            let mut devices = Vec::new();
-            while !self.at_punct(")") {
-                let (v, span) = self.unsigned("a device number")?;
-                devices
-                    .push(i64::try_from(v).map_err(|_| {
-                        Diagnostic::at(span, format!("device {v} is out of range"))
-                    })?);
-            }
-            self.bump();
+            let devices = self.device_list()?;
             mesh = Some(
                 DeviceMesh::new(shape, devices)
                     .map_err(|m| Diagnostic::at(on.span, format!("mesh of `{name}`: {m}")))?,

@@ -135,24 +135,11 @@ impl AxisSplit {
                 outer,
                 inner,
             } => {
-                let f = (*factor).max(1);
-                let (outer_len, stride) = match kind {
-                    SplitKind::Outer => (f, len.div_ceil(f)),
-                    SplitKind::Inner => (len.div_ceil(f), f),
-                };
-                // Chunks at or past the end are empty: a plain outer axis lists only the
-                // chunks that hold elements (a factor may be far larger than the axis).
-                let outer_indices = match &**outer {
-                    AxisSplit::Leaf(p) if !p.is_device() => {
-                        (0..outer_len.min(len.div_ceil(stride.max(1)))).collect()
-                    }
-                    _ => outer.indices(outer_len, coords),
-                };
+                let cut = Cut::of(*kind, *factor, len);
                 let mut out = Vec::new();
-                for a in outer_indices {
-                    let chunk = len.saturating_sub(a.saturating_mul(stride)).min(stride);
-                    for b in inner.indices(chunk, coords) {
-                        out.push(a * stride + b);
+                for a in cut.chunks(outer, coords) {
+                    for b in inner.indices(cut.chunk(a), coords) {
+                        out.push(a * cut.stride + b);
                     }
                 }
                 out
@@ -178,26 +165,21 @@ impl AxisSplit {
                 outer,
                 inner,
             } => {
-                let f = (*factor).max(1);
-                let (outer_len, stride) = match kind {
-                    SplitKind::Outer => (f, len.div_ceil(f)),
-                    SplitKind::Inner => (len.div_ceil(f), f),
-                };
-                let chunk = |a: usize| len.saturating_sub(a.saturating_mul(stride)).min(stride);
+                let cut = Cut::of(*kind, *factor, len);
                 match &**outer {
                     // Every chunk: the full ones, then the short last one (and empty ones).
                     AxisSplit::Leaf(p) if !p.is_device() => {
-                        let full = len.checked_div(stride).unwrap_or(0).min(outer_len);
-                        let mut n = full.saturating_mul(inner.count(stride, coords));
-                        if full < outer_len {
-                            n = n.saturating_add(inner.count(chunk(full), coords));
+                        let full = len.checked_div(cut.stride).unwrap_or(0).min(cut.outer_len);
+                        let mut n = full.saturating_mul(inner.count(cut.stride, coords));
+                        if full < cut.outer_len {
+                            n = n.saturating_add(inner.count(cut.chunk(full), coords));
                         }
                         n
                     }
-                    _ => outer
-                        .indices(outer_len, coords)
+                    _ => cut
+                        .chunks(outer, coords)
                         .into_iter()
-                        .map(|a| inner.count(chunk(a), coords))
+                        .map(|a| inner.count(cut.chunk(a), coords))
                         .fold(0usize, usize::saturating_add),
                 }
             }
@@ -249,6 +231,48 @@ impl AxisSplit {
                 inner.print(out);
                 out.push(')');
             }
+        }
+    }
+}
+
+/// How a split of an axis of `len` elements cuts it: `outer_len` chunks of `stride`, the
+/// last ones shorter or empty.
+struct Cut {
+    len: usize,
+    outer_len: usize,
+    stride: usize,
+}
+
+impl Cut {
+    fn of(kind: SplitKind, factor: usize, len: usize) -> Cut {
+        let f = factor.max(1);
+        let (outer_len, stride) = match kind {
+            SplitKind::Outer => (f, len.div_ceil(f)),
+            SplitKind::Inner => (len.div_ceil(f), f),
+        };
+        Cut {
+            len,
+            outer_len,
+            stride,
+        }
+    }
+
+    /// The length of chunk `a`.
+    fn chunk(&self, a: usize) -> usize {
+        self.len
+            .saturating_sub(a.saturating_mul(self.stride))
+            .min(self.stride)
+    }
+
+    /// The chunks the rank at `coords` takes under the outer tree `outer`. Chunks at or
+    /// past the end are empty, so a plain outer axis lists only those that hold elements (a
+    /// factor may be far larger than the axis).
+    fn chunks(&self, outer: &AxisSplit, coords: &dyn Fn(ParallelType) -> usize) -> Vec<usize> {
+        match outer {
+            AxisSplit::Leaf(p) if !p.is_device() => {
+                (0..self.outer_len.min(self.len.div_ceil(self.stride.max(1)))).collect()
+            }
+            _ => outer.indices(self.outer_len, coords),
         }
     }
 }
