@@ -475,3 +475,114 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
         }
     }
 }
+
+/// Whether one GPU is there for the single-GPU tests (the reason printed when not).
+fn one_gpu() -> bool {
+    if std::env::var("WEAVE_GPU_TESTS").ok().as_deref() != Some("1") {
+        eprintln!("skipped: set WEAVE_GPU_TESTS=1 on a machine with GPUs to run the GPU tests");
+        return false;
+    }
+    match weave_cuda::device_count() {
+        Ok(n) if n >= 1 => true,
+        Ok(_) => {
+            eprintln!("skipped: no GPU visible");
+            false
+        }
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+/// A buffer larger than the device has is refused before it is allocated, with the dtype,
+/// sizes, the bytes asked for and the bytes available; the backend stays usable.
+#[test]
+fn a_device_buffer_larger_than_the_gpu_is_refused_with_the_bytes() {
+    if !one_gpu() {
+        return;
+    }
+    use weave_executor::cuda::{CudaBackend, CudaOptions};
+    let gpu = weave_cuda::Gpu::open(0).expect("GPU 0");
+    let backend = CudaBackend::new(gpu.clone(), CudaOptions::default()).expect("backend");
+    let sizes = [1usize << 20, 1 << 20];
+    let err = backend
+        .empty(weave_ir::DType::BF16, &sizes)
+        .err()
+        .expect("a 2 TiB buffer is refused")
+        .to_string();
+    println!("{err}");
+    for part in [
+        "`Allocate` failed",
+        "bf16 buffer of sizes [1048576, 1048576]",
+        "needs 2199023255552 bytes (2.0 TiB) of device memory on GPU 0",
+        "are available",
+    ] {
+        assert!(err.contains(part), "`{part}` in: {err}");
+    }
+    let small = backend
+        .empty(weave_ir::DType::F32, &[1024])
+        .expect("a small buffer");
+    assert_eq!(small.sizes(), vec![1024]);
+}
+
+/// A copy-engine rank whose peer never posts leaves its stream blocked on a flag; aborting
+/// the transport releases the wait, so the stream drains within a bounded time instead of
+/// staying blocked until the process exits.
+#[test]
+fn an_aborted_copy_engine_rank_releases_its_flag_waits() {
+    if !one_gpu() {
+        return;
+    }
+    use std::sync::{Arc, Barrier, Mutex};
+    use weave_comm::copy::{CopyTransport, Transfers};
+    use weave_comm::ipc::{IpcOptions, IpcTransport};
+    let gpu = weave_cuda::Gpu::open(0).expect("GPU 0");
+    let options = IpcOptions {
+        lanes: 1,
+        slots: 2,
+        slot_bytes: 1 << 16,
+    };
+    // Both ranks live in this process on GPU 0; the exchange is a barrier.
+    let cards = Arc::new(Mutex::new(vec![Vec::new(); 2]));
+    let barrier = Arc::new(Barrier::new(2));
+    let connect = |me: usize| {
+        let (gpu, cards, barrier) = (gpu.clone(), cards.clone(), barrier.clone());
+        std::thread::spawn(move || {
+            IpcTransport::connect(me, 2, gpu, options, |card| {
+                cards.lock().unwrap()[me] = card;
+                barrier.wait();
+                Ok(cards.lock().unwrap().clone())
+            })
+        })
+    };
+    let (a, b) = (connect(0), connect(1));
+    let rank0 = a.join().unwrap().expect("rank 0 connects");
+    let _rank1 = b.join().unwrap().expect("rank 1 connects");
+    let stream = gpu
+        .new_stream(weave_cuda::Priority::Normal)
+        .expect("stream");
+    let dst = gpu.alloc(1 << 18, &stream).expect("destination");
+    // Rank 0 receives four slots' worth from rank 1, which never sends.
+    let t = Transfers {
+        local: Vec::new(),
+        sends: Vec::new(),
+        recvs: vec![(1, dst.ptr(), 1 << 18)],
+    };
+    rank0
+        .transfer(0, "recv", &t, &stream, Duration::from_secs(1))
+        .expect("posted");
+    let blocked = stream.synchronize_timeout(Duration::from_millis(300));
+    assert!(
+        blocked.is_err(),
+        "the stream waits on a flag no peer sets: {blocked:?}"
+    );
+    let start = Instant::now();
+    rank0.abort();
+    stream
+        .synchronize_timeout(Duration::from_secs(10))
+        .expect("the aborted rank's stream drains");
+    println!("released in {:?}", start.elapsed());
+    drop(dst);
+    drop(rank0);
+}

@@ -31,12 +31,17 @@
 //! region any more, so it may be freed.
 //!
 //! The GPU-side waits have no timeout of their own: a peer that never posts stalls the
-//! stream, and the executor's host wait on that stream fails with its timeout.
+//! stream, and the executor's host wait on that stream fails with its timeout (or the run's
+//! deadline passes), which aborts the communicator. The abort then *releases* the rank's
+//! streams: a side stream keeps setting every flag of the rank's region to 1, so each flag
+//! wait still queued ends and the streams drain (moving garbage, in a run that has failed),
+//! until the transport is dropped (or for a minute at most). A stream blocked on a flag therefore never outlives the
+//! run's timeout by more than the release takes, and the region can be freed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use weave_cuda::{Gpu, GpuStream, PeerRegion, SharedRegion, IPC_HANDLE_BYTES};
+use weave_cuda::{Gpu, GpuStream, PeerRegion, Priority, SharedRegion, IPC_HANDLE_BYTES};
 
 use crate::communicator::Communicator;
 use crate::copy::{copy_error, CopyComm, CopyTransport, Transfers};
@@ -134,6 +139,11 @@ impl WindowLayout {
     /// Offset of `consumed[to][lane][slot]` in a sender's region.
     pub fn consumed(&self, to: usize, lane: usize, slot: usize) -> usize {
         (self.flag_count() + self.index(to, lane, slot)) * 4
+    }
+
+    /// Every flag of a region, `ready` then `consumed`: (offset of the first, count).
+    pub fn all_flags(&self) -> (usize, usize) {
+        (0, 2 * self.flag_count())
     }
 
     /// The `consumed` flags of a region: (offset of the first, count); they start at 1.
@@ -424,7 +434,11 @@ pub struct IpcTransport {
     gpu: Gpu,
     layout: WindowLayout,
     /// This rank's region.
-    region: SharedRegion,
+    region: Arc<SharedRegion>,
+    /// The side stream that releases this rank's flag waits once the rank aborts.
+    release: Arc<GpuStream>,
+    /// The thread that keeps releasing them until the transport is dropped, once started.
+    releaser: std::sync::Mutex<Option<Releaser>>,
     /// Each peer's region mapped here (`None` for this rank and for ranks of this process).
     _mapped: Vec<Option<PeerRegion>>,
     /// Each rank's region base address in this process.
@@ -475,6 +489,8 @@ impl IpcTransport {
         let prepared = (|| -> Result<_, CommError> {
             let layout = WindowLayout::new(n, options).map_err(setup)?;
             let region = gpu.alloc_shared(layout.region_bytes())?;
+            // Made now, so that an abort needs nothing that can fail.
+            let release = gpu.new_stream(Priority::High)?;
             // Every slot starts free; the exchange below orders this before any peer's write.
             let (first, count) = layout.consumed_flags();
             region.fill_u32(first, count, 1)?;
@@ -487,9 +503,9 @@ impl IpcTransport {
                 ptr: region.ptr(),
                 handle: region.handle(),
             };
-            Ok((layout, region, card))
+            Ok((layout, region, release, card))
         })();
-        let (layout, region, card) = match prepared {
+        let (layout, region, release, card) = match prepared {
             Ok(p) => p,
             Err(e) => {
                 // The peers are in the exchange already: tell them, rather than leave them
@@ -538,7 +554,9 @@ impl IpcTransport {
         Ok(IpcTransport {
             gpu,
             layout,
-            region,
+            region: Arc::new(region),
+            release: Arc::new(release),
+            releaser: std::sync::Mutex::new(None),
             _mapped: mapped,
             bases,
             lanes: std::sync::Mutex::new((Vec::new(), PieceCounts::new(n, layout.lanes))),
@@ -551,8 +569,71 @@ impl IpcTransport {
     }
 }
 
+/// The thread releasing an aborted rank's flag waits, and how to stop it.
+struct Releaser {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// How often an aborted rank's flags are set again: a stream that clears a flag after a
+/// release (taking a piece) may wait on it again further down its queue.
+const RELEASE_EVERY: Duration = Duration::from_millis(1);
+
+/// How long an aborted rank's flags are released at most: its streams have drained long
+/// before (a release takes microseconds per queued wait), unless the transport was leaked.
+const RELEASE_FOR: Duration = Duration::from_secs(60);
+
+impl IpcTransport {
+    /// Starts releasing this rank's flag waits (see the module documentation); idempotent.
+    fn release_waits(&self) {
+        let mut releaser = self.releaser.lock().unwrap_or_else(|e| e.into_inner());
+        if releaser.is_some() {
+            return;
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (region, stream, (first, count)) = (
+            self.region.clone(),
+            self.release.clone(),
+            self.layout.all_flags(),
+        );
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("weave-ipc-release".into())
+            .spawn(move || {
+                let start = std::time::Instant::now();
+                while !flag.load(std::sync::atomic::Ordering::Acquire)
+                    && start.elapsed() < RELEASE_FOR
+                {
+                    if region.fill_u32_on(first, count, 1, &stream).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(RELEASE_EVERY);
+                }
+            });
+        if let Ok(thread) = thread {
+            *releaser = Some(Releaser { stop, thread });
+        }
+    }
+}
+
+impl Drop for IpcTransport {
+    fn drop(&mut self) {
+        let releaser = self.releaser.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = releaser.take() {
+            r.stop.store(true, std::sync::atomic::Ordering::Release);
+            let _ = r.thread.join();
+        }
+    }
+}
+
 impl CopyTransport for IpcTransport {
     type Stream = GpuStream;
+
+    /// The rank failed: its streams may wait on flags no peer will ever set, so they are
+    /// released (see the module documentation).
+    fn abort(&self) {
+        self.release_waits();
+    }
 
     /// Enqueues `t` on `stream`: every wait is a GPU-side flag wait, so `timeout` is not
     /// used here (the executor's host wait on the stream bounds it).

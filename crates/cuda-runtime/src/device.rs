@@ -79,6 +79,8 @@ pub(crate) struct GpuInner {
     /// [`Gpu::enable_peer_access`]).
     pub(crate) peers_enabled: Mutex<HashSet<usize>>,
     sm_count: i32,
+    /// The device's default memory pool, which [`Gpu::alloc`] allocates from.
+    pool: Pool,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -138,6 +140,7 @@ impl Gpu {
                 gemm_plans: Default::default(),
                 peers_enabled: Mutex::new(HashSet::new()),
                 sm_count,
+                pool: Pool(pool),
             }),
         })
     }
@@ -149,6 +152,35 @@ impl Gpu {
     /// The device's ordinal.
     pub fn ordinal(&self) -> usize {
         self.inner.ordinal
+    }
+
+    /// The device memory a new allocation can have, in bytes: what the driver reports free
+    /// plus what the memory pool holds cached but unused; `None` when the driver does not say.
+    pub fn available_bytes(&self) -> Option<u64> {
+        self.bind().ok()?;
+        let (free, _) = result::mem_get_info().ok()?;
+        let attr = |a: sys::CUmemPool_attribute| -> Option<u64> {
+            let mut v: u64 = 0;
+            // SAFETY: both attributes take a cuuint64_t, read into a local; the pool is the
+            // live context's default pool.
+            unsafe {
+                sys::cuMemPoolGetAttribute(
+                    self.inner.pool.0,
+                    a,
+                    (&mut v) as *mut u64 as *mut std::ffi::c_void,
+                )
+            }
+            .result()
+            .ok()?;
+            Some(v)
+        };
+        let reserved = attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        let used = attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+        let cached = match (reserved, used) {
+            (Some(r), Some(u)) => r.saturating_sub(u),
+            _ => 0,
+        };
+        Some((free as u64).saturating_add(cached))
     }
 
     /// The number of streaming multiprocessors.
@@ -381,6 +413,15 @@ impl Gpu {
 
 /// A device address kept for a deferred free.
 struct Ptr(sys::CUdeviceptr);
+
+/// A device's default memory pool handle.
+struct Pool(sys::CUmemoryPool);
+
+// SAFETY: a pool handle is a driver object usable from any thread of the process; it is only
+// passed to the driver.
+unsafe impl Send for Pool {}
+// SAFETY: as above; the driver synchronizes access to the pool.
+unsafe impl Sync for Pool {}
 
 /// A block of device memory. Freed stream-ordered by [`DeviceMemory::free_on`], or, when the
 /// last handle is dropped without that, at the next device synchronization.

@@ -71,6 +71,34 @@ impl SharedRegion {
     }
 }
 
+impl SharedRegion {
+    /// Sets `count` 32-bit words from byte `offset` to `value` on `stream`, in its order: for
+    /// releasing flag waits, since a stream blocked on a flag holds back no other stream.
+    pub fn fill_u32_on(
+        &self,
+        offset: usize,
+        count: usize,
+        value: u32,
+        stream: &GpuStream,
+    ) -> Result<(), CudaError> {
+        if offset % 4 != 0 || offset + 4 * count > self.bytes {
+            return Err(CudaError::Driver {
+                call: "cuMemsetD32Async",
+                message: format!(
+                    "{count} words at byte {offset} do not fit a region of {} bytes",
+                    self.bytes
+                ),
+            });
+        }
+        self.gpu.bind()?;
+        // SAFETY: the range lies inside this live `cuMemAlloc` block (checked above); the
+        // stream belongs to this context.
+        unsafe { sys::cuMemsetD32Async(self.ptr + offset as u64, value, count, stream.cu_stream()) }
+            .result()
+            .map_err(driver("cuMemsetD32Async"))
+    }
+}
+
 impl Drop for SharedRegion {
     fn drop(&mut self) {
         if self.gpu.bind().is_ok() {

@@ -421,7 +421,17 @@ where
             self.comm.size(),
         )?;
         for (&t, data) in self.program.inputs.iter().zip(inputs) {
-            let buffer = self.backend.upload(data)?;
+            let buffer = match self.backend.upload(data) {
+                Ok(b) => b,
+                Err(ExecError::Compute { message, .. }) => {
+                    return Err(ExecError::Input(format!(
+                        "input {} on rank {}: {message}",
+                        self.names.tensor(t),
+                        self.comm.rank()
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
             // The caller wrote every input on its own stream before the program started (the
             // CUDA backend uploads on the main stream): a pool stream reads one only after
             // synchronizing with the main stream.

@@ -112,8 +112,9 @@ fn run_one(
                 Ok(ipc) => {
                     let run = drive(program, config, inputs, options, &backend, &ipc);
                     if run.is_err() {
-                        // A stream may still wait on the windows: leave them to the
-                        // process's exit rather than free memory the GPU may touch.
+                        // The abort released the streams' flag waits, but a stream may
+                        // still be draining into the windows: leave them to the process's
+                        // exit rather than free memory the GPU may touch.
                         std::mem::forget(ipc);
                     }
                     run

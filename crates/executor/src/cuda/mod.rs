@@ -896,6 +896,22 @@ impl Backend for CudaBackend {
             .try_fold(1usize, |a, s| a.checked_mul(*s))
             .and_then(|n| n.checked_mul(elem_bytes(dtype)))
             .ok_or_else(|| ExecError::Program(format!("sizes {sizes:?} overflow")))?;
+        if n as u64 >= crate::memory::CHECK_ABOVE_BYTES {
+            if let Some(have) = self.gpu.available_bytes() {
+                if n as u64 > have {
+                    return Err(ExecError::Compute {
+                        stmt: "Allocate".into(),
+                        message: format!(
+                            "a {dtype} buffer of sizes {sizes:?} needs {n} bytes ({}) of device \
+                             memory on GPU {}, but only {have} bytes ({}) are available",
+                            crate::memory::human(n as u64),
+                            self.gpu.ordinal(),
+                            crate::memory::human(have)
+                        ),
+                    });
+                }
+            }
+        }
         let mem = self.gpu.alloc(n, stream)?;
         if zero {
             self.gpu.zero(mem.ptr(), n, stream)?;
