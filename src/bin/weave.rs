@@ -78,6 +78,14 @@ enum Command {
         /// List the registered passes with their summaries, and the default pipeline.
         #[arg(long)]
         list_passes: bool,
+        /// Compile with the default pipeline and print the CUDA C of every generated kernel,
+        /// for the buffer layouts rank 0 launches it on (one per distinct chunk shape).
+        #[arg(long, conflicts_with_all = ["passes", "print_before", "print_after", "print_after_change", "dump_dir"])]
+        kernels: bool,
+        /// With --kernels: the SM count grids are sized for (an H100 SXM has 132).
+        #[arg(long, value_name = "N", default_value_t = 132, requires = "kernels",
+              value_parser = clap::value_parser!(u32).range(1..=65536))]
+        sms: u32,
     },
     /// Compile a `.weave` file (or take a printed host program, `.hir`), run it on N ranks
     /// with seeded random inputs and compare every rank's outputs with the unsharded f64
@@ -225,6 +233,8 @@ fn main() -> ExitCode {
             print_after_change,
             dump_dir,
             list_passes,
+            kernels,
+            sms,
         } => {
             if list_passes {
                 weave_cli::out!("{}", Registry::standard().listing());
@@ -234,6 +244,9 @@ fn main() -> ExitCode {
                 eprintln!("error: dump needs a FILE (or --list-passes)");
                 return ExitCode::FAILURE;
             };
+            if kernels {
+                return dump_kernels(&file, &set, sms as usize);
+            }
             let flags = DumpFlags {
                 passes,
                 print_before,
@@ -367,6 +380,34 @@ fn launch(options: &weave_cli::launch::LaunchOptions) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: launch: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Loads and compiles `file`, then prints the CUDA C of its generated kernels for a GPU of
+/// `sms` SMs; every failure is reported on stderr with exit status 1.
+fn dump_kernels(file: &Path, set: &[(String, i64)], sms: usize) -> ExitCode {
+    let text = (|| -> Result<String, String> {
+        let fusion = streamweave::load_file(file, set).map_err(|e| e.to_string())?;
+        let exe = streamweave::Compiler::new()
+            .compile(&fusion)
+            .map_err(|e| e.to_string())?;
+        let kernels = exe
+            .kernel_sources(exe.min_ranks().max(1), sms)
+            .map_err(|e| e.to_string())?;
+        Ok(streamweave::kernels::print_kernels(&kernels, sms))
+    })();
+    match text {
+        Ok(text) => match weave_cli::output::Stdout.write_all(text.as_bytes()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: cannot write the output: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -13,6 +13,7 @@ use weave_host_ir::KernelId;
 use weave_ir::{DType, Fusion};
 
 use crate::backend::{Backend, Region, Span, StreamKey};
+use crate::cuda::codegen::TensorArg;
 use crate::dense::{elem_bytes, Dense};
 use crate::error::ExecError;
 
@@ -21,16 +22,54 @@ use crate::error::ExecError;
 pub struct Shape {
     dtype: DType,
     allocation: u64,
+    /// The allocation's sizes.
+    full: Arc<Vec<usize>>,
     ranges: Vec<Range<usize>>,
 }
 
 impl Shape {
+    /// The layout a kernel sees: the box's sizes, the allocation's row-major strides.
+    pub fn arg(&self) -> TensorArg {
+        let mut strides = vec![1usize; self.full.len()];
+        for a in (0..self.full.len().saturating_sub(1)).rev() {
+            strides[a] = strides[a + 1].saturating_mul(self.full[a + 1]);
+        }
+        TensorArg {
+            dtype: self.dtype,
+            sizes: self.sizes(),
+            strides,
+        }
+    }
+
     fn sizes(&self) -> Vec<usize> {
         self.ranges.iter().map(|r| r.len()).collect()
     }
 
     fn bytes(&self) -> usize {
         self.ranges.iter().map(|r| r.len()).product::<usize>() * elem_bytes(self.dtype)
+    }
+}
+
+/// One kernel launch as the meter saw it: the segment and its buffers' layouts.
+#[derive(Clone, Debug)]
+pub struct MeteredLaunch {
+    /// The host statement, as printed.
+    pub label: String,
+    /// The kernel segment.
+    pub fusion: Arc<Fusion>,
+    /// The inputs' layouts.
+    pub inputs: Vec<TensorArg>,
+    /// The outputs' layouts.
+    pub outputs: Vec<TensorArg>,
+}
+
+impl PartialEq for MeteredLaunch {
+    /// The same statement launching the same segment (by identity) on the same layouts.
+    fn eq(&self, other: &MeteredLaunch) -> bool {
+        self.label == other.label
+            && Arc::ptr_eq(&self.fusion, &other.fusion)
+            && self.inputs == other.inputs
+            && self.outputs == other.outputs
     }
 }
 
@@ -55,6 +94,8 @@ pub struct Meter {
     pub gemm_flops: f64,
     /// Kernel segments launched.
     pub kernels: usize,
+    /// Each launch, in order.
+    pub launches: Vec<MeteredLaunch>,
     /// Communications posted, in order.
     pub comms: Vec<MeteredComm>,
     /// Buffers allocated.
@@ -93,6 +134,7 @@ impl MeterBackend {
         Shape {
             dtype,
             allocation: self.next.fetch_add(1, Ordering::Relaxed),
+            full: Arc::new(sizes.to_vec()),
             ranges: sizes.iter().map(|&n| 0..n).collect(),
         }
     }
@@ -183,14 +225,22 @@ impl Backend for MeterBackend {
 
     fn launch_kernel(
         &self,
-        _label: &str,
+        label: &str,
         _kernel: KernelId,
-        _fusion: &Arc<Fusion>,
-        _inputs: &[Shape],
-        _outputs: &[Shape],
+        fusion: &Arc<Fusion>,
+        inputs: &[Shape],
+        outputs: &[Shape],
         _stream: &StreamKey,
     ) -> Result<(), ExecError> {
-        self.count(|c| c.kernels += 1);
+        self.count(|c| {
+            c.kernels += 1;
+            c.launches.push(MeteredLaunch {
+                label: label.to_string(),
+                fusion: fusion.clone(),
+                inputs: inputs.iter().map(Shape::arg).collect(),
+                outputs: outputs.iter().map(Shape::arg).collect(),
+            })
+        });
         Ok(())
     }
 

@@ -259,6 +259,17 @@ pub const CANDIDATES: [usize; 4] = [1, 2, 4, 8];
 /// and parameters) for rank 0 of `ranks` on the meter backend: nothing is computed and no
 /// tensor memory is allocated.
 pub fn workload(program: &HostProgram, ranks: usize) -> Result<Workload, RunError> {
+    let meter = meter(program, ranks)?;
+    let f32_gemm = program
+        .signature
+        .as_ref()
+        .is_some_and(|sig| sig.inputs.iter().any(|t| t.dtype == weave_ir::DType::F32));
+    Ok(Workload::of(&meter, f32_gemm))
+}
+
+/// What rank 0 of `ranks` issues when it runs `program` (with its signature's parameters) on
+/// the meter backend: nothing is computed and no value is read.
+pub fn meter(program: &HostProgram, ranks: usize) -> Result<Meter, RunError> {
     let sig = program.signature.as_ref().ok_or_else(|| {
         RunError::Setup("the host program has no signature to meter it by".into())
     })?;
@@ -282,8 +293,7 @@ pub fn workload(program: &HostProgram, ranks: usize) -> Result<Workload, RunErro
     };
     run_rank(program, &backend, &comm, &inputs, &config)
         .map_err(|e| RunError::Ranks(vec![(0, e)]))?;
-    let f32_gemm = sig.inputs.iter().any(|t| t.dtype == weave_ir::DType::F32);
-    Ok(Workload::of(&backend.meter(), f32_gemm))
+    Ok(backend.meter())
 }
 
 #[cfg(test)]

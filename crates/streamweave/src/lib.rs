@@ -20,6 +20,7 @@ pub mod calibrate;
 pub mod chunks;
 mod executable;
 pub mod gpu;
+pub mod kernels;
 pub mod run;
 mod setup;
 mod tensor;

@@ -1,24 +1,45 @@
 //! CUDA C code generation for kernel segments: a fusion becomes a short list of generated
-//! kernels — pointwise chains fused into one expression per output element, reductions with
-//! their pointwise producers inlined — over strided views of the segment's buffers.
+//! kernels over strided views of the segment's buffers.
 //!
 //! The generator follows the fusion interpreter (`interp`) op by op, but on *lazy values*:
 //! a value is an expression over an index space (its sizes) whose leaves load from strided
 //! views. View ops (set, broadcast, squeeze, permute, reshape) rewrite the leaves' strides and
-//! move no data; pointwise ops build the expression; a reduction, an operand that must be
-//! broadcast after computation, or a view a stride rewrite cannot express, materializes the
-//! value into a temporary with its own kernel. Each fusion output is finally materialized
-//! into its buffer. Sizes and strides are constants in the source, so a source is specific to
-//! one chunk shape; sources are cached by hash (chunks of a loop share one).
+//! move no data; pointwise ops build the expression. Sizes and strides are constants in the
+//! source, so a source is specific to one chunk shape; sources are cached by their text
+//! (chunks of a loop share one).
+//!
+//! Two plans, tried in order:
+//!
+//! * **Row kernels** (the persistent normalization pattern: softmax, LayerNorm, RMSNorm, a
+//!   row sum). When every reduction of the fusion reduces the innermost axes of values that
+//!   share their outer axes (the *rows*), and every output is a row or one value per row,
+//!   the whole fusion is one kernel: a block per row computes each reduction in turn (a
+//!   strided pass over the row, then a warp-shuffle block reduction; later passes may use
+//!   earlier results, [`Node::Row`]) and finally writes the outputs. The row is read once
+//!   from DRAM; later passes find it in L1/L2.
+//! * **Kernel by kernel** otherwise: a reduction, an operand that must be broadcast after
+//!   computation, or a view a stride rewrite cannot express materializes its value into a
+//!   temporary with its own kernel; each output is finally materialized into its buffer.
+//!   Reductions over the innermost axes run as row kernels of one pass; reductions over the
+//!   outermost axes give each thread a column and split the rows over blocks (partial sums,
+//!   then one more pass); other reductions loop per output element.
+//!
+//! Pointwise kernels and the passes of row kernels move `V` elements per thread and access
+//! (16 bytes when the types allow) with a scalar fallback kernel for buffers that are not
+//! aligned to the vector (see [`Launch::align`]), index in 32 bits where every offset fits,
+//! and size their grid from the device's SM count at launch.
 //!
 //! Arithmetic runs in `float` (or `double` when an f64 or i64 tensor is involved); bf16 and
 //! f16 are loaded and stored through PTX conversions (round to nearest even), so no header
-//! is needed. A `cast` rounds to its type in place, as the interpreter does.
+//! is needed. Kernels whose results are all stored in 16 bits use `__expf` and `__fdividef`,
+//! whose error is far below a 16-bit rounding. A `cast` rounds to its type in place, as the
+//! interpreter does.
 
 use std::fmt::Write as _;
 
 use weave_ir::{BinaryOp, DType, ExprKind, Fusion, ReduceOp, UnaryOp};
 
+use super::emit::{self, decompose, Emitter, Width, PRELUDE};
 use crate::interp::{broadcast_shapes, reshape_sizes};
 
 /// How a segment's buffer is laid out: element type, sizes and element strides.
@@ -43,6 +64,45 @@ pub enum Buf {
     Temp(usize),
 }
 
+/// How a kernel is launched: its grid, from the device's SM count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// A grid-stride loop over `n` work items, one per thread, blocks of `block` threads.
+    Items {
+        /// Work items.
+        n: usize,
+        /// Threads per block.
+        block: u32,
+    },
+    /// A grid-stride loop over `rows` rows, one block of `block` threads per row.
+    Rows {
+        /// Rows.
+        rows: usize,
+        /// Threads per block.
+        block: u32,
+    },
+    /// Exactly `blocks` blocks of `block` threads.
+    Blocks {
+        /// Blocks.
+        blocks: usize,
+        /// Threads per block.
+        block: u32,
+    },
+}
+
+impl Grid {
+    /// `(blocks, threads per block)` on a device of `sms` SMs; `None` when there is no work.
+    pub fn dims(&self, sms: usize) -> Option<(u32, u32)> {
+        let resident = |block: u32| sms.max(1) * (2048 / block.max(32) as usize).max(1);
+        let (blocks, block) = match *self {
+            Grid::Items { n, block } => (n.div_ceil(block as usize).min(resident(block)), block),
+            Grid::Rows { rows, block } => (rows.min(resident(block)), block),
+            Grid::Blocks { blocks, block } => (blocks, block),
+        };
+        (blocks > 0).then(|| (blocks.min(u32::MAX as usize) as u32, block))
+    }
+}
+
 /// One generated kernel.
 #[derive(Clone, Debug)]
 pub struct Launch {
@@ -50,10 +110,30 @@ pub struct Launch {
     pub name: String,
     /// CUDA C source.
     pub source: String,
-    /// Threads needed (one per element written).
-    pub threads: usize,
+    /// Its grid.
+    pub grid: Grid,
     /// The kernel's parameters: the base address of each buffer, in order.
     pub args: Vec<Buf>,
+    /// `(parameter, bytes)`: the alignment each vector access assumes of a parameter's
+    /// address; when an address misses one, [`Launch::fallback`] runs instead.
+    pub align: Vec<(usize, usize)>,
+    /// The same kernel one element per iteration (no alignment needed).
+    pub fallback: Option<Box<Launch>>,
+}
+
+impl Launch {
+    /// The kernel to run for buffers at `addresses` (one per parameter): this one, or its
+    /// fallback when an address is not aligned for the vector accesses.
+    pub fn for_addresses(&self, addresses: &[u64]) -> &Launch {
+        let aligned = self
+            .align
+            .iter()
+            .all(|(k, bytes)| addresses.get(*k).is_some_and(|a| a % *bytes as u64 == 0));
+        match (&self.fallback, aligned) {
+            (Some(f), false) => f,
+            _ => self,
+        }
+    }
 }
 
 /// What running a segment takes: temporaries to allocate, then kernels in order.
@@ -65,21 +145,35 @@ pub struct KernelPlan {
     pub launches: Vec<Launch>,
 }
 
+/// A strided view of a buffer: the leaf of an expression.
 #[derive(Clone, Debug)]
-struct View {
-    buf: Buf,
-    dtype: DType,
-    offset: isize,
-    sizes: Vec<usize>,
-    strides: Vec<isize>,
+pub struct View {
+    /// The buffer.
+    pub buf: Buf,
+    /// Its element type.
+    pub dtype: DType,
+    /// The element offset of index 0.
+    pub offset: isize,
+    /// Sizes of the index space.
+    pub sizes: Vec<usize>,
+    /// Element strides, one per axis (0 where broadcast).
+    pub strides: Vec<isize>,
 }
 
+/// An expression over an index space.
 #[derive(Clone, Debug)]
-enum Node {
+pub enum Node {
+    /// A load of the view at the index.
     Load(View),
+    /// The `k`-th reduction of a row kernel, for the index's row.
+    Row(usize),
+    /// Rounds to a type.
     Cast(DType, Box<Node>),
+    /// A unary op.
     Unary(UnaryOp, Box<Node>),
+    /// A binary op.
     Binary(BinaryOp, Box<Node>, Box<Node>),
+    /// `where(c, x, y)`.
     Where(Box<Node>, Box<Node>, Box<Node>),
 }
 
@@ -95,6 +189,7 @@ impl Node {
     fn map_loads(&self, f: &dyn Fn(&View) -> Option<View>) -> Option<Node> {
         Some(match self {
             Node::Load(v) => Node::Load(f(v)?),
+            Node::Row(k) => Node::Row(*k),
             Node::Cast(d, x) => Node::Cast(*d, Box::new(x.map_loads(f)?)),
             Node::Unary(u, x) => Node::Unary(*u, Box::new(x.map_loads(f)?)),
             Node::Binary(b, x, y) => {
@@ -115,6 +210,7 @@ impl Node {
     fn dtypes(&self, out: &mut Vec<DType>) {
         match self {
             Node::Load(v) => out.push(v.dtype),
+            Node::Row(_) => {}
             Node::Cast(d, x) => {
                 out.push(*d);
                 x.dtypes(out)
@@ -225,19 +321,90 @@ fn reshape_view(v: &View, to: &[usize]) -> Option<View> {
     })
 }
 
+impl Node {
+    /// Every view the expression loads.
+    fn loads<'a>(&'a self, out: &mut Vec<&'a View>) {
+        match self {
+            Node::Load(v) => out.push(v),
+            Node::Row(_) => {}
+            Node::Cast(_, x) | Node::Unary(_, x) => x.loads(out),
+            Node::Binary(_, x, y) => {
+                x.loads(out);
+                y.loads(out)
+            }
+            Node::Where(c, x, y) => {
+                c.loads(out);
+                x.loads(out);
+                y.loads(out)
+            }
+        }
+    }
+
+    /// Whether the expression uses a row kernel's reduction.
+    fn has_row(&self) -> bool {
+        match self {
+            Node::Load(_) => false,
+            Node::Row(_) => true,
+            Node::Cast(_, x) | Node::Unary(_, x) => x.has_row(),
+            Node::Binary(_, x, y) => x.has_row() || y.has_row(),
+            Node::Where(c, x, y) => c.has_row() || x.has_row() || y.has_row(),
+        }
+    }
+}
+
+/// The rows of a row kernel and its reduction passes.
+#[derive(Clone, Debug, Default)]
+struct Rows {
+    /// The outer sizes (one row per index), set by the first reduction.
+    outer: Option<Vec<usize>>,
+    /// The sizes of a row.
+    inner: Vec<usize>,
+    /// Each pass: its reduction and the expression it reduces over `outer ++ inner`.
+    passes: Vec<(ReduceOp, Node)>,
+}
+
+/// Threads per block of pointwise kernels.
+const BLOCK: u32 = 256;
+
+/// The widest vector width (elements) that `views` and `dsts` allow along an innermost axis
+/// of `inner` elements: 16 bytes of the widest type, halved until it divides the axis and
+/// every destination can be stored as vectors.
+fn vector_width(inner: usize, dtypes: &[DType], dsts: &[&View], base_len: usize) -> usize {
+    let widest = dtypes.iter().map(|d| emit::size_of(*d)).max().unwrap_or(1);
+    let mut v = (16 / widest).max(1);
+    while v > 1 {
+        let probe = Emitter::new(
+            "float",
+            false,
+            Width::Wide,
+            v,
+            vec![String::new(); base_len],
+        );
+        if inner % v == 0 && dsts.iter().all(|d| probe.vectorizable(d)) {
+            return v;
+        }
+        v /= 2;
+    }
+    1
+}
+
 struct Gen<'f> {
     fusion: &'f Fusion,
     name: String,
     plan: KernelPlan,
+    sms: usize,
+    /// `Some` while planning one row kernel for the whole fusion.
+    rows: Option<Rows>,
 }
 
 /// Plans the kernels that compute `fusion` from buffers laid out as `inputs` into buffers laid
-/// out as `outputs`. Errors name the op and what it cannot do.
+/// out as `outputs`, for a device of `sms` SMs. Errors name the op and what it cannot do.
 pub fn plan(
     fusion: &Fusion,
     name: &str,
     inputs: &[TensorArg],
     outputs: &[TensorArg],
+    sms: usize,
 ) -> Result<KernelPlan, String> {
     let declared = fusion.inputs();
     if inputs.len() != declared.len() || outputs.len() != fusion.outputs().len() {
@@ -249,65 +416,22 @@ pub fn plan(
             outputs.len()
         ));
     }
-    let mut g = Gen {
-        fusion,
-        name: name
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect(),
-        plan: KernelPlan::default(),
-    };
-    let mut env = std::collections::HashMap::new();
-    for (k, (t, a)) in declared.iter().zip(inputs).enumerate() {
-        env.insert(
-            *t,
-            Lazy {
-                dtype: a.dtype,
-                sizes: a.sizes.clone(),
-                node: Node::Load(View {
-                    buf: Buf::Input(k),
-                    dtype: a.dtype,
-                    offset: 0,
-                    sizes: a.sizes.clone(),
-                    strides: a.strides.iter().map(|s| *s as isize).collect(),
-                }),
-            },
-        );
-    }
-    for e in fusion.exprs() {
-        let expr = fusion.expr(*e);
-        let op = expr.kind.op_name();
-        let out_t = match expr.outputs.as_slice() {
-            [o] => *o,
-            _ => return Err(format!("{op} has {} outputs", expr.outputs.len())),
-        };
-        let out_dtype = fusion.tensor(out_t).dtype;
-        let mut ins = Vec::new();
-        for t in &expr.inputs {
-            ins.push(env.get(t).cloned().ok_or_else(|| {
-                format!("{op}: operand `{}` is not defined", fusion.tensor(*t).name)
-            })?);
+    let name: String = name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    let reduces = fusion
+        .exprs()
+        .iter()
+        .any(|e| matches!(fusion.expr(*e).kind, ExprKind::Reduction { .. }));
+    if reduces {
+        let mut g = Gen::new(fusion, &name, sms, true);
+        if g.run(inputs, outputs).is_ok() {
+            return Ok(g.plan);
         }
-        let value = g
-            .op(&expr.kind, &expr.inputs, out_t, out_dtype, ins)
-            .map_err(|m| format!("{op} `{}`: {m}", fusion.tensor(out_t).name))?;
-        env.insert(out_t, value);
     }
-    for (k, (t, a)) in fusion.outputs().iter().zip(outputs).enumerate() {
-        let value = env
-            .get(t)
-            .cloned()
-            .ok_or_else(|| format!("output `{}` is never defined", fusion.tensor(*t).name))?;
-        let dst = output_view(Buf::Output(k), a, &value.sizes).ok_or_else(|| {
-            format!(
-                "output `{}` has sizes {:?} but its buffer has sizes {:?}",
-                fusion.tensor(*t).name,
-                value.sizes,
-                a.sizes
-            )
-        })?;
-        g.store(&value, &dst);
-    }
+    let mut g = Gen::new(fusion, &name, sms, false);
+    g.run(inputs, outputs)?;
     Ok(g.plan)
 }
 
@@ -345,7 +469,149 @@ fn output_view(buf: Buf, a: &TensorArg, sizes: &[usize]) -> Option<View> {
     })
 }
 
-impl Gen<'_> {
+/// Why a row kernel does not apply (the fusion is planned kernel by kernel instead).
+const NOT_ROWS: &str = "not a row kernel";
+
+impl<'f> Gen<'f> {
+    fn new(fusion: &'f Fusion, name: &str, sms: usize, rows: bool) -> Gen<'f> {
+        Gen {
+            fusion,
+            name: name.to_string(),
+            plan: KernelPlan::default(),
+            sms,
+            rows: rows.then(Rows::default),
+        }
+    }
+
+    fn run(&mut self, inputs: &[TensorArg], outputs: &[TensorArg]) -> Result<(), String> {
+        let fusion = self.fusion;
+        let mut env = std::collections::HashMap::new();
+        for (k, (t, a)) in fusion.inputs().iter().zip(inputs).enumerate() {
+            env.insert(
+                *t,
+                Lazy {
+                    dtype: a.dtype,
+                    sizes: a.sizes.clone(),
+                    node: Node::Load(View {
+                        buf: Buf::Input(k),
+                        dtype: a.dtype,
+                        offset: 0,
+                        sizes: a.sizes.clone(),
+                        strides: a.strides.iter().map(|s| *s as isize).collect(),
+                    }),
+                },
+            );
+        }
+        for e in fusion.exprs() {
+            let expr = fusion.expr(*e);
+            let op = expr.kind.op_name();
+            let out_t = match expr.outputs.as_slice() {
+                [o] => *o,
+                _ => return Err(format!("{op} has {} outputs", expr.outputs.len())),
+            };
+            let out_dtype = fusion.tensor(out_t).dtype;
+            let mut ins = Vec::new();
+            for t in &expr.inputs {
+                ins.push(env.get(t).cloned().ok_or_else(|| {
+                    format!("{op}: operand `{}` is not defined", fusion.tensor(*t).name)
+                })?);
+            }
+            let value = self
+                .op(&expr.kind, &expr.inputs, out_t, out_dtype, ins)
+                .map_err(|m| format!("{op} `{}`: {m}", fusion.tensor(out_t).name))?;
+            self.check_rows(&value)?;
+            env.insert(out_t, value);
+        }
+        let mut stores = Vec::new();
+        for (k, (t, a)) in fusion.outputs().iter().zip(outputs).enumerate() {
+            let value = env
+                .get(t)
+                .cloned()
+                .ok_or_else(|| format!("output `{}` is never defined", fusion.tensor(*t).name))?;
+            let dst = output_view(Buf::Output(k), a, &value.sizes).ok_or_else(|| {
+                format!(
+                    "output `{}` has sizes {:?} but its buffer has sizes {:?}",
+                    fusion.tensor(*t).name,
+                    value.sizes,
+                    a.sizes
+                )
+            })?;
+            stores.push((value, dst));
+        }
+        match self.rows.take() {
+            Some(rows) => {
+                let launch = self.row_kernel(&rows, &stores)?;
+                self.plan.launches.push(launch);
+            }
+            None => {
+                for (value, dst) in &stores {
+                    if !self.retarget(value, dst, &stores) {
+                        self.store(value, dst);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// When output `dst` is a plain copy of a temporary laid out like it (a reduction's
+    /// result, say) that no other output reads, the kernels write the output instead and the
+    /// copy is not needed; returns whether it did that.
+    fn retarget(&mut self, value: &Lazy, dst: &View, stores: &[(Lazy, View)]) -> bool {
+        let Node::Load(v) = &value.node else {
+            return false;
+        };
+        let Buf::Temp(i) = v.buf else { return false };
+        let same_layout = v.dtype == dst.dtype
+            && v.offset == 0
+            && dst.offset == 0
+            && v.strides == contiguous_strides(&v.sizes)
+            && v.sizes
+                .iter()
+                .zip(v.strides.iter().zip(&dst.strides))
+                .all(|(n, (a, b))| *n == 1 || a == b);
+        let readers = stores
+            .iter()
+            .filter(|(l, _)| {
+                let mut views = Vec::new();
+                l.node.loads(&mut views);
+                views.iter().any(|w| w.buf == Buf::Temp(i))
+            })
+            .count();
+        if !same_layout || readers != 1 {
+            return false;
+        }
+        for l in &mut self.plan.launches {
+            for b in &mut l.args {
+                if *b == Buf::Temp(i) {
+                    *b = dst.buf;
+                }
+            }
+            if let Some(f) = &mut l.fallback {
+                for b in &mut f.args {
+                    if *b == Buf::Temp(i) {
+                        *b = dst.buf;
+                    }
+                }
+            }
+        }
+        self.plan.temps[i].1 = 0;
+        true
+    }
+
+    /// In a row kernel, a value using a reduction must keep the rows as its outer axes.
+    fn check_rows(&self, value: &Lazy) -> Result<(), String> {
+        if let Some(Rows {
+            outer: Some(outer), ..
+        }) = &self.rows
+        {
+            if value.node.has_row() && !value.sizes.starts_with(outer) {
+                return Err(NOT_ROWS.into());
+            }
+        }
+        Ok(())
+    }
+
     fn op(
         &mut self,
         kind: &ExprKind,
@@ -387,7 +653,13 @@ impl Gen<'_> {
                 };
                 Lazy { dtype, sizes, node }
             }
-            ExprKind::Reduction { op, axes } => self.reduce(&x, *op, axes, dtype)?,
+            ExprKind::Reduction { op, axes } => {
+                if self.rows.is_some() {
+                    self.row_pass(&x, *op, axes, dtype)?
+                } else {
+                    self.reduce(&x, *op, axes, dtype)?
+                }
+            }
             ExprKind::Broadcast { axes } => {
                 let rank = x.sizes.len() + axes.len();
                 let mut sizes = Vec::with_capacity(rank);
@@ -399,18 +671,24 @@ impl Gen<'_> {
                         *src.next().unwrap_or(&1)
                     });
                 }
-                self.reshape(x, sizes)
+                self.reshape(x, sizes)?
             }
             ExprKind::Squeeze { axes } => {
                 let sizes = (0..x.sizes.len())
                     .filter(|k| !axes.contains(k))
                     .map(|k| x.sizes[k])
                     .collect();
-                self.reshape(x, sizes)
+                self.reshape(x, sizes)?
             }
             ExprKind::Permute { perm } => {
                 if perm.len() != x.sizes.len() || perm.iter().any(|p| *p >= perm.len()) {
                     return Err(format!("permutation {perm:?} of sizes {:?}", x.sizes));
+                }
+                if x.node.has_row() {
+                    let k = self.outer_rank();
+                    if perm.iter().take(k).enumerate().any(|(a, p)| a != *p) {
+                        return Err(NOT_ROWS.into());
+                    }
                 }
                 let f = |v: &View| {
                     Some(View {
@@ -429,7 +707,7 @@ impl Gen<'_> {
             }
             ExprKind::Reshape { shape } => {
                 let sizes = reshape_sizes(self.fusion, in_ids[0], out_t, shape, &x.sizes)?;
-                self.reshape(x, sizes)
+                self.reshape(x, sizes)?
             }
             ExprKind::Matmul | ExprKind::Linear => {
                 return Err(
@@ -441,28 +719,42 @@ impl Gen<'_> {
         })
     }
 
+    /// The number of outer axes of the row kernel being planned (0 before its first pass).
+    fn outer_rank(&self) -> usize {
+        self.rows
+            .as_ref()
+            .and_then(|r| r.outer.as_ref())
+            .map_or(0, Vec::len)
+    }
+
     /// `x` with `sizes` (same element count), rewriting strides, or through a temporary.
-    fn reshape(&mut self, x: Lazy, sizes: Vec<usize>) -> Lazy {
+    fn reshape(&mut self, x: Lazy, sizes: Vec<usize>) -> Result<Lazy, String> {
+        if x.node.has_row() {
+            let k = self.outer_rank();
+            if x.sizes.get(..k) != sizes.get(..k) {
+                return Err(NOT_ROWS.into());
+            }
+        }
         let f = |v: &View| reshape_view(v, &sizes);
         let x = match x.node.map_loads(&f) {
             Some(node) => {
-                return Lazy {
+                return Ok(Lazy {
                     dtype: x.dtype,
                     sizes,
                     node,
-                }
+                })
             }
-            None => self.materialize(&x),
+            None => self.materialize(&x)?,
         };
         let node = x
             .node
             .map_loads(&f)
-            .expect("a contiguous temporary reshapes to any sizes of its element count");
-        Lazy {
+            .ok_or("a contiguous temporary does not reshape")?;
+        Ok(Lazy {
             dtype: x.dtype,
             sizes,
             node,
-        }
+        })
     }
 
     /// `x` as an expression over `sizes` (numpy broadcasting).
@@ -470,13 +762,29 @@ impl Gen<'_> {
         if x.sizes == sizes {
             return Ok(x.node);
         }
+        if x.node.has_row() {
+            // A row value broadcasts along the row only: same rank, the rows first, every
+            // other axis of size 1.
+            let k = self.outer_rank();
+            let ok = x.sizes.len() == sizes.len()
+                && x.sizes[..k] == sizes[..k]
+                && x.sizes[k..].iter().all(|s| *s == 1);
+            return if ok && !x.node.loads_any() {
+                Ok(x.node)
+            } else if ok {
+                let f = |v: &View| expand(v, sizes);
+                x.node.map_loads(&f).ok_or_else(|| NOT_ROWS.to_string())
+            } else {
+                Err(NOT_ROWS.into())
+            };
+        }
         let f = |v: &View| expand(v, sizes);
         if x.node.is_load() {
             if let Some(n) = x.node.map_loads(&f) {
                 return Ok(n);
             }
         }
-        let m = self.materialize(&x);
+        let m = self.materialize(&x)?;
         m.node
             .map_loads(&f)
             .ok_or_else(|| format!("sizes {:?} do not broadcast to {sizes:?}", x.sizes))
@@ -493,36 +801,114 @@ impl Gen<'_> {
         }
     }
 
-    /// Computes `x` into a fresh contiguous temporary and returns a load of it.
-    fn materialize(&mut self, x: &Lazy) -> Lazy {
+    /// Computes `x` into a fresh contiguous temporary and returns a load of it (never in a
+    /// row kernel, which is one kernel).
+    fn materialize(&mut self, x: &Lazy) -> Result<Lazy, String> {
+        if self.rows.is_some() {
+            return Err(NOT_ROWS.into());
+        }
         let t = self.new_temp(x.dtype, &x.sizes);
         self.store(x, &t);
-        Lazy {
+        Ok(Lazy {
             dtype: x.dtype,
             sizes: x.sizes.clone(),
             node: Node::Load(t),
-        }
+        })
     }
 
     fn kernel_name(&self) -> String {
         format!("{}_{}", self.name, self.plan.launches.len())
     }
 
-    /// Emits a kernel writing `x` into `dst` (same sizes).
+    /// Emits a pointwise kernel writing `x` into `dst` (same sizes).
     fn store(&mut self, x: &Lazy, dst: &View) {
-        let mut e = Emitter::new(compute_type(&x.node, Some(dst.dtype)));
-        e.index("i", &x.sizes);
-        let v = e.expr(&x.node);
-        let store = e.store(dst, &v);
-        let n = numel(&x.sizes);
         let name = self.kernel_name();
-        let source = e.finish(&name, n, &store);
-        self.plan.launches.push(Launch {
-            name,
-            source,
-            threads: n,
-            args: e.bufs,
-        });
+        let mut dtypes = Vec::new();
+        x.node.dtypes(&mut dtypes);
+        dtypes.push(dst.dtype);
+        let inner = x.sizes.last().copied().unwrap_or(1);
+        let vec = vector_width(inner, &dtypes, &[dst], x.sizes.len());
+        let mut launch = pointwise(&name, x, dst, vec);
+        if vec > 1 {
+            launch.fallback = Some(Box::new(pointwise(&name, x, dst, 1)));
+        }
+        self.plan.launches.push(launch);
+    }
+
+    /// A row kernel pass: the reduction of `x` over its innermost axes.
+    fn row_pass(
+        &mut self,
+        x: &Lazy,
+        op: ReduceOp,
+        axes: &[usize],
+        dtype: DType,
+    ) -> Result<Lazy, String> {
+        let rank = x.sizes.len();
+        let mut reduced = axes.to_vec();
+        reduced.sort_unstable();
+        reduced.dedup();
+        let k = rank.checked_sub(reduced.len()).ok_or(NOT_ROWS)?;
+        if reduced.is_empty() || reduced != (k..rank).collect::<Vec<_>>() {
+            return Err(NOT_ROWS.into());
+        }
+        let (outer, inner) = x.sizes.split_at(k);
+        if numel(inner) == 0 {
+            return Err(NOT_ROWS.into());
+        }
+        let rows = self.rows.as_mut().ok_or(NOT_ROWS)?;
+        match &rows.outer {
+            None => {
+                rows.outer = Some(outer.to_vec());
+                rows.inner = inner.to_vec();
+            }
+            Some(o) if o == outer && rows.inner == inner => {}
+            Some(_) => return Err(NOT_ROWS.into()),
+        }
+        rows.passes.push((op, x.node.clone()));
+        Ok(Lazy {
+            dtype,
+            sizes: outer.to_vec(),
+            node: Node::Row(rows.passes.len() - 1),
+        })
+    }
+
+    /// The row kernel computing `rows`' passes and writing `stores`: whole rows
+    /// (`outer ++ inner`) in a last pass, one value per row (`outer`, then axes of size 1)
+    /// by the first thread.
+    fn row_kernel(&self, rows: &Rows, stores: &[(Lazy, View)]) -> Result<Launch, String> {
+        let outer = rows.outer.clone().ok_or(NOT_ROWS)?;
+        let k = outer.len();
+        let mut full = Vec::new();
+        let mut per_row = Vec::new();
+        for (value, dst) in stores {
+            if value.sizes[..] == [outer.clone(), rows.inner.clone()].concat()[..] {
+                full.push((value.node.clone(), dst.clone()));
+            } else if value.sizes.starts_with(&outer) && value.sizes[k..].iter().all(|s| *s == 1) {
+                per_row.push((value.node.clone(), dst.clone()));
+            } else {
+                return Err(NOT_ROWS.into());
+            }
+        }
+        let mut dtypes = Vec::new();
+        for (_, n) in &rows.passes {
+            n.dtypes(&mut dtypes);
+        }
+        for (n, d) in full.iter().chain(&per_row) {
+            n.dtypes(&mut dtypes);
+            dtypes.push(d.dtype);
+        }
+        let inner_n = rows.inner.last().copied().unwrap_or(1);
+        let dsts: Vec<&View> = full.iter().map(|(_, d)| d).collect();
+        let rank = k + rows.inner.len();
+        let vec = vector_width(inner_n, &dtypes, &dsts, rank);
+        let name = self.kernel_name();
+        let mut launch = row_source(&name, rows, &outer, &full, &per_row, vec, &dtypes);
+        if vec > 1 {
+            launch.fallback = Some(Box::new(row_source(
+                &name, rows, &outer, &full, &per_row, 1, &dtypes,
+            )));
+        }
+        Ok(launch)
     }
 
     fn reduce(
@@ -552,73 +938,447 @@ impl Gen<'_> {
             ));
         }
         let dst = self.new_temp(dtype, &out_sizes);
-        let ct = compute_type(&x.node, Some(dtype));
-        let mut e = Emitter::new(ct);
-        e.index("o", &out_sizes);
-        // The input index: kept axes from the output index, reduced axes from the loop.
-        let mut body = String::new();
-        let red_n = numel(&red_sizes);
-        let init = match op {
-            ReduceOp::Sum => "0".to_string(),
-            ReduceOp::Max => format!("-{}", e.inf()),
-        };
-        let _ = writeln!(body, "    {ct} acc = {init};");
-        let _ = writeln!(body, "    for (long long r = 0; r < {red_n}LL; ++r) {{");
-        let _ = writeln!(body, "      long long rr = r;");
-        let mut idx = vec![String::new(); rank];
-        for (k, a) in kept.iter().enumerate() {
-            idx[*a] = format!("o{k}");
-        }
-        for (k, a) in reduced.iter().enumerate().rev() {
-            let _ = writeln!(
-                body,
-                "      long long x{a} = rr % {}LL; rr /= {}LL;",
-                red_sizes[k], red_sizes[k]
-            );
-            idx[*a] = format!("x{a}");
-        }
-        for (a, name) in idx.iter().enumerate() {
-            if kept.contains(&a) {
-                let _ = writeln!(body, "      long long x{a} = {name};");
-            }
-        }
-        let mut inner = Emitter::new(ct);
-        inner.bufs = std::mem::take(&mut e.bufs);
-        inner.index_names = (0..rank).map(|a| format!("x{a}")).collect();
-        let v = inner.expr(&x.node);
-        for line in inner.lines.drain(..) {
-            let _ = writeln!(body, "    {line}");
-        }
-        match op {
-            ReduceOp::Sum => {
-                let _ = writeln!(body, "      acc += {v};");
-            }
-            ReduceOp::Max => {
-                let _ = writeln!(
-                    body,
-                    "      acc = (acc != acc || {v} != {v}) ? {} : (acc > {v} ? acc : {v});",
-                    e.nan()
-                );
-            }
-        }
-        let _ = writeln!(body, "    }}");
-        e.bufs = inner.bufs;
-        let store = e.store(&dst, "acc");
-        let _ = write!(body, "{store}");
-        let n = numel(&out_sizes);
+        let k = kept.len();
         let name = self.kernel_name();
-        let source = e.finish(&name, n, &body);
-        self.plan.launches.push(Launch {
-            name,
-            source,
-            threads: n,
-            args: e.bufs,
-        });
+        if !reduced.is_empty() && reduced == (k..rank).collect::<Vec<_>>() && numel(&red_sizes) > 0
+        {
+            // Innermost axes: a row kernel of one pass.
+            let rows = Rows {
+                outer: Some(out_sizes.clone()),
+                inner: red_sizes.clone(),
+                passes: vec![(op, x.node.clone())],
+            };
+            let per_row = [(
+                Node::Row(0),
+                View {
+                    sizes: out_sizes.clone(),
+                    ..dst.clone()
+                },
+            )];
+            let mut dtypes = Vec::new();
+            x.node.dtypes(&mut dtypes);
+            dtypes.push(dtype);
+            let inner_n = red_sizes.last().copied().unwrap_or(1);
+            let vec = vector_width(inner_n, &dtypes, &[], rank);
+            let mut launch = row_source(&name, &rows, &out_sizes, &[], &per_row, vec, &dtypes);
+            if vec > 1 {
+                launch.fallback = Some(Box::new(row_source(
+                    &name,
+                    &rows,
+                    &out_sizes,
+                    &[],
+                    &per_row,
+                    1,
+                    &dtypes,
+                )));
+            }
+            self.plan.launches.push(launch);
+        } else if !reduced.is_empty()
+            && reduced == (0..reduced.len()).collect::<Vec<_>>()
+            && k > 0
+            && numel(&red_sizes) > 0
+        {
+            // Outermost axes: a column per thread, the rows split over blocks.
+            let m = numel(&out_sizes);
+            let nr = numel(&red_sizes);
+            let xb = m.div_ceil(BLOCK as usize);
+            let want = (self.sms.max(1) * 2048).div_ceil(xb * BLOCK as usize);
+            let splits = want.clamp(1, nr.div_ceil(64).max(1));
+            if splits == 1 {
+                let launch = column_source(&name, &x.node, &red_sizes, &out_sizes, op, &dst, 1);
+                self.plan.launches.push(launch);
+            } else {
+                let ct = compute_type(&x.node, Some(dtype));
+                let pdt = if ct == "double" {
+                    DType::F64
+                } else {
+                    DType::F32
+                };
+                let partial = self.new_temp(pdt, &[splits, m]);
+                let launch = column_source(
+                    &name,
+                    &x.node,
+                    &red_sizes,
+                    &out_sizes,
+                    op,
+                    &View {
+                        sizes: out_sizes.clone(),
+                        strides: contiguous_strides(&out_sizes),
+                        ..partial.clone()
+                    },
+                    splits,
+                );
+                self.plan.launches.push(launch);
+                // The partials, `[splits, m]`, reduced over their first axis.
+                let sum = Node::Load(View {
+                    sizes: [vec![splits], out_sizes.clone()].concat(),
+                    strides: [vec![m as isize], contiguous_strides(&out_sizes)].concat(),
+                    ..partial
+                });
+                let name = self.kernel_name();
+                let launch = column_source(&name, &sum, &[splits], &out_sizes, op, &dst, 1);
+                self.plan.launches.push(launch);
+            }
+        } else {
+            let launch = serial_reduce(&name, x, op, &kept, &reduced, &out_sizes, &dst);
+            self.plan.launches.push(launch);
+        }
         Ok(Lazy {
             dtype,
             sizes: out_sizes,
             node: Node::Load(dst),
         })
+    }
+}
+
+impl Node {
+    /// Whether the expression loads anything.
+    fn loads_any(&self) -> bool {
+        let mut v = Vec::new();
+        self.loads(&mut v);
+        !v.is_empty()
+    }
+}
+
+/// A pointwise kernel writing `x` into `dst`, `vec` elements per thread.
+fn pointwise(name: &str, x: &Lazy, dst: &View, vec: usize) -> Launch {
+    let mut views = Vec::new();
+    x.node.loads(&mut views);
+    views.push(dst);
+    let n = numel(&x.sizes);
+    let width = Width::for_views(n, views.iter().copied());
+    let ct = compute_type(&x.node, Some(dst.dtype));
+    let fast = matches!(dst.dtype, DType::BF16 | DType::F16);
+    let (index, base) = decompose(width, "q", "i", &x.sizes, vec);
+    let mut e = Emitter::new(ct, fast, width, vec, base);
+    let v = e.expr(&x.node);
+    let after = e.store(dst, &v);
+    let ty = width.ty();
+    let nq = n / vec.max(1);
+    let mut s = String::from(PRELUDE);
+    let _ = writeln!(s, "{} {{", e.signature(name));
+    let _ = writeln!(
+        s,
+        "  for ({ty} q = ({ty})blockIdx.x * blockDim.x + threadIdx.x; q < {}; \
+         q += ({ty})gridDim.x * blockDim.x) {{",
+        width.lit(nq as i64)
+    );
+    for l in &index {
+        let _ = writeln!(s, "    {l}");
+    }
+    s.push_str(&e.element_loop("    "));
+    for l in &after {
+        let _ = writeln!(s, "    {l}");
+    }
+    s.push_str("  }\n}\n");
+    Launch {
+        name: name.to_string(),
+        source: s,
+        grid: Grid::Items {
+            n: nq,
+            block: BLOCK,
+        },
+        args: e.bufs,
+        align: e.align,
+        fallback: None,
+    }
+}
+
+/// The row kernel of `rows` (see [`Gen::row_kernel`]), `vec` elements per thread.
+fn row_source(
+    name: &str,
+    rows: &Rows,
+    outer: &[usize],
+    full: &[(Node, View)],
+    per_row: &[(Node, View)],
+    vec: usize,
+    dtypes: &[DType],
+) -> Launch {
+    let k = outer.len();
+    let nrows = numel(outer);
+    let inner_numel = numel(&rows.inner);
+    let mut views: Vec<&View> = Vec::new();
+    for (_, n) in &rows.passes {
+        n.loads(&mut views);
+    }
+    for (n, d) in full.iter().chain(per_row) {
+        n.loads(&mut views);
+        views.push(d);
+    }
+    let width = Width::for_views(nrows.saturating_mul(inner_numel), views.iter().copied());
+    let ct = if dtypes.iter().any(|d| matches!(d, DType::F64 | DType::I64)) {
+        "double"
+    } else {
+        "float"
+    };
+    let fast = ct == "float"
+        && !full.is_empty()
+        && full
+            .iter()
+            .chain(per_row)
+            .all(|(_, d)| matches!(d.dtype, DType::BF16 | DType::F16));
+    let ty = width.ty();
+    let nv = inner_numel / vec.max(1);
+    let block = (nv.next_power_of_two()).clamp(32, 256) as u32;
+    let (row_index, outer_names) = decompose(width, "row", "o", outer, 1);
+    let (inner_index, inner_names) = decompose(width, "cv", "i", &rows.inner, vec);
+    let base: Vec<String> = outer_names.iter().chain(&inner_names).cloned().collect();
+    let mut e = Emitter::new(ct, fast, width, vec, base.clone());
+    let mut body = String::new();
+    let w = |body: &mut String, indent: &str, l: &str| {
+        let _ = writeln!(body, "{indent}{l}");
+    };
+    let row_loop = format!(
+        "for ({ty} cv = threadIdx.x; cv < {}; cv += blockDim.x) {{",
+        width.lit(nv as i64)
+    );
+    for (p, (op, node)) in rows.passes.iter().enumerate() {
+        e.reset(base.clone());
+        let v = e.expr(node);
+        e.accumulate("acc", *op, &v);
+        w(&mut body, "    ", &format!("{ct} r{p};"));
+        w(&mut body, "    ", "{");
+        w(&mut body, "      ", &format!("{ct} acc = {};", e.init(*op)));
+        w(&mut body, "      ", &row_loop);
+        for l in &inner_index {
+            w(&mut body, "        ", l);
+        }
+        body.push_str(&e.element_loop("        "));
+        w(&mut body, "      ", "}");
+        let f = match op {
+            ReduceOp::Sum => "WeaveSum()",
+            ReduceOp::Max => "WeaveMax()",
+        };
+        w(
+            &mut body,
+            "      ",
+            &format!("r{p} = weave_block_reduce(acc, weave_smem, {f});"),
+        );
+        w(&mut body, "    ", "}");
+    }
+    if !full.is_empty() {
+        e.reset(base.clone());
+        let mut after = Vec::new();
+        for (node, dst) in full {
+            let v = e.expr(node);
+            after.extend(e.store(dst, &v));
+        }
+        w(&mut body, "    ", &row_loop);
+        for l in &inner_index {
+            w(&mut body, "      ", l);
+        }
+        body.push_str(&e.element_loop("      "));
+        for l in &after {
+            w(&mut body, "      ", l);
+        }
+        w(&mut body, "    ", "}");
+    }
+    if !per_row.is_empty() {
+        let vec_saved = e.vec;
+        e.vec = 1;
+        let names: Vec<String> = outer_names
+            .iter()
+            .cloned()
+            .chain(std::iter::repeat("0".to_string()))
+            .take(
+                per_row
+                    .iter()
+                    .map(|(_, d)| d.sizes.len())
+                    .max()
+                    .unwrap_or(k),
+            )
+            .collect();
+        e.reset(names);
+        for (node, dst) in per_row {
+            let v = e.expr(node);
+            e.store(dst, &v);
+        }
+        w(&mut body, "    ", "if (threadIdx.x == 0) {");
+        body.push_str(&e.element_loop("      "));
+        w(&mut body, "    ", "}");
+        e.vec = vec_saved;
+    }
+    let mut s = String::from(PRELUDE);
+    let _ = writeln!(s, "{} {{", e.signature(name));
+    let _ = writeln!(s, "  __shared__ {ct} weave_smem[32];");
+    let _ = writeln!(
+        s,
+        "  for ({ty} row = blockIdx.x; row < {}; row += gridDim.x) {{",
+        width.lit(nrows as i64)
+    );
+    for l in &row_index {
+        let _ = writeln!(s, "    {l}");
+    }
+    s.push_str(&body);
+    s.push_str("  }\n}\n");
+    Launch {
+        name: name.to_string(),
+        source: s,
+        grid: Grid::Rows { rows: nrows, block },
+        args: e.bufs,
+        align: e.align,
+        fallback: None,
+    }
+}
+
+/// The reduction of `node` (over `red ++ kept` sizes) over its outermost `red` axes: a thread
+/// per kept element, the reduced elements split into `splits` parts, block by block; part
+/// `p` goes to `dst` offset by `p` times the kept elements (partials) when `splits > 1`.
+fn column_source(
+    name: &str,
+    node: &Node,
+    red: &[usize],
+    kept: &[usize],
+    op: ReduceOp,
+    dst: &View,
+    splits: usize,
+) -> Launch {
+    let m = numel(kept);
+    let nr = numel(red);
+    let chunk = nr.div_ceil(splits.max(1));
+    let xb = m.div_ceil(BLOCK as usize);
+    let mut views = Vec::new();
+    node.loads(&mut views);
+    let partials = View {
+        sizes: [vec![splits], kept.to_vec()].concat(),
+        strides: [vec![m as isize], dst.strides.clone()].concat(),
+        ..dst.clone()
+    };
+    views.push(&partials);
+    let width = Width::for_views(nr.saturating_mul(m), views.iter().copied());
+    let ct = compute_type(node, Some(dst.dtype));
+    let ty = width.ty();
+    let (red_index, red_names) = decompose(width, "r", "x", red, 1);
+    let (kept_index, kept_names) = decompose(width, "m", "k", kept, 1);
+    let base: Vec<String> = red_names.iter().chain(&kept_names).cloned().collect();
+    let mut e = Emitter::new(ct, false, width, 1, base);
+    let v = e.expr(node);
+    e.accumulate("acc", op, &v);
+    let mut s = String::from(PRELUDE);
+    let _ = writeln!(s, "{} {{", e.signature(name));
+    let lit = |n: usize| width.lit(n as i64);
+    let _ = writeln!(
+        s,
+        "  const {ty} m = ({ty})(blockIdx.x % {}) * blockDim.x + threadIdx.x;",
+        lit(xb)
+    );
+    let _ = writeln!(s, "  const {ty} part = ({ty})(blockIdx.x / {});", lit(xb));
+    let _ = writeln!(s, "  if (m >= {}) return;", lit(m));
+    for l in &kept_index {
+        let _ = writeln!(s, "  {l}");
+    }
+    let _ = writeln!(s, "  {ct} acc = {};", e.init(op));
+    let _ = writeln!(s, "  const {ty} r0 = part * {};", lit(chunk));
+    let _ = writeln!(
+        s,
+        "  const {ty} r1 = r0 + {c} < {nr} ? r0 + {c} : {nr};",
+        c = lit(chunk),
+        nr = lit(nr)
+    );
+    let _ = writeln!(s, "  #pragma unroll 4");
+    let _ = writeln!(s, "  for ({ty} r = r0; r < r1; ++r) {{");
+    for l in &red_index {
+        let _ = writeln!(s, "    {l}");
+    }
+    s.push_str(&e.element_loop("    "));
+    let _ = writeln!(s, "  }}");
+    // The result (or this part's partial) for column m.
+    let mut st = Emitter::new(
+        ct,
+        false,
+        width,
+        1,
+        vec!["part".to_string()]
+            .into_iter()
+            .chain(kept_names)
+            .collect(),
+    );
+    st.bufs = e.bufs;
+    st.store(&partials, "acc");
+    for l in &st.lines {
+        let _ = writeln!(s, "  {l}");
+    }
+    s.push_str("}\n");
+    Launch {
+        name: name.to_string(),
+        source: s,
+        grid: Grid::Blocks {
+            blocks: xb * splits.max(1),
+            block: BLOCK,
+        },
+        args: st.bufs,
+        align: Vec::new(),
+        fallback: None,
+    }
+}
+
+/// A reduction over any axes: a thread per output element, looping over the reduced ones.
+fn serial_reduce(
+    name: &str,
+    x: &Lazy,
+    op: ReduceOp,
+    kept: &[usize],
+    reduced: &[usize],
+    out_sizes: &[usize],
+    dst: &View,
+) -> Launch {
+    let rank = x.sizes.len();
+    let red_sizes: Vec<usize> = reduced.iter().map(|a| x.sizes[*a]).collect();
+    let n = numel(out_sizes);
+    let red_n = numel(&red_sizes);
+    let mut views = Vec::new();
+    x.node.loads(&mut views);
+    views.push(dst);
+    let width = Width::for_views(n.saturating_mul(red_n.max(1)), views.iter().copied());
+    let ct = compute_type(&x.node, Some(dst.dtype));
+    let ty = width.ty();
+    let (out_index, out_names) = decompose(width, "q", "o", out_sizes, 1);
+    let (red_index, red_names) = decompose(width, "r", "x", &red_sizes, 1);
+    let mut base = vec![String::new(); rank];
+    for (k, a) in kept.iter().enumerate() {
+        base[*a] = out_names[k].clone();
+    }
+    for (k, a) in reduced.iter().enumerate() {
+        base[*a] = red_names[k].clone();
+    }
+    let mut e = Emitter::new(ct, false, width, 1, base);
+    let v = e.expr(&x.node);
+    e.accumulate("acc", op, &v);
+    let mut st = Emitter::new(ct, false, width, 1, out_names);
+    st.bufs = std::mem::take(&mut e.bufs);
+    st.store(dst, "acc");
+    let lit = |n: usize| width.lit(n as i64);
+    let mut s = String::from(PRELUDE);
+    let _ = writeln!(s, "{} {{", st.signature(name));
+    let _ = writeln!(
+        s,
+        "  for ({ty} q = ({ty})blockIdx.x * blockDim.x + threadIdx.x; q < {}; \
+         q += ({ty})gridDim.x * blockDim.x) {{",
+        lit(n)
+    );
+    for l in &out_index {
+        let _ = writeln!(s, "    {l}");
+    }
+    let _ = writeln!(s, "    {ct} acc = {};", e.init(op));
+    let _ = writeln!(s, "    for ({ty} r = 0; r < {}; ++r) {{", lit(red_n));
+    for l in &red_index {
+        let _ = writeln!(s, "      {l}");
+    }
+    // `e`'s parameters moved to `st`; the element loop's text only names `p{k}` numbers,
+    // which `st` keeps in the same order.
+    s.push_str(&e.element_loop("      "));
+    let _ = writeln!(s, "    }}");
+    for l in &st.lines {
+        let _ = writeln!(s, "    {l}");
+    }
+    s.push_str("  }\n}\n");
+    Launch {
+        name: name.to_string(),
+        source: s,
+        grid: Grid::Items { n, block: BLOCK },
+        args: st.bufs,
+        align: Vec::new(),
+        fallback: None,
     }
 }
 
@@ -634,254 +1394,6 @@ fn compute_type(node: &Node, out: Option<DType>) -> &'static str {
     }
 }
 
-fn c_type(d: DType) -> &'static str {
-    match d {
-        DType::BF16 | DType::F16 => "unsigned short",
-        DType::F32 => "float",
-        DType::F64 => "double",
-        DType::I64 => "long long",
-        DType::Bool => "unsigned char",
-    }
-}
-
-struct Emitter {
-    ct: &'static str,
-    lines: Vec<String>,
-    bufs: Vec<Buf>,
-    index_names: Vec<String>,
-    next: usize,
-}
-
-const PRELUDE: &str = r#"
-__device__ __forceinline__ float bf2f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
-__device__ __forceinline__ unsigned short f2bf(float f) { unsigned short r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r; }
-__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short f2h(float f) { unsigned short r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r; }
-"#;
-
-impl Emitter {
-    fn new(ct: &'static str) -> Emitter {
-        Emitter {
-            ct,
-            lines: Vec::new(),
-            bufs: Vec::new(),
-            index_names: Vec::new(),
-            next: 0,
-        }
-    }
-
-    fn float(&self) -> bool {
-        self.ct == "float"
-    }
-
-    fn inf(&self) -> &'static str {
-        if self.float() {
-            "__int_as_float(0x7f800000)"
-        } else {
-            "__longlong_as_double(0x7ff0000000000000LL)"
-        }
-    }
-
-    fn nan(&self) -> &'static str {
-        if self.float() {
-            "__int_as_float(0x7fffffff)"
-        } else {
-            "__longlong_as_double(0x7ff8000000000000LL)"
-        }
-    }
-
-    /// Declares the multi-index `{prefix}k` of the flat index `i` over `sizes` (row-major).
-    fn index(&mut self, prefix: &str, sizes: &[usize]) {
-        self.lines.push("long long rem = i;".into());
-        let mut names = vec![String::new(); sizes.len()];
-        for a in (0..sizes.len()).rev() {
-            self.lines.push(format!(
-                "long long {prefix}{a} = rem % {s}LL; rem /= {s}LL;",
-                s = sizes[a].max(1)
-            ));
-            names[a] = format!("{prefix}{a}");
-        }
-        self.index_names = names;
-    }
-
-    fn arg(&mut self, b: Buf) -> usize {
-        match self.bufs.iter().position(|x| *x == b) {
-            Some(k) => k,
-            None => {
-                self.bufs.push(b);
-                self.bufs.len() - 1
-            }
-        }
-    }
-
-    fn offset(&self, v: &View) -> String {
-        let mut s = format!("{}LL", v.offset);
-        for (a, st) in v.strides.iter().enumerate() {
-            if *st != 0 && v.sizes[a] != 1 {
-                let _ = write!(s, " + {} * {st}LL", self.index_names[a]);
-            }
-        }
-        s
-    }
-
-    fn fresh(&mut self) -> String {
-        self.next += 1;
-        format!("v{}", self.next)
-    }
-
-    fn to_ct(&self, d: DType, raw: &str) -> String {
-        let ct = self.ct;
-        match d {
-            DType::BF16 => format!("({ct})bf2f({raw})"),
-            DType::F16 => format!("({ct})h2f({raw})"),
-            _ => format!("({ct})({raw})"),
-        }
-    }
-
-    /// `v` (compute type) rounded to `d`, as a raw value of `d`'s C type.
-    fn round_to_c(&self, d: DType, v: &str) -> String {
-        match d {
-            DType::BF16 => format!("f2bf((float)({v}))"),
-            DType::F16 => format!("f2h((float)({v}))"),
-            DType::F32 => format!("(float)({v})"),
-            DType::F64 => format!("(double)({v})"),
-            DType::I64 => format!("(long long)({v})"),
-            DType::Bool => format!("(unsigned char)(({v}) != 0)"),
-        }
-    }
-
-    fn expr(&mut self, n: &Node) -> String {
-        let ct = self.ct;
-        let f = self.float();
-        let rhs = match n {
-            Node::Load(v) => {
-                let k = self.arg(v.buf);
-                let raw = format!("((const {}*)p{k})[{}]", c_type(v.dtype), self.offset(v));
-                self.to_ct(v.dtype, &raw)
-            }
-            Node::Cast(d, x) => {
-                let a = self.expr(x);
-                let raw = self.round_to_c(*d, &a);
-                self.to_ct(*d, &raw)
-            }
-            Node::Unary(u, x) => {
-                let a = self.expr(x);
-                let m = |name: &str| {
-                    if f {
-                        format!("{name}f({a})")
-                    } else {
-                        format!("{name}({a})")
-                    }
-                };
-                match u {
-                    UnaryOp::Neg => format!("-{a}"),
-                    UnaryOp::Abs => m("fabs"),
-                    UnaryOp::Exp => m("exp"),
-                    UnaryOp::Log => m("log"),
-                    UnaryOp::Sin => m("sin"),
-                    UnaryOp::Cos => m("cos"),
-                    UnaryOp::Tanh => m("tanh"),
-                    UnaryOp::Sqrt => m("sqrt"),
-                    UnaryOp::Rsqrt => format!("(({ct})1 / {})", m("sqrt")),
-                    UnaryOp::Reciprocal => format!("(({ct})1 / {a})"),
-                    UnaryOp::Relu => format!("({a} < ({ct})0 ? ({ct})0 : {a})"),
-                    UnaryOp::Sigmoid => {
-                        let e = if f {
-                            format!("expf(-{a})")
-                        } else {
-                            format!("exp(-{a})")
-                        };
-                        format!("(({ct})1 / (({ct})1 + {e}))")
-                    }
-                    UnaryOp::Not => format!("({a} == ({ct})0 ? ({ct})1 : ({ct})0)"),
-                }
-            }
-            Node::Binary(b, x, y) => {
-                let a = self.expr(x);
-                let c = self.expr(y);
-                let cmp = |op: &str| format!("({a} {op} {c} ? ({ct})1 : ({ct})0)");
-                let nan = self.nan();
-                match b {
-                    BinaryOp::Add => format!("{a} + {c}"),
-                    BinaryOp::Sub => format!("{a} - {c}"),
-                    BinaryOp::Mul => format!("{a} * {c}"),
-                    BinaryOp::Div => format!("{a} / {c}"),
-                    BinaryOp::Maximum => {
-                        format!("(({a} != {a} || {c} != {c}) ? {nan} : ({a} > {c} ? {a} : {c}))")
-                    }
-                    BinaryOp::Minimum => {
-                        format!("(({a} != {a} || {c} != {c}) ? {nan} : ({a} < {c} ? {a} : {c}))")
-                    }
-                    BinaryOp::Pow => {
-                        if f {
-                            format!("powf({a}, {c})")
-                        } else {
-                            format!("pow({a}, {c})")
-                        }
-                    }
-                    BinaryOp::Eq => cmp("=="),
-                    BinaryOp::Ne => cmp("!="),
-                    BinaryOp::Lt => cmp("<"),
-                    BinaryOp::Le => cmp("<="),
-                    BinaryOp::Gt => cmp(">"),
-                    BinaryOp::Ge => cmp(">="),
-                    BinaryOp::And => {
-                        format!("(({a} != ({ct})0 && {c} != ({ct})0) ? ({ct})1 : ({ct})0)")
-                    }
-                    BinaryOp::Or => {
-                        format!("(({a} != ({ct})0 || {c} != ({ct})0) ? ({ct})1 : ({ct})0)")
-                    }
-                }
-            }
-            Node::Where(c, x, y) => {
-                let cv = self.expr(c);
-                let a = self.expr(x);
-                let b = self.expr(y);
-                format!("({cv} != ({ct})0 ? {a} : {b})")
-            }
-        };
-        let name = self.fresh();
-        self.lines.push(format!("{ct} {name} = {rhs};"));
-        name
-    }
-
-    /// The statement storing `v` (compute type) into `dst` at the current index.
-    fn store(&mut self, dst: &View, v: &str) -> String {
-        let k = self.arg(dst.buf);
-        let mut e = Emitter::new(self.ct);
-        e.index_names = self.index_names.clone();
-        format!(
-            "    (({}*)p{k})[{}] = {};\n",
-            c_type(dst.dtype),
-            e.offset(dst),
-            self.round_to_c(dst.dtype, v)
-        )
-    }
-
-    fn finish(&self, name: &str, n: usize, tail: &str) -> String {
-        let params: Vec<String> = (0..self.bufs.len())
-            .map(|k| format!("unsigned long long p{k}"))
-            .collect();
-        let mut s = String::from(PRELUDE);
-        let _ = writeln!(
-            s,
-            "extern \"C\" __global__ void {name}({}) {{",
-            params.join(", ")
-        );
-        let _ = writeln!(
-            s,
-            "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {n}LL; \
-             i += (long long)gridDim.x * blockDim.x) {{"
-        );
-        for l in &self.lines {
-            let _ = writeln!(s, "    {l}");
-        }
-        s.push_str(tail);
-        s.push_str("  }\n}\n");
-        s
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -894,6 +1406,134 @@ mod tests {
             sizes: sizes.to_vec(),
             strides: strides.to_vec(),
         }
+    }
+
+    fn contiguous(dtype: DType, sizes: &[usize]) -> TensorArg {
+        TensorArg {
+            dtype,
+            sizes: sizes.to_vec(),
+            strides: contiguous_strides(sizes)
+                .iter()
+                .map(|s| *s as usize)
+                .collect(),
+        }
+    }
+
+    /// Plans `body` (a fusion body over `t`, `h`) for contiguous buffers on 132 SMs.
+    fn plan_of(body: &str, t: usize, h: usize) -> KernelPlan {
+        let source = format!("fusion k(t = {t}, h = {h}) {{\n{body}\n}}\n");
+        let fusion = weave_ir::text::parse(&source, &[]).expect("parses");
+        let args = |ts: &[weave_ir::TensorId]| -> Vec<TensorArg> {
+            ts.iter()
+                .map(|t| {
+                    let sizes: Vec<usize> = fusion
+                        .visible_axes(*t)
+                        .iter()
+                        .map(|id| fusion.eval(&fusion.id(*id).extent).expect("a size") as usize)
+                        .collect();
+                    contiguous(fusion.tensor(*t).dtype, &sizes)
+                })
+                .collect()
+        };
+        let (ins, outs) = (args(fusion.inputs()), args(fusion.outputs()));
+        plan(&fusion, "k", &ins, &outs, 132).expect("plans")
+    }
+
+    const SOFTMAX: &str = "tensor x: bf16[t, h]\n xf = cast(x, f32)\n m = max(xf, [1])\n \
+        mb = broadcast(m, [1])\n d = sub(xf, mb)\n e = exp(d)\n z = sum(e, [1])\n \
+        zb = broadcast(z, [1])\n yf = div(e, zb)\n y = cast(yf, bf16)\n output y";
+
+    #[test]
+    fn a_contiguous_bf16_add_moves_16_bytes_per_access_in_32_bit_indices() {
+        let p = plan_of(
+            "tensor a: bf16[t, h]\n tensor b: bf16[t, h]\n y = add(a, b)\n output y",
+            16384,
+            8192,
+        );
+        assert_eq!(p.launches.len(), 1);
+        let l = &p.launches[0];
+        assert_eq!(
+            l.grid,
+            Grid::Items {
+                n: 16384 * 8192 / 8,
+                block: BLOCK
+            }
+        );
+        assert_eq!(l.source.matches("uint4").count(), 6, "{}", l.source);
+        assert!(l.source.contains("unsigned int q"), "{}", l.source);
+        assert_eq!(l.align, vec![(0, 16), (1, 16), (2, 16)]);
+        // Unaligned buffers take the scalar kernel.
+        let fallback = l.fallback.as_deref().expect("a scalar fallback");
+        assert!(!fallback.source.contains("uint4"));
+        assert!(std::ptr::eq(l.for_addresses(&[256, 512, 1024]), l));
+        assert!(std::ptr::eq(l.for_addresses(&[256, 514, 1024]), fallback));
+        // 128 SMs of 2048 threads: 32768 blocks of 256 at most.
+        assert_eq!(l.grid.dims(128), Some((1024, 256)));
+    }
+
+    #[test]
+    fn softmax_is_one_row_kernel_of_two_passes_and_a_vector_store() {
+        let p = plan_of(SOFTMAX, 4096, 4096);
+        assert_eq!(p.launches.len(), 1, "{:#?}", p.launches);
+        assert!(p.temps.is_empty());
+        let l = &p.launches[0];
+        assert_eq!(
+            l.grid,
+            Grid::Rows {
+                rows: 4096,
+                block: 256
+            }
+        );
+        assert_eq!(l.source.matches("weave_block_reduce(acc").count(), 2);
+        assert!(l.source.contains("WeaveMax()") && l.source.contains("WeaveSum()"));
+        assert!(l.source.contains("__expf"), "bf16 results use fast exp");
+        assert!(l.fallback.is_some());
+    }
+
+    #[test]
+    fn a_column_sum_splits_its_rows_over_blocks_then_adds_the_partials() {
+        let p = plan_of(
+            "tensor x: f32[t, h]\n y = sum(x, [0])\n output y",
+            16384,
+            8192,
+        );
+        assert_eq!(p.launches.len(), 2);
+        let splits = p.temps[1].1 / 8192;
+        assert!(splits > 1 && p.temps[1].1 % 8192 == 0, "{:?}", p.temps);
+        assert_eq!(
+            p.launches[0].grid,
+            Grid::Blocks {
+                blocks: 32 * splits,
+                block: BLOCK
+            }
+        );
+        // A row sum is a row kernel of one pass.
+        let p = plan_of(
+            "tensor x: f32[t, h]\n y = sum(x, [1])\n output y",
+            16384,
+            8192,
+        );
+        assert_eq!(p.launches.len(), 1);
+        assert!(matches!(p.launches[0].grid, Grid::Rows { rows: 16384, .. }));
+        assert!(p.launches[0].source.contains("uint4"));
+    }
+
+    #[test]
+    fn transposed_reads_stay_scalar_and_huge_buffers_index_in_64_bits() {
+        let p = plan_of(
+            "tensor x: f32[h, t]\n xt = permute(x, [1, 0])\n y = add(xt, xt)\n output y",
+            64,
+            64,
+        );
+        let l = &p.launches[0];
+        assert_eq!(
+            l.align,
+            vec![(1, 16)],
+            "only the store is a vector: {}",
+            l.source
+        );
+        let p = plan_of("tensor a: bf16[t, h]\n y = neg(a)\n output y", 65536, 65536);
+        assert!(p.launches[0].source.contains("long long q"));
     }
 
     #[test]

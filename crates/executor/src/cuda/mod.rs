@@ -9,6 +9,7 @@
 //! naming what was waited for instead of a hang.
 
 pub mod codegen;
+mod emit;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -1066,17 +1067,18 @@ impl Backend for CudaBackend {
         let ins: Vec<TensorArg> = inputs.iter().map(DeviceTensor::arg).collect();
         let outs: Vec<TensorArg> = outputs.iter().map(DeviceTensor::arg).collect();
         let key = (kernel, ins, outs);
+        let sms = self.gpu.sm_count().max(1) as usize;
         let cached = self.plans.lock().unwrap().get(&key).cloned();
         let plan = match cached {
             Some(p) => p,
             None => {
                 let name = format!("weave_kernel_{}", fusion.name);
-                let p = Arc::new(codegen::plan(fusion, &name, &key.1, &key.2).map_err(|m| {
-                    ExecError::Compute {
+                let p = Arc::new(codegen::plan(fusion, &name, &key.1, &key.2, sms).map_err(
+                    |m| ExecError::Compute {
                         stmt: label.to_string(),
                         message: m,
-                    }
-                })?);
+                    },
+                )?);
                 self.plans.lock().unwrap().insert(key, p.clone());
                 p
             }
@@ -1086,26 +1088,22 @@ impl Backend for CudaBackend {
             .iter()
             .map(|(d, n)| self.gpu.alloc(n * elem_bytes(*d), stream))
             .collect::<Result<_, _>>()?;
-        let sms = self.gpu.sm_count().max(1) as usize;
         self.compute(stream, || {
             self.timed(stream, label, || {
                 for l in &plan.launches {
-                    let k = self.gpu.kernel(&l.name, &l.source)?;
-                    let args: Vec<u64> = l
-                        .args
-                        .iter()
-                        .map(|b| match b {
-                            Buf::Input(i) => inputs[*i].ptr(),
-                            Buf::Output(i) => outputs[*i].ptr(),
-                            Buf::Temp(i) => temps[*i].ptr(),
-                        })
-                        .collect();
-                    if l.threads == 0 {
+                    let address = |b: &Buf| match b {
+                        Buf::Input(i) => inputs[*i].ptr(),
+                        Buf::Output(i) => outputs[*i].ptr(),
+                        Buf::Temp(i) => temps[*i].ptr(),
+                    };
+                    let addresses: Vec<u64> = l.args.iter().map(address).collect();
+                    let l = l.for_addresses(&addresses);
+                    let Some((grid, block)) = l.grid.dims(sms) else {
                         continue;
-                    }
-                    let block = 256usize;
-                    let grid = l.threads.div_ceil(block).min(sms * 16) as u32;
-                    self.gpu.launch(stream, &k, grid, block as u32, &args)?;
+                    };
+                    let k = self.gpu.kernel(&l.name, &l.source)?;
+                    let args: Vec<u64> = l.args.iter().map(address).collect();
+                    self.gpu.launch(stream, &k, grid, block, &args)?;
                 }
                 Ok(())
             })
