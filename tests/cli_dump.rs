@@ -189,3 +189,55 @@ fn a_bad_weave_dump_fails_with_its_syntax() {
         assert!(err.contains("unknown pass `nope`"), "{args:?}: {err}");
     }
 }
+
+/// `--kernels` prints the CUDA C of each distinct launch: the chunks of a loop that share a
+/// shape share one entry, an uneven last chunk has its own; `--sms` needs `--kernels`, which
+/// runs the default pipeline and takes no pass flags.
+#[test]
+fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
+    let file = "tests/scenarios/reduction.weave";
+    let entries = |out: &str| {
+        out.lines()
+            .filter(|l| l.starts_with("// ===== segment"))
+            .count()
+    };
+    let (ok, out, err) = weave(
+        &["dump", file, "--kernels", "--set", "x=12", "--set", "s=3"],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert_eq!(entries(&out), 1, "{out}");
+    assert!(
+        out.contains("//   input 0: f32[4, 8, 2] strides [16, 2, 1]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("extern \"C\" __global__ void weave_kernel_"),
+        "{out}"
+    );
+    assert!(
+        out.contains("weave_block_reduce(acc"),
+        "a row kernel: {out}"
+    );
+    let (ok, out, err) = weave(
+        &[
+            "dump",
+            file,
+            "--kernels",
+            "--set",
+            "x=10",
+            "--set",
+            "s=3",
+            "--sms",
+            "8",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert_eq!(entries(&out), 2, "chunks of 4 and of 2 rows: {out}");
+    assert!(out.contains("input 0: f32[2, 8, 2]"), "{out}");
+    let (ok, _, err) = weave(&["dump", file, "--sms", "8"], None);
+    assert!(!ok && err.contains("--kernels"), "{err}");
+    let (ok, _, err) = weave(&["dump", file, "--kernels", "--passes", "default"], None);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+}

@@ -81,7 +81,10 @@ pub fn print_kernels(kernels: &[KernelSource], sms: usize) -> String {
             let _ = writeln!(s, "//   output {i}: {}", layout(a));
         }
         for (i, (d, n)) in k.plan.temps.iter().enumerate() {
-            let _ = writeln!(s, "//   temporary {i}: {d}[{n}]");
+            // A temporary of no elements was replaced by an output.
+            if *n > 0 {
+                let _ = writeln!(s, "//   temporary {i}: {d}[{n}]");
+            }
         }
         for l in &k.plan.launches {
             let _ = writeln!(

@@ -823,8 +823,7 @@ impl<'f> Gen<'f> {
     /// Emits a pointwise kernel writing `x` into `dst` (same sizes).
     fn store(&mut self, x: &Lazy, dst: &View) {
         let name = self.kernel_name();
-        let mut dtypes = Vec::new();
-        x.node.dtypes(&mut dtypes);
+        let mut dtypes = memory_dtypes(&x.node);
         dtypes.push(dst.dtype);
         let inner = x.sizes.last().copied().unwrap_or(1);
         let vec = vector_width(inner, &dtypes, &[dst], x.sizes.len());
@@ -878,6 +877,11 @@ impl<'f> Gen<'f> {
     fn row_kernel(&self, rows: &Rows, stores: &[(Lazy, View)]) -> Result<Launch, String> {
         let outer = rows.outer.clone().ok_or(NOT_ROWS)?;
         let k = outer.len();
+        // Too few rows to fill the GPU one block per row: kernel by kernel, where long rows
+        // split over blocks.
+        if numel(&outer) * 2 < self.sms && numel(&rows.inner) >= 1 << 16 {
+            return Err(NOT_ROWS.into());
+        }
         let mut full = Vec::new();
         let mut per_row = Vec::new();
         for (value, dst) in stores {
@@ -890,22 +894,26 @@ impl<'f> Gen<'f> {
             }
         }
         let mut dtypes = Vec::new();
+        let mut memory = Vec::new();
         for (_, n) in &rows.passes {
             n.dtypes(&mut dtypes);
+            memory.extend(memory_dtypes(n));
         }
         for (n, d) in full.iter().chain(&per_row) {
             n.dtypes(&mut dtypes);
             dtypes.push(d.dtype);
+            memory.extend(memory_dtypes(n));
         }
+        memory.extend(full.iter().map(|(_, d)| d.dtype));
         let inner_n = rows.inner.last().copied().unwrap_or(1);
         let dsts: Vec<&View> = full.iter().map(|(_, d)| d).collect();
         let rank = k + rows.inner.len();
-        let vec = vector_width(inner_n, &dtypes, &dsts, rank);
+        let vec = vector_width(inner_n, &memory, &dsts, rank);
         let name = self.kernel_name();
-        let mut launch = row_source(&name, rows, &outer, &full, &per_row, vec, &dtypes);
+        let mut launch = row_source(&name, rows, &outer, &full, &per_row, vec, &dtypes, 1);
         if vec > 1 {
             launch.fallback = Some(Box::new(row_source(
-                &name, rows, &outer, &full, &per_row, 1, &dtypes,
+                &name, rows, &outer, &full, &per_row, 1, &dtypes, 1,
             )));
         }
         Ok(launch)
@@ -942,37 +950,89 @@ impl<'f> Gen<'f> {
         let name = self.kernel_name();
         if !reduced.is_empty() && reduced == (k..rank).collect::<Vec<_>>() && numel(&red_sizes) > 0
         {
-            // Innermost axes: a row kernel of one pass.
+            // Innermost axes: a row kernel of one pass; few long rows are split over blocks
+            // (partials, then a row kernel over them).
             let rows = Rows {
                 outer: Some(out_sizes.clone()),
                 inner: red_sizes.clone(),
                 passes: vec![(op, x.node.clone())],
             };
-            let per_row = [(
-                Node::Row(0),
-                View {
-                    sizes: out_sizes.clone(),
-                    ..dst.clone()
-                },
-            )];
             let mut dtypes = Vec::new();
             x.node.dtypes(&mut dtypes);
             dtypes.push(dtype);
             let inner_n = red_sizes.last().copied().unwrap_or(1);
-            let vec = vector_width(inner_n, &dtypes, &[], rank);
-            let mut launch = row_source(&name, &rows, &out_sizes, &[], &per_row, vec, &dtypes);
+            let vec = vector_width(inner_n, &memory_dtypes(&x.node), &[], rank);
+            let nrows = numel(&out_sizes);
+            let nv = numel(&red_sizes) / vec;
+            let splits = if nrows * 2 < self.sms {
+                (self.sms * 4).div_ceil(nrows).min(nv / 1024).max(1)
+            } else {
+                1
+            };
+            let (target, partial) = if splits > 1 {
+                let ct = compute_type(&x.node, Some(dtype));
+                let pdt = if ct == "double" {
+                    DType::F64
+                } else {
+                    DType::F32
+                };
+                let sizes = [out_sizes.clone(), vec![splits]].concat();
+                let t = self.new_temp(pdt, &sizes);
+                (t.clone(), Some(t))
+            } else {
+                (
+                    View {
+                        sizes: out_sizes.clone(),
+                        ..dst.clone()
+                    },
+                    None,
+                )
+            };
+            let per_row = [(Node::Row(0), target)];
+            let source = |vec: usize| {
+                row_source(
+                    &name,
+                    &rows,
+                    &out_sizes,
+                    &[],
+                    &per_row,
+                    vec,
+                    &dtypes,
+                    splits,
+                )
+            };
+            let mut launch = source(vec);
             if vec > 1 {
-                launch.fallback = Some(Box::new(row_source(
+                launch.fallback = Some(Box::new(source(1)));
+            }
+            self.plan.launches.push(launch);
+            if let Some(partial) = partial {
+                // The partials, `[rows.., splits]`, reduced over their last axis.
+                let rows = Rows {
+                    outer: Some(out_sizes.clone()),
+                    inner: vec![splits],
+                    passes: vec![(op, Node::Load(partial.clone()))],
+                };
+                let per_row = [(
+                    Node::Row(0),
+                    View {
+                        sizes: out_sizes.clone(),
+                        ..dst.clone()
+                    },
+                )];
+                let name = self.kernel_name();
+                let launch = row_source(
                     &name,
                     &rows,
                     &out_sizes,
                     &[],
                     &per_row,
                     1,
-                    &dtypes,
-                )));
+                    &[partial.dtype, dtype],
+                    1,
+                );
+                self.plan.launches.push(launch);
             }
-            self.plan.launches.push(launch);
         } else if !reduced.is_empty()
             && reduced == (0..reduced.len()).collect::<Vec<_>>()
             && k > 0
@@ -1084,7 +1144,10 @@ fn pointwise(name: &str, x: &Lazy, dst: &View, vec: usize) -> Launch {
     }
 }
 
-/// The row kernel of `rows` (see [`Gen::row_kernel`]), `vec` elements per thread.
+/// The row kernel of `rows` (see [`Gen::row_kernel`]), `vec` elements per thread. With
+/// `splits > 1` (one pass, no whole-row outputs), each row is cut into `splits` parts reduced
+/// by different blocks: a per-row output then has one more axis, the part (partials).
+#[allow(clippy::too_many_arguments)]
 fn row_source(
     name: &str,
     rows: &Rows,
@@ -1093,8 +1156,10 @@ fn row_source(
     per_row: &[(Node, View)],
     vec: usize,
     dtypes: &[DType],
+    splits: usize,
 ) -> Launch {
     let k = outer.len();
+    let splits = splits.max(1);
     let nrows = numel(outer);
     let inner_numel = numel(&rows.inner);
     let mut views: Vec<&View> = Vec::new();
@@ -1120,7 +1185,17 @@ fn row_source(
     let ty = width.ty();
     let nv = inner_numel / vec.max(1);
     let block = (nv.next_power_of_two()).clamp(32, 256) as u32;
-    let (row_index, outer_names) = decompose(width, "row", "o", outer, 1);
+    let (row_index, outer_names) = if splits > 1 {
+        let (mut lines, names) = decompose(width, "rrow", "o", outer, 1);
+        let s = width.lit(splits as i64);
+        lines.insert(
+            0,
+            format!("const {ty} part = row % {s}; const {ty} rrow = row / {s};"),
+        );
+        (lines, names)
+    } else {
+        decompose(width, "row", "o", outer, 1)
+    };
     let (inner_index, inner_names) = decompose(width, "cv", "i", &rows.inner, vec);
     let base: Vec<String> = outer_names.iter().chain(&inner_names).cloned().collect();
     let mut e = Emitter::new(ct, fast, width, vec, base.clone());
@@ -1128,10 +1203,20 @@ fn row_source(
     let w = |body: &mut String, indent: &str, l: &str| {
         let _ = writeln!(body, "{indent}{l}");
     };
-    let row_loop = format!(
-        "for ({ty} cv = threadIdx.x; cv < {}; cv += blockDim.x) {{",
-        width.lit(nv as i64)
-    );
+    let row_loop = if splits > 1 {
+        let per = nv.div_ceil(splits);
+        format!(
+            "for ({ty} cv = part * {per} + threadIdx.x; cv < part * {per} + {per} && cv < {nv}; \
+             cv += blockDim.x) {{",
+            per = width.lit(per as i64),
+            nv = width.lit(nv as i64)
+        )
+    } else {
+        format!(
+            "for ({ty} cv = threadIdx.x; cv < {}; cv += blockDim.x) {{",
+            width.lit(nv as i64)
+        )
+    };
     for (p, (op, node)) in rows.passes.iter().enumerate() {
         e.reset(base.clone());
         let v = e.expr(node);
@@ -1176,9 +1261,11 @@ fn row_source(
     if !per_row.is_empty() {
         let vec_saved = e.vec;
         e.vec = 1;
+        let last = if splits > 1 { "part" } else { "0" };
         let names: Vec<String> = outer_names
             .iter()
             .cloned()
+            .chain(std::iter::once(last.to_string()))
             .chain(std::iter::repeat("0".to_string()))
             .take(
                 per_row
@@ -1204,7 +1291,7 @@ fn row_source(
     let _ = writeln!(
         s,
         "  for ({ty} row = blockIdx.x; row < {}; row += gridDim.x) {{",
-        width.lit(nrows as i64)
+        width.lit((nrows * splits) as i64)
     );
     for l in &row_index {
         let _ = writeln!(s, "    {l}");
@@ -1214,7 +1301,10 @@ fn row_source(
     Launch {
         name: name.to_string(),
         source: s,
-        grid: Grid::Rows { rows: nrows, block },
+        grid: Grid::Rows {
+            rows: nrows * splits,
+            block,
+        },
         args: e.bufs,
         align: e.align,
         fallback: None,
@@ -1254,8 +1344,20 @@ fn column_source(
     let mut e = Emitter::new(ct, false, width, 1, base);
     let v = e.expr(node);
     e.accumulate("acc", op, &v);
+    // The result (or this part's partial) for column m.
+    let mut st = Emitter::new(
+        ct,
+        false,
+        width,
+        1,
+        std::iter::once("part".to_string())
+            .chain(kept_names)
+            .collect(),
+    );
+    st.bufs = e.bufs.clone();
+    st.store(&partials, "acc");
     let mut s = String::from(PRELUDE);
-    let _ = writeln!(s, "{} {{", e.signature(name));
+    let _ = writeln!(s, "{} {{", st.signature(name));
     let lit = |n: usize| width.lit(n as i64);
     let _ = writeln!(
         s,
@@ -1282,19 +1384,6 @@ fn column_source(
     }
     s.push_str(&e.element_loop("    "));
     let _ = writeln!(s, "  }}");
-    // The result (or this part's partial) for column m.
-    let mut st = Emitter::new(
-        ct,
-        false,
-        width,
-        1,
-        vec!["part".to_string()]
-            .into_iter()
-            .chain(kept_names)
-            .collect(),
-    );
-    st.bufs = e.bufs;
-    st.store(&partials, "acc");
     for l in &st.lines {
         let _ = writeln!(s, "  {l}");
     }
@@ -1380,6 +1469,13 @@ fn serial_reduce(
         align: Vec::new(),
         fallback: None,
     }
+}
+
+/// The element types `node` loads from memory.
+fn memory_dtypes(node: &Node) -> Vec<DType> {
+    let mut views = Vec::new();
+    node.loads(&mut views);
+    views.iter().map(|v| v.dtype).collect()
 }
 
 /// `double` when an f64 or i64 value is involved, else `float`.
@@ -1487,6 +1583,13 @@ mod tests {
         assert_eq!(l.source.matches("weave_block_reduce(acc").count(), 2);
         assert!(l.source.contains("WeaveMax()") && l.source.contains("WeaveSum()"));
         assert!(l.source.contains("__expf"), "bf16 results use fast exp");
+        // bf16 in and out: 8 elements, 16 bytes per access (the f32 math does not narrow it).
+        assert!(
+            l.source.contains("for (int j = 0; j < 8; ++j)"),
+            "{}",
+            l.source
+        );
+        assert_eq!(l.align, vec![(0, 16), (0, 16), (0, 16), (1, 16)]);
         assert!(l.fallback.is_some());
     }
 
@@ -1516,6 +1619,20 @@ mod tests {
         assert_eq!(p.launches.len(), 1);
         assert!(matches!(p.launches[0].grid, Grid::Rows { rows: 16384, .. }));
         assert!(p.launches[0].source.contains("uint4"));
+    }
+
+    #[test]
+    fn few_long_rows_split_over_blocks_and_many_rows_take_a_block_each() {
+        let p = plan_of("tensor x: f32[t, h]\n y = sum(x, [0, 1])\n output y", 4096, 4096);
+        assert_eq!(p.launches.len(), 2, "partials, then their sum");
+        // 132 SMs, one row: 528 parts of at least 1024 vectors (4096 here).
+        assert_eq!(p.temps[1], (DType::F32, 528));
+        assert!(matches!(p.launches[0].grid, Grid::Rows { rows: 528, .. }));
+        assert!(p.launches[0].source.contains("part * "));
+        let p = plan_of(SOFTMAX, 8, 1 << 17);
+        assert!(p.launches.len() > 1, "8 long rows: softmax kernel by kernel");
+        let p = plan_of(SOFTMAX, 512, 1 << 17);
+        assert_eq!(p.launches.len(), 1);
     }
 
     #[test]
