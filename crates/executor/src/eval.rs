@@ -385,7 +385,7 @@ where
         let kernels = program
             .kernels
             .iter()
-            .map(|(k, unit)| (k, Arc::new(unit.fusion.clone())))
+            .map(|(k, unit)| (k, unit.fusion.clone()))
             .collect();
         Ok(Evaluator {
             program,

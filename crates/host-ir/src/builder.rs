@@ -200,7 +200,9 @@ impl HostProgram {
 
     /// Adds a compute segment for [`Stmt::LaunchKernel`] to run.
     pub fn add_kernel(&mut self, fusion: Fusion) -> KernelId {
-        self.kernels.insert(KernelUnit { fusion })
+        self.kernels.insert(KernelUnit {
+            fusion: std::sync::Arc::new(fusion),
+        })
     }
 
     // ----- placing statements ----------------------------------------------------------------

@@ -1135,7 +1135,7 @@ impl Parser<'_> {
                 Some((k, _, defined)) => {
                     *defined = true;
                     if let Some(unit) = self.prog.kernels.get_mut(*k) {
-                        unit.fusion = fusion;
+                        unit.fusion = std::sync::Arc::new(fusion);
                     }
                 }
                 None => {

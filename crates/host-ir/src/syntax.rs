@@ -87,8 +87,9 @@ pub enum Stream {
 #[derive(Clone, Debug)]
 pub struct KernelUnit {
     /// The segment's own fusion; its inputs and outputs bind, in order, to the `inputs` and
-    /// `outputs` of the [`Stmt::LaunchKernel`] statements that run it.
-    pub fusion: Fusion,
+    /// `outputs` of the [`Stmt::LaunchKernel`] statements that run it (shared: a run and a
+    /// backend's kernel cache hold it without copying).
+    pub fusion: std::sync::Arc<Fusion>,
 }
 
 /// The kind of a collective [`Communication`] (nvFuser's `CommunicationType`).

@@ -789,7 +789,9 @@ impl Lowering<'_> {
         let outputs: Vec<TensorId> = s.outputs().to_vec();
         let unit = kernel_fusion(self.f, s.exprs(), &inputs, &outputs, self.kernels)?;
         self.kernels += 1;
-        let kernel = self.p.kernels.insert(KernelUnit { fusion: unit });
+        let kernel = self.p.kernels.insert(KernelUnit {
+            fusion: std::sync::Arc::new(unit),
+        });
         let ins = inputs
             .iter()
             .map(|t| self.resolve(*t, false))

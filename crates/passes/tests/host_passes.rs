@@ -55,7 +55,7 @@ mod build {
 
         pub fn kernel(&mut self) -> KernelId {
             self.p.kernels.insert(KernelUnit {
-                fusion: Fusion::default(),
+                fusion: Fusion::default().into(),
             })
         }
 

@@ -366,6 +366,10 @@ struct Rows {
 /// Threads per block of pointwise kernels.
 const BLOCK: u32 = 256;
 
+/// Vectors a pointwise kernel's thread handles per iteration of its grid-stride loop (their
+/// loads issued together: more bytes in flight per thread).
+const UNROLL: usize = 4;
+
 /// The widest vector width (elements) that `views` and `dsts` allow along an innermost axis
 /// of `inner` elements: 16 bytes of the widest type, halved until it divides the axis and
 /// every destination can be stored as vectors.
@@ -1119,23 +1123,26 @@ fn pointwise(name: &str, x: &Lazy, dst: &View, vec: usize) -> Launch {
     let _ = writeln!(s, "{} {{", e.signature(name));
     let _ = writeln!(
         s,
-        "  for ({ty} q = ({ty})blockIdx.x * blockDim.x + threadIdx.x; q < {}; \
-         q += ({ty})gridDim.x * blockDim.x) {{",
-        width.lit(nq as i64)
+        "  const {ty} stride = ({ty})gridDim.x * blockDim.x;\n  \
+         for ({ty} q0 = ({ty})blockIdx.x * blockDim.x + threadIdx.x; q0 < {nq}; \
+         q0 += stride * {u}) {{\n    #pragma unroll\n    for (int u = 0; u < {UNROLL}; ++u) {{\n      \
+         const {ty} q = q0 + u * stride;\n      if (q >= {nq}) break;",
+        nq = width.lit(nq as i64),
+        u = width.lit(UNROLL as i64),
     );
     for l in &index {
-        let _ = writeln!(s, "    {l}");
+        let _ = writeln!(s, "      {l}");
     }
-    s.push_str(&e.element_loop("    "));
+    s.push_str(&e.element_loop("      "));
     for l in &after {
-        let _ = writeln!(s, "    {l}");
+        let _ = writeln!(s, "      {l}");
     }
-    s.push_str("  }\n}\n");
+    s.push_str("    }\n  }\n}\n");
     Launch {
         name: name.to_string(),
         source: s,
         grid: Grid::Items {
-            n: nq,
+            n: nq.div_ceil(UNROLL),
             block: BLOCK,
         },
         args: e.bufs,
@@ -1224,6 +1231,7 @@ fn row_source(
         w(&mut body, "    ", &format!("{ct} r{p};"));
         w(&mut body, "    ", "{");
         w(&mut body, "      ", &format!("{ct} acc = {};", e.init(*op)));
+        w(&mut body, "      ", "#pragma unroll 4");
         w(&mut body, "      ", &row_loop);
         for l in &inner_index {
             w(&mut body, "        ", l);
@@ -1354,7 +1362,7 @@ fn column_source(
             .chain(kept_names)
             .collect(),
     );
-    st.bufs = e.bufs.clone();
+    st.adopt(&e);
     st.store(&partials, "acc");
     let mut s = String::from(PRELUDE);
     let _ = writeln!(s, "{} {{", st.signature(name));
@@ -1434,7 +1442,7 @@ fn serial_reduce(
     let v = e.expr(&x.node);
     e.accumulate("acc", op, &v);
     let mut st = Emitter::new(ct, false, width, 1, out_names);
-    st.bufs = std::mem::take(&mut e.bufs);
+    st.adopt(&e);
     st.store(dst, "acc");
     let lit = |n: usize| width.lit(n as i64);
     let mut s = String::from(PRELUDE);
@@ -1551,9 +1559,15 @@ mod tests {
         assert_eq!(
             l.grid,
             Grid::Items {
-                n: 16384 * 8192 / 8,
+                n: 16384 * 8192 / 8 / UNROLL,
                 block: BLOCK
             }
+        );
+        assert!(
+            l.source.contains("const unsigned short* __restrict__ p0")
+                && l.source.contains("unsigned short* __restrict__ p2"),
+            "{}",
+            l.source
         );
         assert_eq!(l.source.matches("uint4").count(), 6, "{}", l.source);
         assert!(l.source.contains("unsigned int q"), "{}", l.source);
@@ -1623,14 +1637,21 @@ mod tests {
 
     #[test]
     fn few_long_rows_split_over_blocks_and_many_rows_take_a_block_each() {
-        let p = plan_of("tensor x: f32[t, h]\n y = sum(x, [0, 1])\n output y", 4096, 4096);
+        let p = plan_of(
+            "tensor x: f32[t, h]\n y = sum(x, [0, 1])\n output y",
+            4096,
+            4096,
+        );
         assert_eq!(p.launches.len(), 2, "partials, then their sum");
         // 132 SMs, one row: 528 parts of at least 1024 vectors (4096 here).
         assert_eq!(p.temps[1], (DType::F32, 528));
         assert!(matches!(p.launches[0].grid, Grid::Rows { rows: 528, .. }));
         assert!(p.launches[0].source.contains("part * "));
         let p = plan_of(SOFTMAX, 8, 1 << 17);
-        assert!(p.launches.len() > 1, "8 long rows: softmax kernel by kernel");
+        assert!(
+            p.launches.len() > 1,
+            "8 long rows: softmax kernel by kernel"
+        );
         let p = plan_of(SOFTMAX, 512, 1 << 17);
         assert_eq!(p.launches.len(), 1);
     }

@@ -146,6 +146,8 @@ pub struct Emitter {
     pub lines: Vec<String>,
     /// The kernel's parameters, in order.
     pub bufs: Vec<Buf>,
+    /// Each parameter's element type and whether the kernel loads from and stores to it.
+    roles: Vec<(DType, bool, bool)>,
     /// `(parameter, bytes)`: alignments the vector accesses assume.
     pub align: Vec<(usize, usize)>,
     preloaded: HashMap<(Buf, String), String>,
@@ -166,6 +168,7 @@ impl Emitter {
             pre: Vec::new(),
             lines: Vec::new(),
             bufs: Vec::new(),
+            roles: Vec::new(),
             align: Vec::new(),
             preloaded: HashMap::new(),
             next: 0,
@@ -204,15 +207,29 @@ impl Emitter {
         }
     }
 
-    /// The parameter number of `b`.
-    pub fn arg(&mut self, b: Buf) -> usize {
-        match self.bufs.iter().position(|x| *x == b) {
+    /// The parameter number of `b`, a buffer of `dtype` that the kernel loads from (or
+    /// stores to, `store`).
+    pub fn arg(&mut self, b: Buf, dtype: DType, store: bool) -> usize {
+        let k = match self.bufs.iter().position(|x| *x == b) {
             Some(k) => k,
             None => {
                 self.bufs.push(b);
+                self.roles.push((dtype, false, false));
                 self.bufs.len() - 1
             }
+        };
+        if store {
+            self.roles[k].2 = true;
+        } else {
+            self.roles[k].1 = true;
         }
+        k
+    }
+
+    /// Takes over `other`'s parameters (to write more statements of the same kernel).
+    pub fn adopt(&mut self, other: &Emitter) {
+        self.bufs = other.bufs.clone();
+        self.roles = other.roles.clone();
     }
 
     /// The index of axis `a` inside the element loop.
@@ -282,7 +299,7 @@ impl Emitter {
     }
 
     fn load(&mut self, v: &View) -> String {
-        let k = self.arg(v.buf);
+        let k = self.arg(v.buf, v.dtype, false);
         let ty = c_type(v.dtype);
         if self.vectorizable(v) {
             let off = self.offset(v, true);
@@ -428,7 +445,7 @@ impl Emitter {
     /// out as one vector after the loop when `dst` is vectorizable, else directly. Returns
     /// the statements that go after the loop.
     pub fn store(&mut self, dst: &View, v: &str) -> Vec<String> {
-        let k = self.arg(dst.buf);
+        let k = self.arg(dst.buf, dst.dtype, true);
         let ty = c_type(dst.dtype);
         let value = self.round_to_c(dst.dtype, v);
         if self.vectorizable(dst) {
@@ -482,10 +499,22 @@ impl Emitter {
         s
     }
 
-    /// The kernel's signature: one 64-bit address per parameter.
+    /// The kernel's signature: one address per parameter, typed, and `__restrict__` where
+    /// the kernel only loads from or only stores to it (the buffers of one launch never
+    /// overlap), so loads can move ahead of stores.
     pub fn signature(&self, name: &str) -> String {
-        let params: Vec<String> = (0..self.bufs.len())
-            .map(|k| format!("unsigned long long p{k}"))
+        let params: Vec<String> = self
+            .roles
+            .iter()
+            .enumerate()
+            .map(|(k, (d, load, store))| {
+                let ty = c_type(*d);
+                match (load, store) {
+                    (true, false) => format!("const {ty}* __restrict__ p{k}"),
+                    (false, true) => format!("{ty}* __restrict__ p{k}"),
+                    _ => format!("{ty}* p{k}"),
+                }
+            })
             .collect();
         format!("extern \"C\" __global__ void {name}({})", params.join(", "))
     }

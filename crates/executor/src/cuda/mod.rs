@@ -363,7 +363,17 @@ struct PendingSpan {
 pub type ErrorCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// A kernel segment's plans are specific to its operands' layouts.
-type PlanKey = (KernelId, Vec<TensorArg>, Vec<TensorArg>);
+/// A kernel segment (by the address of its fusion, which the plan keeps alive so that the
+/// address is never another fusion's), on buffers of these layouts.
+type PlanKey = (usize, KernelId, Vec<TensorArg>, Vec<TensorArg>);
+
+/// A kernel segment's plan for one layout, with each launch's kernel (and fallback) once
+/// loaded, so that a launch does not look its source up again.
+struct Planned {
+    _fusion: Arc<Fusion>,
+    plan: KernelPlan,
+    loaded: Vec<[std::sync::OnceLock<Arc<weave_cuda::Kernel>>; 2]>,
+}
 
 /// One rank's GPU.
 pub struct CudaBackend {
@@ -372,7 +382,7 @@ pub struct CudaBackend {
     streams: Mutex<BTreeMap<StreamKey, GpuStream>>,
     error: Mutex<Option<ExecError>>,
     check: Mutex<Option<ErrorCheck>>,
-    plans: Mutex<HashMap<PlanKey, Arc<KernelPlan>>>,
+    plans: Mutex<HashMap<PlanKey, Arc<Planned>>>,
     spans: Mutex<Vec<PendingSpan>>,
     origin: Mutex<Option<CudaEvent>>,
     allocations: Mutex<Vec<std::sync::Weak<DeviceMemory>>>,
@@ -1064,25 +1074,48 @@ impl Backend for CudaBackend {
         if outputs.iter().all(|o| o.numel() == 0) {
             return Ok(());
         }
+        // Generated kernels take their buffers as `__restrict__`: an output may share no
+        // allocation with an input or another output.
+        for (k, o) in outputs.iter().enumerate() {
+            let id = o.mem.id();
+            if inputs.iter().any(|i| i.mem.id() == id)
+                || outputs[k + 1..].iter().any(|p| p.mem.id() == id)
+            {
+                return Err(ExecError::Compute {
+                    stmt: label.to_string(),
+                    message: format!(
+                        "output {k} of the kernel shares its allocation with another of its \
+                         buffers; a kernel's outputs must not overlap its inputs or each other"
+                    ),
+                });
+            }
+        }
         let ins: Vec<TensorArg> = inputs.iter().map(DeviceTensor::arg).collect();
         let outs: Vec<TensorArg> = outputs.iter().map(DeviceTensor::arg).collect();
-        let key = (kernel, ins, outs);
+        let key = (Arc::as_ptr(fusion) as usize, kernel, ins, outs);
         let sms = self.gpu.sm_count().max(1) as usize;
         let cached = self.plans.lock().unwrap().get(&key).cloned();
-        let plan = match cached {
+        let planned = match cached {
             Some(p) => p,
             None => {
                 let name = format!("weave_kernel_{}", fusion.name);
-                let p = Arc::new(codegen::plan(fusion, &name, &key.1, &key.2, sms).map_err(
-                    |m| ExecError::Compute {
+                let plan = codegen::plan(fusion, &name, &key.2, &key.3, sms).map_err(|m| {
+                    ExecError::Compute {
                         stmt: label.to_string(),
                         message: m,
-                    },
-                )?);
+                    }
+                })?;
+                let loaded = plan.launches.iter().map(|_| Default::default()).collect();
+                let p = Arc::new(Planned {
+                    _fusion: fusion.clone(),
+                    plan,
+                    loaded,
+                });
                 self.plans.lock().unwrap().insert(key, p.clone());
                 p
             }
         };
+        let plan = &planned.plan;
         let temps: Vec<Arc<DeviceMemory>> = plan
             .temps
             .iter()
@@ -1090,19 +1123,27 @@ impl Backend for CudaBackend {
             .collect::<Result<_, _>>()?;
         self.compute(stream, || {
             self.timed(stream, label, || {
-                for l in &plan.launches {
+                for (l, loaded) in plan.launches.iter().zip(&planned.loaded) {
                     let address = |b: &Buf| match b {
                         Buf::Input(i) => inputs[*i].ptr(),
                         Buf::Output(i) => outputs[*i].ptr(),
                         Buf::Temp(i) => temps[*i].ptr(),
                     };
                     let addresses: Vec<u64> = l.args.iter().map(address).collect();
-                    let l = l.for_addresses(&addresses);
-                    let Some((grid, block)) = l.grid.dims(sms) else {
+                    let chosen = l.for_addresses(&addresses);
+                    let slot = &loaded[usize::from(!std::ptr::eq(chosen, l))];
+                    let Some((grid, block)) = chosen.grid.dims(sms) else {
                         continue;
                     };
-                    let k = self.gpu.kernel(&l.name, &l.source)?;
-                    let args: Vec<u64> = l.args.iter().map(address).collect();
+                    let k = match slot.get() {
+                        Some(k) => k.clone(),
+                        None => {
+                            let k = self.gpu.kernel(&chosen.name, &chosen.source)?;
+                            let _ = slot.set(k.clone());
+                            k
+                        }
+                    };
+                    let args: Vec<u64> = chosen.args.iter().map(address).collect();
                     self.gpu.launch(stream, &k, grid, block, &args)?;
                 }
                 Ok(())
