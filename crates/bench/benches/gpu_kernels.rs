@@ -294,6 +294,7 @@ struct Measured {
     got: Vec<f64>,
     bytes: usize,
     out_dtype: DType,
+    out_rank: usize,
 }
 
 /// Fills the inputs of `exe` (hash values, constants), times `warmup` + `iters` runs on the
@@ -363,6 +364,7 @@ fn measure(
         got: got?,
         bytes,
         out_dtype: layout.dtype,
+        out_rank: layout.global.len(),
     })
 }
 
@@ -466,7 +468,18 @@ impl Bench {
         let numerics = match &self.references[&key] {
             Ok(want) => {
                 let c = compare(&m.got, want, m.out_dtype);
+                // The worst element: its (row, column) of the input's grid (the output's
+                // element for a 2-D output, its row or column for a sum), and both values.
+                let worst = c.worst.map(|i| {
+                    let at = match (m.out_rank == 2, case) {
+                        (true, _) => json!([w.rows[i / w.cols.len()], w.cols[i % w.cols.len()]]),
+                        (false, "col_sum") => json!([null, w.cols[i]]),
+                        (false, _) => json!([w.rows[i], null]),
+                    };
+                    json!({"at": at, "got": m.got.get(i), "want": want[i]})
+                });
                 json!({
+                    "worst": worst,
                     "ok": c.ok, "max_abs": c.max_abs, "max_rel": c.max_rel,
                     "mismatches": c.mismatches, "compared": c.actual_len.min(c.expected_len),
                     "checked": if w.whole { "whole output".to_string() } else if case == "col_sum" {
