@@ -7,7 +7,8 @@
 //! bin/weave            the CLI (`--profile bundle`: optimized, no debug info, stripped)
 //! bin/gpu-tests        the root package's integration test `gpu` (when tests/gpu.rs exists)
 //! bin/gpu_*            weave-bench's benches crates/bench/benches/gpu_* (when there are any)
-//! scenarios/*.weave    tests/scenarios/*.weave (not its subdirectories)
+//! scenarios/*.weave    tests/scenarios/*.weave (not its other subdirectories)
+//! scenarios/kernels/*  tests/scenarios/kernels/*.weave (the kernel benchmark's fixtures)
 //! scripts/*            scripts/gpu/* (run-all.sh, table.py)
 //! MANIFEST.txt         commit, date, and every file with its size
 //! ```
@@ -126,9 +127,8 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     for (name, exe) in &executables {
         files.push(copy(exe, &out, &Path::new("bin").join(name))?);
     }
-    for scenario in files_in(&root.join("tests/scenarios"), Some("weave"))? {
-        let name = scenario.file_name().unwrap_or_default();
-        files.push(copy(&scenario, &out, &Path::new("scenarios").join(name))?);
+    for (scenario, to) in scenarios(&root.join("tests/scenarios"))? {
+        files.push(copy(&scenario, &out, &to)?);
     }
     for script in files_in(&root.join("scripts/gpu"), None)? {
         let name = script.file_name().unwrap_or_default();
@@ -342,6 +342,28 @@ fn copy(from: &Path, out: &Path, to: &Path) -> anyhow::Result<PathBuf> {
     Ok(to.to_path_buf())
 }
 
+/// The subdirectories of tests/scenarios that the bundle carries too.
+const SCENARIO_SUBDIRS: [&str; 1] = ["kernels"];
+
+/// The `.weave` files of the bundle's `scenarios/` (from `dir`, tests/scenarios), each with
+/// its path in the bundle: those directly in `dir`, and those of [`SCENARIO_SUBDIRS`] under
+/// the same subdirectory.
+fn scenarios(dir: &Path) -> anyhow::Result<Vec<(PathBuf, PathBuf)>> {
+    let mut out = Vec::new();
+    let bundle = Path::new("scenarios");
+    for file in files_in(dir, Some("weave"))? {
+        let name = file.file_name().unwrap_or_default().to_os_string();
+        out.push((file, bundle.join(name)));
+    }
+    for sub in SCENARIO_SUBDIRS {
+        for file in files_in(&dir.join(sub), Some("weave"))? {
+            let name = file.file_name().unwrap_or_default().to_os_string();
+            out.push((file, bundle.join(sub).join(name)));
+        }
+    }
+    Ok(out)
+}
+
 /// The plain files directly in `dir` (with extension `ext` when given), sorted; none when
 /// `dir` does not exist.
 fn files_in(dir: &Path, ext: Option<&str>) -> anyhow::Result<Vec<PathBuf>> {
@@ -497,5 +519,43 @@ not json
         let names = gpu_benches(&dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(names, ["gpu_dir", "gpu_overlap"]);
+    }
+
+    #[test]
+    fn scenarios_and_the_kernel_fixtures_are_bundled() {
+        let dir = std::env::temp_dir().join(format!("xtask-scenarios-{}", std::process::id()));
+        for sub in ["kernels", "invalid"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        for f in [
+            "b.weave",
+            "a.weave",
+            "README.md",
+            "kernels/add.weave",
+            "kernels/notes.txt",
+            "invalid/bad.weave",
+        ] {
+            std::fs::write(dir.join(f), "").unwrap();
+        }
+        let found = scenarios(&dir).unwrap();
+        let from: Vec<PathBuf> = found
+            .iter()
+            .map(|(f, _)| f.strip_prefix(&dir).unwrap().to_path_buf())
+            .collect();
+        let to: Vec<PathBuf> = found.iter().map(|(_, t)| t.clone()).collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            from,
+            ["a.weave", "b.weave", "kernels/add.weave"].map(PathBuf::from)
+        );
+        assert_eq!(
+            to,
+            [
+                "scenarios/a.weave",
+                "scenarios/b.weave",
+                "scenarios/kernels/add.weave"
+            ]
+            .map(PathBuf::from)
+        );
     }
 }
