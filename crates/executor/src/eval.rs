@@ -210,7 +210,7 @@ fn check_signature(
     rank: usize,
     world: usize,
 ) -> Result<(), ExecError> {
-    let mut names = Names::of(program);
+    let mut names = LazyNames::new(program);
     let scalars = Scalars {
         program,
         params: &config.params,
@@ -226,20 +226,23 @@ fn check_signature(
         )));
     }
     for (k, (&t, &(given_dtype, given_sizes))) in program.inputs.iter().zip(inputs).enumerate() {
-        let name = names.tensor(t);
+        // Named only in a message: building the names costs more than the check.
+        let name = &mut |names: &mut LazyNames| names.tensor(t);
         let decl = program.tensors.get(t).ok_or_else(|| {
             ExecError::Program(format!("input {k} is not a tensor of the program"))
         })?;
         if decl.dtype != given_dtype {
             return Err(ExecError::Input(format!(
-                "input {k} ({name}) must be {} but a {} tensor was given",
+                "input {k} ({}) must be {} but a {} tensor was given",
+                name(&mut names),
                 decl.dtype.name(),
                 given_dtype.name()
             )));
         }
         if decl.sizes.len() != given_sizes.len() {
             return Err(ExecError::Input(format!(
-                "input {k} ({name}) has {} axes but the given tensor has {} (sizes {:?})",
+                "input {k} ({}) has {} axes but the given tensor has {} (sizes {:?})",
+                name(&mut names),
                 decl.sizes.len(),
                 given_sizes.len(),
                 given_sizes
@@ -255,7 +258,8 @@ fn check_signature(
                     format!(" = {expr}")
                 };
                 return Err(ExecError::Input(format!(
-                    "input {k} ({name}) axis {axis} must have size {want}{expr} but has {n}"
+                    "input {k} ({}) axis {axis} must have size {want}{expr} but has {n}",
+                    name(&mut names)
                 )));
             }
         }
@@ -274,6 +278,38 @@ fn check_signature(
     Ok(())
 }
 
+/// The program's names, built on first use: only messages need them.
+struct LazyNames<'p> {
+    program: &'p HostProgram,
+    names: Option<Names>,
+}
+
+impl<'p> LazyNames<'p> {
+    fn new(program: &'p HostProgram) -> LazyNames<'p> {
+        LazyNames {
+            program,
+            names: None,
+        }
+    }
+
+    fn get(&mut self) -> &mut Names {
+        let program = self.program;
+        self.names.get_or_insert_with(|| Names::of(program))
+    }
+
+    fn tensor(&mut self, t: HostTensorId) -> String {
+        self.get().tensor(t)
+    }
+
+    fn scalar(&mut self, program: &HostProgram, s: ScalarId) -> String {
+        self.get().scalar(program, s)
+    }
+
+    fn stmt(&mut self, program: &HostProgram, s: StmtId) -> String {
+        self.get().stmt(program, s)
+    }
+}
+
 /// Scalar evaluation with the bindings current at a point of the walk.
 struct Scalars<'p> {
     program: &'p HostProgram,
@@ -284,12 +320,17 @@ struct Scalars<'p> {
 }
 
 impl Scalars<'_> {
-    fn eval(&self, s: ScalarId, names: &mut Names) -> Result<i64, ExecError> {
+    fn eval(&self, s: ScalarId, names: &mut LazyNames) -> Result<i64, ExecError> {
         self.eval_depth(s, names, 0)
     }
 
-    fn eval_depth(&self, s: ScalarId, names: &mut Names, depth: usize) -> Result<i64, ExecError> {
-        let fail = |names: &mut Names, why: &str| {
+    fn eval_depth(
+        &self,
+        s: ScalarId,
+        names: &mut LazyNames,
+        depth: usize,
+    ) -> Result<i64, ExecError> {
+        let fail = |names: &mut LazyNames, why: &str| {
             ExecError::Program(format!(
                 "cannot evaluate `{}`: {why}",
                 names.scalar(self.program, s)
@@ -348,8 +389,8 @@ struct Evaluator<'p, B: Backend, C> {
     backend: &'p B,
     comm: &'p C,
     config: &'p RunConfig,
-    names: Names,
-    labels: HashMap<StmtId, String>,
+    names: LazyNames<'p>,
+    labels: Arc<HashMap<StmtId, String>>,
     kernels: HashMap<KernelId, Arc<Fusion>>,
     scalars: Scalars<'p>,
     tensors: HashMap<HostTensorId, B::Buffer>,
@@ -377,11 +418,8 @@ where
                 "numberOfStreams must be at least 1".into(),
             ));
         }
-        let mut names = Names::of(program);
-        let labels = program
-            .walk()
-            .map(|w| (w.stmt, names.stmt(program, w.stmt)))
-            .collect();
+        let names = LazyNames::new(program);
+        let labels = program.statement_labels();
         let kernels = program
             .kernels
             .iter()

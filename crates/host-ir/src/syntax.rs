@@ -43,6 +43,48 @@ pub struct HostProgram {
     /// shardings, parameter values) and the fusion it computes: what makes a printed
     /// program runnable by itself. `None` for a program written by hand without one.
     pub signature: Option<Signature>,
+    /// What is derived from the program once and kept for every run (statement labels);
+    /// a clone starts empty, so an edited copy never sees the original's.
+    pub memo: Memo,
+}
+
+/// Data derived from a [`HostProgram`] on first use: see [`HostProgram::statement_labels`].
+/// Computed for the program as it is then; a program edited in place after it has run
+/// keeps the labels of the first run (clone it before editing).
+#[derive(Default)]
+pub struct Memo {
+    labels: std::sync::OnceLock<std::sync::Arc<std::collections::HashMap<StmtId, String>>>,
+}
+
+impl Clone for Memo {
+    /// Empty: a copy may be edited.
+    fn clone(&self) -> Memo {
+        Memo::default()
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Memo")
+    }
+}
+
+impl HostProgram {
+    /// Every statement as printed (`Names::stmt`), computed on the first call and shared by
+    /// every later one: what errors, spans and traces name statements by.
+    pub fn statement_labels(&self) -> std::sync::Arc<std::collections::HashMap<StmtId, String>> {
+        self.memo
+            .labels
+            .get_or_init(|| {
+                let mut names = crate::Names::of(self);
+                std::sync::Arc::new(
+                    self.walk()
+                        .map(|w| (w.stmt, names.stmt(self, w.stmt)))
+                        .collect(),
+                )
+            })
+            .clone()
+    }
 }
 
 /// A tensor of the host program: a buffer or an aliasing view of one, as seen by one rank.

@@ -322,6 +322,27 @@ impl Emitter {
             };
             return self.to_ct(v.dtype, &format!("{name}[j]"));
         }
+        let invariant = match self.vec_axis {
+            Some(a) => v.strides.get(a).is_some_and(|s| *s == 0) || v.sizes.get(a) == Some(&1),
+            None => true,
+        };
+        if invariant {
+            // The same element for every `j` (a broadcast along the vector axis, a scalar):
+            // loaded once, before the element loop.
+            let off = self.offset(v, true);
+            let key = (v.buf, format!("scalar {off}"));
+            let name = match self.preloaded.get(&key) {
+                Some(n) => n.clone(),
+                None => {
+                    let n = self.fresh("s");
+                    self.pre
+                        .push(format!("const {ty} {n} = ((const {ty}*)p{k})[{off}];"));
+                    self.preloaded.insert(key, n.clone());
+                    n
+                }
+            };
+            return self.to_ct(v.dtype, &name);
+        }
         let raw = format!("((const {ty}*)p{k})[{}]", self.offset(v, false));
         self.to_ct(v.dtype, &raw)
     }
