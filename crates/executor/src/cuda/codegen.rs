@@ -1191,7 +1191,20 @@ fn row_source(
             .all(|(_, d)| matches!(d.dtype, DType::BF16 | DType::F16));
     let ty = width.ty();
     let nv = inner_numel / vec.max(1);
-    let block = (nv.next_power_of_two()).clamp(32, 256) as u32;
+    // Rows whose vectors split evenly over a block, a few per thread: each thread keeps its
+    // vectors in registers from the first pass to the last (one read of the row in all).
+    let persist = if splits == 1 && rows.passes.len() + usize::from(!full.is_empty()) > 1 {
+        [256usize, 512, 128, 64]
+            .into_iter()
+            .find(|b| nv % b == 0 && nv / b <= 8)
+            .map(|b| (b, nv / b))
+    } else {
+        None
+    };
+    let block = match persist {
+        Some((b, _)) => b as u32,
+        None => (nv.next_power_of_two()).clamp(32, 256) as u32,
+    };
     let (row_index, outer_names) = if splits > 1 {
         let (mut lines, names) = decompose(width, "rrow", "o", outer, 1);
         let s = width.lit(splits as i64);
@@ -1205,12 +1218,26 @@ fn row_source(
     };
     let (inner_index, inner_names) = decompose(width, "cv", "i", &rows.inner, vec);
     let base: Vec<String> = outer_names.iter().chain(&inner_names).cloned().collect();
+    // Persisted loads need constant indices: the vectors of a thread are unrolled fully.
+    let unroll = if persist.is_some() {
+        "#pragma unroll"
+    } else {
+        "#pragma unroll 4"
+    };
     let mut e = Emitter::new(ct, fast, width, vec, base.clone());
+    if let Some((_, its)) = persist {
+        e.persist(its);
+    }
     let mut body = String::new();
     let w = |body: &mut String, indent: &str, l: &str| {
         let _ = writeln!(body, "{indent}{l}");
     };
-    let row_loop = if splits > 1 {
+    let row_loop = if let Some((b, its)) = persist {
+        format!(
+            "for (int it = 0; it < {its}; ++it) {{ const {ty} cv = threadIdx.x + ({ty})it * {};",
+            width.lit(b as i64)
+        )
+    } else if splits > 1 {
         let per = nv.div_ceil(splits);
         format!(
             "for ({ty} cv = part * {per} + threadIdx.x; cv < part * {per} + {per} && cv < {nv}; \
@@ -1231,7 +1258,7 @@ fn row_source(
         w(&mut body, "    ", &format!("{ct} r{p};"));
         w(&mut body, "    ", "{");
         w(&mut body, "      ", &format!("{ct} acc = {};", e.init(*op)));
-        w(&mut body, "      ", "#pragma unroll 4");
+        w(&mut body, "      ", unroll);
         w(&mut body, "      ", &row_loop);
         for l in &inner_index {
             w(&mut body, "        ", l);
@@ -1250,6 +1277,7 @@ fn row_source(
         w(&mut body, "    ", "}");
     }
     if !full.is_empty() {
+        w(&mut body, "    ", unroll);
         e.reset(base.clone());
         let mut after = Vec::new();
         for (node, dst) in full {
@@ -1296,6 +1324,9 @@ fn row_source(
     let mut s = String::from(PRELUDE);
     let _ = writeln!(s, "{} {{", e.signature(name));
     let _ = writeln!(s, "  __shared__ {ct} weave_smem[32];");
+    for d in &e.decls {
+        let _ = writeln!(s, "  {d}");
+    }
     let _ = writeln!(
         s,
         "  for ({ty} row = blockIdx.x; row < {}; row += gridDim.x) {{",
@@ -1603,7 +1634,15 @@ mod tests {
             "{}",
             l.source
         );
-        assert_eq!(l.align, vec![(0, 16), (0, 16), (0, 16), (1, 16)]);
+        // The row is read once: the first pass keeps each thread's vectors in registers
+        // (4096 elements: 512 vectors, 2 per thread of 256) for the later passes.
+        assert_eq!(l.align, vec![(0, 16), (1, 16)]);
+        assert_eq!(l.source.matches("((const unsigned short*)p0) +").count(), 1);
+        assert!(
+            l.source.contains("alignas(16) unsigned short a1[2][8];"),
+            "{}",
+            l.source
+        );
         assert!(l.fallback.is_some());
     }
 

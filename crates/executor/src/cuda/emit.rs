@@ -151,6 +151,13 @@ pub struct Emitter {
     /// `(parameter, bytes)`: alignments the vector accesses assume.
     pub align: Vec<(usize, usize)>,
     preloaded: HashMap<(Buf, String), String>,
+    /// Row kernels whose threads each take `it` vectors of a row: vector loads are kept in
+    /// registers (`a[it][V]`) from the pass that first loads them to the last.
+    persist: Option<usize>,
+    /// Those arrays: (buffer, offset) → name; declared once per kernel ([`Emitter::decls`]).
+    persisted: HashMap<(Buf, String), String>,
+    /// Declarations of the persisted arrays.
+    pub decls: Vec<String>,
     next: usize,
 }
 
@@ -171,6 +178,9 @@ impl Emitter {
             roles: Vec::new(),
             align: Vec::new(),
             preloaded: HashMap::new(),
+            persist: None,
+            persisted: HashMap::new(),
+            decls: Vec::new(),
             next: 0,
         }
     }
@@ -298,9 +308,42 @@ impl Emitter {
         }
     }
 
+    /// Keeps vector loads in registers across the passes of a row kernel whose threads take
+    /// `iterations` vectors of each row (their element loops run inside `for (int it …)`).
+    pub fn persist(&mut self, iterations: usize) {
+        self.persist = Some(iterations);
+    }
+
     fn load(&mut self, v: &View) -> String {
         let k = self.arg(v.buf, v.dtype, false);
         let ty = c_type(v.dtype);
+        if let (Some(its), true) = (self.persist, self.vectorizable(v)) {
+            let off = self.offset(v, true);
+            let key = (v.buf, off.clone());
+            if let Some(n) = self.preloaded.get(&key) {
+                return self.to_ct(v.dtype, &format!("{n}[it][j]"));
+            }
+            let bytes = size_of(v.dtype) * self.vec;
+            let vt = vector_type(bytes);
+            let name = match self.persisted.get(&key) {
+                Some(n) => n.clone(),
+                None => {
+                    // First loaded in this pass: declared for the kernel, filled here.
+                    let n = self.fresh("a");
+                    self.decls
+                        .push(format!("alignas(16) {ty} {n}[{its}][{}];", self.vec));
+                    self.pre.push(format!(
+                        "*reinterpret_cast<{vt}*>({n}[it]) = \
+                         *reinterpret_cast<const {vt}*>(((const {ty}*)p{k}) + ({off}));"
+                    ));
+                    self.align.push((k, bytes));
+                    self.persisted.insert(key.clone(), n.clone());
+                    n
+                }
+            };
+            self.preloaded.insert(key, name.clone());
+            return self.to_ct(v.dtype, &format!("{name}[it][j]"));
+        }
         if self.vectorizable(v) {
             let off = self.offset(v, true);
             let key = (v.buf, off.clone());
