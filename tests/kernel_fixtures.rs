@@ -223,3 +223,31 @@ fn the_benchmark_runs_every_kernel_fixture() {
     cases.sort();
     assert_eq!(found, cases);
 }
+
+/// Each fixture is one kernel segment, launched once per chunk: the broadcasts of its 0-d
+/// constants and the casts of its weights (unsplit tensors feeding a chunked kernel) fold
+/// into that kernel instead of running as kernels of their own before the stream loop.
+#[test]
+fn every_kernel_fixture_is_one_kernel_per_chunk() {
+    for case in CASES {
+        let source = std::fs::read_to_string(path(case)).expect("the fixture");
+        let exe = Compiler::new()
+            .set("t", 12)
+            .set("h", 40)
+            .set("s", 3)
+            .compile_source(&format!("{case}.weave"), &source)
+            .expect("compiles");
+        let program = exe.program();
+        let launches: Vec<_> = program
+            .walk()
+            .filter(|w| {
+                matches!(
+                    program.stmts.get(w.stmt),
+                    Some(streamweave::host_ir::Stmt::LaunchKernel { .. })
+                )
+            })
+            .collect();
+        assert_eq!(launches.len(), 1, "{case}: {launches:?}");
+        assert_eq!(program.kernels.len(), 1, "{case}");
+    }
+}

@@ -105,6 +105,8 @@ pub fn segment(fusion: Fusion, classify: Classifier<'_>, rule: &dyn MergeRule) -
         }
     }
 
+    fold_replicated_views(&mut m, &fusion);
+
     let Merger { g, .. } = m;
     // Merged segments hold their exprs as merged; put each in program order with its
     // inputs and outputs once, at the end.
@@ -114,6 +116,58 @@ pub fn segment(fusion: Fusion, classify: Classifier<'_>, rule: &dyn MergeRule) -
         .collect();
     segments.sort_by_key(|s| idx.position(s.exprs()[0]));
     build(fusion, &idx, segments).expect("segmentation keeps a valid acyclic partition")
+}
+
+/// Folds each kernel segment that only re-views or casts tensors split across neither
+/// streams nor devices, into tensors that are not split either (a broadcast constant, a cast
+/// weight; a copy the schedule keeps whole between split ones stays), into the one kernel
+/// segment that
+/// reads it, when none of its tensors is a fusion output and the merge closes no cycle: the
+/// reader recomputes the view per element for free, where a segment of its own costs a
+/// launch and a buffer before the stream loop (the parallel structures differ, so the merge
+/// rule keeps them apart). Runs once merging is over, so merged segments need no uniform
+/// representative.
+fn fold_replicated_views(m: &mut Merger<'_>, fusion: &Fusion) {
+    let cheap = |k: &weave_ir::ExprKind| {
+        matches!(
+            k,
+            weave_ir::ExprKind::Set
+                | weave_ir::ExprKind::Cast(_)
+                | weave_ir::ExprKind::Broadcast { .. }
+                | weave_ir::ExprKind::Squeeze { .. }
+        )
+    };
+    let nodes: Vec<NodeIndex> = m.g.node_indices().collect();
+    for p in nodes {
+        if !m.g.contains_node(p) || m.g[p].kind() != SegmentKind::Kernel {
+            continue;
+        }
+        let foldable = m.g[p].exprs().iter().all(|e| {
+            let ex = fusion.expr(*e);
+            let whole = |t: &TensorId| crate::rule::parallel_signature(fusion, *t).is_empty();
+            cheap(&ex.kind)
+                && ex.inputs.iter().all(whole)
+                && ex.outputs.iter().all(|t| !fusion.is_output(*t) && whole(t))
+        });
+        if !foldable {
+            continue;
+        }
+        let mut readers: Vec<NodeIndex> = m.g.neighbors_directed(p, Direction::Outgoing).collect();
+        readers.sort();
+        readers.dedup();
+        let [c] = readers[..] else { continue };
+        if m.g[c].kind() != SegmentKind::Kernel {
+            continue;
+        }
+        let mesh = |n: NodeIndex| {
+            let e = m.g[n].exprs()[0];
+            fusion.expr(e).outputs.first().map(|t| fusion.mesh_of(*t))
+        };
+        if mesh(p) != mesh(c) || m.creates_cycle(c, p) {
+            continue;
+        }
+        m.merge(c, p);
+    }
 }
 
 struct Merger<'a> {

@@ -31,8 +31,8 @@
 //!
 //! Arithmetic runs in `float` (or `double` when an f64 or i64 tensor is involved); bf16 and
 //! f16 are loaded and stored through PTX conversions (round to nearest even), so no header
-//! is needed. Kernels whose results are all stored in 16 bits use `__expf` and `__fdividef`,
-//! whose error is far below a 16-bit rounding. A `cast` rounds to its type in place, as the
+//! is needed. Kernels whose results are all stored in 16 bits use `__expf`, `__fdividef` and
+//! the hardware `tanh.approx`, whose errors are below a 16-bit rounding. A `cast` rounds to its type in place, as the
 //! interpreter does.
 
 use std::fmt::Write as _;

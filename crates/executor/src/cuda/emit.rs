@@ -23,6 +23,15 @@ __device__ __forceinline__ float bf2f(unsigned short b) { return __uint_as_float
 __device__ __forceinline__ unsigned short f2bf(float f) { unsigned short r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r; }
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r; }
+// tanh to about 2^-11 (the hardware approximation from sm_75 on): for results stored in 16
+// bits, whose rounding is coarser.
+__device__ __forceinline__ float weave_tanh_fast(float x) {
+#if __CUDA_ARCH__ >= 750
+  float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+#else
+  return tanhf(x);
+#endif
+}
 struct WeaveSum { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
 struct WeaveMax { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a != a ? a : (b != b ? b : (a > b ? a : b)); } };
 // Every thread of the block gets the combination of every thread's `v`; `smem` holds 32
@@ -130,7 +139,7 @@ impl Width {
 pub struct Emitter {
     /// The compute type: `float` or `double`.
     pub ct: &'static str,
-    /// Fast intrinsics (`__expf`, `__fdividef`) for results stored in 16 bits.
+    /// Fast intrinsics (`__expf`, `__fdividef`, `tanh.approx`) for results stored in 16 bits.
     pub fast: bool,
     /// The index width.
     pub width: Width,
@@ -428,6 +437,7 @@ impl Emitter {
                     UnaryOp::Log => m("log"),
                     UnaryOp::Sin => m("sin"),
                     UnaryOp::Cos => m("cos"),
+                    UnaryOp::Tanh if fast => format!("weave_tanh_fast({a})"),
                     UnaryOp::Tanh => m("tanh"),
                     UnaryOp::Sqrt => m("sqrt"),
                     UnaryOp::Rsqrt => {
