@@ -224,7 +224,8 @@ fn the_benchmark_runs_every_kernel_fixture() {
     assert_eq!(found, cases);
 }
 
-/// Each fixture is one kernel segment, launched once per chunk: the broadcasts of its 0-d
+/// Each fixture is one kernel segment, launched once per chunk, and one generated kernel: the
+/// broadcasts of its 0-d
 /// constants and the casts of its weights (unsplit tensors feeding a chunked kernel) fold
 /// into that kernel instead of running as kernels of their own before the stream loop.
 #[test]
@@ -249,5 +250,13 @@ fn every_kernel_fixture_is_one_kernel_per_chunk() {
             .collect();
         assert_eq!(launches.len(), 1, "{case}: {launches:?}");
         assert_eq!(program.kernels.len(), 1, "{case}");
+        // And the code generator makes that segment one CUDA kernel (softmax and the norms
+        // a row kernel), with no temporary, for every chunk shape.
+        let sources = exe.kernel_sources(1, 132).expect("kernel sources");
+        assert!(!sources.is_empty(), "{case}");
+        for k in &sources {
+            assert_eq!(k.plan.launches.len(), 1, "{case}: {:#?}", k.plan.launches);
+            assert!(k.plan.temps.iter().all(|(_, n)| *n == 0), "{case}");
+        }
     }
 }

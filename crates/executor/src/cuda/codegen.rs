@@ -782,8 +782,14 @@ impl<'f> Gen<'f> {
                 Err(NOT_ROWS.into())
             };
         }
+        // A load, or (in a row kernel, which cannot materialize) any expression, is
+        // broadcast by expanding its leaves: each broadcast element recomputes the value,
+        // which for a cast weight or a scaled constant costs less than a kernel and a buffer.
         let f = |v: &View| expand(v, sizes);
-        if x.node.is_load() {
+        if x.node.is_load()
+            || matches!(&x.node, Node::Cast(_, l) if l.is_load())
+            || self.rows.is_some()
+        {
             if let Some(n) = x.node.map_loads(&f) {
                 return Ok(n);
             }
