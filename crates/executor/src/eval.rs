@@ -705,10 +705,14 @@ where
             }
             Stmt::Synchronize { stream } => {
                 let other = self.stream_key(*stream, &label)?;
-                let waited = self.backend.stream(other)?;
-                let waiter = self.backend.stream(self.current)?;
-                let event = self.backend.record_event(&waited);
-                self.backend.wait_event(&waiter, &event, &label);
+                // A stream is always ordered after itself: nothing to enqueue (one chunk on
+                // the main stream synchronizes with it at the fork and the join).
+                if other != self.current {
+                    let waited = self.backend.stream(other)?;
+                    let waiter = self.backend.stream(self.current)?;
+                    let event = self.backend.record_event(&waited);
+                    self.backend.wait_event(&waiter, &event, &label);
+                }
                 if let Some(r) = self.races.as_mut() {
                     r.synchronize(self.current, other);
                 }
