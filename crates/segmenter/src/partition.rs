@@ -105,7 +105,9 @@ pub fn segment(fusion: Fusion, classify: Classifier<'_>, rule: &dyn MergeRule) -
         }
     }
 
-    fold_replicated_views(&mut m, &fusion);
+    if rule.fold_replicated_views() {
+        fold_replicated_views(&mut m, &fusion);
+    }
 
     let Merger { g, .. } = m;
     // Merged segments hold their exprs as merged; put each in program order with its

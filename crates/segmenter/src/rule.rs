@@ -34,6 +34,13 @@ pub trait MergeRule {
     fn merge_siblings(&self) -> bool {
         false
     }
+
+    /// Whether, once merging is over, a kernel segment that only re-views or casts unsplit
+    /// tensors folds into the one kernel segment that reads it (see [`crate::segment()`]).
+    /// Off by default.
+    fn fold_replicated_views(&self) -> bool {
+        false
+    }
 }
 
 /// What the segmenter knows of the fusion it partitions, computed at most once: the fusion
@@ -78,7 +85,9 @@ impl MergeRule for NoMergeRule {
 /// squeeze) and every tensor either segment defines has the same device mesh and the same
 /// Stream/DID parallel structure ([`same_parallel_structure`]) with mapped Stream axes
 /// ([`same_stream_axis`]), so that a merged kernel never mixes chunked and unchunked (or
-/// differently sharded, or chunked along different axes) iteration spaces.
+/// differently sharded, or chunked along different axes) iteration spaces; once merging is
+/// over, views and casts of unsplit tensors fold into the kernel that reads them
+/// ([`MergeRule::fold_replicated_views`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DefaultMergeRule {
     /// Also merge sibling kernels that read a common tensor (see [`MergeRule::merge_siblings`]).
@@ -177,6 +186,10 @@ impl MergeRule for DefaultMergeRule {
 
     fn merge_siblings(&self) -> bool {
         self.merge_siblings
+    }
+
+    fn fold_replicated_views(&self) -> bool {
+        true
     }
 }
 
