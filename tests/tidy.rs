@@ -103,6 +103,8 @@ const ARROWS: &[(&str, &[&str])] = &[
     // `published_packages_need_no_unpublished_one` checks the kind.
     ("weave-cli", &["streamweave", "weave-bench"]),
     ("xtask", &["streamweave"]),
+    // The Python extension module: the facade only (crates/python).
+    ("streamweave-python", &["streamweave"]),
 ];
 
 /// Crates an application chooses for itself, which the user-facing library must not bring
