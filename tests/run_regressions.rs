@@ -359,3 +359,28 @@ fn the_bias_of_a_row_parallel_linear_is_added_after_the_reduction() {
         assert!(!biased);
     }
 }
+
+/// Heads split out of a device-split hidden axis and merged back (tests/scenarios/
+/// split_merge_heads.weave): each device's block of the hidden axis holds whole heads, so no
+/// communication is needed — `decompose-reshardings` used to refuse the merge from inside
+/// the pass ("does not reshard"). Matches the reference on 1, 2 and 4 ranks, with even and
+/// uneven stream chunks and heads of several sizes.
+#[test]
+fn heads_split_and_merged_around_a_device_split_need_no_communication() {
+    let source = std::fs::read_to_string(common::fixture("split_merge_heads")).unwrap();
+    for extra in [
+        &[("s", 1)][..],
+        &[("s", 3), ("t", 7)],
+        &[("nh", 8), ("hd", 5), ("s", 4)],
+    ] {
+        for c in runs_on(&source, &[1, 2, 4], extra) {
+            let p = &c.program;
+            let comms = p
+                .walk()
+                .filter(|w| matches!(p.stmts[w.stmt], Stmt::Communication(_)))
+                .count();
+            assert_eq!(comms, 0, "{extra:?}");
+            assert_eq!(compute_loops(p), 1, "{extra:?}");
+        }
+    }
+}

@@ -369,6 +369,19 @@ pub(crate) fn simplify(x: Idx, bounds: &[Scalar]) -> Idx {
             match a {
                 Idx::Div(inner, e1) => simplify(Idx::Div(inner, e1.mul(e)), bounds),
                 Idx::Lin(o, e1, i) if e1 == e && le(&bound(&i, bounds), &e) => *o,
+                // `(o·e1 + i) / (e1·q)` with `i < e1` is `o / q`: a merge split again by a
+                // multiple of its inner extent (heads merged back into a hidden axis whose
+                // device split cuts whole heads).
+                Idx::Lin(o, e1, i)
+                    if le(&bound(&i, bounds), &e1)
+                        && matches!(
+                            (e1.as_const(), e.as_const()),
+                            (Some(c1), Some(c)) if c1 > 0 && c % c1 == 0
+                        ) =>
+                {
+                    let q = e.as_const().unwrap_or(1) / e1.as_const().unwrap_or(1);
+                    simplify(Idx::Div(o, Scalar::c(q)), bounds)
+                }
                 a => Idx::Div(Box::new(a), e),
             }
         }
@@ -436,6 +449,23 @@ mod tests {
             Idx::Var(0)
         );
         assert_eq!(simplify(Idx::Mod(Box::new(m), c(4)), &b), Idx::Var(1));
+    }
+
+    #[test]
+    fn a_merge_split_by_a_multiple_of_its_inner_extent_divides_the_outer_part() {
+        // heads (8) x head_dim (3) merged, the hidden axis cut into 4 device blocks of 6:
+        // block = head / 2, the heads' own split by 4 devices.
+        let b = vec![c(8), c(3)];
+        let m = Idx::Lin(var(0), c(3), var(1));
+        assert_eq!(
+            simplify(Idx::Div(Box::new(m.clone()), c(6)), &b),
+            Idx::Div(var(0), c(2))
+        );
+        // Not a multiple of the inner extent: nothing to prove.
+        assert_eq!(
+            simplify(Idx::Div(Box::new(m.clone()), c(4)), &b),
+            Idx::Div(Box::new(m), c(4))
+        );
     }
 
     #[test]
