@@ -24,16 +24,18 @@
 //!   outermost axes give each thread a column and split the rows over blocks (partial sums,
 //!   then one more pass); other reductions loop per output element.
 //!
-//! Pointwise kernels and the passes of row kernels move `V` elements per thread and access
-//! (16 bytes when the types allow) with a scalar fallback kernel for buffers that are not
-//! aligned to the vector (see [`Launch::align`]), index in 32 bits where every offset fits,
-//! and size their grid from the device's SM count at launch.
+//! Pointwise kernels and the passes of row kernels move `V` elements per access (16 bytes when
+//! the types allow; a pointwise thread takes 4 such vectors per iteration), with a scalar
+//! fallback kernel for buffers that are not aligned to the vector (see [`Launch::align`]);
+//! they index in 32 bits where every offset fits and size their grid from the device's SM
+//! count at launch. A row kernel whose row splits evenly over its block keeps each thread's
+//! vectors in registers from the first pass to the last, so the row is read once.
 //!
 //! Arithmetic runs in `float` (or `double` when an f64 or i64 tensor is involved); bf16 and
 //! f16 are loaded and stored through PTX conversions (round to nearest even), so no header
 //! is needed. Kernels whose results are all stored in 16 bits use `__expf`, `__fdividef` and
-//! the hardware `tanh.approx`, whose errors are below a 16-bit rounding. A `cast` rounds to its type in place, as the
-//! interpreter does.
+//! the hardware `tanh.approx`, whose errors are below a 16-bit rounding. A `cast` rounds to
+//! its type in place, as the interpreter does.
 
 use std::fmt::Write as _;
 
