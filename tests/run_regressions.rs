@@ -384,3 +384,37 @@ fn heads_split_and_merged_around_a_device_split_need_no_communication() {
         }
     }
 }
+
+/// Sequence ↔ head parallelism through AllToAll (tests/scenarios/ulysses_all_to_all.weave)
+/// at several shapes, on 1 to 4 ranks: two AllToAll communications on more than one rank,
+/// none on one, and the reference's numbers.
+#[test]
+fn ulysses_all_to_all_reshards_tokens_to_heads_and_back_at_several_shapes() {
+    let source = std::fs::read_to_string(common::fixture("ulysses_all_to_all")).unwrap();
+    for extra in [
+        &[][..],
+        &[("t", 12), ("nh", 12), ("hd", 1)],
+        &[("t", 36), ("nh", 24), ("hd", 3)],
+    ] {
+        for c in runs_on(&source, &[1, 2, 3, 4], extra) {
+            let p = &c.program;
+            let kinds: Vec<String> = p
+                .walk()
+                .filter_map(|w| match &p.stmts[w.stmt] {
+                    Stmt::Communication(comm) => Some(format!("{:?}", comm.kind)),
+                    _ => None,
+                })
+                .collect();
+            let ranks = c.exe.min_ranks();
+            if ranks == 1 {
+                assert!(kinds.is_empty(), "{extra:?}: {kinds:?}");
+            } else {
+                assert_eq!(
+                    kinds,
+                    ["AllToAll", "AllToAll"],
+                    "{extra:?} on {ranks} ranks"
+                );
+            }
+        }
+    }
+}

@@ -128,8 +128,9 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
     // column_parallel_linear is: t = 10 rows do not split across 3 or 4 devices;
     // sequence_parallel_mlp's device splits of t = 10 in chunks are refused like
     // matmul_rs's); 534 and 54 with the 2-D scenarios on every mesh shape (their refusals are
-    // the same divisibility of t = 10 and b = 6 by 3 or 4 devices). Refusals may only turn
-    // into passes.
-    assert!(passed >= 534, "only {passed} configurations passed");
-    assert!(refused <= 54, "{refused} configurations were refused");
+    // the same divisibility of t = 10 and b = 6 by 3 or 4 devices); 560 and 56 with
+    // split_merge_heads and ulysses_all_to_all (whose token split of t = 10 is refused on 3
+    // and 4 devices the same way). Refusals may only turn into passes.
+    assert!(passed >= 560, "only {passed} configurations passed");
+    assert!(refused <= 56, "{refused} configurations were refused");
 }
