@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use weave_executor::timeline::{chrome_trace, svg, RankSpans};
+use weave_executor::timeline::{chrome_trace, svg};
 use weave_host_ir::{HostProgram, Stmt};
 use weave_passes::DumpOptions;
 
@@ -483,15 +483,7 @@ pub fn run(
         crate::outln!("reference check: skipped (--no-check)");
     }
     if let Some(path) = trace {
-        let ranks: Vec<RankSpans> = report
-            .ranks
-            .iter()
-            .enumerate()
-            .map(|(rank, r)| RankSpans {
-                rank,
-                spans: r.spans.clone(),
-            })
-            .collect();
+        let ranks = report.rank_spans();
         let svg_path = path.with_extension("svg");
         let written = crate::output::write_atomic(path, chrome_trace(&ranks).as_bytes())
             .and_then(|()| crate::output::write_atomic(&svg_path, svg(&ranks).as_bytes()));

@@ -23,21 +23,6 @@ const CASES: [&str; 9] = [
     "rmsnorm",
 ];
 
-/// The 0-d constant inputs of a fixture (the format has no scalar literals) at row length `h`.
-fn constants(case: &str, h: usize) -> Vec<(&'static str, f64)> {
-    match case {
-        "gelu_tanh" => vec![
-            ("half", 0.5),
-            ("one", 1.0),
-            ("k0", 0.797_884_56),
-            ("k1", 0.044_715),
-        ],
-        "layernorm" => vec![("n", h as f64), ("eps", 1e-5)],
-        "rmsnorm" => vec![("n", h as f64), ("eps", 1e-6)],
-        _ => Vec::new(),
-    }
-}
-
 fn path(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/scenarios/kernels/{case}.weave"))
 }
@@ -126,7 +111,7 @@ fn run_case(case: &str, t: usize, h: usize, s: usize) -> Result<(), String> {
         .set("s", s as i64)
         .compile_source(&format!("{case}.weave"), &source)
         .map_err(|e| format!("compile: {e}"))?;
-    let consts = constants(case, h);
+    let consts = weave_bench::kernel_constants(case, h);
     let globals: Vec<Dense> = exe
         .inputs()
         .iter()

@@ -106,22 +106,6 @@ fn shape(s: &str) -> Result<(usize, usize), String> {
     }
 }
 
-/// The 0-d constant inputs of a fixture (the format has no scalar literals), at row length
-/// `h`; the kernel tests (tests/kernel_fixtures.rs) set the same.
-fn constants(case: &str, h: usize) -> Vec<(&'static str, f64)> {
-    match case {
-        "gelu_tanh" => vec![
-            ("half", 0.5),
-            ("one", 1.0),
-            ("k0", 0.797_884_56),
-            ("k1", 0.044_715),
-        ],
-        "layernorm" => vec![("n", h as f64), ("eps", 1e-5)],
-        "rmsnorm" => vec![("n", h as f64), ("eps", 1e-6)],
-        _ => Vec::new(),
-    }
-}
-
 /// The seed of input `k` (the device fill and the host reference agree on it).
 fn seed(k: usize) -> u64 {
     101 + k as u64
@@ -200,7 +184,7 @@ fn reference(
         .set("s", 1)
         .compile_source(&format!("{case}.weave"), source)
         .map_err(|e| format!("reference compile: {e}"))?;
-    let consts = constants(case, h);
+    let consts = weave_bench::kernel_constants(case, h);
     let mut globals = Vec::new();
     for sig in exe.inputs() {
         let k = names
@@ -309,7 +293,7 @@ fn measure(
 ) -> Result<Measured, JobError> {
     let backend = &rank.backend;
     let main = backend.stream(StreamKey::Main).map_err(|e| e.to_string())?;
-    let consts = constants(case, h);
+    let consts = weave_bench::kernel_constants(case, h);
     let mut inputs = Vec::new();
     let mut bytes = 0usize;
     for (k, sig) in exe.inputs().iter().enumerate() {

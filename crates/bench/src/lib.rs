@@ -39,6 +39,23 @@ fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
 /// [`linear_reference`] alike.
 pub const LINEAR_SEEDS: [u64; 2] = [101, 202];
 
+/// The 0-d constant inputs of a kernel benchmark fixture (tests/scenarios/kernels/*.weave; the
+/// format has no scalar literals) at row length `h`: what the benchmark and the fixtures'
+/// CPU tests set.
+pub fn kernel_constants(case: &str, h: usize) -> Vec<(&'static str, f64)> {
+    match case {
+        "gelu_tanh" => vec![
+            ("half", 0.5),
+            ("one", 1.0),
+            ("k0", 0.797_884_56),
+            ("k1", 0.044_715),
+        ],
+        "layernorm" => vec![("n", h as f64), ("eps", 1e-5)],
+        "rmsnorm" => vec![("n", h as f64), ("eps", 1e-6)],
+        _ => Vec::new(),
+    }
+}
+
 /// This rank's buffer of the fusion input with `layout`, filled from `seed`.
 pub fn random_input(
     rank: &Rank,

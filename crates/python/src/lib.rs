@@ -12,7 +12,7 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use streamweave::executor::dense::Dense;
-use streamweave::executor::timeline::{chrome_trace, RankSpans};
+use streamweave::executor::timeline::chrome_trace;
 use streamweave::ir::{DType, Fusion};
 use streamweave::passes::{manager::render, DumpFlags, Ir, PassManager};
 use streamweave::{Compiler, Executable, RunOptions, Target, Tensor};
@@ -214,18 +214,7 @@ impl NativeExecutable {
         let passed = report.passed();
         let max_error = report.max_abs_error();
         let race_count = report.races();
-        let trace_json = trace.then(|| {
-            let spans: Vec<RankSpans> = report
-                .ranks
-                .iter()
-                .enumerate()
-                .map(|(rank, r)| RankSpans {
-                    rank,
-                    spans: r.spans.clone(),
-                })
-                .collect();
-            chrome_trace(&spans)
-        });
+        let trace_json = trace.then(|| chrome_trace(&report.rank_spans()));
         let outputs = report.into_outputs().map_err(error)?;
         let mut out = Vec::with_capacity(outputs.len());
         for (name, t) in outputs.iter() {

@@ -59,6 +59,18 @@ impl RunReport {
         self.ranks.iter().map(|r| r.races.len()).sum()
     }
 
+    /// Every rank's spans (when the run traced), for `timeline::chrome_trace` and `svg`.
+    pub fn rank_spans(&self) -> Vec<weave_executor::timeline::RankSpans> {
+        self.ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, r)| weave_executor::timeline::RankSpans {
+                rank,
+                spans: r.spans.clone(),
+            })
+            .collect()
+    }
+
     /// The largest absolute error over every checked output.
     pub fn max_abs_error(&self) -> f64 {
         self.checks

@@ -1500,8 +1500,7 @@ fn serial_reduce(
     for l in &red_index {
         let _ = writeln!(s, "      {l}");
     }
-    // `e`'s parameters moved to `st`; the element loop's text only names `p{k}` numbers,
-    // which `st` keeps in the same order.
+    // `st` took over `e`'s parameters in order, so the element loop's `p{k}` stay right.
     s.push_str(&e.element_loop("      "));
     let _ = writeln!(s, "    }}");
     for l in &st.lines {
