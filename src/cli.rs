@@ -73,8 +73,13 @@ pub fn render_report(report: &RunReport, checked_races: bool) -> String {
     if let Some(t) = report.timed() {
         let _ = writeln!(
             s,
-            "timed: {} runs, median {}, min {} (each run's slowest rank)",
+            "timed: {} runs{}, median {}, min {} (each run's slowest rank)",
             t.count,
+            if report.ranks.iter().all(|r| r.replayed) {
+                " (CUDA graph replays)"
+            } else {
+                " (issued statement by statement)"
+            },
             ms(t.median),
             ms(t.min)
         );
@@ -232,6 +237,7 @@ fn summary_json(
         "wall_ms": wall,
         "timed_median_ms": median,
         "timed_min_ms": min,
+        "timed_replayed": report.and_then(|r| r.timed().map(|_| r.ranks.iter().all(|x| x.replayed))),
         "error": error,
     });
     format!("{summary}\n")

@@ -717,3 +717,59 @@ fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
     println!("{runs} runs, {} failures", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Repeated runs (`--iters`) replay one run captured as a CUDA graph by default: every
+/// rank's timed runs say so, there are as many as asked for, and the eager run checked after
+/// the replays still matches the reference (the capture and its replays leave the backend,
+/// its memory pool and its streams usable). Kernel cases in uneven stream chunks and a
+/// chunked GEMM; `replay: false` times eager runs instead.
+#[test]
+fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
+    if !one_gpu() {
+        return;
+    }
+    let mut cases: Vec<(String, String)> = KERNEL_CASES
+        .iter()
+        .filter(|(n, _)| ["add", "softmax", "layernorm", "col_sum"].contains(n))
+        .map(|(n, body)| (n.to_string(), kernel_case_source(n, body, 300, 1000, 4)))
+        .collect();
+    for name in ["stream_matmul", "matmul_m"] {
+        let path = common::fixture(name);
+        cases.push((
+            name.to_string(),
+            std::fs::read_to_string(&path).expect("the fixture"),
+        ));
+    }
+    for (name, source) in &cases {
+        let exe = Compiler::new()
+            .compile_source(&format!("{name}.weave"), source)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let globals = exe.random_inputs(3).expect("inputs");
+        for replay in [true, false] {
+            let options = RunOptions {
+                target: Target::Cuda { ranks: 1 },
+                check: true,
+                timeout: Duration::from_secs(60),
+                warmup: 1,
+                iters: 5,
+                replay,
+                ..RunOptions::default()
+            };
+            let report = exe
+                .run_dense(&globals, &options)
+                .unwrap_or_else(|e| panic!("{name} replay={replay}: {e}"));
+            assert!(
+                report.passed(),
+                "{name} replay={replay}: max error {}",
+                report.max_abs_error()
+            );
+            let timed = report.timed().expect("timed runs");
+            assert_eq!(timed.count, 5, "{name}");
+            assert!(
+                report.ranks.iter().all(|r| r.replayed == replay),
+                "{name}: replay={replay}"
+            );
+            println!("{name} replay={replay}: median {:?}", timed.median);
+        }
+    }
+}

@@ -20,15 +20,18 @@ Each is timed unchunked (PyTorch has no stream split; the table compares streamw
 and s = 4 with the same figures). A figure is the median over --iters runs after --warmup
 untimed ones, each between two CUDA events after a synchronize. torch.compile uses the
 default mode, compiles on the first (untimed) call, and starts from a reset dynamo cache
-per case and shape (no dynamic-shape recompile). The memcpy is dst.copy_(src) of uint8
+per case and shape (no dynamic-shape recompile). Both are also timed as CUDA graph replays,
+the twin of streamweave's replayed runs: the eager call captured once in a
+torch.cuda.CUDAGraph ("graph_ms"), and torch.compile(mode="reduce-overhead") ("compile_graph_ms",
+which captures its own graphs). The memcpy is dst.copy_(src) of uint8
 tensors of half the case's bytes (it reads and writes each byte). Numerics: the largest
 error of each output against the same math in float64 on the GPU, relative to the largest
 |reference|.
 
 Writes one JSON document to --out: {"source": "pytorch", "torch", "gpu", "warmup", "iters",
-"rows": [{"case", "t", "h", "bytes", "eager_ms", "compile_ms", "memcpy_ms", "eager_gbs",
-"compile_gbs", "memcpy_gbs", "eager_err", "compile_err", "compile_error"}]}, rewritten after
-every row.
+"rows": [{"case", "t", "h", "bytes", "eager_ms", "compile_ms", "graph_ms", "compile_graph_ms",
+"memcpy_ms", "eager_gbs", "compile_gbs", "memcpy_gbs", "eager_err", "compile_err",
+"compile_error", "graph_error", "compile_graph_error"}]}, rewritten after every row.
 """
 
 import argparse
@@ -172,6 +175,42 @@ def run_row(case, t, h, args):
         row["compile_ms"] = time_ms(lambda: compiled(*inputs), args.warmup, args.iters)
     except Exception as e:  # a failed compile leaves its column empty
         row["compile_error"] = "%s: %s" % (type(e).__name__, " ".join(str(e).split())[:200])
+    row["graph_ms"] = None
+    row["graph_error"] = None
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn(*inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = fn(*inputs)
+        graph.replay()
+        torch.cuda.synchronize()
+        row["graph_err"] = rel_err(static_out, want)
+        row["graph_ms"] = time_ms(graph.replay, args.warmup, args.iters)
+        del graph, static_out
+    except Exception as e:
+        row["graph_error"] = "%s: %s" % (type(e).__name__, " ".join(str(e).split())[:200])
+    row["compile_graph_ms"] = None
+    row["compile_graph_error"] = None
+    if not args.no_compile_graphs:
+        try:
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, mode="reduce-overhead")
+            for _ in range(3):
+                got = compiled(*inputs)
+            torch.cuda.synchronize()
+            row["compile_graph_err"] = rel_err(got, want)
+            row["compile_graph_ms"] = time_ms(lambda: compiled(*inputs), args.warmup, args.iters)
+            del got
+        except Exception as e:
+            row["compile_graph_error"] = "%s: %s" % (
+                type(e).__name__,
+                " ".join(str(e).split())[:200],
+            )
     half = (nbytes // 2 + 15) // 16 * 16
     src = torch.empty(half, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -192,6 +231,11 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--out", default="kernels_torch.json")
+    p.add_argument(
+        "--no-compile-graphs",
+        action="store_true",
+        help='skip torch.compile(mode="reduce-overhead")',
+    )
     args = p.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     bad = [c for c in cases if c not in CASES]
@@ -225,13 +269,18 @@ def main():
                 print("%-14s [%d, %d]: ERROR %s" % (case, t, h, row["error"]), flush=True)
                 continue
             print(
-                "%-14s [%d, %d]: eager %.4f ms  compile %s  memcpy %.4f ms (%.0f GB/s)"
+                "%-14s [%d, %d]: eager %.4f ms  compile %s  graph %s  compile-graph %s  "
+                "memcpy %.4f ms (%.0f GB/s)"
                 % (
                     case,
                     t,
                     h,
                     row["eager_ms"],
                     "%.4f ms" % row["compile_ms"] if row["compile_ms"] else row["compile_error"],
+                    "%.4f ms" % row["graph_ms"] if row["graph_ms"] else row["graph_error"],
+                    "%.4f ms" % row["compile_graph_ms"]
+                    if row["compile_graph_ms"]
+                    else row["compile_graph_error"],
                     row["memcpy_ms"],
                     row["memcpy_gbs"],
                 ),

@@ -8,7 +8,7 @@
 //!
 //! `weave run FILE --ranks N [--set k=v]... [--backend cpu|cuda] [--streams K]
 //! [--check-races] [--trace F] [--seed S] [--timeout-secs T] [--warmup W] [--iters I]
-//! [--transport nccl|copy-engine] [--chunks S|auto]` compiles the fusion, runs the host
+//! [--eager] [--transport nccl|copy-engine] [--chunks S|auto]` compiles the fusion, runs the host
 //! program on N ranks with seeded random inputs, compares every rank's outputs with the
 //! unsharded f64 reference and prints the max error, a summary of the host program and
 //! timings; with `--trace` it writes a Chrome trace and an SVG timeline beside it.
@@ -146,10 +146,16 @@ enum Command {
         #[arg(long, default_value = "auto", value_parser = parse_chunks)]
         chunks: Chunks,
         /// CUDA backend: after the warm-up, time this many runs on inputs already on the
-        /// device (each from the first statement until every stream is idle) and print
-        /// their median and minimum (the slowest rank's), before the checked run.
+        /// device (each from its start until every stream is idle) and print their median
+        /// and minimum (the slowest rank's), before the checked run. The timed runs replay
+        /// one run captured as a CUDA graph (one launch per run), unless `--eager`.
         #[arg(long, default_value_t = 0)]
         iters: usize,
+        /// With `--iters`: issue every timed run statement by statement instead of
+        /// replaying a captured CUDA graph (copy-engine transfers between the threads of one
+        /// process are always eager: they wait on the host).
+        #[arg(long)]
+        eager: bool,
         /// CUDA backend: how allgathers and send/recv transfers move: `nccl`, or
         /// `copy-engine` (the GPUs' copy engines, no SMs: peer copies between the ranks of
         /// one process, CUDA IPC windows between launched processes).
@@ -272,6 +278,7 @@ fn main() -> ExitCode {
             warmup,
             chunks,
             iters,
+            eager,
             transport,
         } => {
             let cuda = match backend.as_deref() {
@@ -295,6 +302,7 @@ fn main() -> ExitCode {
             if !cuda {
                 let gpu_only = [
                     (iters > 0, "--iters"),
+                    (eager, "--eager"),
                     (
                         transport != streamweave::Transport::Nccl,
                         "--transport copy-engine",
@@ -312,6 +320,7 @@ fn main() -> ExitCode {
                 timeout: Duration::from_secs(timeout_secs.max(1)),
                 warmup,
                 iters,
+                replay: !eager,
                 transport,
                 ..streamweave::RunOptions::default()
             };

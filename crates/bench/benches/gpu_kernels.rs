@@ -2,7 +2,9 @@
 //! SiLU, GELU tanh, bias + residual, row sum, column sum, softmax, LayerNorm, RMSNorm) at
 //! [16384, 8192] and [4096, 4096], whole (s = 1) and in s = 4 stream chunks, each against a
 //! device-to-device memcpy of the same bytes measured in the same run (the bandwidth
-//! ceiling). Times are medians of CUDA-event-timed runs; every configuration's output is
+//! ceiling). Times are medians of CUDA-event-timed runs, both replays of one run captured as a
+//! CUDA graph (the default way repeated runs are timed) and runs issued statement by
+//! statement (eager); every configuration's output is
 //! checked against the f64 reference of its fixture (the whole output where it is small
 //! enough, sampled rows or columns otherwise).
 //!
@@ -23,7 +25,7 @@ use weave_bench::{world_gpu_name, WorldOptions};
 use weave_comm::nccl::NcclOptions;
 use weave_executor::dense::{elem_bytes, Dense};
 use weave_executor::reference::compare;
-use weave_executor::{Backend, CudaBackend, DeviceTensor, StreamKey};
+use weave_executor::{Backend, CudaBackend, DeviceTensor, Replay, StreamKey};
 use weave_ir::DType;
 
 /// The cases, each a fixture `NAME.weave` in the scenarios directory.
@@ -40,8 +42,10 @@ const CASES: [&str; 9] = [
 ];
 
 /// What is measured and how (written into the JSON).
-const TIMING: &str = "CUDA events on the main stream around one whole program run (kernel \
-                      launches and host issue included, inputs already on the device), median";
+const TIMING: &str = "CUDA events on the main stream around one whole program run (inputs \
+                      already on the device), median: `ms` replays one run captured as a CUDA \
+                      graph (how `weave run --iters` times runs), `eager_ms` issues every \
+                      statement from the host (kernel launches and host issue included)";
 
 /// The kernel benchmark on one GPU (see the module doc).
 #[derive(Parser)]
@@ -274,7 +278,10 @@ fn actual(
 
 /// What one configuration measured.
 struct Measured {
+    /// Replays of one run captured as a CUDA graph (how `weave run --iters` times runs).
     times: Vec<f64>,
+    /// Runs issued statement by statement.
+    eager: Vec<f64>,
     got: Vec<f64>,
     bytes: usize,
     out_dtype: DType,
@@ -282,7 +289,8 @@ struct Measured {
 }
 
 /// Fills the inputs of `exe` (hash values, constants), times `warmup` + `iters` runs on the
-/// GPU, then runs once more and reads the window of the output back.
+/// GPU issued statement by statement and as many replays of one captured run, then runs
+/// once more and reads the window of the output back.
 fn measure(
     rank: &Rank,
     exe: &Executable,
@@ -323,12 +331,19 @@ fn measure(
             .map(|r| r.outputs)
             .map_err(|e| e.to_string())
     };
-    let times = rank.time(backend, warmup, iters, || {
+    let eager = rank.time(backend, warmup, iters, || {
         for o in once()? {
             backend.deallocate(o, &main);
         }
         Ok(())
     })?;
+    let config = exe.config(&options);
+    let replay = Replay::capture(exe.program(), backend, &*rank.comm, &inputs, &config)
+        .map_err(|e| e.to_string())?;
+    let times = rank.time(backend, warmup, iters, || {
+        replay.launch().map_err(|e| e.to_string())
+    })?;
+    drop(replay);
     let outputs = once()?;
     backend
         .synchronize()
@@ -345,6 +360,7 @@ fn measure(
         .map_err(|e| format!("checked run: {e}"))?;
     Ok(Measured {
         times,
+        eager,
         got: got?,
         bytes,
         out_dtype: layout.dtype,
@@ -439,6 +455,7 @@ impl Bench {
             .next()
             .ok_or("no rank answered")?;
         let ms = median(&m.times);
+        let eager_ms = median(&m.eager);
         // The ceiling: a copy that reads and writes as many bytes as the case moves.
         let copy_bytes = (m.bytes / 2).div_ceil(16) * 16;
         let copy_ms = match self.memcpy.get(&copy_bytes) {
@@ -490,7 +507,7 @@ impl Bench {
         let case_gbs = gbs(m.bytes, ms);
         let ok = numerics["ok"].as_bool().unwrap_or(false);
         println!(
-            "{case:14} [{t}, {h}] s={s}: {ms:.4} ms {case_gbs:7.1} GB/s  memcpy {copy_ms:.4} ms \
+            "{case:14} [{t}, {h}] s={s}: {ms:.4} ms (eager {eager_ms:.4}) {case_gbs:7.1} GB/s  memcpy {copy_ms:.4} ms \
              {copy_gbs:7.1} GB/s  {:5.1}% of memcpy  numerics {} (max rel {:.1e})  [{:.1} s]",
             100.0 * case_gbs / copy_gbs,
             if ok { "ok" } else { "FAIL" },
@@ -500,6 +517,9 @@ impl Bench {
         self.rows.push(json!({
             "case": case, "t": t, "h": h, "s": s, "ms": ms,
             "min_ms": m.times.iter().copied().fold(f64::INFINITY, f64::min),
+            "eager_ms": eager_ms,
+            "eager_gbs": gbs(m.bytes, eager_ms),
+            "eager_pct_of_memcpy": 100.0 * gbs(m.bytes, eager_ms) / copy_gbs,
             "bytes": m.bytes, "gbs": case_gbs,
             "memcpy_bytes": copy_bytes, "memcpy_ms": copy_ms, "memcpy_gbs": copy_gbs,
             "pct_of_memcpy": 100.0 * case_gbs / copy_gbs,

@@ -17,7 +17,7 @@ use streamweave::Executable;
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::{CommOp, Communicator, RedOp};
 use weave_comm::{IpcCopy, IpcOptions, PeerCopy, PeerHub};
-use weave_cuda::{CudaError, GpuStream};
+use weave_cuda::GpuStream;
 use weave_executor::reference::compare;
 use weave_executor::{
     program_teams, run_rank_buffers, Backend, CudaBackend, CudaOptions, Dense, DeviceTensor,
@@ -309,25 +309,13 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
             .map_err(|e| e.to_string())
     };
     let times = if how.graph {
-        // Warm up outside the capture (NCCL connects lazily, kernels compile, plans build),
-        // then capture one run, freeing its outputs inside the graph.
-        for o in once(&backend)? {
-            backend.deallocate(o, &main);
-        }
-        backend.synchronize().map_err(err("warm-up"))?;
-        rank.barrier()?;
-        backend.reset_compute_order();
-        let ((), graph) = capture_on(&main, || {
-            for o in once(&backend)? {
-                backend.deallocate(o, &main);
-            }
-            Ok(())
-        })?;
-        // Events recorded while capturing cannot be waited for outside the graph.
-        backend.reset_compute_order();
+        // One run warms up outside the capture (NCCL connects lazily, kernels compile,
+        // plans build), then one is captured with its outputs freed inside the graph.
+        let replay = weave_executor::Replay::capture(exe.program(), &backend, comm, &inputs, &config)
+            .map_err(|e| e.to_string())?;
         rank.barrier()?;
         rank.time(&backend, warmup, iters, || {
-            graph.launch(&main).map_err(err("graph launch"))
+            replay.launch().map_err(err("graph launch"))
         })?
     } else {
         rank.time(&backend, warmup, iters, || {
@@ -505,25 +493,6 @@ pub fn host_post_us(rank: &Rank, posts: usize) -> Result<f64, JobError> {
     let us = start.elapsed().as_secs_f64() * 1e6 / posts.max(1) as f64;
     backend.synchronize().map_err(err("probe"))?;
     Ok(us)
-}
-
-/// A job's error inside a capture (the capture's own failures are CUDA errors).
-struct CaptureError(JobError);
-
-impl From<CudaError> for CaptureError {
-    fn from(e: CudaError) -> CaptureError {
-        CaptureError(e.to_string())
-    }
-}
-
-/// Runs `f` with `stream` capturing (see [`GpuStream::capture`]), for jobs.
-pub fn capture_on<R>(
-    stream: &GpuStream,
-    f: impl FnOnce() -> Result<R, JobError>,
-) -> Result<(R, weave_cuda::CudaGraph), JobError> {
-    stream
-        .capture(|| f().map_err(CaptureError))
-        .map_err(|e: CaptureError| e.0)
 }
 
 #[cfg(test)]

@@ -92,6 +92,9 @@ pub struct RankRun {
     /// until every stream was idle (filled by callers that time repetitions, like `weave run
     /// --iters`; empty otherwise).
     pub timed: Vec<Duration>,
+    /// Whether the timed repetitions were replays of one run captured as a CUDA graph
+    /// ([`Replay`](crate::cuda::Replay)) rather than runs issued statement by statement.
+    pub replayed: bool,
     /// The current stream after the last statement.
     pub final_stream: StreamKey,
     /// Every stream the run created.
@@ -525,6 +528,7 @@ where
             wall_time: start.elapsed(),
             statements: self.statements,
             timed: Vec::new(),
+            replayed: false,
         })
     }
 

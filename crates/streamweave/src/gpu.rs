@@ -14,7 +14,7 @@ use weave_comm::{CommError, Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
     check_inputs, program_teams, run_rank, run_rank_buffers, Backend, CudaBackend, CudaOptions,
-    Dense, DeviceTensor, ExecError, RankRun, RunConfig,
+    Dense, DeviceTensor, ExecError, RankRun, Replay, RunConfig,
 };
 use weave_host_ir::HostProgram;
 
@@ -99,10 +99,11 @@ fn run_one(
     }
     let backend = backend_for(&gpu, cuda_options(options), &comm)?;
     let run = match link {
-        Link::Nccl => drive(program, config, inputs, options, &backend, &*comm),
+        Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
         Link::Peer(hub) => {
+            // Peer copies wait on the host for the other threads' offers: not capturable.
             let peer = PeerCopy::new(comm.clone(), hub.clone(), gpu.clone());
-            drive(program, config, inputs, options, &backend, &peer)
+            drive(program, config, inputs, options, &backend, &peer, false)
         }
         Link::Ipc(store) => {
             let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), IpcOptions::default(), |card| {
@@ -110,7 +111,7 @@ fn run_one(
             });
             match ipc {
                 Ok(ipc) => {
-                    let run = drive(program, config, inputs, options, &backend, &ipc);
+                    let run = drive(program, config, inputs, options, &backend, &ipc, true);
                     if run.is_err() {
                         // The abort released the streams' flag waits, but a stream may
                         // still be draining into the windows: leave them to the process's
@@ -132,9 +133,12 @@ fn run_one(
     run
 }
 
-/// Runs the program on `comm`: the warm-up runs, the timed runs (inputs uploaded once,
-/// outputs left on the device, each timed from the first statement until the backend is
-/// idle), then the run that is checked and traced.
+/// Runs the program on `comm`: the warm-up runs, the timed runs (inputs uploaded once, each
+/// timed from its start until the backend is idle), then the run that is checked and traced.
+///
+/// The timed runs replay one captured run as a CUDA graph ([`Replay`]) when the options ask
+/// for it (the default) and `capturable` (the communicator never waits on the host);
+/// otherwise each is issued statement by statement, its outputs left on the device.
 fn drive<C>(
     program: &HostProgram,
     config: &RunConfig,
@@ -142,6 +146,7 @@ fn drive<C>(
     options: &RunOptions,
     backend: &CudaBackend,
     comm: &C,
+    capturable: bool,
 ) -> Result<RankRun, ExecError>
 where
     C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>,
@@ -150,17 +155,34 @@ where
         run_rank(program, backend, comm, inputs, config)?;
     }
     let mut timed = Vec::with_capacity(options.iters);
+    let replayed = options.iters > 0 && options.replay && capturable;
     if options.iters > 0 {
         let buffers = inputs
             .iter()
             .map(|d| backend.upload(d))
             .collect::<Result<Vec<_>, _>>()?;
-        for _ in 0..options.iters {
-            let start = Instant::now();
-            let run = run_rank_buffers(program, backend, comm, &buffers, config)?;
-            backend.synchronize()?;
-            timed.push(start.elapsed());
-            drop(run);
+        if replayed {
+            let replay = Replay::capture(program, backend, comm, &buffers, config)?;
+            for i in 0..options.iters {
+                if let Some(d) = config.deadline.filter(|d| Instant::now() >= d.at) {
+                    return Err(ExecError::Timeout {
+                        what: format!("rank {}: the whole run, at timed replay {i}", comm.rank()),
+                        millis: u64::try_from(d.budget.as_millis()).unwrap_or(u64::MAX),
+                    });
+                }
+                let start = Instant::now();
+                replay.launch()?;
+                backend.synchronize()?;
+                timed.push(start.elapsed());
+            }
+        } else {
+            for _ in 0..options.iters {
+                let start = Instant::now();
+                let run = run_rank_buffers(program, backend, comm, &buffers, config)?;
+                backend.synchronize()?;
+                timed.push(start.elapsed());
+                drop(run);
+            }
         }
     }
     if options.trace {
@@ -168,6 +190,7 @@ where
     }
     let mut run = run_rank(program, backend, comm, inputs, config)?;
     run.timed = timed;
+    run.replayed = replayed;
     Ok(run)
 }
 
@@ -326,6 +349,9 @@ enum RankReport {
         statements: usize,
         /// The timed repetitions, ns each.
         timed_ns: Vec<u64>,
+        /// Whether they were CUDA graph replays.
+        #[serde(default)]
+        replayed: bool,
         /// The outputs, in signature order.
         outputs: Vec<OutputReport>,
     },
@@ -347,6 +373,7 @@ impl RankReport {
             wall_us: run.wall_time.as_micros() as u64,
             statements: run.statements,
             timed_ns: run.timed.iter().map(|t| t.as_nanos() as u64).collect(),
+            replayed: run.replayed,
             outputs: run
                 .outputs
                 .iter()
@@ -364,13 +391,14 @@ impl RankReport {
 fn decode_run(bytes: &[u8]) -> Result<RankRun, String> {
     let report: RankReport =
         serde_json::from_slice(bytes).map_err(|e| format!("a malformed run report: {e}"))?;
-    let (wall_us, statements, timed_ns, outputs) = match report {
+    let (wall_us, statements, timed_ns, replayed, outputs) = match report {
         RankReport::Ran {
             wall_us,
             statements,
             timed_ns,
+            replayed,
             outputs,
-        } => (wall_us, statements, timed_ns, outputs),
+        } => (wall_us, statements, timed_ns, replayed, outputs),
         RankReport::Failed(message) => return Err(message),
     };
     let outputs = outputs
@@ -393,6 +421,7 @@ fn decode_run(bytes: &[u8]) -> Result<RankRun, String> {
         wall_time: Duration::from_micros(wall_us),
         statements,
         timed: timed_ns.into_iter().map(Duration::from_nanos).collect(),
+        replayed,
         ..RankRun::default()
     })
 }
@@ -413,6 +442,7 @@ mod tests {
             wall_time: Duration::from_micros(1234),
             statements: 43,
             timed: vec![Duration::from_nanos(1_500_123), Duration::from_micros(7)],
+            replayed: true,
             ..RankRun::default()
         };
         let encoded = serde_json::to_vec(&RankReport::of(&run)).unwrap();
@@ -421,6 +451,7 @@ mod tests {
         assert_eq!(back.statements, 43);
         assert_eq!(back.wall_time, Duration::from_micros(1234));
         assert_eq!(back.timed, run.timed);
+        assert!(back.replayed);
         let failed =
             serde_json::to_vec(&RankReport::Failed("rank 1: out of memory".into())).unwrap();
         assert_eq!(decode_run(&failed).unwrap_err(), "rank 1: out of memory");

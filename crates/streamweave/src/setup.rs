@@ -96,6 +96,12 @@ pub struct RunOptions {
     /// Timed runs after the warm-up ones, on inputs already on the device (outputs left
     /// there): their wall times land in [`RankRun::timed`](weave_executor::RankRun).
     pub iters: usize,
+    /// Time the repetitions as replays of one run captured as a CUDA graph (the default;
+    /// [`weave_executor::Replay`]): one launch per run instead of one host call per
+    /// statement. Off, or where the transport waits on the host (copy-engine peer copies
+    /// between the threads of one process), each repetition is issued statement by
+    /// statement.
+    pub replay: bool,
     /// How the CUDA backend moves allgathers and send/recv transfers.
     pub transport: Transport,
 }
@@ -134,6 +140,7 @@ impl Default for RunOptions {
             delays: Vec::new(),
             warmup: 0,
             iters: 0,
+            replay: true,
             transport: Transport::Nccl,
         }
     }

@@ -7,9 +7,15 @@
 //! [`Backend::download`]); every host wait polls with the backend's timeout and an optional
 //! check of the communicator's asynchronous errors, so a hung collective ends in an error
 //! naming what was waited for instead of a hang.
+//!
+//! [`Replay`] captures one run of a program as a CUDA graph and launches it again with one
+//! call: how repeated runs are timed.
 
 pub mod codegen;
 mod emit;
+mod replay;
+
+pub use replay::Replay;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
