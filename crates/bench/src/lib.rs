@@ -311,8 +311,9 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     let times = if how.graph {
         // One run warms up outside the capture (NCCL connects lazily, kernels compile,
         // plans build), then one is captured with its outputs freed inside the graph.
-        let replay = weave_executor::Replay::capture(exe.program(), &backend, comm, &inputs, &config)
-            .map_err(|e| e.to_string())?;
+        let replay =
+            weave_executor::Replay::capture(exe.program(), &backend, comm, &inputs, &config)
+                .map_err(|e| e.to_string())?;
         rank.barrier()?;
         rank.time(&backend, warmup, iters, || {
             replay.launch().map_err(err("graph launch"))

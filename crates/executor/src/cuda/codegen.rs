@@ -1051,11 +1051,13 @@ impl<'f> Gen<'f> {
             && numel(&red_sizes) > 0
         {
             // Outermost axes: a column per thread, the rows split over blocks.
+            // Enough parts to fill the GPU (each part is `COLUMN_LANES` threads per column),
+            // each of at least `8 * COLUMN_LANES` rows.
             let m = numel(&out_sizes);
             let nr = numel(&red_sizes);
-            let xb = m.div_ceil(BLOCK as usize);
+            let xb = m.div_ceil(COLUMNS_PER_BLOCK);
             let want = (self.sms.max(1) * 2048).div_ceil(xb * BLOCK as usize);
-            let splits = want.clamp(1, nr.div_ceil(64).max(1));
+            let splits = want.clamp(1, nr.div_ceil(8 * COLUMN_LANES).max(1));
             if splits == 1 {
                 let launch = column_source(&name, &x.node, &red_sizes, &out_sizes, op, &dst, 1);
                 self.plan.launches.push(launch);
@@ -1358,9 +1360,23 @@ fn row_source(
     }
 }
 
-/// The reduction of `node` (over `red ++ kept` sizes) over its outermost `red` axes: a thread
-/// per kept element, the reduced elements split into `splits` parts, block by block; part
-/// `p` goes to `dst` offset by `p` times the kept elements (partials) when `splits > 1`.
+/// Threads that reduce one column (kept element) of a column reduction together, each a warp
+/// of a block, combined in shared memory: a block is [`COLUMNS_PER_BLOCK`] columns by
+/// `COLUMN_LANES` lanes. Eight lanes keep eight times as many loads in flight as a thread
+/// per column, so that few columns (a stream chunk of them, the partials' second pass) still
+/// stream at bandwidth.
+const COLUMN_LANES: usize = BLOCK as usize / COLUMNS_PER_BLOCK;
+
+/// Columns of a column-reduction block: a warp, so that each lane's loads of a row are one
+/// contiguous access.
+const COLUMNS_PER_BLOCK: usize = 32;
+
+/// The reduction of `node` (over `red ++ kept` sizes) over its outermost `red` axes: a block
+/// per [`COLUMNS_PER_BLOCK`] kept elements (columns) and part of the reduced elements, each
+/// warp of it (a lane) taking every `COLUMN_LANES`-th reduced element of the part, the lanes
+/// combined in shared memory in lane order (a fixed order: the same sums every run). The
+/// reduced elements are split into `splits` parts; part `p` goes to `dst` offset by `p` times
+/// the kept elements (partials) when `splits > 1`.
 fn column_source(
     name: &str,
     node: &Node,
@@ -1373,7 +1389,7 @@ fn column_source(
     let m = numel(kept);
     let nr = numel(red);
     let chunk = nr.div_ceil(splits.max(1));
-    let xb = m.div_ceil(BLOCK as usize);
+    let xb = m.div_ceil(COLUMNS_PER_BLOCK);
     let mut views = Vec::new();
     node.loads(&mut views);
     let partials = View {
@@ -1406,13 +1422,16 @@ fn column_source(
     let mut s = String::from(PRELUDE);
     let _ = writeln!(s, "{} {{", st.signature(name));
     let lit = |n: usize| width.lit(n as i64);
+    let (cols, lanes) = (COLUMNS_PER_BLOCK, COLUMN_LANES);
     let _ = writeln!(
         s,
-        "  const {ty} m = ({ty})(blockIdx.x % {}) * blockDim.x + threadIdx.x;",
-        lit(xb)
+        "  const {ty} m = ({ty})(blockIdx.x % {}) * {} + (threadIdx.x % {cols}u);",
+        lit(xb),
+        lit(cols)
     );
+    let _ = writeln!(s, "  const {ty} lane = ({ty})(threadIdx.x / {cols}u);");
     let _ = writeln!(s, "  const {ty} part = ({ty})(blockIdx.x / {});", lit(xb));
-    let _ = writeln!(s, "  if (m >= {}) return;", lit(m));
+    // Index math of a column past the end is harmless: nothing is loaded or stored there.
     for l in &kept_index {
         let _ = writeln!(s, "  {l}");
     }
@@ -1424,13 +1443,31 @@ fn column_source(
         c = lit(chunk),
         nr = lit(nr)
     );
+    let _ = writeln!(s, "  if (m < {}) {{", lit(m));
     let _ = writeln!(s, "  #pragma unroll 4");
-    let _ = writeln!(s, "  for ({ty} r = r0; r < r1; ++r) {{");
+    let _ = writeln!(
+        s,
+        "  for ({ty} r = r0 + lane; r < r1; r += {}) {{",
+        lit(lanes)
+    );
     for l in &red_index {
         let _ = writeln!(s, "    {l}");
     }
     s.push_str(&e.element_loop("    "));
     let _ = writeln!(s, "  }}");
+    let _ = writeln!(s, "  }}");
+    let _ = writeln!(s, "  __shared__ {ct} lanes_acc[{lanes}][{cols}];");
+    let _ = writeln!(s, "  lanes_acc[lane][threadIdx.x % {cols}u] = acc;");
+    let _ = writeln!(s, "  __syncthreads();");
+    let _ = writeln!(s, "  if (lane != 0 || m >= {}) return;", lit(m));
+    let combine = match op {
+        ReduceOp::Sum => "WeaveSum()",
+        ReduceOp::Max => "WeaveMax()",
+    };
+    let _ = writeln!(
+        s,
+        "  for (int l = 1; l < {lanes}; ++l) acc = {combine}(acc, lanes_acc[l][threadIdx.x % {cols}u]);"
+    );
     for l in &st.lines {
         let _ = writeln!(s, "  {l}");
     }
@@ -1663,13 +1700,33 @@ mod tests {
         assert_eq!(p.launches.len(), 2);
         let splits = p.temps[1].1 / 8192;
         assert!(splits > 1 && p.temps[1].1 % 8192 == 0, "{:?}", p.temps);
+        // A block per 32 columns and part, 8 warps (lanes) of it per column.
         assert_eq!(
             p.launches[0].grid,
             Grid::Blocks {
-                blocks: 32 * splits,
+                blocks: 8192 / 32 * splits,
                 block: BLOCK
             }
         );
+        assert!(p.launches[0].source.contains("lanes_acc[8][32]"));
+        // 132 SMs: 5 parts fill them (256 blocks of 256 threads each).
+        assert_eq!(splits, 5);
+        // A stream chunk of 1024 columns: 33 parts, and the second pass over them has its
+        // 8 lanes per column too.
+        let p = plan_of(
+            "tensor x: f32[t, h]\n y = sum(x, [0])\n output y",
+            4096,
+            1024,
+        );
+        assert_eq!(p.temps[1], (DType::F32, 33 * 1024));
+        assert_eq!(
+            p.launches[1].grid,
+            Grid::Blocks {
+                blocks: 32,
+                block: BLOCK
+            }
+        );
+        assert!(p.launches[1].source.contains("r += 8u"));
         // A row sum is a row kernel of one pass.
         let p = plan_of(
             "tensor x: f32[t, h]\n y = sum(x, [1])\n output y",
