@@ -272,6 +272,26 @@ impl Gpu {
         }))
     }
 
+    /// Memory that somebody else allocated and owns (a PyTorch tensor's storage), seen as a
+    /// [`DeviceMemory`] that is never freed: dropping it or [`DeviceMemory::free_on`] leaves
+    /// the memory alone, and it does not count as a live allocation.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be the start of `bytes` bytes of device memory of this GPU's context (the
+    /// primary context, which PyTorch uses too), and stay allocated until every stream that
+    /// work using it was enqueued on has finished that work.
+    pub unsafe fn borrow(&self, ptr: sys::CUdeviceptr, bytes: usize) -> Arc<DeviceMemory> {
+        Arc::new(DeviceMemory {
+            ptr,
+            bytes,
+            id: self.inner.next_allocation.fetch_add(1, Ordering::Relaxed),
+            // Already "freed": neither `free_on` nor the drop frees or uncounts it.
+            freed: AtomicBool::new(true),
+            gpu: self.clone(),
+        })
+    }
+
     /// Device allocations made by [`Gpu::alloc`] and not yet freed.
     pub fn live_allocations(&self) -> usize {
         self.inner.live.load(Ordering::Relaxed) as usize
@@ -488,6 +508,34 @@ impl Drop for DeviceMemory {
     }
 }
 
+/// A stream that another library made and owns (PyTorch's current stream), by its handle:
+/// [`GpuStream::wait_foreign`] and [`GpuStream::signal_foreign`] order work against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForeignStream(sys::CUstream);
+
+// SAFETY: a stream handle is a plain driver object, usable from any thread of the process.
+unsafe impl Send for ForeignStream {}
+// SAFETY: as above; the handle is never written through.
+unsafe impl Sync for ForeignStream {}
+
+impl ForeignStream {
+    /// The stream whose handle is `handle` (`cudaStream_t` as an integer, 0 for the legacy
+    /// default stream).
+    ///
+    /// # Safety
+    ///
+    /// `handle` must be 0 or a stream of a GPU's primary context that stays alive while the
+    /// value is used.
+    pub unsafe fn new(handle: u64) -> ForeignStream {
+        ForeignStream(handle as usize as sys::CUstream)
+    }
+
+    /// The handle.
+    pub fn handle(&self) -> u64 {
+        self.0 as usize as u64
+    }
+}
+
 /// A stream of one GPU, with its own cuBLASLt handle (created on first GEMM).
 #[derive(Clone)]
 pub struct GpuStream {
@@ -528,6 +576,31 @@ impl GpuStream {
         let _span =
             tracing::trace_span!("stream_wait_event", device = self.gpu.ordinal()).entered();
         self.stream.wait(event).map_err(driver("cuStreamWaitEvent"))
+    }
+
+    /// Makes this stream wait, without blocking the host, for the work enqueued so far on
+    /// `other`, a stream of the same GPU that another library made.
+    pub fn wait_foreign(&self, other: &ForeignStream) -> Result<(), CudaError> {
+        self.gpu.bind()?;
+        let event = self.gpu.new_event(false)?;
+        // SAFETY: the event is live; `ForeignStream::new`'s caller vouched for the stream.
+        unsafe { sys::cuEventRecord(event.cu_event(), other.0) }
+            .result()
+            .map_err(driver("cuEventRecord"))?;
+        self.wait(&event)
+    }
+
+    /// Makes the stream `other` of another library wait, without blocking the host, for the
+    /// work enqueued on this stream so far.
+    pub fn signal_foreign(&self, other: &ForeignStream) -> Result<(), CudaError> {
+        self.gpu.bind()?;
+        let event = self.gpu.new_event(false)?;
+        self.record(&event)?;
+        // SAFETY: the event is live and recorded; `ForeignStream::new`'s caller vouched for
+        // the stream.
+        unsafe { sys::cuStreamWaitEvent(other.0, event.cu_event(), 0) }
+            .result()
+            .map_err(driver("cuStreamWaitEvent"))
     }
 
     /// Blocks the host until the work enqueued so far is done, for at most `timeout`.

@@ -45,7 +45,9 @@ pub mod nvrtc;
 pub mod peer;
 
 pub use cudarc;
-pub use device::{device_count, wait_event, Backoff, DeviceMemory, Gpu, GpuStream, Priority};
+pub use device::{
+    device_count, wait_event, Backoff, DeviceMemory, ForeignStream, Gpu, GpuStream, Priority,
+};
 pub use error::CudaError;
 pub use gemm::{GemmOperands, GemmShape, GemmType};
 pub use graph::CudaGraph;

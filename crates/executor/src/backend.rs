@@ -113,6 +113,10 @@ pub trait Backend: Send + Sync {
         stream: &Self::Stream,
     ) -> Result<Self::Buffer, ExecError>;
 
+    /// Fills `buffer` with zeros on `stream`: what `allocate(.., zero: true, ..)` does to a
+    /// fresh buffer, for a buffer the caller gave (an output written in place).
+    fn zero(&self, buffer: &Self::Buffer, stream: &Self::Stream) -> Result<(), ExecError>;
+
     /// Releases `buffer` once the work enqueued on `stream` so far is done.
     fn deallocate(&self, buffer: Self::Buffer, stream: &Self::Stream);
 

@@ -430,6 +430,15 @@ impl Backend for CpuBackend {
         Ok(view)
     }
 
+    fn zero(&self, buffer: &HostView, stream: &CpuStream) -> Result<(), ExecError> {
+        let v = buffer.clone();
+        self.enqueue_compute(stream, "zero fill", move || {
+            v.fill(0.0);
+            Ok(())
+        });
+        Ok(())
+    }
+
     fn deallocate(&self, buffer: HostView, stream: &CpuStream) {
         // Host memory is freed when the last view drops; keep the buffer alive until the
         // stream gets here, as a stream-ordered allocator would.

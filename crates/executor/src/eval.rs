@@ -189,6 +189,105 @@ where
     result
 }
 
+/// What [`run_rank_into`] reports: the host's cost and the races found.
+#[derive(Clone, Debug, Default)]
+pub struct IntoRun {
+    /// Host time spent issuing statements.
+    pub issue_time: Duration,
+    /// Statements issued (a loop body counts once per iteration).
+    pub statements: usize,
+    /// The races found (empty when the checker was off).
+    pub races: Vec<RaceReport>,
+}
+
+/// Runs `program` on inputs already on the device, writing its outputs into buffers the
+/// caller gave (`outputs`, in signature order, each of the output's local sizes and dtype):
+/// each output's `Allocate` binds the caller's buffer instead of allocating one (zero-filling
+/// it where the program asks for zeros). Returns once every statement is issued: the inputs
+/// are read and the outputs written on the backend's streams, all of it ordered before the
+/// main stream's end, and nothing is waited for. The race checker runs when the config asks.
+///
+/// An output buffer of other sizes or dtype than the program writes is an error naming the
+/// output and the rank; so is an output the program never allocates.
+pub fn run_rank_into<B, C>(
+    program: &HostProgram,
+    backend: &B,
+    comm: &C,
+    inputs: &[B::Buffer],
+    outputs: &[B::Buffer],
+    config: &RunConfig,
+) -> Result<IntoRun, ExecError>
+where
+    B: Backend,
+    C: Communicator<Buffer = B::Buffer, Stream = B::CommStream>,
+{
+    let shapes: Vec<(DType, Vec<usize>)> = inputs
+        .iter()
+        .map(|b| (backend.dtype(b), backend.sizes(b)))
+        .collect();
+    let given: Vec<(DType, &[usize])> = shapes.iter().map(|(d, s)| (*d, s.as_slice())).collect();
+    let span = run_span(program, comm.rank(), comm.size());
+    let _entered = span.enter();
+    let result = check_signature(program, &given, config, comm.rank(), comm.size())
+        .and_then(|()| {
+            if outputs.len() != program.outputs.len() {
+                return Err(ExecError::Input(format!(
+                    "rank {}: {} output buffers were given, the program has {} outputs",
+                    comm.rank(),
+                    outputs.len(),
+                    program.outputs.len()
+                )));
+            }
+            Evaluator::new(program, backend, comm, config)
+        })
+        .and_then(|mut e| {
+            e.given = program.outputs.iter().copied().zip(outputs.iter().cloned()).collect();
+            for (&t, b) in program.inputs.iter().zip(inputs) {
+                // The caller wrote every input before the program started, ordered before the
+                // main stream.
+                e.record(
+                    Agent::Stream(StreamKey::Main),
+                    b,
+                    true,
+                    "<caller writes inputs>",
+                    t,
+                );
+            }
+            let run = e.issue(inputs)?;
+            if let Some(&t) = e.given.keys().next() {
+                return Err(ExecError::Program(format!(
+                    "output {} is never allocated by the program, so it cannot be written into the buffer given",
+                    e.names.tensor(t)
+                )));
+            }
+            for (&t, b) in program.outputs.iter().zip(&run.outputs) {
+                e.record(
+                    Agent::Stream(StreamKey::Main),
+                    b,
+                    false,
+                    "<caller reads outputs>",
+                    t,
+                );
+            }
+            Ok(IntoRun {
+                issue_time: run.issue_time,
+                statements: run.statements,
+                races: e
+                    .races
+                    .as_ref()
+                    .map(|r| r.reports().to_vec())
+                    .unwrap_or_default(),
+            })
+        });
+    match &result {
+        Ok(run) => {
+            span.record("issued", run.statements);
+        }
+        Err(e) => comm.abort(&e.to_string()),
+    }
+    result
+}
+
 /// Checks `inputs` against the signature of `program` for a world of `world` ranks without
 /// running anything.
 pub fn check_inputs(
@@ -403,6 +502,9 @@ struct Evaluator<'p, B: Backend, C> {
     group: Option<Vec<(StmtId, P2p<B::Buffer>)>>,
     races: Option<RaceChecker>,
     statements: usize,
+    /// Buffers the caller gave for outputs: their `Allocate` binds them instead of
+    /// allocating ([`run_rank_into`]).
+    given: HashMap<HostTensorId, B::Buffer>,
 }
 
 impl<'p, B, C> Evaluator<'p, B, C>
@@ -450,6 +552,7 @@ where
             group: None,
             races: config.check_races.then(RaceChecker::new),
             statements: 0,
+            given: HashMap::new(),
         })
     }
 
@@ -655,6 +758,24 @@ where
                     })?);
                 }
                 let stream = self.backend.stream(self.current)?;
+                if let Some(buffer) = self.given.remove(tensor) {
+                    let name = self.names.tensor(*tensor);
+                    let (dtype, have) = (self.backend.dtype(&buffer), self.backend.sizes(&buffer));
+                    if dtype != decl.dtype || have != sizes {
+                        return Err(ExecError::Input(format!(
+                            "output {name} on rank {}: the buffer given is {dtype}{have:?}, the program writes {}{sizes:?}",
+                            self.comm.rank(),
+                            decl.dtype
+                        )));
+                    }
+                    if *zero_init {
+                        self.backend.zero(&buffer, &stream)?;
+                    }
+                    // The caller's buffer is written from here, as a fresh one would be.
+                    self.record(here, &buffer, true, &label, *tensor);
+                    self.tensors.insert(*tensor, buffer);
+                    return Ok(());
+                }
                 // A refused allocation names the statement (and so the tensor).
                 let buffer = self
                     .backend

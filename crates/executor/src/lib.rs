@@ -39,7 +39,7 @@ pub use cuda::{CudaBackend, CudaOptions, DeviceTensor, Replay};
 pub use dense::Dense;
 pub use error::ExecError;
 pub use eval::{
-    check_inputs, program_teams, run_rank, run_rank_buffers, BufferRun, Deadline, RankRun,
-    RunConfig, MAX_TRIP_COUNT,
+    check_inputs, program_teams, run_rank, run_rank_buffers, run_rank_into, BufferRun, Deadline,
+    IntoRun, RankRun, RunConfig, MAX_TRIP_COUNT,
 };
 pub use race::{RaceChecker, RaceReport};

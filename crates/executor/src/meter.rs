@@ -184,6 +184,10 @@ impl Backend for MeterBackend {
         Ok(self.shape(dtype, sizes))
     }
 
+    fn zero(&self, _buffer: &Shape, _stream: &StreamKey) -> Result<(), ExecError> {
+        Ok(())
+    }
+
     fn deallocate(&self, _buffer: Shape, _stream: &StreamKey) {}
 
     fn chunk(

@@ -603,3 +603,114 @@ fn a_slot_view_without_its_chunk_keeps_the_slot_length_and_fails_on_a_short_chun
         "{e}"
     );
 }
+
+/// Runs `src` with [`weave_executor::run_rank_into`]: inputs uploaded, every output written
+/// into a buffer given beforehand filled with 7s; returns the outputs read back.
+fn run_into(
+    src: &str,
+    inputs: &[Dense],
+    outputs: &[(DType, Vec<usize>)],
+) -> Result<Vec<Dense>, ExecError> {
+    let program = parse(src).unwrap_or_else(|e| panic!("{e}"));
+    let world = LocalWorld::new(1, Duration::from_secs(10));
+    let comm = world.communicator(0);
+    let backend = CpuBackend::new(CpuOptions {
+        timeout: Duration::from_secs(10),
+        trace: false,
+        delays: Vec::new(),
+    });
+    let config = RunConfig {
+        params: HashMap::new(),
+        number_of_streams: 2,
+        check_races: true,
+        deadline: None,
+    };
+    let ins = inputs
+        .iter()
+        .map(|d| backend.upload(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let outs = outputs
+        .iter()
+        .map(|(dtype, sizes)| {
+            let n = sizes.iter().product();
+            backend.upload(&Dense {
+                dtype: *dtype,
+                sizes: sizes.clone(),
+                data: vec![7.0; n],
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let run = weave_executor::run_rank_into(&program, &backend, &comm, &ins, &outs, &config)?;
+    assert!(run.races.is_empty(), "{:?}", run.races);
+    let main = backend.stream(StreamKey::Main)?;
+    let got = outs
+        .iter()
+        .map(|b| backend.download(b, &main))
+        .collect::<Result<Vec<_>, _>>()?;
+    backend.synchronize()?;
+    Ok(got)
+}
+
+/// Outputs written into the caller's buffers match the outputs of a run that allocates
+/// them: zero-filled where the program asks for zeros (the 7s are gone), accumulated in
+/// place, chunk by chunk. A buffer of the wrong sizes or dtype, or too few buffers, is an
+/// error naming the output and the rank.
+#[test]
+fn outputs_written_into_given_buffers_match_allocated_ones() {
+    let accumulate = format!(
+        "\
+%HostIrContainer {{ (T0_g_f32[3, 10]) -> (T1_g_f32[1, 10]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=true)
+  FOR i0 from 0 to 3:
+    T2_g_f32[1, 10] = ShardByStream(T0, axis=0, chunks=3, stream_index=i0)
+    LaunchKernel(kernel=K0, inputs=(T1, T2), outputs=(T1))
+}} // %HostIrContainer
+{ADD_KERNEL}"
+    );
+    let chunks = "\
+%HostIrContainer { (T0_g_f32[2, 6]) -> (T1_g_f32[2, 6]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=true)
+  FOR i0 from 1 to 3:
+    T2_g_f32[2, 2] = ShardByStream(T0, axis=1, chunks=3, stream_index=i0)
+    T3_g_f32[2, 2] = ShardByStream(T1, axis=1, chunks=3, stream_index=i0)
+    LaunchKernel(kernel=K0, inputs=(T2), outputs=(T3))
+} // %HostIrContainer
+K0: fusion add_per_stream() {
+  tensor a: f32[2, 2]
+  b = add(a, a)
+  output b
+}
+";
+    let odd: Vec<f64> = (0..3).flat_map(|i| [f64::from(2 * i + 1); 10]).collect();
+    let cases: [(&str, Vec<Dense>, Vec<usize>); 2] = [
+        (&accumulate, vec![dense(&[3, 10], odd)], vec![1, 10]),
+        (
+            chunks,
+            vec![dense(&[2, 6], (1..=12).map(f64::from).collect())],
+            vec![2, 6],
+        ),
+    ];
+    for (src, inputs, out_sizes) in &cases {
+        let want = run(src, inputs.clone()).outputs;
+        let got = run_into(src, inputs, &[(DType::F32, out_sizes.clone())])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, want);
+    }
+    let (src, inputs, _) = &cases[1];
+    let wrong = run_into(src, inputs, &[(DType::F32, vec![2, 5])]).unwrap_err();
+    assert_eq!(
+        wrong.to_string(),
+        "output T1 on rank 0: the buffer given is f32[2, 5], the program writes f32[2, 6]"
+    );
+    let wrong = run_into(src, inputs, &[(DType::BF16, vec![2, 6])]).unwrap_err();
+    assert!(
+        wrong.to_string().contains("the buffer given is bf16[2, 6]"),
+        "{wrong}"
+    );
+    let none = run_into(src, inputs, &[]).unwrap_err();
+    assert!(
+        none.to_string()
+            .contains("rank 0: 0 output buffers were given, the program has 1 outputs"),
+        "{none}"
+    );
+}

@@ -468,6 +468,42 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// A row-major `dtype` buffer of `sizes` in `mem`, memory that somebody else allocated
+    /// and owns ([`Gpu::borrow`]: a PyTorch tensor's storage): no copy. `mem` must be on
+    /// this backend's GPU and hold at least the buffer's bytes.
+    pub fn adopt(
+        &self,
+        mem: Arc<DeviceMemory>,
+        dtype: DType,
+        sizes: &[usize],
+    ) -> Result<DeviceTensor, ExecError> {
+        let bytes = sizes
+            .iter()
+            .try_fold(1usize, |a, s| a.checked_mul(*s))
+            .and_then(|n| n.checked_mul(elem_bytes(dtype)))
+            .ok_or_else(|| ExecError::Input(format!("sizes {sizes:?} overflow")))?;
+        if mem.gpu().ordinal() != self.gpu.ordinal() {
+            return Err(ExecError::Input(format!(
+                "a buffer on GPU {} given to a run on GPU {}",
+                mem.gpu().ordinal(),
+                self.gpu.ordinal()
+            )));
+        }
+        if mem.bytes() < bytes || (mem.ptr() == 0 && bytes > 0) {
+            return Err(ExecError::Input(format!(
+                "a {dtype} buffer of sizes {sizes:?} needs {bytes} bytes; {} were given at {:#x}",
+                mem.bytes(),
+                mem.ptr()
+            )));
+        }
+        Ok(DeviceTensor {
+            mem,
+            dtype,
+            shape: Arc::new(sizes.to_vec()),
+            ranges: sizes.iter().map(|&s| 0..s).collect(),
+        })
+    }
+
     /// A buffer of `sizes` on the GPU, filled from nothing (uninitialised).
     pub fn empty(&self, dtype: DType, sizes: &[usize]) -> Result<DeviceTensor, ExecError> {
         let main = self.stream(StreamKey::Main)?;
@@ -944,6 +980,17 @@ impl Backend for CudaBackend {
             shape: Arc::new(sizes.to_vec()),
             ranges: sizes.iter().map(|&s| 0..s).collect(),
         })
+    }
+
+    fn zero(&self, buffer: &DeviceTensor, stream: &GpuStream) -> Result<(), ExecError> {
+        if !buffer.contiguous() {
+            return Err(ExecError::Program(
+                "only a whole buffer is zero-filled, not a view".into(),
+            ));
+        }
+        let bytes = buffer.numel() * elem_bytes(buffer.dtype);
+        self.gpu.zero(buffer.ptr(), bytes, stream)?;
+        Ok(())
     }
 
     fn deallocate(&self, buffer: DeviceTensor, stream: &GpuStream) {
