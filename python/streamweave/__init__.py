@@ -17,6 +17,17 @@ bf16 (round to nearest even) on the way in, and a bf16 output comes back as a ``
 array holding bf16 values exactly (an explicit float32 round trip). ``f16`` maps to
 ``float16``.
 
+On GPUs, :meth:`Executable.cuda` opens a session (one GPU per rank in this process, or this
+process as one rank under ``torchrun``) that runs the program on PyTorch CUDA tensors: each
+rank's local shards go in and its output shards come back as PyTorch tensors, without a
+copy, ordered on PyTorch's current stream like any PyTorch operation::
+
+    import torch, streamweave as sw
+    exe = sw.load("tests/scenarios/kernels/softmax.weave", t=4096, h=4096, s=4).compile()
+    gpu = exe.cuda()                       # rank 0 on cuda:0
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    y = gpu({"x": x}).outputs["out"]       # a torch.Tensor on cuda:0, queued after x
+
 Every failure raises :class:`StreamweaveError` with the message the command line prints:
 ``file:line:col`` for the text, the tensor for shapes, the rank for a run.
 """
@@ -36,6 +47,8 @@ __all__ = [
     "StreamweaveError",
     "Fusion",
     "Executable",
+    "CudaRunner",
+    "CudaResult",
     "TensorSpec",
     "RunResult",
     "load",
@@ -76,6 +89,174 @@ class RunResult:
     max_abs_error: float
     races: int
     trace: Optional[str]
+
+
+_TORCH_DTYPES = {
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "f32": "float32",
+    "f64": "float64",
+    "i64": "int64",
+    "bool": "bool",
+}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise StreamweaveError("the GPU path needs PyTorch (import torch failed: %s)" % e) from e
+    return torch
+
+
+@dataclass(frozen=True)
+class CudaResult:
+    """What a :class:`CudaRunner` call returns.
+
+    ``outputs`` maps each output's name to this process's shard of it: a ``torch.Tensor``
+    when the process runs one rank, else a list with one tensor per local rank (in
+    :attr:`CudaRunner.ranks` order). The tensors are queued on PyTorch's current stream, like
+    the result of any PyTorch operation. ``issue_us`` is each local rank's host time issuing
+    the program (µs); ``races`` counts the stream races found (with ``races=True``);
+    ``passed`` and ``max_abs_error`` are the reference check's (``None``/0 without
+    ``check=True``, and on launched ranks other than 0); ``trace`` is the Chrome trace JSON
+    of the call when the runner traces.
+    """
+
+    outputs: Dict[str, object]
+    issue_us: List[float]
+    races: int
+    passed: Optional[bool]
+    max_abs_error: float
+    trace: Optional[str]
+
+
+class CudaRunner:
+    """An executable open on GPUs (see :meth:`Executable.cuda`); call it on PyTorch CUDA
+    tensors."""
+
+    def __init__(self, exe: "Executable", native: "_native.NativeSession") -> None:
+        self._exe = exe
+        self._native = native
+
+    def __repr__(self) -> str:
+        return "<streamweave.CudaRunner world %d, (rank, GPU) here %r>" % (
+            self.world,
+            self.ranks,
+        )
+
+    @property
+    def ranks(self) -> List[Tuple[int, int]]:
+        """``(rank, GPU ordinal)`` of every rank this process runs, in rank order."""
+        return [tuple(r) for r in self._native.ranks()]
+
+    @property
+    def world(self) -> int:
+        """The number of ranks in the world."""
+        return self._native.world()
+
+    def synchronize(self) -> None:
+        """Waits until every local GPU has done everything issued so far."""
+        self._native.synchronize()
+
+    def _per_rank(self, what: str, name: str, value, count: int) -> list:
+        torch = _torch()
+        if isinstance(value, torch.Tensor):
+            if count != 1:
+                raise StreamweaveError(
+                    "%s `%s`: this process runs %d ranks, so give a list of %d tensors "
+                    "(one shard per rank)" % (what, name, count, count)
+                )
+            return [value]
+        values = list(value)
+        if len(values) != count:
+            raise StreamweaveError(
+                "%s `%s`: %d tensors were given for the %d rank(s) of this process"
+                % (what, name, len(values), count)
+            )
+        return values
+
+    def _check(self, what: str, spec: TensorSpec, t, rank: int, device: int, shape) -> tuple:
+        torch = _torch()
+        want_dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+        where = "%s `%s` on rank %d" % (what, spec.name, rank)
+        if not isinstance(t, torch.Tensor):
+            raise StreamweaveError("%s: a torch.Tensor is needed, not %s" % (where, type(t).__name__))
+        if not t.is_cuda or t.device.index != device:
+            raise StreamweaveError("%s: the tensor is on %s, the rank runs on cuda:%d" % (where, t.device, device))
+        if t.dtype != want_dtype:
+            raise StreamweaveError("%s: the tensor is %s, the program takes %s (%s)" % (where, t.dtype, spec.dtype, want_dtype))
+        if tuple(t.shape) != tuple(shape):
+            raise StreamweaveError(
+                "%s: the tensor has shape %s, the rank's shard is %s" % (where, tuple(t.shape), tuple(shape))
+            )
+        if not t.is_contiguous():
+            raise StreamweaveError(
+                "%s: the tensor is not contiguous (no copy is made: pass t.contiguous())" % where
+            )
+        held = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+        return (t.data_ptr(), spec.dtype, list(shape), held)
+
+    def __call__(
+        self,
+        inputs: Mapping[str, object],
+        *,
+        out: Optional[Mapping[str, object]] = None,
+        check: bool = False,
+    ) -> CudaResult:
+        """Runs the program once on this process's ranks: ``inputs`` maps every input's name
+        to its local shard (a ``torch.Tensor`` when the process runs one rank, else a list of
+        one per rank), contiguous, of the program's dtype, on the rank's GPU. ``out`` may give
+        the output tensors to write into (same form); the others are allocated with
+        ``torch.empty``. Returns as soon as the work is queued on PyTorch's current stream of
+        each GPU; ``check=True`` waits and compares the outputs with the f64 reference."""
+        torch = _torch()
+        ranks = self.ranks
+        specs_in, specs_out = self._exe.inputs, self._exe.outputs
+        known = {s.name for s in specs_in}
+        for name in inputs:
+            if name not in known:
+                raise StreamweaveError(
+                    "input `%s`: the program has no such input (it takes %s)"
+                    % (name, ", ".join(s.name for s in specs_in))
+                )
+        for name in out or {}:
+            if name not in {s.name for s in specs_out}:
+                raise StreamweaveError(
+                    "output `%s`: the program has no such output (it has %s)"
+                    % (name, ", ".join(s.name for s in specs_out))
+                )
+        given_in = {}
+        for s in specs_in:
+            if s.name not in inputs:
+                raise StreamweaveError("input `%s`: not given" % s.name)
+            given_in[s.name] = self._per_rank("input", s.name, inputs[s.name], len(ranks))
+        given_out = {
+            s.name: self._per_rank("output", s.name, out[s.name], len(ranks))
+            for s in specs_out
+            if out is not None and s.name in out
+        }
+        calls, results = [], {s.name: [] for s in specs_out}
+        for k, (rank, device) in enumerate(ranks):
+            shapes_in, shapes_out = self._exe._native.local_shapes(rank)
+            ins = [
+                self._check("input", s, given_in[s.name][k], rank, device, shape)
+                for s, shape in zip(specs_in, shapes_in)
+            ]
+            outs = []
+            for s, shape in zip(specs_out, shapes_out):
+                if s.name in given_out:
+                    t = given_out[s.name][k]
+                else:
+                    dtype = getattr(torch, _TORCH_DTYPES[s.dtype])
+                    t = torch.empty(tuple(shape), dtype=dtype, device="cuda:%d" % device)
+                outs.append(self._check("output", s, t, rank, device, shape))
+                results[s.name].append(t)
+            stream = torch.cuda.current_stream(device).cuda_stream
+            calls.append((ins, outs, stream))
+        issue_us, races, passed, max_error, trace = self._native.run(calls, check=check)
+        outputs = {n: (v[0] if len(ranks) == 1 else v) for n, v in results.items()}
+        return CudaResult(outputs, issue_us, races, passed, max_error, trace)
 
 
 class Executable:
@@ -152,6 +333,38 @@ class Executable:
             for name, dtype, shape, data in outputs
         }
         return RunResult(values, passed, max_error, race_count, trace_json)
+
+    def cuda(
+        self,
+        devices: Optional[Sequence[int]] = None,
+        *,
+        launched: bool = False,
+        streams: int = 2,
+        races: bool = False,
+        trace: bool = False,
+        timeout_secs: float = 60.0,
+    ) -> CudaRunner:
+        """Opens the program on GPUs and returns a :class:`CudaRunner` to call on PyTorch
+        CUDA tensors.
+
+        By default every rank runs in this process, rank ``r`` on GPU ``devices[r]``
+        (default: GPUs ``0 .. min_ranks - 1``). With ``launched=True`` this process is one
+        rank of the world that ``torchrun`` (or Open MPI, PMI, Slurm) describes in the
+        environment, on GPU ``LOCAL_RANK``, and passes its own shards, as nvFuser's
+        multi-device API does; every process of the world must open it. Opening joins NCCL
+        (seconds, once); each call then costs microseconds on the host. ``races`` runs the
+        stream race checker at every call, ``trace`` records a timeline of every call (and
+        waits for it).
+        """
+        native = self._native.cuda_session(
+            None if devices is None else list(devices),
+            launched=launched,
+            streams=streams,
+            races=races,
+            trace=trace,
+            timeout_secs=timeout_secs,
+        )
+        return CudaRunner(self, native)
 
 
 class Fusion:

@@ -1,21 +1,26 @@
 //! The Python extension module `streamweave._native`: loading fusions, compiling them into
-//! executables, dumping the pass pipeline, and running executables on the CPU backend with
-//! simulated ranks on tensors handed over as little-endian `f64` bytes (the Python package
-//! `streamweave`, in python/, wraps it with NumPy). Every error becomes a
-//! `streamweave.StreamweaveError` carrying the same message as the command line prints
-//! (file:line:col, tensor, rank).
+//! executables, dumping the pass pipeline, running executables on the CPU backend with
+//! simulated ranks on tensors handed over as little-endian `f64` bytes, and on GPUs in a
+//! [`CudaSession`] on device buffers handed over by address (PyTorch CUDA tensors, no copy,
+//! on PyTorch's current stream). The Python package `streamweave`, in python/, wraps it with
+//! NumPy and PyTorch. Every error becomes a `streamweave.StreamweaveError` carrying the same
+//! message as the command line prints (file:line:col, tensor, rank).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use streamweave::cuda::{ForeignStream, Gpu};
 use streamweave::executor::dense::Dense;
 use streamweave::executor::timeline::chrome_trace;
 use streamweave::ir::{DType, Fusion};
 use streamweave::passes::{manager::render, DumpFlags, Ir, PassManager};
-use streamweave::{Compiler, Executable, RunOptions, Target, Tensor};
+use streamweave::{
+    Buffer, Compiler, CudaSession, Executable, RankCall, RunOptions, Target, Tensor,
+};
 
 create_exception!(
     streamweave,
@@ -56,7 +61,7 @@ impl NativeFusion {
             compiler = compiler.devices(n);
         }
         let exe = compiler.compile(&self.fusion).map_err(error)?;
-        Ok(NativeExecutable { exe })
+        Ok(NativeExecutable { exe: Arc::new(exe) })
     }
 
     /// The pass pipeline `passes` (`default`, `a,b,c` or edits `+x,-y`) run on the fusion,
@@ -91,7 +96,7 @@ impl NativeFusion {
 /// A compiled program: its host program and signature.
 #[pyclass(module = "streamweave._native", frozen)]
 struct NativeExecutable {
-    exe: Executable,
+    exe: Arc<Executable>,
 }
 
 /// One entry of a signature: name, dtype name and global shape.
@@ -164,6 +169,59 @@ impl NativeExecutable {
         self.exe.min_ranks()
     }
 
+    /// Rank `rank`'s local sizes of every input, then of every output, in signature order.
+    fn local_shapes(&self, rank: usize) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+        let of = |sigs: &[streamweave::host_ir::TensorSig]| {
+            sigs.iter().map(|t| t.local_sizes_of(rank)).collect()
+        };
+        (of(self.exe.inputs()), of(self.exe.outputs()))
+    }
+
+    /// Opens a GPU session: every rank in this process on `devices` (rank r on GPU
+    /// `devices[r]`), or, with `launched`, this process as one rank of the world that
+    /// torchrun (or another launcher) describes in the environment. Opening joins NCCL.
+    #[pyo3(signature = (devices=None, launched=false, streams=2, races=false, trace=false, timeout_secs=60.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn cuda_session(
+        &self,
+        py: Python<'_>,
+        devices: Option<Vec<usize>>,
+        launched: bool,
+        streams: usize,
+        races: bool,
+        trace: bool,
+        timeout_secs: f64,
+    ) -> PyResult<NativeSession> {
+        let timeout = timeout(timeout_secs)?;
+        let options = RunOptions {
+            target: Target::Cuda { ranks: 1 },
+            streams,
+            check_races: races,
+            trace,
+            timeout,
+            ..RunOptions::default()
+        };
+        let exe = self.exe.clone();
+        let session = if launched {
+            let env = streamweave::comm::bootstrap::LaunchEnv::from_lookup(|name| {
+                std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+            })
+            .map_err(error)?
+            .ok_or_else(|| {
+                error(
+                    "launched=True, but no launcher variable (RANK and WORLD_SIZE of torchrun, \
+                     or Open MPI's, PMI's or Slurm's) is set",
+                )
+            })?;
+            py.detach(|| CudaSession::launched(exe, &env, &options))
+        } else {
+            let devices = devices.unwrap_or_else(|| (0..self.exe.min_ranks()).collect());
+            py.detach(|| CudaSession::local(exe, &devices, &options))
+        }
+        .map_err(error)?;
+        Ok(NativeSession { session, trace })
+    }
+
     /// Runs on the CPU backend with `ranks` simulated ranks (threads) on the named global
     /// inputs, each rounded to its dtype; returns the global outputs (same encoding), whether
     /// every check passed, the largest error against the reference (0 without `check`), the
@@ -189,18 +247,13 @@ impl NativeExecutable {
                 .map_err(|m| error(format!("input `{name}`: {m}")))?;
             tensors.push((name.clone(), Tensor::from_dense(&dense)));
         }
-        if !(timeout_secs.is_finite() && timeout_secs > 0.0) {
-            return Err(error(format!(
-                "timeout_secs must be a positive number of seconds, not {timeout_secs}"
-            )));
-        }
         let options = RunOptions {
             target: Target::Cpu { ranks },
             streams,
             check,
             check_races: races,
             trace,
-            timeout: Duration::try_from_secs_f64(timeout_secs).unwrap_or(Duration::MAX),
+            timeout: timeout(timeout_secs)?,
             ..RunOptions::default()
         };
         let exe = &self.exe;
@@ -234,6 +287,150 @@ impl NativeExecutable {
     }
 }
 
+/// A timeout given in seconds: positive and finite (a huge one is capped).
+fn timeout(secs: f64) -> PyResult<Duration> {
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(error(format!(
+            "timeout_secs must be a positive number of seconds, not {secs}"
+        )));
+    }
+    Ok(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+}
+
+/// A device buffer handed over by address: device address, dtype name, sizes, and the
+/// bytes the caller's allocation holds from that address.
+type DeviceArg = (u64, String, Vec<usize>, usize);
+
+/// One rank's part of a call: its input shards, its output buffers, and the handle of the
+/// caller's stream on that rank's GPU.
+type CallArg = (Vec<DeviceArg>, Vec<DeviceArg>, u64);
+
+/// What a GPU call hands back: each local rank's host time issuing (µs), the races found,
+/// whether the check passed (`None` unchecked, or on a launched rank other than 0), the
+/// largest error, and the Chrome trace JSON when the session traces.
+type CallOutcome = (Vec<f64>, usize, Option<bool>, f64, Option<String>);
+
+/// A GPU session of an executable ([`CudaSession`]).
+#[pyclass(module = "streamweave._native", frozen)]
+struct NativeSession {
+    session: CudaSession,
+    trace: bool,
+}
+
+impl NativeSession {
+    /// The calls as the session takes them: every address borrowed on its rank's GPU.
+    fn calls(&self, calls: &[CallArg]) -> PyResult<Vec<RankCall>> {
+        let ranks = self.session.ranks();
+        if calls.len() != ranks.len() {
+            return Err(error(format!(
+                "{} rank call(s) were given for the {} rank(s) of this process",
+                calls.len(),
+                ranks.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(calls.len());
+        for ((inputs, outputs, stream), (_, gpu)) in calls.iter().zip(ranks) {
+            let buffers = |args: &[DeviceArg]| -> PyResult<Vec<Buffer>> {
+                args.iter().map(|a| borrow(gpu, a)).collect()
+            };
+            out.push(RankCall {
+                inputs: buffers(inputs)?,
+                outputs: buffers(outputs)?,
+                stream: foreign_stream(*stream),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The caller's stream of handle `handle`.
+#[allow(unsafe_code)]
+fn foreign_stream(handle: u64) -> ForeignStream {
+    // SAFETY: the Python wrapper passes PyTorch's current stream of the rank's device
+    // (`torch.cuda.current_stream(device).cuda_stream`, 0 for the default stream), which
+    // PyTorch keeps alive for the process.
+    unsafe { ForeignStream::new(handle) }
+}
+
+/// The caller's device memory at `a`'s address, on `gpu`.
+#[allow(unsafe_code)]
+fn borrow(gpu: &Gpu, (ptr, dtype, sizes, bytes): &DeviceArg) -> PyResult<Buffer> {
+    let dtype = dtype_of(dtype)?;
+    // SAFETY: the Python wrapper passes `data_ptr()` of a contiguous CUDA tensor on this
+    // rank's device and the bytes from there to the end of its storage, and keeps the tensor
+    // referenced for the whole call; the run is ordered before the tensor's stream, so
+    // PyTorch reuses the memory only after the run.
+    let mem = unsafe { gpu.borrow(*ptr, *bytes) };
+    Ok(Buffer {
+        mem,
+        dtype,
+        sizes: sizes.clone(),
+    })
+}
+
+#[pymethods]
+impl NativeSession {
+    /// `(rank, GPU ordinal)` of every rank of this process, in rank order.
+    fn ranks(&self) -> Vec<(usize, usize)> {
+        self.session
+            .ranks()
+            .into_iter()
+            .map(|(r, g)| (r, g.ordinal()))
+            .collect()
+    }
+
+    /// The world's size.
+    fn world(&self) -> usize {
+        self.session.world()
+    }
+
+    /// Issues one run on the buffers given (one call per rank of this process) and returns
+    /// once every statement is issued; with `check`, waits and compares the outputs with
+    /// the f64 reference. The GIL is released meanwhile.
+    #[pyo3(signature = (calls, check=false))]
+    fn run(&self, py: Python<'_>, calls: Vec<CallArg>, check: bool) -> PyResult<CallOutcome> {
+        let calls = self.calls(&calls)?;
+        let session = &self.session;
+        let trace = self.trace;
+        py.detach(|| -> Result<CallOutcome, streamweave::Error> {
+            let runs = session.issue(&calls)?;
+            let issue_us = runs
+                .iter()
+                .map(|r| r.issue_time.as_secs_f64() * 1e6)
+                .collect();
+            let races = runs.iter().map(|r| r.races.len()).sum();
+            let (mut passed, mut max_error) = (None, 0.0f64);
+            if check {
+                let checks = session.check(&calls)?;
+                if !checks.is_empty() {
+                    passed = Some(checks.iter().all(|c| c.comparison.ok));
+                    max_error = checks
+                        .iter()
+                        .map(|c| c.comparison.max_abs)
+                        .fold(0.0, f64::max);
+                }
+            }
+            let trace_json = if trace {
+                let spans = session.spans()?;
+                let ranks: Vec<streamweave::executor::timeline::RankSpans> = spans
+                    .into_iter()
+                    .map(|(rank, spans)| streamweave::executor::timeline::RankSpans { rank, spans })
+                    .collect();
+                Some(chrome_trace(&ranks))
+            } else {
+                None
+            };
+            Ok((issue_us, races, passed, max_error, trace_json))
+        })
+        .map_err(error)
+    }
+
+    /// Waits until every rank's GPU has done everything issued.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.session.synchronize()).map_err(error)
+    }
+}
+
 /// Loads a fusion from `.weave` text (`file` names it in messages) with parameter
 /// overrides.
 #[pyfunction]
@@ -257,6 +454,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StreamweaveError", m.py().get_type::<StreamweaveError>())?;
     m.add_class::<NativeFusion>()?;
     m.add_class::<NativeExecutable>()?;
+    m.add_class::<NativeSession>()?;
     m.add_function(wrap_pyfunction!(load_source, m)?)?;
     m.add_function(wrap_pyfunction!(load_file, m)?)?;
     Ok(())

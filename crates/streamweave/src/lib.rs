@@ -7,7 +7,9 @@
 //! ranks as threads, one GPU per thread, or this process as one rank of a launched world) and
 //! returns named global [`Outputs`], checked against the f64 reference when
 //! [`RunOptions::check`] asks. Around it: the CPU ranks in [`run`], the GPU ranks in [`gpu`],
-//! the chunk-count model in [`chunks`] and its measurement in [`calibrate`].
+//! the chunk-count model in [`chunks`] and its measurement in [`calibrate`]. A [`CudaSession`]
+//! runs an executable again and again on GPU buffers the caller owns (PyTorch tensors), on
+//! the caller's stream, without copies.
 //!
 //! The command line (`weave`) is the `weave-cli` package; this library depends on no CLI,
 //! progress-bar, error-reporting or log-subscriber crate, and its own code reads no
@@ -22,6 +24,7 @@ mod executable;
 pub mod gpu;
 pub mod kernels;
 pub mod run;
+pub mod session;
 mod setup;
 mod tensor;
 mod threads;
@@ -29,9 +32,11 @@ mod threads;
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
 pub use run::{RunOptions, RunReport, Target, Transport, MAX_THREAD_RANKS};
+pub use session::{Buffer, CudaSession, RankCall};
 pub use tensor::{Data, Outputs, Tensor};
 
 pub use weave_comm as comm;
+pub use weave_cuda as cuda;
 pub use weave_executor as executor;
 pub use weave_host_ir as host_ir;
 pub use weave_ir as ir;

@@ -1,0 +1,461 @@
+//! Running a compiled program again and again on GPU buffers the caller owns (PyTorch
+//! tensors, through the Python module), the way a framework's own operation runs.
+//!
+//! A [`CudaSession`] opens each rank's GPU, backend and NCCL communicator once: every rank in
+//! this process, one GPU each ([`CudaSession::local`]), or this process as one rank of a
+//! world started by torchrun or `weave launch` ([`CudaSession::launched`]). Each
+//! [`CudaSession::issue`] then
+//!
+//! * binds the caller's input and output buffers where they are (no copy: an output is
+//!   written into the caller's buffer by the statement that would have allocated it,
+//!   [`weave_executor::run_rank_into`]),
+//! * orders the run after the work already queued on the caller's stream, and the caller's
+//!   stream after the run (events, no host wait),
+//! * and returns once every statement is issued.
+//!
+//! The caller keeps its buffers alive until its stream is past the run, as it would for its
+//! own kernels. The reference check ([`CudaSession::check`]) and the timeline
+//! ([`CudaSession::spans`]) wait for the device; issuing does not.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use weave_comm::bootstrap::{exchange_id, gather, LaunchEnv, TcpStore};
+use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
+use weave_comm::Communicator;
+use weave_cuda::{DeviceMemory, ForeignStream, Gpu};
+use weave_executor::{
+    program_teams, run_rank_into, Backend, CudaBackend, CudaOptions, Dense, DeviceTensor,
+    ExecError, IntoRun, RankRun, Span, StreamKey,
+};
+use weave_ir::DType;
+
+use crate::executable::{Error, Executable};
+use crate::run::{OutputCheck, RunOptions};
+use crate::setup::RunError;
+
+/// A buffer of the caller's: memory it owns ([`Gpu::borrow`]), read or written as a
+/// row-major `dtype` tensor of `sizes`.
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    /// The memory.
+    pub mem: Arc<DeviceMemory>,
+    /// The element type.
+    pub dtype: DType,
+    /// The sizes (a rank's local shard).
+    pub sizes: Vec<usize>,
+}
+
+/// One rank's part of a call: its local input shards and output buffers, in signature
+/// order, and the caller's stream on that rank's GPU.
+#[derive(Clone, Debug)]
+pub struct RankCall {
+    /// The input shards.
+    pub inputs: Vec<Buffer>,
+    /// The output buffers, written in place.
+    pub outputs: Vec<Buffer>,
+    /// The stream the run is ordered against (PyTorch's current stream).
+    pub stream: ForeignStream,
+}
+
+/// One rank of a session, open in this process.
+struct SessionRank {
+    rank: usize,
+    gpu: Gpu,
+    backend: CudaBackend,
+    comm: Arc<Nccl<DeviceTensor>>,
+}
+
+/// Every rank of a program that runs in this process, open on its GPU: see the module doc.
+pub struct CudaSession {
+    exe: Arc<Executable>,
+    options: RunOptions,
+    world: usize,
+    ranks: Vec<SessionRank>,
+    /// The launcher's store, which gathers a launched world's shards on rank 0 for the check.
+    store: Option<TcpStore>,
+    /// Checks made so far (each gathers under its own key).
+    checks: AtomicUsize,
+}
+
+impl std::fmt::Debug for CudaSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let here: Vec<(usize, usize)> = self
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.gpu.ordinal()))
+            .collect();
+        write!(
+            f,
+            "CudaSession(world {}, (rank, GPU) here: {here:?})",
+            self.world
+        )
+    }
+}
+
+/// A setup failure of rank `rank`.
+fn setup(rank: usize) -> impl Fn(String) -> Error {
+    move |m| Error::Run(RunError::Setup(format!("rank {rank}: {m}")))
+}
+
+impl CudaSession {
+    /// Opens every rank of `exe` in this process, rank `r` on GPU `devices[r]`: the world is
+    /// `devices.len()` ranks, which must fit the program's meshes, on distinct GPUs.
+    pub fn local(
+        exe: Arc<Executable>,
+        devices: &[usize],
+        options: &RunOptions,
+    ) -> Result<CudaSession, Error> {
+        let world = devices.len();
+        exe.check_ranks(world)?;
+        for (r, d) in devices.iter().enumerate() {
+            if let Some(q) = devices[..r].iter().position(|e| e == d) {
+                return Err(Error::Run(RunError::Setup(format!(
+                    "ranks {q} and {r} are both given GPU {d}: each rank needs its own GPU"
+                ))));
+            }
+        }
+        let count = weave_cuda::device_count().map_err(|e| setup(0)(e.to_string()))?;
+        if let Some(d) = devices.iter().find(|&&d| d >= count) {
+            return Err(Error::Run(RunError::Setup(format!(
+                "GPU {d} is asked for but {count} are visible"
+            ))));
+        }
+        let id = NcclId::new().map_err(|e| setup(0)(e.to_string()))?;
+        let opened: Vec<Result<SessionRank, Error>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = devices
+                .iter()
+                .enumerate()
+                .map(|(rank, &device)| {
+                    let (exe, id) = (&exe, &id);
+                    scope.spawn(move || open_rank(exe, options, device, rank, world, id))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(rank, h)| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(setup(rank)("its set-up panicked".into())))
+                })
+                .collect()
+        });
+        let ranks = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(CudaSession {
+            exe,
+            options: options.clone(),
+            world,
+            ranks,
+            store: None,
+            checks: AtomicUsize::new(0),
+        })
+    }
+
+    /// Opens this process's rank of a launched world (`env`: torchrun's or another
+    /// launcher's variables) on GPU `env.local_rank`, the NCCL id exchanged through the
+    /// launcher's store on rank 0. Every rank of the world calls it.
+    pub fn launched(
+        exe: Arc<Executable>,
+        env: &LaunchEnv,
+        options: &RunOptions,
+    ) -> Result<CudaSession, Error> {
+        let (rank, world) = (env.rank, env.world);
+        exe.check_ranks(world)?;
+        let fail = |e: weave_comm::CommError| setup(rank)(e.to_string());
+        let store = env.open_store(options.timeout).map_err(fail)?;
+        let id_bytes = exchange_id(&store, rank, || {
+            NcclId::new().map(|id| id.as_bytes().to_vec())
+        })
+        .map_err(fail)?;
+        let id = NcclId::from_bytes(&id_bytes).map_err(fail)?;
+        let opened = open_rank(&exe, options, env.local_rank, rank, world, &id)?;
+        Ok(CudaSession {
+            exe,
+            options: options.clone(),
+            world,
+            ranks: vec![opened],
+            store: Some(store),
+            checks: AtomicUsize::new(0),
+        })
+    }
+
+    /// The world's size.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The ranks this process runs, each with its GPU, in rank order.
+    pub fn ranks(&self) -> Vec<(usize, &Gpu)> {
+        self.ranks.iter().map(|r| (r.rank, &r.gpu)).collect()
+    }
+
+    /// The executable.
+    pub fn executable(&self) -> &Arc<Executable> {
+        &self.exe
+    }
+
+    /// Issues one run of every rank of this process (`calls[k]` for its `k`-th rank, see
+    /// [`CudaSession::ranks`]) and returns once every statement is issued: see the module
+    /// doc. With the timeline on ([`RunOptions::trace`]) each rank's spans restart here.
+    pub fn issue(&self, calls: &[RankCall]) -> Result<Vec<IntoRun>, Error> {
+        if calls.len() != self.ranks.len() {
+            return Err(Error::Program(format!(
+                "{} rank call(s) were given for the {} rank(s) of this process",
+                calls.len(),
+                self.ranks.len()
+            )));
+        }
+        let config = self.exe.config(&self.options);
+        let one = |r: &SessionRank, call: &RankCall| -> Result<IntoRun, ExecError> {
+            let adopt = |b: &Buffer| r.backend.adopt(b.mem.clone(), b.dtype, &b.sizes);
+            let inputs = call
+                .inputs
+                .iter()
+                .map(adopt)
+                .collect::<Result<Vec<_>, _>>()?;
+            let outputs = call
+                .outputs
+                .iter()
+                .map(adopt)
+                .collect::<Result<Vec<_>, _>>()?;
+            if self.options.trace {
+                r.backend.start_trace()?;
+            }
+            let main = r.backend.stream(StreamKey::Main)?;
+            main.wait_foreign(&call.stream)?;
+            let run = run_rank_into(
+                self.exe.program(),
+                &r.backend,
+                &*r.comm,
+                &inputs,
+                &outputs,
+                &config,
+            )?;
+            main.signal_foreign(&call.stream)?;
+            Ok(run)
+        };
+        let results: Vec<Result<IntoRun, ExecError>> = if self.ranks.len() == 1 {
+            vec![one(&self.ranks[0], &calls[0])]
+        } else {
+            // NCCL wants the ranks of one process to post their collectives concurrently.
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = self
+                    .ranks
+                    .iter()
+                    .zip(calls)
+                    .map(|(r, c)| scope.spawn(move || one(r, c)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(ExecError::Program("the rank's thread panicked".into()))
+                        })
+                    })
+                    .collect()
+            })
+        };
+        let mut runs = Vec::new();
+        let mut errors = Vec::new();
+        for (r, result) in self.ranks.iter().zip(results) {
+            match result {
+                Ok(run) => runs.push(run),
+                Err(e) => {
+                    r.comm.abort(&e.to_string());
+                    errors.push((r.rank, e));
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(runs)
+        } else {
+            Err(Error::Run(RunError::Ranks(errors)))
+        }
+    }
+
+    /// Waits (within the run's timeout) until every rank's GPU has done everything issued.
+    pub fn synchronize(&self) -> Result<(), Error> {
+        for r in &self.ranks {
+            r.backend
+                .synchronize()
+                .map_err(|e| Error::Run(RunError::Ranks(vec![(r.rank, e)])))?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's spans of the last issue (with [`RunOptions::trace`]), after waiting for
+    /// the device: by rank, as [`crate::RunReport::rank_spans`] gives them.
+    pub fn spans(&self) -> Result<Vec<(usize, Vec<Span>)>, Error> {
+        self.synchronize()?;
+        Ok(self
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.backend.spans()))
+            .collect())
+    }
+
+    /// Compares the outputs of `calls` (after they ran: this waits for the device) with
+    /// the f64 reference of the program's global definition on the global inputs, put back
+    /// together from every rank's input shards. In a launched world every rank sends its
+    /// shards to rank 0 through the launcher's store and rank 0 returns the checks; the
+    /// others return none.
+    pub fn check(&self, calls: &[RankCall]) -> Result<Vec<OutputCheck>, Error> {
+        self.synchronize()?;
+        let mut shards: Vec<(Vec<Dense>, Vec<Dense>)> = Vec::new();
+        for (r, call) in self.ranks.iter().zip(calls) {
+            let main = r
+                .backend
+                .stream(StreamKey::Main)
+                .map_err(rank_error(r.rank))?;
+            let read = |b: &Buffer| -> Result<Dense, Error> {
+                let t = r
+                    .backend
+                    .adopt(b.mem.clone(), b.dtype, &b.sizes)
+                    .map_err(rank_error(r.rank))?;
+                r.backend.download(&t, &main).map_err(rank_error(r.rank))
+            };
+            let ins = call
+                .inputs
+                .iter()
+                .map(read)
+                .collect::<Result<Vec<_>, _>>()?;
+            let outs = call
+                .outputs
+                .iter()
+                .map(read)
+                .collect::<Result<Vec<_>, _>>()?;
+            shards.push((ins, outs));
+        }
+        self.synchronize()?;
+        let shards = match &self.store {
+            None => shards,
+            Some(store) => {
+                let rank = self.ranks[0].rank;
+                let mine = serde_json::to_vec(&wire(&shards[0]))
+                    .map_err(|e| setup(rank)(e.to_string()))?;
+                let key = format!(
+                    "session-check-{}",
+                    self.checks.fetch_add(1, Ordering::Relaxed)
+                );
+                let gathered = gather(store, rank, self.world, &key, &mine)
+                    .map_err(|e| setup(rank)(e.to_string()))?;
+                let Some(all) = gathered else {
+                    return Ok(Vec::new());
+                };
+                all.iter()
+                    .map(|bytes| unwire(bytes).map_err(setup(rank)))
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+        };
+        let globals = self
+            .exe
+            .inputs()
+            .iter()
+            .enumerate()
+            .map(|(k, sig)| {
+                let locals: Vec<&[f64]> = shards
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, (ins, _))| match ins.get(k) {
+                        Some(d) if sig.holds(rank) => d.data.as_slice(),
+                        _ => &[],
+                    })
+                    .collect();
+                let data = sig.unshard(&locals, f64::NAN).map_err(|e| Error::Input {
+                    tensor: sig.name.clone(),
+                    message: e.to_string(),
+                })?;
+                Ok(Dense {
+                    dtype: sig.dtype,
+                    sizes: sig.global.clone(),
+                    data,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let reference = self.exe.reference(&globals)?;
+        let runs: Vec<RankRun> = shards
+            .into_iter()
+            .map(|(_, outputs)| RankRun {
+                outputs,
+                ..RankRun::default()
+            })
+            .collect();
+        self.exe.check(&reference, &runs)
+    }
+}
+
+/// A run failure of rank `rank`.
+fn rank_error(rank: usize) -> impl Fn(ExecError) -> Error {
+    move |e| Error::Run(RunError::Ranks(vec![(rank, e)]))
+}
+
+/// Opens rank `rank` of `world` on GPU `device`: its NCCL communicator (with the program's
+/// teams) and its backend.
+fn open_rank(
+    exe: &Executable,
+    options: &RunOptions,
+    device: usize,
+    rank: usize,
+    world: usize,
+    id: &NcclId,
+) -> Result<SessionRank, Error> {
+    let fail = setup(rank);
+    let gpu = Gpu::open(device).map_err(|e| fail(e.to_string()))?;
+    let comm: Arc<Nccl<DeviceTensor>> = Arc::new(
+        Nccl::init(
+            &gpu,
+            rank,
+            world,
+            id,
+            NcclOptions {
+                timeout: options.timeout,
+                ..NcclOptions::default()
+            },
+        )
+        .map_err(|e| fail(e.to_string()))?,
+    );
+    comm.prepare_teams(&program_teams(exe.program()))
+        .map_err(|e| fail(e.to_string()))?;
+    let cuda = CudaOptions {
+        timeout: options.timeout,
+        trace: options.trace,
+        ..CudaOptions::default()
+    };
+    let backend = crate::gpu::backend_for(&gpu, cuda, &comm).map_err(|e| fail(e.to_string()))?;
+    Ok(SessionRank {
+        rank,
+        gpu,
+        backend,
+        comm,
+    })
+}
+
+/// A rank's shards as the store carries them: `(dtype, sizes, values)` per tensor.
+type Wire = (
+    Vec<(String, Vec<usize>, Vec<f64>)>,
+    Vec<(String, Vec<usize>, Vec<f64>)>,
+);
+
+fn wire((ins, outs): &(Vec<Dense>, Vec<Dense>)) -> Wire {
+    let w = |d: &[Dense]| {
+        d.iter()
+            .map(|d| (d.dtype.to_string(), d.sizes.clone(), d.data.clone()))
+            .collect()
+    };
+    (w(ins), w(outs))
+}
+
+fn unwire(bytes: &[u8]) -> Result<(Vec<Dense>, Vec<Dense>), String> {
+    let (ins, outs): Wire =
+        serde_json::from_slice(bytes).map_err(|e| format!("a malformed shard report: {e}"))?;
+    let back = |v: Vec<(String, Vec<usize>, Vec<f64>)>| {
+        v.into_iter()
+            .map(|(dtype, sizes, data)| {
+                let dtype = DType::from_name(&dtype)
+                    .ok_or_else(|| format!("a malformed shard report: no dtype `{dtype}`"))?;
+                Dense::new(dtype, sizes, data).map_err(|m| format!("a malformed shard report: {m}"))
+            })
+            .collect::<Result<Vec<_>, String>>()
+    };
+    Ok((back(ins)?, back(outs)?))
+}
