@@ -101,6 +101,14 @@ _TORCH_DTYPES = {
 }
 
 
+def _current_stream(torch, device: int) -> int:
+    """The handle of PyTorch's current stream on ``device`` (0: the default stream)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def _torch():
     try:
         import torch
@@ -109,7 +117,6 @@ def _torch():
     return torch
 
 
-@dataclass(frozen=True)
 class CudaResult:
     """What a :class:`CudaRunner` call returns.
 
@@ -120,15 +127,30 @@ class CudaResult:
     the program (µs); ``races`` counts the stream races found (with ``races=True``);
     ``passed`` and ``max_abs_error`` are the reference check's (``None``/0 without
     ``check=True``, and on launched ranks other than 0); ``trace`` is the Chrome trace JSON
-    of the call when the runner traces.
+    of the call when the runner traces; ``native_us`` is the host time of the whole native
+    call (binding the buffers, ordering against PyTorch's stream, issuing, checking).
     """
 
-    outputs: Dict[str, object]
-    issue_us: List[float]
-    races: int
-    passed: Optional[bool]
-    max_abs_error: float
-    trace: Optional[str]
+    # A plain class with slots: made at every call, it must cost next to nothing.
+    __slots__ = ("outputs", "issue_us", "races", "passed", "max_abs_error", "trace", "native_us")
+
+    def __init__(self, outputs, issue_us, races, passed, max_abs_error, trace, native_us):
+        self.outputs: Dict[str, object] = outputs
+        self.issue_us: List[float] = issue_us
+        self.races: int = races
+        self.passed: Optional[bool] = passed
+        self.max_abs_error: float = max_abs_error
+        self.trace: Optional[str] = trace
+        self.native_us: float = native_us
+
+    def __repr__(self) -> str:
+        return "CudaResult(outputs=%r, issue_us=%r, races=%d, passed=%r, max_abs_error=%g)" % (
+            sorted(self.outputs),
+            self.issue_us,
+            self.races,
+            self.passed,
+            self.max_abs_error,
+        )
 
 
 class CudaRunner:
@@ -136,8 +158,32 @@ class CudaRunner:
     tensors."""
 
     def __init__(self, exe: "Executable", native: "_native.NativeSession") -> None:
+        torch = _torch()
+        self._t = torch
         self._exe = exe
         self._native = native
+        # Everything a call needs that does not change between calls, read once.
+        self._ranks = [tuple(r) for r in native.ranks()]
+        self._world = native.world()
+        self._specs_in = exe.inputs
+        self._specs_out = exe.outputs
+        self._names_in = {s.name for s in self._specs_in}
+        self._names_out = {s.name for s in self._specs_out}
+        self._dtypes = {
+            s.name: getattr(torch, _TORCH_DTYPES[s.dtype]) for s in self._specs_in + self._specs_out
+        }
+        self._local = []
+        for rank, device in self._ranks:
+            shapes_in, shapes_out = exe._native.local_shapes(rank)
+            self._local.append(
+                (
+                    rank,
+                    device,
+                    torch.device("cuda", device),
+                    [tuple(x) for x in shapes_in],
+                    [tuple(x) for x in shapes_out],
+                )
+            )
 
     def __repr__(self) -> str:
         return "<streamweave.CudaRunner world %d, (rank, GPU) here %r>" % (
@@ -148,19 +194,20 @@ class CudaRunner:
     @property
     def ranks(self) -> List[Tuple[int, int]]:
         """``(rank, GPU ordinal)`` of every rank this process runs, in rank order."""
-        return [tuple(r) for r in self._native.ranks()]
+        return list(self._ranks)
 
     @property
     def world(self) -> int:
         """The number of ranks in the world."""
-        return self._native.world()
+        return self._world
 
     def synchronize(self) -> None:
         """Waits until every local GPU has done everything issued so far."""
         self._native.synchronize()
 
-    def _per_rank(self, what: str, name: str, value, count: int) -> list:
-        torch = _torch()
+    def _per_rank(self, what: str, name: str, value) -> list:
+        torch = self._t
+        count = len(self._ranks)
         if isinstance(value, torch.Tensor):
             if count != 1:
                 raise StreamweaveError(
@@ -176,26 +223,41 @@ class CudaRunner:
             )
         return values
 
-    def _check(self, what: str, spec: TensorSpec, t, rank: int, device: int, shape) -> tuple:
-        torch = _torch()
-        want_dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+    def _arg(self, what: str, spec: TensorSpec, t, local, shape) -> tuple:
+        """The native argument of tensor ``t`` (its address and bytes), after checking that
+        it is what the rank's shard must be; raises naming the tensor and the rank."""
+        torch = self._t
+        rank, device, dev = local[0], local[1], local[2]
+        dtype = self._dtypes[spec.name]
+        if (
+            type(t) is torch.Tensor
+            and t.device == dev
+            and t.dtype == dtype
+            and t.shape == shape
+            and t.is_contiguous()
+        ):
+            return t.data_ptr()
         where = "%s `%s` on rank %d" % (what, spec.name, rank)
         if not isinstance(t, torch.Tensor):
             raise StreamweaveError("%s: a torch.Tensor is needed, not %s" % (where, type(t).__name__))
-        if not t.is_cuda or t.device.index != device:
-            raise StreamweaveError("%s: the tensor is on %s, the rank runs on cuda:%d" % (where, t.device, device))
-        if t.dtype != want_dtype:
-            raise StreamweaveError("%s: the tensor is %s, the program takes %s (%s)" % (where, t.dtype, spec.dtype, want_dtype))
+        if t.device != dev:
+            raise StreamweaveError(
+                "%s: the tensor is on %s, the rank runs on cuda:%d" % (where, t.device, device)
+            )
+        if t.dtype != dtype:
+            raise StreamweaveError(
+                "%s: the tensor is %s, the program takes %s (%s)" % (where, t.dtype, spec.dtype, dtype)
+            )
         if tuple(t.shape) != tuple(shape):
             raise StreamweaveError(
-                "%s: the tensor has shape %s, the rank's shard is %s" % (where, tuple(t.shape), tuple(shape))
+                "%s: the tensor has shape %s, the rank's shard is %s"
+                % (where, tuple(t.shape), tuple(shape))
             )
         if not t.is_contiguous():
             raise StreamweaveError(
                 "%s: the tensor is not contiguous (no copy is made: pass t.contiguous())" % where
             )
-        held = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
-        return (t.data_ptr(), spec.dtype, list(shape), held)
+        return t.data_ptr()
 
     def __call__(
         self,
@@ -210,53 +272,53 @@ class CudaRunner:
         the output tensors to write into (same form); the others are allocated with
         ``torch.empty``. Returns as soon as the work is queued on PyTorch's current stream of
         each GPU; ``check=True`` waits and compares the outputs with the f64 reference."""
-        torch = _torch()
-        ranks = self.ranks
-        specs_in, specs_out = self._exe.inputs, self._exe.outputs
-        known = {s.name for s in specs_in}
-        for name in inputs:
-            if name not in known:
-                raise StreamweaveError(
-                    "input `%s`: the program has no such input (it takes %s)"
-                    % (name, ", ".join(s.name for s in specs_in))
-                )
-        for name in out or {}:
-            if name not in {s.name for s in specs_out}:
+        torch = self._t
+        if len(inputs) != len(self._names_in) or not self._names_in.issuperset(inputs):
+            for name in inputs:
+                if name not in self._names_in:
+                    raise StreamweaveError(
+                        "input `%s`: the program has no such input (it takes %s)"
+                        % (name, ", ".join(s.name for s in self._specs_in))
+                    )
+            for s in self._specs_in:
+                if s.name not in inputs:
+                    raise StreamweaveError("input `%s`: not given" % s.name)
+        out = out or {}
+        for name in out:
+            if name not in self._names_out:
                 raise StreamweaveError(
                     "output `%s`: the program has no such output (it has %s)"
-                    % (name, ", ".join(s.name for s in specs_out))
+                    % (name, ", ".join(s.name for s in self._specs_out))
                 )
-        given_in = {}
-        for s in specs_in:
-            if s.name not in inputs:
-                raise StreamweaveError("input `%s`: not given" % s.name)
-            given_in[s.name] = self._per_rank("input", s.name, inputs[s.name], len(ranks))
-        given_out = {
-            s.name: self._per_rank("output", s.name, out[s.name], len(ranks))
-            for s in specs_out
-            if out is not None and s.name in out
-        }
-        calls, results = [], {s.name: [] for s in specs_out}
-        for k, (rank, device) in enumerate(ranks):
-            shapes_in, shapes_out = self._exe._native.local_shapes(rank)
+        given_in = [self._per_rank("input", s.name, inputs[s.name]) for s in self._specs_in]
+        given_out = [
+            self._per_rank("output", s.name, out[s.name]) if s.name in out else None
+            for s in self._specs_out
+        ]
+        calls, results = [], [[] for _ in self._specs_out]
+        for k, local in enumerate(self._local):
+            _, device, dev, shapes_in, shapes_out = local
             ins = [
-                self._check("input", s, given_in[s.name][k], rank, device, shape)
-                for s, shape in zip(specs_in, shapes_in)
+                self._arg("input", s, given[k], local, shape)
+                for s, given, shape in zip(self._specs_in, given_in, shapes_in)
             ]
             outs = []
-            for s, shape in zip(specs_out, shapes_out):
-                if s.name in given_out:
-                    t = given_out[s.name][k]
-                else:
-                    dtype = getattr(torch, _TORCH_DTYPES[s.dtype])
-                    t = torch.empty(tuple(shape), dtype=dtype, device="cuda:%d" % device)
-                outs.append(self._check("output", s, t, rank, device, shape))
-                results[s.name].append(t)
-            stream = torch.cuda.current_stream(device).cuda_stream
-            calls.append((ins, outs, stream))
-        issue_us, races, passed, max_error, trace = self._native.run(calls, check=check)
-        outputs = {n: (v[0] if len(ranks) == 1 else v) for n, v in results.items()}
-        return CudaResult(outputs, issue_us, races, passed, max_error, trace)
+            for j, (s, shape) in enumerate(zip(self._specs_out, shapes_out)):
+                given = given_out[j]
+                t = (
+                    given[k]
+                    if given is not None
+                    else torch.empty(shape, dtype=self._dtypes[s.name], device=dev)
+                )
+                outs.append(self._arg("output", s, t, local, shape))
+                results[j].append(t)
+            calls.append((ins, outs, _current_stream(torch, device)))
+        issue_us, races, passed, max_error, trace, native_us = self._native.run(calls, check=check)
+        single = len(self._local) == 1
+        outputs = {
+            s.name: (v[0] if single else v) for s, v in zip(self._specs_out, results)
+        }
+        return CudaResult(outputs, issue_us, races, passed, max_error, trace, native_us)
 
 
 class Executable:

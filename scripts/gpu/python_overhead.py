@@ -61,16 +61,19 @@ def main():
             for spec in exe.inputs
         }
         out = {exe.outputs[0].name: torch.empty(exe.outputs[0].shape, device="cuda", dtype=torch.bfloat16)}
-        issue = []
+        issue, native = [], []
 
         def call_out():
-            issue.append(gpu(x, out=out).issue_us[0])
+            r = gpu(x, out=out)
+            issue.append(r.issue_us[0])
+            native.append(r.native_us)
 
         def call_alloc():
             gpu(x)
 
         with_out = per_call_us(call_out, a.calls)
         issue_us = statistics.median(issue)
+        native_us = statistics.median(native)
         alloc = per_call_us(call_alloc, a.calls)
         if case == "add":
             o = out["out"]
@@ -84,15 +87,19 @@ def main():
             "call_us_out": with_out,
             "call_us_alloc": alloc,
             "rust_issue_us": issue_us,
+            "native_call_us": native_us,
+            "python_layer_us": with_out - native_us,
             "python_overhead_us": with_out - issue_us,
             "python_overhead_alloc_us": alloc - issue_us,
             "torch_eager_call_us": torch_us,
         }
         rows.append(row)
         print(
-            "%-8s s=%d: call %.1f µs (out=), %.1f µs (allocating); Rust issue %.1f µs; "
-            "Python overhead %.1f / %.1f µs; torch eager call %.1f µs"
-            % (case, s, with_out, alloc, issue_us, with_out - issue_us, alloc - issue_us, torch_us),
+            "%-8s s=%d: call %.1f µs (out=), %.1f µs (allocating); native call %.1f µs, of it "
+            "issuing %.1f µs; overhead over the Rust issue %.1f µs (out=) / %.1f µs "
+            "(allocating), of it the Python layer %.1f µs; torch eager call %.1f µs"
+            % (case, s, with_out, alloc, native_us, issue_us, with_out - issue_us,
+               alloc - issue_us, with_out - native_us, torch_us),
             flush=True,
         )
     doc = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "calls": a.calls, "rows": rows}

@@ -32,6 +32,9 @@ pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
 /// The default port of rank 0's store when `MASTER_PORT` is not set.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
+/// The variable that chooses the port of rank 0's store outright.
+pub const STORE_PORT: &str = "WEAVE_STORE_PORT";
+
 /// The key under which [`exchange_id`] publishes the NCCL unique id.
 pub const NCCL_ID_KEY: &str = "nccl-id";
 
@@ -48,7 +51,9 @@ pub struct LaunchEnv {
     pub local_world: usize,
     /// The host of rank 0's store (`MASTER_ADDR`, default `127.0.0.1`).
     pub master_addr: String,
-    /// The port of rank 0's store (`MASTER_PORT`, default 29500).
+    /// The port of rank 0's store: `WEAVE_STORE_PORT` when set; else `MASTER_PORT`
+    /// (default 29500), plus one under torchrun's agent store
+    /// (`TORCHELASTIC_USE_AGENT_STORE=True`), which listens at `MASTER_PORT` itself.
     pub master_port: u16,
     /// The launcher the variables came from: `torchrun`, `Open MPI`, `PMI` or `Slurm`.
     pub source: &'static str,
@@ -200,16 +205,28 @@ impl LaunchEnv {
             Some(addr) => addr.trim().to_string(),
             None => DEFAULT_MASTER_ADDR.to_string(),
         };
+        let port = |name: &str, value: &str| match value.trim().parse::<u16>() {
+            Ok(port) if port > 0 => Ok(port),
+            _ => Err(bootstrap(format!(
+                "{name}={value} is not a port number (1 to 65535)"
+            ))),
+        };
         let master_port = match get("MASTER_PORT") {
-            Some(value) => match value.trim().parse::<u16>() {
-                Ok(port) if port > 0 => port,
-                _ => {
-                    return Err(bootstrap(format!(
-                        "MASTER_PORT={value} is not a port number (1 to 65535)"
-                    )));
-                }
-            },
+            Some(value) => port("MASTER_PORT", &value)?,
             None => DEFAULT_MASTER_PORT,
+        };
+        // torchrun's agent serves its own store at MASTER_PORT and says so: ours takes the
+        // next port. `WEAVE_STORE_PORT` chooses it outright.
+        let agent_store = get("TORCHELASTIC_USE_AGENT_STORE")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let master_port = match get(STORE_PORT) {
+            Some(value) => port(STORE_PORT, &value)?,
+            None if agent_store => master_port.checked_add(1).ok_or_else(|| {
+                bootstrap(format!(
+                    "MASTER_PORT={master_port} is torchrun's store, and no port follows it for ours: set {STORE_PORT}"
+                ))
+            })?,
+            None => master_port,
         };
 
         Ok(Some(LaunchEnv {

@@ -68,6 +68,36 @@ fn torchrun_variables() {
     assert_eq!(e.store_addr(), "node0.cluster:12345");
 }
 
+/// torchrun's agent serves its store at MASTER_PORT (and sets TORCHELASTIC_USE_AGENT_STORE):
+/// ours takes the next port, unless WEAVE_STORE_PORT names one; a bad one is named.
+#[test]
+fn the_store_steps_aside_for_torchruns_agent_store() {
+    let torchrun = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_PORT", "29500"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ];
+    assert_eq!(parsed(&torchrun).master_port, 29501);
+    assert_eq!(parsed(&torchrun[..3]).master_port, 29500);
+    let chosen = [torchrun.as_slice(), &[("WEAVE_STORE_PORT", "4100")]].concat();
+    assert_eq!(parsed(&chosen).master_port, 4100);
+    let last = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_PORT", "65535"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ];
+    let e = error(&last);
+    assert!(e.contains("set WEAVE_STORE_PORT"), "{e}");
+    let bad = [torchrun.as_slice(), &[("WEAVE_STORE_PORT", "0")]].concat();
+    let e = error(&bad);
+    assert!(
+        e.contains("WEAVE_STORE_PORT=0 is not a port number (1 to 65535)"),
+        "{e}"
+    );
+}
+
 #[test]
 fn defaults_for_the_store_and_the_local_rank() {
     let e = parsed(&[("RANK", "2"), ("WORLD_SIZE", "4")]);

@@ -579,23 +579,26 @@ impl GpuStream {
     }
 
     /// Makes this stream wait, without blocking the host, for the work enqueued so far on
-    /// `other`, a stream of the same GPU that another library made.
-    pub fn wait_foreign(&self, other: &ForeignStream) -> Result<(), CudaError> {
+    /// `other`, a stream of the same GPU that another library made. `event` (of this GPU)
+    /// is recorded there for it: an event may serve call after call.
+    pub fn wait_foreign(&self, other: &ForeignStream, event: &CudaEvent) -> Result<(), CudaError> {
         self.gpu.bind()?;
-        let event = self.gpu.new_event(false)?;
         // SAFETY: the event is live; `ForeignStream::new`'s caller vouched for the stream.
         unsafe { sys::cuEventRecord(event.cu_event(), other.0) }
             .result()
             .map_err(driver("cuEventRecord"))?;
-        self.wait(&event)
+        self.wait(event)
     }
 
     /// Makes the stream `other` of another library wait, without blocking the host, for the
-    /// work enqueued on this stream so far.
-    pub fn signal_foreign(&self, other: &ForeignStream) -> Result<(), CudaError> {
+    /// work enqueued on this stream so far, recording `event` (of this GPU) here for it.
+    pub fn signal_foreign(
+        &self,
+        other: &ForeignStream,
+        event: &CudaEvent,
+    ) -> Result<(), CudaError> {
         self.gpu.bind()?;
-        let event = self.gpu.new_event(false)?;
-        self.record(&event)?;
+        self.record(event)?;
         // SAFETY: the event is live and recorded; `ForeignStream::new`'s caller vouched for
         // the stream.
         unsafe { sys::cuStreamWaitEvent(other.0, event.cu_event(), 0) }

@@ -759,9 +759,11 @@ where
                 }
                 let stream = self.backend.stream(self.current)?;
                 if let Some(buffer) = self.given.remove(tensor) {
-                    let name = self.names.tensor(*tensor);
                     let (dtype, have) = (self.backend.dtype(&buffer), self.backend.sizes(&buffer));
                     if dtype != decl.dtype || have != sizes {
+                        // Names are built only for a message (building them costs more than
+                        // issuing a small program).
+                        let name = self.names.tensor(*tensor);
                         return Err(ExecError::Input(format!(
                             "output {name} on rank {}: the buffer given is {dtype}{have:?}, the program writes {}{sizes:?}",
                             self.comm.rank(),

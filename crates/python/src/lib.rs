@@ -219,7 +219,7 @@ impl NativeExecutable {
             py.detach(|| CudaSession::local(exe, &devices, &options))
         }
         .map_err(error)?;
-        Ok(NativeSession { session, trace })
+        Ok(NativeSession::new(session, trace))
     }
 
     /// Runs on the CPU backend with `ranks` simulated ranks (threads) on the named global
@@ -297,27 +297,50 @@ fn timeout(secs: f64) -> PyResult<Duration> {
     Ok(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
 }
 
-/// A device buffer handed over by address: device address, dtype name, sizes, and the
-/// bytes the caller's allocation holds from that address.
-type DeviceArg = (u64, String, Vec<usize>, usize);
+/// One rank's part of a call: the device addresses of its input shards and of its output
+/// buffers, in signature order (each a contiguous tensor of the shard's dtype and sizes,
+/// which the Python wrapper checked), and the handle of the caller's stream on that rank's
+/// GPU.
+type CallArg = (Vec<u64>, Vec<u64>, u64);
 
-/// One rank's part of a call: its input shards, its output buffers, and the handle of the
-/// caller's stream on that rank's GPU.
-type CallArg = (Vec<DeviceArg>, Vec<DeviceArg>, u64);
+/// A tensor's dtype and a rank's local sizes of it.
+type Layout = (DType, Vec<usize>);
 
 /// What a GPU call hands back: each local rank's host time issuing (µs), the races found,
 /// whether the check passed (`None` unchecked, or on a launched rank other than 0), the
-/// largest error, and the Chrome trace JSON when the session traces.
-type CallOutcome = (Vec<f64>, usize, Option<bool>, f64, Option<String>);
+/// largest error, the Chrome trace JSON when the session traces, and the host time of the
+/// whole native call from its arguments to its answer (µs).
+type CallOutcome = (Vec<f64>, usize, Option<bool>, f64, Option<String>, f64);
 
 /// A GPU session of an executable ([`CudaSession`]).
 #[pyclass(module = "streamweave._native", frozen)]
 struct NativeSession {
     session: CudaSession,
     trace: bool,
+    /// Each local rank's input and output layouts, in signature order.
+    layouts: Vec<(Vec<Layout>, Vec<Layout>)>,
 }
 
 impl NativeSession {
+    fn new(session: CudaSession, trace: bool) -> NativeSession {
+        let exe = session.executable().clone();
+        let of = |sigs: &[streamweave::host_ir::TensorSig], rank: usize| {
+            sigs.iter()
+                .map(|t| (t.dtype, t.local_sizes_of(rank)))
+                .collect::<Vec<_>>()
+        };
+        let layouts = session
+            .ranks()
+            .iter()
+            .map(|(rank, _)| (of(exe.inputs(), *rank), of(exe.outputs(), *rank)))
+            .collect();
+        NativeSession {
+            session,
+            trace,
+            layouts,
+        }
+    }
+
     /// The calls as the session takes them: every address borrowed on its rank's GPU.
     fn calls(&self, calls: &[CallArg]) -> PyResult<Vec<RankCall>> {
         let ranks = self.session.ranks();
@@ -329,13 +352,26 @@ impl NativeSession {
             )));
         }
         let mut out = Vec::with_capacity(calls.len());
-        for ((inputs, outputs, stream), (_, gpu)) in calls.iter().zip(ranks) {
-            let buffers = |args: &[DeviceArg]| -> PyResult<Vec<Buffer>> {
-                args.iter().map(|a| borrow(gpu, a)).collect()
+        for (((inputs, outputs, stream), (rank, gpu)), (lin, lout)) in
+            calls.iter().zip(ranks).zip(&self.layouts)
+        {
+            let buffers = |what: &str, ptrs: &[u64], layouts: &[Layout]| {
+                if ptrs.len() != layouts.len() {
+                    return Err(error(format!(
+                        "rank {rank}: {} {what} address(es) for {} {what}s",
+                        ptrs.len(),
+                        layouts.len()
+                    )));
+                }
+                Ok(ptrs
+                    .iter()
+                    .zip(layouts)
+                    .map(|(&p, (dtype, sizes))| borrow(gpu, p, *dtype, sizes))
+                    .collect::<Vec<_>>())
             };
             out.push(RankCall {
-                inputs: buffers(inputs)?,
-                outputs: buffers(outputs)?,
+                inputs: buffers("input", inputs, lin)?,
+                outputs: buffers("output", outputs, lout)?,
                 stream: foreign_stream(*stream),
             });
         }
@@ -352,20 +388,20 @@ fn foreign_stream(handle: u64) -> ForeignStream {
     unsafe { ForeignStream::new(handle) }
 }
 
-/// The caller's device memory at `a`'s address, on `gpu`.
+/// The caller's `dtype` tensor of `sizes` at device address `ptr` on `gpu`.
 #[allow(unsafe_code)]
-fn borrow(gpu: &Gpu, (ptr, dtype, sizes, bytes): &DeviceArg) -> PyResult<Buffer> {
-    let dtype = dtype_of(dtype)?;
+fn borrow(gpu: &Gpu, ptr: u64, dtype: DType, sizes: &[usize]) -> Buffer {
+    let bytes = sizes.iter().product::<usize>() * streamweave::executor::dense::elem_bytes(dtype);
     // SAFETY: the Python wrapper passes `data_ptr()` of a contiguous CUDA tensor on this
-    // rank's device and the bytes from there to the end of its storage, and keeps the tensor
-    // referenced for the whole call; the run is ordered before the tensor's stream, so
-    // PyTorch reuses the memory only after the run.
-    let mem = unsafe { gpu.borrow(*ptr, *bytes) };
-    Ok(Buffer {
+    // rank's device whose dtype and shape it checked against these (so it holds these
+    // bytes), and keeps the tensor referenced for the whole call; the run is ordered before
+    // the tensor's stream, so PyTorch reuses the memory only after the run.
+    let mem = unsafe { gpu.borrow(ptr, bytes) };
+    Buffer {
         mem,
         dtype,
-        sizes: sizes.clone(),
-    })
+        sizes: sizes.to_vec(),
+    }
 }
 
 #[pymethods]
@@ -389,6 +425,7 @@ impl NativeSession {
     /// the f64 reference. The GIL is released meanwhile.
     #[pyo3(signature = (calls, check=false))]
     fn run(&self, py: Python<'_>, calls: Vec<CallArg>, check: bool) -> PyResult<CallOutcome> {
+        let start = std::time::Instant::now();
         let calls = self.calls(&calls)?;
         let session = &self.session;
         let trace = self.trace;
@@ -420,7 +457,8 @@ impl NativeSession {
             } else {
                 None
             };
-            Ok((issue_us, races, passed, max_error, trace_json))
+            let native_us = start.elapsed().as_secs_f64() * 1e6;
+            Ok((issue_us, races, passed, max_error, trace_json, native_us))
         })
         .map_err(error)
     }

@@ -18,11 +18,12 @@
 //! ([`CudaSession::spans`]) wait for the device; issuing does not.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use weave_comm::bootstrap::{exchange_id, gather, LaunchEnv, TcpStore};
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::Communicator;
+use weave_cuda::cudarc::driver::CudaEvent;
 use weave_cuda::{DeviceMemory, ForeignStream, Gpu};
 use weave_executor::{
     program_teams, run_rank_into, Backend, CudaBackend, CudaOptions, Dense, DeviceTensor,
@@ -64,6 +65,10 @@ struct SessionRank {
     gpu: Gpu,
     backend: CudaBackend,
     comm: Arc<Nccl<DeviceTensor>>,
+    /// The events that order a run after the caller's stream and the caller's stream after
+    /// the run, recorded again at every call.
+    before: CudaEvent,
+    after: CudaEvent,
 }
 
 /// Every rank of a program that runs in this process, open on its GPU: see the module doc.
@@ -76,6 +81,8 @@ pub struct CudaSession {
     store: Option<TcpStore>,
     /// Checks made so far (each gathers under its own key).
     checks: AtomicUsize,
+    /// Held while a call issues: calls from several threads take turns.
+    issuing: Mutex<()>,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -148,6 +155,7 @@ impl CudaSession {
             ranks,
             store: None,
             checks: AtomicUsize::new(0),
+            issuing: Mutex::new(()),
         })
     }
 
@@ -176,6 +184,7 @@ impl CudaSession {
             ranks: vec![opened],
             store: Some(store),
             checks: AtomicUsize::new(0),
+            issuing: Mutex::new(()),
         })
     }
 
@@ -205,6 +214,7 @@ impl CudaSession {
                 self.ranks.len()
             )));
         }
+        let _turn = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
         let config = self.exe.config(&self.options);
         let one = |r: &SessionRank, call: &RankCall| -> Result<IntoRun, ExecError> {
             let adopt = |b: &Buffer| r.backend.adopt(b.mem.clone(), b.dtype, &b.sizes);
@@ -222,7 +232,7 @@ impl CudaSession {
                 r.backend.start_trace()?;
             }
             let main = r.backend.stream(StreamKey::Main)?;
-            main.wait_foreign(&call.stream)?;
+            main.wait_foreign(&call.stream, &r.before)?;
             let run = run_rank_into(
                 self.exe.program(),
                 &r.backend,
@@ -231,7 +241,7 @@ impl CudaSession {
                 &outputs,
                 &config,
             )?;
-            main.signal_foreign(&call.stream)?;
+            main.signal_foreign(&call.stream, &r.after)?;
             Ok(run)
         };
         let results: Vec<Result<IntoRun, ExecError>> = if self.ranks.len() == 1 {
@@ -422,11 +432,15 @@ fn open_rank(
         ..CudaOptions::default()
     };
     let backend = crate::gpu::backend_for(&gpu, cuda, &comm).map_err(|e| fail(e.to_string()))?;
+    let event = || gpu.new_event(false).map_err(|e| fail(e.to_string()));
+    let (before, after) = (event()?, event()?);
     Ok(SessionRank {
         rank,
         gpu,
         backend,
         comm,
+        before,
+        after,
     })
 }
 

@@ -395,7 +395,12 @@ pub struct CudaBackend {
     /// With [`CudaOptions::ordered_compute`]: the stream (as an address) and completion
     /// event of the last compute operation issued.
     last_compute: Mutex<Option<(usize, Arc<CudaEvent>)>>,
+    /// Events for [`Backend::record_event`], reused once nothing else holds them.
+    events: Mutex<Vec<Arc<CudaEvent>>>,
 }
+
+/// The most events a backend keeps for reuse.
+const EVENT_POOL: usize = 256;
 
 impl CudaBackend {
     /// A backend on `gpu`.
@@ -412,6 +417,7 @@ impl CudaBackend {
             origin: Mutex::new(None),
             allocations: Mutex::new(Vec::new()),
             last_compute: Mutex::new(None),
+            events: Mutex::new(Vec::new()),
         };
         backend.stream(StreamKey::Main)?;
         Ok(backend)
@@ -502,6 +508,22 @@ impl CudaBackend {
             shape: Arc::new(sizes.to_vec()),
             ranges: sizes.iter().map(|&s| 0..s).collect(),
         })
+    }
+
+    /// An event to record: one of the pool that nobody holds any more (so nothing can still
+    /// wait on its earlier record; a stream that waited on it has already taken that
+    /// record), else a new one, kept in the pool while it has room. Creating an event costs
+    /// more host time than recording one, and a chunked run records a few per chunk.
+    fn pooled_event(&self) -> Result<Arc<CudaEvent>, CudaError> {
+        let mut pool = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = pool.iter().find(|e| Arc::strong_count(e) == 1) {
+            return Ok(e.clone());
+        }
+        let e = Arc::new(self.gpu.new_event(false)?);
+        if pool.len() < EVENT_POOL {
+            pool.push(e.clone());
+        }
+        Ok(e)
     }
 
     /// A buffer of `sizes` on the GPU, filled from nothing (uninitialised).
@@ -917,11 +939,10 @@ impl Backend for CudaBackend {
 
     fn record_event(&self, stream: &GpuStream) -> GpuEvent {
         match self
-            .gpu
-            .new_event(false)
+            .pooled_event()
             .and_then(|e| stream.record(&e).map(|()| e))
         {
-            Ok(e) => Some(Arc::new(e)),
+            Ok(e) => Some(e),
             Err(e) => {
                 self.fail(e.into());
                 None
