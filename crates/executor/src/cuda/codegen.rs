@@ -1051,12 +1051,13 @@ impl<'f> Gen<'f> {
             && numel(&red_sizes) > 0
         {
             // Outermost axes: a column per thread, the rows split over blocks.
-            // Enough parts to fill the GPU (each part is `COLUMN_LANES` threads per column),
+            // As many parts as one wave of blocks holds (each part is `COLUMN_LANES` threads
+            // per column; a second, partial wave would leave most SMs idle while it runs),
             // each of at least `8 * COLUMN_LANES` rows.
             let m = numel(&out_sizes);
             let nr = numel(&red_sizes);
             let xb = m.div_ceil(COLUMNS_PER_BLOCK);
-            let want = (self.sms.max(1) * 2048).div_ceil(xb * BLOCK as usize);
+            let want = (self.sms.max(1) * 2048) / (xb * BLOCK as usize);
             let splits = want.clamp(1, nr.div_ceil(8 * COLUMN_LANES).max(1));
             if splits == 1 {
                 let launch = column_source(&name, &x.node, &red_sizes, &out_sizes, op, &dst, 1);
@@ -1709,8 +1710,8 @@ mod tests {
             }
         );
         assert!(p.launches[0].source.contains("lanes_acc[8][32]"));
-        // 132 SMs: 5 parts fill them (256 blocks of 256 threads each).
-        assert_eq!(splits, 5);
+        // 132 SMs: 4 parts of 256 blocks of 256 threads fill one wave (8 blocks an SM).
+        assert_eq!(splits, 4);
         // A stream chunk of 1024 columns: 33 parts, and the second pass over them has its
         // 8 lanes per column too.
         let p = plan_of(
