@@ -698,3 +698,42 @@ fn sequence_parallel_mlp_backward_matches_the_reference_on_1_to_4_ranks() {
         }
     }
 }
+
+/// The attention block on a data × tensor parallel mesh (tests/scenarios/tp_attention_2d.weave):
+/// the batch on DIDy, the heads on DIDx; per query chunk one Allreduce whose teams are the
+/// mesh rows, on every mesh shape of up to 4 devices, at even and uneven chunks.
+#[test]
+fn tensor_parallel_attention_on_a_2d_mesh_matches_the_reference() {
+    let source = std::fs::read_to_string(common::fixture("tp_attention_2d")).unwrap();
+    let edit = attention_inputs(24, 2);
+    let mut failures = Vec::new();
+    for (dy, dx) in [(1, 2), (2, 1), (2, 2), (3, 1), (1, 3), (1, 4), (4, 1)] {
+        for extra in [&[][..], &[("t", 10), ("s", 3)], &[("t", 7), ("s", 5)]] {
+            let mut ov = extra.to_vec();
+            ov.extend([("dy", dy), ("dx", dx)]);
+            let c = match run_with(&source, &ov, (dy * dx) as usize, &edit) {
+                Ok(c) => c,
+                Err(e) => {
+                    failures.push(e);
+                    continue;
+                }
+            };
+            let p = &c.program;
+            assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
+            if dx > 1 {
+                assert_eq!(communication_kinds(p), ["Allreduce"], "{dy} x {dx}");
+                let teams = p
+                    .walk()
+                    .find_map(|w| match &p.stmts[w.stmt] {
+                        Stmt::Communication(comm) => Some(comm.teams.len()),
+                        _ => None,
+                    })
+                    .unwrap();
+                assert_eq!(teams, dy as usize, "one team per mesh row");
+            }
+            every_communication_is_waited_for_in_its_loop(p);
+            assert_eq!(compute_loops(p), 2, "{dy} x {dx} {extra:?}");
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
