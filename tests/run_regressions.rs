@@ -502,6 +502,9 @@ const ATTENTION_SHAPES: [&[(&str, i64)]; 4] = [
     &[("t", 7), ("s", 5)],
 ];
 
+/// The rank counts a shape runs on, and the shape's parameters.
+type Case = (&'static [usize], &'static [(&'static str, i64)]);
+
 /// The value of parameter `name` in `extra`, else `default`.
 fn param(extra: &[(&str, i64)], name: &str, default: i64) -> i64 {
     extra
@@ -603,7 +606,7 @@ fn tensor_parallel_attention_with_the_heads_split_written_out_matches_the_refere
 #[test]
 fn sequence_parallel_attention_matches_the_reference_on_1_to_4_ranks() {
     let source = std::fs::read_to_string(common::fixture("sequence_parallel_attention")).unwrap();
-    let cases: [(&[usize], &[(&str, i64)]); 5] = [
+    let cases: [Case; 5] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 4], &[("s", 3)]),
         (&[1, 2, 4], &[("t", 36), ("s", 5)]),
@@ -638,7 +641,7 @@ fn sequence_parallel_attention_matches_the_reference_on_1_to_4_ranks() {
 #[test]
 fn sequence_parallel_silu_mlp_matches_the_reference_on_1_to_4_ranks() {
     let source = std::fs::read_to_string(common::fixture("sequence_parallel_mlp_silu")).unwrap();
-    let cases: [(&[usize], &[(&str, i64)]); 4] = [
+    let cases: [Case; 4] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 3, 4], &[("s", 4)]),
         (&[1, 2], &[("s", 5)]),
@@ -666,7 +669,7 @@ fn sequence_parallel_silu_mlp_matches_the_reference_on_1_to_4_ranks() {
 fn sequence_parallel_mlp_backward_matches_the_reference_on_1_to_4_ranks() {
     let source =
         std::fs::read_to_string(common::fixture("sequence_parallel_mlp_backward")).unwrap();
-    let cases: [(&[usize], &[(&str, i64)]); 5] = [
+    let cases: [Case; 5] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 3, 4], &[("t", 36), ("s", 3)]),
         (&[1, 2], &[("s", 5)]),
