@@ -241,3 +241,122 @@ fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
     let (ok, _, err) = weave(&["dump", file, "--kernels", "--passes", "default"], None);
     assert!(!ok && err.contains("cannot be used with"), "{err}");
 }
+
+/// The host program between `%HostIrContainer {` and its closing line, one string per line.
+fn host_program(out: &str) -> Vec<&str> {
+    out.lines()
+        .skip_while(|l| !l.starts_with("%HostIrContainer"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("} // %HostIrContainer"))
+        .collect()
+}
+
+/// The top-level loops of a printed host program that do work (not `assign-streams`' join
+/// loops of `Synchronize` only), each as its body's lines.
+fn compute_loops(program: &[&str]) -> Vec<Vec<String>> {
+    let mut loops = Vec::new();
+    let mut k = 0;
+    while k < program.len() {
+        if program[k].starts_with("  FOR ") {
+            let body: Vec<String> = program[k + 1..]
+                .iter()
+                .take_while(|l| l.starts_with("    "))
+                .map(|l| l.trim().to_string())
+                .collect();
+            k += 1 + body.len();
+            if body
+                .iter()
+                .any(|l| !l.starts_with("Synchronize(") && !l.starts_with("SetCurrentStream("))
+            {
+                loops.push(body);
+            }
+        } else {
+            k += 1;
+        }
+    }
+    loops
+}
+
+/// The number after `Communication ` on a printed statement line (`Communication 75 (..)`).
+fn communication_number(line: &str) -> Option<&str> {
+    line.strip_prefix("Communication ")?
+        .split_whitespace()
+        .next()
+}
+
+/// `weave dump` of the attention layer stays readable: the host program has one loop per
+/// overlapped region (QKV over token chunks, then attention over query chunks), no loop
+/// inside a loop, and every communication printed inside its loop with its `Wait` after it
+/// and before the kernel that reads its result (the residual add).
+#[test]
+fn the_dump_of_the_attention_layer_shows_one_loop_per_region_and_every_wait() {
+    for (fixture, expected) in [
+        (
+            "tests/scenarios/tp_attention.weave",
+            [vec![], vec!["Allreduce"]],
+        ),
+        (
+            "tests/scenarios/sequence_parallel_attention.weave",
+            [vec!["Allgather"], vec!["ReduceScatter"]],
+        ),
+    ] {
+        let (ok, out, err) = weave(&["dump", fixture, "--passes", "default"], None);
+        assert!(ok, "{fixture}: {err}");
+        let program = host_program(&out);
+        assert!(!program.is_empty(), "{fixture}: no host program in\n{out}");
+        assert!(
+            !program.iter().any(|l| l.starts_with("    FOR ")),
+            "{fixture}: a loop inside a loop"
+        );
+        assert!(
+            !program.iter().any(|l| l.starts_with("  Communication ")),
+            "{fixture}: a communication outside the loops"
+        );
+        let loops = compute_loops(&program);
+        assert_eq!(loops.len(), 2, "{fixture}:\n{}", program.join("\n"));
+        for (body, kinds) in loops.iter().zip(&expected) {
+            let comms: Vec<(usize, &str)> = body
+                .iter()
+                .enumerate()
+                .filter_map(|(k, l)| communication_number(l).map(|n| (k, n)))
+                .collect();
+            let printed: Vec<&str> = comms
+                .iter()
+                .map(|(k, _)| {
+                    body[*k]
+                        .split("type=")
+                        .nth(1)
+                        .and_then(|r| r.split([',', ')']).next())
+                        .unwrap_or("")
+                })
+                .collect();
+            assert_eq!(&printed, kinds, "{fixture}: {body:#?}");
+            for (k, n) in comms {
+                let wait = format!("Wait(Communication {n})");
+                let at = body
+                    .iter()
+                    .position(|l| *l == wait)
+                    .unwrap_or_else(|| panic!("{fixture}: no `{wait}` in {body:#?}"));
+                assert!(at > k, "{fixture}: `{wait}` before its communication");
+                // The communication's output is read only after the Wait.
+                let output = body[k]
+                    .split("output=")
+                    .nth(1)
+                    .and_then(|r| r.split([',', ')']).next())
+                    .unwrap();
+                let names = |l: &str| -> bool {
+                    l.split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                        .any(|w| w == output)
+                };
+                assert!(
+                    !body[k + 1..at].iter().any(|l| names(l)),
+                    "{fixture}: `{output}` used before `{wait}`: {body:#?}"
+                );
+                assert!(
+                    body[at + 1..].iter().any(|l| names(l)),
+                    "{fixture}: `{output}` not read in the loop after `{wait}`: {body:#?}"
+                );
+            }
+        }
+    }
+}

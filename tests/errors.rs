@@ -177,3 +177,47 @@ fn swizzle1d_needs_didx_a_devices_mesh_and_one_chunk_per_device() {
         "schedule of `a`: swizzle1d(0, DIDx) needs a 1-D mesh of devices 0..n (`devices(n)`), but mesh `m` is [1, 0] with shape [2]"
     );
 }
+
+/// What the transformer layer cannot be scheduled as, refused at load with the user's tensor
+/// and the step: a Stream split of the softmax's sum over the keys (flash attention's online
+/// softmax accumulates across key chunks, which a stream loop does not), and a sequence-
+/// parallel layer whose token chunks do not split evenly across the devices.
+#[test]
+fn the_layer_schedules_it_cannot_run_are_refused_at_their_step() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios/tp_attention.weave");
+    let source = std::fs::read_to_string(&path).unwrap();
+    let keys = source.replace(
+        "  schedule y { mesh = m; outer_split(0, s) -> Stream }",
+        "  schedule z { outer_split(2, s) -> Stream }",
+    );
+    let line = keys
+        .lines()
+        .position(|l| l.contains("schedule z {"))
+        .unwrap()
+        + 1;
+    let pad = " ".repeat(line.to_string().len());
+    assert_eq!(
+        load_err(&keys),
+        format!(
+            "schedule of `z`: outer_split(2, s) -> Stream: loop axis 2 is a reduction axis, which cannot be stream-parallel (the chunks' partial results would need adding up); stream-split an iteration axis\n\
+             {pad}--> bad.weave:{line}:16\n{pad} |\n{line} |   schedule z {{ outer_split(2, s) -> Stream }}\n{pad} |                ^"
+        )
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scenarios/sequence_parallel_mlp_backward.weave");
+    let set = [
+        ("t".to_string(), 36),
+        ("s".to_string(), 5),
+        ("d".to_string(), 3),
+    ];
+    let e = streamweave::load_file(&path, &set).unwrap_err().to_string();
+    let first = e.lines().next().unwrap();
+    assert_eq!(
+        first,
+        "schedule of `x`: axis 1 has extent 8 (`ceilDiv(t, 5)`), not divisible by 3 devices (DIDx)"
+    );
+    assert!(
+        e.contains("sequence_parallel_mlp_backward.weave:"),
+        "no file:line:col in {e}"
+    );
+}

@@ -773,3 +773,64 @@ fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
         }
     }
 }
+
+/// The transformer-layer fixtures (tests/scenarios/README.md, "A transformer layer") on one
+/// GPU with d = 1, whole and in several stream chunks (t = 40 in 3 chunks is uneven), against
+/// the f64 reference. The attention fixtures get their constants and a causal mask as a
+/// runner sets them: `n` = the row length, `eps` = 1e-6, `scale` = 1 / sqrt(hd), `neg` = -1e4.
+#[test]
+fn the_transformer_layer_fixtures_match_the_reference_on_one_gpu() {
+    if !one_gpu() {
+        return;
+    }
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for name in [
+        "tp_attention",
+        "sequence_parallel_attention",
+        "sequence_parallel_mlp_silu",
+        "sequence_parallel_mlp_backward",
+    ] {
+        for (t, s) in [(32, 1), (32, 4), (40, 3)] {
+            let fusion = load(name, &[("d", 1), ("t", t), ("s", s)]);
+            let hd = fusion
+                .params()
+                .iter()
+                .find(|p| p.name == "hd")
+                .and_then(|p| p.value)
+                .unwrap_or(1);
+            let nh = fusion
+                .params()
+                .iter()
+                .find(|p| p.name == "nh")
+                .and_then(|p| p.value)
+                .unwrap_or(1);
+            let exe = compile(fusion);
+            let mut globals = exe.random_inputs(7).expect("inputs");
+            for (sig, x) in exe.inputs().iter().zip(globals.iter_mut()) {
+                match sig.name.as_str() {
+                    "n" => x.data = vec![(nh * hd) as f64],
+                    "eps" => x.data = vec![1e-6],
+                    "scale" => x.data = vec![1.0 / (hd as f64).sqrt()],
+                    "neg" => x.data = vec![-1e4],
+                    "mask" => {
+                        let cols = x.sizes[1];
+                        for (i, v) in x.data.iter_mut().enumerate() {
+                            *v = if i % cols <= i / cols { 1.0 } else { 0.0 };
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            runs += 1;
+            let what = format!("{name} t={t} s={s}");
+            match exe.run_dense(&globals, &gpu_options(1)) {
+                Ok(r) if r.passed() => println!("{what}: max abs {:.3e}", r.max_abs_error()),
+                Ok(r) => failures.push(format!("{what}: differs, max error {}", r.max_abs_error())),
+                Err(e) => failures.push(format!("{what}: {e}")),
+            }
+        }
+    }
+    println!("{runs} runs, {} failures", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -9,21 +9,39 @@ use common::Checked;
 use streamweave::host_ir::{HostProgram, Stmt};
 use streamweave::ir::{Fusion, IterType, ParallelType, TensorId};
 use streamweave::passes::{Ir, PassManager, Pipeline, Registry};
+use weave_executor::Dense;
 
-/// Compiles `source` with `overrides` and runs it on `ranks` ranks; an error holds the stage,
-/// the program and the report.
-fn run(source: &str, overrides: &[(&str, i64)], ranks: usize) -> Result<Checked, String> {
+/// Compiles `source` with `overrides` and runs it on `ranks` ranks with the generated inputs
+/// edited by `edit` (see [`common::run_checked_with`]); an error holds the stage, the program
+/// and the report.
+fn run_with(
+    source: &str,
+    overrides: &[(&str, i64)],
+    ranks: usize,
+    edit: &dyn Fn(&str, &mut Dense),
+) -> Result<Checked, String> {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let what = |stage: &str, detail: String| {
         format!("{stage} failed ({ranks} ranks, {overrides:?}):\n{source}\n--- {detail}")
     };
     let fusion =
         streamweave::load("case.weave", source, &ov).map_err(|e| what("load", e.to_string()))?;
-    common::run_checked(fusion, ranks, 2, 11).map_err(|f| what(f.stage, f.detail))
+    common::run_checked_with(fusion, ranks, 2, 11, edit).map_err(|f| what(f.stage, f.detail))
 }
 
-/// [`run`] on every rank count in `ranks`, setting `d` to it; panics with every failure.
+/// [`run_with`] on every rank count in `ranks`, setting `d` to it, with the generated inputs;
+/// panics with every failure.
 fn runs_on(source: &str, ranks: &[usize], extra: &[(&str, i64)]) -> Vec<Checked> {
+    runs_on_with(source, ranks, extra, &|_, _| {})
+}
+
+/// [`runs_on`] with the generated inputs edited by `edit`.
+fn runs_on_with(
+    source: &str,
+    ranks: &[usize],
+    extra: &[(&str, i64)],
+    edit: &dyn Fn(&str, &mut Dense),
+) -> Vec<Checked> {
     let mut ok = Vec::new();
     let mut failures = Vec::new();
     for &r in ranks {
@@ -31,7 +49,7 @@ fn runs_on(source: &str, ranks: &[usize], extra: &[(&str, i64)]) -> Vec<Checked>
         if source.contains("d = ") {
             ov.push(("d", r as i64));
         }
-        match run(source, &ov, r) {
+        match run_with(source, &ov, r, edit) {
             Ok(c) => ok.push(c),
             Err(e) => failures.push(e),
         }
@@ -415,6 +433,368 @@ fn ulysses_all_to_all_reshards_tokens_to_heads_and_back_at_several_shapes() {
                     "{extra:?} on {ranks} ranks"
                 );
             }
+        }
+    }
+}
+
+/// The kinds of the communications of `p` in program order (`Allreduce`, `Allgather`, ..).
+fn communication_kinds(p: &HostProgram) -> Vec<String> {
+    p.walk()
+        .filter_map(|w| match &p.stmts[w.stmt] {
+            Stmt::Communication(comm) => Some(format!("{:?}", comm.kind)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every communication of `p` is inside a stream loop's body and waited for later in that
+/// same body (so its chunk overlaps the next chunk's compute, and nothing reads it early).
+fn every_communication_is_waited_for_in_its_loop(p: &HostProgram) {
+    for s in &p.top_level {
+        let Stmt::ForLoop { body, .. } = &p.stmts[*s] else {
+            assert!(
+                !matches!(p.stmts[*s], Stmt::Communication(_)),
+                "a communication at top level"
+            );
+            continue;
+        };
+        for (k, b) in body.iter().enumerate() {
+            if matches!(p.stmts[*b], Stmt::Communication(_)) {
+                let waited = body[k + 1..].iter().any(|w| match &p.stmts[*w] {
+                    Stmt::Wait { comm } => comm == b,
+                    _ => false,
+                });
+                assert!(
+                    waited,
+                    "communication {b:?} has no Wait after it in its loop"
+                );
+            }
+        }
+    }
+}
+
+/// The inputs the attention fixtures take as constants and the causal mask, set as a runner
+/// would: `n` = the row length `hidden`, `eps` = 1e-6, `scale` = 1 / sqrt(`hd`), `neg` =
+/// -1e4 (the masked score), `mask[q][k]` = k <= q. Random values would make the RMSNorm's
+/// mean of squares negative (a NaN in the reference and the result alike) half the time.
+fn attention_inputs(hidden: usize, hd: usize) -> impl Fn(&str, &mut Dense) {
+    move |name, x| match name {
+        "n" => x.data = vec![hidden as f64],
+        "eps" => x.data = vec![1e-6],
+        "scale" => x.data = vec![1.0 / (hd as f64).sqrt()],
+        "neg" => x.data = vec![-1e4],
+        "mask" => {
+            let t = x.sizes[1];
+            for (i, v) in x.data.iter_mut().enumerate() {
+                *v = if i % t <= i / t { 1.0 } else { 0.0 };
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The shapes the attention tests run: the defaults, uneven chunks of the queries (t = 10 in
+/// 3 and 4 chunks, t = 7 in 5 with a short and an empty chunk) and other head sizes.
+const ATTENTION_SHAPES: [&[(&str, i64)]; 4] = [
+    &[],
+    &[("t", 10), ("s", 3)],
+    &[("t", 10), ("s", 4), ("hd", 3)],
+    &[("t", 7), ("s", 5)],
+];
+
+/// The rank counts a shape runs on, and the shape's parameters.
+type Case = (&'static [usize], &'static [(&'static str, i64)]);
+
+/// The value of parameter `name` in `extra`, else `default`.
+fn param(extra: &[(&str, i64)], name: &str, default: i64) -> i64 {
+    extra
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map_or(default, |(_, v)| *v)
+}
+
+/// The tensor-parallel attention block (tests/scenarios/tp_attention.weave) as a user writes
+/// it, with only the weights and the output scheduled, on 1 to 4 ranks at even and uneven
+/// chunks, with a causal mask and real constants: the reference's numbers, no race, one
+/// Allreduce per chunk and nothing else, two stream loops (QKV over tokens, then attention
+/// over queries), heads on DIDx and the keys never cut by the query loop. The whole fusion's
+/// id graph maps the query and key axes of the scores together (both come from one token
+/// axis); propagation used to give the keys Stream and lowering cut `kᵀ` into query chunks
+/// ("the product has sizes [2, 4, 4] but the preallocated output has sizes [2, 4, 8]").
+#[test]
+fn tensor_parallel_attention_matches_the_reference_on_1_to_4_ranks() {
+    let source = std::fs::read_to_string(common::fixture("tp_attention")).unwrap();
+    for extra in ATTENTION_SHAPES {
+        let hd = param(extra, "hd", 2) as usize;
+        let edit = attention_inputs(12 * hd, hd);
+        for c in runs_on_with(&source, &[1, 2, 3, 4], extra, &edit) {
+            let p = &c.program;
+            let ranks = c.exe.min_ranks();
+            assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
+            let kinds = communication_kinds(p);
+            if ranks > 1 {
+                assert_eq!(kinds, ["Allreduce"], "{extra:?} on {ranks} ranks");
+            } else {
+                assert!(kinds.iter().all(|k| k == "Allreduce"), "{kinds:?}");
+            }
+            every_communication_is_waited_for_in_its_loop(p);
+            assert_eq!(compute_loops(p), 2, "{extra:?} on {ranks} ranks");
+            let f = c.sharded();
+            let qh = tensor(&f, "qh");
+            let heads = f.tensor(qh).logical[1];
+            assert!(
+                f.tensor(qh)
+                    .loop_domain
+                    .iter()
+                    .any(|i| f.id(*i).parallel == ParallelType::DIDx
+                        && f.id(*i)
+                            .definition
+                            .is_some_and(|e| f.id_expr(e).inputs().contains(&heads))),
+                "the heads of `qh` are not DID-split"
+            );
+            let scores = tensor(&f, "scores");
+            let key_axis = f.tensor(scores).logical[2];
+            assert!(
+                !f.tensor(scores).loop_domain.iter().any(|i| {
+                    f.id(*i).parallel == ParallelType::Stream
+                        && f.id(*i)
+                            .definition
+                            .is_some_and(|e| f.id_expr(e).inputs().contains(&key_axis))
+                }),
+                "the key axis of `scores` is stream-split"
+            );
+            assert!(has(&f, "scores", ParallelType::Stream));
+            assert!(streamed_reductions(&f).is_empty());
+        }
+    }
+}
+
+/// The same block with the heads' DID split written out on the split-heads reshapes, as a
+/// user who wants it stated would write it (kh and vh scheduled without a Stream split, so
+/// the keys and values are computed whole before the query loop): the same numbers.
+#[test]
+fn tensor_parallel_attention_with_the_heads_split_written_out_matches_the_reference() {
+    let source = std::fs::read_to_string(common::fixture("tp_attention")).unwrap();
+    let source = source.replace(
+        "  schedule y {",
+        "  schedule qh { mesh = m; outer_split(1, d) -> DIDx; outer_split(0, s) -> Stream }\n  \
+         schedule kh { mesh = m; outer_split(1, d) -> DIDx }\n  \
+         schedule vh { mesh = m; outer_split(1, d) -> DIDx }\n  schedule y {",
+    );
+    for extra in ATTENTION_SHAPES {
+        let hd = param(extra, "hd", 2) as usize;
+        let edit = attention_inputs(12 * hd, hd);
+        for c in runs_on_with(&source, &[1, 2, 3, 4], extra, &edit) {
+            let ranks = c.exe.min_ranks();
+            if ranks > 1 {
+                assert_eq!(communication_kinds(&c.program), ["Allreduce"]);
+            }
+            every_communication_is_waited_for_in_its_loop(&c.program);
+            assert!(!has(&c.sharded(), "kp", ParallelType::Stream));
+        }
+    }
+}
+
+/// The attention block under sequence parallelism (tests/scenarios/
+/// sequence_parallel_attention.weave): the RMSNorm on each rank's tokens, an Allgather per
+/// token chunk before the QKV, a ReduceScatter per query chunk after the output projection
+/// (no Allreduce), two stream loops, the softmax inside the query loop (propagation takes the
+/// scores' Stream from q, not from kᵀ, which used to chunk the scores by keys and leave the
+/// softmax in loops of its own). On 1 to 4 ranks at even and uneven chunks (the device split
+/// inside each token chunk must divide it: t = 24 in 2 and 3 chunks, t = 36 in 5 chunks of 8,
+/// 8, 8, 8 and 4 rows on 1, 2 and 4 ranks, t = 33 in 4 chunks of 9 on 3).
+#[test]
+fn sequence_parallel_attention_matches_the_reference_on_1_to_4_ranks() {
+    let source = std::fs::read_to_string(common::fixture("sequence_parallel_attention")).unwrap();
+    let cases: [Case; 5] = [
+        (&[1, 2, 3, 4], &[]),
+        (&[1, 2, 4], &[("s", 3)]),
+        (&[1, 2, 4], &[("t", 36), ("s", 5)]),
+        (&[3], &[("t", 33), ("s", 4)]),
+        (&[1, 2], &[("t", 10), ("s", 3), ("hd", 3)]),
+    ];
+    for (ranks, extra) in cases {
+        let hd = param(extra, "hd", 2) as usize;
+        let edit = attention_inputs(12 * hd, hd);
+        for c in runs_on_with(&source, ranks, extra, &edit) {
+            let p = &c.program;
+            let ranks = c.exe.min_ranks();
+            assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
+            let kinds = communication_kinds(p);
+            if ranks > 1 {
+                assert_eq!(
+                    kinds,
+                    ["Allgather", "ReduceScatter"],
+                    "{extra:?} on {ranks}"
+                );
+            }
+            every_communication_is_waited_for_in_its_loop(p);
+            assert_eq!(compute_loops(p), 2, "{extra:?} on {ranks} ranks");
+            assert!(has(&c.sharded(), "p", ParallelType::Stream));
+        }
+    }
+}
+
+/// The sequence-parallel MLP with a SiLU activation (tests/scenarios/
+/// sequence_parallel_mlp_silu.weave): one loop, per chunk one Allgather and one ReduceScatter,
+/// on 1 to 4 ranks at even and uneven chunks.
+#[test]
+fn sequence_parallel_silu_mlp_matches_the_reference_on_1_to_4_ranks() {
+    let source = std::fs::read_to_string(common::fixture("sequence_parallel_mlp_silu")).unwrap();
+    let cases: [Case; 4] = [
+        (&[1, 2, 3, 4], &[]),
+        (&[1, 2, 3, 4], &[("s", 4)]),
+        (&[1, 2], &[("s", 5)]),
+        (&[1, 3], &[("t", 33), ("s", 4)]),
+    ];
+    for (ranks, extra) in cases {
+        for c in runs_on(&source, ranks, extra) {
+            let p = &c.program;
+            if c.exe.min_ranks() > 1 {
+                assert_eq!(communication_kinds(p), ["Allgather", "ReduceScatter"]);
+            }
+            every_communication_is_waited_for_in_its_loop(p);
+            assert_eq!(compute_loops(p), 1, "{extra:?}");
+        }
+    }
+}
+
+/// The backward of the sequence-parallel SiLU MLP (tests/scenarios/
+/// sequence_parallel_mlp_backward.weave): the forward's collectives transposed — grad_out
+/// allgathered where the forward reduce-scattered, grad_x reduce-scattered where the forward
+/// allgathered (and x allgathered again to recompute h1) — in one loop; both weight gradients
+/// contract over the streamed tokens and run after it, never streamed on their reduction
+/// axis. The three gradients match the reference on 1 to 4 ranks at even and uneven chunks.
+#[test]
+fn sequence_parallel_mlp_backward_matches_the_reference_on_1_to_4_ranks() {
+    let source =
+        std::fs::read_to_string(common::fixture("sequence_parallel_mlp_backward")).unwrap();
+    let cases: [Case; 5] = [
+        (&[1, 2, 3, 4], &[]),
+        (&[1, 2, 3, 4], &[("t", 36), ("s", 3)]),
+        (&[1, 2], &[("s", 5)]),
+        (&[4], &[("t", 36), ("s", 5)]),
+        (&[3], &[("t", 33), ("s", 4)]),
+    ];
+    for (ranks, extra) in cases {
+        for c in runs_on(&source, ranks, extra) {
+            let p = &c.program;
+            let outputs: Vec<&str> = c.checks.iter().map(|k| k.output.as_str()).collect();
+            for g in ["grad_x", "grad_w1", "grad_w2"] {
+                assert!(outputs.contains(&g), "{g} not checked: {outputs:?}");
+            }
+            if c.exe.min_ranks() > 1 {
+                assert_eq!(
+                    communication_kinds(p),
+                    ["Allgather", "Allgather", "ReduceScatter"],
+                    "{extra:?}"
+                );
+            }
+            every_communication_is_waited_for_in_its_loop(p);
+            assert_eq!(compute_loops(p), 1, "{extra:?}");
+            let f = c.sharded();
+            assert!(streamed_reductions(&f).is_empty());
+            for w in ["grad_w1", "grad_w2"] {
+                assert!(!has(&f, w, ParallelType::Stream), "{w} is streamed");
+                assert!(has(&f, w, ParallelType::DIDx), "{w} is not DID-split");
+            }
+        }
+    }
+}
+
+/// The attention block on a data × tensor parallel mesh (tests/scenarios/tp_attention_2d.weave):
+/// the batch on DIDy, the heads on DIDx; per query chunk one Allreduce whose teams are the
+/// mesh rows, on every mesh shape of up to 4 devices, at even and uneven chunks.
+#[test]
+fn tensor_parallel_attention_on_a_2d_mesh_matches_the_reference() {
+    let source = std::fs::read_to_string(common::fixture("tp_attention_2d")).unwrap();
+    let edit = attention_inputs(24, 2);
+    let mut failures = Vec::new();
+    for (dy, dx) in [(1, 2), (2, 1), (2, 2), (3, 1), (1, 3), (1, 4), (4, 1)] {
+        for extra in [&[][..], &[("t", 10), ("s", 3)], &[("t", 7), ("s", 5)]] {
+            let mut ov = extra.to_vec();
+            ov.extend([("dy", dy), ("dx", dx)]);
+            let c = match run_with(&source, &ov, (dy * dx) as usize, &edit) {
+                Ok(c) => c,
+                Err(e) => {
+                    failures.push(e);
+                    continue;
+                }
+            };
+            let p = &c.program;
+            assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
+            if dx > 1 {
+                assert_eq!(communication_kinds(p), ["Allreduce"], "{dy} x {dx}");
+                let teams = p
+                    .walk()
+                    .find_map(|w| match &p.stmts[w.stmt] {
+                        Stmt::Communication(comm) => Some(comm.teams.len()),
+                        _ => None,
+                    })
+                    .unwrap();
+                assert_eq!(teams, dy as usize, "one team per mesh row");
+            }
+            every_communication_is_waited_for_in_its_loop(p);
+            assert_eq!(compute_loops(p), 2, "{dy} x {dx} {extra:?}");
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Grouped-query attention as a user writes it: `nkv` key/value heads, each shared by `g`
+/// query heads (the keys and values broadcast over the group axis, the matmuls' batch axes
+/// stretching them), the kv heads on DIDx, the queries in stream chunks: one Allreduce per
+/// chunk, two loops, the reference's numbers on 1, 2 and 4 ranks at even and uneven chunks.
+#[test]
+fn grouped_query_attention_matches_the_reference() {
+    let source = "fusion gqa(t = 8, nkv = 4, g = 3, hd = 2, d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor x: f32[t, nkv * g * hd] on m
+  tensor wq: f32[nkv * g * hd, nkv * g * hd] on m
+  tensor wk: f32[nkv * hd, nkv * g * hd] on m
+  tensor wv: f32[nkv * hd, nkv * g * hd] on m
+  tensor wo: f32[nkv * g * hd, nkv * g * hd] on m
+  q = linear(x, wq)
+  k = linear(x, wk)
+  v = linear(x, wv)
+  qh = reshape(q, [t, nkv * g, hd])
+  qg = reshape(qh, [t, nkv, g, hd])
+  kh = reshape(k, [t, nkv, hd])
+  vh = reshape(v, [t, nkv, hd])
+  qp = permute(qg, [1, 2, 0, 3])
+  kp = permute(kh, [1, 2, 0])
+  kb = broadcast(kp, [1])
+  vp = permute(vh, [1, 0, 2])
+  vb = broadcast(vp, [1])
+  scores = matmul(qp, kb)
+  mx = max(scores, [3])
+  mx_b = broadcast(mx, [3])
+  shifted = sub(scores, mx_b)
+  e = exp(shifted)
+  z = sum(e, [3])
+  z_b = broadcast(z, [3])
+  p = div(e, z_b)
+  o = matmul(p, vb)
+  ot = permute(o, [2, 0, 1, 3])
+  og = reshape(ot, [t, nkv, g * hd])
+  om = reshape(og, [t, nkv * g * hd])
+  proj = linear(om, wo)
+  y = add(proj, x)
+  output y
+  schedule wq { outer_split(0, d) -> DIDx }
+  schedule wk { outer_split(0, d) -> DIDx }
+  schedule wv { outer_split(0, d) -> DIDx }
+  schedule wo { outer_split(1, d) -> DIDx }
+  schedule y { mesh = m; outer_split(0, s) -> Stream }
+}
+";
+    for extra in [&[][..], &[("t", 10), ("s", 3)]] {
+        for c in runs_on(source, &[1, 2, 4], extra) {
+            if c.exe.min_ranks() > 1 {
+                assert_eq!(communication_kinds(&c.program), ["Allreduce"]);
+            }
+            every_communication_is_waited_for_in_its_loop(&c.program);
+            assert_eq!(compute_loops(&c.program), 2, "{extra:?}");
         }
     }
 }

@@ -38,6 +38,8 @@ pub struct Checked {
     pub program: streamweave::host_ir::HostProgram,
     pub fusion: streamweave::ir::Fusion,
     pub exe: streamweave::Executable,
+    /// Every output's comparison with the reference, per rank.
+    pub checks: Vec<streamweave::run::OutputCheck>,
 }
 
 #[allow(dead_code)]
@@ -82,6 +84,19 @@ pub fn run_checked(
     streams: usize,
     seed: u64,
 ) -> Result<Checked, Failure> {
+    run_checked_with(fusion, ranks, streams, seed, &|_, _| {})
+}
+
+/// [`run_checked`] with the generated inputs edited first: `edit` gets each input's name and
+/// its global tensor (constants the fusion takes as inputs, a causal mask).
+#[allow(dead_code)]
+pub fn run_checked_with(
+    fusion: streamweave::ir::Fusion,
+    ranks: usize,
+    streams: usize,
+    seed: u64,
+    edit: &dyn Fn(&str, &mut weave_executor::Dense),
+) -> Result<Checked, Failure> {
     use std::fmt::Write as _;
     use streamweave::{Compiler, Executable, RunOptions, Target};
     let fail = |stage: &'static str, detail: String| Failure { stage, detail };
@@ -97,7 +112,10 @@ pub fn run_checked(
             "the printed program reads back differently".into(),
         ));
     }
-    let globals = exe.random_inputs(seed).unwrap();
+    let mut globals = exe.random_inputs(seed).unwrap();
+    for (sig, g) in exe.inputs().iter().zip(globals.iter_mut()) {
+        edit(&sig.name, g);
+    }
     let options = RunOptions {
         target: Target::Cpu { ranks },
         streams,
@@ -132,6 +150,7 @@ pub fn run_checked(
         program: exe.program().clone(),
         fusion,
         exe,
+        checks: report.checks,
     })
 }
 

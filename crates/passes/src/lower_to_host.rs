@@ -13,9 +13,14 @@
 //! * Order: the segmenter's run order, except that a segment without a Stream axis that sits
 //!   between two segments of the same stream loop, and reads nothing that loop produced so
 //!   far, moves before the loop, so the loop stays one (a replicated bias sliced for a
-//!   column-parallel linear whose input is gathered chunk by chunk).
+//!   column-parallel linear whose input is gathered chunk by chunk); and a later segment of
+//!   that loop that reads nothing the segments after the loop produce moves up into it (a
+//!   per-chunk transpose the segmenter ordered after a weight gradient's GEMM).
 //! * Loops: one `ForLoop` per maximal run of consecutive segments (in that order) whose
-//!   reference loop domains have exactly-mapped Stream axes; a segment without a Stream axis
+//!   reference loop domains have exactly-mapped Stream axes, except that a segment reading a
+//!   tensor its loop writes chunk by chunk along an axis that the segment's own exprs do not
+//!   map to the axis it is chunked along (attention's keys, in a loop over queries) starts a
+//!   new loop, after the one that writes the tensor whole; a segment without a Stream axis
 //!   closes the loop and runs at top level.
 //! * A stream-parallel intermediate is loop-local (bound only inside its loop, later given
 //!   `numberOfStreams` slots) when its allocation is stream-split and its producer and every
@@ -107,6 +112,8 @@ impl Pass for LowerToHost {
 /// The loop currently open while segments are lowered in run order.
 struct OpenLoop {
     stmt: StmtId,
+    /// The loop's number in [`Lowering::loop_of`].
+    number: Option<usize>,
     /// The Stream axis of the reference tensor of the segment that opened the loop.
     stream_id: IterDomainId,
     /// The logical axis that Stream axis chunks; a tensor is chunked by this loop along
@@ -147,6 +154,8 @@ struct Lowering<'a> {
     /// communication.
     communications: HashSet<SegmentId>,
     current: Option<SegmentId>,
+    /// The exprs of the segment being lowered and their own graph (see [`Self::chunk_root`]).
+    current_graph: Option<(Vec<ExprId>, IdGraph)>,
     stream_allgather: StreamAllgather,
 }
 
@@ -175,6 +184,7 @@ pub fn lower_with(
         consumers: HashMap::new(),
         communications: HashSet::new(),
         current: None,
+        current_graph: None,
         stream_allgather,
     };
     for (id, s) in sf.segments() {
@@ -441,19 +451,60 @@ impl Lowering<'_> {
             order.insert(start, seg);
             // Keep scanning from the same index: the next top-level segment may move too.
         }
+        // The other way round: a later segment of the same loop that reads nothing the
+        // top-level segments after the loop (or anything else in between) produce moves up
+        // into the loop, so the loop stays one (a weight gradient's GEMM after the loop, and
+        // the transpose of another per-chunk gradient that the segmenter ordered after it).
+        let mut i = 1;
+        while i < order.len() {
+            let (Some(prev), None) = (key[&order[i - 1]], key[&order[i]]) else {
+                i += 1;
+                continue;
+            };
+            let Some(j) = (i + 1..order.len())
+                .find(|j| key[&order[*j]].is_some_and(|k| self.same_loop(prev, k)))
+            else {
+                i += 1;
+                continue;
+            };
+            let between: Vec<SegmentId> = order[i..j].to_vec();
+            let depends = sf
+                .segment(order[j])
+                .inputs()
+                .iter()
+                .any(|t| self.producer.get(t).is_some_and(|p| between.contains(p)));
+            if depends {
+                i += 1;
+                continue;
+            }
+            let seg = order.remove(j);
+            order.insert(i, seg);
+            i += 1;
+        }
         let mut current: Option<(usize, IterDomainId)> = None;
+        let mut run: Vec<SegmentId> = Vec::new();
         let mut loops = 0;
         for &seg in &order {
             current = match key[&seg] {
                 None => None,
                 Some(k) => match current {
-                    Some((n, open)) if self.same_loop(open, k) => Some((n, open)),
+                    Some((n, open))
+                        if self.same_loop(open, k)
+                            && !self.reads_across_chunks(sf, seg, &run, open) =>
+                    {
+                        Some((n, open))
+                    }
                     _ => {
                         loops += 1;
+                        run.clear();
                         Some((loops - 1, k))
                     }
                 },
             };
+            match current {
+                Some(_) => run.push(seg),
+                None => run.clear(),
+            }
             self.loop_of.insert(seg, current.map(|(n, _)| n));
         }
         Ok(order)
@@ -519,7 +570,10 @@ impl Lowering<'_> {
             ))
         })?;
         if let Some(open) = &self.open {
-            if open.extent == extent && self.graph.are_mapped(open.stream_id, sid) {
+            if open.extent == extent
+                && self.graph.are_mapped(open.stream_id, sid)
+                && open.number == self.current_loop()
+            {
                 return Ok(());
             }
         }
@@ -554,6 +608,7 @@ impl Lowering<'_> {
         }
         self.open = Some(OpenLoop {
             stmt,
+            number: self.current_loop(),
             stream_id: sid,
             stream_root_ancestors: self.transform_ancestors(stream_root),
             stream_root,
@@ -563,6 +618,13 @@ impl Lowering<'_> {
             bound: HashMap::new(),
         });
         Ok(())
+    }
+
+    /// The number of the stream loop the segment being lowered runs in (`None`: top level,
+    /// or no segment).
+    fn current_loop(&self) -> Option<usize> {
+        self.current
+            .and_then(|c| self.loop_of.get(&c).copied().flatten())
     }
 
     /// A `swizzle1d` only reorders a loop's iterations on each rank. A collective posted per
@@ -623,13 +685,82 @@ impl Lowering<'_> {
     fn chunk_root(&self, t: TensorId) -> Option<IterDomainId> {
         let f = self.f;
         let open = self.open.as_ref()?;
+        // An operand of the segment being lowered is cut along the axis that the segment's
+        // own exprs map to the axis its outputs are chunked along (see [`Self::cut_alike`]).
+        let alike = |a: IterDomainId| match &self.current_graph {
+            Some((exprs, local)) => self.cut_alike(exprs, local, t, a, open.stream_id),
+            None => true,
+        };
         let own = loop_axis(f, t, ParallelType::Stream)
             .filter(|s| self.graph.are_mapped(*s, open.stream_id))
-            .and_then(|s| self.outer_split_root(t, s));
+            .and_then(|s| self.outer_split_root(t, s))
+            .filter(|r| alike(*r));
         own.or_else(|| {
             f.visible_axes(t)
                 .into_iter()
-                .find(|a| self.graph.are_mapped(*a, open.stream_root))
+                .find(|a| self.graph.are_mapped(*a, open.stream_root) && alike(*a))
+        })
+    }
+
+    /// Whether operand `t` of `exprs` (a segment, whose own graph is `local`) is cut into the
+    /// chunks of the loop over Stream axis `sid` along its axis `axis`: true unless `t` is
+    /// read (not written) by `exprs` and their outputs are chunked along logical axes that
+    /// `local` does not map to `axis`. The whole fusion's graph is not enough: it maps the
+    /// key axis of `scores = matmul(q, k)` to the query axis when `q` and `k` come from one
+    /// token axis, and `k` must be read whole (or from an earlier loop) while this loop cuts
+    /// the queries.
+    fn cut_alike(
+        &self,
+        exprs: &[ExprId],
+        local: &IdGraph,
+        t: TensorId,
+        axis: IterDomainId,
+        sid: IterDomainId,
+    ) -> bool {
+        let f = self.f;
+        let written = exprs.iter().any(|e| f.expr(*e).outputs.contains(&t));
+        let read = exprs.iter().any(|e| f.expr(*e).inputs.contains(&t));
+        if written || !read {
+            return true;
+        }
+        let roots: Vec<IterDomainId> = exprs
+            .iter()
+            .flat_map(|e| f.expr(*e).outputs.iter().copied())
+            .filter_map(|u| {
+                loop_axis(f, u, ParallelType::Stream)
+                    .filter(|s| self.graph.are_mapped(*s, sid))
+                    .and_then(|s| self.outer_split_root(u, s))
+            })
+            .collect();
+        roots.is_empty() || roots.iter().any(|r| local.are_mapped(axis, *r))
+    }
+
+    /// Whether segment `seg` reads a tensor that an earlier segment of `run` (the segments
+    /// of the loop over Stream axis `sid` so far) writes chunk by chunk along an axis that
+    /// `seg` does not cut alike: it needs every chunk of it, so it runs in a loop of its own
+    /// after that one.
+    fn reads_across_chunks(
+        &self,
+        sf: &SegmentedFusion,
+        seg: SegmentId,
+        run: &[SegmentId],
+        sid: IterDomainId,
+    ) -> bool {
+        let f = self.f;
+        let exprs = sf.segment(seg).exprs();
+        let mut local: Option<IdGraph> = None;
+        sf.segment(seg).inputs().iter().any(|u| {
+            if !self.producer.get(u).is_some_and(|p| run.contains(p)) {
+                return false;
+            }
+            let Some(root) = loop_axis(f, *u, ParallelType::Stream)
+                .filter(|s| self.graph.are_mapped(*s, sid))
+                .and_then(|s| self.outer_split_root(*u, s))
+            else {
+                return false;
+            };
+            let local = local.get_or_insert_with(|| IdGraph::build_for_exprs(f, exprs));
+            !self.cut_alike(exprs, local, *u, root, sid)
         })
     }
 
@@ -743,8 +874,9 @@ impl Lowering<'_> {
         let s = sf.segment(seg);
         let exprs: Vec<ExprId> = s.exprs().to_vec();
         let stream = self.reference_stream(&exprs)?;
-        self.open_loop_for(stream)?;
         self.current = Some(seg);
+        self.open_loop_for(stream)?;
+        self.current_graph = Some((exprs.clone(), IdGraph::build_for_exprs(self.f, &exprs)));
         match s.kind() {
             SegmentKind::Library => self.lower_library(exprs[0]),
             SegmentKind::Communication => self.lower_communication(exprs[0]),

@@ -27,13 +27,16 @@
 //!    most first (ties: the larger mesh first, then operand order). Each output that is not
 //!    user-sharded receives, from each reference in turn, the parallel types it lacks. Taking
 //!    the weight first means a linear whose input is sharded on M and weight on N gets
-//!    `DIDx` on N only, never twice.
+//!    `DIDx` on N only, never twice. `Stream` alone comes first from A (the input of a
+//!    `linear`): chunks of the rows, M, are what a loop overlaps, and in attention's
+//!    `scores = matmul(q, kᵀ)` with `q` and `k` both chunked by tokens, chunking the scores
+//!    by keys would leave the softmax, which reduces over the keys, outside the loop.
 //! 2. **Backward**, exprs in reverse order. The most parallel output is the reference. Inputs
 //!    that are intermediates and not user-sharded receive every missing type; fusion inputs
 //!    receive `Stream` only (nvFuser: "allow inputs to be stream parallelized"), so a stream
 //!    split on an output reaches back to the fusion inputs.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use weave_ir::{print, Diagnostic, ExprId, ExprKind, Fusion, IrResult, ParallelType, TensorId};
 use weave_transform::{replay_loop_like, IdGraph};
@@ -157,13 +160,21 @@ pub fn propagate_shardings(f: &mut Fusion) -> IrResult<()> {
             .filter(|t| is_user_sharded(f, *t) && !f.is_input(*t) && f.tensor(*t).mesh.is_none())
             .collect(),
     };
-    let graph = IdGraph::build(f);
+    // Each replay runs between one expr's operands and outputs, so it maps axes by that expr
+    // alone: the whole fusion's graph may put two axes of one tensor in one class (the query
+    // and key axes of attention scores both come from one token axis), and a replay through
+    // it would parallelize the wrong one.
+    let graphs: HashMap<ExprId, IdGraph> = f
+        .exprs()
+        .iter()
+        .map(|e| (*e, IdGraph::build_for_exprs(f, &[*e])))
+        .collect();
     // Every round adds a parallel type or a mesh somewhere, so this terminates; the bound is
     // a safety net.
     let rounds = 2 + 3 * f.tensors_in_order().len();
     for _ in 0..rounds {
         let before = print::fusion_to_string(f);
-        propagate_once(f, &user, &graph)?;
+        propagate_once(f, &user, &graphs)?;
         if print::fusion_to_string(f) == before {
             break;
         }
@@ -190,7 +201,11 @@ impl UserSharded {
     }
 }
 
-fn propagate_once(f: &mut Fusion, user: &UserSharded, graph: &IdGraph) -> IrResult<()> {
+fn propagate_once(
+    f: &mut Fusion,
+    user: &UserSharded,
+    graphs: &HashMap<ExprId, IdGraph>,
+) -> IrResult<()> {
     let exprs: Vec<ExprId> = f.exprs().to_vec();
 
     for &e in &exprs {
@@ -203,6 +218,16 @@ fn propagate_once(f: &mut Fusion, user: &UserSharded, graph: &IdGraph) -> IrResu
             .collect();
         if targets.is_empty() {
             continue;
+        }
+        let graph = &graphs[&e];
+        if matches!(f.expr(e).kind, ExprKind::Matmul | ExprKind::Linear) {
+            let a = f.expr(e).inputs[0];
+            for &(t, types) in &targets {
+                if types.contains(&ParallelType::Stream) {
+                    replay(f, a, t, graph, &[ParallelType::Stream])
+                        .map_err(|d| d.or_at(f.expr(e).span))?;
+                }
+            }
         }
         for r in reference_inputs(f, e) {
             for &(t, types) in &targets {
@@ -234,7 +259,7 @@ fn propagate_once(f: &mut Fusion, user: &UserSharded, graph: &IdGraph) -> IrResu
             if types.is_empty() {
                 continue;
             }
-            replay(f, r, x, graph, types).map_err(|d| d.or_at(f.expr(e).span))?;
+            replay(f, r, x, &graphs[&e], types).map_err(|d| d.or_at(f.expr(e).span))?;
         }
     }
     Ok(())

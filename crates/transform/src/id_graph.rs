@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use weave_ir::{Fusion, IdExpr, IdExprId, IterDomainId, Scalar, SplitKind};
+use weave_ir::{ExprId, Fusion, IdExpr, IdExprId, IterDomainId, Scalar, SplitKind, TensorId};
 
 use crate::logical_map::pairwise_map;
 
@@ -85,6 +85,33 @@ impl UnionFind {
 impl IdGraph {
     /// Builds the exact graph of `f` (see the module doc).
     pub fn build(f: &Fusion) -> IdGraph {
+        IdGraph::build_over(f, &f.tensors_in_order(), f.exprs())
+    }
+
+    /// The exact graph of some exprs: their operands' and outputs' iter domains, mapped by
+    /// those exprs alone (and the identical transforms that follow). Unlike
+    /// [`IdGraph::build`], the graph of one expr never maps two axes of one tensor together
+    /// through a chain of other exprs: in `scores = matmul(q, k)` with `q` and `k` both
+    /// computed from the token axis of one tensor, the whole fusion's graph puts the query
+    /// and key axes of `scores` in one class, the expr's graph keeps them apart. Sharding
+    /// propagation, which replays between an expr's operands and outputs only, and lowering,
+    /// which chunks a segment's operands like its outputs, use it.
+    pub fn build_for_exprs(f: &Fusion, exprs: &[ExprId]) -> IdGraph {
+        let mut tensors: Vec<TensorId> = Vec::new();
+        for e in exprs {
+            let e = f.expr(*e);
+            for t in e.inputs.iter().chain(&e.outputs) {
+                if !tensors.contains(t) {
+                    tensors.push(*t);
+                }
+            }
+        }
+        IdGraph::build_over(f, &tensors, exprs)
+    }
+
+    /// The graph over the iter domains of `tensors`, mapped by the operand/output pairs of
+    /// `exprs` (whose tensors must be among `tensors`) and the identical transforms.
+    fn build_over(f: &Fusion, tensors: &[TensorId], exprs: &[ExprId]) -> IdGraph {
         let mut ids: Vec<IterDomainId> = Vec::new();
         let mut index: HashMap<IterDomainId, usize> = HashMap::new();
         let mut id_exprs: Vec<IdExprId> = Vec::new();
@@ -93,7 +120,7 @@ impl IdGraph {
         // Collect ids: every domain, then everything their definitions reach (inputs and
         // sibling outputs), depth first.
         let mut stack: Vec<IterDomainId> = Vec::new();
-        for t in f.tensors_in_order() {
+        for &t in tensors {
             let tv = f.tensor(t);
             let mut doms: Vec<&[IterDomainId]> = Vec::new();
             if let Some(r) = &tv.root {
@@ -128,7 +155,7 @@ impl IdGraph {
         let mut uf = UnionFind {
             parent: (0..ids.len()).collect(),
         };
-        for e in f.exprs() {
+        for e in exprs {
             let mut done = HashSet::new();
             for &p in &f.expr(*e).inputs {
                 if !done.insert(p) {
