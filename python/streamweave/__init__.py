@@ -376,7 +376,9 @@ class Executable:
                     f"input `{name}`: the program has no such input "
                     f"(it takes {', '.join(t.name for t in self.inputs)})"
                 )
-            array = np.ascontiguousarray(np.asarray(value), dtype=np.float64)
+            # `np.asarray(.., order="C")` keeps a 0-d input 0-d (`ascontiguousarray` would
+            # make it 1-d).
+            array = np.asarray(value, dtype=np.float64, order="C")
             given.append((name, spec.dtype, list(array.shape), array.tobytes()))
         outputs, passed, max_error, race_count, trace_json = self._native.run(
             given,

@@ -159,3 +159,18 @@ def test_too_few_ranks_raise_naming_the_devices():
     exe = sw.load(ROOT / "tests/scenarios/row_parallel_linear.weave", t=8, h=4).compile()
     with pytest.raises(sw.StreamweaveError, match="rank"):
         exe.run(random_inputs(exe), ranks=1)
+
+
+def test_a_0_d_input_is_given_as_a_scalar_or_a_0_d_array():
+    exe = sw.loads(
+        "fusion scale(t = 3) {\n tensor x: f32[t]\n tensor a: f32[]\n"
+        " a_b = broadcast(a, [0])\n y = mul(x, a_b)\n output y\n}\n"
+    ).compile()
+    assert [t.shape for t in exe.inputs] == [(3,), ()]
+    x = np.array([1.0, -2.0, 0.5], dtype=np.float32)
+    for a in (2.5, np.float32(2.5), np.array(2.5, dtype=np.float32)):
+        r = exe.run({"x": x, "a": a})
+        assert r.passed
+        np.testing.assert_array_equal(r.outputs["y"], x * 2.5)
+    with pytest.raises(sw.StreamweaveError, match="input `a`: has sizes \\[1\\] but the program takes \\[\\]"):
+        exe.run({"x": x, "a": np.array([2.5], dtype=np.float32)})

@@ -675,7 +675,6 @@ impl CudaBackend {
                 ))
             })
         };
-        let (_, ldb_rm) = strided(b, if bt { k } else { n }, "right operand")?;
         let a_rows = a.numel() / k.max(1);
         let c_rows = c.numel() / n.max(1);
         let bias_ptr = match bias {
@@ -705,9 +704,10 @@ impl CudaBackend {
         let batches: usize = out_batch.iter().product();
         let flat =
             b_batch.iter().product::<usize>() <= 1 && a_batch.iter().product::<usize>() == batches;
-        let (plan, m, lda_rm, ldc_rm) = if flat {
+        let (plan, m, lda_rm, ldb_rm, ldc_rm) = if flat {
+            let (_, ldb) = strided(b, if bt { k } else { n }, "right operand")?;
             match (a.as_matrix(k), c.as_matrix(n)) {
-                (Some((_, lda)), Some((_, ldc))) => (BatchPlan::single(), a_rows, lda, ldc),
+                (Some((_, lda)), Some((_, ldc))) => (BatchPlan::single(), a_rows, lda, ldb, ldc),
                 // A stream chunk of a middle axis (`[b, t/s, k]` in `[b, t, k]`): the rows
                 // are blocks of uniformly strided rows, one GEMM per block.
                 (a_mat, _) => {
@@ -729,21 +729,41 @@ impl CudaBackend {
                         stride: (0, 0, 0),
                         offsets: blocks.offsets.iter().map(|&(oa, oc)| (oa, 0, oc)).collect(),
                     };
-                    (plan, blocks.rows, blocks.lda, blocks.ldc)
+                    (plan, blocks.rows, blocks.lda, ldb, blocks.ldc)
                 }
             }
         } else {
-            if !(a.contiguous() && b.contiguous() && c.contiguous()) {
-                return Err(err(
-                    "a batched GEMM operand is not contiguous; the GPU takes contiguous batches"
-                        .into(),
-                ));
-            }
+            // Each operand a batch of row-major matrices: its last two axes a matrix of
+            // uniformly strided rows, its batch axes stepping by the allocation's strides (a
+            // stream chunk of a middle axis, `[h, t/s, d]` in `[h, t, d]`, is one).
+            let batched = |t: &DeviceTensor, cols: usize, what: &str| {
+                let (sz, st) = (t.sizes(), t.strides());
+                let r = sz.len();
+                matrix_of(&sz[r - 2..], &st[r - 2..], cols)
+                    .map(|(_, ld)| (ld, sz[..r - 2].to_vec(), st[..r - 2].to_vec()))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "the {what} (sizes {sz:?} in an allocation of {:?}) is not a batch \
+                             of matrices of uniformly strided rows",
+                            t.shape
+                        ))
+                    })
+            };
             let m = asz[asz.len() - 2];
-            let plan = BatchPlan::new(&a_batch, &b_batch, &out_batch, (m * k, k * n, m * n));
-            let (_, lda) = strided(a, k, "left operand")?;
-            let (_, ldc) = strided(c, n, "result")?;
-            (plan, m, lda, ldc)
+            let (lda, a_sizes, a_steps) = batched(a, k, "left operand")?;
+            let (ldb, b_sizes, b_steps) = batched(b, n, "right operand")?;
+            let (ldc, c_sizes, c_steps) = batched(c, n, "result")?;
+            if c_sizes != out_batch {
+                return Err(err(format!(
+                    "the result buffer has batch sizes {c_sizes:?}, expected {out_batch:?}"
+                )));
+            }
+            let plan = BatchPlan::strided(
+                (&a_sizes, &a_steps),
+                (&b_sizes, &b_steps),
+                (&c_sizes, &c_steps),
+            );
+            (plan, m, lda, ldb, ldc)
         };
         let c_want = if flat {
             m * plan.offsets.len()
@@ -834,22 +854,45 @@ impl BatchPlan {
 
     /// The plan for contiguous operands with batch sizes `a`, `b` broadcast to `out`, and
     /// matrices of `mats = (m·k, k·n, m·n)` elements.
+    #[cfg(test)]
     fn new(a: &[usize], b: &[usize], out: &[usize], mats: (usize, usize, usize)) -> BatchPlan {
-        // Per output batch axis: its size and each operand's element stride (0 where the
-        // operand is missing the axis or has size 1 there).
-        let strides = |sizes: &[usize], mat: usize| {
-            let off = out.len() - sizes.len();
-            let mut st = vec![0usize; out.len()];
+        let packed = |sizes: &[usize], mat: usize| {
+            let mut st = vec![0usize; sizes.len()];
             let mut run = mat;
             for k in (0..sizes.len()).rev() {
-                if sizes[k] != 1 {
-                    st[k + off] = run;
-                }
+                st[k] = run;
                 run *= sizes[k];
             }
             st
         };
-        let (sa, sb, sc) = (strides(a, mats.0), strides(b, mats.1), strides(out, mats.2));
+        BatchPlan::strided(
+            (a, &packed(a, mats.0)),
+            (b, &packed(b, mats.1)),
+            (out, &packed(out, mats.2)),
+        )
+    }
+
+    /// The plan for operands whose batch axes have sizes and element strides `(a, sa)`,
+    /// `(b, sb)` (broadcast to `out`) and `(out, sc)` for the result: a stream chunk of a
+    /// batched tensor steps by its allocation's strides, not by its own matrices' size.
+    fn strided(
+        (a, sa): (&[usize], &[usize]),
+        (b, sb): (&[usize], &[usize]),
+        (out, sc): (&[usize], &[usize]),
+    ) -> BatchPlan {
+        // Per output batch axis: its size and each operand's element stride (0 where the
+        // operand is missing the axis or has size 1 there).
+        let strides = |sizes: &[usize], steps: &[usize]| {
+            let off = out.len() - sizes.len();
+            let mut st = vec![0usize; out.len()];
+            for k in 0..sizes.len() {
+                if sizes[k] != 1 {
+                    st[k + off] = steps[k];
+                }
+            }
+            st
+        };
+        let (sa, sb, sc) = (strides(a, sa), strides(b, sb), strides(out, sc));
         // Axes of size 1 do not step; merge an axis into the one inside it when every operand
         // steps across the pair uniformly.
         let mut axes: Vec<(usize, [usize; 3])> = Vec::new();
@@ -1539,6 +1582,35 @@ mod tests {
             BatchPlan::new(&[1, 1], &[1], &[1, 1], (6, 12, 8)),
             BatchPlan::single()
         );
+        // A stream chunk of queries, `[h=4, t/s=2, d=3]` in an allocation `[4, 8, 3]`, times
+        // whole keys `[4, 3, 8]`, into a chunk `[4, 2, 8]` of a slot buffer `[4, 4, 8]`: the
+        // batches step by the allocations' strides.
+        assert_eq!(
+            BatchPlan::strided((&[4], &[24]), (&[4], &[24]), (&[4], &[32])),
+            BatchPlan {
+                count: 4,
+                stride: (24, 24, 32),
+                offsets: vec![(0, 0, 0)]
+            }
+        );
+        // Heads in groups `[2, 2]` of such chunks merge into one strided batch when they step
+        // uniformly, and stay posts when they do not.
+        assert_eq!(
+            BatchPlan::strided(
+                (&[2, 2], &[48, 24]),
+                (&[2, 2], &[48, 24]),
+                (&[2, 2], &[64, 32])
+            )
+            .count,
+            4
+        );
+        let posts = BatchPlan::strided(
+            (&[2, 2], &[50, 24]),
+            (&[2, 2], &[48, 24]),
+            (&[2, 2], &[64, 32]),
+        );
+        assert_eq!((posts.count, posts.offsets.len()), (2, 2));
+        assert_eq!(posts.offsets[1], (50, 48, 64));
     }
 
     #[test]
