@@ -42,9 +42,13 @@ import numpy as np
 
 from . import _native
 from ._native import StreamweaveError
+from .builder import Builder, Mesh, Value
 
 __all__ = [
     "StreamweaveError",
+    "Builder",
+    "Mesh",
+    "Value",
     "Fusion",
     "Executable",
     "CudaRunner",

@@ -174,3 +174,44 @@ def test_a_0_d_input_is_given_as_a_scalar_or_a_0_d_array():
         np.testing.assert_array_equal(r.outputs["y"], x * 2.5)
     with pytest.raises(sw.StreamweaveError, match="input `a`: has sizes \\[1\\] but the program takes \\[\\]"):
         exe.run({"x": x, "a": np.array([2.5], dtype=np.float32)})
+
+
+def test_the_builder_writes_the_row_parallel_layer_that_runs_against_numpy():
+    b = sw.Builder("row_parallel", roles={"d": "mesh", "s": "chunks"}, t=8, h=4, d=2, s=2)
+    m = b.mesh("m", "d")
+    x = b.tensor("inp", "f32", ["t", "4 * h"], on=m)
+    w = b.tensor("w", "f32", ["h", "4 * h"], on=m)
+    y = b.linear(x, w, name="out")
+    z = b.relu(y)
+    b.output(y, z)
+    b.schedule(x, "outer_split(0, s) -> Stream", "outer_split(2, d) -> DIDx")
+    b.schedule(w, "outer_split(1, d) -> DIDx")
+    text = b.text()
+    assert "out = linear(inp, w)" in text and "t0 = relu(out)" in text
+    assert text.startswith("fusion row_parallel(t = 8, h = 4, d: mesh = 2, s: chunks = 2) {")
+    exe = b.build().compile()
+    rng = np.random.default_rng(3)
+    xv = rng.uniform(-1, 1, (8, 16)).astype(np.float32)
+    wv = rng.uniform(-1, 1, (4, 16)).astype(np.float32)
+    r = exe.run({"inp": xv, "w": wv}, ranks=2, races=True)
+    assert r.passed and r.races == 0
+    np.testing.assert_allclose(r.outputs["out"], xv @ wv.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(r.outputs["t0"], np.maximum(xv @ wv.T, 0), rtol=1e-5, atol=1e-5)
+    # Overrides at build time, as for a file.
+    assert b.build(t=12).compile().inputs[0].shape == (12, 16)
+
+
+def test_builder_mistakes_are_reported_with_their_place_or_at_once():
+    b = sw.Builder("bad", t=4)
+    x = b.tensor("x", "f32", ["t"])
+    b.frobnicate(x, name="y")
+    with pytest.raises(sw.StreamweaveError) as e:
+        b.build()
+    assert "<builder bad>:3:" in str(e.value) and "unknown op `frobnicate`" in str(e.value)
+    with pytest.raises(ValueError, match="`x` is already a name of this fusion"):
+        b.tensor("x", "f32", ["t"])
+    other = sw.Builder("other")
+    with pytest.raises(ValueError, match="belongs to another builder"):
+        other.exp(x)
+    with pytest.raises(TypeError, match="a size or axis is an int or an expression string"):
+        b.tensor("z", "f32", [1.5])
