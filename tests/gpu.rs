@@ -2,7 +2,8 @@
 //! checker agreeing), the large patterns at t = h = 8192 against a row-sampled reference,
 //! a rank that fails early ending every rank with an error within the timeout, and the
 //! benchmark's execution variants (graph replay, ordered compute, copy-engine transfers,
-//! a blocking NCCL communicator) matching the reference.
+//! a blocking NCCL communicator) matching the reference, and on one GPU the tuner's winner
+//! (the fastest measured configuration, cached) taken by `run` with `--chunks auto`.
 //!
 //! They run only with `WEAVE_GPU_TESTS=1` on a machine with GPUs (the GPU test bundle sets
 //! it); elsewhere each test prints why it is skipped and passes, so CI compiles them and the
