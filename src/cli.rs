@@ -420,8 +420,7 @@ pub fn run(
     };
     options.check = !flags.no_check;
     if let Some((entry, cache)) = &tuned {
-        options.streams = entry.streams;
-        options.replay = options.replay && entry.replay;
+        entry.apply(&mut options);
         if is_reporter {
             crate::outln!(
                 "chunks: tuned {} (cache {})",

@@ -915,20 +915,18 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
         .find(|(k, _)| k == "s")
         .map(|(_, v)| *v);
     assert_eq!(s, winner.chunks.map(|c| c as i64));
+    let mut options = RunOptions {
+        target: Target::Cuda { ranks: 1 },
+        check: true,
+        warmup: 1,
+        iters: 3,
+        timeout: Duration::from_secs(60),
+        ..RunOptions::default()
+    };
+    entry.apply(&mut options);
+    assert_eq!(options.streams, winner.streams);
     let report = exe
-        .run_dense(
-            &exe.random_inputs(5).unwrap(),
-            &RunOptions {
-                target: Target::Cuda { ranks: 1 },
-                streams: entry.streams,
-                replay: entry.replay,
-                check: true,
-                warmup: 1,
-                iters: 3,
-                timeout: Duration::from_secs(60),
-                ..RunOptions::default()
-            },
-        )
+        .run_dense(&exe.random_inputs(5).unwrap(), &options)
         .expect("runs");
     assert!(report.passed(), "max error {}", report.max_abs_error());
     assert!(report.ranks.iter().all(|r| r.replayed == entry.replay));

@@ -204,9 +204,9 @@ enum Command {
     /// `weave run --chunks auto` then uses.
     ///
     /// Each candidate runs the warm-up runs, then the timed ones (their median, each at its
-    /// slowest rank). Chunk counts the cost model predicts at least 1.5x slower than its best
-    /// are skipped, and so are pools of more streams than chunks; ties within 2% go to fewer
-    /// chunks, then fewer streams.
+    /// slowest rank). On GPUs, chunk counts the cost model predicts at least 1.5x slower
+    /// than its best are skipped; pools of more streams than chunks are always skipped; ties
+    /// within 2% go to fewer chunks, then fewer streams.
     Tune {
         /// The `.weave` fusion.
         file: PathBuf,

@@ -593,6 +593,13 @@ impl Entry {
     pub fn compiler_chunks(&self) -> Chunks {
         self.chunks.map_or(Chunks::AsWritten, Chunks::Fixed)
     }
+
+    /// Sets `options`' stream pool to this entry's and turns graph replay off when the
+    /// entry measured it slower (an eager run stays eager).
+    pub fn apply(&self, options: &mut RunOptions) {
+        options.streams = self.streams;
+        options.replay = options.replay && self.replay;
+    }
 }
 
 /// The tuning cache: the winners, one per key.
@@ -975,6 +982,18 @@ mod tests {
         let stored = store(&path, &t).unwrap().unwrap();
         assert_eq!(lookup(&path, &t.key).unwrap(), Some(stored.clone()));
         assert_eq!(stored.candidate(), candidate(1, 1, true));
+        let mut options = RunOptions {
+            streams: 4,
+            ..RunOptions::default()
+        };
+        stored.apply(&mut options);
+        assert_eq!((options.streams, options.replay), (1, true));
+        let eager = Entry {
+            replay: false,
+            ..stored.clone()
+        };
+        eager.apply(&mut options);
+        assert!(!options.replay);
         // Another program's entry joins it; tuning the first again replaces its entry.
         let other = tune(&fusion(&[("t", 96)]), &unpruned(), &mut &fake).unwrap();
         store(&path, &other).unwrap();
