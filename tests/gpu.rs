@@ -836,6 +836,16 @@ fn the_transformer_layer_fixtures_match_the_reference_on_one_gpu() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The `weave` binary: beside this test's executable in the GPU bundle (`bin/weave` next to
+/// `bin/gpu-tests`), else the one cargo built with the tests.
+fn weave_binary() -> std::path::PathBuf {
+    let bundled = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("weave")))
+        .filter(|p| p.is_file());
+    bundled.unwrap_or_else(|| env!("CARGO_BIN_EXE_weave").into())
+}
+
 /// The kernel fixture tests/scenarios/kernels/add.weave at t = h = 2048.
 const ADD_2048: &str = "fusion add(t = 2048, h = 2048, s = 1) {
   tensor a: bf16[t, h]
@@ -934,7 +944,7 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
     // So does `weave run` with `--chunks auto` (the default).
     let file = dir.join("add.weave");
     std::fs::write(&file, ADD_2048).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weave"))
+    let out = std::process::Command::new(weave_binary())
         .args([
             "run",
             file.to_str().unwrap(),
