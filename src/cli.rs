@@ -1,6 +1,10 @@
 //! The `weave run` command: compile, run on in-process ranks or GPUs (threads, or one process
 //! per rank under a launcher) with a progress bar, compare with the reference, print a
-//! summary, write the timeline and an optional JSON summary.
+//! summary, write the timeline and an optional JSON summary; with `--chunks auto` it takes
+//! the configuration `weave tune` cached for the program. `weave tune` measures the
+//! candidate configurations and caches the winner (`$WEAVE_TUNE_CACHE`, else
+//! `~/.cache/streamweave/tune.toml`), and `weave calibrate` measures the machine for the
+//! chunk-count model.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -180,8 +184,11 @@ pub struct RunFlags {
     pub no_check: bool,
     /// The JSON summary's file, if any.
     pub path: Option<PathBuf>,
-    /// `--chunks`: a fixed S, or `None` for the cost model's choice.
+    /// `--chunks`: a fixed S, or `None` for the tuned configuration or the cost model's
+    /// choice.
     pub chunks: Option<usize>,
+    /// Whether `--streams` was given (the tuned pool size is used only when it was not).
+    pub streams_given: bool,
     /// The value of `WEAVE_DUMP` (`weave_passes::DumpOptions::parse` syntax), which the binary
     /// reads: the IR to dump to stderr while compiling. `None` when unset.
     pub weave_dump: Option<String>,
@@ -340,6 +347,22 @@ pub fn run(
         Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
     };
     let name = file.display().to_string();
+    // The configuration `weave tune` cached for this program, when `--chunks auto` and no
+    // `--streams` leave the choice open.
+    let tuned = if is_host_program(file, &text) || flags.chunks.is_some() || flags.streams_given {
+        None
+    } else {
+        let ranks = launched
+            .as_ref()
+            .map(|e| e.world)
+            .or(flags.ranks)
+            .unwrap_or(2);
+        let device = launched.as_ref().map_or(0, |e| e.local_rank);
+        match tuned_entry(&name, &text, set, ranks, flags.cuda, device) {
+            Ok(t) => t,
+            Err(m) => return fail(m),
+        }
+    };
     let compiled = tracing::info_span!("compile").in_scope(|| {
         if is_host_program(file, &text) {
             if let Some((k, _)) = set.first() {
@@ -359,6 +382,9 @@ pub fn run(
             .map_err(|e| e.to_string())?;
         let chunks = match flags.chunks {
             Some(n) => Chunks::Fixed(n),
+            None if tuned.is_some() => tuned
+                .as_ref()
+                .map_or(Chunks::AsWritten, |(e, _)| e.compiler_chunks()),
             None if flags.cuda => Chunks::Auto(
                 streamweave::chunks::Calibration::load(calibration_path().as_deref())?,
             ),
@@ -393,6 +419,16 @@ pub fn run(
         None => Target::Cpu { ranks },
     };
     options.check = !flags.no_check;
+    if let Some((entry, cache)) = &tuned {
+        entry.apply(&mut options);
+        if is_reporter {
+            crate::outln!(
+                "chunks: tuned {} (cache {})",
+                entry.candidate(),
+                cache.display()
+            );
+        }
+    }
     if let (Some(choice), true) = (exe.chunk_choice(), is_reporter) {
         tracing::debug!(chunks = choice.chunks, "chunk count chosen");
         let predicted: Vec<String> = choice
@@ -520,6 +556,180 @@ pub fn run(
             ExitCode::FAILURE
         }
     }
+}
+
+/// The entry `weave tune` cached for the fusion `text` (named `name`, with the overrides
+/// `set`) on `ranks` ranks of this backend, with the cache's path; `None` when there is no
+/// cache path, no entry, the fusion does not load (compiling reports why), `set` gives the
+/// chunk count, or the GPU cannot be opened (the run reports why). A cache that cannot be read
+/// is an error.
+fn tuned_entry(
+    name: &str,
+    text: &str,
+    set: &[(String, i64)],
+    ranks: usize,
+    cuda: bool,
+    device: usize,
+) -> Result<Option<(streamweave::tune::Entry, PathBuf)>, String> {
+    use streamweave::tune;
+    let Some(path) = tune_cache_path() else {
+        return Ok(None);
+    };
+    let Ok(fusion) = streamweave::load(name, text, set) else {
+        return Ok(None);
+    };
+    let chunk = fusion.role_param(streamweave::ir::ParamRole::ChunkCount);
+    if chunk.is_some_and(|p| set.iter().any(|(k, _)| *k == p.name)) {
+        return Ok(None);
+    }
+    let gpu = if cuda {
+        match tune::gpu_name(device) {
+            Ok(g) => g,
+            Err(_) => return Ok(None),
+        }
+    } else {
+        "cpu".to_string()
+    };
+    let backend = if cuda { "cuda" } else { "cpu" };
+    let key = tune::TuneKey::of(&fusion, ranks, backend, &gpu);
+    Ok(tune::lookup(&path, &key)?.map(|e| (e, path)))
+}
+
+/// Where `weave tune` caches its winners: `$WEAVE_TUNE_CACHE`, else
+/// `$HOME/.cache/streamweave/tune.toml` (`None` when neither variable is set).
+pub fn tune_cache_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("WEAVE_TUNE_CACHE") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/streamweave/tune.toml"))
+}
+
+/// The flags of `weave tune`.
+#[derive(Clone, Debug)]
+pub struct TuneFlags {
+    /// `--ranks`.
+    pub ranks: usize,
+    /// `--backend cuda`.
+    pub cuda: bool,
+    /// Timed runs per candidate.
+    pub iters: usize,
+    /// Untimed runs per candidate first.
+    pub warmup: usize,
+    /// `--cache`: the cache file, else [`tune_cache_path`].
+    pub cache: Option<PathBuf>,
+    /// How long waits and each candidate's runs may take.
+    pub timeout: Duration,
+}
+
+/// `weave tune`: measures the candidate configurations of the fusion in `file` (with the
+/// overrides `set`) on `flags.ranks` ranks, prints every candidate's median or why it was
+/// skipped, the winner marked, and stores the winner in the tuning cache.
+pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
+    use streamweave::tune;
+    let _tune = tracing::info_span!("weave_tune", file = %file.display()).entered();
+    let fail = |message: String| -> ExitCode {
+        eprintln!("error: {message}");
+        ExitCode::FAILURE
+    };
+    let target = if flags.cuda {
+        Target::Cuda { ranks: flags.ranks }
+    } else {
+        Target::Cpu { ranks: flags.ranks }
+    };
+    if let Err(e) = target.check() {
+        return fail(e.to_string());
+    }
+    if flags.iters == 0 {
+        return fail("--iters 0: at least one timed run per candidate is needed".into());
+    }
+    let Some(cache) = flags.cache.clone().or_else(tune_cache_path) else {
+        return fail(
+            "no tuning cache: pass --cache FILE (neither WEAVE_TUNE_CACHE nor HOME is set)".into(),
+        );
+    };
+    // A cache that cannot be read fails before anything is measured.
+    if let Err(e) = tune::TuneCache::load(&cache) {
+        return fail(e);
+    }
+    let text = match std::fs::read(file) {
+        Ok(bytes) => match streamweave::utf8_source(bytes) {
+            Ok(t) => t,
+            Err(d) => return fail(format!("{}:{d}", file.display())),
+        },
+        Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
+    };
+    if is_host_program(file, &text) {
+        return fail(format!(
+            "{}: a host program's chunk count is fixed; tune the .weave fusion",
+            file.display()
+        ));
+    }
+    let name = file.display().to_string();
+    let fusion = match streamweave::load(&name, &text, set) {
+        Ok(f) => f,
+        Err(e) => return fail(e.to_string()),
+    };
+    if let Some(p) = fusion.role_param(streamweave::ir::ParamRole::ChunkCount) {
+        if set.iter().any(|(k, _)| *k == p.name) {
+            return fail(format!(
+                "--set {}: the chunk count is what `weave tune` chooses; leave it out",
+                p.name
+            ));
+        }
+    }
+    let machine = if flags.cuda {
+        match tune::gpu_name(0) {
+            Ok(g) => g,
+            Err(e) => return fail(format!("cannot open GPU 0: {e}")),
+        }
+    } else {
+        "cpu".to_string()
+    };
+    // The cost model's calibration describes GPUs: it prunes GPU tunings only.
+    let calibration = if flags.cuda {
+        match streamweave::chunks::Calibration::load(calibration_path().as_deref()) {
+            Ok(c) => Some(c),
+            Err(e) => return fail(e),
+        }
+    } else {
+        None
+    };
+    let options = tune::TuneOptions::new(flags.ranks, flags.cuda, &machine, calibration);
+    crate::outln!(
+        "{}: tuning on {} rank(s) of the {} backend{}, {} warm-up and {} timed run(s) per candidate",
+        file.display(),
+        flags.ranks,
+        options.backend(),
+        if flags.cuda {
+            format!(" ({machine})")
+        } else {
+            String::new()
+        },
+        flags.warmup,
+        flags.iters
+    );
+    let mut measure = tune::RunMeasure::new(target, flags.warmup, flags.iters, flags.timeout);
+    let tuning = match tune::tune(&fusion, &options, &mut measure) {
+        Ok(t) => t,
+        Err(e) => return fail(e.to_string()),
+    };
+    crate::outln!(
+        "  {:22} median of the timed runs (slowest rank), or why not measured",
+        "candidate"
+    );
+    crate::out!("{tuning}");
+    let entry = match tune::store(&cache, &tuning) {
+        Ok(Some(e)) => e,
+        Ok(None) => return fail("no candidate could be measured: nothing was cached".into()),
+        Err(e) => return fail(e),
+    };
+    crate::outln!(
+        "tuned: {} at {:.3} ms, cached in {}",
+        entry.candidate(),
+        entry.median_ms,
+        cache.display()
+    );
+    ExitCode::SUCCESS
 }
 
 /// Where the machine's calibration is cached: `$WEAVE_CALIBRATION`, else

@@ -2,7 +2,8 @@
 //! checker agreeing), the large patterns at t = h = 8192 against a row-sampled reference,
 //! a rank that fails early ending every rank with an error within the timeout, and the
 //! benchmark's execution variants (graph replay, ordered compute, copy-engine transfers,
-//! a blocking NCCL communicator) matching the reference.
+//! a blocking NCCL communicator) matching the reference, and on one GPU the tuner's winner
+//! (the fastest measured configuration, cached) taken by `run` with `--chunks auto`.
 //!
 //! They run only with `WEAVE_GPU_TESTS=1` on a machine with GPUs (the GPU test bundle sets
 //! it); elsewhere each test prints why it is skipped and passes, so CI compiles them and the
@@ -833,4 +834,147 @@ fn the_transformer_layer_fixtures_match_the_reference_on_one_gpu() {
     }
     println!("{runs} runs, {} failures", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The `weave` binary: beside this test's executable in the GPU bundle (`bin/weave` next to
+/// `bin/gpu-tests`), else the one cargo built with the tests.
+fn weave_binary() -> std::path::PathBuf {
+    let bundled = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("weave")))
+        .filter(|p| p.is_file());
+    bundled.unwrap_or_else(|| env!("CARGO_BIN_EXE_weave").into())
+}
+
+/// The kernel fixture tests/scenarios/kernels/add.weave at t = h = 2048.
+const ADD_2048: &str = "fusion add(t = 2048, h = 2048, s = 1) {
+  tensor a: bf16[t, h]
+  tensor b: bf16[t, h]
+  out = add(a, b)
+  output out
+  schedule a { outer_split(0, s) -> Stream }
+  schedule b { outer_split(0, s) -> Stream }
+  schedule out { outer_split(0, s) -> Stream }
+}
+";
+
+/// The tuner on one GPU: every candidate of the add kernel (S ∈ {1, 2, 4, 8}, K ≤ S, graph
+/// replay on and off; no communication, so the cost model prunes nothing) is measured, the
+/// winner's figure is the least measured one (or ties it within the margin, where the
+/// simpler configuration wins), the cache holds it, and both the library (the entry's chunk
+/// count, pool and replay) and `weave run --chunks auto` run it, matching the reference.
+#[test]
+fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
+    use streamweave::tune::{self, Outcome, RunMeasure, TuneKey, TuneOptions};
+    if !one_gpu() {
+        return;
+    }
+    let fusion = streamweave::load("add.weave", ADD_2048, &[]).expect("loads");
+    let gpu = tune::gpu_name(0).expect("GPU 0 opens");
+    let options = TuneOptions::new(
+        1,
+        true,
+        &gpu,
+        Some(streamweave::chunks::Calibration::default()),
+    );
+    let mut measure = RunMeasure::new(Target::Cuda { ranks: 1 }, 2, 10, Duration::from_secs(60));
+    let tuning = tune::tune(&fusion, &options, &mut measure).expect("tunes");
+    println!("{tuning}");
+    for row in &tuning.rows {
+        assert!(
+            matches!(row.outcome, Outcome::Measured(_) | Outcome::Redundant(_)),
+            "{}: {}",
+            row.candidate,
+            row.outcome
+        );
+    }
+    let measured: Vec<Duration> = tuning
+        .rows
+        .iter()
+        .filter_map(|r| r.outcome.time())
+        .collect();
+    assert_eq!(measured.len(), 18, "{tuning}"); // (1 + 2 + 3 + 3) pools × replay on/off
+    let least = *measured.iter().min().unwrap();
+    let (winner, figure) = tuning.best().expect("a winner");
+    assert!(
+        figure.as_secs_f64() <= least.as_secs_f64() * (1.0 + tune::TIE_MARGIN),
+        "{winner} at {figure:?}, least {least:?}"
+    );
+    assert!(measured.contains(&figure));
+
+    let dir = std::env::temp_dir().join(format!("weave-gpu-tune-{}", std::process::id()));
+    let cache = dir.join("tune.toml");
+    let _ = std::fs::remove_dir_all(&dir);
+    tune::store(&cache, &tuning).expect("stores");
+    let key = TuneKey::of(&fusion, 1, "cuda", &gpu);
+    let entry = tune::lookup(&cache, &key)
+        .expect("reads")
+        .expect("the winner is cached");
+    assert_eq!(entry.candidate(), winner);
+
+    // The library runs the entry's configuration.
+    let exe = Compiler::new()
+        .devices(1)
+        .chunks(entry.compiler_chunks())
+        .compile(&fusion)
+        .expect("compiles");
+    let s = exe
+        .signature()
+        .params
+        .iter()
+        .find(|(k, _)| k == "s")
+        .map(|(_, v)| *v);
+    assert_eq!(s, winner.chunks.map(|c| c as i64));
+    let mut options = RunOptions {
+        target: Target::Cuda { ranks: 1 },
+        check: true,
+        warmup: 1,
+        iters: 3,
+        timeout: Duration::from_secs(60),
+        ..RunOptions::default()
+    };
+    entry.apply(&mut options);
+    assert_eq!(options.streams, winner.streams);
+    let report = exe
+        .run_dense(&exe.random_inputs(5).unwrap(), &options)
+        .expect("runs");
+    assert!(report.passed(), "max error {}", report.max_abs_error());
+    assert!(report.ranks.iter().all(|r| r.replayed == entry.replay));
+
+    // So does `weave run` with `--chunks auto` (the default).
+    let file = dir.join("add.weave");
+    std::fs::write(&file, ADD_2048).unwrap();
+    let out = std::process::Command::new(weave_binary())
+        .args([
+            "run",
+            file.to_str().unwrap(),
+            "--backend",
+            "cuda",
+            "--ranks",
+            "1",
+        ])
+        .args(["--warmup", "1", "--iters", "3"])
+        .env_remove("WEAVE_LOG")
+        .env("WEAVE_TUNE_CACHE", &cache)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "chunks: tuned {winner} (cache {})",
+            cache.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("numberOfStreams = {}", entry.streams)),
+        "{stdout}"
+    );
+    assert!(stdout.trim_end().ends_with("result: PASS"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

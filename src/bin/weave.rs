@@ -13,6 +13,11 @@
 //! unsharded f64 reference and prints the max error, a summary of the host program and
 //! timings; with `--trace` it writes a Chrome trace and an SVG timeline beside it.
 //!
+//! `weave tune FILE [--set k=v]... --ranks N [--backend cpu|cuda] [--iters I] [--warmup W]
+//! [--cache F]` measures the fusion's candidate configurations (chunk count, stream pool,
+//! CUDA-graph replay; `streamweave::tune`), prints them and caches the fastest, which
+//! `weave run --chunks auto` then uses.
+//!
 //! `weave calibrate [--ranks N] [--out FILE]` measures the machine for the chunk-count model
 //! (`streamweave::calibrate`) and writes the calibration cache that `--chunks auto`
 //! reads.
@@ -110,9 +115,10 @@ enum Command {
         /// backend is available.
         #[arg(long, value_name = "cpu|cuda")]
         backend: Option<String>,
-        /// `numberOfStreams`: the size of each rank's stream pool.
-        #[arg(long, default_value_t = 2)]
-        streams: usize,
+        /// `numberOfStreams`: the size of each rank's stream pool. Default: the pool size
+        /// `weave tune` cached for this program with `--chunks auto`, else 2.
+        #[arg(long)]
+        streams: Option<usize>,
         /// Check stream synchronization with the race checker.
         #[arg(long)]
         check_races: bool,
@@ -139,10 +145,13 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         warmup: usize,
         /// The chunk count S (the fusion's chunk-count parameter, declared `s: chunks` or the
-        /// extent of its Stream axes, unless `--set` gives it): a number, or `auto` — on the
-        /// CUDA backend a cost model (GEMM work and communication of the unchunked program
-        /// against the machine's calibration) picks the fastest of 1, 2, 4, 8, no overlap
-        /// when it cannot pay; on the CPU backend the fusion's own value.
+        /// extent of its Stream axes, unless `--set` gives it): a number, or `auto` — the
+        /// configuration `weave tune` measured fastest for this program, rank count, backend
+        /// and GPU (its S, and its pool size and graph replay unless `--streams` or `--eager`
+        /// say otherwise), when the tuning cache holds one; else on the CUDA backend a cost
+        /// model (GEMM work and communication of the unchunked program against the machine's
+        /// calibration) picks the fastest of 1, 2, 4, 8, no overlap when it cannot pay; on
+        /// the CPU backend the fusion's own value.
         #[arg(long, default_value = "auto", value_parser = parse_chunks)]
         chunks: Chunks,
         /// CUDA backend: after the warm-up, time this many runs on inputs already on the
@@ -189,6 +198,41 @@ enum Command {
         /// The command and its arguments, after `--`. A bare `weave` runs this executable.
         #[arg(last = true, value_name = "CMD")]
         command: Vec<OsString>,
+    },
+    /// Measure a fusion's candidate configurations — chunk count S ∈ {1, 2, 4, 8}, stream
+    /// pool K ∈ {1, 2, 4}, CUDA-graph replay on and off — and cache the fastest, which
+    /// `weave run --chunks auto` then uses.
+    ///
+    /// Each candidate runs the warm-up runs, then the timed ones (their median, each at its
+    /// slowest rank). On GPUs, chunk counts the cost model predicts at least 1.5x slower
+    /// than its best are skipped; pools of more streams than chunks are always skipped; ties
+    /// within 2% go to fewer chunks, then fewer streams.
+    Tune {
+        /// The `.weave` fusion.
+        file: PathBuf,
+        /// Override a fusion parameter (repeatable), e.g. `--set t=4096`; the chunk count is
+        /// what is tuned.
+        #[arg(long = "set", value_name = "NAME=VALUE", value_parser = streamweave::parse_override)]
+        set: Vec<(String, i64)>,
+        /// How many ranks run the program (its mesh-size parameter follows).
+        #[arg(long, default_value_t = 2)]
+        ranks: usize,
+        /// Where to run: `cpu` (threads, the default, as for `weave run`) or `cuda`.
+        #[arg(long, value_name = "cpu|cuda")]
+        backend: Option<String>,
+        /// Timed runs per candidate.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// Untimed runs per candidate first.
+        #[arg(long, default_value_t = 3)]
+        warmup: usize,
+        /// The tuning cache (default: $WEAVE_TUNE_CACHE, else ~/.cache/streamweave/tune.toml).
+        #[arg(long, value_name = "FILE")]
+        cache: Option<PathBuf>,
+        /// How long a stream or a collective waits before failing, and how long each
+        /// candidate's runs may take, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout_secs: u64,
     },
     /// Measure this machine for the chunk-count model (`--chunks auto`) on N GPUs: bf16 GEMM
     /// throughput and fixed cost, allreduce bus bandwidth and latency, point-to-point
@@ -314,7 +358,7 @@ fn main() -> ExitCode {
                 }
             }
             let options = streamweave::RunOptions {
-                streams,
+                streams: streams.unwrap_or(2),
                 check_races,
                 trace: trace.is_some(),
                 timeout: Duration::from_secs(timeout_secs.max(1)),
@@ -331,9 +375,38 @@ fn main() -> ExitCode {
                 no_check,
                 path: json,
                 chunks: chunks.0,
+                streams_given: streams.is_some(),
                 weave_dump: std::env::var(DUMP_ENV).ok(),
             };
             weave_cli::cli::run(&file, &set, &options, trace.as_deref(), &json)
+        }
+        Command::Tune {
+            file,
+            set,
+            ranks,
+            backend,
+            iters,
+            warmup,
+            cache,
+            timeout_secs,
+        } => {
+            let cuda = match backend.as_deref() {
+                None | Some("cpu") => false,
+                Some("cuda") => true,
+                Some(b) => {
+                    eprintln!("error: --backend {b}: unknown backend (expected cpu or cuda)");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let flags = weave_cli::cli::TuneFlags {
+                ranks,
+                cuda,
+                iters,
+                warmup,
+                cache,
+                timeout: Duration::from_secs(timeout_secs.max(1)),
+            };
+            weave_cli::cli::tune(&file, &set, &flags)
         }
         Command::Calibrate {
             ranks,

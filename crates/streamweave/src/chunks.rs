@@ -124,7 +124,7 @@ impl Calibration {
 }
 
 /// A TOML error on one line: where, then what.
-fn toml_error(e: &toml::de::Error) -> String {
+pub(crate) fn toml_error(e: &toml::de::Error) -> String {
     let text = e.to_string();
     let at = text.lines().next().unwrap_or("");
     let what = e.message().lines().next().unwrap_or("");

@@ -7,7 +7,8 @@
 //! ranks as threads, one GPU per thread, or this process as one rank of a launched world) and
 //! returns named global [`Outputs`], checked against the f64 reference when
 //! [`RunOptions::check`] asks. Around it: the CPU ranks in [`run`], the GPU ranks in [`gpu`],
-//! the chunk-count model in [`chunks`] and its measurement in [`calibrate`]. A [`CudaSession`]
+//! the chunk-count model in [`chunks`] and its measurement in [`calibrate`], and the tuner in
+//! [`tune`], which measures candidate configurations and caches the winner. A [`CudaSession`]
 //! runs an executable again and again on GPU buffers the caller owns (PyTorch tensors), on
 //! the caller's stream, without copies.
 //!
@@ -28,6 +29,7 @@ pub mod session;
 mod setup;
 mod tensor;
 mod threads;
+pub mod tune;
 
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;

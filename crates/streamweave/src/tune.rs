@@ -1,0 +1,1071 @@
+//! Choosing a run's configuration by measuring it: for a fusion with its parameter values, a
+//! backend and rank count and a machine, [`tune`] compiles every chunk count S of
+//! [`TuneOptions::chunk_counts`] (where the fusion has a chunk-count parameter), runs each
+//! with every stream-pool size K and, on GPUs, with CUDA-graph replay on and off, and keeps
+//! the fastest; the winner goes into a [`TuneCache`] that `weave run` reads back.
+//!
+//! The measurement is a [`Measure`]: [`RunMeasure`] runs the program (warm-up runs, then
+//! timed repetitions, each taken at its slowest rank, their median), and tests hand in a
+//! closure with made-up figures, so the choice, the pruning, the ties, the refusals and the
+//! cache are tested without a GPU. Not everything is measured:
+//!
+//! * the cost model of [`crate::chunks`] prunes the chunk counts it predicts at least
+//!   [`TuneOptions::prune_factor`] times slower than its best (S = 1, the baseline a choice
+//!   must beat, is always measured; a program without communication is never pruned: the
+//!   model has nothing to say about it, it does not count kernels);
+//! * a pool of more streams than chunks runs as a pool of as many streams as chunks, so
+//!   K > S is skipped;
+//! * a chunk count the compiler refuses is recorded with its message.
+//!
+//! Among the measured candidates, those within [`TIE_MARGIN`] of the fastest tie, and the
+//! simplest of them wins: fewer chunks, then fewer streams, then graph replay (the default).
+//!
+//! The cache is a TOML file whose path the caller gives (`weave` reads `$WEAVE_TUNE_CACHE`,
+//! else `~/.cache/streamweave/tune.toml`): one `[[entry]]` per [`TuneKey`], written whole
+//! through a temporary file and a rename.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use weave_executor::Dense;
+use weave_ir::{Fusion, ParamRole};
+
+use crate::chunks::{Calibration, CANDIDATES};
+use crate::executable::{Chunks, Compiler, Error, Executable};
+use crate::run::{RunOptions, Target};
+
+/// Measured candidates within this fraction of the fastest tie; the simplest of them wins.
+pub const TIE_MARGIN: f64 = 0.02;
+
+/// The stream-pool sizes a tuning considers by default.
+pub const STREAM_COUNTS: [usize; 3] = [1, 2, 4];
+
+/// One configuration of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Candidate {
+    /// The chunk count S, or `None` when the fusion has no chunk-count parameter (its Stream
+    /// axes keep the extents it writes).
+    pub chunks: Option<usize>,
+    /// The stream-pool size K ([`RunOptions::streams`]).
+    pub streams: usize,
+    /// Whether repeated runs replay a captured CUDA graph ([`RunOptions::replay`]).
+    pub replay: bool,
+}
+
+impl fmt::Display for Candidate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.chunks {
+            Some(s) => write!(f, "S={s}")?,
+            None => f.write_str("S=as written")?,
+        }
+        write!(
+            f,
+            " K={} {}",
+            self.streams,
+            if self.replay { "replay" } else { "eager" }
+        )
+    }
+}
+
+/// What became of one candidate.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Measured: the median of the timed repetitions (each at its slowest rank).
+    Measured(Duration),
+    /// Not measured: the cost model predicts this chunk count too slow.
+    Pruned {
+        /// Its prediction over the model's best one.
+        ratio: f64,
+        /// The chunk count the model predicts fastest.
+        best: usize,
+    },
+    /// Not measured: the same run as another candidate (why).
+    Redundant(String),
+    /// The compiler refused this chunk count (its message).
+    Refused(String),
+    /// The run failed (its message).
+    Failed(String),
+}
+
+impl Outcome {
+    /// The measured time, if any.
+    pub fn time(&self) -> Option<Duration> {
+        match self {
+            Outcome::Measured(d) => Some(*d),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Measured(d) => write!(f, "{:.3} ms", d.as_secs_f64() * 1e3),
+            Outcome::Pruned { ratio, best } => write!(
+                f,
+                "skipped: the cost model predicts {ratio:.2}x its best (S={best})"
+            ),
+            Outcome::Redundant(why) => write!(f, "skipped: {why}"),
+            Outcome::Refused(m) => write!(f, "refused: {}", first_line(m)),
+            Outcome::Failed(m) => write!(f, "failed: {}", first_line(m)),
+        }
+    }
+}
+
+fn first_line(m: &str) -> &str {
+    m.lines().next().unwrap_or("")
+}
+
+/// One candidate and what became of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// The configuration.
+    pub candidate: Candidate,
+    /// Its figure, or why it has none.
+    pub outcome: Outcome,
+}
+
+/// What a tuning did: every candidate in the order considered, and the winner.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tuning {
+    /// What the result is cached under.
+    pub key: TuneKey,
+    /// Every candidate with its figure or why it has none.
+    pub rows: Vec<Row>,
+    /// The index in `rows` of the winner; `None` when no candidate was measured.
+    pub winner: Option<usize>,
+}
+
+impl Tuning {
+    /// The winning candidate and its figure.
+    pub fn best(&self) -> Option<(Candidate, Duration)> {
+        let row = &self.rows[self.winner?];
+        Some((row.candidate, row.outcome.time()?))
+    }
+
+    /// The cache entry of the winner.
+    pub fn entry(&self) -> Option<Entry> {
+        let (c, t) = self.best()?;
+        Some(Entry {
+            key: self.key.id.clone(),
+            fusion: self.key.fusion.clone(),
+            params: self.key.params.clone(),
+            ranks: self.key.ranks,
+            backend: self.key.backend.clone(),
+            gpu: self.key.gpu.clone(),
+            chunks: c.chunks,
+            streams: c.streams,
+            replay: c.replay,
+            median_ms: t.as_secs_f64() * 1e3,
+        })
+    }
+}
+
+/// The table of a tuning: one line per candidate with its median or why it has none, the
+/// winner marked with `*`.
+impl fmt::Display for Tuning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, row) in self.rows.iter().enumerate() {
+            let mark = if Some(i) == self.winner { "*" } else { " " };
+            writeln!(f, "{mark} {:22} {}", row.candidate.to_string(), row.outcome)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a tuning is cached under: the fusion's printed text with its chunk-count parameter
+/// set to 1 and its mesh-size parameter to the rank count, the other parameter values, the
+/// rank count, the backend and the machine. [`TuneKey::id`] is a stable hash of all of them
+/// (FNV-1a, the same on every platform and Rust version); the other fields are kept for the
+/// reader of the cache and checked on lookup too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TuneKey {
+    /// The stable hash, 16 hex digits.
+    pub id: String,
+    /// The fusion's name.
+    pub fusion: String,
+    /// Every parameter value but the chunk count's.
+    pub params: BTreeMap<String, i64>,
+    /// The rank count.
+    pub ranks: usize,
+    /// `cpu` or `cuda`.
+    pub backend: String,
+    /// The GPU's name (`NVIDIA H200`), or `cpu`.
+    pub gpu: String,
+}
+
+impl TuneKey {
+    /// The key of `fusion` (loaded with its parameter values) on `ranks` ranks of `backend`
+    /// on `gpu`.
+    pub fn of(fusion: &Fusion, ranks: usize, backend: &str, gpu: &str) -> TuneKey {
+        let mut normal = fusion.clone();
+        let chunk = normal
+            .role_param(ParamRole::ChunkCount)
+            .map(|p| p.name.clone());
+        let mesh = normal
+            .role_param(ParamRole::MeshSize)
+            .map(|p| p.name.clone());
+        // Both names come from the fusion's own parameters, so setting them cannot fail.
+        if let Some(c) = &chunk {
+            let _ = normal.set_param(c, 1);
+        }
+        if let Some(m) = &mesh {
+            let _ = normal.set_param(m, i64::try_from(ranks).unwrap_or(i64::MAX));
+        }
+        let params: BTreeMap<String, i64> = normal
+            .params()
+            .iter()
+            .filter(|p| Some(&p.name) != chunk.as_ref())
+            .filter_map(|p| p.value.map(|v| (p.name.clone(), v)))
+            .collect();
+        let text = weave_ir::text::print(&normal);
+        let mut canonical = text;
+        for (k, v) in &params {
+            canonical.push_str(&format!("\0{k}={v}"));
+        }
+        canonical.push_str(&format!("\0ranks={ranks}\0backend={backend}\0gpu={gpu}"));
+        TuneKey {
+            id: format!("{:016x}", fnv1a64(canonical.as_bytes())),
+            fusion: fusion.name.clone(),
+            params,
+            ranks,
+            backend: backend.to_string(),
+            gpu: gpu.to_string(),
+        }
+    }
+}
+
+/// The 64-bit FNV-1a hash: stable across platforms, processes and compiler versions (the
+/// standard library's hasher is not).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Where and how a tuning measures.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    /// The rank count.
+    pub ranks: usize,
+    /// Whether the ranks run on GPUs (the CUDA backend) rather than CPU threads.
+    pub cuda: bool,
+    /// The machine's name in the key: the GPU's name ([`gpu_name`]) or `cpu`.
+    pub machine: String,
+    /// The chunk counts S to try (where the fusion has a chunk-count parameter).
+    pub chunk_counts: Vec<usize>,
+    /// The stream-pool sizes K to try.
+    pub stream_counts: Vec<usize>,
+    /// The cost model's calibration that prunes chunk counts; `None` measures them all.
+    pub calibration: Option<Calibration>,
+    /// Chunk counts predicted at least this many times slower than the model's best are not
+    /// measured.
+    pub prune_factor: f64,
+}
+
+impl TuneOptions {
+    /// S ∈ {1, 2, 4, 8}, K ∈ {1, 2, 4}, replay on and off on GPUs, pruned by `calibration`
+    /// at 1.5×.
+    pub fn new(ranks: usize, cuda: bool, machine: &str, calibration: Option<Calibration>) -> Self {
+        TuneOptions {
+            ranks,
+            cuda,
+            machine: machine.to_string(),
+            chunk_counts: CANDIDATES.to_vec(),
+            stream_counts: STREAM_COUNTS.to_vec(),
+            calibration,
+            prune_factor: 1.5,
+        }
+    }
+
+    /// `cuda` or `cpu`.
+    pub fn backend(&self) -> &'static str {
+        if self.cuda {
+            "cuda"
+        } else {
+            "cpu"
+        }
+    }
+
+    /// The replay settings to try: on and off on GPUs; off on the CPU, which has no graphs.
+    fn replays(&self) -> &'static [bool] {
+        if self.cuda {
+            &[true, false]
+        } else {
+            &[false]
+        }
+    }
+}
+
+/// The name of GPU `device` (`NVIDIA H200`), the machine part of a [`TuneKey`].
+pub fn gpu_name(device: usize) -> Result<String, String> {
+    weave_cuda::Gpu::open(device)
+        .map(|g| g.name())
+        .map_err(|e| e.to_string())
+}
+
+/// Measures one candidate: its compiled program, run with its stream-pool size and replay
+/// setting. A closure `FnMut(&Executable, &Candidate) -> Result<Duration, String>` is one.
+pub trait Measure {
+    /// The candidate's figure (lower is better), or why it could not run.
+    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String>;
+}
+
+impl<F> Measure for F
+where
+    F: FnMut(&Executable, &Candidate) -> Result<Duration, String>,
+{
+    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String> {
+        self(exe, candidate)
+    }
+}
+
+/// Measures by running: `warmup` runs, then `iters` timed repetitions on seeded random
+/// inputs (the same global inputs for every candidate), the median of each repetition's
+/// slowest rank. On GPUs the repetitions run on device-resident inputs
+/// ([`RunOptions::iters`], [`crate::RunReport::timed`]), replayed as a CUDA graph or issued
+/// statement by statement as the candidate says; on the CPU each repetition is a whole run,
+/// timed by its slowest rank's wall time.
+#[derive(Clone, Debug)]
+pub struct RunMeasure {
+    /// `Target::Cuda` or `Target::Cpu` with the tuning's rank count.
+    pub target: Target,
+    /// Untimed runs first.
+    pub warmup: usize,
+    /// Timed repetitions (at least 1).
+    pub iters: usize,
+    /// The timeout of each run (and of each wait in it).
+    pub timeout: Duration,
+    /// The seed of the inputs.
+    pub seed: u64,
+    globals: Option<Vec<Dense>>,
+}
+
+impl RunMeasure {
+    /// Runs on `target`, `warmup` untimed runs then `iters` timed ones.
+    pub fn new(target: Target, warmup: usize, iters: usize, timeout: Duration) -> RunMeasure {
+        RunMeasure {
+            target,
+            warmup,
+            iters: iters.max(1),
+            timeout,
+            seed: 0x5eed,
+            globals: None,
+        }
+    }
+}
+
+impl Measure for RunMeasure {
+    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String> {
+        if self.globals.is_none() {
+            self.globals = Some(exe.random_inputs(self.seed).map_err(|e| e.to_string())?);
+        }
+        let globals = self.globals.as_deref().unwrap_or_default();
+        let options = RunOptions {
+            target: self.target.clone(),
+            streams: candidate.streams,
+            check: false,
+            check_races: false,
+            timeout: self.timeout,
+            replay: candidate.replay,
+            ..RunOptions::default()
+        };
+        if self.target.is_cuda() {
+            let report = exe
+                .run_dense(
+                    globals,
+                    &RunOptions {
+                        warmup: self.warmup,
+                        iters: self.iters,
+                        ..options
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+            return report
+                .timed()
+                .map(|t| t.median)
+                .ok_or_else(|| "the run reported no timed repetitions".to_string());
+        }
+        let mut slowest = Vec::with_capacity(self.iters);
+        for i in 0..self.warmup + self.iters {
+            let report = exe
+                .run_dense(globals, &options)
+                .map_err(|e| e.to_string())?;
+            if i >= self.warmup {
+                let wall = report.ranks.iter().map(|r| r.wall_time).max();
+                slowest.push(wall.unwrap_or_default());
+            }
+        }
+        slowest.sort();
+        Ok(slowest[slowest.len() / 2])
+    }
+}
+
+/// Tunes `fusion` (loaded with its parameter values): compiles each chunk count, measures
+/// every candidate that is neither pruned nor redundant with `measure`, and picks the winner
+/// (see the module doc). Refusals and failed runs are rows of the result, not errors; the
+/// result has no winner when nothing could be measured.
+pub fn tune(
+    fusion: &Fusion,
+    options: &TuneOptions,
+    measure: &mut dyn Measure,
+) -> Result<Tuning, Error> {
+    if options.ranks == 0 {
+        return Err(Error::Program("at least one rank is needed".into()));
+    }
+    if options.stream_counts.is_empty() || options.stream_counts.contains(&0) {
+        return Err(Error::Program(
+            "the stream-pool sizes to try must be positive, and at least one".into(),
+        ));
+    }
+    let key = TuneKey::of(fusion, options.ranks, options.backend(), &options.machine);
+    let has_chunks = fusion.role_param(ParamRole::ChunkCount).is_some();
+    let chunk_counts: Vec<Option<usize>> = if has_chunks {
+        let mut s: Vec<usize> = options.chunk_counts.clone();
+        if !s.contains(&1) {
+            s.insert(0, 1);
+        }
+        s.sort_unstable();
+        s.dedup();
+        s.into_iter().map(Some).collect()
+    } else {
+        vec![None]
+    };
+    let compiler = Compiler::new().devices(options.ranks);
+    let compiled: Vec<(Option<usize>, Result<Executable, String>)> = chunk_counts
+        .iter()
+        .map(|&s| {
+            let chunks = s.map_or(Chunks::AsWritten, Chunks::Fixed);
+            let exe = compiler
+                .clone()
+                .chunks(chunks)
+                .compile(fusion)
+                .map_err(|e| e.to_string())
+                .and_then(|exe| {
+                    exe.check_ranks(options.ranks)
+                        .map_err(|e| e.to_string())
+                        .map(|()| exe)
+                });
+            (s, exe)
+        })
+        .collect();
+    let pruned = prune(&compiled, options);
+    let mut rows = Vec::new();
+    for (s, exe) in &compiled {
+        for &k in &options.stream_counts {
+            for &replay in options.replays() {
+                let candidate = Candidate {
+                    chunks: *s,
+                    streams: k,
+                    replay,
+                };
+                let outcome = match (exe, s.and_then(|s| pruned.get(&s))) {
+                    (Err(m), _) => Outcome::Refused(m.clone()),
+                    (Ok(_), Some(&(ratio, best))) => Outcome::Pruned { ratio, best },
+                    (Ok(_), None) if s.is_some_and(|s| k > s.max(1)) => {
+                        let s = s.unwrap_or(1).max(1);
+                        Outcome::Redundant(format!(
+                            "{s} chunk(s) use at most {s} stream(s): the same run as K={s}"
+                        ))
+                    }
+                    (Ok(exe), None) => match measure.measure(exe, &candidate) {
+                        Ok(t) => Outcome::Measured(t),
+                        Err(m) => Outcome::Failed(m),
+                    },
+                };
+                rows.push(Row { candidate, outcome });
+            }
+        }
+    }
+    let winner = choose(&rows);
+    Ok(Tuning { key, rows, winner })
+}
+
+/// The chunk counts the cost model rules out, with their predicted ratio to its best and
+/// that best: none without a calibration, without communication, or when the one-chunk
+/// program did not compile or cannot be metered; never S = 1.
+fn prune(
+    compiled: &[(Option<usize>, Result<Executable, String>)],
+    options: &TuneOptions,
+) -> BTreeMap<usize, (f64, usize)> {
+    let mut out = BTreeMap::new();
+    let Some(cal) = &options.calibration else {
+        return out;
+    };
+    let Some(one) = compiled.iter().find_map(|(s, e)| match (s, e) {
+        (Some(1), Ok(exe)) => Some(exe),
+        _ => None,
+    }) else {
+        return out;
+    };
+    let Ok(w) = crate::chunks::workload(one.program(), options.ranks) else {
+        return out;
+    };
+    if w.comms.is_empty() {
+        return out;
+    }
+    let counts: Vec<usize> = compiled.iter().filter_map(|(s, _)| *s).collect();
+    let predicted: Vec<(usize, f64)> = counts
+        .iter()
+        .map(|&s| (s, crate::chunks::predict(&w, cal, s)))
+        .collect();
+    let Some(&(best, fastest)) = predicted.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+        return out;
+    };
+    for &(s, t) in &predicted {
+        if s != 1 && fastest > 0.0 && t >= fastest * options.prune_factor {
+            out.insert(s, (t / fastest, best));
+        }
+    }
+    out
+}
+
+/// The winner among measured rows: of those within [`TIE_MARGIN`] of the fastest, the one
+/// with the fewest chunks, then the fewest streams, then replay on.
+fn choose(rows: &[Row]) -> Option<usize> {
+    let fastest = rows.iter().filter_map(|r| r.outcome.time()).min()?;
+    let limit = fastest.as_secs_f64() * (1.0 + TIE_MARGIN);
+    rows.iter()
+        .enumerate()
+        .filter(|(_, r)| r.outcome.time().is_some_and(|t| t.as_secs_f64() <= limit))
+        .min_by_key(|(i, r)| {
+            let c = r.candidate;
+            (c.chunks.unwrap_or(0), c.streams, !c.replay, *i)
+        })
+        .map(|(i, _)| i)
+}
+
+/// One cached winner: its key (the hash and, for the reader, what it hashes), the
+/// configuration and its figure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// [`TuneKey::id`].
+    pub key: String,
+    /// The fusion's name.
+    pub fusion: String,
+    /// Every parameter value but the chunk count's.
+    pub params: BTreeMap<String, i64>,
+    /// The rank count.
+    pub ranks: usize,
+    /// `cpu` or `cuda`.
+    pub backend: String,
+    /// The GPU's name, or `cpu`.
+    pub gpu: String,
+    /// The chunk count (absent: the fusion's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<usize>,
+    /// The stream-pool size.
+    pub streams: usize,
+    /// Whether repeated runs replay a captured CUDA graph.
+    pub replay: bool,
+    /// The measured median, ms.
+    pub median_ms: f64,
+}
+
+impl Entry {
+    /// Whether this entry is the one of `key`.
+    pub fn matches(&self, key: &TuneKey) -> bool {
+        self.key == key.id
+            && self.fusion == key.fusion
+            && self.params == key.params
+            && self.ranks == key.ranks
+            && self.backend == key.backend
+            && self.gpu == key.gpu
+    }
+
+    /// The configuration.
+    pub fn candidate(&self) -> Candidate {
+        Candidate {
+            chunks: self.chunks,
+            streams: self.streams,
+            replay: self.replay,
+        }
+    }
+
+    /// How a [`Compiler`] should pick the chunk count for this entry.
+    pub fn compiler_chunks(&self) -> Chunks {
+        self.chunks.map_or(Chunks::AsWritten, Chunks::Fixed)
+    }
+
+    /// Sets `options`' stream pool to this entry's and turns graph replay off when the
+    /// entry measured it slower (an eager run stays eager).
+    pub fn apply(&self, options: &mut RunOptions) {
+        options.streams = self.streams;
+        options.replay = options.replay && self.replay;
+    }
+}
+
+/// The tuning cache: the winners, one per key.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TuneCache {
+    /// The entries, in the order stored.
+    #[serde(default, rename = "entry")]
+    pub entries: Vec<Entry>,
+}
+
+impl TuneCache {
+    /// The cache at `path`; empty when there is no such file. A file that cannot be read or
+    /// parsed is an error naming it and the line.
+    pub fn load(path: &Path) -> Result<TuneCache, String> {
+        if !path.exists() {
+            return Ok(TuneCache::default());
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        TuneCache::parse(&text).map_err(|m| format!("{}: {m}", path.display()))
+    }
+
+    /// Reads the TOML that [`TuneCache::render`] writes.
+    pub fn parse(text: &str) -> Result<TuneCache, String> {
+        let cache: TuneCache = toml::from_str(text).map_err(|e| crate::chunks::toml_error(&e))?;
+        for e in &cache.entries {
+            if e.streams == 0 || e.chunks == Some(0) || e.ranks == 0 {
+                return Err(format!(
+                    "entry {}: chunks, streams and ranks must be positive",
+                    e.key
+                ));
+            }
+        }
+        Ok(cache)
+    }
+
+    /// The TOML text [`TuneCache::parse`] reads.
+    pub fn render(&self) -> String {
+        // Strings, integers, floats and booleans always serialize.
+        let body = toml::to_string(self).unwrap_or_default();
+        format!("# streamweave tuning cache: written by `weave tune`, read by `weave run`\n{body}")
+    }
+
+    /// The entry of `key`, if cached.
+    pub fn get(&self, key: &TuneKey) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.matches(key))
+    }
+
+    /// Stores `entry`, replacing the one with its key.
+    pub fn insert(&mut self, entry: Entry) {
+        match self.entries.iter_mut().find(|e| e.key == entry.key) {
+            Some(old) => *old = entry,
+            None => self.entries.push(entry),
+        }
+    }
+
+    /// Writes the cache to `path` whole or not at all (a temporary file beside it, then a
+    /// rename), creating its directory.
+    pub fn store(&self, path: &Path) -> Result<(), String> {
+        let named = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir).map_err(named)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "tune.toml".into());
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        let written =
+            std::fs::write(&tmp, self.render()).and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(named(e));
+        }
+        Ok(())
+    }
+}
+
+/// The winner cached at `path` for `key`, if any (a missing file has none).
+pub fn lookup(path: &Path, key: &TuneKey) -> Result<Option<Entry>, String> {
+    Ok(TuneCache::load(path)?.get(key).cloned())
+}
+
+/// Adds `tuning`'s winner to the cache at `path` (read first, so other entries stay) and
+/// returns it; `None` when the tuning has no winner (nothing is written).
+pub fn store(path: &Path, tuning: &Tuning) -> Result<Option<Entry>, String> {
+    let Some(entry) = tuning.entry() else {
+        return Ok(None);
+    };
+    let mut cache = TuneCache::load(path)?;
+    cache.insert(entry.clone());
+    cache.store(path)?;
+    Ok(Some(entry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// The row-parallel layer (a GEMM and an allreduce per chunk), small.
+    const ROW_PARALLEL: &str = "fusion row_parallel_linear(t = 48, h = 8, d = 2, s = 4) {
+  mesh m = devices(d)
+  tensor inp: bf16[t, 4 * h] on m
+  tensor w: bf16[h, 4 * h] on m
+  out = linear(inp, w)
+  output out
+  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+}
+";
+
+    fn fusion(set: &[(&str, i64)]) -> Fusion {
+        let set: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        crate::load("row_parallel_linear.weave", ROW_PARALLEL, &set).unwrap()
+    }
+
+    fn ms(x: f64) -> Duration {
+        Duration::from_secs_f64(x * 1e-3)
+    }
+
+    /// GPU options without pruning.
+    fn unpruned() -> TuneOptions {
+        TuneOptions::new(2, true, "Test GPU", None)
+    }
+
+    /// A deterministic measurement from a table of S, K and replay, recording every call.
+    struct Fake<F: Fn(&Candidate) -> f64> {
+        figure: F,
+        calls: RefCell<Vec<Candidate>>,
+    }
+
+    impl<F: Fn(&Candidate) -> f64> Fake<F> {
+        fn new(figure: F) -> Self {
+            Fake {
+                figure,
+                calls: RefCell::new(Vec::new()),
+            }
+        }
+    }
+
+    impl<F: Fn(&Candidate) -> f64> Measure for &Fake<F> {
+        fn measure(&mut self, exe: &Executable, c: &Candidate) -> Result<Duration, String> {
+            // The program measured is the one of the candidate's chunk count.
+            let s = exe.signature().params.iter().find(|(k, _)| k == "s");
+            assert_eq!(s.map(|(_, v)| *v as usize), c.chunks, "{c}");
+            self.calls.borrow_mut().push(*c);
+            Ok(ms((self.figure)(c)))
+        }
+    }
+
+    fn candidate(chunks: usize, streams: usize, replay: bool) -> Candidate {
+        Candidate {
+            chunks: Some(chunks),
+            streams,
+            replay,
+        }
+    }
+
+    #[test]
+    fn the_fastest_measured_candidate_wins_and_every_candidate_is_recorded() {
+        // S = 4 with two streams and replay is fastest.
+        let fake = Fake::new(|c: &Candidate| {
+            let s = match c.chunks {
+                Some(1) => 10.0,
+                Some(2) => 7.0,
+                Some(4) => 5.0,
+                _ => 6.0,
+            };
+            let k = if c.streams == 2 { 1.0 } else { 1.2 };
+            let r = if c.replay { 1.0 } else { 1.1 };
+            s * k * r
+        });
+        let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+        // 4 chunk counts × 3 pool sizes × replay on/off.
+        assert_eq!(t.rows.len(), 24);
+        assert_eq!(t.best(), Some((candidate(4, 2, true), ms(5.0))));
+        // The winner's figure is the least of the measured ones.
+        let least = t.rows.iter().filter_map(|r| r.outcome.time()).min();
+        assert_eq!(least, Some(ms(5.0)));
+        // K > S runs as K = S: not measured, and said so.
+        for r in &t.rows {
+            let redundant = matches!(r.outcome, Outcome::Redundant(_));
+            assert_eq!(
+                redundant,
+                r.candidate.streams > r.candidate.chunks.unwrap(),
+                "{r:?}"
+            );
+        }
+        assert_eq!(
+            fake.calls.borrow().len(),
+            t.rows.iter().filter(|r| r.outcome.time().is_some()).count()
+        );
+        let table = t.to_string();
+        assert!(table.contains("* S=4 K=2 replay"), "{table}");
+        assert!(
+            table.contains("S=1 K=2 replay") && table.contains("the same run as K=1"),
+            "{table}"
+        );
+        let entry = t.entry().unwrap();
+        assert_eq!(
+            (entry.chunks, entry.streams, entry.replay),
+            (Some(4), 2, true)
+        );
+        assert!((entry.median_ms - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn ties_within_two_percent_go_to_fewer_chunks_then_fewer_streams_then_replay() {
+        // S = 4 is 1.5% faster than S = 2: a tie, the fewer chunks win.
+        let fake = Fake::new(|c: &Candidate| match c.chunks {
+            Some(2) => 5.0,
+            Some(4) => 4.925,
+            _ => 9.0,
+        });
+        let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+        assert_eq!(t.best(), Some((candidate(2, 1, true), ms(5.0))));
+        // 3% faster is no tie.
+        let fake = Fake::new(|c: &Candidate| match c.chunks {
+            Some(2) => 5.0,
+            Some(4) => 4.85,
+            _ => 9.0,
+        });
+        let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+        assert_eq!(t.best().unwrap().0.chunks, Some(4));
+        // Among equal chunk counts, fewer streams; then replay over eager.
+        let fake = Fake::new(|c: &Candidate| match (c.chunks, c.streams, c.replay) {
+            (Some(4), 4, false) => 3.0,
+            (Some(4), 2, false) => 3.05,
+            (Some(4), 2, true) => 3.05,
+            _ => 9.0,
+        });
+        let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+        assert_eq!(t.best(), Some((candidate(4, 2, true), ms(3.05))));
+    }
+
+    #[test]
+    fn the_cost_model_prunes_chunk_counts_it_predicts_much_slower_and_never_one() {
+        // At t = 48, h = 8 every collective's fixed cost dominates: the model predicts every
+        // chunked schedule at least 1.5x one chunk.
+        let options = TuneOptions {
+            calibration: Some(Calibration::default()),
+            ..unpruned()
+        };
+        let fake = Fake::new(|c: &Candidate| c.chunks.unwrap() as f64);
+        let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+        for r in &t.rows {
+            match r.candidate.chunks {
+                Some(1) => assert!(
+                    matches!(r.outcome, Outcome::Measured(_) | Outcome::Redundant(_)),
+                    "{r:?}"
+                ),
+                _ => match &r.outcome {
+                    Outcome::Pruned { ratio, best } => {
+                        assert!(*ratio >= 1.5, "{r:?}");
+                        assert_eq!(*best, 1);
+                    }
+                    other => panic!("{}: {other:?}", r.candidate),
+                },
+            }
+        }
+        assert!(fake.calls.borrow().iter().all(|c| c.chunks == Some(1)));
+        assert!(
+            t.to_string().contains("skipped: the cost model predicts"),
+            "{t}"
+        );
+        // A factor no prediction reaches prunes nothing.
+        let options = TuneOptions {
+            prune_factor: 1e9,
+            ..options
+        };
+        let t = tune(&fusion(&[]), &options, &mut &Fake::new(|_: &Candidate| 1.0)).unwrap();
+        assert!(!t
+            .rows
+            .iter()
+            .any(|r| matches!(r.outcome, Outcome::Pruned { .. })));
+    }
+
+    #[test]
+    fn refused_and_failed_candidates_are_recorded_with_their_message() {
+        // More chunks than a stream loop may run: the compiler refuses.
+        let options = TuneOptions {
+            chunk_counts: vec![1, 2, 1 << 17],
+            stream_counts: vec![1],
+            ..unpruned()
+        };
+        let t = tune(
+            &fusion(&[]),
+            &options,
+            &mut |_: &Executable, c: &Candidate| {
+                if c.replay {
+                    Err("out of memory".to_string())
+                } else {
+                    Ok(ms(c.chunks.unwrap() as f64))
+                }
+            },
+        )
+        .unwrap();
+        let refused: Vec<&Row> = t
+            .rows
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Refused(_)))
+            .collect();
+        assert_eq!(refused.len(), 2, "{t}");
+        for r in refused {
+            assert_eq!(r.candidate.chunks, Some(1 << 17));
+            assert!(r.outcome.to_string().contains("stream chunks"), "{r:?}");
+        }
+        let failed = t
+            .rows
+            .iter()
+            .filter(|r| r.outcome == Outcome::Failed("out of memory".into()))
+            .count();
+        assert_eq!(failed, 2, "{t}");
+        assert_eq!(t.best(), Some((candidate(1, 1, false), ms(1.0))));
+        // Nothing measured: no winner, nothing to cache.
+        let t = tune(&fusion(&[]), &options, &mut |_: &Executable,
+                                                   _: &Candidate|
+         -> Result<
+            Duration,
+            String,
+        > {
+            Err("no GPU".into())
+        })
+        .unwrap();
+        assert_eq!(t.winner, None);
+        assert_eq!(t.entry(), None);
+        // A rank count the program's meshes cannot take is refused for every candidate.
+        let t = tune(
+            &fusion(&[("d", 2)]),
+            &TuneOptions::new(3, false, "cpu", None),
+            &mut |_: &Executable, _: &Candidate| Ok(ms(1.0)),
+        )
+        .unwrap();
+        assert!(t
+            .rows
+            .iter()
+            .all(|r| matches!(r.outcome, Outcome::Refused(_))));
+    }
+
+    #[test]
+    fn keys_are_stable_and_tell_programs_apart() {
+        let key = |set: &[(&str, i64)], ranks: usize, gpu: &str| {
+            TuneKey::of(&fusion(set), ranks, "cuda", gpu)
+        };
+        let a = key(&[], 2, "NVIDIA H200");
+        assert_eq!(a, key(&[], 2, "NVIDIA H200"));
+        assert_eq!(a.id.len(), 16);
+        // The chunk count is what is tuned: it is not part of the key.
+        assert_eq!(a, key(&[("s", 2)], 2, "NVIDIA H200"));
+        assert!(!a.params.contains_key("s"));
+        assert_eq!(a.params.get("t"), Some(&48));
+        // The mesh size follows the rank count.
+        assert_eq!(a, key(&[("d", 4)], 2, "NVIDIA H200"));
+        assert_eq!(a.params.get("d"), Some(&2));
+        for other in [
+            key(&[("t", 96)], 2, "NVIDIA H200"),
+            key(&[], 4, "NVIDIA H200"),
+            key(&[], 2, "NVIDIA H100 80GB HBM3"),
+            TuneKey::of(&fusion(&[]), 2, "cpu", "NVIDIA H200"),
+        ] {
+            assert_ne!(a.id, other.id, "{other:?}");
+        }
+        // The hash itself is fixed: FNV-1a of the empty string and of "a".
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn the_cache_round_trips_keeps_other_entries_and_replaces_its_own() {
+        let dir = std::env::temp_dir().join(format!("weave-tune-{}", std::process::id()));
+        let path = dir.join("sub/tune.toml");
+        let _ = std::fs::remove_dir_all(&dir);
+        let fake = Fake::new(|c: &Candidate| c.chunks.unwrap() as f64 + c.streams as f64);
+        let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+        assert_eq!(lookup(&path, &t.key).unwrap(), None);
+        let stored = store(&path, &t).unwrap().unwrap();
+        assert_eq!(lookup(&path, &t.key).unwrap(), Some(stored.clone()));
+        assert_eq!(stored.candidate(), candidate(1, 1, true));
+        let mut options = RunOptions {
+            streams: 4,
+            ..RunOptions::default()
+        };
+        stored.apply(&mut options);
+        assert_eq!((options.streams, options.replay), (1, true));
+        let eager = Entry {
+            replay: false,
+            ..stored.clone()
+        };
+        eager.apply(&mut options);
+        assert!(!options.replay);
+        // Another program's entry joins it; tuning the first again replaces its entry.
+        let other = tune(&fusion(&[("t", 96)]), &unpruned(), &mut &fake).unwrap();
+        store(&path, &other).unwrap();
+        let fake = Fake::new(|c: &Candidate| 10.0 - c.chunks.unwrap() as f64);
+        let again = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+        store(&path, &again).unwrap();
+        let cache = TuneCache::load(&path).unwrap();
+        assert_eq!(cache.entries.len(), 2, "{}", cache.render());
+        assert_eq!(cache.get(&t.key).unwrap().chunks, Some(8));
+        assert_eq!(cache.get(&other.key).unwrap().chunks, Some(1));
+        assert_eq!(TuneCache::parse(&cache.render()).unwrap(), cache);
+        // No temporary file is left beside it.
+        let names: Vec<_> = std::fs::read_dir(dir.join("sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("tune.toml")]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_corrupt_cache_is_an_error_naming_the_file_and_the_line() {
+        let err = TuneCache::parse("[[entry]]\nkey = \"ab\"\nstreams = many\n").unwrap_err();
+        assert!(err.contains("line 3"), "{err}");
+        let err = TuneCache::parse("# a comment\n[[entry]]\nspeed = 3\n").unwrap_err();
+        assert!(err.contains("line 3") && err.contains("speed"), "{err}");
+        let dir = std::env::temp_dir().join(format!("weave-tune-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tune.toml");
+        std::fs::write(&path, "this is not toml\n").unwrap();
+        let err = TuneCache::load(&path).unwrap_err();
+        assert!(
+            err.starts_with(&path.display().to_string()) && err.contains("line 1"),
+            "{err}"
+        );
+        let key = TuneKey::of(&fusion(&[]), 2, "cuda", "x");
+        assert!(lookup(&path, &key).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+        // A missing file is an empty cache.
+        assert_eq!(
+            TuneCache::load(Path::new("/no/such/dir/tune.toml")).unwrap(),
+            TuneCache::default()
+        );
+    }
+
+    #[test]
+    fn runs_on_cpu_ranks_measure_and_choose() {
+        let options = TuneOptions {
+            chunk_counts: vec![1, 2],
+            stream_counts: vec![1, 2],
+            ..TuneOptions::new(2, false, "cpu", None)
+        };
+        let mut measure = RunMeasure::new(Target::Cpu { ranks: 2 }, 1, 2, Duration::from_secs(30));
+        let t = tune(&fusion(&[]), &options, &mut measure).unwrap();
+        // S ∈ {1, 2} × K ∈ {1, 2}, eager only; K = 2 for one chunk is redundant.
+        assert_eq!(t.rows.len(), 4, "{t}");
+        assert_eq!(
+            t.rows
+                .iter()
+                .filter(|r| matches!(r.outcome, Outcome::Measured(_)))
+                .count(),
+            3,
+            "{t}"
+        );
+        assert!(t.rows.iter().all(|r| !r.candidate.replay));
+        let (_, best) = t.best().unwrap();
+        let least = t
+            .rows
+            .iter()
+            .filter_map(|r| r.outcome.time())
+            .min()
+            .unwrap();
+        assert!(best.as_secs_f64() <= least.as_secs_f64() * (1.0 + TIE_MARGIN));
+    }
+}

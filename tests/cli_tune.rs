@@ -1,0 +1,139 @@
+//! `weave tune` end to end on the CPU backend: it measures the candidate configurations of a
+//! scenario, prints them with the winner marked and writes the tuning cache; `weave run
+//! --chunks auto` then runs the cached configuration and says so, unless `--streams` or
+//! `--chunks` decide, or the program differs; a corrupt cache is an error naming the file
+//! and the line.
+
+use std::path::Path;
+use std::process::Command;
+
+use streamweave::tune::TuneCache;
+
+/// `weave ARGS` with the tuning cache at `cache`: success, stdout, stderr.
+fn weave(args: &[&str], cache: &Path) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("WEAVE_LOG")
+        .env("WEAVE_TUNE_CACHE", cache)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const SCENARIO: &str = "tests/scenarios/row_parallel_linear.weave";
+
+#[test]
+fn tune_caches_the_winner_and_run_uses_it() {
+    let dir = std::env::temp_dir().join(format!("weave-cli-tune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = dir.join("cache/tune.toml");
+    let small = ["--set", "t=48", "--set", "h=8"];
+    let mut args = vec![
+        "tune",
+        SCENARIO,
+        "--ranks",
+        "2",
+        "--backend",
+        "cpu",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+    ];
+    args.extend(small);
+    let (ok, out, err) = weave(&args, &cache);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("tuning on 2 rank(s) of the cpu backend, 1 warm-up and 2 timed run(s)"),
+        "{out}"
+    );
+    // S ∈ {1, 2, 4, 8} × K ∈ {1, 2, 4}, eager on the CPU; pools larger than the chunk count
+    // are skipped; exactly one winner.
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains(" K=")).collect();
+    assert_eq!(rows.len(), 13, "{out}"); // 12 candidates and the `tuned:` line
+    assert_eq!(out.matches("the same run as K=").count(), 3, "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("* S=")).count(), 1);
+    assert!(out.contains(" ms\n"), "{out}");
+    let cached = TuneCache::load(&cache).unwrap();
+    assert_eq!(cached.entries.len(), 1, "{}", cached.render());
+    let entry = &cached.entries[0];
+    assert_eq!(
+        (entry.fusion.as_str(), entry.ranks, entry.backend.as_str()),
+        ("row_parallel_linear", 2, "cpu")
+    );
+    assert!(!entry.replay);
+    let winner = entry.candidate().to_string();
+    assert!(
+        out.contains(&format!("* {winner}")) && out.contains(&format!("tuned: {winner} at ")),
+        "{winner}\n{out}"
+    );
+    assert!(out.contains(&cache.display().to_string()), "{out}");
+
+    // `weave run` with `--chunks auto` (the default) runs the cached configuration.
+    let mut run = vec!["run", SCENARIO, "--ranks", "2"];
+    run.extend(small);
+    let (ok, out, err) = weave(&run, &cache);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains(&format!(
+            "chunks: tuned {winner} (cache {})",
+            cache.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("numberOfStreams = {}", entry.streams)),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with("result: PASS"), "{out}");
+    // `--streams`, a fixed chunk count, or another program leave the cache aside.
+    for extra in [
+        &["--ranks", "2", "--streams", "2"][..],
+        &["--ranks", "2", "--chunks", "3"][..],
+        &["--ranks", "2", "--set", "t=96"][..],
+        &["--ranks", "1"][..],
+    ] {
+        let mut args = vec!["run", SCENARIO];
+        args.extend(small);
+        args.extend(extra);
+        let (ok, out, err) = weave(&args, &cache);
+        assert!(ok, "{extra:?}: {out}\n{err}");
+        assert!(!out.contains("chunks: tuned"), "{extra:?}: {out}");
+    }
+
+    // A corrupt cache is an error naming the file and the line.
+    std::fs::write(&cache, "[[entry]]\nkey = \"x\"\nstreams = many\n").unwrap();
+    let (ok, out, err) = weave(&run, &cache);
+    assert!(!ok, "{out}");
+    assert!(
+        err.starts_with(&format!("error: {}", cache.display())) && err.contains("line 3"),
+        "{err}"
+    );
+    let (ok, _, err) = weave(&args, &cache);
+    assert!(!ok);
+    assert!(err.contains("line 3"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tune_refuses_to_set_the_chunk_count_and_a_host_program() {
+    let cache = std::env::temp_dir().join(format!("weave-cli-tune-no-{}.toml", std::process::id()));
+    let (ok, _, err) = weave(&["tune", SCENARIO, "--set", "s=3"], &cache);
+    assert!(!ok);
+    assert_eq!(
+        err.trim_end(),
+        "error: --set s: the chunk count is what `weave tune` chooses; leave it out"
+    );
+    let (ok, _, err) = weave(&["tune", SCENARIO, "--iters", "0"], &cache);
+    assert!(!ok);
+    assert!(err.contains("--iters 0"), "{err}");
+    let (ok, _, err) = weave(&["tune", SCENARIO, "--backend", "tpu"], &cache);
+    assert!(!ok);
+    assert!(err.contains("unknown backend"), "{err}");
+    assert!(!cache.exists());
+}
