@@ -798,3 +798,49 @@ fn grouped_query_attention_matches_the_reference() {
         }
     }
 }
+
+/// Ulysses with the token axis in stream chunks (written as a user would add overlap to
+/// tests/scenarios/ulysses_all_to_all.weave): the reshard of each chunk matches the reference
+/// on 1 to 4 ranks, with even and uneven chunks and no race. Each chunk's reshard is lowered
+/// through gathers (a Broadcast or Allgather and a Scatter), not one AllToAll: it moves more
+/// data than the unchunked program's AllToAll (a known limit of decompose-reshardings on
+/// stream-chunked all-to-alls), and it is never wrong.
+#[test]
+fn ulysses_in_stream_chunks_reshards_every_chunk() {
+    let source = "\
+fusion ulysses_streamed(t = 24, nh = 12, hd = 2, d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor x: f32[t, nh * hd] on m
+  xh = set(x)
+  y = mul(xh, xh)
+  yo = set(y)
+  output yo
+  schedule x { outer_split(0, d) -> DIDx }
+  schedule xh { mesh = m; outer_split(1, d) -> DIDx; outer_split(0, s) -> Stream }
+  schedule y { mesh = m; outer_split(1, d) -> DIDx; outer_split(0, s) -> Stream }
+  schedule yo { mesh = m; outer_split(0, d) -> DIDx }
+}
+";
+    for extra in [
+        &[("s", 2)][..],
+        &[("s", 3)],
+        &[("t", 36), ("nh", 24), ("hd", 1), ("s", 5)],
+    ] {
+        for c in runs_on(source, &[1, 2, 3, 4], extra) {
+            let p = &c.program;
+            let ranks = c.exe.min_ranks();
+            let in_loops = p
+                .walk()
+                .filter(|w| {
+                    !w.loops.is_empty() && matches!(p.stmts[w.stmt], Stmt::Communication(_))
+                })
+                .count();
+            if ranks > 1 {
+                assert!(in_loops >= 2, "{extra:?} on {ranks} ranks: {in_loops}");
+            } else {
+                assert_eq!(in_loops, 0, "{extra:?}");
+            }
+            assert_eq!(compute_loops(p), 1, "{extra:?} on {ranks} ranks");
+        }
+    }
+}
