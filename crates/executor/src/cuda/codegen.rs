@@ -143,9 +143,6 @@ impl Launch {
 pub struct KernelPlan {
     /// Element type and element count of each temporary (contiguous).
     pub temps: Vec<(DType, usize)>,
-    /// The temporaries that must hold zeros when the first kernel starts (the arrival
-    /// counters of a split column reduction).
-    pub zeroed: Vec<usize>,
     /// The kernels, in launch order.
     pub launches: Vec<Launch>,
 }
@@ -1063,8 +1060,7 @@ impl<'f> Gen<'f> {
             let want = (self.sms.max(1) * 2048) / (xb * BLOCK as usize);
             let splits = want.clamp(1, nr.div_ceil(8 * COLUMN_LANES).max(1));
             if splits == 1 {
-                let launch =
-                    column_source(&name, &x.node, &red_sizes, &out_sizes, op, &dst, 1, None);
+                let launch = column_source(&name, &x.node, &red_sizes, &out_sizes, op, &dst, 1);
                 self.plan.launches.push(launch);
             } else {
                 let ct = compute_type(&x.node, Some(dtype));
@@ -1074,25 +1070,28 @@ impl<'f> Gen<'f> {
                     DType::F32
                 };
                 let partial = self.new_temp(pdt, &[splits, m]);
-                // One arrival counter per block of columns: the last part to arrive adds
-                // the partials up, in the same kernel.
-                let counters = self.new_temp(DType::F32, &[xb]);
-                self.plan.zeroed.push(self.plan.temps.len() - 1);
-                let partial = View {
-                    sizes: out_sizes.clone(),
-                    strides: contiguous_strides(&out_sizes),
-                    ..partial
-                };
                 let launch = column_source(
                     &name,
                     &x.node,
                     &red_sizes,
                     &out_sizes,
                     op,
-                    &partial,
+                    &View {
+                        sizes: out_sizes.clone(),
+                        strides: contiguous_strides(&out_sizes),
+                        ..partial.clone()
+                    },
                     splits,
-                    Some((&dst, counters.buf)),
                 );
+                self.plan.launches.push(launch);
+                // The partials, `[splits, m]`, reduced over their first axis.
+                let sum = Node::Load(View {
+                    sizes: [vec![splits], out_sizes.clone()].concat(),
+                    strides: [vec![m as isize], contiguous_strides(&out_sizes)].concat(),
+                    ..partial
+                });
+                let name = self.kernel_name();
+                let launch = column_source(&name, &sum, &[splits], &out_sizes, op, &dst, 1);
                 self.plan.launches.push(launch);
             }
         } else {
@@ -1379,14 +1378,6 @@ const COLUMNS_PER_BLOCK: usize = 32;
 /// combined in shared memory in lane order (a fixed order: the same sums every run). The
 /// reduced elements are split into `splits` parts; part `p` goes to `dst` offset by `p` times
 /// the kept elements (partials) when `splits > 1`.
-///
-/// With `finish = Some((out, counters))` (and `splits > 1`) the same kernel adds the
-/// partials up: each block, once its partials are stored and fenced, takes a ticket from its
-/// column block's arrival counter (zeroed before the launch); the block that arrives last
-/// reads every part's partials (through L2, `__ldcg`) and stores the result into `out`, its
-/// lanes over the parts combined in lane order — a fixed order whichever block is last, so
-/// the sums are the same every run.
-#[allow(clippy::too_many_arguments)]
 fn column_source(
     name: &str,
     node: &Node,
@@ -1395,7 +1386,6 @@ fn column_source(
     op: ReduceOp,
     dst: &View,
     splits: usize,
-    finish: Option<(&View, Buf)>,
 ) -> Launch {
     let m = numel(kept);
     let nr = numel(red);
@@ -1425,23 +1415,13 @@ fn column_source(
         width,
         1,
         std::iter::once("part".to_string())
-            .chain(kept_names.iter().cloned())
+            .chain(kept_names)
             .collect(),
     );
     st.adopt(&e);
     st.store(&partials, "acc");
-    // The last part's block: every partial of its columns, then the result.
-    let finish = finish.filter(|_| splits > 1);
-    let mut last = Emitter::new(ct, false, width, 1, kept_names.clone());
-    last.adopt(&st);
-    let fin = finish.map(|(out, counters)| {
-        let pk = last.arg(partials.buf, partials.dtype, false);
-        let ck = last.arg(counters, DType::F32, true);
-        last.store(out, "acc");
-        (pk, ck)
-    });
     let mut s = String::from(PRELUDE);
-    let _ = writeln!(s, "{} {{", last.signature(name));
+    let _ = writeln!(s, "{} {{", st.signature(name));
     let lit = |n: usize| width.lit(n as i64);
     let (cols, lanes) = (COLUMNS_PER_BLOCK, COLUMN_LANES);
     let _ = writeln!(
@@ -1480,60 +1460,17 @@ fn column_source(
     let _ = writeln!(s, "  __shared__ {ct} lanes_acc[{lanes}][{cols}];");
     let _ = writeln!(s, "  lanes_acc[lane][threadIdx.x % {cols}u] = acc;");
     let _ = writeln!(s, "  __syncthreads();");
+    let _ = writeln!(s, "  if (lane != 0 || m >= {}) return;", lit(m));
     let combine = match op {
         ReduceOp::Sum => "WeaveSum()",
         ReduceOp::Max => "WeaveMax()",
     };
-    let lanes_combine = format!(
-        "for (int l = 1; l < {lanes}; ++l) acc = {combine}(acc, lanes_acc[l][threadIdx.x % {cols}u]);"
+    let _ = writeln!(
+        s,
+        "  for (int l = 1; l < {lanes}; ++l) acc = {combine}(acc, lanes_acc[l][threadIdx.x % {cols}u]);"
     );
-    match fin {
-        None => {
-            let _ = writeln!(s, "  if (lane != 0 || m >= {}) return;", lit(m));
-            let _ = writeln!(s, "  {lanes_combine}");
-            for l in &st.lines {
-                let _ = writeln!(s, "  {l}");
-            }
-        }
-        Some((pk, ck)) => {
-            let pty = emit::c_type(partials.dtype);
-            let _ = writeln!(s, "  if (lane == 0 && m < {}) {{", lit(m));
-            let _ = writeln!(s, "    {lanes_combine}");
-            for l in &st.lines {
-                let _ = writeln!(s, "    {l}");
-            }
-            let _ = writeln!(s, "  }}");
-            // This block's partials reach L2 before its ticket; the last block reads them
-            // there.
-            let _ = writeln!(s, "  __threadfence();");
-            let _ = writeln!(s, "  __syncthreads();");
-            let _ = writeln!(s, "  __shared__ unsigned int weave_ticket;");
-            let _ = writeln!(
-                s,
-                "  if (threadIdx.x == 0) weave_ticket = atomicAdd(((unsigned int*)p{ck}) + (blockIdx.x % {}), 1u);",
-                lit(xb)
-            );
-            let _ = writeln!(s, "  __syncthreads();");
-            let _ = writeln!(s, "  if (weave_ticket != {}u) return;", splits - 1);
-            let _ = writeln!(s, "  __threadfence();");
-            let _ = writeln!(s, "  acc = {};", e.init(op));
-            let _ = writeln!(s, "  if (m < {}) {{", lit(m));
-            let _ = writeln!(
-                s,
-                "    for ({ty} q = lane; q < {}; q += {}) acc = {combine}(acc, ({ct})__ldcg((({pty}*)p{pk}) + q * {} + m));",
-                lit(splits),
-                lit(lanes),
-                lit(m)
-            );
-            let _ = writeln!(s, "  }}");
-            let _ = writeln!(s, "  lanes_acc[lane][threadIdx.x % {cols}u] = acc;");
-            let _ = writeln!(s, "  __syncthreads();");
-            let _ = writeln!(s, "  if (lane != 0 || m >= {}) return;", lit(m));
-            let _ = writeln!(s, "  {lanes_combine}");
-            for l in &last.lines {
-                let _ = writeln!(s, "  {l}");
-            }
-        }
+    for l in &st.lines {
+        let _ = writeln!(s, "  {l}");
     }
     s.push_str("}\n");
     Launch {
@@ -1543,7 +1480,7 @@ fn column_source(
             blocks: xb * splits.max(1),
             block: BLOCK,
         },
-        args: last.bufs,
+        args: st.bufs,
         align: Vec::new(),
         fallback: None,
     }
@@ -1761,8 +1698,7 @@ mod tests {
             16384,
             8192,
         );
-        // One kernel: partials, then the last block of each column block adds them up.
-        assert_eq!(p.launches.len(), 1);
+        assert_eq!(p.launches.len(), 2);
         let splits = p.temps[1].1 / 8192;
         assert!(splits > 1 && p.temps[1].1 % 8192 == 0, "{:?}", p.temps);
         // A block per 32 columns and part, 8 warps (lanes) of it per column.
@@ -1773,32 +1709,25 @@ mod tests {
                 block: BLOCK
             }
         );
-        let src = &p.launches[0].source;
-        assert!(src.contains("lanes_acc[8][32]"));
+        assert!(p.launches[0].source.contains("lanes_acc[8][32]"));
         // 132 SMs: 4 parts of 256 blocks of 256 threads fill one wave (8 blocks an SM).
         assert_eq!(splits, 4);
-        // The arrival counters (one per block of 32 columns) are zeroed before the launch;
-        // the last of the 4 parts reads the partials through L2 after a fence.
-        assert_eq!(p.temps[2], (DType::F32, 8192 / 32));
-        assert_eq!(p.zeroed, vec![2]);
-        for part in [
-            "__threadfence();",
-            "atomicAdd(",
-            "weave_ticket != 3u",
-            "__ldcg(",
-        ] {
-            assert!(src.contains(part), "`{part}` in\n{src}");
-        }
-        // A stream chunk of 1024 columns: 33 parts of one kernel.
+        // A stream chunk of 1024 columns: 33 parts, and the second pass over them has its
+        // 8 lanes per column too.
         let p = plan_of(
             "tensor x: f32[t, h]\n y = sum(x, [0])\n output y",
             4096,
             1024,
         );
         assert_eq!(p.temps[1], (DType::F32, 33 * 1024));
-        assert_eq!(p.launches.len(), 1);
-        assert!(p.launches[0].source.contains("weave_ticket != 32u"));
-        assert!(p.launches[0].source.contains("q += 8u"));
+        assert_eq!(
+            p.launches[1].grid,
+            Grid::Blocks {
+                blocks: 32,
+                block: BLOCK
+            }
+        );
+        assert!(p.launches[1].source.contains("r += 8u"));
         // A row sum is a row kernel of one pass.
         let p = plan_of(
             "tensor x: f32[t, h]\n y = sum(x, [1])\n output y",

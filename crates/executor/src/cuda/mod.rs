@@ -1238,11 +1238,6 @@ impl Backend for CudaBackend {
             .iter()
             .map(|(d, n)| self.gpu.alloc(n * elem_bytes(*d), stream))
             .collect::<Result<_, _>>()?;
-        for &i in &plan.zeroed {
-            if let Some(t) = temps.get(i) {
-                self.gpu.zero(t.ptr(), t.bytes(), stream)?;
-            }
-        }
         self.compute(stream, || {
             self.timed(stream, label, || {
                 for (l, loaded) in plan.launches.iter().zip(&planned.loaded) {
