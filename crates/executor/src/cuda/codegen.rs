@@ -1053,12 +1053,12 @@ impl<'f> Gen<'f> {
             // Outermost axes: a column per thread, the rows split over blocks.
             // As many parts as one wave of blocks holds (each part is `COLUMN_LANES` threads
             // per column; a second, partial wave would leave most SMs idle while it runs),
-            // each of at least `8 * COLUMN_LANES` rows.
+            // each of at least `32 * COLUMN_LANES` rows (a lane adds 32 rows or more).
             let m = numel(&out_sizes);
             let nr = numel(&red_sizes);
             let xb = m.div_ceil(COLUMNS_PER_BLOCK);
             let want = (self.sms.max(1) * 2048) / (xb * BLOCK as usize);
-            let splits = want.clamp(1, nr.div_ceil(8 * COLUMN_LANES).max(1));
+            let splits = want.clamp(1, nr.div_ceil(32 * COLUMN_LANES).max(1));
             if splits == 1 {
                 let launch = column_source(&name, &x.node, &red_sizes, &out_sizes, op, &dst, 1);
                 self.plan.launches.push(launch);
@@ -1712,14 +1712,15 @@ mod tests {
         assert!(p.launches[0].source.contains("lanes_acc[8][32]"));
         // 132 SMs: 4 parts of 256 blocks of 256 threads fill one wave (8 blocks an SM).
         assert_eq!(splits, 4);
-        // A stream chunk of 1024 columns: 33 parts, and the second pass over them has its
-        // 8 lanes per column too.
+        // A stream chunk of 1024 columns: a wave would hold 33 parts, but each lane adds at
+        // least 32 rows, so 16 parts of 256 rows; the second pass over them has its 8 lanes
+        // per column too.
         let p = plan_of(
             "tensor x: f32[t, h]\n y = sum(x, [0])\n output y",
             4096,
             1024,
         );
-        assert_eq!(p.temps[1], (DType::F32, 33 * 1024));
+        assert_eq!(p.temps[1], (DType::F32, 16 * 1024));
         assert_eq!(
             p.launches[1].grid,
             Grid::Blocks {
