@@ -133,8 +133,9 @@ fn run_one(
     run
 }
 
-/// Runs the program on `comm`: the warm-up runs, the timed runs (inputs uploaded once, each
-/// timed from its start until the backend is idle), then the run that is checked and traced.
+/// Runs the program on `comm`: the warm-up runs and the timed runs (on inputs uploaded once;
+/// each timed run from its start until the backend is idle), then the run that is checked
+/// and traced (which uploads the inputs and reads the outputs back).
 ///
 /// The timed runs replay one captured run as a CUDA graph ([`Replay`]) when the options ask
 /// for it (the default) and `capturable` (the communicator never waits on the host);
@@ -151,16 +152,20 @@ fn drive<C>(
 where
     C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>,
 {
-    for _ in 0..options.warmup {
-        run_rank(program, backend, comm, inputs, config)?;
-    }
     let mut timed = Vec::with_capacity(options.iters);
     let replayed = options.iters > 0 && options.replay && capturable;
-    if options.iters > 0 {
+    if options.warmup > 0 || options.iters > 0 {
         let buffers = inputs
             .iter()
             .map(|d| backend.upload(d))
             .collect::<Result<Vec<_>, _>>()?;
+        let main = backend.stream(weave_executor::StreamKey::Main)?;
+        for _ in 0..options.warmup {
+            for o in run_rank_buffers(program, backend, comm, &buffers, config)?.outputs {
+                backend.deallocate(o, &main);
+            }
+        }
+        backend.synchronize()?;
         if replayed {
             let replay = Replay::capture(program, backend, comm, &buffers, config)?;
             for i in 0..options.iters {
