@@ -11,17 +11,7 @@ use streamweave::ir::DType;
 use streamweave::{Compiler, RunOptions, Target};
 
 /// Every fixture the benchmark runs.
-const CASES: [&str; 9] = [
-    "add",
-    "silu",
-    "gelu_tanh",
-    "bias_residual",
-    "row_sum",
-    "col_sum",
-    "softmax",
-    "layernorm",
-    "rmsnorm",
-];
+const CASES: [&str; 9] = weave_bench::KERNEL_CASES;
 
 fn path(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/scenarios/kernels/{case}.weave"))

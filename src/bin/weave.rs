@@ -325,13 +325,8 @@ fn main() -> ExitCode {
             eager,
             transport,
         } => {
-            let cuda = match backend.as_deref() {
-                None | Some("cpu") => false,
-                Some("cuda") => true,
-                Some(b) => {
-                    eprintln!("error: --backend {b}: unknown backend (expected cpu or cuda)");
-                    return ExitCode::FAILURE;
-                }
+            let Some(cuda) = is_cuda(backend.as_deref()) else {
+                return ExitCode::FAILURE;
             };
             let transport = match transport.as_str() {
                 "nccl" => streamweave::Transport::Nccl,
@@ -390,13 +385,8 @@ fn main() -> ExitCode {
             cache,
             timeout_secs,
         } => {
-            let cuda = match backend.as_deref() {
-                None | Some("cpu") => false,
-                Some("cuda") => true,
-                Some(b) => {
-                    eprintln!("error: --backend {b}: unknown backend (expected cpu or cuda)");
-                    return ExitCode::FAILURE;
-                }
+            let Some(cuda) = is_cuda(backend.as_deref()) else {
+                return ExitCode::FAILURE;
             };
             let flags = weave_cli::cli::TuneFlags {
                 ranks,
@@ -525,6 +515,19 @@ fn dump(file: &Path, set: &[(String, i64)], flags: &DumpFlags) -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Whether `--backend` names the CUDA backend (`None`: the CPU default); an unknown one is
+/// reported and gives `None`.
+fn is_cuda(backend: Option<&str>) -> Option<bool> {
+    match backend {
+        None | Some("cpu") => Some(false),
+        Some("cuda") => Some(true),
+        Some(b) => {
+            eprintln!("error: --backend {b}: unknown backend (expected cpu or cuda)");
+            None
         }
     }
 }

@@ -29,17 +29,7 @@ use weave_executor::{Backend, CudaBackend, DeviceTensor, Replay, StreamKey};
 use weave_ir::DType;
 
 /// The cases, each a fixture `NAME.weave` in the scenarios directory.
-const CASES: [&str; 9] = [
-    "add",
-    "silu",
-    "gelu_tanh",
-    "bias_residual",
-    "row_sum",
-    "col_sum",
-    "softmax",
-    "layernorm",
-    "rmsnorm",
-];
+const CASES: [&str; 9] = weave_bench::KERNEL_CASES;
 
 /// What is measured and how (written into the JSON).
 const TIMING: &str = "CUDA events on the main stream around one whole program run (inputs \

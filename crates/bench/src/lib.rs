@@ -39,6 +39,20 @@ fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
 /// [`linear_reference`] alike.
 pub const LINEAR_SEEDS: [u64; 2] = [101, 202];
 
+/// The kernel benchmark's cases, each a fixture `tests/scenarios/kernels/NAME.weave` (the
+/// benchmark, the fixtures' CPU tests and scripts/gpu/kernels_torch.py run the same list).
+pub const KERNEL_CASES: [&str; 9] = [
+    "add",
+    "silu",
+    "gelu_tanh",
+    "bias_residual",
+    "row_sum",
+    "col_sum",
+    "softmax",
+    "layernorm",
+    "rmsnorm",
+];
+
 /// The 0-d constant inputs of a kernel benchmark fixture (tests/scenarios/kernels/*.weave; the
 /// format has no scalar literals) at row length `h`: what the benchmark and the fixtures'
 /// CPU tests set.

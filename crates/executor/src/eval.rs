@@ -170,6 +170,24 @@ where
         check_races: false,
         ..config.clone()
     };
+    issue_on_device(program, backend, comm, inputs, &config, |e| e.issue(inputs))
+}
+
+/// The common part of [`run_rank_buffers`] and [`run_rank_into`]: checks the device inputs
+/// against the signature, makes the evaluator and hands it to `issue`, inside the run's span;
+/// a failure aborts the communicator (so the peers stop too).
+fn issue_on_device<'p, B, C, R>(
+    program: &'p HostProgram,
+    backend: &'p B,
+    comm: &'p C,
+    inputs: &[B::Buffer],
+    config: &'p RunConfig,
+    issue: impl FnOnce(&mut Evaluator<'p, B, C>) -> Result<R, ExecError>,
+) -> Result<R, ExecError>
+where
+    B: Backend,
+    C: Communicator<Buffer = B::Buffer, Stream = B::CommStream>,
+{
     let shapes: Vec<(DType, Vec<usize>)> = inputs
         .iter()
         .map(|b| (backend.dtype(b), backend.sizes(b)))
@@ -177,16 +195,16 @@ where
     let given: Vec<(DType, &[usize])> = shapes.iter().map(|(d, s)| (*d, s.as_slice())).collect();
     let span = run_span(program, comm.rank(), comm.size());
     let _entered = span.enter();
-    let result = check_signature(program, &given, &config, comm.rank(), comm.size())
-        .and_then(|()| Evaluator::new(program, backend, comm, &config))
-        .and_then(|mut e| e.issue(inputs));
+    let result = check_signature(program, &given, config, comm.rank(), comm.size())
+        .and_then(|()| Evaluator::new(program, backend, comm, config))
+        .and_then(|mut e| issue(&mut e).map(|r| (r, e.statements)));
     match &result {
-        Ok(run) => {
-            span.record("issued", run.statements);
+        Ok((_, statements)) => {
+            span.record("issued", statements);
         }
         Err(e) => comm.abort(&e.to_string()),
     }
-    result
+    result.map(|(r, _)| r)
 }
 
 /// What [`run_rank_into`] reports: the host's cost and the races found.
@@ -221,71 +239,60 @@ where
     B: Backend,
     C: Communicator<Buffer = B::Buffer, Stream = B::CommStream>,
 {
-    let shapes: Vec<(DType, Vec<usize>)> = inputs
-        .iter()
-        .map(|b| (backend.dtype(b), backend.sizes(b)))
-        .collect();
-    let given: Vec<(DType, &[usize])> = shapes.iter().map(|(d, s)| (*d, s.as_slice())).collect();
-    let span = run_span(program, comm.rank(), comm.size());
-    let _entered = span.enter();
-    let result = check_signature(program, &given, config, comm.rank(), comm.size())
-        .and_then(|()| {
-            if outputs.len() != program.outputs.len() {
-                return Err(ExecError::Input(format!(
-                    "rank {}: {} output buffers were given, the program has {} outputs",
-                    comm.rank(),
-                    outputs.len(),
-                    program.outputs.len()
-                )));
-            }
-            Evaluator::new(program, backend, comm, config)
-        })
-        .and_then(|mut e| {
-            e.given = program.outputs.iter().copied().zip(outputs.iter().cloned()).collect();
-            for (&t, b) in program.inputs.iter().zip(inputs) {
-                // The caller wrote every input before the program started, ordered before the
-                // main stream.
-                e.record(
-                    Agent::Stream(StreamKey::Main),
-                    b,
-                    true,
-                    "<caller writes inputs>",
-                    t,
-                );
-            }
-            let run = e.issue(inputs)?;
-            if let Some(&t) = e.given.keys().next() {
-                return Err(ExecError::Program(format!(
-                    "output {} is never allocated by the program, so it cannot be written into the buffer given",
-                    e.names.tensor(t)
-                )));
-            }
-            for (&t, b) in program.outputs.iter().zip(&run.outputs) {
-                e.record(
-                    Agent::Stream(StreamKey::Main),
-                    b,
-                    false,
-                    "<caller reads outputs>",
-                    t,
-                );
-            }
-            Ok(IntoRun {
-                issue_time: run.issue_time,
-                statements: run.statements,
-                races: e
-                    .races
-                    .as_ref()
-                    .map(|r| r.reports().to_vec())
-                    .unwrap_or_default(),
-            })
-        });
-    match &result {
-        Ok(run) => {
-            span.record("issued", run.statements);
-        }
-        Err(e) => comm.abort(&e.to_string()),
+    if outputs.len() != program.outputs.len() {
+        let e = ExecError::Input(format!(
+            "rank {}: {} output buffers were given, the program has {} outputs",
+            comm.rank(),
+            outputs.len(),
+            program.outputs.len()
+        ));
+        comm.abort(&e.to_string());
+        return Err(e);
     }
-    result
+    issue_on_device(program, backend, comm, inputs, config, |e| {
+        e.given = program
+            .outputs
+            .iter()
+            .copied()
+            .zip(outputs.iter().cloned())
+            .collect();
+        for (&t, b) in program.inputs.iter().zip(inputs) {
+            // The caller wrote every input before the program started, ordered before the
+            // main stream.
+            e.record(
+                Agent::Stream(StreamKey::Main),
+                b,
+                true,
+                "<caller writes inputs>",
+                t,
+            );
+        }
+        let run = e.issue(inputs)?;
+        if let Some(&t) = e.given.keys().next() {
+            return Err(ExecError::Program(format!(
+                "output {} is never allocated by the program, so it cannot be written into the buffer given",
+                e.names.tensor(t)
+            )));
+        }
+        for (&t, b) in program.outputs.iter().zip(&run.outputs) {
+            e.record(
+                Agent::Stream(StreamKey::Main),
+                b,
+                false,
+                "<caller reads outputs>",
+                t,
+            );
+        }
+        Ok(IntoRun {
+            issue_time: run.issue_time,
+            statements: run.statements,
+            races: e
+                .races
+                .as_ref()
+                .map(|r| r.reports().to_vec())
+                .unwrap_or_default(),
+        })
+    })
 }
 
 /// Checks `inputs` against the signature of `program` for a world of `world` ranks without

@@ -21,18 +21,27 @@ fn run_with(
     let program = parse(src).unwrap_or_else(|e| panic!("{e}"));
     let world = LocalWorld::new(1, Duration::from_secs(10));
     let comm = world.communicator(0);
-    let backend = CpuBackend::new(CpuOptions {
+    let backend = cpu_backend(delays);
+    run_rank(&program, &backend, &comm, &inputs, &config(check_races))
+}
+
+/// The CPU backend of these tests, with `delays`.
+fn cpu_backend(delays: Vec<(StreamKey, Duration)>) -> CpuBackend {
+    CpuBackend::new(CpuOptions {
         timeout: Duration::from_secs(10),
         trace: false,
         delays,
-    });
-    let config = RunConfig {
+    })
+}
+
+/// Two pool streams, the race checker as asked.
+fn config(check_races: bool) -> RunConfig {
+    RunConfig {
         params: HashMap::new(),
         number_of_streams: 2,
         check_races,
         deadline: None,
-    };
-    run_rank(&program, &backend, &comm, &inputs, &config)
+    }
 }
 
 fn run(src: &str, inputs: Vec<Dense>) -> RankRun {
@@ -614,17 +623,8 @@ fn run_into(
     let program = parse(src).unwrap_or_else(|e| panic!("{e}"));
     let world = LocalWorld::new(1, Duration::from_secs(10));
     let comm = world.communicator(0);
-    let backend = CpuBackend::new(CpuOptions {
-        timeout: Duration::from_secs(10),
-        trace: false,
-        delays: Vec::new(),
-    });
-    let config = RunConfig {
-        params: HashMap::new(),
-        number_of_streams: 2,
-        check_races: true,
-        deadline: None,
-    };
+    let backend = cpu_backend(Vec::new());
+    let config = config(true);
     let ins = inputs
         .iter()
         .map(|d| backend.upload(d))
