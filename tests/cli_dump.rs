@@ -30,13 +30,14 @@ fn headers(out: &str) -> Vec<&str> {
 
 const FUSION: &str = "tests/scenarios/row_parallel_linear.weave";
 
-const DEFAULT_PIPELINE: [&str; 8] = [
+const DEFAULT_PIPELINE: [&str; 9] = [
     "propagate-shardings",
     "decompose-reshardings",
     "reorder-sharded-axis",
     "finalize-multidevice-domains",
     "segment",
     "lower-to-host",
+    "merge-kernel-chunks",
     "assign-streams",
     "allocate-and-deallocate",
 ];
@@ -60,6 +61,7 @@ fn list_passes_ends_with_the_default_pipeline() {
             "segment",
             "lower-to-host",
             "lower-to-host-broadcast",
+            "merge-kernel-chunks",
             "assign-streams",
             "assign-streams-separate-sync",
             "allocate-and-deallocate",
@@ -83,7 +85,10 @@ fn weave_dump_selects_dumps_and_the_flags_add_to_it() {
         .map(|pass| {
             let form = match *pass {
                 "segment" => "segmented fusion",
-                "lower-to-host" | "assign-streams" | "allocate-and-deallocate" => "host program",
+                "lower-to-host"
+                | "merge-kernel-chunks"
+                | "assign-streams"
+                | "allocate-and-deallocate" => "host program",
                 _ => "fusion",
             };
             format!("// -----// IR Dump After {pass} ({form}) //----- //")
@@ -145,7 +150,7 @@ fn weave_dump_dir_writes_a_file_after_every_pass() {
         .map(|(i, pass)| format!("{i:03}-{pass}.after.txt"))
         .collect();
     assert_eq!(files, expected);
-    let host = std::fs::read_to_string(dir.join("007-allocate-and-deallocate.after.txt")).unwrap();
+    let host = std::fs::read_to_string(dir.join("008-allocate-and-deallocate.after.txt")).unwrap();
     assert!(host.contains("%HostIrContainer"), "{host}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -191,8 +196,10 @@ fn a_bad_weave_dump_fails_with_its_syntax() {
 }
 
 /// `--kernels` prints the CUDA C of each distinct launch: the chunks of a loop that share a
-/// shape share one entry, an uneven last chunk has its own; `--sms` needs `--kernels`, which
-/// runs the default pipeline and takes no pass flags.
+/// shape share one entry, an uneven last chunk has its own; a loop that only launches kernels
+/// runs once over whole tensors (`merge-kernel-chunks`), so its kernel has one entry at the
+/// whole shape; `--sms` needs `--kernels`, which runs the default pipeline and takes no pass
+/// flags.
 #[test]
 fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
     let file = "tests/scenarios/reduction.weave";
@@ -202,14 +209,14 @@ fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
             .count()
     };
     let (ok, out, err) = weave(
-        &["dump", file, "--kernels", "--set", "x=12", "--set", "s=3"],
+        &["dump", file, "--kernels", "--set", "x=10", "--set", "s=3"],
         None,
     );
     assert!(ok, "{err}");
     assert_eq!(entries(&out), 1, "{out}");
     assert!(
-        out.contains("//   input 0: f32[4, 8, 2] strides [16, 2, 1]"),
-        "{out}"
+        out.contains("//   input 0: f32[10, 8, 2] strides [16, 2, 1]"),
+        "the whole tensor, not chunks: {out}"
     );
     assert!(
         out.contains("extern \"C\" __global__ void weave_kernel_"),
@@ -219,15 +226,38 @@ fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
         out.contains("weave_block_reduce(acc"),
         "a row kernel: {out}"
     );
+    // A GEMM chunk overlaps the previous chunk's ReLU, so that loop keeps its chunks.
+    let dir = std::env::temp_dir().join(format!("weave-cli-kernels-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let linear_relu = dir.join("linear_relu.weave");
+    std::fs::write(
+        &linear_relu,
+        "fusion linear_relu(t = 12, h = 8, f = 4, s = 3) {
+  tensor x: f32[t, h]
+  tensor w: f32[f, h]
+  y = linear(x, w)
+  z = relu(y)
+  output z
+  schedule z { outer_split(0, s) -> Stream }
+}
+",
+    )
+    .unwrap();
+    let linear_relu = linear_relu.to_str().unwrap();
+    let (ok, out, err) = weave(&["dump", linear_relu, "--kernels"], None);
+    assert!(ok, "{err}");
+    assert_eq!(entries(&out), 1, "three chunks of 4 rows: {out}");
+    assert!(
+        out.contains("//   input 0: f32[4, 4] strides [4, 1]"),
+        "{out}"
+    );
     let (ok, out, err) = weave(
         &[
             "dump",
-            file,
+            linear_relu,
             "--kernels",
             "--set",
-            "x=10",
-            "--set",
-            "s=3",
+            "t=10",
             "--sms",
             "8",
         ],
@@ -235,7 +265,8 @@ fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
     );
     assert!(ok, "{err}");
     assert_eq!(entries(&out), 2, "chunks of 4 and of 2 rows: {out}");
-    assert!(out.contains("input 0: f32[2, 8, 2]"), "{out}");
+    assert!(out.contains("input 0: f32[2, 4]"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
     let (ok, _, err) = weave(&["dump", file, "--sms", "8"], None);
     assert!(!ok && err.contains("--kernels"), "{err}");
     let (ok, _, err) = weave(&["dump", file, "--kernels", "--passes", "default"], None);

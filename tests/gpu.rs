@@ -13,6 +13,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use streamweave::passes::Pipeline;
 use streamweave::run::RunError;
 use streamweave::{Compiler, Executable, RunOptions, Target};
 use weave_executor::reference::{compare, run_reference};
@@ -667,8 +668,10 @@ fn kernel_case_source(name: &str, body: &str, t: usize, h: usize, s: usize) -> S
 }
 
 /// The generated kernels of every case match the f64 reference on one GPU at shapes that
-/// divide the vector widths and shapes that do not, unchunked and in uneven stream chunks
-/// (whose views are not 16-byte aligned, so the scalar fallbacks run too).
+/// divide the vector widths and shapes that do not: unchunked, with `s = 4` as the default
+/// pipeline runs it (one launch over the whole tensors, `merge-kernel-chunks`), and in uneven
+/// stream chunks with every loop kept (views that are not 16-byte aligned, so the scalar
+/// fallbacks run too).
 #[test]
 fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
     if !one_gpu() {
@@ -687,12 +690,19 @@ fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
     let mut runs = 0;
     for (name, body) in KERNEL_CASES {
         for (t, h) in shapes {
-            for s in [1, 4] {
+            for (s, merge) in [(1, true), (4, true), (4, false)] {
                 let source = kernel_case_source(name, body, t, h, s);
-                let exe = match Compiler::new().compile_source(&format!("{name}.weave"), &source) {
+                let compiler = if merge {
+                    Compiler::new()
+                } else {
+                    Compiler::new().pipeline(Pipeline::standard().without("merge-kernel-chunks"))
+                };
+                let exe = match compiler.compile_source(&format!("{name}.weave"), &source) {
                     Ok(e) => e,
                     Err(e) => {
-                        failures.push(format!("{name} t={t} h={h} s={s}: compile: {e}"));
+                        failures.push(format!(
+                            "{name} t={t} h={h} s={s} merge={merge}: compile: {e}"
+                        ));
                         continue;
                     }
                 };
@@ -707,10 +717,10 @@ fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
                 match exe.run_dense(&globals, &options) {
                     Ok(r) if r.passed() => {}
                     Ok(r) => failures.push(format!(
-                        "{name} t={t} h={h} s={s}: differs, max error {}",
+                        "{name} t={t} h={h} s={s} merge={merge}: differs, max error {}",
                         r.max_abs_error()
                     )),
-                    Err(e) => failures.push(format!("{name} t={t} h={h} s={s}: {e}")),
+                    Err(e) => failures.push(format!("{name} t={t} h={h} s={s} merge={merge}: {e}")),
                 }
             }
         }
@@ -722,8 +732,9 @@ fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
 /// Repeated runs (`--iters`) replay one run captured as a CUDA graph by default: every
 /// rank's timed runs say so, there are as many as asked for, and the eager run checked after
 /// the replays still matches the reference (the capture and its replays leave the backend,
-/// its memory pool and its streams usable). Kernel cases in uneven stream chunks and a
-/// chunked GEMM; `replay: false` times eager runs instead.
+/// its memory pool and its streams usable). Kernel cases in uneven stream chunks (every loop
+/// kept: the default would launch each kernel once) and a chunked GEMM; `replay: false`
+/// times eager runs instead.
 #[test]
 fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
     if !one_gpu() {
@@ -743,6 +754,7 @@ fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
     ));
     for (name, source) in &cases {
         let exe = Compiler::new()
+            .pipeline(Pipeline::standard().without("merge-kernel-chunks"))
             .compile_source(&format!("{name}.weave"), source)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let globals = exe.random_inputs(3).expect("inputs");

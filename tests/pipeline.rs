@@ -24,6 +24,24 @@ fn lower(name: &str) -> HostProgram {
     lower_with(name, &[])
 }
 
+/// The standard pipeline without `merge-kernel-chunks`: every stream loop as `lower-to-host`
+/// builds it and `assign-streams` forks it, which is what the §10 loop shapes describe (the
+/// default runs a loop that only launches kernels once, over whole tensors).
+fn lower_unmerged_with(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
+    let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let f = streamweave::load_file(&fixture(name), &ov).unwrap();
+    streamweave::Compiler::new()
+        .pipeline(Pipeline::standard().without(MERGE))
+        .lower(f)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn lower_unmerged(name: &str) -> HostProgram {
+    lower_unmerged_with(name, &[])
+}
+
+const MERGE: &str = "merge-kernel-chunks";
+
 fn kinds(p: &HostProgram, scope: &[StmtId]) -> Vec<&'static str> {
     scope.iter().map(|s| p.stmts[*s].kind_name()).collect()
 }
@@ -98,7 +116,7 @@ fn single_stream_ops_have_the_fork_join_shape() {
         "batched_matmul",
         "matmul_n",
     ] {
-        let p = lower(name);
+        let p = lower_unmerged(name);
         assert_eq!(
             top(&p),
             [
@@ -121,7 +139,7 @@ fn single_stream_ops_have_the_fork_join_shape() {
 #[test]
 fn separate_entry_loop_variant() {
     let f = streamweave::load_file(&fixture("single_set_op"), &[]).unwrap();
-    let mut pipeline = Pipeline::standard();
+    let mut pipeline = Pipeline::standard().without(MERGE);
     assert!(pipeline.replace(
         "assign-streams",
         AssignStreams::new(SyncVariant::SeparateLoop)
@@ -129,7 +147,7 @@ fn separate_entry_loop_variant() {
     assert_eq!(
         pipeline,
         Pipeline::resolve(
-            "-assign-streams,-allocate-and-deallocate,\
+            "-merge-kernel-chunks,-assign-streams,-allocate-and-deallocate,\
              +assign-streams-separate-sync,+allocate-and-deallocate",
             &Pipeline::standard(),
             &Registry::standard()
@@ -161,9 +179,9 @@ fn separate_entry_loop_variant() {
 /// separates them into two loops with the middle op at top level.
 #[test]
 fn loops_merge_and_separate() {
-    let p = lower("two_set_ops");
+    let p = lower_unmerged("two_set_ops");
     assert_eq!(compute_loops(&p).len(), 1);
-    let p = lower("three_set_ops_disjoint_loops");
+    let p = lower_unmerged("three_set_ops_disjoint_loops");
     assert_eq!(compute_loops(&p).len(), 2);
     let t = top(&p);
     let first = t.iter().position(|k| *k == "ForLoop").unwrap();
@@ -890,7 +908,7 @@ fn column_parallel_linear_exchanges_one_block_per_iteration() {
 #[test]
 fn swizzle1d_rotates_every_chunk_view_by_the_rank() {
     for d in 1..=4 {
-        let p = lower_with("swizzle_with_parallel_type", &[("d", d)]);
+        let p = lower_unmerged_with("swizzle_with_parallel_type", &[("d", d)]);
         assert_eq!(communications(&p), vec![], "d={d}");
         let loops = compute_loops(&p);
         assert_eq!(loops.len(), 1, "d={d}");
@@ -898,5 +916,83 @@ fn swizzle1d_rotates_every_chunk_view_by_the_rank() {
         let rotated = format!("stream_index=( ( rank + i0 ) % {d} ))");
         assert_eq!(text.matches(&rotated).count(), 2, "{text}");
         assert_eq!(text.matches("ShardByStream").count(), 2, "{text}");
+    }
+}
+
+/// A stream loop that only launches generated kernels has nothing to overlap: the default
+/// pipeline runs it once, one launch per kernel over the whole tensors (`merge-kernel-chunks`),
+/// and keeps every loop that holds a GEMM or a communication exactly as `lower-to-host` built
+/// it. Over every fixture: no kernel-only loop survives, every other loop does, and the
+/// kernels launched are the same.
+#[test]
+fn kernel_only_stream_loops_run_once_over_whole_tensors() {
+    fn loop_bodies(p: &HostProgram) -> Vec<Vec<&'static str>> {
+        compute_loops(p)
+            .iter()
+            .map(|b| {
+                kinds(p, b)
+                    .into_iter()
+                    .filter(|k| {
+                        !matches!(
+                            *k,
+                            "SetCurrentStream" | "Synchronize" | "Allocate" | "Deallocate"
+                        )
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+    let kernel_only = |b: &Vec<&str>| {
+        b.iter()
+            .all(|k| matches!(*k, "ShardByStream" | "LaunchKernel"))
+    };
+    let mut merged_somewhere = 0;
+    for path in fixtures() {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let merged = lower(&name);
+        let unmerged = lower_unmerged(&name);
+        let (before, after) = (loop_bodies(&unmerged), loop_bodies(&merged));
+        assert!(!after.iter().any(kernel_only), "{name}: {after:?}");
+        let kept: Vec<_> = before.iter().filter(|b| !kernel_only(b)).cloned().collect();
+        assert_eq!(after, kept, "{name}");
+        assert_eq!(
+            count(&merged, "LaunchKernel"),
+            count(&unmerged, "LaunchKernel"),
+            "{name}"
+        );
+        if before.iter().any(kernel_only) {
+            merged_somewhere += 1;
+            // The launches that left their loop name whole tensors: the program's own or
+            // buffers allocated at top level.
+            for s in &merged.top_level {
+                if let Stmt::LaunchKernel {
+                    inputs, outputs, ..
+                } = &merged.stmts[*s]
+                {
+                    for t in inputs.iter().chain(outputs) {
+                        let bound_at_top = merged.inputs.contains(t)
+                            || merged.top_level.iter().any(|a| {
+                                matches!(merged.stmts[*a], Stmt::Allocate { tensor, .. } if tensor == *t)
+                            });
+                        assert!(bound_at_top, "{name}: {}", host_ir::print(&merged));
+                    }
+                }
+            }
+        }
+    }
+    assert!(merged_somewhere >= 5, "{merged_somewhere}");
+    for name in [
+        "single_set_op",
+        "single_binary_op",
+        "reduction",
+        "two_set_ops",
+    ] {
+        let p = lower(name);
+        assert_eq!(
+            (count(&p, "ForLoop"), count(&p, "ShardByStream")),
+            (0, 0),
+            "{name}: {}",
+            host_ir::print(&p)
+        );
     }
 }

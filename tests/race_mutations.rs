@@ -12,7 +12,9 @@
 //! different buffers). The test prints the score, the redundant mutants and why, and fails
 //! on any other survivor, and on a race the analysis calls redundant (the two disagree).
 //!
-//! Sizes follow tests/scenario_sweep.rs (`t = 10`, `h = 3`), with `s = 3` chunks and 2
+//! Programs are lowered with every stream loop kept (the standard pipeline without
+//! `merge-kernel-chunks`), so a loop that only launches kernels has its forks and joins to
+//! break too. Sizes follow tests/scenario_sweep.rs (`t = 10`, `h = 3`), with `s = 3` chunks and 2
 //! devices (a 2 × 2 mesh for the 2-D scenarios), each program run with 2 pool streams (more
 //! chunks than streams, so a pool stream is reused across iterations) and with 1; a scenario
 //! refused there takes the next configuration of a short list. Every mutant runs on the CPU backend with the main stream
@@ -35,6 +37,7 @@ use streamweave::host_ir::{
     StreamId,
 };
 use streamweave::ir::Scalar;
+use streamweave::passes::Pipeline;
 use streamweave::{Compiler, Executable, RunOptions, Target};
 
 /// One way of breaking a program's synchronization.
@@ -495,7 +498,11 @@ fn baseline(path: &std::path::Path, streams: usize) -> Option<Baseline> {
             let Ok(fusion) = streamweave::load_file(path, &set) else {
                 continue;
             };
-            let Ok(exe) = Compiler::new().compile(&fusion) else {
+            // Every stream loop kept: a loop that only launches kernels is synchronization
+            // to break too (the default pipeline runs it once, `merge-kernel-chunks`).
+            let compiler =
+                Compiler::new().pipeline(Pipeline::standard().without("merge-kernel-chunks"));
+            let Ok(exe) = compiler.compile(&fusion) else {
                 continue;
             };
             let globals = exe.random_inputs(7).unwrap();

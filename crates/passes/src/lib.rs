@@ -9,7 +9,7 @@
 //! * segmentation (`weave-segmenter`) into a [`weave_segmenter::SegmentedFusion`];
 //! * `lower-to-host` into a [`weave_host_ir::HostProgram`] (stream loops, `ShardByStream`,
 //!   `Communication` + `Wait`);
-//! * host passes: `assign-streams → allocate-and-deallocate`.
+//! * host passes: `merge-kernel-chunks → assign-streams → allocate-and-deallocate`.
 //!
 //! Before any pass, [`load_checks`] (run by `streamweave::load`) refuses user shardings the
 //! pipeline cannot lower, at the user's source position.
@@ -30,6 +30,7 @@ pub mod finalize_multidevice_domains;
 pub mod load_checks;
 pub mod lower_to_host;
 pub mod manager;
+pub mod merge_kernel_chunks;
 pub mod pass;
 pub mod pipeline;
 pub mod propagate_shardings;
@@ -45,6 +46,7 @@ pub use manager::{
     DumpFlags, DumpOptions, DumpSpecError, PassFailure, PassManager, PassSelection, PipelineError,
     DUMP_ENV,
 };
+pub use merge_kernel_chunks::MergeKernelChunks;
 pub use pass::{Changed, Ir, Pass, PassError};
 pub use pipeline::{Pipeline, PipelineParseError};
 pub use registry::{PassInfo, Registry, UnknownPass};

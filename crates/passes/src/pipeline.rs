@@ -24,6 +24,7 @@ use crate::assign_streams::AssignStreams;
 use crate::decompose_reshardings::DecomposeReshardings;
 use crate::finalize_multidevice_domains::FinalizeMultideviceDomains;
 use crate::lower_to_host::LowerToHost;
+use crate::merge_kernel_chunks::MergeKernelChunks;
 use crate::pass::Pass;
 use crate::propagate_shardings::PropagateShardings;
 use crate::registry::{Registry, UnknownPass};
@@ -76,6 +77,7 @@ impl Pipeline {
             .then(FinalizeMultideviceDomains)
             .then(Segment)
             .then(LowerToHost::default())
+            .then(MergeKernelChunks)
             .then(AssignStreams::default())
             .then(AllocateAndDeallocate)
     }
@@ -102,6 +104,14 @@ impl Pipeline {
             found = true;
         }
         found
+    }
+
+    /// The same pipeline without the passes called `name`:
+    /// `Pipeline::standard().without("merge-kernel-chunks")` keeps every stream loop as
+    /// `lower-to-host` builds it.
+    pub fn without(mut self, name: &str) -> Pipeline {
+        self.passes.retain(|p| p.name() != name);
+        self
     }
 
     /// The passes, in run order.

@@ -39,6 +39,7 @@ const STANDARD_PASSES: &[PassFactory] = &[
             crate::lower_to_host::StreamAllgather::Broadcast,
         ))
     },
+    || Box::new(crate::merge_kernel_chunks::MergeKernelChunks),
     || Box::new(crate::assign_streams::AssignStreams::default()),
     || {
         Box::new(crate::assign_streams::AssignStreams::new(
@@ -246,8 +247,8 @@ mod tests {
         assert_eq!(
             text,
             "propagate-shardings,decompose-reshardings,reorder-sharded-axis,\
-             finalize-multidevice-domains,segment,lower-to-host,assign-streams,\
-             allocate-and-deallocate"
+             finalize-multidevice-domains,segment,lower-to-host,merge-kernel-chunks,\
+             assign-streams,allocate-and-deallocate"
         );
         assert_eq!(
             Pipeline::parse(&text, &registry).unwrap(),
@@ -259,7 +260,7 @@ mod tests {
     #[test]
     fn default_pipeline_has_no_duplicates() {
         let names = Pipeline::standard().names();
-        assert_eq!(names.len(), 8);
+        assert_eq!(names.len(), 9);
         for (i, n) in names.iter().enumerate() {
             assert!(!names[..i].contains(n), "`{n}` twice");
         }

@@ -152,8 +152,8 @@ fn the_standard_manager_is_the_standard_pipeline_without_dumps() {
     assert_eq!(
         Pipeline::standard().to_string(),
         "propagate-shardings,decompose-reshardings,reorder-sharded-axis,\
-         finalize-multidevice-domains,segment,lower-to-host,assign-streams,\
-         allocate-and-deallocate"
+         finalize-multidevice-domains,segment,lower-to-host,merge-kernel-chunks,\
+         assign-streams,allocate-and-deallocate"
     );
 }
 

@@ -275,13 +275,15 @@ fn ranks_run_on_buffers_already_in_place() {
 }
 
 /// The timeout bounds the whole run, not only its waits: a loop of many cheap chunks that
-/// never waits long stops at the deadline, naming where it was, on every rank.
+/// never waits long stops at the deadline, naming where it was, on every rank. (Each chunk
+/// is a GEMM: a loop that only launches kernels would run once, over the whole tensor.)
 #[test]
 fn the_timeout_bounds_the_whole_run() {
     let source = "\
 fusion many(n = 60000, s: chunks = 60000) {
   tensor x: f32[n, 1]
-  y = neg(x)
+  tensor w: f32[1, 1]
+  y = matmul(x, w)
   output y
   schedule y { outer_split(0, s) -> Stream }
 }
