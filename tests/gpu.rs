@@ -858,30 +858,31 @@ fn weave_binary() -> std::path::PathBuf {
     bundled.unwrap_or_else(|| env!("CARGO_BIN_EXE_weave").into())
 }
 
-/// The kernel fixture tests/scenarios/kernels/add.weave at t = h = 2048.
-const ADD_2048: &str = "fusion add(t = 2048, h = 2048, s = 1) {
-  tensor a: bf16[t, h]
-  tensor b: bf16[t, h]
-  out = add(a, b)
-  output out
-  schedule a { outer_split(0, s) -> Stream }
-  schedule b { outer_split(0, s) -> Stream }
-  schedule out { outer_split(0, s) -> Stream }
+/// A GEMM and the ReLU of its result in stream chunks: the chunks stay (a GEMM chunk overlaps
+/// the previous chunk's kernel), so every chunk count is a different program to measure.
+const LINEAR_RELU: &str = "fusion linear_relu(t = 1024, h = 1024, f = 1024, s = 1) {
+  tensor x: bf16[t, h]
+  tensor w: bf16[f, h]
+  y = linear(x, w)
+  z = relu(y)
+  output z
+  schedule z { outer_split(0, s) -> Stream }
 }
 ";
 
-/// The tuner on one GPU: every candidate of the add kernel (S ∈ {1, 2, 4, 8}, K ≤ S, graph
-/// replay on and off; no communication, so the cost model prunes nothing) is measured, the
-/// winner's figure is the least measured one (or ties it within the margin, where the
-/// simpler configuration wins), the cache holds it, and both the library (the entry's chunk
-/// count, pool and replay) and `weave run --chunks auto` run it, matching the reference.
+/// The tuner on one GPU: every candidate of a chunked linear + ReLU (S ∈ {1, 2, 4, 8},
+/// K ≤ S, graph replay on and off; no communication, so the cost model prunes nothing) is
+/// measured, the winner's figure is the least measured one (or ties it within the margin,
+/// where the simpler configuration wins), the cache holds it, and both the library (the
+/// entry's chunk count, pool and replay) and `weave run --chunks auto` run it, matching the
+/// reference.
 #[test]
 fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
     use streamweave::tune::{self, Outcome, RunMeasure, TuneKey, TuneOptions};
     if !one_gpu() {
         return;
     }
-    let fusion = streamweave::load("add.weave", ADD_2048, &[]).expect("loads");
+    let fusion = streamweave::load("linear_relu.weave", LINEAR_RELU, &[]).expect("loads");
     let gpu = tune::gpu_name(0).expect("GPU 0 opens");
     let options = TuneOptions::new(
         1,
@@ -954,8 +955,8 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
     assert!(report.ranks.iter().all(|r| r.replayed == entry.replay));
 
     // So does `weave run` with `--chunks auto` (the default).
-    let file = dir.join("add.weave");
-    std::fs::write(&file, ADD_2048).unwrap();
+    let file = dir.join("linear_relu.weave");
+    std::fs::write(&file, LINEAR_RELU).unwrap();
     let out = std::process::Command::new(weave_binary())
         .args([
             "run",

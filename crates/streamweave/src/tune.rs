@@ -456,8 +456,21 @@ pub fn tune(
         })
         .collect();
     let pruned = prune(&compiled, options);
+    // A chunk count whose host program is statement for statement that of a smaller one (a
+    // stream loop with nothing to overlap runs once whatever S asks, `merge-kernel-chunks`)
+    // is the same run: measured once.
+    let bodies: Vec<Option<String>> = compiled
+        .iter()
+        .map(|(_, e)| e.as_ref().ok().map(|exe| statements_of(exe.program())))
+        .collect();
     let mut rows = Vec::new();
-    for (s, exe) in &compiled {
+    for (n, (s, exe)) in compiled.iter().enumerate() {
+        let same_as = bodies[n].as_ref().and_then(|body| {
+            (0..n)
+                .find(|&m| bodies[m].as_ref() == Some(body))
+                .and_then(|m| compiled[m].0)
+        });
+        let loops = exe.as_ref().is_ok_and(|exe| has_loop(exe.program()));
         for &k in &options.stream_counts {
             for &replay in options.replays() {
                 let candidate = Candidate {
@@ -468,6 +481,13 @@ pub fn tune(
                 let outcome = match (exe, s.and_then(|s| pruned.get(&s))) {
                     (Err(m), _) => Outcome::Refused(m.clone()),
                     (Ok(_), Some(&(ratio, best))) => Outcome::Pruned { ratio, best },
+                    (Ok(_), None) if same_as.is_some() => Outcome::Redundant(format!(
+                        "the same host program as S={}: the same run",
+                        same_as.unwrap_or(1)
+                    )),
+                    (Ok(_), None) if !loops && k > 1 => Outcome::Redundant(
+                        "no stream loop: the pool is never used, the same run as K=1".into(),
+                    ),
                     (Ok(_), None) if s.is_some_and(|s| k > s.max(1)) => {
                         let s = s.unwrap_or(1).max(1);
                         Outcome::Redundant(format!(
@@ -485,6 +505,23 @@ pub fn tune(
     }
     let winner = choose(&rows);
     Ok(Tuning { key, rows, winner })
+}
+
+/// The statements of a host program as printed, without its signature (whose parameter
+/// values differ between chunk counts that lower to the same statements).
+fn statements_of(program: &weave_host_ir::HostProgram) -> String {
+    let text = weave_host_ir::print(program);
+    match text.find("} // %HostIrContainer") {
+        Some(end) => text[..end].to_string(),
+        None => text,
+    }
+}
+
+/// Whether the program has a loop anywhere (without one, no pool stream is ever used).
+fn has_loop(program: &weave_host_ir::HostProgram) -> bool {
+    program
+        .walk()
+        .any(|w| matches!(program.stmts[w.stmt], weave_host_ir::Stmt::ForLoop { .. }))
 }
 
 /// The chunk counts the cost model rules out, with their predicted ratio to its best and
@@ -808,6 +845,44 @@ mod tests {
             (Some(4), 2, true)
         );
         assert!((entry.median_ms - 5.0).abs() < 1e-9);
+    }
+
+    /// A stream loop that only launches kernels runs once whatever S asks: every chunk count
+    /// compiles to the one-chunk program, which has no loop, so one pool size and both
+    /// replay modes of S = 1 are all that is measured.
+    #[test]
+    fn chunk_counts_with_the_same_host_program_and_pools_without_a_loop_are_measured_once() {
+        let source = "fusion add(t = 64, h = 8, s = 1) {
+  tensor a: f32[t, h]
+  tensor b: f32[t, h]
+  out = add(a, b)
+  output out
+  schedule out { outer_split(0, s) -> Stream }
+}
+";
+        let fusion = crate::load("add.weave", source, &[]).unwrap();
+        let fake = Fake::new(|_: &Candidate| 1.0);
+        let options = TuneOptions::new(1, true, "Test GPU", None);
+        let t = tune(&fusion, &options, &mut &fake).unwrap();
+        assert_eq!(
+            *fake.calls.borrow(),
+            [candidate(1, 1, true), candidate(1, 1, false)],
+            "{t}"
+        );
+        for row in &t.rows {
+            let Outcome::Redundant(why) = &row.outcome else {
+                assert_eq!(row.candidate.chunks, Some(1), "{t}");
+                assert_eq!(row.candidate.streams, 1, "{t}");
+                continue;
+            };
+            let expected = if row.candidate.chunks == Some(1) {
+                "no stream loop: the pool is never used, the same run as K=1"
+            } else {
+                "the same host program as S=1: the same run"
+            };
+            assert_eq!(why, expected, "{}", row.candidate);
+        }
+        assert_eq!(t.best(), Some((candidate(1, 1, true), ms(1.0))));
     }
 
     #[test]
