@@ -1,6 +1,7 @@
 //! The single-GPU kernel benchmark: the generated kernels of tests/scenarios/kernels (add,
 //! SiLU, GELU tanh, bias + residual, row sum, column sum, softmax, LayerNorm, RMSNorm) at
-//! [16384, 8192] and [4096, 4096], whole (s = 1) and in s = 4 stream chunks, each against a
+//! [16384, 8192] and [4096, 4096], whole (s = 1) and in s = 4 stream chunks (as the default
+//! pipeline runs them, and with every loop kept: what a kernel chunk costs), each against a
 //! device-to-device memcpy of the same bytes measured in the same run (the bandwidth
 //! ceiling). Times are medians of CUDA-event-timed runs, both replays of one run captured as a
 //! CUDA graph (the default way repeated runs are timed) and runs issued statement by
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use serde_json::{json, Value};
 use streamweave::host_ir::TensorSig;
+use streamweave::passes::Pipeline;
 use streamweave::{Compiler, Executable, RunOptions, Target};
 use weave_bench::{hash_value, median, random_input, sample_rows, JobError, Rank, World};
 use weave_bench::{world_gpu_name, WorldOptions};
@@ -448,6 +450,29 @@ impl Bench {
             .into_iter()
             .next()
             .ok_or("no rank answered")?;
+        // With s > 1 the default pipeline runs a kernel-only loop once over whole tensors
+        // (`merge-kernel-chunks`); the same program with every loop kept measures what a
+        // kernel chunk costs where chunks stay (between GEMMs or communications).
+        let kept = if s > 1 {
+            let kept_exe = Compiler::new()
+                .set("t", t as i64)
+                .set("h", h as i64)
+                .set("s", s as i64)
+                .pipeline(Pipeline::standard().without("merge-kernel-chunks"))
+                .compile_source(&path.display().to_string(), &source)
+                .map_err(|e| format!("compile with every loop kept: {e}"))?;
+            let (e2, c2, w2) = (std::sync::Arc::new(kept_exe), case.to_string(), w.clone());
+            let how = (self.args.warmup, self.args.iters, self.args.streams);
+            let k = self
+                .world()?
+                .run(move |r| measure(r, &e2, &c2, h, &w2, how))?
+                .into_iter()
+                .next()
+                .ok_or("no rank answered")?;
+            Some(k)
+        } else {
+            None
+        };
         let ms = median(&m.times);
         let eager_ms = median(&m.eager);
         // The ceiling: a copy that reads and writes as many bytes as the case moves.
@@ -497,6 +522,19 @@ impl Bench {
             }
             Err(e) => json!({"ok": false, "error": e}),
         };
+        let kept = kept.map(|k| {
+            let kept_ms = median(&k.times);
+            let ok = match &self.references[&key] {
+                Ok(want) => compare(&k.got, want, k.out_dtype).ok,
+                Err(_) => false,
+            };
+            json!({
+                "ms": kept_ms,
+                "eager_ms": median(&k.eager),
+                "pct_of_memcpy": 100.0 * gbs(k.bytes, kept_ms) / gbs(2 * copy_bytes, copy_ms),
+                "numerics_ok": ok,
+            })
+        });
         let copy_gbs = gbs(2 * copy_bytes, copy_ms);
         let case_gbs = gbs(m.bytes, ms);
         let ok = numerics["ok"].as_bool().unwrap_or(false);
@@ -518,6 +556,7 @@ impl Bench {
             "memcpy_bytes": copy_bytes, "memcpy_ms": copy_ms, "memcpy_gbs": copy_gbs,
             "pct_of_memcpy": 100.0 * case_gbs / copy_gbs,
             "numerics": numerics,
+            "kept": kept,
         }));
         Ok(())
     }
