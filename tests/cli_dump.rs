@@ -197,9 +197,9 @@ fn a_bad_weave_dump_fails_with_its_syntax() {
 
 /// `--kernels` prints the CUDA C of each distinct launch: the chunks of a loop that share a
 /// shape share one entry, an uneven last chunk has its own; a loop that only launches kernels
-/// runs once over whole tensors (`merge-kernel-chunks`), so its kernel has one entry at the
-/// whole shape; `--sms` needs `--kernels`, which runs the default pipeline and takes no pass
-/// flags.
+/// on small chunks runs once over whole tensors (`merge-kernel-chunks`), so its kernel has one
+/// entry at the whole shape; `--sms` needs `--kernels`, which runs the default pipeline and
+/// takes no pass flags.
 #[test]
 fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
     let file = "tests/scenarios/reduction.weave";

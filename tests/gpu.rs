@@ -729,12 +729,12 @@ fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Repeated runs (`--iters`) replay one run captured as a CUDA graph by default: every
-/// rank's timed runs say so, there are as many as asked for, and the eager run checked after
-/// the replays still matches the reference (the capture and its replays leave the backend,
-/// its memory pool and its streams usable). Kernel cases in uneven stream chunks (every loop
-/// kept: the default would launch each kernel once) and a chunked GEMM; `replay: false`
-/// times eager runs instead.
+/// Repeated runs (`--iters`) replay one run captured as a CUDA graph by default: every rank's
+/// timed runs say so, there are as many as asked for, and the eager run checked after the
+/// replays still matches the reference (the capture and its replays leave the backend, its
+/// memory pool and its streams usable). Kernel cases in uneven stream chunks (every loop kept:
+/// the default would launch each kernel of these small chunks once) and a chunked GEMM;
+/// `replay: false` times eager runs instead.
 #[test]
 fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
     if !one_gpu() {

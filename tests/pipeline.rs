@@ -26,7 +26,7 @@ fn lower(name: &str) -> HostProgram {
 
 /// The standard pipeline without `merge-kernel-chunks`: every stream loop as `lower-to-host`
 /// builds it and `assign-streams` forks it, which is what the §10 loop shapes describe (the
-/// default runs a loop that only launches kernels once, over whole tensors).
+/// default runs a loop that only launches kernels on small chunks once, over whole tensors).
 fn lower_unmerged_with(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let f = streamweave::load_file(&fixture(name), &ov).unwrap();
@@ -919,7 +919,8 @@ fn swizzle1d_rotates_every_chunk_view_by_the_rank() {
     }
 }
 
-/// A stream loop that only launches generated kernels has nothing to overlap: the default
+/// A stream loop that only launches generated kernels, on small chunks (every fixture's are),
+/// costs more in launches and tails than it gains: the default
 /// pipeline runs it once, one launch per kernel over the whole tensors (`merge-kernel-chunks`),
 /// and keeps every loop that holds a GEMM or a communication exactly as `lower-to-host` built
 /// it. Over every fixture: no kernel-only loop survives, every other loop does, and the
@@ -992,6 +993,41 @@ fn kernel_only_stream_loops_run_once_over_whole_tensors() {
             (count(&p, "ForLoop"), count(&p, "ShardByStream")),
             (0, 0),
             "{name}: {}",
+            host_ir::print(&p)
+        );
+    }
+}
+
+/// Only small chunks merge: the kernel benchmark's bf16 add at 4096² moves 24 MiB a chunk
+/// in 4 chunks (merged), at 16384 × 8192 192 MiB (kept: two chunks in flight fill each
+/// other's tails); the f32 column sum likewise, and exactly 64 MiB a chunk is kept.
+#[test]
+fn kernel_only_loops_keep_chunks_that_move_64_mib_or_more() {
+    for (name, t, h, loops) in [
+        ("add", 4096, 4096, 0),
+        ("add", 16384, 8192, 1),
+        ("col_sum", 4096, 4096, 0),
+        ("col_sum", 16384, 8192, 1),
+        // A column chunk of 16384 × 1024 f32 in and 1024 f32 out: 4 KiB over 64 MiB, kept;
+        // 16383 rows: exactly 64 MiB, kept; 16382 rows: 4 KiB under, merged.
+        ("col_sum", 16384, 4096, 1),
+        ("col_sum", 16383, 4096, 1),
+        ("col_sum", 16382, 4096, 0),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/scenarios/kernels")
+            .join(format!("{name}.weave"));
+        let set = [
+            ("t".to_string(), t),
+            ("h".to_string(), h),
+            ("s".to_string(), 4),
+        ];
+        let f = streamweave::load_file(&path, &set).unwrap();
+        let p = streamweave::compile(f).unwrap();
+        assert_eq!(
+            compute_loops(&p).len(),
+            loops,
+            "{name} [{t}, {h}]: {}",
             host_ir::print(&p)
         );
     }

@@ -13,8 +13,8 @@
 //! on any other survivor, and on a race the analysis calls redundant (the two disagree).
 //!
 //! Programs are lowered with every stream loop kept (the standard pipeline without
-//! `merge-kernel-chunks`), so a loop that only launches kernels has its forks and joins to
-//! break too. Sizes follow tests/scenario_sweep.rs (`t = 10`, `h = 3`), with `s = 3` chunks and 2
+//! `merge-kernel-chunks`), so a loop that only launches kernels on small chunks has its forks
+//! and joins to break too. Sizes follow tests/scenario_sweep.rs (`t = 10`, `h = 3`), with `s = 3` chunks and 2
 //! devices (a 2 × 2 mesh for the 2-D scenarios), each program run with 2 pool streams (more
 //! chunks than streams, so a pool stream is reused across iterations) and with 1; a scenario
 //! refused there takes the next configuration of a short list. Every mutant runs on the CPU backend with the main stream
@@ -499,7 +499,7 @@ fn baseline(path: &std::path::Path, streams: usize) -> Option<Baseline> {
                 continue;
             };
             // Every stream loop kept: a loop that only launches kernels is synchronization
-            // to break too (the default pipeline runs it once, `merge-kernel-chunks`).
+            // to break too (on small chunks the default runs it once, `merge-kernel-chunks`).
             let compiler =
                 Compiler::new().pipeline(Pipeline::standard().without("merge-kernel-chunks"));
             let Ok(exe) = compiler.compile(&fusion) else {

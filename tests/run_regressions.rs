@@ -391,8 +391,8 @@ fn the_bias_of_a_row_parallel_linear_is_added_after_the_reduction() {
 /// split_merge_heads.weave): each device's block of the hidden axis holds whole heads, so no
 /// communication is needed — `decompose-reshardings` used to refuse the merge from inside
 /// the pass ("does not reshard"). Matches the reference on 1, 2 and 4 ranks, with even and
-/// uneven stream chunks and heads of several sizes. Its stream loop only launches kernels,
-/// so it runs once over whole tensors (`merge-kernel-chunks`).
+/// uneven stream chunks and heads of several sizes. Its stream loop only launches kernels, on
+/// small chunks, so it runs once over whole tensors (`merge-kernel-chunks`).
 #[test]
 fn heads_split_and_merged_around_a_device_split_need_no_communication() {
     let source = std::fs::read_to_string(common::fixture("split_merge_heads")).unwrap();
@@ -850,8 +850,8 @@ fusion ulysses_streamed(t = 24, nh = 12, hd = 2, d = 2, s = 2) {
             } else {
                 assert_eq!(in_loops, 0, "{extra:?}");
             }
-            // On one rank the AllToAlls vanish and the loop only launches kernels: it runs
-            // once over whole tensors.
+            // On one rank the AllToAlls vanish and the loop only launches kernels on small
+            // chunks: it runs once over whole tensors.
             let loops = usize::from(ranks > 1);
             assert_eq!(compute_loops(p), loops, "{extra:?} on {ranks} ranks");
         }

@@ -10,8 +10,9 @@ torch.cuda.CUDAGraph, torch.compile(mode="reduce-overhead")); the ratio of our r
 best of all four PyTorch figures and of our eager run to the better of PyTorch's eager and
 compiled runs (below 1: faster); our replay as a share of the memcpy bandwidth measured in
 the same run; for s > 1, our replay of the same program with every stream loop kept (the
-default runs a loop that only launches kernels once: `merge-kernel-chunks`), which is what a
-kernel chunk costs where chunks stay; and whether ours matched the reference. Then the
+default runs a loop that only launches kernels on chunks under 64 MiB once:
+`merge-kernel-chunks`), which is what a kernel chunk costs where chunks stay; and whether
+ours matched the reference. Then the
 targets: how many rows are within 1.10x, at 85% of memcpy, and with s = 4 within 5% of
 s = 1; and, not a target, the same for the kept chunks. A missing or unreadable file leaves
 its columns empty ("–").

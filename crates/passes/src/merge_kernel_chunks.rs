@@ -1,13 +1,17 @@
-//! `merge-kernel-chunks`: a stream loop that only launches generated kernels has nothing to
-//! overlap, so it runs once, one launch per kernel over the whole tensors.
+//! `merge-kernel-chunks`: a stream loop that only launches generated kernels, on chunks too
+//! small to pay for themselves, runs once, one launch per kernel over the whole tensors.
 //!
 //! Chunking pays for itself when one chunk's communication or GEMM hides behind another's
-//! work. A loop whose every iteration is bandwidth-bound kernels only has no such partner:
-//! the kernels of different chunks compete for the same memory bandwidth, and each chunk adds
-//! a launch, a grid tail and (in an eager run) the host's per-chunk cost; a column reduction
-//! cut into column chunks also reads strided views. One launch over the whole tensor, grid
-//! sized to the device, does the same work at the unchunked kernel's speed, whatever `s` the
-//! schedule asked for (issue: "a stream chunk must not cost more than its share").
+//! work. A loop whose every iteration is bandwidth-bound kernels has no such partner, and
+//! each chunk adds a launch, a grid tail and (in an eager run) the host's per-chunk cost; a
+//! column reduction cut into column chunks also reads strided views. On small chunks that
+//! cost shows: at 4096² on an H100, SiLU and softmax in 4 chunks took 3–8% longer than one
+//! launch, the column sum 15% (docs/benchmarks.md). On large chunks it does not, and two
+//! chunks in flight on two streams even fill each other's tails: at 16384 × 8192, softmax
+//! and LayerNorm in 4 chunks ran 8–10% faster than one launch. So a kernel-only loop is
+//! merged when each of its chunks moves fewer than [`MERGE_BELOW_BYTES`] (the bytes its
+//! kernels read and write per iteration, on one rank), and left as the schedule wrote it
+//! otherwise.
 //!
 //! Contract
 //! * Input: a host program as `lower-to-host` leaves it (`Ir::Host`, no stream management,
@@ -19,7 +23,10 @@
 //!   loop into exactly the loop's number of chunks, indexed by the loop index (or by the
 //!   rank-rotated index of a `swizzle1d`, `(rank + i) % s`, which visits every chunk once
 //!   too), with no `holds`. So the views of all iterations tile each tensor exactly, and the
-//!   merged launches compute exactly what the iterations did.
+//!   merged launches compute exactly what the iterations did. Its chunks must also be small:
+//!   the sizes of the tensors its kernels read and write, evaluated with the signature's
+//!   parameter values, add up to fewer than the pass's `below_bytes` per iteration; a size
+//!   that does not evaluate (no signature, a run-time value) keeps the loop.
 //! * Left alone: a loop with a communication, a wait, a GEMM (`Matmul`, `Linear`: a GEMM
 //!   chunk on one stream overlaps the next chunk's epilogue kernel, which measured faster
 //!   than one launch), a nested loop, an allocation, or a view of a view.
@@ -35,9 +42,27 @@ use weave_ir::ScalarOp;
 
 use crate::pass::{Changed, Ir, Pass, PassError};
 
+/// Below this many bytes read and written per chunk (on one rank), a kernel-only stream loop
+/// is merged: 64 MiB, about 20 µs of an H100's memory bandwidth, four times a launch and its
+/// tail. The kernel benchmark's chunks fall on either side: 16–24 MiB at 4096² (merged,
+/// where chunks cost 3–15%), 128–192 MiB at 16384 × 8192 (kept, where they cost nothing or
+/// gain).
+pub const MERGE_BELOW_BYTES: u64 = 64 << 20;
+
 /// The `merge-kernel-chunks` pass; see the module documentation for its contract.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct MergeKernelChunks;
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MergeKernelChunks {
+    /// A kernel-only loop whose chunks each move fewer bytes than this is merged.
+    pub below_bytes: u64,
+}
+
+impl Default for MergeKernelChunks {
+    fn default() -> MergeKernelChunks {
+        MergeKernelChunks {
+            below_bytes: MERGE_BELOW_BYTES,
+        }
+    }
+}
 
 impl Pass for MergeKernelChunks {
     fn name(&self) -> &'static str {
@@ -56,18 +81,18 @@ impl Pass for MergeKernelChunks {
                 found: ir.form(),
             });
         };
-        Ok(MergeKernelChunks::run_on(p))
+        Ok(self.run_on(p))
     }
 }
 
 impl MergeKernelChunks {
     /// Runs the pass on a host program directly; [`Pass::run`] forwards here.
-    pub fn run_on(p: &mut HostProgram) -> Changed {
+    pub fn run_on(&self, p: &mut HostProgram) -> Changed {
         let old = std::mem::take(&mut p.top_level);
         let mut new = Vec::with_capacity(old.len());
         let mut changed = Changed::No;
         for sid in old {
-            match kernel_only_body(p, sid) {
+            match kernel_only_body(p, sid, self.below_bytes) {
                 Some(whole) => {
                     changed = Changed::Yes;
                     let Some(Stmt::ForLoop { body, .. }) = p.stmts.remove(sid) else {
@@ -102,7 +127,11 @@ impl MergeKernelChunks {
 
 /// For a kernel-only loop (module documentation), the tensor each of its chunk views was cut
 /// from; `None` for any other statement.
-fn kernel_only_body(p: &HostProgram, sid: StmtId) -> Option<HashMap<HostTensorId, HostTensorId>> {
+fn kernel_only_body(
+    p: &HostProgram,
+    sid: StmtId,
+    below_bytes: u64,
+) -> Option<HashMap<HostTensorId, HostTensorId>> {
     let Stmt::ForLoop {
         index,
         start,
@@ -118,6 +147,7 @@ fn kernel_only_body(p: &HostProgram, sid: StmtId) -> Option<HashMap<HostTensorId
     let extent = constant(p, *stop)?;
     let mut whole = HashMap::new();
     let mut launches = 0;
+    let mut bytes = 0u64;
     for s in body {
         match &p.stmts[*s] {
             Stmt::ShardByStream {
@@ -135,11 +165,33 @@ fn kernel_only_body(p: &HostProgram, sid: StmtId) -> Option<HashMap<HostTensorId
                 }
                 whole.insert(*output, *input);
             }
-            Stmt::LaunchKernel { .. } => launches += 1,
+            Stmt::LaunchKernel {
+                inputs, outputs, ..
+            } => {
+                launches += 1;
+                for t in inputs.iter().chain(outputs) {
+                    bytes = bytes.saturating_add(tensor_bytes(p, *t)?);
+                }
+            }
             _ => return None,
         }
     }
-    (launches > 0).then_some(whole)
+    (launches > 0 && bytes < below_bytes).then_some(whole)
+}
+
+/// The bytes of `t` on one rank, its sizes evaluated with the signature's parameter values;
+/// `None` when a size does not evaluate.
+fn tensor_bytes(p: &HostProgram, t: HostTensorId) -> Option<u64> {
+    let tensor = &p.tensors[t];
+    let lookup = |name: &str| p.signature.as_ref().and_then(|s| s.param(name));
+    let mut n = tensor.dtype.size_bytes() as u64;
+    for s in &tensor.sizes {
+        let HostScalar::Value(v) = &p.scalars[*s] else {
+            return None;
+        };
+        n = n.saturating_mul(u64::try_from(v.eval(&lookup)?).ok()?);
+    }
+    Some(n)
 }
 
 /// The value of a loop-invariant constant scalar.
@@ -184,7 +236,7 @@ mod tests {
 
     fn merged(text: &str) -> (Changed, String) {
         let mut p = parse(&with_kernel(text, "8, 16")).expect("parses");
-        let changed = MergeKernelChunks::run_on(&mut p);
+        let changed = MergeKernelChunks::default().run_on(&mut p);
         weave_host_ir::verify(&p).expect("verifies");
         (changed, print(&p))
     }
@@ -241,6 +293,43 @@ mod tests {
         }
     }
 
+    /// Each chunk of `[8, 16]` f32 cut into 4 column chunks reads 128 bytes and writes 128:
+    /// merged below 256 bytes a chunk, kept from 256 on; kept too when a size does not
+    /// evaluate (a free name and no signature to give it a value).
+    #[test]
+    fn only_chunks_that_move_fewer_bytes_than_the_threshold_merge() {
+        let program = |rows: &str| {
+            with_kernel(
+                &format!(
+                    "%HostIrContainer {{ (T0_g_f32[{rows}, 16]) -> (T1_g_f32[{rows}, 16]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=false)
+  FOR i0 from 0 to 4:
+    T2_g_f32[{rows}, 4] = ShardByStream(T0, axis=1, chunks=4, stream_index=i0)
+    T3_g_f32[{rows}, 4] = ShardByStream(T1, axis=1, chunks=4, stream_index=i0)
+    LaunchKernel(kernel=K0, inputs=(T2), outputs=(T3))
+}} // %HostIrContainer
+"
+                ),
+                "8, 16",
+            )
+        };
+        for (rows, below_bytes, merged) in [
+            ("8", 257, true),
+            ("8", 256, false),
+            ("8", MERGE_BELOW_BYTES, true),
+            ("t", MERGE_BELOW_BYTES, false),
+        ] {
+            let mut p = parse(&program(rows)).expect("parses");
+            let changed = MergeKernelChunks { below_bytes }.run_on(&mut p);
+            assert_eq!(
+                changed == Changed::Yes,
+                merged,
+                "rows {rows}, below {below_bytes}: {}",
+                print(&p)
+            );
+        }
+    }
+
     #[test]
     fn a_rank_rotated_loop_merges_and_a_second_run_changes_nothing() {
         let text = "%HostIrContainer { (T0_g_f32[8, 16]) -> (T1_g_f32[8, 16]) :
@@ -252,10 +341,10 @@ mod tests {
 } // %HostIrContainer
 ";
         let mut p = parse(&with_kernel(text, "8, 16")).expect("parses");
-        assert_eq!(MergeKernelChunks::run_on(&mut p), Changed::Yes);
+        assert_eq!(MergeKernelChunks::default().run_on(&mut p), Changed::Yes);
         let once = print(&p);
         assert!(once.contains("inputs=(T0), outputs=(T1)"), "{once}");
-        assert_eq!(MergeKernelChunks::run_on(&mut p), Changed::No);
+        assert_eq!(MergeKernelChunks::default().run_on(&mut p), Changed::No);
         assert_eq!(print(&p), once);
     }
 }

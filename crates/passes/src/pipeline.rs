@@ -77,7 +77,7 @@ impl Pipeline {
             .then(FinalizeMultideviceDomains)
             .then(Segment)
             .then(LowerToHost::default())
-            .then(MergeKernelChunks)
+            .then(MergeKernelChunks::default())
             .then(AssignStreams::default())
             .then(AllocateAndDeallocate)
     }

@@ -39,7 +39,7 @@ const STANDARD_PASSES: &[PassFactory] = &[
             crate::lower_to_host::StreamAllgather::Broadcast,
         ))
     },
-    || Box::new(crate::merge_kernel_chunks::MergeKernelChunks),
+    || Box::new(crate::merge_kernel_chunks::MergeKernelChunks::default()),
     || Box::new(crate::assign_streams::AssignStreams::default()),
     || {
         Box::new(crate::assign_streams::AssignStreams::new(

@@ -457,7 +457,7 @@ pub fn tune(
         .collect();
     let pruned = prune(&compiled, options);
     // A chunk count whose host program is statement for statement that of a smaller one (a
-    // stream loop with nothing to overlap runs once whatever S asks, `merge-kernel-chunks`)
+    // loop of small kernel-only chunks runs once whatever S asks, `merge-kernel-chunks`)
     // is the same run: measured once.
     let bodies: Vec<Option<String>> = compiled
         .iter()
@@ -847,8 +847,8 @@ mod tests {
         assert!((entry.median_ms - 5.0).abs() < 1e-9);
     }
 
-    /// A stream loop that only launches kernels runs once whatever S asks: every chunk count
-    /// compiles to the one-chunk program, which has no loop, so one pool size and both
+    /// A stream loop that only launches kernels on small chunks runs once whatever S asks:
+    /// every chunk count compiles to the one-chunk program, which has no loop, so one pool size and both
     /// replay modes of S = 1 are all that is measured.
     #[test]
     fn chunk_counts_with_the_same_host_program_and_pools_without_a_loop_are_measured_once() {

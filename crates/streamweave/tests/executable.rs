@@ -276,7 +276,8 @@ fn ranks_run_on_buffers_already_in_place() {
 
 /// The timeout bounds the whole run, not only its waits: a loop of many cheap chunks that
 /// never waits long stops at the deadline, naming where it was, on every rank. (Each chunk
-/// is a GEMM: a loop that only launches kernels would run once, over the whole tensor.)
+/// is a GEMM: a loop that only launches kernels on small chunks would run once, over the
+/// whole tensor.)
 #[test]
 fn the_timeout_bounds_the_whole_run() {
     let source = "\
