@@ -999,8 +999,8 @@ fn kernel_only_stream_loops_run_once_over_whole_tensors() {
 }
 
 /// Only small chunks merge: the kernel benchmark's bf16 add at 4096² moves 24 MiB a chunk
-/// in 4 chunks (merged), at 16384 × 8192 192 MiB (kept: two chunks in flight fill each
-/// other's tails); the f32 column sum likewise, and exactly 64 MiB a chunk is kept.
+/// in 4 chunks (merged), at 16384 × 8192 192 MiB (kept: such chunks cost nothing); the f32
+/// column sum likewise, and exactly 64 MiB a chunk is kept.
 #[test]
 fn kernel_only_loops_keep_chunks_that_move_64_mib_or_more() {
     for (name, t, h, loops) in [

@@ -6,12 +6,11 @@
 //! each chunk adds a launch, a grid tail and (in an eager run) the host's per-chunk cost; a
 //! column reduction cut into column chunks also reads strided views. On small chunks that
 //! cost shows: at 4096² on an H100, SiLU and softmax in 4 chunks took 3–8% longer than one
-//! launch, the column sum 15% (docs/benchmarks.md). On large chunks it does not, and two
-//! chunks in flight on two streams even fill each other's tails: at 16384 × 8192, softmax
-//! and LayerNorm in 4 chunks ran 8–10% faster than one launch. So a kernel-only loop is
-//! merged when each of its chunks moves fewer than [`MERGE_BELOW_BYTES`] (the bytes its
-//! kernels read and write per iteration, on one rank), and left as the schedule wrote it
-//! otherwise.
+//! launch, the column sum 15% (docs/benchmarks.md). On large chunks it does not: at
+//! 16384 × 8192 four chunks on two streams run within 1% of one launch. So a kernel-only
+//! loop is merged when each of its chunks moves fewer than [`MERGE_BELOW_BYTES`] (the bytes
+//! its kernels read and write per iteration, on one rank), and otherwise left as the schedule
+//! wrote it, its intermediates in chunk slots.
 //!
 //! Contract
 //! * Input: a host program as `lower-to-host` leaves it (`Ir::Host`, no stream management,
@@ -45,8 +44,7 @@ use crate::pass::{Changed, Ir, Pass, PassError};
 /// Below this many bytes read and written per chunk (on one rank), a kernel-only stream loop
 /// is merged: 64 MiB, about 20 µs of an H100's memory bandwidth, four times a launch and its
 /// tail. The kernel benchmark's chunks fall on either side: 16–24 MiB at 4096² (merged,
-/// where chunks cost 3–15%), 128–192 MiB at 16384 × 8192 (kept, where they cost nothing or
-/// gain).
+/// where chunks cost 3–16%), 128–192 MiB at 16384 × 8192 (kept, where they cost nothing).
 pub const MERGE_BELOW_BYTES: u64 = 64 << 20;
 
 /// The `merge-kernel-chunks` pass; see the module documentation for its contract.
