@@ -68,7 +68,7 @@ impl Pass for MergeKernelChunks {
     }
 
     fn summary(&self) -> &'static str {
-        "host program -> host program: a stream loop that only launches generated kernels runs once, over whole tensors"
+        "host program -> host program: a stream loop that only launches generated kernels, on chunks under 64 MiB, runs once over whole tensors"
     }
 
     fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
