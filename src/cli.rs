@@ -192,6 +192,77 @@ pub struct RunFlags {
     /// The value of `WEAVE_DUMP` (`weave_passes::DumpOptions::parse` syntax), which the binary
     /// reads: the IR to dump to stderr while compiling. `None` when unset.
     pub weave_dump: Option<String>,
+    /// The overlap knobs and transport the command line set (they win over the tuned ones).
+    pub pinned: Pinned,
+    /// How long the first repeated run of an untuned program may tune (`None`: `--no-tune`).
+    pub tune_budget: Option<Duration>,
+}
+
+/// The overlap knobs and the transport set on the command line; `None`: left to the tuned
+/// configuration, else the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pinned {
+    /// `--transport`.
+    pub transport: Option<streamweave::Transport>,
+    /// `--ordered-compute on|off`.
+    pub ordered_compute: Option<bool>,
+    /// `--pool-priority high|normal`.
+    pub pool_priority_high: Option<bool>,
+    /// `--gemm-sm-margin N`.
+    pub gemm_sm_margin: Option<u32>,
+    /// `--nccl-max-ctas N` (`Some(None)`: `--nccl-max-ctas auto`, NCCL's choice).
+    pub nccl_max_ctas: Option<Option<u32>>,
+}
+
+impl Pinned {
+    /// Whether any knob was set.
+    pub fn any(&self) -> bool {
+        *self != Pinned::default()
+    }
+
+    /// Sets the knobs given on `options`.
+    pub fn apply(&self, options: &mut RunOptions) {
+        if let Some(t) = self.transport {
+            options.transport = t;
+        }
+        if let Some(v) = self.ordered_compute {
+            options.overlap.ordered_compute = v;
+        }
+        if let Some(v) = self.pool_priority_high {
+            options.overlap.pool_priority_high = v;
+        }
+        if let Some(v) = self.gemm_sm_margin {
+            options.overlap.gemm_sm_margin = v;
+        }
+        if let Some(v) = self.nccl_max_ctas {
+            options.overlap.nccl_max_ctas = v;
+        }
+    }
+}
+
+/// The configuration a run uses, as `weave run` prints it: `S=2 K=2 replay, ordered compute`.
+fn describe_config(exe: &Executable, options: &RunOptions, cuda: bool) -> String {
+    let sig = exe.signature();
+    let s = sig
+        .role(streamweave::ir::ParamRole::ChunkCount)
+        .and_then(|p| sig.param(p))
+        .map_or_else(|| "S=as written".to_string(), |v| format!("S={v}"));
+    let mut out = format!("{s} K={}", options.streams);
+    if cuda {
+        out.push_str(if options.replay && options.iters > 0 {
+            " replay"
+        } else {
+            " eager"
+        });
+        out.push_str(match options.transport {
+            streamweave::Transport::Nccl => ", NCCL",
+            streamweave::Transport::CopyEngine => ", copy-engine",
+        });
+        if options.overlap != streamweave::Overlap::default() {
+            out.push_str(&format!(", {}", options.overlap.describe()));
+        }
+    }
+    out
 }
 
 /// The JSON summary of a run (or of its failure).
@@ -349,7 +420,9 @@ pub fn run(
     let name = file.display().to_string();
     // The configuration `weave tune` cached for this program, when `--chunks auto` and no
     // `--streams` leave the choice open.
-    let tuned = if is_host_program(file, &text) || flags.chunks.is_some() || flags.streams_given {
+    let open_choice =
+        !is_host_program(file, &text) && flags.chunks.is_none() && !flags.streams_given;
+    let mut tuned = if !open_choice {
         None
     } else {
         let ranks = launched
@@ -363,6 +436,43 @@ pub fn run(
             Err(m) => return fail(m),
         }
     };
+    // The first repeated run of an untuned program on GPUs tunes it (bounded, said on
+    // stderr, `--no-tune` to skip) and caches the winner for the runs after it.
+    let mut source = if tuned.is_some() {
+        "the tuning cache"
+    } else {
+        ""
+    };
+    if tuned.is_none()
+        && open_choice
+        && flags.cuda
+        && options.iters > 0
+        && !flags.pinned.any()
+        && options.replay
+    {
+        match (&launched, flags.tune_budget) {
+            (_, None) => {}
+            (Some(_), Some(_)) => {
+                if is_reporter {
+                    eprintln!(
+                        "tuning: skipped in a launched world (one process per rank); run `weave tune {} --backend cuda --ranks N` or `weave run` without a launcher once to tune it",
+                        file.display()
+                    );
+                }
+            }
+            (None, Some(budget)) => {
+                let ranks = flags.ranks.unwrap_or(2);
+                match tune_first_run(&name, &text, set, ranks, budget, options.timeout) {
+                    Ok(Some(entry)) => {
+                        tuned = Some(entry);
+                        source = "tuned now";
+                    }
+                    Ok(None) => {}
+                    Err(m) => eprintln!("tuning: failed, running the untuned default: {m}"),
+                }
+            }
+        }
+    }
     let compiled = tracing::info_span!("compile").in_scope(|| {
         if is_host_program(file, &text) {
             if let Some((k, _)) = set.first() {
@@ -428,6 +538,22 @@ pub fn run(
                 cache.display()
             );
         }
+    }
+    flags.pinned.apply(&mut options);
+    if is_reporter {
+        let from = if !source.is_empty() {
+            source
+        } else if flags.chunks.is_some() || flags.streams_given || flags.pinned.any() {
+            "the command line"
+        } else if exe.chunk_choice().is_some() {
+            "the cost model"
+        } else {
+            "the defaults"
+        };
+        crate::outln!(
+            "config: {} (from {from})",
+            describe_config(&exe, &options, flags.cuda)
+        );
     }
     if let (Some(choice), true) = (exe.chunk_choice(), is_reporter) {
         tracing::debug!(chunks = choice.chunks, "chunk count chosen");
@@ -595,6 +721,70 @@ fn tuned_entry(
     Ok(tune::lookup(&path, &key)?.map(|e| (e, path)))
 }
 
+/// Tunes the fusion `text` on `ranks` GPUs of this process for a first repeated run: the
+/// candidates of [`streamweave::tune::TuneOptions::first_run`] measured on one world of GPUs
+/// (one NCCL communicator for all) for at most `budget`, the winner stored in the tuning
+/// cache. Says on stderr what it does and what it found. `None`: nothing to tune (no cache
+/// path, a chunk count set, a fusion that does not load — the run reports that).
+fn tune_first_run(
+    name: &str,
+    text: &str,
+    set: &[(String, i64)],
+    ranks: usize,
+    budget: Duration,
+    timeout: Duration,
+) -> Result<Option<(streamweave::tune::Entry, PathBuf)>, String> {
+    use streamweave::tune;
+    let Some(cache) = tune_cache_path() else {
+        return Ok(None);
+    };
+    let Ok(fusion) = streamweave::load(name, text, set) else {
+        return Ok(None);
+    };
+    if let Some(p) = fusion.role_param(streamweave::ir::ParamRole::ChunkCount) {
+        if set.iter().any(|(k, _)| *k == p.name) {
+            return Ok(None);
+        }
+    }
+    // A cache that cannot be read is the run's error, not the tuning's.
+    tune::TuneCache::load(&cache)?;
+    let machine = tune::gpu_name(0)?;
+    let options = tune::TuneOptions::first_run(ranks, &machine, None, budget);
+    eprintln!(
+        "tuning: no cached configuration of {} on {ranks} x {machine}: measuring candidates for at most {} s (--no-tune skips this; `weave tune` prints the whole table)",
+        fusion.name,
+        budget.as_secs()
+    );
+    let started = std::time::Instant::now();
+    let mut measure = streamweave::measure::WorldMeasure::open(ranks, 3, 10, timeout)?;
+    let tuning = tune::tune(&fusion, &options, &mut measure).map_err(|e| e.to_string())?;
+    drop(measure);
+    let measured = tuning
+        .rows
+        .iter()
+        .filter(|r| r.outcome.time().is_some())
+        .count();
+    let one = tuning
+        .rows
+        .iter()
+        .find(|r| r.candidate == tune::Candidate::new(Some(1), 1, true))
+        .and_then(|r| r.outcome.time());
+    let Some(entry) = tune::store(&cache, &tuning)? else {
+        eprintln!("tuning: no candidate could be measured; running the untuned default");
+        return Ok(None);
+    };
+    eprintln!(
+        "tuning: {measured} candidate(s) measured in {:.1} s: {} at {:.3} ms{}, cached in {}",
+        started.elapsed().as_secs_f64(),
+        entry.candidate(),
+        entry.median_ms,
+        one.map(|t| format!(" (S=1: {:.3} ms)", t.as_secs_f64() * 1e3))
+            .unwrap_or_default(),
+        cache.display()
+    );
+    Ok(Some((entry, cache)))
+}
+
 /// Where `weave tune` caches its winners: `$WEAVE_TUNE_CACHE`, else
 /// `$HOME/.cache/streamweave/tune.toml` (`None` when neither variable is set).
 pub fn tune_cache_path() -> Option<PathBuf> {
@@ -708,13 +898,31 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
         flags.warmup,
         flags.iters
     );
-    let mut measure = tune::RunMeasure::new(target, flags.warmup, flags.iters, flags.timeout);
-    let tuning = match tune::tune(&fusion, &options, &mut measure) {
+    // On GPUs every candidate runs on one world of GPUs and one NCCL communicator.
+    let mut measure: Box<dyn tune::Measure> = if flags.cuda {
+        match streamweave::measure::WorldMeasure::open(
+            flags.ranks,
+            flags.warmup,
+            flags.iters,
+            flags.timeout,
+        ) {
+            Ok(m) => Box::new(m),
+            Err(e) => return fail(format!("cannot open {} GPU(s): {e}", flags.ranks)),
+        }
+    } else {
+        Box::new(tune::RunMeasure::new(
+            target,
+            flags.warmup,
+            flags.iters,
+            flags.timeout,
+        ))
+    };
+    let tuning = match tune::tune(&fusion, &options, measure.as_mut()) {
         Ok(t) => t,
         Err(e) => return fail(e.to_string()),
     };
     crate::outln!(
-        "  {:22} median of the timed runs (slowest rank), or why not measured",
+        "  {:40} median of the timed runs (slowest rank), or why not measured",
         "candidate"
     );
     crate::out!("{tuning}");

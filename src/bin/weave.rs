@@ -168,8 +168,38 @@ enum Command {
         /// CUDA backend: how allgathers and send/recv transfers move: `nccl`, or
         /// `copy-engine` (the GPUs' copy engines, no SMs: peer copies between the ranks of
         /// one process, CUDA IPC windows between launched processes).
-        #[arg(long, value_name = "nccl|copy-engine", default_value = "nccl")]
-        transport: String,
+        /// Default: the tuned configuration's, else `nccl`.
+        #[arg(long, value_name = "nccl|copy-engine")]
+        transport: Option<String>,
+        /// CUDA backend: run compute (GEMMs, kernels) in issue order across streams, so
+        /// chunk i + 1 computes while chunk i communicates (`on`), or let every chunk's
+        /// compute start at once (`off`). Default: the tuned configuration's, else off.
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        ordered_compute: Option<bool>,
+        /// CUDA backend: the priority of the stream pool that posts the chunks'
+        /// collectives: `high` schedules their kernels ahead of queued GEMM blocks.
+        /// Default: the tuned configuration's, else normal.
+        #[arg(long, value_name = "high|normal", value_parser = parse_priority)]
+        pool_priority: Option<bool>,
+        /// CUDA backend: SMs every GEMM leaves to concurrent communication (cuBLASLt's SM
+        /// target is the GPU's SMs minus N; 0: the whole GPU). Default: the tuned
+        /// configuration's, else 0.
+        #[arg(long, value_name = "N")]
+        gemm_sm_margin: Option<u32>,
+        /// CUDA backend: the most CTAs one NCCL kernel may use (`maxCTAs`), or `auto` for
+        /// NCCL's choice. Default: the tuned configuration's, else auto.
+        #[arg(long, value_name = "N|auto", value_parser = parse_max_ctas)]
+        nccl_max_ctas: Option<Option<u32>>,
+        /// Never tune: without a cached configuration, run the cost model's chunk count with
+        /// the default knobs. (By default the first `--iters` run of a fusion on GPUs in
+        /// this process, with nothing on the command line choosing S, K or a knob and no
+        /// cached configuration, measures the candidates first, for at most
+        /// --tune-budget-secs, and caches the winner.)
+        #[arg(long)]
+        no_tune: bool,
+        /// The most seconds that first tuning may take.
+        #[arg(long, value_name = "T", default_value_t = 60)]
+        tune_budget_secs: u64,
     },
     /// Start N processes of a command with the torchrun environment (RANK, WORLD_SIZE,
     /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK), forward their
@@ -251,6 +281,35 @@ enum Command {
     },
 }
 
+/// `--ordered-compute`: `on` or `off`.
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("`{s}`: expected on or off")),
+    }
+}
+
+/// `--pool-priority`: `high` (true) or `normal`.
+fn parse_priority(s: &str) -> Result<bool, String> {
+    match s {
+        "high" => Ok(true),
+        "normal" => Ok(false),
+        _ => Err(format!("`{s}`: expected high or normal")),
+    }
+}
+
+/// `--nccl-max-ctas`: `auto` (NCCL's choice) or a count from 1 to 64.
+fn parse_max_ctas(s: &str) -> Result<Option<u32>, String> {
+    if s == "auto" {
+        return Ok(None);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(Some(n)),
+        _ => Err(format!("`{s}`: expected auto or a CTA count from 1 to 64")),
+    }
+}
+
 /// `--chunks`: `auto` or a positive count.
 #[derive(Clone, Copy, Debug)]
 struct Chunks(Option<usize>);
@@ -324,28 +383,43 @@ fn main() -> ExitCode {
             iters,
             eager,
             transport,
+            ordered_compute,
+            pool_priority,
+            gemm_sm_margin,
+            nccl_max_ctas,
+            no_tune,
+            tune_budget_secs,
         } => {
             let Some(cuda) = is_cuda(backend.as_deref()) else {
                 return ExitCode::FAILURE;
             };
-            let transport = match transport.as_str() {
-                "nccl" => streamweave::Transport::Nccl,
-                "copy-engine" => streamweave::Transport::CopyEngine,
-                t => {
+            let transport = match transport.as_deref() {
+                None => None,
+                Some("nccl") => Some(streamweave::Transport::Nccl),
+                Some("copy-engine") => Some(streamweave::Transport::CopyEngine),
+                Some(t) => {
                     eprintln!(
                         "error: --transport {t}: unknown transport (expected nccl or copy-engine)"
                     );
                     return ExitCode::FAILURE;
                 }
             };
+            let pinned = weave_cli::cli::Pinned {
+                transport,
+                ordered_compute,
+                pool_priority_high: pool_priority,
+                gemm_sm_margin,
+                nccl_max_ctas,
+            };
             if !cuda {
                 let gpu_only = [
                     (iters > 0, "--iters"),
                     (eager, "--eager"),
-                    (
-                        transport != streamweave::Transport::Nccl,
-                        "--transport copy-engine",
-                    ),
+                    (transport.is_some(), "--transport"),
+                    (ordered_compute.is_some(), "--ordered-compute"),
+                    (pool_priority.is_some(), "--pool-priority"),
+                    (gemm_sm_margin.is_some(), "--gemm-sm-margin"),
+                    (nccl_max_ctas.is_some(), "--nccl-max-ctas"),
                 ];
                 if let Some((_, flag)) = gpu_only.iter().find(|f| f.0) {
                     eprintln!("error: {flag} needs --backend cuda");
@@ -360,7 +434,6 @@ fn main() -> ExitCode {
                 warmup,
                 iters,
                 replay: !eager,
-                transport,
                 ..streamweave::RunOptions::default()
             };
             let json = weave_cli::cli::RunFlags {
@@ -372,6 +445,8 @@ fn main() -> ExitCode {
                 chunks: chunks.0,
                 streams_given: streams.is_some(),
                 weave_dump: std::env::var(DUMP_ENV).ok(),
+                pinned,
+                tune_budget: (!no_tune).then(|| Duration::from_secs(tune_budget_secs)),
             };
             weave_cli::cli::run(&file, &set, &options, trace.as_deref(), &json)
         }

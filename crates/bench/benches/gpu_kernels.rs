@@ -323,7 +323,7 @@ fn measure(
             .map(|r| r.outputs)
             .map_err(|e| e.to_string())
     };
-    let eager = rank.time(backend, warmup, iters, || {
+    let eager = rank.time_each(backend, warmup, iters, || {
         for o in once()? {
             backend.deallocate(o, &main);
         }
@@ -332,7 +332,7 @@ fn measure(
     let config = exe.config(&options);
     let replay = Replay::capture(exe.program(), backend, &*rank.comm, &inputs, &config)
         .map_err(|e| e.to_string())?;
-    let times = rank.time(backend, warmup, iters, || {
+    let times = rank.time_each(backend, warmup, iters, || {
         replay.launch().map_err(|e| e.to_string())
     })?;
     drop(replay);
@@ -372,7 +372,7 @@ fn memcpy_ms(rank: &Rank, bytes: usize, warmup: usize, iters: usize) -> Result<f
         .capture(|| rank.gpu.copy(dst.ptr(), src.ptr(), bytes, &main))
         .map_err(|e| e.to_string())
         .and_then(|((), graph)| {
-            rank.time(backend, warmup, iters, || {
+            rank.time_each(backend, warmup, iters, || {
                 graph.launch(&main).map_err(|e| e.to_string())
             })
         });

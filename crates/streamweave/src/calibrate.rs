@@ -172,10 +172,35 @@ impl Rank {
     }
 
     /// Times `f`, which enqueues work on `backend`'s main stream (and streams joined back to
-    /// it): `warmup` untimed calls, then `iters` calls, each after every rank's GPU went idle
-    /// and every rank reached a host barrier, between two CUDA events on the main stream.
-    /// Returns the milliseconds of every timed call.
+    /// it): `warmup` untimed calls, a host barrier, then `iters` calls issued back to back
+    /// between CUDA events on the main stream ([`weave_executor::time_back_to_back`], the
+    /// timer of `weave run --iters` and of the tuner). Returns the milliseconds of every
+    /// timed call.
     pub fn time(
+        &self,
+        backend: &CudaBackend,
+        warmup: usize,
+        iters: usize,
+        mut f: impl FnMut() -> Result<(), JobError>,
+    ) -> Result<Vec<f64>, JobError> {
+        for _ in 0..warmup {
+            f()?;
+        }
+        backend.synchronize().map_err(err("warm-up"))?;
+        self.barrier()?;
+        let times = weave_executor::time_back_to_back(backend, iters, |_| {
+            f().map_err(weave_executor::ExecError::Program)
+        })
+        .map_err(err("timed runs"))?;
+        backend.synchronize().map_err(err("timed runs"))?;
+        Ok(times.iter().map(|d| d.as_secs_f64() * 1e3).collect())
+    }
+
+    /// Times `f` one call at a time: `warmup` untimed calls, then `iters` calls, each after
+    /// every rank's GPU went idle and every rank reached a host barrier, between two CUDA
+    /// events on the main stream (the kernel benchmark's method, matching PyTorch's
+    /// synchronize-then-time there). Returns the milliseconds of every timed call.
+    pub fn time_each(
         &self,
         backend: &CudaBackend,
         warmup: usize,

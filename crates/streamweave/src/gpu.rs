@@ -13,8 +13,8 @@ use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::{CommError, Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub};
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
-    check_inputs, program_teams, run_rank, run_rank_buffers, Backend, CudaBackend, CudaOptions,
-    Dense, DeviceTensor, ExecError, RankRun, Replay, RunConfig,
+    check_inputs, program_teams, run_rank, run_rank_buffers, time_back_to_back, Backend,
+    CudaBackend, CudaOptions, Dense, DeviceTensor, ExecError, RankRun, Replay, RunConfig,
 };
 use weave_host_ir::HostProgram;
 
@@ -22,13 +22,17 @@ use crate::run::check_all_inputs;
 use crate::setup::{RunError, RunOptions, Transport};
 use crate::threads::run_rank_threads;
 
-/// The CUDA options a run asks for.
-fn cuda_options(options: &RunOptions) -> CudaOptions {
-    CudaOptions {
+/// The CUDA options a run asks for on `gpu` (its overlap knobs included).
+fn cuda_options(options: &RunOptions, gpu: &Gpu) -> Result<CudaOptions, ExecError> {
+    let base = CudaOptions {
         timeout: options.timeout,
         trace: options.trace,
         ..CudaOptions::default()
-    }
+    };
+    options
+        .overlap
+        .cuda_options(base, gpu.sm_count())
+        .map_err(ExecError::Program)
 }
 
 /// Checks that this process sees at least `needed` GPUs.
@@ -86,10 +90,13 @@ fn run_one(
         rank,
         world,
         id,
-        NcclOptions {
-            timeout: options.timeout,
-            ..NcclOptions::default()
-        },
+        options
+            .overlap
+            .nccl_options(NcclOptions {
+                timeout: options.timeout,
+                ..NcclOptions::default()
+            })
+            .map_err(ExecError::Program)?,
     )?);
     comm.prepare_teams(&program_teams(program))?;
     if fail_early {
@@ -97,7 +104,7 @@ fn run_one(
         comm.abort(&why);
         return Err(ExecError::Program(why));
     }
-    let backend = backend_for(&gpu, cuda_options(options), &comm)?;
+    let backend = backend_for(&gpu, cuda_options(options, &gpu)?, &comm)?;
     let run = match link {
         Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
         Link::Peer(hub) => {
@@ -133,8 +140,9 @@ fn run_one(
     run
 }
 
-/// Runs the program on `comm`: the warm-up runs and the timed runs (on inputs uploaded once;
-/// each timed run from its start until the backend is idle), then the run that is checked
+/// Runs the program on `comm`: the warm-up runs and the timed runs (on inputs uploaded once,
+/// issued back to back and timed by CUDA events on the main stream,
+/// [`weave_executor::time_back_to_back`]), then the run that is checked
 /// and traced (which uploads the inputs and reads the outputs back).
 ///
 /// The timed runs replay one captured run as a CUDA graph ([`Replay`]) when the options ask
@@ -152,7 +160,7 @@ fn drive<C>(
 where
     C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>,
 {
-    let mut timed = Vec::with_capacity(options.iters);
+    let mut timed = Vec::new();
     let replayed = options.iters > 0 && options.replay && capturable;
     if options.warmup > 0 || options.iters > 0 {
         let buffers = inputs
@@ -166,29 +174,31 @@ where
             }
         }
         backend.synchronize()?;
+        // One timer for every repeated run (`weave_executor::time_back_to_back`): CUDA events
+        // on the main stream around runs issued back to back, the same as the benchmarks'.
+        let deadline = |i: usize| match config.deadline.filter(|d| Instant::now() >= d.at) {
+            Some(d) => Err(ExecError::Timeout {
+                what: format!("rank {}: the whole run, at timed run {i}", comm.rank()),
+                millis: u64::try_from(d.budget.as_millis()).unwrap_or(u64::MAX),
+            }),
+            None => Ok(()),
+        };
         if replayed {
             let replay = Replay::capture(program, backend, comm, &buffers, config)?;
-            for i in 0..options.iters {
-                if let Some(d) = config.deadline.filter(|d| Instant::now() >= d.at) {
-                    return Err(ExecError::Timeout {
-                        what: format!("rank {}: the whole run, at timed replay {i}", comm.rank()),
-                        millis: u64::try_from(d.budget.as_millis()).unwrap_or(u64::MAX),
-                    });
-                }
-                let start = Instant::now();
-                replay.launch()?;
-                backend.synchronize()?;
-                timed.push(start.elapsed());
-            }
+            timed = time_back_to_back(backend, options.iters, |i| {
+                deadline(i)?;
+                replay.launch()
+            })?;
         } else {
-            for _ in 0..options.iters {
-                let start = Instant::now();
-                let run = run_rank_buffers(program, backend, comm, &buffers, config)?;
-                backend.synchronize()?;
-                timed.push(start.elapsed());
-                drop(run);
-            }
+            timed = time_back_to_back(backend, options.iters, |i| {
+                deadline(i)?;
+                for o in run_rank_buffers(program, backend, comm, &buffers, config)?.outputs {
+                    backend.deallocate(o, &main);
+                }
+                Ok(())
+            })?;
         }
+        backend.synchronize()?;
     }
     if options.trace {
         backend.start_trace()?;

@@ -24,6 +24,7 @@ pub mod chunks;
 mod executable;
 pub mod gpu;
 pub mod kernels;
+pub mod measure;
 pub mod run;
 pub mod session;
 mod setup;
@@ -33,7 +34,7 @@ pub mod tune;
 
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
-pub use run::{RunOptions, RunReport, Target, Transport, MAX_THREAD_RANKS};
+pub use run::{Overlap, RunOptions, RunReport, Target, Transport, MAX_THREAD_RANKS};
 pub use session::{Buffer, CudaSession, RankCall};
 pub use tensor::{Data, Outputs, Tensor};
 

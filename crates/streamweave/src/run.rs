@@ -13,7 +13,7 @@ use weave_host_ir::HostProgram;
 use crate::tensor::Outputs;
 use crate::threads::run_rank_threads;
 
-pub use crate::setup::{RunError, RunOptions, Target, Transport, MAX_THREAD_RANKS};
+pub use crate::setup::{Overlap, RunError, RunOptions, Target, Transport, MAX_THREAD_RANKS};
 
 /// One output of one rank against the reference.
 #[derive(Clone, Debug)]

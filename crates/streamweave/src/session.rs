@@ -417,20 +417,29 @@ fn open_rank(
             rank,
             world,
             id,
-            NcclOptions {
-                timeout: options.timeout,
-                ..NcclOptions::default()
-            },
+            options
+                .overlap
+                .nccl_options(NcclOptions {
+                    timeout: options.timeout,
+                    ..NcclOptions::default()
+                })
+                .map_err(&fail)?,
         )
         .map_err(|e| fail(e.to_string()))?,
     );
     comm.prepare_teams(&program_teams(exe.program()))
         .map_err(|e| fail(e.to_string()))?;
-    let cuda = CudaOptions {
-        timeout: options.timeout,
-        trace: options.trace,
-        ..CudaOptions::default()
-    };
+    let cuda = options
+        .overlap
+        .cuda_options(
+            CudaOptions {
+                timeout: options.timeout,
+                trace: options.trace,
+                ..CudaOptions::default()
+            },
+            gpu.sm_count(),
+        )
+        .map_err(&fail)?;
     let backend = crate::gpu::backend_for(&gpu, cuda, &comm).map_err(|e| fail(e.to_string()))?;
     let event = || gpu.new_event(false).map_err(|e| fail(e.to_string()));
     let (before, after) = (event()?, event()?);

@@ -1,12 +1,14 @@
 //! What a run is given and how it fails, shared by the CPU ranks ([`crate::run`]) and the GPU
-//! ranks ([`crate::gpu`]): how and where to run ([`RunOptions`], [`Target`], [`Transport`])
+//! ranks ([`crate::gpu`]): how and where to run ([`RunOptions`], [`Target`], [`Transport`],
+//! [`Overlap`])
 //! and [`RunError`].
 
 use std::fmt;
 use std::time::Duration;
 
 use weave_comm::bootstrap::LaunchEnv;
-use weave_executor::{ExecError, StreamKey};
+use weave_comm::nccl::NcclOptions;
+use weave_executor::{CudaOptions, ExecError, StreamKey};
 
 /// Where the ranks of a run go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +106,88 @@ pub struct RunOptions {
     pub replay: bool,
     /// How the CUDA backend moves allgathers and send/recv transfers.
     pub transport: Transport,
+    /// How the CUDA backend shares the GPU between compute and communication.
+    pub overlap: Overlap,
+}
+
+/// The CUDA backend's overlap knobs: how compute and communication share one GPU. The
+/// default is what the backend does without being asked; `weave tune` (and the first
+/// repeated run of an untuned program) measures the alternatives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Overlap {
+    /// Give the stream pool (which posts the chunks' collectives) the highest stream
+    /// priority, so collective kernels are scheduled ahead of queued GEMM blocks.
+    pub pool_priority_high: bool,
+    /// SMs every GEMM leaves to concurrent communication (cuBLASLt's SM-count target is the
+    /// GPU's SM count minus this; 0: the whole GPU).
+    pub gemm_sm_margin: u32,
+    /// The most CTAs one NCCL kernel may use (`maxCTAs`); `None` lets NCCL choose.
+    pub nccl_max_ctas: Option<u32>,
+    /// Run compute in issue order across streams (each GEMM or kernel waits, on the GPU,
+    /// for the one issued before it): chunk `i + 1` computes while chunk `i` communicates,
+    /// instead of every chunk's GEMM starting at once.
+    pub ordered_compute: bool,
+}
+
+impl Overlap {
+    /// The knobs as `weave run` flags would set them, the default ones left out
+    /// (`ordered compute, pool priority high, GEMM SMs - 16, NCCL maxCTAs = 16`), or
+    /// `defaults`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.ordered_compute {
+            parts.push("ordered compute".to_string());
+        }
+        if self.pool_priority_high {
+            parts.push("pool priority high".to_string());
+        }
+        if self.gemm_sm_margin > 0 {
+            parts.push(format!("GEMM SMs - {}", self.gemm_sm_margin));
+        }
+        if let Some(n) = self.nccl_max_ctas {
+            parts.push(format!("NCCL maxCTAs = {n}"));
+        }
+        if parts.is_empty() {
+            "defaults".to_string()
+        } else {
+            parts.join(", ")
+        }
+    }
+
+    /// The backend options these knobs give on a GPU of `sm_count` SMs (a margin that would
+    /// leave a GEMM no SM is refused).
+    pub fn cuda_options(&self, base: CudaOptions, sm_count: i32) -> Result<CudaOptions, String> {
+        let gemm_sm_count = match self.gemm_sm_margin {
+            0 => 0,
+            m => {
+                let left = i64::from(sm_count) - i64::from(m);
+                if left < 1 {
+                    return Err(format!(
+                        "a GEMM SM margin of {m} leaves no SM of the GPU's {sm_count} to GEMMs"
+                    ));
+                }
+                left as i32
+            }
+        };
+        Ok(CudaOptions {
+            gemm_sm_count,
+            pool_priority_high: self.pool_priority_high,
+            ordered_compute: self.ordered_compute,
+            ..base
+        })
+    }
+
+    /// The NCCL options these knobs give (`base` with their CTA limit).
+    pub fn nccl_options(&self, base: NcclOptions) -> Result<NcclOptions, String> {
+        let max_ctas = match self.nccl_max_ctas {
+            None => None,
+            Some(0) => return Err("an NCCL CTA limit must be at least 1".into()),
+            Some(n) => Some(
+                i32::try_from(n).map_err(|_| format!("an NCCL CTA limit of {n} is too large"))?,
+            ),
+        };
+        Ok(NcclOptions { max_ctas, ..base })
+    }
 }
 
 impl RunOptions {
@@ -117,7 +201,10 @@ impl RunOptions {
 }
 
 /// How ranks on GPUs move the data of allgathers and point-to-point transfers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum Transport {
     /// NCCL kernels for everything.
     #[default]
@@ -142,6 +229,7 @@ impl Default for RunOptions {
             iters: 0,
             replay: true,
             transport: Transport::Nccl,
+            overlap: Overlap::default(),
         }
     }
 }

@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use weave_executor::Dense;
@@ -35,7 +35,7 @@ use weave_ir::{Fusion, ParamRole};
 
 use crate::chunks::{Calibration, CANDIDATES};
 use crate::executable::{Chunks, Compiler, Error, Executable};
-use crate::run::{RunOptions, Target};
+use crate::run::{Overlap, RunOptions, Target, Transport};
 
 /// Measured candidates within this fraction of the fastest tie; the simplest of them wins.
 pub const TIE_MARGIN: f64 = 0.02;
@@ -53,6 +53,33 @@ pub struct Candidate {
     pub streams: usize,
     /// Whether repeated runs replay a captured CUDA graph ([`RunOptions::replay`]).
     pub replay: bool,
+    /// How allgathers and transfers move ([`RunOptions::transport`]).
+    pub transport: Transport,
+    /// The backend's overlap knobs ([`RunOptions::overlap`]).
+    pub overlap: Overlap,
+}
+
+impl Candidate {
+    /// `chunks`, `streams` and `replay` with NCCL and the default overlap knobs.
+    pub fn new(chunks: Option<usize>, streams: usize, replay: bool) -> Candidate {
+        Candidate {
+            chunks,
+            streams,
+            replay,
+            transport: Transport::Nccl,
+            overlap: Overlap::default(),
+        }
+    }
+
+    /// How many knobs differ from the defaults (ties go to fewer).
+    fn knobs(&self) -> usize {
+        let o = &self.overlap;
+        usize::from(self.transport != Transport::Nccl)
+            + usize::from(o.ordered_compute)
+            + usize::from(o.pool_priority_high)
+            + usize::from(o.gemm_sm_margin > 0)
+            + usize::from(o.nccl_max_ctas.is_some())
+    }
 }
 
 impl fmt::Display for Candidate {
@@ -66,7 +93,14 @@ impl fmt::Display for Candidate {
             " K={} {}",
             self.streams,
             if self.replay { "replay" } else { "eager" }
-        )
+        )?;
+        if self.transport == Transport::CopyEngine {
+            f.write_str(", copy-engine")?;
+        }
+        if self.overlap != Overlap::default() {
+            write!(f, ", {}", self.overlap.describe())?;
+        }
+        Ok(())
     }
 }
 
@@ -88,6 +122,8 @@ pub enum Outcome {
     Refused(String),
     /// The run failed (its message).
     Failed(String),
+    /// Not measured: the tuning's time budget was spent.
+    OverBudget,
 }
 
 impl Outcome {
@@ -111,6 +147,7 @@ impl fmt::Display for Outcome {
             Outcome::Redundant(why) => write!(f, "skipped: {why}"),
             Outcome::Refused(m) => write!(f, "refused: {}", first_line(m)),
             Outcome::Failed(m) => write!(f, "failed: {}", first_line(m)),
+            Outcome::OverBudget => f.write_str("skipped: over the tuning budget"),
         }
     }
 }
@@ -159,6 +196,11 @@ impl Tuning {
             chunks: c.chunks,
             streams: c.streams,
             replay: c.replay,
+            transport: c.transport,
+            ordered_compute: c.overlap.ordered_compute,
+            pool_priority_high: c.overlap.pool_priority_high,
+            gemm_sm_margin: c.overlap.gemm_sm_margin,
+            nccl_max_ctas: c.overlap.nccl_max_ctas,
             median_ms: t.as_secs_f64() * 1e3,
         })
     }
@@ -170,7 +212,7 @@ impl fmt::Display for Tuning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, row) in self.rows.iter().enumerate() {
             let mark = if Some(i) == self.winner { "*" } else { " " };
-            writeln!(f, "{mark} {:22} {}", row.candidate.to_string(), row.outcome)?;
+            writeln!(f, "{mark} {:40} {}", row.candidate.to_string(), row.outcome)?;
         }
         Ok(())
     }
@@ -267,11 +309,22 @@ pub struct TuneOptions {
     /// Chunk counts predicted at least this many times slower than the model's best are not
     /// measured.
     pub prune_factor: f64,
+    /// The replay settings of the grid (GPU: on and off; CPU: off, it has no graphs).
+    pub replays: Vec<bool>,
+    /// After the grid, measure the overlap knobs (ordered compute, pool priority, NCCL CTA
+    /// limit, GEMM SM margin, other pool sizes, copy-engine transport) one at a time on the
+    /// fastest candidate and on the fastest chunked one, then the knobs that helped
+    /// together ([`knob_variants`]). GPUs only; a program without communication has nothing
+    /// for them to overlap.
+    pub knobs: bool,
+    /// Stop measuring once this much time went by (the candidates left are recorded as
+    /// [`Outcome::OverBudget`]); `None`: no limit.
+    pub budget: Option<Duration>,
 }
 
 impl TuneOptions {
     /// S ∈ {1, 2, 4, 8}, K ∈ {1, 2, 4}, replay on and off on GPUs, pruned by `calibration`
-    /// at 1.5×.
+    /// at 1.5×; on GPUs then the overlap knobs; no time limit (`weave tune`).
     pub fn new(ranks: usize, cuda: bool, machine: &str, calibration: Option<Calibration>) -> Self {
         TuneOptions {
             ranks,
@@ -281,6 +334,27 @@ impl TuneOptions {
             stream_counts: STREAM_COUNTS.to_vec(),
             calibration,
             prune_factor: 1.5,
+            replays: if cuda { vec![true, false] } else { vec![false] },
+            knobs: cuda,
+            budget: None,
+        }
+    }
+
+    /// The tuning of a first repeated run on GPUs (`weave run --iters`, a second
+    /// [`Executable::run`](crate::Executable::run)): S ∈ {1, 2, 4, 8} at K = 2 replayed (what
+    /// repeated runs do), then the overlap knobs and the other pool sizes on the best two,
+    /// within `budget`.
+    pub fn first_run(
+        ranks: usize,
+        machine: &str,
+        calibration: Option<Calibration>,
+        budget: Duration,
+    ) -> Self {
+        TuneOptions {
+            stream_counts: vec![2],
+            replays: vec![true],
+            budget: Some(budget),
+            ..TuneOptions::new(ranks, true, machine, calibration)
         }
     }
 
@@ -290,15 +364,6 @@ impl TuneOptions {
             "cuda"
         } else {
             "cpu"
-        }
-    }
-
-    /// The replay settings to try: on and off on GPUs; off on the CPU, which has no graphs.
-    fn replays(&self) -> &'static [bool] {
-        if self.cuda {
-            &[true, false]
-        } else {
-            &[false]
         }
     }
 }
@@ -424,6 +489,18 @@ pub fn tune(
             "the stream-pool sizes to try must be positive, and at least one".into(),
         ));
     }
+    if options.replays.is_empty() || (!options.cuda && options.replays.contains(&true)) {
+        return Err(Error::Program(
+            "the replay settings to try must be at least one, and replay needs GPUs".into(),
+        ));
+    }
+    let started = Instant::now();
+    // The budget never stops the first measurement (S = 1 comes first): a tuning always has
+    // a winner when anything runs.
+    let over_budget = |rows: &[Row]| {
+        options.budget.is_some_and(|b| started.elapsed() >= b)
+            && rows.iter().any(|r| r.outcome.time().is_some())
+    };
     let key = TuneKey::of(fusion, options.ranks, options.backend(), &options.machine);
     let has_chunks = fusion.role_param(ParamRole::ChunkCount).is_some();
     let chunk_counts: Vec<Option<usize>> = if has_chunks {
@@ -472,12 +549,21 @@ pub fn tune(
         });
         let loops = exe.as_ref().is_ok_and(|exe| has_loop(exe.program()));
         for &k in &options.stream_counts {
-            for &replay in options.replays() {
-                let candidate = Candidate {
-                    chunks: *s,
-                    streams: k,
-                    replay,
-                };
+            // The pool a program can use: one stream without a loop, at most S with S
+            // chunks. A larger K is the same run as that one: recorded as such where the
+            // grid has it, measured as it (named so) where it does not.
+            let usable = if exe.is_ok() && !loops {
+                1
+            } else {
+                s.map_or(k, |s| k.min(s.max(1)))
+            };
+            let k = if options.stream_counts.contains(&usable) {
+                k
+            } else {
+                usable
+            };
+            for &replay in &options.replays {
+                let candidate = Candidate::new(*s, k, replay);
                 let outcome = match (exe, s.and_then(|s| pruned.get(&s))) {
                     (Err(m), _) => Outcome::Refused(m.clone()),
                     (Ok(_), Some(&(ratio, best))) => Outcome::Pruned { ratio, best },
@@ -494,6 +580,7 @@ pub fn tune(
                             "{s} chunk(s) use at most {s} stream(s): the same run as K={s}"
                         ))
                     }
+                    (Ok(_), None) if over_budget(&rows) => Outcome::OverBudget,
                     (Ok(exe), None) => match measure.measure(exe, &candidate) {
                         Ok(t) => Outcome::Measured(t),
                         Err(m) => Outcome::Failed(m),
@@ -503,8 +590,163 @@ pub fn tune(
             }
         }
     }
+    if options.cuda && options.knobs {
+        let exe_of = |c: &Candidate| {
+            compiled
+                .iter()
+                .find(|(s, _)| *s == c.chunks)
+                .and_then(|(_, e)| e.as_ref().ok())
+        };
+        // The bases: the fastest candidate, and the fastest chunked one (the knobs are about
+        // overlap, which needs chunks; it may win once they are set).
+        let fastest = |chunked: bool| {
+            rows.iter()
+                .filter(|r| !chunked || r.candidate.chunks.is_some_and(|s| s > 1))
+                .filter_map(|r| r.outcome.time().map(|t| (r.candidate, t)))
+                .min_by_key(|(_, t)| *t)
+        };
+        let mut bases: Vec<(Candidate, Duration)> = Vec::new();
+        for base in [fastest(false), fastest(true)].into_iter().flatten() {
+            if !bases.iter().any(|(c, _)| *c == base.0) {
+                bases.push(base);
+            }
+        }
+        for (base, base_time) in bases {
+            let Some(exe) = exe_of(&base) else { continue };
+            let program = exe.program();
+            let comms = communications(program);
+            if comms.is_empty() {
+                continue;
+            }
+            let mut helped: Vec<Knob> = Vec::new();
+            for knob in knob_variants(&base, &comms, options.ranks) {
+                let candidate = knob.apply(base);
+                if rows.iter().any(|r| r.candidate == candidate) {
+                    continue;
+                }
+                let outcome = if over_budget(&rows) {
+                    Outcome::OverBudget
+                } else {
+                    match measure.measure(exe, &candidate) {
+                        Ok(t) => Outcome::Measured(t),
+                        Err(m) => Outcome::Failed(m),
+                    }
+                };
+                if outcome
+                    .time()
+                    .is_some_and(|t| t.as_secs_f64() < base_time.as_secs_f64() * (1.0 - TIE_MARGIN))
+                {
+                    helped.push(knob);
+                }
+                rows.push(Row { candidate, outcome });
+            }
+            // The knobs that helped, together (a pool size and a transport are one choice
+            // each: the last that helped).
+            if helped.len() >= 2 {
+                let candidate = helped.iter().fold(base, |c, k| k.apply(c));
+                if !rows.iter().any(|r| r.candidate == candidate) {
+                    let outcome = if over_budget(&rows) {
+                        Outcome::OverBudget
+                    } else {
+                        match measure.measure(exe, &candidate) {
+                            Ok(t) => Outcome::Measured(t),
+                            Err(m) => Outcome::Failed(m),
+                        }
+                    };
+                    rows.push(Row { candidate, outcome });
+                }
+            }
+        }
+    }
     let winner = choose(&rows);
     Ok(Tuning { key, rows, winner })
+}
+
+/// One overlap knob set away from its default (or another pool size, or the other
+/// transport): what [`tune`] tries on its best candidates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Knob {
+    /// [`Overlap::ordered_compute`].
+    OrderedCompute,
+    /// [`Overlap::pool_priority_high`].
+    PoolPriorityHigh,
+    /// [`Overlap::nccl_max_ctas`] at this limit.
+    NcclMaxCtas(u32),
+    /// [`Overlap::gemm_sm_margin`] of this many SMs.
+    GemmSmMargin(u32),
+    /// This stream-pool size.
+    Streams(usize),
+    /// Copy-engine transfers (in one process they wait on the host: never replayed).
+    CopyEngine,
+}
+
+impl Knob {
+    /// `c` with this knob set.
+    pub fn apply(self, c: Candidate) -> Candidate {
+        let mut c = c;
+        match self {
+            Knob::OrderedCompute => c.overlap.ordered_compute = true,
+            Knob::PoolPriorityHigh => c.overlap.pool_priority_high = true,
+            Knob::NcclMaxCtas(n) => c.overlap.nccl_max_ctas = Some(n),
+            Knob::GemmSmMargin(n) => c.overlap.gemm_sm_margin = n,
+            Knob::Streams(k) => c.streams = k,
+            Knob::CopyEngine => {
+                c.transport = Transport::CopyEngine;
+                c.replay = false;
+            }
+        }
+        c
+    }
+}
+
+/// The knobs [`tune`] tries on `base`, whose program posts the collectives `comms` (their
+/// type names) on `ranks` ranks: ordered compute and pool priority where a loop has chunks
+/// to overlap; the NCCL CTA limit (16: fewer starve the collective, docs/benchmarks.md) and
+/// a GEMM SM margin (16) where NCCL kernels run beside GEMMs; pool sizes 1, 2 and 4 up to
+/// the chunk count; copy-engine transfers where allgathers or transfers move data.
+pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Knob> {
+    let chunked = base.chunks.is_some_and(|s| s > 1);
+    let mut out = Vec::new();
+    if chunked {
+        out.push(Knob::OrderedCompute);
+        out.push(Knob::PoolPriorityHigh);
+    }
+    if ranks > 1 {
+        out.push(Knob::NcclMaxCtas(16));
+        out.push(Knob::GemmSmMargin(16));
+    }
+    if chunked {
+        let s = base.chunks.unwrap_or(1);
+        for k in [1, 2, 4] {
+            if k != base.streams && k <= s {
+                out.push(Knob::Streams(k));
+            }
+        }
+    }
+    let moves = comms
+        .iter()
+        .any(|c| c == "Allgather" || c == "SendRecv" || c == "P2P");
+    if ranks > 1 && moves && base.transport == Transport::Nccl {
+        out.push(Knob::CopyEngine);
+    }
+    out
+}
+
+/// The type names of the collectives `program` posts (`Allreduce`, `Allgather`, …, and
+/// `P2P` for point-to-point transfers), each once, in program order.
+fn communications(program: &weave_host_ir::HostProgram) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for w in program.walk() {
+        let name = match &program.stmts[w.stmt] {
+            weave_host_ir::Stmt::Communication(c) => c.kind.name().to_string(),
+            weave_host_ir::Stmt::P2PCommunication(_) => "P2P".to_string(),
+            _ => continue,
+        };
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
 }
 
 /// The statements of a host program as printed, without its signature (whose parameter
@@ -573,7 +815,7 @@ fn choose(rows: &[Row]) -> Option<usize> {
         .filter(|(_, r)| r.outcome.time().is_some_and(|t| t.as_secs_f64() <= limit))
         .min_by_key(|(i, r)| {
             let c = r.candidate;
-            (c.chunks.unwrap_or(0), c.streams, !c.replay, *i)
+            (c.chunks.unwrap_or(0), c.streams, c.knobs(), !c.replay, *i)
         })
         .map(|(i, _)| i)
 }
@@ -602,8 +844,35 @@ pub struct Entry {
     pub streams: usize,
     /// Whether repeated runs replay a captured CUDA graph.
     pub replay: bool,
+    /// How allgathers and transfers move (absent: NCCL).
+    #[serde(default, skip_serializing_if = "is_nccl")]
+    pub transport: Transport,
+    /// [`Overlap::ordered_compute`] (absent: off).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ordered_compute: bool,
+    /// [`Overlap::pool_priority_high`] (absent: off).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pool_priority_high: bool,
+    /// [`Overlap::gemm_sm_margin`] (absent: 0, the whole GPU).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gemm_sm_margin: u32,
+    /// [`Overlap::nccl_max_ctas`] (absent: NCCL's choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_max_ctas: Option<u32>,
     /// The measured median, ms.
     pub median_ms: f64,
+}
+
+fn is_nccl(t: &Transport) -> bool {
+    *t == Transport::Nccl
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Entry {
@@ -623,6 +892,13 @@ impl Entry {
             chunks: self.chunks,
             streams: self.streams,
             replay: self.replay,
+            transport: self.transport,
+            overlap: Overlap {
+                ordered_compute: self.ordered_compute,
+                pool_priority_high: self.pool_priority_high,
+                gemm_sm_margin: self.gemm_sm_margin,
+                nccl_max_ctas: self.nccl_max_ctas,
+            },
         }
     }
 
@@ -631,11 +907,14 @@ impl Entry {
         self.chunks.map_or(Chunks::AsWritten, Chunks::Fixed)
     }
 
-    /// Sets `options`' stream pool to this entry's and turns graph replay off when the
-    /// entry measured it slower (an eager run stays eager).
+    /// Sets `options`' stream pool, transport and overlap knobs to this entry's and turns
+    /// graph replay off when the entry measured it slower (an eager run stays eager).
     pub fn apply(&self, options: &mut RunOptions) {
-        options.streams = self.streams;
-        options.replay = options.replay && self.replay;
+        let c = self.candidate();
+        options.streams = c.streams;
+        options.replay = options.replay && c.replay;
+        options.transport = c.transport;
+        options.overlap = c.overlap;
     }
 }
 
@@ -763,7 +1042,10 @@ mod tests {
 
     /// GPU options without pruning.
     fn unpruned() -> TuneOptions {
-        TuneOptions::new(2, true, "Test GPU", None)
+        TuneOptions {
+            knobs: false,
+            ..TuneOptions::new(2, true, "Test GPU", None)
+        }
     }
 
     /// A deterministic measurement from a table of S, K and replay, recording every call.
@@ -792,11 +1074,7 @@ mod tests {
     }
 
     fn candidate(chunks: usize, streams: usize, replay: bool) -> Candidate {
-        Candidate {
-            chunks: Some(chunks),
-            streams,
-            replay,
-        }
+        Candidate::new(Some(chunks), streams, replay)
     }
 
     #[test]
@@ -845,6 +1123,146 @@ mod tests {
             (Some(4), 2, true)
         );
         assert!((entry.median_ms - 5.0).abs() < 1e-9);
+    }
+
+    /// The first-run tuning on GPUs: S in {1, 2, 4, 8} at K = 2 replayed, then every knob
+    /// once on the fastest candidate and on the fastest chunked one, then the knobs that
+    /// helped together; the winner carries them and so does its cache entry.
+    #[test]
+    fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() {
+        // S = 2 is fastest; ordered compute saves 10% and high priority 5% there, together
+        // 15%; a CTA limit costs 20%; nothing else matters.
+        let fake = Fake::new(|c: &Candidate| {
+            let mut t = match c.chunks {
+                Some(1) => 10.0,
+                Some(2) => 8.0,
+                _ => 9.0,
+            };
+            if c.overlap.ordered_compute {
+                t -= 0.8;
+            }
+            if c.overlap.pool_priority_high {
+                t -= 0.4;
+            }
+            if c.overlap.nccl_max_ctas.is_some() {
+                t *= 1.2;
+            }
+            t
+        });
+        let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+        let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+        let (best, time) = t.best().unwrap();
+        assert_eq!(best.chunks, Some(2));
+        assert_eq!(best.streams, 2);
+        assert!(best.replay);
+        assert!(best.overlap.ordered_compute && best.overlap.pool_priority_high);
+        assert_eq!(best.overlap.nccl_max_ctas, None);
+        assert_eq!(best.overlap.gemm_sm_margin, 0);
+        assert!((time.as_secs_f64() * 1e3 - 6.8).abs() < 1e-9);
+        // The grid is K = 2 (one stream for one chunk), replayed only.
+        let grid: Vec<Candidate> = [(1, 1), (2, 2), (4, 2), (8, 2)]
+            .map(|(s, k)| candidate(s, k, true))
+            .to_vec();
+        assert_eq!(
+            t.rows[..4].iter().map(|r| r.candidate).collect::<Vec<_>>(),
+            grid
+        );
+        // Every knob of the base was measured once on S = 2 (the fastest, also the fastest
+        // chunked): ordered, priority, CTA limit, SM margin, K = 1; an allreduce moves no
+        // data a copy engine could: no copy-engine candidate.
+        let on_base: Vec<Candidate> = t.rows[4..]
+            .iter()
+            .map(|r| r.candidate)
+            .filter(|c| c.knobs() + usize::from(c.streams != 2) == 1)
+            .collect();
+        assert_eq!(on_base.len(), 5, "{t}");
+        assert!(on_base.iter().all(|c| c.chunks == Some(2)));
+        assert!(t
+            .rows
+            .iter()
+            .all(|r| r.candidate.transport == Transport::Nccl));
+        // No candidate measured twice.
+        let calls = fake.calls.borrow();
+        let mut unique = calls.clone();
+        unique.sort_by_key(|c| format!("{c}"));
+        unique.dedup();
+        assert_eq!(unique.len(), calls.len());
+        // The winner's knobs go into the cache entry and back out of it, through TOML.
+        let entry = t.entry().unwrap();
+        let mut cache = TuneCache::default();
+        cache.insert(entry.clone());
+        let back = TuneCache::parse(&cache.render()).unwrap();
+        assert_eq!(back.entries[0].candidate(), best);
+        let mut run = RunOptions::default();
+        entry.apply(&mut run);
+        assert_eq!((run.streams, run.overlap), (2, best.overlap));
+        let table = t.to_string();
+        assert!(
+            table.contains("* S=2 K=2 replay, ordered compute, pool priority high"),
+            "{table}"
+        );
+    }
+
+    /// Allgathers move data that copy engines can move: the copy-engine transport is a
+    /// candidate (eager: between threads it waits on the host), and so are pool sizes up to
+    /// the chunk count.
+    #[test]
+    fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
+        let base = candidate(4, 2, true);
+        let knobs = knob_variants(&base, &["Allgather".to_string()], 4);
+        assert!(knobs.contains(&Knob::CopyEngine));
+        assert!(knobs.contains(&Knob::Streams(1)) && knobs.contains(&Knob::Streams(4)));
+        let ce = Knob::CopyEngine.apply(base);
+        assert_eq!((ce.transport, ce.replay), (Transport::CopyEngine, false));
+        // One chunk: nothing to order or to prioritize, no other pool; one rank: no NCCL.
+        let one = knob_variants(&candidate(1, 2, true), &["Allreduce".to_string()], 2);
+        assert_eq!(one, vec![Knob::NcclMaxCtas(16), Knob::GemmSmMargin(16)]);
+        assert!(knob_variants(&candidate(1, 1, true), &["Allreduce".to_string()], 1).is_empty());
+    }
+
+    /// A spent budget stops the measuring: S = 1 is always measured first (the budget
+    /// counts from before compiling, and a tuning needs one figure), and everything left is
+    /// recorded as over the budget, never silently dropped.
+    #[test]
+    fn a_spent_budget_leaves_the_remaining_candidates_unmeasured_and_says_so() {
+        let fake = Fake::new(|_: &Candidate| {
+            std::thread::sleep(Duration::from_millis(30));
+            5.0
+        });
+        let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_millis(1));
+        let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+        let measured = t.rows.iter().filter(|r| r.outcome.time().is_some()).count();
+        assert_eq!(measured, 1, "{t}");
+        assert_eq!(t.rows[0].candidate, candidate(1, 1, true));
+        assert!(t.rows[0].outcome.time().is_some());
+        let over = t
+            .rows
+            .iter()
+            .filter(|r| r.outcome == Outcome::OverBudget)
+            .count();
+        assert_eq!(over + measured, t.rows.len(), "{t}");
+        assert!(t.to_string().contains("skipped: over the tuning budget"));
+    }
+
+    /// An entry written before the overlap knobs existed reads back with their defaults.
+    #[test]
+    fn entries_without_knobs_read_back_with_the_defaults() {
+        let text = r#"[[entry]]
+key = "00000000000000aa"
+fusion = "f"
+params = {}
+ranks = 2
+backend = "cuda"
+gpu = "NVIDIA H200"
+chunks = 2
+streams = 2
+replay = true
+median_ms = 1.5
+"#;
+        let cache = TuneCache::parse(text).unwrap();
+        let c = cache.entries[0].candidate();
+        assert_eq!(c, candidate(2, 2, true));
+        assert!(!cache.render().contains("ordered_compute"));
     }
 
     /// A stream loop that only launches kernels on small chunks runs once whatever S asks:

@@ -14,8 +14,10 @@
 pub mod codegen;
 mod emit;
 mod replay;
+mod timer;
 
 pub use replay::Replay;
+pub use timer::{time_back_to_back, IN_FLIGHT};
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -550,9 +552,15 @@ impl CudaBackend {
     fn wait_stream(&self, stream: &GpuStream, what: &str) -> Result<(), ExecError> {
         let event = self.gpu.new_event(false)?;
         stream.record(&event)?;
+        self.wait_recorded(&event, what)
+    }
+
+    /// Blocks until `event` (recorded) has happened, for at most the backend's timeout,
+    /// polling the error check (a failed collective ends the wait with its error).
+    pub fn wait_recorded(&self, event: &CudaEvent, what: &str) -> Result<(), ExecError> {
         let check = self.check.lock().unwrap().clone();
         let timeout = self.options.timeout;
-        wait_event(&event, timeout, || {
+        wait_event(event, timeout, || {
             check.as_ref().and_then(|c| c()).map(|m| CudaError::Driver {
                 call: "communicator",
                 message: m,
