@@ -316,6 +316,7 @@ fn summary_json(
         "timed_median_ms": median,
         "timed_min_ms": min,
         "timed_replayed": report.and_then(|r| r.timed().map(|_| r.ranks.iter().all(|x| x.replayed))),
+        "config": report.and_then(|r| r.config.clone()),
         "error": error,
     });
     format!("{summary}\n")
@@ -540,7 +541,7 @@ pub fn run(
         }
     }
     flags.pinned.apply(&mut options);
-    if is_reporter {
+    let config_line = {
         let from = if !source.is_empty() {
             source
         } else if flags.chunks.is_some() || flags.streams_given || flags.pinned.any() {
@@ -550,10 +551,13 @@ pub fn run(
         } else {
             "the defaults"
         };
-        crate::outln!(
-            "config: {} (from {from})",
+        format!(
+            "{} (from {from})",
             describe_config(&exe, &options, flags.cuda)
-        );
+        )
+    };
+    if is_reporter {
+        crate::outln!("config: {config_line}");
     }
     if let (Some(choice), true) = (exe.chunk_choice(), is_reporter) {
         tracing::debug!(chunks = choice.chunks, "chunk count chosen");
@@ -632,7 +636,7 @@ pub fn run(
     if let Ok(progress) = progress {
         let _ = progress.join();
     }
-    let report = match result {
+    let mut report = match result {
         Ok(r) if r.outputs.is_none() => {
             crate::outln!("rank done; rank 0 reports");
             return ExitCode::SUCCESS;
@@ -640,6 +644,7 @@ pub fn run(
         Ok(r) => r,
         Err(e) => return fail(e.to_string()),
     };
+    report.config.get_or_insert(config_line);
     crate::outln!(
         "timings: compile {}, reference {}, run {}",
         ms(exe.compile_time()),
@@ -769,6 +774,7 @@ fn tune_first_run(
         .iter()
         .find(|r| r.candidate == tune::Candidate::new(Some(1), 1, true))
         .and_then(|r| r.outcome.time());
+    eprint!("{tuning}");
     let Some(entry) = tune::store(&cache, &tuning)? else {
         eprintln!("tuning: no candidate could be measured; running the untuned default");
         return Ok(None);
@@ -788,10 +794,7 @@ fn tune_first_run(
 /// Where `weave tune` caches its winners: `$WEAVE_TUNE_CACHE`, else
 /// `$HOME/.cache/streamweave/tune.toml` (`None` when neither variable is set).
 pub fn tune_cache_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("WEAVE_TUNE_CACHE") {
-        return Some(PathBuf::from(p));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/streamweave/tune.toml"))
+    streamweave::tune::default_cache_path()
 }
 
 /// The flags of `weave tune`.

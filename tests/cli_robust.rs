@@ -228,6 +228,8 @@ fn comparison(max_abs: f64, mismatches: usize) -> Comparison {
         max_ref: 1.0,
         actual_len: 4,
         expected_len: 4,
+        nan_expected: 0,
+        nan_actual: 0,
     }
 }
 
@@ -245,6 +247,7 @@ fn a_failing_output_shows_a_failing_rank_and_the_verdict_says_why() {
         ],
         reference_time: Duration::ZERO,
         run_time: Duration::ZERO,
+        config: None,
     };
     let text = weave_cli::cli::render_report(&report, false);
     let line = text.lines().find(|l| l.starts_with("output y")).unwrap();

@@ -10,10 +10,16 @@ every (t, h), one process per rank (spawn) times, in bf16 on fresh random inputs
   column-parallel  x [t/d, h] all_gather -> [t, h] @ w[4h/d, h]^T -> [t, 4h/d]
   matmul+rs        x [t, 4h/d] @ w[h, 4h/d]^T -> [t, h], reduce_scatter on rows -> [t/d, h]
   p2p-ring         column-parallel with the gather done by d-1 point-to-point ring steps
+  sp-mlp           the sequence-parallel MLP block, f = 4h: x [t/d, h] all_gather -> [t, h]
+                   @ w1[f/d, h]^T -> [t, f/d], SiLU, @ w2[h, f/d]^T -> [t, h],
+                   reduce_scatter on rows -> [t/d, h]
 
-each as the matmul alone (mm), the communication alone (comm), one after the other (seq),
-chunked into S pieces on 4 worker streams (S in 2, 4, 8; p2p-ring: S = d only) and PyTorch
-async-TP (torch.ops.symm_mem fused ops; none for row-parallel). A figure is the median
+each as the matmul alone (mm; sp-mlp: both matmuls), the communication alone (comm; sp-mlp:
+the all_gather and the reduce_scatter), one after the other (seq), chunked into S pieces on
+4 worker streams (S in 2, 4, 8; p2p-ring: S = d only; sp-mlp: S in 2, 4, each chunk of t
+gathered, multiplied, activated, multiplied and reduce-scattered on its stream) and PyTorch
+async-TP (torch.ops.symm_mem fused ops; none for row-parallel; sp-mlp:
+fused_all_gather_matmul, SiLU, fused_matmul_reduce_scatter). A figure is the median
 over --iters timed iterations (after --warmup), each between a barrier and a synchronize,
 timed with CUDA events, then the maximum over ranks.
 
@@ -37,9 +43,12 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
-PATTERNS = ("row-parallel", "column-parallel", "matmul+rs", "p2p-ring")
+PATTERNS = ("row-parallel", "column-parallel", "matmul+rs", "p2p-ring", "sp-mlp")
 CHUNKS = (2, 4, 8)
+MLP_CHUNKS = (2, 4)
+MLP_EXPANSION = 4  # sp-mlp: f = 4h
 WORKER_STREAMS = 4
 
 
@@ -227,6 +236,7 @@ def work(rank, world, port, cfg, q):
             if t % d:
                 skip("column-parallel", t, h, "t not divisible by d")
                 skip("p2p-ring", t, h, "t not divisible by d")
+                skip("sp-mlp", t, h, "t not divisible by d")
                 torch.cuda.empty_cache()
                 continue
 
@@ -309,7 +319,68 @@ def work(rank, world, port, cfg, q):
                 )
             )
             emit("p2p-ring", t, h, mm_col, comm, seq, chunks, atp_ms, atp_err)
-            del xs, w2, full, out2, blocks, oblocks
+            del w2, out2, blocks, oblocks
+            torch.cuda.empty_cache()
+
+            # sp-mlp: x [t/d, h] all_gather -> [t, h] @ w1[f/d, h]^T -> h1 [t, f/d], SiLU (in
+            # place), @ w2[h, f/d]^T -> [t, h] partial sums, reduce_scatter rows -> [t/d, h]
+            fd = MLP_EXPANSION * h // d
+            w1 = torch.randn(fd, h, device="cuda", dtype=bf) / 64
+            w3 = torch.randn(h, fd, device="cuda", dtype=bf) / 64
+            h1 = torch.empty(t, fd, device="cuda", dtype=bf)
+            part = torch.empty(t, h, device="cuda", dtype=bf)
+            rs = torch.empty(tb, h, device="cuda", dtype=bf)
+
+            def mlp_mm():
+                torch.matmul(full, w1.t(), out=h1)
+                torch.matmul(h1, w3.t(), out=part)
+
+            def mlp_comm():
+                dist.all_gather_into_tensor(full, xs)
+                dist.reduce_scatter_tensor(rs, part)
+
+            def mlp_seq():
+                dist.all_gather_into_tensor(full, xs)
+                torch.matmul(full, w1.t(), out=h1)
+                F.silu(h1, inplace=True)
+                torch.matmul(h1, w3.t(), out=part)
+                dist.reduce_scatter_tensor(rs, part)
+
+            mm = tm(mlp_mm)
+            comm = tm(mlp_comm)
+            seq = tm(mlp_seq)
+            chunks = {}
+            for s in MLP_CHUNKS:
+                if tb % s:
+                    continue
+                # chunk i: every rank's rows i of x gathered into [d t/(S d), h] (chunk-major, as
+                # column-parallel), its h1 and partial-sum rows, reduce-scattered back into this
+                # rank's rows i of the output.
+                xsc = [c.contiguous() for c in xs.chunk(s)]
+                fc, hc, pc, rc = full.chunk(s), h1.chunk(s), part.chunk(s), rs.chunk(s)
+
+                def body(i, xsc=xsc, fc=fc, hc=hc, pc=pc, rc=rc):
+                    dist.all_gather_into_tensor(fc[i], xsc[i])
+                    torch.matmul(fc[i], w1.t(), out=hc[i])
+                    F.silu(hc[i], inplace=True)
+                    torch.matmul(hc[i], w3.t(), out=pc[i])
+                    dist.reduce_scatter_tensor(rc[i], pc[i])
+
+                chunks[s] = tm(lambda s=s, body=body: chunked(s, body))
+                del xsc, fc, hc, pc, rc
+
+            def mlp_async_tp():
+                _, outs = torch.ops.symm_mem.fused_all_gather_matmul(
+                    xs, [w1.t()], gather_dim=0, group_name=g.group_name
+                )
+                a = F.silu(outs[0], inplace=True)
+                return torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                    a, w3.t(), "sum", scatter_dim=0, group_name=g.group_name
+                )
+
+            atp_ms, atp_err = async_tp(mlp_async_tp)
+            emit("sp-mlp", t, h, mm, comm, seq, chunks, atp_ms, atp_err)
+            del xs, w1, w3, full, h1, part, rs
             torch.cuda.empty_cache()
 
     torch.cuda.synchronize()

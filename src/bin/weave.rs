@@ -155,20 +155,20 @@ enum Command {
         #[arg(long, default_value = "auto", value_parser = parse_chunks)]
         chunks: Chunks,
         /// CUDA backend: after the warm-up, time this many runs on inputs already on the
-        /// device (each from its start until every stream is idle) and print their median
-        /// and minimum (the slowest rank's), before the checked run. The timed runs replay
+        /// device (issued back to back, each timed by CUDA events on the main stream) and
+        /// print their median and minimum (the slowest rank's), before the checked run. The timed runs replay
         /// one run captured as a CUDA graph (one launch per run), unless `--eager`.
         #[arg(long, default_value_t = 0)]
         iters: usize,
         /// With `--iters`: issue every timed run statement by statement instead of
-        /// replaying a captured CUDA graph (copy-engine transfers between the threads of one
-        /// process are always eager: they wait on the host).
+        /// replaying a captured CUDA graph.
         #[arg(long)]
         eager: bool,
-        /// CUDA backend: how allgathers and send/recv transfers move: `nccl`, or
-        /// `copy-engine` (the GPUs' copy engines, no SMs: peer copies between the ranks of
-        /// one process, CUDA IPC windows between launched processes).
-        /// Default: the tuned configuration's, else `nccl`.
+        /// CUDA backend: how allgathers, send/recv transfers and sum reduce-scatters and
+        /// allreduces move: `nccl`, or `copy-engine` (the GPUs' copy engines push into
+        /// shared windows, no SMs but one reduction kernel per reducing post; direct
+        /// pointers between the ranks of one process, CUDA IPC windows between launched
+        /// processes). Default: the tuned configuration's, else `nccl`.
         #[arg(long, value_name = "nccl|copy-engine")]
         transport: Option<String>,
         /// CUDA backend: run compute (GEMMs, kernels) in issue order across streams, so
@@ -434,6 +434,9 @@ fn main() -> ExitCode {
                 warmup,
                 iters,
                 replay: !eager,
+                // The command line tunes its first repeated run itself (it caches across
+                // processes): the library's tuning of a second call never applies.
+                tune: None,
                 ..streamweave::RunOptions::default()
             };
             let json = weave_cli::cli::RunFlags {

@@ -1,10 +1,12 @@
 //! The overlap benchmark on GPUs: row-parallel (matmul + allreduce), column-parallel
-//! (allgather + matmul), matmul + reduce-scatter and the P2P-ring allgather + matmul, bf16,
-//! for every world size, hidden size and chunk count S ∈ {1, 2, 4, 8} plus the cost model's
-//! choice; per row, in the same run, our GEMM alone and our collective alone; medians over
-//! CUDA-event-timed iterations, maximum over ranks; every configuration's output checked on
-//! sampled rows against a host reference; overlap experiments (stream pool size, entry
-//! synchronization, priorities, SM and CTA limits, CUDA graphs) on top.
+//! (allgather + matmul), matmul + reduce-scatter, the P2P-ring allgather + matmul and the
+//! sequence-parallel MLP block (allgather + column-parallel linear + SiLU + row-parallel
+//! linear + reduce-scatter, f = 4h), bf16, for every world size, hidden size and chunk count
+//! S ∈ {1, 2, 4, 8} plus the cost model's choice; per row, in the same run, our GEMMs alone
+//! and our collectives alone; medians over CUDA-event-timed iterations, maximum over ranks;
+//! every configuration's output checked on sampled rows against a host reference; overlap
+//! experiments (stream pool size, entry synchronization, priorities, SM and CTA limits, CUDA
+//! graphs) on top.
 //!
 //! `cargo xtask gpu-bundle` builds it into `bin/gpu_overlap`; `scripts/gpu/bench.sh` runs it
 //! and then PyTorch's reference (scripts/gpu/torch_reference.py) and merges both into one
@@ -20,12 +22,13 @@ use serde_json::{json, Value};
 use streamweave::chunks::{choose, workload, Calibration, CANDIDATES};
 use streamweave::{Compiler, Executable};
 use weave_bench::{
-    calibrate, check_sample, linear_reference, median, run_program, time_comm, time_gemm,
-    world_gpu_name, Check, CommKind, CopyEngine, ProgramRun, ProgramTiming, World, WorldOptions,
-    LINEAR_SEEDS,
+    calibrate, check_sample, hash_value, linear_reference, median, run_program, time_comm,
+    time_gemm, world_gpu_name, Check, CommKind, CopyEngine, ProgramRun, ProgramTiming, World,
+    WorldOptions, LINEAR_SEEDS,
 };
 use weave_comm::nccl::{NcclId, NcclOptions};
 use weave_comm::{IpcOptions, PeerHub};
+use weave_executor::dense::round_to;
 use weave_executor::timeline::{chrome_trace, svg, RankSpans};
 use weave_executor::CudaOptions;
 use weave_passes::{AssignStreams, Pipeline, SyncVariant};
@@ -44,6 +47,10 @@ enum Pattern {
     /// The P2P-ring allgather + matmul.
     #[value(name = "p2p-ring")]
     P2pRing,
+    /// The sequence-parallel MLP block: allgather of x over t, column-parallel linear (w1,
+    /// f = 4h), SiLU, row-parallel linear (w2), reduce-scatter back onto t.
+    #[value(name = "sp-mlp")]
+    SpMlp,
 }
 
 impl Pattern {
@@ -53,6 +60,7 @@ impl Pattern {
             Pattern::ColumnParallel => "column-parallel",
             Pattern::MatmulRs => "matmul+rs",
             Pattern::P2pRing => "p2p-ring",
+            Pattern::SpMlp => "sp-mlp",
         }
     }
 
@@ -74,32 +82,62 @@ impl Pattern {
                 "column_parallel_p2p",
                 include_str!("../../../tests/scenarios/column_parallel_p2p.weave"),
             ),
+            // sequence_parallel_mlp_silu.weave in bf16 (that fixture is f32).
+            Pattern::SpMlp => (
+                "sequence_parallel_mlp_block",
+                include_str!("../../../tests/scenarios/sequence_parallel_mlp_block.weave"),
+            ),
         }
     }
 
-    /// The local GEMM `[m, k] · [n, k]ᵀ` of one rank.
-    fn gemm(self, t: usize, h: usize, d: usize) -> (usize, usize, usize) {
+    /// The fixture's parameters at (t, h, d), the chunk count aside.
+    fn params(self, t: usize, h: usize, d: usize) -> Vec<(&'static str, i64)> {
+        let mut set = vec![("t", t as i64), ("h", h as i64), ("d", d as i64)];
+        if self == Pattern::SpMlp {
+            set.push(("f", (MLP_EXPANSION * h) as i64));
+        }
+        set
+    }
+
+    /// The seeds of the fixture's inputs, in their order.
+    fn seeds(self) -> &'static [u64] {
         match self {
-            Pattern::RowParallel | Pattern::MatmulRs => (t, h, 4 * h / d),
-            Pattern::ColumnParallel | Pattern::P2pRing => (t, 4 * h / d, h),
+            Pattern::SpMlp => &MLP_SEEDS,
+            _ => &LINEAR_SEEDS,
         }
     }
 
-    /// The collective alone, over the whole `[t, h]` activation.
-    fn comm(self) -> CommKind {
+    /// The local GEMMs `[m, k] · [n, k]ᵀ` of one rank, as (m, n, k).
+    fn gemms(self, t: usize, h: usize, d: usize) -> Vec<(usize, usize, usize)> {
         match self {
-            Pattern::RowParallel => CommKind::Allreduce,
-            Pattern::ColumnParallel => CommKind::Allgather,
-            Pattern::MatmulRs => CommKind::ReduceScatter,
-            Pattern::P2pRing => CommKind::Ring,
+            Pattern::RowParallel | Pattern::MatmulRs => vec![(t, h, 4 * h / d)],
+            Pattern::ColumnParallel | Pattern::P2pRing => vec![(t, 4 * h / d, h)],
+            Pattern::SpMlp => {
+                let f = MLP_EXPANSION * h / d;
+                vec![(t, f, h), (t, h, f)]
+            }
         }
     }
 
-    /// The global `X [t, k] · W [n, k]ᵀ`: (k, n).
-    fn reference(self, h: usize) -> (usize, usize) {
+    /// The collectives alone, each over the whole `[t, h]` activation.
+    fn comms(self) -> Vec<CommKind> {
         match self {
-            Pattern::RowParallel | Pattern::MatmulRs => (4 * h, h),
-            Pattern::ColumnParallel | Pattern::P2pRing => (h, 4 * h),
+            Pattern::RowParallel => vec![CommKind::Allreduce],
+            Pattern::ColumnParallel => vec![CommKind::Allgather],
+            Pattern::MatmulRs => vec![CommKind::ReduceScatter],
+            Pattern::P2pRing => vec![CommKind::Ring],
+            Pattern::SpMlp => vec![CommKind::Allgather, CommKind::ReduceScatter],
+        }
+    }
+
+    /// The host reference of the output rows `rows` at hidden size `h`.
+    fn reference(self, rows: &[usize], h: usize) -> Vec<Vec<f64>> {
+        let [sx, sw] = LINEAR_SEEDS;
+        match self {
+            // The global X [t, k] · W [n, k]ᵀ.
+            Pattern::RowParallel | Pattern::MatmulRs => linear_reference(rows, 4 * h, h, sx, sw),
+            Pattern::ColumnParallel | Pattern::P2pRing => linear_reference(rows, h, 4 * h, sx, sw),
+            Pattern::SpMlp => mlp_reference(rows, h, MLP_EXPANSION * h, MLP_SEEDS),
         }
     }
 
@@ -135,7 +173,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "row-parallel,column-parallel,matmul+rs,p2p-ring"
+        default_value = "row-parallel,column-parallel,matmul+rs,p2p-ring,sp-mlp"
     )]
     patterns: Vec<Pattern>,
     /// Where to write ours.jsonl, the traces and the timelines.
@@ -174,6 +212,78 @@ impl Args {
     }
 }
 
+/// The MLP block's intermediate size f over h.
+const MLP_EXPANSION: usize = 4;
+
+/// The seeds of the MLP block's inputs x, w1 and w2 (x and w1 as a linear's).
+const MLP_SEEDS: [u64; 3] = [LINEAR_SEEDS[0], LINEAR_SEEDS[1], 303];
+
+/// `xs · Wᵀ` in f64 for the rows `xs` (each of length k) and `W [n, k]` hashed from
+/// `seed_w`, the output columns spread over every core.
+fn times_hashed(xs: &[Vec<f64>], n: usize, seed_w: u64) -> Vec<Vec<f64>> {
+    let k = xs.first().map_or(0, Vec::len);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(n.max(1));
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let parts: Vec<Vec<Vec<f64>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(per)
+            .map(|lo| {
+                s.spawn(move || {
+                    let hi = (lo + per).min(n);
+                    let mut out = vec![vec![0.0f64; hi - lo]; xs.len()];
+                    let mut w = vec![0.0f64; k];
+                    for col in lo..hi {
+                        for (j, v) in w.iter_mut().enumerate() {
+                            *v = hash_value(seed_w, (col * k + j) as u64);
+                        }
+                        for (x, o) in xs.iter().zip(out.iter_mut()) {
+                            o[col - lo] = x.iter().zip(&w).map(|(a, b)| a * b).sum();
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut out = vec![Vec::with_capacity(n); xs.len()];
+    for part in parts {
+        for (o, p) in out.iter_mut().zip(part) {
+            o.extend(p);
+        }
+    }
+    out
+}
+
+/// Rows `rows` of the MLP block's output `silu(x · w1ᵀ) · w2ᵀ` (the reduce-scatter only
+/// places rows) for the global x [t, h], w1 [f, h] and w2 [h, f] hashed from `seeds`, in f64
+/// but with the bf16 roundings the program makes in between: h1 (the first GEMM's bf16
+/// output; its f32 accumulation is exact, every input being an odd sixteenth) and a (the
+/// SiLU kernel computes in f32 and stores bf16). The remaining differences (the second GEMM's
+/// f32 accumulation, its bf16 partials, the reduce-scatter's bf16 sums) are those of
+/// matmul+rs, within the bf16 tolerance of [`check_sample`].
+fn mlp_reference(rows: &[usize], h: usize, f: usize, seeds: [u64; 3]) -> Vec<Vec<f64>> {
+    let bf16 = |v: f64| round_to(weave_ir::DType::BF16, v);
+    let a: Vec<Vec<f64>> = linear_reference(rows, h, f, seeds[0], seeds[1])
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|v| {
+                    let h1 = bf16(v);
+                    bf16(h1 / (1.0 + (-h1).exp()))
+                })
+                .collect()
+        })
+        .collect();
+    times_hashed(&a, h, seeds[2])
+}
+
 /// A count of at least 1.
 fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -192,17 +302,13 @@ fn compile(
     pipeline: &Pipeline,
 ) -> Result<Executable, String> {
     let (name, source) = p.fixture();
-    let mut set = vec![
-        ("t".to_string(), t as i64),
-        ("h".to_string(), h as i64),
-        ("d".to_string(), d as i64),
-    ];
+    let mut set = p.params(t, h, d);
     if let Some(s) = s {
-        set.push(("s".to_string(), s as i64));
+        set.push(("s", s as i64));
     }
     let mut compiler = Compiler::new().pipeline(pipeline.clone());
     for (k, v) in set {
-        compiler = compiler.set(&k, v);
+        compiler = compiler.set(k, v);
     }
     compiler
         .compile_source(name, source)
@@ -238,6 +344,7 @@ fn measure(
     comm_options: Option<(NcclId, NcclOptions)>,
     engine: CopyEngine,
     args: &Args,
+    seeds: &'static [u64],
     rows: &Arc<Vec<usize>>,
     reference: &[Vec<f64>],
     config: String,
@@ -251,7 +358,7 @@ fn measure(
             &engine,
             &c,
             &how2,
-            &LINEAR_SEEDS,
+            seeds,
             (warmup, iters),
             &rows2,
         )
@@ -282,8 +389,17 @@ fn measure(
     })
 }
 
-fn max_median(v: Vec<Vec<f64>>) -> f64 {
-    v.iter().map(|t| median(t)).fold(0.0f64, f64::max)
+/// Per rank, the medians of each part; returns (the slowest rank's sum of the parts, each
+/// part's slowest rank).
+fn sum_of_medians(v: &[Vec<f64>]) -> (f64, Vec<f64>) {
+    let total = v
+        .iter()
+        .map(|r| r.iter().sum::<f64>())
+        .fold(0.0f64, f64::max);
+    let parts = (0..v.first().map_or(0, Vec::len))
+        .map(|j| v.iter().map(|r| r[j]).fold(0.0f64, f64::max))
+        .collect();
+    (total, parts)
 }
 
 fn run() -> Result<(), String> {
@@ -465,18 +581,29 @@ fn run_row(
 ) -> Result<RowResult, String> {
     let (w, i) = (bench.args.warmup, bench.args.iters);
     let standard = Pipeline::standard();
-    let gemm = p.gemm(t, h, d);
-    let mm = max_median(world.get()?.run(move |r| time_gemm(r, gemm, w, i))?);
-    let kind = p.comm();
-    let comm = max_median(world.get()?.run(move |r| time_comm(r, kind, t * h, w, i))?);
+    // Our GEMMs alone and our collectives alone: per rank the sum of each one's median (the
+    // MLP block: both GEMMs; the allgather and the reduce-scatter), the slowest rank's.
+    let gemms = p.gemms(t, h, d);
+    let (mm, mm_parts) = sum_of_medians(&world.get()?.run(move |r| {
+        gemms
+            .iter()
+            .map(|&g| time_gemm(r, g, w, i).map(|v| median(&v)))
+            .collect::<Result<Vec<f64>, _>>()
+    })?);
+    let kinds = p.comms();
+    let (comm, comm_parts) = sum_of_medians(&world.get()?.run(move |r| {
+        kinds
+            .iter()
+            .map(|&k| time_comm(r, k, t * h, w, i).map(|v| median(&v)))
+            .collect::<Result<Vec<f64>, _>>()
+    })?);
     // The host reference of 16 sampled rows.
     let rows: Arc<Vec<usize>> = Arc::new(
         (0..16)
             .map(|j| j * (t / 16) + (j * 37) % (t / 16))
             .collect(),
     );
-    let (k, n) = p.reference(h);
-    let reference = linear_reference(&rows, k, n, LINEAR_SEEDS[0], LINEAR_SEEDS[1]);
+    let reference = p.reference(&rows, h);
     let mut sweep: Vec<(usize, Measured)> = Vec::new();
     for s in p.chunk_counts(d) {
         let param = (p != Pattern::P2pRing).then_some(s);
@@ -493,6 +620,7 @@ fn run_row(
             None,
             CopyEngine::Off,
             &bench.args,
+            p.seeds(),
             &rows,
             &reference,
             format!("S={s} K=2"),
@@ -683,7 +811,10 @@ fn run_row(
         }
         // Copy-engine allgathers and transfers: no SMs taken from the GEMMs, so more chunks
         // may pay.
-        if matches!(p, Pattern::ColumnParallel | Pattern::P2pRing) {
+        if matches!(
+            p,
+            Pattern::ColumnParallel | Pattern::P2pRing | Pattern::SpMlp
+        ) {
             for s in p.chunk_counts(d).into_iter().filter(|&s| s > 1) {
                 let c = program(s, &standard)?;
                 // Window transfers leave their flags as they found them, so they replay.
@@ -824,7 +955,8 @@ fn run_row(
     ))?;
     bench.emit(json!({
         "source": "streamweave", "pattern": p.name(), "d": d, "t": t, "h": h,
-        "mm_ms": mm, "comm_ms": comm, "s1_ms": s1, "chunks": chunks,
+        "mm_ms": mm, "comm_ms": comm, "mm_parts_ms": mm_parts, "comm_parts_ms": comm_parts,
+        "s1_ms": s1, "chunks": chunks,
         "auto": auto.map(|(s, ms)| json!({"s": s, "ms": ms})),
         "best": {"ms": best.ms, "config": best.config},
         "numerics": {"ok": numerics_ok, "max_err": max_err, "configs": configs},
@@ -879,6 +1011,7 @@ fn run_experiment(
             Engine::Windows => CopyEngine::windows(d, IpcOptions::default()),
         },
         &bench.args,
+        p.seeds(),
         rows,
         reference,
         e.config.clone(),

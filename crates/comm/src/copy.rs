@@ -10,11 +10,19 @@
 //!   of one process, meeting at a [`crate::PeerHub`] ([`crate::PeerCopy`]);
 //! * [`crate::ipc::IpcTransport`]: pushes into receive windows that ranks share through CUDA
 //!   IPC handles, between processes of one host or threads ([`crate::IpcCopy`]).
+//!
+//! Given a [`Reducer`] ([`CopyComm::with_reducer`]), sum reduce-scatters and allreduces go
+//! through the copy engines too: each member's blocks are pushed to the members that own
+//! them, into a scratch buffer of the receiver's, and one streaming reduction kernel per post
+//! adds the blocks up in team order (an allreduce then gathers the reduced blocks the same
+//! way): the SMs a GEMM beside it loses are those of that kernel alone, not NCCL's
+//! persistent CTAs for the whole transfer ([`reduce_plan`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::communicator::{Collective, CommOp, Communicator, P2p};
+use crate::dtype::{DataType, RedOp};
 use crate::error::CommError;
 use crate::nccl::DeviceBuffer;
 
@@ -65,18 +73,59 @@ pub trait CopyTransport: Send + Sync {
     fn abort(&self) {}
 }
 
-/// A communicator whose allgathers and point-to-point transfers over contiguous buffers go
-/// through the copy-engine transport `T`, everything else through `C` (see the module
-/// documentation).
-pub struct CopyComm<T, C> {
-    inner: Arc<C>,
-    transport: T,
+/// The reduction kernels and scratch memory of copy-engine reduce-scatters and allreduces,
+/// enqueued on the posting stream.
+pub trait Reducer<S: ?Sized>: Send + Sync {
+    /// Enqueues `f` with `bytes` of scratch device memory at the address it is given,
+    /// allocated and freed in the order of `stream` around what `f` enqueues.
+    fn with_scratch(
+        &self,
+        bytes: usize,
+        stream: &S,
+        f: &mut dyn FnMut(u64) -> Result<(), CommError>,
+    ) -> Result<(), CommError>;
+
+    /// Enqueues `out[e] = src[e] + src[n + e] + … + src[(blocks - 1) n + e]` for `e < n`, in
+    /// that order (the sum accumulated in `float`, or `double` for f64, rounded once), on
+    /// `stream`. `Err` when `dtype` has no reduction kernel.
+    fn sum_blocks(
+        &self,
+        out: u64,
+        src: u64,
+        blocks: usize,
+        n: usize,
+        dtype: DataType,
+        stream: &S,
+    ) -> Result<(), CommError>;
+
+    /// Whether [`Reducer::sum_blocks`] takes `dtype`.
+    fn reduces(&self, dtype: DataType) -> bool;
 }
 
-impl<T, C> CopyComm<T, C> {
+/// A communicator whose allgathers and point-to-point transfers over contiguous buffers go
+/// through the copy-engine transport `T`, everything else through `C` (see the module
+/// documentation); with a [`Reducer`], its sum reduce-scatters and allreduces too.
+pub struct CopyComm<T: CopyTransport, C> {
+    inner: Arc<C>,
+    transport: T,
+    reducer: Option<Arc<dyn Reducer<T::Stream>>>,
+}
+
+impl<T: CopyTransport, C> CopyComm<T, C> {
     /// Wraps `inner`, moving copy-engine transfers through `transport`.
     pub fn with_transport(inner: Arc<C>, transport: T) -> CopyComm<T, C> {
-        CopyComm { inner, transport }
+        CopyComm {
+            inner,
+            transport,
+            reducer: None,
+        }
+    }
+
+    /// Moves sum reduce-scatters and allreduces through the copy engines too, their blocks
+    /// added up by `reducer`.
+    pub fn with_reducer(mut self, reducer: Arc<dyn Reducer<T::Stream>>) -> CopyComm<T, C> {
+        self.reducer = Some(reducer);
+        self
     }
 
     /// The wrapped communicator.
@@ -113,6 +162,20 @@ where
 
     fn post(&self, collective: Collective<C::Buffer>, stream: &C::Stream) -> Result<(), CommError> {
         let me = self.rank();
+        if let Some(reducer) = &self.reducer {
+            if let Some(plan) = reduce_plan(me, &collective, |t| reducer.reduces(t)) {
+                let _span = tracing::debug_span!(
+                    "copy_engine_reduce",
+                    rank = me,
+                    op = collective.op.name(),
+                    label = %collective.label,
+                    team = ?collective.team,
+                    bytes = plan.block_bytes * plan.blocks,
+                )
+                .entered();
+                return self.reduce(&collective.label, &plan, reducer.as_ref(), stream);
+            }
+        }
         match allgather_transfers(me, &collective) {
             Some(t) => {
                 let _span = tracing::debug_span!(
@@ -160,6 +223,180 @@ where
         self.transport.abort();
         self.inner.abort(reason);
     }
+}
+
+impl<T, C> CopyComm<T, C>
+where
+    C: Communicator,
+    C::Buffer: DeviceBuffer,
+    T: CopyTransport<Stream = C::Stream>,
+{
+    /// Enqueues a copy-engine reduce-scatter or allreduce planned by [`reduce_plan`].
+    fn reduce(
+        &self,
+        label: &str,
+        plan: &ReducePlan,
+        reducer: &dyn Reducer<C::Stream>,
+        stream: &C::Stream,
+    ) -> Result<(), CommError> {
+        let me = self.rank();
+        let timeout = self.timeout();
+        reducer.with_scratch(plan.block_bytes * plan.blocks, stream, &mut |scratch| {
+            let scatter = plan.scatter(scratch);
+            self.transport
+                .transfer(me, label, &scatter, stream, timeout)?;
+            reducer.sum_blocks(
+                plan.reduced,
+                scratch,
+                plan.blocks,
+                plan.block_len,
+                plan.dtype,
+                stream,
+            )?;
+            if let Some(gather) = plan.gather() {
+                self.transport.transfer(
+                    me,
+                    &format!("{label} (gather)"),
+                    &gather,
+                    stream,
+                    timeout,
+                )?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// How a copy-engine reduce-scatter or allreduce of one member runs: its input cut into
+/// `blocks` blocks of `block_len` elements (block `j` belongs to the member at team index
+/// `j`), each pushed to its owner's scratch slot `index` (this member's own block copied
+/// into its own scratch), the blocks of this member's scratch summed in team order into
+/// `reduced`; an allreduce then sends `reduced` to every member, whose output block `index`
+/// it becomes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReducePlan {
+    /// The team, in order.
+    pub team: Vec<usize>,
+    /// This member's team index.
+    pub index: usize,
+    /// The team's size: blocks per input.
+    pub blocks: usize,
+    /// Elements per block.
+    pub block_len: usize,
+    /// Bytes per block.
+    pub block_bytes: usize,
+    /// The element type.
+    pub dtype: DataType,
+    /// The input's address.
+    pub input: u64,
+    /// Where this member's reduced block goes: the reduce-scatter's output, or the
+    /// allreduce output's block `index`.
+    pub reduced: u64,
+    /// For an allreduce, the output's address (its block `j` comes from member `j`).
+    pub gathered: Option<u64>,
+}
+
+impl ReducePlan {
+    /// The transfers that bring every member's block `index` into `scratch` (block `j` from
+    /// member `j`; this member's own by a local copy) and send this member's other blocks to
+    /// their owners.
+    pub fn scatter(&self, scratch: u64) -> Transfers {
+        let b = self.block_bytes;
+        let block = |base: u64, j: usize| base + (j * b) as u64;
+        let mut t = Transfers::default();
+        for (j, &p) in self.team.iter().enumerate() {
+            if j == self.index {
+                t.local.push((block(scratch, j), block(self.input, j), b));
+            } else {
+                t.sends.push((p, block(self.input, j), b));
+                t.recvs.push((p, block(scratch, j), b));
+            }
+        }
+        t
+    }
+
+    /// For an allreduce, the transfers that send the reduced block to every other member and
+    /// receive theirs into the output.
+    pub fn gather(&self) -> Option<Transfers> {
+        let out = self.gathered?;
+        let b = self.block_bytes;
+        let mut t = Transfers::default();
+        for (j, &p) in self.team.iter().enumerate() {
+            if j != self.index {
+                t.sends.push((p, self.reduced, b));
+                t.recvs.push((p, out + (j * b) as u64, b));
+            }
+        }
+        Some(t)
+    }
+}
+
+/// The copy-engine plan of a sum reduce-scatter or allreduce that `me` is a member of, over
+/// contiguous, non-overlapping buffers of an element type `reduces` takes, on a team of two
+/// or more whose size divides an allreduce (a reduce-scatter's input is the team size times
+/// its output); `None` for anything else (it goes to NCCL).
+pub fn reduce_plan<B: DeviceBuffer>(
+    me: usize,
+    collective: &Collective<B>,
+    reduces: impl Fn(DataType) -> bool,
+) -> Option<ReducePlan> {
+    let (input, output, allreduce) = match &collective.op {
+        CommOp::ReduceScatter {
+            input,
+            output,
+            op: RedOp::Sum,
+        } => (input, output, false),
+        CommOp::Allreduce {
+            input,
+            output,
+            op: RedOp::Sum,
+        } => (input, output, true),
+        _ => return None,
+    };
+    let team = &collective.team;
+    let index = team.iter().position(|&p| p == me)?;
+    let d = team.len();
+    let dtype = input.data_type();
+    if d < 2
+        || !input.is_contiguous()
+        || !output.is_contiguous()
+        || output.data_type() != dtype
+        || !reduces(dtype)
+    {
+        return None;
+    }
+    let (block_len, reduced, gathered) = if allreduce {
+        if output.len() != input.len() || input.len() % d != 0 {
+            return None;
+        }
+        let n = input.len() / d;
+        let at = output.device_ptr() + (index * n * dtype.size()) as u64;
+        (n, at, Some(output.device_ptr()))
+    } else {
+        if input.len() != output.len() * d {
+            return None;
+        }
+        (output.len(), output.device_ptr(), None)
+    };
+    if block_len == 0 {
+        return None;
+    }
+    let bytes = |b: &B| (b.len() * dtype.size()) as u64;
+    let (i0, o0) = (input.device_ptr(), output.device_ptr());
+    if i0 < o0 + bytes(output) && o0 < i0 + bytes(input) {
+        return None;
+    }
+    Some(ReducePlan {
+        team: team.clone(),
+        index,
+        blocks: d,
+        block_len,
+        block_bytes: block_len * dtype.size(),
+        dtype,
+        input: i0,
+        reduced,
+        gathered,
+    })
 }
 
 /// Checks that a rank's sends to itself meet its receives from itself, in order and by size

@@ -53,7 +53,7 @@ pub mod peer;
 
 pub use bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 pub use communicator::{Collective, CommOp, Communicator, P2p, Task, TaskQueue};
-pub use copy::{CopyComm, CopyTransport, Transfers};
+pub use copy::{reduce_plan, CopyComm, CopyTransport, ReducePlan, Reducer, Transfers};
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;
 pub use host::HostView;

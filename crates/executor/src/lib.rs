@@ -35,7 +35,7 @@ pub mod timeline;
 
 pub use backend::{Backend, Region, Span, StreamKey};
 pub use cpu::{CpuBackend, CpuOptions};
-pub use cuda::{time_back_to_back, CudaBackend, CudaOptions, DeviceTensor, Replay};
+pub use cuda::{time_back_to_back, BlockSums, CudaBackend, CudaOptions, DeviceTensor, Replay};
 pub use dense::Dense;
 pub use error::ExecError;
 pub use eval::{

@@ -369,8 +369,9 @@ extern "C" __global__ void weave_fill_hash(
     float v = 0.0f;
     if (a != pad && b != pad && c != pad && d != pad) {
       unsigned long long g = a + b + c + d;
-      unsigned long long m = weave_mix(g + seed * 0x9E3779B97F4A7C15ULL) >> 60;
-      v = (float)(2 * (long long)m - 15) / 16.0f;
+      unsigned long long z = weave_mix(g + seed * 0x9E3779B97F4A7C15ULL);
+      float mag = (1.0f + (float)((z >> 53) & 127ULL) / 128.0f) / (float)(2ULL << ((z >> 60) & 3ULL));
+      v = (z >> 63) ? -mag : mag;
     }
     if (kind == 0) {
       ((unsigned short*)out)[e] = (unsigned short)(__float_as_uint(v) >> 16);
@@ -381,15 +382,25 @@ extern "C" __global__ void weave_fill_hash(
 }
 "#;
 
-/// The value of global element `g` of the tensor seeded by `seed`: an odd multiple of 1/16 in
-/// (-1, 1) — never zero, exact in bf16 — from the splitmix64 finaliser of `g`.
+/// The value of global element `g` of the tensor seeded by `seed`, from the splitmix64
+/// finaliser `z` of `g`: a random sign, a random exponent (magnitudes in [1/16, 1)) and 7
+/// random mantissa bits, `±(1 + k/128) / 2^(1..=4)` — never zero, exact in bf16, f16 and
+/// f32, and with every mantissa bit of a bf16 in play (a GEMM's speed depends on the bits
+/// it multiplies: values of a few bits, like odd sixteenths, draw less power and run up to
+/// 5–8% faster on an H100 than the inputs `weave run` and PyTorch generate).
 pub fn hash_value(seed: u64, g: u64) -> f64 {
     let mut z = g.wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
-    let m = (z >> 60) as i64;
-    (2 * m - 15) as f64 / 16.0
+    let k = ((z >> 53) & 127) as f64;
+    let scale = (2u64 << ((z >> 60) & 3)) as f64;
+    let mag = (1.0 + k / 128.0) / scale;
+    if z >> 63 == 1 {
+        -mag
+    } else {
+        mag
+    }
 }
 
 type Reply = (usize, Result<Box<dyn Any + Send>, JobError>);
@@ -775,12 +786,18 @@ mod tests {
     use std::collections::HashSet;
 
     #[test]
-    fn hash_values_are_odd_sixteenths_never_zero_and_spread() {
-        let v: Vec<f64> = (0..4096).map(|g| hash_value(7, g)).collect();
-        assert!(v.iter().all(|x| *x != 0.0 && x.abs() < 1.0));
-        assert!(v.iter().all(|x| ((x * 16.0).round() as i64) % 2 != 0));
-        let distinct: HashSet<i64> = v.iter().map(|x| (x * 16.0) as i64).collect();
-        assert_eq!(distinct.len(), 16, "all 16 values occur");
+    fn hash_values_are_exact_in_bf16_never_zero_and_use_every_mantissa_bit() {
+        let v: Vec<f64> = (0..16384).map(|g| hash_value(7, g)).collect();
+        assert!(v
+            .iter()
+            .all(|x| *x != 0.0 && x.abs() < 1.0 && x.abs() >= 1.0 / 16.0));
+        // Exact in bf16: rounding to it changes nothing.
+        assert!(v
+            .iter()
+            .all(|x| weave_executor::dense::round_to(DType::BF16, *x) == *x));
+        // Both signs, four exponents and all 128 mantissas of a bf16 occur.
+        let distinct: HashSet<u64> = v.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(distinct.len(), 2 * 4 * 128, "every value occurs");
         let mean = v.iter().sum::<f64>() / v.len() as f64;
         assert!(mean.abs() < 0.05, "mean {mean}");
         assert_ne!(hash_value(7, 3), hash_value(8, 3), "seeds differ");

@@ -22,6 +22,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use weave_comm::Communicator;
@@ -236,6 +237,17 @@ pub struct Executable {
     program: HostProgram,
     compile_time: Duration,
     chunk_choice: Option<Choice>,
+    /// Runs on GPUs so far and the tuned configuration they use (shared by clones).
+    repeated: Arc<Mutex<Repeated>>,
+}
+
+/// What [`Executable::run`] remembers between calls on GPUs: how many ran, and once tuned,
+/// the program of the winning chunk count with the winner.
+#[derive(Debug, Default)]
+struct Repeated {
+    runs: usize,
+    tuned: Option<Arc<(Executable, crate::tune::Entry, &'static str)>>,
+    tried: bool,
 }
 
 impl Executable {
@@ -263,6 +275,7 @@ impl Executable {
             program,
             compile_time: Duration::ZERO,
             chunk_choice: None,
+            repeated: Arc::default(),
         })
     }
 
@@ -626,6 +639,87 @@ impl Executable {
     /// [`Executable::run`] on global inputs already in the executor's dense form, in
     /// signature order.
     pub fn run_dense(&self, globals: &[Dense], options: &RunOptions) -> Result<RunReport, Error> {
+        if let Some((tuned, entry, source)) = self.tuned_for(options) {
+            let mut options = options.clone();
+            entry.apply(&mut options);
+            let mut report = tuned.run_untuned(globals, &options)?;
+            report.config = Some(format!("{} ({source})", entry.candidate()));
+            return Ok(report);
+        }
+        self.run_untuned(globals, options)
+    }
+
+    /// The tuned program and configuration a run with `options` uses: on GPUs of this process,
+    /// from the second run on, when the options leave pool, transport and knobs at their
+    /// defaults and the program carries its definition (to compile other chunk counts).
+    /// Tunes once ([`RunOptions::tune`]) when the cache has nothing; a tuning that fails or
+    /// finds nothing leaves the program as compiled.
+    fn tuned_for(&self, options: &RunOptions) -> Option<(Executable, crate::tune::Entry, &str)> {
+        let Target::Cuda { ranks } = options.target else {
+            return None;
+        };
+        let budget = options.tune?;
+        let defaults = RunOptions::default();
+        if options.streams != defaults.streams
+            || options.transport != defaults.transport
+            || options.overlap != defaults.overlap
+            || options.iters == 0 && options.warmup == 0 && !options.replay
+        {
+            return None;
+        }
+        let definition = self.signature().definition.clone()?;
+        let mut repeated = self.repeated.lock().unwrap_or_else(|p| p.into_inner());
+        repeated.runs += 1;
+        if let Some(t) = &repeated.tuned {
+            return Some((t.0.clone(), t.1.clone(), t.2));
+        }
+        if repeated.runs < 2 || repeated.tried {
+            return None;
+        }
+        repeated.tried = true;
+        let ranks_param = definition
+            .role_param(ParamRole::MeshSize)
+            .map(|p| p.name.clone());
+        let mut fusion = definition;
+        if let Some(name) = ranks_param {
+            fusion
+                .set_param(&name, i64::try_from(ranks).unwrap_or(i64::MAX))
+                .ok()?;
+        }
+        let machine = crate::tune::gpu_name(0).ok()?;
+        let key = crate::tune::TuneKey::of(&fusion, ranks, "cuda", &machine);
+        let cache = crate::tune::default_cache_path();
+        let cached = cache
+            .as_deref()
+            .and_then(|p| crate::tune::lookup(p, &key).ok().flatten());
+        let (entry, source) = match cached {
+            Some(e) => (e, "the tuning cache"),
+            None => {
+                let tune_options =
+                    crate::tune::TuneOptions::first_run(ranks, &machine, None, budget);
+                let mut measure =
+                    crate::measure::WorldMeasure::open(ranks, 3, 10, options.timeout).ok()?;
+                let tuning = crate::tune::tune(&fusion, &tune_options, &mut measure).ok()?;
+                drop(measure);
+                let entry = tuning.entry()?;
+                if let Some(p) = cache.as_deref() {
+                    // A cache that cannot be written keeps the result for this executable.
+                    let _ = crate::tune::store(p, &tuning);
+                }
+                (entry, "tuned now")
+            }
+        };
+        let compiler = Compiler::new()
+            .devices(ranks)
+            .chunks(entry.compiler_chunks());
+        let exe = compiler.compile(&fusion).ok()?;
+        let tuned = Arc::new((exe, entry, source));
+        repeated.tuned = Some(tuned.clone());
+        Some((tuned.0.clone(), tuned.1.clone(), tuned.2))
+    }
+
+    /// [`Executable::run_dense`] of this program with `options` as given, never tuned.
+    fn run_untuned(&self, globals: &[Dense], options: &RunOptions) -> Result<RunReport, Error> {
         if globals.len() != self.inputs().len() {
             return Err(Error::Program(format!(
                 "{} inputs were given, the program takes {}",
@@ -676,6 +770,7 @@ impl Executable {
             checks,
             reference_time,
             run_time,
+            config: None,
         })
     }
 }

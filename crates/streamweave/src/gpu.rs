@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use weave_comm::bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
-use weave_comm::{CommError, Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub};
+use weave_comm::{CommError, Communicator, IpcCopy, IpcOptions};
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
-    check_inputs, program_teams, run_rank, run_rank_buffers, time_back_to_back, Backend,
+    check_inputs, program_teams, run_rank, run_rank_buffers, time_back_to_back, Backend, BlockSums,
     CudaBackend, CudaOptions, Dense, DeviceTensor, ExecError, RankRun, Replay, RunConfig,
 };
 use weave_host_ir::HostProgram;
@@ -63,10 +63,11 @@ pub fn backend_for(
 enum Link<'a> {
     /// NCCL for everything.
     Nccl,
-    /// Copy-engine peer copies between the threads of this process, meeting at the hub.
-    Peer(&'a Arc<PeerHub>),
     /// Copy-engine pushes into shared windows, set up through the launcher's store.
     Ipc(&'a TcpStore),
+    /// Copy-engine pushes into shared windows between the threads of this process (direct
+    /// pointers; replayable, unlike peer copies), set up through an in-process exchange.
+    Windows(&'a Arc<crate::measure::Exchange>),
 }
 
 /// Opens rank `rank`'s GPU, its backend and its communicator, and runs the program (or, when
@@ -105,35 +106,41 @@ fn run_one(
         return Err(ExecError::Program(why));
     }
     let backend = backend_for(&gpu, cuda_options(options, &gpu)?, &comm)?;
-    let run = match link {
-        Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
-        Link::Peer(hub) => {
-            // Peer copies wait on the host for the other threads' offers: not capturable.
-            let peer = PeerCopy::new(comm.clone(), hub.clone(), gpu.clone());
-            drive(program, config, inputs, options, &backend, &peer, false)
-        }
-        Link::Ipc(store) => {
-            let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), IpcOptions::default(), |card| {
-                all_gather(store, rank, world, "copy-engine-windows", &card)
-            });
-            match ipc {
-                Ok(ipc) => {
-                    let run = drive(program, config, inputs, options, &backend, &ipc, true);
-                    if run.is_err() {
-                        // The abort released the streams' flag waits, but a stream may
-                        // still be draining into the windows: leave them to the process's
-                        // exit rather than free memory the GPU may touch.
-                        std::mem::forget(ipc);
+    let run =
+        match link {
+            Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
+            Link::Ipc(_) | Link::Windows(_) => {
+                let ipc =
+                    IpcCopy::connect(comm.clone(), gpu.clone(), IpcOptions::default(), |card| {
+                        match link {
+                            Link::Ipc(store) => {
+                                all_gather(store, rank, world, "copy-engine-windows", &card)
+                            }
+                            Link::Windows(exchange) => exchange
+                                .all_gather_as(rank, options.timeout, card)
+                                .map_err(CommError::Bootstrap),
+                            _ => unreachable!("only window links connect windows"),
+                        }
+                    });
+                match ipc {
+                    Ok(ipc) => {
+                        let ipc = ipc.with_reducer(Arc::new(BlockSums::new(gpu.clone())));
+                        let run = drive(program, config, inputs, options, &backend, &ipc, true);
+                        if run.is_err() {
+                            // The abort released the streams' flag waits, but a stream may
+                            // still be draining into the windows: leave them to the process's
+                            // exit rather than free memory the GPU may touch.
+                            std::mem::forget(ipc);
+                        }
+                        run
                     }
-                    run
-                }
-                Err(e) => {
-                    comm.abort(&e.to_string());
-                    Err(e.into())
+                    Err(e) => {
+                        comm.abort(&e.to_string());
+                        Err(e.into())
+                    }
                 }
             }
-        }
-    };
+        };
     if let Err(e) = &run {
         comm.abort(&e.to_string());
     }
@@ -243,10 +250,10 @@ fn run_threads_with(
     check_all_inputs(program, config, &per_rank)?;
     gpus_available(world)?;
     let id = NcclId::new().map_err(|e| RunError::Setup(e.to_string()))?;
-    let hub = PeerHub::new();
+    let exchange = crate::measure::Exchange::new(world);
     let link = || match options.transport {
         Transport::Nccl => Link::Nccl,
-        Transport::CopyEngine => Link::Peer(&hub),
+        Transport::CopyEngine => Link::Windows(&exchange),
     };
     run_rank_threads(per_rank, |rank, inputs| {
         run_one(
@@ -374,12 +381,15 @@ enum RankReport {
     Failed(String),
 }
 
-/// One output of a [`RankReport`]: its element type by name, its sizes and its values.
+/// One output of a [`RankReport`]: its element type by name, its sizes and its values as
+/// their IEEE 754 bit patterns (`f64::to_bits`), so that every value, NaN (with its payload),
+/// ±∞ and -0.0 included, comes back exactly (JSON numbers have no NaN or ∞: serde_json
+/// writes them as `null`).
 #[derive(Debug, Serialize, Deserialize)]
 struct OutputReport {
     dtype: String,
     sizes: Vec<usize>,
-    data: Vec<f64>,
+    bits: Vec<u64>,
 }
 
 impl RankReport {
@@ -395,7 +405,7 @@ impl RankReport {
                 .map(|d| OutputReport {
                     dtype: d.dtype.to_string(),
                     sizes: d.sizes.clone(),
-                    data: d.data.clone(),
+                    bits: d.data.iter().map(|v| v.to_bits()).collect(),
                 })
                 .collect(),
         }
@@ -421,13 +431,13 @@ fn decode_run(bytes: &[u8]) -> Result<RankRun, String> {
         .map(|o| {
             let dtype = weave_ir::DType::from_name(&o.dtype)
                 .ok_or_else(|| format!("a malformed run report: no dtype `{}`", o.dtype))?;
-            if o.data.len() != o.sizes.iter().product::<usize>() {
+            if o.bits.len() != o.sizes.iter().product::<usize>() {
                 return Err("a malformed run report: values do not fill the sizes".to_string());
             }
             Ok(Dense {
                 dtype,
                 sizes: o.sizes,
-                data: o.data,
+                data: o.bits.into_iter().map(f64::from_bits).collect(),
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -479,5 +489,35 @@ mod tests {
         short["Ran"]["outputs"][0]["sizes"] = serde_json::json!([2, 4]);
         let short = decode_run(&serde_json::to_vec(&short).unwrap()).unwrap_err();
         assert!(short.contains("do not fill"), "{short}");
+    }
+
+    #[test]
+    fn run_reports_carry_non_finite_values_and_negative_zero_exactly() {
+        let quiet_nan_with_payload = f64::from_bits(0x7ff8_0000_0000_1234);
+        let values = [
+            f64::NAN,
+            -f64::NAN,
+            quiet_nan_with_payload,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            0.0,
+            f64::MIN_POSITIVE / 4.0,
+            f64::MAX,
+            1.0 / 3.0,
+        ];
+        let run = RankRun {
+            outputs: vec![Dense {
+                dtype: DType::F32,
+                sizes: vec![values.len()],
+                data: values.to_vec(),
+            }],
+            ..RankRun::default()
+        };
+        let encoded = serde_json::to_vec(&RankReport::of(&run)).unwrap();
+        let back = decode_run(&encoded).unwrap_or_else(|e| panic!("{e}"));
+        let bits = |d: &[f64]| d.iter().map(|v| v.to_bits()).collect::<Vec<u64>>();
+        assert_eq!(bits(&back.outputs[0].data), bits(&values));
+        assert_eq!(back.outputs[0].sizes, vec![values.len()]);
     }
 }

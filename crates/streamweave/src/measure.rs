@@ -12,8 +12,8 @@ use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::{Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub};
 use weave_cuda::GpuStream;
 use weave_executor::{
-    program_teams, run_rank_buffers, Backend, CudaBackend, CudaOptions, Dense, DeviceTensor,
-    RunConfig, StreamKey,
+    program_teams, run_rank_buffers, Backend, BlockSums, CudaBackend, CudaOptions, Dense,
+    DeviceTensor, RunConfig, StreamKey,
 };
 use weave_host_ir::TensorSig;
 use weave_ir::DType;
@@ -256,9 +256,12 @@ impl CopyEngine {
     }
 }
 
-/// A one-time all-gather of bytes between the ranks (threads) of a [`World`](crate::calibrate::World).
+/// A one-time all-gather of bytes between ranks that are threads of this process (those of a
+/// [`World`](crate::calibrate::World), or of a `weave run` on GPUs): how their copy-engine
+/// windows meet.
 pub struct Exchange {
     values: Mutex<Vec<Option<Vec<u8>>>>,
+    barrier: crate::calibrate::Barrier,
 }
 
 impl Exchange {
@@ -266,30 +269,42 @@ impl Exchange {
     pub fn new(ranks: usize) -> Arc<Exchange> {
         Arc::new(Exchange {
             values: Mutex::new(vec![None; ranks]),
+            barrier: crate::calibrate::Barrier::new(ranks),
         })
     }
 
     /// Hands `value` to every rank and returns every rank's, in rank order.
     pub fn all_gather(&self, rank: &Rank, value: Vec<u8>) -> Result<Vec<Vec<u8>>, JobError> {
-        let put = |v: &mut Vec<Option<Vec<u8>>>| match v.get_mut(rank.rank) {
+        self.all_gather_as(rank.rank, rank.timeout, value)
+    }
+
+    /// [`Exchange::all_gather`] as rank `rank`, waiting at most `timeout` for the others.
+    pub fn all_gather_as(
+        &self,
+        rank: usize,
+        timeout: std::time::Duration,
+        value: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>, JobError> {
+        let put = |v: &mut Vec<Option<Vec<u8>>>| match v.get_mut(rank) {
             Some(slot) => {
                 *slot = Some(value);
                 Ok(())
             }
-            None => Err(format!(
-                "rank {}: an exchange of {} ranks",
-                rank.rank,
-                v.len()
-            )),
+            None => Err(format!("rank {rank}: an exchange of {} ranks", v.len())),
         };
         put(&mut self.values.lock().unwrap_or_else(|p| p.into_inner()))?;
-        rank.barrier()?;
+        self.barrier.wait(timeout)?;
         let values = self.values.lock().unwrap_or_else(|p| p.into_inner());
         values
             .iter()
             .enumerate()
             .map(|(r, v)| v.clone().ok_or_else(|| format!("rank {r} gave no value")))
             .collect()
+    }
+
+    /// Fails every rank waiting in (or arriving at) the exchange with `why`.
+    pub fn break_with(&self, why: &str) {
+        self.barrier.break_with(why);
     }
 }
 
@@ -319,7 +334,8 @@ pub fn run_program(
     match engine {
         CopyEngine::Off => time_program(rank, &*comm, exe, how, seeds, warmup, iters, rows),
         CopyEngine::Peer(hub) => {
-            let pc = PeerCopy::new(comm, hub.clone(), rank.gpu.clone());
+            let pc = PeerCopy::new(comm, hub.clone(), rank.gpu.clone())
+                .with_reducer(Arc::new(BlockSums::new(rank.gpu.clone())));
             time_program(rank, &pc, exe, how, seeds, warmup, iters, rows)
         }
         CopyEngine::Windows(exchange, options) => {
@@ -329,7 +345,8 @@ pub fn run_program(
                 gathered = all.as_ref().err().cloned();
                 all.map_err(weave_comm::CommError::Bootstrap)
             })
-            .map_err(|e| gathered.unwrap_or_else(|| format!("copy-engine windows: {e}")))?;
+            .map_err(|e| gathered.unwrap_or_else(|| format!("copy-engine windows: {e}")))?
+            .with_reducer(Arc::new(BlockSums::new(rank.gpu.clone())));
             let timing = time_program(rank, &ipc, exe, how, seeds, warmup, iters, rows);
             if timing.is_err() {
                 // A stream may still wait on the windows: never free memory the GPU may touch.
@@ -350,7 +367,6 @@ pub struct WorldMeasure {
     warmup: usize,
     iters: usize,
     timeout: std::time::Duration,
-    hub: Arc<PeerHub>,
 }
 
 impl WorldMeasure {
@@ -371,7 +387,6 @@ impl WorldMeasure {
             warmup,
             iters: iters.max(1),
             timeout,
-            hub: PeerHub::new(),
         })
     }
 
@@ -401,10 +416,12 @@ impl crate::tune::Measure for WorldMeasure {
         };
         let engine = match candidate.transport {
             crate::Transport::Nccl => CopyEngine::Off,
-            crate::Transport::CopyEngine => CopyEngine::Peer(self.hub.clone()),
+            // Shared windows: replayable, unlike peer copies (which wait on the host).
+            crate::Transport::CopyEngine => {
+                CopyEngine::windows(self.world.ranks(), IpcOptions::default())
+            }
         };
-        // Peer copies between threads wait on the host: never captured.
-        let graph = candidate.replay && matches!(engine, CopyEngine::Off);
+        let graph = candidate.replay;
         let (streams, warmup, iters) = (candidate.streams, self.warmup, self.iters);
         let timings: Vec<ProgramTiming> = self.world.run(move |r| {
             let how = ProgramRun {

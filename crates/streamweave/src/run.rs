@@ -41,6 +41,9 @@ pub struct RunReport {
     pub reference_time: Duration,
     /// Wall time of the whole run of all ranks.
     pub run_time: Duration,
+    /// The configuration that ran when it was not the caller's (a tuned one, see
+    /// [`RunOptions::tune`]): `S=2 K=2 replay, ordered compute (tuned now)`.
+    pub config: Option<String>,
 }
 
 impl RunReport {
@@ -186,6 +189,7 @@ mod tests {
             checks: Vec::new(),
             reference_time: Duration::ZERO,
             run_time: Duration::ZERO,
+            config: None,
         }
     }
 

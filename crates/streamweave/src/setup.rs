@@ -108,6 +108,12 @@ pub struct RunOptions {
     pub transport: Transport,
     /// How the CUDA backend shares the GPU between compute and communication.
     pub overlap: Overlap,
+    /// The second [`Executable::run`](crate::Executable::run) of a program on GPUs of this
+    /// process (`Target::Cuda`), with the default pool, transport and overlap knobs, tunes it
+    /// first within this budget unless the tuning cache
+    /// ([`crate::tune::default_cache_path`]) has its configuration, and runs (and later
+    /// runs) the winner ([`crate::RunReport::config`] says which). `None`: never.
+    pub tune: Option<Duration>,
 }
 
 /// The CUDA backend's overlap knobs: how compute and communication share one GPU. The
@@ -230,6 +236,7 @@ impl Default for RunOptions {
             replay: true,
             transport: Transport::Nccl,
             overlap: Overlap::default(),
+            tune: Some(Duration::from_secs(60)),
         }
     }
 }

@@ -439,6 +439,10 @@ impl Measure for RunMeasure {
             check_races: false,
             timeout: self.timeout,
             replay: candidate.replay,
+            transport: candidate.transport,
+            overlap: candidate.overlap,
+            // A candidate is measured as it is, never tuned itself.
+            tune: None,
             ..RunOptions::default()
         };
         if self.target.is_cuda() {
@@ -995,6 +999,16 @@ impl TuneCache {
         }
         Ok(())
     }
+}
+
+/// Where tunings are cached unless a caller says otherwise: `$WEAVE_TUNE_CACHE`, else
+/// `$HOME/.cache/streamweave/tune.toml` (`None` when neither variable is set).
+pub fn default_cache_path() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("WEAVE_TUNE_CACHE") {
+        return Some(std::path::PathBuf::from(p));
+    }
+    std::env::var_os("HOME")
+        .map(|h| std::path::PathBuf::from(h).join(".cache/streamweave/tune.toml"))
 }
 
 /// The winner cached at `path` for `key`, if any (a missing file has none).

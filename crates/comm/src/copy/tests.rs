@@ -241,7 +241,7 @@ fn the_transport_takes_contiguous_allgathers_and_groups_and_the_rest_goes_to_the
         CommOp::Allreduce {
             input: buf(0x100, 4),
             output: buf(0x100, 4),
-            op: crate::RedOp::Sum,
+            op: RedOp::Sum,
         },
     )
     .unwrap();
@@ -295,4 +295,182 @@ fn the_transport_takes_contiguous_allgathers_and_groups_and_the_rest_goes_to_the
             Seen::Aborted("stop".into()),
         ]
     );
+}
+
+/// A reducer that records its kernels and hands out scratch at a made-up address.
+struct Summer(Arc<Log>);
+
+impl Reducer<()> for Summer {
+    fn with_scratch(
+        &self,
+        bytes: usize,
+        _: &(),
+        f: &mut dyn FnMut(u64) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        self.0.push(Seen::Post(format!("scratch {bytes}")));
+        f(0x9000)?;
+        self.0.push(Seen::Post("scratch freed".into()));
+        Ok(())
+    }
+
+    fn sum_blocks(
+        &self,
+        out: u64,
+        src: u64,
+        blocks: usize,
+        n: usize,
+        dtype: DataType,
+        _: &(),
+    ) -> Result<(), CommError> {
+        self.0.push(Seen::Post(format!(
+            "sum {blocks} blocks of {n} {dtype:?} at {src:#x} into {out:#x}"
+        )));
+        Ok(())
+    }
+
+    fn reduces(&self, dtype: DataType) -> bool {
+        dtype == DataType::Bf16
+    }
+}
+
+/// With a reducer, a sum reduce-scatter pushes each block to its owner's scratch and sums
+/// the scratch in team order; an allreduce then gathers the reduced blocks; whatever does
+/// not fit (another reduction, in place, sizes the team does not divide, strided, a team of
+/// one) goes to the inner communicator.
+#[test]
+fn sum_reductions_go_through_the_copy_engines_with_a_reducer_and_the_rest_to_nccl() {
+    let log = Arc::new(Log::default());
+    let comm = CopyComm::with_transport(Arc::new(Fallback(log.clone())), Recorder(log.clone()))
+        .with_reducer(Arc::new(Summer(log.clone())));
+    let post = |label: &str, team: Vec<usize>, op: CommOp<Buf>| {
+        comm.post(
+            Collective {
+                label: label.into(),
+                team,
+                op,
+            },
+            &(),
+        )
+        .unwrap()
+    };
+    let rs = |input, output, op| CommOp::ReduceScatter { input, output, op };
+    let ar = |input, output, op| CommOp::Allreduce { input, output, op };
+    // Rank 1 is team index 1 of [0, 1, 2]: 3 blocks of 4 bf16 (8 bytes).
+    post(
+        "rs",
+        vec![0, 1, 2],
+        rs(buf(0x100, 12), buf(0x1000, 4), RedOp::Sum),
+    );
+    assert_eq!(
+        log.take(),
+        vec![
+            Seen::Post("scratch 24".into()),
+            Seen::Moved {
+                me: 1,
+                label: "rs".into(),
+                transfers: Transfers {
+                    local: vec![(0x9000 + 8, 0x100 + 8, 8)],
+                    sends: vec![(0, 0x100, 8), (2, 0x100 + 16, 8)],
+                    recvs: vec![(0, 0x9000, 8), (2, 0x9000 + 16, 8)],
+                },
+            },
+            Seen::Post("sum 3 blocks of 4 Bf16 at 0x9000 into 0x1000".into()),
+            Seen::Post("scratch freed".into()),
+        ]
+    );
+    // An allreduce of 12: block 1 reduced into the output's block 1, then sent to 0 and 2,
+    // whose blocks land at the output's blocks 0 and 2.
+    post(
+        "ar",
+        vec![0, 1, 2],
+        ar(buf(0x100, 12), buf(0x1000, 12), RedOp::Sum),
+    );
+    assert_eq!(
+        log.take(),
+        vec![
+            Seen::Post("scratch 24".into()),
+            Seen::Moved {
+                me: 1,
+                label: "ar".into(),
+                transfers: Transfers {
+                    local: vec![(0x9000 + 8, 0x100 + 8, 8)],
+                    sends: vec![(0, 0x100, 8), (2, 0x100 + 16, 8)],
+                    recvs: vec![(0, 0x9000, 8), (2, 0x9000 + 16, 8)],
+                },
+            },
+            Seen::Post("sum 3 blocks of 4 Bf16 at 0x9000 into 0x1008".into()),
+            Seen::Moved {
+                me: 1,
+                label: "ar (gather)".into(),
+                transfers: Transfers {
+                    local: vec![],
+                    sends: vec![(0, 0x1008, 8), (2, 0x1008, 8)],
+                    recvs: vec![(0, 0x1000, 8), (2, 0x1000 + 16, 8)],
+                },
+            },
+            Seen::Post("scratch freed".into()),
+        ]
+    );
+    // A team of two, where rank 1 is index 0.
+    post(
+        "rs2",
+        vec![1, 0],
+        rs(buf(0x100, 8), buf(0x1000, 4), RedOp::Sum),
+    );
+    let seen = log.take();
+    assert_eq!(
+        seen[1],
+        Seen::Moved {
+            me: 1,
+            label: "rs2".into(),
+            transfers: Transfers {
+                local: vec![(0x9000, 0x100, 8)],
+                sends: vec![(0, 0x100 + 8, 8)],
+                recvs: vec![(0, 0x9000 + 8, 8)],
+            },
+        }
+    );
+    // What the copy engines do not take.
+    post(
+        "max",
+        vec![0, 1, 2],
+        ar(buf(0x100, 12), buf(0x1000, 12), RedOp::Max),
+    );
+    post(
+        "in place",
+        vec![0, 1, 2],
+        ar(buf(0x100, 12), buf(0x100, 12), RedOp::Sum),
+    );
+    post(
+        "overlap",
+        vec![0, 1, 2],
+        rs(buf(0x100, 12), buf(0x108, 4), RedOp::Sum),
+    );
+    post(
+        "uneven",
+        vec![0, 1, 2],
+        ar(buf(0x100, 10), buf(0x1000, 10), RedOp::Sum),
+    );
+    post(
+        "sizes",
+        vec![0, 1, 2],
+        rs(buf(0x100, 12), buf(0x1000, 5), RedOp::Sum),
+    );
+    post(
+        "strided",
+        vec![0, 1, 2],
+        rs(strided(0x100, 12), buf(0x1000, 4), RedOp::Sum),
+    );
+    post(
+        "alone",
+        vec![1],
+        ar(buf(0x100, 4), buf(0x1000, 4), RedOp::Sum),
+    );
+    let expected: Vec<Seen> = [
+        "max", "in place", "overlap", "uneven", "sizes", "strided", "alone",
+    ]
+    .into_iter()
+    .map(|l| Seen::Post(l.into()))
+    .collect();
+    assert_eq!(log.take(), expected);
 }

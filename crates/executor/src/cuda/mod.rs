@@ -13,9 +13,11 @@
 
 pub mod codegen;
 mod emit;
+mod reduce;
 mod replay;
 mod timer;
 
+pub use reduce::BlockSums;
 pub use replay::Replay;
 pub use timer::{time_back_to_back, IN_FLIGHT};
 
@@ -381,6 +383,36 @@ struct Planned {
     _fusion: Arc<Fusion>,
     plan: KernelPlan,
     loaded: Vec<[std::sync::OnceLock<Arc<weave_cuda::Kernel>>; 2]>,
+}
+
+/// Launches the kernels of `planned` on `stream`, their buffers at `address` (each kernel's
+/// variant chosen by the addresses' alignment, loaded on first use).
+fn launch_planned(
+    gpu: &Gpu,
+    planned: &Planned,
+    address: &dyn Fn(&Buf) -> u64,
+    stream: &GpuStream,
+    sms: usize,
+) -> Result<(), ExecError> {
+    for (l, loaded) in planned.plan.launches.iter().zip(&planned.loaded) {
+        let addresses: Vec<u64> = l.args.iter().map(address).collect();
+        let chosen = l.for_addresses(&addresses);
+        let slot = &loaded[usize::from(!std::ptr::eq(chosen, l))];
+        let Some((grid, block)) = chosen.grid.dims(sms) else {
+            continue;
+        };
+        let k = match slot.get() {
+            Some(k) => k.clone(),
+            None => {
+                let k = gpu.kernel(&chosen.name, &chosen.source)?;
+                let _ = slot.set(k.clone());
+                k
+            }
+        };
+        let args: Vec<u64> = chosen.args.iter().map(address).collect();
+        gpu.launch(stream, &k, grid, block, &args)?;
+    }
+    Ok(())
 }
 
 /// One rank's GPU.
@@ -1246,32 +1278,14 @@ impl Backend for CudaBackend {
             .iter()
             .map(|(d, n)| self.gpu.alloc(n * elem_bytes(*d), stream))
             .collect::<Result<_, _>>()?;
+        let address = |b: &Buf| match b {
+            Buf::Input(i) => inputs[*i].ptr(),
+            Buf::Output(i) => outputs[*i].ptr(),
+            Buf::Temp(i) => temps[*i].ptr(),
+        };
         self.compute(stream, || {
             self.timed(stream, label, || {
-                for (l, loaded) in plan.launches.iter().zip(&planned.loaded) {
-                    let address = |b: &Buf| match b {
-                        Buf::Input(i) => inputs[*i].ptr(),
-                        Buf::Output(i) => outputs[*i].ptr(),
-                        Buf::Temp(i) => temps[*i].ptr(),
-                    };
-                    let addresses: Vec<u64> = l.args.iter().map(address).collect();
-                    let chosen = l.for_addresses(&addresses);
-                    let slot = &loaded[usize::from(!std::ptr::eq(chosen, l))];
-                    let Some((grid, block)) = chosen.grid.dims(sms) else {
-                        continue;
-                    };
-                    let k = match slot.get() {
-                        Some(k) => k.clone(),
-                        None => {
-                            let k = self.gpu.kernel(&chosen.name, &chosen.source)?;
-                            let _ = slot.set(k.clone());
-                            k
-                        }
-                    };
-                    let args: Vec<u64> = chosen.args.iter().map(address).collect();
-                    self.gpu.launch(stream, &k, grid, block, &args)?;
-                }
-                Ok(())
+                launch_planned(&self.gpu, &planned, &address, stream, sms)
             })
         })?;
         for t in temps {

@@ -1,0 +1,177 @@
+//! The reductions of copy-engine reduce-scatters and allreduces ([`weave_comm::Reducer`]):
+//! the kernel generator's column sum of a `[blocks, n]` scratch buffer into `[n]` (the
+//! blocks added in order, in `float` — `double` for f64 — and rounded once), planned once
+//! per element type, block count and length, and scratch memory ordered on the posting
+//! stream. A copy-engine collective then takes the SMs of this one memory-bound kernel per
+//! post instead of NCCL's CTAs for the whole transfer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use weave_comm::{CommError, DataType, Reducer};
+use weave_cuda::{Gpu, GpuStream};
+use weave_ir::DType;
+
+use super::codegen::{self, Buf, TensorArg};
+use super::{launch_planned, Planned};
+use crate::cpu::ir_dtype;
+
+/// The block sums of one GPU (see the module documentation).
+pub struct BlockSums {
+    gpu: Gpu,
+    plans: Mutex<HashMap<(DType, usize, usize), Arc<Planned>>>,
+}
+
+impl BlockSums {
+    /// The block sums of `gpu`.
+    pub fn new(gpu: Gpu) -> BlockSums {
+        BlockSums {
+            gpu,
+            plans: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The generated kernels that sum `blocks` blocks of `n` elements of `dtype`.
+    fn planned(&self, dtype: DType, blocks: usize, n: usize) -> Result<Arc<Planned>, String> {
+        let key = (dtype, blocks, n);
+        if let Some(p) = self
+            .plans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(p.clone());
+        }
+        let source = format!(
+            "fusion weave_block_sum(b = {blocks}, n = {n}) {{\n  tensor x: {dtype}[b, n]\n  y = sum(x, [0])\n  output y\n}}\n"
+        );
+        let fusion = weave_ir::text::parse(&source, &[]).map_err(|d| d.to_string())?;
+        let input = TensorArg {
+            dtype,
+            sizes: vec![blocks, n],
+            strides: vec![n, 1],
+        };
+        let output = TensorArg {
+            dtype,
+            sizes: vec![n],
+            strides: vec![1],
+        };
+        let sms = self.gpu.sm_count().max(1) as usize;
+        let plan = codegen::plan(&fusion, "weave_block_sum", &[input], &[output], sms)?;
+        let loaded = plan.launches.iter().map(|_| Default::default()).collect();
+        let planned = Arc::new(Planned {
+            _fusion: Arc::new(fusion),
+            plan,
+            loaded,
+        });
+        self.plans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, planned.clone());
+        Ok(planned)
+    }
+}
+
+fn failed(what: &str, message: String) -> CommError {
+    CommError::Backend {
+        op: what.to_string(),
+        message,
+    }
+}
+
+impl Reducer<GpuStream> for BlockSums {
+    fn with_scratch(
+        &self,
+        bytes: usize,
+        stream: &GpuStream,
+        f: &mut dyn FnMut(u64) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let scratch = self
+            .gpu
+            .alloc(bytes.max(1), stream)
+            .map_err(|e| failed("copy-engine scratch", e.to_string()))?;
+        let enqueued = f(scratch.ptr());
+        let freed = scratch
+            .free_on(stream)
+            .map_err(|e| failed("copy-engine scratch", e.to_string()));
+        enqueued.and(freed)
+    }
+
+    fn sum_blocks(
+        &self,
+        out: u64,
+        src: u64,
+        blocks: usize,
+        n: usize,
+        dtype: DataType,
+        stream: &GpuStream,
+    ) -> Result<(), CommError> {
+        let what = "copy-engine reduction";
+        if !self.reduces(dtype) {
+            return Err(failed(what, format!("no reduction kernel for {dtype:?}")));
+        }
+        let planned = self
+            .planned(ir_dtype(dtype), blocks, n)
+            .map_err(|m| failed(what, m))?;
+        let temps = planned
+            .plan
+            .temps
+            .iter()
+            .map(|(d, k)| self.gpu.alloc(k * crate::dense::elem_bytes(*d), stream))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| failed(what, e.to_string()))?;
+        let address = |b: &Buf| match b {
+            Buf::Input(_) => src,
+            Buf::Output(_) => out,
+            Buf::Temp(i) => temps[*i].ptr(),
+        };
+        let sms = self.gpu.sm_count().max(1) as usize;
+        let launched = launch_planned(&self.gpu, &planned, &address, stream, sms)
+            .map_err(|e| failed(what, e.to_string()));
+        for t in temps {
+            t.free_on(stream).map_err(|e| failed(what, e.to_string()))?;
+        }
+        launched
+    }
+
+    fn reduces(&self, dtype: DataType) -> bool {
+        matches!(
+            dtype,
+            DataType::Bf16 | DataType::F16 | DataType::F32 | DataType::F64
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The block sum is a column sum the kernel generator plans for every float type, at
+    /// block counts and lengths a world produces (no GPU needed to plan).
+    #[test]
+    fn block_sums_plan_as_generated_column_sums() {
+        for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64] {
+            for (blocks, n) in [(2, 1), (4, 8192 * 2048), (3, 1000), (8, 7)] {
+                let source = format!(
+                    "fusion weave_block_sum(b = {blocks}, n = {n}) {{\n  tensor x: {dtype}[b, n]\n  y = sum(x, [0])\n  output y\n}}\n"
+                );
+                let fusion = weave_ir::text::parse(&source, &[]).unwrap();
+                let arg = |sizes: Vec<usize>, strides: Vec<usize>| TensorArg {
+                    dtype,
+                    sizes,
+                    strides,
+                };
+                let plan = codegen::plan(
+                    &fusion,
+                    "weave_block_sum",
+                    &[arg(vec![blocks, n], vec![n, 1])],
+                    &[arg(vec![n], vec![1])],
+                    132,
+                )
+                .unwrap();
+                assert!(!plan.launches.is_empty());
+                assert_eq!(fusion.outputs().len(), 1);
+            }
+        }
+    }
+}
