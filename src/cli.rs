@@ -556,9 +556,7 @@ pub fn run(
             describe_config(&exe, &options, flags.cuda)
         )
     };
-    if is_reporter {
-        crate::outln!("config: {config_line}");
-    }
+
     if let (Some(choice), true) = (exe.chunk_choice(), is_reporter) {
         tracing::debug!(chunks = choice.chunks, "chunk count chosen");
         let predicted: Vec<String> = choice
@@ -600,6 +598,7 @@ pub fn run(
             options.streams
         );
         crate::outln!("host program: {}", summarize(exe.program()));
+        crate::outln!("config: {config_line}");
     }
     // Sizes are checked against the memory here before any input is generated.
     let host_ranks = if launched.is_some() { 1 } else { ranks };
@@ -794,7 +793,10 @@ fn tune_first_run(
 /// Where `weave tune` caches its winners: `$WEAVE_TUNE_CACHE`, else
 /// `$HOME/.cache/streamweave/tune.toml` (`None` when neither variable is set).
 pub fn tune_cache_path() -> Option<PathBuf> {
-    streamweave::tune::default_cache_path()
+    if let Some(p) = std::env::var_os("WEAVE_TUNE_CACHE") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/streamweave/tune.toml"))
 }
 
 /// The flags of `weave tune`.

@@ -8,6 +8,10 @@
 //! They run only with `WEAVE_GPU_TESTS=1` on a machine with GPUs (the GPU test bundle sets
 //! it); elsewhere each test prints why it is skipped and passes, so CI compiles them and the
 //! normal suite stays green without a GPU.
+//!
+//! The fixtures are found when the tests run (tests/common `scenarios_dir`):
+//! `$WEAVE_SCENARIOS`, else the bundle's `scenarios/` beside `bin/gpu-tests`, else the source
+//! tree's tests/scenarios.
 
 mod common;
 
@@ -60,6 +64,49 @@ fn gpu_options(ranks: usize) -> RunOptions {
 
 fn compile(fusion: weave_ir::Fusion) -> Executable {
     Compiler::new().compile(&fusion).expect("compiles")
+}
+
+/// The fixtures are found at run time (no GPU needed): `$WEAVE_SCENARIOS` first, then the
+/// bundle's `scenarios/` beside `bin/` (where `bin/gpu-tests` runs from a copied bundle), then
+/// the source tree's tests/scenarios.
+#[test]
+fn the_scenarios_are_the_environments_then_the_bundles_then_the_sources() {
+    use std::path::{Path, PathBuf};
+    let root = std::env::temp_dir().join(format!("weave-gpu-scenarios-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let bundle = root.join("bundle");
+    std::fs::create_dir_all(bundle.join("bin")).unwrap();
+    std::fs::create_dir_all(bundle.join("scenarios")).unwrap();
+    std::fs::create_dir_all(root.join("plain/bin")).unwrap();
+    let bundled_exe = bundle.join("bin/gpu-tests");
+    let plain_exe = root.join("plain/bin/gpu-tests");
+    let source = PathBuf::from("/src/tests/scenarios");
+    let resolve = |env: Option<&str>, exe: Option<&Path>| {
+        common::resolve_scenarios(env.map(Into::into), exe, source.clone())
+    };
+    let cases = [
+        (
+            resolve(Some("/elsewhere"), Some(&bundled_exe)),
+            PathBuf::from("/elsewhere"),
+        ),
+        (
+            resolve(Some(""), Some(&bundled_exe)),
+            bundle.join("scenarios"),
+        ),
+        (resolve(None, Some(&bundled_exe)), bundle.join("scenarios")),
+        (resolve(None, Some(&plain_exe)), source.clone()),
+        (resolve(None, None), source.clone()),
+    ];
+    std::fs::remove_dir_all(&root).unwrap();
+    for (i, (got, want)) in cases.into_iter().enumerate() {
+        assert_eq!(got, want, "case {i}");
+    }
+    // Here (cargo test, or the bundle) the fixtures the GPU tests load are found.
+    for name in ["tp_attention", "row_parallel_linear", "ag_matmul_p2p"] {
+        let path = common::fixture(name);
+        assert!(path.is_file(), "{}", path.display());
+    }
+    assert!(common::fixtures().len() > 10);
 }
 
 #[test]

@@ -20,8 +20,8 @@ the all_gather and the reduce_scatter), one after the other (seq), chunked into 
 gathered, multiplied, activated, multiplied and reduce-scattered on its stream) and PyTorch
 async-TP (torch.ops.symm_mem fused ops; none for row-parallel; sp-mlp:
 fused_all_gather_matmul, SiLU, fused_matmul_reduce_scatter). A figure is the median
-over --iters timed iterations (after --warmup), each between a barrier and a synchronize,
-timed with CUDA events, then the maximum over ranks.
+over --iters timed iterations (after --warmup and one lead-in), issued back to back, each
+between two CUDA events (streamweave's method), then the maximum over ranks.
 
 Rank 0 sends each row to the parent, which appends it to --out as one JSON object per line
 ({"source": "pytorch", "pattern", "d", "t", "h", "mm_ms", "comm_ms", "seq_ms", "chunked",
@@ -53,23 +53,25 @@ WORKER_STREAMS = 4
 
 
 def timeit(fn, iters, warm):
-    """Median ms of `fn` over `iters` timed runs after `warm` untimed ones, max over ranks."""
+    """Median ms of `fn` over `iters` timed runs after `warm` untimed ones, max over ranks.
+
+    The runs are issued back to back after one untimed lead-in (which absorbs the ranks'
+    skew), each between two CUDA events on the current stream: the method of streamweave's
+    timer (weave_executor::time_back_to_back), so both sides measure the same thing.
+    """
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
     dist.barrier()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        dist.barrier()
-        torch.cuda.synchronize()
-        a.record()
+    fn()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    events[0].record()
+    for i in range(iters):
         fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    ts = [events[i].elapsed_time(events[i + 1]) for i in range(iters)]
     t = torch.tensor([statistics.median(ts)], device="cuda", dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return round(t.item(), 4)

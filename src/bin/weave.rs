@@ -415,7 +415,10 @@ fn main() -> ExitCode {
                 let gpu_only = [
                     (iters > 0, "--iters"),
                     (eager, "--eager"),
-                    (transport.is_some(), "--transport"),
+                    (
+                        transport == Some(streamweave::Transport::CopyEngine),
+                        "--transport copy-engine",
+                    ),
                     (ordered_compute.is_some(), "--ordered-compute"),
                     (pool_priority.is_some(), "--pool-priority"),
                     (gemm_sm_margin.is_some(), "--gemm-sm-margin"),

@@ -1,20 +1,50 @@
-//! Helpers shared by the root package's integration tests: where the scenario fixtures are,
+//! Helpers shared by the root package's integration tests: where the scenario fixtures are
+//! (found at run time, so the GPU bundle's copy of the tests finds the bundle's),
 //! and a checked run of a fusion against the reference.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-/// The fixture `tests/scenarios/{name}.weave`.
+/// The directory of the scenario fixtures, found when the test runs (never only where the
+/// sources were at compile time): see [`resolve_scenarios`].
 #[allow(dead_code)]
-pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/scenarios/{name}.weave"))
+pub fn scenarios_dir() -> PathBuf {
+    resolve_scenarios(
+        std::env::var_os("WEAVE_SCENARIOS"),
+        std::env::current_exe().ok().as_deref(),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios"),
+    )
 }
 
-/// Every `.weave` fixture directly in tests/scenarios, sorted by path.
+/// The scenarios directory, in this order: `env` (`$WEAVE_SCENARIOS`) when set and not
+/// empty; else `scenarios/` beside the directory of the executable `exe` when it is a
+/// directory (the GPU bundle: `bin/gpu-tests` next to `scenarios/`); else `source` (the
+/// source tree's tests/scenarios, for `cargo test`).
+#[allow(dead_code)]
+pub fn resolve_scenarios(env: Option<OsString>, exe: Option<&Path>, source: PathBuf) -> PathBuf {
+    if let Some(dir) = env.filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    exe.and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(|dir| dir.join("scenarios"))
+        .filter(|dir| dir.is_dir())
+        .unwrap_or(source)
+}
+
+/// The fixture `{name}.weave` of the scenarios directory ([`scenarios_dir`]).
+#[allow(dead_code)]
+pub fn fixture(name: &str) -> PathBuf {
+    scenarios_dir().join(format!("{name}.weave"))
+}
+
+/// Every `.weave` fixture directly in the scenarios directory ([`scenarios_dir`]), sorted by
+/// path.
 #[allow(dead_code)]
 pub fn fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let dir = scenarios_dir();
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/scenarios exists")
+        .unwrap_or_else(|e| panic!("cannot list the scenarios {}: {e}", dir.display()))
         .map(|e| e.expect("readable dir entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "weave"))
         .collect();

@@ -46,13 +46,14 @@ pub const SCALE_FACTOR: f64 = 1.0;
 /// The outcome of [`compare`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Comparison {
-    /// The largest `|actual - expected|` (∞ where one is NaN or infinite and the other is not).
+    /// The largest `|actual - expected|` (∞ where either is NaN, or one is infinite and the
+    /// other is not or is the other infinity).
     pub max_abs: f64,
     /// `max_abs` relative to the tensor's scale (`SCALE_FACTOR` × max `|expected|`).
     pub max_rel: f64,
     /// The index of the largest error; `None` when no element differs.
     pub worst: Option<usize>,
-    /// How many compared elements are out of tolerance.
+    /// How many compared elements are out of tolerance (every NaN, expected or actual, is).
     pub mismatches: usize,
     /// True when the lengths are equal and no element is out of tolerance.
     pub ok: bool,
@@ -62,6 +63,10 @@ pub struct Comparison {
     pub actual_len: usize,
     /// The number of expected values.
     pub expected_len: usize,
+    /// How many compared reference values are NaN (each is a mismatch).
+    pub nan_expected: usize,
+    /// How many compared actual values are NaN (each is a mismatch).
+    pub nan_actual: usize,
 }
 
 /// Compares `actual` with the reference `expected` at the tolerance of `dtype` (see
@@ -76,10 +81,17 @@ pub fn compare(actual: &[f64], expected: &[f64], dtype: DType) -> Comparison {
 /// [`SCALE_FACTOR`] times the largest finite `|e|` of the whole tensor: `rtol * scale` is an
 /// absolute floor, so errors are judged relative to the tensor's magnitude (low-precision
 /// results of long dot products with cancellation are only accurate relative to their
-/// operands). A non-finite expected value matches only itself (NaN matches NaN); a NaN or ∞
-/// actual value where the expected one is finite never matches (uninitialised memory is
-/// poisoned with NaN). Only the common prefix is compared when the lengths differ, and the
-/// comparison is then not `ok`.
+/// operands).
+///
+/// Non-finite values: a NaN, expected or actual, never matches, not even a NaN (a NaN is no
+/// value: a reference that is NaN checks nothing, and uninitialised memory is poisoned with
+/// NaN), and the comparison counts them ([`Comparison::nan_expected`],
+/// [`Comparison::nan_actual`]); an infinite expected value matches only the same infinity,
+/// sign included (an overflow, `log(0)`, a masked `-∞` are values the result must reproduce);
+/// an infinite actual value where the expected one is finite never matches.
+///
+/// Only the common prefix is compared when the lengths differ, and the comparison is then not
+/// `ok`.
 pub fn compare_with(actual: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
     let max_ref = expected
         .iter()
@@ -89,8 +101,12 @@ pub fn compare_with(actual: &[f64], expected: &[f64], tol: Tolerance) -> Compari
     let mut max_abs = 0.0f64;
     let mut worst = None;
     let mut mismatches = 0;
+    let (mut nan_expected, mut nan_actual) = (0, 0);
     for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
-        let same = a == e || (a.is_nan() && e.is_nan());
+        nan_expected += usize::from(e.is_nan());
+        nan_actual += usize::from(a.is_nan());
+        // `a == e` is false where either is NaN; equal infinities are equal.
+        let same = a == e;
         let err = if same {
             0.0
         } else {
@@ -101,7 +117,10 @@ pub fn compare_with(actual: &[f64], expected: &[f64], tol: Tolerance) -> Compari
                 d
             }
         };
-        let matches = if e.is_finite() {
+        // A NaN output fails at any tolerance (even an infinite one).
+        let matches = if a.is_nan() {
+            false
+        } else if e.is_finite() {
             err <= tol.atol + tol.rtol * e.abs().max(scale)
         } else {
             same
@@ -123,6 +142,8 @@ pub fn compare_with(actual: &[f64], expected: &[f64], tol: Tolerance) -> Compari
         max_ref,
         actual_len: actual.len(),
         expected_len: expected.len(),
+        nan_expected,
+        nan_actual,
     }
 }
 
@@ -146,6 +167,21 @@ pub fn compare_dense(actual: &Dense, expected: &Dense) -> Result<Comparison, Str
 
 impl fmt::Display for Comparison {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let compared = self.actual_len.min(self.expected_len);
+        if self.nan_expected > 0 {
+            write!(
+                f,
+                "{} of {compared} values are NaN in the reference: the check cannot pass on NaN; ",
+                self.nan_expected
+            )?;
+        }
+        if self.nan_actual > 0 {
+            write!(
+                f,
+                "{} of {compared} actual values are NaN; ",
+                self.nan_actual
+            )?;
+        }
         if self.actual_len != self.expected_len {
             write!(
                 f,

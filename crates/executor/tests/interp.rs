@@ -3,7 +3,7 @@
 //! text, shape polymorphism on chunks, input errors, random inputs, and tolerances.
 
 use weave_executor::interp::{eval_fusion, Precision};
-use weave_executor::reference::{compare, compare_dense, run_reference, Tolerance};
+use weave_executor::reference::{compare, compare_dense, compare_with, run_reference, Tolerance};
 use weave_executor::{dense::round_to, Dense};
 use weave_ir::{DType, Fusion};
 
@@ -762,16 +762,55 @@ fn compare_is_exact_for_integers_and_checks_lengths() {
     assert!(c
         .to_string()
         .starts_with("length mismatch: 1 actual values, 2 expected; "));
-    // Non-finite references match only themselves.
+    // An infinite reference matches only the same infinity.
     assert!(
         compare(
-            &[f64::NAN, f64::INFINITY],
-            &[f64::NAN, f64::INFINITY],
+            &[f64::INFINITY, f64::NEG_INFINITY],
+            &[f64::INFINITY, f64::NEG_INFINITY],
             DType::F32
         )
         .ok
     );
     assert!(!compare(&[1e30], &[f64::INFINITY], DType::F32).ok);
+    assert!(!compare(&[f64::NEG_INFINITY], &[f64::INFINITY], DType::F32).ok);
+}
+
+#[test]
+fn a_nan_never_matches_not_even_a_nan_and_the_comparison_says_so() {
+    // A reference that is NaN everywhere cannot be matched: the check must be able to fail.
+    let nan = [f64::NAN; 4];
+    let c = compare(&nan, &nan, DType::F32);
+    assert!(!c.ok);
+    assert_eq!((c.mismatches, c.nan_expected, c.nan_actual), (4, 4, 4));
+    assert_eq!(c.max_abs, f64::INFINITY);
+    assert_eq!(
+        c.to_string(),
+        "4 of 4 values are NaN in the reference: the check cannot pass on NaN; \
+         4 of 4 actual values are NaN; max abs error inf (inf relative to max |ref| 0.00e0), \
+         4 mismatches, worst at index 0"
+    );
+    // NaN in the reference only, whatever the output holds, at every tolerance.
+    let c = compare(&[1.0, 2.0], &[1.0, f64::NAN], DType::BF16);
+    assert_eq!((c.ok, c.mismatches, c.worst), (false, 1, Some(1)));
+    assert_eq!((c.nan_expected, c.nan_actual), (1, 0));
+    assert!(c
+        .to_string()
+        .starts_with("1 of 2 values are NaN in the reference: the check cannot pass on NaN; "));
+    let loose = Tolerance {
+        rtol: f64::INFINITY,
+        atol: f64::INFINITY,
+    };
+    assert!(!compare_with(&[f64::NAN], &[f64::NAN], loose).ok);
+    assert!(!compare_with(&[f64::NAN], &[1.0], loose).ok);
+    // NaN in the output only; the sign and payload of a NaN change nothing.
+    let c = compare(&[-f64::NAN, 1.0], &[0.5, 1.0], DType::I64);
+    assert_eq!((c.ok, c.nan_expected, c.nan_actual), (false, 0, 1));
+    // An infinity against a NaN is no match either way.
+    assert!(!compare(&[f64::INFINITY], &[f64::NAN], DType::F32).ok);
+    assert!(!compare(&[f64::NAN], &[f64::INFINITY], DType::F32).ok);
+    // Clean comparisons count no NaN and their text is unchanged.
+    let c = compare(&[2.5, 1.0], &[2.5, 1.0], DType::F32);
+    assert_eq!((c.nan_expected, c.nan_actual), (0, 0));
 }
 
 #[test]
@@ -784,7 +823,8 @@ fn comparison_display() {
     let c = compare(&[f64::NAN, 1.0], &[2.5, 1.0], DType::BF16);
     assert_eq!(
         c.to_string(),
-        "max abs error inf (inf relative to max |ref| 2.50e0), 1 mismatch, worst at index 0"
+        "1 of 2 actual values are NaN; \
+         max abs error inf (inf relative to max |ref| 2.50e0), 1 mismatch, worst at index 0"
     );
 }
 

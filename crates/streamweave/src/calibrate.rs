@@ -6,9 +6,9 @@
 //! benchmark harness (the `weave-bench` package) builds on the same world.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,94 +18,13 @@ use weave_cuda::{wait_event, CudaError, Gpu, GpuStream};
 use weave_executor::{Backend, CudaBackend, CudaOptions, DeviceTensor, StreamKey};
 use weave_ir::DType;
 
+pub use crate::threads::Barrier;
+
 use crate::chunks::Calibration;
 use crate::gpu::backend_for;
 
 /// A job's error: what failed, on which rank.
 pub type JobError = String;
-
-/// A barrier with a timeout that any rank can break: a rank whose job failed breaks it, so
-/// the others fail at their next wait instead of waiting forever.
-///
-/// Waiters *spin* on a generation counter (yielding only after 20 ms): timed iterations start
-/// right after it, and a waiter woken through the kernel (a futex, 50–200 µs later) would
-/// start its rank's collectives that much after its peers', which every rank's timing would
-/// then include as waiting.
-pub struct Barrier {
-    parties: usize,
-    arrived: AtomicUsize,
-    generation: AtomicU64,
-    broken: AtomicBool,
-    why: Mutex<Option<String>>,
-}
-
-impl Barrier {
-    /// A barrier for `parties` threads.
-    pub fn new(parties: usize) -> Barrier {
-        Barrier {
-            parties,
-            arrived: AtomicUsize::new(0),
-            generation: AtomicU64::new(0),
-            broken: AtomicBool::new(false),
-            why: Mutex::new(None),
-        }
-    }
-
-    fn broken_error(&self) -> JobError {
-        let why = self.why.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        format!("the barrier was broken: {}", why.unwrap_or_default())
-    }
-
-    /// Waits until every party arrived, the barrier is broken, or `timeout` passed.
-    pub fn wait(&self, timeout: Duration) -> Result<(), JobError> {
-        if self.broken.load(Ordering::Acquire) {
-            return Err(self.broken_error());
-        }
-        // Read before arriving: the generation cannot move until this thread has arrived.
-        let generation = self.generation.load(Ordering::Acquire);
-        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.parties {
-            self.arrived.store(0, Ordering::Release);
-            self.generation.fetch_add(1, Ordering::Release);
-            return Ok(());
-        }
-        let start = Instant::now();
-        let mut spins = 0u64;
-        while self.generation.load(Ordering::Acquire) == generation {
-            if self.broken.load(Ordering::Acquire) {
-                return Err(self.broken_error());
-            }
-            spins += 1;
-            if spins % 1024 == 0 {
-                let waited = start.elapsed();
-                if waited >= timeout {
-                    let why = format!(
-                        "a barrier of {} ranks timed out after {} ms ({} arrived)",
-                        self.parties,
-                        timeout.as_millis(),
-                        self.arrived.load(Ordering::Acquire)
-                    );
-                    // A barrier that timed out cannot count again: break it for everyone.
-                    self.break_with(&why);
-                    return Err(why);
-                }
-                if waited > Duration::from_millis(20) {
-                    std::thread::yield_now();
-                }
-            }
-            std::hint::spin_loop();
-        }
-        Ok(())
-    }
-
-    /// Breaks the barrier: every present and later wait fails with `why`.
-    pub fn break_with(&self, why: &str) {
-        let mut slot = self.why.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(why.to_string());
-        }
-        self.broken.store(true, Ordering::Release);
-    }
-}
 
 /// How a [`World`] is opened.
 #[derive(Clone, Debug)]
@@ -782,6 +701,7 @@ pub fn world_gpu_name(world: &World) -> Result<String, JobError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     use std::collections::HashSet;
 

@@ -688,7 +688,7 @@ impl Executable {
         }
         let machine = crate::tune::gpu_name(0).ok()?;
         let key = crate::tune::TuneKey::of(&fusion, ranks, "cuda", &machine);
-        let cache = crate::tune::default_cache_path();
+        let cache = options.tune_cache.clone();
         let cached = cache
             .as_deref()
             .and_then(|p| crate::tune::lookup(p, &key).ok().flatten());

@@ -67,7 +67,7 @@ enum Link<'a> {
     Ipc(&'a TcpStore),
     /// Copy-engine pushes into shared windows between the threads of this process (direct
     /// pointers; replayable, unlike peer copies), set up through an in-process exchange.
-    Windows(&'a Arc<crate::measure::Exchange>),
+    Windows(&'a Arc<crate::threads::Exchange>),
 }
 
 /// Opens rank `rank`'s GPU, its backend and its communicator, and runs the program (or, when
@@ -250,7 +250,7 @@ fn run_threads_with(
     check_all_inputs(program, config, &per_rank)?;
     gpus_available(world)?;
     let id = NcclId::new().map_err(|e| RunError::Setup(e.to_string()))?;
-    let exchange = crate::measure::Exchange::new(world);
+    let exchange = crate::threads::Exchange::new(world);
     let link = || match options.transport {
         Transport::Nccl => Link::Nccl,
         Transport::CopyEngine => Link::Windows(&exchange),

@@ -6,7 +6,7 @@
 //! world's ranks and communicator, and the benchmarks (the `weave-bench` package) too.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
 use weave_comm::{Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub};
@@ -17,6 +17,8 @@ use weave_executor::{
 };
 use weave_host_ir::TensorSig;
 use weave_ir::DType;
+
+pub use crate::threads::Exchange;
 
 use crate::calibrate::{offset_tables, JobError, Rank};
 use crate::executable::Executable;
@@ -253,58 +255,6 @@ impl CopyEngine {
     /// Fresh shared windows for a world of `ranks`.
     pub fn windows(ranks: usize, options: IpcOptions) -> CopyEngine {
         CopyEngine::Windows(Exchange::new(ranks), options)
-    }
-}
-
-/// A one-time all-gather of bytes between ranks that are threads of this process (those of a
-/// [`World`](crate::calibrate::World), or of a `weave run` on GPUs): how their copy-engine
-/// windows meet.
-pub struct Exchange {
-    values: Mutex<Vec<Option<Vec<u8>>>>,
-    barrier: crate::calibrate::Barrier,
-}
-
-impl Exchange {
-    /// An exchange for `ranks` ranks.
-    pub fn new(ranks: usize) -> Arc<Exchange> {
-        Arc::new(Exchange {
-            values: Mutex::new(vec![None; ranks]),
-            barrier: crate::calibrate::Barrier::new(ranks),
-        })
-    }
-
-    /// Hands `value` to every rank and returns every rank's, in rank order.
-    pub fn all_gather(&self, rank: &Rank, value: Vec<u8>) -> Result<Vec<Vec<u8>>, JobError> {
-        self.all_gather_as(rank.rank, rank.timeout, value)
-    }
-
-    /// [`Exchange::all_gather`] as rank `rank`, waiting at most `timeout` for the others.
-    pub fn all_gather_as(
-        &self,
-        rank: usize,
-        timeout: std::time::Duration,
-        value: Vec<u8>,
-    ) -> Result<Vec<Vec<u8>>, JobError> {
-        let put = |v: &mut Vec<Option<Vec<u8>>>| match v.get_mut(rank) {
-            Some(slot) => {
-                *slot = Some(value);
-                Ok(())
-            }
-            None => Err(format!("rank {rank}: an exchange of {} ranks", v.len())),
-        };
-        put(&mut self.values.lock().unwrap_or_else(|p| p.into_inner()))?;
-        self.barrier.wait(timeout)?;
-        let values = self.values.lock().unwrap_or_else(|p| p.into_inner());
-        values
-            .iter()
-            .enumerate()
-            .map(|(r, v)| v.clone().ok_or_else(|| format!("rank {r} gave no value")))
-            .collect()
-    }
-
-    /// Fails every rank waiting in (or arriving at) the exchange with `why`.
-    pub fn break_with(&self, why: &str) {
-        self.barrier.break_with(why);
     }
 }
 

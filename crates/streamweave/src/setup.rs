@@ -110,10 +110,14 @@ pub struct RunOptions {
     pub overlap: Overlap,
     /// The second [`Executable::run`](crate::Executable::run) of a program on GPUs of this
     /// process (`Target::Cuda`), with the default pool, transport and overlap knobs, tunes it
-    /// first within this budget unless the tuning cache
-    /// ([`crate::tune::default_cache_path`]) has its configuration, and runs (and later
-    /// runs) the winner ([`crate::RunReport::config`] says which). `None`: never.
+    /// first within this budget unless [`RunOptions::tune_cache`] has its configuration, and
+    /// runs (and later runs) the winner ([`crate::RunReport::config`] says which). `None`:
+    /// never.
     pub tune: Option<Duration>,
+    /// The tuning cache that file reads and writes (`weave` passes `$WEAVE_TUNE_CACHE`, else
+    /// `~/.cache/streamweave/tune.toml`); `None`: the tuned configuration lives in the
+    /// executable only.
+    pub tune_cache: Option<std::path::PathBuf>,
 }
 
 /// The CUDA backend's overlap knobs: how compute and communication share one GPU. The
@@ -237,6 +241,7 @@ impl Default for RunOptions {
             transport: Transport::Nccl,
             overlap: Overlap::default(),
             tune: Some(Duration::from_secs(60)),
+            tune_cache: None,
         }
     }
 }

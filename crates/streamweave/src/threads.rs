@@ -1,7 +1,9 @@
 //! One thread per rank: the spawn-and-join loop that the CPU ranks ([`crate::run`]) and the
-//! GPU ranks ([`crate::gpu`]) both run on.
+//! GPU ranks ([`crate::gpu`]) both run on, and how rank threads meet: a [`Barrier`] with a
+//! timeout and an [`Exchange`] of bytes (how copy-engine windows connect).
 
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use weave_executor::{ExecError, RankRun};
@@ -97,6 +99,147 @@ impl Gate {
             }
             go = self.opened.wait(go).unwrap_or_else(|e| e.into_inner());
         }
+    }
+}
+
+/// A barrier with a timeout that any rank can break: a rank whose job failed breaks it, so
+/// the others fail at their next wait instead of waiting forever.
+///
+/// Waiters *spin* on a generation counter (yielding only after 20 ms): timed iterations start
+/// right after it, and a waiter woken through the kernel (a futex, 50–200 µs later) would
+/// start its rank's collectives that much after its peers', which every rank's timing would
+/// then include as waiting.
+pub struct Barrier {
+    parties: usize,
+    arrived: AtomicUsize,
+    generation: AtomicU64,
+    broken: AtomicBool,
+    why: Mutex<Option<String>>,
+}
+
+impl Barrier {
+    /// A barrier for `parties` threads.
+    pub fn new(parties: usize) -> Barrier {
+        Barrier {
+            parties,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            broken: AtomicBool::new(false),
+            why: Mutex::new(None),
+        }
+    }
+
+    fn broken_error(&self) -> String {
+        let why = self.why.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        format!("the barrier was broken: {}", why.unwrap_or_default())
+    }
+
+    /// Waits until every party arrived, the barrier is broken, or `timeout` passed.
+    pub fn wait(&self, timeout: Duration) -> Result<(), String> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(self.broken_error());
+        }
+        // Read before arriving: the generation cannot move until this thread has arrived.
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.parties {
+            self.arrived.store(0, Ordering::Release);
+            self.generation.fetch_add(1, Ordering::Release);
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut spins = 0u64;
+        while self.generation.load(Ordering::Acquire) == generation {
+            if self.broken.load(Ordering::Acquire) {
+                return Err(self.broken_error());
+            }
+            spins += 1;
+            if spins % 1024 == 0 {
+                let waited = start.elapsed();
+                if waited >= timeout {
+                    let why = format!(
+                        "a barrier of {} ranks timed out after {} ms ({} arrived)",
+                        self.parties,
+                        timeout.as_millis(),
+                        self.arrived.load(Ordering::Acquire)
+                    );
+                    // A barrier that timed out cannot count again: break it for everyone.
+                    self.break_with(&why);
+                    return Err(why);
+                }
+                if waited > Duration::from_millis(20) {
+                    std::thread::yield_now();
+                }
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Breaks the barrier: every present and later wait fails with `why`.
+    pub fn break_with(&self, why: &str) {
+        let mut slot = self.why.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(why.to_string());
+        }
+        self.broken.store(true, Ordering::Release);
+    }
+}
+
+/// A one-time all-gather of bytes between ranks that are threads of this process (those of a
+/// [`World`](crate::calibrate::World), or of a `weave run` on GPUs): how their copy-engine
+/// windows meet.
+pub struct Exchange {
+    values: Mutex<Vec<Option<Vec<u8>>>>,
+    barrier: Barrier,
+}
+
+impl Exchange {
+    /// An exchange for `ranks` ranks.
+    pub fn new(ranks: usize) -> Arc<Exchange> {
+        Arc::new(Exchange {
+            values: Mutex::new(vec![None; ranks]),
+            barrier: Barrier::new(ranks),
+        })
+    }
+
+    /// Hands `value` to every rank of a [`World`](crate::calibrate::World) and returns
+    /// every rank's, in rank order.
+    pub fn all_gather(
+        &self,
+        rank: &crate::calibrate::Rank,
+        value: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>, String> {
+        self.all_gather_as(rank.rank, rank.timeout, value)
+    }
+
+    /// Hands `value` to every rank as rank `rank` and returns every rank's, in rank order,
+    /// waiting at most `timeout` for the others.
+    pub fn all_gather_as(
+        &self,
+        rank: usize,
+        timeout: Duration,
+        value: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>, String> {
+        let put = |v: &mut Vec<Option<Vec<u8>>>| match v.get_mut(rank) {
+            Some(slot) => {
+                *slot = Some(value);
+                Ok(())
+            }
+            None => Err(format!("rank {rank}: an exchange of {} ranks", v.len())),
+        };
+        put(&mut self.values.lock().unwrap_or_else(|p| p.into_inner()))?;
+        self.barrier.wait(timeout)?;
+        let values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        values
+            .iter()
+            .enumerate()
+            .map(|(r, v)| v.clone().ok_or_else(|| format!("rank {r} gave no value")))
+            .collect()
+    }
+
+    /// Fails every rank waiting in (or arriving at) the exchange with `why`.
+    pub fn break_with(&self, why: &str) {
+        self.barrier.break_with(why);
     }
 }
 

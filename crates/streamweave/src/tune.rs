@@ -1001,16 +1001,6 @@ impl TuneCache {
     }
 }
 
-/// Where tunings are cached unless a caller says otherwise: `$WEAVE_TUNE_CACHE`, else
-/// `$HOME/.cache/streamweave/tune.toml` (`None` when neither variable is set).
-pub fn default_cache_path() -> Option<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os("WEAVE_TUNE_CACHE") {
-        return Some(std::path::PathBuf::from(p));
-    }
-    std::env::var_os("HOME")
-        .map(|h| std::path::PathBuf::from(h).join(".cache/streamweave/tune.toml"))
-}
-
 /// The winner cached at `path` for `key`, if any (a missing file has none).
 pub fn lookup(path: &Path, key: &TuneKey) -> Result<Option<Entry>, String> {
     Ok(TuneCache::load(path)?.get(key).cloned())
