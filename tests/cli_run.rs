@@ -209,6 +209,31 @@ fn calibrate_refuses_one_rank_and_names_what_is_missing_without_gpus() {
     }
 }
 
+/// A program whose meshes need more devices than the ranks asked for is skipped with the
+/// devices it needs, on the CUDA backend too, where the cost model's chunk choice used to
+/// meter it on too few ranks and fail with an internal error (a 2 x 2 mesh on 2 ranks). The
+/// message comes before any GPU is needed, so this runs without one.
+#[test]
+fn a_mesh_larger_than_the_ranks_is_skipped_with_its_devices_on_every_backend() {
+    for backend in ["cpu", "cuda"] {
+        let (ok, out, err) = weave(&[
+            "run",
+            "tests/scenarios/tp_attention_2d.weave",
+            "--ranks",
+            "2",
+            "--backend",
+            backend,
+        ]);
+        assert!(!ok, "{backend}");
+        let want = "the program's meshes name device 2 but only 2 rank(s) were asked for";
+        assert!(
+            out.contains(&format!("skipped: {want}")),
+            "{backend}: {out}\n{err}"
+        );
+        assert!(err.contains(want), "{backend}: {err}");
+    }
+}
+
 #[test]
 fn gpu_only_flags_and_unknown_transports_are_refused_with_the_flag() {
     let file = "tests/scenarios/row_parallel_linear.weave";
@@ -226,6 +251,56 @@ fn gpu_only_flags_and_unknown_transports_are_refused_with_the_flag() {
     assert_eq!(
         err.trim(),
         "error: --transport ipc: unknown transport (expected nccl or copy-engine)"
+    );
+}
+
+/// The overlap knobs are flags of `weave run`: GPU-only ones are refused on the CPU naming
+/// the flag, values out of range are refused by the parser, and the configuration that ran
+/// is printed with where it came from.
+#[test]
+fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
+    let file = "tests/scenarios/row_parallel_linear.weave";
+    let small = ["--set", "t=16", "--set", "h=4"];
+    for (flag, value) in [
+        ("--ordered-compute", "on"),
+        ("--pool-priority", "high"),
+        ("--gemm-sm-margin", "16"),
+        ("--nccl-max-ctas", "16"),
+    ] {
+        let (ok, _, err) = weave(&["run", file, flag, value]);
+        assert!(!ok, "{flag}");
+        assert_eq!(err.trim(), format!("error: {flag} needs --backend cuda"));
+    }
+    for (flag, value, why) in [
+        (
+            "--nccl-max-ctas",
+            "0",
+            "expected auto or a CTA count from 1 to 64",
+        ),
+        (
+            "--nccl-max-ctas",
+            "65",
+            "expected auto or a CTA count from 1 to 64",
+        ),
+        ("--ordered-compute", "yes", "expected on or off"),
+        ("--pool-priority", "low", "expected high or normal"),
+        ("--gemm-sm-margin", "x", "invalid digit"),
+    ] {
+        let (ok, _, err) = weave(&["run", file, flag, value]);
+        assert!(!ok, "{flag} {value}");
+        assert!(err.contains(why), "{flag} {value}: {err}");
+    }
+    let (ok, out, err) = weave(&[&["run", file][..], &small[..]].concat());
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("\nconfig: S=4 K=2 (from the defaults)\n"),
+        "{out}"
+    );
+    let (ok, out, err) = weave(&[&["run", file, "--streams", "3"][..], &small[..]].concat());
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("\nconfig: S=4 K=3 (from the command line)\n"),
+        "{out}"
     );
 }
 

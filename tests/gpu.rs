@@ -1038,3 +1038,110 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
     assert!(stdout.trim_end().ends_with("result: PASS"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What a user gets without asking: the first `weave run --iters` of an untuned fusion tunes
+/// it (said on stderr, the winner cached and printed as the `config:` line), and the second
+/// `Executable::run` of a program tunes it in the library (its report says which
+/// configuration ran); every run matches the reference. The row-parallel layer on two GPUs
+/// (tuned over S, K and the overlap knobs, copy-engine reductions included), else the linear
+/// + ReLU on one.
+#[test]
+fn repeated_runs_tune_themselves_and_run_the_winner() {
+    if !one_gpu() {
+        return;
+    }
+    let two = streamweave::cuda::device_count().unwrap_or(0) >= 2;
+    let (name, source, ranks) = if two {
+        (
+            "row_parallel_linear.weave",
+            "fusion row_parallel_linear(t = 512, h = 256, d = 2, s = 4) {
+  mesh m = devices(d)
+  tensor inp: bf16[t, 4 * h] on m
+  tensor w: bf16[h, 4 * h] on m
+  out = linear(inp, w)
+  output out
+  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+}
+",
+            2,
+        )
+    } else {
+        ("linear_relu.weave", LINEAR_RELU, 1)
+    };
+    let dir = std::env::temp_dir().join(format!("weave-gpu-repeat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("tune.toml");
+
+    // The library: the first run as compiled, the second tuned now, the third the same.
+    let exe = Compiler::new()
+        .devices(ranks)
+        .compile_source(name, source)
+        .expect("compiles");
+    let options = RunOptions {
+        target: Target::Cuda { ranks },
+        check: true,
+        warmup: 1,
+        iters: 3,
+        timeout: Duration::from_secs(60),
+        tune: Some(Duration::from_secs(60)),
+        tune_cache: Some(cache.clone()),
+        ..RunOptions::default()
+    };
+    let globals = exe.random_inputs(9).unwrap();
+    let first = exe.run_dense(&globals, &options).expect("runs");
+    assert!(first.passed(), "max error {}", first.max_abs_error());
+    assert_eq!(first.config, None);
+    assert!(!cache.exists(), "one run tunes nothing");
+    let second = exe.run_dense(&globals, &options).expect("runs");
+    assert!(second.passed(), "max error {}", second.max_abs_error());
+    let config = second.config.clone().expect("the second run is tuned");
+    assert!(config.ends_with("(tuned now)"), "{config}");
+    let cached = streamweave::tune::TuneCache::load(&cache).expect("reads");
+    assert_eq!(cached.entries.len(), 1);
+    assert!(
+        config.starts_with(&cached.entries[0].candidate().to_string()),
+        "{config}"
+    );
+    let third = exe.run_dense(&globals, &options).expect("runs");
+    assert!(third.passed());
+    assert_eq!(third.config.as_deref(), Some(config.as_str()));
+
+    // The command line: a fresh cache, so the first `--iters` run tunes.
+    let cli_cache = dir.join("cli.toml");
+    let file = dir.join(name);
+    std::fs::write(&file, source).unwrap();
+    let out = std::process::Command::new(weave_binary())
+        .args(["run", file.to_str().unwrap(), "--backend", "cuda"])
+        .args([
+            "--ranks",
+            &ranks.to_string(),
+            "--warmup",
+            "1",
+            "--iters",
+            "3",
+        ])
+        .env_remove("WEAVE_LOG")
+        .env("WEAVE_TUNE_CACHE", &cli_cache)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("tuning: no cached configuration"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("(from tuned now)"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("result: PASS"), "{stdout}");
+    let entry = &streamweave::tune::TuneCache::load(&cli_cache)
+        .unwrap()
+        .entries[0];
+    let chunks = entry
+        .chunks
+        .map_or("as written".to_string(), |s| s.to_string());
+    let prefix = format!("config: S={chunks} K={}", entry.streams);
+    assert!(stdout.contains(&prefix), "{prefix}\n{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -189,7 +189,7 @@ enum Command {
         /// CUDA backend: the most CTAs one NCCL kernel may use (`maxCTAs`), or `auto` for
         /// NCCL's choice. Default: the tuned configuration's, else auto.
         #[arg(long, value_name = "N|auto", value_parser = parse_max_ctas)]
-        nccl_max_ctas: Option<Option<u32>>,
+        nccl_max_ctas: Option<MaxCtas>,
         /// Never tune: without a cached configuration, run the cost model's chunk count with
         /// the default knobs. (By default the first `--iters` run of a fusion on GPUs in
         /// this process, with nothing on the command line choosing S, K or a knob and no
@@ -299,13 +299,17 @@ fn parse_priority(s: &str) -> Result<bool, String> {
     }
 }
 
+/// `--nccl-max-ctas`: a CTA limit, or `None` for NCCL's choice.
+#[derive(Clone, Copy, Debug)]
+struct MaxCtas(Option<u32>);
+
 /// `--nccl-max-ctas`: `auto` (NCCL's choice) or a count from 1 to 64.
-fn parse_max_ctas(s: &str) -> Result<Option<u32>, String> {
+fn parse_max_ctas(s: &str) -> Result<MaxCtas, String> {
     if s == "auto" {
-        return Ok(None);
+        return Ok(MaxCtas(None));
     }
     match s.parse::<u32>() {
-        Ok(n) if (1..=64).contains(&n) => Ok(Some(n)),
+        Ok(n) if (1..=64).contains(&n) => Ok(MaxCtas(Some(n))),
         _ => Err(format!("`{s}`: expected auto or a CTA count from 1 to 64")),
     }
 }
@@ -409,7 +413,7 @@ fn main() -> ExitCode {
                 ordered_compute,
                 pool_priority_high: pool_priority,
                 gemm_sm_margin,
-                nccl_max_ctas,
+                nccl_max_ctas: nccl_max_ctas.map(|m| m.0),
             };
             if !cuda {
                 let gpu_only = [

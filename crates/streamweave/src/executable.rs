@@ -195,11 +195,23 @@ impl Compiler {
                     one.push((name.clone(), 1));
                     let program = self.lower(reload(&one)?)?;
                     let ranks = self.devices.unwrap_or(1).max(1);
-                    let w = crate::chunks::workload(&program, ranks)?;
-                    let c = crate::chunks::choose(&w, cal, &crate::chunks::CANDIDATES);
-                    let n = c.chunks;
-                    choice = Some(c);
-                    Some(n)
+                    // A program whose meshes need more devices than the ranks cannot be
+                    // metered on them: it keeps its own chunk count, and running it on too
+                    // few ranks is refused by `check_ranks` with its message.
+                    let fits = program.signature.as_ref().is_none_or(|sig| {
+                        sig.all_devices()
+                            .iter()
+                            .all(|&d| usize::try_from(d).is_ok_and(|d| d < ranks))
+                    });
+                    if fits {
+                        let w = crate::chunks::workload(&program, ranks)?;
+                        let c = crate::chunks::choose(&w, cal, &crate::chunks::CANDIDATES);
+                        let n = c.chunks;
+                        choice = Some(c);
+                        Some(n)
+                    } else {
+                        None
+                    }
                 }
             };
             if let Some(v) = value {
@@ -663,7 +675,6 @@ impl Executable {
         if options.streams != defaults.streams
             || options.transport != defaults.transport
             || options.overlap != defaults.overlap
-            || options.iters == 0 && options.warmup == 0 && !options.replay
         {
             return None;
         }

@@ -100,9 +100,7 @@ pub struct RunOptions {
     pub iters: usize,
     /// Time the repetitions as replays of one run captured as a CUDA graph (the default;
     /// [`weave_executor::Replay`]): one launch per run instead of one host call per
-    /// statement. Off, or where the transport waits on the host (copy-engine peer copies
-    /// between the threads of one process), each repetition is issued statement by
-    /// statement.
+    /// statement. Off, each repetition is issued statement by statement.
     pub replay: bool,
     /// How the CUDA backend moves allgathers and send/recv transfers.
     pub transport: Transport,
@@ -219,9 +217,11 @@ pub enum Transport {
     /// NCCL kernels for everything.
     #[default]
     Nccl,
-    /// The GPUs' copy engines (no SMs): peer copies between the threads of one process
-    /// (`weave_comm::PeerCopy`), shared receive windows between processes
-    /// (`weave_comm::IpcCopy`); other collectives still use NCCL.
+    /// The GPUs' copy engines (no SMs): pushes into shared receive windows
+    /// (`weave_comm::IpcCopy`, direct pointers between the threads of one process, CUDA IPC
+    /// between processes) for allgathers and transfers, and for sum reduce-scatters and
+    /// allreduces (each block pushed to its owner, then one generated reduction kernel per
+    /// post, `weave_executor::BlockSums`); other collectives still use NCCL. Replayable.
     CopyEngine,
 }
 

@@ -680,7 +680,7 @@ pub enum Knob {
     GemmSmMargin(u32),
     /// This stream-pool size.
     Streams(usize),
-    /// Copy-engine transfers (in one process they wait on the host: never replayed).
+    /// Copy-engine transfers and reductions ([`Transport::CopyEngine`]).
     CopyEngine,
 }
 
@@ -694,10 +694,7 @@ impl Knob {
             Knob::NcclMaxCtas(n) => c.overlap.nccl_max_ctas = Some(n),
             Knob::GemmSmMargin(n) => c.overlap.gemm_sm_margin = n,
             Knob::Streams(k) => c.streams = k,
-            Knob::CopyEngine => {
-                c.transport = Transport::CopyEngine;
-                c.replay = false;
-            }
+            Knob::CopyEngine => c.transport = Transport::CopyEngine,
         }
         c
     }
@@ -707,7 +704,8 @@ impl Knob {
 /// type names) on `ranks` ranks: ordered compute and pool priority where a loop has chunks
 /// to overlap; the NCCL CTA limit (16: fewer starve the collective, docs/benchmarks.md) and
 /// a GEMM SM margin (16) where NCCL kernels run beside GEMMs; pool sizes 1, 2 and 4 up to
-/// the chunk count; copy-engine transfers where allgathers or transfers move data.
+/// the chunk count; copy-engine transfers and reductions where allgathers, transfers or sum
+/// reductions move data.
 pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Knob> {
     let chunked = base.chunks.is_some_and(|s| s > 1);
     let mut out = Vec::new();
@@ -727,9 +725,12 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
             }
         }
     }
-    let moves = comms
-        .iter()
-        .any(|c| c == "Allgather" || c == "SendRecv" || c == "P2P");
+    let moves = comms.iter().any(|c| {
+        matches!(
+            c.as_str(),
+            "Allgather" | "SendRecv" | "P2P" | "ReduceScatter" | "Allreduce"
+        )
+    });
     if ranks > 1 && moves && base.transport == Transport::Nccl {
         out.push(Knob::CopyEngine);
     }
@@ -1172,19 +1173,19 @@ mod tests {
             grid
         );
         // Every knob of the base was measured once on S = 2 (the fastest, also the fastest
-        // chunked): ordered, priority, CTA limit, SM margin, K = 1; an allreduce moves no
-        // data a copy engine could: no copy-engine candidate.
+        // chunked): ordered, priority, CTA limit, SM margin, K = 1, copy engines (the
+        // allreduce is a sum).
         let on_base: Vec<Candidate> = t.rows[4..]
             .iter()
             .map(|r| r.candidate)
             .filter(|c| c.knobs() + usize::from(c.streams != 2) == 1)
             .collect();
-        assert_eq!(on_base.len(), 5, "{t}");
+        assert_eq!(on_base.len(), 6, "{t}");
         assert!(on_base.iter().all(|c| c.chunks == Some(2)));
-        assert!(t
-            .rows
+        let copy_engine = on_base
             .iter()
-            .all(|r| r.candidate.transport == Transport::Nccl));
+            .filter(|c| c.transport == Transport::CopyEngine);
+        assert_eq!(copy_engine.count(), 1);
         // No candidate measured twice.
         let calls = fake.calls.borrow();
         let mut unique = calls.clone();
@@ -1207,9 +1208,9 @@ mod tests {
         );
     }
 
-    /// Allgathers move data that copy engines can move: the copy-engine transport is a
-    /// candidate (eager: between threads it waits on the host), and so are pool sizes up to
-    /// the chunk count.
+    /// Allgathers and sum reductions move data that copy engines can move: the copy-engine
+    /// transport is a candidate (replayed: windows need no host wait), and so are pool sizes
+    /// up to the chunk count; a broadcast is NCCL's alone.
     #[test]
     fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
         let base = candidate(4, 2, true);
@@ -1217,11 +1218,20 @@ mod tests {
         assert!(knobs.contains(&Knob::CopyEngine));
         assert!(knobs.contains(&Knob::Streams(1)) && knobs.contains(&Knob::Streams(4)));
         let ce = Knob::CopyEngine.apply(base);
-        assert_eq!((ce.transport, ce.replay), (Transport::CopyEngine, false));
+        assert_eq!((ce.transport, ce.replay), (Transport::CopyEngine, true));
         // One chunk: nothing to order or to prioritize, no other pool; one rank: no NCCL.
         let one = knob_variants(&candidate(1, 2, true), &["Allreduce".to_string()], 2);
-        assert_eq!(one, vec![Knob::NcclMaxCtas(16), Knob::GemmSmMargin(16)]);
+        assert_eq!(
+            one,
+            vec![
+                Knob::NcclMaxCtas(16),
+                Knob::GemmSmMargin(16),
+                Knob::CopyEngine
+            ]
+        );
         assert!(knob_variants(&candidate(1, 1, true), &["Allreduce".to_string()], 1).is_empty());
+        let broadcast = knob_variants(&candidate(2, 2, true), &["Broadcast".to_string()], 2);
+        assert!(!broadcast.contains(&Knob::CopyEngine));
     }
 
     /// A spent budget stops the measuring: S = 1 is always measured first (the budget
