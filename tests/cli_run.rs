@@ -491,3 +491,42 @@ fn a_printed_host_program_runs_by_itself() {
     assert!(err.contains("expected a parallel type"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A cached configuration sets pool, transport and knobs; a knob given on the command line
+/// wins over it, the others stay the tuned ones.
+#[test]
+fn knobs_on_the_command_line_win_over_the_tuned_ones() {
+    let cache = streamweave::tune::TuneCache::parse(
+        r#"[[entry]]
+key = "00000000000000aa"
+fusion = "f"
+params = {}
+ranks = 4
+backend = "cuda"
+gpu = "NVIDIA H100 80GB HBM3"
+chunks = 2
+streams = 2
+replay = true
+transport = "copy-engine"
+ordered_compute = true
+nccl_max_ctas = 16
+median_ms = 1.5
+"#,
+    )
+    .unwrap();
+    let mut options = streamweave::RunOptions::default();
+    cache.entries[0].apply(&mut options);
+    assert_eq!(options.transport, streamweave::Transport::CopyEngine);
+    assert!(options.overlap.ordered_compute);
+    assert_eq!(options.overlap.nccl_max_ctas, Some(16));
+    let pinned = weave_cli::cli::Pinned {
+        ordered_compute: Some(false),
+        nccl_max_ctas: Some(None),
+        ..weave_cli::cli::Pinned::default()
+    };
+    pinned.apply(&mut options);
+    assert!(!options.overlap.ordered_compute);
+    assert_eq!(options.overlap.nccl_max_ctas, None);
+    assert_eq!(options.transport, streamweave::Transport::CopyEngine);
+    assert_eq!(options.streams, 2);
+}
