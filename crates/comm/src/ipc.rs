@@ -19,7 +19,10 @@
 //!   the sender when it fills the slot, set by the receiver once it has copied the piece out.
 //!
 //! A transfer is cut into pieces of at most one slot; the n-th piece of a lane between a pair
-//! goes to slot `n % slots`. The sender's stream waits until the slot is free, clears
+//! goes to slot `n % slots`. A post's steps with each peer run on a side stream of its own
+//! (one per lane and peer, forked from the posting stream by an event and joined back), so
+//! the copy engines move the pieces of every peer at once; a pair's steps keep their order,
+//! which is all the protocol below relies on. The sender's stream waits until the slot is free, clears
 //! `consumed`, copies into the receiver's slot and sets `ready` (after a memory fence); the
 //! receiver's stream waits for `ready`, clears it, copies the slot into the destination and
 //! sets the sender's `consumed`. Within a lane both sides run in stream order, so 0/1 flags
@@ -234,6 +237,22 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// The peer the step deals with.
+    pub fn peer(&self) -> usize {
+        match *self {
+            Step::WaitFree { peer, .. }
+            | Step::Claim { peer, .. }
+            | Step::Push { peer, .. }
+            | Step::SignalReady { peer, .. }
+            | Step::WaitReady { peer, .. }
+            | Step::Take { peer, .. }
+            | Step::Drain { peer, .. }
+            | Step::SignalFree { peer, .. } => peer,
+        }
+    }
+}
+
 /// Pieces sent to and received from each peer so far, per lane.
 #[derive(Clone, Debug, Default)]
 pub struct PieceCounts {
@@ -445,6 +464,11 @@ pub struct IpcTransport {
     bases: Vec<u64>,
     /// The posting streams, by lane, and the pieces numbered so far.
     lanes: std::sync::Mutex<(Vec<usize>, PieceCounts)>,
+    /// One side stream per lane and peer, made on first use: a post's pieces to and from
+    /// each peer run on that pair's stream, forked from the posting stream and joined back,
+    /// so the copy engines serve every peer at once (one stream would push to and drain from
+    /// the peers one after another).
+    fans: std::sync::Mutex<std::collections::HashMap<(usize, usize), Arc<GpuStream>>>,
 }
 
 /// An NCCL communicator whose allgathers and point-to-point transfers are pushed by the copy
@@ -560,6 +584,7 @@ impl IpcTransport {
             _mapped: mapped,
             bases,
             lanes: std::sync::Mutex::new((Vec::new(), PieceCounts::new(n, layout.lanes))),
+            fans: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -674,8 +699,54 @@ impl CopyTransport for IpcTransport {
             (lane, steps)
         };
         let local = self.region.ptr();
-        let l = &self.layout;
+        // Each peer's steps on its own side stream of this lane (a pair's steps keep their
+        // order, which is all the protocol needs), forked from `stream` and joined back.
+        let mut by_peer: Vec<(usize, Vec<Step>)> = Vec::new();
         for step in steps {
+            let peer = step.peer();
+            match by_peer.iter_mut().find(|(p, _)| *p == peer) {
+                Some((_, v)) => v.push(step),
+                None => by_peer.push((peer, vec![step])),
+            }
+        }
+        let fork = self.gpu.new_event(false)?;
+        if !by_peer.is_empty() {
+            stream.record(&fork)?;
+        }
+        for (peer, steps) in by_peer {
+            let side = {
+                let mut fans = self.fans.lock().unwrap_or_else(|e| e.into_inner());
+                match fans.get(&(lane, peer)) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let s = Arc::new(self.gpu.new_stream(Priority::Normal)?);
+                        fans.insert((lane, peer), s.clone());
+                        s
+                    }
+                }
+            };
+            side.wait(&fork)?;
+            self.enqueue(me, lane, &steps, &side, local)?;
+            let join = self.gpu.new_event(false)?;
+            side.record(&join)?;
+            stream.wait(&join)?;
+        }
+        Ok(())
+    }
+}
+
+impl IpcTransport {
+    /// Enqueues the steps of one peer of one post on `stream`.
+    fn enqueue(
+        &self,
+        me: usize,
+        lane: usize,
+        steps: &[Step],
+        stream: &GpuStream,
+        local: u64,
+    ) -> Result<(), CommError> {
+        let l = &self.layout;
+        for &step in steps {
             match step {
                 Step::WaitFree { peer, slot } => {
                     stream.wait_value(local + l.consumed(peer, lane, slot) as u64, 1)?
