@@ -2,7 +2,7 @@
 //! hash of their global indices, warm-up and timed runs (eager or replayed from a CUDA graph,
 //! timed back to back by [`weave_executor::time_back_to_back`]), sampled output rows, on the
 //! world's NCCL communicator or a fresh one with other options, NCCL or copy engines. The
-//! tuner ([`crate::tune::WorldMeasure`]) measures its candidates this way, reusing the
+//! tuner ([`WorldMeasure`]) measures its candidates this way, reusing the
 //! world's ranks and communicator, and the benchmarks (the `weave-bench` package) too.
 
 use std::collections::HashSet;
