@@ -82,6 +82,13 @@ pub fn linear_reference(
                 .collect()
         })
         .collect();
+    times_hashed(&xs, n, seed_w)
+}
+
+/// `xs · Wᵀ` in f64 for the rows `xs` (each of length k) and `W [n, k]` hashed from
+/// `seed_w`, the output columns spread over every core.
+pub fn times_hashed(xs: &[Vec<f64>], n: usize, seed_w: u64) -> Vec<Vec<f64>> {
+    let k = xs.first().map_or(0, Vec::len);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -91,7 +98,6 @@ pub fn linear_reference(
         let handles: Vec<_> = (0..n)
             .step_by(per)
             .map(|lo| {
-                let xs = &xs;
                 s.spawn(move || {
                     let hi = (lo + per).min(n);
                     let mut out = vec![vec![0.0f64; hi - lo]; xs.len()];
@@ -113,7 +119,7 @@ pub fn linear_reference(
             .map(|h| h.join().unwrap_or_default())
             .collect()
     });
-    let mut out = vec![Vec::with_capacity(n); rows.len()];
+    let mut out = vec![Vec::with_capacity(n); xs.len()];
     for part in parts {
         for (o, p) in out.iter_mut().zip(part) {
             o.extend(p);

@@ -584,11 +584,7 @@ pub fn tune(
                             "{s} chunk(s) use at most {s} stream(s): the same run as K={s}"
                         ))
                     }
-                    (Ok(_), None) if over_budget(&rows) => Outcome::OverBudget,
-                    (Ok(exe), None) => match measure.measure(exe, &candidate) {
-                        Ok(t) => Outcome::Measured(t),
-                        Err(m) => Outcome::Failed(m),
-                    },
+                    (Ok(exe), None) => measured(measure, exe, &candidate, over_budget(&rows)),
                 };
                 rows.push(Row { candidate, outcome });
             }
@@ -628,14 +624,7 @@ pub fn tune(
                 if rows.iter().any(|r| r.candidate == candidate) {
                     continue;
                 }
-                let outcome = if over_budget(&rows) {
-                    Outcome::OverBudget
-                } else {
-                    match measure.measure(exe, &candidate) {
-                        Ok(t) => Outcome::Measured(t),
-                        Err(m) => Outcome::Failed(m),
-                    }
-                };
+                let outcome = measured(measure, exe, &candidate, over_budget(&rows));
                 if outcome
                     .time()
                     .is_some_and(|t| t.as_secs_f64() < base_time.as_secs_f64() * (1.0 - TIE_MARGIN))
@@ -649,14 +638,7 @@ pub fn tune(
             if helped.len() >= 2 {
                 let candidate = helped.iter().fold(base, |c, k| k.apply(c));
                 if !rows.iter().any(|r| r.candidate == candidate) {
-                    let outcome = if over_budget(&rows) {
-                        Outcome::OverBudget
-                    } else {
-                        match measure.measure(exe, &candidate) {
-                            Ok(t) => Outcome::Measured(t),
-                            Err(m) => Outcome::Failed(m),
-                        }
-                    };
+                    let outcome = measured(measure, exe, &candidate, over_budget(&rows));
                     rows.push(Row { candidate, outcome });
                 }
             }
@@ -664,6 +646,22 @@ pub fn tune(
     }
     let winner = choose(&rows);
     Ok(Tuning { key, rows, winner })
+}
+
+/// `candidate` measured, or [`Outcome::OverBudget`] when the budget is `spent`.
+fn measured(
+    measure: &mut dyn Measure,
+    exe: &Executable,
+    candidate: &Candidate,
+    spent: bool,
+) -> Outcome {
+    if spent {
+        return Outcome::OverBudget;
+    }
+    match measure.measure(exe, candidate) {
+        Ok(t) => Outcome::Measured(t),
+        Err(m) => Outcome::Failed(m),
+    }
 }
 
 /// One overlap knob set away from its default (or another pool size, or the other
