@@ -530,3 +530,74 @@ median_ms = 1.5
     assert_eq!(options.transport, streamweave::Transport::CopyEngine);
     assert_eq!(options.streams, 2);
 }
+
+/// A printed host program's definition is what its run is checked against: one that
+/// disagrees with the signature (another shape, element type or name of an input, an extra
+/// output) is refused at load, at the `Definition:` block, naming the tensor and the
+/// difference, instead of passing or being reported as `DIFFERS`.
+#[test]
+fn a_definition_that_disagrees_with_its_signature_is_refused_at_its_block() {
+    let dir = std::env::temp_dir().join(format!("weave-hir-def-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ok, hir, err) = weave(&[
+        "dump",
+        "--passes",
+        "default",
+        "tests/scenarios/single_set_op.weave",
+    ]);
+    assert!(ok, "{err}");
+    let def_line = hir
+        .lines()
+        .position(|l| l.starts_with("Definition: fusion"))
+        .expect("a definition")
+        + 1;
+    let definition = |from: &str, to: &str| -> String {
+        let (head, tail) = hir.split_at(hir.find("Definition: fusion").unwrap());
+        let end = tail.find("\n}\n").unwrap();
+        format!(
+            "{head}{}{}",
+            tail[..end].replacen(from, to, 1),
+            &tail[end..]
+        )
+    };
+    for (name, text, want) in [
+        (
+            "shape",
+            definition("tensor tv0: f32[x, y]", "tensor tv0: f32[x - 1, y]"),
+            "the definition's input 0 `tv0` has shape [11, 8] but the signature says [12, 8]",
+        ),
+        (
+            "dtype",
+            definition("tensor tv0: f32[x, y]", "tensor tv0: f64[x, y]"),
+            "the definition's input 0 `tv0` is f64 but the signature says f32",
+        ),
+        (
+            "outputs",
+            definition(
+                "  output tv1\n",
+                "  output tv1\n  tv2 = neg(tv0)\n  output tv2\n",
+            ),
+            "the definition has 2 output(s) but the signature 1",
+        ),
+        (
+            "params",
+            definition(
+                "fusion single_set_op(x = 12,",
+                "fusion single_set_op(x = 13,",
+            ),
+            "the definition's parameter `x` is 13 but the signature's is 12",
+        ),
+    ] {
+        assert_ne!(text, hir, "{name}: the edit applies");
+        let file = dir.join(format!("{name}.hir"));
+        std::fs::write(&file, &text).unwrap();
+        let (ok, out, err) = weave(&["run", file.to_str().unwrap()]);
+        assert!(!ok, "{name}: {out}");
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(
+            err.contains(&format!("{name}.hir:{def_line}:")),
+            "{name}: the error points at the block: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

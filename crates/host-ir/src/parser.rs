@@ -50,8 +50,14 @@ pub fn parse(source: &str) -> Result<HostProgram, Diagnostic> {
         labels: HashMap::new(),
         preorder: Vec::new(),
         waits: Vec::new(),
+        definition_at: None,
     };
     p.program()?;
+    // The definition is what a reference run evaluates: one that disagrees with the
+    // signature (another shape, dtype or name, more or fewer outputs) is refused at its block.
+    if let (Some(sig), Some(at)) = (&p.prog.signature, p.definition_at) {
+        sig.check_definition().map_err(|m| Diagnostic::at(at, m))?;
+    }
     Ok(p.prog)
 }
 
@@ -138,6 +144,8 @@ struct Parser<'s> {
     /// Statements in file order (the printer's pre-order numbering), for `Statement N`.
     preorder: Vec<StmtId>,
     waits: Vec<PendingWait>,
+    /// Where the `Definition:` block starts, once read.
+    definition_at: Option<Span>,
 }
 
 type PResult<T> = Result<T, Diagnostic>;
@@ -1123,6 +1131,7 @@ impl Parser<'_> {
                     return Err(Diagnostic::at(name_span, "a second `Definition:` block"));
                 }
                 sig.definition = Some(fusion);
+                self.definition_at = Some(name_span);
                 continue;
             }
             match self.kernels.get_mut(&name) {

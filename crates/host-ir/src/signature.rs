@@ -41,6 +41,75 @@ pub struct Signature {
 }
 
 impl Signature {
+    /// Checks the definition (when there is one) against the signature: the same inputs and
+    /// outputs, in order, each with the signature's name, element type and global shape (the
+    /// definition's sizes evaluated with its own parameter values, which must be the
+    /// signature's). A reference run of a definition that disagrees would check the program
+    /// against another program. The message names the tensor and what differs.
+    pub fn check_definition(&self) -> Result<(), String> {
+        let Some(def) = &self.definition else {
+            return Ok(());
+        };
+        for (name, value) in &self.params {
+            match def.param_value(name) {
+                Some(v) if v == *value => {}
+                Some(v) => {
+                    return Err(format!(
+                        "the definition's parameter `{name}` is {v} but the signature's is {value}"
+                    ))
+                }
+                None => {}
+            }
+        }
+        for (what, ids, entries) in [
+            ("input", def.inputs(), &self.inputs),
+            ("output", def.outputs(), &self.outputs),
+        ] {
+            if ids.len() != entries.len() {
+                return Err(format!(
+                    "the definition has {} {what}(s) but the signature {}",
+                    ids.len(),
+                    entries.len()
+                ));
+            }
+            for (k, (&t, e)) in ids.iter().zip(entries).enumerate() {
+                let tensor = def.tensor(t);
+                let here = format!("the definition's {what} {k} `{}`", tensor.name);
+                if tensor.name != e.name {
+                    return Err(format!("{here} is `{}` in the signature", e.name));
+                }
+                if tensor.dtype != e.dtype {
+                    return Err(format!(
+                        "{here} is {} but the signature says {}",
+                        tensor.dtype, e.dtype
+                    ));
+                }
+                let sizes: Vec<Option<i64>> = def
+                    .visible_axes(t)
+                    .iter()
+                    .map(|id| def.eval(&def.id(*id).extent))
+                    .collect();
+                let matches = sizes.len() == e.global.len()
+                    && sizes
+                        .iter()
+                        .zip(&e.global)
+                        .all(|(s, g)| s.and_then(|s| usize::try_from(s).ok()) == Some(*g));
+                if !matches {
+                    let shown: Vec<String> = sizes
+                        .iter()
+                        .map(|s| s.map_or_else(|| "?".to_string(), |v| v.to_string()))
+                        .collect();
+                    return Err(format!(
+                        "{here} has shape [{}] but the signature says {:?}",
+                        shown.join(", "),
+                        e.global
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The value of parameter `name`.
     pub fn param(&self, name: &str) -> Option<i64> {
         self.params.iter().find(|(n, _)| n == name).map(|(_, v)| *v)

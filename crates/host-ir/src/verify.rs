@@ -131,6 +131,7 @@ fn verify_signature(p: &HostProgram) -> VResult {
             }
         }
     }
+    sig.check_definition().map_err(Diagnostic::new)?;
     for (role, name) in &sig.roles {
         if sig.param(name).is_none() {
             return Err(Diagnostic::new(format!(
