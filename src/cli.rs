@@ -373,16 +373,12 @@ pub fn run(
         .unwrap_or(0);
     let summary_path = flags.path.as_deref().filter(|_| is_reporter);
     // An earlier run's summary never outlives this one: were this run killed before it
-    // writes its own, a stale `"passed": true` would be read as this run's.
+    // writes its own, a stale `"passed": true` would be read as this run's. Only a regular
+    // file is removed: a link, a FIFO or a device (`/dev/stdout`) stays.
     if let Some(p) = summary_path {
-        if let Err(e) = std::fs::remove_file(p) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                eprintln!(
-                    "error: cannot remove the earlier summary {}: {e}",
-                    p.display()
-                );
-                return ExitCode::FAILURE;
-            }
+        if let Err(e) = crate::output::remove_stale(p) {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
         }
     }
     // Every failure prints one `error: ` line and leaves a summary that says what failed.
@@ -390,7 +386,7 @@ pub fn run(
         eprintln!("error: {message}");
         if let Some(p) = summary_path {
             let json = summary_json(file, json_ranks, mode, backend, None, Some(&message));
-            if let Err(e) = crate::output::write_atomic(p, json.as_bytes()) {
+            if let Err(e) = crate::output::write_output(p, json.as_bytes()) {
                 eprintln!("error: {e}");
             }
         }
@@ -403,6 +399,14 @@ pub fn run(
                 path.display()
             ));
         }
+        // Nor do an earlier run's trace and timeline (rank 0 writes them).
+        if is_reporter {
+            for p in [path.to_path_buf(), path.with_extension("svg")] {
+                if let Err(e) = crate::output::remove_stale(&p) {
+                    return fail(e);
+                }
+            }
+        }
     }
     if launched.is_none() {
         if let Some(n) = flags.ranks {
@@ -411,12 +415,12 @@ pub fn run(
             }
         }
     }
-    let text = match std::fs::read(file) {
+    let text = match streamweave::read_source(file) {
         Ok(bytes) => match streamweave::utf8_source(bytes) {
             Ok(t) => t,
             Err(d) => return fail(format!("{}:{d}", file.display())),
         },
-        Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
+        Err(e) => return fail(e),
     };
     let name = file.display().to_string();
     // The configuration `weave tune` cached for this program, when `--chunks auto` and no
@@ -578,7 +582,7 @@ pub fn run(
         if let Some(p) = summary_path {
             let message = format!("skipped: {e}");
             let json = summary_json(file, ranks, mode, backend, None, Some(&message));
-            if let Err(e) = crate::output::write_atomic(p, json.as_bytes()) {
+            if let Err(e) = crate::output::write_output(p, json.as_bytes()) {
                 eprintln!("error: {e}");
             }
         }
@@ -657,8 +661,8 @@ pub fn run(
     if let Some(path) = trace {
         let ranks = report.rank_spans();
         let svg_path = path.with_extension("svg");
-        let written = crate::output::write_atomic(path, chrome_trace(&ranks).as_bytes())
-            .and_then(|()| crate::output::write_atomic(&svg_path, svg(&ranks).as_bytes()));
+        let written = crate::output::write_output(path, chrome_trace(&ranks).as_bytes())
+            .and_then(|()| crate::output::write_output(&svg_path, svg(&ranks).as_bytes()));
         match written {
             Ok(()) => crate::outln!(
                 "trace: {} (open in https://ui.perfetto.dev), timeline: {}",
@@ -671,7 +675,7 @@ pub fn run(
     let failed = failures(&report);
     if let Some(p) = summary_path {
         let json = summary_json(file, ranks, mode, backend, Some(&report), failed.as_deref());
-        if let Err(e) = crate::output::write_atomic(p, json.as_bytes()) {
+        if let Err(e) = crate::output::write_output(p, json.as_bytes()) {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
@@ -846,12 +850,12 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     if let Err(e) = tune::TuneCache::load(&cache) {
         return fail(e);
     }
-    let text = match std::fs::read(file) {
+    let text = match streamweave::read_source(file) {
         Ok(bytes) => match streamweave::utf8_source(bytes) {
             Ok(t) => t,
             Err(d) => return fail(format!("{}:{d}", file.display())),
         },
-        Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
+        Err(e) => return fail(e),
     };
     if is_host_program(file, &text) {
         return fail(format!(
@@ -989,7 +993,7 @@ pub fn calibrate(ranks: usize, out: Option<PathBuf>, timeout: Duration) -> ExitC
             return ExitCode::FAILURE;
         }
     }
-    if let Err(e) = crate::output::write_atomic(&path, cal.render().as_bytes()) {
+    if let Err(e) = crate::output::write_output(&path, cal.render().as_bytes()) {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }

@@ -1,12 +1,15 @@
 //! What the commands print and the files they leave: standard output that ends the process
 //! quietly when its reader has gone (`weave run … | head -1`), as other Unix tools do, and
 //! files written whole or not at all (a temporary file in the same directory, renamed over
-//! the target), so that an interrupted run never leaves half a file or a stale one that looks
-//! current.
+//! the target, and removed when a signal ends the process), so that an interrupted run never
+//! leaves half a file or a stale one that looks current — while links, devices and FIFOs
+//! given as outputs are written through, never replaced.
 
 use std::fmt;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
 /// Prints to standard output, as `print!` does, through [`Stdout`].
 #[macro_export]
@@ -65,33 +68,221 @@ fn gone(e: io::Error) -> io::Error {
     std::process::exit(1);
 }
 
-/// Writes `contents` to `path` atomically: into a temporary file beside it, then renamed over
-/// it, so that readers see the old file or the whole new one, never a part. The error names
-/// `path`.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), String> {
+/// Writes `contents` to the output file `path` (`--json`, `--trace`, the calibration) without
+/// replacing what the user did not ask to replace:
+///
+/// * a regular file, or no file, is written atomically: into a temporary file beside it, then
+///   renamed over it, so that readers see the old file or the whole new one, never a part;
+/// * a symbolic link is written through: its final target is written atomically in the
+///   target's directory, and the link stays;
+/// * `/dev/stdout` and `/dev/stderr` write to this process's standard output and error;
+///   another character device or a FIFO (`/dev/null`, a named pipe) is opened and written
+///   directly;
+/// * anything else (a directory, a socket, a block device) is refused.
+///
+/// New files get the usual permissions (0666 less the umask). A temporary file is removed
+/// when SIGINT, SIGTERM or SIGHUP ends the process mid-write (see [`remove_temporaries`]).
+/// The error names `path`.
+pub fn write_output(path: &Path, contents: &[u8]) -> Result<(), String> {
     let named = |e: io::Error| format!("cannot write {}: {e}", path.display());
+    let stream = path.to_str().and_then(|p| match p {
+        "/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1" => Some(1),
+        "/dev/stderr" | "/dev/fd/2" | "/proc/self/fd/2" => Some(2),
+        _ => None,
+    });
+    match stream {
+        Some(1) => return Stdout.write_all(contents).map_err(named),
+        Some(_) => {
+            let mut err = io::stderr().lock();
+            return err
+                .write_all(contents)
+                .and_then(|()| err.flush())
+                .map_err(named);
+        }
+        None => {}
+    }
+    match std::fs::metadata(path) {
+        // No file, or a link to none: created at the link's final target.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            replace_atomically(&final_target(path).map_err(named)?, contents).map_err(named)
+        }
+        Err(e) => Err(named(e)),
+        Ok(m) if m.is_file() => {
+            let target = std::fs::canonicalize(path).map_err(named)?;
+            replace_atomically(&target, contents).map_err(named)
+        }
+        Ok(m) if is_stream(&m.file_type()) => {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(named)?;
+            f.write_all(contents)
+                .and_then(|()| f.flush())
+                .map_err(named)
+        }
+        Ok(m) => Err(format!(
+            "cannot write {}: it is {}; give a file",
+            path.display(),
+            kind(&m.file_type())
+        )),
+    }
+}
+
+/// Writes `contents` to `path` as [`write_output`] does (kept for its callers).
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), String> {
+    write_output(path, contents)
+}
+
+/// Readies the output file `path` before a run: a regular file left by an earlier run is
+/// removed (so that a run that ends early never leaves an older output that looks like its
+/// own); a link, a FIFO or a device is left alone; a path [`write_output`] would refuse (a
+/// directory, a socket, a block device) is an error now rather than after the run.
+pub fn remove_stale(path: &Path) -> Result<(), String> {
+    let named = |e: io::Error| format!("cannot remove the earlier {}: {e}", path.display());
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(named(e)),
+        Ok(m) if m.is_file() => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(named(e)),
+            _ => Ok(()),
+        },
+        Ok(m) if m.file_type().is_symlink() || is_stream(&m.file_type()) => Ok(()),
+        Ok(m) => Err(format!(
+            "cannot write {}: it is {}; give a file",
+            path.display(),
+            kind(&m.file_type())
+        )),
+    }
+}
+
+/// A character device or a FIFO: written in place.
+fn is_stream(t: &std::fs::FileType) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    t.is_char_device() || t.is_fifo()
+}
+
+/// What a file type is, for an error message.
+fn kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// `path` with its symbolic links followed to the last one's target (which need not exist),
+/// a relative target taken from the link's directory.
+fn final_target(path: &Path) -> io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => return Ok(p),
+        }
+    }
+    Err(io::Error::other("too many levels of symbolic links"))
+}
+
+/// Writes `path` (a regular file or none) through a temporary file beside it, renamed over it.
+fn replace_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
     let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
     };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".weave-")
-        .suffix(".tmp")
-        .tempfile_in(&dir)
-        .map_err(named)?;
-    tmp.write_all(contents)
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(named)?;
-    tmp.persist(path).map_err(|e| named(e.error))?;
-    Ok(())
+    let (tmp, mut file) = create_temporary(dir)?;
+    let written = file
+        .write_all(contents)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    drop(file);
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    live().retain(|p| *p != tmp);
+    written
+}
+
+/// The temporary files being written now, removed by the signal thread.
+static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn live() -> MutexGuard<'static, Vec<PathBuf>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A new temporary file `.weave-PID-N.tmp` in `dir`, 0666 less the umask, registered with
+/// [`remove_temporaries`] while the registry is locked, so that the signal thread removes it
+/// whenever the process is stopped after it exists.
+fn create_temporary(dir: &Path) -> io::Result<(PathBuf, std::fs::File)> {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    static HANDLER: Once = Once::new();
+    HANDLER.call_once(remove_temporaries_on_signals);
+    let mut live = live();
+    loop {
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".weave-{}-{n}.tmp", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => {
+                live.push(tmp.clone());
+                return Ok((tmp, f));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1 << 20 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Removes every temporary file being written now; the signal thread calls it before the
+/// process ends.
+pub fn remove_temporaries() {
+    for p in live().drain(..) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// Starts the thread that, on SIGINT, SIGTERM or SIGHUP, removes the temporary files and ends
+/// the process as the signal would (status 128 + the signal where it cannot).
+fn remove_temporaries_on_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        return;
+    };
+    let _ = std::thread::Builder::new()
+        .name("weave-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                remove_temporaries();
+                let _ = signal_hook::low_level::emulate_default_handler(sig);
+                std::process::exit(128 + sig);
+            }
+        });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Held by the tests that write files: [`remove_temporaries`] removes every test's.
+    static WRITES: Mutex<()> = Mutex::new(());
+
     #[test]
     fn an_atomic_write_replaces_the_file_whole_and_leaves_no_temporary() {
+        let _one = WRITES.lock().unwrap_or_else(PoisonError::into_inner);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("summary.json");
         write_atomic(&path, b"old").unwrap();
@@ -105,5 +296,25 @@ mod tests {
             e.starts_with(&format!("cannot write {}: ", missing.display())),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_signal_cleanup_removes_the_temporaries_being_written() {
+        let _one = WRITES.lock().unwrap_or_else(PoisonError::into_inner);
+        let dir = tempfile::tempdir().unwrap();
+        let (tmp, file) = create_temporary(dir.path()).unwrap();
+        assert!(tmp.exists());
+        let name = tmp.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with(".weave-") && name.ends_with(".tmp"),
+            "{name}"
+        );
+        remove_temporaries();
+        drop(file);
+        assert!(!tmp.exists());
+        // Renamed files are no longer temporaries: nothing else is removed.
+        write_output(&dir.path().join("kept"), b"x").unwrap();
+        remove_temporaries();
+        assert_eq!(std::fs::read(dir.path().join("kept")).unwrap(), b"x");
     }
 }

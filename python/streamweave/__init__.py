@@ -11,11 +11,19 @@ the global outputs as NumPy arrays::
     x, w = (np.random.rand(*t.shape).astype(np.float32) for t in exe.inputs)
     y = exe.run({"inp": x, "w": w}, ranks=2).outputs["out"]
 
-Dtypes: ``f32``, ``f64``, ``i64`` and ``bool`` tensors map to the NumPy dtype of the same
-name. ``bf16`` has no NumPy dtype: a bf16 input is given as any float array and rounded to
-bf16 (round to nearest even) on the way in, and a bf16 output comes back as a ``float32``
-array holding bf16 values exactly (an explicit float32 round trip). ``f16`` maps to
-``float16``.
+Dtypes: ``f32``, ``f64``, ``f16``, ``i64`` and ``bool`` tensors map to the NumPy dtype of
+the same name (``float16`` for ``f16``), and an input must have exactly its dtype: its values
+cross into Rust as they are, and another dtype, or a different kind (an ``int64`` array for
+an ``f32`` input, a ``float64`` array for an ``f32`` input, any complex array), raises
+:class:`DTypeError` (a ``TypeError`` and a :class:`StreamweaveError`) naming the input and
+both dtypes, as the Rust API refuses it (so does a CUDA tensor of another dtype on GPUs). ``bf16`` has no
+NumPy dtype: a bf16 input is given as a ``bfloat16`` array (``ml_dtypes``), taken as it is,
+or as any float array, rounded to bf16 (round to nearest even) on the way in; a bf16 output
+comes back as a ``float32`` array holding bf16 values exactly. Plain Python values (numbers,
+nested lists) have no dtype: they take the input's dtype when their kind fits (floats for a
+float input, ints for ``i64``, bools for ``bool``). The CPU backend computes in ``f64``, so
+an ``i64`` input or output of magnitude 2^53 or more raises :class:`StreamweaveError` rather
+than being rounded (2^53 + 1 would come back as 2^53).
 
 On GPUs, :meth:`Executable.cuda` opens a session (one GPU per rank in this process, or this
 process as one rank under ``torchrun``) that runs the program on PyTorch CUDA tensors: each
@@ -28,7 +36,8 @@ copy, ordered on PyTorch's current stream like any PyTorch operation::
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     y = gpu({"x": x}).outputs["out"]       # a torch.Tensor on cuda:0, queued after x
 
-Every failure raises :class:`StreamweaveError` with the message the command line prints:
+Every failure raises :class:`StreamweaveError` (for a dtype, its subclass
+:class:`DTypeError`, also a ``TypeError``) with the message the command line prints:
 ``file:line:col`` for the text, the tensor for shapes, the rank for a run.
 """
 
@@ -41,11 +50,12 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _native
-from ._native import StreamweaveError
+from ._native import DTypeError, StreamweaveError
 from .builder import Builder, Mesh, Value
 
 __all__ = [
     "StreamweaveError",
+    "DTypeError",
     "Builder",
     "Mesh",
     "Value",
@@ -67,6 +77,36 @@ _NUMPY_OF = {
     "f16": np.float16,
     "bf16": np.float32,
 }
+
+
+# The NumPy kind (``dtype.kind``) of the values each dtype takes from plain Python values.
+_KIND_OF = {"f32": "f", "f64": "f", "f16": "f", "bf16": "f", "i64": "i", "bool": "b"}
+
+
+def _input_array(name: str, spec: "TensorSpec", value) -> np.ndarray:
+    """``value`` as a C-contiguous little-endian array of its own dtype (no conversion but a
+    plain Python value's, to the input's dtype when its kind fits); the Rust side checks the
+    dtype against the signature and raises :class:`DTypeError` on a mismatch."""
+    if isinstance(value, (bool, int, float, complex, list, tuple)):
+        # Plain Python values have no dtype: NumPy's guess says their kind.
+        guess = np.asarray(value)
+        if guess.dtype.kind == _KIND_OF[spec.dtype]:
+            target = np.float64 if spec.dtype == "bf16" else _NUMPY_OF[spec.dtype]
+            try:
+                value = np.asarray(value, dtype=target)
+            except OverflowError as e:
+                raise DTypeError(
+                    "input `%s`: the values do not fit %s (%s)" % (name, spec.dtype, e)
+                ) from e
+        else:
+            value = guess
+    # `np.asarray(.., order="C")` keeps a 0-d input 0-d (`ascontiguousarray` would make it
+    # 1-d); a big-endian array is turned little-endian (the same values).
+    array = np.asarray(value, order="C")
+    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not np.little_endian):
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array
+
 
 
 @dataclass(frozen=True)
@@ -249,7 +289,7 @@ class CudaRunner:
                 "%s: the tensor is on %s, the rank runs on cuda:%d" % (where, t.device, device)
             )
         if t.dtype != dtype:
-            raise StreamweaveError(
+            raise DTypeError(
                 "%s: the tensor is %s, the program takes %s (%s)" % (where, t.dtype, spec.dtype, dtype)
             )
         if tuple(t.shape) != tuple(shape):
@@ -370,7 +410,10 @@ class Executable:
         ``check`` compares every rank's outputs with the f64 reference, ``races`` runs the
         stream race checker, and ``trace`` records a timeline: ``True`` returns the Chrome
         trace JSON in the result, a path also writes it there. Each input must have the
-        global shape of its signature entry.
+        global shape and the dtype of its signature entry (a :class:`DTypeError`, a
+        ``TypeError``, names the input
+        and both dtypes otherwise; see the module's notes on dtypes, bf16 included); each
+        output comes back in its own dtype.
         """
         given = []
         for name, value in inputs.items():
@@ -380,10 +423,8 @@ class Executable:
                     f"input `{name}`: the program has no such input "
                     f"(it takes {', '.join(t.name for t in self.inputs)})"
                 )
-            # `np.asarray(.., order="C")` keeps a 0-d input 0-d (`ascontiguousarray` would
-            # make it 1-d).
-            array = np.asarray(value, dtype=np.float64, order="C")
-            given.append((name, spec.dtype, list(array.shape), array.tobytes()))
+            array = _input_array(name, spec, value)
+            given.append((name, array.dtype.name, list(array.shape), array.tobytes()))
         outputs, passed, max_error, race_count, trace_json = self._native.run(
             given,
             ranks=self.min_ranks if ranks is None else ranks,
@@ -397,7 +438,9 @@ class Executable:
             with open(trace, "w", encoding="utf-8") as f:
                 f.write(trace_json)
         values = {
-            name: np.frombuffer(data, dtype=np.float64).reshape(shape).astype(_NUMPY_OF[dtype])
+            name: np.frombuffer(data, dtype=np.dtype(_NUMPY_OF[dtype]).newbyteorder("<"))
+            .reshape(shape)
+            .astype(_NUMPY_OF[dtype])
             for name, dtype, shape, data in outputs
         }
         return RunResult(values, passed, max_error, race_count, trace_json)

@@ -5,6 +5,9 @@ from typing import List, Optional, Tuple
 class StreamweaveError(Exception):
     """A fusion that does not load or compile, inputs that do not fit, or a run that fails."""
 
+class DTypeError(StreamweaveError, TypeError):
+    """An input of a dtype (or kind) the program does not take."""
+
 class NativeFusion:
     def text(self) -> str: ...
     def name(self) -> str: ...
@@ -33,6 +36,7 @@ class NativeExecutable:
     ) -> NativeSession: ...
     def run(
         self,
+        # (name, NumPy dtype name, shape, little-endian bytes of that dtype)
         inputs: List[Tuple[str, str, List[int], bytes]],
         ranks: int = 1,
         check: bool = True,

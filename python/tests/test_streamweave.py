@@ -40,7 +40,9 @@ def random_inputs(exe, seed=0):
         elif t.dtype == "i64":
             out[t.name] = rng.integers(-4, 5, size=t.shape)
         else:
-            out[t.name] = rng.uniform(-1, 1, size=t.shape).astype(np.float32)
+            # Each input in its own dtype (bf16: a float32 array, rounded on the way in).
+            dtype = {"f64": np.float64, "f16": np.float16}.get(t.dtype, np.float32)
+            out[t.name] = rng.uniform(-1, 1, size=t.shape).astype(dtype)
     return out
 
 

@@ -88,6 +88,8 @@ pub struct Fusion {
     /// The fusion's name.
     pub name: String,
     params: Vec<Param>,
+    /// Each parameter's index in `params`, for lookups in constant time.
+    param_index: std::collections::HashMap<String, usize>,
     meshes: SlotMap<MeshId, MeshDecl>,
     mesh_order: Vec<MeshId>,
     ids: SlotMap<IterDomainId, IterDomain>,
@@ -117,9 +119,10 @@ impl Fusion {
 
     /// Declares a parameter. Fails on a duplicate name.
     pub fn add_param(&mut self, name: &str, default: Option<i64>) -> IrResult<()> {
-        if self.params.iter().any(|p| p.name == name) {
+        if self.param_index.contains_key(name) {
             return Err(Diagnostic::new(format!("duplicate parameter `{name}`")));
         }
+        self.param_index.insert(name.to_string(), self.params.len());
         self.params.push(Param {
             name: name.to_string(),
             default,
@@ -143,7 +146,7 @@ impl Fusion {
                 role.keyword()
             )));
         }
-        match self.params.iter_mut().find(|p| p.name == name) {
+        match self.param_mut(name) {
             Some(p) => {
                 p.role = Some(role);
                 Ok(())
@@ -199,7 +202,7 @@ impl Fusion {
             }
         }
         match found.as_slice() {
-            [one] => self.params.iter().find(|p| p.name == *one),
+            [one] => self.param(one),
             _ => None,
         }
     }
@@ -268,22 +271,20 @@ impl Fusion {
     /// Overrides a parameter's value (`--set name=value`). Must happen before the parameter
     /// is used; fails for an unknown name, listing the known ones.
     pub fn set_param(&mut self, name: &str, value: i64) -> IrResult<()> {
-        let known: Vec<String> = self.params.iter().map(|p| p.name.clone()).collect();
-        match self.params.iter_mut().find(|p| p.name == name) {
-            Some(p) => {
-                p.value = Some(value);
-                Ok(())
-            }
-            None => Err(Diagnostic::new(format!(
-                "unknown parameter `{name}` (fusion `{}` has: {})",
-                self.name,
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            ))),
+        if let Some(p) = self.param_mut(name) {
+            p.value = Some(value);
+            return Ok(());
         }
+        let known: Vec<String> = self.params.iter().map(|p| p.name.clone()).collect();
+        Err(Diagnostic::new(format!(
+            "unknown parameter `{name}` (fusion `{}` has: {})",
+            self.name,
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )))
     }
 
     /// All parameters in declaration order.
@@ -291,12 +292,19 @@ impl Fusion {
         &self.params
     }
 
+    /// The parameter `name`, if declared (constant time).
+    pub fn param(&self, name: &str) -> Option<&Param> {
+        self.param_index.get(name).and_then(|&i| self.params.get(i))
+    }
+
+    fn param_mut(&mut self, name: &str) -> Option<&mut Param> {
+        let i = *self.param_index.get(name)?;
+        self.params.get_mut(i)
+    }
+
     /// The current value of a parameter.
     pub fn param_value(&self, name: &str) -> Option<i64> {
-        self.params
-            .iter()
-            .find(|p| p.name == name)
-            .and_then(|p| p.value)
+        self.param(name).and_then(|p| p.value)
     }
 
     /// Evaluates `s` with the current parameter values.
@@ -316,7 +324,7 @@ impl Fusion {
     /// Checks that every symbol of `s` is a declared parameter.
     pub fn check_symbols(&self, s: &Scalar) -> IrResult<()> {
         for sym in s.symbols() {
-            if !self.params.iter().any(|p| *p.name == *sym) {
+            if self.param(&sym).is_none() {
                 return Err(Diagnostic::new(format!(
                     "undefined parameter `{sym}` in `{}`",
                     s.to_source()
@@ -639,7 +647,7 @@ impl Fusion {
         if self.has_builder_name(name) {
             return Err(Diagnostic::new(format!("duplicate tensor name `{name}`")));
         }
-        if self.params.iter().any(|p| p.name == name) {
+        if self.param(name).is_some() {
             return Err(Diagnostic::new(format!(
                 "tensor name `{name}` is already a parameter"
             )));

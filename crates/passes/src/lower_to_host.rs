@@ -330,6 +330,19 @@ impl Lowering<'_> {
         // Where the sharding lives: the allocation domain once finalized, else the loop domain.
         let mut sharded: Vec<IterDomainId> = tv.allocation_domain().to_vec();
         sharded.extend(tv.loop_domain.iter().copied());
+        // The sharded axes that cut a logical axis, by the axis they cut, in domain order
+        // (found once: a tensor of many axes has few parallel ones).
+        let mut cuts: HashMap<IterDomainId, Vec<IterDomainId>> = HashMap::new();
+        for id in &sharded {
+            let pt = f.id(*id).parallel;
+            let wanted = pt.is_device() || (per_chunk && pt == ParallelType::Stream);
+            if !wanted || f.id(*id).iter_type == IterType::Reduction {
+                continue;
+            }
+            if let Some(root) = self.split_root(t, *id) {
+                cuts.entry(root).or_default().push(*id);
+            }
+        }
         let mut out = Vec::new();
         for l in f.visible_axes(t) {
             let d = f.id(l);
@@ -339,16 +352,13 @@ impl Lowering<'_> {
             }
             let mut size = d.extent.clone();
             let mut seen: Vec<ParallelType> = Vec::new();
-            for id in &sharded {
+            for id in cuts.get(&l).into_iter().flatten() {
                 let pt = f.id(*id).parallel;
-                let wanted = pt.is_device() || (per_chunk && pt == ParallelType::Stream);
-                if !wanted || seen.contains(&pt) || f.id(*id).iter_type == IterType::Reduction {
+                if seen.contains(&pt) {
                     continue;
                 }
-                if self.split_root(t, *id) == Some(l) {
-                    seen.push(pt);
-                    size = size.ceil_div(f.id(*id).extent.clone());
-                }
+                seen.push(pt);
+                size = size.ceil_div(f.id(*id).extent.clone());
             }
             out.push(size);
         }

@@ -1,8 +1,9 @@
 //! The Python extension module `streamweave._native`: loading fusions, compiling them into
 //! executables, dumping the pass pipeline, running executables on the CPU backend with
-//! simulated ranks on tensors handed over as little-endian `f64` bytes, and on GPUs in a
-//! [`CudaSession`] on device buffers handed over by address (PyTorch CUDA tensors, no copy,
-//! on PyTorch's current stream). The Python package `streamweave`, in python/, wraps it with
+//! simulated ranks on tensors handed over as little-endian bytes of their own element type
+//! (no `f64` round trip: a dtype the signature does not take raises `TypeError`), and on
+//! GPUs in a [`CudaSession`] on device buffers handed over by address (PyTorch CUDA
+//! tensors, no copy, on PyTorch's current stream). The Python package `streamweave`, in python/, wraps it with
 //! NumPy and PyTorch. Every error becomes a `streamweave.StreamweaveError` carrying the same
 //! message as the command line prints (file:line:col, tensor, rank).
 
@@ -10,16 +11,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyTuple, PyType};
 use streamweave::cuda::{ForeignStream, Gpu};
 use streamweave::executor::dense::Dense;
 use streamweave::executor::timeline::chrome_trace;
+use streamweave::half::{bf16, f16};
 use streamweave::ir::{DType, Fusion};
 use streamweave::passes::{manager::render, DumpFlags, Ir, PassManager};
 use streamweave::{
-    Buffer, Compiler, CudaSession, Executable, RankCall, RunOptions, Target, Tensor,
+    Buffer, Compiler, CudaSession, Data, Executable, RankCall, RunOptions, Target, Tensor,
 };
 
 create_exception!(
@@ -32,6 +35,43 @@ create_exception!(
 
 fn error(e: impl std::fmt::Display) -> PyErr {
     StreamweaveError::new_err(e.to_string())
+}
+
+/// `streamweave.DTypeError`: both a `TypeError` and a [`StreamweaveError`] (one class with
+/// two bases, made when the module loads).
+static DTYPE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// The class of [`DTYPE_ERROR`].
+fn dtype_error_type(py: Python<'_>) -> PyResult<&Py<PyType>> {
+    DTYPE_ERROR.get_or_try_init(py, || {
+        let namespace = PyDict::new(py);
+        namespace.set_item("__module__", "streamweave")?;
+        namespace.set_item(
+            "__doc__",
+            "An input of a dtype (or kind) the program does not take: a TypeError naming the \
+             input and both dtypes, and a StreamweaveError.",
+        )?;
+        let bases = PyTuple::new(
+            py,
+            [
+                py.get_type::<StreamweaveError>(),
+                py.get_type::<PyTypeError>(),
+            ],
+        )?;
+        let class = py
+            .get_type::<PyType>()
+            .call1(("DTypeError", bases, namespace))?
+            .cast_into::<PyType>()?;
+        Ok(class.unbind())
+    })
+}
+
+/// A `streamweave.DTypeError` (a `TypeError`) carrying `message`.
+fn dtype_error(py: Python<'_>, message: String) -> PyErr {
+    match dtype_error_type(py) {
+        Ok(class) => PyErr::from_type(class.bind(py).clone(), message),
+        Err(_) => PyTypeError::new_err(message),
+    }
 }
 
 /// A loaded fusion (the user's global program).
@@ -102,12 +142,13 @@ struct NativeExecutable {
 /// One entry of a signature: name, dtype name and global shape.
 type Sig = (String, String, Vec<usize>);
 
-/// A tensor handed over: name, dtype name, shape and its values as little-endian `f64`.
-type Handed = (String, String, Vec<usize>, Vec<u8>);
+/// A tensor handed over: name, the NumPy name of its element type (`float32`, `int64`,
+/// `bfloat16`, `complex128`, ...), shape and its values as little-endian bytes of that type.
+type Handed<'py> = (String, String, Vec<usize>, Bound<'py, PyBytes>);
 
-/// What a run hands back: the outputs (as [`Handed`], the bytes a Python `bytes`), whether
-/// every check passed, the largest error against the reference, the races found and the
-/// Chrome trace JSON when asked for.
+/// What a run hands back: the outputs (name, dtype name, shape and little-endian bytes of
+/// the dtype, a bf16 output widened to `f32`), whether every check passed, the largest error
+/// against the reference, the races found and the Chrome trace JSON when asked for.
 type RunOutcome<'py> = (
     Vec<(String, String, Vec<usize>, Bound<'py, PyBytes>)>,
     bool,
@@ -116,27 +157,129 @@ type RunOutcome<'py> = (
     Option<String>,
 );
 
-fn dtype_of(name: &str) -> PyResult<DType> {
+/// The dtype of a NumPy element type name, when the programs have one.
+fn dtype_of_numpy(name: &str) -> Option<DType> {
     match name {
-        "bf16" => Ok(DType::BF16),
-        "f16" => Ok(DType::F16),
-        "f32" => Ok(DType::F32),
-        "f64" => Ok(DType::F64),
-        "i64" => Ok(DType::I64),
-        "bool" => Ok(DType::Bool),
-        other => Err(error(format!("unknown dtype `{other}`"))),
+        "bfloat16" => Some(DType::BF16),
+        "float16" => Some(DType::F16),
+        "float32" => Some(DType::F32),
+        "float64" => Some(DType::F64),
+        "int64" => Some(DType::I64),
+        "bool" => Some(DType::Bool),
+        _ => None,
     }
 }
 
-fn f64s(bytes: &[u8]) -> Vec<f64> {
-    bytes
-        .chunks_exact(8)
-        .map(|c| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(c);
-            f64::from_le_bytes(b)
-        })
-        .collect()
+/// The largest magnitude of an `i64` the CPU backend holds and computes exactly (it computes
+/// in `f64`): within ±(2^53 - 1) a result cannot have been rounded (2^53 + 1 rounds to 2^53).
+const I64_EXACT: i64 = (1 << 53) - 1;
+
+/// The first element of an `i64` tensor beyond ±(2^53 - 1) (index and value), if any.
+fn beyond_exact(data: &Data) -> Option<(usize, i64)> {
+    match data {
+        Data::I64(v) => v
+            .iter()
+            .copied()
+            .enumerate()
+            .find(|(_, x)| x.unsigned_abs() > I64_EXACT.unsigned_abs()),
+        _ => None,
+    }
+}
+
+/// `bytes` as little-endian `N`-byte elements.
+fn elems<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+    bytes.chunks_exact(N).map(|c| {
+        let mut b = [0u8; N];
+        b.copy_from_slice(c);
+        b
+    })
+}
+
+/// The values of `bytes` (little-endian elements of `dtype`) in `dtype`, exactly.
+fn data_of(dtype: DType, bytes: &[u8]) -> Data {
+    match dtype {
+        DType::F32 => Data::F32(elems::<4>(bytes).map(f32::from_le_bytes).collect()),
+        DType::F64 => Data::F64(elems::<8>(bytes).map(f64::from_le_bytes).collect()),
+        DType::BF16 => Data::BF16(
+            elems::<2>(bytes)
+                .map(|b| bf16::from_bits(u16::from_le_bytes(b)))
+                .collect(),
+        ),
+        DType::F16 => Data::F16(
+            elems::<2>(bytes)
+                .map(|b| f16::from_bits(u16::from_le_bytes(b)))
+                .collect(),
+        ),
+        DType::I64 => Data::I64(elems::<8>(bytes).map(i64::from_le_bytes).collect()),
+        DType::Bool => Data::Bool(bytes.iter().map(|b| *b != 0).collect()),
+    }
+}
+
+/// The input `name` of `spec` dtype from the value handed over (`numpy` names its element
+/// type): the exact values when the dtypes agree; a float array for a bf16 input rounded to
+/// bf16 (nearest even, the documented conversion: NumPy has no bf16); a `TypeError` naming
+/// the input and both dtypes otherwise, worded as [`Executable::bind`]'s refusal.
+fn input_tensor(
+    py: Python<'_>,
+    name: &str,
+    spec: DType,
+    numpy: &str,
+    shape: &[usize],
+    bytes: &[u8],
+) -> PyResult<Tensor> {
+    let mismatch = |given: &str| {
+        let why = if numpy.starts_with("complex") {
+            " (complex values are not taken)"
+        } else {
+            ""
+        };
+        dtype_error(
+            py,
+            format!("input `{name}`: is {given} but the program takes {spec}{why}"),
+        )
+    };
+    let given = dtype_of_numpy(numpy).ok_or_else(|| mismatch(numpy))?;
+    let numel = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
+    let width = streamweave::executor::dense::elem_bytes(given);
+    if numel.and_then(|n| n.checked_mul(width)) != Some(bytes.len()) {
+        return Err(error(format!(
+            "input `{name}`: {} bytes do not hold a {numpy} array of shape {shape:?}",
+            bytes.len()
+        )));
+    }
+    let data = data_of(given, bytes);
+    let data = if given == spec {
+        data
+    } else if spec == DType::BF16 && matches!(given, DType::F16 | DType::F32 | DType::F64) {
+        let dense = Dense::new(DType::BF16, shape.to_vec(), data.to_f64())
+            .map_err(|m| error(format!("input `{name}`: {m}")))?
+            .rounded();
+        return Ok(Tensor::from_dense(&dense));
+    } else {
+        return Err(mismatch(given.name()));
+    };
+    if let Some((i, x)) = beyond_exact(&data) {
+        return Err(error(format!(
+            "input `{name}`: element {i} is {x}, beyond ±(2^53 - 1): the CPU backend computes \
+             in f64, which holds i64 values exactly only below 2^53 in magnitude"
+        )));
+    }
+    Tensor::new(shape.to_vec(), data).map_err(|e| error(format!("input `{name}`: {e}")))
+}
+
+/// A tensor's values as little-endian bytes of its dtype (bf16 widened to `f32`, exactly).
+fn bytes_of(data: &Data) -> Vec<u8> {
+    fn flat<const N: usize, T: Copy>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+        v.iter().flat_map(|x| f(*x)).collect()
+    }
+    match data {
+        Data::F32(v) => flat(v, f32::to_le_bytes),
+        Data::F64(v) => flat(v, f64::to_le_bytes),
+        Data::BF16(v) => flat(v, |x| x.to_f32().to_le_bytes()),
+        Data::F16(v) => flat(v, |x| x.to_bits().to_le_bytes()),
+        Data::I64(v) => flat(v, i64::to_le_bytes),
+        Data::Bool(v) => v.iter().map(|b| u8::from(*b)).collect(),
+    }
 }
 
 #[pymethods]
@@ -223,7 +366,9 @@ impl NativeExecutable {
     }
 
     /// Runs on the CPU backend with `ranks` simulated ranks (threads) on the named global
-    /// inputs, each rounded to its dtype; returns the global outputs (same encoding), whether
+    /// inputs, each of its signature's dtype exactly (a float array for a bf16 input is
+    /// rounded to bf16; any other dtype raises `TypeError`); returns the global outputs in
+    /// their dtype (a bf16 one widened to `f32`), whether
     /// every check passed, the largest error against the reference (0 without `check`), the
     /// races found (with `races`), and the Chrome trace JSON (with `trace`). The GIL is
     /// released while the ranks run.
@@ -232,7 +377,7 @@ impl NativeExecutable {
     fn run<'py>(
         &self,
         py: Python<'py>,
-        inputs: Vec<Handed>,
+        inputs: Vec<Handed<'py>>,
         ranks: usize,
         check: bool,
         races: bool,
@@ -241,11 +386,22 @@ impl NativeExecutable {
         timeout_secs: f64,
     ) -> PyResult<RunOutcome<'py>> {
         let mut tensors = Vec::with_capacity(inputs.len());
-        for (name, dtype, shape, bytes) in &inputs {
-            let dtype = dtype_of(dtype)?;
-            let dense = Dense::new(dtype, shape.clone(), f64s(bytes))
-                .map_err(|m| error(format!("input `{name}`: {m}")))?;
-            tensors.push((name.clone(), Tensor::from_dense(&dense)));
+        for (name, numpy, shape, bytes) in &inputs {
+            let spec = self
+                .exe
+                .inputs()
+                .iter()
+                .find(|s| s.name == *name)
+                .ok_or_else(|| {
+                    let known: Vec<&str> =
+                        self.exe.inputs().iter().map(|s| s.name.as_str()).collect();
+                    error(format!(
+                        "input `{name}`: the program has no such input (it has: {})",
+                        known.join(", ")
+                    ))
+                })?;
+            let tensor = input_tensor(py, name, spec.dtype, numpy, shape, bytes.as_bytes())?;
+            tensors.push((name.clone(), tensor));
         }
         let options = RunOptions {
             target: Target::Cpu { ranks },
@@ -271,16 +427,18 @@ impl NativeExecutable {
         let outputs = report.into_outputs().map_err(error)?;
         let mut out = Vec::with_capacity(outputs.len());
         for (name, t) in outputs.iter() {
-            let d = t.to_dense();
-            let mut bytes = Vec::with_capacity(d.data.len() * 8);
-            for v in &d.data {
-                bytes.extend_from_slice(&v.to_le_bytes());
+            if let Some((i, x)) = beyond_exact(t.data()) {
+                return Err(error(format!(
+                    "output `{name}`: element {i} is {x}, beyond ±(2^53 - 1): the CPU \
+                     backend computes in f64, which holds i64 values exactly only below 2^53 \
+                     in magnitude, so it may have been rounded"
+                )));
             }
             out.push((
                 name.to_string(),
-                d.dtype.name().to_string(),
-                d.sizes.clone(),
-                PyBytes::new(py, &bytes),
+                t.dtype().name().to_string(),
+                t.sizes().to_vec(),
+                PyBytes::new(py, &bytes_of(t.data())),
             ));
         }
         Ok((out, passed, max_error, race_count, trace_json))
@@ -490,6 +648,7 @@ fn load_file(path: std::path::PathBuf, overrides: Vec<(String, i64)>) -> PyResul
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StreamweaveError", m.py().get_type::<StreamweaveError>())?;
+    m.add("DTypeError", dtype_error_type(m.py())?.clone_ref(m.py()))?;
     m.add_class::<NativeFusion>()?;
     m.add_class::<NativeExecutable>()?;
     m.add_class::<NativeSession>()?;

@@ -217,6 +217,14 @@ impl Compiler {
             if let Some(v) = value {
                 bind(&mut set, name, current, v);
             }
+        } else if let (Chunks::Fixed(n), None) =
+            (&self.chunks, first.role_param(ParamRole::ChunkCount))
+        {
+            // A fixed chunk count with nothing to set is refused, never ignored.
+            return Err(Error::Program(format!(
+                "--chunks {n}: `{}` has no chunk-count parameter (declared `s: chunks` or the extent of its Stream axes) to set",
+                first.name
+            )));
         }
         let fusion = if changed { reload(&set)? } else { first };
         let program = self.lower(fusion)?;
@@ -558,7 +566,7 @@ impl Executable {
         // The definition's parameters are those the program was compiled with.
         let mut def = def.clone();
         for (k, v) in &self.signature().params {
-            if def.params().iter().any(|p| p.name == *k) {
+            if def.param(k).is_some() {
                 def.set_param(k, *v)
                     .map_err(|d| Error::Program(d.message))?;
             }

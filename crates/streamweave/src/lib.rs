@@ -102,10 +102,10 @@ pub fn compile(fusion: Fusion) -> Result<weave_host_ir::HostProgram, weave_passe
 /// Reads and loads a `.weave` file.
 pub fn load_file(path: &Path, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| LoadError {
+    let bytes = read_source(path).map_err(|message| LoadError {
         file: file.clone(),
         source: String::new(),
-        diagnostic: Diagnostic::new(format!("cannot read {file}: {e}")),
+        diagnostic: Diagnostic::new(message),
     })?;
     let source = utf8_source(bytes).map_err(|diagnostic| LoadError {
         file: file.clone(),
@@ -113,6 +113,46 @@ pub fn load_file(path: &Path, overrides: &[(String, i64)]) -> Result<Fusion, Loa
         diagnostic,
     })?;
     load(&file, &source, overrides)
+}
+
+/// The largest source file [`read_source`] reads: 256 MiB, far above any program (the
+/// fixtures are a few KiB) and far below what would exhaust memory.
+pub const MAX_SOURCE_BYTES: u64 = 256 << 20;
+
+/// The bytes of the source file at `path`, read with a cap of [`MAX_SOURCE_BYTES`]: a regular
+/// file over the cap is refused before it is read (naming its size), anything else (a FIFO,
+/// `/dev/stdin`, `/dev/zero`) is read up to the cap and refused once it goes beyond, and a
+/// directory is refused. The error names `path`.
+pub fn read_source(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let shown = path.display();
+    let named = |e: std::io::Error| format!("cannot read {shown}: {e}");
+    let file = std::fs::File::open(path).map_err(named)?;
+    let meta = file.metadata().map_err(named)?;
+    if meta.is_dir() {
+        return Err(format!(
+            "cannot read {shown}: it is a directory, not a file"
+        ));
+    }
+    let cap = MAX_SOURCE_BYTES;
+    let limit = || format!("the limit is {cap} bytes ({} MiB)", cap >> 20);
+    if meta.is_file() && meta.len() > cap {
+        return Err(format!(
+            "cannot read {shown}: the file is {} bytes; {}",
+            meta.len(),
+            limit()
+        ));
+    }
+    let hint = if meta.is_file() { meta.len() } else { 0 };
+    let mut bytes = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
+    file.take(cap + 1).read_to_end(&mut bytes).map_err(named)?;
+    if bytes.len() as u64 > cap {
+        return Err(format!(
+            "cannot read {shown}: it holds more than {cap} bytes; {}",
+            limit()
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The text of a source file, or a diagnostic at the line and column (in characters, as

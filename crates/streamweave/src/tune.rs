@@ -405,7 +405,8 @@ pub struct RunMeasure {
     pub warmup: usize,
     /// Timed repetitions (at least 1).
     pub iters: usize,
-    /// The timeout of each run (and of each wait in it).
+    /// The timeout of each candidate's runs together, warm-up and timed (and of each wait in
+    /// them).
     pub timeout: Duration,
     /// The seed of the inputs.
     pub seed: u64,
@@ -461,10 +462,39 @@ impl Measure for RunMeasure {
                 .map(|t| t.median)
                 .ok_or_else(|| "the run reported no timed repetitions".to_string());
         }
-        let mut slowest = Vec::with_capacity(self.iters);
-        for i in 0..self.warmup + self.iters {
+        let iters = self.iters.max(1);
+        let runs = self
+            .warmup
+            .checked_add(iters)
+            .ok_or_else(|| format!("{} warm-up and {iters} timed runs: too many", self.warmup))?;
+        // The timeout bounds the candidate's whole measurement: every run gets what is left
+        // of it, and the candidate fails once it is spent. A timeout past the end of time
+        // sets no deadline.
+        let started = Instant::now();
+        let deadline = started.checked_add(self.timeout);
+        let mut slowest = Vec::with_capacity(iters.min(1 << 16));
+        for i in 0..runs {
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => self.timeout,
+            };
+            if left.is_zero() {
+                return Err(format!(
+                    "timed out after {:.1} s ({} of {} warm-up and {} timed runs done; the timeout bounds each candidate's runs together)",
+                    started.elapsed().as_secs_f64(),
+                    i,
+                    self.warmup,
+                    iters
+                ));
+            }
             let report = exe
-                .run_dense(globals, &options)
+                .run_dense(
+                    globals,
+                    &RunOptions {
+                        timeout: left,
+                        ..options.clone()
+                    },
+                )
                 .map_err(|e| e.to_string())?;
             if i >= self.warmup {
                 let wall = report.ranks.iter().map(|r| r.wall_time).max();
@@ -472,7 +502,10 @@ impl Measure for RunMeasure {
             }
         }
         slowest.sort();
-        Ok(slowest[slowest.len() / 2])
+        slowest
+            .get(slowest.len() / 2)
+            .copied()
+            .ok_or_else(|| "no timed run".to_string())
     }
 }
 
@@ -977,21 +1010,65 @@ impl TuneCache {
     }
 
     /// Writes the cache to `path` whole or not at all (a temporary file beside it, then a
-    /// rename), creating its directory.
+    /// rename), creating its directory. A symbolic link is written through (its final target
+    /// is replaced, the link stays); a character device or a FIFO (`/dev/null`) is written in
+    /// place; anything else (a directory, a socket) is refused. New files get 0666 less the
+    /// umask.
     pub fn store(&self, path: &Path) -> Result<(), String> {
+        use std::io::Write;
         let named = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-        let dir = match path.parent() {
+        let text = self.render();
+        let mut target = path.to_path_buf();
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => target = std::fs::canonicalize(path).map_err(named)?,
+            Ok(m) => {
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::FileTypeExt;
+                    let t = m.file_type();
+                    if t.is_char_device() || t.is_fifo() {
+                        let mut f = std::fs::OpenOptions::new()
+                            .write(true)
+                            .open(path)
+                            .map_err(named)?;
+                        return f.write_all(text.as_bytes()).map_err(named);
+                    }
+                }
+                let what = if m.is_dir() {
+                    "a directory"
+                } else {
+                    "not a regular file"
+                };
+                return Err(format!("cannot write {}: it is {what}", path.display()));
+            }
+            // No file, or a link to none: created at the last link's target.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                for _ in 0..40 {
+                    match std::fs::symlink_metadata(&target) {
+                        Ok(m) if m.file_type().is_symlink() => {
+                            let to = std::fs::read_link(&target).map_err(named)?;
+                            target = match target.parent() {
+                                Some(dir) if to.is_relative() => dir.join(to),
+                                _ => to,
+                            };
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            Err(e) => return Err(named(e)),
+        }
+        let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => std::path::PathBuf::from("."),
         };
         std::fs::create_dir_all(&dir).map_err(named)?;
-        let name = path
+        let name = target
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "tune.toml".into());
         let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let written =
-            std::fs::write(&tmp, self.render()).and_then(|()| std::fs::rename(&tmp, path));
+        let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &target));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(named(e));

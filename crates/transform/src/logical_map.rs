@@ -38,6 +38,9 @@ pub fn pairwise_map(
     let cdom = f.tensor(consumer).root_domain();
     let pvis = f.visible_axes(producer);
     let mut out: Vec<(IterDomainId, IterDomainId)> = Vec::new();
+    // Sets and positions by hashing: a tensor of many axes maps in linear time.
+    let mut seen: std::collections::HashSet<(IterDomainId, IterDomainId)> =
+        std::collections::HashSet::new();
     for (pos, _) in e.inputs.iter().enumerate().filter(|(_, t)| **t == producer) {
         for (pi, ci) in operand_pairs(&e.kind, pos, pvis.len(), cdom.len()) {
             let (Some(&p), Some(&c)) = (pvis.get(pi), cdom.get(ci)) else {
@@ -47,12 +50,14 @@ pub fn pairwise_map(
             if pt == IterType::Broadcast && ct != IterType::Broadcast {
                 continue;
             }
-            if !out.contains(&(p, c)) {
+            if seen.insert((p, c)) {
                 out.push((p, c));
             }
         }
     }
-    out.sort_by_key(|(p, _)| pvis.iter().position(|x| x == p));
+    let position: std::collections::HashMap<IterDomainId, usize> =
+        pvis.iter().enumerate().map(|(i, x)| (*x, i)).collect();
+    out.sort_by_key(|(p, _)| position.get(p).copied());
     out
 }
 

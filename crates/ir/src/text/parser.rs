@@ -435,7 +435,7 @@ impl Parser {
                 format!("duplicate tensor name `{name}`"),
             ));
         }
-        if self.fusion.params().iter().any(|p| p.name == name) {
+        if self.fusion.param(name).is_some() {
             return Err(Diagnostic::at(
                 span,
                 format!("tensor name `{name}` is already a parameter"),
@@ -1121,7 +1121,7 @@ impl Parser {
     /// Every parameter the expression names is declared and has a value, and the
     /// expression evaluates (no division by zero or overflow).
     fn check_scalar(&self, e: &ParsedExpr) -> PResult<()> {
-        let is_param = |n: &str| self.fusion.params().iter().any(|p| p.name == n);
+        let is_param = |n: &str| self.fusion.param(n).is_some();
         if let Err(d) = self.fusion.check_symbols(&e.value) {
             let at = e
                 .value
@@ -1133,7 +1133,7 @@ impl Parser {
             return Err(d.or_at(Some(at)));
         }
         for (n, sp) in &e.idents {
-            match self.fusion.params().iter().find(|p| p.name == *n) {
+            match self.fusion.param(n) {
                 None => {
                     return Err(Diagnostic::at(*sp, format!("undefined parameter `{n}`")));
                 }

@@ -1,0 +1,270 @@
+//! The files `weave` reads and writes, of every kind: output paths that are links, devices,
+//! FIFOs or directories are written through or refused, never replaced; new files follow the
+//! umask; input files are read with a size cap (`/dev/zero` fails fast); an earlier run's
+//! trace never outlives the next run.
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SET_OP: &str = "tests/scenarios/single_set_op.weave";
+
+/// `program ARGS` in the package's directory, killed after `limit`: exit code (`None` when
+/// killed), stdout, stderr. Asserts that it did not panic or abort.
+fn run_in(program: &str, args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
+    let mut child = Command::new(program)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("WEAVE_LOG")
+        .env_remove("WEAVE_DUMP")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = String::from_utf8_lossy(&out.join().unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&err.join().unwrap()).into_owned();
+    let status = status.unwrap_or_else(|| panic!("{args:?} still running after {limit:?}"));
+    for bad in ["panicked", "RUST_BACKTRACE", "memory allocation of"] {
+        assert!(!stderr.contains(bad), "{args:?}:\n{stderr}");
+    }
+    (status.code(), stdout, stderr)
+}
+
+fn weave(args: &[&str]) -> (Option<i32>, String, String) {
+    run_in(env!("CARGO_BIN_EXE_weave"), args, Duration::from_secs(120))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weave-files-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_json_summary_to_a_symbolic_link_is_written_through_and_the_link_stays() {
+    let dir = scratch("symlink");
+    let real = dir.join("real.json");
+    let link = dir.join("link.json");
+    std::fs::write(&real, "old").unwrap();
+    std::os::unix::fs::symlink("real.json", &link).unwrap();
+    let (code, _, err) = weave(&["run", SET_OP, "--json", s(&link)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let summary = std::fs::read_to_string(&real).unwrap();
+    assert!(summary.contains("\"passed\":true"), "{summary}");
+    assert_eq!(names(&dir), ["link.json", "real.json"]);
+    // A dangling link: its target is created, the link stays.
+    std::fs::remove_file(&real).unwrap();
+    let (code, _, err) = weave(&["run", SET_OP, "--json", s(&link)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(std::fs::read_to_string(&real)
+        .unwrap()
+        .contains("\"passed\":true"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_json_summary_to_dev_stdout_is_printed_and_dev_null_takes_one() {
+    let (code, out, err) = weave(&["run", SET_OP, "--json", "/dev/stdout"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("\"passed\":true"), "{out}");
+    assert!(out.contains("result: PASS"), "{out}");
+    let (code, _, err) = weave(&["run", SET_OP, "--json", "/dev/null"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &std::fs::metadata("/dev/null").unwrap().file_type()
+    ));
+}
+
+#[test]
+fn a_json_summary_to_a_fifo_is_written_into_it() {
+    let dir = scratch("fifo");
+    let fifo = dir.join("summary.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let read = std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut text));
+        let _ = tx.send(read.map(|_| text));
+    });
+    let (code, _, err) = weave(&["run", SET_OP, "--json", s(&fifo)]);
+    assert_eq!(code, Some(0), "{err}");
+    let text = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("nothing was written into the FIFO")
+        .unwrap();
+    assert!(text.contains("\"passed\":true"), "{text}");
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(
+        &std::fs::symlink_metadata(&fifo).unwrap().file_type()
+    ));
+    assert_eq!(names(&dir), ["summary.fifo"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_json_summary_or_a_trace_to_a_directory_is_refused_naming_it() {
+    let dir = scratch("dir");
+    let target = dir.join("out");
+    std::fs::create_dir(&target).unwrap();
+    for flag in ["--json", "--trace"] {
+        let (code, _, err) = weave(&["run", SET_OP, flag, s(&target)]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(&format!(
+                "cannot write {}: it is a directory",
+                target.display()
+            )),
+            "{flag}: {err}"
+        );
+        assert!(target.is_dir());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn output_files_follow_the_umask() {
+    let dir = scratch("umask");
+    let json = dir.join("summary.json");
+    let trace = dir.join("trace.json");
+    let script = format!(
+        "umask 022; exec \"$0\" run {SET_OP} --json '{}' --trace '{}'",
+        json.display(),
+        trace.display()
+    );
+    let (code, _, err) = run_in(
+        "sh",
+        &["-c", &script, env!("CARGO_BIN_EXE_weave")],
+        Duration::from_secs(120),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    for p in [&json, &trace, &dir.join("trace.svg")] {
+        let mode = std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "{}: {mode:o}", p.display());
+    }
+    assert_eq!(names(&dir), ["summary.json", "trace.json", "trace.svg"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_endless_input_fails_fast_at_the_cap() {
+    for command in ["run", "dump"] {
+        let start = Instant::now();
+        let (code, _, err) = run_in(
+            env!("CARGO_BIN_EXE_weave"),
+            &[command, "/dev/zero"],
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, Some(1), "{command}: {err}");
+        assert!(
+            err.contains("cannot read /dev/zero: it holds more than 268435456 bytes"),
+            "{command}: {err}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(60));
+    }
+}
+
+#[test]
+fn an_input_file_over_the_cap_is_refused_before_it_is_read() {
+    let dir = scratch("huge");
+    let big = dir.join("big.weave");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(streamweave::MAX_SOURCE_BYTES + 1).unwrap();
+    drop(f);
+    for command in ["run", "dump"] {
+        let start = Instant::now();
+        let (code, _, err) = weave(&[command, s(&big)]);
+        assert_eq!(code, Some(1), "{command}: {err}");
+        assert!(
+            err.contains(&format!(
+                "cannot read {}: the file is 268435457 bytes; the limit is 268435456 bytes (256 MiB)",
+                big.display()
+            )),
+            "{command}: {err}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(20), "{command}");
+    }
+    // A directory is no source either.
+    let (code, _, err) = weave(&["run", s(&dir)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("cannot read {}: it is a directory", dir.display())),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_earlier_runs_trace_is_removed_before_a_failing_run() {
+    let dir = scratch("stale");
+    let trace = dir.join("t.json");
+    let svg = dir.join("t.svg");
+    std::fs::write(&trace, "stale trace").unwrap();
+    std::fs::write(&svg, "stale svg").unwrap();
+    let missing = dir.join("missing.weave");
+    let (code, _, err) = weave(&["run", s(&missing), "--trace", s(&trace)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot read"), "{err}");
+    assert_eq!(names(&dir), Vec::<String>::new());
+    // A link given as the trace stays, and so does its target.
+    std::fs::write(dir.join("real.json"), "kept").unwrap();
+    std::os::unix::fs::symlink("real.json", &trace).unwrap();
+    let (code, _, err) = weave(&["run", s(&missing), "--trace", s(&trace)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(names(&dir), ["real.json", "t.json"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("real.json")).unwrap(),
+        "kept"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
