@@ -1,7 +1,10 @@
 //! Host-cost benchmarks on the CPU: loading (parse, schedule, verify) the row-parallel
 //! linear fusion, compiling it through the whole pass pipeline to its host program (target:
 //! under 2 ms), and the evaluator's own cost per loop iteration, measured on the meter
-//! backend, which does no device work (target: under 5 µs).
+//! backend, which does no device work (target: under 5 µs); and how loading and compiling
+//! grow with a tensor's rank and a fusion's parameter count (near-linear: from 2,000 to
+//! 16,000 the time per parameter stays flat and the time per axis grows 1.5×;
+//! docs/benchmarks.md).
 
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
@@ -43,6 +46,44 @@ fn compile_row_parallel(c: &mut Criterion) {
                 .unwrap()
         })
     });
+}
+
+/// A fusion of one `neg` over a tensor of `rank` axes, or over a fusion of `params`
+/// parameters.
+fn wide_source(rank: usize, params: usize) -> String {
+    let axes = vec!["1"; rank.max(1)].join(", ");
+    let ps: Vec<String> = (0..params.max(1)).map(|i| format!("p{i} = 1")).collect();
+    format!(
+        "fusion wide({}) {{\n  tensor x: f32[{axes}]\n  y = neg(x)\n  output y\n}}\n",
+        ps.join(", ")
+    )
+}
+
+/// Loading and compiling per axis and per parameter, at growing counts (`Throughput` makes
+/// criterion report the time per element: flat means linear).
+fn scaling(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scaling");
+    group.sample_size(10);
+    for n in [2000usize, 16000] {
+        let by_rank = wide_source(n, 1);
+        let by_params = wide_source(1, n);
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_function(format!("load+compile rank {n}"), |b| {
+            b.iter(|| {
+                Compiler::new()
+                    .compile_source("wide.weave", black_box(&by_rank))
+                    .unwrap()
+            })
+        });
+        group.bench_function(format!("load+compile {n} parameters"), |b| {
+            b.iter(|| {
+                Compiler::new()
+                    .compile_source("wide.weave", black_box(&by_params))
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
 }
 
 /// One rank of the row-parallel program with `s` chunks on the meter backend: every
@@ -134,6 +175,7 @@ criterion_group!(
     load_row_parallel,
     compile_row_parallel,
     evaluator_per_iteration,
-    compile_long_chains
+    compile_long_chains,
+    scaling
 );
 criterion_main!(benches);
