@@ -214,6 +214,8 @@ pub enum LaunchError {
     },
     /// No free port could be found for `MASTER_PORT`.
     Port(std::io::Error),
+    /// The pipe that tells the ranks' watchers the launcher is alive could not be made.
+    Pipe(std::io::Error),
     /// A rank could not be started; the ranks started before it were killed.
     Spawn {
         /// The rank that could not be started.
@@ -243,6 +245,7 @@ impl fmt::Display for LaunchError {
             LaunchError::Port(e) => {
                 write!(f, "cannot find a free port for MASTER_PORT on 127.0.0.1: {e}")
             }
+            LaunchError::Pipe(e) => write!(f, "cannot make the launcher's pipe: {e}"),
             LaunchError::Spawn {
                 rank,
                 program,
@@ -283,7 +286,9 @@ impl fmt::Display for LaunchError {
 impl std::error::Error for LaunchError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LaunchError::Port(e) | LaunchError::Spawn { source: e, .. } => Some(e),
+            LaunchError::Port(e) | LaunchError::Pipe(e) | LaunchError::Spawn { source: e, .. } => {
+                Some(e)
+            }
             _ => None,
         }
     }
@@ -327,16 +332,27 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
     result
 }
 
-/// Makes the rank die with the launcher: a launcher killed outright (SIGKILL, which it cannot
-/// catch to stop its ranks) takes every rank with it through the parent-death signal (Linux).
-/// A rank whose parent is already gone when it starts exits at once.
+/// Makes the rank, and everything it starts in its process group, die with the launcher: a
+/// launcher killed outright (SIGKILL, which it cannot catch to stop its ranks) takes every
+/// rank with it through the parent-death signal (Linux), and the rank's group with it through
+/// a watcher. A rank whose parent is already gone when it starts exits at once.
+///
+/// The watcher is a process forked into the rank's group before the rank's program starts
+/// (and reparented away from it, so the rank never sees it as a child). It holds only the
+/// reading end of `launcher_alive`, a pipe whose writing end only the launcher keeps open
+/// (close-on-exec, closed in every watcher), and blocks reading it: when the launcher ends,
+/// however it ends, the read returns and the watcher kills the rank's whole group, itself
+/// included. While it lives the group's id cannot be reused; the launcher's own killing of
+/// the group once the rank ended takes the watcher too.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn die_with_launcher(cmd: &mut Command) {
+fn die_with_launcher(cmd: &mut Command, launcher_alive: std::os::fd::RawFd) {
     use std::os::unix::process::CommandExt;
     let launcher = std::process::id();
-    // SAFETY: between fork and exec the closure calls only async-signal-safe functions
-    // (`prctl`, `getppid`, `_exit`) and allocates nothing.
+    // SAFETY: between fork and exec the closure calls only async-signal-safe functions and
+    // raw system calls (`prctl`, `getppid`, `getpid`, `clone` without the C library's fork
+    // handlers, `waitpid`, `dup2`, `close_range`, `close`, `read`, `kill`, `_exit`) and
+    // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -346,14 +362,68 @@ fn die_with_launcher(cmd: &mut Command) {
             if u32::try_from(libc::getppid()).ok() != Some(launcher) {
                 libc::_exit(1);
             }
+            // The rank leads its group (`ProcessGroup::leader` set it before this runs).
+            let group = libc::getpid();
+            let fork = || libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0);
+            let middle = fork();
+            if middle < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if middle == 0 {
+                // The middle process forks the watcher and exits, so the watcher is
+                // reparented away from the rank.
+                if fork() == 0 {
+                    watch_launcher(launcher_alive, group);
+                }
+                libc::_exit(0);
+            }
+            let mut status = 0;
+            while libc::waitpid(middle as libc::pid_t, &mut status, 0) < 0 {
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    break;
+                }
+            }
             Ok(())
         });
     }
 }
 
+/// The watcher of [`die_with_launcher`]: keeps only `launcher_alive` open (as its standard
+/// input), waits until the launcher's end of it closes, then kills `group` and exits.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+unsafe fn watch_launcher(launcher_alive: std::os::fd::RawFd, group: libc::pid_t) -> ! {
+    // SAFETY: raw system calls on descriptors this process owns; nothing allocates.
+    unsafe {
+        if libc::dup2(launcher_alive, 0) < 0 {
+            libc::kill(-group, libc::SIGKILL);
+            libc::_exit(1);
+        }
+        // Every other descriptor (the rank's output pipes, the pipe's writing end, the
+        // spawn's error pipe) is closed, so the watcher holds nothing open for anyone.
+        if libc::syscall(libc::SYS_close_range, 1u32, u32::MAX, 0u32) != 0 {
+            let max = libc::sysconf(libc::_SC_OPEN_MAX).clamp(1024, 1 << 20);
+            for fd in 1..max {
+                libc::close(fd as libc::c_int);
+            }
+        }
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(0, (&raw mut byte).cast(), 1);
+            let interrupted =
+                n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
+            if !interrupted {
+                break;
+            }
+        }
+        libc::kill(-group, libc::SIGKILL);
+        libc::_exit(0)
+    }
+}
+
 /// Elsewhere ranks outlive a launcher killed outright (a caught signal still stops them).
 #[cfg(not(target_os = "linux"))]
-fn die_with_launcher(_cmd: &mut Command) {}
+fn die_with_launcher(_cmd: &mut Command, _launcher_alive: std::os::fd::RawFd) {}
 
 /// Starts the ranks and supervises them until every one has ended ([`launch`]).
 fn launch_ranks(
@@ -364,6 +434,9 @@ fn launch_ranks(
     signal: &AtomicUsize,
 ) -> Result<LaunchReport, LaunchError> {
     let start = Instant::now();
+    // The pipe the ranks' watchers read ([`die_with_launcher`]): its writing end stays open
+    // here until every rank has ended, and closes when the launcher dies.
+    let (launcher_alive, _launcher_alive_writer) = std::io::pipe().map_err(LaunchError::Pipe)?;
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut children: Vec<Running> = Vec::with_capacity(opts.nprocs);
     for rank in 0..opts.nprocs {
@@ -379,7 +452,7 @@ fn launch_ranks(
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        die_with_launcher(&mut cmd);
+        die_with_launcher(&mut cmd, std::os::fd::AsRawFd::as_raw_fd(&launcher_alive));
         let mut cmd = CommandWrap::from(cmd);
         cmd.wrap(ProcessGroup::leader());
         match cmd.spawn() {

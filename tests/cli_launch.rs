@@ -341,3 +341,44 @@ fn ranks_die_with_a_launcher_killed_outright() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A launcher killed outright takes down what its ranks started too, even a process that
+/// ignores SIGTERM, SIGHUP and SIGINT (the rank's whole process group goes, not only the
+/// rank).
+#[test]
+fn what_the_ranks_started_dies_with_a_launcher_killed_outright() {
+    let dir = scratch("sigkill-group");
+    let launcher = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &stubborn_child("echo $$ > \"$DIR/rank_$RANK\"; wait"),
+        ])
+        .env("DIR", &dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = pids(&dir, 4);
+    assert_eq!(
+        started.len(),
+        4,
+        "both ranks and their children wrote their pids"
+    );
+    let sent = Command::new("kill")
+        .args(["-KILL", &launcher.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let _ = launcher.wait_with_output();
+    assert_eq!(
+        still_running(&started),
+        Vec::<u32>::new(),
+        "what the ranks started outlived the launcher"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

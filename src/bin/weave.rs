@@ -115,10 +115,10 @@ enum Command {
         /// backend is available.
         #[arg(long, value_name = "cpu|cuda")]
         backend: Option<String>,
-        /// `numberOfStreams`: the size of each rank's stream pool. Default: the pool size
-        /// `weave tune` cached for this program with `--chunks auto`, else 2.
-        #[arg(long)]
-        streams: Option<usize>,
+        /// `numberOfStreams`: the size of each rank's stream pool, from 1 to 64. Default: the
+        /// pool size `weave tune` cached for this program with `--chunks auto`, else 2.
+        #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=MAX_STREAMS))]
+        streams: Option<u64>,
         /// Check stream synchronization with the race checker.
         #[arg(long)]
         check_races: bool,
@@ -130,8 +130,8 @@ enum Command {
         #[arg(long, default_value_t = 0x5eed)]
         seed: u64,
         /// How long a stream or a collective waits before failing, and how long the whole run
-        /// may take, in seconds.
-        #[arg(long, default_value_t = 60)]
+        /// may take, in seconds (at least 1).
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
         /// Write a one-line JSON summary (scenario, ranks, mode, max errors, wall time,
         /// result) to this file. An earlier file is removed first; on any failure `passed`
@@ -140,10 +140,10 @@ enum Command {
         /// Output files are written atomically (a temporary file, then a rename).
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
-        /// Run the program this many times first (GPU: warms kernels, GEMM plans and NCCL
-        /// up), then the run that is checked, timed and traced.
-        #[arg(long, default_value_t = 0)]
-        warmup: usize,
+        /// CUDA backend: run the program this many times first (at most 1,000,000; warms
+        /// kernels, GEMM plans and NCCL up), then the run that is checked, timed and traced.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=MAX_RUNS))]
+        warmup: u64,
         /// The chunk count S (the fusion's chunk-count parameter, declared `s: chunks` or the
         /// extent of its Stream axes, unless `--set` gives it): a number, or `auto` — the
         /// configuration `weave tune` measured fastest for this program, rank count, backend
@@ -156,10 +156,11 @@ enum Command {
         chunks: Chunks,
         /// CUDA backend: after the warm-up, time this many runs on inputs already on the
         /// device (issued back to back, each timed by CUDA events on the main stream) and
-        /// print their median and minimum (the slowest rank's), before the checked run. The timed runs replay
-        /// one run captured as a CUDA graph (one launch per run), unless `--eager`.
-        #[arg(long, default_value_t = 0)]
-        iters: usize,
+        /// print their median and minimum (the slowest rank's), before the checked run (at
+        /// most 1,000,000). The timed runs replay one run captured as a CUDA graph (one launch
+        /// per run), unless `--eager`.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=MAX_RUNS))]
+        iters: u64,
         /// With `--iters`: issue every timed run statement by statement instead of
         /// replaying a captured CUDA graph.
         #[arg(long)]
@@ -197,8 +198,9 @@ enum Command {
         /// --tune-budget-secs, and caches the winner.)
         #[arg(long)]
         no_tune: bool,
-        /// The most seconds that first tuning may take.
-        #[arg(long, value_name = "T", default_value_t = 60)]
+        /// The most seconds that first tuning may take (1 to 86400).
+        #[arg(long, value_name = "T", default_value_t = 60,
+              value_parser = clap::value_parser!(u64).range(1..=MAX_TUNE_BUDGET_SECS))]
         tune_budget_secs: u64,
     },
     /// Start N processes of a command with the torchrun environment (RANK, WORLD_SIZE,
@@ -213,8 +215,8 @@ enum Command {
         /// How many processes (ranks) to start.
         #[arg(short = 'n', long = "nprocs", value_name = "N")]
         nprocs: usize,
-        /// Kill every rank still running after this many seconds.
-        #[arg(long, value_name = "T", default_value_t = 600)]
+        /// Kill every rank still running after this many seconds (at least 1).
+        #[arg(long, value_name = "T", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
         /// After a rank fails, kill the others once this many seconds have passed.
         #[arg(long, value_name = "G", default_value_t = 5)]
@@ -250,18 +252,18 @@ enum Command {
         /// Where to run: `cpu` (threads, the default, as for `weave run`) or `cuda`.
         #[arg(long, value_name = "cpu|cuda")]
         backend: Option<String>,
-        /// Timed runs per candidate.
-        #[arg(long, default_value_t = 20)]
-        iters: usize,
-        /// Untimed runs per candidate first.
-        #[arg(long, default_value_t = 3)]
-        warmup: usize,
+        /// Timed runs per candidate (1 to 1,000,000).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=MAX_RUNS))]
+        iters: u64,
+        /// Untimed runs per candidate first (at most 1,000,000).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=MAX_RUNS))]
+        warmup: u64,
         /// The tuning cache (default: $WEAVE_TUNE_CACHE, else ~/.cache/streamweave/tune.toml).
         #[arg(long, value_name = "FILE")]
         cache: Option<PathBuf>,
         /// How long a stream or a collective waits before failing, and how long each
-        /// candidate's runs may take, in seconds.
-        #[arg(long, default_value_t = 60)]
+        /// candidate's runs (warm-up and timed) may take together, in seconds (at least 1).
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
     },
     /// Measure this machine for the chunk-count model (`--chunks auto`) on N GPUs: bf16 GEMM
@@ -275,10 +277,24 @@ enum Command {
         /// ~/.cache/streamweave/calibration.txt).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
-        /// How long any wait may take before the calibration fails.
-        #[arg(long, value_name = "T", default_value_t = 60)]
+        /// How long any wait may take before the calibration fails, in seconds (at least 1).
+        #[arg(long, value_name = "T", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
     },
+}
+
+/// The largest `--streams`: a rank's stream pool holds at most this many streams.
+const MAX_STREAMS: u64 = 64;
+
+/// The most warm-up or timed runs (`--warmup`, `--iters`) one command asks for.
+const MAX_RUNS: u64 = 1_000_000;
+
+/// The longest `--tune-budget-secs`: a day.
+const MAX_TUNE_BUDGET_SECS: u64 = 86_400;
+
+/// A count checked by its flag's range, as a `usize`.
+fn count(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// `--ordered-compute`: `on` or `off`.
@@ -417,6 +433,7 @@ fn main() -> ExitCode {
             };
             if !cuda {
                 let gpu_only = [
+                    (warmup > 0, "--warmup"),
                     (iters > 0, "--iters"),
                     (eager, "--eager"),
                     (
@@ -434,12 +451,12 @@ fn main() -> ExitCode {
                 }
             }
             let options = streamweave::RunOptions {
-                streams: streams.unwrap_or(2),
+                streams: streams.map_or(2, count),
                 check_races,
                 trace: trace.is_some(),
-                timeout: Duration::from_secs(timeout_secs.max(1)),
-                warmup,
-                iters,
+                timeout: Duration::from_secs(timeout_secs),
+                warmup: count(warmup),
+                iters: count(iters),
                 replay: !eager,
                 // The command line tunes its first repeated run itself (it caches across
                 // processes): the library's tuning of a second call never applies.
@@ -476,10 +493,10 @@ fn main() -> ExitCode {
             let flags = weave_cli::cli::TuneFlags {
                 ranks,
                 cuda,
-                iters,
-                warmup,
+                iters: count(iters),
+                warmup: count(warmup),
                 cache,
-                timeout: Duration::from_secs(timeout_secs.max(1)),
+                timeout: Duration::from_secs(timeout_secs),
             };
             weave_cli::cli::tune(&file, &set, &flags)
         }
@@ -487,7 +504,7 @@ fn main() -> ExitCode {
             ranks,
             out,
             timeout_secs,
-        } => weave_cli::cli::calibrate(ranks, out, Duration::from_secs(timeout_secs.max(1))),
+        } => weave_cli::cli::calibrate(ranks, out, Duration::from_secs(timeout_secs)),
         Command::Launch {
             nprocs,
             timeout_secs,

@@ -478,14 +478,15 @@ impl Measure for RunMeasure {
                 Some(d) => d.saturating_duration_since(Instant::now()),
                 None => self.timeout,
             };
-            if left.is_zero() {
-                return Err(format!(
-                    "timed out after {:.1} s ({} of {} warm-up and {} timed runs done; the timeout bounds each candidate's runs together)",
+            let timed_out = || {
+                format!(
+                    "timed out after {:.1} s ({i} of {} warm-up and {iters} timed runs done; the timeout bounds each candidate's runs together)",
                     started.elapsed().as_secs_f64(),
-                    i,
                     self.warmup,
-                    iters
-                ));
+                )
+            };
+            if left.is_zero() {
+                return Err(timed_out());
             }
             let report = exe
                 .run_dense(
@@ -495,7 +496,11 @@ impl Measure for RunMeasure {
                         ..options.clone()
                     },
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| match deadline {
+                    // A run stopped by what was left of the candidate's time.
+                    Some(d) if Instant::now() >= d => timed_out(),
+                    _ => e.to_string(),
+                })?;
             if i >= self.warmup {
                 let wall = report.ranks.iter().map(|r| r.wall_time).max();
                 slowest.push(wall.unwrap_or_default());

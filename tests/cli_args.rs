@@ -1,0 +1,170 @@
+//! Counts, sizes and durations on the `weave` command line: each is checked when the command
+//! line is parsed, with the flag's name in the error (never wrapped, never quietly changed),
+//! and every flag either has its documented effect or is refused for the case at hand.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SET_OP: &str = "tests/scenarios/single_set_op.weave";
+const ROW_PARALLEL: &str = "tests/scenarios/row_parallel_linear.weave";
+/// A fusion without a chunk-count parameter.
+const ALLGATHER: &str = "tests/scenarios/allgather.weave";
+
+/// `weave ARGS` with a scratch tuning cache, killed after `limit`: exit code (`None` when
+/// killed), stdout, stderr, how long it ran. Asserts that it did not panic.
+fn weave_within(args: &[&str], limit: Duration) -> (Option<i32>, String, String, Duration) {
+    let cache = std::env::temp_dir().join(format!("weave-cli-args-{}.toml", std::process::id()));
+    let start = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("WEAVE_LOG")
+        .env_remove("WEAVE_DUMP")
+        .env("WEAVE_TUNE_CACHE", &cache)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    let _ = std::fs::remove_file(&cache);
+    assert!(!err.contains("panicked"), "{args:?}:\n{err}");
+    (code, out, err, took)
+}
+
+fn weave(args: &[&str]) -> (Option<i32>, String, String) {
+    let (code, out, err, _) = weave_within(args, Duration::from_secs(120));
+    (code, out, err)
+}
+
+/// Asserts that `args` are refused when parsed (clap's usage error, exit status 2), naming
+/// `flag`.
+fn refused(args: &[&str], flag: &str) {
+    let (code, out, err) = weave(args);
+    assert_eq!(code, Some(2), "{args:?}:\n{out}\n{err}");
+    assert!(err.contains(&format!("'{flag} ")), "{args:?}: {err}");
+    assert!(out.is_empty(), "{args:?}: {out}");
+}
+
+#[test]
+fn counts_beyond_their_maxima_are_refused_by_flag() {
+    let max = u64::MAX.to_string();
+    refused(&["tune", SET_OP, "--warmup", &max], "--warmup");
+    refused(&["tune", SET_OP, "--warmup", "1000001"], "--warmup");
+    refused(&["tune", SET_OP, "--iters", &max], "--iters");
+    refused(&["run", SET_OP, "--streams", &max], "--streams");
+    refused(&["run", SET_OP, "--streams", "65"], "--streams");
+    refused(&["run", SET_OP, "--streams", "0"], "--streams");
+    refused(&["run", SET_OP, "--warmup", &max], "--warmup");
+    refused(&["run", SET_OP, "--iters", "1000001"], "--iters");
+    refused(
+        &["run", SET_OP, "--tune-budget-secs", "0"],
+        "--tune-budget-secs",
+    );
+    refused(
+        &["run", SET_OP, "--tune-budget-secs", &max],
+        "--tune-budget-secs",
+    );
+    // The largest accepted pool runs.
+    let (code, out, err) = weave(&["run", SET_OP, "--streams", "64"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("result: PASS"), "{out}");
+}
+
+#[test]
+fn a_zero_timeout_is_refused_not_rounded_up() {
+    refused(&["run", SET_OP, "--timeout-secs", "0"], "--timeout-secs");
+    refused(&["tune", SET_OP, "--timeout-secs", "0"], "--timeout-secs");
+    refused(&["calibrate", "--timeout-secs", "0"], "--timeout-secs");
+    refused(
+        &["launch", "-n", "1", "--timeout-secs", "0", "--", "true"],
+        "--timeout-secs",
+    );
+}
+
+#[test]
+fn warm_up_runs_need_the_cuda_backend_as_timed_runs_do() {
+    for args in [
+        &["run", SET_OP, "--warmup", "1"][..],
+        &["run", SET_OP, "--backend", "cpu", "--warmup", "2"][..],
+    ] {
+        let (code, out, err) = weave(args);
+        assert_eq!(code, Some(1), "{args:?}:\n{out}\n{err}");
+        assert_eq!(
+            err.trim_end(),
+            "error: --warmup needs --backend cuda",
+            "{args:?}"
+        );
+    }
+    let (code, out, err) = weave(&["run", SET_OP, "--warmup", "0"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+}
+
+#[test]
+fn a_chunk_count_for_a_fusion_without_chunks_is_refused() {
+    let (code, out, err) = weave(&["run", ALLGATHER, "--chunks", "4"]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("--chunks 4: `allgather` has no chunk-count parameter"),
+        "{err}"
+    );
+    assert!(!out.contains("result: PASS"), "{out}");
+    // Without --chunks (auto) the fusion runs as written.
+    let (code, out, err) = weave(&["run", ALLGATHER]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("result: PASS"), "{out}");
+}
+
+/// The timeout bounds each candidate's warm-up and timed runs together: a million warm-up
+/// runs stop after the timeout, as a failed candidate, instead of running for hours.
+#[test]
+fn the_tuning_timeout_bounds_each_candidate() {
+    let (code, out, err, took) = weave_within(
+        &[
+            "tune",
+            ROW_PARALLEL,
+            "--set",
+            "t=48",
+            "--set",
+            "h=8",
+            "--warmup",
+            "1000000",
+            "--iters",
+            "1",
+            "--timeout-secs",
+            "1",
+        ],
+        Duration::from_secs(90),
+    );
+    assert_eq!(code, Some(1), "took {took:?}:\n{out}\n{err}");
+    assert!(
+        out.contains("failed: timed out after 1.0 s"),
+        "{out}\n{err}"
+    );
+    assert!(err.contains("no candidate could be measured"), "{err}");
+}
