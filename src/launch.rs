@@ -425,6 +425,38 @@ unsafe fn watch_launcher(launcher_alive: std::os::fd::RawFd, group: libc::pid_t)
 #[cfg(not(target_os = "linux"))]
 fn die_with_launcher(_cmd: &mut Command, _launcher_alive: std::os::fd::RawFd) {}
 
+/// A pipe (reading end, writing end), both ends closed on exec: the ranks' programs never
+/// hold it, only the watchers forked before their exec (std's `io::pipe` needs Rust 1.87;
+/// this crate builds on 1.85).
+#[allow(unsafe_code)]
+fn launcher_pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors `pipe` writes; `fcntl` sets flags on
+    // descriptors this function owns (no other thread execs a rank while the launcher starts
+    // them, so none can inherit them in between).
+    unsafe {
+        if libc::pipe(fds.as_mut_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        for fd in fds {
+            if libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
+                let e = std::io::Error::last_os_error();
+                libc::close(fds[0]);
+                libc::close(fds[1]);
+                return Err(e);
+            }
+        }
+    }
+    // SAFETY: both descriptors are new and owned by nothing else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
 /// Starts the ranks and supervises them until every one has ended ([`launch`]).
 fn launch_ranks(
     opts: &LaunchOptions,
@@ -436,7 +468,7 @@ fn launch_ranks(
     let start = Instant::now();
     // The pipe the ranks' watchers read ([`die_with_launcher`]): its writing end stays open
     // here until every rank has ended, and closes when the launcher dies.
-    let (launcher_alive, _launcher_alive_writer) = std::io::pipe().map_err(LaunchError::Pipe)?;
+    let (launcher_alive, _launcher_alive_writer) = launcher_pipe().map_err(LaunchError::Pipe)?;
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut children: Vec<Running> = Vec::with_capacity(opts.nprocs);
     for rank in 0..opts.nprocs {
