@@ -322,6 +322,15 @@ fn summary_json(
     format!("{summary}\n")
 }
 
+/// Whether `--trace PATH` names a regular file (or a link to one) or nothing yet: where its
+/// SVG timeline can be written beside it.
+fn trace_is_a_file(path: &Path) -> bool {
+    match std::fs::metadata(path) {
+        Ok(m) => m.is_file(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 /// Whether `file` holds a printed host program (`.hir`, or text that starts with the
 /// container header) rather than a `.weave` fusion.
 fn is_host_program(file: &Path, text: &str) -> bool {
@@ -399,9 +408,11 @@ pub fn run(
                 path.display()
             ));
         }
-        // Nor do an earlier run's trace and timeline (rank 0 writes them).
+        // Nor do an earlier run's trace and timeline (rank 0 writes them; the timeline only
+        // beside a trace that is a file).
         if is_reporter {
-            for p in [path.to_path_buf(), path.with_extension("svg")] {
+            let beside = trace_is_a_file(path).then(|| path.with_extension("svg"));
+            for p in std::iter::once(path.to_path_buf()).chain(beside) {
                 if let Err(e) = crate::output::remove_stale(&p) {
                     return fail(e);
                 }
@@ -660,16 +671,27 @@ pub fn run(
     }
     if let Some(path) = trace {
         let ranks = report.rank_spans();
-        let svg_path = path.with_extension("svg");
-        let written = crate::output::write_output(path, chrome_trace(&ranks).as_bytes())
-            .and_then(|()| crate::output::write_output(&svg_path, svg(&ranks).as_bytes()));
-        match written {
-            Ok(()) => crate::outln!(
+        // The timeline goes beside a trace that is a file; a trace written into a device or
+        // a FIFO (`/dev/stdout`) has no "beside".
+        let svg_path = trace_is_a_file(path).then(|| path.with_extension("svg"));
+        let written =
+            crate::output::write_output(path, chrome_trace(&ranks).as_bytes()).and_then(|()| {
+                match &svg_path {
+                    Some(p) => crate::output::write_output(p, svg(&ranks).as_bytes()),
+                    None => Ok(()),
+                }
+            });
+        match (written, svg_path) {
+            (Ok(()), Some(svg_path)) => crate::outln!(
                 "trace: {} (open in https://ui.perfetto.dev), timeline: {}",
                 path.display(),
                 svg_path.display()
             ),
-            Err(e) => return fail(e),
+            (Ok(()), None) => crate::outln!(
+                "trace: {} (open in https://ui.perfetto.dev); no SVG timeline beside a trace that is not a file",
+                path.display()
+            ),
+            (Err(e), _) => return fail(e),
         }
     }
     let failed = failures(&report);

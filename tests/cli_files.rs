@@ -268,3 +268,34 @@ fn an_earlier_runs_trace_is_removed_before_a_failing_run() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A trace written into a FIFO has no "beside": the Chrome trace goes into it, no SVG
+/// timeline is made next to it (`/dev/stdout.svg` would be a new file in `/dev`), and the
+/// run says so.
+#[test]
+fn a_trace_into_a_fifo_gets_no_timeline_beside_it() {
+    let dir = scratch("trace-fifo");
+    let fifo = dir.join("trace.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let read = std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut text));
+        let _ = tx.send(read.map(|_| text));
+    });
+    let (code, out, err) = weave(&["run", SET_OP, "--trace", s(&fifo)]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let text = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("nothing was written into the FIFO")
+        .unwrap();
+    assert!(text.contains("\"process_name\""), "{text}");
+    assert!(
+        out.contains("no SVG timeline beside a trace that is not a file"),
+        "{out}"
+    );
+    assert_eq!(names(&dir), ["trace.fifo"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -75,8 +75,10 @@ impl Calibration {
     pub fn load(path: Option<&Path>) -> Result<Calibration, String> {
         match path {
             Some(p) if p.exists() => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                // Read like a source file: capped, whatever the path is.
+                let bytes = crate::read_source(p)?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| format!("{}: the calibration is not UTF-8 text", p.display()))?;
                 Calibration::parse(&text).map_err(|m| format!("{}: {m}", p.display()))
             }
             _ => Ok(Calibration::default()),

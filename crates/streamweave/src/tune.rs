@@ -975,8 +975,10 @@ impl TuneCache {
         if !path.exists() {
             return Ok(TuneCache::default());
         }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        // Read like a source file: capped, whatever the path is.
+        let bytes = crate::read_source(path)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| format!("{}: the tuning cache is not UTF-8 text", path.display()))?;
         TuneCache::parse(&text).map_err(|m| format!("{}: {m}", path.display()))
     }
 
@@ -1336,6 +1338,28 @@ mod tests {
             .count();
         assert_eq!(over + measured, t.rows.len(), "{t}");
         assert!(t.to_string().contains("skipped: over the tuning budget"));
+    }
+
+    /// The cache is read like a source file: one that grew beyond the cap (a sparse file
+    /// here) is refused naming its size, never read whole.
+    #[test]
+    fn a_cache_beyond_the_source_cap_is_refused_before_it_is_read() {
+        let dir = std::env::temp_dir().join(format!("weave-tune-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tune.toml");
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(crate::MAX_SOURCE_BYTES + 1).unwrap();
+        let e = TuneCache::load(&path).unwrap_err();
+        assert!(
+            e.contains(&(crate::MAX_SOURCE_BYTES + 1).to_string()),
+            "{e}"
+        );
+        let cal = crate::chunks::Calibration::load(Some(&path)).unwrap_err();
+        assert!(
+            cal.contains(&(crate::MAX_SOURCE_BYTES + 1).to_string()),
+            "{cal}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// An entry written before the overlap knobs existed reads back with their defaults.
