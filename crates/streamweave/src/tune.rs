@@ -1354,7 +1354,7 @@ mod tests {
             e.contains(&(crate::MAX_SOURCE_BYTES + 1).to_string()),
             "{e}"
         );
-        let cal = crate::chunks::Calibration::load(Some(&path)).unwrap_err();
+        let cal = Calibration::load(Some(&path)).unwrap_err();
         assert!(
             cal.contains(&(crate::MAX_SOURCE_BYTES + 1).to_string()),
             "{cal}"
