@@ -266,9 +266,12 @@ pub struct Executable {
 #[derive(Debug, Default)]
 struct Repeated {
     runs: usize,
-    tuned: Option<Arc<(Executable, crate::tune::Entry, &'static str)>>,
+    tuned: Option<Arc<Tuned>>,
     tried: bool,
 }
+
+/// A tuned program, its configuration and where that came from.
+type Tuned = (Executable, crate::tune::Entry, &'static str);
 
 impl Executable {
     /// An executable of a host program that carries a signature (what lower-to-host
@@ -659,22 +662,30 @@ impl Executable {
     /// [`Executable::run`] on global inputs already in the executor's dense form, in
     /// signature order.
     pub fn run_dense(&self, globals: &[Dense], options: &RunOptions) -> Result<RunReport, Error> {
-        if let Some((tuned, entry, source)) = self.tuned_for(options) {
-            let mut options = options.clone();
-            entry.apply(&mut options);
-            let mut report = tuned.run_untuned(globals, &options)?;
-            report.config = Some(format!("{} ({source})", entry.candidate()));
-            return Ok(report);
+        match self.tuned_for(options) {
+            Some(Ok(tuned)) => {
+                let (exe, entry, source) = &*tuned;
+                let mut options = options.clone();
+                entry.apply(&mut options);
+                let mut report = exe.run_untuned(globals, &options)?;
+                report.config = Some(format!("{} ({source})", entry.candidate()));
+                Ok(report)
+            }
+            Some(Err(why)) => {
+                let mut report = self.run_untuned(globals, options)?;
+                report.config = Some(format!("as compiled (tuning failed: {why})"));
+                Ok(report)
+            }
+            None => self.run_untuned(globals, options),
         }
-        self.run_untuned(globals, options)
     }
 
     /// The tuned program and configuration a run with `options` uses: on GPUs of this process,
     /// from the second run on, when the options leave pool, transport and knobs at their
     /// defaults and the program carries its definition (to compile other chunk counts).
-    /// Tunes once ([`RunOptions::tune`]) when the cache has nothing; a tuning that fails or
-    /// finds nothing leaves the program as compiled.
-    fn tuned_for(&self, options: &RunOptions) -> Option<(Executable, crate::tune::Entry, &str)> {
+    /// Tunes once ([`RunOptions::tune`]) when the cache has nothing; `Some(Err)` on the run
+    /// whose tuning failed (later runs run the program as compiled, `None`).
+    fn tuned_for(&self, options: &RunOptions) -> Option<Result<Arc<Tuned>, String>> {
         let Target::Cuda { ranks } = options.target else {
             return None;
         };
@@ -686,55 +697,74 @@ impl Executable {
         {
             return None;
         }
-        let definition = self.signature().definition.clone()?;
         let mut repeated = self.repeated.lock().unwrap_or_else(|p| p.into_inner());
         repeated.runs += 1;
         if let Some(t) = &repeated.tuned {
-            return Some((t.0.clone(), t.1.clone(), t.2));
+            return Some(Ok(t.clone()));
         }
         if repeated.runs < 2 || repeated.tried {
             return None;
         }
         repeated.tried = true;
-        let ranks_param = definition
+        let definition = self.signature().definition.as_ref()?;
+        let tuned = self
+            .tune_now(definition, ranks, budget, options)
+            .map(Arc::new);
+        if let Ok(t) = &tuned {
+            repeated.tuned = Some(t.clone());
+        }
+        Some(tuned)
+    }
+
+    /// Tunes `definition` on `ranks` GPUs within `budget` unless `options.tune_cache` holds
+    /// its configuration, and compiles the winner's chunk count.
+    fn tune_now(
+        &self,
+        definition: &Fusion,
+        ranks: usize,
+        budget: Duration,
+        options: &RunOptions,
+    ) -> Result<Tuned, String> {
+        let mut fusion = definition.clone();
+        if let Some(name) = fusion
             .role_param(ParamRole::MeshSize)
-            .map(|p| p.name.clone());
-        let mut fusion = definition;
-        if let Some(name) = ranks_param {
+            .map(|p| p.name.clone())
+        {
             fusion
                 .set_param(&name, i64::try_from(ranks).unwrap_or(i64::MAX))
-                .ok()?;
+                .map_err(|d| d.message)?;
         }
-        let machine = crate::tune::gpu_name(0).ok()?;
+        let machine = crate::tune::gpu_name(0)?;
         let key = crate::tune::TuneKey::of(&fusion, ranks, "cuda", &machine);
-        let cache = options.tune_cache.clone();
-        let cached = cache
-            .as_deref()
-            .and_then(|p| crate::tune::lookup(p, &key).ok().flatten());
+        let cache = options.tune_cache.as_deref();
+        let cached = match cache {
+            Some(p) => crate::tune::lookup(p, &key)?,
+            None => None,
+        };
         let (entry, source) = match cached {
             Some(e) => (e, "the tuning cache"),
             None => {
                 let tune_options =
                     crate::tune::TuneOptions::first_run(ranks, &machine, None, budget);
                 let mut measure =
-                    crate::measure::WorldMeasure::open(ranks, 3, 10, options.timeout).ok()?;
-                let tuning = crate::tune::tune(&fusion, &tune_options, &mut measure).ok()?;
+                    crate::measure::WorldMeasure::open(ranks, 3, 10, options.timeout)?;
+                let tuning = crate::tune::tune(&fusion, &tune_options, &mut measure)
+                    .map_err(|e| e.to_string())?;
                 drop(measure);
-                let entry = tuning.entry()?;
-                if let Some(p) = cache.as_deref() {
+                let entry = tuning.entry().ok_or("no candidate could be measured")?;
+                if let Some(p) = cache {
                     // A cache that cannot be written keeps the result for this executable.
                     let _ = crate::tune::store(p, &tuning);
                 }
                 (entry, "tuned now")
             }
         };
-        let compiler = Compiler::new()
+        let exe = Compiler::new()
             .devices(ranks)
-            .chunks(entry.compiler_chunks());
-        let exe = compiler.compile(&fusion).ok()?;
-        let tuned = Arc::new((exe, entry, source));
-        repeated.tuned = Some(tuned.clone());
-        Some((tuned.0.clone(), tuned.1.clone(), tuned.2))
+            .chunks(entry.compiler_chunks())
+            .compile(&fusion)
+            .map_err(|e| e.to_string())?;
+        Ok((exe, entry, source))
     }
 
     /// [`Executable::run_dense`] of this program with `options` as given, never tuned.

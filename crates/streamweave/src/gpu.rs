@@ -106,41 +106,41 @@ fn run_one(
         return Err(ExecError::Program(why));
     }
     let backend = backend_for(&gpu, cuda_options(options, &gpu)?, &comm)?;
-    let run =
-        match link {
-            Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
-            Link::Ipc(_) | Link::Windows(_) => {
-                let ipc =
-                    IpcCopy::connect(comm.clone(), gpu.clone(), IpcOptions::default(), |card| {
-                        match link {
-                            Link::Ipc(store) => {
-                                all_gather(store, rank, world, "copy-engine-windows", &card)
-                            }
-                            Link::Windows(exchange) => exchange
-                                .all_gather_as(rank, options.timeout, card)
-                                .map_err(CommError::Bootstrap),
-                            _ => unreachable!("only window links connect windows"),
-                        }
-                    });
-                match ipc {
-                    Ok(ipc) => {
-                        let ipc = ipc.with_reducer(Arc::new(BlockSums::new(gpu.clone())));
-                        let run = drive(program, config, inputs, options, &backend, &ipc, true);
-                        if run.is_err() {
-                            // The abort released the streams' flag waits, but a stream may
-                            // still be draining into the windows: leave them to the process's
-                            // exit rather than free memory the GPU may touch.
-                            std::mem::forget(ipc);
-                        }
-                        run
+    let run = match link {
+        Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
+        Link::Ipc(_) | Link::Windows(_) => {
+            let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), IpcOptions::default(), |card| {
+                if let Link::Windows(exchange) = link {
+                    exchange
+                        .all_gather_as(rank, options.timeout, card)
+                        .map_err(CommError::Bootstrap)
+                } else if let Link::Ipc(store) = link {
+                    all_gather(store, rank, world, "copy-engine-windows", &card)
+                } else {
+                    Err(CommError::Bootstrap(
+                        "NCCL has no windows to connect".into(),
+                    ))
+                }
+            });
+            match ipc {
+                Ok(ipc) => {
+                    let ipc = ipc.with_reducer(Arc::new(BlockSums::new(gpu.clone())));
+                    let run = drive(program, config, inputs, options, &backend, &ipc, true);
+                    if run.is_err() {
+                        // The abort released the streams' flag waits, but a stream may
+                        // still be draining into the windows: leave them to the process's
+                        // exit rather than free memory the GPU may touch.
+                        std::mem::forget(ipc);
                     }
-                    Err(e) => {
-                        comm.abort(&e.to_string());
-                        Err(e.into())
-                    }
+                    run
+                }
+                Err(e) => {
+                    comm.abort(&e.to_string());
+                    Err(e.into())
                 }
             }
-        };
+        }
+    };
     if let Err(e) = &run {
         comm.abort(&e.to_string());
     }
