@@ -125,19 +125,26 @@ fn a_json_summary_to_dev_stdout_is_printed_and_dev_null_takes_one() {
     ));
 }
 
-#[test]
-fn a_json_summary_to_a_fifo_is_written_into_it() {
-    let dir = scratch("fifo");
-    let fifo = dir.join("summary.fifo");
-    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+/// Makes a FIFO at `fifo` and reads it whole on another thread: what it read comes back on
+/// the channel.
+fn read_in_background(fifo: &Path) -> std::sync::mpsc::Receiver<std::io::Result<String>> {
+    let made = Command::new("mkfifo").arg(fifo).status().unwrap();
     assert!(made.success());
     let (tx, rx) = std::sync::mpsc::channel();
-    let path = fifo.clone();
+    let path = fifo.to_path_buf();
     std::thread::spawn(move || {
         let mut text = String::new();
         let read = std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut text));
         let _ = tx.send(read.map(|_| text));
     });
+    rx
+}
+
+#[test]
+fn a_json_summary_to_a_fifo_is_written_into_it() {
+    let dir = scratch("fifo");
+    let fifo = dir.join("summary.fifo");
+    let rx = read_in_background(&fifo);
     let (code, _, err) = weave(&["run", SET_OP, "--json", s(&fifo)]);
     assert_eq!(code, Some(0), "{err}");
     let text = rx
@@ -276,15 +283,7 @@ fn an_earlier_runs_trace_is_removed_before_a_failing_run() {
 fn a_trace_into_a_fifo_gets_no_timeline_beside_it() {
     let dir = scratch("trace-fifo");
     let fifo = dir.join("trace.fifo");
-    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
-    assert!(made.success());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = fifo.clone();
-    std::thread::spawn(move || {
-        let mut text = String::new();
-        let read = std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut text));
-        let _ = tx.send(read.map(|_| text));
-    });
+    let rx = read_in_background(&fifo);
     let (code, out, err) = weave(&["run", SET_OP, "--trace", s(&fifo)]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     let text = rx

@@ -296,12 +296,24 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         out.contains("\nconfig: S=4 K=2 (from the defaults)\n"),
         "{out}"
     );
-    let (ok, out, err) = weave(&[&["run", file, "--streams", "3"][..], &small[..]].concat());
+    let json = std::env::temp_dir().join(format!("weave-config-{}.json", std::process::id()));
+    let json_arg = json.to_str().unwrap();
+    let args = [
+        &["run", file, "--streams", "3", "--json", json_arg][..],
+        &small[..],
+    ]
+    .concat();
+    let (ok, out, err) = weave(&args);
     assert!(ok, "{out}\n{err}");
     assert!(
         out.contains("\nconfig: S=4 K=3 (from the command line)\n"),
         "{out}"
     );
+    // The summary carries the same line.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(summary["config"], "S=4 K=3 (from the command line)");
+    let _ = std::fs::remove_file(&json);
 }
 
 /// The `--json` summary is JSON whatever the file is called and whatever the error says: a
