@@ -3,7 +3,7 @@
 //! summary, write the timeline and an optional JSON summary; with `--chunks auto` it takes
 //! the configuration `weave tune` cached for the program. `weave tune` measures the
 //! candidate configurations and caches the winner (`$WEAVE_TUNE_CACHE`, else
-//! `~/.cache/streamweave/tune.toml`), and `weave calibrate` measures the machine for the
+//! `streamweave/tune.toml` in the platform's cache directory), and `weave calibrate` measures the machine for the
 //! chunk-count model.
 
 use std::fmt::Write as _;
@@ -817,12 +817,13 @@ fn tune_first_run(
 }
 
 /// Where `weave tune` caches its winners: `$WEAVE_TUNE_CACHE`, else
-/// `$HOME/.cache/streamweave/tune.toml` (`None` when neither variable is set).
+/// `streamweave/tune.toml` in the platform's cache directory ([`cache_file`]; `None` when
+/// there is none).
 pub fn tune_cache_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("WEAVE_TUNE_CACHE") {
         return Some(PathBuf::from(p));
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/streamweave/tune.toml"))
+    cache_file("tune.toml")
 }
 
 /// The flags of `weave tune`.
@@ -865,7 +866,7 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     }
     let Some(cache) = flags.cache.clone().or_else(tune_cache_path) else {
         return fail(
-            "no tuning cache: pass --cache FILE (neither WEAVE_TUNE_CACHE nor HOME is set)".into(),
+            "no tuning cache: pass --cache FILE (WEAVE_TUNE_CACHE is not set and there is no cache directory)".into(),
         );
     };
     // A cache that cannot be read fails before anything is measured.
@@ -971,20 +972,27 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `streamweave/NAME` in the platform's cache directory (`dirs::cache_dir`: on Linux
+/// `$XDG_CACHE_HOME`, else `~/.cache`; on macOS `~/Library/Caches`), `None` when it has none.
+pub fn cache_file(name: &str) -> Option<PathBuf> {
+    dirs::cache_dir().map(|d| d.join("streamweave").join(name))
+}
+
 /// Where the machine's calibration is cached: `$WEAVE_CALIBRATION`, else
-/// `$HOME/.cache/streamweave/calibration.txt` (`None` when neither variable is set).
+/// `streamweave/calibration.txt` in the platform's cache directory ([`cache_file`]; `None`
+/// when there is none).
 pub fn calibration_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("WEAVE_CALIBRATION") {
         return Some(PathBuf::from(p));
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/streamweave/calibration.txt"))
+    cache_file("calibration.txt")
 }
 
 /// `weave calibrate`: measures this machine on `ranks` GPUs and writes the calibration to
 /// `out` (default [`calibration_path`]).
 pub fn calibrate(ranks: usize, out: Option<PathBuf>, timeout: Duration) -> ExitCode {
     let Some(path) = out.or_else(calibration_path) else {
-        eprintln!("error: no calibration file: pass --out FILE (neither WEAVE_CALIBRATION nor HOME is set)");
+        eprintln!("error: no calibration file: pass --out FILE (WEAVE_CALIBRATION is not set and there is no cache directory)");
         return ExitCode::FAILURE;
     };
     if ranks < 2 {

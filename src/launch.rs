@@ -426,8 +426,8 @@ unsafe fn watch_launcher(launcher_alive: std::os::fd::RawFd, group: libc::pid_t)
 fn die_with_launcher(_cmd: &mut Command, _launcher_alive: std::os::fd::RawFd) {}
 
 /// A pipe (reading end, writing end), both ends closed on exec: the ranks' programs never
-/// hold it, only the watchers forked before their exec (std's `io::pipe` needs Rust 1.87;
-/// this crate builds on 1.85).
+/// hold it, only the watchers forked before their exec (written before the workspace needed
+/// Rust 1.87, which brought std's `io::pipe`).
 #[allow(unsafe_code)]
 fn launcher_pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use std::os::fd::FromRawFd;
@@ -724,16 +724,7 @@ fn resolve_program(program: &OsStr) -> Result<PathBuf, LaunchError> {
             return Ok(me);
         }
     }
-    let search = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&search)
-        .map(|dir| dir.join(path))
-        .find(|candidate| is_executable_file(candidate))
-        .ok_or_else(|| not_found("no such command in PATH".to_string()))
-}
-
-/// Whether `path` is a file with an execute bit.
-fn is_executable_file(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    which::which(path).map_err(|_| not_found("no such command in PATH".to_string()))
 }
 
 /// A port that was free a moment ago on 127.0.0.1 (the OS picks it).
@@ -751,28 +742,17 @@ fn secs(d: Duration) -> String {
     }
 }
 
-/// The name of a common signal.
+/// The name of signal `sig` (`SIGSEGV`), as the platform's C library numbers them.
 fn signal_name(sig: i32) -> Option<&'static str> {
-    Some(match sig {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => return None,
-    })
+    nix::sys::signal::Signal::try_from(sig)
+        .ok()
+        .map(|s| s.as_str())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::signal::Signal;
 
     #[test]
     fn outcomes_read_as_one_line_each() {
@@ -786,8 +766,22 @@ mod tests {
         };
         assert_eq!(line(RankOutcome::Exited(3)), "rank 0 exited with status 3");
         assert_eq!(
-            line(RankOutcome::Signaled(11)),
-            "rank 0 was killed by signal 11 (SIGSEGV)"
+            line(RankOutcome::Signaled(Signal::SIGSEGV as i32)),
+            format!(
+                "rank 0 was killed by signal {} (SIGSEGV)",
+                Signal::SIGSEGV as i32
+            )
+        );
+        assert_eq!(
+            line(RankOutcome::Signaled(Signal::SIGUSR1 as i32)),
+            format!(
+                "rank 0 was killed by signal {} (SIGUSR1)",
+                Signal::SIGUSR1 as i32
+            )
+        );
+        assert_eq!(
+            line(RankOutcome::Signaled(1000)),
+            "rank 0 was killed by signal 1000"
         );
         assert_eq!(
             line(RankOutcome::KilledAfterGrace {

@@ -7,9 +7,10 @@
 
 use std::fmt;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, Once, PoisonError};
+use std::path::Path;
+use std::sync::Once;
+
+use streamweave::output::{is_stream, kind};
 
 /// Prints to standard output, as `print!` does, through [`Stdout`].
 #[macro_export]
@@ -101,32 +102,12 @@ pub fn write_output(path: &Path, contents: &[u8]) -> Result<(), String> {
         }
         None => {}
     }
-    match std::fs::metadata(path) {
-        // No file, or a link to none: created at the link's final target.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            replace_atomically(&final_target(path).map_err(named)?, contents).map_err(named)
-        }
-        Err(e) => Err(named(e)),
-        Ok(m) if m.is_file() => {
-            let target = std::fs::canonicalize(path).map_err(named)?;
-            replace_atomically(&target, contents).map_err(named)
-        }
-        Ok(m) if is_stream(&m.file_type()) => {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(named)?;
-            f.write_all(contents)
-                .and_then(|()| f.flush())
-                .map_err(named)
-        }
-        Ok(m) => Err(format!(
-            "cannot write {}: it is {}; give a file",
-            path.display(),
-            kind(&m.file_type())
-        )),
-    }
+    HANDLER.call_once(remove_temporaries_on_signals);
+    streamweave::output::write_output(path, contents, false)
 }
+
+/// Starts the signal thread once, before the first temporary file exists.
+static HANDLER: Once = Once::new();
 
 /// Writes `contents` to `path` as [`write_output`] does (kept for its callers).
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), String> {
@@ -155,104 +136,10 @@ pub fn remove_stale(path: &Path) -> Result<(), String> {
     }
 }
 
-/// A character device or a FIFO: written in place.
-fn is_stream(t: &std::fs::FileType) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    t.is_char_device() || t.is_fifo()
-}
-
-/// What a file type is, for an error message.
-fn kind(t: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_block_device() {
-        "a block device"
-    } else {
-        "not a regular file"
-    }
-}
-
-/// `path` with its symbolic links followed to the last one's target (which need not exist),
-/// a relative target taken from the link's directory.
-fn final_target(path: &Path) -> io::Result<PathBuf> {
-    let mut p = path.to_path_buf();
-    for _ in 0..40 {
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let to = std::fs::read_link(&p)?;
-                p = match p.parent() {
-                    Some(dir) if to.is_relative() => dir.join(to),
-                    _ => to,
-                };
-            }
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => return Ok(p),
-        }
-    }
-    Err(io::Error::other("too many levels of symbolic links"))
-}
-
-/// Writes `path` (a regular file or none) through a temporary file beside it, renamed over it.
-fn replace_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let (tmp, mut file) = create_temporary(dir)?;
-    let written = file
-        .write_all(contents)
-        .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    drop(file);
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    live().retain(|p| *p != tmp);
-    written
-}
-
-/// The temporary files being written now, removed by the signal thread.
-static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-fn live() -> MutexGuard<'static, Vec<PathBuf>> {
-    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A new temporary file `.weave-PID-N.tmp` in `dir`, 0666 less the umask, registered with
-/// [`remove_temporaries`] while the registry is locked, so that the signal thread removes it
-/// whenever the process is stopped after it exists.
-fn create_temporary(dir: &Path) -> io::Result<(PathBuf, std::fs::File)> {
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    static HANDLER: Once = Once::new();
-    HANDLER.call_once(remove_temporaries_on_signals);
-    let mut live = live();
-    loop {
-        let n = COUNT.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(".weave-{}-{n}.tmp", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-        {
-            Ok(f) => {
-                live.push(tmp.clone());
-                return Ok((tmp, f));
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1 << 20 => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Removes every temporary file being written now; the signal thread calls it before the
 /// process ends.
 pub fn remove_temporaries() {
-    for p in live().drain(..) {
-        let _ = std::fs::remove_file(p);
-    }
+    streamweave::output::remove_temporaries();
 }
 
 /// Starts the thread that, on SIGINT, SIGTERM or SIGHUP, removes the temporary files and ends
@@ -276,6 +163,7 @@ fn remove_temporaries_on_signals() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Mutex, PoisonError};
 
     /// Held by the tests that write files: [`remove_temporaries`] removes every test's.
     static WRITES: Mutex<()> = Mutex::new(());
@@ -302,7 +190,7 @@ mod tests {
     fn the_signal_cleanup_removes_the_temporaries_being_written() {
         let _one = WRITES.lock().unwrap_or_else(PoisonError::into_inner);
         let dir = tempfile::tempdir().unwrap();
-        let (tmp, file) = create_temporary(dir.path()).unwrap();
+        let (tmp, file) = streamweave::output::create_temporary(dir.path()).unwrap();
         assert!(tmp.exists());
         let name = tmp.file_name().unwrap().to_string_lossy().into_owned();
         assert!(

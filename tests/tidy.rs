@@ -7,7 +7,8 @@
 //!   log-subscriber crate into a user's build (its normal dependency tree, from the resolve
 //!   graph of `cargo metadata`) and, like the compiler crates, reads no environment variable
 //!   (the binaries do), and no published package needs an unpublished one;
-//! * every workspace package inherits the workspace lints.
+//! * every workspace package inherits the workspace lints;
+//! * every repository path that README.md and docs/*.md name exists.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -377,4 +378,99 @@ fn published_packages_need_no_unpublished_one() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The top-level folders of the repository: a word of README.md or docs/*.md that starts with
+/// one of them names a repository path.
+const REPO_DIRS: &[&str] = &[
+    "crates/", "docs/", "scripts/", "tests/", "src/", "xtask/", "python/", ".ci/", ".github/",
+];
+
+/// Whether the repository path `path` (from the root) exists. A `scripts/NAME` also exists
+/// as `scripts/gpu/NAME`: the GPU bundle copies scripts/gpu/ to its `scripts/`, where the
+/// docs' commands run (`bash scripts/bench.sh`).
+fn repo_path_exists(root: &Path, path: &str) -> bool {
+    root.join(path).exists()
+        || path
+            .strip_prefix("scripts/")
+            .is_some_and(|rest| root.join("scripts/gpu").join(rest).exists())
+}
+
+/// Every repository path README.md and docs/*.md name: relative link targets (from the
+/// document's folder) and words that start with a top-level folder (from the root).
+fn broken_doc_paths(root: &Path) -> Vec<String> {
+    let mut docs = vec![root.join("README.md")];
+    let mut in_docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/ exists")
+        .map(|e| e.expect("readable directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    in_docs.sort();
+    docs.extend(in_docs);
+    let mut broken = Vec::new();
+    for doc in &docs {
+        let text =
+            std::fs::read_to_string(doc).unwrap_or_else(|e| panic!("{}: {e}", doc.display()));
+        let shown = doc.strip_prefix(root).unwrap_or(doc).display().to_string();
+        // Links: `](target)`, a target with a `.` or a `/` (not grammar like `[A](B)`).
+        for piece in text.split("](").skip(1) {
+            let target = piece.split([')', ' ']).next().unwrap_or("");
+            let target = target.split('#').next().unwrap_or("");
+            let external = target.contains("://") || target.starts_with("mailto:");
+            if target.is_empty() || external || !target.contains(['.', '/']) {
+                continue;
+            }
+            let dir = doc.parent().unwrap_or(root);
+            if !dir.join(target).exists() {
+                broken.push(format!("{shown}: link to {target}"));
+            }
+        }
+        // Words: runs of path characters that start with a top-level folder.
+        let words = text.split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)));
+        for word in words {
+            let word = word.trim_end_matches('.');
+            if REPO_DIRS.iter().any(|d| word.starts_with(d)) && !repo_path_exists(root, word) {
+                broken.push(format!("{shown}: {word}"));
+            }
+        }
+    }
+    broken.sort();
+    broken.dedup();
+    broken
+}
+
+#[test]
+fn every_repository_path_in_the_readme_and_docs_exists() {
+    let root = repo_root();
+    let broken = broken_doc_paths(&root);
+    assert!(
+        broken.is_empty(),
+        "README.md and docs/ name paths that do not exist:\n  {}",
+        broken.join("\n  ")
+    );
+    // The check looks where it should: a document naming a missing path is caught, a
+    // present one and a bundle script are not.
+    let dir = std::env::temp_dir().join(format!("weave-doc-paths-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("docs")).unwrap();
+    std::fs::create_dir_all(dir.join("scripts/gpu")).unwrap();
+    std::fs::write(dir.join("scripts/gpu/bench.sh"), "").unwrap();
+    std::fs::write(
+        dir.join("README.md"),
+        "Run `bash scripts/bench.sh`; see [the guide](docs/guide.md) and `crates/gone.rs`.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("docs/guide.md"),
+        "[back](../README.md), [x](missing.md)\n",
+    )
+    .unwrap();
+    let found = broken_doc_paths(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        found,
+        [
+            "README.md: crates/gone.rs",
+            "docs/guide.md: link to missing.md"
+        ]
+    );
 }

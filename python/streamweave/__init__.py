@@ -7,55 +7,101 @@ the CPU backend with simulated ranks (one thread per rank), on global NumPy arra
 the global outputs as NumPy arrays::
 
     import numpy as np, streamweave as sw
-    exe = sw.load("tests/scenarios/row_parallel_linear.weave", t=8, h=4, d=2, s=2).compile()
+    exe = sw.examples.load("row_parallel_linear", t=8, h=4, d=2, s=2).compile()
     x, w = (np.random.rand(*t.shape).astype(np.float32) for t in exe.inputs)
     y = exe.run({"inp": x, "w": w}, ranks=2).outputs["out"]
+
+Arrays cross in place, in their own dtype: an input's bytes are read once, from the array's
+own memory, into the tensor the ranks share (a C-contiguous little-endian array is not
+copied on the Python side; another is made one first), and each output comes back as a
+NumPy array over the bytes Rust wrote, in the output's dtype. Anything that exports DLPack
+(``__dlpack__``: a PyTorch CPU tensor, a JAX array, a NumPy array) is taken through
+``np.from_dlpack``, without a copy.
 
 Dtypes: ``f32``, ``f64``, ``f16``, ``i64`` and ``bool`` tensors map to the NumPy dtype of
 the same name (``float16`` for ``f16``), and an input must have exactly its dtype: its values
 cross into Rust as they are, and another dtype, or a different kind (an ``int64`` array for
 an ``f32`` input, a ``float64`` array for an ``f32`` input, any complex array), raises
 :class:`DTypeError` (a ``TypeError`` and a :class:`StreamweaveError`) naming the input and
-both dtypes, as the Rust API refuses it (so does a CUDA tensor of another dtype on GPUs). ``bf16`` has no
-NumPy dtype: a bf16 input is given as a ``bfloat16`` array (``ml_dtypes``), taken as it is,
-or as any float array, rounded to bf16 (round to nearest even) on the way in; a bf16 output
-comes back as a ``float32`` array holding bf16 values exactly. Plain Python values (numbers,
+both dtypes, as the Rust API refuses it (so does a CUDA tensor of another dtype on GPUs).
+``bf16`` is ``ml_dtypes.bfloat16`` (:data:`BFLOAT16`) where ``ml_dtypes`` is installed: a
+bf16 input given as a ``bfloat16`` array is taken as it is, and a bf16 output comes back as a
+``bfloat16`` array (bf16 in, bf16 out); a bf16 input may also be any float array, rounded to
+bf16 (round to nearest even) on the way in, and without ``ml_dtypes`` a bf16 output comes
+back as a ``float32`` array holding the bf16 values exactly. Plain Python values (numbers,
 nested lists) have no dtype: they take the input's dtype when their kind fits (floats for a
-float input, ints for ``i64``, bools for ``bool``). The CPU backend computes in ``f64``, so
-an ``i64`` input or output of magnitude 2^53 or more raises :class:`StreamweaveError` rather
-than being rounded (2^53 + 1 would come back as 2^53).
+float input, ints for ``i64``, bools for ``bool``). ``i64`` values cross exactly; the CPU
+backend computes in ``f64``, so an ``i64`` input or output of magnitude 2^53 or more raises
+:class:`ArgumentValueError` rather than being rounded (2^53 + 1 would come back as 2^53).
 
 On GPUs, :meth:`Executable.cuda` opens a session (one GPU per rank in this process, or this
-process as one rank under ``torchrun``) that runs the program on PyTorch CUDA tensors: each
-rank's local shards go in and its output shards come back as PyTorch tensors, without a
-copy, ordered on PyTorch's current stream like any PyTorch operation::
+process as one rank under ``torchrun``) that runs the program on PyTorch CUDA tensors (or any
+CUDA tensor that exports DLPack, taken through ``torch.from_dlpack``): each rank's local
+shards go in and its output shards come back as PyTorch tensors, without a copy, ordered on
+PyTorch's current stream like any PyTorch operation::
 
     import torch, streamweave as sw
-    exe = sw.load("tests/scenarios/kernels/softmax.weave", t=4096, h=4096, s=4).compile()
+    exe = sw.examples.load("softmax", t=4096, h=4096, s=4).compile()
     gpu = exe.cuda()                       # rank 0 on cuda:0
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     y = gpu({"x": x}).outputs["out"]       # a torch.Tensor on cuda:0, queued after x
 
-Every failure raises :class:`StreamweaveError` (for a dtype, its subclass
-:class:`DTypeError`, also a ``TypeError``) with the message the command line prints:
-``file:line:col`` for the text, the tensor for shapes, the rank for a run.
+Errors: every failure raises a :class:`StreamweaveError` that is also the built-in kind it
+is (:mod:`streamweave._errors` lists them): :class:`DTypeError` and :class:`ArgumentTypeError`
+are ``TypeError`` subclasses, :class:`ShapeError`, :class:`FusionError` and
+:class:`ArgumentValueError` ``ValueError`` ones, :class:`InputNameError` a ``KeyError``,
+:class:`FusionFileNotFoundError` a ``FileNotFoundError`` and :class:`RunError` a
+``RuntimeError``; the message is the one the command line prints: ``file:line:col`` for the
+text, the tensor for shapes, the rank for a run.
+
+Defaults: :data:`DEFAULTS` holds the run options a call leaves out, read from the Rust
+crate's ``RunOptions::default()`` so that both APIs share them: no reference check
+(``check=False``: it costs a global f64 evaluation on the host; pass ``check=True`` to
+compare), the stream race checker on (``races=True``, on the CPU backend), no trace, 2
+streams and a 30 s timeout.
+
+Examples: :mod:`streamweave.examples` ships ``.weave`` programs with the package
+(``sw.examples.load("row_parallel_linear", t=8)``), so the snippets run from any directory.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _native
-from ._native import DTypeError, StreamweaveError
+from ._errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    DTypeError,
+    FusionError,
+    FusionFileNotFoundError,
+    InputNameError,
+    RunError,
+    ShapeError,
+    StreamweaveError,
+)
 from .builder import Builder, Mesh, Value
+from . import examples
+
+__version__: str = _native.__version__
+"""The package's version: the Rust crates' (``CARGO_PKG_VERSION``), which the wheel's
+metadata carries too."""
 
 __all__ = [
+    "__version__",
     "StreamweaveError",
     "DTypeError",
+    "ArgumentTypeError",
+    "ArgumentValueError",
+    "ShapeError",
+    "InputNameError",
+    "FusionError",
+    "FusionFileNotFoundError",
+    "RunError",
     "Builder",
     "Mesh",
     "Value",
@@ -65,11 +111,59 @@ __all__ = [
     "CudaResult",
     "TensorSpec",
     "RunResult",
+    "RunDefaults",
+    "DEFAULTS",
+    "BFLOAT16",
+    "examples",
     "load",
     "loads",
 ]
 
-_NUMPY_OF = {
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """The options a run leaves out: ``RunOptions::default()`` of the Rust crate, read when
+    the package loads (:data:`DEFAULTS`)."""
+
+    check: bool
+    """Compare every rank's outputs with the f64 reference evaluation (Rust: ``check``)."""
+    races: bool
+    """Run the stream race checker (Rust: ``check_races``)."""
+    trace: bool
+    """Record a timeline (Rust: ``trace``)."""
+    streams: int
+    """The size of each rank's stream pool (Rust: ``streams``)."""
+    timeout_secs: float
+    """How long a stream or collective waits, and the whole run may take (Rust:
+    ``timeout``)."""
+
+
+_RUST_DEFAULTS = _native.run_defaults()
+DEFAULTS = RunDefaults(
+    check=bool(_RUST_DEFAULTS["check"]),
+    races=bool(_RUST_DEFAULTS["races"]),
+    trace=bool(_RUST_DEFAULTS["trace"]),
+    streams=int(_RUST_DEFAULTS["streams"]),
+    timeout_secs=float(_RUST_DEFAULTS["timeout_secs"]),
+)
+"""The defaults of :meth:`Executable.run` and :meth:`Executable.cuda`, shared with Rust."""
+
+
+def _bfloat16() -> "Optional[np.dtype[Any]]":
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    dtype: "np.dtype[Any]" = np.dtype(ml_dtypes.bfloat16)
+    return dtype
+
+
+BFLOAT16: Optional["np.dtype[Any]"] = _bfloat16()
+"""NumPy's dtype for bf16 (``ml_dtypes.bfloat16``) when ``ml_dtypes`` is installed, else
+``None``: bf16 outputs come back in it, or as ``float32`` arrays holding bf16 values without
+it."""
+
+_NUMPY_OF: Dict[str, Any] = {
     "f32": np.float32,
     "f64": np.float64,
     "i64": np.int64,
@@ -83,10 +177,29 @@ _NUMPY_OF = {
 _KIND_OF = {"f32": "f", "f64": "f", "f16": "f", "bf16": "f", "i64": "i", "bool": "b"}
 
 
-def _input_array(name: str, spec: "TensorSpec", value) -> np.ndarray:
+def _from_dlpack(name: str, value: Any) -> "np.ndarray[Any, Any]":
+    """A NumPy view of a tensor that exports DLPack (no copy); a device tensor is refused
+    (it runs through :meth:`Executable.cuda`)."""
+    device = getattr(value, "__dlpack_device__", None)
+    if device is not None and device()[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
+        raise ArgumentTypeError(
+            "input `%s`: a device tensor (DLPack device %r) runs on GPUs through "
+            "Executable.cuda(); run() takes host arrays" % (name, tuple(device()))
+        )
+    try:
+        return np.from_dlpack(value)
+    except (BufferError, TypeError, RuntimeError) as e:
+        raise ArgumentTypeError(
+            "input `%s`: %s exports DLPack that NumPy cannot view (%s)"
+            % (name, type(value).__name__, e)
+        ) from e
+
+
+def _input_array(name: str, spec: "TensorSpec", value: Any) -> "np.ndarray[Any, Any]":
     """``value`` as a C-contiguous little-endian array of its own dtype (no conversion but a
-    plain Python value's, to the input's dtype when its kind fits); the Rust side checks the
-    dtype against the signature and raises :class:`DTypeError` on a mismatch."""
+    plain Python value's, to the input's dtype when its kind fits; no copy of an array that
+    already is one), of the input's shape (:class:`ShapeError` otherwise); the Rust side
+    checks the dtype against the signature and raises :class:`DTypeError` on a mismatch."""
     if isinstance(value, (bool, int, float, complex, list, tuple)):
         # Plain Python values have no dtype: NumPy's guess says their kind.
         guess = np.asarray(value)
@@ -100,13 +213,59 @@ def _input_array(name: str, spec: "TensorSpec", value) -> np.ndarray:
                 ) from e
         else:
             value = guess
+    elif not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+        value = _from_dlpack(name, value)
     # `np.asarray(.., order="C")` keeps a 0-d input 0-d (`ascontiguousarray` would make it
-    # 1-d); a big-endian array is turned little-endian (the same values).
+    # 1-d) and copies only an array that is not C-contiguous; a big-endian array is turned
+    # little-endian (the same values).
     array = np.asarray(value, order="C")
     if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not np.little_endian):
         array = array.astype(array.dtype.newbyteorder("<"))
+    if array.shape != spec.shape:
+        raise ShapeError(
+            "input `%s`: has sizes %s but the program takes %s"
+            % (name, list(array.shape), list(spec.shape))
+        )
     return array
 
+
+def _output_array(dtype: str, shape: Sequence[int], data: bytearray) -> "np.ndarray[Any, Any]":
+    """The NumPy array over the bytes of an output (no copy): bf16 bits as ``bfloat16``
+    (:data:`BFLOAT16`), or widened exactly to ``float32`` without ``ml_dtypes``."""
+    if dtype == "bfloat16":
+        bits = np.frombuffer(data, dtype="<u2")
+        if BFLOAT16 is not None:
+            return bits.view(BFLOAT16).reshape(shape)
+        return (bits.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
+
+
+def _short(value: Any) -> str:
+    """An array as ``float32[8, 4]`` (a repr that does not print the values)."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return type(value).__name__
+    name = str(dtype).replace("torch.", "")
+    return "%s[%s]" % (name, ", ".join(str(n) for n in shape))
+
+
+def _write_trace(path: "Union[str, os.PathLike[str]]", trace: str, svg: str) -> Optional[str]:
+    """Writes the Chrome trace at ``path`` and, when ``path`` is a regular file (or nothing
+    yet), its SVG timeline beside it with the extension ``.svg``, as ``weave run --trace``
+    does; returns the SVG's path (``None`` for a trace into a device or FIFO)."""
+    path = os.fspath(path)
+    is_file = not os.path.exists(path) or os.path.isfile(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(trace)
+    if not is_file:
+        return None
+    beside = os.path.splitext(path)[0] + ".svg"
+    tmp = beside + ".tmp%d" % os.getpid()
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(svg)
+    os.replace(tmp, beside)
+    return beside
 
 
 @dataclass(frozen=True)
@@ -118,21 +277,39 @@ class TensorSpec:
     shape: Tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunResult:
     """What :meth:`Executable.run` returns.
 
     ``outputs`` maps each output's name to its global value; ``passed`` says whether every
-    rank matched the f64 reference (``True`` when the check was off), ``max_abs_error`` is
-    the largest difference from it, ``races`` the stream races the checker found, and
-    ``trace`` the Chrome trace JSON of the run when asked for.
+    rank matched the f64 reference (``True`` when the check was off, as it is by default:
+    ``checked`` says whether it ran), ``max_abs_error`` is the largest difference from it,
+    ``races`` the stream races the checker found, ``trace`` the Chrome trace JSON of the run
+    and ``svg`` its SVG timeline when asked for (``trace=``). Its repr shows the outputs'
+    dtypes and shapes, not their values.
     """
 
-    outputs: Dict[str, np.ndarray]
+    outputs: Dict[str, "np.ndarray[Any, Any]"]
     passed: bool
     max_abs_error: float
     races: int
     trace: Optional[str]
+    svg: Optional[str] = None
+    checked: bool = False
+
+    def __repr__(self) -> str:
+        outs = ", ".join("%r: %s" % (k, _short(v)) for k, v in self.outputs.items())
+        extra = ""
+        if self.trace is not None:
+            extra = ", trace=<%d bytes of JSON>" % len(self.trace)
+        return "RunResult(outputs={%s}, passed=%r%s, max_abs_error=%g, races=%d%s)" % (
+            outs,
+            self.passed,
+            "" if self.checked else " (unchecked)",
+            self.max_abs_error,
+            self.races,
+            extra,
+        )
 
 
 _TORCH_DTYPES = {
@@ -145,19 +322,19 @@ _TORCH_DTYPES = {
 }
 
 
-def _current_stream(torch, device: int) -> int:
+def _current_stream(torch: Any, device: int) -> int:
     """The handle of PyTorch's current stream on ``device`` (0: the default stream)."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
-        return raw(device)
-    return torch.cuda.current_stream(device).cuda_stream
+        return int(raw(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
-def _torch():
+def _torch() -> Any:
     try:
         import torch
     except ImportError as e:  # pragma: no cover - depends on the machine
-        raise StreamweaveError("the GPU path needs PyTorch (import torch failed: %s)" % e) from e
+        raise RunError("the GPU path needs PyTorch (import torch failed: %s)" % e) from e
     return torch
 
 
@@ -178,8 +355,17 @@ class CudaResult:
     # A plain class with slots: made at every call, it must cost next to nothing.
     __slots__ = ("outputs", "issue_us", "races", "passed", "max_abs_error", "trace", "native_us")
 
-    def __init__(self, outputs, issue_us, races, passed, max_abs_error, trace, native_us):
-        self.outputs: Dict[str, object] = outputs
+    def __init__(
+        self,
+        outputs: Dict[str, Any],
+        issue_us: List[float],
+        races: int,
+        passed: Optional[bool],
+        max_abs_error: float,
+        trace: Optional[str],
+        native_us: float,
+    ) -> None:
+        self.outputs: Dict[str, Any] = outputs
         self.issue_us: List[float] = issue_us
         self.races: int = races
         self.passed: Optional[bool] = passed
@@ -207,7 +393,7 @@ class CudaRunner:
         self._exe = exe
         self._native = native
         # Everything a call needs that does not change between calls, read once.
-        self._ranks = [tuple(r) for r in native.ranks()]
+        self._ranks: List[Tuple[int, int]] = [(r, g) for r, g in native.ranks()]
         self._world = native.world()
         self._specs_in = exe.inputs
         self._specs_out = exe.outputs
@@ -249,26 +435,26 @@ class CudaRunner:
         """Waits until every local GPU has done everything issued so far."""
         self._native.synchronize()
 
-    def _per_rank(self, what: str, name: str, value) -> list:
+    def _per_rank(self, what: str, name: str, value: Any) -> List[Any]:
         torch = self._t
         count = len(self._ranks)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) or hasattr(value, "__dlpack__"):
             if count != 1:
-                raise StreamweaveError(
+                raise ArgumentTypeError(
                     "%s `%s`: this process runs %d ranks, so give a list of %d tensors "
                     "(one shard per rank)" % (what, name, count, count)
                 )
             return [value]
         values = list(value)
         if len(values) != count:
-            raise StreamweaveError(
+            raise ArgumentValueError(
                 "%s `%s`: %d tensors were given for the %d rank(s) of this process"
                 % (what, name, len(values), count)
             )
         return values
 
-    def _arg(self, what: str, spec: TensorSpec, t, local, shape) -> tuple:
-        """The native argument of tensor ``t`` (its address and bytes), after checking that
+    def _arg(self, what: str, spec: TensorSpec, t: Any, local: Any, shape: Any) -> int:
+        """The native argument of tensor ``t`` (its device address), after checking that
         it is what the rank's shard must be; raises naming the tensor and the rank."""
         torch = self._t
         rank, device, dev = local[0], local[1], local[2]
@@ -280,12 +466,19 @@ class CudaRunner:
             and t.shape == shape
             and t.is_contiguous()
         ):
-            return t.data_ptr()
+            return int(t.data_ptr())
         where = "%s `%s` on rank %d" % (what, spec.name, rank)
+        if not isinstance(t, torch.Tensor) and hasattr(t, "__dlpack__"):
+            # A CUDA tensor of another library (CuPy, JAX, ...): PyTorch's view of it, no
+            # copy, ordered after the producer's stream by the DLPack exchange.
+            t = torch.from_dlpack(t)
         if not isinstance(t, torch.Tensor):
-            raise StreamweaveError("%s: a torch.Tensor is needed, not %s" % (where, type(t).__name__))
+            raise ArgumentTypeError(
+                "%s: a torch.Tensor (or a tensor exporting DLPack) is needed, not %s"
+                % (where, type(t).__name__)
+            )
         if t.device != dev:
-            raise StreamweaveError(
+            raise ArgumentValueError(
                 "%s: the tensor is on %s, the rank runs on cuda:%d" % (where, t.device, device)
             )
         if t.dtype != dtype:
@@ -293,22 +486,22 @@ class CudaRunner:
                 "%s: the tensor is %s, the program takes %s (%s)" % (where, t.dtype, spec.dtype, dtype)
             )
         if tuple(t.shape) != tuple(shape):
-            raise StreamweaveError(
+            raise ShapeError(
                 "%s: the tensor has shape %s, the rank's shard is %s"
                 % (where, tuple(t.shape), tuple(shape))
             )
         if not t.is_contiguous():
-            raise StreamweaveError(
+            raise ShapeError(
                 "%s: the tensor is not contiguous (no copy is made: pass t.contiguous())" % where
             )
-        return t.data_ptr()
+        return int(t.data_ptr())
 
     def __call__(
         self,
         inputs: Mapping[str, object],
         *,
         out: Optional[Mapping[str, object]] = None,
-        check: bool = False,
+        check: bool = DEFAULTS.check,
     ) -> CudaResult:
         """Runs the program once on this process's ranks: ``inputs`` maps every input's name
         to its local shard (a ``torch.Tensor`` when the process runs one rank, else a list of
@@ -317,20 +510,25 @@ class CudaRunner:
         ``torch.empty``. Returns as soon as the work is queued on PyTorch's current stream of
         each GPU; ``check=True`` waits and compares the outputs with the f64 reference."""
         torch = self._t
+        if not isinstance(inputs, Mapping):
+            raise ArgumentTypeError(
+                "inputs: a mapping of input name to tensor is needed, not %s"
+                % type(inputs).__name__
+            )
         if len(inputs) != len(self._names_in) or not self._names_in.issuperset(inputs):
             for name in inputs:
                 if name not in self._names_in:
-                    raise StreamweaveError(
+                    raise InputNameError(
                         "input `%s`: the program has no such input (it takes %s)"
                         % (name, ", ".join(s.name for s in self._specs_in))
                     )
             for s in self._specs_in:
                 if s.name not in inputs:
-                    raise StreamweaveError("input `%s`: not given" % s.name)
+                    raise InputNameError("input `%s`: not given" % s.name)
         out = out or {}
         for name in out:
             if name not in self._names_out:
-                raise StreamweaveError(
+                raise InputNameError(
                     "output `%s`: the program has no such output (it has %s)"
                     % (name, ", ".join(s.name for s in self._specs_out))
                 )
@@ -339,7 +537,8 @@ class CudaRunner:
             self._per_rank("output", s.name, out[s.name]) if s.name in out else None
             for s in self._specs_out
         ]
-        calls, results = [], [[] for _ in self._specs_out]
+        calls: List[Tuple[List[int], List[int], int]] = []
+        results: List[List[Any]] = [[] for _ in self._specs_out]
         for k, local in enumerate(self._local):
             _, device, dev, shapes_in, shapes_out = local
             ins = [
@@ -395,37 +594,67 @@ class Executable:
 
     def run(
         self,
-        inputs: Mapping[str, np.ndarray],
+        inputs: Mapping[str, Any],
         *,
         ranks: Optional[int] = None,
-        check: bool = True,
-        races: bool = False,
-        trace: Union[bool, str, "os.PathLike[str]"] = False,
-        streams: int = 2,
-        timeout_secs: float = 60.0,
+        check: bool = DEFAULTS.check,
+        races: bool = DEFAULTS.races,
+        trace: Union[bool, str, "os.PathLike[str]"] = DEFAULTS.trace,
+        streams: int = DEFAULTS.streams,
+        timeout_secs: float = DEFAULTS.timeout_secs,
     ) -> RunResult:
         """Runs the program on the CPU backend with ``ranks`` simulated ranks (default: the
-        fewest it needs) on the named global inputs.
+        fewest it needs) on the named global inputs (a mapping of input name to array).
 
         ``check`` compares every rank's outputs with the f64 reference, ``races`` runs the
         stream race checker, and ``trace`` records a timeline: ``True`` returns the Chrome
-        trace JSON in the result, a path also writes it there. Each input must have the
-        global shape and the dtype of its signature entry (a :class:`DTypeError`, a
-        ``TypeError``, names the input
-        and both dtypes otherwise; see the module's notes on dtypes, bf16 included); each
-        output comes back in its own dtype.
+        trace JSON (and its SVG timeline) in the result, a path also writes the trace there
+        and, as ``weave run --trace`` does, the SVG beside it (``run.json`` ->
+        ``run.svg``). The defaults are Rust's (:data:`DEFAULTS`): no reference check, the
+        race checker on, 2 streams, a 30 s timeout.
+
+        Each input must have the global shape (:class:`ShapeError` otherwise) and the dtype
+        of its signature entry (a :class:`DTypeError`, a ``TypeError``, names the input and
+        both dtypes otherwise; see the module's notes on dtypes, bf16 included); an input
+        not given, or one the program does not have, raises :class:`InputNameError` (a
+        ``KeyError``). Each output comes back in its own dtype.
         """
+        if not isinstance(inputs, Mapping):
+            raise ArgumentTypeError(
+                "inputs: a mapping of input name to array is needed (%s), not %s"
+                % (
+                    "{" + ", ".join("%r: ..." % t.name for t in self.inputs) + "}",
+                    type(inputs).__name__,
+                )
+            )
+        specs = self.inputs
+        by_name = {t.name: t for t in specs}
+        for name in inputs:
+            if name not in by_name:
+                raise InputNameError(
+                    "input `%s`: the program has no such input (it takes %s)"
+                    % (name, ", ".join(t.name for t in specs))
+                )
+        for t in specs:
+            if t.name not in inputs:
+                raise InputNameError(
+                    "input `%s`: not given (the program takes %s)"
+                    % (t.name, ", ".join(t.name for t in specs))
+                )
+        if isinstance(trace, (str, os.PathLike)) and os.fspath(trace).endswith(".svg"):
+            raise ArgumentValueError(
+                "trace=%r: the trace is a Chrome trace (JSON) and its SVG timeline is written "
+                "beside it with the extension .svg; give the trace another extension "
+                "(e.g. .json)" % os.fspath(trace)
+            )
         given = []
         for name, value in inputs.items():
-            spec = next((t for t in self.inputs if t.name == name), None)
-            if spec is None:
-                raise StreamweaveError(
-                    f"input `{name}`: the program has no such input "
-                    f"(it takes {', '.join(t.name for t in self.inputs)})"
-                )
-            array = _input_array(name, spec, value)
-            given.append((name, array.dtype.name, list(array.shape), array.tobytes()))
-        outputs, passed, max_error, race_count, trace_json = self._native.run(
+            array = _input_array(name, by_name[name], value)
+            # The array's own memory, held in `given` for the call (no copy here).
+            given.append(
+                (name, array.dtype.name, list(array.shape), array.ctypes.data, array.nbytes, array)
+            )
+        outputs, passed, max_error, race_count, traced = self._native.run(
             given,
             ranks=self.min_ranks if ranks is None else ranks,
             check=check,
@@ -434,38 +663,35 @@ class Executable:
             streams=streams,
             timeout_secs=timeout_secs,
         )
-        if trace and not isinstance(trace, bool) and trace_json is not None:
-            with open(trace, "w", encoding="utf-8") as f:
-                f.write(trace_json)
+        trace_json, svg = traced if traced is not None else (None, None)
+        if trace_json is not None and svg is not None and not isinstance(trace, bool):
+            _write_trace(trace, trace_json, svg)
         values = {
-            name: np.frombuffer(data, dtype=np.dtype(_NUMPY_OF[dtype]).newbyteorder("<"))
-            .reshape(shape)
-            .astype(_NUMPY_OF[dtype])
-            for name, dtype, shape, data in outputs
+            name: _output_array(dtype, shape, data) for name, dtype, shape, data in outputs
         }
-        return RunResult(values, passed, max_error, race_count, trace_json)
+        return RunResult(values, passed, max_error, race_count, trace_json, svg, check)
 
     def cuda(
         self,
         devices: Optional[Sequence[int]] = None,
         *,
         launched: bool = False,
-        streams: int = 2,
-        races: bool = False,
-        trace: bool = False,
-        timeout_secs: float = 60.0,
+        streams: int = DEFAULTS.streams,
+        races: bool = DEFAULTS.races,
+        trace: bool = DEFAULTS.trace,
+        timeout_secs: float = DEFAULTS.timeout_secs,
     ) -> CudaRunner:
         """Opens the program on GPUs and returns a :class:`CudaRunner` to call on PyTorch
-        CUDA tensors.
+        CUDA tensors (or any CUDA tensor that exports DLPack).
 
         By default every rank runs in this process, rank ``r`` on GPU ``devices[r]``
         (default: GPUs ``0 .. min_ranks - 1``). With ``launched=True`` this process is one
         rank of the world that ``torchrun`` (or Open MPI, PMI, Slurm) describes in the
         environment, on GPU ``LOCAL_RANK``, and passes its own shards, as nvFuser's
         multi-device API does; every process of the world must open it. Opening joins NCCL
-        (seconds, once); each call then costs microseconds on the host. ``races`` runs the
-        stream race checker at every call, ``trace`` records a timeline of every call (and
-        waits for it).
+        (seconds, once); each call then costs microseconds on the host. ``races`` asks for
+        the stream race checker, ``trace`` records a timeline of every call (and waits for
+        it); the defaults are Rust's (:data:`DEFAULTS`).
         """
         native = self._native.cuda_session(
             None if devices is None else list(devices),
@@ -515,7 +741,10 @@ class Fusion:
 
 def load(path: Union[str, "os.PathLike[str]"], **params: int) -> Fusion:
     """Loads the fusion in the ``.weave`` file ``path``, overriding parameters by keyword
-    (``load("f.weave", t=8, s=2)``)."""
+    (``load("f.weave", t=8, s=2)``). A path that names nothing raises
+    :class:`FusionFileNotFoundError` (a ``FileNotFoundError``), text that does not load
+    :class:`FusionError` (a ``ValueError``) with its ``file:line:col``; the programs shipped
+    with the package load by name with :func:`streamweave.examples.load`."""
     return Fusion(_native.load_file(os.fspath(path), list(params.items())))
 
 

@@ -1,12 +1,18 @@
-"""Type stubs of the extension module `streamweave._native` (crates/python)."""
+"""Type stubs of the extension module `streamweave._native` (crates/python). Its errors are
+the classes of `streamweave._errors`."""
 
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
-class StreamweaveError(Exception):
-    """A fusion that does not load or compile, inputs that do not fit, or a run that fails."""
+__version__: str
 
-class DTypeError(StreamweaveError, TypeError):
-    """An input of a dtype (or kind) the program does not take."""
+def op_table() -> List[Tuple[str, str]]:
+    """The ops of the `.weave` format as (name, kind), from the Rust parser's tables."""
+
+def dtype_names() -> List[str]:
+    """The dtype names of the format (`bf16`, `f16`, `f32`, `f64`, `i64`, `bool`)."""
+
+def run_defaults() -> Dict[str, Union[bool, int, float]]:
+    """`RunOptions::default()`: check, races, trace, streams, timeout_secs."""
 
 class NativeFusion:
     def text(self) -> str: ...
@@ -19,6 +25,12 @@ class NativeFusion:
         print_after: List[str] = ...,
     ) -> str: ...
 
+# An input handed over in place: (name, NumPy dtype name, shape, address of the first
+# element, size in bytes, the array itself, held for the call).
+_Handed = Tuple[str, str, List[int], int, int, Any]
+# An output: (name, NumPy dtype name (`bfloat16`: its bits), shape, little-endian bytes).
+_Output = Tuple[str, str, List[int], bytearray]
+
 class NativeExecutable:
     def program_text(self) -> str: ...
     def inputs(self) -> List[Tuple[str, str, List[int]]]: ...
@@ -29,22 +41,21 @@ class NativeExecutable:
         self,
         devices: Optional[List[int]] = None,
         launched: bool = False,
-        streams: int = 2,
-        races: bool = False,
-        trace: bool = False,
-        timeout_secs: float = 60.0,
+        streams: Optional[int] = None,
+        races: Optional[bool] = None,
+        trace: Optional[bool] = None,
+        timeout_secs: Optional[float] = None,
     ) -> NativeSession: ...
     def run(
         self,
-        # (name, NumPy dtype name, shape, little-endian bytes of that dtype)
-        inputs: List[Tuple[str, str, List[int], bytes]],
+        inputs: List[_Handed],
         ranks: int = 1,
-        check: bool = True,
-        races: bool = False,
-        trace: bool = False,
-        streams: int = 2,
-        timeout_secs: float = 60.0,
-    ) -> Tuple[List[Tuple[str, str, List[int], bytes]], bool, float, int, Optional[str]]: ...
+        check: Optional[bool] = None,
+        races: Optional[bool] = None,
+        trace: Optional[bool] = None,
+        streams: Optional[int] = None,
+        timeout_secs: Optional[float] = None,
+    ) -> Tuple[List[_Output], bool, float, int, Optional[Tuple[str, str]]]: ...
 
 class NativeSession:
     """Private: `run` takes raw device addresses; use `streamweave.CudaRunner`."""

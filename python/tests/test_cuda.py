@@ -5,6 +5,7 @@ carried in (scripts/gpu/python_gpu.sh)."""
 
 import json
 import os
+from typing import Any, Callable, Dict
 
 import pytest
 
@@ -35,13 +36,13 @@ CASES = [
 ]
 
 
-def compile_case(name, t, h, s):
+def compile_case(name: str, t: int, h: int, s: int) -> sw.Executable:
     return sw.load(os.path.join(KERNELS, name + ".weave"), t=t, h=h, s=s).compile()
 
 
-def inputs_for(exe, seed):
+def inputs_for(exe: sw.Executable, seed: int) -> Dict[str, Any]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    out = {}
+    out: Dict[str, Any] = {}
     for spec in exe.inputs:
         dtype = getattr(torch, sw._TORCH_DTYPES[spec.dtype])
         if spec.name == "n":  # the layer norm's element count and epsilon
@@ -54,15 +55,17 @@ def inputs_for(exe, seed):
     return out
 
 
-def close(got, want, dtype):
+def close(got: Any, want: Any, dtype: Any) -> bool:
     tol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
     scale = max(want.abs().max().item(), 1.0)
-    return (got.float() - want.float()).abs().max().item() <= tol * scale
+    return bool((got.float() - want.float()).abs().max().item() <= tol * scale)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("t,h,s", [(64, 256, 1), (300, 1000, 4), (37, 136, 3)])
-def test_kernels_match_pytorch_on_its_stream_without_copies(case, t, h, s):
+def test_kernels_match_pytorch_on_its_stream_without_copies(
+    case: "tuple[str, Callable[[Dict[str, Any]], Any]]", t: int, h: int, s: int
+) -> None:
     name, fn = case
     exe = compile_case(name, t, h, s)
     gpu = exe.cuda()
@@ -88,7 +91,7 @@ def test_kernels_match_pytorch_on_its_stream_without_copies(case, t, h, s):
     assert torch.equal(again, r.outputs["out"])
 
 
-def test_a_run_is_ordered_on_pytorchs_current_stream():
+def test_a_run_is_ordered_on_pytorchs_current_stream() -> None:
     # Inputs produced, the program run, and its output consumed on a side stream, with no
     # synchronization in between: correct only if the run waits for the producer and the
     # consumer waits for the run.
@@ -107,7 +110,7 @@ def test_a_run_is_ordered_on_pytorchs_current_stream():
     assert torch.all(z == 6.0)
 
 
-def test_a_matmul_program_matches_pytorch():
+def test_a_matmul_program_matches_pytorch() -> None:
     path = os.path.join(SCENARIOS, "row_parallel_linear.weave")
     exe = sw.load(path, t=256, h=64, d=1, s=4).compile()
     gpu = exe.cuda()
@@ -120,17 +123,17 @@ def test_a_matmul_program_matches_pytorch():
     assert close(got, want, got.dtype)
 
 
-def test_trace_and_races_are_reported():
+def test_trace_and_races_are_reported() -> None:
     exe = compile_case("softmax", 64, 256, 4)
     gpu = exe.cuda(races=True, trace=True)
     r = gpu(inputs_for(exe, 1))
-    assert r.races == 0
+    assert r.races == 0 and r.trace is not None
     events = json.loads(r.trace)
     events = events["traceEvents"] if isinstance(events, dict) else events
     assert any(e.get("ph") == "X" for e in events), events[:5]
 
 
-def test_bad_tensors_raise_with_the_input_and_rank():
+def test_bad_tensors_raise_with_the_input_and_rank() -> None:
     exe = compile_case("add", 8, 16, 1)
     gpu = exe.cuda()
     good = inputs_for(exe, 3)
@@ -149,3 +152,26 @@ def test_bad_tensors_raise_with_the_input_and_rank():
         assert message in str(e.value), str(e.value)
     with pytest.raises(sw.StreamweaveError, match="each rank needs its own GPU"):
         compile_case("add", 8, 16, 1).cuda([0, 0])
+
+
+class DLPackOnly:
+    """A CUDA tensor of another library: it only exports DLPack."""
+
+    def __init__(self, tensor: Any) -> None:
+        self._t = tensor
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._t.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._t.__dlpack_device__()
+
+
+def test_dlpack_tensors_are_taken_without_a_copy() -> None:
+    exe = compile_case("add", 64, 256, 2)
+    gpu = exe.cuda()
+    x = inputs_for(exe, 4)
+    out = torch.empty_like(x["a"])
+    r = gpu({k: DLPackOnly(v) for k, v in x.items()}, out={"out": DLPackOnly(out)}, check=True)
+    assert r.passed is True, r.max_abs_error
+    assert close(out, x["a"].float() + x["b"].float(), out.dtype)

@@ -258,7 +258,7 @@ enum Command {
         /// Untimed runs per candidate first (at most 1,000,000).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=MAX_RUNS))]
         warmup: u64,
-        /// The tuning cache (default: $WEAVE_TUNE_CACHE, else ~/.cache/streamweave/tune.toml).
+        /// The tuning cache (default: $WEAVE_TUNE_CACHE, else streamweave/tune.toml in the cache directory: ~/.cache on Linux).
         #[arg(long, value_name = "FILE")]
         cache: Option<PathBuf>,
         /// How long a stream or a collective waits before failing, and how long each
@@ -274,7 +274,7 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         ranks: usize,
         /// Where to write the figures (default: $WEAVE_CALIBRATION, else
-        /// ~/.cache/streamweave/calibration.txt).
+        /// streamweave/calibration.txt in the platform's cache directory).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
         /// How long any wait may take before the calibration fails, in seconds (at least 1).

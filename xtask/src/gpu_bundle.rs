@@ -17,10 +17,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
-use serde_json::Value;
+use cargo_metadata::{Message, TargetKind};
 
 /// A bundle larger than this gets a warning (what the GPU machine accepts is 64 MiB).
 const WARN_BYTES: u64 = 60 * 1024 * 1024;
@@ -287,19 +286,19 @@ fn cargo_build(root: &Path, build: &Build) -> anyhow::Result<PathBuf> {
 }
 
 /// The `executable` of the compiler-artifact message for the target `name` of kind `kind`
-/// among cargo's JSON messages (one per line; other lines are ignored).
+/// among cargo's JSON messages, read by `cargo_metadata` (one per line; other lines are
+/// ignored).
 fn executable(messages: &str, name: &str, kind: &str) -> Option<PathBuf> {
-    messages
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
-        .filter(|m| {
-            m["target"]["kind"]
-                .as_array()
-                .is_some_and(|kinds| kinds.iter().any(|k| k == kind))
+    let kind = TargetKind::from(kind);
+    Message::parse_stream(messages.as_bytes())
+        .filter_map(Result::ok)
+        .filter_map(|m| match m {
+            Message::CompilerArtifact(a) if a.target.name == name => Some(a),
+            _ => None,
         })
-        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .next_back()
+        .filter(|a| a.target.kind.contains(&kind))
+        .filter_map(|a| a.executable.map(PathBuf::from))
+        .last()
 }
 
 /// Fails when `out` exists and is neither an empty directory nor an earlier bundle (one
@@ -450,31 +449,12 @@ fn mib(bytes: u64) -> f64 {
 
 /// The current UTC time as `YYYY-MM-DD HH:MM:SS UTC`.
 fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let t = secs % 86_400;
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        t / 3600,
-        t / 60 % 60,
-        t % 60
-    )
+    utc(jiff::Timestamp::now())
 }
 
-/// The proleptic Gregorian date of a day count since 1970-01-01 (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+/// `t` in UTC as `YYYY-MM-DD HH:MM:SS UTC` (jiff's calendar).
+fn utc(t: jiff::Timestamp) -> String {
+    t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
 #[cfg(test)]
@@ -483,13 +463,34 @@ mod tests {
 
     #[test]
     fn the_executable_comes_from_the_matching_artifact_message() {
-        let messages = r#"
-{"reason":"compiler-artifact","target":{"kind":["lib"],"name":"streamweave"},"executable":null}
-{"reason":"compiler-artifact","target":{"kind":["bin"],"name":"weave"},"executable":"/t/bundle/weave"}
-{"reason":"compiler-artifact","target":{"kind":["test"],"name":"gpu"},"executable":"/t/bundle/deps/gpu-0123"}
-not json
-{"reason":"build-finished","success":true}
-"#;
+        // Messages as cargo writes them (the fields `cargo_metadata` requires).
+        let artifact = |kind: &str, name: &str, exe: Option<&str>| {
+            serde_json::json!({
+                "reason": "compiler-artifact",
+                "package_id": "path+file:///t#weave-cli@0.1.0",
+                "manifest_path": "/t/Cargo.toml",
+                "target": {
+                    "kind": [kind], "crate_types": [kind], "name": name,
+                    "src_path": "/t/src/main.rs", "edition": "2021",
+                    "doctest": false, "test": true, "doc": false,
+                },
+                "profile": {
+                    "opt_level": "3", "debuginfo": 0, "debug_assertions": false,
+                    "overflow_checks": false, "test": false,
+                },
+                "features": [], "filenames": [], "executable": exe, "fresh": false,
+            })
+            .to_string()
+        };
+        let messages = [
+            artifact("lib", "streamweave", None),
+            artifact("bin", "weave", Some("/t/bundle/weave")),
+            artifact("test", "gpu", Some("/t/bundle/deps/gpu-0123")),
+            "not json".to_string(),
+            r#"{"reason":"build-finished","success":true}"#.to_string(),
+        ]
+        .join("\n");
+        let messages = messages.as_str();
         assert_eq!(
             executable(messages, "weave", "bin"),
             Some(PathBuf::from("/t/bundle/weave"))
@@ -503,10 +504,12 @@ not json
     }
 
     #[test]
-    fn days_become_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
-        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+    fn timestamps_read_as_utc_dates() {
+        let at = |secs| utc(jiff::Timestamp::from_second(secs).unwrap());
+        assert_eq!(at(0), "1970-01-01 00:00:00 UTC");
+        // Day 11 016 since 1970 is 2000-02-29 (a leap day); one hour, one minute, one second in.
+        assert_eq!(at(11_016 * 86_400 + 3_661), "2000-02-29 01:01:01 UTC");
+        assert_eq!(at(19_723 * 86_400 - 1), "2023-12-31 23:59:59 UTC");
     }
 
     #[test]

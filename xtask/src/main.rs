@@ -12,12 +12,15 @@
 //!   `gpu_*` benches with `--profile bundle`, and gather them with the scenarios and
 //!   scripts/gpu into DIR (default target/gpu-bundle) to copy to a GPU machine, where
 //!   `bash scripts/run-all.sh` runs them.
+//! * `cargo xtask rust-version` — fail when a package in the locked dependency graph
+//!   (`cargo metadata --locked`) declares a `rust-version` above the workspace's.
 //! * `cargo xtask fuzz --minutes N [--threads T]` — run the fuzz harness (tests/fuzz.rs) on
 //!   fresh seeds for N minutes and print how many inputs it tried.
 
 mod dump;
 mod fuzz;
 mod gpu_bundle;
+mod rust_version;
 mod validate;
 
 use std::process::ExitCode;
@@ -41,6 +44,9 @@ enum Task {
     /// Build the GPU executables and gather them with the scenarios and scripts/gpu into a
     /// directory to copy to a GPU machine.
     GpuBundle(gpu_bundle::BundleArgs),
+    /// Check that the workspace's `rust-version` is at least that of every locked dependency
+    /// (`cargo metadata --locked`).
+    RustVersion,
     /// Fuzz the loader, the pipeline and the host-IR parser and verifier for N minutes
     /// (tests/fuzz.rs with fresh seeds); failing inputs land in target/fuzz-finds/.
     Fuzz(fuzz::FuzzArgs),
@@ -53,6 +59,7 @@ fn main() -> ExitCode {
         Task::Dump(args) => dump::run(&args),
         Task::GpuBundle(args) => gpu_bundle::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
+        Task::RustVersion => rust_version::run(),
     };
     match result {
         Ok(code) => code,

@@ -24,10 +24,29 @@ const STEPS: &[Step] = &[
         env: &[],
     },
     Step {
+        name: "rust-version",
+        args: &["run", "--quiet", "--package", "xtask", "--", "rust-version"],
+        env: &[],
+    },
+    Step {
         name: "clippy",
         args: &[
             "clippy",
             "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Step {
+        name: "clippy (no cuda)",
+        args: &[
+            "clippy",
+            "--package",
+            "streamweave",
+            "--no-default-features",
             "--all-targets",
             "--",
             "-D",
@@ -45,6 +64,11 @@ const STEPS: &[Step] = &[
         args: &["test", "--workspace"],
         // A snapshot that differs fails instead of writing a `.snap.new` for review.
         env: &[("INSTA_UPDATE", "no")],
+    },
+    Step {
+        name: "test (no cuda)",
+        args: &["test", "--package", "streamweave", "--no-default-features"],
+        env: &[],
     },
 ];
 

@@ -965,7 +965,9 @@ fn run_experiment(
         match e.engine {
             Engine::Nccl => CopyEngine::Off,
             Engine::Peer => CopyEngine::Peer(PeerHub::new()),
-            Engine::Windows => CopyEngine::windows(d, IpcOptions::default()),
+            Engine::Windows => {
+                CopyEngine::windows(d, IpcOptions::from_env().expect("WEAVE_CE_WINDOWS"))
+            }
         },
         &bench.args,
         p.seeds(),

@@ -71,7 +71,44 @@ pub trait CopyTransport: Send + Sync {
 
     /// The rank fails: host waits of this transport end at once from now on.
     fn abort(&self) {}
+
+    /// Whether [`CopyTransport::reduce_in_windows`] works: the pushed blocks can be summed
+    /// where they land, with no copy out of the receive windows.
+    fn reduces_in_windows(&self) -> bool {
+        false
+    }
+
+    /// Enqueues, for rank `me` on `stream`, the pushes `sends` (`(to, address, bytes)`) and,
+    /// for the `bytes` that each rank of `from` pushes to this one, piece by piece: a wait
+    /// until the piece of every rank of `from` has landed, `sum(offset, len, windows,
+    /// stream)` with the address of each rank's piece (in the order of `from`; `offset` and
+    /// `len` in bytes within the block), and the release of those pieces. Only called where
+    /// [`CopyTransport::reduces_in_windows`] is true.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_in_windows(
+        &self,
+        me: usize,
+        label: &str,
+        sends: &[(usize, u64, usize)],
+        from: &[usize],
+        bytes: usize,
+        stream: &Self::Stream,
+        timeout: Duration,
+        sum: &mut WindowSum<'_, Self::Stream>,
+    ) -> Result<(), CommError> {
+        let _ = (sends, from, bytes, stream, timeout, sum);
+        Err(copy_error(
+            me,
+            label,
+            "this transport cannot reduce in its receive windows".into(),
+        ))
+    }
 }
+
+/// What [`CopyTransport::reduce_in_windows`] calls for each piece: `(offset, len, windows,
+/// stream)` enqueues the sum of the piece at `offset` (`len` bytes) of the member's own block
+/// and of each peer's piece at its window address.
+pub type WindowSum<'a, S> = dyn FnMut(usize, usize, &[u64], &S) -> Result<(), CommError> + 'a;
 
 /// The reduction kernels and scratch memory of copy-engine reduce-scatters and allreduces,
 /// enqueued on the posting stream.
@@ -98,7 +135,19 @@ pub trait Reducer<S: ?Sized>: Send + Sync {
         stream: &S,
     ) -> Result<(), CommError>;
 
-    /// Whether [`Reducer::sum_blocks`] takes `dtype`.
+    /// Enqueues `out[e] = srcs[0][e] + srcs[1][e] + …` for `e < n`, in that order (the sum
+    /// accumulated like [`Reducer::sum_blocks`]'s), on `stream`. `Err` when `dtype` has no
+    /// reduction kernel.
+    fn sum_pointers(
+        &self,
+        out: u64,
+        srcs: &[u64],
+        n: usize,
+        dtype: DataType,
+        stream: &S,
+    ) -> Result<(), CommError>;
+
+    /// Whether [`Reducer::sum_blocks`] and [`Reducer::sum_pointers`] take `dtype`.
     fn reduces(&self, dtype: DataType) -> bool;
 }
 
@@ -241,6 +290,49 @@ where
     ) -> Result<(), CommError> {
         let me = self.rank();
         let timeout = self.timeout();
+        let gather = |stream: &C::Stream| match plan.gather() {
+            Some(gather) => {
+                self.transport
+                    .transfer(me, &format!("{label} (gather)"), &gather, stream, timeout)
+            }
+            None => Ok(()),
+        };
+        if self.transport.reduces_in_windows() {
+            // Each block summed where its pushes land: no scratch, no copy out of the
+            // windows.
+            let (sends, from) = plan.pushes();
+            let size = plan.dtype.size();
+            self.transport.reduce_in_windows(
+                me,
+                label,
+                &sends,
+                &from,
+                plan.block_bytes,
+                stream,
+                timeout,
+                &mut |offset, len, windows, stream| {
+                    let mut windows = windows.iter();
+                    let mut srcs = Vec::with_capacity(plan.blocks);
+                    for j in 0..plan.blocks {
+                        if j == plan.index {
+                            srcs.push(plan.input + (j * plan.block_bytes + offset) as u64);
+                        } else {
+                            srcs.push(*windows.next().ok_or_else(|| {
+                                copy_error(me, label, "a window is missing".into())
+                            })?);
+                        }
+                    }
+                    reducer.sum_pointers(
+                        plan.reduced + offset as u64,
+                        &srcs,
+                        len / size,
+                        plan.dtype,
+                        stream,
+                    )
+                },
+            )?;
+            return gather(stream);
+        }
         reducer.with_scratch(plan.block_bytes * plan.blocks, stream, &mut |scratch| {
             let scatter = plan.scatter(scratch);
             self.transport
@@ -253,16 +345,7 @@ where
                 plan.dtype,
                 stream,
             )?;
-            if let Some(gather) = plan.gather() {
-                self.transport.transfer(
-                    me,
-                    &format!("{label} (gather)"),
-                    &gather,
-                    stream,
-                    timeout,
-                )?;
-            }
-            Ok(())
+            gather(stream)
         })
     }
 }
@@ -313,6 +396,21 @@ impl ReducePlan {
             }
         }
         t
+    }
+
+    /// The pushes of this member's blocks to their owners (`(to, address, bytes)`), and the
+    /// members whose pushes this one receives, in team order.
+    pub fn pushes(&self) -> (Vec<(usize, u64, usize)>, Vec<usize>) {
+        let b = self.block_bytes;
+        let mut sends = Vec::new();
+        let mut from = Vec::new();
+        for (j, &p) in self.team.iter().enumerate() {
+            if j != self.index {
+                sends.push((p, self.input + (j * b) as u64, b));
+                from.push(p);
+            }
+        }
+        (sends, from)
     }
 
     /// For an allreduce, the transfers that send the reduced block to every other member and

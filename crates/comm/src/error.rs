@@ -1,5 +1,6 @@
 //! Errors of the communication layer.
 
+#[cfg(feature = "cuda")]
 use weave_cuda::CudaError;
 
 /// A failure to set up or use a communicator.
@@ -63,6 +64,7 @@ pub enum CommError {
         message: String,
     },
     /// The CUDA layer underneath failed.
+    #[cfg(feature = "cuda")]
     #[error(transparent)]
     Cuda(#[from] CudaError),
 }

@@ -33,6 +33,19 @@
 //! piece to every peer is consumed: once a rank's streams are idle, no peer writes into its
 //! region any more, so it may be freed.
 //!
+//! A stream waiting on a flag blocks the hardware queue it shares with other streams: with
+//! CUDA's default of 8 queues a device, the posting streams, the side streams and NCCL's own
+//! alias, and a wait can hold up the very push it waits for (on a peer doing the same). The
+//! process therefore asks for the most queues, 32 ([`weave_cuda::MAX_CONNECTIONS_VAR`]),
+//! before CUDA starts.
+//!
+//! A sum reduce-scatter or allreduce reduces *in the windows*
+//! ([`CopyTransport::reduce_in_windows`]): the pushes run as above, and the posting stream,
+//! piece by piece, waits for every peer's piece, sums them where they landed together with
+//! the rank's own block (one generated kernel) and frees the slots — no scratch buffer and
+//! no copy out of the windows; it joins its pushes only after the last sum, since their
+//! last pieces may wait for slots that only its sums free ([`plan_reduce`]).
+//!
 //! The GPU-side waits have no timeout of their own: a peer that never posts stalls the
 //! stream, and the executor's host wait on that stream fails with its timeout (or the run's
 //! deadline passes), which aborts the communicator. The abort then *releases* the rank's
@@ -47,7 +60,7 @@ use std::time::Duration;
 use weave_cuda::{Gpu, GpuStream, PeerRegion, Priority, SharedRegion, IPC_HANDLE_BYTES};
 
 use crate::communicator::Communicator;
-use crate::copy::{copy_error, CopyComm, CopyTransport, Transfers};
+use crate::copy::{copy_error, CopyComm, CopyTransport, Transfers, WindowSum};
 use crate::error::CommError;
 use crate::nccl::{DeviceBuffer, Nccl};
 
@@ -74,6 +87,40 @@ impl Default for IpcOptions {
     }
 }
 
+/// The variable that overrides the windows' shape ([`IpcOptions::from_env`]).
+pub const WINDOWS_VAR: &str = "WEAVE_CE_WINDOWS";
+
+impl IpcOptions {
+    /// The default shape, with slots and slot size from [`WINDOWS_VAR`] when it is set:
+    /// `SLOTSxMIB` (`4x16`: 4 slots of 16 MiB). Every rank must see the same value (the
+    /// set-up exchange refuses windows of different shapes).
+    pub fn from_env() -> Result<IpcOptions, String> {
+        match std::env::var(WINDOWS_VAR) {
+            Ok(v) => IpcOptions::parse_shape(&v),
+            Err(_) => Ok(IpcOptions::default()),
+        }
+    }
+
+    /// Parses `SLOTSxMIB` into the default shape with those slots (1..=64) of that many
+    /// MiB (1..=1024).
+    pub fn parse_shape(v: &str) -> Result<IpcOptions, String> {
+        let bad = || {
+            format!("{WINDOWS_VAR}={v:?}: expected SLOTSxMIB, such as 4x16 (1..=64 slots of 1..=1024 MiB)")
+        };
+        let (slots, mib) = v.trim().split_once('x').ok_or_else(bad)?;
+        let slots: usize = slots.parse().map_err(|_| bad())?;
+        let mib: usize = mib.parse().map_err(|_| bad())?;
+        if !(1..=64).contains(&slots) || !(1..=1024).contains(&mib) {
+            return Err(bad());
+        }
+        Ok(IpcOptions {
+            slots,
+            slot_bytes: mib << 20,
+            ..IpcOptions::default()
+        })
+    }
+}
+
 /// Where flags and windows lie in a rank's region, for a world of `ranks`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowLayout {
@@ -92,7 +139,7 @@ impl WindowLayout {
         if options.slots == 0 {
             return Err("the windows need at least 1 slot".into());
         }
-        if options.slot_bytes == 0 || options.slot_bytes % 256 != 0 {
+        if options.slot_bytes == 0 || !options.slot_bytes.is_multiple_of(256) {
             return Err(format!(
                 "slot size {} bytes is not a positive multiple of 256",
                 options.slot_bytes
@@ -269,6 +316,14 @@ impl PieceCounts {
             sent: vec![0; ranks * lanes],
             received: vec![0; ranks * lanes],
         }
+    }
+
+    /// The slot (of `slots`) of the next piece received from `peer` on `lane`, counted.
+    pub fn next_received(&mut self, peer: usize, lane: usize, slots: usize) -> usize {
+        let at = peer * self.lanes + lane;
+        let n = self.received[at];
+        self.received[at] += 1;
+        (n % slots.max(1) as u64) as usize
     }
 }
 
@@ -467,7 +522,9 @@ pub struct IpcTransport {
     /// One side stream per lane and peer, made on first use: a post's pieces to and from
     /// each peer run on that pair's stream, forked from the posting stream and joined back,
     /// so the copy engines serve every peer at once (one stream would push to and drain from
-    /// the peers one after another).
+    /// the peers one after another). Every stream that waits on a flag can hold up the
+    /// streams that share its hardware queue, so the process needs as many queues as it has
+    /// such streams: see [`weave_cuda::MAX_CONNECTIONS_VAR`].
     fans: std::sync::Mutex<std::collections::HashMap<(usize, usize), Arc<GpuStream>>>,
 }
 
@@ -673,47 +730,164 @@ impl CopyTransport for IpcTransport {
         for &(dst, src, bytes) in &t.local {
             self.gpu.copy(dst, src, bytes, stream)?;
         }
-        let (lane, steps) = {
-            let mut guard = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-            let (streams, counts) = &mut *guard;
-            let key = stream.cu_stream() as usize;
-            let lane = match streams.iter().position(|&s| s == key) {
-                Some(lane) => lane,
-                None if streams.len() < self.layout.lanes => {
-                    streams.push(key);
-                    streams.len() - 1
-                }
-                None => {
-                    return Err(copy_error(
-                        me,
-                        label,
-                        format!(
-                            "more than {} streams post copy-engine transfers; the windows \
-                             have {} lane(s) (IpcOptions::lanes)",
-                            self.layout.lanes, self.layout.lanes
-                        ),
-                    ))
-                }
-            };
-            let steps = plan(me, &self.layout, counts, lane, &t.sends, &t.recvs);
-            (lane, steps)
-        };
-        let local = self.region.ptr();
+        let (lane, steps) = self.with_lane(me, label, stream, |lane, counts| {
+            (
+                lane,
+                plan(me, &self.layout, counts, lane, &t.sends, &t.recvs),
+            )
+        })?;
         // Each peer's steps on its own side stream of this lane (a pair's steps keep their
-        // order, which is all the protocol needs), forked from `stream` and joined back.
-        let mut by_peer: Vec<(usize, Vec<Step>)> = Vec::new();
-        for step in steps {
-            let peer = step.peer();
-            match by_peer.iter_mut().find(|(p, _)| *p == peer) {
-                Some((_, v)) => v.push(step),
-                None => by_peer.push((peer, vec![step])),
+        // order, which is all the protocol needs), forked from `stream` and joined back,
+        // enqueued in the plan's order across peers.
+        let sides = self.fork(lane, &peers_of(&steps), stream)?;
+        self.dispatch(me, lane, &steps, &sides)?;
+        self.join(&sides, stream)
+    }
+
+    fn reduces_in_windows(&self) -> bool {
+        true
+    }
+
+    /// The pushes run on side streams (as in [`CopyTransport::transfer`]); the waits for
+    /// each round of pieces, the sums and the releases on `stream`, which joins the pushes
+    /// last (joining them first would deadlock a block longer than the window: its last
+    /// pieces wait for slots that only this stream's sums free).
+    fn reduce_in_windows(
+        &self,
+        me: usize,
+        label: &str,
+        sends: &[(usize, u64, usize)],
+        from: &[usize],
+        bytes: usize,
+        stream: &GpuStream,
+        _timeout: Duration,
+        sum: &mut WindowSum<'_, GpuStream>,
+    ) -> Result<(), CommError> {
+        let l = self.layout;
+        let (lane, reduce) = self.with_lane(me, label, stream, |lane, counts| {
+            (lane, plan_reduce(me, &l, counts, lane, sends, from, bytes))
+        })?;
+        let local = self.region.ptr();
+        let sides = self.fork(lane, from, stream)?;
+        // Round by round, the pushes of the piece and then the posting stream's waits, sum
+        // and releases of it: the order a single hardware queue could run without deadlock.
+        for round in &reduce.rounds {
+            self.dispatch(me, lane, &round.pushes, &sides)?;
+            self.enqueue(me, lane, &round.taken, stream, local)?;
+            let windows: Vec<u64> = round
+                .pieces
+                .iter()
+                .map(|&(peer, slot)| local + l.window(me, peer, lane, slot) as u64)
+                .collect();
+            sum(round.offset, round.len, &windows, stream)?;
+            self.enqueue(me, lane, &round.freed, stream, local)?;
+        }
+        self.dispatch(me, lane, &reduce.closing, &sides)?;
+        self.join(&sides, stream)
+    }
+}
+
+/// The steps of a reduction in the windows ([`plan_reduce`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReduceSteps {
+    /// Piece by piece, the pushes and what the posting stream does.
+    pub rounds: Vec<ReduceRound>,
+    /// The sender's closing waits, until its last piece to every peer is consumed.
+    pub closing: Vec<Step>,
+}
+
+/// One piece of a reduction in the windows: wait for every peer's piece, sum, release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReduceRound {
+    /// The pushes of this piece to every peer, as [`plan`] makes them for the sends alone
+    /// (they run on side streams).
+    pub pushes: Vec<Step>,
+    /// Where the piece starts in the block, in bytes.
+    pub offset: usize,
+    /// Its length in bytes.
+    pub len: usize,
+    /// The waits for, and takes of, every peer's piece.
+    pub taken: Vec<Step>,
+    /// `(peer, slot)` of each peer's piece, in the order of `from`.
+    pub pieces: Vec<(usize, usize)>,
+    /// The releases of those slots.
+    pub freed: Vec<Step>,
+}
+
+/// The steps of rank `me` reducing in its windows on `lane` (see
+/// [`CopyTransport::reduce_in_windows`]): the pushes of `sends`, and for every piece of the
+/// `bytes` each rank of `from` pushes, the waits, the slots to sum and the releases.
+pub fn plan_reduce(
+    me: usize,
+    layout: &WindowLayout,
+    counts: &mut PieceCounts,
+    lane: usize,
+    sends: &[(usize, u64, usize)],
+    from: &[usize],
+    bytes: usize,
+) -> ReduceSteps {
+    let z = layout.slot_bytes;
+    let mut pushes = plan(me, layout, counts, lane, sends, &[]).into_iter();
+    let rounds = (0..bytes.div_ceil(z))
+        .map(|j| {
+            // `plan` gives 4 steps per send that has a piece in round j, round by round.
+            let sending = sends.iter().filter(|t| t.2.div_ceil(z) > j).count();
+            let round_pushes: Vec<Step> = pushes.by_ref().take(4 * sending).collect();
+            let pieces: Vec<(usize, usize)> = from
+                .iter()
+                .map(|&p| (p, counts.next_received(p, lane, layout.slots)))
+                .collect();
+            ReduceRound {
+                pushes: round_pushes,
+                offset: j * z,
+                len: z.min(bytes - j * z),
+                taken: pieces
+                    .iter()
+                    .flat_map(|&(peer, slot)| {
+                        [Step::WaitReady { peer, slot }, Step::Take { peer, slot }]
+                    })
+                    .collect(),
+                freed: pieces
+                    .iter()
+                    .map(|&(peer, slot)| Step::SignalFree { peer, slot })
+                    .collect(),
+                pieces,
             }
+        })
+        .collect();
+    ReduceSteps {
+        rounds,
+        closing: pushes.collect(),
+    }
+}
+
+/// The peers that `steps` deal with, in order of first appearance.
+fn peers_of(steps: &[Step]) -> Vec<usize> {
+    let mut peers = Vec::new();
+    for step in steps {
+        if !peers.contains(&step.peer()) {
+            peers.push(step.peer());
+        }
+    }
+    peers
+}
+
+impl IpcTransport {
+    /// The side streams of `lane` for `peers`, made on first use, each waiting for what
+    /// `stream` has enqueued so far.
+    fn fork(
+        &self,
+        lane: usize,
+        peers: &[usize],
+        stream: &GpuStream,
+    ) -> Result<Vec<(usize, Arc<GpuStream>)>, CommError> {
+        if peers.is_empty() {
+            return Ok(Vec::new());
         }
         let fork = self.gpu.new_event(false)?;
-        if !by_peer.is_empty() {
-            stream.record(&fork)?;
-        }
-        for (peer, steps) in by_peer {
+        stream.record(&fork)?;
+        let mut sides = Vec::with_capacity(peers.len());
+        for &peer in peers {
             let side = {
                 let mut fans = self.fans.lock().unwrap_or_else(|e| e.into_inner());
                 match fans.get(&(lane, peer)) {
@@ -726,16 +900,78 @@ impl CopyTransport for IpcTransport {
                 }
             };
             side.wait(&fork)?;
-            self.enqueue(me, lane, &steps, &side, local)?;
+            sides.push((peer, side));
+        }
+        Ok(sides)
+    }
+
+    /// Enqueues `steps` one by one, in their order, each on its peer's side stream: the
+    /// order of the plan, which stays deadlock-free even where every stream of the device
+    /// shares one hardware queue (see the module documentation).
+    fn dispatch(
+        &self,
+        me: usize,
+        lane: usize,
+        steps: &[Step],
+        sides: &[(usize, Arc<GpuStream>)],
+    ) -> Result<(), CommError> {
+        let local = self.region.ptr();
+        for step in steps {
+            let peer = step.peer();
+            let Some((_, side)) = sides.iter().find(|(p, _)| *p == peer) else {
+                return Err(CommError::Backend {
+                    op: "copy-engine transfer".into(),
+                    message: format!("rank {me}: no side stream for peer {peer}"),
+                });
+            };
+            self.enqueue(me, lane, std::slice::from_ref(step), side, local)?;
+        }
+        Ok(())
+    }
+
+    /// Makes `stream` wait for what is enqueued on the side streams `sides` so far.
+    fn join(&self, sides: &[(usize, Arc<GpuStream>)], stream: &GpuStream) -> Result<(), CommError> {
+        for (_, side) in sides {
             let join = self.gpu.new_event(false)?;
             side.record(&join)?;
             stream.wait(&join)?;
         }
         Ok(())
     }
-}
 
-impl IpcTransport {
+    /// The lane of `stream` (numbered in the order streams first post) and what `f` makes
+    /// of it and the piece counts.
+    fn with_lane<R>(
+        &self,
+        me: usize,
+        label: &str,
+        stream: &GpuStream,
+        f: impl FnOnce(usize, &mut PieceCounts) -> R,
+    ) -> Result<R, CommError> {
+        let mut guard = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        let (streams, counts) = &mut *guard;
+        let key = stream.cu_stream() as usize;
+        let lane = match streams.iter().position(|&s| s == key) {
+            Some(lane) => lane,
+            None if streams.len() < self.layout.lanes => {
+                streams.push(key);
+                streams.len() - 1
+            }
+            None => {
+                return Err(copy_error(
+                    me,
+                    label,
+                    format!(
+                        "more than {} streams post copy-engine transfers; the windows \
+                         have {} lane(s) (IpcOptions::lanes)",
+                        self.layout.lanes, self.layout.lanes
+                    ),
+                ))
+            }
+        };
+        Ok(f(lane, counts))
+    }
+
     /// Enqueues the steps of one peer of one post on `stream`.
     fn enqueue(
         &self,

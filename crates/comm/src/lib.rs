@@ -35,6 +35,10 @@
 //! CUDA 12.8 machine with NCCL 2.27 builds with `--no-default-features --features
 //! cuda-12080,nccl-02027`.
 //!
+//! Without the `cuda` feature (on by default; every version feature turns it on) the crate
+//! has no CUDA side: no `nccl`, `copy`, `peer` or `ipc` module and no dependency on cudarc,
+//! leaving the in-process communicator, host buffers and the bootstrap.
+//!
 //! Architecture Invariant: weave-comm knows nothing of fusions, host programs or passes; it
 //! moves buffers between ranks. It depends on `weave-cuda` for devices and streams and on
 //! nothing above it; its element types and reduction operators are its own ([`DataType`],
@@ -42,22 +46,30 @@
 
 pub mod bootstrap;
 pub mod communicator;
+#[cfg(feature = "cuda")]
 pub mod copy;
 pub mod dtype;
 pub mod error;
 pub mod host;
+#[cfg(feature = "cuda")]
 pub mod ipc;
 pub mod local;
+#[cfg(feature = "cuda")]
 pub mod nccl;
+#[cfg(feature = "cuda")]
 pub mod peer;
 
 pub use bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 pub use communicator::{Collective, CommOp, Communicator, P2p, Task, TaskQueue};
-pub use copy::{reduce_plan, CopyComm, CopyTransport, ReducePlan, Reducer, Transfers};
+#[cfg(feature = "cuda")]
+pub use copy::{reduce_plan, CopyComm, CopyTransport, ReducePlan, Reducer, Transfers, WindowSum};
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;
 pub use host::HostView;
+#[cfg(feature = "cuda")]
 pub use ipc::{IpcCopy, IpcOptions, IpcTransport};
 pub use local::{Local, LocalWorld};
+#[cfg(feature = "cuda")]
 pub use nccl::{DeviceBuffer, Nccl, NcclId, NcclOptions};
+#[cfg(feature = "cuda")]
 pub use peer::{PeerCopy, PeerHub, PeerTransport};

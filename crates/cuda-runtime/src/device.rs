@@ -21,6 +21,7 @@ use crate::gemm::LtHandle;
 /// Whether the CUDA driver library can be loaded and how many GPUs it sees. Never panics:
 /// a missing library is [`CudaError::Unavailable`].
 pub fn device_count() -> Result<usize, CudaError> {
+    ask_for_hardware_queues();
     // SAFETY: `is_culib_present` only tries to dlopen the driver library.
     if !unsafe { sys::is_culib_present() } {
         return Err(CudaError::Unavailable(
@@ -36,6 +37,8 @@ pub fn device_count() -> Result<usize, CudaError> {
 /// probe runs once per process; entry points on objects that already exist call it so that
 /// no raw driver symbol is ever resolved (which panics) without a loadable library.
 pub(crate) fn require_driver() -> Result<(), CudaError> {
+    // Before the driver starts: it reads the variable then.
+    ask_for_hardware_queues();
     static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: `is_culib_present` only tries to dlopen the driver library.
     if *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() }) {
@@ -89,9 +92,36 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+/// The variable through which CUDA takes the number of hardware queues ("connections") a
+/// device's streams are spread over (8 unless set, at most 32).
+pub const MAX_CONNECTIONS_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// The hardware queues asked for when [`MAX_CONNECTIONS_VAR`] is unset: the most CUDA gives.
+pub const MAX_CONNECTIONS: u32 = 32;
+
+/// Sets [`MAX_CONNECTIONS_VAR`] to [`MAX_CONNECTIONS`] unless it is set, once, before the
+/// first context of this process is made (later contexts keep what the first one read).
+///
+/// Streams share hardware queues, and a stream waiting on a flag (the copy-engine windows,
+/// [`GpuStream::wait_value`]) holds up every stream queued behind it in its queue: with the
+/// default 8, a rank's posting, side and NCCL streams alias, and a wait can hold up the push
+/// its peer waits for while the peer does the same — a deadlock. A value the user set is
+/// kept.
+pub fn ask_for_hardware_queues() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        if std::env::var_os(MAX_CONNECTIONS_VAR).is_none() {
+            // Before any context exists; the variable is read by the driver when the first
+            // context is made.
+            std::env::set_var(MAX_CONNECTIONS_VAR, MAX_CONNECTIONS.to_string());
+        }
+    });
+}
+
 impl Gpu {
     /// Opens GPU `ordinal` (its primary context).
     pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        ask_for_hardware_queues();
         let count = device_count()?;
         if ordinal >= count {
             return Err(CudaError::Unavailable(format!(

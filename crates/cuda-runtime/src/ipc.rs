@@ -53,7 +53,7 @@ impl SharedRegion {
     /// Sets `count` 32-bit words from byte `offset` to `value`, synchronously (set-up only:
     /// no stream may use the region meanwhile).
     pub fn fill_u32(&self, offset: usize, count: usize, value: u32) -> Result<(), CudaError> {
-        if offset % 4 != 0 || offset + 4 * count > self.bytes {
+        if !offset.is_multiple_of(4) || offset + 4 * count > self.bytes {
             return Err(CudaError::Driver {
                 call: "cuMemsetD32",
                 message: format!(
@@ -81,7 +81,7 @@ impl SharedRegion {
         value: u32,
         stream: &GpuStream,
     ) -> Result<(), CudaError> {
-        if offset % 4 != 0 || offset + 4 * count > self.bytes {
+        if !offset.is_multiple_of(4) || offset + 4 * count > self.bytes {
             return Err(CudaError::Driver {
                 call: "cuMemsetD32Async",
                 message: format!(

@@ -46,7 +46,8 @@ pub mod peer;
 
 pub use cudarc;
 pub use device::{
-    device_count, wait_event, Backoff, DeviceMemory, ForeignStream, Gpu, GpuStream, Priority,
+    ask_for_hardware_queues, device_count, wait_event, Backoff, DeviceMemory, ForeignStream, Gpu,
+    GpuStream, Priority, MAX_CONNECTIONS, MAX_CONNECTIONS_VAR,
 };
 pub use error::CudaError;
 pub use gemm::{GemmOperands, GemmShape, GemmType};

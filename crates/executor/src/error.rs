@@ -1,6 +1,7 @@
 //! Errors of host-program execution.
 
 use weave_comm::CommError;
+#[cfg(feature = "cuda")]
 use weave_cuda::CudaError;
 
 /// A failure while running a host program.
@@ -31,6 +32,7 @@ pub enum ExecError {
         millis: u64,
     },
     /// The CUDA layer failed.
+    #[cfg(feature = "cuda")]
     #[error(transparent)]
     Cuda(#[from] CudaError),
     /// A communication failed.

@@ -2,7 +2,7 @@
 //! `f64`, over its logical semantics — schedules, device and stream parallel types and
 //! meshes are ignored.
 //!
-//! It serves two purposes: the *reference* a run is checked against ([`Precision::Exact`],
+//! It serves two purposes: the *reference* a run is checked against ([`Precision::RoundEach`],
 //! on the global inputs), and the CPU backend's kernel for a segment
 //! ([`Precision::RoundOutputs`], on whatever chunk the host program launches it on).
 //!
@@ -11,7 +11,8 @@
 //! sizes from its operands' sizes. Only ranks and dtypes of the inputs are checked against
 //! the declaration. Intermediate values follow their tensors' declared dtypes where that
 //! changes the meaning (`i64` results are truncated, so integer division truncates; `bool`
-//! results are 0 or 1); floating-point intermediates are never rounded, except by `cast`.
+//! results are 0 or 1); floating-point intermediates are rounded by `cast`, and by every op
+//! under [`Precision::RoundEach`].
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -24,12 +25,17 @@ use crate::dense::{checked_numel, round_to, Dense};
 /// How the interpreter rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Precision {
-    /// The reference: everything is computed in `f64` and nothing is rounded except by
-    /// explicit `cast` ops (which are part of the program's meaning).
+    /// The program's value in `f64`: nothing is rounded except by explicit `cast` ops (which
+    /// are part of the program's meaning).
     Exact,
     /// A CPU kernel segment: computed in `f64`, with every fusion output (and every `cast`)
     /// rounded to its declared dtype, as a kernel storing to memory of that dtype would.
     RoundOutputs,
+    /// The reference of a run: every op computed in `f64` and its result rounded to the
+    /// op's dtype, as a device that stores the value in that dtype does (a `bf16` GEMM's
+    /// result is a `bf16` value before a `cast` to `f32` reads it). View ops (set, broadcast,
+    /// squeeze, permute, reshape) move values and round nothing.
+    RoundEach,
 }
 
 /// Element count from which pointwise ops, reductions and GEMMs use rayon.
@@ -124,8 +130,13 @@ pub fn eval_fusion(
                     }
                 }
             }
-            eval_expr(fusion, &expr.kind, &expr.inputs, &ins, out_t)
-                .map_err(|m| format!("{op} `{out_name}`: {m}"))?
+            let value = eval_expr(fusion, &expr.kind, &expr.inputs, &ins, out_t)
+                .map_err(|m| format!("{op} `{out_name}`: {m}"))?;
+            if mode == Precision::RoundEach && !is_view(&expr.kind) {
+                value.rounded()
+            } else {
+                value
+            }
         };
         for t in &expr.inputs {
             if last_use.get(t) == Some(&n) && !fusion.is_output(*t) {
@@ -142,7 +153,7 @@ pub fn eval_fusion(
             .ok_or_else(|| format!("output `{}` is never defined", fusion.tensor(*t).name))?
             .into_owned();
         outs.push(match mode {
-            Precision::Exact => d,
+            Precision::Exact | Precision::RoundEach => d,
             Precision::RoundOutputs => d.rounded(),
         });
     }
@@ -161,12 +172,7 @@ fn eval_expr(
     out_t: TensorId,
 ) -> Result<Dense, String> {
     let out_dtype = fusion.tensor(out_t).dtype;
-    let arity = match kind {
-        ExprKind::Binary(_) | ExprKind::Matmul => 2..=2,
-        ExprKind::Where => 3..=3,
-        ExprKind::Linear => 2..=3,
-        _ => 1..=1,
-    };
+    let arity = kind.arity();
     if !arity.contains(&ins.len()) {
         return Err(format!(
             "expected {} operands, got {}",
@@ -195,6 +201,44 @@ fn eval_expr(
             }
             let f = binary_fn(*b);
             pointwise([x, y], move |[a, b]| f(a, b))?
+        }
+        ExprKind::BinaryLit { op, lit, lit_first } => {
+            let l = lit.0;
+            if x.dtype == DType::I64 {
+                if *op == BinaryOp::Div
+                    && (if *lit_first {
+                        x.data.contains(&0.0)
+                    } else {
+                        l == 0.0
+                    })
+                {
+                    return Err("integer division by zero".to_string());
+                }
+                let negative_exponent = if *lit_first {
+                    x.data.iter().any(|v| *v < 0.0)
+                } else {
+                    l < 0.0
+                };
+                if *op == BinaryOp::Pow && negative_exponent {
+                    return Err("integer base raised to a negative integer power".to_string());
+                }
+            }
+            let f = binary_fn(*op);
+            if *lit_first {
+                pointwise([x], move |[v]| f(l, v))?
+            } else {
+                pointwise([x], move |[v]| f(v, l))?
+            }
+        }
+        ExprKind::WhereLit { a, b } => {
+            let (a, b) = (a.map(|l| l.0), b.map(|l| l.0));
+            pointwise([x, ins[1]], move |[c, v]| {
+                if c != 0.0 {
+                    a.unwrap_or(v)
+                } else {
+                    b.unwrap_or(v)
+                }
+            })?
         }
         ExprKind::Where => pointwise(
             [x, ins[1], ins[2]],
@@ -246,16 +290,7 @@ fn eval_expr(
         ExprKind::Matmul => matmul(x, ins[1])?,
         ExprKind::Linear => linear(x, ins[1], ins.get(2).copied())?,
     };
-    let is_copy = matches!(
-        kind,
-        ExprKind::Set
-            | ExprKind::SegmentSet
-            | ExprKind::Broadcast { .. }
-            | ExprKind::Squeeze { .. }
-            | ExprKind::Permute { .. }
-            | ExprKind::Reshape { .. }
-    );
-    if !is_copy && matches!(out_dtype, DType::I64 | DType::Bool) {
+    if !is_view(kind) && matches!(out_dtype, DType::I64 | DType::Bool) {
         for v in &mut data {
             *v = round_to(out_dtype, *v);
         }
@@ -265,6 +300,19 @@ fn eval_expr(
         sizes,
         data,
     })
+}
+
+/// True for the ops that move values without computing new ones.
+pub(crate) fn is_view(kind: &ExprKind) -> bool {
+    matches!(
+        kind,
+        ExprKind::Set
+            | ExprKind::SegmentSet
+            | ExprKind::Broadcast { .. }
+            | ExprKind::Squeeze { .. }
+            | ExprKind::Permute { .. }
+            | ExprKind::Reshape { .. }
+    )
 }
 
 fn unary_fn(op: UnaryOp) -> fn(f64) -> f64 {
@@ -283,7 +331,40 @@ fn unary_fn(op: UnaryOp) -> fn(f64) -> f64 {
         UnaryOp::Relu => |x| if x < 0.0 { 0.0 } else { x },
         UnaryOp::Sigmoid => |x| 1.0 / (1.0 + (-x).exp()),
         UnaryOp::Not => |x| bool_f64(x == 0.0),
+        UnaryOp::Erf => erf,
+        UnaryOp::Gelu => |x| 0.5 * x * (1.0 + erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+        UnaryOp::GeluTanh => |x| {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+        },
     }
+}
+
+/// The error function, to a few units in the last place of `f64`: the series
+/// `erf x = 2/√π · e^(-x²) · Σ 2ⁿ x^(2n+1) / (1·3·…·(2n+1))`, whose terms are all of one sign
+/// (no cancellation), summed until they no longer change the sum; `±1` beyond `|x| = 6`,
+/// where `1 - erf x` is below `f64`'s resolution of 1.
+pub(crate) fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    if x.abs() >= 6.0 {
+        return x.signum();
+    }
+    let x2 = x * x;
+    let mut term = x;
+    let mut sum = x;
+    let mut n = 0.0;
+    loop {
+        n += 1.0;
+        term *= 2.0 * x2 / (2.0 * n + 1.0);
+        let next = sum + term;
+        if next == sum {
+            break;
+        }
+        sum = next;
+    }
+    2.0 / std::f64::consts::PI.sqrt() * (-x2).exp() * sum
 }
 
 fn binary_fn(op: BinaryOp) -> fn(f64, f64) -> f64 {
@@ -598,7 +679,7 @@ pub(crate) fn reshape_sizes(
             _ => (0..r).find(differs).unwrap_or(r - 1),
         };
         let inner = eval(&shape[k + 1])?;
-        if inner == 0 || ins[k] % inner != 0 {
+        if inner == 0 || !ins[k].is_multiple_of(inner) {
             return Err(format!(
                 "cannot split axis {k} of sizes {ins:?} into rows of {inner}"
             ));

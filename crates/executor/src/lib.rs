@@ -15,6 +15,9 @@
 //!   `Wait`);
 //! * [`timeline`]: per-rank, per-stream spans in Chrome trace format and as an SVG picture.
 //!
+//! Without the `cuda` feature (on by default; every version feature turns it on) there is no
+//! CUDA backend and no dependency on cudarc: [`cuda`] holds only the kernel code generator.
+//!
 //! Architecture Invariant: the executor runs host programs as given; it never rewrites them.
 //! It knows nothing of fusions' schedules, segmentation or passes (a kernel segment's fusion
 //! is interpreted for its logical semantics only); anything a program needs is decided before
@@ -22,6 +25,10 @@
 
 pub mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_codegen_only.rs"]
 pub mod cuda;
 pub mod dense;
 pub mod error;
@@ -35,6 +42,7 @@ pub mod timeline;
 
 pub use backend::{Backend, Region, Span, StreamKey};
 pub use cpu::{CpuBackend, CpuOptions};
+#[cfg(feature = "cuda")]
 pub use cuda::{time_back_to_back, BlockSums, CudaBackend, CudaOptions, DeviceTensor, Replay};
 pub use dense::Dense;
 pub use error::ExecError;

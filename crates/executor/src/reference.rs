@@ -1,18 +1,177 @@
-//! Reference results and their comparison with actual ones: the exact `f64` evaluation of a
-//! fusion on its global (unsharded) inputs, per-dtype tolerances, and an element-wise
-//! comparison that judges errors relative to the tensor's magnitude.
+//! Reference results and their comparison with actual ones: the `f64` evaluation of a fusion
+//! on its global (unsharded) inputs with every op's result rounded to its dtype, the
+//! tolerance each output is checked at (its dtype's, loosened by the least precise rounding
+//! on its path), inputs kept inside the domains of the ops that read them, and an
+//! element-wise comparison that judges errors relative to the tensor's magnitude.
 
+use std::collections::HashMap;
 use std::fmt;
 
-use weave_ir::{DType, Fusion};
+use weave_ir::{BinaryOp, DType, ExprKind, Fusion, TensorId, UnaryOp};
 
 use crate::dense::Dense;
-use crate::interp::{eval_fusion, Precision};
+use crate::interp::{eval_fusion, is_view, Precision};
 
 /// The reference outputs of `fusion` on its global (unsharded) `inputs`: every op in `f64`,
-/// rounded only by explicit casts ([`Precision::Exact`]).
+/// its result rounded to the op's dtype as a device storing it does
+/// ([`Precision::RoundEach`]; a `bf16` GEMM's result is a `bf16` value before a `cast` to
+/// `f32` reads it).
 pub fn run_reference(fusion: &Fusion, inputs: &[Dense]) -> Result<Vec<Dense>, String> {
-    eval_fusion(fusion, inputs, Precision::Exact)
+    eval_fusion(fusion, inputs, Precision::RoundEach)
+}
+
+/// Of two floating-point dtypes (or none), the one whose tolerance is looser.
+fn looser(a: Option<DType>, b: Option<DType>) -> Option<DType> {
+    match (a, b) {
+        (Some(x), Some(y)) => {
+            if Tolerance::for_dtype(y).rtol > Tolerance::for_dtype(x).rtol {
+                Some(y)
+            } else {
+                Some(x)
+            }
+        }
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// The tolerance each output of `fusion` is checked at, in output order.
+///
+/// A device and the reference round the same ops, but not always the same value: a `bf16`
+/// GEMM accumulates in `f32` before it rounds, a fused kernel keeps its intermediates in
+/// `float`, so a result rounded to `bf16` may land one `bf16` step away from the
+/// reference's, and every value computed from it carries that error, whatever its own dtype.
+/// So an output's tolerance is its dtype's ([`Tolerance::for_dtype`]) loosened to that of the
+/// least precise floating-point dtype an op on its path computed: the logits pattern (a
+/// `bf16` linear cast to `f32`) is checked at the `bf16` tolerance. Values that are exact
+/// on both sides loosen nothing: fusion inputs, view ops, and a `cast` of an exact value
+/// (both sides round the same number). Integer and `bool` outputs must match exactly.
+pub fn output_tolerances(fusion: &Fusion) -> Vec<Tolerance> {
+    let mut path: HashMap<TensorId, Option<DType>> = HashMap::new();
+    for e in fusion.exprs() {
+        let expr = fusion.expr(*e);
+        let from_inputs = expr
+            .inputs
+            .iter()
+            .fold(None, |acc, t| looser(acc, path.get(t).copied().flatten()));
+        for out in &expr.outputs {
+            let dtype = fusion.tensor(*out).dtype;
+            let float = dtype.is_float().then_some(dtype);
+            let p = if !dtype.is_float() {
+                None
+            } else if is_view(&expr.kind) {
+                from_inputs
+            } else if matches!(expr.kind, ExprKind::Cast(_)) && from_inputs.is_none() {
+                None
+            } else {
+                looser(from_inputs, float)
+            };
+            path.insert(*out, p);
+        }
+    }
+    fusion
+        .outputs()
+        .iter()
+        .map(|t| {
+            let dtype = fusion.tensor(*t).dtype;
+            if dtype.is_float() {
+                let d = looser(Some(dtype), path.get(t).copied().flatten()).unwrap_or(dtype);
+                Tolerance::for_dtype(d)
+            } else {
+                Tolerance::for_dtype(dtype)
+            }
+        })
+        .collect()
+}
+
+/// Where a fusion input's values must lie for every op that reads them to be defined.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InputDomain {
+    /// No zeros: the divisor of an integer `div`.
+    pub nonzero: bool,
+    /// No negative values: the exponent of an integer `pow`, the operand of `log`, `sqrt`,
+    /// `rsqrt`, the base of a floating-point `pow`.
+    pub nonnegative: bool,
+}
+
+/// The domain each input of `fusion` must keep (in input order) so that the ops reading it
+/// are defined: an input that reaches, through view ops and casts only, the divisor of an
+/// integer `div` must have no zeros (the reference refuses to divide by zero), the exponent
+/// of an integer `pow` no negative values, and the operand of `log`, `sqrt`, `rsqrt` or the
+/// base of a floating-point `pow` no negative values (else NaN, which never matches).
+pub fn input_domains(fusion: &Fusion) -> Vec<InputDomain> {
+    // The fusion input each tensor is a view or cast of, if any.
+    let mut source: HashMap<TensorId, TensorId> = HashMap::new();
+    for t in fusion.inputs() {
+        source.insert(*t, *t);
+    }
+    let mut needs: HashMap<TensorId, InputDomain> = HashMap::new();
+    for e in fusion.exprs() {
+        let expr = fusion.expr(*e);
+        let src = |k: usize| expr.inputs.get(k).and_then(|t| source.get(t)).copied();
+        let mut need = |k: usize, nonzero: bool, nonneg: bool| {
+            if let Some(s) = src(k) {
+                let n = needs.entry(s).or_default();
+                n.nonzero |= nonzero;
+                n.nonnegative |= nonneg;
+            }
+        };
+        let int = |k: usize| {
+            expr.inputs
+                .get(k)
+                .is_some_and(|t| fusion.tensor(*t).dtype == DType::I64)
+        };
+        match &expr.kind {
+            ExprKind::BinaryLit {
+                op,
+                lit_first: true,
+                ..
+            } if int(0) => match op {
+                BinaryOp::Div => need(0, true, false),
+                BinaryOp::Pow => need(0, false, true),
+                _ => {}
+            },
+            ExprKind::BinaryLit {
+                op: BinaryOp::Pow,
+                lit_first: false,
+                ..
+            } if !int(0) => need(0, false, true),
+            ExprKind::Binary(BinaryOp::Div) if int(1) => need(1, true, false),
+            ExprKind::Binary(BinaryOp::Pow) if int(1) => need(1, false, true),
+            ExprKind::Binary(BinaryOp::Pow) => need(0, false, true),
+            ExprKind::Unary(UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt) => need(0, false, true),
+            _ => {}
+        }
+        if is_view(&expr.kind) || matches!(expr.kind, ExprKind::Cast(_)) {
+            if let Some(s) = src(0) {
+                for out in &expr.outputs {
+                    source.insert(*out, s);
+                }
+            }
+        }
+    }
+    fusion
+        .inputs()
+        .iter()
+        .map(|t| needs.get(t).copied().unwrap_or_default())
+        .collect()
+}
+
+/// Moves generated `inputs` (one per fusion input, in order) into the domains
+/// [`input_domains`] gives: a negative value becomes its magnitude where the input must not
+/// be negative, and a zero becomes `1` where it must not be zero. Values already inside are
+/// kept.
+pub fn keep_in_domain(fusion: &Fusion, inputs: &mut [Dense]) {
+    for (dom, d) in input_domains(fusion).into_iter().zip(inputs) {
+        for v in &mut d.data {
+            if dom.nonnegative && *v < 0.0 {
+                *v = -*v;
+            }
+            if dom.nonzero && *v == 0.0 {
+                *v = 1.0;
+            }
+        }
+    }
 }
 
 /// How far an actual value may be from the reference.

@@ -256,7 +256,8 @@ fn reduction_scenario_sums_the_innermost_axis() {
     let out = run_reference(&fusion, std::slice::from_ref(&x)).unwrap();
     assert_eq!(out[0].sizes, vec![12, 8]);
     for (i, v) in out[0].data.iter().enumerate() {
-        assert_eq!(*v, x.data[2 * i] + x.data[2 * i + 1]);
+        // The f32 reduction's result is an f32 value.
+        assert_eq!(*v, round_to(DType::F32, x.data[2 * i] + x.data[2 * i + 1]));
     }
 }
 
@@ -400,7 +401,11 @@ fn batched_matmul_scenario_matches_a_naive_loop() {
         .unwrap()
         .remove(0);
     assert_eq!(out.sizes, vec![12, 8, 2]);
-    assert_eq!(out.data, naive_matmul(&a.data, &b.data, 96, 4, 2));
+    let want: Vec<f64> = naive_matmul(&a.data, &b.data, 96, 4, 2)
+        .into_iter()
+        .map(|v| round_to(DType::F32, v))
+        .collect();
+    assert_eq!(out.data, want);
 }
 
 #[test]
@@ -523,7 +528,8 @@ fn row_parallel_linear_scenario_reference() {
             let want: f64 = (0..8)
                 .map(|p| inp.data[i * 8 + p] * w.data[j * 8 + p])
                 .sum();
-            assert!((out.data[i * 2 + j] - want).abs() < 1e-12);
+            // The bf16 linear's result is a bf16 value.
+            assert_eq!(out.data[i * 2 + j], round_to(DType::BF16, want));
         }
     }
 }
@@ -545,6 +551,18 @@ fn round_outputs_rounds_outputs_but_not_intermediates() {
     // c is computed from the unrounded b.
     assert_eq!(ro[1].data, vec![2f64.powi(-14)]);
     assert!(ro.iter().all(|d| d.dtype == DType::BF16));
+}
+
+#[test]
+fn the_reference_rounds_every_op_result_to_its_dtype() {
+    // As above: b = a * a is 1 + 2^-6 + 2^-14 exactly, the bf16 value 1 + 2^-6 as stored.
+    let src = "fusion f() { tensor a: bf16[1]\n tensor r: bf16[1]\n b = mul(a, a)\n bb = set(b)\n c = sub(bb, r)\n f = cast(b, f32)\n output c, f }";
+    let a = t(DType::BF16, &[1], &[1.0 + 2f64.powi(-7)]);
+    let r = t(DType::BF16, &[1], &[1.0 + 2f64.powi(-6)]);
+    let out = run_reference(&parse(src), &[a, r]).unwrap();
+    // c is computed from the rounded b, and the f32 cast reads the bf16 value.
+    assert_eq!(out[0].data, vec![0.0]);
+    assert_eq!(out[1].data, vec![1.0 + 2f64.powi(-6)]);
 }
 
 // ----- shape polymorphism -------------------------------------------------------------------

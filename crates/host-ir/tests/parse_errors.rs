@@ -196,9 +196,9 @@ fn labels_and_kernels() {
     assert_eq!(
         error(&(program("") + "\nK0: fusion f(n = 4) {\n  tensor a: f32[n]\n  b = sett(a)\n}\n")),
         "6:7: in kernel `K0`: unknown op `sett` (expected one of: set, segment_set, cast, neg, abs, exp, log, \
-         sin, cos, tanh, sqrt, rsqrt, reciprocal, relu, sigmoid, not, add, sub, mul, div, \
-         maximum, minimum, pow, eq, ne, lt, le, gt, ge, and, or, where, sum, max, broadcast, \
-         squeeze, permute, reshape, matmul, linear)"
+         sin, cos, tanh, sqrt, rsqrt, reciprocal, relu, sigmoid, not, erf, gelu, gelu_tanh, add, \
+         sub, mul, div, maximum, minimum, pow, eq, ne, lt, le, gt, ge, and, or, where, sum, max, \
+         mean, broadcast, squeeze, permute, reshape, matmul, linear)"
     );
     assert_eq!(
         error(&(program("") + "K0: fusion f(n = 4 {\n}\n")),

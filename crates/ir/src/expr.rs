@@ -34,6 +34,12 @@ pub enum UnaryOp {
     Sigmoid,
     /// logical not (bool only)
     Not,
+    /// The error function `erf x`.
+    Erf,
+    /// `x Φ(x) = x (1 + erf(x / √2)) / 2`, the exact GELU.
+    Gelu,
+    /// `x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2`, GELU's tanh approximation.
+    GeluTanh,
 }
 
 /// Pointwise binary operators.
@@ -100,7 +106,8 @@ macro_rules! named_enum {
 named_enum!(UnaryOp {
     Neg = "neg", Abs = "abs", Exp = "exp", Log = "log", Sin = "sin", Cos = "cos",
     Tanh = "tanh", Sqrt = "sqrt", Rsqrt = "rsqrt", Reciprocal = "reciprocal",
-    Relu = "relu", Sigmoid = "sigmoid", Not = "not",
+    Relu = "relu", Sigmoid = "sigmoid", Not = "not", Erf = "erf", Gelu = "gelu",
+    GeluTanh = "gelu_tanh",
 });
 named_enum!(BinaryOp {
     Add = "add", Sub = "sub", Mul = "mul", Div = "div", Maximum = "maximum",
@@ -134,6 +141,45 @@ impl UnaryOp {
     }
 }
 
+/// A number written in a program where a 0-d tensor of the other operand's dtype could be
+/// (`x * 0.5`, `where(c, x, 0)`): it takes that operand's dtype, as PyTorch's weak scalars do.
+/// Compared and hashed by its bits, so that `NaN` equals itself and a fusion compares equal
+/// to its copy.
+#[derive(Clone, Copy, Debug)]
+pub struct Literal(pub f64);
+
+impl PartialEq for Literal {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Literal {}
+
+impl std::hash::Hash for Literal {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state)
+    }
+}
+
+impl Literal {
+    /// The literal as the `.weave` format writes it: an integer without a fraction (`2`,
+    /// `-3`), other finite values in Rust's shortest round-trip form (`0.5`, `1e-9`), and
+    /// `inf`, `-inf`, `nan`.
+    pub fn to_source(self) -> String {
+        let v = self.0;
+        if v.is_nan() {
+            "nan".to_string()
+        } else if v.is_infinite() {
+            if v > 0.0 { "inf" } else { "-inf" }.to_string()
+        } else if v == v.trunc() && v.abs() < 1e15 && !(v == 0.0 && v.is_sign_negative()) {
+            format!("{}", v as i64)
+        } else {
+            format!("{v:?}")
+        }
+    }
+}
+
 /// What an expr computes. Axis lists refer to the input's logical axes without reductions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExprKind {
@@ -150,6 +196,24 @@ pub enum ExprKind {
     Binary(BinaryOp),
     /// `where(cond, a, b)`.
     Where,
+    /// A binary op one of whose operands is a literal: `op(x, lit)`, or `op(lit, x)` when
+    /// `lit_first`. The one input is the tensor operand; the literal takes its dtype.
+    BinaryLit {
+        /// The operator.
+        op: BinaryOp,
+        /// The literal operand.
+        lit: Literal,
+        /// Whether the literal is the first operand.
+        lit_first: bool,
+    },
+    /// `where(cond, a, b)` with `a` or `b` a literal (not both: the tensor operand gives the
+    /// literal its dtype); the inputs are `cond` and the tensor operand.
+    WhereLit {
+        /// `a`, when it is a literal.
+        a: Option<Literal>,
+        /// `b`, when it is a literal.
+        b: Option<Literal>,
+    },
     /// Reduction over `axes`; the output keeps them as reduction axes.
     Reduction {
         /// Sum or max.
@@ -192,7 +256,8 @@ impl ExprKind {
             ExprKind::Cast(_) => "cast",
             ExprKind::Unary(u) => u.name(),
             ExprKind::Binary(b) => b.name(),
-            ExprKind::Where => "where",
+            ExprKind::Where | ExprKind::WhereLit { .. } => "where",
+            ExprKind::BinaryLit { op, .. } => op.name(),
             ExprKind::Reduction { op, .. } => op.name(),
             ExprKind::Broadcast { .. } => "broadcast",
             ExprKind::Squeeze { .. } => "squeeze",
@@ -203,7 +268,8 @@ impl ExprKind {
         }
     }
 
-    /// True for pointwise ops (set, cast, unary, binary, where).
+    /// True for pointwise ops (set, cast, unary, binary, where, and binary and where with
+    /// literal operands).
     pub fn is_pointwise(&self) -> bool {
         matches!(
             self,
@@ -213,7 +279,23 @@ impl ExprKind {
                 | ExprKind::Unary(_)
                 | ExprKind::Binary(_)
                 | ExprKind::Where
+                | ExprKind::BinaryLit { .. }
+                | ExprKind::WhereLit { .. }
         )
+    }
+
+    /// The number of tensor operands this kind takes, as a range.
+    pub fn arity(&self) -> std::ops::RangeInclusive<usize> {
+        match self {
+            ExprKind::Binary(_) | ExprKind::Matmul => 2..=2,
+            ExprKind::Where => 3..=3,
+            ExprKind::Linear => 2..=3,
+            ExprKind::WhereLit { a, b } => {
+                let n = 1 + usize::from(a.is_none()) + usize::from(b.is_none());
+                n..=n
+            }
+            _ => 1..=1,
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use slotmap::SlotMap;
 use crate::diag::{Diagnostic, IrResult, Span};
 use crate::domain::{IdExpr, IterDomain, IterType, ParallelType, SplitKind};
 use crate::dtype::DType;
-use crate::expr::{BinaryOp, Expr, ExprKind, ReduceOp, UnaryOp};
+use crate::expr::{BinaryOp, Expr, ExprKind, Literal, ReduceOp, UnaryOp};
 use crate::ids::{ExprId, IdExprId, IterDomainId, MeshId, TensorId};
 use crate::mesh::DeviceMesh;
 use crate::scalar::Scalar;
@@ -787,6 +787,32 @@ impl Fusion {
         Ok(d0)
     }
 
+    /// A literal takes the dtype of the tensor operand `t`: any number for a float, an
+    /// integer for `i64`, and none for `bool`.
+    fn check_literal(&self, op: &str, t: TensorId, lit: Literal) -> IrResult<()> {
+        let d = self.tensors[t].dtype;
+        let v = lit.0;
+        let fits = match d {
+            DType::Bool => false,
+            DType::I64 => v.is_finite() && v == v.trunc() && v.abs() < 9.007_199_254_740_992e15,
+            _ => true,
+        };
+        if fits {
+            Ok(())
+        } else {
+            let why = if d == DType::Bool {
+                "a bool operand takes no literal (compare with a tensor, or use `not`)"
+            } else {
+                "an i64 operand takes integer literals"
+            };
+            Err(Diagnostic::new(format!(
+                "{op}: the literal `{}` takes the dtype of {}, and {why}",
+                lit.to_source(),
+                self.desc(t)
+            )))
+        }
+    }
+
     fn check_axes(&self, op: &str, t: TensorId, axes: &[usize], rank: usize) -> IrResult<()> {
         for (i, a) in axes.iter().enumerate() {
             if *a >= rank {
@@ -812,12 +838,16 @@ impl Fusion {
     ) -> IrResult<TensorId> {
         self.check_new_name(name)?;
         let op = kind.op_name();
-        let arity = match &kind {
-            ExprKind::Binary(_) | ExprKind::Matmul => 2..=2,
-            ExprKind::Where => 3..=3,
-            ExprKind::Linear => 2..=3,
-            _ => 1..=1,
-        };
+        if let ExprKind::WhereLit {
+            a: Some(_),
+            b: Some(_),
+        } = &kind
+        {
+            return Err(Diagnostic::new(
+                "where: both operands are literals, so nothing gives them a dtype (one of them must be a tensor)",
+            ));
+        }
+        let arity = kind.arity();
         if !arity.contains(&inputs.len()) {
             let want = if arity.start() == arity.end() {
                 format!("{}", arity.start())
@@ -863,6 +893,36 @@ impl Fusion {
                 }
                 let out_d = if b.is_comparison() { DType::Bool } else { d };
                 (out_d, self.pointwise_axes(op, inputs)?, None)
+            }
+            ExprKind::BinaryLit { op: b, lit, .. } => {
+                let d = self.tensors[in0].dtype;
+                self.check_literal(op, in0, *lit)?;
+                if b.is_logical() {
+                    return Err(Diagnostic::new(format!(
+                        "{op} takes bool tensors, not the literal `{}`",
+                        lit.to_source()
+                    )));
+                }
+                let out_d = if b.is_comparison() { DType::Bool } else { d };
+                (out_d, self.pointwise_axes(op, inputs)?, None)
+            }
+            ExprKind::WhereLit { a, b } => {
+                let c = self.tensors[in0].dtype;
+                if c != DType::Bool {
+                    return Err(Diagnostic::new(format!(
+                        "where: the condition {} must be bool, not {c}",
+                        self.desc(in0)
+                    )));
+                }
+                let value = inputs[1];
+                for lit in a.iter().chain(b) {
+                    self.check_literal(op, value, *lit)?;
+                }
+                (
+                    self.tensors[value].dtype,
+                    self.pointwise_axes(op, inputs)?,
+                    None,
+                )
             }
             ExprKind::Where => {
                 let c = self.tensors[in0].dtype;
@@ -1162,6 +1222,69 @@ impl Fusion {
         b: TensorId,
     ) -> IrResult<TensorId> {
         self.add_op(name, ExprKind::Binary(op), &[a, b])
+    }
+
+    /// `name = op(a, lit)`, or `op(lit, a)` when `lit_first`: a binary op with a literal
+    /// operand of `a`'s dtype (`x * 0.5`).
+    pub fn binary_lit(
+        &mut self,
+        name: &str,
+        op: BinaryOp,
+        a: TensorId,
+        lit: f64,
+        lit_first: bool,
+    ) -> IrResult<TensorId> {
+        let kind = ExprKind::BinaryLit {
+            op,
+            lit: Literal(lit),
+            lit_first,
+        };
+        self.add_op(name, kind, &[a])
+    }
+
+    /// The number of elements a reduction of `a` over `axes` adds up: the product of the
+    /// reduced extents' values (a `mean` divides by it). An extent without a value (an unset
+    /// parameter) is an error naming it.
+    pub fn reduced_count(&self, a: TensorId, axes: &[usize]) -> IrResult<f64> {
+        let vis = self.visible_axes(a);
+        let mut n = 1.0;
+        for ax in axes {
+            let Some(id) = vis.get(*ax) else {
+                return Err(Diagnostic::new(format!(
+                    "mean: axis {ax} is out of range for {} of rank {}",
+                    self.desc(a),
+                    vis.len()
+                )));
+            };
+            let e = &self.ids[*id].extent;
+            match self.eval(e) {
+                Some(v) => n *= v as f64,
+                None => {
+                    return Err(Diagnostic::new(format!(
+                        "mean: extent `{}` of axis {ax} of {} has no value (set its parameters)",
+                        e.to_source(),
+                        self.desc(a)
+                    )))
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// `name = mean(a, axes)`: two ops, `sum_name = sum(a, axes)` and
+    /// `name = div(sum_name, n)` with `n` the [`Fusion::reduced_count`], so that sharding
+    /// treats the sum as any sum (a sum over a device axis is added across devices) and the
+    /// division uses the global count.
+    pub fn mean(
+        &mut self,
+        name: &str,
+        sum_name: &str,
+        a: TensorId,
+        axes: &[usize],
+    ) -> IrResult<TensorId> {
+        let n = self.reduced_count(a, axes)?;
+        let s = self.sum(sum_name, a, axes)?;
+        self.binary_lit(name, BinaryOp::Div, s, n, false)
     }
 
     /// `name = sum(a, axes)`

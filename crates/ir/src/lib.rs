@@ -22,7 +22,7 @@ pub mod verify;
 pub use diag::{Diagnostic, IrResult, Span};
 pub use domain::{IdExpr, IterDomain, IterType, ParallelType, SplitKind};
 pub use dtype::DType;
-pub use expr::{BinaryOp, Expr, ExprKind, ReduceOp, UnaryOp};
+pub use expr::{BinaryOp, Expr, ExprKind, Literal, ReduceOp, UnaryOp};
 pub use fusion::{Fusion, MeshDecl, MeshSpec, Param, ParamRole};
 pub use ids::{ExprId, IdExprId, IterDomainId, MeshId, TensorId};
 pub use mesh::DeviceMesh;

@@ -147,6 +147,16 @@ fn expr_attrs(kind: &ExprKind) -> Option<String> {
     };
     match kind {
         ExprKind::Cast(d) => Some(format!("dtype={d}")),
+        ExprKind::BinaryLit { lit, lit_first, .. } => Some(format!(
+            "literal={}{}",
+            lit.to_source(),
+            if *lit_first { ", first" } else { "" }
+        )),
+        ExprKind::WhereLit { a, b } => Some(format!(
+            "a={}, b={}",
+            a.map_or("tensor".to_string(), |l| l.to_source()),
+            b.map_or("tensor".to_string(), |l| l.to_source())
+        )),
         ExprKind::Reduction { axes, .. } => Some(format!("axes={{{}}}", list(axes))),
         ExprKind::Broadcast { axes } => Some(format!("new_axes={{{}}}", list(axes))),
         ExprKind::Squeeze { axes } => Some(format!("axes={{{}}}", list(axes))),

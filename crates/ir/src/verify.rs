@@ -120,6 +120,27 @@ fn check_expr(f: &Fusion, e: crate::ids::ExprId) -> IrResult<()> {
                 )));
             }
         }
+        ExprKind::BinaryLit { op: b, .. } => {
+            let want = if b.is_comparison() {
+                DType::Bool
+            } else {
+                in_dtypes[0]
+            };
+            if out_tv.dtype != want {
+                return Err(Diagnostic::new(format!(
+                    "{op} output `{}` is {} but should be {want}",
+                    out_tv.name, out_tv.dtype
+                )));
+            }
+        }
+        ExprKind::WhereLit { .. } => {
+            if in_dtypes.len() != 2 || in_dtypes[0] != DType::Bool || out_tv.dtype != in_dtypes[1] {
+                return Err(Diagnostic::new(format!(
+                    "where `{}` needs a bool condition and one tensor operand of its dtype",
+                    out_tv.name
+                )));
+            }
+        }
         ExprKind::Cast(d) => {
             if out_tv.dtype != *d {
                 return Err(Diagnostic::new(format!(

@@ -648,7 +648,7 @@ pub fn slices(mesh: &DeviceMesh, pt: ParallelType, root: Option<RootKind>) -> Ve
     let mut out = Vec::new();
     for start in 0..n {
         // A slice starts at every flat index whose coordinate along `axis` is 0.
-        if (start / stride) % len != 0 {
+        if !(start / stride).is_multiple_of(len) {
             continue;
         }
         let team = (0..len)

@@ -1,77 +1,145 @@
 //! The Python extension module `streamweave._native`: loading fusions, compiling them into
 //! executables, dumping the pass pipeline, running executables on the CPU backend with
-//! simulated ranks on tensors handed over as little-endian bytes of their own element type
-//! (no `f64` round trip: a dtype the signature does not take raises `TypeError`), and on
-//! GPUs in a [`CudaSession`] on device buffers handed over by address (PyTorch CUDA
-//! tensors, no copy, on PyTorch's current stream). The Python package `streamweave`, in python/, wraps it with
-//! NumPy and PyTorch. Every error becomes a `streamweave.StreamweaveError` carrying the same
-//! message as the command line prints (file:line:col, tensor, rank).
+//! simulated ranks on arrays handed over in place (the address of a C-contiguous array of
+//! their own element type, read once into the tensor: no `f64` round trip, no bytes object
+//! in between; a dtype the signature does not take raises `TypeError`), outputs handed back
+//! as `bytearray`s of their own element type (bf16 as its bits) that NumPy views without a
+//! copy, and on GPUs in a [`CudaSession`] on device buffers handed over by address (PyTorch
+//! CUDA tensors, or any DLPack tensor made one, no copy, on PyTorch's current stream). The
+//! Python package `streamweave`, in python/, wraps it with NumPy and PyTorch.
+//!
+//! Every error is raised as one of the classes of `streamweave._errors` (each a
+//! `StreamweaveError` and the built-in kind it is: `TypeError`, `ValueError`, `KeyError`,
+//! `FileNotFoundError`, `RuntimeError`) carrying the message the command line prints
+//! (file:line:col, tensor, rank). The run defaults (`run_defaults`), the op table
+//! (`op_table`) and the version come from the Rust crates, so that Python follows them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyTypeError};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyTuple, PyType};
+use pyo3::types::{PyByteArray, PyDict};
 use streamweave::cuda::{ForeignStream, Gpu};
 use streamweave::executor::dense::Dense;
-use streamweave::executor::timeline::chrome_trace;
+use streamweave::executor::timeline::{chrome_trace, svg};
 use streamweave::half::{bf16, f16};
-use streamweave::ir::{DType, Fusion};
+use streamweave::ir::{BinaryOp, DType, Fusion, ReduceOp, UnaryOp};
 use streamweave::passes::{manager::render, DumpFlags, Ir, PassManager};
 use streamweave::{
     Buffer, Compiler, CudaSession, Data, Executable, RankCall, RunOptions, Target, Tensor,
 };
 
-create_exception!(
-    streamweave,
-    StreamweaveError,
-    PyException,
-    "A fusion that does not load or compile, inputs that do not fit, or a run that fails; \
-     the message names the place (file:line:col, tensor, rank)."
-);
-
-fn error(e: impl std::fmt::Display) -> PyErr {
-    StreamweaveError::new_err(e.to_string())
+/// The Python class (of `streamweave._errors`) an error is raised as.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// `DTypeError` (a `TypeError`): a dtype the program does not take.
+    DType,
+    /// `ArgumentValueError` (a `ValueError`): an option or a value out of range.
+    ArgumentValue,
+    /// `ShapeError` (a `ValueError`): a tensor of another shape or size.
+    Shape,
+    /// `InputNameError` (a `KeyError`): an input or output the program does not have.
+    Name,
+    /// `FusionError` (a `ValueError`): a fusion that does not load or compile.
+    Fusion,
+    /// `FusionFileNotFoundError` (a `FileNotFoundError`): no such `.weave` file.
+    NotFound,
+    /// `RunError` (a `RuntimeError`): a run that fails.
+    Run,
 }
 
-/// `streamweave.DTypeError`: both a `TypeError` and a [`StreamweaveError`] (one class with
-/// two bases, made when the module loads).
-static DTYPE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+impl Kind {
+    fn class_name(self) -> &'static str {
+        match self {
+            Kind::DType => "DTypeError",
+            Kind::ArgumentValue => "ArgumentValueError",
+            Kind::Shape => "ShapeError",
+            Kind::Name => "InputNameError",
+            Kind::Fusion => "FusionError",
+            Kind::NotFound => "FusionFileNotFoundError",
+            Kind::Run => "RunError",
+        }
+    }
+}
 
-/// The class of [`DTYPE_ERROR`].
-fn dtype_error_type(py: Python<'_>) -> PyResult<&Py<PyType>> {
-    DTYPE_ERROR.get_or_try_init(py, || {
-        let namespace = PyDict::new(py);
-        namespace.set_item("__module__", "streamweave")?;
-        namespace.set_item(
-            "__doc__",
-            "An input of a dtype (or kind) the program does not take: a TypeError naming the \
-             input and both dtypes, and a StreamweaveError.",
-        )?;
-        let bases = PyTuple::new(
-            py,
-            [
-                py.get_type::<StreamweaveError>(),
-                py.get_type::<PyTypeError>(),
-            ],
-        )?;
+/// A `streamweave._errors` exception of `kind` carrying `message` (the class takes the
+/// message as its one argument).
+fn raise(kind: Kind, message: impl std::fmt::Display) -> PyErr {
+    let message = message.to_string();
+    Python::attach(|py| {
         let class = py
-            .get_type::<PyType>()
-            .call1(("DTypeError", bases, namespace))?
-            .cast_into::<PyType>()?;
-        Ok(class.unbind())
+            .import("streamweave._errors")
+            .and_then(|m| m.getattr(kind.class_name()));
+        match class.and_then(|c| c.call1((message.clone(),))) {
+            Ok(instance) => PyErr::from_value(instance),
+            Err(_) => PyRuntimeError::new_err(message),
+        }
     })
 }
 
-/// A `streamweave.DTypeError` (a `TypeError`) carrying `message`.
-fn dtype_error(py: Python<'_>, message: String) -> PyErr {
-    match dtype_error_type(py) {
-        Ok(class) => PyErr::from_type(class.bind(py).clone(), message),
-        Err(_) => PyTypeError::new_err(message),
-    }
+/// The class of a facade error: a fusion that does not load or compile is a `FusionError`, a
+/// tensor that does not fit a `ShapeError`, a run the options do not fit (too few ranks) an
+/// `ArgumentValueError`, any other failed run a `RunError`.
+fn error(e: streamweave::Error) -> PyErr {
+    use streamweave::run::RunError;
+    use streamweave::Error as E;
+    #[allow(unreachable_patterns)]
+    let kind = match &e {
+        E::Load(_) | E::Compile(_) | E::Program(_) => Kind::Fusion,
+        E::Input { .. } => Kind::Shape,
+        E::Run(RunError::Setup(_)) => Kind::ArgumentValue,
+        E::Run(_) => Kind::Run,
+        _ => Kind::Run,
+    };
+    raise(kind, e)
+}
+
+/// The op names of the `.weave` format with how each takes its arguments (`unary`: one
+/// tensor; `binary`: two operands, each a tensor or a number; `where`: a tensor and two
+/// operands; `cast`: a tensor and a dtype; `reduce`: a tensor and
+/// axes; `broadcast`, `squeeze`: a tensor and axes; `permute`: a tensor and a permutation;
+/// `reshape`: a tensor and a shape; `matmul`: two tensors; `linear`: two or three), derived
+/// from the IR's op tables, so an op added there appears in Python's builder. An op that
+/// takes its arguments in a new way needs one line here.
+#[pyfunction]
+fn op_table() -> Vec<(&'static str, &'static str)> {
+    let mut v = vec![("set", "unary"), ("segment_set", "unary"), ("cast", "cast")];
+    v.extend(UnaryOp::ALL.iter().map(|u| (u.name(), "unary")));
+    v.extend(BinaryOp::ALL.iter().map(|b| (b.name(), "binary")));
+    v.push(("where", "where"));
+    v.extend(ReduceOp::ALL.iter().map(|r| (r.name(), "reduce")));
+    // The parser's one op that is no IR op: a sum divided by the count of what it adds.
+    v.push(("mean", "reduce"));
+    v.extend([
+        ("broadcast", "broadcast"),
+        ("squeeze", "squeeze"),
+        ("permute", "permute"),
+        ("reshape", "reshape"),
+        ("matmul", "matmul"),
+        ("linear", "linear"),
+    ]);
+    v
+}
+
+/// The dtype names of the `.weave` format (`bf16`, `f16`, `f32`, `f64`, `i64`, `bool`).
+#[pyfunction]
+fn dtype_names() -> Vec<&'static str> {
+    DType::ALL.iter().map(|d| d.name()).collect()
+}
+
+/// The defaults of a run, as [`RunOptions::default`] has them: the Python API takes the same
+/// (`check`, `races`, `trace`, `streams`, `timeout_secs`).
+#[pyfunction]
+fn run_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let o = RunOptions::default();
+    let d = PyDict::new(py);
+    d.set_item("check", o.check)?;
+    d.set_item("races", o.check_races)?;
+    d.set_item("trace", o.trace)?;
+    d.set_item("streams", o.streams)?;
+    d.set_item("timeout_secs", o.timeout.as_secs_f64())?;
+    Ok(d)
 }
 
 /// A loaded fusion (the user's global program).
@@ -122,11 +190,11 @@ impl NativeFusion {
             dump_dir: None,
             weave_dump: None,
         };
-        let manager = PassManager::from_flags(&flags).map_err(error)?;
+        let manager = PassManager::from_flags(&flags).map_err(|e| raise(Kind::ArgumentValue, e))?;
         let mut out: Vec<u8> = Vec::new();
         let ir = manager
             .run_with_output(Ir::Fusion(self.fusion.clone()), &mut out)
-            .map_err(error)?;
+            .map_err(|e| raise(Kind::Fusion, e))?;
         let mut text = String::from_utf8_lossy(&out).into_owned();
         text.push_str(&render(&ir));
         Ok(text)
@@ -142,20 +210,21 @@ struct NativeExecutable {
 /// One entry of a signature: name, dtype name and global shape.
 type Sig = (String, String, Vec<usize>);
 
-/// A tensor handed over: name, the NumPy name of its element type (`float32`, `int64`,
-/// `bfloat16`, `complex128`, ...), shape and its values as little-endian bytes of that type.
-type Handed<'py> = (String, String, Vec<usize>, Bound<'py, PyBytes>);
+/// A tensor handed over in place: name, the NumPy name of its element type (`float32`,
+/// `int64`, `bfloat16`, `complex128`, ...), shape, the address of its first element and its
+/// size in bytes, and the array itself (held for the call, so that the address stays valid).
+/// The Python wrapper hands only C-contiguous little-endian arrays.
+type Handed<'py> = (String, String, Vec<usize>, usize, usize, Bound<'py, PyAny>);
 
-/// What a run hands back: the outputs (name, dtype name, shape and little-endian bytes of
-/// the dtype, a bf16 output widened to `f32`), whether every check passed, the largest error
-/// against the reference, the races found and the Chrome trace JSON when asked for.
-type RunOutcome<'py> = (
-    Vec<(String, String, Vec<usize>, Bound<'py, PyBytes>)>,
-    bool,
-    f64,
-    usize,
-    Option<String>,
-);
+/// An output handed back: name, the NumPy name of its element type (`bfloat16` for bf16,
+/// whose bits the bytes are), shape and its values as little-endian bytes of that type, in a
+/// `bytearray` that NumPy views without a copy.
+type Output<'py> = (String, String, Vec<usize>, Bound<'py, PyByteArray>);
+
+/// What a run hands back: the outputs, whether every check passed, the largest error
+/// against the reference, the races found, and when asked for the Chrome trace JSON and its
+/// SVG timeline.
+type RunOutcome<'py> = (Vec<Output<'py>>, bool, f64, usize, Option<(String, String)>);
 
 /// The dtype of a NumPy element type name, when the programs have one.
 fn dtype_of_numpy(name: &str) -> Option<DType> {
@@ -215,12 +284,25 @@ fn data_of(dtype: DType, bytes: &[u8]) -> Data {
     }
 }
 
-/// The input `name` of `spec` dtype from the value handed over (`numpy` names its element
+/// The `len` bytes at `address`, which the caller holds for the call.
+#[allow(unsafe_code)]
+fn borrowed_bytes<'a>(_owner: &'a Bound<'_, PyAny>, address: usize, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the Python wrapper passes `array.ctypes.data` and `array.nbytes` of the
+    // C-contiguous NumPy array `owner`, which this call holds (so it is neither freed nor
+    // resized), and the GIL is held while the bytes are read (no Python code writes them
+    // meanwhile); `u8` has no alignment requirement.
+    unsafe { std::slice::from_raw_parts(address as *const u8, len) }
+}
+
+/// The input `name` of `spec` dtype from the array handed over (`numpy` names its element
 /// type): the exact values when the dtypes agree; a float array for a bf16 input rounded to
-/// bf16 (nearest even, the documented conversion: NumPy has no bf16); a `TypeError` naming
-/// the input and both dtypes otherwise, worded as [`Executable::bind`]'s refusal.
+/// bf16 (nearest even, the documented conversion for arrays without `ml_dtypes`); a
+/// `DTypeError` naming the input and both dtypes otherwise, worded as
+/// [`Executable::bind`]'s refusal.
 fn input_tensor(
-    py: Python<'_>,
     name: &str,
     spec: DType,
     numpy: &str,
@@ -233,8 +315,8 @@ fn input_tensor(
         } else {
             ""
         };
-        dtype_error(
-            py,
+        raise(
+            Kind::DType,
             format!("input `{name}`: is {given} but the program takes {spec}{why}"),
         )
     };
@@ -242,43 +324,76 @@ fn input_tensor(
     let numel = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
     let width = streamweave::executor::dense::elem_bytes(given);
     if numel.and_then(|n| n.checked_mul(width)) != Some(bytes.len()) {
-        return Err(error(format!(
-            "input `{name}`: {} bytes do not hold a {numpy} array of shape {shape:?}",
-            bytes.len()
-        )));
+        return Err(raise(
+            Kind::Shape,
+            format!(
+                "input `{name}`: {} bytes do not hold a {numpy} array of shape {shape:?}",
+                bytes.len()
+            ),
+        ));
     }
     let data = data_of(given, bytes);
     let data = if given == spec {
         data
     } else if spec == DType::BF16 && matches!(given, DType::F16 | DType::F32 | DType::F64) {
         let dense = Dense::new(DType::BF16, shape.to_vec(), data.to_f64())
-            .map_err(|m| error(format!("input `{name}`: {m}")))?
+            .map_err(|m| raise(Kind::Shape, format!("input `{name}`: {m}")))?
             .rounded();
         return Ok(Tensor::from_dense(&dense));
     } else {
         return Err(mismatch(given.name()));
     };
     if let Some((i, x)) = beyond_exact(&data) {
-        return Err(error(format!(
-            "input `{name}`: element {i} is {x}, beyond ±(2^53 - 1): the CPU backend computes \
-             in f64, which holds i64 values exactly only below 2^53 in magnitude"
-        )));
+        return Err(raise(
+            Kind::ArgumentValue,
+            format!(
+                "input `{name}`: element {i} is {x}, beyond ±(2^53 - 1): the CPU backend \
+                 computes in f64, which holds i64 values exactly only below 2^53 in magnitude"
+            ),
+        ));
     }
-    Tensor::new(shape.to_vec(), data).map_err(|e| error(format!("input `{name}`: {e}")))
+    Tensor::new(shape.to_vec(), data)
+        .map_err(|e| raise(Kind::Shape, format!("input `{name}`: {e}")))
 }
 
-/// A tensor's values as little-endian bytes of its dtype (bf16 widened to `f32`, exactly).
-fn bytes_of(data: &Data) -> Vec<u8> {
-    fn flat<const N: usize, T: Copy>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
-        v.iter().flat_map(|x| f(*x)).collect()
+/// The NumPy name of the element type an output of `dtype` is handed back in.
+fn numpy_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        DType::F32 => "float32",
+        DType::F64 => "float64",
+        DType::I64 => "int64",
+        DType::Bool => "bool",
+    }
+}
+
+/// The size in bytes of `data` as little-endian elements of its dtype.
+fn byte_len(data: &Data) -> usize {
+    match data {
+        Data::F32(v) => v.len() * 4,
+        Data::F64(v) => v.len() * 8,
+        Data::I64(v) => v.len() * 8,
+        Data::BF16(v) => v.len() * 2,
+        Data::F16(v) => v.len() * 2,
+        Data::Bool(v) => v.len(),
+    }
+}
+
+/// Writes `data` into `out` as little-endian elements of its dtype (bf16 as its bits).
+fn write_bytes(data: &Data, out: &mut [u8]) {
+    fn put<const N: usize, T: Copy>(v: &[T], out: &mut [u8], f: impl Fn(T) -> [u8; N]) {
+        for (chunk, x) in out.chunks_exact_mut(N).zip(v) {
+            chunk.copy_from_slice(&f(*x));
+        }
     }
     match data {
-        Data::F32(v) => flat(v, f32::to_le_bytes),
-        Data::F64(v) => flat(v, f64::to_le_bytes),
-        Data::BF16(v) => flat(v, |x| x.to_f32().to_le_bytes()),
-        Data::F16(v) => flat(v, |x| x.to_bits().to_le_bytes()),
-        Data::I64(v) => flat(v, i64::to_le_bytes),
-        Data::Bool(v) => v.iter().map(|b| u8::from(*b)).collect(),
+        Data::F32(v) => put(v, out, f32::to_le_bytes),
+        Data::F64(v) => put(v, out, f64::to_le_bytes),
+        Data::BF16(v) => put(v, out, |x| x.to_bits().to_le_bytes()),
+        Data::F16(v) => put(v, out, |x| x.to_bits().to_le_bytes()),
+        Data::I64(v) => put(v, out, i64::to_le_bytes),
+        Data::Bool(v) => put(v, out, |b| [u8::from(b)]),
     }
 }
 
@@ -323,35 +438,41 @@ impl NativeExecutable {
     /// Opens a GPU session: every rank in this process on `devices` (rank r on GPU
     /// `devices[r]`), or, with `launched`, this process as one rank of the world that
     /// torchrun (or another launcher) describes in the environment. Opening joins NCCL.
-    #[pyo3(signature = (devices=None, launched=false, streams=2, races=false, trace=false, timeout_secs=60.0))]
+    /// An option left out takes [`RunOptions::default`]'s value.
+    #[pyo3(signature = (devices=None, launched=false, streams=None, races=None, trace=None, timeout_secs=None))]
     #[allow(clippy::too_many_arguments)]
     fn cuda_session(
         &self,
         py: Python<'_>,
         devices: Option<Vec<usize>>,
         launched: bool,
-        streams: usize,
-        races: bool,
-        trace: bool,
-        timeout_secs: f64,
+        streams: Option<usize>,
+        races: Option<bool>,
+        trace: Option<bool>,
+        timeout_secs: Option<f64>,
     ) -> PyResult<NativeSession> {
-        let timeout = timeout(timeout_secs)?;
+        let defaults = RunOptions::default();
+        let trace = trace.unwrap_or(defaults.trace);
         let options = RunOptions {
             target: Target::Cuda { ranks: 1 },
-            streams,
-            check_races: races,
+            streams: streams.unwrap_or(defaults.streams),
+            check_races: races.unwrap_or(defaults.check_races),
             trace,
-            timeout,
-            ..RunOptions::default()
+            timeout: match timeout_secs {
+                Some(secs) => timeout(secs)?,
+                None => defaults.timeout,
+            },
+            ..defaults
         };
         let exe = self.exe.clone();
         let session = if launched {
             let env = streamweave::comm::bootstrap::LaunchEnv::from_lookup(|name| {
                 std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
             })
-            .map_err(error)?
+            .map_err(|e| raise(Kind::ArgumentValue, e))?
             .ok_or_else(|| {
-                error(
+                raise(
+                    Kind::ArgumentValue,
                     "launched=True, but no launcher variable (RANK and WORLD_SIZE of torchrun, \
                      or Open MPI's, PMI's or Slurm's) is set",
                 )
@@ -367,26 +488,26 @@ impl NativeExecutable {
 
     /// Runs on the CPU backend with `ranks` simulated ranks (threads) on the named global
     /// inputs, each of its signature's dtype exactly (a float array for a bf16 input is
-    /// rounded to bf16; any other dtype raises `TypeError`); returns the global outputs in
-    /// their dtype (a bf16 one widened to `f32`), whether
-    /// every check passed, the largest error against the reference (0 without `check`), the
-    /// races found (with `races`), and the Chrome trace JSON (with `trace`). The GIL is
-    /// released while the ranks run.
-    #[pyo3(signature = (inputs, ranks=1, check=true, races=false, trace=false, streams=2, timeout_secs=60.0))]
+    /// rounded to bf16; any other dtype raises `DTypeError`); returns the global outputs in
+    /// their dtype (bf16 as its bits, named `bfloat16`), whether every check passed, the
+    /// largest error against the reference (0 without `check`), the races found (with
+    /// `races`), and the Chrome trace JSON and SVG timeline (with `trace`). An option left
+    /// out takes [`RunOptions::default`]'s value. The GIL is released while the ranks run.
+    #[pyo3(signature = (inputs, ranks=1, check=None, races=None, trace=None, streams=None, timeout_secs=None))]
     #[allow(clippy::too_many_arguments)]
     fn run<'py>(
         &self,
         py: Python<'py>,
         inputs: Vec<Handed<'py>>,
         ranks: usize,
-        check: bool,
-        races: bool,
-        trace: bool,
-        streams: usize,
-        timeout_secs: f64,
+        check: Option<bool>,
+        races: Option<bool>,
+        trace: Option<bool>,
+        streams: Option<usize>,
+        timeout_secs: Option<f64>,
     ) -> PyResult<RunOutcome<'py>> {
         let mut tensors = Vec::with_capacity(inputs.len());
-        for (name, numpy, shape, bytes) in &inputs {
+        for (name, numpy, shape, address, len, owner) in &inputs {
             let spec = self
                 .exe
                 .inputs()
@@ -395,22 +516,30 @@ impl NativeExecutable {
                 .ok_or_else(|| {
                     let known: Vec<&str> =
                         self.exe.inputs().iter().map(|s| s.name.as_str()).collect();
-                    error(format!(
-                        "input `{name}`: the program has no such input (it has: {})",
-                        known.join(", ")
-                    ))
+                    raise(
+                        Kind::Name,
+                        format!(
+                            "input `{name}`: the program has no such input (it has: {})",
+                            known.join(", ")
+                        ),
+                    )
                 })?;
-            let tensor = input_tensor(py, name, spec.dtype, numpy, shape, bytes.as_bytes())?;
+            let bytes = borrowed_bytes(owner, *address, *len);
+            let tensor = input_tensor(name, spec.dtype, numpy, shape, bytes)?;
             tensors.push((name.clone(), tensor));
         }
+        let defaults = RunOptions::default();
         let options = RunOptions {
             target: Target::Cpu { ranks },
-            streams,
-            check,
-            check_races: races,
-            trace,
-            timeout: timeout(timeout_secs)?,
-            ..RunOptions::default()
+            streams: streams.unwrap_or(defaults.streams),
+            check: check.unwrap_or(defaults.check),
+            check_races: races.unwrap_or(defaults.check_races),
+            trace: trace.unwrap_or(defaults.trace),
+            timeout: match timeout_secs {
+                Some(secs) => timeout(secs)?,
+                None => defaults.timeout,
+            },
+            ..defaults
         };
         let exe = &self.exe;
         let report = py
@@ -423,34 +552,48 @@ impl NativeExecutable {
         let passed = report.passed();
         let max_error = report.max_abs_error();
         let race_count = report.races();
-        let trace_json = trace.then(|| chrome_trace(&report.rank_spans()));
-        let outputs = report.into_outputs().map_err(error)?;
+        let traced = options.trace.then(|| {
+            let spans = report.rank_spans();
+            (chrome_trace(&spans), svg(&spans))
+        });
+        let outputs = report
+            .into_outputs()
+            .map_err(|e| error(streamweave::Error::Run(e)))?;
         let mut out = Vec::with_capacity(outputs.len());
         for (name, t) in outputs.iter() {
             if let Some((i, x)) = beyond_exact(t.data()) {
-                return Err(error(format!(
-                    "output `{name}`: element {i} is {x}, beyond ±(2^53 - 1): the CPU \
-                     backend computes in f64, which holds i64 values exactly only below 2^53 \
-                     in magnitude, so it may have been rounded"
-                )));
+                return Err(raise(
+                    Kind::ArgumentValue,
+                    format!(
+                        "output `{name}`: element {i} is {x}, beyond ±(2^53 - 1): the CPU \
+                         backend computes in f64, which holds i64 values exactly only below \
+                         2^53 in magnitude, so it may have been rounded"
+                    ),
+                ));
             }
+            let data = t.data();
+            let bytes = PyByteArray::new_with(py, byte_len(data), |buf| {
+                write_bytes(data, buf);
+                Ok(())
+            })?;
             out.push((
                 name.to_string(),
-                t.dtype().name().to_string(),
+                numpy_name(t.dtype()).to_string(),
                 t.sizes().to_vec(),
-                PyBytes::new(py, &bytes_of(t.data())),
+                bytes,
             ));
         }
-        Ok((out, passed, max_error, race_count, trace_json))
+        Ok((out, passed, max_error, race_count, traced))
     }
 }
 
 /// A timeout given in seconds: positive and finite (a huge one is capped).
 fn timeout(secs: f64) -> PyResult<Duration> {
     if !(secs.is_finite() && secs > 0.0) {
-        return Err(error(format!(
-            "timeout_secs must be a positive number of seconds, not {secs}"
-        )));
+        return Err(raise(
+            Kind::ArgumentValue,
+            format!("timeout_secs must be a positive number of seconds, not {secs}"),
+        ));
     }
     Ok(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
 }
@@ -503,11 +646,14 @@ impl NativeSession {
     fn calls(&self, calls: &[CallArg]) -> PyResult<Vec<RankCall>> {
         let ranks = self.session.ranks();
         if calls.len() != ranks.len() {
-            return Err(error(format!(
-                "{} rank call(s) were given for the {} rank(s) of this process",
-                calls.len(),
-                ranks.len()
-            )));
+            return Err(raise(
+                Kind::ArgumentValue,
+                format!(
+                    "{} rank call(s) were given for the {} rank(s) of this process",
+                    calls.len(),
+                    ranks.len()
+                ),
+            ));
         }
         let mut out = Vec::with_capacity(calls.len());
         for (((inputs, outputs, stream), (rank, gpu)), (lin, lout)) in
@@ -515,11 +661,14 @@ impl NativeSession {
         {
             let buffers = |what: &str, ptrs: &[u64], layouts: &[Layout]| {
                 if ptrs.len() != layouts.len() {
-                    return Err(error(format!(
-                        "rank {rank}: {} {what} address(es) for {} {what}s",
-                        ptrs.len(),
-                        layouts.len()
-                    )));
+                    return Err(raise(
+                        Kind::ArgumentValue,
+                        format!(
+                            "rank {rank}: {} {what} address(es) for {} {what}s",
+                            ptrs.len(),
+                            layouts.len()
+                        ),
+                    ));
                 }
                 Ok(ptrs
                     .iter()
@@ -632,27 +781,38 @@ impl NativeSession {
 #[pyfunction]
 #[pyo3(signature = (file, source, overrides=Vec::new()))]
 fn load_source(file: &str, source: &str, overrides: Vec<(String, i64)>) -> PyResult<NativeFusion> {
-    let fusion = streamweave::load(file, source, &overrides).map_err(error)?;
+    let fusion = streamweave::load(file, source, &overrides).map_err(|e| raise(Kind::Fusion, e))?;
     Ok(NativeFusion { fusion })
 }
 
-/// Loads a fusion from a `.weave` file with parameter overrides.
+/// Loads a fusion from a `.weave` file with parameter overrides; a path that names nothing
+/// raises `FusionFileNotFoundError` (a `FileNotFoundError`).
 #[pyfunction]
 #[pyo3(signature = (path, overrides=Vec::new()))]
 fn load_file(path: std::path::PathBuf, overrides: Vec<(String, i64)>) -> PyResult<NativeFusion> {
-    let fusion = streamweave::load_file(&path, &overrides).map_err(error)?;
+    if let Err(e) = std::fs::metadata(&path) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Err(raise(
+                Kind::NotFound,
+                format!("{}: no such file", path.display()),
+            ));
+        }
+    }
+    let fusion = streamweave::load_file(&path, &overrides).map_err(|e| raise(Kind::Fusion, e))?;
     Ok(NativeFusion { fusion })
 }
 
 /// The module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("StreamweaveError", m.py().get_type::<StreamweaveError>())?;
-    m.add("DTypeError", dtype_error_type(m.py())?.clone_ref(m.py()))?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<NativeFusion>()?;
     m.add_class::<NativeExecutable>()?;
     m.add_class::<NativeSession>()?;
     m.add_function(wrap_pyfunction!(load_source, m)?)?;
     m.add_function(wrap_pyfunction!(load_file, m)?)?;
+    m.add_function(wrap_pyfunction!(op_table, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
+    m.add_function(wrap_pyfunction!(run_defaults, m)?)?;
     Ok(())
 }

@@ -26,7 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use weave_comm::Communicator;
-use weave_executor::reference::{compare, run_reference};
+use weave_executor::reference::{
+    compare_with, keep_in_domain, output_tolerances, run_reference, Tolerance,
+};
 use weave_executor::{Backend, BufferRun, Dense, RankRun, RunConfig};
 use weave_host_ir::{HostProgram, Signature, TensorSig};
 use weave_ir::{Fusion, ParamRole};
@@ -37,12 +39,36 @@ use crate::run::{OutputCheck, RunError, RunOptions, RunReport, Target};
 use crate::tensor::{Outputs, Tensor};
 use crate::LoadError;
 
-/// Everything that can go wrong between a fusion and its outputs.
-#[derive(Debug, thiserror::Error)]
+/// Everything that can go wrong between a fusion and its outputs: the one error type of the
+/// facade. Every error of the crate's API converts into it with `?` ([`LoadError`],
+/// [`weave_passes::PipelineError`], [`RunError`], a [`weave_ir::Diagnostic`] of a fusion
+/// built in Rust), so a program's `main` can return it.
+///
+/// Its `Debug` form is its `Display` form, the message a user reads, because that is what
+/// `main` prints when it returns `Err` (`Error: input `x`: …`); the alternate form (`{:#?}`)
+/// shows the variant and its fields.
+///
+/// ```
+/// fn main() -> Result<(), streamweave::Error> {
+///     let err = streamweave::Compiler::new()
+///         .compile_source("bad.weave", "fusion f() {\n  tensor x: f99[4]\n}")
+///         .unwrap_err();
+///     let shown = format!("{err:?}");
+///     assert_eq!(shown, err.to_string());
+///     assert!(shown.contains("bad.weave:2:"), "{shown}");
+///     Ok(())
+/// }
+/// ```
+#[derive(thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The fusion text does not load (with file:line:col).
     #[error("{0}")]
     Load(#[from] LoadError),
+    /// A fusion built or changed in Rust ([`weave_ir::Fusion`]'s builder,
+    /// [`Fusion::set_param`]) is refused.
+    #[error("{}", .0.message)]
+    Fusion(#[from] weave_ir::Diagnostic),
     /// The pass pipeline failed.
     #[error("{0}")]
     Compile(#[from] weave_passes::PipelineError),
@@ -60,6 +86,28 @@ pub enum Error {
     /// Setting up or running the ranks failed.
     #[error("{0}")]
     Run(#[from] RunError),
+}
+
+/// The message, as `Display` writes it (see [`Error`]); `{:#?}` gives the variant and its
+/// fields.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !f.alternate() {
+            return std::fmt::Display::fmt(self, f);
+        }
+        match self {
+            Error::Load(e) => f.debug_tuple("Load").field(e).finish(),
+            Error::Fusion(e) => f.debug_tuple("Fusion").field(e).finish(),
+            Error::Compile(e) => f.debug_tuple("Compile").field(e).finish(),
+            Error::Program(e) => f.debug_tuple("Program").field(e).finish(),
+            Error::Input { tensor, message } => f
+                .debug_struct("Input")
+                .field("tensor", tensor)
+                .field("message", message)
+                .finish(),
+            Error::Run(e) => f.debug_tuple("Run").field(e).finish(),
+        }
+    }
 }
 
 /// How a [`Compiler`] picks the chunk count of the fusion's chunk-count parameter.
@@ -398,9 +446,13 @@ impl Executable {
     /// Seeded random global inputs, one per signature input. Their sizes are checked first
     /// ([`Executable::check_memory`]): a shape whose element count overflows, or inputs that
     /// do not fit in the host memory available, are an error naming the tensor and the bytes.
+    ///
+    /// Where the program carries its definition, values stay inside the domains of the ops
+    /// that read them ([`keep_in_domain`]): the divisor of an integer `div` has no zeros, the
+    /// exponent of an integer `pow` and the operand of `log` or `sqrt` no negative values.
     pub fn random_inputs(&self, seed: u64) -> Result<Vec<Dense>, Error> {
         self.check_memory(0)?;
-        Ok(self
+        let mut inputs: Vec<Dense> = self
             .inputs()
             .iter()
             .enumerate()
@@ -411,7 +463,11 @@ impl Executable {
                     seed.wrapping_add(k as u64 * 0x9e37_79b9),
                 )
             })
-            .collect())
+            .collect();
+        if let Some(def) = &self.signature().definition {
+            keep_in_domain(def, &mut inputs);
+        }
+        Ok(inputs)
     }
 
     /// Checks, before anything is allocated, that the global inputs and `ranks` ranks' shards
@@ -577,8 +633,16 @@ impl Executable {
         run_reference(&def, globals).map_err(|m| Error::Run(RunError::Reference(m)))
     }
 
-    /// Compares every rank's outputs with the shards of the reference outputs it holds.
+    /// Compares every rank's outputs with the shards of the reference outputs it holds, each
+    /// at the tolerance of its dtype loosened by the least precise rounding on its path
+    /// ([`output_tolerances`] of the definition).
     pub fn check(&self, reference: &[Dense], runs: &[RankRun]) -> Result<Vec<OutputCheck>, Error> {
+        let tolerances = self
+            .signature()
+            .definition
+            .as_ref()
+            .map(output_tolerances)
+            .unwrap_or_default();
         let mut checks = Vec::new();
         for (k, s) in self.outputs().iter().enumerate() {
             let want = reference.get(k).ok_or_else(|| {
@@ -596,7 +660,11 @@ impl Executable {
                 let got = run.outputs.get(k).ok_or_else(|| {
                     Error::Program(format!("rank {rank} returned no output `{}`", s.name))
                 })?;
-                let mut comparison = compare(&got.data, &expected, want.dtype);
+                let tol = tolerances
+                    .get(k)
+                    .copied()
+                    .unwrap_or_else(|| Tolerance::for_dtype(want.dtype));
+                let mut comparison = compare_with(&got.data, &expected, tol);
                 if got.data.len() != expected.len() {
                     comparison.ok = false;
                 }
@@ -746,8 +814,12 @@ impl Executable {
             None => {
                 let tune_options =
                     crate::tune::TuneOptions::first_run(ranks, &machine, None, budget);
+                #[cfg(feature = "cuda")]
                 let mut measure =
                     crate::measure::WorldMeasure::open(ranks, 3, 10, options.timeout)?;
+                #[cfg(not(feature = "cuda"))]
+                let mut measure =
+                    crate::tune::RunMeasure::new(Target::Cuda { ranks }, 3, 10, options.timeout);
                 let tuning = crate::tune::tune(&fusion, &tune_options, &mut measure)
                     .map_err(|e| e.to_string())?;
                 drop(measure);
@@ -786,7 +858,12 @@ impl Executable {
             (None, Duration::ZERO)
         };
         let config = self.config(options);
+        #[cfg(not(feature = "cuda"))]
+        if options.target.is_cuda() {
+            return Err(RunError::Setup(crate::run::NO_CUDA.to_string()).into());
+        }
         let (runs, run_time, all) = match &options.target {
+            #[cfg(feature = "cuda")]
             Target::Launched(env) => {
                 let inputs = self.shard_inputs(globals, env.rank)?;
                 let l = crate::gpu::run_launched(&self.program, &config, inputs, options, env)?;
@@ -796,9 +873,15 @@ impl Executable {
                 let per_rank = (0..ranks)
                     .map(|r| self.shard_inputs(globals, r))
                     .collect::<Result<Vec<_>, _>>()?;
+                #[cfg(feature = "cuda")]
                 let (runs, time) = if target.is_cuda() {
                     crate::gpu::run_threads(&self.program, &config, per_rank, options)?
                 } else {
+                    crate::run::run_local(&self.program, &config, per_rank, options)?
+                };
+                #[cfg(not(feature = "cuda"))]
+                let (runs, time) = {
+                    let _ = target;
                     crate::run::run_local(&self.program, &config, per_rank, options)?
                 };
                 (runs, time, true)

@@ -109,7 +109,8 @@ fn run_one(
     let run = match link {
         Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
         Link::Ipc(_) | Link::Windows(_) => {
-            let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), IpcOptions::default(), |card| {
+            let windows = IpcOptions::from_env().map_err(ExecError::Program)?;
+            let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), windows, |card| {
                 if let Link::Windows(exchange) = link {
                     exchange
                         .all_gather_as(rank, options.timeout, card)

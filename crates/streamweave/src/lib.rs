@@ -12,6 +12,69 @@
 //! runs an executable again and again on GPU buffers the caller owns (PyTorch tensors), on
 //! the caller's stream, without copies.
 //!
+//!
+//! # Example: compile once, run twice
+//!
+//! A row-parallel linear layer `y = x · wᵀ`: the contraction axis of `x` and `w` split across
+//! two ranks, the rows of `x` cut into two stream chunks, the partial products summed by an
+//! allreduce per chunk. It is compiled once, then run on two sets of your own tensors on the
+//! CPU backend (one thread per rank):
+//!
+//! ```
+//! use streamweave::{Compiler, RunOptions, Target, Tensor};
+//!
+//! const SOURCE: &str = "
+//! fusion row_parallel(t = 4, k = 4, n = 2, d: mesh = 2, s: chunks = 2) {
+//!   mesh m = devices(d)
+//!   tensor x: f32[t, k] on m
+//!   tensor w: f32[n, k] on m
+//!   y = linear(x, w)
+//!   output y
+//!   schedule x { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+//!   schedule w { outer_split(1, d) -> DIDx }
+//! }";
+//!
+//! fn main() -> Result<(), streamweave::Error> {
+//!     // Compile once: for two ranks, the chunk count as written (s = 2).
+//!     let exe = Compiler::new().devices(2).compile_source("row_parallel.weave", SOURCE)?;
+//!     let cpu = RunOptions::on(Target::Cpu { ranks: 2 });
+//!     // w's rows: the row sum, and the alternating sum.
+//!     let w = Tensor::new(vec![2, 4], vec![1.0f32, 1., 1., 1., 1., -1., 1., -1.])?;
+//!
+//!     // Run 1.
+//!     let x = Tensor::new(vec![4, 4], (1..=16).map(|v| v as f32).collect::<Vec<_>>())?;
+//!     let y = exe.run(&[("x", &x), ("w", &w)], &cpu)?.into_outputs()?;
+//!     let y = y.get("y").expect("the fusion's output");
+//!     assert_eq!(y.shape(), &[4, 2]);
+//!     assert_eq!(y.as_f32(), Some(&[10.0, -2., 26., -2., 42., -2., 58., -2.][..]));
+//!
+//!     // Run 2: the same executable on other tensors, checked against the f64 reference.
+//!     let x = Tensor::new(vec![4, 4], vec![0.5f32; 16])?;
+//!     let checked = RunOptions { check: true, ..cpu };
+//!     let report = exe.run(&[("x", &x), ("w", &w)], &checked)?;
+//!     assert!(report.passed());
+//!     let y = report.into_outputs()?;
+//!     assert_eq!(y.get("y").and_then(|y| y.as_f32()), Some(&[2.0, 0.].repeat(4)[..]));
+//!     Ok(())
+//! }
+//! ```
+//!
+//! [`Executable::program`] is the host program every rank runs (printed by
+//! [`host_ir::print`](weave_host_ir::print())), [`Executable::signature`] its inputs' and
+//! outputs' global shapes and shardings. Every error converts into [`Error`], whose `Debug`
+//! form is its message, so `main` can return it.
+//!
+//! # Features
+//!
+//! * `cuda` (on by default): the GPU targets ([`Target::Cuda`], [`Target::Launched`]),
+//!   `CudaSession`, and the `gpu`, `session`, `calibrate` and `measure` modules, through
+//!   `weave-cuda` and cudarc (whose libraries load at run time, so building needs no CUDA
+//!   toolkit). Without it (`default-features = false`) nothing of cudarc is compiled, the CPU
+//!   target works as before, and a GPU target is refused with an error that says so.
+//! * `cuda-12000` … `cuda-13040`, `nccl-02024` … `nccl-02030`: the CUDA toolkit and NCCL
+//!   versions the bindings follow (`cuda-13000` and `nccl-02028` by default); each turns on
+//!   `cuda`.
+//!
 //! The command line (`weave`) is the `weave-cli` package; this library depends on no CLI,
 //! progress-bar, error-reporting or log-subscriber crate, and its own code reads no
 //! environment variable: paths and a launched process's place are the caller's to give.
@@ -19,13 +82,18 @@
 use std::fmt;
 use std::path::Path;
 
+#[cfg(feature = "cuda")]
 pub mod calibrate;
 pub mod chunks;
 mod executable;
+#[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod kernels;
+#[cfg(feature = "cuda")]
 pub mod measure;
+pub mod output;
 pub mod run;
+#[cfg(feature = "cuda")]
 pub mod session;
 mod setup;
 mod tensor;
@@ -35,10 +103,12 @@ pub mod tune;
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
 pub use run::{Overlap, RunOptions, RunReport, Target, Transport, MAX_THREAD_RANKS};
+#[cfg(feature = "cuda")]
 pub use session::{Buffer, CudaSession, RankCall};
 pub use tensor::{Data, Outputs, Tensor};
 
 pub use weave_comm as comm;
+#[cfg(feature = "cuda")]
 pub use weave_cuda as cuda;
 pub use weave_executor as executor;
 pub use weave_host_ir as host_ir;
@@ -75,7 +145,7 @@ impl std::error::Error for LoadError {}
 
 /// Parses `source` (named `file` in errors), applies `overrides` (`--set k=v`), applies
 /// every schedule block, verifies the result, and refuses shardings the pipeline cannot lower
-/// (`weave_passes::load_checks`): a stream split of a reduced axis, a copy between two tensors
+/// ([`weave_passes::load_checks`]): a stream split of a reduced axis, a copy between two tensors
 /// the user placed on meshes that no communication expresses.
 pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
     let err = |diagnostic| LoadError {

@@ -15,6 +15,10 @@ use crate::threads::run_rank_threads;
 
 pub use crate::setup::{Overlap, RunError, RunOptions, Target, Transport, MAX_THREAD_RANKS};
 
+/// Why a GPU target fails in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub(crate) const NO_CUDA: &str = "this build of streamweave has no CUDA support (it was built without the `cuda` feature, which is on by default); run on `Target::Cpu`, or rebuild with `--features cuda`";
+
 /// One output of one rank against the reference.
 #[derive(Clone, Debug)]
 pub struct OutputCheck {

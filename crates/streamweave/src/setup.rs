@@ -7,10 +7,14 @@ use std::fmt;
 use std::time::Duration;
 
 use weave_comm::bootstrap::LaunchEnv;
+#[cfg(feature = "cuda")]
 use weave_comm::nccl::NcclOptions;
-use weave_executor::{CudaOptions, ExecError, StreamKey};
+#[cfg(feature = "cuda")]
+use weave_executor::CudaOptions;
+use weave_executor::{ExecError, StreamKey};
 
-/// Where the ranks of a run go.
+/// Where the ranks of a run go. The GPU targets need the `cuda` feature (on by default):
+/// without it they are refused with [`RunError::Setup`] saying so.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// `ranks` ranks, each on its own host thread with the CPU backend; always available.
@@ -162,6 +166,7 @@ impl Overlap {
         }
     }
 
+    #[cfg(feature = "cuda")]
     /// The backend options these knobs give on a GPU of `sm_count` SMs (a margin that would
     /// leave a GEMM no SM is refused).
     pub fn cuda_options(&self, base: CudaOptions, sm_count: i32) -> Result<CudaOptions, String> {
@@ -185,6 +190,7 @@ impl Overlap {
         })
     }
 
+    #[cfg(feature = "cuda")]
     /// The NCCL options these knobs give (`base` with their CTA limit).
     pub fn nccl_options(&self, base: NcclOptions) -> Result<NcclOptions, String> {
         let max_ctas = match self.nccl_max_ctas {

@@ -113,7 +113,7 @@ impl Tensor {
         Ok(Tensor { sizes, data })
     }
 
-    /// The sizes, outermost first.
+    /// The sizes, outermost first (also [`Tensor::shape`]).
     pub fn sizes(&self) -> &[usize] {
         &self.sizes
     }
@@ -128,7 +128,13 @@ impl Tensor {
         &self.data
     }
 
-    /// The values when the tensor is `f32`.
+    /// The sizes, outermost first: the same as [`Tensor::sizes`], under the name NumPy,
+    /// PyTorch and the Python package (`shape`) use.
+    pub fn shape(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    /// The values when the tensor is `f32`; `None` for another element type.
     pub fn as_f32(&self) -> Option<&[f32]> {
         match &self.data {
             Data::F32(v) => Some(v),
@@ -136,7 +142,15 @@ impl Tensor {
         }
     }
 
-    /// The values when the tensor is `bf16`.
+    /// The values when the tensor is `f64`; `None` for another element type.
+    pub fn as_f64(&self) -> Option<&[f64]> {
+        match &self.data {
+            Data::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The values when the tensor is `bf16`; `None` for another element type.
     pub fn as_bf16(&self) -> Option<&[bf16]> {
         match &self.data {
             Data::BF16(v) => Some(v),
@@ -144,10 +158,26 @@ impl Tensor {
         }
     }
 
-    /// The values when the tensor is `f64`.
-    pub fn as_f64(&self) -> Option<&[f64]> {
+    /// The values when the tensor is `f16`; `None` for another element type.
+    pub fn as_f16(&self) -> Option<&[f16]> {
         match &self.data {
-            Data::F64(v) => Some(v),
+            Data::F16(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The values when the tensor is `i64`; `None` for another element type.
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        match &self.data {
+            Data::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The values when the tensor is `bool`; `None` for another element type.
+    pub fn as_bool(&self) -> Option<&[bool]> {
+        match &self.data {
+            Data::Bool(v) => Some(v),
             _ => None,
         }
     }

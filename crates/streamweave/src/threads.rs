@@ -2,8 +2,11 @@
 //! GPU ranks ([`crate::gpu`]) both run on, and how rank threads meet: a [`Barrier`] with a
 //! timeout and an [`Exchange`] of bytes (how copy-engine windows connect).
 
+#[cfg(feature = "cuda")]
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+#[cfg(feature = "cuda")]
+use std::sync::Arc;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use weave_executor::{ExecError, RankRun};
@@ -109,6 +112,7 @@ impl Gate {
 /// right after it, and a waiter woken through the kernel (a futex, 50–200 µs later) would
 /// start its rank's collectives that much after its peers', which every rank's timing would
 /// then include as waiting.
+#[cfg(feature = "cuda")]
 pub struct Barrier {
     parties: usize,
     arrived: AtomicUsize,
@@ -117,6 +121,7 @@ pub struct Barrier {
     why: Mutex<Option<String>>,
 }
 
+#[cfg(feature = "cuda")]
 impl Barrier {
     /// A barrier for `parties` threads.
     pub fn new(parties: usize) -> Barrier {
@@ -153,7 +158,7 @@ impl Barrier {
                 return Err(self.broken_error());
             }
             spins += 1;
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 let waited = start.elapsed();
                 if waited >= timeout {
                     let why = format!(
@@ -188,11 +193,13 @@ impl Barrier {
 /// A one-time all-gather of bytes between ranks that are threads of this process (those of a
 /// [`World`](crate::calibrate::World), or of a `weave run` on GPUs): how their copy-engine
 /// windows meet.
+#[cfg(feature = "cuda")]
 pub struct Exchange {
     values: Mutex<Vec<Option<Vec<u8>>>>,
     barrier: Barrier,
 }
 
+#[cfg(feature = "cuda")]
 impl Exchange {
     /// An exchange for `ranks` ranks.
     pub fn new(ranks: usize) -> Arc<Exchange> {

@@ -221,7 +221,7 @@ impl fmt::Display for Tuning {
 /// What a tuning is cached under: the fusion's printed text with its chunk-count parameter
 /// set to 1 and its mesh-size parameter to the rank count, the other parameter values, the
 /// rank count, the backend and the machine. [`TuneKey::id`] is a stable hash of all of them
-/// (FNV-1a, the same on every platform and Rust version); the other fields are kept for the
+/// (XXH64 with seed 0, the same on every platform and Rust version); the other fields are kept for the
 /// reader of the cache and checked on lookup too.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TuneKey {
@@ -270,7 +270,7 @@ impl TuneKey {
         }
         canonical.push_str(&format!("\0ranks={ranks}\0backend={backend}\0gpu={gpu}"));
         TuneKey {
-            id: format!("{:016x}", fnv1a64(canonical.as_bytes())),
+            id: format!("{:016x}", stable_hash(canonical.as_bytes())),
             fusion: fusion.name.clone(),
             params,
             ranks,
@@ -280,15 +280,10 @@ impl TuneKey {
     }
 }
 
-/// The 64-bit FNV-1a hash: stable across platforms, processes and compiler versions (the
-/// standard library's hasher is not).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+/// The 64-bit XXH64 hash (seed 0) of `bytes`: a specified algorithm, stable across platforms,
+/// processes and compiler versions (the standard library's hasher is not).
+fn stable_hash(bytes: &[u8]) -> u64 {
+    twox_hash::XxHash64::oneshot(0, bytes)
 }
 
 /// Where and how a tuning measures.
@@ -369,10 +364,18 @@ impl TuneOptions {
 }
 
 /// The name of GPU `device` (`NVIDIA H200`), the machine part of a [`TuneKey`].
+#[cfg(feature = "cuda")]
 pub fn gpu_name(device: usize) -> Result<String, String> {
     weave_cuda::Gpu::open(device)
         .map(|g| g.name())
         .map_err(|e| e.to_string())
+}
+
+/// The name of GPU `device`: in a build without the `cuda` feature, an error saying so.
+#[cfg(not(feature = "cuda"))]
+pub fn gpu_name(device: usize) -> Result<String, String> {
+    let _ = device;
+    Err(crate::run::NO_CUDA.to_string())
 }
 
 /// Measures one candidate: its compiled program, run with its stream-pool size and replay
@@ -1016,71 +1019,13 @@ impl TuneCache {
         }
     }
 
-    /// Writes the cache to `path` whole or not at all (a temporary file beside it, then a
-    /// rename), creating its directory. A symbolic link is written through (its final target
-    /// is replaced, the link stays); a character device or a FIFO (`/dev/null`) is written in
-    /// place; anything else (a directory, a socket) is refused. New files get 0666 less the
-    /// umask.
+    /// Writes the cache to `path` whole or not at all, creating its directory, with the
+    /// crate's one atomic writer ([`crate::output::write_output`]): a temporary file beside it,
+    /// then a rename. A symbolic link is written through (its final target is replaced, the
+    /// link stays); a character device or a FIFO (`/dev/null`) is written in place; anything
+    /// else (a directory, a socket) is refused. New files get 0666 less the umask.
     pub fn store(&self, path: &Path) -> Result<(), String> {
-        use std::io::Write;
-        let named = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-        let text = self.render();
-        let mut target = path.to_path_buf();
-        match std::fs::metadata(path) {
-            Ok(m) if m.is_file() => target = std::fs::canonicalize(path).map_err(named)?,
-            Ok(m) => {
-                #[cfg(unix)]
-                {
-                    use std::os::unix::fs::FileTypeExt;
-                    let t = m.file_type();
-                    if t.is_char_device() || t.is_fifo() {
-                        let mut f = std::fs::OpenOptions::new()
-                            .write(true)
-                            .open(path)
-                            .map_err(named)?;
-                        return f.write_all(text.as_bytes()).map_err(named);
-                    }
-                }
-                let what = if m.is_dir() {
-                    "a directory"
-                } else {
-                    "not a regular file"
-                };
-                return Err(format!("cannot write {}: it is {what}", path.display()));
-            }
-            // No file, or a link to none: created at the last link's target.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                for _ in 0..40 {
-                    match std::fs::symlink_metadata(&target) {
-                        Ok(m) if m.file_type().is_symlink() => {
-                            let to = std::fs::read_link(&target).map_err(named)?;
-                            target = match target.parent() {
-                                Some(dir) if to.is_relative() => dir.join(to),
-                                _ => to,
-                            };
-                        }
-                        _ => break,
-                    }
-                }
-            }
-            Err(e) => return Err(named(e)),
-        }
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => std::path::PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&dir).map_err(named)?;
-        let name = target
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "tune.toml".into());
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &target));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(named(e));
-        }
-        Ok(())
+        crate::output::write_output(path, self.render().as_bytes(), true)
     }
 }
 
@@ -1577,9 +1522,10 @@ median_ms = 1.5
         ] {
             assert_ne!(a.id, other.id, "{other:?}");
         }
-        // The hash itself is fixed: FNV-1a of the empty string and of "a".
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        // The hash itself is fixed: XXH64 (seed 0) of the empty string and of "a", as the
+        // xxHash reference gives them.
+        assert_eq!(stable_hash(b""), 0xef46_db37_51d8_e999);
+        assert_eq!(stable_hash(b"a"), 0xd24e_c4f1_a98c_6e5b);
     }
 
     #[test]

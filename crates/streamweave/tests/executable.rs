@@ -313,3 +313,115 @@ fusion many(n = 60000, s: chunks = 60000) {
     );
     assert!(err.ends_with("timed out after 100 ms"), "{err}");
 }
+
+/// Without the `cuda` feature (`cargo test -p streamweave --no-default-features`, which CI
+/// runs), a GPU target is refused with a message naming the missing feature, before any rank
+/// starts, and the CPU target of the same executable still runs.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_gpu_target_in_a_build_without_cuda_says_so() {
+    let exe = Compiler::new()
+        .devices(2)
+        .compile_source("double.weave", DOUBLE)
+        .unwrap();
+    let x = Tensor::new(vec![8], vec![1.0f32; 8]).unwrap();
+    let err = exe
+        .run(&[("x", &x)], &RunOptions::on(Target::Cuda { ranks: 2 }))
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("no CUDA support") && message.contains("`cuda` feature"),
+        "{message}"
+    );
+    let y = exe
+        .run(&[("x", &x)], &cpu(2))
+        .unwrap()
+        .into_outputs()
+        .unwrap();
+    assert_eq!(y.get("y").unwrap().as_f32().unwrap(), &[2.0f32; 8]);
+}
+
+/// Every element type has its accessor on [`Tensor`], and only the tensor's own one answers;
+/// outputs of each come back through it.
+#[test]
+fn every_dtype_has_its_accessor_and_only_its_own_answers() {
+    use streamweave::half::f16;
+    let tensors = [
+        Tensor::new(vec![2], vec![1.5f32, -2.0]).unwrap(),
+        Tensor::new(vec![2], vec![1.5f64, -2.0]).unwrap(),
+        Tensor::new(vec![2], vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)]).unwrap(),
+        Tensor::new(vec![2], vec![f16::from_f32(1.5), f16::from_f32(-2.0)]).unwrap(),
+        Tensor::new(vec![2], vec![3i64, -4]).unwrap(),
+        Tensor::new(vec![2], vec![true, false]).unwrap(),
+    ];
+    for (k, t) in tensors.iter().enumerate() {
+        let answers = [
+            t.as_f32().is_some(),
+            t.as_f64().is_some(),
+            t.as_bf16().is_some(),
+            t.as_f16().is_some(),
+            t.as_i64().is_some(),
+            t.as_bool().is_some(),
+        ];
+        let mut only = [false; 6];
+        only[k] = true;
+        assert_eq!(answers, only, "{}", t.dtype());
+        assert_eq!(t.shape(), &[2]);
+        assert_eq!(t.shape(), t.sizes());
+    }
+    assert_eq!(tensors[3].as_f16().unwrap()[0].to_f32(), 1.5);
+    assert_eq!(tensors[4].as_i64().unwrap(), &[3, -4]);
+    assert_eq!(tensors[5].as_bool().unwrap(), &[true, false]);
+
+    // i64 and f16 outputs, through their accessors.
+    let run = |dtype: &str, x: &Tensor| {
+        Compiler::new()
+            .compile_source(
+                "double.weave",
+                &DOUBLE.replace("f32[n]", &format!("{dtype}[n]")),
+            )
+            .unwrap()
+            .run(&[("x", x)], &cpu(2))
+            .unwrap()
+            .into_outputs()
+            .unwrap()
+    };
+    let x = Tensor::new(vec![8], (0..8).map(|i| i - 4).collect::<Vec<i64>>()).unwrap();
+    let y = run("i64", &x);
+    assert_eq!(
+        y.get("y").unwrap().as_i64().unwrap(),
+        &[-8, -6, -4, -2, 0, 2, 4, 6]
+    );
+    let x = Tensor::new(vec![8], vec![f16::from_f32(0.75); 8]).unwrap();
+    let y = run("f16", &x);
+    assert_eq!(
+        y.get("y").unwrap().as_f16().unwrap(),
+        &[f16::from_f32(1.5); 8]
+    );
+}
+
+/// The facade's one error type: what a fusion, a compilation and a run refuse all convert
+/// into it, and `main` returning it prints the message (its `Debug` is its `Display`).
+#[test]
+fn the_facade_error_reads_as_its_message_in_debug() {
+    let err = Compiler::new()
+        .compile_source("bad.weave", "fusion f() {\n  tensor x: f99[4]\n}")
+        .unwrap_err();
+    assert!(matches!(err, Error::Load(_)), "{err:#?}");
+    assert_eq!(format!("{err:?}"), err.to_string());
+    assert!(format!("{err:#?}").starts_with("Load("), "{err:#?}");
+
+    let exe = Compiler::new()
+        .devices(2)
+        .compile_source("double.weave", DOUBLE)
+        .unwrap();
+    let x = Tensor::new(vec![8], vec![1i64; 8]).unwrap();
+    let err: Error = exe.run(&[("x", &x)], &cpu(2)).unwrap_err();
+    assert_eq!(format!("{err:?}"), err.to_string());
+    assert!(err.to_string().contains("`x`"), "{err}");
+
+    let mut fusion = streamweave::load("double.weave", DOUBLE, &[]).unwrap();
+    let diagnostic = fusion.set_param("no_such_parameter", 3).unwrap_err();
+    let err = Error::from(diagnostic.clone());
+    assert_eq!(err.to_string(), diagnostic.message);
+}

@@ -90,6 +90,8 @@ fn operand_pairs(kind: &ExprKind, pos: usize, prank: usize, crank: usize) -> Vec
         | ExprKind::Unary(_)
         | ExprKind::Binary(_)
         | ExprKind::Where
+        | ExprKind::BinaryLit { .. }
+        | ExprKind::WhereLit { .. }
         | ExprKind::Reduction { .. }
         | ExprKind::Reshape { .. } => identity(prank.min(crank)),
         ExprKind::Broadcast { axes } => (0..crank)

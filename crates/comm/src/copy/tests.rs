@@ -328,9 +328,153 @@ impl Reducer<()> for Summer {
         Ok(())
     }
 
+    fn sum_pointers(
+        &self,
+        out: u64,
+        srcs: &[u64],
+        n: usize,
+        dtype: DataType,
+        _: &(),
+    ) -> Result<(), CommError> {
+        let srcs: Vec<String> = srcs.iter().map(|a| format!("{a:#x}")).collect();
+        self.0.push(Seen::Post(format!(
+            "sum {n} {dtype:?} of [{}] into {out:#x}",
+            srcs.join(", ")
+        )));
+        Ok(())
+    }
+
     fn reduces(&self, dtype: DataType) -> bool {
         dtype == DataType::Bf16
     }
+}
+
+/// A transport that reduces in its windows: it records the pushes and calls the sum for
+/// pieces of 6 bytes, each peer's piece at `0x7000 + 0x100 * peer + offset`.
+struct InWindows(Arc<Log>);
+
+impl CopyTransport for InWindows {
+    type Stream = ();
+
+    fn transfer(
+        &self,
+        me: usize,
+        label: &str,
+        t: &Transfers,
+        _: &(),
+        _: Duration,
+    ) -> Result<(), CommError> {
+        self.0.push(Seen::Moved {
+            me,
+            label: label.to_string(),
+            transfers: t.clone(),
+        });
+        Ok(())
+    }
+
+    fn reduces_in_windows(&self) -> bool {
+        true
+    }
+
+    fn reduce_in_windows(
+        &self,
+        me: usize,
+        label: &str,
+        sends: &[(usize, u64, usize)],
+        from: &[usize],
+        bytes: usize,
+        _: &(),
+        _: Duration,
+        sum: &mut WindowSum<'_, ()>,
+    ) -> Result<(), CommError> {
+        self.0.push(Seen::Moved {
+            me,
+            label: format!("{label} pushes from {from:?}"),
+            transfers: Transfers {
+                sends: sends.to_vec(),
+                ..Transfers::default()
+            },
+        });
+        for offset in (0..bytes).step_by(6) {
+            let windows: Vec<u64> = from
+                .iter()
+                .map(|&p| 0x7000 + 0x100 * p as u64 + offset as u64)
+                .collect();
+            sum(offset, 6.min(bytes - offset), &windows, &())?;
+        }
+        Ok(())
+    }
+}
+
+/// Where the transport reduces in its windows, no scratch is taken: each piece is summed
+/// from the member's own block and the peers' pieces, in team order, into its place in the
+/// output; an allreduce then gathers as before.
+#[test]
+fn a_transport_that_reduces_in_its_windows_sums_each_piece_in_team_order() {
+    let log = Arc::new(Log::default());
+    let comm = CopyComm::with_transport(Arc::new(Fallback(log.clone())), InWindows(log.clone()))
+        .with_reducer(Arc::new(Summer(log.clone())));
+    // Rank 1 is team index 1 of [2, 1, 0]: 3 blocks of 4 bf16 (8 bytes), pieces of 6 bytes.
+    let post = |label: &str, op: CommOp<Buf>| {
+        comm.post(
+            Collective {
+                label: label.into(),
+                team: vec![2, 1, 0],
+                op,
+            },
+            &(),
+        )
+        .unwrap()
+    };
+    post(
+        "rs",
+        CommOp::ReduceScatter {
+            input: buf(0x100, 12),
+            output: buf(0x1000, 4),
+            op: RedOp::Sum,
+        },
+    );
+    assert_eq!(
+        log.take(),
+        vec![
+            Seen::Moved {
+                me: 1,
+                label: "rs pushes from [2, 0]".into(),
+                transfers: Transfers {
+                    sends: vec![(2, 0x100, 8), (0, 0x100 + 16, 8)],
+                    ..Transfers::default()
+                },
+            },
+            Seen::Post("sum 3 Bf16 of [0x7200, 0x108, 0x7000] into 0x1000".into()),
+            Seen::Post("sum 1 Bf16 of [0x7206, 0x10e, 0x7006] into 0x1006".into()),
+        ]
+    );
+    post(
+        "ar",
+        CommOp::Allreduce {
+            input: buf(0x100, 12),
+            output: buf(0x1000, 12),
+            op: RedOp::Sum,
+        },
+    );
+    let seen = log.take();
+    assert_eq!(
+        seen[1],
+        Seen::Post("sum 3 Bf16 of [0x7200, 0x108, 0x7000] into 0x1008".into())
+    );
+    assert_eq!(
+        seen[3],
+        Seen::Moved {
+            me: 1,
+            label: "ar (gather)".into(),
+            transfers: Transfers {
+                local: vec![],
+                sends: vec![(2, 0x1008, 8), (0, 0x1008, 8)],
+                recvs: vec![(2, 0x1000, 8), (0, 0x1000 + 16, 8)],
+            },
+        }
+    );
+    assert_eq!(seen.len(), 4);
 }
 
 /// With a reducer, a sum reduce-scatter pushes each block to its owner's scratch and sums

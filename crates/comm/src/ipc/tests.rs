@@ -53,6 +53,18 @@ fn windows_and_flags_do_not_overlap() {
 }
 
 #[test]
+fn window_shapes_parse_from_the_variable_and_bad_ones_name_it() {
+    let o = IpcOptions::parse_shape("4x16").unwrap();
+    assert_eq!((o.lanes, o.slots, o.slot_bytes), (8, 4, 16 << 20));
+    for bad in ["", "4", "0x16", "4x0", "65x1", "1x1025", "ax2", "4x16x2"] {
+        assert_eq!(
+            IpcOptions::parse_shape(bad).unwrap_err(),
+            format!("WEAVE_CE_WINDOWS={bad:?}: expected SLOTSxMIB, such as 4x16 (1..=64 slots of 1..=1024 MiB)")
+        );
+    }
+}
+
+#[test]
 fn bad_window_shapes_are_refused_with_the_reason() {
     let e = WindowLayout::new(2, options(0, 2, 256)).unwrap_err();
     assert_eq!(e, "the windows need at least 1 lane");
@@ -166,6 +178,9 @@ struct Sim {
     heaps: Vec<Vec<u8>>,
     /// Per rank, per stream: the steps not yet run.
     streams: Vec<Vec<VecDeque<Step>>>,
+    /// Per rank, per stream: the lane its steps use (stream `i` starts on lane `i`; side
+    /// streams added by [`Sim::side`] share their posting stream's lane).
+    lanes: Vec<Vec<usize>>,
     counts: Vec<PieceCounts>,
 }
 
@@ -190,8 +205,16 @@ impl Sim {
             regions: vec![region; ranks],
             heaps: vec![vec![0; heap]; ranks],
             streams: vec![vec![VecDeque::new(); streams]; ranks],
+            lanes: vec![(0..streams).collect(); ranks],
             counts: vec![PieceCounts::new(ranks, streams); ranks],
         }
+    }
+
+    /// A new stream of rank `me` whose steps use `lane` (a side stream of that lane).
+    fn side(&mut self, me: usize, lane: usize) -> usize {
+        self.streams[me].push(VecDeque::new());
+        self.lanes[me].push(lane);
+        self.streams[me].len() - 1
     }
 
     /// Rank `me` posts sends and receives on `stream` (posting order = call order); returns
@@ -289,7 +312,7 @@ impl Sim {
                 .filter(|&(r, s)| {
                     self.streams[r][s]
                         .front()
-                        .is_some_and(|step| self.can_run(r, s, step))
+                        .is_some_and(|step| self.can_run(r, self.lanes[r][s], step))
                 })
                 .collect();
             if runnable.is_empty() {
@@ -314,7 +337,7 @@ impl Sim {
             rng ^= rng << 17;
             let (r, s) = runnable[(rng % runnable.len() as u64) as usize];
             let step = self.streams[r][s].pop_front().unwrap();
-            self.exec(r, s, step);
+            self.exec(r, self.lanes[r][s], step);
             for rank in 0..self.streams.len() {
                 if self.streams[rank].iter().all(|q| q.is_empty()) && self.writes_pending_into(rank)
                 {
@@ -363,6 +386,93 @@ fn an_allgather_longer_than_the_window_arrives_whole_in_every_schedule() {
                     pattern(p, 0, len)[..],
                     "seed {seed}"
                 );
+            }
+        }
+    }
+}
+
+/// A reduction in the windows (3 and 4 ranks, blocks of 4 pieces through 2 slots, twice in
+/// a row on one lane): the pushes on a side stream per peer, the posting stream waiting for
+/// each round's pieces, reading them where they landed (a drain into scratch stands for the
+/// sum kernel's loads) and releasing them. Every rank reads every peer's block for it whole,
+/// in every schedule, without deadlock, and the flags end at rest — also where all of a
+/// rank's streams share one hardware queue (`serial`: everything in the order the transport
+/// enqueues it, one queue per rank).
+#[test]
+fn a_reduction_in_the_windows_reads_every_piece_whole_in_every_schedule() {
+    for serial in [false, true] {
+        for n in [3, 4] {
+            reduce_in_windows_sim(n, serial);
+        }
+    }
+}
+
+fn reduce_in_windows_sim(n: usize, serial: bool) {
+    let len = 1000;
+    for seed in 0..30 {
+        let mut sim = Sim::new(n, 1, 2, 256, 16384);
+        for r in 0..n {
+            for j in 0..n {
+                sim.heaps[r][j * len..(j + 1) * len].copy_from_slice(&pattern(r, j, len));
+            }
+        }
+        for post in 0..2 {
+            for me in 0..n {
+                let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+                let sends: Vec<_> = from.iter().map(|&p| (p, (p * len) as u64, len)).collect();
+                let l = sim.layout;
+                let steps = plan_reduce(me, &l, &mut sim.counts[me], 0, &sends, &from, len);
+                assert_eq!(steps.rounds.len(), 4);
+                // One side stream per peer, the same for every post (as the transport keeps
+                // them): streams 1.. of each rank; queue 0 alone when serial.
+                if post == 0 && !serial {
+                    for _ in &from {
+                        sim.side(me, 0);
+                    }
+                }
+                let side = |peer: usize| {
+                    if serial {
+                        0
+                    } else {
+                        1 + from.iter().position(|&p| p == peer).unwrap()
+                    }
+                };
+                for round in &steps.rounds {
+                    for step in &round.pushes {
+                        sim.streams[me][side(step.peer())].push_back(*step);
+                    }
+                    let q = &mut sim.streams[me][0];
+                    q.extend(round.taken.iter().copied());
+                    for (i, &(peer, slot)) in round.pieces.iter().enumerate() {
+                        let dst = 8192 + post * 4096 + i * len + round.offset;
+                        q.push_back(Step::Drain {
+                            peer,
+                            slot,
+                            dst: dst as u64,
+                            bytes: round.len,
+                        });
+                    }
+                    q.extend(round.freed.iter().copied());
+                }
+                for step in &steps.closing {
+                    sim.streams[me][side(step.peer())].push_back(*step);
+                }
+            }
+        }
+        let what = format!("{n} ranks, serial {serial}, seed {seed}");
+        sim.run(seed).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(sim.flags_at_rest(), "{what}");
+        for me in 0..n {
+            let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+            for post in 0..2 {
+                for (i, &p) in from.iter().enumerate() {
+                    let at = 8192 + post * 4096 + i * len;
+                    assert_eq!(
+                        sim.heaps[me][at..at + len],
+                        pattern(p, me, len)[..],
+                        "{what}, post {post}, rank {me} from {p}"
+                    );
+                }
             }
         }
     }

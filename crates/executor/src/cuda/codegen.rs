@@ -188,6 +188,8 @@ pub enum Node {
     Binary(BinaryOp, Box<Node>, Box<Node>),
     /// `where(c, x, y)`.
     Where(Box<Node>, Box<Node>, Box<Node>),
+    /// A literal operand, in the compute type.
+    Lit(f64),
 }
 
 #[derive(Clone, Debug)]
@@ -203,6 +205,7 @@ impl Node {
         Some(match self {
             Node::Load(v) => Node::Load(f(v)?),
             Node::Row(k) => Node::Row(*k),
+            Node::Lit(v) => Node::Lit(*v),
             Node::Cast(d, x) => Node::Cast(*d, Box::new(x.map_loads(f)?)),
             Node::Unary(u, x) => Node::Unary(*u, Box::new(x.map_loads(f)?)),
             Node::Binary(b, x, y) => {
@@ -223,7 +226,7 @@ impl Node {
     fn dtypes(&self, out: &mut Vec<DType>) {
         match self {
             Node::Load(v) => out.push(v.dtype),
-            Node::Row(_) => {}
+            Node::Row(_) | Node::Lit(_) => {}
             Node::Cast(d, x) => {
                 out.push(*d);
                 x.dtypes(out)
@@ -339,7 +342,7 @@ impl Node {
     fn loads<'a>(&'a self, out: &mut Vec<&'a View>) {
         match self {
             Node::Load(v) => out.push(v),
-            Node::Row(_) => {}
+            Node::Row(_) | Node::Lit(_) => {}
             Node::Cast(_, x) | Node::Unary(_, x) => x.loads(out),
             Node::Binary(_, x, y) => {
                 x.loads(out);
@@ -356,7 +359,7 @@ impl Node {
     /// Whether the expression uses a row kernel's reduction.
     fn has_row(&self) -> bool {
         match self {
-            Node::Load(_) => false,
+            Node::Load(_) | Node::Lit(_) => false,
             Node::Row(_) => true,
             Node::Cast(_, x) | Node::Unary(_, x) => x.has_row(),
             Node::Binary(_, x, y) => x.has_row() || y.has_row(),
@@ -397,7 +400,7 @@ fn vector_width(inner: usize, dtypes: &[DType], dsts: &[&View], base_len: usize)
             v,
             vec![String::new(); base_len],
         );
-        if inner % v == 0 && dsts.iter().all(|d| probe.vectorizable(d)) {
+        if inner.is_multiple_of(v) && dsts.iter().all(|d| probe.vectorizable(d)) {
             return v;
         }
         v /= 2;
@@ -650,6 +653,35 @@ impl<'f> Gen<'f> {
                 sizes: x.sizes,
                 node: Node::Unary(*u, Box::new(x.node)),
             },
+            ExprKind::BinaryLit { op, lit, lit_first } => {
+                let (l, v) = (Box::new(Node::Lit(lit.0)), Box::new(x.node));
+                let node = if *lit_first {
+                    Node::Binary(*op, l, v)
+                } else {
+                    Node::Binary(*op, v, l)
+                };
+                Lazy {
+                    dtype,
+                    sizes: x.sizes,
+                    node,
+                }
+            }
+            ExprKind::WhereLit { a, b } => {
+                let shapes: Vec<&[usize]> = ins.iter().map(|l| l.sizes.as_slice()).collect();
+                let sizes = broadcast_shapes(&shapes)?;
+                let mut nodes = Vec::new();
+                for l in ins {
+                    nodes.push(self.broadcast(l, &sizes)?);
+                }
+                let [c, v] = <[Node; 2]>::try_from(nodes)
+                    .map_err(|n| format!("expected a condition and a tensor, got {}", n.len()))?;
+                let pick = |lit: &Option<weave_ir::Literal>| match lit {
+                    Some(l) => Box::new(Node::Lit(l.0)),
+                    None => Box::new(v.clone()),
+                };
+                let node = Node::Where(Box::new(c.clone()), pick(a), pick(b));
+                Lazy { dtype, sizes, node }
+            }
             ExprKind::Binary(_) | ExprKind::Where => {
                 let shapes: Vec<&[usize]> = ins.iter().map(|l| l.sizes.as_slice()).collect();
                 let sizes = broadcast_shapes(&shapes)?;
@@ -1218,7 +1250,7 @@ fn row_source(
     let persist = if splits == 1 && rows.passes.len() + usize::from(!full.is_empty()) > 1 {
         [256usize, 512, 128, 64]
             .into_iter()
-            .find(|b| nv % b == 0 && nv / b <= 8)
+            .find(|b| nv.is_multiple_of(*b) && nv / b <= 8)
             .map(|b| (b, nv / b))
     } else {
         None
@@ -1630,6 +1662,35 @@ mod tests {
         plan(&fusion, "k", &ins, &outs, 132).expect("plans")
     }
 
+    #[test]
+    fn literals_erf_and_gelu_fuse_into_one_pointwise_kernel() {
+        let p = plan_of(
+            "tensor a: f32[t, h]\n tensor m: bool[t, h]\n y = a * 0.5 + 2\n g = gelu(y) - gelu_tanh(y)\n \
+             e = erf(-g)\n z = where(m, e, -inf)\n output z",
+            8,
+            64,
+        );
+        assert_eq!(p.launches.len(), 1, "one fused kernel");
+        let src = &p.launches[0].source;
+        for want in [
+            "(0.5f)",
+            "(2.0f)",
+            "erff(",
+            "0.70710678118654752440",
+            "0.044715",
+            "(-__int_as_float(0x7f800000))",
+        ] {
+            assert!(src.contains(want), "`{want}` missing from:\n{src}");
+        }
+        // A double kernel (f64 values) writes double literals.
+        let p = plan_of("tensor a: f64[t, h]\n y = 0.1 - a\n output y", 4, 4);
+        assert!(
+            p.launches[0].source.contains("double v1 = (0.1);"),
+            "{}",
+            p.launches[0].source
+        );
+    }
+
     const SOFTMAX: &str = "tensor x: bf16[t, h]\n xf = cast(x, f32)\n m = max(xf, [1])\n \
         mb = broadcast(m, [1])\n d = sub(xf, mb)\n e = exp(d)\n z = sum(e, [1])\n \
         zb = broadcast(z, [1])\n yf = div(e, zb)\n y = cast(yf, bf16)\n output y";
@@ -1723,7 +1784,11 @@ mod tests {
         );
         assert_eq!(p.launches.len(), 2);
         let splits = p.temps[1].1 / 8192;
-        assert!(splits > 1 && p.temps[1].1 % 8192 == 0, "{:?}", p.temps);
+        assert!(
+            splits > 1 && p.temps[1].1.is_multiple_of(8192),
+            "{:?}",
+            p.temps
+        );
         // A block per 32 columns and part, 8 warps (lanes) of it per column.
         assert_eq!(
             p.launches[0].grid,

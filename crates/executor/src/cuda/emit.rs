@@ -217,6 +217,25 @@ impl Emitter {
         }
     }
 
+    /// The literal `v` in the compute type: a `float` or `double` constant, the infinities and
+    /// NaN by their bits.
+    pub fn literal(&self, v: f64) -> String {
+        if v.is_nan() {
+            self.nan().to_string()
+        } else if v.is_infinite() {
+            let inf = self.inf();
+            if v > 0.0 {
+                inf.to_string()
+            } else {
+                format!("(-{inf})")
+            }
+        } else if self.float() {
+            format!("({:?}f)", v as f32)
+        } else {
+            format!("({v:?})")
+        }
+    }
+
     /// A quiet NaN in the compute type.
     pub fn nan(&self) -> &'static str {
         if self.float() {
@@ -407,6 +426,7 @@ impl Emitter {
         let rhs = match n {
             Node::Load(v) => self.load(v),
             Node::Row(k) => format!("r{k}"),
+            Node::Lit(v) => self.literal(*v),
             Node::Cast(d, x) => {
                 let a = self.expr(x);
                 let raw = self.round_to_c(*d, &a);
@@ -458,6 +478,26 @@ impl Emitter {
                         }
                     }
                     UnaryOp::Not => format!("({a} == ({ct})0 ? ({ct})1 : ({ct})0)"),
+                    UnaryOp::Erf => m("erf"),
+                    UnaryOp::Gelu => {
+                        let erf = if f { "erff" } else { "erf" };
+                        format!(
+                            "(({ct})0.5 * {a} * (({ct})1 + {erf}({a} * ({ct})0.70710678118654752440)))"
+                        )
+                    }
+                    UnaryOp::GeluTanh => {
+                        let inner = format!(
+                            "({ct})0.79788456080286535588 * ({a} + ({ct})0.044715 * {a} * {a} * {a})"
+                        );
+                        let t = if fast {
+                            format!("weave_tanh_fast({inner})")
+                        } else if f {
+                            format!("tanhf({inner})")
+                        } else {
+                            format!("tanh({inner})")
+                        };
+                        format!("(({ct})0.5 * {a} * (({ct})1 + {t}))")
+                    }
                 }
             }
             Node::Binary(b, x, y) => {

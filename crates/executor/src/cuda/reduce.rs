@@ -20,6 +20,8 @@ use crate::cpu::ir_dtype;
 pub struct BlockSums {
     gpu: Gpu,
     plans: Mutex<HashMap<(DType, usize, usize), Arc<Planned>>>,
+    /// The pointwise sums of `k` separate vectors, by element type, `k` and length.
+    sums: Mutex<HashMap<(DType, usize, usize), Arc<Planned>>>,
 }
 
 impl BlockSums {
@@ -28,7 +30,44 @@ impl BlockSums {
         BlockSums {
             gpu,
             plans: Mutex::new(HashMap::new()),
+            sums: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The generated kernel that adds `k` vectors of `n` elements of `dtype` in order (in
+    /// `float` for 16-bit types, rounded once).
+    fn planned_sum(&self, dtype: DType, k: usize, n: usize) -> Result<Arc<Planned>, String> {
+        let key = (dtype, k, n);
+        if let Some(p) = self
+            .sums
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned()
+        {
+            return Ok(p);
+        }
+        let fusion = weave_ir::text::parse(&pointer_sum_source(dtype, k, n), &[])
+            .map_err(|d| d.to_string())?;
+        let arg = TensorArg {
+            dtype,
+            sizes: vec![n],
+            strides: vec![1],
+        };
+        let inputs = vec![arg.clone(); k];
+        let sms = self.gpu.sm_count().max(1) as usize;
+        let plan = codegen::plan(&fusion, "weave_pointer_sum", &inputs, &[arg], sms)?;
+        let loaded = plan.launches.iter().map(|_| Default::default()).collect();
+        let planned = Arc::new(Planned {
+            _fusion: Arc::new(fusion),
+            plan,
+            loaded,
+        });
+        self.sums
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, planned.clone());
+        Ok(planned)
     }
 
     /// The generated kernels that sum `blocks` blocks of `n` elements of `dtype`.
@@ -70,6 +109,43 @@ impl BlockSums {
             .insert(key, planned.clone());
         Ok(planned)
     }
+}
+
+/// The fusion that adds `k` vectors `x0 … x{k-1}` of `n` elements in order: 16-bit types
+/// are cast to `f32` first and the sum rounded once.
+fn pointer_sum_source(dtype: DType, k: usize, n: usize) -> String {
+    let wide = matches!(dtype, DType::BF16 | DType::F16);
+    let mut s = format!("fusion weave_pointer_sum(n = {n}) {{\n");
+    for i in 0..k {
+        s += &format!("  tensor x{i}: {dtype}[n]\n");
+    }
+    let term = |i: usize| {
+        if wide {
+            format!("c{i}")
+        } else {
+            format!("x{i}")
+        }
+    };
+    if wide {
+        for i in 0..k {
+            s += &format!("  c{i} = cast(x{i}, f32)\n");
+        }
+    }
+    let mut acc = term(0);
+    for i in 1..k {
+        let name = if i + 1 == k && !wide {
+            "y".to_string()
+        } else {
+            format!("a{i}")
+        };
+        s += &format!("  {name} = add({acc}, {})\n", term(i));
+        acc = name;
+    }
+    if wide {
+        s += &format!("  y = cast({acc}, {dtype})\n");
+    }
+    s += "  output y\n}\n";
+    s
 }
 
 fn failed(what: &str, message: String) -> CommError {
@@ -134,6 +210,40 @@ impl Reducer<GpuStream> for BlockSums {
         launched
     }
 
+    fn sum_pointers(
+        &self,
+        out: u64,
+        srcs: &[u64],
+        n: usize,
+        dtype: DataType,
+        stream: &GpuStream,
+    ) -> Result<(), CommError> {
+        let what = "copy-engine reduction";
+        if !self.reduces(dtype) || srcs.len() < 2 {
+            return Err(failed(
+                what,
+                format!("no sum of {} {dtype:?} vector(s)", srcs.len()),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let planned = self
+            .planned_sum(ir_dtype(dtype), srcs.len(), n)
+            .map_err(|m| failed(what, m))?;
+        if !planned.plan.temps.is_empty() {
+            return Err(failed(what, "the pointwise sum needs scratch".into()));
+        }
+        let address = |b: &Buf| match b {
+            Buf::Input(i) => srcs[*i],
+            Buf::Output(_) => out,
+            Buf::Temp(_) => 0,
+        };
+        let sms = self.gpu.sm_count().max(1) as usize;
+        launch_planned(&self.gpu, &planned, &address, stream, sms)
+            .map_err(|e| failed(what, e.to_string()))
+    }
+
     fn reduces(&self, dtype: DataType) -> bool {
         matches!(
             dtype,
@@ -171,6 +281,43 @@ mod tests {
                 .unwrap();
                 assert!(!plan.launches.is_empty());
                 assert_eq!(fusion.outputs().len(), 1);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod pointer_sum_tests {
+    use super::*;
+
+    /// The sum of separate vectors is one generated pointwise kernel without scratch, for
+    /// every float type and the team sizes of one host.
+    #[test]
+    fn pointer_sums_plan_as_one_pointwise_kernel_without_scratch() {
+        for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64] {
+            for (k, n) in [(2, 1), (3, 1000), (4, 4 << 20), (8, 7)] {
+                let fusion = weave_ir::text::parse(&pointer_sum_source(dtype, k, n), &[])
+                    .unwrap_or_else(|d| panic!("{dtype} k={k}: {d}"));
+                let arg = TensorArg {
+                    dtype,
+                    sizes: vec![n],
+                    strides: vec![1],
+                };
+                let plan = codegen::plan(
+                    &fusion,
+                    "weave_pointer_sum",
+                    &vec![arg.clone(); k],
+                    &[arg],
+                    132,
+                )
+                .unwrap();
+                assert_eq!(plan.launches.len(), 1, "{dtype} k={k}");
+                assert!(plan.temps.is_empty());
+                let args = &plan.launches[0].args;
+                for i in 0..k {
+                    assert!(args.contains(&Buf::Input(i)), "{dtype} k={k}: x{i} is read");
+                }
+                assert!(args.contains(&Buf::Output(0)));
             }
         }
     }

@@ -59,6 +59,9 @@ pub(crate) enum Tok {
     Ident(String),
     /// `[0-9]+`, kept as text so that the parser reports out-of-range values where they are.
     Int(String),
+    /// A number with a fraction or an exponent, `[0-9]+ '.' [0-9]+ [e [+-] [0-9]+]` or
+    /// `[0-9]+ e [+-] [0-9]+`: a literal of a tensor expression (`x * 0.5`).
+    Float(String),
     /// Punctuation.
     Punct(Punct),
     /// The end of a line (statements end there).
@@ -82,7 +85,7 @@ impl Token {
     /// How the token is named in "found ..." messages.
     pub(crate) fn describe(&self) -> String {
         match &self.tok {
-            Tok::Ident(s) | Tok::Int(s) => format!("`{}`", clip(s)),
+            Tok::Ident(s) | Tok::Int(s) | Tok::Float(s) => format!("`{}`", clip(s)),
             Tok::Punct(p) => format!("`{}`", p.text()),
             Tok::Newline => "end of line".to_string(),
             Tok::Eof => "end of file".to_string(),
@@ -213,7 +216,41 @@ pub(crate) fn lex(source: &str) -> Vec<Token> {
             '%' => punct(Punct::Percent),
             c if c.is_ascii_digit() => {
                 let mut digits = cur.take_while(c, |c| c.is_ascii_digit());
-                if cur.peek().is_some_and(is_ident_char) {
+                let mut float = false;
+                if cur.peek() == Some('.') {
+                    cur.bump();
+                    digits.push('.');
+                    float = true;
+                    let before = digits.len();
+                    cur.extend_while(&mut digits, |c| c.is_ascii_digit());
+                    if digits.len() == before {
+                        digits.push('?');
+                    }
+                }
+                if matches!(cur.peek(), Some('e' | 'E')) {
+                    cur.bump();
+                    digits.push('e');
+                    float = true;
+                    if let Some(sign @ ('+' | '-')) = cur.peek() {
+                        cur.bump();
+                        digits.push(sign);
+                    }
+                    let before = digits.len();
+                    cur.extend_while(&mut digits, |c| c.is_ascii_digit());
+                    if digits.len() == before {
+                        digits.push('?');
+                    }
+                }
+                if float && (digits.contains('?') || cur.peek().is_some_and(is_ident_char)) {
+                    let mut whole = digits.replace('?', "");
+                    cur.extend_while(&mut whole, is_ident_char);
+                    Some(Tok::Error(format!(
+                        "bad number `{}` (a literal is digits, `.` and digits, then optionally `e`, a sign and digits: `0.5`, `1e-9`)",
+                        clip(&whole)
+                    )))
+                } else if float {
+                    Some(Tok::Float(digits))
+                } else if cur.peek().is_some_and(is_ident_char) {
                     let mut whole = std::mem::take(&mut digits);
                     cur.extend_while(&mut whole, is_ident_char);
                     Some(Tok::Error(format!(

@@ -17,7 +17,7 @@ use super::lexer::{lex, Punct, Tok, Token};
 use crate::diag::{Diagnostic, Span};
 use crate::domain::ParallelType;
 use crate::dtype::DType;
-use crate::expr::{BinaryOp, ExprKind, ReduceOp, UnaryOp};
+use crate::expr::{BinaryOp, ExprKind, Literal, ReduceOp, UnaryOp};
 use crate::fusion::{Fusion, MeshSpec, ParamRole};
 use crate::ids::{MeshId, TensorId};
 use crate::scalar::{Scalar, ScalarOp};
@@ -57,18 +57,20 @@ struct ExprState {
     idents: Vec<(String, Span)>,
 }
 
-/// One argument of an op call.
+/// One argument of an op call, once its tensor expression is built.
 enum Arg {
     /// A name: a tensor, or cast's dtype.
     Name(String, Span),
     /// `[ expr, ... ]`.
     List(Vec<ParsedExpr>, Span),
+    /// A number (`0.5`, `-1`, `inf`), which takes the dtype of the op's tensor operand.
+    Lit(f64, Span),
 }
 
 impl Arg {
     fn span(&self) -> Span {
         match self {
-            Arg::Name(_, s) | Arg::List(_, s) => *s,
+            Arg::Name(_, s) | Arg::List(_, s) | Arg::Lit(_, s) => *s,
         }
     }
 
@@ -76,8 +78,49 @@ impl Arg {
         match self {
             Arg::Name(n, _) => format!("`{n}`"),
             Arg::List(..) => "a `[...]` list".to_string(),
+            Arg::Lit(v, _) => format!("the literal `{}`", Literal(*v).to_source()),
         }
     }
+}
+
+/// A tensor expression as written: the right-hand side of `NAME = ...` and each argument of
+/// an op call (infix `+ - * /`, unary `-`, parentheses, op calls, names and numbers).
+enum VExpr {
+    /// A tensor, a dtype (cast's argument), or the literal `inf` / `nan` when no tensor has
+    /// that name.
+    Name(String, Span),
+    /// A number.
+    Lit(f64, Span),
+    /// `[ expr, ... ]`: an axis list or a shape, only as an op's argument.
+    List(Vec<ParsedExpr>, Span),
+    /// `-x`, at the `-`.
+    Neg(Box<VExpr>, Span),
+    /// `a op b`, with the operator's span.
+    Bin(BinaryOp, Box<VExpr>, Box<VExpr>, Span),
+    /// `op(args)`, with the op name's span.
+    Call(String, Span, Vec<VExpr>),
+}
+
+impl VExpr {
+    /// Where the expression starts.
+    fn start(&self) -> Span {
+        match self {
+            VExpr::Name(_, s)
+            | VExpr::Lit(_, s)
+            | VExpr::List(_, s)
+            | VExpr::Neg(_, s)
+            | VExpr::Call(_, s, _) => *s,
+            VExpr::Bin(_, a, _, _) => a.start(),
+        }
+    }
+}
+
+/// A built tensor expression: a tensor, a literal, or a name that is not a tensor (a dtype
+/// for `cast`, or an undefined tensor reported where it is used).
+enum Built {
+    Tensor(TensorId),
+    Lit(f64),
+    Name(String),
 }
 
 /// Ops that take a tensor and a `[...]` list of axis numbers.
@@ -118,6 +161,8 @@ fn op_sig(name: &str) -> Option<Sig> {
         "reshape" => Sig::Reshape,
         "matmul" => tensors(ExprKind::Matmul, 2, 2),
         "linear" => tensors(ExprKind::Linear, 2, 3),
+        // A sum and a division by the number of elements it adds (see `Parser::build`).
+        "mean" => Sig::Axes(AxisOp::Reduce(ReduceOp::Sum)),
         _ => {
             if let Some(u) = UnaryOp::from_name(name) {
                 tensors(ExprKind::Unary(u), 1, 1)
@@ -137,6 +182,7 @@ pub(crate) fn op_names() -> Vec<&'static str> {
     v.extend(BinaryOp::ALL.iter().map(|b| b.name()));
     v.push("where");
     v.extend(ReduceOp::ALL.iter().map(|r| r.name()));
+    v.push("mean");
     v.extend([
         "broadcast",
         "squeeze",
@@ -163,10 +209,19 @@ fn plural(n: usize, word: &str) -> String {
 
 /// Parses a whole `.weave` source; see [`super::parse`].
 pub(crate) fn parse(source: &str, overrides: &[(String, i64)]) -> PResult<Fusion> {
+    let toks = lex(source);
+    let written = toks
+        .iter()
+        .filter_map(|t| match &t.tok {
+            Tok::Ident(s) => Some(s.clone()),
+            _ => None,
+        })
+        .collect();
     let mut p = Parser {
-        toks: lex(source),
+        toks,
         pos: 0,
         fusion: Fusion::new(""),
+        written,
     };
     p.file(overrides)?;
     Ok(p.fusion)
@@ -176,6 +231,9 @@ struct Parser {
     toks: Vec<Token>,
     pos: usize,
     fusion: Fusion,
+    /// Every identifier of the source: the names given to the intermediate results of a
+    /// tensor expression avoid them, so that no later statement's name is taken.
+    written: std::collections::HashSet<String>,
 }
 
 impl Parser {
@@ -620,57 +678,130 @@ impl Parser {
         let (name, span) = self.expect_ident("a tensor name")?;
         self.expect_punct(Punct::Eq, &format!("after `{name}`"))?;
         self.check_new_tensor_name(&name, span)?;
-        let (op, op_span) = self.expect_ident(&format!("an op name after `{name} =`"))?;
-        let sig = op_sig(&op).ok_or_else(|| {
-            Diagnostic::at(
-                op_span,
-                format!(
-                    "unknown op `{op}` (expected one of: {})",
-                    op_names().join(", ")
-                ),
-            )
-        })?;
-        self.expect_punct(Punct::LParen, &format!("after op `{op}`"))?;
-        let args = self.args(&op)?;
-        let (kind, inputs) = self.resolve(&op, op_span, sig, args)?;
-        let t = self
-            .fusion
-            .add_op(&name, kind, &inputs)
-            .map_err(|d| d.or_at(Some(op_span)))?;
-        self.fusion.tensor_mut(t).span = Some(span);
-        if let Some(e) = self.fusion.tensor(t).definition {
-            self.fusion.expr_mut(e).span = Some(op_span);
+        let what = format!("an op call or a tensor expression after `{name} =`");
+        if !self.starts_value() {
+            return Err(self.unexpected(&what));
         }
+        let mut st = ExprState::default();
+        let e = self.vsum(&mut st)?;
+        self.build(&e, &name, Some(span))?;
         Ok(())
     }
 
+    /// Whether the current token can start a tensor expression.
+    fn starts_value(&self) -> bool {
+        matches!(
+            self.peek().tok,
+            Tok::Ident(_)
+                | Tok::Int(_)
+                | Tok::Float(_)
+                | Tok::Punct(Punct::LParen)
+                | Tok::Punct(Punct::Minus)
+        )
+    }
+
+    /// `vterm { ('+' | '-') vterm }`
+    fn vsum(&mut self, st: &mut ExprState) -> PResult<VExpr> {
+        let mut acc = self.vterm(st)?;
+        loop {
+            let op = match self.peek().tok {
+                Tok::Punct(Punct::Plus) => BinaryOp::Add,
+                Tok::Punct(Punct::Minus) => BinaryOp::Sub,
+                _ => return Ok(acc),
+            };
+            let span = self.bump().span;
+            self.count_op(st, span)?;
+            let rhs = self.vterm(st)?;
+            acc = VExpr::Bin(op, Box::new(acc), Box::new(rhs), span);
+        }
+    }
+
+    /// `vunary { ('*' | '/') vunary }`
+    fn vterm(&mut self, st: &mut ExprState) -> PResult<VExpr> {
+        let mut acc = self.vunary(st)?;
+        loop {
+            let op = match self.peek().tok {
+                Tok::Punct(Punct::Star) => BinaryOp::Mul,
+                Tok::Punct(Punct::Slash) => BinaryOp::Div,
+                _ => return Ok(acc),
+            };
+            let span = self.bump().span;
+            self.count_op(st, span)?;
+            let rhs = self.vunary(st)?;
+            acc = VExpr::Bin(op, Box::new(acc), Box::new(rhs), span);
+        }
+    }
+
+    /// `'-' vunary | vatom`
+    fn vunary(&mut self, st: &mut ExprState) -> PResult<VExpr> {
+        if let Some(span) = self.eat_punct(Punct::Minus) {
+            self.enter(st, span)?;
+            self.count_op(st, span)?;
+            let x = self.vunary(st)?;
+            st.depth -= 1;
+            return Ok(VExpr::Neg(Box::new(x), span));
+        }
+        self.vatom(st)
+    }
+
+    /// `NUMBER | IDENT | OP '(' [ arg { ',' arg } ] ')' | '(' vsum ')'`
+    fn vatom(&mut self, st: &mut ExprState) -> PResult<VExpr> {
+        let t = self.peek().clone();
+        match t.tok {
+            Tok::Int(s) | Tok::Float(s) => {
+                self.bump();
+                match s.parse::<f64>() {
+                    Ok(v) if v.is_finite() => Ok(VExpr::Lit(v, t.span)),
+                    _ => Err(Diagnostic::at(
+                        t.span,
+                        format!("the literal `{s}` is out of the range of f64"),
+                    )),
+                }
+            }
+            Tok::Ident(op) if self.peek_at(1).tok == Tok::Punct(Punct::LParen) => {
+                op_sig(&op).ok_or_else(|| {
+                    Diagnostic::at(
+                        t.span,
+                        format!(
+                            "unknown op `{op}` (expected one of: {})",
+                            op_names().join(", ")
+                        ),
+                    )
+                })?;
+                self.enter(st, t.span)?;
+                self.count_op(st, t.span)?;
+                self.bump();
+                self.bump();
+                let args = self.call_args(&op, st)?;
+                st.depth -= 1;
+                Ok(VExpr::Call(op, t.span, args))
+            }
+            Tok::Ident(s) => {
+                self.bump();
+                Ok(VExpr::Name(s, t.span))
+            }
+            Tok::Punct(Punct::LParen) => {
+                self.enter(st, t.span)?;
+                self.bump();
+                let e = self.vsum(st)?;
+                self.expect_punct(Punct::RParen, "to close the parenthesized expression")?;
+                st.depth -= 1;
+                Ok(e)
+            }
+            _ => Err(self
+                .unexpected("a tensor, a number, an op call or `(..)` in the tensor expression")),
+        }
+    }
+
     /// The arguments up to and including the closing `)` (the `(` already consumed).
-    fn args(&mut self, op: &str) -> PResult<Vec<Arg>> {
+    fn call_args(&mut self, op: &str, st: &mut ExprState) -> PResult<Vec<VExpr>> {
         let mut args = Vec::new();
         if self.eat_punct(Punct::RParen).is_some() {
             return Ok(args);
         }
         loop {
-            args.push(self.arg(op)?);
-            if self.eat_punct(Punct::Comma).is_some() {
-                continue;
-            }
-            self.expect_punct(
-                Punct::RParen,
-                &format!("to close the argument list of `{op}`"),
-            )?;
-            return Ok(args);
-        }
-    }
-
-    fn arg(&mut self, op: &str) -> PResult<Arg> {
-        let t = self.peek().clone();
-        match t.tok {
-            Tok::Ident(s) => {
-                self.bump();
-                Ok(Arg::Name(s, t.span))
-            }
-            Tok::Punct(Punct::LBracket) => {
+            let t = self.peek().clone();
+            if t.tok == Tok::Punct(Punct::LBracket) {
                 self.bump();
                 let mut items = Vec::new();
                 if self.eat_punct(Punct::RBracket).is_none() {
@@ -687,17 +818,228 @@ impl Parser {
                         );
                     }
                 }
-                Ok(Arg::List(items, t.span))
+                args.push(VExpr::List(items, t.span));
+            } else if self.starts_value() {
+                args.push(self.vsum(st)?);
+            } else {
+                return Err(self.unexpected(&format!(
+                    "an argument of `{op}` (a tensor name or a `[...]` list)"
+                )));
             }
-            _ => Err(self.unexpected(&format!(
-                "an argument of `{op}` (a tensor name or a `[...]` list)"
-            ))),
+            if self.eat_punct(Punct::Comma).is_some() {
+                continue;
+            }
+            self.expect_punct(
+                Punct::RParen,
+                &format!("to close the argument list of `{op}`"),
+            )?;
+            return Ok(args);
+        }
+    }
+
+    /// A name for an intermediate result of the statement defining `stmt`: `stmt_1`,
+    /// `stmt_2`, ..., skipping every identifier the source writes and every tensor name.
+    fn fresh_name(&self, stmt: &str) -> String {
+        (1..)
+            .map(|k| format!("{stmt}_{k}"))
+            .find(|n| {
+                !self.written.contains(n)
+                    && !self.fusion.has_builder_name(n)
+                    && self.fusion.param(n).is_none()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Adds the op `kind` over `inputs`, naming its output `out` (the statement's tensor) or a
+    /// fresh name; errors point at `op_span`, which is also the expr's span.
+    fn emit(
+        &mut self,
+        kind: ExprKind,
+        inputs: &[TensorId],
+        stmt: &str,
+        out: Option<Span>,
+        op_span: Span,
+    ) -> PResult<TensorId> {
+        let name = match out {
+            Some(_) => stmt.to_string(),
+            None => self.fresh_name(stmt),
+        };
+        let t = self
+            .fusion
+            .add_op(&name, kind, inputs)
+            .map_err(|d| d.or_at(Some(op_span)))?;
+        self.fusion.tensor_mut(t).span = Some(out.unwrap_or(op_span));
+        if let Some(e) = self.fusion.tensor(t).definition {
+            self.fusion.expr_mut(e).span = Some(op_span);
+        }
+        Ok(t)
+    }
+
+    /// The tensor `name` denotes, or the error at its span.
+    fn tensor_value(&self, b: Built, span: Span) -> PResult<Option<TensorId>> {
+        match b {
+            Built::Tensor(t) => Ok(Some(t)),
+            Built::Lit(_) => Ok(None),
+            Built::Name(n) => self.tensor_named(&n, span).map(Some),
+        }
+    }
+
+    /// Builds the ops of `e`. With `out` (the statement's name span), `e`'s own op defines
+    /// the statement's tensor `stmt`; the ops inside it get fresh names.
+    fn build(&mut self, e: &VExpr, stmt: &str, out: Option<Span>) -> PResult<Built> {
+        let alone = |span: Span, what: &str| {
+            Diagnostic::at(
+                span,
+                format!(
+                    "`{stmt} = ...` must compute a tensor, and {what} (write an op: `{stmt} = set(x)` copies `x`, a literal takes the dtype of a tensor operand as in `mul(x, 0.5)`)"
+                ),
+            )
+        };
+        match e {
+            VExpr::Name(n, span) => {
+                if out.is_some() {
+                    return Err(alone(*span, &format!("`{n}` alone computes nothing")));
+                }
+                Ok(match self.fusion.tensor_by_name(n) {
+                    Some(t) => Built::Tensor(t),
+                    None if n == "inf" => Built::Lit(f64::INFINITY),
+                    None if n == "nan" => Built::Lit(f64::NAN),
+                    None => Built::Name(n.clone()),
+                })
+            }
+            VExpr::Lit(v, span) => {
+                if out.is_some() {
+                    return Err(alone(*span, "a literal alone has no dtype"));
+                }
+                Ok(Built::Lit(*v))
+            }
+            VExpr::List(_, span) => Err(Diagnostic::at(
+                *span,
+                "a `[...]` list is an argument of an op (axes, a shape), not a tensor",
+            )),
+            VExpr::Neg(x, span) => match self.build(x, stmt, None)? {
+                Built::Lit(v) => {
+                    if out.is_some() {
+                        return Err(alone(*span, "a literal alone has no dtype"));
+                    }
+                    Ok(Built::Lit(-v))
+                }
+                b => {
+                    let t = self.tensor_value(b, x.start())?;
+                    let t = t.ok_or_else(|| Diagnostic::at(x.start(), "expected a tensor"))?;
+                    self.emit(ExprKind::Unary(UnaryOp::Neg), &[t], stmt, out, *span)
+                        .map(Built::Tensor)
+                }
+            },
+            VExpr::Bin(op, a, b, span) => {
+                let ba = self.build(a, stmt, None)?;
+                let la = if let Built::Lit(v) = ba {
+                    Some(v)
+                } else {
+                    None
+                };
+                let ta = self.tensor_value(ba, a.start())?;
+                let bb = self.build(b, stmt, None)?;
+                let lb = if let Built::Lit(v) = bb {
+                    Some(v)
+                } else {
+                    None
+                };
+                let tb = self.tensor_value(bb, b.start())?;
+                let (kind, inputs) = match (ta, tb) {
+                    (Some(x), Some(y)) => (ExprKind::Binary(*op), vec![x, y]),
+                    (Some(x), None) => (
+                        ExprKind::BinaryLit {
+                            op: *op,
+                            lit: Literal(lb.unwrap_or_default()),
+                            lit_first: false,
+                        },
+                        vec![x],
+                    ),
+                    (None, Some(y)) => (
+                        ExprKind::BinaryLit {
+                            op: *op,
+                            lit: Literal(la.unwrap_or_default()),
+                            lit_first: true,
+                        },
+                        vec![y],
+                    ),
+                    (None, None) => {
+                        if out.is_some() {
+                            return Err(alone(*span, "arithmetic on literals alone has no dtype"));
+                        }
+                        let (x, y) = (la.unwrap_or_default(), lb.unwrap_or_default());
+                        return Ok(Built::Lit(match op {
+                            BinaryOp::Add => x + y,
+                            BinaryOp::Sub => x - y,
+                            BinaryOp::Mul => x * y,
+                            _ => x / y,
+                        }));
+                    }
+                };
+                self.emit(kind, &inputs, stmt, out, *span)
+                    .map(Built::Tensor)
+            }
+            VExpr::Call(op, op_span, args) => {
+                let sig = op_sig(op)
+                    .ok_or_else(|| Diagnostic::at(*op_span, format!("unknown op `{op}`")))?;
+                let mut built = Vec::with_capacity(args.len());
+                for a in args {
+                    let span = a.start();
+                    built.push(match a {
+                        VExpr::List(items, span) => Arg::List(
+                            items
+                                .iter()
+                                .map(|p| ParsedExpr {
+                                    value: p.value.clone(),
+                                    span: p.span,
+                                    idents: p.idents.clone(),
+                                })
+                                .collect(),
+                            *span,
+                        ),
+                        _ => match self.build(a, stmt, None)? {
+                            Built::Tensor(t) => Arg::Name(self.fusion.tensor(t).name.clone(), span),
+                            Built::Lit(v) => Arg::Lit(v, span),
+                            Built::Name(n) => Arg::Name(n, span),
+                        },
+                    });
+                }
+                let (kind, inputs) = self.resolve(op, *op_span, sig, built)?;
+                if op == "mean" {
+                    // `mean(x, axes)` is `sum(x, axes) / n`, `n` the elements each sum adds.
+                    let ExprKind::Reduction { axes, .. } = &kind else {
+                        unreachable!("mean resolves as a sum")
+                    };
+                    let n = self
+                        .fusion
+                        .reduced_count(inputs[0], axes)
+                        .map_err(|d| d.or_at(Some(*op_span)))?;
+                    let s = self.emit(kind, &inputs, stmt, None, *op_span)?;
+                    let div = ExprKind::BinaryLit {
+                        op: BinaryOp::Div,
+                        lit: Literal(n),
+                        lit_first: false,
+                    };
+                    return self.emit(div, &[s], stmt, out, *op_span).map(Built::Tensor);
+                }
+                self.emit(kind, &inputs, stmt, out, *op_span)
+                    .map(Built::Tensor)
+            }
         }
     }
 
     fn operand(&self, op: &str, index: usize, arg: &Arg) -> PResult<TensorId> {
         match arg {
             Arg::Name(n, s) => self.tensor_named(n, *s),
+            Arg::Lit(..) => Err(Diagnostic::at(
+                arg.span(),
+                format!(
+                    "operand {} of `{op}` must be a tensor, found {}",
+                    index + 1,
+                    arg.describe()
+                ),
+            )),
             Arg::List(_, s) => Err(Diagnostic::at(
                 *s,
                 format!(
@@ -731,9 +1073,39 @@ impl Parser {
                         format!("`{op}` takes {want}, got {n}"),
                     ));
                 }
+                let lit = |a: &Arg| match a {
+                    Arg::Lit(v, _) => Some(Literal(*v)),
+                    _ => None,
+                };
+                let lits = args.iter().filter(|a| lit(a).is_some()).count();
+                let kind = match (&kind, args.as_slice()) {
+                    (_, _) if lits == 0 => kind,
+                    (ExprKind::Binary(_), [a, b]) if lits == 2 => {
+                        return Err(Diagnostic::at(
+                            a.span().min(b.span()),
+                            format!(
+                                "`{op}` of two literals has no dtype: a literal takes the dtype of the other operand, which must be a tensor"
+                            ),
+                        ))
+                    }
+                    (ExprKind::Binary(b), [x, _]) => ExprKind::BinaryLit {
+                        op: *b,
+                        lit: lit(x).or(lit(&args[1])).unwrap_or(Literal(0.0)),
+                        lit_first: lit(x).is_some(),
+                    },
+                    (ExprKind::Where, [c, a, b]) if lit(c).is_none() => ExprKind::WhereLit {
+                        a: lit(a),
+                        b: lit(b),
+                    },
+                    _ => kind,
+                };
                 let inputs = args
                     .iter()
                     .enumerate()
+                    .filter(|(_, a)| {
+                        !matches!(kind, ExprKind::BinaryLit { .. } | ExprKind::WhereLit { .. })
+                            || lit(a).is_none()
+                    })
                     .map(|(i, a)| self.operand(op, i, a))
                     .collect::<PResult<Vec<_>>>()?;
                 Ok((kind, inputs))
@@ -747,12 +1119,13 @@ impl Parser {
                 let input = self.operand(op, 0, &a)?;
                 let dtype = match &d {
                     Arg::Name(s, span) => dtype_named(s, *span)?,
-                    Arg::List(_, span) => {
+                    Arg::List(_, span) | Arg::Lit(_, span) => {
                         return Err(Diagnostic::at(
                             *span,
                             format!(
-                                "`cast` expects a dtype ({}) as its second argument, found a `[...]` list",
-                                dtype_names()
+                                "`cast` expects a dtype ({}) as its second argument, found {}",
+                                dtype_names(),
+                                d.describe()
                             ),
                         ))
                     }

@@ -121,6 +121,18 @@ fn op_call(f: &Fusion, expr: &Expr) -> String {
             let s: Vec<String> = shape.iter().map(scalar_source).collect();
             args.push(format!("[{}]", s.join(", ")));
         }
+        ExprKind::BinaryLit { lit, lit_first, .. } => {
+            let at = if *lit_first { 0 } else { args.len() };
+            args.insert(at, lit.to_source());
+        }
+        ExprKind::WhereLit { a, b } => {
+            if let Some(a) = a {
+                args.insert(1.min(args.len()), a.to_source());
+            }
+            if let Some(b) = b {
+                args.push(b.to_source());
+            }
+        }
         ExprKind::Set
         | ExprKind::SegmentSet
         | ExprKind::Unary(_)

@@ -245,8 +245,9 @@ fn error_unknown_op() {
     assert_eq!(
         parse_err(&with_ab("  c = addd(a, b)")),
         "4:7: unknown op `addd` (expected one of: set, segment_set, cast, neg, abs, exp, log, sin, cos, tanh, \
-sqrt, rsqrt, reciprocal, relu, sigmoid, not, add, sub, mul, div, maximum, minimum, pow, eq, ne, \
-lt, le, gt, ge, and, or, where, sum, max, broadcast, squeeze, permute, reshape, matmul, linear)"
+sqrt, rsqrt, reciprocal, relu, sigmoid, not, erf, gelu, gelu_tanh, add, sub, mul, div, maximum, \
+minimum, pow, eq, ne, lt, le, gt, ge, and, or, where, sum, max, mean, broadcast, squeeze, permute, \
+reshape, matmul, linear)"
     );
 }
 
@@ -785,5 +786,136 @@ fn the_chunk_count_is_read_off_stream_axes_as_schedules_write_them() {
     assert_eq!(
         chunks("fusion f(t = 8, c = 2) {\n  tensor a: f32[t]\n  b = neg(a)\n  output b\n  schedule b { inner_split(0, c) -> Stream }\n}\n"),
         None
+    );
+}
+
+// ----- tensor expressions: literals, infix arithmetic, nested calls -------------------------
+
+/// The op lines of the canonical print of `with_ab(body)`.
+fn op_lines(body: &str) -> Vec<String> {
+    let text = print(&parse_ok(&with_ab(body)));
+    assert_eq!(
+        print(&parse_ok(&text)),
+        text,
+        "print(parse(x)) is a fixed point"
+    );
+    text.lines()
+        .filter(|l| l.contains(" = ") && !l.contains("fusion"))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn infix_arithmetic_follows_precedence_and_prints_as_named_ops() {
+    assert_eq!(
+        op_lines("  y = a * 0.5 + b\n  output y"),
+        ["y_1 = mul(a, 0.5)", "y = add(y_1, b)"]
+    );
+    assert_eq!(
+        op_lines("  z = -(a - b) * 2\n  output z"),
+        ["z_1 = sub(a, b)", "z_2 = neg(z_1)", "z = mul(z_2, 2)"]
+    );
+    // A literal first stays first; literal arithmetic folds; `-` of a literal is a literal.
+    assert_eq!(
+        op_lines("  w = 2 / a - b * (1 + 1) / -4\n  output w"),
+        [
+            "w_1 = div(2, a)",
+            "w_2 = mul(b, 2)",
+            "w_3 = div(w_2, -4)",
+            "w = sub(w_1, w_3)"
+        ]
+    );
+    // Calls nest, and literals go wherever a tensor operand of a pointwise op may.
+    assert_eq!(
+        op_lines("  g = exp(a * 1e-3) + where(lt(a, 0), 0, a)\n  output g"),
+        [
+            "g_1 = mul(a, 0.001)",
+            "g_2 = exp(g_1)",
+            "g_3 = lt(a, 0)",
+            "g_4 = where(g_3, 0, a)",
+            "g = add(g_2, g_4)"
+        ]
+    );
+    assert_eq!(
+        op_lines("  m = where(gt(a, b), a, -inf)\n  output m"),
+        ["m_1 = gt(a, b)", "m = where(m_1, a, -inf)"]
+    );
+}
+
+#[test]
+fn generated_names_skip_every_name_the_file_writes() {
+    // `y_1` is written later in the file, so the intermediate result is `y_2`.
+    assert_eq!(
+        op_lines("  y = a * 3 + b\n  y_1 = set(y)\n  output y_1"),
+        ["y_2 = mul(a, 3)", "y = add(y_2, b)", "y_1 = set(y)"]
+    );
+}
+
+#[test]
+fn literals_take_the_tensor_operands_dtype() {
+    let f = parse_ok(&with_ab("  y = a * 0.5\n  c = lt(a, 1)\n  output y, c"));
+    let y = f.tensor_by_name("y").unwrap();
+    let c = f.tensor_by_name("c").unwrap();
+    assert_eq!(f.tensor(y).dtype, DType::F32);
+    assert_eq!(f.tensor(c).dtype, DType::Bool);
+    let e = f.expr(f.tensor(y).definition.unwrap());
+    assert_eq!(
+        e.kind,
+        ExprKind::BinaryLit {
+            op: BinaryOp::Mul,
+            lit: crate::expr::Literal(0.5),
+            lit_first: false
+        }
+    );
+    // The expr and its output point at the operator; the statement's tensor at its name.
+    assert_eq!(e.span, Some(Span::new(4, 9)));
+    assert_eq!(f.tensor(y).span, Some(Span::new(4, 3)));
+}
+
+#[test]
+fn mean_is_a_sum_divided_by_the_global_count() {
+    assert_eq!(
+        op_lines("  m = mean(a, [1])\n  output m"),
+        ["m_1 = sum(a, [1])", "m = div(m_1, 4)"]
+    );
+}
+
+#[test]
+fn errors_of_tensor_expressions() {
+    assert_eq!(
+        parse_err(&with_ab("  c = 0.5")),
+        "4:7: `c = ...` must compute a tensor, and a literal alone has no dtype (write an op: `c = set(x)` copies `x`, a literal takes the dtype of a tensor operand as in `mul(x, 0.5)`)"
+    );
+    assert_eq!(
+        parse_err(&with_ab("  c = a")),
+        "4:7: `c = ...` must compute a tensor, and `a` alone computes nothing (write an op: `c = set(x)` copies `x`, a literal takes the dtype of a tensor operand as in `mul(x, 0.5)`)"
+    );
+    assert_eq!(
+        parse_err(&with_ab("  c = a * q + b")),
+        "4:11: undefined tensor `q`"
+    );
+    assert_eq!(
+        parse_err(&with_ab("  c = add(1, 2.5)")),
+        "4:11: `add` of two literals has no dtype: a literal takes the dtype of the other operand, which must be a tensor"
+    );
+    assert_eq!(
+        parse_err(&with_ab("  c = a * 1.5e")),
+        "4:11: bad number `1.5e` (a literal is digits, `.` and digits, then optionally `e`, a sign and digits: `0.5`, `1e-9`)"
+    );
+    assert_eq!(
+        parse_err(&with_ab("  c = linear(a, 2)")),
+        "4:17: operand 2 of `linear` must be a tensor, found the literal `2`"
+    );
+    assert_eq!(
+        parse_err(&with_ab("  c = (a + b\n  output c")),
+        "4:13: expected `)` to close the parenthesized expression, found end of line"
+    );
+    assert_eq!(
+        parse_err("fusion f() {\n  tensor i: i64[4]\n  c = i * 0.5\n}\n"),
+        "3:9: mul: the literal `0.5` takes the dtype of `i` (i64[4]), and an i64 operand takes integer literals"
+    );
+    assert_eq!(
+        parse_err(&with_ab("  c = mean(a, [2])")),
+        "4:7: mean: axis 2 is out of range for `a` (f32[t, h]) of rank 2"
     );
 }
