@@ -674,6 +674,11 @@ pub fn run(
         // The timeline goes beside a trace that is a file; a trace written into a device or
         // a FIFO (`/dev/stdout`) has no "beside".
         let svg_path = trace_is_a_file(path).then(|| path.with_extension("svg"));
+        // A signal before the timeline is written takes the trace with it: never a trace
+        // without its timeline (and each is written whole or not at all).
+        if svg_path.is_some() {
+            crate::output::remove_on_signal(path);
+        }
         let written =
             crate::output::write_output(path, chrome_trace(&ranks).as_bytes()).and_then(|()| {
                 match &svg_path {
@@ -681,6 +686,7 @@ pub fn run(
                     None => Ok(()),
                 }
             });
+        crate::output::keep_on_signal(path);
         match (written, svg_path) {
             (Ok(()), Some(svg_path)) => crate::outln!(
                 "trace: {} (open in https://ui.perfetto.dev), timeline: {}",
@@ -786,8 +792,8 @@ fn tune_first_run(
         budget.as_secs()
     );
     let started = std::time::Instant::now();
-    let mut measure = streamweave::measure::WorldMeasure::open(ranks, 3, 10, timeout)?;
-    let tuning = tune::tune(&fusion, &options, &mut measure).map_err(|e| e.to_string())?;
+    let mut measure = world_measure(ranks, 3, 10, timeout)?;
+    let tuning = tune::tune(&fusion, &options, measure.as_mut()).map_err(|e| e.to_string())?;
     drop(measure);
     let measured = tuning
         .rows
@@ -800,6 +806,8 @@ fn tune_first_run(
         .find(|r| r.candidate == tune::Candidate::new(Some(1), 1, true))
         .and_then(|r| r.outcome.time());
     eprint!("{tuning}");
+    // A signal during the cache's write removes its temporary file.
+    crate::output::clean_up_on_signals();
     let Some(entry) = tune::store(&cache, &tuning)? else {
         eprintln!("tuning: no candidate could be measured; running the untuned default");
         return Ok(None);
@@ -814,6 +822,30 @@ fn tune_first_run(
         cache.display()
     );
     Ok(Some((entry, cache)))
+}
+
+/// What a CUDA path answers in a `weave` built without the `cuda` feature.
+pub const NO_CUDA_FEATURE: &str = "this `weave` was built without the `cuda` feature (CPU only): rebuild it with the default features (`cargo build -p weave-cli`) for the CUDA backend";
+
+/// One world of `ranks` GPUs that measures tuning candidates (one NCCL communicator for all);
+/// [`NO_CUDA_FEATURE`] in a build without the `cuda` feature.
+fn world_measure(
+    ranks: usize,
+    warmup: usize,
+    iters: usize,
+    timeout: Duration,
+) -> Result<Box<dyn streamweave::tune::Measure>, String> {
+    #[cfg(feature = "cuda")]
+    {
+        streamweave::measure::WorldMeasure::open(ranks, warmup, iters, timeout)
+            .map(|m| Box::new(m) as Box<dyn streamweave::tune::Measure>)
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (ranks, warmup, iters, timeout);
+        Err(NO_CUDA_FEATURE.to_string())
+    }
 }
 
 /// Where `weave tune` caches its winners: `$WEAVE_TUNE_CACHE`, else
@@ -932,13 +964,8 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     );
     // On GPUs every candidate runs on one world of GPUs and one NCCL communicator.
     let mut measure: Box<dyn tune::Measure> = if flags.cuda {
-        match streamweave::measure::WorldMeasure::open(
-            flags.ranks,
-            flags.warmup,
-            flags.iters,
-            flags.timeout,
-        ) {
-            Ok(m) => Box::new(m),
+        match world_measure(flags.ranks, flags.warmup, flags.iters, flags.timeout) {
+            Ok(m) => m,
             Err(e) => return fail(format!("cannot open {} GPU(s): {e}", flags.ranks)),
         }
     } else {
@@ -958,6 +985,8 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
         "candidate"
     );
     crate::out!("{tuning}");
+    // A signal during the cache's write removes its temporary file.
+    crate::output::clean_up_on_signals();
     let entry = match tune::store(&cache, &tuning) {
         Ok(Some(e)) => e,
         Ok(None) => return fail("no candidate could be measured: nothing was cached".into()),
@@ -999,31 +1028,47 @@ pub fn calibrate(ranks: usize, out: Option<PathBuf>, timeout: Duration) -> ExitC
         eprintln!("error: --ranks {ranks}: the collectives need 2 or more GPUs");
         return ExitCode::FAILURE;
     }
-    let world = match streamweave::calibrate::World::open(streamweave::calibrate::WorldOptions {
-        ranks,
-        timeout,
-        nccl: weave_comm::NcclOptions::default(),
-    }) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("error: cannot open {ranks} GPU(s): {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let cal = match streamweave::calibrate::calibrate(&world) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: calibration failed: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (timeout, path);
+        eprintln!("error: weave calibrate: {NO_CUDA_FEATURE}");
+        ExitCode::FAILURE
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let world =
+            match streamweave::calibrate::World::open(streamweave::calibrate::WorldOptions {
+                ranks,
+                timeout,
+                nccl: weave_comm::NcclOptions::default(),
+            }) {
+                Ok(w) => w,
+                Err(e) => {
+                    eprintln!("error: cannot open {ranks} GPU(s): {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+        let cal = match streamweave::calibrate::calibrate(&world) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: calibration failed: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        write_calibration(&path, &cal)
+    }
+}
+
+/// Writes the calibration `cal` to `path` and prints it.
+#[cfg(feature = "cuda")]
+fn write_calibration(path: &Path, cal: &streamweave::chunks::Calibration) -> ExitCode {
     if let Some(dir) = path.parent() {
         if let Err(e) = std::fs::create_dir_all(dir) {
             eprintln!("error: cannot create {}: {e}", dir.display());
             return ExitCode::FAILURE;
         }
     }
-    if let Err(e) = crate::output::write_output(&path, cal.render().as_bytes()) {
+    if let Err(e) = crate::output::write_output(path, cal.render().as_bytes()) {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }

@@ -3,14 +3,19 @@
 //!
 //! Every child gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
 //! `MASTER_PORT` and `GROUP_RANK=0` on top of the launcher's own environment (so `NCCL_*`
-//! and `CUDA_*` variables pass through untouched). Every rank leads a process group of its
-//! own (`process-wrap`), and the launcher stops a rank by killing its whole group, so
-//! whatever the rank started goes with it, even a process that ignores SIGTERM. When a child
-//! fails, the others get a grace period and are then killed; the whole run is bounded by a
-//! timeout; a SIGINT, SIGTERM or SIGHUP to the launcher (a Ctrl-C at the terminal, a
-//! `timeout(1)` around it) kills every group at once. When a rank ends, what it left running
-//! in its group is killed too, and every error path kills what was started before returning:
-//! no process of a rank outlives the launch.
+//! and `CUDA_*` variables pass through untouched). Unless `--master-port` names the port, the
+//! launcher binds port 0 on `MASTER_ADDR`, publishes the port the system gave as
+//! `MASTER_PORT` and hands the listening socket itself to rank 0 (an inherited descriptor
+//! named by `WEAVE_STORE_FD`), whose store serves on it: the port is bound from the moment it
+//! is chosen, so two launches at once, or any other program, cannot take it in between.
+//!
+//! Every rank leads a process group of its own (`process-wrap`), and the launcher stops a
+//! rank by killing its whole group, so whatever the rank started goes with it, even a process
+//! that ignores SIGTERM. When a child fails, the others get a grace period and are then
+//! killed; the whole run is bounded by a timeout; a SIGINT, SIGTERM or SIGHUP to the launcher
+//! (a Ctrl-C at the terminal, a `timeout(1)` around it) kills every group at once. When a rank
+//! ends, what it left running in its group is killed too, and every error path kills what was
+//! started before returning: no process of a rank outlives the launch.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -58,7 +63,8 @@ pub struct LaunchOptions {
     pub grace: Duration,
     /// `MASTER_ADDR` given to every child.
     pub master_addr: String,
-    /// `MASTER_PORT` given to every child; `None` picks a free port on 127.0.0.1.
+    /// `MASTER_PORT` given to every child; `None`: the launcher binds port 0 on
+    /// `master_addr` and hands the bound socket to rank 0's store (see the module docs).
     pub master_port: Option<u16>,
 }
 
@@ -212,8 +218,13 @@ pub enum LaunchError {
         /// What is wrong with it.
         reason: String,
     },
-    /// No free port could be found for `MASTER_PORT`.
-    Port(std::io::Error),
+    /// No port could be bound on `MASTER_ADDR` for `MASTER_PORT`.
+    Port {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The pipe that tells the ranks' watchers the launcher is alive could not be made.
     Pipe(std::io::Error),
     /// A rank could not be started; the ranks started before it were killed.
@@ -242,8 +253,8 @@ impl fmt::Display for LaunchError {
             LaunchError::CommandNotFound { command, reason } => {
                 write!(f, "cannot launch `{}`: {reason}", command.to_string_lossy())
             }
-            LaunchError::Port(e) => {
-                write!(f, "cannot find a free port for MASTER_PORT on 127.0.0.1: {e}")
+            LaunchError::Port { addr, source } => {
+                write!(f, "cannot bind a port for MASTER_PORT on {addr}: {source}")
             }
             LaunchError::Pipe(e) => write!(f, "cannot make the launcher's pipe: {e}"),
             LaunchError::Spawn {
@@ -286,9 +297,9 @@ impl fmt::Display for LaunchError {
 impl std::error::Error for LaunchError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LaunchError::Port(e) | LaunchError::Pipe(e) | LaunchError::Spawn { source: e, .. } => {
-                Some(e)
-            }
+            LaunchError::Port { source: e, .. }
+            | LaunchError::Pipe(e)
+            | LaunchError::Spawn { source: e, .. } => Some(e),
             _ => None,
         }
     }
@@ -313,9 +324,19 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
         .split_first()
         .ok_or(LaunchError::EmptyCommand)?;
     let program = resolve_program(program)?;
-    let master_port = match opts.master_port {
-        Some(port) => port,
-        None => free_port().map_err(LaunchError::Port)?,
+    // The store's socket, bound here and handed to rank 0, unless the port was given.
+    let (store, master_port) = match opts.master_port {
+        Some(port) => (None, port),
+        None => {
+            let port_error = |source| LaunchError::Port {
+                addr: opts.master_addr.clone(),
+                source,
+            };
+            let listener =
+                std::net::TcpListener::bind((opts.master_addr.as_str(), 0)).map_err(port_error)?;
+            let port = listener.local_addr().map_err(port_error)?.port();
+            (Some(listener), port)
+        }
     };
 
     // Set by SIGINT, SIGTERM or SIGHUP to the signal's number; the ranks, in groups of their
@@ -325,7 +346,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<LaunchReport, LaunchError> {
         .into_iter()
         .filter_map(|s| signal_hook::flag::register_usize(s, signal.clone(), s as usize).ok())
         .collect();
-    let result = launch_ranks(opts, &program, args, master_port, &signal);
+    let result = launch_ranks(opts, &program, args, master_port, store, &signal);
     for id in handlers {
         signal_hook::low_level::unregister(id);
     }
@@ -463,6 +484,7 @@ fn launch_ranks(
     program: &Path,
     args: &[OsString],
     master_port: u16,
+    mut store: Option<std::net::TcpListener>,
     signal: &AtomicUsize,
 ) -> Result<LaunchReport, LaunchError> {
     let start = Instant::now();
@@ -485,6 +507,11 @@ fn launch_ranks(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         die_with_launcher(&mut cmd, std::os::fd::AsRawFd::as_raw_fd(&launcher_alive));
+        if rank == 0 {
+            if let Some(listener) = &store {
+                hand_down(&mut cmd, listener);
+            }
+        }
         let mut cmd = CommandWrap::from(cmd);
         cmd.wrap(ProcessGroup::leader());
         match cmd.spawn() {
@@ -501,6 +528,8 @@ fn launch_ranks(
                     readers,
                     outcome: None,
                 });
+                // Rank 0 holds the store's socket now; the launcher keeps no copy.
+                store = None;
             }
             Err(source) => {
                 for running in &mut children {
@@ -727,10 +756,25 @@ fn resolve_program(program: &OsStr) -> Result<PathBuf, LaunchError> {
     which::which(path).map_err(|_| not_found("no such command in PATH".to_string()))
 }
 
-/// A port that was free a moment ago on 127.0.0.1 (the OS picks it).
-fn free_port() -> std::io::Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    Ok(listener.local_addr()?.port())
+/// Hands the store's listening socket to the rank `cmd` starts: the descriptor, close-on-exec
+/// in the launcher (so no other rank inherits it), stays open across this rank's exec, and
+/// `WEAVE_STORE_FD` names it ([`weave_comm::bootstrap::STORE_FD`]).
+#[allow(unsafe_code)]
+fn hand_down(cmd: &mut Command, listener: &std::net::TcpListener) {
+    use std::os::unix::process::CommandExt;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(listener);
+    cmd.env(weave_comm::bootstrap::STORE_FD, fd.to_string());
+    // SAFETY: between fork and exec the closure calls only `fcntl`, which is
+    // async-signal-safe, on a descriptor the launcher keeps open until the spawn returns; it
+    // changes the child's copy of the descriptor's flags only.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// A duration in seconds as `5 s` or `0.5 s`.

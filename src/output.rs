@@ -7,8 +7,8 @@
 
 use std::fmt;
 use std::io::{self, Write};
-use std::path::Path;
-use std::sync::Once;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
 use streamweave::output::{is_stream, kind};
 
@@ -102,12 +102,61 @@ pub fn write_output(path: &Path, contents: &[u8]) -> Result<(), String> {
         }
         None => {}
     }
-    HANDLER.call_once(remove_temporaries_on_signals);
+    clean_up_on_signals();
     streamweave::output::write_output(path, contents, false)
 }
 
 /// Starts the signal thread once, before the first temporary file exists.
 static HANDLER: Once = Once::new();
+
+/// The hidden variable that makes every atomic write hold its written temporary file this
+/// many milliseconds before renaming it ([`streamweave::output::hold_temporaries`]): a window
+/// for the tests that interrupt a write with a signal.
+pub const HOLD_WRITES_ENV: &str = "WEAVE_TEST_HOLD_WRITES_MS";
+
+/// Makes SIGINT, SIGTERM and SIGHUP remove the temporary files of this process's atomic
+/// writes, and the outputs [`remove_on_signal`] lists, before they end the process (once per
+/// process; [`write_output`] calls it). Whatever else writes through the library's writer
+/// (the tuning cache, [`streamweave::tune::store`]) calls it first: the library installs no
+/// signal handler of its own.
+pub fn clean_up_on_signals() {
+    HANDLER.call_once(|| {
+        remove_temporaries_on_signals();
+        if let Some(ms) = std::env::var(HOLD_WRITES_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            streamweave::output::hold_temporaries(std::time::Duration::from_millis(ms));
+        }
+    });
+}
+
+/// Outputs of this run that a signal must take away with it: a trace whose SVG timeline is
+/// not written yet (a run's outputs appear together or not at all).
+static INCOMPLETE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn incomplete() -> MutexGuard<'static, Vec<PathBuf>> {
+    INCOMPLETE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Lists `path`, an output this run is about to write or has written, for removal should a
+/// signal end the process before [`keep_on_signal`] takes it off the list. Only a regular
+/// file or a path with nothing there yet is listed: a link, a device or a FIFO given as the
+/// output is the user's, never removed.
+pub fn remove_on_signal(path: &Path) {
+    let ours = match std::fs::symlink_metadata(path) {
+        Ok(m) => m.is_file(),
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    };
+    if ours {
+        incomplete().push(path.to_path_buf());
+    }
+}
+
+/// Takes `path` off the list of [`remove_on_signal`]: the output is complete.
+pub fn keep_on_signal(path: &Path) {
+    incomplete().retain(|p| p != path);
+}
 
 /// Writes `contents` to `path` as [`write_output`] does (kept for its callers).
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), String> {
@@ -136,10 +185,13 @@ pub fn remove_stale(path: &Path) -> Result<(), String> {
     }
 }
 
-/// Removes every temporary file being written now; the signal thread calls it before the
-/// process ends.
+/// Removes every temporary file being written now, and the incomplete outputs
+/// [`remove_on_signal`] lists; the signal thread calls it before the process ends.
 pub fn remove_temporaries() {
     streamweave::output::remove_temporaries();
+    for p in incomplete().drain(..) {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 /// Starts the thread that, on SIGINT, SIGTERM or SIGHUP, removes the temporary files and ends

@@ -1,7 +1,9 @@
 //! The files `weave` reads and writes, of every kind: output paths that are links, devices,
 //! FIFOs or directories are written through or refused, never replaced; new files follow the
 //! umask; input files are read with a size cap (`/dev/zero` fails fast); an earlier run's
-//! trace never outlives the next run.
+//! trace never outlives the next run; a signal in the middle of a write (held open by the
+//! hidden `WEAVE_TEST_HOLD_WRITES_MS`) leaves no temporary, no half file and no trace without
+//! its timeline.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -296,5 +298,114 @@ fn a_trace_into_a_fifo_gets_no_timeline_beside_it() {
         "{out}"
     );
     assert_eq!(names(&dir), ["trace.fifo"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Starts `weave ARGS` with every atomic write held `hold` (`WEAVE_TEST_HOLD_WRITES_MS`)
+/// between writing its temporary file and renaming it, waits until `ready` holds of `dir`
+/// (a write is being held), sends SIGTERM and waits for the process: it must die of the
+/// signal. Returns its stdout and stderr.
+fn interrupted(
+    args: &[&str],
+    hold: Duration,
+    dir: &Path,
+    ready: impl Fn(&[String]) -> bool,
+) -> (String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weave"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("WEAVE_LOG")
+        .env_remove("WEAVE_DUMP")
+        .env("WEAVE_TEST_HOLD_WRITES_MS", hold.as_millis().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !ready(&names(dir)) {
+        if start.elapsed() > Duration::from_secs(120) || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{args:?}: no write was held in {} ({:?}):\n{}\n{}",
+                dir.display(),
+                names(dir),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(15),
+        "{args:?}: {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}
+
+/// A temporary file of the atomic writer.
+fn is_temporary(name: &str) -> bool {
+    name.starts_with(".weave-") && name.ends_with(".tmp")
+}
+
+/// SIGTERM while `weave tune` writes its tuning cache (the library's writer, a temporary file
+/// beside the cache) leaves neither the temporary nor a cache.
+#[test]
+fn a_signal_during_the_tuning_cache_write_leaves_no_temporary() {
+    let dir = scratch("tune-signal");
+    let cache = dir.join("tune.toml");
+    let args = [
+        "tune",
+        SET_OP,
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--cache",
+        s(&cache),
+    ];
+    let hold = Duration::from_secs(60);
+    let (out, err) = interrupted(&args, hold, &dir, |names| {
+        names.iter().any(|n| is_temporary(n))
+    });
+    assert!(
+        out.contains("candidate"),
+        "the table was printed:\n{out}\n{err}"
+    );
+    assert_eq!(names(&dir), Vec::<String>::new(), "{out}\n{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// SIGTERM while the SVG timeline is written, the trace already in place: no half-written
+/// timeline, no temporary, and no trace without its timeline.
+#[test]
+fn a_signal_between_the_trace_and_its_timeline_leaves_neither() {
+    let dir = scratch("trace-signal");
+    let trace = dir.join("t.json");
+    let args = ["run", SET_OP, "--trace", s(&trace)];
+    // The trace is renamed into place (after its own hold of 5 s) and the timeline's
+    // temporary is being held.
+    let (out, err) = interrupted(&args, Duration::from_secs(5), &dir, |names| {
+        names.iter().any(|n| n == "t.json") && names.iter().any(|n| is_temporary(n))
+    });
+    assert_eq!(names(&dir), Vec::<String>::new(), "{out}\n{err}");
+    // Held in the trace's own write, the signal leaves nothing either.
+    let hold = Duration::from_secs(60);
+    let (out, err) = interrupted(&args, hold, &dir, |names| {
+        names.iter().any(|n| is_temporary(n))
+    });
+    assert_eq!(names(&dir), Vec::<String>::new(), "{out}\n{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,7 +2,8 @@
 //! output comes back prefixed with its rank; a failing rank stops the others after the grace
 //! period, the timeout stops them all, and bad requests fail with a clear message. Stopping a
 //! rank stops its whole process group: what a rank started, even a process that ignores
-//! SIGTERM, SIGHUP and SIGINT, does not outlive the launch.
+//! SIGTERM, SIGHUP and SIGINT, does not outlive the launch. The port of the ranks' store is
+//! bound by the launcher and handed to rank 0, so launches at once never collide.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -381,4 +382,130 @@ fn what_the_ranks_started_dies_with_a_launcher_killed_outright() {
         "what the ranks started outlived the launcher"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The variable that makes [`store_rank`] act as a rank of a launch (it passes otherwise).
+const STORE_RANK: &str = "WEAVE_TEST_STORE_RANK";
+
+/// One rank of [`two_launches_at_once_each_serve_their_own_store`], run by `weave launch` as
+/// this test executable filtered to this test; without [`STORE_RANK`] it does nothing. While
+/// every rank runs, the port in `MASTER_PORT` is taken (rank 0 holds the socket the launcher
+/// bound, before it even opens its store); rank 0 serves the store on exactly that port, hands
+/// its launch's id to every rank and waits until every rank has it.
+#[test]
+fn store_rank() {
+    use weave_comm::bootstrap::{exchange_id, gather, LaunchEnv};
+    let Ok(launch) = std::env::var(STORE_RANK) else {
+        return;
+    };
+    let env = LaunchEnv::from_lookup(|name| std::env::var(name).ok())
+        .unwrap()
+        .expect("the launcher's variables");
+    assert_eq!(env.store_fd.is_some(), env.rank == 0, "{env:?}");
+    let taken = std::net::TcpListener::bind(("127.0.0.1", env.master_port)).unwrap_err();
+    assert_eq!(taken.kind(), std::io::ErrorKind::AddrInUse, "{taken}");
+    let store = env.open_store(Duration::from_secs(60)).unwrap();
+    assert_eq!(store.is_server(), env.rank == 0);
+    assert_eq!(store.local_addr().port(), env.master_port);
+    let id = exchange_id(&store, env.rank, || {
+        Ok(format!("the id of launch {launch}").into_bytes())
+    })
+    .unwrap();
+    // Rank 0's store outlives the others' use of it: it has every rank's last value, and
+    // lingers while its answers to those last requests reach them.
+    gather(&store, env.rank, env.world, "done", b"").unwrap();
+    if env.rank == 0 {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    println!(
+        "store of rank {} at port {}: {}",
+        env.rank,
+        env.master_port,
+        String::from_utf8(id).unwrap()
+    );
+}
+
+/// Two launches started at once each bind their own port and serve their own store on it:
+/// every rank of a launch reaches its own rank 0 and gets its own launch's id.
+#[test]
+fn two_launches_at_once_each_serve_their_own_store() {
+    let me = std::env::current_exe().unwrap();
+    let me = me.to_str().unwrap();
+    let start = |launch: &str| {
+        Command::new(env!("CARGO_BIN_EXE_weave"))
+            .args(["launch", "-n", "3", "--timeout-secs", "120", "--"])
+            .args([
+                me,
+                "--exact",
+                "store_rank",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(STORE_RANK, launch)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let launches = [start("a"), start("b")];
+    let mut ports = Vec::new();
+    for (launch, child) in ["a", "b"].into_iter().zip(launches) {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "launch {launch}:\n{stdout}\n{stderr}");
+        let mut port = None;
+        for rank in 0..3 {
+            // The harness may print `test store_rank ... ` first on the same line.
+            let prefix = format!("[rank {rank}] ");
+            let marker = format!("store of rank {rank} at port ");
+            let line = stdout
+                .lines()
+                .filter(|l| l.starts_with(&prefix))
+                .find_map(|l| l.split_once(&marker).map(|(_, rest)| rest))
+                .unwrap_or_else(|| panic!("launch {launch}: no line of rank {rank}:\n{stdout}"));
+            let (p, id) = line.split_once(": ").unwrap();
+            assert_eq!(id, format!("the id of launch {launch}"), "{stdout}");
+            assert!(*port.get_or_insert(p.to_string()) == p, "{stdout}");
+        }
+        ports.push(port.unwrap());
+    }
+    assert_ne!(ports[0], ports[1]);
+}
+
+/// A port given with `--master-port` is the ranks' to bind: no socket is handed down.
+#[test]
+fn a_given_port_hands_no_socket_down() {
+    let (code, out, err, _) = weave(&[
+        "launch",
+        "-n",
+        "2",
+        "--master-port",
+        "29556",
+        "--",
+        "sh",
+        "-c",
+        "echo $MASTER_PORT ${WEAVE_STORE_FD-none}",
+    ]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    for rank in 0..2 {
+        assert!(out.contains(&format!("[rank {rank}] 29556 none")), "{out}");
+    }
+    // Without it only rank 0 gets the socket.
+    let (code, out, err, _) = weave(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo rank $RANK fd ${WEAVE_STORE_FD-none}",
+    ]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("[rank 1] rank 1 fd none"), "{out}");
+    let fd = out
+        .lines()
+        .find_map(|l| l.strip_prefix("[rank 0] rank 0 fd "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(fd.parse::<u32>().is_ok(), "{out}");
 }

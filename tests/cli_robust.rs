@@ -84,16 +84,48 @@ fn a_tensor_beyond_the_host_memory_names_the_bytes_it_asks_for() {
 
 #[test]
 fn the_largest_timeouts_and_grace_periods_are_no_overflow() {
-    let max = u64::MAX.to_string();
-    let (code, out, err) = weave(&["run", SET_OP, "--timeout-secs", &max]);
+    // A year is the longest timeout of every command, and runs without overflowing a
+    // deadline.
+    let year = "31536000";
+    let (code, out, err) = weave(&["run", SET_OP, "--timeout-secs", year]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("result: PASS"), "{out}");
+    let (code, _, err) = weave(&["launch", "-n", "1", "--timeout-secs", year, "--", "true"]);
+    assert_eq!(code, Some(0), "{err}");
     // A failing rank starts the grace period; the others end first, so the run ends.
+    let max = u64::MAX.to_string();
     let (code, _, err) = weave(&["launch", "-n", "2", "--grace-secs", &max, "--", "false"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("launch: 2 of 2 rank(s) failed"), "{err}");
-    let (code, _, err) = weave(&["launch", "-n", "1", "--timeout-secs", &max, "--", "true"]);
-    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn a_timeout_beyond_a_year_is_refused_naming_the_flag() {
+    let cases: [&[&str]; 4] = [
+        &["run", SET_OP],
+        &["launch", "-n", "1"],
+        &["tune", SET_OP],
+        &["calibrate"],
+    ];
+    let max = u64::MAX.to_string();
+    for args in cases {
+        for value in ["31536001", max.as_str(), "0"] {
+            let mut full: Vec<&str> = args.to_vec();
+            full.extend(["--timeout-secs", value]);
+            if args[0] == "launch" {
+                full.extend(["--", "true"]);
+            }
+            let (code, out, err) = weave(&full);
+            // clap's usage error: status 2, the flag and the accepted range named, nothing run.
+            assert_eq!(code, Some(2), "{full:?}:\n{out}\n{err}");
+            assert!(
+                err.contains(&format!("invalid value '{value}' for '--timeout-secs"))
+                    && err.contains("1..=31536000"),
+                "{full:?}:\n{err}"
+            );
+            assert!(out.is_empty(), "{full:?}:\n{out}");
+        }
+    }
 }
 
 /// Runs `weave ARGS` with its stdout a pipe whose reading end is closed before it starts.

@@ -603,9 +603,10 @@ fn an_all_to_all_with_another_split_on_its_cut_axis_is_refused() {
     );
 }
 
-/// A scatter from another mesh onto a 2-D mesh is refused at load, at the `set`.
+/// A scatter from another mesh onto a 2-D mesh: the input is copied whole onto the 2-D mesh
+/// (a Broadcast), then scattered within each row of it.
 #[test]
-fn a_scatter_onto_a_two_dimensional_mesh_from_another_is_refused_at_load() {
+fn a_scatter_onto_a_two_dimensional_mesh_from_another_broadcasts_then_scatters() {
     let src = "fusion sc(n = 2) {
   mesh r = [0]
   mesh m = devices(2, 2)
@@ -615,14 +616,10 @@ fn a_scatter_onto_a_two_dimensional_mesh_from_another_is_refused_at_load() {
   schedule y { mesh = m; outer_split(0, 2) -> DIDx }
 }
 ";
-    let e = streamweave::load("sc.weave", src, &[])
-        .expect_err("refused at load")
-        .to_string();
-    assert!(
-        e.contains("Scatter needs a 1-D receiver mesh in `y = set(x)`, got DeviceMesh{{0 1}{2 3}}"),
-        "{e}"
-    );
-    assert!(e.contains("--> sc.weave:5:7"), "{e}");
+    let f = streamweave::load("sc.weave", src, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let text = host_ir::print(&streamweave::compile(f).unwrap_or_else(|e| panic!("{e}")));
+    assert!(text.contains("type=Broadcast"), "{text}");
+    assert!(text.contains("type=Scatter, team=(0 1 | 2 3)"), "{text}");
 }
 
 /// A set on a 2-D mesh that swaps the DIDx and DIDy axes becomes three collectives, each over

@@ -123,6 +123,9 @@ enum Un {
     Exp,
     Tanh,
     Sigmoid,
+    Erf,
+    Gelu,
+    GeluTanh,
 }
 
 impl Un {
@@ -134,6 +137,9 @@ impl Un {
             Un::Exp => "exp",
             Un::Tanh => "tanh",
             Un::Sigmoid => "sigmoid",
+            Un::Erf => "erf",
+            Un::Gelu => "gelu",
+            Un::GeluTanh => "gelu_tanh",
         }
     }
 }
@@ -146,6 +152,9 @@ fn un() -> impl Strategy<Value = Un> {
         Just(Un::Exp),
         Just(Un::Tanh),
         Just(Un::Sigmoid),
+        Just(Un::Erf),
+        Just(Un::Gelu),
+        Just(Un::GeluTanh),
     ]
 }
 
@@ -529,6 +538,8 @@ struct Reduction {
     /// Elements added to an axis cut only into stream chunks (uneven chunks).
     ragged: usize,
     max: bool,
+    /// With `max`: a `min` reduction instead.
+    min: bool,
     axis: usize,
     pre: Option<Un>,
     did: RedDid,
@@ -548,7 +559,7 @@ fn reduction() -> impl Strategy<Value = Reduction> {
             [1usize..=2, 1usize..=3, 1usize..=2],
             0usize..3,
         ),
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
         0usize..3,
         prop_oneof![Just(None), un().prop_map(Some)],
         prop_oneof![
@@ -565,7 +576,7 @@ fn reduction() -> impl Strategy<Value = Reduction> {
         ),
     )
         .prop_map(
-            |((d, s, streams, sizes, ragged), max, axis, pre, did, stream, (post, rot))| {
+            |((d, s, streams, sizes, ragged), (max, min), axis, pre, did, stream, (post, rot))| {
                 Reduction {
                     d,
                     s,
@@ -573,6 +584,7 @@ fn reduction() -> impl Strategy<Value = Reduction> {
                     sizes,
                     ragged,
                     max,
+                    min,
                     axis,
                     pre,
                     did,
@@ -650,7 +662,11 @@ impl Reduction {
             writeln!(src, "  pre = {}(inp)", u.name()).unwrap();
             cur = "pre".to_string();
         }
-        let op = if spec.max { "max" } else { "sum" };
+        let op = match (spec.max, spec.min) {
+            (false, _) => "sum",
+            (true, false) => "max",
+            (true, true) => "min",
+        };
         let red = if spec.post.is_some() { "red" } else { "out" };
         writeln!(src, "  {red} = {op}({cur}, [{r}])").unwrap();
         if let Some(u) = spec.post {
@@ -1687,6 +1703,7 @@ fn fixed_programs_of_every_family_match_the_reference() {
             sizes: [2, 1, 2],
             ragged: 0,
             max: false,
+            min: false,
             axis: 1,
             pre: Some(Un::Abs),
             did: RedDid::Reduced { root: false },
@@ -1703,11 +1720,29 @@ fn fixed_programs_of_every_family_match_the_reference() {
             sizes: [1, 2, 1],
             ragged: 1,
             max: true,
+            min: false,
             axis: 0,
             pre: None,
             did: RedDid::Scatter(1),
             stream: Some(1),
             post: None,
+            rot: 0,
+        }
+        .case(),
+        // A min over a DID-split axis (an allreduce of ncclMin's kind), gelu before it.
+        Reduction {
+            d: 4,
+            s: 2,
+            streams: 2,
+            sizes: [1, 2, 2],
+            ragged: 0,
+            max: true,
+            min: true,
+            axis: 1,
+            pre: Some(Un::Gelu),
+            did: RedDid::Reduced { root: false },
+            stream: Some(0),
+            post: Some(Un::Erf),
             rot: 0,
         }
         .case(),

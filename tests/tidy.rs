@@ -7,6 +7,8 @@
 //!   log-subscriber crate into a user's build (its normal dependency tree, from the resolve
 //!   graph of `cargo metadata`) and, like the compiler crates, reads no environment variable
 //!   (the binaries do), and no published package needs an unpublished one;
+//! * a CPU-only `weave` (`cargo build -p weave-cli --no-default-features`) builds neither
+//!   cudarc nor weave-cuda (`cargo tree`);
 //! * every workspace package inherits the workspace lints;
 //! * every repository path that README.md and docs/*.md name exists.
 
@@ -472,5 +474,59 @@ fn every_repository_path_in_the_readme_and_docs_exists() {
             "README.md: crates/gone.rs",
             "docs/guide.md: link to missing.md"
         ]
+    );
+}
+
+/// The packages `cargo tree -p PACKAGE -e normal ARGS` lists (normal dependencies only, as a
+/// user's build resolves them).
+fn tree(package: &str, args: &[&str]) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let out = Command::new(cargo)
+        .args([
+            "tree",
+            "--package",
+            package,
+            "--edges",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .args(["--format", "{p}"])
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_cpu_only_weave_builds_no_cuda_bindings() {
+    let cpu = tree("weave-cli", &["--no-default-features"]);
+    assert!(
+        cpu.contains("streamweave") && cpu.contains("clap"),
+        "the tree misses the CLI's own dependencies: {cpu:?}"
+    );
+    let cuda: Vec<&String> = cpu
+        .iter()
+        .filter(|p| *p == "cudarc" || *p == "weave-cuda")
+        .collect();
+    assert!(
+        cuda.is_empty(),
+        "`cargo build -p weave-cli --no-default-features` builds {cuda:?}"
+    );
+    // The default build does have them: the check looks where it should.
+    let default = tree("weave-cli", &[]);
+    assert!(
+        default.contains("cudarc") && default.contains("weave-cuda"),
+        "{default:?}"
     );
 }

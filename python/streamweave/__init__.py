@@ -223,7 +223,7 @@ def _input_array(name: str, spec: "TensorSpec", value: Any) -> "np.ndarray[Any, 
         array = array.astype(array.dtype.newbyteorder("<"))
     if array.shape != spec.shape:
         raise ShapeError(
-            "input `%s`: has sizes %s but the program takes %s"
+            "input `%s`: has shape %s but the program takes %s"
             % (name, list(array.shape), list(spec.shape))
         )
     return array

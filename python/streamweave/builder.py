@@ -177,6 +177,16 @@ _KINDS: Dict[str, Tuple[Tuple[Tuple[str, str], ...], str]] = {
         (("x", "tensor"), ("w", "tensor"), ("bias", "tensor?")),
         "``x`` ``[.., k]``, ``w`` ``[n, k]`` and an optional ``bias`` ``[n]``",
     ),
+    "iota": ((("a", "tensor"), ("axis", "int")), "``a`` a tensor (its shape), ``axis`` an axis"),
+    "slice": (
+        (("a", "tensor"), ("axis", "int"), ("start", "size"), ("stop", "size")),
+        "``a`` a tensor, ``axis`` an axis, ``start`` and ``stop`` sizes (ints or size "
+        "expressions such as ``\"2 * h\"``)",
+    ),
+    "concat": (
+        (("a", "tensor"), ("b", "tensor"), ("axis", "int")),
+        "``a`` and ``b`` tensors equal but along ``axis``",
+    ),
 }
 
 # What each op computes, for its docstring (an op not listed gets its kind's wording).
@@ -220,12 +230,19 @@ _DOCS = {
     "gelu_tanh": "GELU's tanh approximation, "
     "``a * (1 + tanh(sqrt(2 / pi) * (a + 0.044715 * a ** 3))) / 2``",
     "max": "the maximum of ``a`` over ``axes`` (kept as reduction axes)",
+    "min": "the minimum of ``a`` over ``axes`` (kept as reduction axes)",
+    "var": "the population variance of ``a`` over ``axes``, in two passes (the mean, then "
+    "the mean of the squared deviations from it)",
     "broadcast": "``a`` with broadcast axes inserted at ``axes``",
     "squeeze": "``a`` without its broadcast axes ``axes``",
     "permute": "``a`` with its axes permuted",
     "reshape": "``a`` with one axis split in two or two adjacent axes merged",
     "matmul": "the matrix product ``a @ b``",
     "linear": "``x @ w.T (+ bias)``",
+    "iota": "an ``i64`` tensor of ``a``'s shape whose every element is its index along ``axis`` "
+    "(a causal mask is ``b.ge(b.iota(s, 0), b.iota(s, 1))``)",
+    "slice": "the elements ``start:stop`` of ``a`` along ``axis``",
+    "concat": "``a`` then ``b`` along ``axis``",
 }
 
 _KIND_DOCS = {
@@ -338,6 +355,26 @@ class ReshapeOp(Protocol):
     def __call__(self, a: Value, shape: Sequence[Size], *, name: Optional[str] = None) -> Value: ...
 
 
+class IotaOp(Protocol):
+    """``b.iota(a, axis, name=None)``."""
+
+    def __call__(self, a: Value, axis: int, *, name: Optional[str] = None) -> Value: ...
+
+
+class SliceOp(Protocol):
+    """``b.slice(a, axis, start, stop, name=None)``."""
+
+    def __call__(
+        self, a: Value, axis: int, start: Size, stop: Size, *, name: Optional[str] = None
+    ) -> Value: ...
+
+
+class ConcatOp(Protocol):
+    """``b.concat(a, b, axis, name=None)``."""
+
+    def __call__(self, a: Value, b: Value, axis: int, *, name: Optional[str] = None) -> Value: ...
+
+
 class LinearOp(Protocol):
     """``b.linear(x, w, bias=None, name=None)``."""
 
@@ -393,13 +430,18 @@ class Builder:
     where: WhereOp
     sum: AxesOp
     max: AxesOp
+    min: AxesOp
     mean: AxesOp
+    var: AxesOp
     broadcast: AxesOp
     squeeze: AxesOp
     permute: PermuteOp
     reshape: ReshapeOp
     matmul: MatmulOp
     linear: LinearOp
+    iota: IotaOp
+    slice: SliceOp
+    concat: ConcatOp
 
     def __init__(
         self, name: str, roles: Optional[Dict[str, str]] = None, **params: Optional[int]
@@ -482,6 +524,14 @@ class Builder:
                 _at(where, "%s(%s=%r): a list of sizes (ints or expressions) is needed" % (op, param, v))
             )
         return "[" + ", ".join(_expr(x, "%s(%s=...)" % (op, param)) for x in v) + "]"
+
+    def _int(self, v: object, op: str, param: str, where: Tuple[str, int]) -> str:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ArgumentTypeError(_at(where, "%s(%s=%r): an int is needed" % (op, param, v)))
+        return str(v)
+
+    def _size(self, v: object, op: str, param: str, where: Tuple[str, int]) -> str:
+        return _expr(v, "%s(%s=...)" % (op, param))
 
     def _dtype(self, v: object, op: str, param: str, where: Tuple[str, int]) -> str:
         try:
@@ -628,6 +678,8 @@ _CONVERT = {
     "ints": "_ints",
     "sizes": "_sizes",
     "dtype": "_dtype",
+    "int": "_int",
+    "size": "_size",
 }
 
 

@@ -154,7 +154,7 @@ def test_the_errors_are_the_built_in_kinds_too() -> None:
     with pytest.raises(sw.ShapeError) as shape:
         exe.run({"x": np.zeros(4, dtype=np.float32)})
     assert isinstance(shape.value, ValueError) and isinstance(shape.value, sw.StreamweaveError)
-    assert str(shape.value) == "input `x`: has sizes [4] but the program takes [3]"
+    assert str(shape.value) == "input `x`: has shape [4] but the program takes [3]"
     with pytest.raises(KeyError) as missing:
         exe.run({})
     assert isinstance(missing.value, sw.InputNameError)

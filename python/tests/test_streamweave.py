@@ -176,7 +176,7 @@ def test_a_0_d_input_is_given_as_a_scalar_or_a_0_d_array() -> None:
         r = exe.run({"x": x, "a": a}, check=True)
         assert r.passed
         np.testing.assert_array_equal(r.outputs["y"], x * 2.5)
-    with pytest.raises(sw.StreamweaveError, match="input `a`: has sizes \\[1\\] but the program takes \\[\\]"):
+    with pytest.raises(sw.StreamweaveError, match="input `a`: has shape \\[1\\] but the program takes \\[\\]"):
         exe.run({"x": x, "a": np.array([2.5], dtype=np.float32)})
 
 

@@ -130,8 +130,8 @@ enum Command {
         #[arg(long, default_value_t = 0x5eed)]
         seed: u64,
         /// How long a stream or a collective waits before failing, and how long the whole run
-        /// may take, in seconds (at least 1).
-        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        /// may take, in seconds (1 to 31,536,000: a year).
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
         /// Write a one-line JSON summary (scenario, ranks, mode, max errors, wall time,
         /// result) to this file. An earlier file is removed first; on any failure `passed`
@@ -215,8 +215,8 @@ enum Command {
         /// How many processes (ranks) to start.
         #[arg(short = 'n', long = "nprocs", value_name = "N")]
         nprocs: usize,
-        /// Kill every rank still running after this many seconds (at least 1).
-        #[arg(long, value_name = "T", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+        /// Kill every rank still running after this many seconds (1 to 31,536,000: a year).
+        #[arg(long, value_name = "T", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
         /// After a rank fails, kill the others once this many seconds have passed.
         #[arg(long, value_name = "G", default_value_t = 5)]
@@ -224,7 +224,8 @@ enum Command {
         /// MASTER_ADDR given to every rank.
         #[arg(long, value_name = "A", default_value = weave_cli::launch::DEFAULT_MASTER_ADDR)]
         master_addr: String,
-        /// MASTER_PORT given to every rank (default: a free port on 127.0.0.1).
+        /// MASTER_PORT given to every rank (default: a port the launcher binds on the
+        /// MASTER_ADDR and hands, still bound, to rank 0's store through WEAVE_STORE_FD).
         #[arg(long, value_name = "P")]
         master_port: Option<u16>,
         /// The command and its arguments, after `--`. A bare `weave` runs this executable.
@@ -262,8 +263,9 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         cache: Option<PathBuf>,
         /// How long a stream or a collective waits before failing, and how long each
-        /// candidate's runs (warm-up and timed) may take together, in seconds (at least 1).
-        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        /// candidate's runs (warm-up and timed) may take together, in seconds (1 to
+        /// 31,536,000: a year).
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
     },
     /// Measure this machine for the chunk-count model (`--chunks auto`) on N GPUs: bf16 GEMM
@@ -277,8 +279,9 @@ enum Command {
         /// streamweave/calibration.txt in the platform's cache directory).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
-        /// How long any wait may take before the calibration fails, in seconds (at least 1).
-        #[arg(long, value_name = "T", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        /// How long any wait may take before the calibration fails, in seconds (1 to
+        /// 31,536,000: a year).
+        #[arg(long, value_name = "T", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
     },
 }
@@ -288,6 +291,10 @@ const MAX_STREAMS: u64 = 64;
 
 /// The most warm-up or timed runs (`--warmup`, `--iters`) one command asks for.
 const MAX_RUNS: u64 = 1_000_000;
+
+/// The longest `--timeout-secs` of every command: a year (365 days), far from any overflow
+/// of the deadlines computed from it.
+const MAX_TIMEOUT_SECS: u64 = 31_536_000;
 
 /// The longest `--tune-budget-secs`: a day.
 const MAX_TUNE_BUDGET_SECS: u64 = 86_400;
@@ -626,7 +633,13 @@ fn dump(file: &Path, set: &[(String, i64)], flags: &DumpFlags) -> ExitCode {
 fn is_cuda(backend: Option<&str>) -> Option<bool> {
     match backend {
         None | Some("cpu") => Some(false),
+        #[cfg(feature = "cuda")]
         Some("cuda") => Some(true),
+        #[cfg(not(feature = "cuda"))]
+        Some("cuda") => {
+            eprintln!("error: --backend cuda: {}", weave_cli::cli::NO_CUDA_FEATURE);
+            None
+        }
         Some(b) => {
             eprintln!("error: --backend {b}: unknown backend (expected cpu or cuda)");
             None

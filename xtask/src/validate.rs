@@ -70,6 +70,26 @@ const STEPS: &[Step] = &[
         args: &["test", "--package", "streamweave", "--no-default-features"],
         env: &[],
     },
+    // The CPU-only `weave` (its tests need the default features: their dev-dependencies
+    // build the CUDA bindings); `.ci/run` also runs it.
+    Step {
+        name: "clippy (cpu-only weave)",
+        args: &[
+            "clippy",
+            "--package",
+            "weave-cli",
+            "--no-default-features",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Step {
+        name: "build (cpu-only weave)",
+        args: &["build", "--package", "weave-cli", "--no-default-features"],
+        env: &[],
+    },
 ];
 
 /// Runs every step; fails with the name of the first step that fails.

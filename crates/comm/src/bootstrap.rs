@@ -6,7 +6,11 @@
 //!   Slurm, in that order of precedence; none of them set means a single process.
 //! * [`TcpStore`]: rank 0 serves a key-value map on `MASTER_ADDR:MASTER_PORT`, the other
 //!   ranks connect to it (retrying until the timeout, since rank 0 may start later). `get`
-//!   blocks until the key is set, bounded by the timeout.
+//!   blocks until the key is set, bounded by the timeout. A launcher that picks the port
+//!   itself (`weave launch`) binds port 0 and hands the bound, listening socket to rank 0
+//!   ([`STORE_FD`]), publishing its port as `MASTER_PORT`: no other process can take the port
+//!   between the pick and rank 0's store, as it could were the port picked, freed and bound
+//!   again.
 //! * [`exchange_id`] hands rank 0's NCCL unique id to every rank; [`gather`] collects one
 //!   value per rank on rank 0.
 //!
@@ -35,6 +39,12 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 /// The variable that chooses the port of rank 0's store outright.
 pub const STORE_PORT: &str = "WEAVE_STORE_PORT";
 
+/// The variable through which a launcher hands rank 0 the listening socket of its store: the
+/// number of an inherited descriptor, a TCP socket listening at `MASTER_PORT` (`weave launch`
+/// binds port 0 and sets it on rank 0 only). Rank 0 serves its stores on that socket instead
+/// of binding `MASTER_PORT` itself.
+pub const STORE_FD: &str = "WEAVE_STORE_FD";
+
 /// The key under which [`exchange_id`] publishes the NCCL unique id.
 pub const NCCL_ID_KEY: &str = "nccl-id";
 
@@ -57,6 +67,10 @@ pub struct LaunchEnv {
     pub master_port: u16,
     /// The launcher the variables came from: `torchrun`, `Open MPI`, `PMI` or `Slurm`.
     pub source: &'static str,
+    /// On rank 0, the inherited descriptor of the listening socket its launcher bound for the
+    /// store ([`STORE_FD`]); `None` when rank 0 binds `master_port` itself, and on every
+    /// other rank.
+    pub store_fd: Option<i32>,
 }
 
 /// The variables one launcher sets: rank, world size, local rank, local world size (the last
@@ -126,7 +140,7 @@ impl LaunchEnv {
     /// `MPI_LOCALNRANKS`), Slurm (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`). Its world
     /// size must be set too; a missing local rank means a single node (local rank = rank), a
     /// missing local world size means the whole world. `MASTER_ADDR` and `MASTER_PORT` are
-    /// read whatever the launcher.
+    /// read whatever the launcher, and on rank 0 [`STORE_FD`].
     ///
     /// `Ok(None)` when no launcher variable is set: a single process. A malformed or
     /// inconsistent value is a [`CommError::Bootstrap`] naming the variable and its value.
@@ -229,6 +243,21 @@ impl LaunchEnv {
             None => master_port,
         };
 
+        // Only rank 0 serves the store; the variable means nothing elsewhere.
+        let store_fd = match get(STORE_FD).filter(|_| rank == 0) {
+            Some(value) => Some(
+                value
+                    .trim()
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|fd| *fd >= 0)
+                    .ok_or_else(|| {
+                        bootstrap(format!("{STORE_FD}={value} is not a descriptor number"))
+                    })?,
+            ),
+            None => None,
+        };
+
         Ok(Some(LaunchEnv {
             rank,
             world,
@@ -237,6 +266,7 @@ impl LaunchEnv {
             master_addr,
             master_port,
             source: convention.source,
+            store_fd,
         }))
     }
 
@@ -255,15 +285,110 @@ impl LaunchEnv {
         }
     }
 
-    /// Rank 0 serves the store at [`LaunchEnv::store_addr`]; every other rank connects to
-    /// it, waiting at most `timeout` for rank 0 to appear.
+    /// Rank 0 serves the store at [`LaunchEnv::store_addr`] (on the socket its launcher
+    /// handed it when [`LaunchEnv::store_fd`] is set, which must listen at `master_port`);
+    /// every other rank connects to it, waiting at most `timeout` for rank 0 to appear.
     pub fn open_store(&self, timeout: Duration) -> Result<TcpStore, CommError> {
-        if self.rank == 0 {
-            TcpStore::serve(&self.store_addr(), self.world, timeout)
-        } else {
-            TcpStore::connect(&self.store_addr(), timeout)
+        match (self.rank, self.store_fd) {
+            (0, Some(fd)) => {
+                let listener = inherited_listener(fd, self.master_port)?;
+                TcpStore::serve_on(listener, self.world, timeout)
+            }
+            (0, None) => TcpStore::serve(&self.store_addr(), self.world, timeout),
+            _ => TcpStore::connect(&self.store_addr(), timeout),
         }
     }
+}
+
+/// The listening sockets this process inherited ([`STORE_FD`]), each adopted once by its
+/// descriptor number and lent to every store served on it as a clone.
+static INHERITED: Mutex<Vec<(i32, TcpListener)>> = Mutex::new(Vec::new());
+
+/// A clone of the inherited listening socket `fd`, which must listen at `port`: adopted the
+/// first time (as a close-on-exec copy, so that the programs this process starts do not hold
+/// the port), cloned every time, so that one process may serve several stores on it one
+/// after another.
+fn inherited_listener(fd: i32, port: u16) -> Result<TcpListener, CommError> {
+    let named = |why: String| bootstrap(format!("{STORE_FD}={fd}: {why}"));
+    let mut inherited = INHERITED.lock().unwrap_or_else(|e| e.into_inner());
+    let index = match inherited.iter().position(|(f, _)| *f == fd) {
+        Some(index) => index,
+        None => {
+            let listener = adopt_listener(fd).map_err(|e| named(e.to_string()))?;
+            let wrong = match listener.local_addr() {
+                Ok(bound) if bound.port() == port => None,
+                Ok(bound) => Some(format!(
+                    "the socket listens at port {}, not at MASTER_PORT's {port}",
+                    bound.port()
+                )),
+                Err(e) => Some(format!("not a TCP socket: {e}")),
+            };
+            if let Some(why) = wrong {
+                // Not the store's socket, so not ours to close: the descriptor stays open.
+                std::mem::forget(listener);
+                return Err(named(why));
+            }
+            // Kept as a close-on-exec copy, the inherited descriptor closed: the programs
+            // this process starts do not hold the port.
+            let kept = listener
+                .try_clone()
+                .map_err(|e| named(format!("cannot use the socket: {e}")))?;
+            drop(listener);
+            inherited.push((fd, kept));
+            inherited.len() - 1
+        }
+    };
+    inherited[index]
+        .1
+        .try_clone()
+        .map_err(|e| named(format!("cannot use the socket: {e}")))
+}
+
+/// Takes ownership of the inherited descriptor `fd` once it is known to be an open socket
+/// that listens.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn adopt_listener(fd: i32) -> io::Result<TcpListener> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fcntl` and `getsockopt` accept any integer as a descriptor (an error when it
+    // is not an open one); `getsockopt` writes at most `len` bytes into `listening`.
+    unsafe {
+        if libc::fcntl(fd, libc::F_GETFD) < 0 {
+            return Err(io::Error::other(format!(
+                "not an open descriptor: {}",
+                io::Error::last_os_error()
+            )));
+        }
+        let mut listening: libc::c_int = 0;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        if libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&raw mut listening).cast(),
+            &mut len,
+        ) != 0
+        {
+            return Err(io::Error::other(format!(
+                "not a socket: {}",
+                io::Error::last_os_error()
+            )));
+        }
+        if listening == 0 {
+            return Err(io::Error::other("the socket does not listen"));
+        }
+        // SAFETY: the descriptor is open and a listening socket, handed to this process by
+        // its launcher for its store; [`INHERITED`] adopts each descriptor number once.
+        Ok(TcpListener::from_raw_fd(fd))
+    }
+}
+
+/// Elsewhere no descriptor is inherited.
+#[cfg(not(unix))]
+fn adopt_listener(_fd: i32) -> io::Result<TcpListener> {
+    Err(io::Error::other(
+        "inherited sockets are supported on Unix only",
+    ))
 }
 
 /// The longest key the store accepts, in bytes.
@@ -378,9 +503,20 @@ impl TcpStore {
     pub fn serve(addr: &str, world: usize, timeout: Duration) -> Result<TcpStore, CommError> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| bootstrap(format!("cannot serve the store on {addr}: {e}")))?;
+        Self::serve_on(listener, world, timeout)
+    }
+
+    /// Serves a store on `listener`, a socket the caller bound (a launcher's, handed down
+    /// through [`STORE_FD`]), for a run of `world` ranks, as [`TcpStore::serve`] does;
+    /// [`TcpStore::local_addr`] is the address it is bound to.
+    pub fn serve_on(
+        listener: TcpListener,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<TcpStore, CommError> {
         let local = listener
             .local_addr()
-            .map_err(|e| bootstrap(format!("cannot serve the store on {addr}: {e}")))?;
+            .map_err(|e| bootstrap(format!("cannot serve the store: {e}")))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| bootstrap(format!("cannot serve the store on {local}: {e}")))?;

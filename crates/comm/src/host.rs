@@ -29,7 +29,28 @@ enum Data {
     F64(Vec<f64>),
 }
 
+/// `len` copies of `value`, or `None` when the memory cannot be had (never an abort). Every
+/// page is written, so the memory counts against the process at once.
+fn filled<T: Clone>(len: usize, value: T) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).ok()?;
+    v.resize(len, value);
+    Some(v)
+}
+
 impl Data {
+    /// [`Data::new`], `None` when the memory cannot be had.
+    fn try_new(dtype: DataType, len: usize, zero: bool) -> Option<Data> {
+        Some(match dtype {
+            DataType::Bool => Data::Bool(filled(len, 0)?),
+            DataType::I64 => Data::I64(filled(len, if zero { 0 } else { POISON_I64 })?),
+            DataType::F16 => Data::F16(filled(len, if zero { f16::ZERO } else { f16::NAN })?),
+            DataType::Bf16 => Data::Bf16(filled(len, if zero { bf16::ZERO } else { bf16::NAN })?),
+            DataType::F32 => Data::F32(filled(len, if zero { 0.0 } else { f32::NAN })?),
+            DataType::F64 => Data::F64(filled(len, if zero { 0.0 } else { f64::NAN })?),
+        })
+    }
+
     fn new(dtype: DataType, len: usize, zero: bool) -> Data {
         // Uninitialised buffers are poisoned (NaN, or a large sentinel for integers) so that a
         // read of never-written memory shows up in results instead of passing as zeros.
@@ -120,13 +141,38 @@ impl HostView {
         }
     }
 
+    /// [`HostView::allocate`], or an error saying how many bytes could not be had (an
+    /// allocation that fails is an error, never an abort).
+    pub fn try_allocate(dtype: DataType, shape: &[usize], zero: bool) -> Result<HostView, String> {
+        let len = shape
+            .iter()
+            .try_fold(1usize, |a, &n| a.checked_mul(n))
+            .ok_or_else(|| format!("the element count of sizes {shape:?} overflows"))?;
+        let data = Data::try_new(dtype, len, zero).ok_or_else(|| {
+            format!(
+                "{} bytes of host memory for {len} {dtype:?} element(s) could not be allocated",
+                len.saturating_mul(dtype.size())
+            )
+        })?;
+        let storage = Storage {
+            id: NEXT_STORAGE.fetch_add(1, Ordering::Relaxed),
+            dtype,
+            shape: shape.to_vec(),
+            data: RwLock::new(data),
+        };
+        Ok(HostView {
+            storage: Arc::new(storage),
+            ranges: shape.iter().map(|&n| 0..n).collect(),
+        })
+    }
+
     /// A fresh storage of `shape` holding `values` (row-major, rounded to `dtype`).
     pub fn from_values(
         dtype: DataType,
         shape: &[usize],
         values: &[f64],
     ) -> Result<HostView, String> {
-        let view = HostView::allocate(dtype, shape, true);
+        let view = HostView::try_allocate(dtype, shape, true)?;
         view.write(values)?;
         Ok(view)
     }
@@ -223,6 +269,22 @@ impl HostView {
                 idx[a] = self.ranges[a].start;
             }
         }
+    }
+
+    /// [`HostView::read`], or an error when the memory for the values cannot be had (never
+    /// an abort).
+    pub fn try_read(&self) -> Result<Vec<f64>, String> {
+        let n = self.numel();
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| {
+            format!(
+                "{} bytes of host memory to read {n} element(s) could not be allocated",
+                n.saturating_mul(8)
+            )
+        })?;
+        let data = self.storage.data.read().unwrap_or_else(|e| e.into_inner());
+        self.for_each_run(|start, len| out.extend((start..start + len).map(|i| data.get(i))));
+        Ok(out)
     }
 
     /// The view's elements in row-major order.

@@ -62,6 +62,7 @@ fn torchrun_variables() {
             master_addr: "node0.cluster".into(),
             master_port: 12345,
             source: "torchrun",
+            store_fd: None,
         }
     );
     assert_eq!(e.device(), 1);
@@ -603,6 +604,7 @@ fn open_store_serves_on_rank_0_and_connects_elsewhere() {
         master_addr: "127.0.0.1".into(),
         master_port: port,
         source: "torchrun",
+        store_fd: None,
     };
     let server = launch(0).open_store(LONG).unwrap();
     assert!(server.is_server());
@@ -610,4 +612,82 @@ fn open_store_serves_on_rank_0_and_connects_elsewhere() {
     assert!(!client.is_server());
     client.set("x", b"y").unwrap();
     assert_eq!(server.get("x").unwrap(), b"y");
+}
+
+/// A launcher that binds port 0 hands rank 0 the listening socket (`WEAVE_STORE_FD`) and
+/// publishes its port as `MASTER_PORT`: rank 0 serves on that very socket (never binding the
+/// port again, so nothing can take it in between), and can do so for one store after another.
+#[cfg(unix)]
+#[test]
+fn rank_0_serves_on_the_socket_its_launcher_bound() {
+    use std::os::fd::IntoRawFd;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // The descriptor now belongs to "rank 0", as an inherited one would.
+    let fd = listener.into_raw_fd().to_string();
+    let port_s = port.to_string();
+    let vars = |rank: &'static str| {
+        vec![
+            ("RANK", rank),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_PORT", port_s.as_str()),
+            ("WEAVE_STORE_FD", fd.as_str()),
+        ]
+    };
+    let rank0 = parsed(&vars("0"));
+    assert_eq!(rank0.store_fd, Some(fd.parse().unwrap()));
+    // Only rank 0 serves: the variable means nothing elsewhere.
+    let rank1 = parsed(&vars("1"));
+    assert_eq!(rank1.store_fd, None);
+    for round in 0..2 {
+        let server = rank0.open_store(LONG).unwrap();
+        assert!(server.is_server());
+        assert_eq!(server.local_addr().port(), port);
+        let client = rank1.open_store(LONG).unwrap();
+        let id = format!("id {round}");
+        let made = exchange_id(&server, 0, || Ok(id.clone().into_bytes())).unwrap();
+        let got = exchange_id(&client, 1, || -> Result<Vec<u8>, CommError> {
+            unreachable!("rank 1 never makes the id")
+        })
+        .unwrap();
+        assert_eq!(
+            (made.as_slice(), got.as_slice()),
+            (id.as_bytes(), id.as_bytes())
+        );
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_store_descriptor_that_is_not_the_launchers_socket_is_named() {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+    let base = [("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_PORT", "29500")];
+    let with = |fd: &str| {
+        let mut vars = base.to_vec();
+        vars.push(("WEAVE_STORE_FD", fd));
+        parsed(&vars).open_store(LONG).unwrap_err().to_string()
+    };
+    assert_eq!(
+        error(&[base.as_slice(), &[("WEAVE_STORE_FD", "-1")]].concat()),
+        "bootstrap failed: WEAVE_STORE_FD=-1 is not a descriptor number"
+    );
+    let e = with("1000000");
+    assert!(
+        e.contains("WEAVE_STORE_FD=1000000: not an open descriptor"),
+        "{e}"
+    );
+    let file = std::fs::File::open(env!("CARGO_MANIFEST_DIR")).unwrap();
+    let e = with(&file.as_raw_fd().to_string());
+    assert!(e.contains("not a socket"), "{e}");
+    // A socket that listens elsewhere than MASTER_PORT is left alone and named.
+    let other = TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let fd = other.into_raw_fd();
+    let e = with(&fd.to_string());
+    assert!(
+        e.contains(&format!(
+            "the socket listens at port {other_port}, not at MASTER_PORT's 29500"
+        )),
+        "{e}"
+    );
 }

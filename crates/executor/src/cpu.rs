@@ -169,6 +169,9 @@ pub struct CpuBackend {
     workers: Mutex<Vec<JoinHandle<()>>>,
     spans: Arc<Mutex<Vec<Span>>>,
     allocations: Mutex<Vec<Weak<Storage>>>,
+    /// Set when the backend is dropped: the workers skip what is still queued (a run that
+    /// failed or timed out leaves no work running on after it).
+    halted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl CpuBackend {
@@ -181,6 +184,7 @@ impl CpuBackend {
             workers: Mutex::new(Vec::new()),
             spans: Arc::new(Mutex::new(Vec::new())),
             allocations: Mutex::new(Vec::new()),
+            halted: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 
@@ -203,6 +207,7 @@ impl CpuBackend {
             .find(|(k, _)| *k == key)
             .map(|(_, d)| *d);
         let worker_inner = inner.clone();
+        let halted = self.halted.clone();
         let spans = self.options.trace.then(|| self.spans.clone());
         let epoch = self.epoch;
         let name = match key {
@@ -216,7 +221,8 @@ impl CpuBackend {
                     if let Some(d) = delay {
                         std::thread::sleep(d);
                     }
-                    let failed = worker_inner.progress().error.is_some();
+                    let failed =
+                        halted.load(Ordering::SeqCst) || worker_inner.progress().error.is_some();
                     let start = Instant::now();
                     let result = if failed { Ok(()) } else { job() };
                     if let Some(spans) = &spans {
@@ -296,6 +302,8 @@ impl CpuBackend {
 
 impl Drop for CpuBackend {
     fn drop(&mut self) {
+        // What is still queued is skipped: nobody will read its results.
+        self.halted.store(true, Ordering::SeqCst);
         for s in self.all_streams() {
             s.inner
                 .sender
@@ -313,12 +321,12 @@ impl Drop for CpuBackend {
 }
 
 /// Reads a view as a dense tensor.
-fn dense_of(view: &HostView) -> Dense {
-    Dense {
+fn dense_of(view: &HostView) -> Result<Dense, String> {
+    Ok(Dense {
         dtype: ir_dtype(view.dtype()),
         sizes: view.sizes(),
-        data: view.read(),
-    }
+        data: view.try_read()?,
+    })
 }
 
 /// Writes `value` into `out`, whose sizes may differ from the value's only by axes of
@@ -400,16 +408,16 @@ impl Backend for CpuBackend {
         zero: bool,
         stream: &CpuStream,
     ) -> Result<HostView, ExecError> {
-        crate::memory::check_host(
+        let view = crate::memory::allocate_host(
             &format!("a {dtype} buffer"),
             sizes,
             crate::dense::elem_bytes(dtype),
+            || HostView::try_allocate(data_type(dtype), sizes, false).ok(),
         )
         .map_err(|message| ExecError::Compute {
             stmt: "Allocate".into(),
             message,
         })?;
-        let view = HostView::allocate(data_type(dtype), sizes, false);
         let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
         allocations.retain(|w| w.strong_count() > 0);
         allocations.push(Arc::downgrade(view.storage()));
@@ -493,7 +501,7 @@ impl Backend for CpuBackend {
         let inputs = inputs.to_vec();
         let outputs = outputs.to_vec();
         self.enqueue_compute(stream, label, move || {
-            let args: Vec<Dense> = inputs.iter().map(dense_of).collect();
+            let args: Vec<Dense> = inputs.iter().map(dense_of).collect::<Result<_, _>>()?;
             let results = interp::eval_fusion(&fusion, &args, Precision::RoundOutputs)?;
             if results.len() != outputs.len() {
                 return Err(format!(
@@ -520,7 +528,7 @@ impl Backend for CpuBackend {
     ) -> Result<(), ExecError> {
         let (a, b, out) = (a.clone(), b.clone(), out.clone());
         self.enqueue_compute(stream, label, move || {
-            let value = interp::matmul_dense(&dense_of(&a), &dense_of(&b))?;
+            let value = interp::matmul_dense(&dense_of(&a)?, &dense_of(&b)?)?;
             store(&out, &value, "the product")
         });
         Ok(())
@@ -538,8 +546,8 @@ impl Backend for CpuBackend {
         let (x, w, out) = (input.clone(), weight.clone(), out.clone());
         let bias = bias.cloned();
         self.enqueue_compute(stream, label, move || {
-            let b = bias.as_ref().map(dense_of);
-            let value = interp::linear_dense(&dense_of(&x), &dense_of(&w), b.as_ref())?;
+            let b = bias.as_ref().map(dense_of).transpose()?;
+            let value = interp::linear_dense(&dense_of(&x)?, &dense_of(&w)?, b.as_ref())?;
             store(&out, &value, "the product")
         });
         Ok(())
@@ -551,16 +559,22 @@ impl Backend for CpuBackend {
         // The copy lands in stream order on the main stream, as the CUDA backend's upload
         // does: a pool stream that reads an input before synchronizing with the main stream
         // really races.
-        let view = HostView::allocate(source.dtype(), &data.sizes, false);
+        let view = crate::memory::allocate_host(
+            &format!("an input of {:?}", data.sizes),
+            &data.sizes,
+            crate::dense::elem_bytes(data.dtype),
+            || HostView::try_allocate(source.dtype(), &data.sizes, false).ok(),
+        )
+        .map_err(ExecError::Input)?;
         let v = view.clone();
         let main = self.stream(StreamKey::Main)?;
-        self.enqueue_compute(&main, "upload", move || v.write(&source.read()));
+        self.enqueue_compute(&main, "upload", move || v.write(&source.try_read()?));
         Ok(view)
     }
 
     fn download(&self, buffer: &HostView, stream: &CpuStream) -> Result<Dense, ExecError> {
         self.wait_idle(stream)?;
-        Ok(dense_of(buffer))
+        dense_of(buffer).map_err(ExecError::Input)
     }
 
     fn synchronize(&self) -> Result<(), ExecError> {

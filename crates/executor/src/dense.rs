@@ -76,21 +76,34 @@ impl Dense {
     /// values rather than a wrapped count.
     pub fn random(dtype: DType, sizes: Vec<usize>, seed: u64) -> Dense {
         let numel = checked_numel(&sizes).unwrap_or(0);
+        Dense::random_into(dtype, sizes, seed, Vec::with_capacity(numel))
+    }
+
+    /// [`Dense::random`], `None` when the memory for its values cannot be had (never an
+    /// abort) or the element count overflows.
+    pub fn try_random(dtype: DType, sizes: Vec<usize>, seed: u64) -> Option<Dense> {
+        let numel = checked_numel(&sizes)?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(numel).ok()?;
+        Some(Dense::random_into(dtype, sizes, seed, data))
+    }
+
+    /// The values of [`Dense::random`] pushed into `data` (which holds their capacity).
+    fn random_into(dtype: DType, sizes: Vec<usize>, seed: u64, mut data: Vec<f64>) -> Dense {
+        let numel = checked_numel(&sizes).unwrap_or(0);
         let mut rng = generator(seed);
-        let data: Vec<f64> = (0..numel)
-            .map(|_| {
-                let r = rng.next_u64();
-                match dtype {
-                    DType::I64 => (r % 17) as f64 - 8.0,
-                    DType::Bool => (r >> 63) as f64,
-                    _ => {
-                        // 53 random bits -> [0, 1) -> [-1, 1).
-                        let u = (r >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-                        round_to(dtype, 2.0 * u - 1.0)
-                    }
+        data.extend((0..numel).map(|_| {
+            let r = rng.next_u64();
+            match dtype {
+                DType::I64 => (r % 17) as f64 - 8.0,
+                DType::Bool => (r >> 63) as f64,
+                _ => {
+                    // 53 random bits -> [0, 1) -> [-1, 1).
+                    let u = (r >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+                    round_to(dtype, 2.0 * u - 1.0)
                 }
-            })
-            .collect();
+            }
+        }));
         let mut out = Dense { dtype, sizes, data };
         if out.data.iter().all(|v| *v == 0.0) {
             if let Some(first) = out.data.first_mut() {

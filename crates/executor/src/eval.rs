@@ -1210,6 +1210,7 @@ pub fn program_teams(program: &HostProgram) -> Vec<Vec<usize>> {
 fn red_op(op: Option<ReduceOp>) -> RedOp {
     match op {
         Some(ReduceOp::Max) => RedOp::Max,
+        Some(ReduceOp::Min) => RedOp::Min,
         _ => RedOp::Sum,
     }
 }

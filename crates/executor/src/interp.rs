@@ -289,6 +289,67 @@ fn eval_expr(
         ),
         ExprKind::Matmul => matmul(x, ins[1])?,
         ExprKind::Linear => linear(x, ins[1], ins.get(2).copied())?,
+        ExprKind::Iota { axis } => {
+            check_axes(&[*axis], x.sizes.len())?;
+            whole_axis(fusion, kind, in_ids[0], *axis, x.sizes[*axis])?;
+            let inner: usize = x.sizes[*axis + 1..].iter().product();
+            let n = x.sizes[*axis].max(1);
+            let mut data = zeroed(&x.sizes)?;
+            fill(&mut data, 0, |i| ((i / inner.max(1)) % n) as f64);
+            (x.sizes.clone(), data)
+        }
+        ExprKind::Slice { axis, start, stop } => {
+            check_axes(&[*axis], x.sizes.len())?;
+            whole_axis(fusion, kind, in_ids[0], *axis, x.sizes[*axis])?;
+            let value = |s: &Scalar| {
+                fusion
+                    .eval(s)
+                    .and_then(|v| usize::try_from(v).ok())
+                    .ok_or_else(|| format!("slice bound `{}` has no value", s.to_source()))
+            };
+            let (b, e) = (value(start)?, value(stop)?);
+            if b > e || e > x.sizes[*axis] {
+                return Err(format!(
+                    "slice {b}..{e} of axis {axis} of sizes {:?}",
+                    x.sizes
+                ));
+            }
+            let outer: usize = x.sizes[..*axis].iter().product();
+            let inner: usize = x.sizes[*axis + 1..].iter().product();
+            let mut data = Vec::with_capacity(outer * (e - b) * inner);
+            for o in 0..outer {
+                let row = (o * x.sizes[*axis] + b) * inner;
+                data.extend_from_slice(&x.data[row..row + (e - b) * inner]);
+            }
+            let mut sizes = x.sizes.clone();
+            sizes[*axis] = e - b;
+            (sizes, data)
+        }
+        ExprKind::Concat { axis } => {
+            let y = ins[1];
+            check_axes(&[*axis], x.sizes.len())?;
+            let same = x.sizes.len() == y.sizes.len()
+                && (0..x.sizes.len()).all(|k| k == *axis || x.sizes[k] == y.sizes[k]);
+            if !same {
+                return Err(format!(
+                    "concat along axis {axis} of sizes {:?} and {:?}",
+                    x.sizes, y.sizes
+                ));
+            }
+            whole_axis(fusion, kind, in_ids[0], *axis, x.sizes[*axis])?;
+            whole_axis(fusion, kind, in_ids[1], *axis, y.sizes[*axis])?;
+            let outer: usize = x.sizes[..*axis].iter().product();
+            let inner: usize = x.sizes[*axis + 1..].iter().product();
+            let (na, nb) = (x.sizes[*axis] * inner, y.sizes[*axis] * inner);
+            let mut data = Vec::with_capacity(outer * (na + nb));
+            for o in 0..outer {
+                data.extend_from_slice(&x.data[o * na..(o + 1) * na]);
+                data.extend_from_slice(&y.data[o * nb..(o + 1) * nb]);
+            }
+            let mut sizes = x.sizes.clone();
+            sizes[*axis] += y.sizes[*axis];
+            (sizes, data)
+        }
     };
     if !is_view(kind) && matches!(out_dtype, DType::I64 | DType::Bool) {
         for v in &mut data {
@@ -302,6 +363,32 @@ fn eval_expr(
     })
 }
 
+/// `iota`, `slice` and `concat` index their axis globally, so a kernel must hold all of it:
+/// an error (never a wrong number) where a device or stream split cut the axis of operand
+/// `t` to `local` of its declared extent (sharding propagation can place such a split where
+/// the user's schedules did not, which load checks).
+fn whole_axis(
+    fusion: &Fusion,
+    kind: &ExprKind,
+    t: TensorId,
+    axis: usize,
+    local: usize,
+) -> Result<(), String> {
+    let vis = fusion.visible_axes(t);
+    let Some(id) = vis.get(axis) else {
+        return Ok(());
+    };
+    match fusion.eval(&fusion.id(*id).extent) {
+        Some(n) if n as usize != local => Err(format!(
+            "{}: axis {axis} of `{}` is cut to {local} of its {n} elements here (a device or stream split of that axis reached this op); {} needs the whole axis: keep it unsplit, or split another axis",
+            kind.op_name(),
+            fusion.tensor(t).name,
+            kind.op_name()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// True for the ops that move values without computing new ones.
 pub(crate) fn is_view(kind: &ExprKind) -> bool {
     matches!(
@@ -312,6 +399,8 @@ pub(crate) fn is_view(kind: &ExprKind) -> bool {
             | ExprKind::Squeeze { .. }
             | ExprKind::Permute { .. }
             | ExprKind::Reshape { .. }
+            | ExprKind::Slice { .. }
+            | ExprKind::Concat { .. }
     )
 }
 
@@ -499,8 +588,9 @@ fn for_rows(out: &mut [f64], row_len: usize, f: impl Fn(usize, &mut [f64]) + Syn
 /// A zero-filled result of `sizes`, checked first (element count, host memory) so that a
 /// huge result is an error, not an abort.
 fn zeroed(sizes: &[usize]) -> Result<Vec<f64>, String> {
-    crate::memory::check_host("a result", sizes, size_of::<f64>())?;
-    Ok(vec![0.0; checked_numel(sizes).unwrap_or(0)])
+    crate::memory::allocate_host("a result", sizes, size_of::<f64>(), || {
+        crate::memory::try_zeros(checked_numel(sizes).unwrap_or(0))
+    })
 }
 
 /// A pointwise op over `N` operands with numpy broadcasting.
@@ -563,9 +653,10 @@ fn reduce(x: &Dense, op: ReduceOp, axes: &[usize]) -> Result<Value, String> {
         .ok_or_else(|| crate::memory::overflow("a reduction", &red_sizes))?;
     let mut out = zeroed(&out_sizes)?;
     let out_n = out.len();
-    if red_n == 0 && out_n > 0 && op == ReduceOp::Max {
+    if red_n == 0 && out_n > 0 && op != ReduceOp::Sum {
         return Err(format!(
-            "max over axes {axes:?} of sizes {:?}, which are empty",
+            "{} over axes {axes:?} of sizes {:?}, which are empty",
+            op.name(),
             x.sizes
         ));
     }
@@ -595,6 +686,13 @@ fn reduce(x: &Dense, op: ReduceOp, axes: &[usize]) -> Result<Value, String> {
                     f64::NAN
                 } else {
                     acc.max(v)
+                }
+            }),
+            ReduceOp::Min => vals.fold(f64::INFINITY, |acc, v| {
+                if acc.is_nan() || v.is_nan() {
+                    f64::NAN
+                } else {
+                    acc.min(v)
                 }
             }),
         }

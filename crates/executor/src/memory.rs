@@ -96,6 +96,45 @@ pub fn check_host(what: &str, sizes: &[usize], elem_bytes: usize) -> Result<(), 
     check_fits(what, bytes, available_host_bytes())
 }
 
+/// Large host allocations of this process, one at a time: each is checked against the memory
+/// the process has left and made (every page written) before the next is checked, so the
+/// ranks of one process share one budget instead of each passing its own check and then
+/// failing together.
+static LARGE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Makes a host buffer of `sizes` at `elem_bytes` per element with `alloc` (which returns
+/// `None` when the memory cannot be had), checked first like [`check_host`]; a large one is
+/// checked and made while holding the process's lock on large allocations (see above). The
+/// error names `what` and the bytes: an allocation failure is never an abort.
+pub fn allocate_host<T>(
+    what: &str,
+    sizes: &[usize],
+    elem_bytes: usize,
+    alloc: impl FnOnce() -> Option<T>,
+) -> Result<T, String> {
+    let bytes = bytes_of(sizes, elem_bytes).ok_or_else(|| overflow(what, sizes))?;
+    let failed = || {
+        format!(
+            "{what} needs {bytes} bytes ({}) of host memory, and they could not be allocated",
+            human(bytes)
+        )
+    };
+    if bytes < CHECK_ABOVE_BYTES {
+        return alloc().ok_or_else(failed);
+    }
+    let _one_at_a_time = LARGE.lock().unwrap_or_else(|e| e.into_inner());
+    check_host(what, sizes, elem_bytes)?;
+    alloc().ok_or_else(failed)
+}
+
+/// `len` zeros, `None` when the memory cannot be had (every page written).
+pub fn try_zeros(len: usize) -> Option<Vec<f64>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).ok()?;
+    v.resize(len, 0.0);
+    Some(v)
+}
+
 /// The message of a shape whose element count overflows.
 pub fn overflow(what: &str, sizes: &[usize]) -> String {
     format!("{what}: the element count of sizes {sizes:?} overflows")
@@ -130,6 +169,28 @@ mod tests {
         assert_eq!(
             check_host("input `x`", &[1 << 32, 1 << 32], 8).unwrap_err(),
             "input `x`: the element count of sizes [4294967296, 4294967296] overflows"
+        );
+    }
+
+    /// An allocation that cannot be had is an error naming the buffer and the bytes, never an
+    /// abort; one that can is made.
+    #[test]
+    fn failed_allocations_are_errors_naming_the_buffer() {
+        assert_eq!(
+            allocate_host("a result", &[3, 4], 8, || try_zeros(12)).unwrap(),
+            vec![0.0; 12]
+        );
+        assert_eq!(
+            allocate_host("a result", &[3, 4], 8, || None::<Vec<f64>>).unwrap_err(),
+            "a result needs 96 bytes (96 B) of host memory, and they could not be allocated"
+        );
+        // More than the address space: try_reserve refuses instead of aborting.
+        assert_eq!(try_zeros(usize::MAX / 4), None);
+        assert!(
+            allocate_host("a result", &[1 << 20, 1 << 20, 1 << 10], 8, || {
+                try_zeros(1 << 50)
+            })
+            .is_err()
         );
     }
 

@@ -573,11 +573,53 @@ impl TensorSig {
                 global.len()
             )));
         }
-        Ok(self
-            .global_indices(rank)
-            .into_iter()
-            .map(|g| global[g])
-            .collect())
+        // Row-major over the rank's indices of each axis (the order of
+        // `global_indices`), without materializing them, into a buffer whose allocation
+        // failing is an error rather than an abort.
+        let per_axis = self.axis_indices(rank);
+        let n = per_axis
+            .iter()
+            .try_fold(1usize, |acc, v| acc.checked_mul(v.len()))
+            .ok_or_else(|| {
+                ShardError(format!(
+                    "tensor `{}`: rank {rank}'s shard has more elements than can be counted",
+                    self.name
+                ))
+            })?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| {
+            ShardError(format!(
+                "tensor `{}`: rank {rank}'s shard of {n} elements ({} bytes) of host memory \
+                 could not be allocated",
+                self.name,
+                n.saturating_mul(size_of::<T>())
+            ))
+        })?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let axes = per_axis.len();
+        let mut strides = vec![1usize; axes];
+        for a in (0..axes.saturating_sub(1)).rev() {
+            strides[a] = strides[a + 1].saturating_mul(self.global[a + 1]);
+        }
+        let mut pos = vec![0usize; axes];
+        loop {
+            let offset: usize = (0..axes).map(|a| per_axis[a][pos[a]] * strides[a]).sum();
+            out.push(global[offset]);
+            let mut a = axes;
+            loop {
+                if a == 0 {
+                    return Ok(out);
+                }
+                a -= 1;
+                pos[a] += 1;
+                if pos[a] < per_axis[a].len() {
+                    break;
+                }
+                pos[a] = 0;
+            }
+        }
     }
 
     /// The global tensor put back together from every rank's buffer (`locals[r]` is rank

@@ -10,7 +10,11 @@
 //!   a stream-parallel output of a `PostOnStream`); a
 //!   collective has a root exactly when its type has one and a reduction exactly when it
 //!   reduces, and at least one team, no device appearing twice among its teams; a
-//!   `ShardByStream` cuts an axis the tensor has.
+//!   `ShardByStream` cuts an axis the tensor has. Buffers hold what is put in them: a
+//!   `LaunchKernel`'s buffers have its fusion's element types; a view has its tensor's
+//!   element type and rank, its tensor's sizes but along the cut axis (where both are known
+//!   at load: constants, or expressions over the signature's parameters), and there at most
+//!   the tensor's extent.
 //! * **Scalars.** A loop index is used only inside the `FOR` that binds it (in loop bounds,
 //!   chunk indices, roots, peers, stream indices and the sizes of what is allocated), and
 //!   each loop index is bound by one `FOR`. Other named symbols (`rank`, `numberOfStreams`,
@@ -76,6 +80,21 @@ pub fn verify(p: &HostProgram) -> Result<(), Diagnostic> {
 /// A signature agrees with the program: one entry per input and output, with the tensor's
 /// dtype and rank, and a local shape (a rank's buffer under the entry's sharding, with the
 /// signature's parameter values) equal to the program's sizes of that tensor.
+/// The element count of `sizes` where every size is known at load (a constant, or an
+/// expression over the signature's parameters); `None` otherwise.
+fn known_numel(p: &HostProgram, sizes: &[ScalarId]) -> Option<i64> {
+    sizes.iter().try_fold(1i64, |acc, &x| {
+        let v = match p.scalars.get(x)? {
+            HostScalar::Value(v) => match &p.signature {
+                Some(sig) => v.eval(&|n| sig.param(n))?,
+                None => v.as_const()?,
+            },
+            _ => return None,
+        };
+        acc.checked_mul(v)
+    })
+}
+
 fn verify_signature(p: &HostProgram) -> VResult {
     let Some(sig) = &p.signature else {
         return Ok(());
@@ -431,6 +450,44 @@ impl Verifier<'_> {
                         self.fail(s, format!("cuts axis {axis} of {n}, which has {rank} axes"))
                     );
                 }
+                // The view's declared sizes are its tensor's, but for the cut axis, which
+                // holds at most the tensor's extent (known sizes only).
+                if let (Some(view), Some(whole)) = (p.tensors.get(*output), p.tensors.get(*input)) {
+                    let known = |v: &[ScalarId]| -> Vec<Option<i64>> {
+                        v.iter().map(|&x| known_numel(p, &[x])).collect()
+                    };
+                    let (vs, ws) = (known(&view.sizes), known(&whole.sizes));
+                    let contradiction = if vs.len() != ws.len() {
+                        Some(format!("has {} axes", vs.len()))
+                    } else if view.dtype != whole.dtype {
+                        Some(format!("is {}", view.dtype))
+                    } else {
+                        vs.iter()
+                            .zip(&ws)
+                            .enumerate()
+                            .find_map(|(a, pair)| match pair {
+                                (Some(v), Some(w)) if a == *axis && v > w => {
+                                    Some(format!("has {v} elements along axis {a}"))
+                                }
+                                (Some(v), Some(w)) if a != *axis && v != w => {
+                                    Some(format!("has {v} elements along axis {a}"))
+                                }
+                                _ => None,
+                            })
+                    };
+                    if let Some(why) = contradiction {
+                        let (o, i) = (self.t(*output), self.t(*input));
+                        return Err(self.fail(
+                            s,
+                            format!(
+                                "makes {o} a view of {i} along axis {axis}, but {o} {why}, \
+                                 which {i} ({} {} axes) cannot hold",
+                                whole.dtype,
+                                ws.len()
+                            ),
+                        ));
+                    }
+                }
                 self.touch(s, state, *output, "rebinds")?;
                 bind(state, *output);
                 state.views.insert(
@@ -493,6 +550,27 @@ impl Verifier<'_> {
                                  computes the whole buffers it is given (stream chunks and \
                                  device shards are views that the host program cuts)",
                                 kf.tensor(t).name
+                            ),
+                        ));
+                    }
+                }
+                // Each buffer holds the element type of the kernel's tensor. (Not its sizes:
+                // a kernel block states the whole tensor's, and a loop launches it on each
+                // chunk's view.)
+                let params = kf.inputs().iter().chain(kf.outputs());
+                for (t, &buffer) in params.zip(inputs.iter().chain(outputs.iter())) {
+                    let tv = kf.tensor(*t);
+                    let Some(host) = p.tensors.get(buffer) else {
+                        continue;
+                    };
+                    let k = self.names.kernel(p, *kernel);
+                    if host.dtype != tv.dtype {
+                        let b = self.t(buffer);
+                        return Err(self.fail(
+                            s,
+                            format!(
+                                "passes {b} ({}) as `{}` of {k}, which is {}",
+                                host.dtype, tv.name, tv.dtype
                             ),
                         ));
                     }

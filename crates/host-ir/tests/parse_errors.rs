@@ -198,7 +198,7 @@ fn labels_and_kernels() {
         "6:7: in kernel `K0`: unknown op `sett` (expected one of: set, segment_set, cast, neg, abs, exp, log, \
          sin, cos, tanh, sqrt, rsqrt, reciprocal, relu, sigmoid, not, erf, gelu, gelu_tanh, add, \
          sub, mul, div, maximum, minimum, pow, eq, ne, lt, le, gt, ge, and, or, where, sum, max, \
-         mean, broadcast, squeeze, permute, reshape, matmul, linear)"
+         min, mean, var, broadcast, squeeze, permute, reshape, matmul, linear, iota, slice, concat)"
     );
     assert_eq!(
         error(&(program("") + "K0: fusion f(n = 4 {\n}\n")),

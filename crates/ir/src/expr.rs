@@ -84,6 +84,8 @@ pub enum ReduceOp {
     Sum,
     /// Maximum.
     Max,
+    /// Minimum.
+    Min,
 }
 
 macro_rules! named_enum {
@@ -114,7 +116,7 @@ named_enum!(BinaryOp {
     Minimum = "minimum", Pow = "pow", Eq = "eq", Ne = "ne", Lt = "lt", Le = "le",
     Gt = "gt", Ge = "ge", And = "and", Or = "or",
 });
-named_enum!(ReduceOp { Sum = "sum", Max = "max" });
+named_enum!(ReduceOp { Sum = "sum", Max = "max", Min = "min" });
 
 impl BinaryOp {
     /// True for comparisons, whose result is bool.
@@ -216,7 +218,7 @@ pub enum ExprKind {
     },
     /// Reduction over `axes`; the output keeps them as reduction axes.
     Reduction {
-        /// Sum or max.
+        /// Sum, max or min.
         op: ReduceOp,
         /// Reduced axes, sorted.
         axes: Vec<usize>,
@@ -241,6 +243,26 @@ pub enum ExprKind {
         /// The new shape.
         shape: Vec<Scalar>,
     },
+    /// `iota(a, axis)`: an `i64` tensor of `a`'s shape whose every element is its index
+    /// along `axis` (`a` gives the shape and the sharding, not values).
+    Iota {
+        /// The axis whose index each element holds.
+        axis: usize,
+    },
+    /// `slice(a, axis, start, stop)`: the elements `start..stop` of `axis`, other axes whole.
+    Slice {
+        /// The sliced axis.
+        axis: usize,
+        /// First index kept.
+        start: Scalar,
+        /// One past the last index kept.
+        stop: Scalar,
+    },
+    /// `concat(a, b, axis)`: `a` then `b` along `axis`; the other axes are equal.
+    Concat {
+        /// The axis the operands are joined along.
+        axis: usize,
+    },
     /// `[.., m, k] x [.., k, n] -> [.., m, n]`.
     Matmul,
     /// `x [.., k], w [n, k] (, bias [n]) -> [.., n]`.
@@ -263,6 +285,9 @@ impl ExprKind {
             ExprKind::Squeeze { .. } => "squeeze",
             ExprKind::Permute { .. } => "permute",
             ExprKind::Reshape { .. } => "reshape",
+            ExprKind::Iota { .. } => "iota",
+            ExprKind::Slice { .. } => "slice",
+            ExprKind::Concat { .. } => "concat",
             ExprKind::Matmul => "matmul",
             ExprKind::Linear => "linear",
         }
@@ -287,7 +312,7 @@ impl ExprKind {
     /// The number of tensor operands this kind takes, as a range.
     pub fn arity(&self) -> std::ops::RangeInclusive<usize> {
         match self {
-            ExprKind::Binary(_) | ExprKind::Matmul => 2..=2,
+            ExprKind::Binary(_) | ExprKind::Matmul | ExprKind::Concat { .. } => 2..=2,
             ExprKind::Where => 3..=3,
             ExprKind::Linear => 2..=3,
             ExprKind::WhereLit { a, b } => {

@@ -1014,6 +1014,101 @@ impl Fusion {
                 let (root, logical) = self.reshape_domains(in0, shape)?;
                 (self.tensors[in0].dtype, logical, Some(root))
             }
+            ExprKind::Iota { axis } => {
+                self.check_axes(op, in0, &[*axis], rank0)?;
+                let vis = self.visible_axes(in0);
+                let out = vis.iter().map(|id| self.fresh_copy(*id)).collect();
+                (DType::I64, out, None)
+            }
+            ExprKind::Slice { axis, start, stop } => {
+                self.check_axes(op, in0, &[*axis], rank0)?;
+                let vis = self.visible_axes(in0);
+                let ext = self.ids[vis[*axis]].extent.clone();
+                let value = |s: &Scalar, what: &str| {
+                    self.check_symbols(s)?;
+                    self.eval(s).ok_or_else(|| {
+                        Diagnostic::new(format!(
+                            "slice: {what} `{}` has no value (set its parameters)",
+                            s.to_source()
+                        ))
+                    })
+                };
+                let (b, e) = (value(start, "start")?, value(stop, "stop")?);
+                let n = self.eval(&ext);
+                if b < 0 || e < b || n.is_some_and(|n| e > n) {
+                    return Err(Diagnostic::new(format!(
+                        "slice: `{}..{}` ({b}..{e}) is not a range of axis {axis} of {}, of extent `{}`{} (0 <= start <= stop <= extent)",
+                        start.to_source(),
+                        stop.to_source(),
+                        self.desc(in0),
+                        ext.to_source(),
+                        n.map(|n| format!(" = {n}")).unwrap_or_default()
+                    )));
+                }
+                if self.ids[vis[*axis]].iter_type == IterType::Broadcast {
+                    return Err(Diagnostic::new(format!(
+                        "slice: axis {axis} of {} is a broadcast axis; slice a real axis",
+                        self.desc(in0)
+                    )));
+                }
+                let len = if start.as_const() == Some(0) {
+                    stop.clone()
+                } else {
+                    stop.clone().sub(start.clone())
+                };
+                let mut out = Vec::new();
+                for (k, id) in vis.iter().enumerate() {
+                    out.push(if k == *axis {
+                        self.ids
+                            .insert(IterDomain::new(len.clone(), IterType::Iteration))
+                    } else {
+                        self.fresh_copy(*id)
+                    });
+                }
+                (self.tensors[in0].dtype, out, None)
+            }
+            ExprKind::Concat { axis } => {
+                let d = self.same_dtype(op, inputs)?;
+                let (va, vb) = (self.visible_axes(in0), self.visible_axes(inputs[1]));
+                self.check_axes(op, in0, &[*axis], rank0)?;
+                if va.len() != vb.len() {
+                    return Err(Diagnostic::new(format!(
+                        "concat: {} has rank {} but {} has rank {}",
+                        self.desc(in0),
+                        va.len(),
+                        self.desc(inputs[1]),
+                        vb.len()
+                    )));
+                }
+                let mut out = Vec::new();
+                for (k, (a, b)) in va.iter().zip(&vb).enumerate() {
+                    let (ea, eb) = (self.ids[*a].extent.clone(), self.ids[*b].extent.clone());
+                    let broadcast =
+                        |id: &IterDomainId| self.ids[*id].iter_type == IterType::Broadcast;
+                    if k == *axis {
+                        if broadcast(a) || broadcast(b) {
+                            return Err(Diagnostic::new(format!(
+                                "concat: axis {axis} of {} and {} must be real axes, not broadcast ones",
+                                self.desc(in0),
+                                self.desc(inputs[1])
+                            )));
+                        }
+                        out.push(
+                            self.ids
+                                .insert(IterDomain::new(ea.add(eb), IterType::Iteration)),
+                        );
+                    } else if !self.same_extent(&ea, &eb) || broadcast(a) != broadcast(b) {
+                        return Err(Diagnostic::new(format!(
+                            "concat: axis {k} of {} and of {} differ; only axis {axis}, the one joined, may",
+                            self.desc(in0),
+                            self.desc(inputs[1])
+                        )));
+                    } else {
+                        out.push(self.fresh_copy(*a));
+                    }
+                }
+                (d, out, None)
+            }
             ExprKind::Matmul => {
                 let d = self.same_dtype(op, inputs)?;
                 (d, self.matmul_axes(inputs[0], inputs[1])?, None)
@@ -1299,6 +1394,84 @@ impl Fusion {
             },
             &[a],
         )
+    }
+
+    /// `name = op(a, axes)`: a sum, max or min reduction.
+    pub fn reduce(
+        &mut self,
+        name: &str,
+        op: ReduceOp,
+        a: TensorId,
+        axes: &[usize],
+    ) -> IrResult<TensorId> {
+        let mut axes = axes.to_vec();
+        axes.sort_unstable();
+        self.add_op(name, ExprKind::Reduction { op, axes }, &[a])
+    }
+
+    /// The ops of `var(a, axes)`, the population variance, in two passes (the mean, then the
+    /// mean of the squared deviations from it, which keeps its precision where the values
+    /// are far from zero): `sum`, `div` by the count, `broadcast` back over `axes`, `sub`,
+    /// `mul` (the square), `sum`, `div`. `names` gives the seven outputs their names, the
+    /// last one the variance's. Over a device-split axis both sums are added across devices.
+    pub fn var_ops(&mut self, names: [&str; 7], a: TensorId, axes: &[usize]) -> IrResult<TensorId> {
+        let mut axes = axes.to_vec();
+        axes.sort_unstable();
+        let n = self
+            .reduced_count(a, &axes)
+            .map_err(|d| Diagnostic::new(d.message.replacen("mean:", "var:", 1)))?;
+        let s = self.reduce(names[0], ReduceOp::Sum, a, &axes)?;
+        let m = self.binary_lit(names[1], BinaryOp::Div, s, n, false)?;
+        let mb = self.add_op(names[2], ExprKind::Broadcast { axes: axes.clone() }, &[m])?;
+        let d = self.binary(names[3], BinaryOp::Sub, a, mb)?;
+        let sq = self.binary(names[4], BinaryOp::Mul, d, d)?;
+        let s2 = self.reduce(names[5], ReduceOp::Sum, sq, &axes)?;
+        self.binary_lit(names[6], BinaryOp::Div, s2, n, false)
+    }
+
+    /// `name = var(a, axes)`: the population variance (see [`Fusion::var_ops`]); the six
+    /// intermediate tensors are named `name_1`, `name_2`, … (the first names no tensor has).
+    pub fn var(&mut self, name: &str, a: TensorId, axes: &[usize]) -> IrResult<TensorId> {
+        self.check_new_name(name)?;
+        let mut names: Vec<String> = Vec::new();
+        let mut i = 1;
+        while names.len() < 6 {
+            let n = format!("{name}_{i}");
+            if self.tensor_by_name(&n).is_none() {
+                names.push(n);
+            }
+            i += 1;
+        }
+        let [a0, a1, a2, a3, a4, a5] = [0, 1, 2, 3, 4, 5].map(|k| names[k].as_str());
+        self.var_ops([a0, a1, a2, a3, a4, a5, name], a, axes)
+    }
+
+    /// `name = iota(a, axis)`: `i64`, `a`'s shape, each element its index along `axis`.
+    pub fn iota(&mut self, name: &str, a: TensorId, axis: usize) -> IrResult<TensorId> {
+        self.add_op(name, ExprKind::Iota { axis }, &[a])
+    }
+
+    /// `name = slice(a, axis, start, stop)`.
+    pub fn slice(
+        &mut self,
+        name: &str,
+        a: TensorId,
+        axis: usize,
+        start: Scalar,
+        stop: Scalar,
+    ) -> IrResult<TensorId> {
+        self.add_op(name, ExprKind::Slice { axis, start, stop }, &[a])
+    }
+
+    /// `name = concat(a, b, axis)`.
+    pub fn concat(
+        &mut self,
+        name: &str,
+        a: TensorId,
+        b: TensorId,
+        axis: usize,
+    ) -> IrResult<TensorId> {
+        self.add_op(name, ExprKind::Concat { axis }, &[a, b])
     }
 
     /// `name = matmul(a, b)`

@@ -161,6 +161,10 @@ fn expr_attrs(kind: &ExprKind) -> Option<String> {
         ExprKind::Broadcast { axes } => Some(format!("new_axes={{{}}}", list(axes))),
         ExprKind::Squeeze { axes } => Some(format!("axes={{{}}}", list(axes))),
         ExprKind::Permute { perm } => Some(format!("perm={{{}}}", list(perm))),
+        ExprKind::Iota { axis } | ExprKind::Concat { axis } => Some(format!("axis={axis}")),
+        ExprKind::Slice { axis, start, stop } => {
+            Some(format!("axis={axis}, start={start}, stop={stop}"))
+        }
         ExprKind::Reshape { shape } => {
             let v: Vec<String> = shape.iter().map(|s| s.to_string()).collect();
             Some(format!("shape={{{}}}", v.join(", ")))

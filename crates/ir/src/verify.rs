@@ -26,6 +26,37 @@ pub fn verify(f: &Fusion) -> IrResult<()> {
     Ok(())
 }
 
+/// The load-time check of `iota`, `slice` and `concat`: they index their axis globally, so no
+/// schedule may cut that axis of an operand or of the result (a device, stream or serial
+/// split, a `parallelize`, or a merge). The error is at the op and names the tensor, the axis
+/// and what to write instead.
+pub fn check_indexed_axes(f: &Fusion) -> IrResult<()> {
+    for e in f.exprs() {
+        let expr = f.expr(*e);
+        let (ExprKind::Iota { axis } | ExprKind::Slice { axis, .. } | ExprKind::Concat { axis }) =
+            &expr.kind
+        else {
+            continue;
+        };
+        let op = expr.kind.op_name();
+        for t in expr.inputs.iter().chain(&expr.outputs) {
+            let tv = f.tensor(*t);
+            let Some(l) = f.visible_axes(*t).get(*axis).copied() else {
+                continue;
+            };
+            let whole = tv.loop_domain.contains(&l) && f.id(l).parallel == ParallelType::Serial;
+            if !whole {
+                return Err(Diagnostic::new(format!(
+                    "{op}: the schedule of `{}` cuts axis {axis}, which `{op}` indexes globally; this op needs that axis whole on every device and in every stream chunk: split another axis of `{}`, or leave it unscheduled",
+                    tv.name, tv.name
+                ))
+                .or_at(expr.span));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn name(f: &Fusion, t: TensorId) -> &str {
     &f.tensor(t).name
 }
@@ -157,7 +188,15 @@ fn check_expr(f: &Fusion, e: crate::ids::ExprId) -> IrResult<()> {
                 )));
             }
         }
-        ExprKind::Matmul | ExprKind::Linear => {
+        ExprKind::Iota { .. } => {
+            if out_tv.dtype != DType::I64 {
+                return Err(Diagnostic::new(format!(
+                    "iota output `{}` is {} but should be i64",
+                    out_tv.name, out_tv.dtype
+                )));
+            }
+        }
+        ExprKind::Matmul | ExprKind::Linear | ExprKind::Concat { .. } => {
             if in_dtypes.iter().any(|d| *d != in_dtypes[0]) || out_tv.dtype != in_dtypes[0] {
                 return Err(Diagnostic::new(format!(
                     "dtype mismatch in {op} defining `{}`",

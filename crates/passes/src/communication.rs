@@ -11,6 +11,7 @@
 //! |---|---|---|---|
 //! | no | no | meshes differ | Broadcast (root = the sender mesh's first device) |
 //! | yes | no | the consumer's Stream axis cuts the producer's sharded axis (same mesh), one chunk per device or with factors that nest | Broadcast (root from the stream loop index; lowering may use a P2P ring) |
+//! | yes | no | the consumer's Stream axis cuts the producer's sharded axis (same mesh), factors that neither match nor nest | none: decompose-reshardings gathers first ([`is_unnested_did_to_stream`]) |
 //! | yes | no | same mesh (also a producer `[s, d, ..]` whose stream chunks the consumer's match: per chunk) | Allgather |
 //! | yes | no | different mesh | Gather (one per receiver) |
 //! | no | yes | – | Scatter |
@@ -458,6 +459,45 @@ pub(crate) fn nests_evenly(
         return false;
     };
     direct(pd, pl) && direct(sd, cs) && t % d == 0 && t % s == 0 && (s % d == 0 || d % s == 0)
+}
+
+/// True if `expr` is a `set` on one mesh from a tensor split across devices on an axis to a
+/// tensor that is not split across devices but stream-split on that axis, whose stream chunks
+/// neither match the device shards nor nest with them (`t = 20`, `d = 4`, `s = 3` or `5`: a
+/// chunk spans two shards unevenly), so that no Broadcast per chunk obtains it.
+/// decompose-reshardings gathers first (an Allgather into a replicated copy outside the stream
+/// loop) and the chunks are then local slices of the copy.
+pub fn is_unnested_did_to_stream(f: &Fusion, expr: ExprId) -> bool {
+    let Some((p, c)) = copy_of(f, expr) else {
+        return false;
+    };
+    if f.mesh_of(p).is_none() || f.mesh_of(p) != f.mesh_of(c) {
+        return false;
+    }
+    let (p_loop, c_loop) = (&f.tensor(p).loop_domain, &f.tensor(c).loop_domain);
+    let Some(sd) = parallel_axis(f, c_loop, ParallelType::Stream) else {
+        return false;
+    };
+    if parallel_axis(f, p_loop, ParallelType::Stream).is_some_and(|ps| same_index(f, p, ps, c, sd))
+    {
+        return false;
+    }
+    let Some(cs) = ancestor(f, sd, f.tensor(c).root_domain()) else {
+        return false;
+    };
+    let pairs = pairwise_map(f, expr, p);
+    DEVICE_TYPES.iter().any(|&pt| {
+        let Some(pd) = parallel_axis(f, p_loop, pt) else {
+            return false;
+        };
+        let Some(pl) = ancestor(f, pd, &f.tensor(p).logical) else {
+            return false;
+        };
+        pairs.contains(&(pl, cs))
+            && parallel_axis(f, c_loop, pt).is_none()
+            && !same_index(f, p, pd, c, sd)
+            && !nests_evenly(f, (pl, pd), (cs, sd))
+    })
 }
 
 /// True if `expr` is a `set` between tensors sharded on the same logical axis by the same

@@ -50,6 +50,13 @@
 //!    into stream chunks (an AllToAll whose pieces would not be blocks), becomes an allgather into `<in>_gathered`
 //!    (replicated on the input's mesh, stream-split like the output or the input) and a
 //!    scatter.
+//!    A DID → Stream `set` whose stream chunks and device shards neither match nor nest
+//!    ([`is_unnested_did_to_stream`]) becomes an Allgather into `<in>_gathered` (replicated,
+//!    not stream-split) and a local copy into the chunks (`gather_then_slice`).
+//!    A `set` from another mesh onto a 2-D mesh that splits it (a Scatter onto it), or that
+//!    changes both DIDx and DIDy between two meshes ([`copies_onto_another_mesh_in_two`]),
+//!    first copies its input whole onto the receiver mesh (`<in>_resharded`), then splits
+//!    that copy on one mesh.
 //!    A `set` on one (2-D) mesh whose DIDx and DIDy shardings both change becomes a chain of
 //!    sets that each change one type (`one_change_per_set`); the gathered copy of a layout
 //!    change keeps the input's splits of the other device types. A reduction over a device
@@ -83,6 +90,7 @@ use weave_host_ir::CommunicationType;
 
 use crate::communication::{
     ancestor, derive_communication, expr_desc, is_layout_change, is_nested_all_to_all,
+    is_unnested_did_to_stream,
 };
 use crate::pass::{Changed, Ir, Pass, PassError};
 use crate::propagate_shardings::{reference_inputs, replay, run_on_fusion};
@@ -643,6 +651,47 @@ pub fn changes_several_device_types(f: &Fusion, e: ExprId) -> bool {
     f.mesh_of(x).is_some() && f.mesh_of(x) == f.mesh_of(y) && changing_types(f, x, y).len() > 1
 }
 
+/// True if `e` is a `set` from one mesh to another whose output is split across devices and
+/// that no single communication performs, because the receiver mesh is 2-D (a Scatter onto
+/// it) or because DIDx and DIDy both change: step 3 first copies the input whole onto the
+/// receiver mesh (`replicate_on_the_receivers`), then splits it there, one set per type.
+pub fn copies_onto_another_mesh_in_two(f: &Fusion, e: ExprId) -> bool {
+    let ex = f.expr(e);
+    if !matches!(ex.kind, ExprKind::Set | ExprKind::SegmentSet)
+        || ex.inputs.len() != 1
+        || ex.outputs.len() != 1
+    {
+        return false;
+    }
+    let (x, y) = (ex.inputs[0], ex.outputs[0]);
+    let (Some(xm), Some(ym)) = (f.mesh_of(x), f.mesh_of(y)) else {
+        return false;
+    };
+    let y_split = DEVICE_TYPES
+        .iter()
+        .any(|pt| parallel_axis(f, &f.tensor(y).loop_domain, *pt).is_some());
+    xm != ym
+        && y_split
+        && (ym.shape().len() > 1 || changing_types(f, x, y).len() > 1)
+        && derive_communication(f, e).is_err()
+}
+
+/// Step 3 for a `set` of [`copies_onto_another_mesh_in_two`]: `<in>_resharded = set(in)`,
+/// whole (replicated) on the output's mesh (a Broadcast, or a gather on the senders and a
+/// Broadcast), is inserted before it, and the `set` then splits that copy on one mesh.
+fn replicate_on_the_receivers(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    let (x, y) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
+    let name = f.fresh_name(&format!("{}_resharded", f.tensor(x).name));
+    let mid = f.add_op(&name, ExprKind::Set, &[x])?;
+    let se = f.tensor(mid).definition.expect("just defined");
+    f.move_expr_before(se, e);
+    f.expr_mut(se).span = f.expr(e).span;
+    f.tensor_mut(mid).mesh = f.tensor(y).mesh;
+    f.tensor_mut(mid).span = f.tensor(x).span;
+    f.expr_mut(e).inputs = vec![mid];
+    ensure_communication(f, se)
+}
+
 /// The materialized axis of `t` that its `pt` loop axis splits, if any.
 fn sharded_position(f: &Fusion, t: TensorId, pt: ParallelType) -> Option<usize> {
     let id = parallel_axis(f, &f.tensor(t).loop_domain, pt)?;
@@ -777,6 +826,9 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     let kind = f.expr(e).kind.clone();
     match kind {
         ExprKind::Set | ExprKind::SegmentSet => {
+            if copies_onto_another_mesh_in_two(f, e) {
+                replicate_on_the_receivers(f, e)?;
+            }
             one_change_per_set(f, e)?;
             return ensure_communication(f, e);
         }
@@ -853,6 +905,9 @@ fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> {
 /// input (an allgather per chunk when the input's device split sits inside its stream
 /// chunks), or else none.
 fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    if is_unnested_did_to_stream(f, e) {
+        return gather_then_slice(f, e);
+    }
     if !is_layout_change(f, e) && !is_nested_all_to_all(f, e) {
         derive_communication(f, e)?;
         return Ok(());
@@ -892,6 +947,36 @@ fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     }
     derive_communication(f, ge)?;
     derive_communication(f, e)?;
+    Ok(())
+}
+
+/// A DID → Stream `set` whose stream chunks and device shards neither match nor nest
+/// ([`is_unnested_did_to_stream`]) becomes `<in>_gathered = set(in)`, replicated on the
+/// input's mesh and not stream-split (one Allgather before the stream loop; other device
+/// types keep `in`'s splits), and `e` copies the gathered tensor chunk by chunk, locally.
+fn gather_then_slice(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    let x = f.expr(e).inputs[0];
+    let changing = changing_types(f, x, f.expr(e).outputs[0]);
+    let name = f.fresh_name(&format!("{}_gathered", f.tensor(x).name));
+    let gathered = f.add_op(&name, ExprKind::Set, &[x])?;
+    let ge = f.tensor(gathered).definition.expect("just defined");
+    f.move_expr_before(ge, e);
+    f.expr_mut(ge).span = f.expr(e).span;
+    f.tensor_mut(gathered).mesh = f.tensor(x).mesh;
+    f.tensor_mut(gathered).span = f.tensor(x).span;
+    f.expr_mut(e).inputs = vec![gathered];
+    let kept: Vec<ParallelType> = DEVICE_TYPES
+        .into_iter()
+        .filter(|t| !changing.contains(t))
+        .collect();
+    if !kept.is_empty() {
+        let graph = IdGraph::build(f);
+        replay(f, x, gathered, &graph, &kept)?;
+    }
+    derive_communication(f, ge)?;
+    if is_resharding(f, e) {
+        derive_communication(f, e)?;
+    }
     Ok(())
 }
 

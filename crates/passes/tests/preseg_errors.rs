@@ -123,24 +123,27 @@ fn compute_exprs_are_not_communications() {
 }
 
 #[test]
-fn a_did_to_stream_set_needs_matching_splits() {
+fn a_did_to_stream_set_whose_splits_do_not_nest_gathers_first() {
+    use weave_host_ir::CommunicationType::*;
     // inp is split over 2 devices, ag over 3 stream chunks of the same axis: a chunk would
     // straddle two shards unevenly (factors that nest, 4 chunks of 2 shards or 1 of 2, are
-    // broadcast piece by piece).
-    let (msg, _) = decompose_err(
-        "fusion cpl(t = 12, h = 4, d = 2, s = 3) {
+    // broadcast piece by piece). No one communication is that copy ...
+    let src = "fusion cpl(t = 12, h = 4, d = 2, s = 3) {
           mesh m = devices(d)
           tensor inp: f32[t, h] on m
           ag = set(inp)
           output ag
           schedule inp { outer_split(0, d) -> DIDx }
           schedule ag { mesh = m; outer_split(0, s) -> Stream }
-        }",
-    );
+        }";
+    let f = load_src(src);
+    let e = f.tensor(t(&f, "ag")).definition.expect("defined");
     assert_eq!(
-        msg,
+        derive_communication(&f, e).unwrap_err().message,
         "a DID → Stream set needs the stream split of `ag` to match the DIDx split of `inp` in `ag = set(inp)`, or both to be outer splits of the axis by factors that divide it and one of which divides the other"
     );
+    // ... so decompose-reshardings gathers `inp` whole first; the chunks are local copies.
+    assert_eq!(collectives_after_decompose(src), vec![Allgather]);
 }
 
 #[test]

@@ -111,6 +111,8 @@ fn op_table() -> Vec<(&'static str, &'static str)> {
     v.extend(ReduceOp::ALL.iter().map(|r| (r.name(), "reduce")));
     // The parser's one op that is no IR op: a sum divided by the count of what it adds.
     v.push(("mean", "reduce"));
+    // The same: the mean, then the mean of the squared deviations from it.
+    v.push(("var", "reduce"));
     v.extend([
         ("broadcast", "broadcast"),
         ("squeeze", "squeeze"),
@@ -118,6 +120,9 @@ fn op_table() -> Vec<(&'static str, &'static str)> {
         ("reshape", "reshape"),
         ("matmul", "matmul"),
         ("linear", "linear"),
+        ("iota", "iota"),
+        ("slice", "slice"),
+        ("concat", "concat"),
     ]);
     v
 }
@@ -579,7 +584,7 @@ impl NativeExecutable {
             out.push((
                 name.to_string(),
                 numpy_name(t.dtype()).to_string(),
-                t.sizes().to_vec(),
+                t.shape().to_vec(),
                 bytes,
             ));
         }

@@ -108,13 +108,17 @@ impl DefaultMergeRule {
     }
 
     /// True for ops a generated kernel can hold together with others: pointwise ops (set,
-    /// cast, unary, binary, where), reductions, and the metadata-only broadcast and squeeze.
-    /// Permute, reshape, matmul and linear stay alone.
+    /// cast, unary, binary, where), reductions, the metadata-only broadcast and squeeze, and
+    /// `iota` (an index, no load). Permute, reshape, slice, concat, matmul and linear stay
+    /// alone.
     pub fn is_fusable(kind: &ExprKind) -> bool {
         kind.is_pointwise()
             || matches!(
                 kind,
-                ExprKind::Reduction { .. } | ExprKind::Broadcast { .. } | ExprKind::Squeeze { .. }
+                ExprKind::Reduction { .. }
+                    | ExprKind::Broadcast { .. }
+                    | ExprKind::Squeeze { .. }
+                    | ExprKind::Iota { .. }
             )
     }
 }

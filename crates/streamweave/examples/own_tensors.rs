@@ -52,7 +52,7 @@ fn main() -> Result<(), Error> {
             .iter()
             .map(|v| v.to_f32())
             .collect();
-        println!("{name} {:?} = {values:?}", t.sizes());
+        println!("{name} {:?} = {values:?}", t.shape());
     }
     Ok(())
 }
@@ -63,7 +63,7 @@ mod tests {
     fn the_outputs_are_the_hand_computed_products() {
         let outputs = super::run().unwrap();
         let y = outputs.get("y").unwrap();
-        assert_eq!(y.sizes(), &[4, 2]);
+        assert_eq!(y.shape(), &[4, 2]);
         // Row sums, and alternating sums: 1+2+3+4, 1-2+3-4; 5+6+7+8, 5-6+7-8; …
         let want = [10., -2., 26., -2., 2., 2., 2., -2.];
         let got: Vec<f32> = y.as_bf16().unwrap().iter().map(|v| v.to_f32()).collect();

@@ -457,13 +457,19 @@ impl Executable {
             .iter()
             .enumerate()
             .map(|(k, t)| {
-                Dense::random(
-                    t.dtype,
-                    t.global.clone(),
-                    seed.wrapping_add(k as u64 * 0x9e37_79b9),
+                let seed = seed.wrapping_add(k as u64 * 0x9e37_79b9);
+                weave_executor::memory::allocate_host(
+                    &format!("input `{}` {}{:?}", t.name, t.dtype, t.global),
+                    &t.global,
+                    size_of::<f64>(),
+                    || Dense::try_random(t.dtype, t.global.clone(), seed),
                 )
+                .map_err(|message| Error::Input {
+                    tensor: t.name.clone(),
+                    message,
+                })
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         if let Some(def) = &self.signature().definition {
             keep_in_domain(def, &mut inputs);
         }
@@ -551,12 +557,12 @@ impl Executable {
                         message: format!("is {} but the program takes {}", t.dtype(), s.dtype),
                     });
                 }
-                if t.sizes() != s.global.as_slice() {
+                if t.shape() != s.global.as_slice() {
                     return Err(Error::Input {
                         tensor: s.name.clone(),
                         message: format!(
-                            "has sizes {:?} but the program takes {:?}",
-                            t.sizes(),
+                            "has shape {:?} but the program takes {:?}",
+                            t.shape(),
                             s.global
                         ),
                     });

@@ -20,7 +20,6 @@ use weave_host_ir::HostProgram;
 
 use crate::run::check_all_inputs;
 use crate::setup::{RunError, RunOptions, Transport};
-use crate::threads::run_rank_threads;
 
 /// The CUDA options a run asks for on `gpu` (its overlap knobs included).
 fn cuda_options(options: &RunOptions, gpu: &Gpu) -> Result<CudaOptions, ExecError> {
@@ -252,21 +251,30 @@ fn run_threads_with(
     gpus_available(world)?;
     let id = NcclId::new().map_err(|e| RunError::Setup(e.to_string()))?;
     let exchange = crate::threads::Exchange::new(world);
-    let link = || match options.transport {
-        Transport::Nccl => Link::Nccl,
-        Transport::CopyEngine => Link::Windows(&exchange),
-    };
-    run_rank_threads(per_rank, |rank, inputs| {
+    // The rank threads are detached and waited for until the run's deadline and a grace to
+    // stop: a rank stuck in GPU work no wait of its bounds fails the run instead of hanging
+    // the caller.
+    let limit = options.timeout.checked_add(crate::threads::STOP_GRACE);
+    let (program, config, options) = (
+        Arc::new(program.clone()),
+        Arc::new(config.clone()),
+        Arc::new(options.clone()),
+    );
+    crate::threads::run_rank_threads_bounded(per_rank, limit, move |rank, inputs| {
+        let link = match options.transport {
+            Transport::Nccl => Link::Nccl,
+            Transport::CopyEngine => Link::Windows(&exchange),
+        };
         run_one(
-            program,
-            config,
+            &program,
+            &config,
             &inputs,
-            options,
+            &options,
             rank,
             rank,
             world,
             &id,
-            link(),
+            link,
             fail == Some(rank),
         )
     })

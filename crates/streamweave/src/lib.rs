@@ -156,6 +156,7 @@ pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fus
     let mut fusion = weave_ir::text::parse(source, overrides).map_err(err)?;
     weave_transform::schedule::apply_schedules(&mut fusion).map_err(err)?;
     weave_ir::verify::verify(&fusion).map_err(err)?;
+    weave_ir::verify::check_indexed_axes(&fusion).map_err(err)?;
     weave_passes::load_checks::check_user_shardings(&fusion).map_err(err)?;
     Ok(fusion)
 }

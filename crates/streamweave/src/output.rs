@@ -125,13 +125,33 @@ fn replace_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
     let written = file
         .write_all(contents)
         .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
+        .and_then(|()| {
+            let hold = HOLD_MS.load(Ordering::Relaxed);
+            if hold > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(hold));
+            }
+            std::fs::rename(&tmp, path)
+        });
     drop(file);
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     live().retain(|p| *p != tmp);
     written
+}
+
+/// How long [`replace_atomically`] holds a written temporary file before renaming it, in
+/// milliseconds (0: not at all); see [`hold_temporaries`].
+static HOLD_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Makes every atomic write of this process wait `hold` with its temporary file written and
+/// not yet renamed: a window in which a test of a program's signal handling interrupts the
+/// write (the `weave` command sets it from `WEAVE_TEST_HOLD_WRITES_MS`) and checks that the
+/// program removed the temporary ([`remove_temporaries`]). Not for other uses.
+#[doc(hidden)]
+pub fn hold_temporaries(hold: std::time::Duration) {
+    let ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+    HOLD_MS.store(ms, Ordering::Relaxed);
 }
 
 /// The temporary files being written now.

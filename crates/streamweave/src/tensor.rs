@@ -91,31 +91,41 @@ impl Data {
     }
 }
 
-/// A global tensor on the host: row-major values with their sizes.
+/// A global tensor on the host: row-major values with their shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
-    sizes: Vec<usize>,
+    shape: Vec<usize>,
     data: Data,
 }
 
 impl Tensor {
-    /// A tensor of `sizes` holding `data` (row-major); fails when the element count differs.
-    pub fn new(sizes: Vec<usize>, data: impl Into<Data>) -> Result<Tensor, RunError> {
+    /// A tensor of `shape` holding `data` (row-major); fails when the element count differs.
+    pub fn new(shape: Vec<usize>, data: impl Into<Data>) -> Result<Tensor, RunError> {
         let data = data.into();
-        let numel = sizes.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
+        let numel = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
         if numel != Some(data.len()) {
             return Err(RunError::Setup(format!(
-                "a tensor of sizes {sizes:?} holds {} elements, not {}",
+                "a tensor of shape {shape:?} holds {} elements, not {}",
                 numel.map_or_else(|| "too many".to_string(), |n| n.to_string()),
                 data.len()
             )));
         }
-        Ok(Tensor { sizes, data })
+        Ok(Tensor { shape, data })
     }
 
-    /// The sizes, outermost first (also [`Tensor::shape`]).
+    /// The shape: the size of every axis, outermost first (the name NumPy, PyTorch and the
+    /// Python package use).
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The shape, under its earlier name.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `Tensor::shape`, the one name for a shape"
+    )]
     pub fn sizes(&self) -> &[usize] {
-        &self.sizes
+        &self.shape
     }
 
     /// The element type.
@@ -126,12 +136,6 @@ impl Tensor {
     /// The values.
     pub fn data(&self) -> &Data {
         &self.data
-    }
-
-    /// The sizes, outermost first: the same as [`Tensor::sizes`], under the name NumPy,
-    /// PyTorch and the Python package (`shape`) use.
-    pub fn shape(&self) -> &[usize] {
-        &self.sizes
     }
 
     /// The values when the tensor is `f32`; `None` for another element type.
@@ -186,7 +190,7 @@ impl Tensor {
     pub fn to_dense(&self) -> Dense {
         Dense {
             dtype: self.dtype(),
-            sizes: self.sizes.clone(),
+            sizes: self.shape.clone(),
             data: self.data.to_f64(),
         }
     }
@@ -194,7 +198,7 @@ impl Tensor {
     /// A dense tensor in its own element type.
     pub fn from_dense(d: &Dense) -> Tensor {
         Tensor {
-            sizes: d.sizes.clone(),
+            shape: d.sizes.clone(),
             data: Data::from_f64(d.dtype, &d.data),
         }
     }

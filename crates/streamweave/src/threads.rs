@@ -80,6 +80,102 @@ where
     }
 }
 
+#[cfg(feature = "cuda")]
+/// How long the ranks of a GPU run get to stop after the run's deadline: an aborted rank
+/// releases its flag waits and NCCL's within seconds; past this, something waits that no
+/// timeout of the rank's bounds.
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(30);
+
+#[cfg(feature = "cuda")]
+/// [`run_rank_threads`] on detached threads, waited for at most `limit` (none: as long as
+/// they take): a rank still running then is reported as stuck, and its thread is left behind
+/// (its GPU work waits on something no wait of the rank bounds; only the end of the process
+/// frees that GPU), so that the caller gets an error instead of waiting forever.
+pub(crate) fn run_rank_threads_bounded<I, F>(
+    inputs: Vec<I>,
+    limit: Option<Duration>,
+    rank: F,
+) -> Result<(Vec<RankRun>, Duration), RunError>
+where
+    I: Send + 'static,
+    F: Fn(usize, I) -> Result<RankRun, ExecError> + Send + Sync + 'static,
+{
+    let start = Instant::now();
+    let n = inputs.len();
+    let rank = Arc::new(rank);
+    let gate = Arc::new(Gate::default());
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<RankRun, ExecError>)>();
+    for (r, input) in inputs.into_iter().enumerate() {
+        let (f, g, tx) = (rank.clone(), gate.clone(), tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("weave-rank-{r}"))
+            .spawn(move || {
+                let result = if g.wait() {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(r, input)))
+                        .unwrap_or_else(|_| {
+                            Err(ExecError::Program("the rank's thread panicked".into()))
+                        })
+                } else {
+                    Err(ExecError::Program("not started".into()))
+                };
+                let _ = tx.send((r, result));
+            });
+        if let Err(e) = spawned {
+            gate.open(false);
+            return Err(RunError::Setup(format!(
+                "cannot start the thread of rank {r}: {e} (fewer ranks, or a higher thread or memory limit)"
+            )));
+        }
+    }
+    drop(tx);
+    gate.open(true);
+    let until = limit.and_then(|l| start.checked_add(l));
+    let mut results: Vec<Option<Result<RankRun, ExecError>>> = (0..n).map(|_| None).collect();
+    let mut done = 0;
+    while done < n {
+        let got = match until {
+            Some(until) => rx.recv_timeout(until.saturating_duration_since(Instant::now())),
+            None => rx
+                .recv()
+                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+        };
+        match got {
+            Ok((r, result)) => {
+                if results[r].replace(result).is_none() {
+                    done += 1;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    let elapsed = start.elapsed();
+    let mut runs = Vec::new();
+    let mut errors = Vec::new();
+    for (r, result) in results.into_iter().enumerate() {
+        match result {
+            Some(Ok(run)) => runs.push(run),
+            Some(Err(e)) => errors.push((r, e)),
+            None => errors.push((
+                r,
+                ExecError::Timeout {
+                    what: format!(
+                        "the rank did not stop (its run's timeout and {:.0?} to stop): its GPU \
+                         work waits on something no timeout of the rank bounds, such as a peer \
+                         that never posts; the GPU is free again only when this process ends",
+                        STOP_GRACE
+                    ),
+                    millis: limit.unwrap_or_default().as_millis() as u64,
+                },
+            )),
+        }
+    }
+    if errors.is_empty() {
+        Ok((runs, elapsed))
+    } else {
+        Err(RunError::Ranks(errors))
+    }
+}
+
 /// Holds the rank threads until every one has started: `open(true)` lets them run,
 /// `open(false)` sends them home.
 #[derive(Default)]
@@ -286,5 +382,61 @@ mod tests {
             "{:?}",
             errors[0]
         );
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod bounded_tests {
+    use super::*;
+
+    fn run(rank: usize) -> RankRun {
+        RankRun {
+            statements: rank,
+            ..RankRun::default()
+        }
+    }
+
+    /// Ranks that finish come back in rank order; a rank that does not stop within the limit
+    /// is reported stuck (by rank) while the caller returns within the limit; a panicking
+    /// rank fails that rank.
+    #[test]
+    fn bounded_rank_threads_return_in_time_and_name_the_stuck_rank() {
+        let (runs, _) =
+            run_rank_threads_bounded(vec![0, 1, 2], None, |r, _: i32| Ok(run(r))).unwrap();
+        assert_eq!(
+            runs.iter().map(|r| r.statements).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+
+        let t0 = Instant::now();
+        let err = run_rank_threads_bounded(
+            vec![0, 1, 2],
+            Some(Duration::from_millis(300)),
+            |r, _: i32| {
+                if r == 1 {
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+                if r == 2 {
+                    panic!("boom");
+                }
+                Ok(run(r))
+            },
+        )
+        .unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        let RunError::Ranks(errors) = err else {
+            panic!("{err}")
+        };
+        assert_eq!(errors.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 2]);
+        assert!(
+            errors[0].1.to_string().starts_with("the rank did not stop")
+                && errors[0].1.to_string().ends_with("timed out after 300 ms"),
+            "{}",
+            errors[0].1
+        );
+        assert!(errors[1]
+            .1
+            .to_string()
+            .ends_with("the rank's thread panicked"));
     }
 }

@@ -10,6 +10,9 @@
 //! * `squeeze`: the removed producer axes map to nothing;
 //! * `permute`: output axis `i` ↔ producer axis `perm[i]`;
 //! * `reshape`: axis `i` ↔ output **root** axis `i`;
+//! * `iota`, `slice`, `concat` (each operand): axis `i` ↔ axis `i`, the indexed, sliced or
+//!   joined axis too, so that shardings pass through; that axis must stay whole where the
+//!   op runs (load refuses a schedule that splits it, a kernel a chunk of it);
 //! * `matmul`: A `[.., m, k]` → out `[.., m, n, rk]`: batch ↔ batch, `m` ↔ `m`, `k` ↔ `rk`;
 //!   B `[.., k, n]`: batch ↔ batch, `k` ↔ `rk`, `n` ↔ `n`. Batch axes align at the right
 //!   (numpy broadcasting): an operand with fewer batch axes maps its batch axis `i` to output
@@ -93,7 +96,10 @@ fn operand_pairs(kind: &ExprKind, pos: usize, prank: usize, crank: usize) -> Vec
         | ExprKind::BinaryLit { .. }
         | ExprKind::WhereLit { .. }
         | ExprKind::Reduction { .. }
-        | ExprKind::Reshape { .. } => identity(prank.min(crank)),
+        | ExprKind::Reshape { .. }
+        | ExprKind::Iota { .. }
+        | ExprKind::Slice { .. }
+        | ExprKind::Concat { .. } => identity(prank.min(crank)),
         ExprKind::Broadcast { axes } => (0..crank)
             .filter(|c| !axes.contains(c))
             .enumerate()

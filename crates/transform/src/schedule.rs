@@ -542,37 +542,93 @@ fn step_text(op: &ScheduleOp) -> String {
     }
 }
 
-/// Refuses a Stream axis cut from inside a device split of the same logical axis
-/// (`outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream`): every device would stream over
-/// its own block, so chunk `i` would hold different rows on different devices and no
-/// collective could pair the chunks. The order that works puts the device split inside each
-/// stream chunk.
-fn check_stream_outside_devices(f: &Fusion, t: TensorId, axis: usize, step: &str) -> IrResult<()> {
+/// Refuses a Stream axis cut from inside another split of the same logical axis, or from a
+/// merge:
+///
+/// * inside a device split (`outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream`): every
+///   device would stream over its own block, so chunk `i` would hold different rows on
+///   different devices and no collective could pair the chunks. The order that works puts the
+///   device split inside each stream chunk;
+/// * inside a Serial split (`outer_split(0, k); outer_split(1, s) -> Stream`): stream chunks of
+///   serial chunks, which the host loop cannot cut from one axis. The order that works puts the
+///   serial split inside each stream chunk;
+/// * a split of a merge (`merge(0, 1); outer_split(0, s) -> Stream`): a chunk of the merged
+///   axis is not a block of either logical axis.
+fn check_stream_origin(f: &Fusion, t: TensorId, axis: usize, step: &str) -> IrResult<()> {
     let mut cur = f.tensor(t).loop_domain[axis];
     while let Some(def) = f.id(cur).definition {
-        let IdExpr::Split {
-            input,
-            outer,
-            inner,
-            ..
-        } = f.id_expr(def)
-        else {
+        if f.tensor(t).logical.contains(&cur) {
             return Ok(());
+        }
+        let (input, outer, inner) = match f.id_expr(def) {
+            IdExpr::Split {
+                input,
+                outer,
+                inner,
+                ..
+            } => (*input, *outer, *inner),
+            IdExpr::Merge { outer, inner, .. } => {
+                return Err(Diagnostic::new(format!(
+                    "{}: {step}: loop axis {axis} is a split of `{}`, a merge of two axes (`{}` and `{}`), and a Stream chunk of a merged axis is not a block of one axis; stream-split one axis before merging (`outer_split(a, s) -> Stream` on the outer axis of the merge, then merge what is left if needed)",
+                    prefix(f, t),
+                    f.id(cur).extent.to_source(),
+                    f.id(*outer).extent.to_source(),
+                    f.id(*inner).extent.to_source()
+                )));
+            }
         };
-        let inside = if *inner == cur && f.id(*outer).parallel.is_device() {
-            Some(f.id(*outer).parallel)
-        } else if f.id(*input).parallel.is_device() {
-            Some(f.id(*input).parallel)
+        let inside = if inner == cur {
+            Some(f.id(outer).parallel)
+        } else if f.id(input).parallel.is_device() {
+            Some(f.id(input).parallel)
         } else {
             None
         };
         if let Some(pt) = inside {
+            if pt.is_device() {
+                return Err(Diagnostic::new(format!(
+                    "{}: {step}: the Stream split cuts the inside of a {pt} split of the same axis, so each device would stream over its own block; split the stream first and the devices inside each chunk (`outer_split(a, s) -> Stream; outer_split(a + 1, d) -> {pt}`)",
+                    prefix(f, t)
+                )));
+            }
             return Err(Diagnostic::new(format!(
-                "{}: {step}: the Stream split cuts the inside of a {pt} split of the same axis, so each device would stream over its own block; split the stream first and the devices inside each chunk (`outer_split(a, s) -> Stream; outer_split(a + 1, d) -> {pt}`)",
+                "{}: {step}: the Stream split cuts the inside of a {pt} split of the same axis (stream chunks of {pt} chunks), which no stream loop cuts from one axis; split the stream first and the {pt} chunks inside each stream chunk (`outer_split(a, s) -> Stream; outer_split(a + 1, k)`)",
                 prefix(f, t)
             )));
         }
-        cur = *input;
+        cur = input;
+    }
+    Ok(())
+}
+
+/// Refuses a device axis that derives from a merge (`merge(0, 1); outer_split(0, d) -> DIDx`):
+/// the shard of each device would be a block of the merged axis, which is not a block of
+/// either logical axis, so its allocation cannot hold the shard as a tensor of the logical
+/// axes and no collective moves it.
+fn check_device_origin(
+    f: &Fusion,
+    t: TensorId,
+    axis: usize,
+    pt: ParallelType,
+    step: &str,
+) -> IrResult<()> {
+    let mut cur = f.tensor(t).loop_domain[axis];
+    while let Some(def) = f.id(cur).definition {
+        if f.tensor(t).logical.contains(&cur) {
+            return Ok(());
+        }
+        match f.id_expr(def) {
+            IdExpr::Split { input, .. } => cur = *input,
+            IdExpr::Merge { outer, inner, .. } => {
+                return Err(Diagnostic::new(format!(
+                    "{}: {step}: loop axis {axis} derives from `{}`, a merge of two axes (`{}` and `{}`), and a {pt} shard of a merged axis is not a block of one axis, which no allocation or collective holds; split one axis across the devices before merging (`outer_split(a, d) -> {pt}` on the outer axis of the merge: the same shards when it divides by d), then merge what is left if needed",
+                    prefix(f, t),
+                    f.id(cur).extent.to_source(),
+                    f.id(*outer).extent.to_source(),
+                    f.id(*inner).extent.to_source()
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -607,7 +663,10 @@ fn apply_step(f: &mut Fusion, t: TensorId, step: &ScheduleStep) -> IrResult<()> 
                 parallelize_step(f, t, *axis, pt, &step_text(&step.op))?;
             }
             if pt == ParallelType::Stream {
-                check_stream_outside_devices(f, t, *axis, &step_text(&step.op))?;
+                check_stream_origin(f, t, *axis, &step_text(&step.op))?;
+            }
+            if pt.is_device() {
+                check_device_origin(f, t, *axis, pt, &step_text(&step.op))?;
             }
             Ok(())
         }
@@ -616,7 +675,11 @@ fn apply_step(f: &mut Fusion, t: TensorId, step: &ScheduleStep) -> IrResult<()> 
             parallel: ParallelType::Stream,
         } => {
             parallelize(f, t, *axis, ParallelType::Stream)?;
-            check_stream_outside_devices(f, t, *axis, &step_text(&step.op))
+            check_stream_origin(f, t, *axis, &step_text(&step.op))
+        }
+        ScheduleOp::Parallelize { axis, parallel } if parallel.is_device() => {
+            parallelize(f, t, *axis, *parallel)?;
+            check_device_origin(f, t, *axis, *parallel, &step_text(&step.op))
         }
         ScheduleOp::Merge { outer, inner } => {
             merge(f, t, DomainKind::Loop, *outer, *inner).map(|_| ())

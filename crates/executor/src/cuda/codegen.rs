@@ -190,6 +190,10 @@ pub enum Node {
     Where(Box<Node>, Box<Node>, Box<Node>),
     /// A literal operand, in the compute type.
     Lit(f64),
+    /// The view's element offset at the index, as a value (`iota`): the view's strides pick
+    /// the axis and its offset the first index, so views (permute, broadcast, slice) move it
+    /// as they move loads; nothing is read.
+    Index(View),
 }
 
 #[derive(Clone, Debug)]
@@ -206,6 +210,7 @@ impl Node {
             Node::Load(v) => Node::Load(f(v)?),
             Node::Row(k) => Node::Row(*k),
             Node::Lit(v) => Node::Lit(*v),
+            Node::Index(v) => Node::Index(f(v)?),
             Node::Cast(d, x) => Node::Cast(*d, Box::new(x.map_loads(f)?)),
             Node::Unary(u, x) => Node::Unary(*u, Box::new(x.map_loads(f)?)),
             Node::Binary(b, x, y) => {
@@ -227,6 +232,7 @@ impl Node {
         match self {
             Node::Load(v) => out.push(v.dtype),
             Node::Row(_) | Node::Lit(_) => {}
+            Node::Index(_) => out.push(DType::I64),
             Node::Cast(d, x) => {
                 out.push(*d);
                 x.dtypes(out)
@@ -342,7 +348,7 @@ impl Node {
     fn loads<'a>(&'a self, out: &mut Vec<&'a View>) {
         match self {
             Node::Load(v) => out.push(v),
-            Node::Row(_) | Node::Lit(_) => {}
+            Node::Row(_) | Node::Lit(_) | Node::Index(_) => {}
             Node::Cast(_, x) | Node::Unary(_, x) => x.loads(out),
             Node::Binary(_, x, y) => {
                 x.loads(out);
@@ -359,7 +365,7 @@ impl Node {
     /// Whether the expression uses a row kernel's reduction.
     fn has_row(&self) -> bool {
         match self {
-            Node::Load(_) | Node::Lit(_) => false,
+            Node::Load(_) | Node::Lit(_) | Node::Index(_) => false,
             Node::Row(_) => true,
             Node::Cast(_, x) | Node::Unary(_, x) => x.has_row(),
             Node::Binary(_, x, y) => x.has_row() || y.has_row(),
@@ -758,6 +764,90 @@ impl<'f> Gen<'f> {
                 let sizes = reshape_sizes(self.fusion, in_ids[0], out_t, shape, &x.sizes)?;
                 self.reshape(x, sizes)?
             }
+            ExprKind::Iota { axis } => {
+                self.whole_axis(kind, in_ids[0], *axis, &x.sizes)?;
+                let mut strides = vec![0; x.sizes.len()];
+                strides[*axis] = 1;
+                let v = View {
+                    buf: Buf::Input(0),
+                    dtype: DType::I64,
+                    offset: 0,
+                    sizes: x.sizes.clone(),
+                    strides,
+                };
+                Lazy {
+                    dtype,
+                    sizes: x.sizes,
+                    node: Node::Index(v),
+                }
+            }
+            ExprKind::Slice { axis, start, stop } => {
+                self.whole_axis(kind, in_ids[0], *axis, &x.sizes)?;
+                if x.node.has_row() {
+                    return Err(NOT_ROWS.into());
+                }
+                let bound = |s: &weave_ir::Scalar| {
+                    self.fusion
+                        .eval(s)
+                        .and_then(|v| usize::try_from(v).ok())
+                        .ok_or_else(|| format!("slice bound `{}` has no value", s.to_source()))
+                };
+                let (b, e) = (bound(start)?, bound(stop)?);
+                if b > e || e > x.sizes[*axis] {
+                    return Err(format!(
+                        "slice {b}..{e} of axis {axis} of sizes {:?}",
+                        x.sizes
+                    ));
+                }
+                let (a, len) = (*axis, e - b);
+                let f = |v: &View| {
+                    let mut sizes = v.sizes.clone();
+                    sizes[a] = len;
+                    Some(View {
+                        offset: v.offset + b as isize * v.strides[a],
+                        sizes,
+                        ..v.clone()
+                    })
+                };
+                let mut sizes = x.sizes.clone();
+                sizes[a] = len;
+                let node = x.node.map_loads(&f).ok_or("cannot slice")?;
+                Lazy {
+                    dtype: x.dtype,
+                    sizes,
+                    node,
+                }
+            }
+            ExprKind::Concat { axis } => {
+                let y = ins.get(1).cloned().ok_or("concat takes two operands")?;
+                self.whole_axis(kind, in_ids[0], *axis, &x.sizes)?;
+                self.whole_axis(kind, in_ids[1], *axis, &y.sizes)?;
+                let a = *axis;
+                let mut sizes = x.sizes.clone();
+                sizes[a] += y.sizes[a];
+                // Two stores into one temporary: `x` into its first part, `y` after it.
+                if self.rows.is_some() {
+                    return Err(NOT_ROWS.into());
+                }
+                let t = self.new_temp(dtype, &sizes);
+                let part = |n: usize, at: usize| {
+                    let mut s = t.sizes.clone();
+                    s[a] = n;
+                    View {
+                        offset: at as isize * t.strides[a],
+                        sizes: s,
+                        ..t.clone()
+                    }
+                };
+                let (first, second) = (part(x.sizes[a], 0), part(y.sizes[a], x.sizes[a]));
+                self.store(&x, &first);
+                self.store(&y, &second);
+                Lazy {
+                    dtype,
+                    sizes,
+                    node: Node::Load(t),
+                }
+            }
             ExprKind::Matmul | ExprKind::Linear => {
                 return Err(
                     "a GEMM inside a kernel segment is not supported by the code generator \
@@ -843,6 +933,30 @@ impl<'f> Gen<'f> {
         m.node
             .map_loads(&f)
             .ok_or_else(|| format!("sizes {:?} do not broadcast to {sizes:?}", x.sizes))
+    }
+
+    /// `iota`, `slice` and `concat` index their axis globally: an error where this kernel
+    /// holds a device's or a stream chunk's part of it (as the CPU interpreter says).
+    fn whole_axis(
+        &self,
+        kind: &ExprKind,
+        t: weave_ir::TensorId,
+        axis: usize,
+        sizes: &[usize],
+    ) -> Result<(), String> {
+        let local = *sizes
+            .get(axis)
+            .ok_or_else(|| format!("axis {axis} of sizes {sizes:?}"))?;
+        let vis = self.fusion.visible_axes(t);
+        match vis.get(axis).and_then(|id| self.fusion.eval(&self.fusion.id(*id).extent)) {
+            Some(n) if n as usize != local => Err(format!(
+                "{}: axis {axis} of `{}` is cut to {local} of its {n} elements here (a device or stream split of that axis reached this op); {} needs the whole axis: keep it unsplit, or split another axis",
+                kind.op_name(),
+                self.fusion.tensor(t).name,
+                kind.op_name()
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn new_temp(&mut self, dtype: DType, sizes: &[usize]) -> View {
@@ -994,9 +1108,10 @@ impl<'f> Gen<'f> {
         reduced.dedup();
         let out_sizes: Vec<usize> = kept.iter().map(|a| x.sizes[*a]).collect();
         let red_sizes: Vec<usize> = reduced.iter().map(|a| x.sizes[*a]).collect();
-        if numel(&red_sizes) == 0 && numel(&out_sizes) > 0 && op == ReduceOp::Max {
+        if numel(&red_sizes) == 0 && numel(&out_sizes) > 0 && op != ReduceOp::Sum {
             return Err(format!(
-                "max over axes {axes:?} of sizes {:?}, which are empty",
+                "{} over axes {axes:?} of sizes {:?}, which are empty",
+                op.name(),
                 x.sizes
             ));
         }
@@ -1322,6 +1437,7 @@ fn row_source(
         let f = match op {
             ReduceOp::Sum => "WeaveSum()",
             ReduceOp::Max => "WeaveMax()",
+            ReduceOp::Min => "WeaveMin()",
         };
         w(
             &mut body,
@@ -1507,6 +1623,7 @@ fn column_source(
     let combine = match op {
         ReduceOp::Sum => "WeaveSum()",
         ReduceOp::Max => "WeaveMax()",
+        ReduceOp::Min => "WeaveMin()",
     };
     let _ = writeln!(
         s,
@@ -1688,6 +1805,70 @@ mod tests {
             p.launches[0].source.contains("double v1 = (0.1);"),
             "{}",
             p.launches[0].source
+        );
+    }
+
+    #[test]
+    fn min_and_two_pass_var_are_row_kernels_with_their_combiners() {
+        let p = plan_of(
+            "tensor x: f32[t, h]\n lo = min(x, [1])\n v = var(x, [1])\n output lo, v",
+            64,
+            512,
+        );
+        let src: String = p.launches.iter().map(|l| l.source.as_str()).collect();
+        assert!(src.contains("WeaveMin()"), "{src}");
+        // min starts from +inf; the two passes of var are two sums.
+        assert!(src.contains("acc = __int_as_float(0x7f800000);"), "{src}");
+        assert!(src.matches("WeaveSum()").count() >= 2, "{src}");
+        assert!(src.contains("(512.0f)"), "{src}");
+    }
+
+    #[test]
+    fn iota_fuses_as_an_index_and_slice_and_concat_move_views() {
+        // A causal mask: two indices compared, no load of them, one fused kernel.
+        let p = plan_of(
+            "tensor s: f32[t, h]\n keep = ge(iota(s, 0), iota(s, 1))\n \
+             out = where(keep, s, -inf)\n output out",
+            16,
+            16,
+        );
+        assert_eq!(p.launches.len(), 1, "{:#?}", p.launches);
+        let src = &p.launches[0].source;
+        assert!(src.contains("double v1 = (double)(0u + i0 * 1u);"), "{src}");
+        assert!(src.contains("(double)(0u + (i1 + j) * 1u);"), "{src}");
+        assert!(src.contains("(v1 >= v2 ?"), "{src}");
+        // A slice is an offset into its operand; a concat two stores into one temporary.
+        let p = plan_of(
+            "tensor w: f32[t, h]\n q = slice(w, 0, 4, 12)\n output q",
+            16,
+            8,
+        );
+        assert_eq!(p.launches.len(), 1);
+        assert!(
+            p.launches[0].source.contains("(32u + "),
+            "{}",
+            p.launches[0].source
+        );
+        let p = plan_of(
+            "tensor a: f32[t, h]\n tensor b: f32[t, h]\n c = concat(a, b, 1)\n output c",
+            4,
+            8,
+        );
+        // Both stores go straight into the output (its temporary retargeted), `b` after `a`.
+        assert_eq!(p.launches.len(), 2, "{:#?}", p.launches);
+        assert!(
+            p.launches[0]
+                .source
+                .contains("(((float*)p1) + (0u + i0 * 16u"),
+            "{:#?}",
+            p.launches
+        );
+        assert!(
+            p.launches[1]
+                .source
+                .contains("(((float*)p1) + (8u + i0 * 16u"),
+            "{:#?}",
+            p.launches
         );
     }
 

@@ -34,6 +34,7 @@ __device__ __forceinline__ float weave_tanh_fast(float x) {
 }
 struct WeaveSum { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
 struct WeaveMax { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a != a ? a : (b != b ? b : (a > b ? a : b)); } };
+struct WeaveMin { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a != a ? a : (b != b ? b : (a < b ? a : b)); } };
 // Every thread of the block gets the combination of every thread's `v`; `smem` holds 32
 // values. Safe to call repeatedly: it synchronizes before reusing `smem`.
 template <class T, class Op> __device__ __forceinline__ T weave_block_reduce(T v, T* smem, Op op) {
@@ -427,6 +428,7 @@ impl Emitter {
             Node::Load(v) => self.load(v),
             Node::Row(k) => format!("r{k}"),
             Node::Lit(v) => self.literal(*v),
+            Node::Index(v) => format!("({ct})({})", self.offset(v, false)),
             Node::Cast(d, x) => {
                 let a = self.expr(x);
                 let raw = self.round_to_c(*d, &a);
@@ -587,6 +589,7 @@ impl Emitter {
         self.lines.push(match op {
             ReduceOp::Sum => format!("{acc} += {v};"),
             ReduceOp::Max => format!("{acc} = WeaveMax()({acc}, {v});"),
+            ReduceOp::Min => format!("{acc} = WeaveMin()({acc}, {v});"),
         });
     }
 
@@ -595,6 +598,7 @@ impl Emitter {
         match op {
             ReduceOp::Sum => format!("({})0", self.ct),
             ReduceOp::Max => format!("-{}", self.inf()),
+            ReduceOp::Min => self.inf().to_string(),
         }
     }
 

@@ -161,8 +161,22 @@ fn op_sig(name: &str) -> Option<Sig> {
         "reshape" => Sig::Reshape,
         "matmul" => tensors(ExprKind::Matmul, 2, 2),
         "linear" => tensors(ExprKind::Linear, 2, 3),
+        // Axis and size arguments, read by `Parser::indexed_op`.
+        "iota" => tensors(ExprKind::Iota { axis: 0 }, 1, 1),
+        "slice" => tensors(
+            ExprKind::Slice {
+                axis: 0,
+                start: Scalar::c(0),
+                stop: Scalar::c(0),
+            },
+            1,
+            1,
+        ),
+        "concat" => tensors(ExprKind::Concat { axis: 0 }, 2, 2),
         // A sum and a division by the number of elements it adds (see `Parser::build`).
         "mean" => Sig::Axes(AxisOp::Reduce(ReduceOp::Sum)),
+        // The mean, then the mean of the squared deviations (see `Fusion::var_ops`).
+        "var" => Sig::Axes(AxisOp::Reduce(ReduceOp::Sum)),
         _ => {
             if let Some(u) = UnaryOp::from_name(name) {
                 tensors(ExprKind::Unary(u), 1, 1)
@@ -183,6 +197,7 @@ pub(crate) fn op_names() -> Vec<&'static str> {
     v.push("where");
     v.extend(ReduceOp::ALL.iter().map(|r| r.name()));
     v.push("mean");
+    v.push("var");
     v.extend([
         "broadcast",
         "squeeze",
@@ -190,6 +205,9 @@ pub(crate) fn op_names() -> Vec<&'static str> {
         "reshape",
         "matmul",
         "linear",
+        "iota",
+        "slice",
+        "concat",
     ]);
     v
 }
@@ -980,6 +998,13 @@ impl Parser {
                 self.emit(kind, &inputs, stmt, out, *span)
                     .map(Built::Tensor)
             }
+            VExpr::Call(op, op_span, args)
+                if matches!(op.as_str(), "iota" | "slice" | "concat") =>
+            {
+                let (kind, inputs) = self.indexed_op(op, *op_span, args, stmt)?;
+                self.emit(kind, &inputs, stmt, out, *op_span)
+                    .map(Built::Tensor)
+            }
             VExpr::Call(op, op_span, args) => {
                 let sig = op_sig(op)
                     .ok_or_else(|| Diagnostic::at(*op_span, format!("unknown op `{op}`")))?;
@@ -1023,10 +1048,153 @@ impl Parser {
                     };
                     return self.emit(div, &[s], stmt, out, *op_span).map(Built::Tensor);
                 }
+                if op == "var" {
+                    // Two passes: `m = sum(x, axes) / n`, then `sum((x - m)^2, axes) / n`.
+                    let ExprKind::Reduction { axes, .. } = &kind else {
+                        unreachable!("var resolves as a sum")
+                    };
+                    let axes = axes.clone();
+                    let x = inputs[0];
+                    let n = self.fusion.reduced_count(x, &axes).map_err(|d| {
+                        Diagnostic::new(d.message.replacen("mean:", "var:", 1))
+                            .or_at(Some(*op_span))
+                    })?;
+                    let div = ExprKind::BinaryLit {
+                        op: BinaryOp::Div,
+                        lit: Literal(n),
+                        lit_first: false,
+                    };
+                    let s = self.emit(kind, &inputs, stmt, None, *op_span)?;
+                    let m = self.emit(div.clone(), &[s], stmt, None, *op_span)?;
+                    let b = ExprKind::Broadcast { axes: axes.clone() };
+                    let mb = self.emit(b, &[m], stmt, None, *op_span)?;
+                    let sub = ExprKind::Binary(BinaryOp::Sub);
+                    let d = self.emit(sub, &[x, mb], stmt, None, *op_span)?;
+                    let mul = ExprKind::Binary(BinaryOp::Mul);
+                    let sq = self.emit(mul, &[d, d], stmt, None, *op_span)?;
+                    let red = ExprKind::Reduction {
+                        op: ReduceOp::Sum,
+                        axes,
+                    };
+                    let s2 = self.emit(red, &[sq], stmt, None, *op_span)?;
+                    return self
+                        .emit(div, &[s2], stmt, out, *op_span)
+                        .map(Built::Tensor);
+                }
                 self.emit(kind, &inputs, stmt, out, *op_span)
                     .map(Built::Tensor)
             }
         }
+    }
+
+    /// `iota(a, axis)`, `slice(a, axis, start, stop)` and `concat(a, b, axis)`: tensor
+    /// operands (any tensor expression), an axis number, and sizes (integers, parameters and
+    /// `+ - * /` on them).
+    fn indexed_op(
+        &mut self,
+        op: &str,
+        op_span: Span,
+        args: &[VExpr],
+        stmt: &str,
+    ) -> PResult<(ExprKind, Vec<TensorId>)> {
+        let (usage, tensors) = match op {
+            "iota" => ("`iota` takes a tensor and an axis, e.g. `iota(s, 0)`", 1),
+            "slice" => (
+                "`slice` takes a tensor, an axis, a start and a stop, e.g. `slice(w, 0, h, 2 * h)`",
+                1,
+            ),
+            _ => (
+                "`concat` takes two tensors and an axis, e.g. `concat(a, b, 0)`",
+                2,
+            ),
+        };
+        let want = if op == "slice" { 4 } else { tensors + 1 };
+        if args.len() != want {
+            return Err(Diagnostic::at(
+                op_span,
+                format!("{usage}; got {} arguments", args.len()),
+            ));
+        }
+        let mut inputs = Vec::new();
+        for (i, a) in args[..tensors].iter().enumerate() {
+            let span = a.start();
+            let arg = match self.build(a, stmt, None)? {
+                Built::Tensor(t) => Arg::Name(self.fusion.tensor(t).name.clone(), span),
+                Built::Lit(v) => Arg::Lit(v, span),
+                Built::Name(n) => Arg::Name(n, span),
+            };
+            inputs.push(self.operand(op, i, &arg)?);
+        }
+        let axis_arg = &args[tensors];
+        let axis = match axis_arg {
+            VExpr::Lit(v, _) if *v >= 0.0 && v.fract() == 0.0 && *v < 1e9 => *v as usize,
+            other => {
+                return Err(Diagnostic::at(
+                    other.start(),
+                    format!(
+                    "`{op}`: argument {} must be an axis number (a non-negative integer); {usage}",
+                    tensors + 1
+                ),
+                ))
+            }
+        };
+        let kind = match op {
+            "iota" => ExprKind::Iota { axis },
+            "concat" => ExprKind::Concat { axis },
+            _ => ExprKind::Slice {
+                axis,
+                start: self.size_arg(op, &args[2])?,
+                stop: self.size_arg(op, &args[3])?,
+            },
+        };
+        Ok((kind, inputs))
+    }
+
+    /// A size argument written as a tensor expression: an integer, a parameter, or `+ - * /`
+    /// and unary `-` on them.
+    fn size_arg(&self, op: &str, e: &VExpr) -> PResult<Scalar> {
+        Ok(match e {
+            VExpr::Lit(v, s) => {
+                if v.fract() != 0.0 || !v.is_finite() || v.abs() > 9.0e15 {
+                    return Err(Diagnostic::at(
+                        *s,
+                        format!(
+                            "`{op}`: a size is an integer, not `{}`",
+                            Literal(*v).to_source()
+                        ),
+                    ));
+                }
+                Scalar::c(*v as i64)
+            }
+            VExpr::Name(n, s) => {
+                if self.fusion.param(n).is_none() {
+                    return Err(Diagnostic::at(
+                        *s,
+                        format!("`{op}`: `{n}` is not a parameter (a size is an integer, a parameter or arithmetic on them)"),
+                    ));
+                }
+                Scalar::named(n)
+            }
+            VExpr::Neg(x, _) => Scalar::c(0).sub(self.size_arg(op, x)?),
+            VExpr::Bin(b, x, y, s) => {
+                let (x, y) = (self.size_arg(op, x)?, self.size_arg(op, y)?);
+                match b {
+                    BinaryOp::Add => x.add(y),
+                    BinaryOp::Sub => x.sub(y),
+                    BinaryOp::Mul => x.mul(y),
+                    BinaryOp::Div => x.div(y),
+                    _ => return Err(Diagnostic::at(*s, format!("`{op}`: not a size operator"))),
+                }
+            }
+            other => {
+                return Err(Diagnostic::at(
+                    other.start(),
+                    format!(
+                        "`{op}`: expected a size (an integer, a parameter or arithmetic on them)"
+                    ),
+                ))
+            }
+        })
     }
 
     fn operand(&self, op: &str, index: usize, arg: &Arg) -> PResult<TensorId> {

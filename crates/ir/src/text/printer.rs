@@ -117,6 +117,12 @@ fn op_call(f: &Fusion, expr: &Expr) -> String {
         | ExprKind::Broadcast { axes }
         | ExprKind::Squeeze { axes } => args.push(int_list(axes)),
         ExprKind::Permute { perm } => args.push(int_list(perm)),
+        ExprKind::Iota { axis } | ExprKind::Concat { axis } => args.push(axis.to_string()),
+        ExprKind::Slice { axis, start, stop } => {
+            args.push(axis.to_string());
+            args.push(scalar_source(start));
+            args.push(scalar_source(stop));
+        }
         ExprKind::Reshape { shape } => {
             let s: Vec<String> = shape.iter().map(scalar_source).collect();
             args.push(format!("[{}]", s.join(", ")));

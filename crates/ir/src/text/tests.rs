@@ -246,8 +246,8 @@ fn error_unknown_op() {
         parse_err(&with_ab("  c = addd(a, b)")),
         "4:7: unknown op `addd` (expected one of: set, segment_set, cast, neg, abs, exp, log, sin, cos, tanh, \
 sqrt, rsqrt, reciprocal, relu, sigmoid, not, erf, gelu, gelu_tanh, add, sub, mul, div, maximum, \
-minimum, pow, eq, ne, lt, le, gt, ge, and, or, where, sum, max, mean, broadcast, squeeze, permute, \
-reshape, matmul, linear)"
+minimum, pow, eq, ne, lt, le, gt, ge, and, or, where, sum, max, min, mean, var, broadcast, squeeze, \
+permute, reshape, matmul, linear, iota, slice, concat)"
     );
 }
 

@@ -1,0 +1,298 @@
+//! Schedules the format's rules admit, written from docs/fusion-format.md: each either runs
+//! on the CPU backend and matches the f64 reference on 1–4 ranks, or is refused at load with
+//! file:line:col, the user's tensor and axis, and what to write instead (issue 28, "Schedules
+//! the format admits, refused late or ignored"; docs/passes.md, "Known gaps and refusals").
+
+mod common;
+
+use streamweave::host_ir::{self, HostProgram};
+
+fn ov(overrides: &[(&str, i64)]) -> Vec<(String, i64)> {
+    overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+fn lower(source: &str, overrides: &[(&str, i64)]) -> HostProgram {
+    let f =
+        streamweave::load("test.weave", source, &ov(overrides)).unwrap_or_else(|e| panic!("{e}"));
+    streamweave::compile(f).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `source` on `ranks` in-process ranks with the race checker and panics unless every
+/// output matches the reference.
+fn assert_matches_reference(source: &str, overrides: &[(&str, i64)], ranks: usize) {
+    let fusion =
+        streamweave::load("test.weave", source, &ov(overrides)).unwrap_or_else(|e| panic!("{e}"));
+    if let Err(f) = common::run_checked(fusion, ranks, 2, 7 + ranks as u64) {
+        panic!("{overrides:?} on {ranks} ranks, {}:\n{}", f.stage, f.detail);
+    }
+}
+
+fn load_error(source: &str, overrides: &[(&str, i64)]) -> String {
+    streamweave::load("test.weave", source, &ov(overrides))
+        .expect_err("refused at load")
+        .to_string()
+}
+
+// (a) A merge of two axes followed by a device split.
+
+const MERGE_THEN_DID_INPUT: &str = "fusion merged(t = 4, h = 6, d = 2) {
+  mesh m = devices(d)
+  tensor x: f32[t, h] on m
+  y = relu(x)
+  output y
+  schedule x { merge(0, 1); outer_split(0, d) -> DIDx }
+}
+";
+
+#[test]
+fn a_device_split_of_a_merged_axis_is_refused_at_load() {
+    assert_eq!(
+        load_error(MERGE_THEN_DID_INPUT, &[]),
+        "schedule of `x`: outer_split(0, d) -> DIDx: loop axis 0 derives from `t * h`, a merge \
+         of two axes (`t` and `h`), and a DIDx shard of a merged axis is not a block of one \
+         axis, which no allocation or collective holds; split one axis across the devices \
+         before merging (`outer_split(a, d) -> DIDx` on the outer axis of the merge: the same \
+         shards when it divides by d), then merge what is left if needed
+ --> test.weave:6:29
+  |
+6 |   schedule x { merge(0, 1); outer_split(0, d) -> DIDx }
+  |                             ^"
+    );
+    // On a tensor that feeds an allgather, and through `parallelize`, likewise at the step.
+    let gathered = "fusion merged_ag(t = 4, h = 6, d = 2) {
+  mesh m = devices(d)
+  tensor x: f32[t, h] on m
+  y = relu(x)
+  z = set(y)
+  output z
+  schedule y { mesh = m; merge(0, 1); outer_split(0, d); parallelize(0, DIDx) }
+  schedule z { mesh = m }
+}
+";
+    let e = load_error(gathered, &[]);
+    assert!(
+        e.starts_with(
+            "schedule of `y`: parallelize(0, DIDx): loop axis 0 derives from `t * h`, a merge"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("--> test.weave:7:58"), "{e}");
+    // What the message says to write runs.
+    let fixed = MERGE_THEN_DID_INPUT.replace(
+        "merge(0, 1); outer_split(0, d) -> DIDx",
+        "outer_split(0, d) -> DIDx; merge(1, 2)",
+    );
+    for d in [1, 2, 4] {
+        assert_matches_reference(&fixed, &[("d", d)], d as usize);
+    }
+}
+
+// (b) A Stream split of a merged axis: on an input it used to be dropped silently.
+
+#[test]
+fn a_stream_split_of_a_merged_axis_is_refused_at_load_on_inputs_and_outputs() {
+    for t in ["x", "y"] {
+        let source = format!(
+            "fusion merged(t = 4, h = 6, s = 2) {{
+  mesh m = devices(1)
+  tensor x: f32[t, h] on m
+  y = relu(x)
+  output y
+  schedule {t} {{ merge(0, 1); outer_split(0, s) -> Stream }}
+}}
+"
+        );
+        assert_eq!(
+            load_error(&source, &[]),
+            format!(
+                "schedule of `{t}`: outer_split(0, s) -> Stream: loop axis 0 is a split of `t * \
+                 h`, a merge of two axes (`t` and `h`), and a Stream chunk of a merged axis is \
+                 not a block of one axis; stream-split one axis before merging \
+                 (`outer_split(a, s) -> Stream` on the outer axis of the merge, then merge what \
+                 is left if needed)
+ --> test.weave:6:{}
+  |
+6 |   schedule {t} {{ merge(0, 1); outer_split(0, s) -> Stream }}
+  |                             ^",
+                29
+            )
+        );
+        let fixed = source.replace(
+            "merge(0, 1); outer_split(0, s) -> Stream",
+            "outer_split(0, s) -> Stream; merge(1, 2)",
+        );
+        for s in 1..=3 {
+            assert_matches_reference(&fixed, &[("s", s)], 1);
+        }
+    }
+}
+
+// (c) A Stream split inside a Serial split of the same axis.
+
+#[test]
+fn a_stream_split_inside_a_serial_split_is_refused_at_load() {
+    let source = "fusion nested(t = 8, h = 6, k = 2, s = 2, d = 2) {
+  mesh m = devices(d)
+  tensor x: f32[t, h] on m
+  tensor w: f32[h, h] on m
+  y = matmul(x, w)
+  output y
+  schedule x { outer_split(0, k); outer_split(1, s) -> Stream }
+}
+";
+    assert_eq!(
+        load_error(source, &[]),
+        "schedule of `x`: outer_split(1, s) -> Stream: the Stream split cuts the inside of a \
+         Serial split of the same axis (stream chunks of Serial chunks), which no stream loop \
+         cuts from one axis; split the stream first and the Serial chunks inside each stream \
+         chunk (`outer_split(a, s) -> Stream; outer_split(a + 1, k)`)
+ --> test.weave:7:35
+  |
+7 |   schedule x { outer_split(0, k); outer_split(1, s) -> Stream }
+  |                                   ^"
+    );
+    let fixed = source.replace(
+        "outer_split(0, k); outer_split(1, s) -> Stream",
+        "outer_split(0, s) -> Stream; outer_split(1, k)",
+    );
+    for (d, s, k, t) in [(1, 2, 2, 8), (2, 3, 3, 10), (4, 2, 3, 8)] {
+        assert_matches_reference(
+            &fixed,
+            &[("d", d), ("s", s), ("k", k), ("t", t)],
+            d as usize,
+        );
+    }
+}
+
+// (d) A DID → Stream copy whose chunks and shards neither match nor nest.
+
+const DID_TO_STREAM: &str = "fusion ag(t = 20, d = 4, s = 5) {
+  mesh m = devices(d)
+  tensor x: f32[t, 3] on m
+  y = set(x)
+  output y
+  schedule x { outer_split(0, d) -> DIDx }
+  schedule y { mesh = m; outer_split(0, s) -> Stream }
+}
+";
+
+/// The same copy where the stream split comes from propagation (the consumer of the gathered
+/// tensor is stream-split), and through an op other than `set`.
+const DID_TO_STREAM_PROPAGATED: &str = "fusion ag_mm(t = 20, d = 4, s = 5) {
+  mesh m = devices(d)
+  tensor x: f32[t, 3] on m
+  tensor w: f32[3, 3] on m
+  y = set(x)
+  z = matmul(y, w)
+  output z
+  schedule x { outer_split(0, d) -> DIDx }
+  schedule z { outer_split(0, s) -> Stream }
+}
+";
+
+const DID_TO_STREAM_OP: &str = "fusion ag_neg(t = 20, d = 4, s = 5) {
+  mesh m = devices(d)
+  tensor x: f32[t, 3] on m
+  out = neg(x)
+  output out
+  schedule x { outer_split(0, d) -> DIDx }
+  schedule out { mesh = m; outer_split(0, s) -> Stream }
+}
+";
+
+#[test]
+fn did_to_stream_copies_whose_factors_do_not_nest_take_the_allgather_route() {
+    // s = 5 chunks of 4 rows against 4 shards of 5 rows: one Allgather before the loop, no
+    // per-chunk Broadcast.
+    for source in [DID_TO_STREAM, DID_TO_STREAM_PROPAGATED, DID_TO_STREAM_OP] {
+        let p = lower(source, &[]);
+        let text = host_ir::print(&p);
+        assert!(text.contains("type=Allgather"), "{text}");
+        assert!(!text.contains("type=Broadcast"), "{text}");
+        for s in 1..=8 {
+            assert_matches_reference(source, &[("s", s)], 4);
+        }
+    }
+    for d in 1..=3 {
+        for s in [1, 3, 5, 7] {
+            assert_matches_reference(DID_TO_STREAM, &[("d", d), ("t", 12), ("s", s)], d as usize);
+        }
+    }
+}
+
+// (e) Copies onto a 2-D mesh from another mesh.
+
+#[test]
+fn a_copy_from_a_one_dimensional_mesh_onto_a_two_dimensional_one_changing_both_types_runs() {
+    let source = "fusion to_2d(n = 6) {
+  mesh a = devices(4)
+  mesh b = devices(2, 2)
+  tensor x: f32[4, n] on a
+  y = set(x)
+  output y
+  schedule x { outer_split(0, 4) -> DIDx }
+  schedule y { mesh = b; outer_split(0, 2) -> DIDy; outer_split(2, 2) -> DIDx }
+}
+";
+    for n in [2, 6] {
+        assert_matches_reference(source, &[("n", n)], 4);
+    }
+}
+
+#[test]
+fn a_scatter_onto_a_two_dimensional_mesh_from_another_mesh_runs() {
+    // From a device outside the receivers (a Broadcast, then a Scatter within each row) and
+    // from one inside them.
+    for (sender, ranks) in [("[4]", 5), ("[0]", 4)] {
+        let source = format!(
+            "fusion sc(n = 2) {{
+  mesh r = {sender}
+  mesh m = [[0, 1], [2, 3]]
+  tensor x: f32[4, 3 * n] on r
+  y = set(x)
+  output y
+  schedule y {{ mesh = m; outer_split(1, 2) -> DIDx }}
+}}
+"
+        );
+        assert_matches_reference(&source, &[], ranks);
+        let both = source.replace(
+            "outer_split(1, 2) -> DIDx",
+            "outer_split(0, 2) -> DIDy; outer_split(2, 2) -> DIDx",
+        );
+        assert_matches_reference(&both, &[], ranks);
+    }
+}
+
+// (f) Stream chunks of each device's part of an axis (heads on DIDx, each device's heads in
+// Stream chunks).
+
+#[test]
+fn stream_chunks_of_a_device_shard_are_refused_at_load_and_the_other_order_runs() {
+    let source = "fusion heads(nh = 8, t = 4, d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor q: f32[nh, t, 3] on m
+  y = relu(q)
+  output y
+  schedule q { outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream }
+}
+";
+    assert_eq!(
+        load_error(source, &[]),
+        "schedule of `q`: outer_split(1, s) -> Stream: the Stream split cuts the inside of a \
+         DIDx split of the same axis, so each device would stream over its own block; split the \
+         stream first and the devices inside each chunk (`outer_split(a, s) -> Stream; \
+         outer_split(a + 1, d) -> DIDx`)
+ --> test.weave:6:43
+  |
+6 |   schedule q { outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream }
+  |                                           ^"
+    );
+    let fixed = source.replace(
+        "outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream",
+        "outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx",
+    );
+    for (d, s) in [(1, 2), (2, 2), (2, 4), (4, 2)] {
+        assert_matches_reference(&fixed, &[("d", d), ("s", s)], d as usize);
+    }
+}
