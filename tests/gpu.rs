@@ -217,7 +217,7 @@ fn sampled_check(
         let locals: Vec<&[f64]> = runs.iter().map(|r| r.outputs[k].data.as_slice()).collect();
         let global = Dense {
             dtype: layout.dtype,
-            sizes: layout.global.clone(),
+            sizes: layout.shape.clone(),
             data: layout
                 .unshard(&locals, f64::NAN)
                 .map_err(|e| e.to_string())?,

@@ -108,9 +108,9 @@ fn run_case(case: &str, t: usize, h: usize, s: usize) -> Result<(), String> {
         .enumerate()
         .map(
             |(k, sig)| match consts.iter().find(|(n, _)| *n == sig.name) {
-                Some((_, v)) => Dense::new(sig.dtype, sig.global.clone(), vec![f32r(*v)])
+                Some((_, v)) => Dense::new(sig.dtype, sig.shape.clone(), vec![f32r(*v)])
                     .expect("a 0-d constant"),
-                None => Dense::random(sig.dtype, sig.global.clone(), 7 + k as u64),
+                None => Dense::random(sig.dtype, sig.shape.clone(), 7 + k as u64),
             },
         )
         .collect();

@@ -134,7 +134,11 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
     // passes everywhere; the two sequence-parallel MLPs and sequence_parallel_attention split
     // every token chunk across devices, so t = 10 is refused wherever a chunk does not divide
     // by d, like sequence_parallel_mlp); 662 and 98 with tp_attention_2d, which passes on every
-    // mesh shape. Refusals may only turn into passes.
-    assert!(passed >= 672, "only {passed} configurations passed");
-    assert!(refused <= 112, "{refused} configurations were refused");
+    // mesh shape; 756 and 124 with the whole layers of issue 28 (logits_f32 and
+    // mlp_backward_weight_grads pass everywhere; qkv_causal_attention and moe_experts split
+    // every stream chunk of their 24 heads or experts across the devices, so a chunk of 8, 6, 5
+    // or 4 is refused at load wherever d does not divide it: 6 configurations each). Refusals
+    // may only turn into passes.
+    assert!(passed >= 756, "only {passed} configurations passed");
+    assert!(refused <= 124, "{refused} configurations were refused");
 }

@@ -34,7 +34,7 @@ fn per_rank_buffers_match_the_host_signature_and_round_trip() {
         let exe = compile(&path, &[]);
         let ranks = exe.min_ranks();
         for t in exe.inputs().iter().chain(exe.outputs()) {
-            let global = Dense::random(t.dtype, t.global.clone(), 9);
+            let global = Dense::random(t.dtype, t.shape.clone(), 9);
             let locals: Vec<Vec<f64>> = (0..ranks)
                 .map(|r| t.shard(&global.data, r).unwrap())
                 .collect();

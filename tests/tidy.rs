@@ -11,12 +11,16 @@
 //!   cudarc nor weave-cuda (`cargo tree`);
 //! * every workspace package inherits the workspace lints;
 //! * every repository path that README.md and docs/*.md name exists.
+//! * no file of a crate imports itself through others (an import cycle between files), but
+//!   for the cycles listed as not yet broken.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+mod import_graph;
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -528,5 +532,53 @@ fn a_cpu_only_weave_builds_no_cuda_bindings() {
     assert!(
         default.contains("cudarc") && default.contains("weave-cuda"),
         "{default:?}"
+    );
+}
+
+/// Import cycles between files that are known and not yet broken (issue 30): a cycle may only
+/// lie within one of these. Remove an entry once its cycle is gone; never add one.
+const KNOWN_IMPORT_CYCLES: &[&[&str]] = &[
+    &[
+        "crates/streamweave/src/calibrate.rs",
+        "crates/streamweave/src/chunks.rs",
+        "crates/streamweave/src/gpu.rs",
+        "crates/streamweave/src/run.rs",
+        "crates/streamweave/src/threads.rs",
+    ],
+    &[
+        "crates/streamweave/src/executable.rs",
+        "crates/streamweave/src/measure.rs",
+        "crates/streamweave/src/tune.rs",
+    ],
+];
+
+#[test]
+fn no_file_imports_itself_through_others() {
+    let root = repo_root();
+    let mut sources = vec![root.join("src"), root.join("xtask/src")];
+    let crates = std::fs::read_dir(root.join("crates")).expect("crates/ is readable");
+    for entry in crates {
+        let src = entry.expect("readable directory entry").path().join("src");
+        if src.is_dir() {
+            sources.push(src);
+        }
+    }
+    sources.sort();
+    let mut offenders = Vec::new();
+    for src in &sources {
+        for cycle in import_graph::cycles(&root, src) {
+            let known = KNOWN_IMPORT_CYCLES
+                .iter()
+                .any(|k| cycle.iter().all(|file| k.contains(&file.as_str())));
+            if !known {
+                offenders.push(cycle.join(" <-> "));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "these files import each other in a loop; move what they share into a module both \
+         import, or let one side own it:\n  {}",
+        offenders.join("\n  ")
     );
 }

@@ -190,7 +190,7 @@ fn reference(
         let data: Vec<f64> = if let Some((_, v)) = consts.iter().find(|(n, _)| *n == sig.name) {
             vec![*v as f32 as f64]
         } else {
-            match sig.global.as_slice() {
+            match sig.shape.as_slice() {
                 [a, b] if *a == tw && *b == hw => w
                     .rows
                     .iter()
@@ -210,7 +210,7 @@ fn reference(
                 }
             }
         };
-        globals.push(Dense::new(sig.dtype, sig.global.clone(), data)?);
+        globals.push(Dense::new(sig.dtype, sig.shape.clone(), data)?);
     }
     let out = exe
         .reference(&globals)
@@ -232,7 +232,7 @@ fn actual(
     w: &Window,
 ) -> Result<Vec<f64>, JobError> {
     let main = backend.stream(StreamKey::Main).map_err(|e| e.to_string())?;
-    let global = &layout.global;
+    let global = &layout.shape;
     if global.len() == 2 && !w.whole {
         // Only the sampled rows come back.
         let h = global[1];
@@ -297,10 +297,10 @@ fn measure(
     let mut inputs = Vec::new();
     let mut bytes = 0usize;
     for (k, sig) in exe.inputs().iter().enumerate() {
-        bytes += sig.global.iter().product::<usize>() * elem_bytes(sig.dtype);
+        bytes += sig.shape.iter().product::<usize>() * elem_bytes(sig.dtype);
         let buf = match consts.iter().find(|(n, _)| *n == sig.name) {
             Some((_, v)) => {
-                let d = Dense::new(sig.dtype, sig.global.clone(), vec![*v as f32 as f64])?;
+                let d = Dense::new(sig.dtype, sig.shape.clone(), vec![*v as f32 as f64])?;
                 backend.upload(&d).map_err(|e| format!("constant: {e}"))?
             }
             None => random_input(rank, backend, sig.dtype, sig, seed(k))?,
@@ -309,7 +309,7 @@ fn measure(
     }
     let layout = exe.outputs().first().ok_or("the program has no output")?;
     for o in exe.outputs() {
-        bytes += o.global.iter().product::<usize>() * elem_bytes(o.dtype);
+        bytes += o.shape.iter().product::<usize>() * elem_bytes(o.dtype);
     }
     let options = RunOptions {
         target: Target::Cuda { ranks: 1 },
@@ -356,7 +356,7 @@ fn measure(
         got: got?,
         bytes,
         out_dtype: layout.dtype,
-        out_rank: layout.global.len(),
+        out_rank: layout.shape.len(),
     })
 }
 

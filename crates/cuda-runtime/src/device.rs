@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 
 use crate::error::{driver, CudaError};
-use crate::gemm::LtHandle;
+use crate::gemm::{GemmOperands, GemmShape, LtHandle, PlanCache};
+use crate::nvrtc::{Kernel, KernelCache};
 
 /// Whether the CUDA driver library can be loaded and how many GPUs it sees. Never panics:
 /// a missing library is [`CudaError::Unavailable`].
@@ -76,8 +77,8 @@ pub(crate) struct GpuInner {
     deferred: Mutex<Vec<Ptr>>,
     next_allocation: AtomicU64,
     live: AtomicU64,
-    pub(crate) kernels: crate::nvrtc::KernelCache,
-    pub(crate) gemm_plans: crate::gemm::PlanCache,
+    kernels: KernelCache,
+    gemm_plans: PlanCache,
     /// Ordinals of the GPUs whose memory this context can already access (see
     /// [`Gpu::enable_peer_access`]).
     pub(crate) peers_enabled: Mutex<HashSet<usize>>,
@@ -458,6 +459,59 @@ impl Gpu {
         // SAFETY: callers pass a range inside a live allocation.
         unsafe { result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) }
             .map_err(driver("cuMemsetD8Async"))
+    }
+}
+
+// Generated kernels ([`crate::nvrtc`]) and GEMMs ([`crate::gemm`]), through the caches each
+// GPU owns: compiled kernels and GEMM plans here, a cuBLASLt handle per stream.
+impl Gpu {
+    /// The kernel `name` defined (as `extern "C" __global__`) in `source`, compiled on first
+    /// use and cached for the life of the process.
+    pub fn kernel(&self, name: &str, source: &str) -> Result<Arc<Kernel>, CudaError> {
+        self.inner
+            .kernels
+            .get(&self.inner.ctx, || self.bind(), name, source)
+    }
+
+    /// How many kernels this GPU has compiled (cache misses).
+    pub fn kernels_compiled(&self) -> usize {
+        self.inner.kernels.compiled()
+    }
+
+    /// Launches `kernel` on `stream` with `grid` blocks of `block` threads; `args` are the
+    /// kernel's parameters in order, each a 64-bit value (`unsigned long long` or `long
+    /// long` in the source: device addresses and sizes).
+    ///
+    /// The caller guarantees that the arguments match the kernel's signature and that every
+    /// address covers what the kernel touches.
+    pub fn launch(
+        &self,
+        stream: &GpuStream,
+        kernel: &Kernel,
+        grid: u32,
+        block: u32,
+        args: &[u64],
+    ) -> Result<(), CudaError> {
+        kernel.launch(stream.cuda_stream(), grid, block, args)
+    }
+
+    /// Enqueues `shape` on `stream` with the given operands. The first call of a shape picks
+    /// the algorithm; later calls reuse it.
+    pub fn gemm(
+        &self,
+        stream: &GpuStream,
+        shape: &GemmShape,
+        ops: GemmOperands,
+    ) -> Result<(), CudaError> {
+        let handle = stream
+            .lt
+            .get_or_init(|| LtHandle::new(|| self.bind()))
+            .as_ref()
+            .map_err(Clone::clone)?;
+        self.bind()?;
+        self.inner
+            .gemm_plans
+            .enqueue(handle, stream.cu_stream(), shape, ops)
     }
 }
 

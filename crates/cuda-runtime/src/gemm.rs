@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublaslt::{result as lt, sys as ltsys};
 use cudarc::driver::{result, sys};
 
-use crate::device::{Gpu, GpuStream};
 use crate::error::CudaError;
 
 /// The bytes of workspace each stream's handle gets (the amount cuBLASLt suggests for
@@ -111,7 +110,9 @@ impl Drop for LtHandle {
 }
 
 impl LtHandle {
-    fn new(gpu: &Gpu) -> Result<LtHandle, CudaError> {
+    /// A handle and workspace on the GPU that `bind` makes current (called once the library
+    /// is known to load).
+    pub(crate) fn new(bind: impl FnOnce() -> Result<(), CudaError>) -> Result<LtHandle, CudaError> {
         // SAFETY: probing for the library only dlopens it.
         if !unsafe { ltsys::is_culib_present() } {
             return Err(CudaError::Unavailable(
@@ -119,7 +120,7 @@ impl LtHandle {
                     .into(),
             ));
         }
-        gpu.bind()?;
+        bind()?;
         let handle = lt::create_handle().map_err(blas("cublasLtCreate"))?;
         // SAFETY: a plain synchronous allocation on the current context.
         let workspace =
@@ -302,23 +303,19 @@ impl Plan {
     }
 }
 
-impl Gpu {
-    /// Enqueues `shape` on `stream` with the given operands. The first call of a shape picks
-    /// the algorithm; later calls reuse it.
-    pub fn gemm(
+impl PlanCache {
+    /// Enqueues `shape` on `stream` with `handle` and the given operands, on the current
+    /// context (this cache's GPU). The first call of a shape picks the algorithm; later calls
+    /// reuse it.
+    pub(crate) fn enqueue(
         &self,
-        stream: &GpuStream,
+        handle: &LtHandle,
+        stream: sys::CUstream,
         shape: &GemmShape,
         ops: GemmOperands,
     ) -> Result<(), CudaError> {
-        let handle = stream
-            .lt
-            .get_or_init(|| LtHandle::new(self))
-            .as_ref()
-            .map_err(Clone::clone)?;
-        self.bind()?;
         let plan = {
-            let mut plans = self.inner().gemm_plans.plans.lock().unwrap();
+            let mut plans = self.plans.lock().unwrap();
             match plans.get(shape) {
                 Some(p) => p.clone(),
                 None => {
@@ -364,7 +361,7 @@ impl Gpu {
                 &plan.algo,
                 handle.workspace as *mut c_void,
                 WORKSPACE_BYTES,
-                stream.cu_stream() as _,
+                stream as _,
             )
             .map_err(|e| CudaError::Blas {
                 call: "cublasLtMatmul",

@@ -7,10 +7,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use crate::device::{Gpu, GpuStream};
 use crate::error::{driver, CudaError};
 
 /// A loaded kernel.
@@ -46,12 +45,17 @@ fn arch_name(major: i32, minor: i32) -> &'static str {
     }
 }
 
-impl Gpu {
-    /// The kernel `name` defined (as `extern "C" __global__`) in `source`, compiled on first
-    /// use and cached for the life of the process.
-    pub fn kernel(&self, name: &str, source: &str) -> Result<Arc<Kernel>, CudaError> {
-        let cache = &self.inner().kernels;
-        if let Some(k) = cache
+impl KernelCache {
+    /// The kernel `name` defined in `source`, compiled for `ctx`'s device on first use (with
+    /// the context made current by `bind`) and cached for the life of the process.
+    pub(crate) fn get(
+        &self,
+        ctx: &Arc<CudaContext>,
+        bind: impl FnOnce() -> Result<(), CudaError>,
+        name: &str,
+        source: &str,
+    ) -> Result<Arc<Kernel>, CudaError> {
+        if let Some(k) = self
             .kernels
             .lock()
             .unwrap()
@@ -66,8 +70,7 @@ impl Gpu {
                 "the NVRTC library (libnvrtc.so) cannot be loaded; check LD_LIBRARY_PATH".into(),
             ));
         }
-        let (major, minor) = self
-            .context()
+        let (major, minor) = ctx
             .compute_capability()
             .map_err(driver("cuDeviceGetAttribute"))?;
         let ptx = compile_ptx_with_opts(
@@ -82,11 +85,8 @@ impl Gpu {
             kernel: name.to_string(),
             log: format!("{e:?}\n--- source ---\n{source}"),
         })?;
-        self.bind()?;
-        let module = self
-            .context()
-            .load_module(ptx)
-            .map_err(driver("cuModuleLoadData"))?;
+        bind()?;
+        let module = ctx.load_module(ptx).map_err(driver("cuModuleLoadData"))?;
         let function = module
             .load_function(name)
             .map_err(driver("cuModuleGetFunction"))?;
@@ -94,11 +94,9 @@ impl Gpu {
             function,
             name: name.to_string(),
         });
-        cache
-            .compiles
+        self.compiles
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        cache
-            .kernels
+        self.kernels
             .lock()
             .unwrap()
             .entry(source.to_string())
@@ -107,24 +105,22 @@ impl Gpu {
         Ok(kernel)
     }
 
-    /// How many kernels this GPU has compiled (cache misses).
-    pub fn kernels_compiled(&self) -> usize {
-        self.inner()
-            .kernels
-            .compiles
-            .load(std::sync::atomic::Ordering::Relaxed)
+    /// How many kernels this cache has compiled (cache misses).
+    pub(crate) fn compiled(&self) -> usize {
+        self.compiles.load(std::sync::atomic::Ordering::Relaxed)
     }
+}
 
-    /// Launches `kernel` on `stream` with `grid` blocks of `block` threads; `args` are the
+impl Kernel {
+    /// Launches this kernel on `stream` with `grid` blocks of `block` threads; `args` are the
     /// kernel's parameters in order, each a 64-bit value (`unsigned long long` or `long
     /// long` in the source: device addresses and sizes).
     ///
     /// The caller guarantees that the arguments match the kernel's signature and that every
     /// address covers what the kernel touches.
-    pub fn launch(
+    pub(crate) fn launch(
         &self,
-        stream: &GpuStream,
-        kernel: &Kernel,
+        stream: &Arc<CudaStream>,
         grid: u32,
         block: u32,
         args: &[u64],
@@ -132,7 +128,7 @@ impl Gpu {
         if grid == 0 {
             return Ok(());
         }
-        let mut launch = stream.cuda_stream().launch_builder(&kernel.function);
+        let mut launch = stream.launch_builder(&self.function);
         for a in args {
             launch.arg(a);
         }

@@ -6,3 +6,5 @@
 pub mod codegen;
 #[path = "cuda/emit.rs"]
 mod emit;
+#[path = "cuda/expr.rs"]
+mod expr;

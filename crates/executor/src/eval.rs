@@ -456,8 +456,8 @@ impl Scalars<'_> {
             },
             Some(HostScalar::Value(v)) => {
                 let lookup = |n: &str| match n {
-                    "rank" => Some(self.rank),
-                    "numberOfStreams" => Some(self.number_of_streams),
+                    weave_ir::RANK => Some(self.rank),
+                    weave_ir::NUMBER_OF_STREAMS => Some(self.number_of_streams),
                     _ => self.params.get(n).copied(),
                 };
                 match v.eval(&lookup) {
@@ -1207,10 +1207,13 @@ pub fn program_teams(program: &HostProgram) -> Vec<Vec<usize>> {
     teams
 }
 
+/// The communicators' reduction for a communication's `red_op`; a communication that does
+/// not reduce (`None`) passes `Sum`. The match is exhaustive, so a new reduce op must say
+/// what it maps to.
 fn red_op(op: Option<ReduceOp>) -> RedOp {
     match op {
+        None | Some(ReduceOp::Sum) => RedOp::Sum,
         Some(ReduceOp::Max) => RedOp::Max,
         Some(ReduceOp::Min) => RedOp::Min,
-        _ => RedOp::Sum,
     }
 }

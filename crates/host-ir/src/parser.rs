@@ -1271,6 +1271,15 @@ impl Parser<'_> {
                 self.expect_punct(",", "between parameters")?;
             }
             let (name, span) = self.ident("a parameter name")?;
+            if weave_ir::RESERVED_NAMES.contains(&name.as_str()) {
+                return Err(Diagnostic::at(
+                    span,
+                    format!(
+                        "`{name}` is a built-in scalar of host programs, bound when the program \
+                         runs; no parameter may take its name"
+                    ),
+                ));
+            }
             if params.iter().any(|(n, _)| *n == name) {
                 return Err(Diagnostic::at(
                     span,
@@ -1401,7 +1410,7 @@ impl Parser<'_> {
         Ok(TensorSig {
             name,
             dtype,
-            global,
+            shape: global,
             sharding: Sharding { mesh, axes },
         })
     }

@@ -89,10 +89,10 @@ impl Signature {
                     .iter()
                     .map(|id| def.eval(&def.id(*id).extent))
                     .collect();
-                let matches = sizes.len() == e.global.len()
+                let matches = sizes.len() == e.shape.len()
                     && sizes
                         .iter()
-                        .zip(&e.global)
+                        .zip(&e.shape)
                         .all(|(s, g)| s.and_then(|s| usize::try_from(s).ok()) == Some(*g));
                 if !matches {
                     let shown: Vec<String> = sizes
@@ -102,7 +102,7 @@ impl Signature {
                     return Err(format!(
                         "{here} has shape [{}] but the signature says {:?}",
                         shown.join(", "),
-                        e.global
+                        e.shape
                     ));
                 }
             }
@@ -147,8 +147,9 @@ pub struct TensorSig {
     pub name: String,
     /// Element type.
     pub dtype: DType,
-    /// Global (logical) sizes, outermost first.
-    pub global: Vec<usize>,
+    /// The global (logical) shape, outermost first: the one name for a shape across the
+    /// Rust API (`Tensor::shape`), Python (`TensorSpec.shape`) and here.
+    pub shape: Vec<usize>,
     /// How the global tensor is cut across ranks.
     pub sharding: Sharding,
 }
@@ -443,7 +444,7 @@ impl TensorSig {
         Ok(TensorSig {
             name: tv.name.clone(),
             dtype: tv.dtype,
-            global,
+            shape: global,
             sharding: Sharding {
                 mesh: fusion.mesh_of(t).cloned(),
                 axes,
@@ -457,7 +458,7 @@ impl TensorSig {
         self.sharding
             .axes
             .iter()
-            .zip(&self.global)
+            .zip(&self.shape)
             .map(|(a, &len)| a.stream_chunks(len))
             .max()
             .unwrap_or(0)
@@ -465,7 +466,7 @@ impl TensorSig {
 
     /// The number of elements of the global tensor (saturating).
     pub fn global_len(&self) -> usize {
-        self.global
+        self.shape
             .iter()
             .try_fold(1usize, |a, &b| a.checked_mul(b))
             .unwrap_or(usize::MAX)
@@ -511,7 +512,7 @@ impl TensorSig {
         self.sharding
             .axes
             .iter()
-            .zip(&self.global)
+            .zip(&self.shape)
             .map(|(a, &len)| a.indices(len, &coords))
             .collect()
     }
@@ -523,7 +524,7 @@ impl TensorSig {
         self.sharding
             .axes
             .iter()
-            .zip(&self.global)
+            .zip(&self.shape)
             .map(|(a, &len)| a.count(len, &coords))
             .collect()
     }
@@ -545,9 +546,9 @@ impl TensorSig {
     /// tensor.
     pub fn global_indices(&self, rank: usize) -> Vec<usize> {
         let per_axis = self.axis_indices(rank);
-        let mut strides = vec![1usize; self.global.len()];
-        for a in (0..self.global.len().saturating_sub(1)).rev() {
-            strides[a] = strides[a + 1].saturating_mul(self.global[a + 1]);
+        let mut strides = vec![1usize; self.shape.len()];
+        for a in (0..self.shape.len().saturating_sub(1)).rev() {
+            strides[a] = strides[a + 1].saturating_mul(self.shape[a + 1]);
         }
         let mut out = vec![0usize];
         for (a, idx) in per_axis.iter().enumerate() {
@@ -562,13 +563,13 @@ impl TensorSig {
         out
     }
 
-    /// `rank`'s buffer of the global tensor `global` (row-major, [`TensorSig::global`] sizes).
+    /// `rank`'s buffer of the global tensor `global` (row-major, [`TensorSig::shape`]).
     pub fn shard<T: Copy>(&self, global: &[T], rank: usize) -> Result<Vec<T>, ShardError> {
         if global.len() != self.global_len() {
             return Err(ShardError(format!(
                 "tensor `{}` has global sizes {:?} ({} elements), but {} were given",
                 self.name,
-                self.global,
+                self.shape,
                 self.global_len(),
                 global.len()
             )));
@@ -601,7 +602,7 @@ impl TensorSig {
         let axes = per_axis.len();
         let mut strides = vec![1usize; axes];
         for a in (0..axes.saturating_sub(1)).rev() {
-            strides[a] = strides[a + 1].saturating_mul(self.global[a + 1]);
+            strides[a] = strides[a + 1].saturating_mul(self.shape[a + 1]);
         }
         let mut pos = vec![0usize; axes];
         loop {
@@ -660,7 +661,7 @@ impl TensorSig {
     /// The signature line without its `input`/`output` keyword:
     /// `inp: bf16[8, 8] on [2](0 1) split(outer(4, Stream, Serial), outer(2, DIDx, Serial))`.
     pub fn to_text(&self) -> String {
-        let sizes: Vec<String> = self.global.iter().map(usize::to_string).collect();
+        let sizes: Vec<String> = self.shape.iter().map(usize::to_string).collect();
         let mut out = format!("{}: {}[{}]", self.name, self.dtype, sizes.join(", "));
         if let Some(m) = &self.sharding.mesh {
             let shape: Vec<String> = m.shape().iter().map(usize::to_string).collect();
@@ -731,7 +732,7 @@ mod tests {
         TensorSig {
             name: "x".into(),
             dtype: DType::F32,
-            global: vec![6, 2],
+            shape: vec![6, 2],
             sharding: Sharding {
                 mesh: Some(DeviceMesh::arange(2).unwrap()),
                 axes: vec![
@@ -781,7 +782,7 @@ mod tests {
         let t = TensorSig {
             name: "y".into(),
             dtype: DType::F32,
-            global: vec![4, 3],
+            shape: vec![4, 3],
             sharding: Sharding {
                 mesh: Some(DeviceMesh::new(vec![2, 2], vec![0, 1, 2, 3]).unwrap()),
                 axes: vec![
@@ -802,7 +803,7 @@ mod tests {
         let huge = TensorSig {
             name: "h".into(),
             dtype: DType::F32,
-            global: vec![1 << 40, 3],
+            shape: vec![1 << 40, 3],
             sharding: Sharding {
                 mesh: Some(DeviceMesh::arange(2).unwrap()),
                 axes: vec![
@@ -829,7 +830,7 @@ mod tests {
         assert_eq!(sizes[0], full * 128 + last.saturating_sub(last.div_ceil(2)));
         // A factor far larger than the axis lists only the chunks that hold elements.
         let sparse = TensorSig {
-            global: vec![5, 2],
+            shape: vec![5, 2],
             sharding: Sharding {
                 mesh: None,
                 axes: vec![
@@ -848,7 +849,7 @@ mod tests {
         // Against the listing, on sizes that fit.
         for rows in [0, 1, 5, 6, 7, 13] {
             let t = TensorSig {
-                global: vec![rows, 2],
+                shape: vec![rows, 2],
                 ..chunked()
             };
             for r in 0..2 {

@@ -121,10 +121,10 @@ fn verify_signature(p: &HostProgram) -> VResult {
                     e.dtype, tensor.dtype
                 )));
             }
-            if tensor.sizes.len() != e.global.len() {
+            if tensor.sizes.len() != e.shape.len() {
                 return Err(Diagnostic::new(format!(
                     "{here} has {} axes but the program's tensor {}",
-                    e.global.len(),
+                    e.shape.len(),
                     tensor.sizes.len()
                 )));
             }

@@ -325,3 +325,12 @@ fn signature_errors() {
         "5:25: expected a parallel type (`Serial`, `Stream`, `DIDx`, `DIDy`) or `outer(..)`/`inner(..)`, found `Thread`"
     );
 }
+
+#[test]
+fn a_signature_parameter_may_not_take_a_built_in_name() {
+    let src = program("") + "Signature:\n  params(rank=2)\n";
+    assert_eq!(
+        error(&src),
+        "4:10: `rank` is a built-in scalar of host programs, bound when the program runs; no parameter may take its name"
+    );
+}

@@ -104,9 +104,44 @@ pub struct Fusion {
     /// The readers of each tensor in program order: built on the first [`Fusion::uses`] and
     /// dropped by every change to the exprs or their order.
     uses_index: std::sync::OnceLock<std::collections::HashMap<TensorId, Vec<ExprId>>>,
+    /// How generated values of some inputs are drawn ([`Fusion::set_draw`]).
+    draws: Vec<(TensorId, Draw)>,
+}
+
+/// How the generated values of an input are drawn, where the program says (`tensor x:
+/// f32[n] drawn uniform(0.5, 2)`): a run that makes up its inputs (`weave run`,
+/// `Executable::random_inputs`) draws them so, rounded to the input's dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Draw {
+    /// Uniform in `[lo, hi)`.
+    Uniform(f64, f64),
+    /// Every element this value.
+    Const(f64),
+}
+
+impl Draw {
+    /// The text form after `drawn`: `uniform(lo, hi)` or `const(v)`.
+    pub fn source(&self) -> String {
+        match self {
+            Draw::Uniform(lo, hi) => format!("uniform({lo:?}, {hi:?})"),
+            Draw::Const(v) => format!("const({v:?})"),
+        }
+    }
 }
 
 impl Fusion {
+    /// Says how the generated values of input `t` are drawn ([`Draw`]); replaces an earlier
+    /// draw of `t`.
+    pub fn set_draw(&mut self, t: TensorId, draw: Draw) {
+        self.draws.retain(|(u, _)| *u != t);
+        self.draws.push((t, draw));
+    }
+
+    /// How the generated values of `t` are drawn, where the program says.
+    pub fn draw(&self, t: TensorId) -> Option<Draw> {
+        self.draws.iter().find(|(u, _)| *u == t).map(|(_, d)| *d)
+    }
+
     /// An empty fusion.
     pub fn new(name: &str) -> Fusion {
         Fusion {
@@ -119,6 +154,17 @@ impl Fusion {
 
     /// Declares a parameter. Fails on a duplicate name.
     pub fn add_param(&mut self, name: &str, default: Option<i64>) -> IrResult<()> {
+        if crate::scalar::RESERVED_NAMES.contains(&name) {
+            return Err(Diagnostic::new(format!(
+                "`{name}` is a built-in scalar of host programs ({}), so no parameter may take \
+                 its name: it would stand for the built-in, not your value; rename the parameter",
+                if name == crate::scalar::RANK {
+                    "the running device's rank"
+                } else {
+                    "the size of each rank's stream pool"
+                }
+            )));
+        }
         if self.param_index.contains_key(name) {
             return Err(Diagnostic::new(format!("duplicate parameter `{name}`")));
         }

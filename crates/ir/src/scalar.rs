@@ -12,6 +12,16 @@
 use std::fmt;
 use std::sync::Arc;
 
+/// The built-in scalar of host programs that is the running device's rank: free in every
+/// host program, bound by the evaluator, never a fusion parameter.
+pub const RANK: &str = "rank";
+
+/// The built-in scalar of host programs that is the size of each rank's stream pool.
+pub const NUMBER_OF_STREAMS: &str = "numberOfStreams";
+
+/// The names no parameter may take: the host programs' built-in scalars.
+pub const RESERVED_NAMES: [&str; 2] = [RANK, NUMBER_OF_STREAMS];
+
 /// An operator of a [`Scalar`] expression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScalarOp {

@@ -55,7 +55,7 @@ use weave_ir::{Scalar, ScalarOp};
 use crate::pass::{Changed, Ir, Pass, PassError};
 
 /// The name of the run-time scalar that says how many worker streams a stream loop uses.
-pub const NUMBER_OF_STREAMS: &str = "numberOfStreams";
+pub use weave_ir::NUMBER_OF_STREAMS;
 
 /// Where the entry synchronization of a stream loop (`Synchronize(main)` on each worker)
 /// is placed.

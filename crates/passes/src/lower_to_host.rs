@@ -598,7 +598,7 @@ impl Lowering<'_> {
         // A `swizzle1d(.., DIDx)` on the loop's stream axis (or an axis mapped to it) rotates
         // the chunks by the rank: iteration i visits chunk (rank + i) % extent in every view.
         let view_index = if self.swizzled(sid) {
-            let rank = self.scalar(HostScalar::Value(Scalar::named("rank")));
+            let rank = self.scalar(HostScalar::Value(Scalar::named(weave_ir::RANK)));
             let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, index));
             let n = self.constant(extent);
             self.scalar(HostScalar::Binary(ScalarOp::Mod, sum, n))
@@ -1293,7 +1293,7 @@ impl Lowering<'_> {
         let (i, rank) = match &self.open {
             Some(open) => (
                 open.index,
-                self.scalar(HostScalar::Value(Scalar::named("rank"))),
+                self.scalar(HostScalar::Value(Scalar::named(weave_ir::RANK))),
             ),
             None => unreachable_loop()?,
         };
@@ -1329,7 +1329,7 @@ impl Lowering<'_> {
         let (i, rank) = match &self.open {
             Some(open) => (
                 open.index,
-                self.scalar(HostScalar::Value(Scalar::named("rank"))),
+                self.scalar(HostScalar::Value(Scalar::named(weave_ir::RANK))),
             ),
             None => unreachable_loop()?,
         };

@@ -19,17 +19,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::allocate_and_deallocate::AllocateAndDeallocate;
-use crate::assign_streams::AssignStreams;
-use crate::decompose_reshardings::DecomposeReshardings;
-use crate::finalize_multidevice_domains::FinalizeMultideviceDomains;
-use crate::lower_to_host::LowerToHost;
-use crate::merge_kernel_chunks::MergeKernelChunks;
 use crate::pass::Pass;
-use crate::propagate_shardings::PropagateShardings;
-use crate::registry::{Registry, UnknownPass};
-use crate::reorder_sharded_axis::ReorderShardedAxis;
-use crate::segment::Segment;
+use crate::registry::{default_passes, Registry, UnknownPass};
 
 /// An ordered list of passes; the pass manager runs them in order.
 ///
@@ -67,19 +58,11 @@ pub enum PipelineParseError {
 impl Pipeline {
     /// The standard pipeline, from a scheduled fusion to the host program every rank runs
     /// (DESIGN.md §1, §5): `propagate-shardings, decompose-reshardings, reorder-sharded-axis,
-    /// finalize-multidevice-domains, segment, lower-to-host, assign-streams,
-    /// allocate-and-deallocate`.
+    /// finalize-multidevice-domains, segment, lower-to-host, merge-kernel-chunks,
+    /// assign-streams, allocate-and-deallocate`, the default passes of the one table that
+    /// also fills [`Registry::standard`].
     pub fn standard() -> Pipeline {
-        Pipeline::default()
-            .then(PropagateShardings)
-            .then(DecomposeReshardings)
-            .then(ReorderShardedAxis)
-            .then(FinalizeMultideviceDomains)
-            .then(Segment)
-            .then(LowerToHost::default())
-            .then(MergeKernelChunks::default())
-            .then(AssignStreams::default())
-            .then(AllocateAndDeallocate)
+        default_passes().map(Arc::from).collect()
     }
 
     /// The same pipeline with `pass` appended.
@@ -247,4 +230,59 @@ fn items(text: &str) -> Result<Vec<&str>, PipelineParseError> {
             item => Ok(item),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_passes_have_distinct_names_and_follow_the_default_pipeline() {
+        // Building the registry panics on a duplicate name.
+        let registry = Registry::standard();
+        let default = Pipeline::standard().names();
+        let all = registry.names();
+        // Variants that replace a default pass when named in a pipeline.
+        let alternatives = ["lower-to-host-broadcast", "assign-streams-separate-sync"];
+        let registered: Vec<&str> = all
+            .iter()
+            .copied()
+            .filter(|n| !alternatives.contains(n))
+            .collect();
+        assert_eq!(
+            registered, default,
+            "the standard registry holds the default pipeline's passes in its order, and \
+             its variants"
+        );
+        assert!(alternatives.iter().all(|a| all.contains(a)));
+        for info in registry.list() {
+            assert!(!info.summary.is_empty(), "`{}` has no summary", info.name);
+            assert!(
+                !info.summary.contains('\n'),
+                "`{}`: multi-line summary",
+                info.name
+            );
+        }
+        let text = Pipeline::standard().to_string();
+        assert_eq!(
+            text,
+            "propagate-shardings,decompose-reshardings,reorder-sharded-axis,\
+             finalize-multidevice-domains,segment,lower-to-host,merge-kernel-chunks,\
+             assign-streams,allocate-and-deallocate"
+        );
+        assert_eq!(
+            Pipeline::parse(&text, &registry).unwrap(),
+            Pipeline::standard()
+        );
+        assert!(!registry.listing().contains("not registered"));
+    }
+
+    #[test]
+    fn default_pipeline_has_no_duplicates() {
+        let names = Pipeline::standard().names();
+        assert_eq!(names.len(), 9);
+        for (i, n) in names.iter().enumerate() {
+            assert!(!names[..i].contains(n), "`{n}` twice");
+        }
+    }
 }

@@ -2,15 +2,16 @@
 //!
 //! A pipeline written as text (`--passes=propagate-shardings,segment,…`) names passes by
 //! string; the registry turns each name into a fresh [`Pass`] and is the single place that
-//! knows which names exist. The standard pipeline needs no registry: it is built from the
-//! passes themselves ([`Pipeline::standard`]). An
-//! unknown name is an [`UnknownPass`] error that lists the valid ones, so a typo on the
-//! command line answers with the menu.
+//! knows which names exist. An unknown name is an [`UnknownPass`] error that lists the valid
+//! ones, so a typo on the command line answers with the menu.
 //!
-//! Adding a pass to the standard set is one line in `STANDARD_PASSES`:
+//! `STANDARD_PASSES` declares the standard passes once, in pipeline order: the standard
+//! registry ([`Registry::standard`]) holds every line of it, and the default pipeline
+//! (`Pipeline::standard`) runs the lines marked `Role::Default`, so the two cannot
+//! disagree. Adding a pass to the standard set is one line there:
 //!
 //! ```text
-//! || Box::new(crate::propagate_shardings::PropagateShardings),
+//! (Role::Default, || Box::new(PropagateShardings)),
 //! ```
 //!
 //! The name and the summary come from the pass itself ([`Pass::name`], [`Pass::summary`]), so
@@ -18,36 +19,58 @@
 
 use std::fmt;
 
+use crate::allocate_and_deallocate::AllocateAndDeallocate;
+use crate::assign_streams::{AssignStreams, SyncVariant};
+use crate::decompose_reshardings::DecomposeReshardings;
+use crate::finalize_multidevice_domains::FinalizeMultideviceDomains;
+use crate::lower_to_host::{LowerToHost, StreamAllgather};
+use crate::merge_kernel_chunks::MergeKernelChunks;
 use crate::pass::Pass;
-use crate::pipeline::Pipeline;
+use crate::propagate_shardings::PropagateShardings;
+use crate::reorder_sharded_axis::ReorderShardedAxis;
+use crate::segment::Segment;
 
 /// Makes a fresh instance of one pass.
 pub type PassFactory = fn() -> Box<dyn Pass>;
 
-/// The passes of [`Registry::standard`], one factory per line, in [`Pipeline::standard`]
-/// order, each variant after the pass it replaces.
-/// A pass joins the standard registry by adding its line here.
-const STANDARD_PASSES: &[PassFactory] = &[
-    || Box::new(crate::propagate_shardings::PropagateShardings),
-    || Box::new(crate::decompose_reshardings::DecomposeReshardings),
-    || Box::new(crate::reorder_sharded_axis::ReorderShardedAxis),
-    || Box::new(crate::finalize_multidevice_domains::FinalizeMultideviceDomains),
-    || Box::new(crate::segment::Segment),
-    || Box::new(crate::lower_to_host::LowerToHost::default()),
-    || {
-        Box::new(crate::lower_to_host::LowerToHost::new(
-            crate::lower_to_host::StreamAllgather::Broadcast,
-        ))
-    },
-    || Box::new(crate::merge_kernel_chunks::MergeKernelChunks::default()),
-    || Box::new(crate::assign_streams::AssignStreams::default()),
-    || {
-        Box::new(crate::assign_streams::AssignStreams::new(
-            crate::assign_streams::SyncVariant::SeparateLoop,
-        ))
-    },
-    || Box::new(crate::allocate_and_deallocate::AllocateAndDeallocate),
+/// Where a standard pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// In the default pipeline, and wherever a pipeline names it.
+    Default,
+    /// Only where a pipeline names it: a variant of the default pass listed before it.
+    Variant,
+}
+
+/// The standard passes, one per line, in pipeline order, each variant after the pass it
+/// replaces: [`Registry::standard`] registers every line, and the default pipeline runs the
+/// `Role::Default` ones. A pass joins the standard set by adding its line here.
+const STANDARD_PASSES: &[(Role, PassFactory)] = &[
+    (Role::Default, || Box::new(PropagateShardings)),
+    (Role::Default, || Box::new(DecomposeReshardings)),
+    (Role::Default, || Box::new(ReorderShardedAxis)),
+    (Role::Default, || Box::new(FinalizeMultideviceDomains)),
+    (Role::Default, || Box::new(Segment)),
+    (Role::Default, || Box::new(LowerToHost::default())),
+    (Role::Variant, || {
+        Box::new(LowerToHost::new(StreamAllgather::Broadcast))
+    }),
+    (Role::Default, || Box::new(MergeKernelChunks::default())),
+    (Role::Default, || Box::new(AssignStreams::default())),
+    (Role::Variant, || {
+        Box::new(AssignStreams::new(SyncVariant::SeparateLoop))
+    }),
+    (Role::Default, || Box::new(AllocateAndDeallocate)),
 ];
+
+/// Fresh instances of the default pipeline's passes, in run order: the `Role::Default`
+/// lines of `STANDARD_PASSES`.
+pub(crate) fn default_passes() -> impl Iterator<Item = Box<dyn Pass>> {
+    STANDARD_PASSES
+        .iter()
+        .filter(|(role, _)| *role == Role::Default)
+        .map(|(_, make)| make())
+}
 
 /// A registered pass as listed: its name and one-line summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +114,7 @@ impl Registry {
     /// `STANDARD_PASSES`).
     pub fn standard() -> Registry {
         let mut registry = Registry::new();
-        for make in STANDARD_PASSES {
+        for (_, make) in STANDARD_PASSES {
             registry.register(*make);
         }
         registry
@@ -170,10 +193,9 @@ impl Registry {
                 }
             }
         }
-        let standard = Pipeline::standard();
-        s.push_str(&format!("\ndefault pipeline: {standard}\n"));
+        let standard: Vec<&str> = default_passes().map(|pass| pass.name()).collect();
+        s.push_str(&format!("\ndefault pipeline: {}\n", standard.join(",")));
         let missing: Vec<&str> = standard
-            .names()
             .into_iter()
             .filter(|name| !self.contains(name))
             .collect();
@@ -209,60 +231,5 @@ fn known_list(known: &[&str]) -> String {
         "no passes are registered".to_string()
     } else {
         format!("known passes: {}", known.join(", "))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn standard_passes_have_distinct_names_and_follow_the_default_pipeline() {
-        // Building the registry panics on a duplicate name.
-        let registry = Registry::standard();
-        let default = Pipeline::standard().names();
-        let all = registry.names();
-        // Variants that replace a default pass when named in a pipeline.
-        let alternatives = ["lower-to-host-broadcast", "assign-streams-separate-sync"];
-        let registered: Vec<&str> = all
-            .iter()
-            .copied()
-            .filter(|n| !alternatives.contains(n))
-            .collect();
-        assert_eq!(
-            registered, default,
-            "the standard registry holds the default pipeline's passes in its order, and \
-             its variants"
-        );
-        assert!(alternatives.iter().all(|a| all.contains(a)));
-        for info in registry.list() {
-            assert!(!info.summary.is_empty(), "`{}` has no summary", info.name);
-            assert!(
-                !info.summary.contains('\n'),
-                "`{}`: multi-line summary",
-                info.name
-            );
-        }
-        let text = Pipeline::standard().to_string();
-        assert_eq!(
-            text,
-            "propagate-shardings,decompose-reshardings,reorder-sharded-axis,\
-             finalize-multidevice-domains,segment,lower-to-host,merge-kernel-chunks,\
-             assign-streams,allocate-and-deallocate"
-        );
-        assert_eq!(
-            Pipeline::parse(&text, &registry).unwrap(),
-            Pipeline::standard()
-        );
-        assert!(!registry.listing().contains("not registered"));
-    }
-
-    #[test]
-    fn default_pipeline_has_no_duplicates() {
-        let names = Pipeline::standard().names();
-        assert_eq!(names.len(), 9);
-        for (i, n) in names.iter().enumerate() {
-            assert!(!names[..i].contains(n), "`{n}` twice");
-        }
     }
 }

@@ -414,7 +414,7 @@ impl NativeExecutable {
         self.exe
             .inputs()
             .iter()
-            .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.global.clone()))
+            .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.shape.clone()))
             .collect()
     }
 
@@ -423,7 +423,7 @@ impl NativeExecutable {
         self.exe
             .outputs()
             .iter()
-            .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.global.clone()))
+            .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.shape.clone()))
             .collect()
     }
 

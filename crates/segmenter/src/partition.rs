@@ -14,6 +14,9 @@
 //! `b ⇝ a`, so a producer merging with its consumer searches from the producer's other
 //! successors only. A chain of pointwise ops therefore segments in near-linear time; the
 //! worst case (many siblings, repeated passes) stays polynomial.
+//!
+//! A partition written by hand is checked instead: [`SegmentedFusion::from_partition`] builds
+//! it and runs [`verify()`].
 
 use std::collections::HashMap;
 
@@ -26,6 +29,7 @@ use weave_ir::{ExprId, Fusion, TensorId};
 
 use crate::rule::{MergeContext, MergeRule};
 use crate::segment::{build, FusionIndex, Segment, SegmentKind, SegmentedFusion};
+use crate::verify::verify;
 
 type WorkGraph = StableDiGraph<Segment, TensorId>;
 
@@ -118,6 +122,32 @@ pub fn segment(fusion: Fusion, classify: Classifier<'_>, rule: &dyn MergeRule) -
         .collect();
     segments.sort_by_key(|s| idx.position(s.exprs()[0]));
     build(fusion, &idx, segments).expect("segmentation keeps a valid acyclic partition")
+}
+
+impl SegmentedFusion {
+    /// Builds a segmented fusion from an explicit partition: one `(kind, exprs)` per segment,
+    /// in any order. Computes each segment's inputs and outputs, the edges, and the run order
+    /// (topological; ties go to the segment whose first expr comes first in program order),
+    /// then runs [`verify()`]. Fails if the partition misses or repeats an expr, has an
+    /// empty segment or a communication/library segment of more than one expr, or if the
+    /// segment graph has a cycle.
+    pub fn from_partition(
+        fusion: Fusion,
+        parts: Vec<(SegmentKind, Vec<ExprId>)>,
+    ) -> Result<SegmentedFusion, String> {
+        let idx = FusionIndex::new(&fusion);
+        let mut segments: Vec<Segment> = parts
+            .into_iter()
+            .map(|(k, es)| Segment::with_index(&fusion, &idx, k, es))
+            .collect();
+        if let Some(s) = segments.iter().find(|s| s.exprs().is_empty()) {
+            return Err(format!("an empty {} segment", s.kind()));
+        }
+        segments.sort_by_key(|s| idx.position(s.exprs()[0]));
+        let sf = build(fusion, &idx, segments)?;
+        verify(&sf)?;
+        Ok(sf)
+    }
 }
 
 /// Folds each kernel segment that only re-views or casts tensors split across neither

@@ -215,30 +215,6 @@ pub struct SegmentedFusion {
 }
 
 impl SegmentedFusion {
-    /// Builds a segmented fusion from an explicit partition: one `(kind, exprs)` per segment,
-    /// in any order. Computes each segment's inputs and outputs, the edges, and the run order
-    /// (topological; ties go to the segment whose first expr comes first in program order),
-    /// then runs [`crate::verify()`]. Fails if the partition misses or repeats an expr, has an
-    /// empty segment or a communication/library segment of more than one expr, or if the
-    /// segment graph has a cycle.
-    pub fn from_partition(
-        fusion: Fusion,
-        parts: Vec<(SegmentKind, Vec<ExprId>)>,
-    ) -> Result<SegmentedFusion, String> {
-        let idx = FusionIndex::new(&fusion);
-        let mut segments: Vec<Segment> = parts
-            .into_iter()
-            .map(|(k, es)| Segment::with_index(&fusion, &idx, k, es))
-            .collect();
-        if let Some(s) = segments.iter().find(|s| s.exprs.is_empty()) {
-            return Err(format!("an empty {} segment", s.kind));
-        }
-        segments.sort_by_key(|s| idx.position(s.exprs[0]));
-        let sf = build(fusion, &idx, segments)?;
-        crate::verify(&sf)?;
-        Ok(sf)
-    }
-
     /// The fusion that the segments partition.
     pub fn fusion(&self) -> &Fusion {
         &self.fusion

@@ -459,10 +459,10 @@ impl Executable {
             .map(|(k, t)| {
                 let seed = seed.wrapping_add(k as u64 * 0x9e37_79b9);
                 weave_executor::memory::allocate_host(
-                    &format!("input `{}` {}{:?}", t.name, t.dtype, t.global),
-                    &t.global,
+                    &format!("input `{}` {}{:?}", t.name, t.dtype, t.shape),
+                    &t.shape,
                     size_of::<f64>(),
-                    || Dense::try_random(t.dtype, t.global.clone(), seed),
+                    || Dense::try_random(t.dtype, t.shape.clone(), seed),
                 )
                 .map_err(|message| Error::Input {
                     tensor: t.name.clone(),
@@ -472,6 +472,7 @@ impl Executable {
             .collect::<Result<_, _>>()?;
         if let Some(def) = &self.signature().definition {
             keep_in_domain(def, &mut inputs);
+            apply_draws(def, self.inputs(), &mut inputs);
         }
         Ok(inputs)
     }
@@ -488,18 +489,18 @@ impl Executable {
         let mut total: u64 = 0;
         for t in self.inputs() {
             let what = match ranks {
-                0 => format!("input `{}` {}{:?}", t.name, t.dtype, t.global),
+                0 => format!("input `{}` {}{:?}", t.name, t.dtype, t.shape),
                 n => format!(
                     "input `{}` {}{:?} (the global tensor and the shards of {n} rank(s))",
-                    t.name, t.dtype, t.global
+                    t.name, t.dtype, t.shape
                 ),
             };
             let input_error = |message: String| Error::Input {
                 tensor: t.name.clone(),
                 message,
             };
-            let global = memory::bytes_of(&t.global, value)
-                .ok_or_else(|| input_error(memory::overflow("its global tensor", &t.global)))?;
+            let global = memory::bytes_of(&t.shape, value)
+                .ok_or_else(|| input_error(memory::overflow("its global tensor", &t.shape)))?;
             let mut shards: u64 = 0;
             for rank in 0..ranks {
                 if t.holds(rank) {
@@ -557,13 +558,13 @@ impl Executable {
                         message: format!("is {} but the program takes {}", t.dtype(), s.dtype),
                     });
                 }
-                if t.shape() != s.global.as_slice() {
+                if t.shape() != s.shape.as_slice() {
                     return Err(Error::Input {
                         tensor: s.name.clone(),
                         message: format!(
                             "has shape {:?} but the program takes {:?}",
                             t.shape(),
-                            s.global
+                            s.shape
                         ),
                     });
                 }
@@ -613,7 +614,7 @@ impl Executable {
                 .map_err(|e| Error::Program(e.to_string()))?;
             let dense = Dense {
                 dtype: s.dtype,
-                sizes: s.global.clone(),
+                sizes: s.shape.clone(),
                 data,
             };
             entries.push((s.name.clone(), Tensor::from_dense(&dense)));
@@ -910,5 +911,48 @@ impl Executable {
             run_time,
             config: None,
         })
+    }
+}
+
+/// Redraws the generated values of every input whose declaration in `def` says how
+/// ([`weave_ir::Draw`]): `uniform(lo, hi)` maps each seeded value (uniform in its own range)
+/// onto `[lo, hi)` — floored for integers — and `const(v)` fills; each value rounded to the
+/// input's dtype.
+fn apply_draws(def: &Fusion, sigs: &[TensorSig], inputs: &mut [Dense]) {
+    for (sig, input) in sigs.iter().zip(inputs.iter_mut()) {
+        let Some(t) = def
+            .inputs()
+            .iter()
+            .copied()
+            .find(|t| def.tensor(*t).name == sig.name)
+        else {
+            continue;
+        };
+        let Some(draw) = def.draw(t) else {
+            continue;
+        };
+        let dtype = input.dtype;
+        let integer = matches!(dtype, weave_ir::DType::I64);
+        for v in &mut input.data {
+            let x = match draw {
+                weave_ir::Draw::Const(c) => c,
+                weave_ir::Draw::Uniform(lo, hi) => {
+                    // The seeded value's place in its own range: [-1, 1) for floats, the
+                    // integers -8..=8 for i64.
+                    let u = if integer {
+                        (*v + 8.0) / 17.0
+                    } else {
+                        (*v + 1.0) / 2.0
+                    };
+                    let x = lo + (hi - lo) * u.clamp(0.0, 1.0);
+                    if integer {
+                        x.floor().min(hi.ceil() - 1.0).max(lo.ceil())
+                    } else {
+                        x
+                    }
+                }
+            };
+            *v = weave_executor::dense::round_to(dtype, x);
+        }
     }
 }

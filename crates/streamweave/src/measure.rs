@@ -36,7 +36,7 @@ pub fn random_input(
     layout: &TensorSig,
     seed: u64,
 ) -> Result<DeviceTensor, JobError> {
-    let tables = offset_tables(&layout.global, &layout.axis_indices(rank.rank));
+    let tables = offset_tables(&layout.shape, &layout.axis_indices(rank.rank));
     rank.fill(backend, dtype, &tables, seed)
 }
 
@@ -50,7 +50,7 @@ pub fn sample_rows(
     layout: &TensorSig,
     rows: &[usize],
 ) -> Result<Vec<(usize, usize, f64)>, JobError> {
-    let global = &layout.global;
+    let global = &layout.shape;
     let tables = layout.axis_indices(rank.rank);
     let r = global.len();
     if r == 0 {

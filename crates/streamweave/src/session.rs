@@ -377,7 +377,7 @@ impl CudaSession {
                 })?;
                 Ok(Dense {
                     dtype: sig.dtype,
-                    sizes: sig.global.clone(),
+                    sizes: sig.shape.clone(),
                     data,
                 })
             })

@@ -37,9 +37,11 @@
 //! the hardware `tanh.approx`, whose errors are below a 16-bit rounding. A `cast` rounds to
 //! its type in place, as the interpreter does.
 
+pub use super::expr::{Buf, Node, View};
+
 use std::fmt::Write as _;
 
-use weave_ir::{BinaryOp, DType, ExprKind, Fusion, ReduceOp, UnaryOp};
+use weave_ir::{DType, ExprKind, Fusion, ReduceOp};
 
 use super::emit::{self, decompose, Emitter, Width, PRELUDE};
 use crate::interp::{broadcast_shapes, reshape_sizes};
@@ -53,17 +55,6 @@ pub struct TensorArg {
     pub sizes: Vec<usize>,
     /// Element strides, one per axis.
     pub strides: Vec<usize>,
-}
-
-/// A buffer a generated kernel reads or writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Buf {
-    /// The segment's `n`-th input.
-    Input(usize),
-    /// The segment's `n`-th output.
-    Output(usize),
-    /// The plan's `n`-th temporary.
-    Temp(usize),
 }
 
 /// The most waves of blocks a grid-stride loop is launched with. The hardware starts a block
@@ -156,44 +147,6 @@ pub struct KernelPlan {
     pub temps: Vec<(DType, usize)>,
     /// The kernels, in launch order.
     pub launches: Vec<Launch>,
-}
-
-/// A strided view of a buffer: the leaf of an expression.
-#[derive(Clone, Debug)]
-pub struct View {
-    /// The buffer.
-    pub buf: Buf,
-    /// Its element type.
-    pub dtype: DType,
-    /// The element offset of index 0.
-    pub offset: isize,
-    /// Sizes of the index space.
-    pub sizes: Vec<usize>,
-    /// Element strides, one per axis (0 where broadcast).
-    pub strides: Vec<isize>,
-}
-
-/// An expression over an index space.
-#[derive(Clone, Debug)]
-pub enum Node {
-    /// A load of the view at the index.
-    Load(View),
-    /// The `k`-th reduction of a row kernel, for the index's row.
-    Row(usize),
-    /// Rounds to a type.
-    Cast(DType, Box<Node>),
-    /// A unary op.
-    Unary(UnaryOp, Box<Node>),
-    /// A binary op.
-    Binary(BinaryOp, Box<Node>, Box<Node>),
-    /// `where(c, x, y)`.
-    Where(Box<Node>, Box<Node>, Box<Node>),
-    /// A literal operand, in the compute type.
-    Lit(f64),
-    /// The view's element offset at the index, as a value (`iota`): the view's strides pick
-    /// the axis and its offset the first index, so views (permute, broadcast, slice) move it
-    /// as they move loads; nothing is read.
-    Index(View),
 }
 
 #[derive(Clone, Debug)]

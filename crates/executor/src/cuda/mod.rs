@@ -13,6 +13,7 @@
 
 pub mod codegen;
 mod emit;
+mod expr;
 mod reduce;
 mod replay;
 mod timer;

@@ -682,12 +682,88 @@ impl Parser {
         } else {
             None
         };
+        let draw = if self.is_ident("drawn") {
+            self.bump();
+            Some(self.draw(&name, dtype)?)
+        } else {
+            None
+        };
         let t = self
             .fusion
             .add_input(&name, dtype, extents, mesh)
             .map_err(|d| d.or_at(Some(span)))?;
         self.fusion.tensor_mut(t).span = Some(span);
+        if let Some(draw) = draw {
+            self.fusion.set_draw(t, draw);
+        }
         Ok(())
+    }
+
+    /// `uniform(lo, hi)` or `const(v)` after `drawn` (numbers, optionally negative): how the
+    /// generated values of input `name` are drawn.
+    fn draw(&mut self, name: &str, dtype: DType) -> PResult<crate::fusion::Draw> {
+        use crate::fusion::Draw;
+        let what = format!("`uniform(lo, hi)` or `const(v)` after `drawn` for `{name}`");
+        let (kind, kspan) = self.expect_ident(&what)?;
+        if kind != "uniform" && kind != "const" {
+            return Err(Diagnostic::at(kspan, format!(
+                "unknown draw `{kind}` for `{name}`: expected `uniform(lo, hi)` (uniform in [lo, hi)) or `const(v)`"
+            )));
+        }
+        self.expect_punct(Punct::LParen, &format!("after `{kind}`"))?;
+        let mut values = Vec::new();
+        loop {
+            let start = self.peek().span;
+            let negative = self.eat_punct(Punct::Minus).is_some();
+            let v = match self.peek().tok.clone() {
+                Tok::Int(t) | Tok::Float(t) => t.parse::<f64>().ok(),
+                _ => None,
+            };
+            let Some(v) = v else {
+                return Err(self.unexpected(&format!("a number in `{kind}(…)`")));
+            };
+            self.bump();
+            let v = if negative { -v } else { v };
+            if !v.is_finite() {
+                return Err(Diagnostic::at(
+                    start,
+                    format!("`{kind}` of `{name}` needs finite numbers"),
+                ));
+            }
+            values.push(v);
+            if self.eat_punct(Punct::Comma).is_some() {
+                continue;
+            }
+            self.expect_punct(Punct::RParen, &format!("to close `{kind}(`"))?;
+            break;
+        }
+        let draw = match (kind.as_str(), values.as_slice()) {
+            ("uniform", &[lo, hi]) if lo < hi => Draw::Uniform(lo, hi),
+            ("uniform", &[lo, hi]) => {
+                return Err(Diagnostic::at(
+                    kspan,
+                    format!("`uniform({lo}, {hi})` of `{name}` is empty: lo must be below hi"),
+                ))
+            }
+            ("const", &[v]) => Draw::Const(v),
+            _ => {
+                return Err(Diagnostic::at(
+                    kspan,
+                    format!(
+                        "`{kind}` of `{name}` takes {} number(s), got {}",
+                        if kind == "uniform" { 2 } else { 1 },
+                        values.len()
+                    ),
+                ))
+            }
+        };
+        if matches!(dtype, DType::Bool) {
+            return Err(Diagnostic::at(
+                kspan,
+                format!("`{name}` is bool: its values are drawn 0 or 1, not from `{kind}`"),
+            ));
+        }
+        Ok(draw)
     }
 
     // ----- ops and outputs --------------------------------------------------------------

@@ -40,8 +40,12 @@ pub(crate) fn print(f: &Fusion) -> String {
             Some(m) if f.meshes().contains(&m) => format!(" on {}", f.mesh(m).name),
             _ => String::new(),
         };
+        let drawn = f
+            .draw(*t)
+            .map(|d| format!(" drawn {}", d.source()))
+            .unwrap_or_default();
         lines.push(format!(
-            "  tensor {}: {}[{}]{on}",
+            "  tensor {}: {}[{}]{on}{drawn}",
             tv.name,
             tv.dtype,
             extents.join(", ")

@@ -919,3 +919,19 @@ fn errors_of_tensor_expressions() {
         "4:7: mean: axis 2 is out of range for `a` (f32[t, h]) of rank 2"
     );
 }
+
+/// The host programs' built-in scalars are no parameter's name: a parameter `rank` would
+/// stand for the running device's rank, not the value given.
+#[test]
+fn a_parameter_may_not_take_a_built_in_name() {
+    for name in ["rank", "numberOfStreams"] {
+        let src = format!("fusion f({name} = 2, n = 4) {{\n  tensor x: f32[n]\n  output x\n}}\n");
+        let e = parse(&src, &[]).unwrap_err();
+        assert_eq!(e.span.map(|s| (s.line, s.col)), Some((1, 10)), "{e}");
+        assert!(
+            e.message
+                .starts_with(&format!("`{name}` is a built-in scalar of host programs")),
+            "{e}"
+        );
+    }
+}
