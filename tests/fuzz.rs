@@ -19,22 +19,9 @@ use std::time::{Duration, Instant};
 /// The longest one input may take (a debug build, a loaded machine).
 const PER_INPUT: Duration = Duration::from_secs(20);
 
-/// A small deterministic generator (SplitMix64).
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use common::Rng;
 
 /// Tokens worth splicing in: keywords, punctuation, extreme numbers, parallel types.
 const TOKENS: &[&str] = &[

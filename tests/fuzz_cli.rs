@@ -17,25 +17,13 @@ use std::time::{Duration, Instant};
 /// The longest one invocation may take (a debug build on a loaded machine).
 const PER_RUN: Duration = Duration::from_secs(60);
 
-/// A small deterministic generator (SplitMix64).
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+use common::Rng;
 
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, v: &[&'a str]) -> &'a str {
-        v[self.below(v.len())]
-    }
+/// One of `v`, at random.
+fn pick<'a>(rng: &mut Rng, v: &[&'a str]) -> &'a str {
+    v[rng.below(v.len())]
 }
 
 /// Values at and around every limit a count, size or duration flag has.
@@ -174,7 +162,7 @@ fn case(rng: &mut Rng, s: &Scratch) -> Case {
         "missing.weave",
         "/dev/null",
     ];
-    let input = rng.pick(&inputs);
+    let input = pick(rng, &inputs);
     let input = if input.starts_with('/') {
         input.to_string()
     } else {
@@ -187,12 +175,12 @@ fn case(rng: &mut Rng, s: &Scratch) -> Case {
         vec!["run".into(), input, "--set".into(), "t=8".into()]
     };
     for _ in 0..rng.below(4) {
-        let flag = rng.pick(FLAGS);
+        let flag = pick(rng, FLAGS);
         if dump && flag != "--chunks" {
             continue;
         }
         args.push(flag.into());
-        args.push(rng.pick(NUMBERS).into());
+        args.push(pick(rng, NUMBERS).into());
     }
     if !dump {
         // Keep every run short whatever the flags say, unless the flags set it themselves.
@@ -209,7 +197,7 @@ fn case(rng: &mut Rng, s: &Scratch) -> Case {
             "adir/deep/missing.json",
         ];
         if rng.below(2) == 0 {
-            let out = rng.pick(&outputs);
+            let out = pick(rng, &outputs);
             args.push("--json".into());
             args.push(if out.starts_with('/') {
                 out.into()
@@ -218,7 +206,10 @@ fn case(rng: &mut Rng, s: &Scratch) -> Case {
             });
         }
         if rng.below(3) == 0 {
-            let out = rng.pick(&["trace.json", "adir", "out-link", "/dev/null", "t.svg"]);
+            let out = pick(
+                rng,
+                &["trace.json", "adir", "out-link", "/dev/null", "t.svg"],
+            );
             args.push("--trace".into());
             args.push(if out.starts_with('/') {
                 out.into()

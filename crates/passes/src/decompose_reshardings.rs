@@ -912,27 +912,8 @@ fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         derive_communication(f, e)?;
         return Ok(());
     }
-    let x = f.expr(e).inputs[0];
-    let changing = changing_types(f, x, f.expr(e).outputs[0]);
-    let name = f.fresh_name(&format!("{}_gathered", f.tensor(x).name));
-    let gathered = f.add_op(&name, ExprKind::Set, &[x])?;
-    let ge = f.tensor(gathered).definition.expect("just defined");
-    f.move_expr_before(ge, e);
-    f.expr_mut(ge).span = f.expr(e).span;
-    f.tensor_mut(gathered).mesh = f.tensor(x).mesh;
-    f.tensor_mut(gathered).span = f.tensor(x).span;
-    f.expr_mut(e).inputs = vec![gathered];
+    let (x, gathered, ge) = insert_gather(f, e)?;
     let out = f.expr(e).outputs[0];
-    // Only the type whose layout changes is gathered: the others keep `x`'s splits, so that
-    // the gather and the scatter each change one type (on a 2-D mesh).
-    let kept: Vec<ParallelType> = DEVICE_TYPES
-        .into_iter()
-        .filter(|t| !changing.contains(t))
-        .collect();
-    if !kept.is_empty() {
-        let graph = IdGraph::build(f);
-        replay(f, x, gathered, &graph, &kept)?;
-    }
     let unsplit = f.tensor(gathered).loop_domain.clone();
     for reference in [out, x] {
         if parallel_axis(f, &f.tensor(reference).loop_domain, ParallelType::Stream).is_none() {
@@ -955,6 +936,19 @@ fn ensure_communication(f: &mut Fusion, e: ExprId) -> IrResult<()> {
 /// input's mesh and not stream-split (one Allgather before the stream loop; other device
 /// types keep `in`'s splits), and `e` copies the gathered tensor chunk by chunk, locally.
 fn gather_then_slice(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    let (_, _, ge) = insert_gather(f, e)?;
+    derive_communication(f, ge)?;
+    if is_resharding(f, e) {
+        derive_communication(f, e)?;
+    }
+    Ok(())
+}
+
+/// Inserts `<in>_gathered = set(in)` before the copy `e` (on the input's mesh, at `e`'s
+/// place) and makes `e` read it; only the device types whose layout changes are gathered:
+/// the others keep the input's splits, so that the gather and the scatter each change one
+/// type (on a 2-D mesh). Returns the input, the gathered tensor and its `set`.
+fn insert_gather(f: &mut Fusion, e: ExprId) -> IrResult<(TensorId, TensorId, ExprId)> {
     let x = f.expr(e).inputs[0];
     let changing = changing_types(f, x, f.expr(e).outputs[0]);
     let name = f.fresh_name(&format!("{}_gathered", f.tensor(x).name));
@@ -973,11 +967,7 @@ fn gather_then_slice(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         let graph = IdGraph::build(f);
         replay(f, x, gathered, &graph, &kept)?;
     }
-    derive_communication(f, ge)?;
-    if is_resharding(f, e) {
-        derive_communication(f, e)?;
-    }
-    Ok(())
+    Ok((x, gathered, ge))
 }
 
 /// True if an operand of the reduction `e` is device-sharded on an axis `e` reduces.
