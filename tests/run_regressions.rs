@@ -903,10 +903,44 @@ fn attention_with_a_sliced_qkv_weight_and_an_iota_mask_matches_the_reference() {
 /// of `scores` is cut to 4 of its 8 elements here"). Ignored until the refusal moves to load
 /// or the kernel offsets its indices by the chunk's start (issue 28).
 #[test]
-#[ignore = "issue 28: iota on a query axis that propagation streams is refused at run time"]
+#[ignore = "issue 28: iota on a query axis that propagation streams is refused at load (below)"]
 fn attention_with_an_iota_mask_and_the_queries_in_stream_chunks() {
+    let source = streamed_queries_attention();
+    for extra in ATTENTION_SHAPES {
+        runs_on(&source, &[1, 2, 4], extra);
+    }
+}
+
+/// The schedule above is refused when it loads, at the `iota` that propagation would cut,
+/// naming the axis and the tensor — not when the kernel runs.
+#[test]
+fn a_split_that_propagation_carries_onto_an_iota_axis_is_refused_at_load() {
+    let source = streamed_queries_attention();
+    let e = streamweave::load("attn.weave", &source, &[]).unwrap_err();
+    let line = source
+        .lines()
+        .position(|l| l.contains("keep = ge(iota(scores, 1)"))
+        .unwrap()
+        + 1;
+    assert_eq!(
+        e.diagnostic.span.map(|s| s.line as usize),
+        Some(line),
+        "{e}"
+    );
+    assert_eq!(
+        e.diagnostic.message,
+        "iota: sharding propagation carries a device or stream split from the schedules \
+         around it onto axis 1 of `scores`, which `iota` indexes globally; this op needs that \
+         axis whole on every device and in every stream chunk: split another axis in those \
+         schedules"
+    );
+}
+
+/// tests/scenarios/qkv_causal_attention.weave with tp_attention's schedule: heads on DIDx
+/// and the queries of `y` in stream chunks, which propagation carries onto `scores`.
+fn streamed_queries_attention() -> String {
     let source = std::fs::read_to_string(common::fixture("qkv_causal_attention")).unwrap();
-    let source = source
+    source
         .replace(
             "  schedule wqkv { outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }",
             "  schedule wqkv { outer_split(0, d) -> DIDx }",
@@ -915,10 +949,7 @@ fn attention_with_an_iota_mask_and_the_queries_in_stream_chunks() {
             "  schedule wo { outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }",
             "  schedule wo { outer_split(0, d) -> DIDx }\n  \
              schedule y { mesh = m; outer_split(0, s) -> Stream }",
-        );
-    for extra in ATTENTION_SHAPES {
-        runs_on(&source, &[1, 2, 4], extra);
-    }
+        )
 }
 
 /// The output projection of tests/scenarios/logits_f32.weave (issue 28): a bf16 linear cast

@@ -31,6 +31,16 @@ pub fn verify(f: &Fusion) -> IrResult<()> {
 /// split, a `parallelize`, or a merge). The error is at the op and names the tensor, the axis
 /// and what to write instead.
 pub fn check_indexed_axes(f: &Fusion) -> IrResult<()> {
+    indexed_axes_whole(f, false)
+}
+
+/// [`check_indexed_axes`] on a fusion whose shardings were propagated: a split there came
+/// from the neighbours' schedules, and the message says so and what to write instead.
+pub fn check_indexed_axes_propagated(f: &Fusion) -> IrResult<()> {
+    indexed_axes_whole(f, true)
+}
+
+fn indexed_axes_whole(f: &Fusion, propagated: bool) -> IrResult<()> {
     for e in f.exprs() {
         let expr = f.expr(*e);
         let (ExprKind::Iota { axis } | ExprKind::Slice { axis, .. } | ExprKind::Concat { axis }) =
@@ -46,11 +56,18 @@ pub fn check_indexed_axes(f: &Fusion) -> IrResult<()> {
             };
             let whole = tv.loop_domain.contains(&l) && f.id(l).parallel == ParallelType::Serial;
             if !whole {
-                return Err(Diagnostic::new(format!(
-                    "{op}: the schedule of `{}` cuts axis {axis}, which `{op}` indexes globally; this op needs that axis whole on every device and in every stream chunk: split another axis of `{}`, or leave it unscheduled",
-                    tv.name, tv.name
-                ))
-                .or_at(expr.span));
+                let message = if propagated {
+                    format!(
+                        "{op}: sharding propagation carries a device or stream split from the schedules around it onto axis {axis} of `{}`, which `{op}` indexes globally; this op needs that axis whole on every device and in every stream chunk: split another axis in those schedules",
+                        tv.name
+                    )
+                } else {
+                    format!(
+                        "{op}: the schedule of `{}` cuts axis {axis}, which `{op}` indexes globally; this op needs that axis whole on every device and in every stream chunk: split another axis of `{}`, or leave it unscheduled",
+                        tv.name, tv.name
+                    )
+                };
+                return Err(Diagnostic::new(message).or_at(expr.span));
             }
         }
     }

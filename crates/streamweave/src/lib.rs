@@ -158,7 +158,31 @@ pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fus
     weave_ir::verify::verify(&fusion).map_err(err)?;
     weave_ir::verify::check_indexed_axes(&fusion).map_err(err)?;
     weave_passes::load_checks::check_user_shardings(&fusion).map_err(err)?;
+    check_propagated_indexed_axes(&fusion).map_err(err)?;
     Ok(fusion)
+}
+
+/// Where the fusion has an op that indexes an axis globally (`iota`, `slice`, `concat`):
+/// propagates the shardings on a copy and refuses, at the op, a split that the neighbours'
+/// schedules carry onto that axis — which the op's kernel would otherwise refuse when it
+/// runs. (Propagation errors themselves are left to the pipeline, which reports them.)
+fn check_propagated_indexed_axes(fusion: &Fusion) -> Result<(), Diagnostic> {
+    let indexes = fusion.exprs().iter().any(|e| {
+        matches!(
+            fusion.expr(*e).kind,
+            weave_ir::ExprKind::Iota { .. }
+                | weave_ir::ExprKind::Slice { .. }
+                | weave_ir::ExprKind::Concat { .. }
+        )
+    });
+    if !indexes {
+        return Ok(());
+    }
+    let mut propagated = fusion.clone();
+    if weave_passes::propagate_shardings::propagate_shardings(&mut propagated).is_err() {
+        return Ok(());
+    }
+    weave_ir::verify::check_indexed_axes_propagated(&propagated)
 }
 
 /// Runs the standard pipeline ([`weave_passes::Pipeline::standard`], without dumps) on a
