@@ -39,7 +39,9 @@ fn filled<T: Clone>(len: usize, value: T) -> Option<Vec<T>> {
 }
 
 impl Data {
-    /// [`Data::new`], `None` when the memory cannot be had.
+    /// `len` elements: zeros, or, uninitialised, poisoned (NaN, or a large sentinel for
+    /// integers) so that a read of never-written memory shows up in results instead of passing
+    /// as zeros; `None` when the memory cannot be had.
     fn try_new(dtype: DataType, len: usize, zero: bool) -> Option<Data> {
         Some(match dtype {
             DataType::Bool => Data::Bool(filled(len, 0)?),
@@ -51,17 +53,9 @@ impl Data {
         })
     }
 
+    /// [`Data::try_new`]; memory that cannot be had is fatal, as for any `Vec`.
     fn new(dtype: DataType, len: usize, zero: bool) -> Data {
-        // Uninitialised buffers are poisoned (NaN, or a large sentinel for integers) so that a
-        // read of never-written memory shows up in results instead of passing as zeros.
-        match dtype {
-            DataType::Bool => Data::Bool(vec![0; len]),
-            DataType::I64 => Data::I64(vec![if zero { 0 } else { POISON_I64 }; len]),
-            DataType::F16 => Data::F16(vec![if zero { f16::ZERO } else { f16::NAN }; len]),
-            DataType::Bf16 => Data::Bf16(vec![if zero { bf16::ZERO } else { bf16::NAN }; len]),
-            DataType::F32 => Data::F32(vec![if zero { 0.0 } else { f32::NAN }; len]),
-            DataType::F64 => Data::F64(vec![if zero { 0.0 } else { f64::NAN }; len]),
-        }
+        Data::try_new(dtype, len, zero).expect("host memory for a buffer")
     }
 
     fn get(&self, i: usize) -> f64 {
@@ -287,12 +281,10 @@ impl HostView {
         Ok(out)
     }
 
-    /// The view's elements in row-major order.
+    /// The view's elements in row-major order (see [`HostView::try_read`]; memory that cannot
+    /// be had is fatal, as for any `Vec`).
     pub fn read(&self) -> Vec<f64> {
-        let data = self.storage.data.read().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::with_capacity(self.numel());
-        self.for_each_run(|start, len| out.extend((start..start + len).map(|i| data.get(i))));
-        out
+        self.try_read().expect("host memory to read a view")
     }
 
     /// Overwrites the view's elements, in row-major order, with `values` rounded to the

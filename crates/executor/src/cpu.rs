@@ -409,7 +409,7 @@ impl Backend for CpuBackend {
         stream: &CpuStream,
     ) -> Result<HostView, ExecError> {
         let view = crate::memory::allocate_host(
-            &format!("a {dtype} buffer"),
+            &format!("a buffer of {dtype}"),
             sizes,
             crate::dense::elem_bytes(dtype),
             || HostView::try_allocate(data_type(dtype), sizes, false).ok(),
