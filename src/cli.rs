@@ -212,6 +212,10 @@ pub struct Pinned {
     pub gemm_sm_margin: Option<u32>,
     /// `--nccl-max-ctas N` (`Some(None)`: `--nccl-max-ctas auto`, NCCL's choice).
     pub nccl_max_ctas: Option<Option<u32>>,
+    /// `--nccl-cta-policy P` (`Some(None)`: `--nccl-cta-policy auto`, NCCL's choice).
+    pub nccl_cta_policy: Option<Option<streamweave::NcclCtaPolicy>>,
+    /// `--nccl-window-mib N`.
+    pub nccl_window_mib: Option<u32>,
 }
 
 impl Pinned {
@@ -236,6 +240,12 @@ impl Pinned {
         }
         if let Some(v) = self.nccl_max_ctas {
             options.overlap.nccl_max_ctas = v;
+        }
+        if let Some(v) = self.nccl_cta_policy {
+            options.overlap.nccl_cta_policy = v;
+        }
+        if let Some(v) = self.nccl_window_mib {
+            options.overlap.nccl_window_mib = v;
         }
     }
 }

@@ -266,6 +266,8 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         ("--pool-priority", "high"),
         ("--gemm-sm-margin", "16"),
         ("--nccl-max-ctas", "16"),
+        ("--nccl-cta-policy", "zero"),
+        ("--nccl-window-mib", "256"),
     ] {
         let (ok, _, err) = weave(&["run", file, flag, value]);
         assert!(!ok, "{flag}");
@@ -285,6 +287,13 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         ("--ordered-compute", "yes", "expected on or off"),
         ("--pool-priority", "low", "expected high or normal"),
         ("--gemm-sm-margin", "x", "invalid digit"),
+        (
+            "--nccl-cta-policy",
+            "fast",
+            "`fast`: expected default, efficiency, zero or auto",
+        ),
+        ("--nccl-window-mib", "65537", "65537 is not in 0..=65536"),
+        ("--nccl-window-mib", "-1", "unexpected argument"),
     ] {
         let (ok, _, err) = weave(&["run", file, flag, value]);
         assert!(!ok, "{flag} {value}");

@@ -439,8 +439,19 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
                 graph: true,
                 ..ProgramRun::default()
             };
-            let variants: [(&str, ProgramRun, u8, bool); 10] = [
-                ("eager", ProgramRun::default(), 0, false),
+            let blocking = NcclOptions {
+                blocking: true,
+                ..NcclOptions::default()
+            };
+            // A symmetric window of 1 MiB a direction holds every collective here (the
+            // largest moves t × 4h bf16 = 128 KiB).
+            let window = |policy| NcclOptions {
+                symmetric_window: Some(1 << 20),
+                cta_policy: policy,
+                ..NcclOptions::default()
+            };
+            let variants: [(&str, ProgramRun, u8, Option<NcclOptions>); 14] = [
+                ("eager", ProgramRun::default(), 0, None),
                 (
                     "replay",
                     ProgramRun {
@@ -448,7 +459,7 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
                         ..ProgramRun::default()
                     },
                     0,
-                    false,
+                    None,
                 ),
                 (
                     "ordered",
@@ -460,7 +471,7 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
                         ..ProgramRun::default()
                     },
                     0,
-                    false,
+                    None,
                 ),
                 (
                     "ordered replay",
@@ -473,32 +484,58 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
                         ..ProgramRun::default()
                     },
                     0,
-                    false,
+                    None,
                 ),
-                ("copy engine", ProgramRun::default(), 1, false),
-                ("copy-engine windows", ProgramRun::default(), 2, false),
+                ("copy engine", ProgramRun::default(), 1, None),
+                ("copy-engine windows", ProgramRun::default(), 2, None),
                 (
                     "copy-engine windows of 2 x 1 KiB",
                     ProgramRun::default(),
                     3,
-                    false,
+                    None,
                 ),
-                ("copy-engine windows replayed", replay.clone(), 2, false),
+                ("copy-engine windows replayed", replay.clone(), 2, None),
                 (
                     "copy-engine windows of 2 x 1 KiB replayed",
-                    replay,
+                    replay.clone(),
                     3,
-                    false,
+                    None,
                 ),
-                ("blocking NCCL", ProgramRun::default(), 0, true),
-            ];
-            for (what, how, engine, blocking) in variants {
-                let (c, rows2) = (compiled.clone(), rows.clone());
-                let fresh = blocking.then(|| {
-                    let options = NcclOptions {
-                        blocking: true,
-                        timeout: Duration::from_secs(30),
+                ("blocking NCCL", ProgramRun::default(), 0, Some(blocking)),
+                (
+                    "NCCL efficiency CTA policy",
+                    ProgramRun::default(),
+                    0,
+                    Some(NcclOptions {
+                        cta_policy: Some(weave_comm::CtaPolicy::Efficiency),
                         ..NcclOptions::default()
+                    }),
+                ),
+                (
+                    "NCCL symmetric window",
+                    ProgramRun::default(),
+                    0,
+                    Some(window(None)),
+                ),
+                (
+                    "NCCL symmetric window replayed",
+                    replay.clone(),
+                    0,
+                    Some(window(None)),
+                ),
+                (
+                    "NCCL symmetric window, zero CTAs, replayed",
+                    replay.clone(),
+                    0,
+                    Some(window(Some(weave_comm::CtaPolicy::Zero))),
+                ),
+            ];
+            for (what, how, engine, nccl) in variants {
+                let (c, rows2) = (compiled.clone(), rows.clone());
+                let fresh = nccl.map(|options| {
+                    let options = NcclOptions {
+                        timeout: Duration::from_secs(30),
+                        ..options
                     };
                     (NcclId::new().expect("an NCCL id"), options)
                 });

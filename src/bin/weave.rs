@@ -191,6 +191,18 @@ enum Command {
         /// NCCL's choice. Default: the tuned configuration's, else auto.
         #[arg(long, value_name = "N|auto", value_parser = parse_max_ctas)]
         nccl_max_ctas: Option<MaxCtas>,
+        /// CUDA backend: NCCL's CTA policy: `efficiency` (as few CTAs as give decent
+        /// bandwidth), `zero` (none wherever NCCL can: copy engines over a symmetric window,
+        /// NCCL ≥ 2.28), `default`, or `auto` for NCCL's choice. Default: the tuned
+        /// configuration's, else auto.
+        #[arg(long, value_name = "default|efficiency|zero|auto", value_parser = parse_cta_policy)]
+        nccl_cta_policy: Option<CtaPolicy>,
+        /// CUDA backend: MiB of a symmetric NCCL window in each direction (0: none, at most
+        /// 65536): whole-world allgathers, allreduces and reduce-scatters that fit are staged
+        /// through it so NCCL may run its symmetric kernels. Default: the tuned
+        /// configuration's, else 0.
+        #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(0..=i64::from(streamweave::MAX_NCCL_WINDOW_MIB)))]
+        nccl_window_mib: Option<u32>,
         /// Never tune: without a cached configuration, run the cost model's chunk count with
         /// the default knobs. (By default the first `--iters` run of a fusion on GPUs in
         /// this process, with nothing on the command line choosing S, K or a knob and no
@@ -337,6 +349,19 @@ fn parse_max_ctas(s: &str) -> Result<MaxCtas, String> {
     }
 }
 
+/// `--nccl-cta-policy`: a policy, or `auto` (NCCL's choice).
+#[derive(Clone, Copy, Debug)]
+struct CtaPolicy(Option<streamweave::NcclCtaPolicy>);
+
+fn parse_cta_policy(s: &str) -> Result<CtaPolicy, String> {
+    if s == "auto" {
+        return Ok(CtaPolicy(None));
+    }
+    s.parse()
+        .map(|p| CtaPolicy(Some(p)))
+        .map_err(|_| format!("`{s}`: expected default, efficiency, zero or auto"))
+}
+
 /// `--chunks`: `auto` or a positive count.
 #[derive(Clone, Copy, Debug)]
 struct Chunks(Option<usize>);
@@ -414,6 +439,8 @@ fn main() -> ExitCode {
             pool_priority,
             gemm_sm_margin,
             nccl_max_ctas,
+            nccl_cta_policy,
+            nccl_window_mib,
             no_tune,
             tune_budget_secs,
         } => {
@@ -437,6 +464,8 @@ fn main() -> ExitCode {
                 pool_priority_high: pool_priority,
                 gemm_sm_margin,
                 nccl_max_ctas: nccl_max_ctas.map(|m| m.0),
+                nccl_cta_policy: nccl_cta_policy.map(|p| p.0),
+                nccl_window_mib,
             };
             if !cuda {
                 let gpu_only = [
@@ -451,6 +480,8 @@ fn main() -> ExitCode {
                     (pool_priority.is_some(), "--pool-priority"),
                     (gemm_sm_margin.is_some(), "--gemm-sm-margin"),
                     (nccl_max_ctas.is_some(), "--nccl-max-ctas"),
+                    (nccl_cta_policy.is_some(), "--nccl-cta-policy"),
+                    (nccl_window_mib.is_some(), "--nccl-window-mib"),
                 ];
                 if let Some((_, flag)) = gpu_only.iter().find(|f| f.0) {
                     eprintln!("error: {flag} needs --backend cuda");

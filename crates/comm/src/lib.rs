@@ -70,6 +70,6 @@ pub use host::HostView;
 pub use ipc::{IpcCopy, IpcOptions, IpcTransport};
 pub use local::{Local, LocalWorld};
 #[cfg(feature = "cuda")]
-pub use nccl::{DeviceBuffer, Nccl, NcclId, NcclOptions};
+pub use nccl::{CtaPolicy, DeviceBuffer, Nccl, NcclId, NcclOptions};
 #[cfg(feature = "cuda")]
 pub use peer::{PeerCopy, PeerHub, PeerTransport};

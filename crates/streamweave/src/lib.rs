@@ -102,7 +102,10 @@ pub mod tune;
 
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
-pub use run::{Overlap, RunOptions, RunReport, Target, Transport, MAX_THREAD_RANKS};
+pub use run::{
+    NcclCtaPolicy, Overlap, RunOptions, RunReport, Target, Transport, MAX_NCCL_WINDOW_MIB,
+    MAX_THREAD_RANKS,
+};
 #[cfg(feature = "cuda")]
 pub use session::{Buffer, CudaSession, RankCall};
 pub use tensor::{Data, Outputs, Tensor};

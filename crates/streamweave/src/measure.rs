@@ -354,9 +354,9 @@ impl crate::tune::Measure for WorldMeasure {
     ) -> Result<std::time::Duration, String> {
         let exe = Arc::new(exe.clone());
         let overlap = candidate.overlap;
-        let fresh = match overlap.nccl_max_ctas {
-            None => None,
-            Some(_) => {
+        let fresh = match overlap.needs_own_communicators() {
+            false => None,
+            true => {
                 let options = overlap.nccl_options(NcclOptions {
                     timeout: self.timeout,
                     ..NcclOptions::default()

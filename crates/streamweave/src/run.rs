@@ -13,7 +13,10 @@ use weave_host_ir::HostProgram;
 use crate::tensor::Outputs;
 use crate::threads::run_rank_threads;
 
-pub use crate::setup::{Overlap, RunError, RunOptions, Target, Transport, MAX_THREAD_RANKS};
+pub use crate::setup::{
+    NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Transport, MAX_NCCL_WINDOW_MIB,
+    MAX_THREAD_RANKS,
+};
 
 /// Why a GPU target fails in a build without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]

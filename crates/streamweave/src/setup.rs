@@ -135,6 +135,15 @@ pub struct Overlap {
     pub gemm_sm_margin: u32,
     /// The most CTAs one NCCL kernel may use (`maxCTAs`); `None` lets NCCL choose.
     pub nccl_max_ctas: Option<u32>,
+    /// NCCL's CTA policy (`ncclConfig_t::CTAPolicy`, NCCL ≥ 2.27); `None` lets NCCL choose.
+    pub nccl_cta_policy: Option<NcclCtaPolicy>,
+    /// MiB of a symmetric NCCL window in each direction (0: none). Whole-world
+    /// allgathers, allreduces and reduce-scatters whose buffers fit are staged through it,
+    /// at the same offsets on every rank, so NCCL may run its symmetric kernels (and, with
+    /// [`NcclCtaPolicy::Zero`], copy-engine collectives) on them; larger ones run as
+    /// before. Costs two device-to-device copies per staged collective and `2 × MiB` of
+    /// device memory per rank.
+    pub nccl_window_mib: u32,
     /// Run compute in issue order across streams (each GEMM or kernel waits, on the GPU,
     /// for the one issued before it): chunk `i + 1` computes while chunk `i` communicates,
     /// instead of every chunk's GEMM starting at once.
@@ -158,6 +167,12 @@ impl Overlap {
         }
         if let Some(n) = self.nccl_max_ctas {
             parts.push(format!("NCCL maxCTAs = {n}"));
+        }
+        if let Some(p) = self.nccl_cta_policy {
+            parts.push(format!("NCCL CTA policy {p}"));
+        }
+        if self.nccl_window_mib > 0 {
+            parts.push(format!("NCCL window {} MiB", self.nccl_window_mib));
         }
         if parts.is_empty() {
             "defaults".to_string()
@@ -200,7 +215,89 @@ impl Overlap {
                 i32::try_from(n).map_err(|_| format!("an NCCL CTA limit of {n} is too large"))?,
             ),
         };
-        Ok(NcclOptions { max_ctas, ..base })
+        let symmetric_window = match self.nccl_window_mib {
+            0 => None,
+            mib if mib > MAX_NCCL_WINDOW_MIB => {
+                return Err(format!(
+                    "an NCCL window of {mib} MiB is more than the {MAX_NCCL_WINDOW_MIB} MiB \
+                     allowed"
+                ))
+            }
+            mib => Some(mib as usize * 1024 * 1024),
+        };
+        Ok(NcclOptions {
+            max_ctas,
+            cta_policy: self.nccl_cta_policy.map(NcclCtaPolicy::to_comm),
+            symmetric_window,
+            ..base
+        })
+    }
+
+    /// Whether the knobs make NCCL communicators differ from the default ones (a run with
+    /// them needs communicators of its own).
+    pub fn needs_own_communicators(&self) -> bool {
+        self.nccl_max_ctas.is_some() || self.nccl_cta_policy.is_some() || self.nccl_window_mib > 0
+    }
+}
+
+/// The largest [`Overlap::nccl_window_mib`]: 64 GiB a direction.
+pub const MAX_NCCL_WINDOW_MIB: u32 = 65536;
+
+/// NCCL's CTA policies ([`Overlap::nccl_cta_policy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NcclCtaPolicy {
+    /// As many CTAs as the best bandwidth needs (NCCL's default).
+    Default,
+    /// As few CTAs as give decent bandwidth, for overlap with compute (NCCL ≥ 2.27).
+    Efficiency,
+    /// No CTA wherever NCCL can (copy engines over symmetric windows) (NCCL ≥ 2.28).
+    Zero,
+}
+
+impl NcclCtaPolicy {
+    /// Every policy, as flags spell them.
+    pub const ALL: [NcclCtaPolicy; 3] = [
+        NcclCtaPolicy::Default,
+        NcclCtaPolicy::Efficiency,
+        NcclCtaPolicy::Zero,
+    ];
+
+    /// The name flags and the tuning cache use.
+    pub fn name(self) -> &'static str {
+        match self {
+            NcclCtaPolicy::Default => "default",
+            NcclCtaPolicy::Efficiency => "efficiency",
+            NcclCtaPolicy::Zero => "zero",
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn to_comm(self) -> weave_comm::CtaPolicy {
+        match self {
+            NcclCtaPolicy::Default => weave_comm::CtaPolicy::Default,
+            NcclCtaPolicy::Efficiency => weave_comm::CtaPolicy::Efficiency,
+            NcclCtaPolicy::Zero => weave_comm::CtaPolicy::Zero,
+        }
+    }
+}
+
+impl fmt::Display for NcclCtaPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for NcclCtaPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<NcclCtaPolicy, String> {
+        NcclCtaPolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!("unknown NCCL CTA policy `{s}`: expected default, efficiency or zero")
+            })
     }
 }
 
@@ -287,3 +384,51 @@ impl fmt::Display for RunError {
 }
 
 impl std::error::Error for RunError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cta_policies_parse_print_and_refuse_unknown_names() {
+        for p in NcclCtaPolicy::ALL {
+            assert_eq!(p.to_string().parse::<NcclCtaPolicy>(), Ok(p));
+        }
+        assert_eq!(
+            "fast".parse::<NcclCtaPolicy>().unwrap_err(),
+            "unknown NCCL CTA policy `fast`: expected default, efficiency or zero"
+        );
+        let o = Overlap {
+            nccl_cta_policy: Some(NcclCtaPolicy::Efficiency),
+            ..Overlap::default()
+        };
+        assert!(o.needs_own_communicators());
+        assert!(!Overlap::default().needs_own_communicators());
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn the_nccl_knobs_become_nccl_options() {
+        let o = Overlap {
+            nccl_cta_policy: Some(NcclCtaPolicy::Zero),
+            nccl_window_mib: 256,
+            ..Overlap::default()
+        };
+        let options = o.nccl_options(NcclOptions::default()).unwrap();
+        assert_eq!(options.cta_policy, Some(weave_comm::CtaPolicy::Zero));
+        assert_eq!(options.symmetric_window, Some(256 << 20));
+        assert_eq!(options.max_ctas, None);
+        let huge = Overlap {
+            nccl_window_mib: MAX_NCCL_WINDOW_MIB + 1,
+            ..Overlap::default()
+        };
+        assert_eq!(
+            huge.nccl_options(NcclOptions::default()).unwrap_err(),
+            "an NCCL window of 65537 MiB is more than the 65536 MiB allowed"
+        );
+        let none = Overlap::default()
+            .nccl_options(NcclOptions::default())
+            .unwrap();
+        assert_eq!(none, NcclOptions::default());
+    }
+}

@@ -35,7 +35,7 @@ use weave_ir::{Fusion, ParamRole};
 
 use crate::chunks::{Calibration, CANDIDATES};
 use crate::executable::{Chunks, Compiler, Error, Executable};
-use crate::run::{Overlap, RunOptions, Target, Transport};
+use crate::run::{NcclCtaPolicy, Overlap, RunOptions, Target, Transport};
 
 /// Measured candidates within this fraction of the fastest tie; the simplest of them wins.
 pub const TIE_MARGIN: f64 = 0.02;
@@ -79,6 +79,8 @@ impl Candidate {
             + usize::from(o.pool_priority_high)
             + usize::from(o.gemm_sm_margin > 0)
             + usize::from(o.nccl_max_ctas.is_some())
+            + usize::from(o.nccl_cta_policy.is_some())
+            + usize::from(o.nccl_window_mib > 0)
     }
 }
 
@@ -201,6 +203,8 @@ impl Tuning {
             pool_priority_high: c.overlap.pool_priority_high,
             gemm_sm_margin: c.overlap.gemm_sm_margin,
             nccl_max_ctas: c.overlap.nccl_max_ctas,
+            nccl_cta_policy: c.overlap.nccl_cta_policy,
+            nccl_window_mib: c.overlap.nccl_window_mib,
             median_ms: t.as_secs_f64() * 1e3,
         })
     }
@@ -721,6 +725,11 @@ pub enum Knob {
     Streams(usize),
     /// Copy-engine transfers and reductions ([`Transport::CopyEngine`]).
     CopyEngine,
+    /// [`Overlap::nccl_cta_policy`] set to this policy.
+    NcclCtaPolicy(NcclCtaPolicy),
+    /// A symmetric NCCL window of this many MiB ([`Overlap::nccl_window_mib`]), with the
+    /// zero-CTA policy when the second field says so.
+    NcclWindow(u32, bool),
 }
 
 impl Knob {
@@ -734,6 +743,13 @@ impl Knob {
             Knob::GemmSmMargin(n) => c.overlap.gemm_sm_margin = n,
             Knob::Streams(k) => c.streams = k,
             Knob::CopyEngine => c.transport = Transport::CopyEngine,
+            Knob::NcclCtaPolicy(p) => c.overlap.nccl_cta_policy = Some(p),
+            Knob::NcclWindow(mib, zero) => {
+                c.overlap.nccl_window_mib = mib;
+                if zero {
+                    c.overlap.nccl_cta_policy = Some(NcclCtaPolicy::Zero);
+                }
+            }
         }
         c
     }
@@ -773,8 +789,23 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
     if ranks > 1 && moves && base.transport == Transport::Nccl {
         out.push(Knob::CopyEngine);
     }
+    // NCCL's own ways of leaving SMs to GEMMs: fewer CTAs, and symmetric windows (whose
+    // kernels need fewer; with the zero-CTA policy, copy engines) for the collectives a
+    // window can stage.
+    let stageable = comms
+        .iter()
+        .any(|c| matches!(c.as_str(), "Allgather" | "ReduceScatter" | "Allreduce"));
+    if ranks > 1 && stageable && base.transport == Transport::Nccl {
+        out.push(Knob::NcclCtaPolicy(NcclCtaPolicy::Efficiency));
+        out.push(Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, false));
+        out.push(Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, true));
+    }
     out
 }
+
+/// The symmetric window the tuner tries: 256 MiB a direction holds the collectives of a
+/// t = h = 8192 bf16 layer on 2 ranks (128 MiB) with room to spare.
+pub const TUNED_NCCL_WINDOW_MIB: u32 = 256;
 
 /// The type names of the collectives `program` posts (`Allreduce`, `Allgather`, …, and
 /// `P2P` for point-to-point transfers), each once, in program order.
@@ -903,6 +934,12 @@ pub struct Entry {
     /// [`Overlap::nccl_max_ctas`] (absent: NCCL's choice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl_max_ctas: Option<u32>,
+    /// [`Overlap::nccl_cta_policy`] (absent: NCCL's choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_cta_policy: Option<NcclCtaPolicy>,
+    /// [`Overlap::nccl_window_mib`] (absent: no window).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nccl_window_mib: u32,
     /// The measured median, ms.
     pub median_ms: f64,
 }
@@ -942,6 +979,8 @@ impl Entry {
                 pool_priority_high: self.pool_priority_high,
                 gemm_sm_margin: self.gemm_sm_margin,
                 nccl_max_ctas: self.nccl_max_ctas,
+                nccl_cta_policy: self.nccl_cta_policy,
+                nccl_window_mib: self.nccl_window_mib,
             },
         }
     }
@@ -1201,13 +1240,17 @@ mod tests {
         );
         // Every knob of the base was measured once on S = 2 (the fastest, also the fastest
         // chunked): ordered, priority, CTA limit, SM margin, K = 1, copy engines (the
-        // allreduce is a sum).
+        // allreduce is a sum), the efficiency CTA policy and a symmetric window (the
+        // window with the zero-CTA policy sets two knobs).
         let on_base: Vec<Candidate> = t.rows[4..]
             .iter()
             .map(|r| r.candidate)
             .filter(|c| c.knobs() + usize::from(c.streams != 2) == 1)
             .collect();
-        assert_eq!(on_base.len(), 6, "{t}");
+        assert_eq!(on_base.len(), 8, "{t}");
+        assert!(on_base
+            .iter()
+            .any(|c| c.overlap.nccl_window_mib == TUNED_NCCL_WINDOW_MIB));
         assert!(on_base.iter().all(|c| c.chunks == Some(2)));
         let copy_engine = on_base
             .iter()
@@ -1253,12 +1296,29 @@ mod tests {
             vec![
                 Knob::NcclMaxCtas(16),
                 Knob::GemmSmMargin(16),
-                Knob::CopyEngine
+                Knob::CopyEngine,
+                Knob::NcclCtaPolicy(NcclCtaPolicy::Efficiency),
+                Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, false),
+                Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, true),
             ]
         );
         assert!(knob_variants(&candidate(1, 1, true), &["Allreduce".to_string()], 1).is_empty());
         let broadcast = knob_variants(&candidate(2, 2, true), &["Broadcast".to_string()], 2);
         assert!(!broadcast.contains(&Knob::CopyEngine));
+        // A window stages allgathers, allreduces and reduce-scatters only.
+        assert!(!broadcast
+            .iter()
+            .any(|k| matches!(k, Knob::NcclWindow(..) | Knob::NcclCtaPolicy(_))));
+        let zero = Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, true).apply(base);
+        assert_eq!(
+            (zero.overlap.nccl_window_mib, zero.overlap.nccl_cta_policy),
+            (256, Some(NcclCtaPolicy::Zero))
+        );
+        assert_eq!(zero.knobs(), 2);
+        assert_eq!(
+            zero.overlap.describe(),
+            "NCCL CTA policy zero, NCCL window 256 MiB"
+        );
     }
 
     /// A spent budget stops the measuring: S = 1 is always measured first (the budget

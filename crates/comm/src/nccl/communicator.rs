@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys;
@@ -17,6 +17,7 @@ use super::config::{make_config, NcclId, NcclOptions};
 use super::library::{backend, call_nccl, describe, library};
 use super::plan::{plan_collective, plan_p2p, Call, Plan};
 use super::routing::{check_team, TeamPlan, TeamRoute};
+use super::window::{self, Window};
 use super::DeviceBuffer;
 use crate::communicator::{Collective, Communicator, P2p};
 use crate::error::CommError;
@@ -31,6 +32,26 @@ fn mismatch(label: &str, rank: usize, detail: String) -> CommError {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Polls `comm` until it has no operation in progress (`true`), fails or `timeout` passes
+/// (`false`).
+fn settle(comm: sys::ncclComm_t, timeout: Duration) -> bool {
+    let start = Instant::now();
+    let mut pause = weave_cuda::Backoff::new();
+    loop {
+        let mut state = sys::ncclResult_t::ncclInProgress;
+        // SAFETY: `comm` is live and owned by the caller alone; `state` is a valid
+        // out-pointer.
+        let result = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+        match (result, state) {
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess) => return true,
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclInProgress)
+                if start.elapsed() < timeout => {}
+            _ => return false,
+        }
+        pause.pause();
+    }
 }
 
 /// A raw NCCL communicator handle.
@@ -54,6 +75,8 @@ struct Comms {
     teams: Vec<(Vec<usize>, RawComm)>,
     /// Every team split so far, including those this rank is not a member of.
     prepared: HashSet<Vec<usize>>,
+    /// The symmetric window on the world communicator, when the options ask for one.
+    window: Option<Arc<Window>>,
 }
 
 impl Comms {
@@ -147,6 +170,7 @@ impl<B> Nccl<B> {
                 world: None,
                 teams: Vec::new(),
                 prepared: HashSet::new(),
+                window: None,
             }),
             aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
@@ -207,8 +231,55 @@ impl<B> Nccl<B> {
                 });
             }
         }
-        nccl.lock().world = Some(RawComm(comm));
+        let window = match nccl.options.symmetric_window {
+            None => None,
+            Some(bytes) => match nccl.open_window(comm, bytes, &others) {
+                Ok(window) => Some(Arc::new(window)),
+                Err(error) => {
+                    // SAFETY: `comm` is live and owned here alone; given up once.
+                    unsafe { sys::ncclCommAbort(comm) };
+                    return Err(error);
+                }
+            },
+        };
+        {
+            let mut comms = nccl.lock();
+            comms.world = Some(RawComm(comm));
+            comms.window = window;
+        }
         Ok(nccl)
+    }
+
+    /// Allocates and registers the symmetric window of `bytes` a half on the settled world
+    /// communicator `comm` (collective over the world).
+    fn open_window(
+        &self,
+        comm: sys::ncclComm_t,
+        bytes: usize,
+        others: &[usize],
+    ) -> Result<Window, CommError> {
+        let what = format!(
+            "registering a symmetric window of 2 × {bytes} bytes on rank {}",
+            self.rank
+        );
+        let start = Instant::now();
+        let (result, base, handle) =
+            window::allocate_and_register(comm, bytes).map_err(|e| backend(&what, e))?;
+        if result == sys::ncclResult_t::ncclInProgress {
+            if let Err(stop) = self.poll(&[comm], start) {
+                return Err(match stop {
+                    Stop::TimedOut => CommError::Timeout {
+                        op: what,
+                        rank: self.rank,
+                        waiting_for: others.to_vec(),
+                        millis: millis(self.options.timeout),
+                    },
+                    Stop::Failed(message) => backend(&what, message),
+                    Stop::Aborted => backend(&what, "aborted".into()),
+                });
+            }
+        }
+        Window::new(&self.gpu, base, bytes, handle).map_err(|e| backend(&what, e))
     }
 
     /// This rank's GPU.
@@ -452,6 +523,8 @@ impl<B> Nccl<B> {
         }
         self.aborted.store(true, Ordering::Release);
         let _ = self.gpu.bind();
+        // The window's memory is left to the process: NCCL may still reference it.
+        comms.window = None;
         for (_, comm) in comms.teams.drain(..) {
             // SAFETY: each handle is live and removed from the set here, so it is aborted
             // exactly once and never used again.
@@ -614,6 +687,25 @@ impl<B: DeviceBuffer> Communicator for Nccl<B> {
         };
         self.gpu.bind()?;
         let others = team.iter().copied().filter(|&r| r != rank).collect();
+        let staged = match (TeamRoute::of(&team, self.world), comms.window.clone()) {
+            (TeamRoute::World, Some(window)) => window
+                .stage(&plan, team.len())
+                .map(|staged| (window, staged)),
+            _ => None,
+        };
+        if let Some((window, staged)) = staged {
+            window.enter(&self.gpu, stream, &staged)?;
+            self.issue(
+                &mut comms,
+                comm,
+                &staged.plan,
+                &window.stream,
+                &label,
+                others,
+            )?;
+            window.leave(&self.gpu, stream, &staged)?;
+            return Ok(());
+        }
         self.issue(&mut comms, comm, &plan, stream, &label, others)
     }
 
@@ -680,6 +772,14 @@ impl<B> Drop for Nccl<B> {
         let comms = self.comms.get_mut().unwrap_or_else(|e| e.into_inner());
         if self.aborted.load(Ordering::Acquire) {
             return;
+        }
+        let timeout = self.options.timeout;
+        if let (Some(window), Some(world)) = (comms.window.take(), comms.world.as_ref()) {
+            let world = world.0;
+            let _ = self.gpu.bind();
+            if let Ok(window) = Arc::try_unwrap(window) {
+                window.close(world, timeout, || settle(world, timeout));
+            }
         }
         let mut handles: Vec<sys::ncclComm_t> = comms.teams.drain(..).map(|(_, c)| c.0).collect();
         handles.extend(comms.world.take().map(|c| c.0));

@@ -96,6 +96,58 @@ pub struct NcclOptions {
     /// its peers there. Later waits keep their timeouts (the host waits on events and
     /// aborts). For benchmarks and jobs whose ranks are known to start.
     pub blocking: bool,
+    /// NCCL's CTA policy for the rank's communicators (`ncclConfig_t::CTAPolicy`, NCCL ≥
+    /// 2.27); `None` lets NCCL choose.
+    pub cta_policy: Option<CtaPolicy>,
+    /// Bytes of a symmetric window in each direction (NCCL ≥ 2.27): `2 × bytes` of NCCL
+    /// memory (`ncclMemAlloc`) registered on the world communicator with
+    /// `NCCL_WIN_COLL_SYMMETRIC` at init. Allgathers, allreduces and reduce-scatters of the
+    /// whole world whose buffers fit are staged through it (copied in, run at the same
+    /// offsets on every rank, so NCCL may take its symmetric kernels, copied out); larger
+    /// ones, and every other operation, run on the caller's buffers as before. `None`: no
+    /// window.
+    pub symmetric_window: Option<usize>,
+}
+
+/// How many CTAs NCCL's kernels take (`NCCL_CTA_POLICY_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CtaPolicy {
+    /// `NCCL_CTA_POLICY_DEFAULT`: as many as the best bandwidth needs.
+    Default,
+    /// `NCCL_CTA_POLICY_EFFICIENCY`: as few as give decent bandwidth, for overlap with
+    /// compute (NCCL ≥ 2.27).
+    Efficiency,
+    /// `NCCL_CTA_POLICY_ZERO`: none wherever NCCL can (copy engines over symmetric
+    /// windows), even at some cost in bandwidth (NCCL ≥ 2.28).
+    Zero,
+}
+
+impl CtaPolicy {
+    /// The `ncclConfig_t::CTAPolicy` value.
+    pub fn code(self) -> i32 {
+        match self {
+            CtaPolicy::Default => 0,
+            CtaPolicy::Efficiency => 1,
+            CtaPolicy::Zero => 2,
+        }
+    }
+
+    /// The first NCCL version (`major * 10000 + minor * 100 + patch`) that knows it.
+    pub fn since(self) -> i32 {
+        match self {
+            CtaPolicy::Default | CtaPolicy::Efficiency => 22700,
+            CtaPolicy::Zero => 22800,
+        }
+    }
+
+    /// The policy's name as flags spell it (`default`, `efficiency`, `zero`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CtaPolicy::Default => "default",
+            CtaPolicy::Efficiency => "efficiency",
+            CtaPolicy::Zero => "zero",
+        }
+    }
 }
 
 impl Default for NcclOptions {
@@ -105,6 +157,8 @@ impl Default for NcclOptions {
             max_ctas: None,
             min_ctas: None,
             blocking: false,
+            cta_policy: None,
+            symmetric_window: None,
         }
     }
 }
@@ -138,6 +192,40 @@ pub(super) fn make_config(
         }
         _ => {}
     }
+    if let Some(policy) = options.cta_policy {
+        if version < policy.since() {
+            return Err(format!(
+                "the NCCL CTA policy `{}` needs NCCL {} or later; the library is {}",
+                policy.name(),
+                super::library::version_name(policy.since()),
+                super::library::version_name(version)
+            ));
+        }
+    }
+    if let Some(bytes) = options.symmetric_window {
+        if bytes == 0 {
+            return Err("NcclOptions::symmetric_window is 0 bytes; it must be positive".into());
+        }
+        if version < 22700 {
+            return Err(format!(
+                "a symmetric window needs NCCL 2.27.0 or later; the library is {}",
+                super::library::version_name(version)
+            ));
+        }
+    }
+    #[cfg(not(any(
+        feature = "nccl-02027",
+        feature = "nccl-02028",
+        feature = "nccl-02029",
+        feature = "nccl-02030"
+    )))]
+    if options.cta_policy.is_some() || options.symmetric_window.is_some() {
+        return Err(
+            "CTA policies and symmetric windows need streamweave built for NCCL 2.27 \
+                    or later (the `nccl-02027` feature or a later one)"
+                .into(),
+        );
+    }
     let undef = NCCL_CONFIG_UNDEF_INT;
     // SAFETY: `ncclConfig_t` holds integers and pointers only, for which all-zero bytes are
     // a valid value (null pointers); every integer field is set below.
@@ -170,7 +258,7 @@ pub(super) fn make_config(
     ))]
     {
         c.collnetEnable = undef;
-        c.CTAPolicy = undef;
+        c.CTAPolicy = options.cta_policy.map_or(undef, CtaPolicy::code);
         c.shrinkShare = undef;
         c.nvlsCTAs = undef;
     }
@@ -290,6 +378,38 @@ mod tests {
             "NcclOptions::max_ctas is 0; it must be positive"
         );
         assert_eq!(NcclOptions::default().timeout, Duration::from_secs(60));
+
+        // CTA policies and windows: by version.
+        #[cfg(feature = "nccl-02028")]
+        {
+            let zero = NcclOptions {
+                cta_policy: Some(CtaPolicy::Zero),
+                ..NcclOptions::default()
+            };
+            assert_eq!(make_config(22803, &zero).unwrap().CTAPolicy, 2);
+            assert_eq!(
+                make_config(22705, &zero).unwrap_err(),
+                "the NCCL CTA policy `zero` needs NCCL 2.28.0 or later; the library is 2.27.5"
+            );
+            let efficiency = NcclOptions {
+                cta_policy: Some(CtaPolicy::Efficiency),
+                ..NcclOptions::default()
+            };
+            assert_eq!(make_config(22705, &efficiency).unwrap().CTAPolicy, 1);
+            let window = |bytes| NcclOptions {
+                symmetric_window: Some(bytes),
+                ..NcclOptions::default()
+            };
+            assert!(make_config(22803, &window(1 << 20)).is_ok());
+            assert_eq!(
+                make_config(22605, &window(1 << 20)).unwrap_err(),
+                "a symmetric window needs NCCL 2.27.0 or later; the library is 2.26.5"
+            );
+            assert_eq!(
+                make_config(22803, &window(0)).unwrap_err(),
+                "NcclOptions::symmetric_window is 0 bytes; it must be positive"
+            );
+        }
         assert_eq!(version_name(22803), "2.28.3");
     }
 }

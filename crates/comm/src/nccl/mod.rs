@@ -42,7 +42,8 @@
 //! (loading NCCL, type and operator mapping, the one unsafe call site of a plan's calls),
 //! `routing` ([`TeamRoute`], [`TeamPlan`]: which communicator a team uses and how the splits
 //! are made), `plan` (the pure plan compiler: what one member issues, checked without
-//! touching NCCL) and `communicator` ([`Nccl`]'s lifecycle: init, splits, polling, posting,
+//! touching NCCL), `window` (the symmetric window that whole-world collectives are staged
+//! through when [`NcclOptions::symmetric_window`] asks for one) and `communicator` ([`Nccl`]'s lifecycle: init, splits, polling, posting,
 //! abort and finalisation).
 
 mod communicator;
@@ -50,9 +51,10 @@ mod config;
 mod library;
 mod plan;
 mod routing;
+mod window;
 
 pub use communicator::Nccl;
-pub use config::{NcclId, NcclOptions, NCCL_CONFIG_UNDEF_INT};
+pub use config::{CtaPolicy, NcclId, NcclOptions, NCCL_CONFIG_UNDEF_INT};
 pub use routing::{TeamPlan, TeamRoute, NCCL_SPLIT_NOCOLOR};
 
 use crate::dtype::DataType;
