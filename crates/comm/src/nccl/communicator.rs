@@ -265,7 +265,11 @@ impl<B> Nccl<B> {
         let start = Instant::now();
         let (result, base, handle) =
             window::allocate_and_register(comm, bytes).map_err(|e| backend(&what, e))?;
-        if result == sys::ncclResult_t::ncclInProgress {
+        // NCCL may finish the registration on its own thread even when the call answers
+        // success; the communicator is usable only once it reports no operation in
+        // progress.
+        let _ = result;
+        {
             if let Err(stop) = self.poll(&[comm], start) {
                 return Err(match stop {
                     Stop::TimedOut => CommError::Timeout {
