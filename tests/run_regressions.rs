@@ -1062,3 +1062,35 @@ fn moe_experts_in_stream_chunks_across_devices_match_the_reference() {
         }
     }
 }
+
+/// The vocabulary-parallel token embedding of tests/scenarios/vocab_parallel_embedding.weave
+/// (issue 28): the table's rows on DIDx, each device looking up the ids in its block of rows
+/// (`e_partial`, the others zero) and an Allreduce per token chunk adding the partial rows,
+/// then the column-parallel projection onto the vocabulary cast to f32; the reference's
+/// numbers on 1 to 4 ranks at even and uneven chunks (v = 24 rows split 1 to 4 ways).
+#[test]
+fn a_vocabulary_parallel_embedding_allreduces_its_partial_rows_per_chunk() {
+    let source = std::fs::read_to_string(common::fixture("vocab_parallel_embedding")).unwrap();
+    let cases: [Case; 4] = [
+        (&[1, 2, 3, 4], &[]),
+        (&[1, 2, 3, 4], &[("n", 10), ("s", 3)]),
+        (&[1, 2, 4], &[("n", 7), ("s", 5)]),
+        (&[2, 3], &[("n", 9), ("h", 5), ("s", 4)]),
+    ];
+    for (ranks, extra) in cases {
+        for c in runs_on(&source, ranks, extra) {
+            let p = &c.program;
+            assert!(c.checks.iter().any(|k| k.output == "logits"));
+            assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
+            if c.exe.min_ranks() > 1 {
+                assert_eq!(communication_kinds(p), ["Allreduce"], "{extra:?}");
+            }
+            every_communication_is_waited_for_in_its_loop(p);
+            assert_eq!(compute_loops(p), 1, "{extra:?}");
+            let f = c.sharded();
+            assert!(has(&f, "e_partial", ParallelType::DIDx));
+            assert!(has(&f, "e_partial", ParallelType::Stream));
+            assert!(has(&f, "logits", ParallelType::DIDx));
+        }
+    }
+}

@@ -137,8 +137,9 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
     // mesh shape; 756 and 124 with the whole layers of issue 28 (logits_f32 and
     // mlp_backward_weight_grads pass everywhere; qkv_causal_attention and moe_experts split
     // every stream chunk of their 24 heads or experts across the devices, so a chunk of 8, 6, 5
-    // or 4 is refused at load wherever d does not divide it: 6 configurations each). Refusals
-    // may only turn into passes.
-    assert!(passed >= 756, "only {passed} configurations passed");
+    // or 4 is refused at load wherever d does not divide it: 6 configurations each); 780 and
+    // 124 with vocab_parallel_embedding (its 24 rows split on 1 to 4 devices: all 24 pass).
+    // Refusals may only turn into passes.
+    assert!(passed >= 780, "only {passed} configurations passed");
     assert!(refused <= 124, "{refused} configurations were refused");
 }

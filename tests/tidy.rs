@@ -12,7 +12,9 @@
 //! * every workspace package inherits the workspace lints;
 //! * every repository path that README.md and docs/*.md name exists.
 //! * no file of a crate imports itself through others (an import cycle between files), but
-//!   for the cycles listed as not yet broken.
+//!   for the cycles listed as not yet broken;
+//! * what a host statement touches is derived in one place (`Stmt::effects`), and so is the
+//!   mapping of the host IR's collectives onto the communicator's operations.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -579,6 +581,53 @@ fn no_file_imports_itself_through_others() {
         offenders.is_empty(),
         "these files import each other in a loop; move what they share into a module both \
          import, or let one side own it:\n  {}",
+        offenders.join("\n  ")
+    );
+}
+
+/// Where each fact about host statements is written (issue 30): what a statement reads,
+/// writes, allocates, frees and views is `Stmt::effects` in the first file, which the
+/// verifier, `allocate-and-deallocate` and the evaluator's race recording derive from; the
+/// mapping from the host IR's collectives onto the communicator's operations is the second
+/// file. Each entry: a definition or a pair of names that re-derive the fact wherever they
+/// meet, and the one file allowed to hold it.
+const ONE_PLACE: &[(&[&str], &str)] = &[
+    (&["fn accesses("], "crates/host-ir/src/access.rs"),
+    (&["fn effects("], "crates/host-ir/src/access.rs"),
+    (&["fn reads("], "crates/host-ir/src/access.rs"),
+    (&["fn writes("], "crates/host-ir/src/access.rs"),
+    (
+        &["CommunicationType::", "CommOp::"],
+        "crates/executor/src/collective.rs",
+    ),
+];
+
+#[test]
+fn statement_effects_are_derived_in_one_place() {
+    let root = repo_root();
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let mut offenders = Vec::new();
+    for path in &files {
+        let rel = path.strip_prefix(&root).unwrap_or(path);
+        let rel = rel.to_string_lossy().replace('\\', "/");
+        if rel == "tests/tidy.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        for (needles, home) in ONE_PLACE {
+            if rel != *home && needles.iter().all(|n| text.contains(n)) {
+                offenders.push(format!(
+                    "{rel}: {} (belongs in {home})",
+                    needles.join(" with ")
+                ));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "these files re-derive what a host statement touches, or how a collective is posted, \
+         instead of asking the one place that says it:\n  {}",
         offenders.join("\n  ")
     );
 }

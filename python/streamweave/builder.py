@@ -187,6 +187,10 @@ _KINDS: Dict[str, Tuple[Tuple[Tuple[str, str], ...], str]] = {
         (("a", "tensor"), ("b", "tensor"), ("axis", "int")),
         "``a`` and ``b`` tensors equal but along ``axis``",
     ),
+    "index_select": (
+        (("table", "tensor"), ("ids", "tensor"), ("axis", "int")),
+        "``table`` a tensor, ``ids`` an ``i64`` tensor ``[n]`` of indices into its ``axis``",
+    ),
 }
 
 # What each op computes, for its docstring (an op not listed gets its kind's wording).
@@ -243,6 +247,8 @@ _DOCS = {
     "(a causal mask is ``b.ge(b.iota(s, 0), b.iota(s, 1))``)",
     "slice": "the elements ``start:stop`` of ``a`` along ``axis``",
     "concat": "``a`` then ``b`` along ``axis``",
+    "index_select": "the rows of ``table`` along ``axis`` that ``ids`` name, in their order (an "
+    "embedding lookup; an id outside the axis is an error)",
 }
 
 _KIND_DOCS = {
@@ -375,6 +381,14 @@ class ConcatOp(Protocol):
     def __call__(self, a: Value, b: Value, axis: int, *, name: Optional[str] = None) -> Value: ...
 
 
+class IndexSelectOp(Protocol):
+    """``b.index_select(table, ids, axis, name=None)``."""
+
+    def __call__(
+        self, table: Value, ids: Value, axis: int, *, name: Optional[str] = None
+    ) -> Value: ...
+
+
 class LinearOp(Protocol):
     """``b.linear(x, w, bias=None, name=None)``."""
 
@@ -442,6 +456,7 @@ class Builder:
     iota: IotaOp
     slice: SliceOp
     concat: ConcatOp
+    index_select: IndexSelectOp
 
     def __init__(
         self, name: str, roles: Optional[Dict[str, str]] = None, **params: Optional[int]

@@ -6,6 +6,8 @@
 //! ```text
 //! bin/weave            the CLI (`--profile bundle`: optimized, no debug info, stripped)
 //! bin/gpu-tests        the root package's integration test `gpu` (when tests/gpu.rs exists)
+//! bin/fuzz-cli         the root package's integration test `fuzz_cli`, the command-line fuzz
+//!                      harness (when tests/fuzz_cli.rs exists; scripts/fuzz_cli.sh runs it)
 //! bin/gpu_*            weave-bench's benches crates/bench/benches/gpu_* (when there are any)
 //! scenarios/*.weave    tests/scenarios/*.weave (not its other subdirectories)
 //! scenarios/kernels/*  tests/scenarios/kernels/*.weave (the kernel benchmark's fixtures)
@@ -91,6 +93,18 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     } else {
         eprintln!("warning: tests/gpu.rs does not exist; the bundle has no bin/gpu-tests");
     }
+    // The command-line fuzz harness, for a machine with many cores (it runs bin/weave).
+    if root.join("tests/fuzz_cli.rs").is_file() {
+        builds.push(Build {
+            package: CLI_PACKAGE,
+            cargo_args: ["test", "--test", "fuzz_cli", "--no-run"]
+                .map(String::from)
+                .to_vec(),
+            target: "fuzz_cli".into(),
+            kind: "test",
+            bundle_name: "fuzz-cli".into(),
+        });
+    }
     for bench in gpu_benches(&root.join(BENCH_DIR).join("benches"))? {
         builds.push(Build {
             package: BENCH_PACKAGE,
@@ -154,6 +168,11 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
     println!(
         "on the GPU machine, from the bundle directory: bash scripts/run-all.sh [--ranks \"2 4\"] [--out DIR]"
     );
+    if executables.iter().any(|(name, _)| name == "fuzz-cli") {
+        println!(
+            "the command-line fuzz, from the bundle directory: MINUTES=10 JOBS=48 bash scripts/fuzz_cli.sh"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

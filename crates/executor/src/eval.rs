@@ -10,15 +10,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weave_comm::{Collective, CommOp, Communicator, P2p, RedOp};
+use weave_comm::{Collective, Communicator, P2p};
+use weave_host_ir::access::Access;
 use weave_host_ir::KernelId;
 use weave_host_ir::{
-    CommunicationType, HostProgram, HostScalar, HostTensorId, Names, P2PDirection, ScalarId, Stmt,
-    StmtId, Stream, StreamId,
+    ChunkOf, Communication, HostProgram, HostScalar, HostTensorId, Names, P2PDirection, ScalarId,
+    Stmt, StmtId, Stream, StreamId,
 };
-use weave_ir::{DType, Fusion, ReduceOp, Scalar};
+use weave_ir::{DType, Fusion, Scalar};
 
 use crate::backend::{Backend, Span, StreamKey};
+use crate::collective::comm_op;
 use crate::dense::Dense;
 use crate::error::ExecError;
 use crate::race::{Agent, RaceChecker, RaceReport};
@@ -532,10 +534,19 @@ where
         }
         let names = LazyNames::new(program);
         let labels = program.statement_labels();
+        // A kernel whose ops depend on the device running it (a vocabulary-parallel lookup's
+        // first row, a size over `rank`) gets this rank's copy.
+        let rank = comm.rank() as i64;
         let kernels = program
             .kernels
             .iter()
-            .map(|(k, unit)| (k, unit.fusion.clone()))
+            .map(|(k, unit)| {
+                let fusion = match crate::interp::bind_rank(&unit.fusion, rank) {
+                    Some(bound) => Arc::new(bound),
+                    None => unit.fusion.clone(),
+                };
+                (k, fusion)
+            })
             .collect();
         Ok(Evaluator {
             program,
@@ -729,6 +740,8 @@ where
         Ok(())
     }
 
+    /// Issues one statement: counts it, checks the deadline, and hands it to the handler of
+    /// its kind.
     fn exec(&mut self, id: StmtId) -> Result<(), ExecError> {
         let Some(stmt) = self.program.stmts.get(id) else {
             return Err(ExecError::Program(
@@ -751,61 +764,13 @@ where
         }
         let label = self.label(id);
         let _span = tracing::trace_span!("statement", label = %label).entered();
-        let here = Agent::Stream(self.current);
         match stmt {
             Stmt::Allocate { tensor, zero_init } => {
-                let decl = self.program.tensors.get(*tensor).ok_or_else(|| {
-                    ExecError::Program(format!("`{label}` allocates an unknown tensor"))
-                })?;
-                let mut sizes = Vec::new();
-                for &s in &decl.sizes.clone() {
-                    let n = self.eval(s)?;
-                    sizes.push(usize::try_from(n).map_err(|_| {
-                        ExecError::Program(format!("`{label}`: size {n} is negative"))
-                    })?);
-                }
-                let stream = self.backend.stream(self.current)?;
-                if let Some(buffer) = self.given.remove(tensor) {
-                    let (dtype, have) = (self.backend.dtype(&buffer), self.backend.sizes(&buffer));
-                    if dtype != decl.dtype || have != sizes {
-                        // Names are built only for a message (building them costs more than
-                        // issuing a small program).
-                        let name = self.names.tensor(*tensor);
-                        return Err(ExecError::Input(format!(
-                            "output {name} on rank {}: the buffer given is {dtype}{have:?}, the program writes {}{sizes:?}",
-                            self.comm.rank(),
-                            decl.dtype
-                        )));
-                    }
-                    if *zero_init {
-                        self.backend.zero(&buffer, &stream)?;
-                    }
-                    // The caller's buffer is written from here, as a fresh one would be.
-                    self.record(here, &buffer, true, &label, *tensor);
-                    self.tensors.insert(*tensor, buffer);
-                    return Ok(());
-                }
-                // A refused allocation names the statement (and so the tensor).
-                let buffer = self
-                    .backend
-                    .allocate(decl.dtype, &sizes, *zero_init, &stream)
-                    .map_err(|e| match e {
-                        ExecError::Compute { message, .. } => ExecError::Compute {
-                            stmt: label.clone(),
-                            message,
-                        },
-                        e => e,
-                    })?;
-                // A stream-ordered allocation (`cuMemAllocAsync`) is a write on the allocating
-                // stream: the memory may still be in use by its previous owner until that
-                // stream gets here, so another stream uses the buffer only after
-                // synchronizing with it. A zero fill is the same write.
-                self.record(here, &buffer, true, &label, *tensor);
-                self.tensors.insert(*tensor, buffer);
+                self.allocate(id, &label, *tensor, *zero_init)?;
             }
             Stmt::Deallocate { tensor } => {
                 let buffer = self.buffer(*tensor, &label)?;
-                self.record(here, &buffer, true, &label, *tensor);
+                self.record_effects(Agent::Stream(self.current), id, &label);
                 self.tensors.remove(tensor);
                 let stream = self.backend.stream(self.current)?;
                 self.backend.deallocate(buffer, &stream);
@@ -815,21 +780,7 @@ where
                 start,
                 stop,
                 body,
-            } => {
-                let (a, b) = (self.eval(*start)?, self.eval(*stop)?);
-                let trips = b.saturating_sub(a);
-                if trips > MAX_TRIP_COUNT {
-                    return Err(ExecError::Program(format!(
-                        "`{label}` would run {trips} iterations; a loop runs at most {MAX_TRIP_COUNT} (a stream split into fewer chunks)"
-                    )));
-                }
-                let body = body.clone();
-                for i in a..b {
-                    self.scalars.bound.insert(*index, i);
-                    self.exec_scope(&body)?;
-                }
-                self.scalars.bound.remove(index);
-            }
+            } => self.for_loop(&label, *index, (*start, *stop), body)?,
             Stmt::GetCurrentStream { out } => {
                 self.captured.insert(*out, self.current);
             }
@@ -837,20 +788,7 @@ where
                 self.current = self.stream_key(*stream, &label)?;
                 self.backend.stream(self.current)?;
             }
-            Stmt::Synchronize { stream } => {
-                let other = self.stream_key(*stream, &label)?;
-                // A stream is always ordered after itself: nothing to enqueue (one chunk on
-                // the main stream synchronizes with it at the fork and the join).
-                if other != self.current {
-                    let waited = self.backend.stream(other)?;
-                    let waiter = self.backend.stream(self.current)?;
-                    let event = self.backend.record_event(&waited);
-                    self.backend.wait_event(&waiter, &event, &label);
-                }
-                if let Some(r) = self.races.as_mut() {
-                    r.synchronize(self.current, other);
-                }
-            }
+            Stmt::Synchronize { stream } => self.synchronize(&label, *stream)?,
             Stmt::ShardByStream {
                 input,
                 axis,
@@ -859,35 +797,7 @@ where
                 holds,
                 output,
             } => {
-                let buffer = self.buffer(*input, &label)?;
-                let (c, i) = (self.eval(*chunks)?, self.eval(*index)?);
-                if c <= 0 || i < 0 || i >= c {
-                    return Err(ExecError::Program(format!(
-                        "`{label}`: chunk {i} of {c} does not exist"
-                    )));
-                }
-                let mut view = self
-                    .backend
-                    .chunk(&buffer, *axis, c as usize, i as usize)
-                    .map_err(|m| ExecError::Program(format!("`{label}`: {m}")))?;
-                if let Some(h) = *holds {
-                    // A slot narrowed to the chunk of the longer axis that it holds.
-                    let (k, n, e) = (
-                        self.eval(h.chunk)?,
-                        self.eval(h.chunks)?,
-                        self.eval(h.extent)?,
-                    );
-                    if n <= 0 || k < 0 || k >= n || e < 0 {
-                        return Err(ExecError::Program(format!(
-                            "`{label}`: chunk {k} of {n} of an axis of {e} elements does not exist"
-                        )));
-                    }
-                    let len = weave_comm::host::chunk_len(e as usize, n as usize, k as usize);
-                    view = self
-                        .backend
-                        .narrow(&view, *axis, len)
-                        .map_err(|m| ExecError::Program(format!("`{label}`: {m}")))?;
-                }
+                let view = self.chunk_view(&label, *input, *axis, (*chunks, *index), *holds)?;
                 self.tensors.insert(*output, view);
             }
             Stmt::LaunchKernel {
@@ -900,12 +810,7 @@ where
                 })?;
                 let ins = self.buffers(inputs, &label)?;
                 let outs = self.buffers(outputs, &label)?;
-                for (t, b) in inputs.iter().zip(&ins) {
-                    self.record(here, b, false, &label, *t);
-                }
-                for (t, b) in outputs.iter().zip(&outs) {
-                    self.record(here, b, true, &label, *t);
-                }
+                self.record_effects(Agent::Stream(self.current), id, &label);
                 let stream = self.backend.stream(self.current)?;
                 self.backend
                     .launch_kernel(&label, *kernel, &fusion, &ins, &outs, &stream)?;
@@ -916,9 +821,7 @@ where
                     self.buffer(*b, &label)?,
                     self.buffer(*out, &label)?,
                 );
-                self.record(here, &x, false, &label, *a);
-                self.record(here, &y, false, &label, *b);
-                self.record(here, &o, true, &label, *out);
+                self.record_effects(Agent::Stream(self.current), id, &label);
                 let stream = self.backend.stream(self.current)?;
                 self.backend.matmul(&label, &x, &y, &o, &stream)?;
             }
@@ -935,136 +838,13 @@ where
                     None => None,
                 };
                 let o = self.buffer(*out, &label)?;
-                self.record(here, &x, false, &label, *input);
-                self.record(here, &w, false, &label, *weight);
-                if let (Some(t), Some(b)) = (bias, &bb) {
-                    self.record(here, b, false, &label, *t);
-                }
-                self.record(here, &o, true, &label, *out);
+                self.record_effects(Agent::Stream(self.current), id, &label);
                 let stream = self.backend.stream(self.current)?;
                 self.backend
                     .linear(&label, &x, &w, bb.as_ref(), &o, &stream)?;
             }
-            Stmt::Communication(c) => {
-                let c = c.clone();
-                // A rank in none of the teams takes no part (its `Wait` is a no-op).
-                let Some(team) = c.team_of(self.comm.rank() as i64).map(<[i64]>::to_vec) else {
-                    return Ok(());
-                };
-                let input = self.buffer(c.input, &label)?;
-                let output = self.buffer(c.output, &label)?;
-                let root = match c.root {
-                    Some(r) => {
-                        let v = self.eval(r)?;
-                        usize::try_from(v)
-                            .ok()
-                            .filter(|&v| v < team.len())
-                            .ok_or_else(|| {
-                                ExecError::Program(format!(
-                                    "`{label}`: root {v} is not an index into a team of {}",
-                                    team.len()
-                                ))
-                            })?
-                    }
-                    None => 0,
-                };
-                let op = red_op(c.red_op);
-                // Strided views go through contiguous stand-ins where the communicator needs
-                // contiguous memory (NCCL), copied in before the post and out after it.
-                let stream = self.backend.stream(self.current)?;
-                let staged_in = self.backend.staging(&input, &stream)?;
-                let staged_out = self.backend.staging(&output, &stream)?;
-                if let Some(t) = &staged_in {
-                    self.backend.copy(&label, &input, t, &stream)?;
-                }
-                let i = staged_in.clone().unwrap_or_else(|| input.clone());
-                let o = staged_out.clone().unwrap_or_else(|| output.clone());
-                let op = match c.kind {
-                    CommunicationType::Allgather => CommOp::Allgather {
-                        input: i,
-                        output: o,
-                    },
-                    CommunicationType::Allreduce => CommOp::Allreduce {
-                        input: i,
-                        output: o,
-                        op,
-                    },
-                    CommunicationType::ReduceScatter => CommOp::ReduceScatter {
-                        input: i,
-                        output: o,
-                        op,
-                    },
-                    CommunicationType::Broadcast => CommOp::Broadcast {
-                        root,
-                        input: i,
-                        output: o,
-                    },
-                    CommunicationType::Reduce => CommOp::Reduce {
-                        root,
-                        input: i,
-                        output: o,
-                        op,
-                    },
-                    CommunicationType::Gather => CommOp::Gather {
-                        root,
-                        input: i,
-                        output: o,
-                    },
-                    CommunicationType::Scatter => CommOp::Scatter {
-                        root,
-                        input: i,
-                        output: o,
-                    },
-                    CommunicationType::SendRecv => CommOp::SendRecv {
-                        root,
-                        input: i,
-                        output: o,
-                    },
-                    CommunicationType::AllToAll => CommOp::AllToAll {
-                        input: i,
-                        output: o,
-                    },
-                    CommunicationType::CollectivePermute => {
-                        let n = team.len();
-                        let me = team
-                            .iter()
-                            .position(|&d| d == self.comm.rank() as i64)
-                            .unwrap_or(0);
-                        CommOp::CollectivePermute {
-                            input: i,
-                            output: o,
-                            send_to: (me + 1) % n.max(1),
-                            recv_from: (me + n.max(1) - 1) % n.max(1),
-                        }
-                    }
-                };
-                let team: Vec<usize> = team.iter().map(|&d| d.max(0) as usize).collect();
-                let collective = Collective {
-                    label: label.clone(),
-                    team,
-                    op,
-                };
-                self.backend.traced_post(&stream, &label, || {
-                    self.comm
-                        .post(collective, self.backend.comm_stream(&stream))
-                })?;
-                if let Some(t) = staged_out {
-                    self.backend.copy(&label, &t, &output, &stream)?;
-                    self.backend.deallocate(t, &stream);
-                }
-                if let Some(t) = staged_in {
-                    self.backend.deallocate(t, &stream);
-                }
-                let agent = self.races.as_mut().map(|r| r.post(self.current));
-                if let Some(agent) = agent {
-                    self.record(agent, &input, false, &label, c.input);
-                    self.record(agent, &output, true, &label, c.output);
-                }
-                let event = self.backend.record_event(&stream);
-                self.posted.insert(id, Posted { event, agent });
-            }
+            Stmt::Communication(c) => self.communication(id, label, c)?,
             Stmt::P2PCommunication(p) => {
-                let p = p.clone();
                 let buffer = self.buffer(p.buffer, &label)?;
                 let peer = self.eval(p.peer)?;
                 let peer = usize::try_from(peer)
@@ -1099,25 +879,262 @@ where
                 })?;
                 self.post_p2p(id, label, ops)?;
             }
-            Stmt::Wait { comm } => {
-                if let Some(Stmt::Communication(c)) = self.program.stmts.get(*comm) {
-                    if c.team_of(self.comm.rank() as i64).is_none() {
-                        return Ok(());
-                    }
-                }
-                let posted = self.posted.get(comm).ok_or_else(|| {
-                    ExecError::Program(format!(
-                        "`{label}` waits for a communication that was not posted"
-                    ))
-                })?;
-                let stream = self.backend.stream(self.current)?;
-                self.backend.wait_event(&stream, &posted.event, &label);
-                if let (Some(r), Some(agent)) = (self.races.as_mut(), posted.agent) {
-                    r.wait(self.current, agent);
-                }
-            }
+            Stmt::Wait { comm } => self.wait(&label, *comm)?,
         }
         Ok(())
+    }
+
+    /// `Allocate`: binds `tensor` to a new buffer of its sizes on the current stream (or to
+    /// the caller's buffer for an output of [`run_rank_into`]), zero-filled if asked.
+    fn allocate(
+        &mut self,
+        id: StmtId,
+        label: &str,
+        tensor: HostTensorId,
+        zero_init: bool,
+    ) -> Result<(), ExecError> {
+        let decl =
+            self.program.tensors.get(tensor).ok_or_else(|| {
+                ExecError::Program(format!("`{label}` allocates an unknown tensor"))
+            })?;
+        let mut sizes = Vec::new();
+        for &s in &decl.sizes {
+            let n = self.eval(s)?;
+            sizes.push(
+                usize::try_from(n)
+                    .map_err(|_| ExecError::Program(format!("`{label}`: size {n} is negative")))?,
+            );
+        }
+        let stream = self.backend.stream(self.current)?;
+        if let Some(buffer) = self.given.remove(&tensor) {
+            let (dtype, have) = (self.backend.dtype(&buffer), self.backend.sizes(&buffer));
+            if dtype != decl.dtype || have != sizes {
+                // Names are built only for a message (building them costs more than
+                // issuing a small program).
+                let name = self.names.tensor(tensor);
+                return Err(ExecError::Input(format!(
+                    "output {name} on rank {}: the buffer given is {dtype}{have:?}, the program writes {}{sizes:?}",
+                    self.comm.rank(),
+                    decl.dtype
+                )));
+            }
+            if zero_init {
+                self.backend.zero(&buffer, &stream)?;
+            }
+            // The caller's buffer is written from here, as a fresh one would be.
+            self.tensors.insert(tensor, buffer);
+            self.record_effects(Agent::Stream(self.current), id, label);
+            return Ok(());
+        }
+        // A refused allocation names the statement (and so the tensor).
+        let buffer = self
+            .backend
+            .allocate(decl.dtype, &sizes, zero_init, &stream)
+            .map_err(|e| match e {
+                ExecError::Compute { message, .. } => ExecError::Compute {
+                    stmt: label.to_string(),
+                    message,
+                },
+                e => e,
+            })?;
+        // A stream-ordered allocation (`cuMemAllocAsync`) is a write on the allocating
+        // stream: the memory may still be in use by its previous owner until that stream
+        // gets here, so another stream uses the buffer only after synchronizing with it. A
+        // zero fill is the same write.
+        self.tensors.insert(tensor, buffer);
+        self.record_effects(Agent::Stream(self.current), id, label);
+        Ok(())
+    }
+
+    /// `ForLoop`: runs `body` for every index of `[start, stop)`, at most
+    /// [`MAX_TRIP_COUNT`] times.
+    fn for_loop(
+        &mut self,
+        label: &str,
+        index: ScalarId,
+        (start, stop): (ScalarId, ScalarId),
+        body: &[StmtId],
+    ) -> Result<(), ExecError> {
+        let (a, b) = (self.eval(start)?, self.eval(stop)?);
+        let trips = b.saturating_sub(a);
+        if trips > MAX_TRIP_COUNT {
+            return Err(ExecError::Program(format!(
+                "`{label}` would run {trips} iterations; a loop runs at most {MAX_TRIP_COUNT} (a stream split into fewer chunks)"
+            )));
+        }
+        for i in a..b {
+            self.scalars.bound.insert(index, i);
+            self.exec_scope(body)?;
+        }
+        self.scalars.bound.remove(&index);
+        Ok(())
+    }
+
+    /// `Synchronize`: orders the current stream after the work enqueued so far on `stream`.
+    fn synchronize(&mut self, label: &str, stream: StreamId) -> Result<(), ExecError> {
+        let other = self.stream_key(stream, label)?;
+        // A stream is always ordered after itself: nothing to enqueue (one chunk on the main
+        // stream synchronizes with it at the fork and the join).
+        if other != self.current {
+            let waited = self.backend.stream(other)?;
+            let waiter = self.backend.stream(self.current)?;
+            let event = self.backend.record_event(&waited);
+            self.backend.wait_event(&waiter, &event, label);
+        }
+        if let Some(r) = self.races.as_mut() {
+            r.synchronize(self.current, other);
+        }
+        Ok(())
+    }
+
+    /// `ShardByStream`: the view of chunk `index` of `chunks` of `input` along `axis`,
+    /// narrowed to the chunk it `holds` when it is a slot of a bounded buffer.
+    fn chunk_view(
+        &mut self,
+        label: &str,
+        input: HostTensorId,
+        axis: usize,
+        (chunks, index): (ScalarId, ScalarId),
+        holds: Option<ChunkOf>,
+    ) -> Result<B::Buffer, ExecError> {
+        let buffer = self.buffer(input, label)?;
+        let (c, i) = (self.eval(chunks)?, self.eval(index)?);
+        if c <= 0 || i < 0 || i >= c {
+            return Err(ExecError::Program(format!(
+                "`{label}`: chunk {i} of {c} does not exist"
+            )));
+        }
+        let mut view = self
+            .backend
+            .chunk(&buffer, axis, c as usize, i as usize)
+            .map_err(|m| ExecError::Program(format!("`{label}`: {m}")))?;
+        if let Some(h) = holds {
+            // A slot narrowed to the chunk of the longer axis that it holds.
+            let (k, n, e) = (
+                self.eval(h.chunk)?,
+                self.eval(h.chunks)?,
+                self.eval(h.extent)?,
+            );
+            if n <= 0 || k < 0 || k >= n || e < 0 {
+                return Err(ExecError::Program(format!(
+                    "`{label}`: chunk {k} of {n} of an axis of {e} elements does not exist"
+                )));
+            }
+            let len = weave_comm::host::chunk_len(e as usize, n as usize, k as usize);
+            view = self
+                .backend
+                .narrow(&view, axis, len)
+                .map_err(|m| ExecError::Program(format!("`{label}`: {m}")))?;
+        }
+        Ok(view)
+    }
+
+    /// `Communication`: posts the collective on the current stream, on the team that holds
+    /// this rank (a rank in none takes no part), through contiguous stand-ins where the
+    /// communicator needs them.
+    fn communication(
+        &mut self,
+        id: StmtId,
+        label: String,
+        c: &'p Communication,
+    ) -> Result<(), ExecError> {
+        // A rank in none of the teams takes no part (its `Wait` is a no-op).
+        let Some(team) = c.team_of(self.comm.rank() as i64) else {
+            return Ok(());
+        };
+        let input = self.buffer(c.input, &label)?;
+        let output = self.buffer(c.output, &label)?;
+        let root = match c.root {
+            Some(r) => {
+                let v = self.eval(r)?;
+                usize::try_from(v)
+                    .ok()
+                    .filter(|&v| v < team.len())
+                    .ok_or_else(|| {
+                        ExecError::Program(format!(
+                            "`{label}`: root {v} is not an index into a team of {}",
+                            team.len()
+                        ))
+                    })?
+            }
+            None => 0,
+        };
+        // Strided views go through contiguous stand-ins where the communicator needs
+        // contiguous memory (NCCL), copied in before the post and out after it.
+        let stream = self.backend.stream(self.current)?;
+        let staged_in = self.backend.staging(&input, &stream)?;
+        let staged_out = self.backend.staging(&output, &stream)?;
+        if let Some(t) = &staged_in {
+            self.backend.copy(&label, &input, t, &stream)?;
+        }
+        let i = staged_in.clone().unwrap_or_else(|| input.clone());
+        let o = staged_out.clone().unwrap_or_else(|| output.clone());
+        let collective = Collective {
+            label: label.clone(),
+            team: team.iter().map(|&d| d.max(0) as usize).collect(),
+            op: comm_op(c, team, self.comm.rank(), root, i, o),
+        };
+        self.backend.traced_post(&stream, &label, || {
+            self.comm
+                .post(collective, self.backend.comm_stream(&stream))
+        })?;
+        if let Some(t) = staged_out {
+            self.backend.copy(&label, &t, &output, &stream)?;
+            self.backend.deallocate(t, &stream);
+        }
+        if let Some(t) = staged_in {
+            self.backend.deallocate(t, &stream);
+        }
+        let agent = self.races.as_mut().map(|r| r.post(self.current));
+        if let Some(agent) = agent {
+            self.record_effects(agent, id, &label);
+        }
+        let event = self.backend.record_event(&stream);
+        self.posted.insert(id, Posted { event, agent });
+        Ok(())
+    }
+
+    /// `Wait`: orders the current stream after the communication `comm` posted.
+    fn wait(&mut self, label: &str, comm: StmtId) -> Result<(), ExecError> {
+        if let Some(Stmt::Communication(c)) = self.program.stmts.get(comm) {
+            if c.team_of(self.comm.rank() as i64).is_none() {
+                return Ok(());
+            }
+        }
+        let posted = self.posted.get(&comm).ok_or_else(|| {
+            ExecError::Program(format!(
+                "`{label}` waits for a communication that was not posted"
+            ))
+        })?;
+        let stream = self.backend.stream(self.current)?;
+        self.backend.wait_event(&stream, &posted.event, label);
+        if let (Some(r), Some(agent)) = (self.races.as_mut(), posted.agent) {
+            r.wait(self.current, agent);
+        }
+        Ok(())
+    }
+
+    /// Feeds the race checker what statement `id` touches ([`Stmt::effects`]), as `agent`,
+    /// through the buffers bound now: reads as reads; writes, allocations and frees as writes
+    /// (a stream-ordered allocation or free is a write of the whole buffer on its stream, as
+    /// the race module says); a view touches nothing.
+    fn record_effects(&mut self, agent: Agent, id: StmtId, label: &str) {
+        if self.races.is_none() {
+            return;
+        }
+        let Some(stmt) = self.program.stmts.get(id) else {
+            return;
+        };
+        for (t, access) in stmt.effects().accesses {
+            let write = match access {
+                Access::Read => false,
+                Access::Write | Access::Allocate | Access::Free => true,
+                Access::View => continue,
+            };
+            if let Some(buffer) = self.tensors.get(&t).cloned() {
+                self.record(agent, &buffer, write, label, t);
+            }
+        }
     }
 
     fn buffers(&mut self, ts: &[HostTensorId], at: &str) -> Result<Vec<B::Buffer>, ExecError> {
@@ -1135,17 +1152,9 @@ where
         let stream = self.backend.stream(self.current)?;
         let agent = self.races.as_mut().map(|r| r.post(self.current));
         if let Some(agent) = agent {
-            for (stmt, op) in &ops {
-                let (write, buffer) = match op {
-                    P2p::Send { buffer, .. } => (false, buffer),
-                    P2p::Recv { buffer, .. } => (true, buffer),
-                };
-                let t = match self.program.stmts.get(*stmt) {
-                    Some(Stmt::P2PCommunication(p)) => p.buffer,
-                    _ => continue,
-                };
+            for (stmt, _) in &ops {
                 let l = self.label(*stmt);
-                self.record(agent, buffer, write, &l, t);
+                self.record_effects(agent, *stmt, &l);
             }
         }
         // Strided views go through contiguous stand-ins, as for collectives: a send's is
@@ -1205,15 +1214,4 @@ pub fn program_teams(program: &HostProgram) -> Vec<Vec<usize>> {
         }
     }
     teams
-}
-
-/// The communicators' reduction for a communication's `red_op`; a communication that does
-/// not reduce (`None`) passes `Sum`. The match is exhaustive, so a new reduce op must say
-/// what it maps to.
-fn red_op(op: Option<ReduceOp>) -> RedOp {
-    match op {
-        None | Some(ReduceOp::Sum) => RedOp::Sum,
-        Some(ReduceOp::Max) => RedOp::Max,
-        Some(ReduceOp::Min) => RedOp::Min,
-    }
 }

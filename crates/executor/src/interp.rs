@@ -325,6 +325,9 @@ fn eval_expr(
             sizes[*axis] = e - b;
             (sizes, data)
         }
+        ExprKind::IndexSelect { axis, base } => {
+            index_select(fusion, in_ids, x, ins[1], *axis, base.as_ref())?
+        }
         ExprKind::Concat { axis } => {
             let y = ins[1];
             check_axes(&[*axis], x.sizes.len())?;
@@ -389,6 +392,104 @@ fn whole_axis(
     }
 }
 
+/// A copy of the kernel `fusion` for the device of rank `rank`, where an op's size mentions
+/// the host programs' built-in `rank` (a vocabulary-parallel lookup's first row): `rank`
+/// takes its value there. `None` when no op mentions it, so that every rank shares the
+/// kernel. The host program is the same text on every rank; this is where a kernel learns
+/// which device runs it.
+pub fn bind_rank(fusion: &Fusion, rank: i64) -> Option<Fusion> {
+    let mentions = |b: &Scalar| b.symbols().iter().any(|s| &**s == weave_ir::RANK);
+    let bound: Vec<_> = fusion
+        .exprs()
+        .iter()
+        .copied()
+        .filter(|e| {
+            matches!(&fusion.expr(*e).kind, ExprKind::IndexSelect { base: Some(b), .. } if mentions(b))
+        })
+        .collect();
+    if bound.is_empty() {
+        return None;
+    }
+    let mut copy = fusion.clone();
+    for e in bound {
+        if let ExprKind::IndexSelect { base: Some(b), .. } = &mut copy.expr_mut(e).kind {
+            *b = b.substitute(&|n| (n == weave_ir::RANK).then(|| Scalar::c(rank)));
+        }
+    }
+    Some(copy)
+}
+
+/// `index_select(table, ids, axis [, base])`: the rows of `table` along `axis` that the ids
+/// name. The ids index the whole axis as declared (`rows` elements): one outside `0..rows` is
+/// an error naming the ids, the position and the value, never a read out of bounds. Without a
+/// base the operand must hold the whole axis; with one (a vocabulary-parallel lookup's
+/// partial, run on one device) it holds the rows `base..base + local`, and an id outside them
+/// gives a zero row, which the sum across the devices fills in.
+fn index_select(
+    fusion: &Fusion,
+    in_ids: &[TensorId],
+    table: &Dense,
+    ids: &Dense,
+    axis: usize,
+    base: Option<&Scalar>,
+) -> Result<Value, String> {
+    check_axes(&[axis], table.sizes.len())?;
+    if ids.sizes.len() != 1 {
+        return Err(format!("the ids have sizes {:?}, not one axis", ids.sizes));
+    }
+    let local = table.sizes[axis];
+    let first = match base {
+        None => {
+            whole_axis(
+                fusion,
+                &ExprKind::IndexSelect { axis, base: None },
+                in_ids[0],
+                axis,
+                local,
+            )?;
+            0
+        }
+        Some(b) => fusion.eval(b).ok_or_else(|| {
+            format!(
+                "the first row `{}` of this device's block has no value (a vocabulary-parallel lookup's partial runs on a device, which gives `rank` its value)",
+                b.to_source()
+            )
+        })?,
+    };
+    let rows = fusion
+        .visible_axes(in_ids[0])
+        .get(axis)
+        .and_then(|id| fusion.eval(&fusion.id(*id).extent))
+        .unwrap_or(local as i64);
+    let name = |t: usize| fusion.tensor(in_ids[t]).name.clone();
+    let outer: usize = table.sizes[..axis].iter().product();
+    let inner: usize = table.sizes[axis + 1..].iter().product();
+    let n = ids.sizes[0];
+    let mut sizes = table.sizes.clone();
+    sizes[axis] = n;
+    let mut data = zeroed(&sizes)?;
+    for (k, v) in ids.data.iter().enumerate() {
+        if !(v.fract() == 0.0 && *v >= 0.0 && *v < rows as f64) {
+            return Err(format!(
+                "id {v} at position {k} of `{}` is outside the {rows} rows of axis {axis} of `{}` (ids must lie in 0..{rows})",
+                name(1),
+                name(0)
+            ));
+        }
+        let row = *v as i64 - first;
+        if row < 0 || row >= local as i64 {
+            continue;
+        }
+        let row = row as usize;
+        for o in 0..outer {
+            let src = (o * local + row) * inner;
+            let dst = (o * n + k) * inner;
+            data[dst..dst + inner].copy_from_slice(&table.data[src..src + inner]);
+        }
+    }
+    Ok((sizes, data))
+}
+
 /// True for the ops that move values without computing new ones.
 pub(crate) fn is_view(kind: &ExprKind) -> bool {
     matches!(
@@ -401,6 +502,7 @@ pub(crate) fn is_view(kind: &ExprKind) -> bool {
             | ExprKind::Reshape { .. }
             | ExprKind::Slice { .. }
             | ExprKind::Concat { .. }
+            | ExprKind::IndexSelect { .. }
     )
 }
 

@@ -24,6 +24,7 @@
 //! it reaches here.
 
 pub mod backend;
+mod collective;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

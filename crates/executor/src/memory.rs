@@ -97,9 +97,11 @@ pub fn check_host(what: &str, sizes: &[usize], elem_bytes: usize) -> Result<(), 
 }
 
 /// Large host allocations of this process, one at a time: each is checked against the memory
-/// the process has left and made (every page written) before the next is checked, so the
-/// ranks of one process share one budget instead of each passing its own check and then
-/// failing together.
+/// the process has left and made (every page written) before the next is checked. This is
+/// the second line: a CPU run first reserves what all the ranks of its process hold at their
+/// peak, once, before any allocates (`streamweave::run::reserve_host_memory`), so that ranks
+/// that each pass their own checks do not fail later, half-way; these checks catch what that
+/// estimate misses.
 static LARGE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Makes a host buffer of `sizes` at `elem_bytes` per element with `alloc` (which returns

@@ -45,9 +45,27 @@ impl Shape {
         self.ranges.iter().map(|r| r.len()).collect()
     }
 
+    /// The elements of the box.
+    fn numel(&self) -> u64 {
+        self.ranges
+            .iter()
+            .map(|r| r.len() as u64)
+            .fold(1u64, u64::saturating_mul)
+    }
+
     fn bytes(&self) -> usize {
         self.ranges.iter().map(|r| r.len()).product::<usize>() * elem_bytes(self.dtype)
     }
+}
+
+/// The bytes of a whole allocation of `sizes` at `dtype`'s size (saturating).
+fn bytes_of(dtype: DType, sizes: &[usize]) -> u64 {
+    crate::memory::bytes_of(sizes, elem_bytes(dtype)).unwrap_or(u64::MAX)
+}
+
+/// The bytes of the whole allocation `shape` is a box of.
+fn whole_bytes(shape: &Shape) -> u64 {
+    bytes_of(shape.dtype, &shape.full)
 }
 
 /// One kernel launch as the meter saw it: the segment and its buffers' layouts.
@@ -100,14 +118,35 @@ pub struct Meter {
     pub comms: Vec<MeteredComm>,
     /// Buffers allocated.
     pub allocations: usize,
+    /// Bytes of the rank's buffers (uploaded inputs and allocations, at their dtype's size)
+    /// live now.
+    pub live_bytes: u64,
+    /// The most bytes of buffers live at once: what the rank holds at its peak.
+    pub peak_bytes: u64,
+    /// The largest buffers live at that peak (at most [`PEAK_BUFFERS`]), largest first:
+    /// their dtypes and sizes.
+    pub peak_buffers: Vec<(DType, Vec<usize>)>,
+    /// The most bytes live at once when, besides the buffers, each kernel launch, matmul
+    /// and linear also holds what a host evaluator of `f64` values does while it runs (the
+    /// CPU backend): its operands read as `f64` and one `f64` value of the output's size
+    /// for each expression of the segment (an estimate: a reduction's values are smaller).
+    pub peak_with_f64_work: u64,
 }
+
+/// How many of the largest buffers live at the peak [`Meter::peak_buffers`] keeps.
+pub const PEAK_BUFFERS: usize = 3;
 
 /// The shape-only backend.
 #[derive(Default)]
 pub struct MeterBackend {
     meter: Arc<Mutex<Meter>>,
     next: AtomicU64,
+    /// The allocations live now, by their number: dtype and sizes.
+    live: Mutex<std::collections::HashMap<u64, Held>>,
 }
+
+/// A live allocation: its dtype and sizes.
+type Held = (DType, Arc<Vec<usize>>);
 
 impl MeterBackend {
     /// A backend whose counts are shared with communicators made by [`MeterBackend::comm`].
@@ -137,6 +176,40 @@ impl MeterBackend {
             full: Arc::new(sizes.to_vec()),
             ranges: sizes.iter().map(|&n| 0..n).collect(),
         }
+    }
+
+    /// Counts `shape`, a new allocation, as live (and the peak, should it be one).
+    fn hold(&self, shape: &Shape) {
+        let bytes = whole_bytes(shape);
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.insert(shape.allocation, (shape.dtype, shape.full.clone()));
+        self.count(|c| {
+            c.live_bytes = c.live_bytes.saturating_add(bytes);
+            c.peak_with_f64_work = c.peak_with_f64_work.max(c.live_bytes);
+            if c.live_bytes > c.peak_bytes {
+                c.peak_bytes = c.live_bytes;
+                let mut held: Vec<(u64, DType, Vec<usize>)> = live
+                    .values()
+                    .map(|(d, sizes)| (bytes_of(*d, sizes), *d, sizes.to_vec()))
+                    .collect();
+                held.sort_by_key(|h| std::cmp::Reverse(h.0));
+                c.peak_buffers = held
+                    .into_iter()
+                    .take(PEAK_BUFFERS)
+                    .map(|(_, d, sizes)| (d, sizes))
+                    .collect();
+            }
+        });
+    }
+
+    /// Counts the `f64` working values of one operation of the host evaluator: `values`
+    /// elements held besides the live buffers while it runs.
+    fn work(&self, values: u64) {
+        self.count(|c| {
+            let bytes = values.saturating_mul(8);
+            let now = c.live_bytes.saturating_add(bytes);
+            c.peak_with_f64_work = c.peak_with_f64_work.max(now).max(c.peak_bytes);
+        });
     }
 
     fn count(&self, f: impl FnOnce(&mut Meter)) {
@@ -181,14 +254,26 @@ impl Backend for MeterBackend {
         _stream: &StreamKey,
     ) -> Result<Shape, ExecError> {
         self.count(|c| c.allocations += 1);
-        Ok(self.shape(dtype, sizes))
+        let shape = self.shape(dtype, sizes);
+        self.hold(&shape);
+        Ok(shape)
     }
 
     fn zero(&self, _buffer: &Shape, _stream: &StreamKey) -> Result<(), ExecError> {
         Ok(())
     }
 
-    fn deallocate(&self, _buffer: Shape, _stream: &StreamKey) {}
+    fn deallocate(&self, buffer: Shape, _stream: &StreamKey) {
+        let freed = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&buffer.allocation);
+        if let Some((dtype, sizes)) = freed {
+            let bytes = bytes_of(dtype, &sizes);
+            self.count(|c| c.live_bytes = c.live_bytes.saturating_sub(bytes));
+        }
+    }
 
     fn chunk(
         &self,
@@ -245,6 +330,10 @@ impl Backend for MeterBackend {
                 outputs: outputs.iter().map(Shape::arg).collect(),
             })
         });
+        let read: u64 = inputs.iter().map(Shape::numel).sum();
+        let largest = outputs.iter().map(Shape::numel).max().unwrap_or(0);
+        let values = u64::try_from(fusion.exprs().len().max(outputs.len())).unwrap_or(u64::MAX);
+        self.work(read.saturating_add(largest.saturating_mul(values)));
         Ok(())
     }
 
@@ -256,6 +345,7 @@ impl Backend for MeterBackend {
         out: &Shape,
         _stream: &StreamKey,
     ) -> Result<(), ExecError> {
+        self.work(a.numel() + b.numel() + out.numel());
         let (a, b, o) = (a.sizes(), b.sizes(), out.sizes());
         let k = a.last().copied().unwrap_or(0);
         let n = b.last().copied().unwrap_or(0);
@@ -269,10 +359,12 @@ impl Backend for MeterBackend {
         _label: &str,
         input: &Shape,
         weight: &Shape,
-        _bias: Option<&Shape>,
-        _out: &Shape,
+        bias: Option<&Shape>,
+        out: &Shape,
         _stream: &StreamKey,
     ) -> Result<(), ExecError> {
+        let bias = bias.map_or(0, Shape::numel);
+        self.work(input.numel() + weight.numel() + bias + out.numel());
         let (x, w) = (input.sizes(), weight.sizes());
         let k = x.last().copied().unwrap_or(0);
         let m = x.iter().product::<usize>() / k.max(1);
@@ -282,7 +374,9 @@ impl Backend for MeterBackend {
     }
 
     fn upload(&self, data: &Dense) -> Result<Shape, ExecError> {
-        Ok(self.shape(data.dtype, &data.sizes))
+        let shape = self.shape(data.dtype, &data.sizes);
+        self.hold(&shape);
+        Ok(shape)
     }
 
     fn download(&self, buffer: &Shape, _stream: &StreamKey) -> Result<Dense, ExecError> {

@@ -17,7 +17,8 @@
 //! * `Deallocate` writes the whole buffer (the memory may be reused), and the caller reads
 //!   every output on the main stream after the last statement.
 //!
-//! The evaluator ([`crate::eval`]) feeds these accesses; the checker itself knows only
+//! The evaluator ([`crate::eval`]) feeds these accesses, each statement's taken from its
+//! `Stmt::effects` (weave-host-ir) rather than listed again; the checker itself knows only
 //! agents, regions and clocks.
 //!
 //! Two accesses conflict when their regions overlap and one of them writes.

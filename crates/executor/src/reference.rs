@@ -92,13 +92,17 @@ pub struct InputDomain {
     /// No negative values: the exponent of an integer `pow`, the operand of `log`, `sqrt`,
     /// `rsqrt`, the base of a floating-point `pow`.
     pub nonnegative: bool,
+    /// Values in `0..n`: the ids of an `index_select` whose table axis has `n` rows (the
+    /// smallest such `n` where several lookups read the input).
+    pub below: Option<i64>,
 }
 
 /// The domain each input of `fusion` must keep (in input order) so that the ops reading it
 /// are defined: an input that reaches, through view ops and casts only, the divisor of an
 /// integer `div` must have no zeros (the reference refuses to divide by zero), the exponent
 /// of an integer `pow` no negative values, and the operand of `log`, `sqrt`, `rsqrt` or the
-/// base of a floating-point `pow` no negative values (else NaN, which never matches).
+/// base of a floating-point `pow` no negative values (else NaN, which never matches), and the
+/// ids of an `index_select` values in `0..rows`.
 pub fn input_domains(fusion: &Fusion) -> Vec<InputDomain> {
     // The fusion input each tensor is a view or cast of, if any.
     let mut source: HashMap<TensorId, TensorId> = HashMap::new();
@@ -140,8 +144,19 @@ pub fn input_domains(fusion: &Fusion) -> Vec<InputDomain> {
             ExprKind::Binary(BinaryOp::Pow) if int(1) => need(1, false, true),
             ExprKind::Binary(BinaryOp::Pow) => need(0, false, true),
             ExprKind::Unary(UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt) => need(0, false, true),
+            ExprKind::IndexSelect { axis, .. } => {
+                let rows = fusion
+                    .visible_axes(expr.inputs[0])
+                    .get(*axis)
+                    .and_then(|id| fusion.eval(&fusion.id(*id).extent));
+                if let (Some(s), Some(rows)) = (src(1), rows) {
+                    let n = needs.entry(s).or_default();
+                    n.below = Some(n.below.map_or(rows, |b| b.min(rows)));
+                }
+            }
             _ => {}
         }
+        // A lookup moves the table's values: its output is a view of the table, not of the ids.
         if is_view(&expr.kind) || matches!(expr.kind, ExprKind::Cast(_)) {
             if let Some(s) = src(0) {
                 for out in &expr.outputs {
@@ -159,8 +174,9 @@ pub fn input_domains(fusion: &Fusion) -> Vec<InputDomain> {
 
 /// Moves generated `inputs` (one per fusion input, in order) into the domains
 /// [`input_domains`] gives: a negative value becomes its magnitude where the input must not
-/// be negative, and a zero becomes `1` where it must not be zero. Values already inside are
-/// kept.
+/// be negative, a zero becomes `1` where it must not be zero, and an id of a lookup into `n`
+/// rows is taken modulo `n` (the default draw's -8..=8 become rows 0..=8 and the last
+/// eight). Values already inside are kept.
 pub fn keep_in_domain(fusion: &Fusion, inputs: &mut [Dense]) {
     for (dom, d) in input_domains(fusion).into_iter().zip(inputs) {
         for v in &mut d.data {
@@ -169,6 +185,9 @@ pub fn keep_in_domain(fusion: &Fusion, inputs: &mut [Dense]) {
             }
             if dom.nonzero && *v == 0.0 {
                 *v = 1.0;
+            }
+            if let Some(n) = dom.below.filter(|n| *n > 0) {
+                *v = v.rem_euclid(n as f64);
             }
         }
     }

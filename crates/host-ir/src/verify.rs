@@ -57,9 +57,10 @@ use std::collections::{HashMap, HashSet};
 
 use weave_ir::{Diagnostic, ParallelType, ScheduleOp};
 
+use crate::access::Effects;
 use crate::ids::{HostTensorId, ScalarId, StmtId, StreamId};
 use crate::printer::Names;
-use crate::syntax::{HostProgram, HostScalar, P2PDirection, Stmt, Stream};
+use crate::syntax::{HostProgram, HostScalar, Stmt, Stream};
 
 /// Checks every rule of the module docs; returns the first violation in program order.
 pub fn verify(p: &HostProgram) -> Result<(), Diagnostic> {
@@ -355,12 +356,11 @@ impl Verifier<'_> {
                 ));
             }
         }
-        for t in stmt.tensors() {
-            if !p.tensors.contains_key(t) {
-                return Err(self.fail(s, "names a tensor that is not in the tensor arena"));
-            }
+        let fx = stmt.effects();
+        if fx.tensors().any(|t| !p.tensors.contains_key(t)) {
+            return Err(self.fail(s, "names a tensor that is not in the tensor arena"));
         }
-        for x in stmt.scalars() {
+        for &x in &fx.scalars {
             self.check_scalar(s, state, x)?;
         }
         match stmt {
@@ -575,9 +575,9 @@ impl Verifier<'_> {
                         ));
                     }
                 }
-                self.access(s, state, stmt)?;
+                self.access(s, state, &fx)?;
             }
-            Stmt::Matmul { .. } | Stmt::Linear { .. } => self.access(s, state, stmt)?,
+            Stmt::Matmul { .. } | Stmt::Linear { .. } => self.access(s, state, &fx)?,
             Stmt::Communication(c) => {
                 let kind = c.kind.name();
                 match (c.kind.has_root(), c.root.is_some()) {
@@ -614,22 +614,22 @@ impl Verifier<'_> {
                     }
                     seen.push(*d);
                 }
-                self.access(s, state, stmt)?;
-                self.post(s, vec![(c.input, c.input == c.output), (c.output, true)]);
+                self.access(s, state, &fx)?;
+                self.post(s, fx.contents());
             }
-            Stmt::P2PCommunication(c) => {
-                self.access(s, state, stmt)?;
+            Stmt::P2PCommunication(_) => {
+                self.access(s, state, &fx)?;
                 if matches!(self.group.last(), Some(Some(_))) {
                     self.grouped.insert(s);
                     if let Some(v) = self.pending.last_mut() {
                         v.push(Pending {
                             comm: s,
-                            buffers: vec![(c.buffer, c.direction == P2PDirection::Recv)],
+                            buffers: fx.contents(),
                             in_group: true,
                         });
                     }
                 } else {
-                    self.post(s, vec![(c.buffer, c.direction == P2PDirection::Recv)]);
+                    self.post(s, fx.contents());
                 }
             }
             Stmt::StartCoalescing => {
@@ -672,12 +672,12 @@ impl Verifier<'_> {
     }
 
     /// Reads, then writes, of a compute or communication statement.
-    fn access(&mut self, s: StmtId, state: &mut State, stmt: &Stmt) -> VResult {
-        for t in stmt.reads() {
+    fn access(&mut self, s: StmtId, state: &mut State, fx: &Effects) -> VResult {
+        for t in fx.reads() {
             self.need(s, state, t, "reads")?;
             self.touch_as(s, state, t, "reads", true)?;
         }
-        for t in stmt.writes() {
+        for t in fx.writes() {
             self.usable_parents(s, state, t, "writes")?;
             self.touch(s, state, t, "writes")?;
             if state.defined.insert(t) {

@@ -263,6 +263,22 @@ pub enum ExprKind {
         /// The axis the operands are joined along.
         axis: usize,
     },
+    /// `index_select(table, ids, axis)`: the rows of `table` along `axis` that the `i64` ids
+    /// name, in the ids' order (an embedding lookup): `table [.., v, ..]`, `ids [n]` →
+    /// `[.., n, ..]`. The output keeps `v` as a trailing reduction axis (`[.., n, .., rv]`,
+    /// as `linear` keeps its contraction axis), so that a device split of the table's `v`
+    /// lowers like a device-split contraction: each device looks up the ids in its shard, the
+    /// others give zero, and the partial results are added across the devices.
+    IndexSelect {
+        /// The axis of `table` the ids index.
+        axis: usize,
+        /// `None` as written: the op holds the whole axis (an id outside it is an error).
+        /// `Some(b)` in the per-device partial of a lookup whose `axis` is device-split
+        /// (`decompose-reshardings` writes it): the operand holds the rows `b..b + len` of the
+        /// axis, `b` a size over the host programs' built-in `rank` (the device's shard
+        /// offset), and an id outside them gives a zero row.
+        base: Option<Scalar>,
+    },
     /// `[.., m, k] x [.., k, n] -> [.., m, n]`.
     Matmul,
     /// `x [.., k], w [n, k] (, bias [n]) -> [.., n]`.
@@ -288,6 +304,7 @@ impl ExprKind {
             ExprKind::Iota { .. } => "iota",
             ExprKind::Slice { .. } => "slice",
             ExprKind::Concat { .. } => "concat",
+            ExprKind::IndexSelect { .. } => "index_select",
             ExprKind::Matmul => "matmul",
             ExprKind::Linear => "linear",
         }
@@ -312,7 +329,10 @@ impl ExprKind {
     /// The number of tensor operands this kind takes, as a range.
     pub fn arity(&self) -> std::ops::RangeInclusive<usize> {
         match self {
-            ExprKind::Binary(_) | ExprKind::Matmul | ExprKind::Concat { .. } => 2..=2,
+            ExprKind::Binary(_)
+            | ExprKind::Matmul
+            | ExprKind::Concat { .. }
+            | ExprKind::IndexSelect { .. } => 2..=2,
             ExprKind::Where => 3..=3,
             ExprKind::Linear => 2..=3,
             ExprKind::WhereLit { a, b } => {

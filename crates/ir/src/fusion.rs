@@ -1155,6 +1155,49 @@ impl Fusion {
                 }
                 (d, out, None)
             }
+            ExprKind::IndexSelect { axis, base } => {
+                let ids = inputs[1];
+                self.check_axes(op, in0, &[*axis], rank0)?;
+                let vi = self.visible_axes(ids);
+                let id_dtype = self.tensors[ids].dtype;
+                if id_dtype != DType::I64 || vi.len() != 1 {
+                    return Err(Diagnostic::new(format!(
+                        "index_select: the ids {} must be an i64 tensor of rank 1 (one id per looked-up row)",
+                        self.desc(ids)
+                    )));
+                }
+                if let Some(b) = base {
+                    for sym in b.symbols() {
+                        if &*sym != crate::scalar::RANK && self.param(&sym).is_none() {
+                            return Err(Diagnostic::new(format!(
+                                "index_select: undefined parameter `{sym}` in the base row `{}` (a size over parameters and `rank`)",
+                                b.to_source()
+                            )));
+                        }
+                    }
+                }
+                let vis = self.visible_axes(in0);
+                if self.ids[vis[*axis]].iter_type == IterType::Broadcast {
+                    return Err(Diagnostic::new(format!(
+                        "index_select: axis {axis} of {} is a broadcast axis; select along a real axis",
+                        self.desc(in0)
+                    )));
+                }
+                let mut out = Vec::new();
+                for (k, id) in vis.iter().enumerate() {
+                    out.push(if k == *axis {
+                        self.fresh_copy(vi[0])
+                    } else {
+                        self.fresh_copy(*id)
+                    });
+                }
+                // The table's rows stay as a reduction axis: across a device split of it the
+                // per-device lookups are partial results that a sum completes.
+                let r = self.fresh_copy(vis[*axis]);
+                self.ids[r].iter_type = IterType::Reduction;
+                out.push(r);
+                (self.tensors[in0].dtype, out, None)
+            }
             ExprKind::Matmul => {
                 let d = self.same_dtype(op, inputs)?;
                 (d, self.matmul_axes(inputs[0], inputs[1])?, None)
@@ -1518,6 +1561,22 @@ impl Fusion {
         axis: usize,
     ) -> IrResult<TensorId> {
         self.add_op(name, ExprKind::Concat { axis }, &[a, b])
+    }
+
+    /// `name = index_select(table, ids, axis)`: the rows of `table` along `axis` that the
+    /// `i64` ids `[n]` name (an embedding lookup).
+    pub fn index_select(
+        &mut self,
+        name: &str,
+        table: TensorId,
+        ids: TensorId,
+        axis: usize,
+    ) -> IrResult<TensorId> {
+        self.add_op(
+            name,
+            ExprKind::IndexSelect { axis, base: None },
+            &[table, ids],
+        )
     }
 
     /// `name = matmul(a, b)`

@@ -165,6 +165,11 @@ fn expr_attrs(kind: &ExprKind) -> Option<String> {
         ExprKind::Slice { axis, start, stop } => {
             Some(format!("axis={axis}, start={start}, stop={stop}"))
         }
+        ExprKind::IndexSelect { axis, base: None } => Some(format!("axis={axis}")),
+        ExprKind::IndexSelect {
+            axis,
+            base: Some(b),
+        } => Some(format!("axis={axis}, base={b}")),
         ExprKind::Reshape { shape } => {
             let v: Vec<String> = shape.iter().map(|s| s.to_string()).collect();
             Some(format!("shape={{{}}}", v.join(", ")))

@@ -29,7 +29,8 @@ pub fn verify(f: &Fusion) -> IrResult<()> {
 /// The load-time check of `iota`, `slice` and `concat`: they index their axis globally, so no
 /// schedule may cut that axis of an operand or of the result (a device, stream or serial
 /// split, a `parallelize`, or a merge). The error is at the op and names the tensor, the axis
-/// and what to write instead.
+/// and what to write instead. An `index_select`'s table may cut the axis its ids index by
+/// one device split only (each device looks up its block of rows).
 pub fn check_indexed_axes(f: &Fusion) -> IrResult<()> {
     indexed_axes_whole(f, false)
 }
@@ -43,6 +44,10 @@ pub fn check_indexed_axes_propagated(f: &Fusion) -> IrResult<()> {
 fn indexed_axes_whole(f: &Fusion, propagated: bool) -> IrResult<()> {
     for e in f.exprs() {
         let expr = f.expr(*e);
+        if let ExprKind::IndexSelect { axis, .. } = &expr.kind {
+            lookup_rows_split_by_devices_only(f, expr, *axis, propagated)?;
+            continue;
+        }
         let (ExprKind::Iota { axis } | ExprKind::Slice { axis, .. } | ExprKind::Concat { axis }) =
             &expr.kind
         else {
@@ -72,6 +77,83 @@ fn indexed_axes_whole(f: &Fusion, propagated: bool) -> IrResult<()> {
         }
     }
     Ok(())
+}
+
+/// An `index_select`'s table may split the axis its ids index across devices, one outer
+/// split straight into a device axis (`outer_split(a, d) -> DIDx`): each device looks up the
+/// ids in its block of rows and the partial results are added across the devices. Any other
+/// cut of that axis (stream or serial chunks, a split inside a split, a merge) would leave
+/// partial lookups that nothing adds up, and is refused at the op.
+fn lookup_rows_split_by_devices_only(
+    f: &Fusion,
+    expr: &crate::expr::Expr,
+    axis: usize,
+    propagated: bool,
+) -> IrResult<()> {
+    let Some(&table) = expr.inputs.first() else {
+        return Ok(());
+    };
+    let tv = f.tensor(table);
+    let Some(l) = f.visible_axes(table).get(axis).copied() else {
+        return Ok(());
+    };
+    let from_l = |id: IterDomainId| derives_from(f, id, l);
+    let cut: Vec<IterDomainId> = tv
+        .loop_domain
+        .iter()
+        .copied()
+        .filter(|i| from_l(*i))
+        .collect();
+    let whole = cut == [l] && f.id(l).parallel == ParallelType::Serial;
+    let device_split = match cut.as_slice() {
+        [o, i] => match f.id(*o).definition.map(|d| f.id_expr(d)) {
+            Some(IdExpr::Split {
+                input,
+                outer,
+                inner,
+                kind: SplitKind::Outer,
+                ..
+            }) => {
+                *input == l
+                    && outer == o
+                    && inner == i
+                    && f.id(*o).parallel.is_device()
+                    && f.id(*i).parallel == ParallelType::Serial
+            }
+            _ => false,
+        },
+        _ => false,
+    };
+    if whole || device_split {
+        return Ok(());
+    }
+    let message = if propagated {
+        format!(
+            "index_select: sharding propagation carries a stream or serial split from the schedules around it onto axis {axis} of `{}`, the rows the ids index; a lookup's rows may only be split across devices (`outer_split({axis}, d) -> DIDx`, each device looking up the ids in its block): split another axis in those schedules",
+            tv.name
+        )
+    } else {
+        format!(
+            "index_select: the schedule of `{}` cuts axis {axis}, the rows the ids index, other than by one device split; a lookup's rows may only be split across devices (`outer_split({axis}, d) -> DIDx`, each device looking up the ids in its block, the partial rows added across devices), not into stream or serial chunks: split the rows across devices, or split another axis",
+            tv.name
+        )
+    };
+    Err(Diagnostic::new(message).or_at(expr.span))
+}
+
+/// Whether `id` is `target` or derives from it through splits and merges.
+fn derives_from(f: &Fusion, id: IterDomainId, target: IterDomainId) -> bool {
+    if id == target {
+        return true;
+    }
+    match f.id(id).definition {
+        Some(e) => f
+            .id_expr(e)
+            .inputs()
+            .iter()
+            .any(|i| derives_from(f, *i, target)),
+        None => false,
+    }
 }
 
 fn name(f: &Fusion, t: TensorId) -> &str {
@@ -213,6 +295,14 @@ fn check_expr(f: &Fusion, e: crate::ids::ExprId) -> IrResult<()> {
                 )));
             }
         }
+        ExprKind::IndexSelect { .. } => {
+            if in_dtypes[1] != DType::I64 || out_tv.dtype != in_dtypes[0] {
+                return Err(Diagnostic::new(format!(
+                    "index_select `{}` needs i64 ids and the table's dtype ({}), got ids of {} and a result of {}",
+                    out_tv.name, in_dtypes[0], in_dtypes[1], out_tv.dtype
+                )));
+            }
+        }
         ExprKind::Matmul | ExprKind::Linear | ExprKind::Concat { .. } => {
             if in_dtypes.iter().any(|d| *d != in_dtypes[0]) || out_tv.dtype != in_dtypes[0] {
                 return Err(Diagnostic::new(format!(
@@ -278,10 +368,10 @@ fn check_expr(f: &Fusion, e: crate::ids::ExprId) -> IrResult<()> {
                 )));
             }
         }
-        ExprKind::Matmul | ExprKind::Linear => {
+        ExprKind::Matmul | ExprKind::Linear | ExprKind::IndexSelect { .. } => {
             if reductions != [out_tv.root_domain().len() - 1] {
                 return Err(Diagnostic::new(format!(
-                    "{op}: output `{}` must end in exactly one reduction axis (the contraction)",
+                    "{op}: output `{}` must end in exactly one reduction axis (the contraction, or the table's rows)",
                     out_tv.name
                 )));
             }

@@ -69,8 +69,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use weave_host_ir::access::Access as StmtAccess;
 use weave_host_ir::{
-    ChunkOf, HostProgram, HostScalar, HostTensorId, P2PDirection, ScalarId, Stmt, StmtId, Stream,
+    ChunkOf, HostProgram, HostScalar, HostTensorId, ScalarId, Stmt, StmtId, Stream,
 };
 use weave_ir::{Scalar, ScalarOp};
 
@@ -225,7 +226,7 @@ impl Analysis {
 
         for site in 0..a.sites.len() {
             let s = a.sites[site].stmt();
-            for (tensor, access) in accesses(&p.stmts[s], &comm_buffers) {
+            for (tensor, access) in uses(&p.stmts[s], &comm_buffers) {
                 let root = a.root(tensor);
                 a.events.entry(root).or_default().push(Event {
                     site,
@@ -252,28 +253,31 @@ impl Analysis {
             self.sites.push(Site {
                 chain: chain.clone(),
             });
+            let fx = p.stmts[s].effects();
+            if let Some(t) = fx.allocates() {
+                let site = self.sites.len() - 1;
+                self.allocs.entry(t).or_default().push(site);
+            }
+            if let Some(t) = fx.frees() {
+                self.deallocated.insert(t);
+            }
+            if let (Some(view), Some(of)) = (fx.view, fx.viewed()) {
+                self.parent.insert(view, of);
+            }
+            // The buffers a `Wait` on this statement uses: those of its contents.
+            let contents = || fx.contents().into_iter().map(|(t, _)| t);
             match &p.stmts[s] {
                 Stmt::ForLoop { body, .. } => self.walk(p, body, chain, comm_buffers, groups),
-                Stmt::Allocate { tensor, .. } => {
-                    let site = self.sites.len() - 1;
-                    self.allocs.entry(*tensor).or_default().push(site);
+                Stmt::Communication(_) => {
+                    comm_buffers.insert(s, contents().collect());
                 }
-                Stmt::Deallocate { tensor } => {
-                    self.deallocated.insert(*tensor);
-                }
-                Stmt::ShardByStream { input, output, .. } => {
-                    self.parent.insert(*output, *input);
-                }
-                Stmt::Communication(c) => {
-                    comm_buffers.insert(s, vec![c.input, c.output]);
-                }
-                Stmt::P2PCommunication(c) => match groups.last_mut() {
+                Stmt::P2PCommunication(_) => match groups.last_mut() {
                     Some(group) => {
-                        group.buffers.push(c.buffer);
+                        group.buffers.extend(contents());
                         group.members.push(s);
                     }
                     None => {
-                        comm_buffers.insert(s, vec![c.buffer]);
+                        comm_buffers.insert(s, contents().collect());
                     }
                 },
                 Stmt::StartCoalescing => groups.push(Group {
@@ -290,7 +294,10 @@ impl Analysis {
                         comm_buffers.insert(s, group.buffers);
                     }
                 }
-                Stmt::GetCurrentStream { .. }
+                Stmt::Allocate { .. }
+                | Stmt::Deallocate { .. }
+                | Stmt::ShardByStream { .. }
+                | Stmt::GetCurrentStream { .. }
                 | Stmt::SetCurrentStream { .. }
                 | Stmt::Synchronize { .. }
                 | Stmt::LaunchKernel { .. }
@@ -623,55 +630,30 @@ fn same_scalar(p: &HostProgram, a: ScalarId, b: ScalarId) -> bool {
     }
 }
 
-/// The tensors a statement touches and how, in the order it touches them. `Allocate`,
-/// `Deallocate` and loops touch nothing here (the analysis records them apart).
-fn accesses(
+/// The tensors a statement uses and how, in the order it touches them: its
+/// [`Stmt::effects`], and for a `Wait` every buffer of the communication it waits for.
+/// `Allocate` and `Deallocate` are left out (the analysis records them apart).
+fn uses(
     stmt: &Stmt,
     comm_buffers: &HashMap<StmtId, Vec<HostTensorId>>,
 ) -> Vec<(HostTensorId, Access)> {
-    use Access::{Alias, Other, Read, Write};
-    match stmt {
-        Stmt::ShardByStream { input, .. } => vec![(*input, Alias)],
-        Stmt::LaunchKernel {
-            inputs, outputs, ..
-        } => inputs
-            .iter()
-            .map(|&t| (t, Read))
-            .chain(outputs.iter().map(|&t| (t, Write)))
-            .collect(),
-        Stmt::Matmul { a, b, out } => vec![(*a, Read), (*b, Read), (*out, Write)],
-        Stmt::Linear {
-            input,
-            weight,
-            bias,
-            out,
-        } => {
-            let mut v = vec![(*input, Read), (*weight, Read)];
-            v.extend(bias.map(|b| (b, Read)));
-            v.push((*out, Write));
-            v
-        }
-        Stmt::Communication(c) => vec![(c.input, Read), (c.output, Write)],
-        Stmt::P2PCommunication(c) => vec![(
-            c.buffer,
-            match c.direction {
-                P2PDirection::Send => Read,
-                P2PDirection::Recv => Write,
-            },
-        )],
-        Stmt::Wait { comm } => comm_buffers
-            .get(comm)
-            .map(|bufs| bufs.iter().map(|&t| (t, Other)).collect())
-            .unwrap_or_default(),
-        Stmt::Allocate { .. }
-        | Stmt::Deallocate { .. }
-        | Stmt::ForLoop { .. }
-        | Stmt::GetCurrentStream { .. }
-        | Stmt::SetCurrentStream { .. }
-        | Stmt::Synchronize { .. }
-        | Stmt::StartCoalescing
-        | Stmt::EndCoalescing => Vec::new(),
-    }
+    let fx = stmt.effects();
+    let waited = fx
+        .waits_for
+        .and_then(|comm| comm_buffers.get(&comm))
+        .into_iter()
+        .flatten()
+        .map(|&t| (t, Access::Other));
+    fx.accesses
+        .iter()
+        .filter_map(|&(t, access)| match access {
+            StmtAccess::Read => Some((t, Access::Read)),
+            StmtAccess::Write => Some((t, Access::Write)),
+            StmtAccess::View => Some((t, Access::Alias)),
+            StmtAccess::Allocate | StmtAccess::Free => None,
+        })
+        .chain(waited)
+        .collect()
 }
 
 /// The depth of the innermost scope holding every chain's statement: the largest `d` such

@@ -25,7 +25,8 @@
 //!    <bias>_broadcast)` with `<bias>_broadcast = broadcast(bias, [0, ..])`, so that step 2
 //!    reduces the products over devices and the bias is added once, after the Allreduce or
 //!    ReduceScatter (inside the stream loop when the output is stream-split).
-//! 2. **rfactor.** A reduction, `matmul` or `linear` whose output reduces over a device axis
+//! 2. **rfactor.** A reduction, `matmul`, `linear` or `index_select` (whose output keeps the
+//!    table's rows as a reduction axis) whose output reduces over a device axis
 //!    (`rDIDx`) and also over local axes (`linear`/`matmul` always have local work) is split
 //!    in two: `<out>_partial = op(inputs)` keeps the device axis as an iteration axis
 //!    (`ideviceIdx.x…rf`: its root reduction axis `r{k}` is outer-split by the device count
@@ -36,7 +37,11 @@
 //!    (a Reduce to a root) on the mesh of the operand whose devices split the reduced axis,
 //!    and the output then reduces the partial's device axis as a plain axis. E.g. the row-parallel `out = linear(inp, w)` with a DIDx-split
 //!    contraction becomes `out_partial = linear(inp, w)` (local) and `out = sum(out_partial)`
-//!    (Allreduce).
+//!    (Allreduce). A vocabulary-parallel lookup `y = index_select(table, ids, 0)` with the
+//!    table's rows on DIDx becomes `y_partial = index_select(table, ids, 0, base)` (each
+//!    device looks up the ids that fall in its block of rows, `base` the block's first row as
+//!    a size over `rank`; other ids give zero rows) and `y = sum(y_partial)` (Allreduce), as
+//!    Megatron's vocabulary-parallel embedding does.
 //! 3. **Resharding sets.** A remaining resharding expr that is not a communication gets, for
 //!    each operand sharded differently from its output, `x_resharded = set(x)` inserted right
 //!    before it, on the output's mesh and sharded like the output (device and stream types,
@@ -147,7 +152,10 @@ pub fn decompose_reshardings(f: &mut Fusion) -> IrResult<()> {
 fn is_reducing(kind: &ExprKind) -> bool {
     matches!(
         kind,
-        ExprKind::Reduction { .. } | ExprKind::Matmul | ExprKind::Linear
+        ExprKind::Reduction { .. }
+            | ExprKind::Matmul
+            | ExprKind::Linear
+            | ExprKind::IndexSelect { .. }
     )
 }
 
@@ -373,7 +381,10 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         });
     }
     let kind = f.expr(e).kind.clone();
-    let must = matches!(kind, ExprKind::Matmul | ExprKind::Linear);
+    let must = matches!(
+        kind,
+        ExprKind::Matmul | ExprKind::Linear | ExprKind::IndexSelect { .. }
+    );
     // A marked axis whose device count the output's mesh does not have (step 1's cross-mesh
     // mark) is taken back when nothing is rfactored.
     let off_mesh = |f: &Fusion, d: &DeviceReduction| {
@@ -425,10 +436,18 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
         )));
     }
 
-    // The partial: the same op, keeping the device axes as iteration axes.
+    // The partial: the same op, keeping the device axes as iteration axes. A lookup's
+    // partial reads its device's block of rows, which starts at the device's shard offset.
     let inputs = f.expr(e).inputs.clone();
     let name = f.fresh_name(&format!("{}_partial", out_tv.name));
-    let partial = f.add_op(&name, kind.clone(), &inputs)?;
+    let partial_kind = match &kind {
+        ExprKind::IndexSelect { axis, .. } => ExprKind::IndexSelect {
+            axis: *axis,
+            base: Some(lookup_shard_base(f, e, *axis, &devs, &desc)?),
+        },
+        other => other.clone(),
+    };
+    let partial = f.add_op(&name, partial_kind, &inputs)?;
     let pe = f.tensor(partial).definition.expect("just defined");
     f.move_expr_before(pe, e);
     f.expr_mut(pe).span = f.expr(e).span;
@@ -572,6 +591,81 @@ fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     ex.kind = ExprKind::Reduction { op, axes };
     ex.inputs = vec![partial];
     Ok(())
+}
+
+/// The first row of the block of a table that the running device holds, for the partial of
+/// `e = index_select(table, ids, axis)` whose rows are split over the devices of `devs` (one
+/// outer split, which load checks): `index * rows`, with `rows` the block's length and
+/// `index` the device's position along the split's parallel type, a size over the host
+/// programs' built-in `rank`. The mesh's devices must be consecutive ids (`devices(..)`), so
+/// that the position is arithmetic on `rank`.
+fn lookup_shard_base(
+    f: &Fusion,
+    e: ExprId,
+    axis: usize,
+    devs: &[DeviceReduction],
+    desc: &str,
+) -> IrResult<Scalar> {
+    let table = f.expr(e).inputs[0];
+    let name = &f.tensor(table).name;
+    let [d] = devs else {
+        return Err(Diagnostic::new(format!(
+            "cannot split {desc} across devices: the rows of `{name}` are split by {} device types; split them by one",
+            devs.len()
+        )));
+    };
+    let rows_axis = f.visible_axes(table)[axis];
+    let extent = f.eval(&f.id(rows_axis).extent).ok_or_else(|| {
+        Diagnostic::new(format!(
+            "cannot split {desc} across devices: axis {axis} of `{name}` has no value"
+        ))
+    })?;
+    if d.path.len() > 1 || d.factor <= 0 || extent % d.factor != 0 {
+        return Err(Diagnostic::new(format!(
+            "cannot split {desc} across devices: axis {axis} of `{name}` ({extent} rows) must be split once, into {} equal blocks",
+            d.factor
+        )));
+    }
+    let mesh = f
+        .mesh_of(table)
+        .or_else(|| f.mesh_of(f.expr(e).outputs[0]))
+        .ok_or_else(|| {
+            Diagnostic::new(format!(
+                "cannot split {desc} across devices: `{name}` has no mesh"
+            ))
+        })?;
+    if let Some(d) = scattered_mesh(name, mesh) {
+        return Err(d);
+    }
+    let first = mesh.devices().first().copied().unwrap_or(0);
+    let flat = Scalar::named(weave_ir::RANK).sub(first);
+    let shape = mesh.shape();
+    let cols = *shape.last().unwrap_or(&1) as i64;
+    // Row-major: DIDx indexes the last mesh axis, DIDy the one before it. `x % c` is written
+    // `x - x / c * c`, which the text format's tensor expressions can say.
+    let index = match (d.parallel, shape.len()) {
+        (_, 1) => flat,
+        (ParallelType::DIDx, _) => flat.clone().sub(flat.div(cols).mul(cols)),
+        _ => flat.div(cols),
+    };
+    Ok(index.mul(extent / d.factor))
+}
+
+/// The refusal of a vocabulary-parallel lookup whose table `name` is split over `mesh` when
+/// the mesh's devices are not consecutive ids: a device finds its block's first row by
+/// arithmetic on its rank, which a permuted or gapped device list does not allow.
+pub(crate) fn scattered_mesh(name: &str, mesh: &weave_ir::DeviceMesh) -> Option<Diagnostic> {
+    let devices = mesh.devices();
+    let first = devices.first().copied().unwrap_or(0);
+    devices
+        .iter()
+        .enumerate()
+        .any(|(k, v)| *v != first + k as i64)
+        .then(|| {
+            Diagnostic::new(format!(
+                "index_select: the rows of `{name}` are split across the devices of {mesh}, which are not consecutive ids; a vocabulary-parallel lookup needs a mesh of consecutive devices (`devices(d)`, or a list such as `[2, 3]`), from whose rank each device finds its block of rows"
+            ))
+        })
 }
 
 /// The axis of `within` that `id` derives from (through any split or merge input).

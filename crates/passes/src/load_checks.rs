@@ -10,18 +10,55 @@
 //!   decompose-reshardings splits in two ([`is_layout_change`]), or a change of both DIDx and
 //!   DIDy on one mesh, which it splits into one set per type.
 //!
+//! * An `index_select` whose table's rows (the axis its ids index) the user split across
+//!   devices needs a mesh of consecutive devices, from whose rank each device finds its block.
+//!
 //! A DID → Stream copy whose stream chunks and device shards neither match nor nest (through
 //! a `set` or through another op) is not refused: decompose-reshardings gathers first
 //! ([`crate::communication::is_unnested_did_to_stream`]).
 
-use weave_ir::{Diagnostic, ExprKind, Fusion};
+use weave_ir::{Diagnostic, ExprKind, Fusion, IdExpr};
 
 use crate::communication::{derive_communication, is_layout_change};
 use crate::resharding::is_resharding;
 
 /// Runs every check of the module doc; the first failure is returned with its span.
 pub fn check_user_shardings(f: &Fusion) -> Result<(), Diagnostic> {
-    check_user_communications(f)
+    check_user_communications(f)?;
+    check_lookup_meshes(f)
+}
+
+/// Checks every `index_select` whose table the user split across devices on the rows the ids
+/// index: the table's mesh must list consecutive devices, from whose rank each device finds
+/// the first row of its block
+/// ([`crate::decompose_reshardings::scattered_mesh`]). The error is at the op.
+pub fn check_lookup_meshes(f: &Fusion) -> Result<(), Diagnostic> {
+    for &e in f.exprs() {
+        let ex = f.expr(e);
+        let ExprKind::IndexSelect { axis, .. } = ex.kind else {
+            continue;
+        };
+        let Some(&table) = ex.inputs.first() else {
+            continue;
+        };
+        let Some(&rows) = f.visible_axes(table).get(axis) else {
+            continue;
+        };
+        let split = f.tensor(table).loop_domain.iter().any(|l| {
+            f.id(*l).parallel.is_device()
+                && (*l == rows
+                    || f.id(*l).definition.is_some_and(
+                        |d| matches!(f.id_expr(d), IdExpr::Split { input, .. } if *input == rows),
+                    ))
+        });
+        let Some(mesh) = f.mesh_of(table).filter(|_| split) else {
+            continue;
+        };
+        if let Some(d) = crate::decompose_reshardings::scattered_mesh(&f.tensor(table).name, mesh) {
+            return Err(d.or_at(ex.span));
+        }
+    }
+    Ok(())
 }
 
 /// Checks every `set` whose input and output both carry the user's mesh and that changes the

@@ -123,6 +123,7 @@ fn op_table() -> Vec<(&'static str, &'static str)> {
         ("iota", "iota"),
         ("slice", "slice"),
         ("concat", "concat"),
+        ("index_select", "index_select"),
     ]);
     v
 }

@@ -449,7 +449,8 @@ impl Executable {
     ///
     /// Where the program carries its definition, values stay inside the domains of the ops
     /// that read them ([`keep_in_domain`]): the divisor of an integer `div` has no zeros, the
-    /// exponent of an integer `pow` and the operand of `log` or `sqrt` no negative values.
+    /// exponent of an integer `pow` and the operand of `log` or `sqrt` no negative values, the
+    /// ids of an `index_select` lie in its table's rows. Declared draws are applied first.
     pub fn random_inputs(&self, seed: u64) -> Result<Vec<Dense>, Error> {
         self.check_memory(0)?;
         let mut inputs: Vec<Dense> = self
@@ -471,8 +472,10 @@ impl Executable {
             })
             .collect::<Result<_, _>>()?;
         if let Some(def) = &self.signature().definition {
-            keep_in_domain(def, &mut inputs);
+            // Draws map the seeded values as they were generated; the domains then move
+            // what an op cannot take (an id outside its table) and keep the rest.
             apply_draws(def, self.inputs(), &mut inputs);
+            keep_in_domain(def, &mut inputs);
         }
         Ok(inputs)
     }
@@ -858,6 +861,20 @@ impl Executable {
         let ranks = options.target.ranks();
         options.target.check()?;
         self.check_ranks(ranks)?;
+        if let Target::Cpu { ranks } = options.target {
+            // One budget for every rank of this process, reserved before the reference or
+            // any rank allocates; the reference's global outputs are held beside them.
+            let reference_outputs = if options.check {
+                self.outputs().iter().fold(0u64, |sum, t| {
+                    let bytes = weave_executor::memory::bytes_of(&t.shape, size_of::<f64>());
+                    sum.saturating_add(bytes.unwrap_or(u64::MAX))
+                })
+            } else {
+                0
+            };
+            let metered = self.config(options);
+            crate::run::reserve_host_memory(&self.program, &metered, ranks, reference_outputs)?;
+        }
         let (reference, reference_time) = if options.check {
             let t0 = Instant::now();
             (Some(self.reference(globals)?), t0.elapsed())

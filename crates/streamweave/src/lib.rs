@@ -165,7 +165,8 @@ pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fus
     Ok(fusion)
 }
 
-/// Where the fusion has an op that indexes an axis globally (`iota`, `slice`, `concat`):
+/// Where the fusion has an op that indexes an axis globally (`iota`, `slice`, `concat`, and
+/// the rows of an `index_select`, which a device split alone may cut):
 /// propagates the shardings on a copy and refuses, at the op, a split that the neighbours'
 /// schedules carry onto that axis — which the op's kernel would otherwise refuse when it
 /// runs. (Propagation errors themselves are left to the pipeline, which reports them.)
@@ -176,6 +177,7 @@ fn check_propagated_indexed_axes(fusion: &Fusion) -> Result<(), Diagnostic> {
             weave_ir::ExprKind::Iota { .. }
                 | weave_ir::ExprKind::Slice { .. }
                 | weave_ir::ExprKind::Concat { .. }
+                | weave_ir::ExprKind::IndexSelect { .. }
         )
     });
     if !indexes {

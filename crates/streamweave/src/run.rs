@@ -153,6 +153,186 @@ pub fn run_local(
     })
 }
 
+/// What the ranks of a CPU run of one process hold on the host at their peak, estimated
+/// before any of them allocates: see [`host_peak`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPeak {
+    /// The ranks of this process.
+    pub ranks: usize,
+    /// The most bytes one rank holds at once: its input shards as given (`f64` values) and,
+    /// at the peak of its program on the meter backend, its buffers (uploaded inputs and
+    /// allocations, at their dtype's size) with the `f64` values the CPU backend works on
+    /// while a kernel, matmul or linear runs
+    /// ([`weave_executor::meter::Meter::peak_with_f64_work`]).
+    pub per_rank: u64,
+    /// Bytes the run holds besides the ranks' (the reference's outputs, when it checks).
+    pub besides: u64,
+    /// The program's largest tensors, largest first, as the error names them: `input \`x\`
+    /// f32[40000000] (152.6 MiB a rank)`.
+    pub largest: Vec<String>,
+}
+
+impl HostPeak {
+    /// `per_rank` times the ranks, plus `besides` (saturating).
+    pub fn total(&self) -> u64 {
+        self.per_rank
+            .saturating_mul(self.ranks as u64)
+            .saturating_add(self.besides)
+    }
+
+    /// Checks [`HostPeak::total`] against the host memory `available` (as
+    /// [`weave_executor::memory::available_host_bytes`] gives it; `None` is not checked): the
+    /// error names the ranks, the bytes needed and available and the largest tensors.
+    pub fn check(&self, available: Option<u64>) -> Result<(), RunError> {
+        use weave_executor::memory::human;
+        let total = self.total();
+        match available {
+            Some(have) if total > have => Err(RunError::Setup(format!(
+                "the {} rank(s) of this CPU run need {total} bytes ({}) of host memory at their peak ({} bytes, {}, a rank{}), but only {have} bytes ({}) are available; nothing was allocated; the program's largest tensors: {}; run fewer ranks or smaller sizes",
+                self.ranks,
+                human(total),
+                self.per_rank,
+                human(self.per_rank),
+                if self.besides > 0 {
+                    format!(", and {} for the reference's outputs", human(self.besides))
+                } else {
+                    String::new()
+                },
+                human(have),
+                if self.largest.is_empty() {
+                    "(none named)".to_string()
+                } else {
+                    self.largest.join(", ")
+                },
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The host memory a CPU run of `program` on `ranks` ranks of this process holds at its
+/// peak ([`HostPeak`]), with `besides` bytes held apart from the ranks; `None` when the
+/// program has no signature to size its inputs by, or its run on the meter backend fails
+/// (the run itself reports why).
+///
+/// Each rank's peak comes from running its program on the meter backend (buffers are shapes,
+/// nothing is computed): rank 0 and the last rank are metered (a split's remainder falls on
+/// the last ranks, so these two hold the most) and the larger taken for every rank.
+pub fn host_peak(
+    program: &HostProgram,
+    config: &RunConfig,
+    ranks: usize,
+    besides: u64,
+) -> Option<HostPeak> {
+    use weave_executor::memory::{bytes_of, human};
+    use weave_executor::meter::MeterBackend;
+    let sig = program.signature.as_ref()?;
+    let f64_bytes = size_of::<f64>();
+    let config = RunConfig {
+        check_races: false,
+        ..config.clone()
+    };
+    let mut per_rank: u64 = 0;
+    let mut at_peak = Vec::new();
+    let mut metered: Vec<usize> = vec![0, ranks.saturating_sub(1)];
+    metered.dedup();
+    for rank in metered {
+        let mut shards: u64 = 0;
+        let inputs: Vec<Dense> = sig
+            .inputs
+            .iter()
+            .map(|t| {
+                let sizes = t.local_sizes_of(rank);
+                if t.holds(rank) {
+                    let bytes = bytes_of(&sizes, f64_bytes).unwrap_or(u64::MAX);
+                    shards = shards.saturating_add(bytes);
+                }
+                Dense {
+                    dtype: t.dtype,
+                    sizes,
+                    data: Vec::new(),
+                }
+            })
+            .collect();
+        let backend = MeterBackend::new();
+        let comm = backend.comm(rank, ranks);
+        run_rank(program, &backend, &comm, &inputs, &config).ok()?;
+        let meter = backend.meter();
+        let peak = shards.saturating_add(meter.peak_bytes.max(meter.peak_with_f64_work));
+        if peak > per_rank || at_peak.is_empty() {
+            per_rank = per_rank.max(peak);
+            at_peak = meter.peak_buffers;
+        }
+    }
+    // The signature's tensors by their bytes on a rank, then the buffers live at the peak
+    // that none of them names.
+    let mut named: Vec<(u64, String)> = Vec::new();
+    for (role, list) in [("input", &sig.inputs), ("output", &sig.outputs)] {
+        for t in list.iter() {
+            let local = t.local_sizes_of(0);
+            let bytes =
+                bytes_of(&local, weave_executor::dense::elem_bytes(t.dtype)).unwrap_or(u64::MAX);
+            named.push((
+                bytes,
+                format!(
+                    "{role} `{}` {}{:?} ({} a rank)",
+                    t.name,
+                    t.dtype,
+                    t.shape,
+                    human(bytes)
+                ),
+            ));
+        }
+    }
+    for (dtype, sizes) in at_peak {
+        let bytes = bytes_of(&sizes, weave_executor::dense::elem_bytes(dtype)).unwrap_or(u64::MAX);
+        let is_named = sig
+            .inputs
+            .iter()
+            .chain(&sig.outputs)
+            .any(|t| t.dtype == dtype && t.local_sizes_of(0) == sizes);
+        if !is_named {
+            named.push((
+                bytes,
+                format!("a buffer {dtype}{sizes:?} ({} a rank)", human(bytes)),
+            ));
+        }
+    }
+    named.sort_by_key(|n| std::cmp::Reverse(n.0));
+    Some(HostPeak {
+        ranks,
+        per_rank,
+        besides,
+        largest: named
+            .into_iter()
+            .take(weave_executor::meter::PEAK_BUFFERS)
+            .map(|(_, s)| s)
+            .collect(),
+    })
+}
+
+/// Reserves, once and before any rank of a CPU run allocates, the host memory its `ranks`
+/// ranks hold together at their peak ([`host_peak`]) plus `besides`: when that is at least
+/// [`weave_executor::memory::CHECK_ABOVE_BYTES`] it is checked against the memory available
+/// now, so that the ranks of one process share one budget instead of each passing its own
+/// check and failing later, half-way. Each large allocation is still checked as it is made
+/// ([`weave_executor::memory::allocate_host`]): a second line for what the estimate misses.
+pub fn reserve_host_memory(
+    program: &HostProgram,
+    config: &RunConfig,
+    ranks: usize,
+    besides: u64,
+) -> Result<(), RunError> {
+    use weave_executor::memory;
+    let Some(peak) = host_peak(program, config, ranks, besides) else {
+        return Ok(());
+    };
+    if peak.total() < memory::CHECK_ABOVE_BYTES {
+        return Ok(());
+    }
+    peak.check(memory::available_host_bytes())
+}
+
 /// Checks every rank's inputs against the program (count, dtype, sizes).
 pub(crate) fn check_all_inputs(
     program: &HostProgram,
@@ -214,5 +394,59 @@ mod tests {
         );
         assert_eq!(report(vec![rank(&[]), rank(&[])]).timed(), None);
         assert_eq!(report(vec![rank(&[1, 2]), rank(&[1])]).timed(), None);
+    }
+}
+
+#[cfg(test)]
+mod peak_tests {
+    use super::*;
+
+    /// A replicated f32[1000] chain `z = neg(exp(x))` (one kernel) on 2 ranks: each rank
+    /// holds its shard of `x` as given (1000 f64 values: 8000 bytes), the uploaded `x` and the
+    /// allocated `z` (f32: 4000 bytes each) and, while the kernel runs, `x` read as f64 and
+    /// one f64 value of the output's size for each of its 2 expressions (3 x 8000 bytes):
+    /// 40 000 bytes a rank.
+    #[test]
+    fn the_peak_of_a_program_with_known_sizes() {
+        let exe = crate::Compiler::new()
+            .compile_source(
+                "chain.weave",
+                "fusion chain(n = 1000, d = 2) {\n  mesh m = devices(d)\n  tensor x: f32[n] on m\n  y = exp(x)\n  z = neg(y)\n  output z\n}\n",
+            )
+            .unwrap();
+        let config = exe.config(&RunOptions::default());
+        let peak = host_peak(exe.program(), &config, 2, 8000).unwrap();
+        assert_eq!(peak.per_rank, 8000 + 4000 + 4000 + 3 * 8000);
+        assert_eq!(peak.total(), 2 * 40_000 + 8000);
+        assert_eq!(
+            peak.largest,
+            [
+                "input `x` f32[1000] (3.9 KiB a rank)",
+                "output `z` f32[1000] (3.9 KiB a rank)"
+            ]
+        );
+        assert!(peak.check(Some(88_000)).is_ok());
+        assert!(peak.check(None).is_ok());
+        let e = peak.check(Some(87_999)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("the 2 rank(s) of this CPU run need 88000 bytes (85.9 KiB) of host memory at their peak (40000 bytes, 39.1 KiB, a rank, and 7.8 KiB for the reference's outputs), but only 87999 bytes (85.9 KiB) are available; nothing was allocated; the program's largest tensors: input `x` f32[1000]"),
+            "{e}"
+        );
+    }
+
+    /// A rank whose sizes are split holds its own shard: 4 ranks of f32[4000] split on its
+    /// one axis hold 1000 elements each.
+    #[test]
+    fn a_split_input_counts_each_ranks_shard() {
+        let exe = crate::Compiler::new()
+            .compile_source(
+                "split.weave",
+                "fusion split(n = 4000, d = 4) {\n  mesh m = devices(d)\n  tensor x: f32[n] on m\n  y = neg(x)\n  output y\n  schedule x { outer_split(0, d) -> DIDx }\n}\n",
+            )
+            .unwrap();
+        let config = exe.config(&RunOptions::default());
+        let peak = host_peak(exe.program(), &config, 4, 0).unwrap();
+        // 1000 f64 values given, `x` and `y` as f32 buffers, the kernel's `x` and one value.
+        assert_eq!(peak.per_rank, 8000 + 4000 + 4000 + 2 * 8000);
     }
 }

@@ -20,6 +20,9 @@
 //!   maps to nothing where the other operand stretches it;
 //! * `linear`: x `[.., k]` → out `[.., n, rk]`: leading ↔ leading, `k` ↔ `rk`; w `[n, k]`:
 //!   `n` ↔ `n`, `k` ↔ `rk`; bias `[n]`: `n` ↔ `n`.
+//! * `index_select(table, ids, a)`: table `[.., v, ..]` → out `[.., n, .., rv]`: the other
+//!   table axes ↔ the same positions, `v` (axis `a`) ↔ the trailing `rv`; ids `[n]`: `n` ↔
+//!   output axis `a`.
 //!
 //! A broadcast producer axis is never mapped to a non-broadcast consumer axis: the consumer
 //! axis has a real extent the broadcast does not index.
@@ -129,6 +132,20 @@ fn operand_pairs(kind: &ExprKind, pos: usize, prank: usize, crank: usize) -> Vec
                 v.push((prank - 1, n));
             }
             v
+        }
+        ExprKind::IndexSelect { axis, .. } => {
+            // out = [table axes with `axis` replaced by the ids' axis.., rv]: crank =
+            // rank(table) + 1; the table's indexed axis maps to the trailing reduction axis.
+            if crank < 2 {
+                return Vec::new();
+            }
+            match pos {
+                0 => (0..prank)
+                    .map(|p| if p == *axis { (p, crank - 1) } else { (p, p) })
+                    .collect(),
+                _ if prank == 1 => vec![(0, *axis)],
+                _ => Vec::new(),
+            }
         }
         ExprKind::Linear => {
             // out = [leading.., n, rk]: crank = rank(x) + 1.

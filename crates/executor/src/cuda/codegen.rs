@@ -174,6 +174,19 @@ impl Node {
                 Box::new(x.map_loads(f)?),
                 Box::new(y.map_loads(f)?),
             ),
+            Node::Gather {
+                table,
+                row_stride,
+                rows,
+                base,
+                ids,
+            } => Node::Gather {
+                table: f(table)?,
+                row_stride: *row_stride,
+                rows: *rows,
+                base: *base,
+                ids: Box::new(ids.map_loads(f)?),
+            },
         })
     }
 
@@ -199,6 +212,10 @@ impl Node {
                 c.dtypes(out);
                 x.dtypes(out);
                 y.dtypes(out)
+            }
+            Node::Gather { table, ids, .. } => {
+                out.push(table.dtype);
+                ids.dtypes(out)
             }
         }
     }
@@ -312,6 +329,10 @@ impl Node {
                 x.loads(out);
                 y.loads(out)
             }
+            Node::Gather { table, ids, .. } => {
+                out.push(table);
+                ids.loads(out)
+            }
         }
     }
 
@@ -323,6 +344,7 @@ impl Node {
             Node::Cast(_, x) | Node::Unary(_, x) => x.has_row(),
             Node::Binary(_, x, y) => x.has_row() || y.has_row(),
             Node::Where(c, x, y) => c.has_row() || x.has_row() || y.has_row(),
+            Node::Gather { ids, .. } => ids.has_row(),
         }
     }
 }
@@ -799,6 +821,81 @@ impl<'f> Gen<'f> {
                     dtype,
                     sizes,
                     node: Node::Load(t),
+                }
+            }
+            ExprKind::IndexSelect { axis, base } => {
+                let ids = ins
+                    .get(1)
+                    .cloned()
+                    .ok_or("index_select takes a table and ids")?;
+                let a = *axis;
+                if a >= x.sizes.len() || ids.sizes.len() != 1 {
+                    return Err(format!(
+                        "index_select along axis {a} of sizes {:?} by ids of sizes {:?}",
+                        x.sizes, ids.sizes
+                    ));
+                }
+                let first = match base {
+                    None => {
+                        self.whole_axis(kind, in_ids[0], a, &x.sizes)?;
+                        0
+                    }
+                    Some(b) => self.fusion.eval(b).ok_or_else(|| {
+                        format!(
+                            "index_select: the first row `{}` of this device's block has no value (a vocabulary-parallel lookup's partial runs on a device, which gives `rank` its value)",
+                            b.to_source()
+                        )
+                    })?,
+                };
+                if x.node.has_row() || ids.node.has_row() {
+                    return Err(NOT_ROWS.into());
+                }
+                let mut sizes = x.sizes.clone();
+                sizes[a] = ids.sizes[0];
+                // The table as a view of a buffer (a temporary when it is computed).
+                let table = match &x.node {
+                    Node::Load(v) => v.clone(),
+                    _ => match self.materialize(&x)?.node {
+                        Node::Load(v) => v,
+                        _ => return Err("a temporary is a load".into()),
+                    },
+                };
+                let (rows, row_stride) = (table.sizes[a], table.strides[a]);
+                let mut strides = table.strides.clone();
+                strides[a] = 0;
+                let table = View {
+                    sizes: sizes.clone(),
+                    strides,
+                    ..table
+                };
+                // The ids along the result's axis `a`, constant along the others.
+                let along = |v: &View| {
+                    let mut strides = vec![0isize; sizes.len()];
+                    strides[a] = *v.strides.first()?;
+                    Some(View {
+                        sizes: sizes.clone(),
+                        strides,
+                        ..v.clone()
+                    })
+                };
+                let ids = match ids.node.map_loads(&along) {
+                    Some(n) => n,
+                    None => self
+                        .materialize(&ids)?
+                        .node
+                        .map_loads(&along)
+                        .ok_or("the ids do not index the result")?,
+                };
+                Lazy {
+                    dtype: x.dtype,
+                    sizes,
+                    node: Node::Gather {
+                        table,
+                        row_stride,
+                        rows,
+                        base: first,
+                        ids: Box::new(ids),
+                    },
                 }
             }
             ExprKind::Matmul | ExprKind::Linear => {
@@ -1774,6 +1871,37 @@ mod tests {
         assert!(src.contains("acc = __int_as_float(0x7f800000);"), "{src}");
         assert!(src.matches("WeaveSum()").count() >= 2, "{src}");
         assert!(src.contains("(512.0f)"), "{src}");
+    }
+
+    #[test]
+    fn index_select_gathers_rows_and_reads_zero_outside_its_block() {
+        // The whole table: ids in 0..t read their row; any other id reads zero (never out
+        // of bounds): the load is guarded by the row's range.
+        let p = plan_of(
+            "tensor table: bf16[t, h]\n tensor ids: i64[h]\n e = index_select(table, ids, 0)\n \
+             y = cast(e, f32)\n output y",
+            16,
+            8,
+        );
+        assert_eq!(p.launches.len(), 1, "{:#?}", p.launches);
+        let src = &p.launches[0].source;
+        assert!(src.contains("- 0LL;"), "{src}");
+        assert!(
+            src.contains(">= 0LL &&") && src.contains("< 16LL)"),
+            "{src}"
+        );
+        assert!(src.contains("* 8LL] : (unsigned short)0)"), "{src}");
+        // A device's block of a vocabulary-split table (rows 8..16 of 16 here): the row is
+        // the id less the block's first row; a lookup along axis 1 strides by one element.
+        let p = plan_of(
+            "tensor table: f32[t, h]\n tensor ids: i64[t]\n e = index_select(table, ids, 0, 8)\n \
+             c = index_select(table, ids, 1)\n output e, c",
+            8,
+            8,
+        );
+        let all: String = p.launches.iter().map(|l| l.source.as_str()).collect();
+        assert!(all.contains("- 8LL;"), "{all}");
+        assert!(all.contains("* 1LL] : (float)0)"), "{all}");
     }
 
     #[test]

@@ -551,6 +551,28 @@ impl Emitter {
                 let b = self.expr(y);
                 format!("({cv} != ({ct})0 ? {a} : {b})")
             }
+            Node::Gather {
+                table,
+                row_stride,
+                rows,
+                base,
+                ids,
+            } => {
+                let id = self.expr(ids);
+                let k = self.arg(table.buf, table.dtype, false);
+                let ty = c_type(table.dtype);
+                let row = self.fresh("g");
+                self.lines.push(format!(
+                    "const long long {row} = (long long)({id}) - {base}LL;"
+                ));
+                let off = self.offset(table, false);
+                // A row outside the operand's block (another device's, or no row at all)
+                // reads zero: the load is never issued.
+                let raw = format!(
+                    "(({row} >= 0LL && {row} < {rows}LL) ? ((const {ty}*)p{k})[(long long)({off}) + {row} * {row_stride}LL] : ({ty})0)"
+                );
+                self.to_ct(table.dtype, &raw)
+            }
         };
         let name = self.fresh("v");
         self.lines.push(format!("{ct} {name} = {rhs};"));

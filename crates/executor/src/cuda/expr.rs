@@ -54,4 +54,20 @@ pub enum Node {
     /// the axis and its offset the first index, so views (permute, broadcast, slice) move it
     /// as they move loads; nothing is read.
     Index(View),
+    /// `index_select`: the table's element at the index with the indexed axis's index
+    /// replaced by the row the ids name. `table` is a view over the result's index space
+    /// whose indexed axis has stride 0; the row `ids - base` is added as `row * row_stride`
+    /// (in 64 bits), and a row outside `0..rows` reads zero, never out of bounds.
+    Gather {
+        /// The table, over the result's index space.
+        table: View,
+        /// The element stride of one row.
+        row_stride: isize,
+        /// The rows the kernel's operand holds.
+        rows: usize,
+        /// The global row of the operand's first row (a device's block of a split table).
+        base: i64,
+        /// The ids, over the result's index space.
+        ids: Box<Node>,
+    },
 }

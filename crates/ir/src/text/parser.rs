@@ -173,6 +173,14 @@ fn op_sig(name: &str) -> Option<Sig> {
             1,
         ),
         "concat" => tensors(ExprKind::Concat { axis: 0 }, 2, 2),
+        "index_select" => tensors(
+            ExprKind::IndexSelect {
+                axis: 0,
+                base: None,
+            },
+            2,
+            2,
+        ),
         // A sum and a division by the number of elements it adds (see `Parser::build`).
         "mean" => Sig::Axes(AxisOp::Reduce(ReduceOp::Sum)),
         // The mean, then the mean of the squared deviations (see `Fusion::var_ops`).
@@ -208,6 +216,7 @@ pub(crate) fn op_names() -> Vec<&'static str> {
         "iota",
         "slice",
         "concat",
+        "index_select",
     ]);
     v
 }
@@ -1075,7 +1084,7 @@ impl Parser {
                     .map(Built::Tensor)
             }
             VExpr::Call(op, op_span, args)
-                if matches!(op.as_str(), "iota" | "slice" | "concat") =>
+                if matches!(op.as_str(), "iota" | "slice" | "concat" | "index_select") =>
             {
                 let (kind, inputs) = self.indexed_op(op, *op_span, args, stmt)?;
                 self.emit(kind, &inputs, stmt, out, *op_span)
@@ -1163,9 +1172,11 @@ impl Parser {
         }
     }
 
-    /// `iota(a, axis)`, `slice(a, axis, start, stop)` and `concat(a, b, axis)`: tensor
-    /// operands (any tensor expression), an axis number, and sizes (integers, parameters and
-    /// `+ - * /` on them).
+    /// `iota(a, axis)`, `slice(a, axis, start, stop)`, `concat(a, b, axis)` and
+    /// `index_select(table, ids, axis [, base])`: tensor operands (any tensor expression), an
+    /// axis number, and sizes (integers, parameters and `+ - * /` on them; an index_select's
+    /// base row, which only a vocabulary-parallel lookup's partial carries, may also use
+    /// the built-in `rank`).
     fn indexed_op(
         &mut self,
         op: &str,
@@ -1179,13 +1190,19 @@ impl Parser {
                 "`slice` takes a tensor, an axis, a start and a stop, e.g. `slice(w, 0, h, 2 * h)`",
                 1,
             ),
+            "index_select" => (
+                "`index_select` takes a table, i64 ids and the table's axis they index, e.g. `index_select(table, ids, 0)`",
+                2,
+            ),
             _ => (
                 "`concat` takes two tensors and an axis, e.g. `concat(a, b, 0)`",
                 2,
             ),
         };
         let want = if op == "slice" { 4 } else { tensors + 1 };
-        if args.len() != want {
+        // A lookup's per-device partial prints its base row as a fourth argument.
+        let fits = args.len() == want || (op == "index_select" && args.len() == want + 1);
+        if !fits {
             return Err(Diagnostic::at(
                 op_span,
                 format!("{usage}; got {} arguments", args.len()),
@@ -1217,6 +1234,13 @@ impl Parser {
         let kind = match op {
             "iota" => ExprKind::Iota { axis },
             "concat" => ExprKind::Concat { axis },
+            "index_select" => ExprKind::IndexSelect {
+                axis,
+                base: match args.get(3) {
+                    Some(b) => Some(self.size_arg(op, b)?),
+                    None => None,
+                },
+            },
             _ => ExprKind::Slice {
                 axis,
                 start: self.size_arg(op, &args[2])?,
@@ -1241,6 +1265,9 @@ impl Parser {
                     ));
                 }
                 Scalar::c(*v as i64)
+            }
+            VExpr::Name(n, _) if op == "index_select" && n == crate::scalar::RANK => {
+                Scalar::named(n)
             }
             VExpr::Name(n, s) => {
                 if self.fusion.param(n).is_none() {

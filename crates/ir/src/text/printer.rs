@@ -127,6 +127,10 @@ fn op_call(f: &Fusion, expr: &Expr) -> String {
             args.push(scalar_source(start));
             args.push(scalar_source(stop));
         }
+        ExprKind::IndexSelect { axis, base } => {
+            args.push(axis.to_string());
+            args.extend(base.as_ref().map(scalar_source));
+        }
         ExprKind::Reshape { shape } => {
             let s: Vec<String> = shape.iter().map(scalar_source).collect();
             args.push(format!("[{}]", s.join(", ")));

@@ -247,7 +247,7 @@ fn error_unknown_op() {
         "4:7: unknown op `addd` (expected one of: set, segment_set, cast, neg, abs, exp, log, sin, cos, tanh, \
 sqrt, rsqrt, reciprocal, relu, sigmoid, not, erf, gelu, gelu_tanh, add, sub, mul, div, maximum, \
 minimum, pow, eq, ne, lt, le, gt, ge, and, or, where, sum, max, min, mean, var, broadcast, squeeze, \
-permute, reshape, matmul, linear, iota, slice, concat)"
+permute, reshape, matmul, linear, iota, slice, concat, index_select)"
     );
 }
 
