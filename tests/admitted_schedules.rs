@@ -296,3 +296,128 @@ fn stream_chunks_of_a_device_shard_are_refused_at_load_and_the_other_order_runs(
         assert_matches_reference(&fixed, &[("d", d), ("s", s)], d as usize);
     }
 }
+
+// (g) A Stream split of an axis that a `reshape` merges or splits, on the reshape's input, its
+// output, or a tensor beyond it: lowering cut stream chunks axis by axis and refused late,
+// without a location (`pass lower-to-host: `x` cannot be sliced into this stream loop's
+// chunks`). Load refuses it at the schedule step; a Stream split of an axis the reshape keeps
+// runs.
+
+/// `x: [t, h]` merged into `y: [t * h]` by a reshape, `z = relu(y)`, with `steps` on `tensor`.
+fn reshape_merge(tensor: &str, steps: &str) -> String {
+    format!(
+        "fusion merged(t = 4, h = 6, s = 2) {{
+  mesh m = devices(1)
+  tensor x: f32[t, h] on m
+  y = reshape(x, [t * h])
+  z = relu(y)
+  output z
+  schedule {tensor} {{ {steps} }}
+}}
+"
+    )
+}
+
+#[test]
+fn a_stream_split_of_an_axis_a_reshape_merges_is_refused_at_load_with_its_location() {
+    let tail = "; stream chunks are not carried through a reshape of their axis";
+    // On the merged axis, on the reshape's output and on its consumer.
+    for t in ["y", "z"] {
+        assert_eq!(
+            load_error(&reshape_merge(t, "outer_split(0, s) -> Stream"), &[]),
+            format!(
+                "schedule of `{t}`: outer_split(0, s) -> Stream: the Stream split cuts axis 0 of \
+                 `{t}` (`t * h`), which `y = reshape(x, [t * h])` makes by merging `t` and `h`{tail} \
+                 (`x` would have no axis to cut into the same chunks): stream-split an axis that \
+                 the reshape leaves as it is, or leave this one unsplit
+ --> test.weave:7:16
+  |
+7 |   schedule {t} {{ outer_split(0, s) -> Stream }}
+  |                ^"
+            )
+        );
+    }
+    // On the input's outer axis, which the reshape merges with `h` (also through
+    // `parallelize`: the error is at the step that makes the Stream axis).
+    assert_eq!(
+        load_error(&reshape_merge("x", "outer_split(0, s) -> Stream"), &[]),
+        format!(
+            "schedule of `x`: outer_split(0, s) -> Stream: the Stream split cuts axis 0 of `x` \
+             (`t`), which `y = reshape(x, [t * h])` merges with `h` into `t * h`{tail} (`y` \
+             would have no axis to cut into the same chunks): stream-split an axis that the \
+             reshape leaves as it is, or leave this one unsplit
+ --> test.weave:7:16
+  |
+7 |   schedule x {{ outer_split(0, s) -> Stream }}
+  |                ^"
+        )
+    );
+    let e = load_error(
+        &reshape_merge("x", "outer_split(0, s); parallelize(0, Stream)"),
+        &[],
+    );
+    assert!(
+        e.starts_with("schedule of `x`: parallelize(0, Stream): the Stream split cuts axis 0"),
+        "{e}"
+    );
+    assert!(e.contains("--> test.weave:7:35"), "{e}");
+    // A reshape that splits an axis: a Stream split of the axis it splits, and of one it makes.
+    let split = |t: &str| {
+        format!(
+            "fusion split(t = 4, h = 6, s = 2) {{
+  mesh m = devices(1)
+  tensor x: f32[t * h] on m
+  y = reshape(x, [t, h])
+  output y
+  schedule {t} {{ outer_split(0, s) -> Stream }}
+}}
+"
+        )
+    };
+    let e = load_error(&split("x"), &[]);
+    assert!(
+        e.starts_with(
+            "schedule of `x`: outer_split(0, s) -> Stream: the Stream split cuts axis 0 of `x` \
+             (`t * h`), which `y = reshape(x, [t, h])` splits into `t` and `h`"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("--> test.weave:6:16"), "{e}");
+    let e = load_error(&split("y"), &[]);
+    assert!(
+        e.starts_with(
+            "schedule of `y`: outer_split(0, s) -> Stream: the Stream split cuts axis 0 of `y` \
+             (`t`), which `y = reshape(x, [t, h])` makes by splitting `t * h`"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_stream_split_of_an_axis_a_reshape_keeps_runs() {
+    // `x: [b, t, h]` → `[b, t * h]`: the batch axis is left as it is, so its stream chunks cut
+    // both sides, on the input or on the consumer, with the rows on DIDx inside each chunk.
+    for (tensor, steps) in [
+        ("x", "outer_split(0, s) -> Stream"),
+        ("z", "outer_split(0, s) -> Stream"),
+        (
+            "z",
+            "mesh = m; outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx",
+        ),
+    ] {
+        let source = format!(
+            "fusion kept(b = 8, t = 2, h = 3, s = 2, d = 2) {{
+  mesh m = devices(d)
+  tensor x: f32[b, t, h] on m
+  y = reshape(x, [b, t * h])
+  z = relu(y)
+  output z
+  schedule {tensor} {{ {steps} }}
+}}
+"
+        );
+        for d in [1, 2] {
+            assert_matches_reference(&source, &[("d", d)], d as usize);
+        }
+    }
+}

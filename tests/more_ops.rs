@@ -1,6 +1,6 @@
 //! The ops of issue 28 after `mean`: the `min` reduction and `var` (two-pass population
-//! variance), run on the CPU backend on 1, 2 and 4 ranks against the f64 reference, over
-//! device-split axes too.
+//! variance, and with a correction: `var(x, [1], 1)`), run on the CPU backend on 1, 2 and 4
+//! ranks against the f64 reference, over device-split axes too.
 
 mod common;
 
@@ -249,4 +249,205 @@ fn shape_errors_of_the_indexed_ops_point_at_the_op() {
             "{line}: {e}"
         );
     }
+}
+
+/// The example of docs/fusion-format.md, §Variance, as written there.
+fn sample_variance_example() -> String {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fusion-format.md"),
+    )
+    .unwrap();
+    let start = doc
+        .find("fusion sample_variance(")
+        .expect("the example is in the doc");
+    let end = start + doc[start..].find("\n}\n").expect("the example ends") + 3;
+    doc[start..end].to_string()
+}
+
+#[test]
+fn var_with_a_correction_divides_by_n_minus_the_correction() {
+    let src = sample_variance_example();
+    // Row i: deviations `dev` times (i + 1) around 1e4 (i + 1): squared deviations add up to
+    // 28 (i + 1)^2, so the population variance is 28 (i + 1)^2 / 8 and the sample one / 7.
+    let dev = [1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.0, 0.0];
+    let x: Vec<f64> = (0..4)
+        .flat_map(|i| {
+            dev.iter()
+                .map(move |e| 1e4 * (i + 1) as f64 + e * (i + 1) as f64)
+        })
+        .collect();
+    for d in [1, 2, 4] {
+        let pop = output_of(&src, d, &x, "pop");
+        let sample = output_of(&src, d, &x, "sample");
+        for i in 0..4 {
+            let k = ((i + 1) * (i + 1)) as f64;
+            assert_eq!(pop[i], (28.0 * k / 8.0) as f32 as f64, "{d} ranks, row {i}");
+            assert_eq!(
+                sample[i],
+                (28.0 * k / 7.0) as f32 as f64,
+                "{d} ranks, row {i}"
+            );
+        }
+        let c = common::run_checked(load(&src, d), d as usize, 2, 19)
+            .unwrap_or_else(|f| panic!("{d} ranks: {}: {}", f.stage, f.detail));
+        assert_eq!(
+            c.checks.iter().filter(|k| k.comparison.ok).count(),
+            c.checks.len()
+        );
+    }
+    // Only the last division changes; the printed form loads back to the same text.
+    let f = load(&src, 2);
+    let text = weave_ir::text::print(&f);
+    assert!(text.contains("pop = div(pop_6, 8)"), "{text}");
+    assert!(text.contains("sample = div(sample_6, 7)"), "{text}");
+    assert!(text.contains("sample_2 = div(sample_1, 8)"), "{text}");
+    assert_eq!(weave_ir::text::print(&load(&text, 2)), text);
+    // The Rust builder's form prints the same ops.
+    let mut b = weave_ir::Fusion::new("sample_variance");
+    let x = b
+        .add_input(
+            "x",
+            weave_ir::DType::F32,
+            vec![weave_ir::Scalar::c(4), weave_ir::Scalar::c(8)],
+            None,
+        )
+        .unwrap();
+    let v = b.var_corrected("sample", x, &[1], 1).unwrap();
+    b.add_output(v).unwrap();
+    let built = weave_ir::text::print(&b);
+    assert!(built.contains("sample = div(sample_6, 7)"), "{built}");
+}
+
+#[test]
+fn the_cuda_kernel_of_a_corrected_variance_divides_by_n_minus_the_correction() {
+    // No GPU here: the generated CUDA source is checked as text. The kernels of one rank
+    // divide the mean by 8 and the squared deviations by 8 (population) and 7 (sample).
+    let src = sample_variance_example();
+    let exe = streamweave::Compiler::new()
+        .compile(&load(&src, 2))
+        .unwrap();
+    let kernels = exe.kernel_sources(2, 132).unwrap();
+    let all: String = kernels
+        .iter()
+        .flat_map(|k| k.plan.launches.iter().map(|l| l.source.clone()))
+        .collect();
+    // The sample variance's division, and three by 8: the two means and the population one.
+    assert!(
+        all.contains("float v3 = (7.0f);\n        float v4 = v2 / v3;"),
+        "{all}"
+    );
+    assert_eq!(all.matches("(7.0f)").count(), 1, "{all}");
+    assert_eq!(all.matches("(8.0f)").count(), 3, "{all}");
+}
+
+#[test]
+fn a_correction_that_leaves_no_positive_divisor_is_refused_at_the_op() {
+    let src = sample_variance_example().replace("var(x, [1], 1)", "var(x, [1], 8)");
+    let e = streamweave::load("sample.weave", &src, &[])
+        .expect_err("refused at load")
+        .to_string();
+    assert_eq!(
+        e,
+        "var: the correction 8 is not smaller than the 8 elements that each variance of `x` \
+         (f32[t, h]) over axes [1] reduces, so the divisor n - correction would be 0; reduce \
+         more elements, or lower the correction (0 is the population variance)
+ --> sample.weave:5:12
+  |
+5 |   sample = var(x, [1], 8)
+  |            ^"
+    );
+    // Larger than the count, over two axes (n = 32), and through `--set`: h = 1 leaves one
+    // element per row for a sample variance.
+    let e = streamweave::load(
+        "sample.weave",
+        &src.replace("var(x, [1], 8)", "var(x, [0, 1], 40)"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("var: the correction 40 is not smaller than the 32 elements"),
+        "{e}"
+    );
+    assert!(e.contains("would be -8;"), "{e}");
+    let e = streamweave::load(
+        "sample.weave",
+        &sample_variance_example(),
+        &[("h".to_string(), 1), ("d".to_string(), 1)],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("var: the correction 1 is not smaller than the 1 elements"),
+        "{e}"
+    );
+    // The correction is a non-negative integer literal, and at most the third argument.
+    for (bad, want) in [
+        ("var(x, [1], -1)", "found the literal `-1`"),
+        ("var(x, [1], 0.5)", "found the literal `0.5`"),
+        ("var(x, [1], x)", "found"),
+    ] {
+        let e = streamweave::load(
+            "sample.weave",
+            &sample_variance_example().replace("var(x, [1], 1)", bad),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("`var`: the correction must be a non-negative integer"),
+            "{bad}: {e}"
+        );
+        assert!(e.contains(want), "{bad}: {e}");
+        assert!(e.contains("--> sample.weave:5:"), "{bad}: {e}");
+    }
+    let e = streamweave::load(
+        "sample.weave",
+        &sample_variance_example().replace("var(x, [1], 1)", "var(x, [1], 1, 2)"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("`var` takes a tensor, an axis list and an optional correction"),
+        "{e}"
+    );
+    // A correction of 0 is the population variance, as written without it.
+    let same = sample_variance_example().replace("var(x, [1], 1)", "var(x, [1], 0)");
+    let text = weave_ir::text::print(&load(&same, 2));
+    assert!(text.contains("sample = div(sample_6, 8)"), "{text}");
+}
+
+/// Found by the `layer` family of tests/run_differential.rs: a column rotation by the whole
+/// width, `concat(slice(x, 1, 2, 2), slice(x, 1, 0, 2), 1)`, sliced an empty tensor, which
+/// loaded and was refused late in lower-to-host without a location (`tensor `v0_1` axis 1:
+/// extent `0` = 0 must be positive`). An empty slice is refused at load, at the op.
+#[test]
+fn an_empty_slice_is_refused_at_load_at_the_op() {
+    let src = "fusion layer(d = 1, s = 1) {
+  mesh m = devices(d)
+  tensor x: f32[1, 2] on m
+  v0 = concat(slice(x, 1, 2, 2), slice(x, 1, 0, 2), 1)
+  output v0
+}
+";
+    let e = streamweave::load("gen.weave", src, &[])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "slice: `2..2` (2..2) of axis 1 of `x` (f32[1, 2]) is empty, and a tensor's extents \
+         must be positive; slice at least one element (start < stop), or leave the op out
+ --> gen.weave:4:15
+  |
+4 |   v0 = concat(slice(x, 1, 2, 2), slice(x, 1, 0, 2), 1)
+  |               ^"
+    );
+    // A non-empty rotation of the columns runs on the reference.
+    let fixed = src.replace(
+        "slice(x, 1, 2, 2), slice(x, 1, 0, 2)",
+        "slice(x, 1, 1, 2), slice(x, 1, 0, 1)",
+    );
+    common::run_checked(load(&fixed, 1), 1, 1, 3)
+        .unwrap_or_else(|f| panic!("{}: {}", f.stage, f.detail));
 }

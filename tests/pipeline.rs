@@ -565,17 +565,23 @@ fn verifier_names_the_statement() {
 }
 
 /// A fusion input that reaches the stream axis only through a reshape cannot be cut into the
-/// loop's chunks; lowering names it instead of passing it whole.
+/// loop's chunks: load refuses the Stream split at its schedule step, naming the tensor, its
+/// axis and the reshape (lowering used to refuse it late, without a location).
 #[test]
 fn stream_input_that_cannot_be_sliced_is_refused() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/scenarios/invalid/stream_input_through_reshape.weave");
-    let f = streamweave::load_file(&path, &[]).unwrap();
-    let e = streamweave::compile(f).unwrap_err().to_string();
+    let e = streamweave::load_file(&path, &[]).unwrap_err().to_string();
     assert!(
-        e.starts_with("pass `lower-to-host`: `a` cannot be sliced into this stream loop's chunks: it reaches the stream-parallel axis only through a reshape"),
+        e.starts_with(
+            "schedule of `b`: outer_split(0, s) -> Stream: the Stream split cuts axis 0 of `b` \
+             (`x * y`), which `b = reshape(a, [x * y])` makes by merging `x` and `y`; stream \
+             chunks are not carried through a reshape of their axis (`a` would have no axis to \
+             cut into the same chunks)"
+        ),
         "{e}"
     );
+    assert!(e.contains("stream_input_through_reshape.weave:10:16"), "{e}");
 }
 
 /// An AllToAll whose cut axis is also split by the other device type is refused, naming the

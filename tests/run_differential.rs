@@ -1583,6 +1583,265 @@ impl Mesh2d {
 // The check
 // ---------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------
+// Family 12: the ops of a whole model layer (issue 28): iota, slice, concat, mean, var (with
+// and without a correction), min, erf/gelu/gelu_tanh and index_select, on replicated,
+// row-sharded, stream-chunked (evenly or not), stream-then-device and column-sharded layouts
+// ---------------------------------------------------------------------------------------
+
+/// One step of a layer program on the running value `v: [T, H]`.
+#[derive(Clone, Copy, Debug)]
+enum LayerOp {
+    /// `v + cast(iota(v, 1), f32) * 0.125`: the column index, globally.
+    Iota,
+    /// `concat(slice(v, 1, a, H), slice(v, 1, 0, a), 1)`: the columns rotated by `a`
+    /// (`1 + a % (H - 1)`: both slices non-empty).
+    Rotate(usize),
+    /// `slice(concat(v, u(v), 1), 1, a, a + H)`: a window of `v` next to `u(v)`.
+    Window(usize, Un),
+    /// `v - broadcast(mean(v, [1]), [1])`.
+    Center,
+    /// `v * rsqrt(broadcast(var(v, [1], c), [1]) + 1)`, `c` 0 or 1 (a layer norm's scale).
+    Normalize(bool),
+    /// `v + index_select(tab, ids, 0)`: an embedding of the rows' ids.
+    Lookup,
+    /// A unary op (erf, gelu, gelu_tanh among others).
+    Unary(Un),
+}
+
+/// How the layer's input is laid out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum LayerLayout {
+    Replicated,
+    RowsDid,
+    RowsStream,
+    /// A stream split of the rows, each chunk across the devices.
+    RowsStreamDid,
+    /// The columns across the devices: only ops that keep them whole where they index them
+    /// (the reductions and unary ops) are generated.
+    ColsDid,
+}
+
+/// A reduction output of the layer's value.
+#[derive(Clone, Copy, Debug)]
+enum LayerRed {
+    None,
+    Mean(usize),
+    Var(usize, bool),
+    Min(usize),
+}
+
+#[derive(Clone, Debug)]
+struct Layer {
+    d: usize,
+    s: usize,
+    streams: usize,
+    tf: usize,
+    hf: usize,
+    vf: usize,
+    ragged: usize,
+    layout: LayerLayout,
+    ops: Vec<LayerOp>,
+    red: LayerRed,
+    /// The lookup table's rows split across the devices (vocabulary-parallel).
+    table_did: bool,
+}
+
+fn layer_op() -> impl Strategy<Value = LayerOp> {
+    prop_oneof![
+        Just(LayerOp::Iota),
+        (0usize..8).prop_map(LayerOp::Rotate),
+        ((0usize..8), un()).prop_map(|(a, u)| LayerOp::Window(a, u)),
+        Just(LayerOp::Center),
+        any::<bool>().prop_map(LayerOp::Normalize),
+        Just(LayerOp::Lookup),
+        prop_oneof![Just(Un::Erf), Just(Un::Gelu), Just(Un::GeluTanh), un()]
+            .prop_map(LayerOp::Unary),
+    ]
+}
+
+fn layer() -> impl Strategy<Value = Layer> {
+    (
+        (
+            1usize..=4,
+            1usize..=4,
+            1usize..=3,
+            1usize..=3,
+            2usize..=5,
+            1usize..=3,
+            0usize..3,
+        ),
+        prop_oneof![
+            Just(LayerLayout::Replicated),
+            Just(LayerLayout::RowsDid),
+            Just(LayerLayout::RowsStream),
+            Just(LayerLayout::RowsStreamDid),
+            Just(LayerLayout::ColsDid),
+        ],
+        proptest::collection::vec(layer_op(), 1..=4),
+        prop_oneof![
+            Just(LayerRed::None),
+            (0usize..2).prop_map(LayerRed::Mean),
+            ((0usize..2), any::<bool>()).prop_map(|(a, c)| LayerRed::Var(a, c)),
+            (0usize..2).prop_map(LayerRed::Min),
+        ],
+        any::<bool>(),
+    )
+        .prop_map(
+            |((d, s, streams, tf, hf, vf, ragged), layout, ops, red, table_did)| Layer {
+                d,
+                s,
+                streams,
+                tf,
+                hf,
+                vf,
+                ragged,
+                layout,
+                ops,
+                red,
+                table_did,
+            },
+        )
+}
+
+impl Layer {
+    fn case(&self) -> Case {
+        let Layer { d, s, layout, .. } = *self;
+        let rows_d = matches!(layout, LayerLayout::RowsDid | LayerLayout::RowsStreamDid);
+        let rows_s = matches!(layout, LayerLayout::RowsStream | LayerLayout::RowsStreamDid);
+        let cols_d = layout == LayerLayout::ColsDid;
+        let t = extent(self.tf, rows_d, rows_s, self.ragged);
+        let h_val = self.hf * if cols_d { d } else { 1 };
+        let h = if cols_d {
+            extent(self.hf, true, false, 0)
+        } else {
+            h_val.to_string()
+        };
+        // The number of rows, for a correction over them.
+        let t_val = self.tf * if rows_d { d } else { 1 } * if rows_s { s } else { 1 }
+            + if rows_s && !rows_d { self.ragged } else { 0 };
+        let ops: Vec<LayerOp> = self
+            .ops
+            .iter()
+            .copied()
+            .filter(|op| {
+                !cols_d
+                    || matches!(
+                        op,
+                        LayerOp::Center
+                            | LayerOp::Normalize(_)
+                            | LayerOp::Unary(_)
+                            | LayerOp::Lookup
+                    )
+            })
+            .collect();
+        let lookup = ops.iter().any(|o| matches!(o, LayerOp::Lookup));
+        let table_did = self.table_did && d > 1 && lookup;
+        let v_rows = self.vf * if table_did { d } else { 1 };
+
+        let mut src = header("layer", d, s);
+        src.push_str(&meshes(d, 0, false));
+        writeln!(src, "  tensor x: f32[{t}, {h}] on m").unwrap();
+        if lookup {
+            let vr = if table_did {
+                extent(self.vf, true, false, 0)
+            } else {
+                v_rows.to_string()
+            };
+            writeln!(src, "  tensor tab: f32[{vr}, {h}] on m").unwrap();
+            writeln!(
+                src,
+                "  tensor ids: i64[{t}] on m drawn uniform(0, {v_rows})"
+            )
+            .unwrap();
+        }
+        let mut cur = "x".to_string();
+        for (k, op) in ops.iter().enumerate() {
+            let name = format!("v{k}");
+            let e = match *op {
+                LayerOp::Iota => format!("{cur} + cast(iota({cur}, 1), f32) * 0.125"),
+                LayerOp::Rotate(a) => {
+                    // Both slices non-empty (an empty slice is refused at load).
+                    let a = 1 + a % (h_val - 1);
+                    format!("concat(slice({cur}, 1, {a}, {h_val}), slice({cur}, 1, 0, {a}), 1)")
+                }
+                LayerOp::Window(a, u) => {
+                    let a = a % (h_val + 1);
+                    format!(
+                        "slice(concat({cur}, {}({cur}), 1), 1, {a}, {})",
+                        u.name(),
+                        a + h_val
+                    )
+                }
+                LayerOp::Center => format!("{cur} - broadcast(mean({cur}, [1]), [1])"),
+                LayerOp::Normalize(c) => format!(
+                    "{cur} * rsqrt(broadcast(var({cur}, [1]{}), [1]) + 1)",
+                    if c { ", 1" } else { "" }
+                ),
+                LayerOp::Lookup => format!("{cur} + index_select(tab, ids, 0)"),
+                LayerOp::Unary(u) => format!("{}({cur})", u.name()),
+            };
+            writeln!(src, "  {name} = {e}").unwrap();
+            cur = name;
+        }
+        // A reduction over the rows is refused where they are stream-split (a Stream axis is
+        // never reduced): reduce the columns there.
+        let red = match self.red {
+            LayerRed::Mean(0) | LayerRed::Var(0, _) | LayerRed::Min(0) if rows_s => {
+                match self.red {
+                    LayerRed::Mean(_) => LayerRed::Mean(1),
+                    LayerRed::Var(_, c) => LayerRed::Var(1, c),
+                    _ => LayerRed::Min(1),
+                }
+            }
+            r => r,
+        };
+        let mut outs = vec![cur.clone()];
+        let count = |axis: usize| if axis == 0 { t_val } else { h_val };
+        let r = match red {
+            LayerRed::None => None,
+            LayerRed::Mean(a) => Some(format!("mean({cur}, [{a}])")),
+            LayerRed::Var(a, c) => Some(if c && count(a) > 1 {
+                format!("var({cur}, [{a}], 1)")
+            } else {
+                format!("var({cur}, [{a}])")
+            }),
+            LayerRed::Min(a) => Some(format!("min({cur}, [{a}])")),
+        };
+        if let Some(r) = r {
+            writeln!(src, "  r = {r}").unwrap();
+            outs.push("r".to_string());
+        }
+        if cur == "x" {
+            // No op survived the layout's filter: the layer is its reduction or a gelu.
+            writeln!(src, "  g = gelu(x)").unwrap();
+            outs[0] = "g".to_string();
+        }
+        writeln!(src, "  output {}", outs.join(", ")).unwrap();
+        let x_steps: Vec<String> = match layout {
+            LayerLayout::Replicated => vec![],
+            LayerLayout::RowsDid => vec!["outer_split(0, d) -> DIDx".to_string()],
+            LayerLayout::RowsStream => vec!["outer_split(0, s) -> Stream".to_string()],
+            LayerLayout::RowsStreamDid => vec![
+                "outer_split(0, s) -> Stream".to_string(),
+                "outer_split(1, d) -> DIDx".to_string(),
+            ],
+            LayerLayout::ColsDid => vec!["outer_split(1, d) -> DIDx".to_string()],
+        };
+        schedule(&mut src, "x", &x_steps);
+        if table_did {
+            schedule(&mut src, "tab", &["outer_split(0, d) -> DIDx".to_string()]);
+        }
+        src.push_str("}\n");
+        Case {
+            family: "layer",
+            source: src,
+            ranks: d,
+            streams: self.streams,
+        }
+    }
+}
+
 /// A family's generator of cases.
 type Cases = fn() -> BoxedStrategy<Case>;
 
@@ -1601,6 +1860,7 @@ const FAMILIES: &[(&str, Cases)] = &[
     ("multi-mesh", || multi_mesh().prop_map(|m| m.case()).boxed()),
     ("backward", || backward().prop_map(|b| b.case()).boxed()),
     ("seq-par", || seq_par().prop_map(|q| q.case()).boxed()),
+    ("layer", || layer().prop_map(|l| l.case()).boxed()),
 ];
 
 /// The cases of the family `name`.
@@ -1850,6 +2110,40 @@ fn fixed_programs_of_every_family_match_the_reference() {
             };
             cases.push(spec.case());
         }
+    }
+    // Every op of the `layer` family on every layout, on 2 ranks (4 with the table's rows
+    // split), with uneven stream chunks where the rows are only streamed.
+    let all_ops = vec![
+        LayerOp::Lookup,
+        LayerOp::Iota,
+        LayerOp::Rotate(1),
+        LayerOp::Window(3, Un::GeluTanh),
+        LayerOp::Center,
+        LayerOp::Normalize(true),
+        LayerOp::Unary(Un::Erf),
+        LayerOp::Unary(Un::Gelu),
+    ];
+    for (layout, red, d) in [
+        (LayerLayout::Replicated, LayerRed::Var(0, true), 2),
+        (LayerLayout::RowsDid, LayerRed::Mean(0), 4),
+        (LayerLayout::RowsStream, LayerRed::Var(1, true), 2),
+        (LayerLayout::RowsStreamDid, LayerRed::Min(1), 2),
+        (LayerLayout::ColsDid, LayerRed::Var(1, false), 2),
+    ] {
+        let spec = Layer {
+            d,
+            s: 3,
+            streams: 2,
+            tf: 2,
+            hf: 3,
+            vf: 2,
+            ragged: 1,
+            layout,
+            ops: all_ops.clone(),
+            red,
+            table_did: d == 4,
+        };
+        cases.push(spec.case());
     }
     let failures: Vec<String> = cases.iter().filter_map(|c| check(c).err()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -3173,6 +3467,7 @@ family_tests! {
     multi_mesh_programs_match_the_reference: "multi-mesh",
     backward_programs_match_the_reference: "backward",
     seq_par_programs_match_the_reference: "seq-par",
+    layer_programs_match_the_reference: "layer",
 }
 
 #[test]

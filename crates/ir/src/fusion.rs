@@ -1091,6 +1091,16 @@ impl Fusion {
                         n.map(|n| format!(" = {n}")).unwrap_or_default()
                     )));
                 }
+                if e == b {
+                    // A tensor's extents are positive: an empty slice has no tensor to be
+                    // (lowering refused it late, without a location).
+                    return Err(Diagnostic::new(format!(
+                        "slice: `{}..{}` ({b}..{e}) of axis {axis} of {} is empty, and a tensor's extents must be positive; slice at least one element (start < stop), or leave the op out",
+                        start.to_source(),
+                        stop.to_source(),
+                        self.desc(in0),
+                    )));
+                }
                 if self.ids[vis[*axis]].iter_type == IterType::Broadcast {
                     return Err(Diagnostic::new(format!(
                         "slice: axis {axis} of {} is a broadcast axis; slice a real axis",
@@ -1504,23 +1514,75 @@ impl Fusion {
     /// `mul` (the square), `sum`, `div`. `names` gives the seven outputs their names, the
     /// last one the variance's. Over a device-split axis both sums are added across devices.
     pub fn var_ops(&mut self, names: [&str; 7], a: TensorId, axes: &[usize]) -> IrResult<TensorId> {
+        self.var_ops_corrected(names, a, axes, 0)
+    }
+
+    /// [`Fusion::var_ops`] with Bessel's correction: the squared deviations are divided by
+    /// `n - correction` (`correction = 1`: the sample variance, PyTorch's default). An error
+    /// when `correction` is at least 1 and not smaller than the count `n` (the divisor would be
+    /// zero or negative).
+    pub fn var_ops_corrected(
+        &mut self,
+        names: [&str; 7],
+        a: TensorId,
+        axes: &[usize],
+        correction: u64,
+    ) -> IrResult<TensorId> {
         let mut axes = axes.to_vec();
         axes.sort_unstable();
         let n = self
             .reduced_count(a, &axes)
             .map_err(|d| Diagnostic::new(d.message.replacen("mean:", "var:", 1)))?;
+        let divisor = self.var_divisor(a, &axes, n, correction)?;
         let s = self.reduce(names[0], ReduceOp::Sum, a, &axes)?;
         let m = self.binary_lit(names[1], BinaryOp::Div, s, n, false)?;
         let mb = self.add_op(names[2], ExprKind::Broadcast { axes: axes.clone() }, &[m])?;
         let d = self.binary(names[3], BinaryOp::Sub, a, mb)?;
         let sq = self.binary(names[4], BinaryOp::Mul, d, d)?;
         let s2 = self.reduce(names[5], ReduceOp::Sum, sq, &axes)?;
-        self.binary_lit(names[6], BinaryOp::Div, s2, n, false)
+        self.binary_lit(names[6], BinaryOp::Div, s2, divisor, false)
+    }
+
+    /// The divisor of the squared deviations of `var(a, axes, correction)`: `n - correction`,
+    /// `n` the [`Fusion::reduced_count`]; an error when `correction` is at least 1 and not
+    /// smaller than `n` (a sample variance of one element has no defined value, and PyTorch's
+    /// division by zero or a negative count gives `inf`, `nan` or a negative variance).
+    pub fn var_divisor(
+        &self,
+        a: TensorId,
+        axes: &[usize],
+        n: f64,
+        correction: u64,
+    ) -> IrResult<f64> {
+        let c = correction as f64;
+        if correction > 0 && n <= c {
+            let list: Vec<String> = axes.iter().map(|x| x.to_string()).collect();
+            return Err(Diagnostic::new(format!(
+                "var: the correction {correction} is not smaller than the {n} elements that each variance of {} over axes [{}] reduces, so the divisor n - correction would be {}; reduce more elements, or lower the correction (0 is the population variance)",
+                self.desc(a),
+                list.join(", "),
+                n - c
+            )));
+        }
+        Ok(n - c)
     }
 
     /// `name = var(a, axes)`: the population variance (see [`Fusion::var_ops`]); the six
     /// intermediate tensors are named `name_1`, `name_2`, … (the first names no tensor has).
     pub fn var(&mut self, name: &str, a: TensorId, axes: &[usize]) -> IrResult<TensorId> {
+        self.var_corrected(name, a, axes, 0)
+    }
+
+    /// `name = var(a, axes, correction)`: the variance with the squared deviations divided by
+    /// `n - correction` (see [`Fusion::var_ops_corrected`]), intermediates named as
+    /// [`Fusion::var`] names them.
+    pub fn var_corrected(
+        &mut self,
+        name: &str,
+        a: TensorId,
+        axes: &[usize],
+        correction: u64,
+    ) -> IrResult<TensorId> {
         self.check_new_name(name)?;
         let mut names: Vec<String> = Vec::new();
         let mut i = 1;
@@ -1532,7 +1594,7 @@ impl Fusion {
             i += 1;
         }
         let [a0, a1, a2, a3, a4, a5] = [0, 1, 2, 3, 4, 5].map(|k| names[k].as_str());
-        self.var_ops([a0, a1, a2, a3, a4, a5, name], a, axes)
+        self.var_ops_corrected([a0, a1, a2, a3, a4, a5, name], a, axes, correction)
     }
 
     /// `name = iota(a, axis)`: `i64`, `a`'s shape, each element its index along `axis`.

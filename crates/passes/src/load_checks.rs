@@ -13,11 +13,21 @@
 //! * An `index_select` whose table's rows (the axis its ids index) the user split across
 //!   devices needs a mesh of consecutive devices, from whose rank each device finds its block.
 //!
+//! * A Stream split of an axis that a `reshape` merges or splits (on either side of it, on the
+//!   reshape's operands or on any tensor whose axis maps to them) is refused at the schedule
+//!   step: lowering cuts a stream loop's chunks axis by axis and cannot follow them through
+//!   a reshape of the chunked axis, so it would find a tensor with no axis to cut. A Stream
+//!   split of an axis the reshape leaves as it is runs.
+//!
 //! A DID → Stream copy whose stream chunks and device shards neither match nor nest (through
 //! a `set` or through another op) is not refused: decompose-reshardings gathers first
 //! ([`crate::communication::is_unnested_did_to_stream`]).
 
-use weave_ir::{Diagnostic, ExprKind, Fusion, IdExpr};
+use weave_ir::{
+    Diagnostic, ExprKind, Fusion, IdExpr, IterDomainId, IterType, ParallelType, ScheduleOp,
+    TensorId,
+};
+use weave_transform::id_graph::IdGraph;
 
 use crate::communication::{derive_communication, is_layout_change};
 use crate::resharding::is_resharding;
@@ -25,7 +35,162 @@ use crate::resharding::is_resharding;
 /// Runs every check of the module doc; the first failure is returned with its span.
 pub fn check_user_shardings(f: &Fusion) -> Result<(), Diagnostic> {
     check_user_communications(f)?;
-    check_lookup_meshes(f)
+    check_lookup_meshes(f)?;
+    check_streams_through_reshapes(f)
+}
+
+/// Refuses a Stream split whose axis maps (in the exact graph of the whole fusion) to an axis
+/// that a `reshape` merges or splits: an input axis it merges with another or splits, or an
+/// output axis it makes so. The error is at the schedule step that made the Stream axis and
+/// names the tensor, its axis and the reshape.
+pub fn check_streams_through_reshapes(f: &Fusion) -> Result<(), Diagnostic> {
+    let reshapes: Vec<_> = f
+        .exprs()
+        .iter()
+        .copied()
+        .filter(|e| matches!(f.expr(*e).kind, ExprKind::Reshape { .. }))
+        .collect();
+    let streamed: Vec<(TensorId, IterDomainId)> = f
+        .tensors_in_order()
+        .into_iter()
+        .filter_map(|t| {
+            let tv = f.tensor(t);
+            let s = tv.loop_domain.iter().copied().find(|l| {
+                f.id(*l).parallel == ParallelType::Stream
+                    && f.id(*l).iter_type != IterType::Reduction
+            })?;
+            Some((t, s))
+        })
+        .collect();
+    if reshapes.is_empty() || streamed.is_empty() {
+        return Ok(());
+    }
+    let graph = IdGraph::build(f);
+    for (t, s) in streamed {
+        let Some(axis) = outer_split_root(f, t, s) else {
+            continue;
+        };
+        for &e in &reshapes {
+            let ex = f.expr(e);
+            let (Some(&input), Some(&output)) = (ex.inputs.first(), ex.outputs.first()) else {
+                continue;
+            };
+            let Some(what) = reshaped(f, output, |c| graph.are_mapped(axis, c)) else {
+                continue;
+            };
+            let tv = f.tensor(t);
+            let k = f
+                .visible_axes(t)
+                .iter()
+                .position(|a| *a == axis)
+                .unwrap_or(0);
+            let step = tv.schedule.iter().find(|st| makes_stream(&st.op));
+            let step_text = step
+                .map(|st| format!(": {}", weave_transform::schedule::step_text(&st.op)))
+                .unwrap_or_default();
+            let ExprKind::Reshape { shape } = &ex.kind else {
+                continue;
+            };
+            let shape: Vec<String> = shape.iter().map(|x| x.to_source()).collect();
+            let other = if what.1 { output } else { input };
+            let d = Diagnostic::new(format!(
+                "schedule of `{}`{step_text}: the Stream split cuts axis {k} of `{}` (`{}`), which `{} = reshape({}, [{}])` {}; stream chunks are not carried through a reshape of their axis (`{}` would have no axis to cut into the same chunks): stream-split an axis that the reshape leaves as it is, or leave this one unsplit",
+                tv.name,
+                tv.name,
+                f.id(axis).extent.to_source(),
+                f.tensor(output).name,
+                f.tensor(input).name,
+                shape.join(", "),
+                what.0,
+                f.tensor(other).name,
+            ));
+            return Err(d.or_at(step.and_then(|st| st.span)).or_at(tv.span));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a schedule step makes a Stream axis.
+fn makes_stream(op: &ScheduleOp) -> bool {
+    match op {
+        ScheduleOp::OuterSplit { parallel, .. } | ScheduleOp::InnerSplit { parallel, .. } => {
+            *parallel == Some(ParallelType::Stream)
+        }
+        ScheduleOp::Parallelize { parallel, .. } => *parallel == ParallelType::Stream,
+        _ => false,
+    }
+}
+
+/// The logical axis of `t` that loop axis `id` is the outer part of (through outer outputs of
+/// splits only), if any.
+fn outer_split_root(f: &Fusion, t: TensorId, mut id: IterDomainId) -> Option<IterDomainId> {
+    let logical = &f.tensor(t).logical;
+    loop {
+        if logical.contains(&id) {
+            return Some(id);
+        }
+        match f.id(id).definition.map(|e| f.id_expr(e)) {
+            Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
+            _ => return None,
+        }
+    }
+}
+
+/// What `output = reshape(..)` does to the first of its changed axes that `hit`
+/// accepts: an input axis it merges or splits (the words, and `true`: the input side), or an
+/// output axis it makes (`false`: the output side).
+fn reshaped(
+    f: &Fusion,
+    output: TensorId,
+    hit: impl Fn(IterDomainId) -> bool,
+) -> Option<(String, bool)> {
+    let out = f.tensor(output);
+    let root = out.root.as_ref()?;
+    let src = |i: IterDomainId| format!("`{}`", f.id(i).extent.to_source());
+    let made: Vec<IterDomainId> = out
+        .logical
+        .iter()
+        .copied()
+        .filter(|l| !root.contains(l))
+        .collect();
+    for &c in root {
+        if out.logical.contains(&c) || !hit(c) {
+            continue;
+        }
+        let by = made
+            .iter()
+            .filter_map(|m| f.id(*m).definition.map(|d| f.id_expr(d)))
+            .find(|d| d.inputs().contains(&c));
+        let words = match by {
+            Some(IdExpr::Merge {
+                outer,
+                inner,
+                output,
+            }) => {
+                let with = if *outer == c { *inner } else { *outer };
+                format!("merges with {} into {}", src(with), src(*output))
+            }
+            Some(IdExpr::Split { outer, inner, .. }) => {
+                format!("splits into {} and {}", src(*outer), src(*inner))
+            }
+            None => "reshapes".to_string(),
+        };
+        return Some((words, true));
+    }
+    for m in made {
+        if !hit(m) {
+            continue;
+        }
+        let words = match f.id(m).definition.map(|d| f.id_expr(d)) {
+            Some(IdExpr::Merge { outer, inner, .. }) => {
+                format!("makes by merging {} and {}", src(*outer), src(*inner))
+            }
+            Some(IdExpr::Split { input, .. }) => format!("makes by splitting {}", src(*input)),
+            None => "makes".to_string(),
+        };
+        return Some((words, false));
+    }
+    None
 }
 
 /// Checks every `index_select` whose table the user split across devices on the rows the ids

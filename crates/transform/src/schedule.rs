@@ -508,7 +508,7 @@ pub fn apply_schedules(f: &mut Fusion) -> IrResult<()> {
 }
 
 /// The step as written in `.weave` (`outer_split(0, s) -> Stream`).
-fn step_text(op: &ScheduleOp) -> String {
+pub fn step_text(op: &ScheduleOp) -> String {
     let arrow = |p: &Option<ParallelType>| p.map(|p| format!(" -> {p}")).unwrap_or_default();
     match op {
         ScheduleOp::OuterSplit {

@@ -1115,6 +1115,39 @@ impl Parser {
                         },
                     });
                 }
+                // `var(x, axes, correction)`: an optional third argument, a non-negative
+                // integer literal (the divisor of the squared deviations is `n - correction`).
+                let mut correction = 0u64;
+                if op == "var" {
+                    if built.len() > 3 {
+                        return Err(Diagnostic::at(
+                            *op_span,
+                            format!(
+                                "`var` takes a tensor, an axis list and an optional correction, e.g. `var(a, [1])` or `var(a, [1], 1)`, got {} arguments",
+                                built.len()
+                            ),
+                        ));
+                    }
+                    if built.len() == 3 {
+                        let arg = built.pop().expect("three arguments");
+                        correction = match arg {
+                            Arg::Lit(v, _)
+                                if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 1e15 =>
+                            {
+                                v as u64
+                            }
+                            other => {
+                                return Err(Diagnostic::at(
+                                    other.span(),
+                                    format!(
+                                        "`var`: the correction must be a non-negative integer (`var(a, [1], 1)` divides by n - 1, the sample variance), found {}",
+                                        other.describe()
+                                    ),
+                                ))
+                            }
+                        };
+                    }
+                }
                 let (kind, inputs) = self.resolve(op, *op_span, sig, built)?;
                 if op == "mean" {
                     // `mean(x, axes)` is `sum(x, axes) / n`, `n` the elements each sum adds.
@@ -1134,7 +1167,7 @@ impl Parser {
                     return self.emit(div, &[s], stmt, out, *op_span).map(Built::Tensor);
                 }
                 if op == "var" {
-                    // Two passes: `m = sum(x, axes) / n`, then `sum((x - m)^2, axes) / n`.
+                    // Two passes: `m = sum(x, axes) / n`, then `sum((x - m)^2, axes) / (n - correction)`.
                     let ExprKind::Reduction { axes, .. } = &kind else {
                         unreachable!("var resolves as a sum")
                     };
@@ -1144,13 +1177,17 @@ impl Parser {
                         Diagnostic::new(d.message.replacen("mean:", "var:", 1))
                             .or_at(Some(*op_span))
                     })?;
+                    let divisor = self
+                        .fusion
+                        .var_divisor(x, &axes, n, correction)
+                        .map_err(|d| d.or_at(Some(*op_span)))?;
                     let div = ExprKind::BinaryLit {
                         op: BinaryOp::Div,
                         lit: Literal(n),
                         lit_first: false,
                     };
                     let s = self.emit(kind, &inputs, stmt, None, *op_span)?;
-                    let m = self.emit(div.clone(), &[s], stmt, None, *op_span)?;
+                    let m = self.emit(div, &[s], stmt, None, *op_span)?;
                     let b = ExprKind::Broadcast { axes: axes.clone() };
                     let mb = self.emit(b, &[m], stmt, None, *op_span)?;
                     let sub = ExprKind::Binary(BinaryOp::Sub);
@@ -1162,6 +1199,11 @@ impl Parser {
                         axes,
                     };
                     let s2 = self.emit(red, &[sq], stmt, None, *op_span)?;
+                    let div = ExprKind::BinaryLit {
+                        op: BinaryOp::Div,
+                        lit: Literal(divisor),
+                        lit_first: false,
+                    };
                     return self
                         .emit(div, &[s2], stmt, out, *op_span)
                         .map(Built::Tensor);
