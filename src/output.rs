@@ -205,6 +205,7 @@ fn remove_temporaries_on_signals() {
         .name("weave-signals".into())
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
+                streamweave::output::close_temporaries();
                 remove_temporaries();
                 let _ = signal_hook::low_level::emulate_default_handler(sig);
                 std::process::exit(128 + sig);

@@ -216,6 +216,45 @@ pub fn predict(w: &Workload, cal: &Calibration, s: usize) -> f64 {
     per_gemm + (s - 1.0) * stage + per_comm
 }
 
+/// The contention factor that makes [`predict`] fit measured times best: `measured` holds
+/// (S, seconds) of one program's runs at several chunk counts, S = 1 among them. The model's
+/// absolute scale is taken from S = 1 (the measured time over the predicted one: what the
+/// calibration's throughputs miss), and the contention is the least-squares fit of the
+/// chunked runs — [`predict`] is linear in it — clamped to `0..=MAX_CONTENTION`. `None`
+/// without S = 1 and a chunked run, or when the chunked stages cannot tell (no
+/// communication).
+pub fn fit_contention(w: &Workload, cal: &Calibration, measured: &[(usize, f64)]) -> Option<f64> {
+    if w.comms.is_empty() {
+        return None;
+    }
+    let one = measured.iter().find(|(s, _)| *s == 1)?.1;
+    let base = Calibration {
+        contention: 0.0,
+        ..cal.clone()
+    };
+    let scale = one / predict(w, &base, 1);
+    if !scale.is_finite() || scale <= 0.0 {
+        return None;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for &(s, t) in measured.iter().filter(|(s, _)| *s > 1) {
+        // predict(s, c) = a + b·c: `a` at no contention, `b` its slope.
+        let a = predict(w, &base, s);
+        let with_one = Calibration {
+            contention: 1.0,
+            ..base.clone()
+        };
+        let b = predict(w, &with_one, s) - a;
+        num += scale * b * (t - scale * a);
+        den += (scale * b).powi(2);
+    }
+    (den > 0.0).then(|| (num / den).clamp(0.0, MAX_CONTENTION))
+}
+
+/// The largest contention [`fit_contention`] answers: overlapped stages three times slower
+/// than alone.
+pub const MAX_CONTENTION: f64 = 3.0;
+
 /// The chunk count a model picks, with what it predicted for every candidate.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Choice {
@@ -324,6 +363,45 @@ mod tests {
             team,
             bytes,
         }
+    }
+
+    /// Times made by the model itself at a known contention (and a scale the calibration
+    /// misses) give that contention back; the fit ignores what it cannot use.
+    #[test]
+    fn the_contention_of_measured_times_is_fitted_back() {
+        let w = Workload {
+            gemm_flops: 2.0 * 8192.0 * 8192.0 * 8192.0 / 4.0,
+            f32_gemm: false,
+            comms: vec![ar(8192 * 8192 * 2, 4)],
+        };
+        let cal = fast_start();
+        for truth in [0.0, 0.35, 0.8, 1.5] {
+            let at = Calibration {
+                contention: truth,
+                ..cal.clone()
+            };
+            // The machine is 1.3 times slower than the calibration says, everywhere.
+            let measured: Vec<(usize, f64)> = [1, 2, 4, 8]
+                .iter()
+                .map(|&s| (s, 1.3 * predict(&w, &at, s)))
+                .collect();
+            let fitted = fit_contention(&w, &cal, &measured).unwrap();
+            assert!((fitted - truth).abs() < 1e-9, "{truth}: {fitted}");
+        }
+        // Chunked runs slower than any contention explains are clamped.
+        let slow = [(1, 1e-3), (2, 1.0)];
+        assert_eq!(fit_contention(&w, &cal, &slow), Some(MAX_CONTENTION));
+        // Faster than no contention: 0.
+        let fast = [(1, 1e-3), (2, 1e-6)];
+        assert_eq!(fit_contention(&w, &cal, &fast), Some(0.0));
+        // Nothing to fit: no S = 1, no chunked run, no communication.
+        assert_eq!(fit_contention(&w, &cal, &[(2, 1e-3)]), None);
+        assert_eq!(fit_contention(&w, &cal, &[(1, 1e-3)]), None);
+        let quiet = Workload {
+            comms: Vec::new(),
+            ..w.clone()
+        };
+        assert_eq!(fit_contention(&quiet, &cal, &[(1, 1e-3), (2, 1e-3)]), None);
     }
 
     #[test]

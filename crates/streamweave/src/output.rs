@@ -9,7 +9,7 @@
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Writes `contents` to the output file `path` without replacing what the caller did not ask
@@ -167,6 +167,13 @@ fn live() -> MutexGuard<'static, Vec<PathBuf>> {
 pub fn create_temporary(dir: &Path) -> io::Result<(PathBuf, std::fs::File)> {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let mut live = live();
+    if CLOSED.load(Ordering::Acquire) {
+        // A signal's clean-up has run: a file made now would outlive the process.
+        return Err(io::Error::new(
+            io::ErrorKind::Interrupted,
+            "the process is ending on a signal",
+        ));
+    }
     loop {
         let n = COUNT.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!(".weave-{}-{n}.tmp", std::process::id()));
@@ -185,13 +192,27 @@ pub fn create_temporary(dir: &Path) -> io::Result<(PathBuf, std::fs::File)> {
     }
 }
 
-/// Removes every temporary file being written now: for a signal handler to call before the
-/// process ends.
+/// Removes every temporary file being written now.
 pub fn remove_temporaries() {
     for p in live().drain(..) {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// Removes every temporary file being written now and makes no more: for a signal handler
+/// to call before the process ends. Closed while the list is locked, so a write that has
+/// not made its temporary yet makes none (`create_temporary` refuses) and one that has is
+/// removed here: nothing is left whenever the signal lands.
+pub fn close_temporaries() {
+    let mut live = live();
+    CLOSED.store(true, Ordering::Release);
+    for p in live.drain(..) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// Set by [`close_temporaries`]: the process is ending, and makes no more temporaries.
+static CLOSED: AtomicBool = AtomicBool::new(false);
 
 #[cfg(test)]
 mod tests {
