@@ -75,17 +75,16 @@ use weave_host_ir::{
 };
 use weave_ir::{Scalar, ScalarOp};
 
-use crate::assign_streams::{
-    find_or_insert_scalar, is_stream_slot, number_of_streams, stream_slot,
-};
-use crate::pass::{Changed, Ir, Pass, PassError};
+use crate::assign_streams::{is_stream_slot, number_of_streams, stream_slot};
+use crate::pass::{Changed, HostPass, Pass, PassError};
+use crate::shared::find_or_insert_scalar;
 
 /// The `allocate-and-deallocate` pass; see the module documentation for its contract.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct AllocateAndDeallocate;
 
 impl AllocateAndDeallocate {
-    /// Runs the pass on a host program directly; [`Pass::run`] forwards here.
+    /// Runs the pass on a host program directly; [`HostPass::run`] forwards here.
     pub fn run_on(&self, p: &mut HostProgram) -> Changed {
         let mut changed = Changed::No;
 
@@ -132,16 +131,11 @@ impl Pass for AllocateAndDeallocate {
     fn summary(&self) -> &'static str {
         "allocate every written buffer where it is first needed, bound loop-local stream buffers to numberOfStreams slots, free intermediates after their last use"
     }
+}
 
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        match ir {
-            Ir::Host(p) => Ok(self.run_on(p)),
-            other => Err(PassError::WrongForm {
-                pass: "allocate-and-deallocate",
-                expected: "host program",
-                found: other.form(),
-            }),
-        }
+impl HostPass for AllocateAndDeallocate {
+    fn run(&self, p: &mut HostProgram) -> Result<Changed, PassError> {
+        Ok(self.run_on(p))
     }
 }
 

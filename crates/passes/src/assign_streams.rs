@@ -52,7 +52,9 @@
 use weave_host_ir::{HostProgram, HostScalar, ScalarId, Stmt, StmtId, Stream, StreamId};
 use weave_ir::{Scalar, ScalarOp};
 
-use crate::pass::{Changed, Ir, Pass, PassError};
+use crate::pass::{Changed, HostPass, Pass, PassError, PassOptions};
+
+use crate::shared::find_or_insert_scalar;
 
 /// The name of the run-time scalar that says how many worker streams a stream loop uses.
 pub use weave_ir::NUMBER_OF_STREAMS;
@@ -84,7 +86,23 @@ impl AssignStreams {
         AssignStreams { variant }
     }
 
-    /// Runs the pass on a host program directly; [`Pass::run`] forwards here.
+    /// The pass with the options of a pipeline item: `sync=inline` (the default) or
+    /// `sync=separate-loop`.
+    pub fn with_options(options: &PassOptions) -> Result<AssignStreams, String> {
+        let variant = match options.take("sync") {
+            None | Some("inline") => SyncVariant::Inline,
+            Some("separate-loop") => SyncVariant::SeparateLoop,
+            Some(other) => {
+                return Err(format!(
+                    "`sync={other}`: write `sync=inline` or `sync=separate-loop`"
+                ))
+            }
+        };
+        options.finish()?;
+        Ok(AssignStreams::new(variant))
+    }
+
+    /// Runs the pass on a host program directly; [`HostPass::run`] forwards here.
     pub fn run_on(&self, p: &mut HostProgram) -> Changed {
         let todo: Vec<StmtId> = p
             .top_level
@@ -163,32 +181,24 @@ impl AssignStreams {
 
 impl Pass for AssignStreams {
     fn name(&self) -> &'static str {
-        match self.variant {
-            SyncVariant::Inline => "assign-streams",
-            SyncVariant::SeparateLoop => "assign-streams-separate-sync",
-        }
+        "assign-streams"
     }
 
     fn summary(&self) -> &'static str {
-        match self.variant {
-            SyncVariant::Inline => {
-                "fork each top-level stream loop onto `Stream (i % numberOfStreams)` and join it back onto the caller's stream"
-            }
-            SyncVariant::SeparateLoop => {
-                "as assign-streams, with the entry synchronizations in their own loop before the compute loop (seed 001)"
-            }
-        }
+        "fork each top-level stream loop onto `Stream (i % numberOfStreams)` and join it back onto the caller's stream"
     }
 
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        match ir {
-            Ir::Host(p) => Ok(self.run_on(p)),
-            other => Err(PassError::WrongForm {
-                pass: "assign-streams",
-                expected: "host program",
-                found: other.form(),
-            }),
+    fn options(&self) -> String {
+        match self.variant {
+            SyncVariant::Inline => String::new(),
+            SyncVariant::SeparateLoop => "sync=separate-loop".to_string(),
         }
+    }
+}
+
+impl HostPass for AssignStreams {
+    fn run(&self, p: &mut HostProgram) -> Result<Changed, PassError> {
+        Ok(self.run_on(p))
     }
 }
 
@@ -244,17 +254,6 @@ pub fn is_stream_slot(p: &HostProgram, s: ScalarId, index: ScalarId) -> bool {
 fn worker_stream(p: &mut HostProgram, index: ScalarId) -> StreamId {
     let slot = stream_slot(p, index);
     p.streams.insert(Stream::Indexed(slot))
-}
-
-/// The id of a scalar equal to `wanted`, inserting it if the program has none.
-pub(crate) fn find_or_insert_scalar(p: &mut HostProgram, wanted: HostScalar) -> ScalarId {
-    // A loop index is identified by its id, never by value: never share one.
-    if wanted != HostScalar::LoopIndex {
-        if let Some((id, _)) = p.scalars.iter().find(|(_, s)| **s == wanted) {
-            return id;
-        }
-    }
-    p.scalars.insert(wanted)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //!
 //! Contract.
 //!
-//! * Input: an [`Ir::Fusion`] after `propagate-shardings` (every sharded tensor has a mesh).
+//! * Input: an [`crate::Ir::Fusion`] after `propagate-shardings` (every sharded tensor has a mesh).
 //!   Output: the same computation where every expr that changes the device sharding
 //!   ([`is_resharding`]) is a `set`, `sum`/`max` or `squeeze` whose collective
 //!   [`derive_communication`] names, and every other expr is local. Tensor ids of existing
@@ -97,11 +97,12 @@ use crate::communication::{
     ancestor, derive_communication, expr_desc, is_layout_change, is_nested_all_to_all,
     is_unnested_did_to_stream,
 };
-use crate::pass::{Changed, Ir, Pass, PassError};
-use crate::propagate_shardings::{reference_inputs, replay, run_on_fusion};
+use crate::pass::{Changed, FusionPass, Pass, PassError};
+use crate::propagate_shardings::{reference_inputs, replay};
 use crate::resharding::{
     have_different_shardings, is_resharding, parallel_axis, DEVICE_AND_STREAM_TYPES, DEVICE_TYPES,
 };
+use crate::shared::run_on_fusion;
 
 /// The `decompose-reshardings` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
@@ -115,9 +116,11 @@ impl Pass for DecomposeReshardings {
     fn summary(&self) -> &'static str {
         "rfactor device-split reductions and insert sets so each expr is compute or one communication"
     }
+}
 
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        run_on_fusion(self.name(), ir, decompose_reshardings)
+impl FusionPass for DecomposeReshardings {
+    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
+        run_on_fusion(self.name(), f, decompose_reshardings)
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Contract.
 //!
-//! * Input: an [`Ir::Fusion`] after `reorder-sharded-axis`. Output: the same exprs and
+//! * Input: an [`crate::Ir::Fusion`] after `reorder-sharded-axis`. Output: the same exprs and
 //!   tensors; meshes, allocation domains and the order of loop axes change. Idempotent.
 //! * **Meshes.** If any tensor has a mesh, every tensor gets one: from a tensor of the same
 //!   expr (outputs first, then inputs), repeated to a fixed point, and otherwise the first
@@ -34,9 +34,9 @@ use weave_ir::{
 use weave_transform::id_graph::IdGraph;
 use weave_transform::DomainKind;
 
-use crate::pass::{Changed, Ir, Pass, PassError};
-use crate::propagate_shardings::run_on_fusion;
+use crate::pass::{Changed, FusionPass, Pass, PassError};
 use crate::resharding::have_different_shardings;
+use crate::shared::run_on_fusion;
 
 /// The `finalize-multidevice-domains` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
@@ -50,9 +50,11 @@ impl Pass for FinalizeMultideviceDomains {
     fn summary(&self) -> &'static str {
         "give every tensor a mesh, put device (and inlinable stream) splits in allocation, parallel loop axes first"
     }
+}
 
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        run_on_fusion(self.name(), ir, finalize_multidevice_domains)
+impl FusionPass for FinalizeMultideviceDomains {
+    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
+        run_on_fusion(self.name(), f, finalize_multidevice_domains)
     }
 }
 

@@ -14,8 +14,11 @@
 //! Before any pass, [`load_checks`] (run by `streamweave::load`) refuses user shardings the
 //! pipeline cannot lower, at the user's source position.
 //!
-//! Every pass implements [`Pass`] over the [`Ir`] a pipeline carries; [`Registry`] names
-//! them, [`Pipeline`] orders them and [`PassManager`] runs them, verifying after each pass and
+//! Every pass is typed by the IR it runs on: a [`FusionPass`] over a fusion, a [`Lowering`]
+//! from one form to the next (`segment`, `lower-to-host`), a [`HostPass`] over a host
+//! program. [`Registry`] names them (one table, `STANDARD_PASSES`), [`Pipeline`] orders them
+//! as [`Stage`]s, refusing a stage out of form order when it is built or parsed, and
+//! [`PassManager`] runs them on the [`Ir`] a pipeline carries, verifying after each pass and
 //! dumping on request. Each pass module opens with its contract: input and output phase, what
 //! it preserves, whether it is idempotent.
 //!
@@ -24,6 +27,7 @@
 
 pub mod allocate_and_deallocate;
 pub mod assign_streams;
+pub mod attach_definition;
 pub mod communication;
 pub mod decompose_reshardings;
 pub mod finalize_multidevice_domains;
@@ -38,6 +42,7 @@ pub mod registry;
 pub mod reorder_sharded_axis;
 pub mod resharding;
 pub mod segment;
+pub mod shared;
 
 pub use allocate_and_deallocate::AllocateAndDeallocate;
 pub use assign_streams::{AssignStreams, SyncVariant};
@@ -47,6 +52,9 @@ pub use manager::{
     DUMP_ENV,
 };
 pub use merge_kernel_chunks::MergeKernelChunks;
-pub use pass::{Changed, Ir, Pass, PassError};
+pub use pass::{
+    Changed, Form, FusionPass, HostPass, IntoStage, Ir, Lowering, Pass, PassError, PassOptions,
+    Stage,
+};
 pub use pipeline::{Pipeline, PipelineParseError};
-pub use registry::{PassInfo, Registry, UnknownPass};
+pub use registry::{BadOptions, ItemError, PassInfo, Registry, UnknownPass};

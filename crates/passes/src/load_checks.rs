@@ -196,7 +196,7 @@ fn reshaped(
 /// Checks every `index_select` whose table the user split across devices on the rows the ids
 /// index: the table's mesh must list consecutive devices, from whose rank each device finds
 /// the first row of its block
-/// ([`crate::decompose_reshardings::scattered_mesh`]). The error is at the op.
+/// (`decompose_reshardings::scattered_mesh`). The error is at the op.
 pub fn check_lookup_meshes(f: &Fusion) -> Result<(), Diagnostic> {
     for &e in f.exprs() {
         let ex = f.expr(e);

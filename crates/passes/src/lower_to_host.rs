@@ -32,7 +32,7 @@
 //!   from the loop index, on pieces of a shard or of a chunk when the factors nest. A
 //!   collective whose device split sits inside outer splits of the same axis (`[s, d, ..]`)
 //!   and that no loop cuts into those pieces is posted once per piece, on views of it.
-//! * Not idempotent: it changes the IR form.
+//! * A [`Lowering`](crate::pass::Lowering): it changes the IR form.
 
 use std::collections::{HashMap, HashSet};
 
@@ -49,7 +49,7 @@ use weave_transform::id_graph::IdGraph;
 
 use crate::communication::{derive_communication, CommunicationInfo, RootKind};
 use crate::finalize_multidevice_domains::should_allocate_per_stream_in;
-use crate::pass::{Changed, Ir, Pass, PassError};
+use crate::pass::{self, Pass, PassError, PassOptions};
 
 /// How a DID → Stream copy with one chunk per device is lowered when either form is right.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,7 +64,8 @@ pub enum StreamAllgather {
     Broadcast,
 }
 
-/// The `lower-to-host` pass; `lower-to-host-broadcast` with [`StreamAllgather::Broadcast`].
+/// The `lower-to-host` pass; `lower-to-host{allgather=broadcast}` (also written
+/// `lower-to-host-broadcast`) with [`StreamAllgather::Broadcast`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LowerToHost {
     /// The lowering of a DID → Stream copy with one chunk per device.
@@ -80,32 +81,44 @@ impl LowerToHost {
 
 impl Pass for LowerToHost {
     fn name(&self) -> &'static str {
-        match self.stream_allgather {
-            StreamAllgather::P2pRing => "lower-to-host",
-            StreamAllgather::Broadcast => "lower-to-host-broadcast",
-        }
+        "lower-to-host"
     }
 
     fn summary(&self) -> &'static str {
-        match self.stream_allgather {
-            StreamAllgather::P2pRing => "segmented fusion -> host program: stream loops, ShardByStream views, Communication + Wait per chunk",
-            StreamAllgather::Broadcast => "lower-to-host, with a DID -> Stream allgather as one Broadcast per iteration instead of the P2P ring",
-        }
+        "segmented fusion -> host program: stream loops, ShardByStream views, Communication + Wait per chunk"
     }
 
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        let Ir::Segmented(sf) = ir else {
-            return Err(PassError::WrongForm {
-                pass: self.name(),
-                expected: "segmented fusion",
-                found: ir.form(),
-            });
-        };
+    fn options(&self) -> String {
+        match self.stream_allgather {
+            StreamAllgather::P2pRing => String::new(),
+            StreamAllgather::Broadcast => "allgather=broadcast".to_string(),
+        }
+    }
+}
+
+impl pass::Lowering<SegmentedFusion, HostProgram> for LowerToHost {
+    fn run(&self, sf: SegmentedFusion) -> Result<HostProgram, PassError> {
         let pass = self.name();
-        let program = lower_with(sf, self.stream_allgather)
-            .map_err(|diagnostic| PassError::Unsupported { pass, diagnostic })?;
-        *ir = Ir::Host(program);
-        Ok(Changed::Yes)
+        lower_with(&sf, self.stream_allgather)
+            .map_err(|diagnostic| PassError::Unsupported { pass, diagnostic })
+    }
+}
+
+impl LowerToHost {
+    /// The pass with the options of a pipeline item: `allgather=p2p-ring` (the default) or
+    /// `allgather=broadcast`.
+    pub fn with_options(options: &PassOptions) -> Result<LowerToHost, String> {
+        let stream_allgather = match options.take("allgather") {
+            None | Some("p2p-ring") => StreamAllgather::P2pRing,
+            Some("broadcast") => StreamAllgather::Broadcast,
+            Some(other) => {
+                return Err(format!(
+                    "`allgather={other}`: write `allgather=p2p-ring` or `allgather=broadcast`"
+                ))
+            }
+        };
+        options.finish()?;
+        Ok(LowerToHost::new(stream_allgather))
     }
 }
 

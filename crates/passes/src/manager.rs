@@ -4,9 +4,15 @@
 //! # What a run does
 //!
 //! [`PassManager::run`] first checks every pass named in the dump options against the
-//! registry, then verifies its input, so that a failure is always the fault of one pass. For
+//! registry, then verifies its input, so that a failure is always the fault of one pass, and
+//! checks that it is the form the pipeline's first stage runs on
+//! ([`PipelineError::WrongInput`]; the pipeline itself keeps every later stage in order). For
 //! each pass in order it keeps a copy of the pass's input, runs the pass, and verifies the IR
-//! the pass leaves with the verifier of that IR's form ([`verify`]). A pass error or a
+//! the pass leaves with the verifier of that IR's form ([`verify`]). Right after the stage
+//! that lowers a fusion pipeline's IR to a host program, inside that stage, it runs the named
+//! step [`AttachDefinition`] (`attach-definition`: the given fusion becomes the program's
+//! definition, with its parameter roles), so that every host program verified or dumped
+//! carries it; the step is no stage, so dumps and pipelines do not list it. A pass error or a
 //! verifier failure stops the run with a [`PipelineError::Pass`] that names the pass and its
 //! position, carries the verifier's message, and gives the path of a reproducer file. The
 //! manager never panics on a bad pass.
@@ -70,9 +76,10 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use weave_ir::{Diagnostic, ParamRole};
+use weave_ir::Diagnostic;
 
-use crate::pass::{Changed, Ir, PassError};
+use crate::attach_definition::AttachDefinition;
+use crate::pass::{Changed, Form, Ir, PassError};
 use crate::pipeline::{Pipeline, PipelineParseError};
 use crate::registry::{Registry, UnknownPass};
 
@@ -242,6 +249,18 @@ pub enum PipelineError {
         pipeline: String,
         /// What the verifier found.
         diagnostic: Diagnostic,
+    },
+    /// The IR given to the pipeline is not the form its first stage runs on.
+    #[error("pass `{pass}` expects a {expected}, got a {found} (the first pass of pipeline `{pipeline}`)")]
+    WrongInput {
+        /// The pipeline.
+        pipeline: String,
+        /// Its first pass.
+        pass: &'static str,
+        /// The form that pass runs on.
+        expected: &'static str,
+        /// The form given.
+        found: &'static str,
     },
     /// A pass returned an error, or the verifier rejected what it produced.
     #[error(transparent)]
@@ -423,14 +442,26 @@ impl PassManager {
             diagnostic,
         })?;
 
+        // The pipeline's stages are chained when it is built; only its input is checked here.
+        if let Some(first) = self.pipeline.passes().first() {
+            if first.input() != ir.kind() {
+                return Err(PipelineError::WrongInput {
+                    pipeline: self.pipeline.to_string(),
+                    pass: first.name(),
+                    expected: first.input().name(),
+                    found: ir.form(),
+                });
+            }
+        }
+
         // The fusion as given is the definition of the host program the pipeline lowers it
-        // to: what a reference evaluates, printed with the program.
+        // to: the `attach-definition` step stamps it right after the lowering stage.
         let definition = match &ir {
             Ir::Fusion(f) => Some(f.clone()),
             _ => None,
         };
-        for (index, pass) in self.pipeline.passes().iter().enumerate() {
-            let name = pass.name();
+        for (index, stage) in self.pipeline.passes().iter().enumerate() {
+            let name = stage.name();
             let span = tracing::info_span!(
                 "pass",
                 pass = name,
@@ -444,24 +475,15 @@ impl PassManager {
                 self.dump(out, index, name, Stage::Before, &ir)?;
             }
             let input = ir.clone();
-            let changed = match pass.run(&mut ir) {
+            let changed = match stage.run(&mut ir) {
                 Ok(changed) => changed,
                 Err(error) => return Err(self.failure(name, index, error, &input)),
             };
             span.record("after", ir.form());
             span.record("changed", changed == Changed::Yes);
-            if let (Ir::Host(p), Some(def)) = (&mut ir, &definition) {
-                if let Some(sig) = p.signature.as_mut() {
-                    if sig.definition.is_none() {
-                        // The roles are the user's fusion's: passes add stream axes of their
-                        // own.
-                        sig.roles = ParamRole::ALL
-                            .into_iter()
-                            .filter_map(|r| def.role_param(r).map(|p| (r, p.name.clone())))
-                            .collect();
-                        sig.definition = Some(def.clone());
-                    }
-                }
+            let lowered_to_host = stage.input() != Form::Host && stage.output() == Form::Host;
+            if let (true, Ir::Host(p), Some(definition)) = (lowered_to_host, &mut ir, &definition) {
+                AttachDefinition { definition }.run(p);
             }
             let verified = verify(&ir);
             // The IR a pass leaves is printed even when the verifier rejects it: that is what

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use weave_host_ir::{HostProgram, HostScalar, HostTensorId, ScalarId, Stmt, StmtId};
 use weave_ir::ScalarOp;
 
-use crate::pass::{Changed, Ir, Pass, PassError};
+use crate::pass::{Changed, HostPass, Pass, PassError};
 
 /// Below this many bytes read and written per chunk (on one rank), a kernel-only stream loop
 /// is merged: 64 MiB, about 20 µs of an H100's memory bandwidth, four times a launch and its
@@ -70,21 +70,16 @@ impl Pass for MergeKernelChunks {
     fn summary(&self) -> &'static str {
         "host program -> host program: a stream loop that only launches generated kernels, on chunks under 64 MiB, runs once over whole tensors"
     }
+}
 
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        let Ir::Host(p) = ir else {
-            return Err(PassError::WrongForm {
-                pass: self.name(),
-                expected: "host program",
-                found: ir.form(),
-            });
-        };
+impl HostPass for MergeKernelChunks {
+    fn run(&self, p: &mut HostProgram) -> Result<Changed, PassError> {
         Ok(self.run_on(p))
     }
 }
 
 impl MergeKernelChunks {
-    /// Runs the pass on a host program directly; [`Pass::run`] forwards here.
+    /// Runs the pass on a host program directly; [`HostPass::run`] forwards here.
     pub fn run_on(&self, p: &mut HostProgram) -> Changed {
         let old = std::mem::take(&mut p.top_level);
         let mut new = Vec::with_capacity(old.len());

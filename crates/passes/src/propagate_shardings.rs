@@ -4,7 +4,7 @@
 //!
 //! Contract.
 //!
-//! * Input: an [`Ir::Fusion`] as loaded (schedules applied, verified). Output: the same
+//! * Input: an [`crate::Ir::Fusion`] as loaded (schedules applied, verified). Output: the same
 //!   fusion, with loop domains split and parallelized and meshes inherited; no expr or tensor
 //!   is added or removed, and allocation domains are untouched.
 //! * A tensor is *user-sharded* when the user wrote a schedule block for it (its
@@ -41,8 +41,9 @@ use std::collections::{HashMap, HashSet};
 use weave_ir::{print, Diagnostic, ExprId, ExprKind, Fusion, IrResult, ParallelType, TensorId};
 use weave_transform::{replay_loop_like, IdGraph};
 
-use crate::pass::{Changed, Ir, Pass, PassError};
+use crate::pass::{Changed, FusionPass, Pass, PassError};
 use crate::resharding::{DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
+use crate::shared::run_on_fusion;
 
 /// The `propagate-shardings` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
@@ -56,33 +57,12 @@ impl Pass for PropagateShardings {
     fn summary(&self) -> &'static str {
         "give every tensor the DID/Stream shardings its neighbours imply (forward, then backward)"
     }
-
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        run_on_fusion(self.name(), ir, propagate_shardings)
-    }
 }
 
-/// Runs `body` on the fusion of `ir` for the pre-segmentation pass `pass`: a wrong form is
-/// [`PassError::WrongForm`], a diagnostic is [`PassError::Unsupported`], and the result says
-/// whether the printed fusion changed. Shared by the four pre-segmentation passes.
-pub(crate) fn run_on_fusion(
-    pass: &'static str,
-    ir: &mut Ir,
-    body: fn(&mut Fusion) -> IrResult<()>,
-) -> Result<Changed, PassError> {
-    let Ir::Fusion(f) = ir else {
-        return Err(PassError::WrongForm {
-            pass,
-            expected: "fusion",
-            found: ir.form(),
-        });
-    };
-    // Work on a copy so that a failing pass leaves the IR as it was.
-    let mut work = f.clone();
-    body(&mut work).map_err(|diagnostic| PassError::Unsupported { pass, diagnostic })?;
-    let changed = print::fusion_to_string(&work) != print::fusion_to_string(f);
-    *f = work;
-    Ok(if changed { Changed::Yes } else { Changed::No })
+impl FusionPass for PropagateShardings {
+    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
+        run_on_fusion(self.name(), f, propagate_shardings)
+    }
 }
 
 /// True if the user wrote a schedule block for `t`.

@@ -26,7 +26,7 @@
 //! the sharded axis first. Allocation domains of fusion inputs and outputs are never changed,
 //! which is why permutes are inserted rather than allocations reordered.
 //!
-//! Contract. Input: an [`Ir::Fusion`] after `decompose-reshardings`. Output: the same
+//! Contract. Input: an [`crate::Ir::Fusion`] after `decompose-reshardings`. Output: the same
 //! computation, every layout-sensitive collective compliant, still compute XOR one
 //! communication per expr. Existing tensor ids are kept. Idempotent: compliant collectives
 //! are left as they are.
@@ -39,9 +39,10 @@ use weave_ir::{
 use weave_transform::IdGraph;
 
 use crate::communication::derive_communication;
-use crate::pass::{Changed, Ir, Pass, PassError};
-use crate::propagate_shardings::{replay, run_on_fusion};
+use crate::pass::{Changed, FusionPass, Pass, PassError};
+use crate::propagate_shardings::replay;
 use crate::resharding::{is_resharding, parallel_axis, DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
+use crate::shared::run_on_fusion;
 
 /// The `reorder-sharded-axis` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
@@ -55,9 +56,11 @@ impl Pass for ReorderShardedAxis {
     fn summary(&self) -> &'static str {
         "permute around gathers, scatters and all-to-alls so the sharded axis is outermost in memory"
     }
+}
 
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        run_on_fusion(self.name(), ir, reorder_sharded_axis)
+impl FusionPass for ReorderShardedAxis {
+    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
+        run_on_fusion(self.name(), f, reorder_sharded_axis)
     }
 }
 

@@ -6,12 +6,12 @@
 //! * Output: `Ir::Segmented`: every resharding expr alone in a Communication segment, every
 //!   matmul/linear alone in a Library segment, the remaining exprs fused into Kernel segments
 //!   by [`DefaultMergeRule`]; a topological run order. The fusion itself is unchanged.
-//! * Not idempotent: it changes the IR form.
+//! * A [`Lowering`]: it changes the IR form.
 
 use weave_ir::{ExprId, Fusion};
-use weave_segmenter::{compute_kind, segment, DefaultMergeRule, SegmentKind};
+use weave_segmenter::{compute_kind, segment, DefaultMergeRule, SegmentKind, SegmentedFusion};
 
-use crate::pass::{Changed, Ir, Pass, PassError};
+use crate::pass::{Lowering, Pass, PassError};
 use crate::resharding::is_resharding;
 
 /// The `segment` pass.
@@ -35,22 +35,10 @@ impl Pass for Segment {
     fn summary(&self) -> &'static str {
         "fusion -> segmented fusion: one segment per communication and per matmul/linear, fused kernels for the rest"
     }
+}
 
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        match std::mem::replace(ir, Ir::Fusion(Fusion::default())) {
-            Ir::Fusion(f) => {
-                *ir = Ir::Segmented(segment(f, &classify, &DefaultMergeRule::new()));
-            }
-            other => {
-                let found = other.form();
-                *ir = other;
-                return Err(PassError::WrongForm {
-                    pass: self.name(),
-                    expected: "fusion",
-                    found,
-                });
-            }
-        }
-        Ok(Changed::Yes)
+impl Lowering<Fusion, SegmentedFusion> for Segment {
+    fn run(&self, f: Fusion) -> Result<SegmentedFusion, PassError> {
+        Ok(segment(f, &classify, &DefaultMergeRule::new()))
     }
 }

@@ -6,9 +6,7 @@ use weave_host_ir::{
     P2PDirection, ScalarId, Stmt, StmtId, Stream, StreamId,
 };
 use weave_ir::{Fusion, ReduceOp, Scalar, ScalarOp};
-use weave_passes::{
-    AllocateAndDeallocate, AssignStreams, Changed, Ir, Pass, PassError, SyncVariant,
-};
+use weave_passes::{AllocateAndDeallocate, AssignStreams, Changed, HostPass, Pass, SyncVariant};
 
 /// Builds host programs through the arenas, and reads them back as shapes.
 mod build {
@@ -199,18 +197,12 @@ mod build {
 
 use build::{all_stmts, body, count, eval, is_slot_of, kinds, B};
 
-fn run(pass: &dyn Pass, p: &mut HostProgram) -> Changed {
-    let mut ir = Ir::Host(std::mem::take(p));
-    let changed = pass.run(&mut ir).expect("pass runs");
-    let Ir::Host(out) = ir else {
-        panic!("the pass changed the form")
-    };
-    *p = out;
-    changed
+fn run(pass: &dyn HostPass, p: &mut HostProgram) -> Changed {
+    pass.run(p).expect("pass runs")
 }
 
 /// Runs `pass` a second time and checks that it changes nothing.
-fn assert_idempotent(pass: &dyn Pass, p: &mut HostProgram) {
+fn assert_idempotent(pass: &dyn HostPass, p: &mut HostProgram) {
     let before = format!("{:?}", all_stmts(p));
     assert_eq!(
         run(pass, p),
@@ -386,20 +378,19 @@ fn assign_streams_manages_each_loop_and_skips_empty_ones() {
     assert_idempotent(&AssignStreams::default(), &mut b.p);
 }
 
+/// A host pass takes a host program by its type; a pipeline that gives it a fusion is
+/// refused when it is parsed.
 #[test]
-fn host_passes_reject_other_forms() {
-    for pass in [
-        &AssignStreams::default() as &dyn Pass,
-        &AllocateAndDeallocate as &dyn Pass,
-    ] {
-        let mut ir = Ir::Fusion(Fusion::default());
-        assert!(matches!(
-            pass.run(&mut ir),
-            Err(PassError::WrongForm {
-                expected: "host program",
-                ..
-            })
-        ));
+fn host_passes_before_lowering_are_refused_by_the_pipeline() {
+    let registry = weave_passes::Registry::standard();
+    for pass in ["assign-streams", "allocate-and-deallocate"] {
+        let err = weave_passes::Pipeline::parse(&format!("propagate-shardings,{pass}"), &registry)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("`{pass}` runs on a host program, but `propagate-shardings` before it leaves a fusion")),
+            "{err}"
+        );
     }
 }
 

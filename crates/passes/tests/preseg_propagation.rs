@@ -7,7 +7,7 @@ use preseg_util::*;
 use weave_ir::IterType;
 use weave_ir::ParallelType::{DIDx, Serial, Stream};
 use weave_passes::propagate_shardings::PropagateShardings;
-use weave_passes::{Changed, Ir, Pass, PassError};
+use weave_passes::{Changed, PassError};
 
 #[test]
 fn forward_stream_from_the_weight_reaches_the_matmul_output_axis_1() {
@@ -237,12 +237,17 @@ fn a_device_split_that_does_not_divide_is_an_error() {
     );
 }
 
+/// A fusion pass takes a fusion by its type; a pipeline that puts it after lowering is
+/// refused when it is parsed.
 #[test]
-fn passes_reject_other_forms() {
-    let mut ir = Ir::Host(weave_host_ir::HostProgram::default());
-    let err = PropagateShardings.run(&mut ir).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "pass `propagate-shardings` expects a fusion, got a host program"
+fn fusion_passes_after_lowering_are_refused_by_the_pipeline() {
+    let registry = weave_passes::Registry::standard();
+    let err = weave_passes::Pipeline::parse("segment,lower-to-host,propagate-shardings", &registry)
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with(
+            "`propagate-shardings` runs on a fusion, but `lower-to-host` before it leaves a host program"
+        ),
+        "{err}"
     );
 }

@@ -167,8 +167,8 @@ pub struct HostPeak {
     pub per_rank: u64,
     /// Bytes the run holds besides the ranks' (the reference's outputs, when it checks).
     pub besides: u64,
-    /// The program's largest tensors, largest first, as the error names them: `input \`x\`
-    /// f32[40000000] (152.6 MiB a rank)`.
+    /// The program's largest tensors, largest first, as the error names them, e.g.
+    /// ``input `x` f32[40000000] (152.6 MiB a rank)``.
     pub largest: Vec<String>,
 }
 

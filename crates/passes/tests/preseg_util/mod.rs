@@ -8,7 +8,7 @@ use weave_passes::decompose_reshardings::DecomposeReshardings;
 use weave_passes::finalize_multidevice_domains::FinalizeMultideviceDomains;
 use weave_passes::propagate_shardings::PropagateShardings;
 use weave_passes::reorder_sharded_axis::ReorderShardedAxis;
-use weave_passes::{Changed, Ir, Pass, PassError};
+use weave_passes::{Changed, FusionPass, PassError};
 
 /// Parses `source`, applies its schedules and verifies it (what `streamweave::load` does).
 pub fn load_src(source: &str) -> Fusion {
@@ -29,7 +29,7 @@ pub fn load(name: &str) -> Fusion {
 }
 
 /// The four pre-segmentation passes, in pipeline order.
-pub fn preseg_passes() -> Vec<Box<dyn Pass>> {
+pub fn preseg_passes() -> Vec<Box<dyn FusionPass>> {
     vec![
         Box::new(PropagateShardings),
         Box::new(DecomposeReshardings),
@@ -39,12 +39,9 @@ pub fn preseg_passes() -> Vec<Box<dyn Pass>> {
 }
 
 /// Runs `pass` on `f` and verifies the result.
-pub fn try_run(f: &mut Fusion, pass: &dyn Pass) -> Result<Changed, PassError> {
-    let mut ir = Ir::Fusion(f.clone());
-    let changed = pass.run(&mut ir)?;
-    let Ir::Fusion(out) = ir else {
-        panic!("{} changed the IR form", pass.name())
-    };
+pub fn try_run(f: &mut Fusion, pass: &dyn FusionPass) -> Result<Changed, PassError> {
+    let mut out = f.clone();
+    let changed = pass.run(&mut out)?;
     if let Err(d) = weave_ir::verify::verify(&out) {
         panic!(
             "IR invalid after `{}`: {d}\n{}",
@@ -57,7 +54,7 @@ pub fn try_run(f: &mut Fusion, pass: &dyn Pass) -> Result<Changed, PassError> {
 }
 
 /// Runs `pass` on `f`, which must succeed, and verifies the result.
-pub fn run(f: &mut Fusion, pass: &dyn Pass) -> Changed {
+pub fn run(f: &mut Fusion, pass: &dyn FusionPass) -> Changed {
     try_run(f, pass).unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use weave_ir::{Diagnostic, Fusion, MemoryType};
-use weave_passes::{Changed, Ir, Pass, PassError};
+use weave_passes::{Changed, FusionPass, Ir, Pass, PassError};
 
 pub const SOURCE: &str = "fusion f(n = 4) {
   tensor a: f32[n, 6]
@@ -26,17 +26,6 @@ pub fn fusion_of(ir: &Ir) -> &Fusion {
     }
 }
 
-pub fn expect_fusion<'a>(ir: &'a mut Ir, pass: &'static str) -> Result<&'a mut Fusion, PassError> {
-    match ir {
-        Ir::Fusion(f) => Ok(f),
-        other => Err(PassError::WrongForm {
-            pass,
-            expected: "fusion",
-            found: other.form(),
-        }),
-    }
-}
-
 /// Changes nothing.
 pub struct Noop;
 
@@ -47,8 +36,10 @@ impl Pass for Noop {
     fn summary(&self) -> &'static str {
         "changes nothing"
     }
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        expect_fusion(ir, self.name())?;
+}
+
+impl FusionPass for Noop {
+    fn run(&self, _f: &mut Fusion) -> Result<Changed, PassError> {
         Ok(Changed::No)
     }
 }
@@ -64,8 +55,10 @@ impl Pass for Rename {
     fn summary(&self) -> &'static str {
         "renames tensor `c` to `c_renamed` and makes it local"
     }
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        let f = expect_fusion(ir, self.name())?;
+}
+
+impl FusionPass for Rename {
+    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
         match f.tensor_by_name("c") {
             Some(c) => {
                 f.tensor_mut(c).name = "c_renamed".to_string();
@@ -87,8 +80,10 @@ impl Pass for Corrupt {
     fn summary(&self) -> &'static str {
         "gives two tensors the same name"
     }
-    fn run(&self, ir: &mut Ir) -> Result<Changed, PassError> {
-        let f = expect_fusion(ir, self.name())?;
+}
+
+impl FusionPass for Corrupt {
+    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
         let d = f.tensor_by_name("d").unwrap();
         f.tensor_mut(d).name = "a".to_string();
         Ok(Changed::Yes)
@@ -105,7 +100,10 @@ impl Pass for Fail {
     fn summary(&self) -> &'static str {
         "always reports an unsupported input"
     }
-    fn run(&self, _ir: &mut Ir) -> Result<Changed, PassError> {
+}
+
+impl FusionPass for Fail {
+    fn run(&self, _f: &mut Fusion) -> Result<Changed, PassError> {
         Err(PassError::Unsupported {
             pass: self.name(),
             diagnostic: Diagnostic::new("tensor `c` is not supported here"),
