@@ -581,7 +581,10 @@ fn stream_input_that_cannot_be_sliced_is_refused() {
         ),
         "{e}"
     );
-    assert!(e.contains("stream_input_through_reshape.weave:10:16"), "{e}");
+    assert!(
+        e.contains("stream_input_through_reshape.weave:10:16"),
+        "{e}"
+    );
 }
 
 /// An AllToAll whose cut axis is also split by the other device type is refused, naming the
