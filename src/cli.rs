@@ -521,9 +521,10 @@ pub fn run(
             None if tuned.is_some() => tuned
                 .as_ref()
                 .map_or(Chunks::AsWritten, |(e, _)| e.compiler_chunks()),
-            None if flags.cuda => Chunks::Auto(
-                streamweave::chunks::Calibration::load(calibration_path().as_deref())?,
-            ),
+            None if flags.cuda => {
+                let gpu = streamweave::tune::gpu_name(0).unwrap_or_default();
+                Chunks::Auto(gpu_calibration(&gpu, ranks)?)
+            }
             None => Chunks::AsWritten,
         };
         let mut compiler = Compiler::new().dump(dumps).devices(ranks).chunks(chunks);
@@ -951,7 +952,7 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     };
     // The cost model's calibration describes GPUs: it prunes GPU tunings only.
     let calibration = if flags.cuda {
-        match streamweave::chunks::Calibration::load(calibration_path().as_deref()) {
+        match gpu_calibration(&machine, flags.ranks) {
             Ok(c) => Some(c),
             Err(e) => return fail(e),
         }
@@ -1015,6 +1016,24 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
 /// `$XDG_CACHE_HOME`, else `~/.cache`; on macOS `~/Library/Caches`), `None` when it has none.
 pub fn cache_file(name: &str) -> Option<PathBuf> {
     dirs::cache_dir().map(|d| d.join("streamweave").join(name))
+}
+
+/// The cost model's calibration of `ranks` GPUs named `gpu`: the file at
+/// [`calibration_path`] (else the built-in figures), its contention replaced by the one the
+/// tunings in the tuning cache measured on this machine, when they did
+/// ([`streamweave::tune::measured_contention`]).
+pub fn gpu_calibration(
+    gpu: &str,
+    ranks: usize,
+) -> Result<streamweave::chunks::Calibration, String> {
+    let mut cal = streamweave::chunks::Calibration::load(calibration_path().as_deref())?;
+    if let Some(c) =
+        tune_cache_path().and_then(|p| streamweave::tune::measured_contention(&p, gpu, ranks))
+    {
+        cal.contention = c;
+        cal.source = format!("{}, contention {c:.2} measured by tuning", cal.source);
+    }
+    Ok(cal)
 }
 
 /// Where the machine's calibration is cached: `$WEAVE_CALIBRATION`, else

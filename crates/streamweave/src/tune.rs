@@ -178,6 +178,11 @@ pub struct Tuning {
     pub rows: Vec<Row>,
     /// The index in `rows` of the winner; `None` when no candidate was measured.
     pub winner: Option<usize>,
+    /// The cost model's contention factor fitted to this tuning's measurements
+    /// ([`crate::chunks::fit_contention`] over the fastest run of each chunk count with NCCL
+    /// and the default knobs), on GPUs with S = 1 and a chunked count measured; later
+    /// calibrations of this machine take it ([`measured_contention`]).
+    pub contention: Option<f64>,
 }
 
 impl Tuning {
@@ -208,6 +213,7 @@ impl Tuning {
             nccl_cta_policy: c.overlap.nccl_cta_policy,
             nccl_window_mib: c.overlap.nccl_window_mib,
             median_ms: t.as_secs_f64() * 1e3,
+            contention: self.contention,
         })
     }
 }
@@ -219,6 +225,12 @@ impl fmt::Display for Tuning {
         for (i, row) in self.rows.iter().enumerate() {
             let mark = if Some(i) == self.winner { "*" } else { " " };
             writeln!(f, "{mark} {:40} {}", row.candidate.to_string(), row.outcome)?;
+        }
+        if let Some(c) = self.contention {
+            writeln!(
+                f,
+                "  contention of overlapped GEMMs and collectives, fitted to these runs: {c:.2}"
+            )?;
         }
         Ok(())
     }
@@ -624,7 +636,69 @@ pub fn tune(
         }
     }
     let winner = choose(&rows);
-    Ok(Tuning { key, rows, winner })
+    let contention = fitted_contention(&compiled, &rows, options);
+    Ok(Tuning {
+        key,
+        rows,
+        winner,
+        contention,
+    })
+}
+
+/// The contention [`crate::chunks::fit_contention`] fits to `rows` on GPUs: each chunk
+/// count's fastest run with NCCL and the default knobs (replayed where any was), against
+/// the workload of the one-chunk program, from `options`' calibration (else the default).
+fn fitted_contention(
+    compiled: &[(Option<usize>, Result<Executable, String>)],
+    rows: &[Row],
+    options: &TuneOptions,
+) -> Option<f64> {
+    if !options.cuda {
+        return None;
+    }
+    let one = compiled.iter().find_map(|(s, e)| match (s, e) {
+        (Some(1), Ok(exe)) => Some(exe),
+        _ => None,
+    })?;
+    let w = crate::chunks::workload(one.program(), options.ranks).ok()?;
+    let plain = |r: &&Row| {
+        r.candidate.transport == Transport::Nccl && r.candidate.overlap == Overlap::default()
+    };
+    let replayed = rows.iter().filter(plain).any(|r| r.candidate.replay);
+    let mut fastest: BTreeMap<usize, f64> = BTreeMap::new();
+    for r in rows
+        .iter()
+        .filter(plain)
+        .filter(|r| r.candidate.replay == replayed)
+    {
+        if let (Some(s), Some(t)) = (r.candidate.chunks, r.outcome.time()) {
+            let t = t.as_secs_f64();
+            let best = fastest.entry(s).or_insert(t);
+            *best = best.min(t);
+        }
+    }
+    let measured: Vec<(usize, f64)> = fastest.into_iter().collect();
+    let cal = options.calibration.clone().unwrap_or_default();
+    crate::chunks::fit_contention(&w, &cal, &measured)
+}
+
+/// The contention the tunings cached in `path` measured on `ranks` GPUs named `gpu` (their
+/// median), for the cost model's calibration of that machine; `None` when none did (or the
+/// cache cannot be read).
+pub fn measured_contention(path: &std::path::Path, gpu: &str, ranks: usize) -> Option<f64> {
+    let cache = TuneCache::load(path).ok()?;
+    let mut found: Vec<f64> = cache
+        .entries
+        .iter()
+        .filter(|e| e.backend == "cuda" && e.gpu == gpu && e.ranks == ranks)
+        .filter_map(|e| e.contention)
+        .filter(|c| c.is_finite())
+        .collect();
+    if found.is_empty() {
+        return None;
+    }
+    found.sort_by(f64::total_cmp);
+    Some(found[found.len() / 2])
 }
 
 /// `candidate` measured, or [`Outcome::OverBudget`] when the budget is `spent`.
@@ -890,6 +964,70 @@ mod tests {
 
     pub(super) fn candidate(chunks: usize, streams: usize, replay: bool) -> Candidate {
         Candidate::new(Some(chunks), streams, replay)
+    }
+
+    /// Times that follow the cost model at a contention of 0.8 (on a machine 1.3 times
+    /// slower than the calibration) give that contention back, it is cached with the
+    /// winner, and the cache's median is what later calibrations of that machine take.
+    #[test]
+    fn a_gpu_tuning_fits_the_contention_it_measured_and_the_cache_keeps_it() {
+        let f = fusion(&[]);
+        let one = Compiler::new()
+            .chunks(Chunks::Fixed(1))
+            .compile(&f)
+            .unwrap();
+        let w = crate::chunks::workload(one.program(), 2).unwrap();
+        let truth = Calibration {
+            contention: 0.8,
+            ..Calibration::default()
+        };
+        let fake = Fake::new(|c: &Candidate| {
+            let s = c.chunks.unwrap_or(1);
+            let knob = if c.overlap == Overlap::default() {
+                1.0
+            } else {
+                1.1
+            };
+            1.3e3 * crate::chunks::predict(&w, &truth, s) * knob
+        });
+        let t = tune(&f, &unpruned(), &mut &fake).unwrap();
+        let fitted = t.contention.unwrap();
+        assert!((fitted - 0.8).abs() < 1e-3, "{fitted}\n{t}");
+        assert!(
+            t.to_string().contains(
+                "contention of overlapped GEMMs and collectives, fitted to these runs: 0.80"
+            ),
+            "{t}"
+        );
+        // On the CPU nothing is fitted: its ranks are threads, not a GPU's SMs.
+        let cpu = TuneOptions::new(2, false, "cpu", None);
+        assert_eq!(tune(&f, &cpu, &mut &fake).unwrap().contention, None);
+        // Cached with the winner, read back as the machine's contention (the median).
+        let dir = std::env::temp_dir().join(format!("weave-contention-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("tune.toml");
+        let mut cache = TuneCache::default();
+        for (i, c) in [0.2, 0.8, 0.5].into_iter().enumerate() {
+            let mut e = t.entry().unwrap();
+            e.key = format!("k{i}");
+            e.contention = Some(c);
+            cache.insert(e);
+        }
+        let mut other = t.entry().unwrap();
+        other.key = "elsewhere".into();
+        other.gpu = "Other GPU".into();
+        other.contention = Some(2.0);
+        cache.insert(other);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&path, cache.render()).unwrap();
+        assert_eq!(measured_contention(&path, "Test GPU", 2), Some(0.5));
+        assert_eq!(measured_contention(&path, "Test GPU", 4), None);
+        assert_eq!(measured_contention(&path, "Other GPU", 2), Some(2.0));
+        assert_eq!(
+            measured_contention(&dir.join("none.toml"), "Test GPU", 2),
+            None
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -127,6 +127,9 @@ pub struct Entry {
     pub nccl_window_mib: u32,
     /// The measured median, ms.
     pub median_ms: f64,
+    /// [`super::Tuning::contention`] (absent: not fitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contention: Option<f64>,
 }
 
 fn is_nccl(t: &Transport) -> bool {
