@@ -101,6 +101,34 @@ fn compute_loops(p: &HostProgram) -> usize {
         .count()
 }
 
+/// The GEMMs of each top-level stream loop's body, as (accumulates, a `Synchronize` on
+/// another stream than the main one comes before it in the body), and how many GEMMs run at
+/// top level.
+fn loop_gemms(p: &HostProgram) -> (Vec<(bool, bool)>, usize) {
+    let mut in_loops = Vec::new();
+    let mut top = 0;
+    for s in &p.top_level {
+        match &p.stmts[*s] {
+            Stmt::ForLoop { body, .. } => {
+                let mut synced = false;
+                for (k, b) in body.iter().enumerate() {
+                    match &p.stmts[*b] {
+                        // The entry `Synchronize(main)` right after the stream switch is not
+                        // the accumulation's.
+                        Stmt::Synchronize { .. } if k > 1 => synced = true,
+                        Stmt::Matmul { accumulate, .. } => in_loops.push((*accumulate, synced)),
+                        Stmt::Linear { .. } => in_loops.push((false, synced)),
+                        _ => {}
+                    }
+                }
+            }
+            Stmt::Matmul { .. } | Stmt::Linear { .. } => top += 1,
+            _ => {}
+        }
+    }
+    (in_loops, top)
+}
+
 /// How many kernels the program launches, anywhere.
 fn launches(p: &HostProgram) -> usize {
     p.walk()
@@ -128,25 +156,42 @@ fn segments(source: &str) -> Vec<String> {
 
 /// The backward of a row-parallel linear: grad_inp is stream-split on the token axis, which
 /// propagation also gives grad_out and its permute; grad_w contracts over that axis, so it
-/// must stay unstreamed (it used to receive Stream on its reduction axis and be refused).
+/// stays unstreamed (it used to receive Stream on its reduction axis and be refused), and its
+/// GEMM runs inside the stream loop, accumulating each chunk's partial product into grad_w
+/// (zeroed before the loop) after a `Synchronize` on the previous iteration's stream (it used
+/// to run whole after the loop). Matches the reference at even and uneven chunks.
 #[test]
-fn a_reduction_over_a_streamed_axis_stays_outside_the_stream_loop() {
+fn a_reduction_over_a_streamed_axis_accumulates_chunk_by_chunk_in_the_stream_loop() {
     let source = std::fs::read_to_string(common::fixture("row_parallel_linear_backward")).unwrap();
-    for c in runs_on(&source, &[1, 2, 3, 4], &[]) {
-        let f = &c.sharded();
-        assert_eq!(streamed_reductions(f), Vec::<String>::new());
-        assert!(has(f, "grad_inp", ParallelType::Stream));
-        assert!(has(f, "grad_out_t", ParallelType::Stream));
-        assert!(!has(f, "grad_w", ParallelType::Stream));
-        assert_eq!(compute_loops(&c.program), 1);
-        // grad_w's GEMM runs at top level, after the loop.
-        let top_gemms = c
-            .program
-            .top_level
-            .iter()
-            .filter(|s| matches!(c.program.stmts[**s], Stmt::Matmul { .. }))
-            .count();
-        assert_eq!(top_gemms, 1);
+    let cases: [Case; 4] = [
+        (&[1, 2, 3, 4], &[]),
+        (&[1, 2, 3, 4], &[("t", 25), ("s", 4)]),
+        (&[1, 2], &[("t", 10), ("s", 3)]),
+        (&[2], &[("t", 2), ("s", 3)]),
+    ];
+    for (ranks, extra) in cases {
+        for c in runs_on(&source, ranks, extra) {
+            let f = &c.sharded();
+            assert_eq!(streamed_reductions(f), Vec::<String>::new());
+            assert!(has(f, "grad_inp", ParallelType::Stream));
+            assert!(has(f, "grad_out_t", ParallelType::Stream));
+            assert!(!has(f, "grad_w", ParallelType::Stream));
+            assert_eq!(compute_loops(&c.program), 1);
+            // grad_inp's GEMM, then grad_w's accumulation after the sync; none after the loop.
+            let (in_loop, top) = loop_gemms(&c.program);
+            assert_eq!(in_loop, [(false, false), (true, true)], "{extra:?}");
+            assert_eq!(top, 0, "{extra:?}");
+            let zeroed = c.program.top_level.iter().any(|s| {
+                matches!(
+                    c.program.stmts[*s],
+                    Stmt::Allocate {
+                        zero_init: true,
+                        ..
+                    }
+                )
+            });
+            assert!(zeroed, "grad_w is not zeroed before the loop");
+        }
     }
     // The same with a linear for grad_inp (w transposed), every tensor on the mesh.
     let linear = "fusion bwd_linear(t = 12, h = 2, d = 2, s = 3) {
@@ -673,8 +718,8 @@ fn sequence_parallel_silu_mlp_matches_the_reference_on_1_to_4_ranks() {
 /// sequence_parallel_mlp_backward.weave): the forward's collectives transposed — grad_out
 /// allgathered where the forward reduce-scattered, grad_x reduce-scattered where the forward
 /// allgathered (and x allgathered again to recompute h1) — in one loop; both weight gradients
-/// contract over the streamed tokens and run after it, never streamed on their reduction
-/// axis. The three gradients match the reference on 1 to 4 ranks at even and uneven chunks.
+/// contract over the streamed tokens, never streamed on their reduction axis, and accumulate
+/// chunk by chunk inside the loop. The three gradients match the reference on 1 to 4 ranks at even and uneven chunks.
 #[test]
 fn sequence_parallel_mlp_backward_matches_the_reference_on_1_to_4_ranks() {
     let source =
@@ -708,6 +753,11 @@ fn sequence_parallel_mlp_backward_matches_the_reference_on_1_to_4_ranks() {
                 assert!(!has(&f, w, ParallelType::Stream), "{w} is streamed");
                 assert!(has(&f, w, ParallelType::DIDx), "{w} is not DID-split");
             }
+            // The weight gradients accumulate in the loop, the first after the sync.
+            let (in_loop, top) = loop_gemms(p);
+            let acc: Vec<(bool, bool)> = in_loop.into_iter().filter(|g| g.0).collect();
+            assert_eq!(acc, [(true, true), (true, true)], "{extra:?}");
+            assert_eq!(top, 0, "{extra:?}");
         }
     }
 }
@@ -1031,6 +1081,11 @@ fn mlp_backward_reduce_scatters_weight_gradients_per_chunk() {
                 assert!(!has(&f, w, ParallelType::Stream), "{w} is streamed");
                 assert!(has(&f, w, ParallelType::DIDx), "{w} is not DID-split");
             }
+            // The weight gradients accumulate in the loop, the first after the sync.
+            let (in_loop, top) = loop_gemms(p);
+            let acc: Vec<(bool, bool)> = in_loop.into_iter().filter(|g| g.0).collect();
+            assert_eq!(acc, [(true, true), (true, true)], "{extra:?}");
+            assert_eq!(top, 0, "{extra:?}");
         }
     }
 }

@@ -14,7 +14,9 @@
 //! * no file of a crate imports itself through others (an import cycle between files), but
 //!   for the cycles listed as not yet broken;
 //! * what a host statement touches is derived in one place (`Stmt::effects`), and so is the
-//!   mapping of the host IR's collectives onto the communicator's operations.
+//!   mapping of the host IR's collectives onto the communicator's operations;
+//! * no struct of the crates in `SIDE_TABLE_CRATES` keeps a `HashMap` or `HashSet` keyed by
+//!   an arena key (a `new_key_type!` id): side tables are `SecondaryMap`s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -628,6 +630,183 @@ fn statement_effects_are_derived_in_one_place() {
         offenders.is_empty(),
         "these files re-derive what a host statement touches, or how a collective is posted, \
          instead of asking the one place that says it:\n  {}",
+        offenders.join("\n  ")
+    );
+}
+
+/// The crates whose structs keep side tables over arena keys in `SecondaryMap`s (issue 30):
+/// a struct field there may not be a `HashMap` or `HashSet` keyed by a `new_key_type!` id.
+const SIDE_TABLE_CRATES: &[&str] = &["crates/ir", "crates/transform", "crates/segmenter"];
+
+/// The names of every arena key type that a `new_key_type!` of the workspace's crates defines.
+fn arena_key_types(root: &Path) -> BTreeSet<String> {
+    let mut files = Vec::new();
+    rust_files(&root.join("crates"), &mut files);
+    let mut keys = BTreeSet::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for (at, _) in text.match_indices("new_key_type!") {
+            let rest = &text[at..];
+            let Some(open) = rest.find('{') else { continue };
+            let Some(close) = matching_close(rest, open) else {
+                continue;
+            };
+            for line in rest[open + 1..close].lines() {
+                let line = line.trim();
+                if line.starts_with("//") {
+                    continue;
+                }
+                if let Some(name) = line
+                    .split("struct ")
+                    .nth(1)
+                    .and_then(|s| s.strip_suffix(';'))
+                {
+                    keys.insert(name.trim().to_string());
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// The index of the bracket closing the one at `open` (`{`, `(` or `[`), counting those three.
+fn matching_close(text: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' | '(' | '[' => depth += 1,
+            '}' | ')' | ']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `text` without its `//` comments (line and doc comments alike).
+fn without_line_comments(text: &str) -> String {
+    text.lines()
+        .map(|l| l.find("//").map_or(l, |at| &l[..at]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The fields of every struct in `text` (comments removed), each as its declaration text
+/// (`pub name: Type` or, for a tuple struct, `Type`).
+fn struct_fields(text: &str) -> Vec<String> {
+    let text = without_line_comments(text);
+    let mut fields = Vec::new();
+    let mut from = 0;
+    while let Some(found) = text[from..].find("struct ") {
+        let at = from + found;
+        from = at + "struct ".len();
+        // A declaration, not a word inside another: `struct` starts a token.
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &text[at..];
+        let Some(open) = rest.find(['{', '(', ';']) else {
+            break;
+        };
+        if rest.as_bytes()[open] == b';' {
+            continue;
+        }
+        let Some(close) = matching_close(rest, open) else {
+            break;
+        };
+        // Split the body at top-level commas (angle brackets count, `->` does not).
+        let body = &rest[open + 1..close];
+        let (mut depth, mut start, mut prev) = (0i32, 0, ' ');
+        for (i, c) in body.char_indices() {
+            match c {
+                '<' | '(' | '[' | '{' => depth += 1,
+                '>' if prev != '-' => depth -= 1,
+                ')' | ']' | '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    fields.push(body[start..i].trim().to_string());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+            prev = c;
+        }
+        fields.push(body[start..].trim().to_string());
+        from = at + close;
+    }
+    fields.retain(|f| !f.is_empty());
+    fields
+}
+
+/// The arena key that a `HashMap<K, _>` or `HashSet<K>` in `ty` is keyed by, if any.
+fn hashed_by_arena_key<'k>(ty: &str, keys: &'k BTreeSet<String>) -> Option<&'k str> {
+    for container in ["HashMap<", "HashSet<"] {
+        for (at, _) in ty.match_indices(container) {
+            let args = &ty[at + container.len()..];
+            let key: String = args
+                .split([',', '>'])
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect();
+            let name = key.rsplit("::").next().unwrap_or_default();
+            if let Some(k) = keys.get(name) {
+                return Some(k);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn side_tables_over_arena_keys_are_secondary_maps() {
+    let root = repo_root();
+    let keys = arena_key_types(&root);
+    assert!(
+        keys.contains("TensorId") && keys.contains("ExprId"),
+        "the arena key types were not found (new_key_type! in crates/ir/src/ids.rs): {keys:?}"
+    );
+    // The check itself: a field keyed by an id is found, across lines and through wrappers,
+    // and function parameters, locals and other keys are not.
+    let sample = "pub(crate) struct S<'a> {\n    /// A doc: HashMap<TensorId, u8>.\n    \
+                  pub a: std::sync::OnceLock<std::collections::HashMap<\n        \
+                  weave_ir::TensorId,\n        Vec<ExprId>,\n    >>,\n    \
+                  b: HashMap<String, ExprId>,\n    c: &'a dyn Fn(u8) -> u8,\n}\n\
+                  struct T(HashSet<ExprId>);\nfn f(x: HashMap<TensorId, u8>) {}\n";
+    let found: Vec<Option<&str>> = struct_fields(sample)
+        .iter()
+        .map(|f| hashed_by_arena_key(f, &keys))
+        .collect();
+    assert_eq!(found, [Some("TensorId"), None, None, Some("ExprId")]);
+
+    let mut offenders = Vec::new();
+    for krate in SIDE_TABLE_CRATES {
+        let mut files = Vec::new();
+        rust_files(&root.join(krate), &mut files);
+        files.sort();
+        for path in files {
+            let rel = path
+                .strip_prefix(&root)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for field in struct_fields(&text) {
+                if let Some(key) = hashed_by_arena_key(&field, &keys) {
+                    let field = field.split_whitespace().collect::<Vec<_>>().join(" ");
+                    offenders.push(format!("{rel}: `{field}` (keyed by {key})"));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "these struct fields keep a side table over arena keys in a HashMap or HashSet; use \
+         slotmap's SecondaryMap (SparseSecondaryMap where few keys are present) instead:\n  {}",
         offenders.join("\n  ")
     );
 }

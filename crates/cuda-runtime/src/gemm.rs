@@ -71,6 +71,8 @@ pub struct GemmShape {
     /// Ask cuBLASLt to size the kernel for this many SMs (0: the whole GPU), leaving the rest
     /// to concurrent communication kernels.
     pub sm_count: i32,
+    /// Add the product to D (`D = A B + D`, beta = 1; C is D) instead of overwriting it.
+    pub accumulate: bool,
 }
 
 /// The device addresses of one GEMM's operands.
@@ -326,8 +328,10 @@ impl PlanCache {
             }
         };
         let plan = plan.lock().unwrap();
-        let (alpha32, beta32) = (1.0f32, 0.0f32);
-        let (alpha64, beta64) = (1.0f64, 0.0f64);
+        // beta = 1 adds the product to D (C and D are one buffer): an accumulating GEMM.
+        let beta = if shape.accumulate { 1.0 } else { 0.0 };
+        let (alpha32, beta32) = (1.0f32, beta as f32);
+        let (alpha64, beta64) = (1.0f64, beta);
         let (alpha, beta): (*const c_void, *const c_void) = if shape.dtype == GemmType::F64 {
             ((&alpha64) as *const f64 as _, (&beta64) as *const f64 as _)
         } else {

@@ -194,6 +194,7 @@ pub trait Backend: Send + Sync {
         a: &Self::Buffer,
         b: &Self::Buffer,
         out: &Self::Buffer,
+        accumulate: bool,
         stream: &Self::Stream,
     ) -> Result<(), ExecError>;
 

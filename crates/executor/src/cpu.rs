@@ -524,11 +524,27 @@ impl Backend for CpuBackend {
         a: &HostView,
         b: &HostView,
         out: &HostView,
+        accumulate: bool,
         stream: &CpuStream,
     ) -> Result<(), ExecError> {
         let (a, b, out) = (a.clone(), b.clone(), out.clone());
         self.enqueue_compute(stream, label, move || {
-            let value = interp::matmul_dense(&dense_of(&a)?, &dense_of(&b)?)?;
+            let mut value = interp::matmul_dense(&dense_of(&a)?, &dense_of(&b)?)?;
+            if accumulate {
+                // `out += a @ b`: the partial sum so far, element for element (the sizes
+                // differ at most by axes of size 1, which leave the order alone).
+                let sum = out.try_read()?;
+                if sum.len() != value.data.len() {
+                    return Err(format!(
+                        "the product has sizes {:?} but the accumulated output has sizes {:?}",
+                        value.sizes,
+                        out.sizes()
+                    ));
+                }
+                for (v, s) in value.data.iter_mut().zip(sum) {
+                    *v += s;
+                }
+            }
             store(&out, &value, "the product")
         });
         Ok(())

@@ -815,7 +815,12 @@ where
                 self.backend
                     .launch_kernel(&label, *kernel, &fusion, &ins, &outs, &stream)?;
             }
-            Stmt::Matmul { a, b, out } => {
+            Stmt::Matmul {
+                a,
+                b,
+                out,
+                accumulate,
+            } => {
                 let (x, y, o) = (
                     self.buffer(*a, &label)?,
                     self.buffer(*b, &label)?,
@@ -823,7 +828,8 @@ where
                 );
                 self.record_effects(Agent::Stream(self.current), id, &label);
                 let stream = self.backend.stream(self.current)?;
-                self.backend.matmul(&label, &x, &y, &o, &stream)?;
+                self.backend
+                    .matmul(&label, &x, &y, &o, *accumulate, &stream)?;
             }
             Stmt::Linear {
                 input,

@@ -343,6 +343,7 @@ impl Backend for MeterBackend {
         a: &Shape,
         b: &Shape,
         out: &Shape,
+        _accumulate: bool,
         _stream: &StreamKey,
     ) -> Result<(), ExecError> {
         self.work(a.numel() + b.numel() + out.numel());

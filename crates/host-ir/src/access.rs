@@ -248,7 +248,16 @@ impl Stmt {
                     Runs::Stream,
                 )
             },
-            Stmt::Matmul { a, b, out } => Effects::reading_writing([*a, *b], [*out], Runs::Stream),
+            Stmt::Matmul {
+                a,
+                b,
+                out,
+                accumulate,
+            } => {
+                // An accumulating GEMM reads the partial sum it adds to.
+                let acc = accumulate.then_some(*out);
+                Effects::reading_writing([*a, *b].into_iter().chain(acc), [*out], Runs::Stream)
+            }
             Stmt::Linear {
                 input,
                 weight,
@@ -506,9 +515,27 @@ mod tests {
                 },
             ),
             (
-                Stmt::Matmul { a, b, out: c },
+                Stmt::Matmul {
+                    a,
+                    b,
+                    out: c,
+                    accumulate: false,
+                },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (c, Write)],
+                    runs: Runs::Stream,
+                    ..none()
+                },
+            ),
+            (
+                Stmt::Matmul {
+                    a,
+                    b,
+                    out: c,
+                    accumulate: true,
+                },
+                Effects {
+                    accesses: vec![(a, Read), (b, Read), (c, Read), (c, Write)],
                     runs: Runs::Stream,
                     ..none()
                 },

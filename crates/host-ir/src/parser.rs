@@ -772,15 +772,27 @@ impl Parser<'_> {
         Ok(id)
     }
 
-    /// `T3 = ALLOCATE(..)`, `T3 = ShardByStream(..)`, `T3 = matmul(..)`, `T3 = linear(..)`.
+    /// `T3 = ALLOCATE(..)`, `T3 = ShardByStream(..)`, `T3 = matmul(..)`, `T3 += matmul(..)`,
+    /// `T3 = linear(..)`.
     fn tensor_statement(&mut self, scope: ScopeRef) -> PResult<StmtId> {
         let out = self.tensor_ref("a tensor")?;
-        self.expect_punct("=", "after the tensor a statement defines")?;
+        // `T4 += matmul(..)`: an accumulating GEMM.
+        let accumulate = if self.at_punct("+") {
+            self.bump();
+            self.expect_punct("=", "after `+` (an accumulating `T… += matmul(..)`)")?;
+            true
+        } else {
+            self.expect_punct("=", "after the tensor a statement defines")?;
+            false
+        };
         let t = self.bump();
         let op = match &t.tok {
             Tok::Ident(op) => op.clone(),
             _ => String::new(),
         };
+        if accumulate && op != "matmul" {
+            return self.err(&t, "`matmul` after `T… +=` (only a GEMM accumulates)");
+        }
         let stmt = match op.as_str() {
             "ALLOCATE" => {
                 self.expect_punct("(", "after `ALLOCATE`")?;
@@ -876,7 +888,12 @@ impl Parser<'_> {
                 self.expect_punct(",", "after the left operand")?;
                 let b = self.tensor_ref("the right operand")?;
                 self.expect_punct(")", "to close `matmul(`")?;
-                Stmt::Matmul { a, b, out }
+                Stmt::Matmul {
+                    a,
+                    b,
+                    out,
+                    accumulate,
+                }
             }
             "linear" => {
                 self.expect_punct("(", "after `linear`")?;

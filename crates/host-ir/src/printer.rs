@@ -277,11 +277,17 @@ impl Names {
                 let o = self.tensor_list(p, outputs, declare);
                 format!("LaunchKernel(kernel={k}, inputs=({i}), outputs=({o}))")
             }
-            Stmt::Matmul { a, b, out } => {
+            Stmt::Matmul {
+                a,
+                b,
+                out,
+                accumulate,
+            } => {
                 let o = self.tensor_text(p, *out, declare);
                 let a = self.tensor_text(p, *a, declare);
                 let b = self.tensor_text(p, *b, declare);
-                format!("{o} = matmul({a}, {b})")
+                let op = if *accumulate { "+=" } else { "=" };
+                format!("{o} {op} matmul({a}, {b})")
             }
             Stmt::Linear {
                 input,

@@ -359,7 +359,10 @@ pub enum Stmt {
         /// Bound, in order, to the segment's fusion outputs; allocated before the launch.
         outputs: Vec<HostTensorId>,
     },
-    /// `out = a @ b` by the GEMM library on the current stream, into a preallocated `out`.
+    /// `out = a @ b` by the GEMM library on the current stream, into a preallocated `out`;
+    /// with `accumulate`, `out += a @ b` (printed `T4 += matmul(T5, T0)`): the partial
+    /// product of one stream chunk of the contraction axis added to what `out` holds
+    /// (cuBLASLt's beta = 1), so `out` is read as well as written.
     Matmul {
         /// Left operand.
         a: HostTensorId,
@@ -367,6 +370,8 @@ pub enum Stmt {
         b: HostTensorId,
         /// The preallocated result.
         out: HostTensorId,
+        /// Add the product to `out` instead of overwriting it.
+        accumulate: bool,
     },
     /// `out = input @ weightᵀ (+ bias)` by the GEMM library on the current stream, into a
     /// preallocated `out`.

@@ -122,6 +122,14 @@ fn statement_errors() {
         "2:85: expected `chunks` after the chunk held, found `extent`"
     );
     assert_eq!(
+        error(&program("  T1_g_f32[8] += linear(T0, T0)\n")),
+        "2:18: expected `matmul` after `T… +=` (only a GEMM accumulates), found `linear`"
+    );
+    assert_eq!(
+        error(&program("  T1_g_f32[8] + matmul(T0, T0)\n")),
+        "2:17: expected `=` after `+` (an accumulating `T… += matmul(..)`), found `matmul`"
+    );
+    assert_eq!(
         error(&program("  T1_g_f32[8] = linear(T0, T0 T0)\n")),
         "2:31: expected `)` or `,` with a bias to close `linear(`, found `T0`"
     );
@@ -198,7 +206,7 @@ fn labels_and_kernels() {
         "6:7: in kernel `K0`: unknown op `sett` (expected one of: set, segment_set, cast, neg, abs, exp, log, \
          sin, cos, tanh, sqrt, rsqrt, reciprocal, relu, sigmoid, not, erf, gelu, gelu_tanh, add, \
          sub, mul, div, maximum, minimum, pow, eq, ne, lt, le, gt, ge, and, or, where, sum, max, \
-         min, mean, var, broadcast, squeeze, permute, reshape, matmul, linear, iota, slice, concat)"
+         min, mean, var, broadcast, squeeze, permute, reshape, matmul, linear, iota, slice, concat, index_select)"
     );
     assert_eq!(
         error(&(program("") + "K0: fusion f(n = 4 {\n}\n")),

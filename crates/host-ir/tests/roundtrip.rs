@@ -340,6 +340,7 @@ fn random_program(ops: &[(u8, u8, u8, u8)]) -> HostProgram {
                 a: tensor(a),
                 b: tensor(b),
                 out: tensor(c),
+                accumulate: c % 2 == 1,
             },
             10 => Stmt::Linear {
                 input: tensor(a),

@@ -1,7 +1,7 @@
 //! The fusion arena and its builder API: parameters, meshes, inputs, ops with shape and dtype
 //! inference, outputs. Program order is kept in vectors, never in arena order.
 
-use slotmap::SlotMap;
+use slotmap::{SecondaryMap, SlotMap};
 
 use crate::diag::{Diagnostic, IrResult, Span};
 use crate::domain::{IdExpr, IterDomain, IterType, ParallelType, SplitKind};
@@ -103,7 +103,7 @@ pub struct Fusion {
     order: Vec<ExprId>,
     /// The readers of each tensor in program order: built on the first [`Fusion::uses`] and
     /// dropped by every change to the exprs or their order.
-    uses_index: std::sync::OnceLock<std::collections::HashMap<TensorId, Vec<ExprId>>>,
+    uses_index: std::sync::OnceLock<SecondaryMap<TensorId, Vec<ExprId>>>,
     /// How generated values of some inputs are drawn ([`Fusion::set_draw`]).
     draws: Vec<(TensorId, Draw)>,
 }
@@ -616,21 +616,25 @@ impl Fusion {
     /// The exprs that read `t`, in program order.
     pub fn uses(&self, t: TensorId) -> Vec<ExprId> {
         let index = self.uses_index.get_or_init(|| {
-            let mut index: std::collections::HashMap<TensorId, Vec<ExprId>> =
-                std::collections::HashMap::new();
+            let mut index: SecondaryMap<TensorId, Vec<ExprId>> = SecondaryMap::new();
             for &e in &self.order {
                 let mut seen: Vec<TensorId> = Vec::new();
                 for &i in &self.exprs[e].inputs {
                     // An expr reading a tensor twice is one use.
                     if !seen.contains(&i) {
                         seen.push(i);
-                        index.entry(i).or_default().push(e);
+                        match index.get_mut(i) {
+                            Some(uses) => uses.push(e),
+                            None => {
+                                index.insert(i, vec![e]);
+                            }
+                        }
                     }
                 }
             }
             index
         });
-        index.get(&t).cloned().unwrap_or_default()
+        index.get(t).cloned().unwrap_or_default()
     }
 
     /// Looks a tensor up by its user name.

@@ -5,8 +5,10 @@
 //! allocation axes — never from arena keys, so a pass that frees or adds a node elsewhere does
 //! not renumber unrelated lines of a snapshot.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt::Write as _;
+
+use slotmap::SecondaryMap;
 
 use crate::domain::{IdExpr, SplitKind};
 use crate::expr::ExprKind;
@@ -16,8 +18,8 @@ use crate::ids::{IdExprId, IterDomainId, TensorId};
 /// Assigns printer names to tensors and iter domains.
 #[derive(Debug, Default)]
 pub struct Namer {
-    tensors: HashMap<TensorId, usize>,
-    ids: HashMap<IterDomainId, usize>,
+    tensors: SecondaryMap<TensorId, usize>,
+    ids: SecondaryMap<IterDomainId, usize>,
 }
 
 impl Namer {
@@ -32,7 +34,7 @@ impl Namer {
 
     /// Names `t` and its axes if not yet named.
     pub fn name_tensor(&mut self, fusion: &Fusion, t: TensorId) {
-        if !self.tensors.contains_key(&t) {
+        if !self.tensors.contains_key(t) {
             let k = self.tensors.len();
             self.tensors.insert(t, k);
         }
@@ -51,14 +53,22 @@ impl Namer {
     }
 
     fn name_id(&mut self, id: IterDomainId) -> usize {
+        if let Some(&n) = self.ids.get(id) {
+            return n;
+        }
         let k = self.ids.len();
-        *self.ids.entry(id).or_insert(k)
+        self.ids.insert(id, k);
+        k
     }
 
     /// `T{n}` number of a tensor (naming it on first sight).
     pub fn tensor_number(&mut self, t: TensorId) -> usize {
+        if let Some(&n) = self.tensors.get(t) {
+            return n;
+        }
         let k = self.tensors.len();
-        *self.tensors.entry(t).or_insert(k)
+        self.tensors.insert(t, k);
+        k
     }
 
     /// `iS{n}` style name of an axis: `{i|r|b}{S|deviceIdx.x|streamIdx}{n}{extent}[rf]`.

@@ -41,6 +41,10 @@
 //!   current *before* it waits for main (otherwise main waits for itself and the worker is not
 //!   ordered after the inputs), and main must be current *before* the join loop (otherwise the
 //!   last worker, not main, waits for the others, and the caller's stream races the outputs).
+//! * **Accumulations**: when the body holds an accumulating GEMM (`T += matmul(..)`), which
+//!   updates one buffer in every iteration, `Synchronize(Stream ((i + (numberOfStreams - 1))
+//!   % numberOfStreams))` (the previous iteration's worker, which then holds all of that
+//!   iteration's work) goes right before the first one, so the accumulations are ordered.
 //! * **Preserves**: every original statement, in its scope and order; the statements of a loop
 //!   body run on one worker stream, so data dependences inside an iteration keep their stream
 //!   order. Every added loop has a fresh [`HostScalar::LoopIndex`] (an index names one loop).
@@ -160,6 +164,29 @@ impl AssignStreams {
                 }));
             }
         }
+        // An accumulating GEMM (`T += matmul(..)`, a weight gradient summed chunk by chunk)
+        // updates one buffer in every iteration: the first one waits for the previous
+        // iteration's stream, which then has all of that iteration's work, so the
+        // accumulations run in iteration order whatever the pool size.
+        let first_accumulation = match &p.stmts[lp] {
+            Stmt::ForLoop { body, .. } => body.iter().position(|s| {
+                matches!(
+                    p.stmts[*s],
+                    Stmt::Matmul {
+                        accumulate: true,
+                        ..
+                    }
+                )
+            }),
+            _ => None,
+        };
+        if let Some(at) = first_accumulation {
+            let previous = previous_worker_stream(p, index);
+            let sync = p.stmts.insert(Stmt::Synchronize { stream: previous });
+            if let Stmt::ForLoop { body, .. } = &mut p.stmts[lp] {
+                body.insert(at, sync);
+            }
+        }
         if let Stmt::ForLoop { body, .. } = &mut p.stmts[lp] {
             body.splice(0..0, prologue);
         }
@@ -248,6 +275,20 @@ pub fn is_stream_slot(p: &HostProgram, s: ScalarId, index: ScalarId) -> bool {
         }
         _ => false,
     }
+}
+
+/// A new stream value `Stream ((index + (numberOfStreams - 1)) % numberOfStreams)`: the
+/// worker of the iteration before `index` (for the first iteration, the last worker, whose
+/// work so far precedes the loop).
+fn previous_worker_stream(p: &mut HostProgram, index: ScalarId) -> StreamId {
+    let n = number_of_streams(p);
+    let less = find_or_insert_scalar(
+        p,
+        HostScalar::Value(Scalar::named(NUMBER_OF_STREAMS).sub(Scalar::c(1))),
+    );
+    let back = find_or_insert_scalar(p, HostScalar::Binary(ScalarOp::Add, index, less));
+    let slot = find_or_insert_scalar(p, HostScalar::Binary(ScalarOp::Mod, back, n));
+    p.streams.insert(Stream::Indexed(slot))
 }
 
 /// A new stream value `Stream (index % numberOfStreams)`.

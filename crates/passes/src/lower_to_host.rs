@@ -32,6 +32,12 @@
 //!   from the loop index, on pieces of a shard or of a chunk when the factors nest. A
 //!   collective whose device split sits inside outer splits of the same axis (`[s, d, ..]`)
 //!   and that no loop cuts into those pieces is posted once per piece, on views of it.
+//! * Accumulation: a matmul whose output has no Stream axis but whose contraction axis an
+//!   operand's Stream axis is cut from (a weight gradient `dW = xᵀ · dy` over stream-split
+//!   tokens) joins that axis' loop as `dW += a_chunk @ b_chunk` (`Stmt::Matmul` with
+//!   `accumulate`), `dW` allocated whole with `zero_init` before the loop; unless a segment of
+//!   a stream loop reads `dW` (it would see a partial sum): then it runs whole at top level.
+//!   `assign-streams` orders the accumulations across iterations.
 //! * A [`Lowering`](crate::pass::Lowering): it changes the IR form.
 
 use std::collections::{HashMap, HashSet};
@@ -170,6 +176,10 @@ struct Lowering<'a> {
     /// The exprs of the segment being lowered and their own graph (see [`Self::chunk_root`]).
     current_graph: Option<(Vec<ExprId>, IdGraph)>,
     stream_allgather: StreamAllgather,
+    /// The matmul segments that contract over a stream loop's axis, with the operand and
+    /// Stream axis their loop is keyed by: each chunk's partial product is added into the
+    /// output, allocated whole and zeroed before the loop (see [`Self::accumulating_stream`]).
+    accumulating: HashMap<SegmentId, (TensorId, IterDomainId)>,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -199,6 +209,7 @@ pub fn lower_with(
         current: None,
         current_graph: None,
         stream_allgather,
+        accumulating: HashMap::new(),
     };
     for (id, s) in sf.segments() {
         for t in s.produced(f) {
@@ -443,6 +454,29 @@ impl Lowering<'_> {
             let stream = self.reference_stream(sf.segment(seg).exprs())?;
             key.insert(seg, stream.map(|(_, sid)| sid));
         }
+        // A matmul that contracts over a streamed axis joins the loop of that axis and
+        // accumulates chunk by chunk, unless a segment of a stream loop reads its result
+        // (which would see a partial sum): then it runs whole at top level, as before.
+        for &seg in &order {
+            if key[&seg].is_some() {
+                continue;
+            }
+            let Some(stream) = self.accumulating_stream(sf.segment(seg).exprs()) else {
+                continue;
+            };
+            let read_in_a_loop = sf
+                .segment(seg)
+                .outputs()
+                .iter()
+                .flat_map(|t| self.consumers.get(t).into_iter().flatten())
+                .any(|c| key[c].is_some());
+            if !read_in_a_loop {
+                self.accumulating.insert(seg, stream);
+            }
+        }
+        for (seg, (_, sid)) in &self.accumulating {
+            key.insert(*seg, Some(*sid));
+        }
         let mut i = 1;
         while i < order.len() {
             let (Some(prev), None) = (key[&order[i - 1]], key[&order[i]]) else {
@@ -576,6 +610,64 @@ impl Lowering<'_> {
             )));
         }
         Ok(loop_axis(f, r, ParallelType::Stream).map(|s| (r, s)))
+    }
+
+    /// The operand and its Stream axis that key the loop of a matmul `exprs` (one expr) whose
+    /// contraction axis is streamed: its output has no Stream axis, both operands have rank 2
+    /// or more, one operand has a Stream axis cut by outer splits from its contraction axis
+    /// (`a`'s last axis, `b`'s second to last), the two contraction axes are mapped, the
+    /// other operand's first axis mapped to them is its own contraction axis (so the loop cuts
+    /// both along the contraction), and the output's reduction axes carry no parallel type.
+    /// `None`: a matmul lowered as before.
+    fn accumulating_stream(&self, exprs: &[ExprId]) -> Option<(TensorId, IterDomainId)> {
+        let f = self.f;
+        let [e] = exprs else { return None };
+        let expr = f.expr(*e);
+        if !matches!(expr.kind, ExprKind::Matmul) || expr.inputs.len() != 2 {
+            return None;
+        }
+        let out = expr.outputs[0];
+        if loop_axis(f, out, ParallelType::Stream).is_some() {
+            return None;
+        }
+        let parallel_reduction = f.tensor(out).loop_domain.iter().any(|i| {
+            f.id(*i).iter_type == IterType::Reduction && f.id(*i).parallel != ParallelType::Serial
+        });
+        if parallel_reduction {
+            return None;
+        }
+        let (a, b) = (expr.inputs[0], expr.inputs[1]);
+        let (va, vb) = (f.visible_axes(a), f.visible_axes(b));
+        if va.len() < 2 || vb.len() < 2 {
+            return None;
+        }
+        let (ka, kb) = (va[va.len() - 1], vb[vb.len() - 2]);
+        if !self.graph.are_mapped(ka, kb) {
+            return None;
+        }
+        // The operand whose own Stream axis is cut from its contraction axis keys the loop.
+        let streamed = |t: TensorId, k: IterDomainId| {
+            loop_axis(f, t, ParallelType::Stream)
+                .filter(|s| self.outer_split_root(t, *s) == Some(k))
+                .map(|s| (t, s))
+        };
+        let (t, sid) = streamed(a, ka).or_else(|| streamed(b, kb))?;
+        // The other operand is cut along its contraction axis: by a Stream axis of its own
+        // cut from it, or as the first of its axes mapped to the loop's.
+        let cut_alike = |u: TensorId, k: IterDomainId, axes: &[IterDomainId]| match loop_axis(
+            f,
+            u,
+            ParallelType::Stream,
+        ) {
+            Some(s) => self.graph.are_mapped(s, sid) && self.outer_split_root(u, s) == Some(k),
+            None => axes.iter().find(|x| self.graph.are_mapped(**x, ka)) == Some(&k),
+        };
+        let other_ok = if t == a {
+            cut_alike(b, kb, &vb)
+        } else {
+            cut_alike(a, ka, &va)
+        };
+        other_ok.then_some((t, sid))
     }
 
     fn open_loop_for(
@@ -896,11 +988,17 @@ impl Lowering<'_> {
     fn lower_segment(&mut self, sf: &SegmentedFusion, seg: SegmentId) -> Result<(), Diagnostic> {
         let s = sf.segment(seg);
         let exprs: Vec<ExprId> = s.exprs().to_vec();
-        let stream = self.reference_stream(&exprs)?;
+        let stream = match self.accumulating.get(&seg) {
+            Some(s) => Some(*s),
+            None => self.reference_stream(&exprs)?,
+        };
         self.current = Some(seg);
         self.open_loop_for(stream)?;
         self.current_graph = Some((exprs.clone(), IdGraph::build_for_exprs(self.f, &exprs)));
         match s.kind() {
+            SegmentKind::Library if self.accumulating.contains_key(&seg) => {
+                self.lower_accumulating_matmul(exprs[0])
+            }
             SegmentKind::Library => self.lower_library(exprs[0]),
             SegmentKind::Communication => self.lower_communication(exprs[0]),
             SegmentKind::Kernel => self.lower_kernel(sf, seg),
@@ -920,6 +1018,7 @@ impl Lowering<'_> {
                 a: ins[0],
                 b: ins[1],
                 out,
+                accumulate: false,
             },
             ExprKind::Linear => Stmt::Linear {
                 input: ins[0],
@@ -935,6 +1034,47 @@ impl Lowering<'_> {
             }
         };
         self.emit(stmt);
+        Ok(())
+    }
+
+    /// A matmul that contracts over the open loop's streamed axis (see
+    /// [`Self::accumulating_stream`]): `out += a_chunk @ b_chunk` in every iteration, `out`
+    /// allocated whole and zeroed before the loop. `assign-streams` orders each iteration's
+    /// accumulation after the previous one's.
+    fn lower_accumulating_matmul(&mut self, e: ExprId) -> Result<(), Diagnostic> {
+        let f = self.f;
+        let expr = f.expr(e).clone();
+        let (a, b, out) = (expr.inputs[0], expr.inputs[1], expr.outputs[0]);
+        let (va, vb) = (f.visible_axes(a), f.visible_axes(b));
+        let (ka, kb) = (va[va.len() - 1], vb[vb.len() - 2]);
+        if self.chunk_root(a) != Some(ka) || self.chunk_root(b) != Some(kb) {
+            return Err(Diagnostic::new(format!(
+                "internal: the stream loop does not cut `{}` and `{}` along the contraction axis of `{}`",
+                f.tensor(a).name,
+                f.tensor(b).name,
+                f.tensor(out).name
+            )));
+        }
+        let a = self.resolve(a, false)?;
+        let b = self.resolve(b, false)?;
+        if self.top.contains_key(&out) {
+            return Err(Diagnostic::new(format!(
+                "internal: `{}` is written twice",
+                f.tensor(out).name
+            )));
+        }
+        let sum = self.new_tensor(out, self.local_sizes(out, false)?);
+        self.emit_before_loop(Stmt::Allocate {
+            tensor: sum,
+            zero_init: true,
+        });
+        self.top.insert(out, sum);
+        self.emit(Stmt::Matmul {
+            a,
+            b,
+            out: sum,
+            accumulate: true,
+        });
         Ok(())
     }
 

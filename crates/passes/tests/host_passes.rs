@@ -71,7 +71,12 @@ mod build {
         }
 
         pub fn matmul(&mut self, a: HostTensorId, b: HostTensorId, out: HostTensorId) -> StmtId {
-            self.stmt(Stmt::Matmul { a, b, out })
+            self.stmt(Stmt::Matmul {
+                a,
+                b,
+                out,
+                accumulate: false,
+            })
         }
 
         pub fn shard(

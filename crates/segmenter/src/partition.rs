@@ -18,13 +18,12 @@
 //! A partition written by hand is checked instead: [`SegmentedFusion::from_partition`] builds
 //! it and runs [`verify()`].
 
-use std::collections::HashMap;
-
 use petgraph::algo::{has_path_connecting, DfsSpace};
 use petgraph::graph::NodeIndex;
 use petgraph::stable_graph::StableDiGraph;
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
+use slotmap::SecondaryMap;
 use weave_ir::{ExprId, Fusion, TensorId};
 
 use crate::rule::{MergeContext, MergeRule};
@@ -62,7 +61,7 @@ pub fn compute_kind(fusion: &Fusion, e: ExprId) -> SegmentKind {
 pub fn segment(fusion: Fusion, classify: Classifier<'_>, rule: &dyn MergeRule) -> SegmentedFusion {
     let idx = FusionIndex::new(&fusion);
     let mut g = WorkGraph::default();
-    let mut seg_of: HashMap<ExprId, NodeIndex> = HashMap::new();
+    let mut seg_of: SecondaryMap<ExprId, NodeIndex> = SecondaryMap::new();
     for e in fusion.exprs() {
         let kind = classify(&fusion, *e);
         let n = g.add_node(Segment::with_index(&fusion, &idx, kind, vec![*e]));
@@ -70,8 +69,8 @@ pub fn segment(fusion: Fusion, classify: Classifier<'_>, rule: &dyn MergeRule) -
     }
     for e in fusion.exprs() {
         for t in &fusion.expr(*e).inputs {
-            if let Some(d) = idx.def.get(t) {
-                add_edge_unique(&mut g, seg_of[d], seg_of[e], *t);
+            if let Some(&d) = idx.def.get(*t) {
+                add_edge_unique(&mut g, seg_of[d], seg_of[*e], *t);
             }
         }
     }
@@ -89,17 +88,17 @@ pub fn segment(fusion: Fusion, classify: Classifier<'_>, rule: &dyn MergeRule) -
         let mut changed = false;
         for e in fusion.exprs() {
             for t in &fusion.expr(*e).inputs {
-                if let Some(d) = idx.def.get(t) {
-                    changed |= m.try_merge(m.seg_of[d], m.seg_of[e]);
+                if let Some(&d) = idx.def.get(*t) {
+                    changed |= m.try_merge(m.seg_of[d], m.seg_of[*e]);
                 }
             }
         }
         if rule.merge_siblings() {
             for t in fusion.tensors_in_order() {
-                let users = idx.uses.get(&t).map(Vec::as_slice).unwrap_or_default();
+                let users = idx.uses.get(t).map(Vec::as_slice).unwrap_or_default();
                 for (i, u) in users.iter().enumerate() {
                     for v in &users[i + 1..] {
-                        changed |= m.try_merge(m.seg_of[u], m.seg_of[v]);
+                        changed |= m.try_merge(m.seg_of[*u], m.seg_of[*v]);
                     }
                 }
             }
@@ -207,7 +206,7 @@ struct Merger<'a> {
     idx: &'a FusionIndex,
     rule: &'a dyn MergeRule,
     g: WorkGraph,
-    seg_of: HashMap<ExprId, NodeIndex>,
+    seg_of: SecondaryMap<ExprId, NodeIndex>,
     space: Option<DfsSpace<NodeIndex, <WorkGraph as petgraph::visit::Visitable>::Map>>,
 }
 

@@ -8,6 +8,7 @@ use std::fmt;
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
+use slotmap::SecondaryMap;
 use weave_ir::{ExprId, Fusion, TensorId};
 
 /// A segment's node in [`SegmentedFusion::graph`]. In a finished [`SegmentedFusion`] the
@@ -53,11 +54,11 @@ impl fmt::Display for SegmentKind {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FusionIndex {
     /// Position of each expr in [`Fusion::exprs`].
-    pub pos: HashMap<ExprId, usize>,
+    pub pos: SecondaryMap<ExprId, usize>,
     /// The expr that defines each tensor (fusion inputs have none).
-    pub def: HashMap<TensorId, ExprId>,
+    pub def: SecondaryMap<TensorId, ExprId>,
     /// The exprs reading each tensor, in program order, each once.
-    pub uses: HashMap<TensorId, Vec<ExprId>>,
+    pub uses: SecondaryMap<TensorId, Vec<ExprId>>,
 }
 
 impl FusionIndex {
@@ -67,9 +68,12 @@ impl FusionIndex {
             idx.pos.insert(*e, k);
             let expr = fusion.expr(*e);
             for t in &expr.inputs {
-                let u = idx.uses.entry(*t).or_default();
-                if u.last() != Some(e) {
-                    u.push(*e);
+                match idx.uses.get_mut(*t) {
+                    Some(u) if u.last() == Some(e) => {}
+                    Some(u) => u.push(*e),
+                    None => {
+                        idx.uses.insert(*t, vec![*e]);
+                    }
                 }
             }
             for t in &expr.outputs {
@@ -81,7 +85,7 @@ impl FusionIndex {
 
     /// Program position of `e`; exprs not in the fusion sort last.
     pub fn position(&self, e: ExprId) -> usize {
-        self.pos.get(&e).copied().unwrap_or(usize::MAX)
+        self.pos.get(e).copied().unwrap_or(usize::MAX)
     }
 }
 
@@ -116,7 +120,7 @@ impl Segment {
         for e in &exprs {
             let expr = fusion.expr(*e);
             for t in &expr.inputs {
-                let inside = idx.def.get(t).is_some_and(|d| members.contains(d));
+                let inside = idx.def.get(*t).is_some_and(|d| members.contains(d));
                 if !inside && !inputs.contains(t) {
                     inputs.push(*t);
                 }
@@ -124,7 +128,7 @@ impl Segment {
             for t in &expr.outputs {
                 let used_outside = idx
                     .uses
-                    .get(t)
+                    .get(*t)
                     .is_some_and(|us| us.iter().any(|u| !members.contains(u)));
                 if (used_outside || fusion.is_output(*t)) && !outputs.contains(t) {
                     outputs.push(*t);
@@ -211,7 +215,7 @@ pub struct SegmentedFusion {
     fusion: Fusion,
     graph: DiGraph<Segment, TensorId>,
     run_order: Vec<SegmentId>,
-    expr_segment: HashMap<ExprId, SegmentId>,
+    expr_segment: SecondaryMap<ExprId, SegmentId>,
 }
 
 impl SegmentedFusion {
@@ -265,7 +269,7 @@ impl SegmentedFusion {
 
     /// The segment holding expr `e`; `None` if `e` is not an expr of the fusion.
     pub fn segment_of(&self, e: ExprId) -> Option<SegmentId> {
-        self.expr_segment.get(&e).copied()
+        self.expr_segment.get(e).copied()
     }
 
     /// The segment producing tensor `t`; `None` for fusion inputs (and unknown tensors).
@@ -343,7 +347,7 @@ impl SegmentedFusion {
         )
     }
 
-    pub(crate) fn expr_segment_map(&self) -> &HashMap<ExprId, SegmentId> {
+    pub(crate) fn expr_segment_map(&self) -> &SecondaryMap<ExprId, SegmentId> {
         &self.expr_segment
     }
 }
@@ -383,7 +387,7 @@ pub(crate) fn dependence_edges(
     for e in fusion.exprs() {
         let Some(&b) = seg_of.get(e) else { continue };
         for t in &fusion.expr(*e).inputs {
-            let Some(&a) = idx.def.get(t).and_then(|d| seg_of.get(d)) else {
+            let Some(&a) = idx.def.get(*t).and_then(|d| seg_of.get(d)) else {
                 continue;
             };
             if a != b && !out.contains(&(a, b, *t)) {
@@ -442,7 +446,7 @@ pub(crate) fn build(
     let mut seg_of: HashMap<ExprId, usize> = HashMap::new();
     for (k, s) in segments.iter().enumerate() {
         for e in &s.exprs {
-            if !idx.pos.contains_key(e) {
+            if !idx.pos.contains_key(*e) {
                 return Err(format!(
                     "segment {k} holds an expr that is not in the fusion"
                 ));
@@ -491,7 +495,7 @@ pub(crate) fn build(
     let mut final_edges: Vec<(usize, usize, usize, TensorId)> = edges
         .iter()
         .map(|(a, b, t)| {
-            let def_pos = idx.def.get(t).map_or(usize::MAX, |d| idx.position(*d));
+            let def_pos = idx.def.get(*t).map_or(usize::MAX, |d| idx.position(*d));
             (new_of[*a], new_of[*b], def_pos, *t)
         })
         .collect();

@@ -45,7 +45,7 @@ pub fn verify(sf: &SegmentedFusion) -> Result<(), String> {
             }
         }
         for e in s.exprs() {
-            if !idx.pos.contains_key(e) {
+            if !idx.pos.contains_key(*e) {
                 return Err(format!("{} holds an expr not in the fusion", desc(n)));
             }
             if let Some(prev) = seg_of.insert(*e, n.index()) {
@@ -105,7 +105,7 @@ pub fn verify(sf: &SegmentedFusion) -> Result<(), String> {
         .map(|e| (e.source().index(), e.target().index(), *e.weight()))
         .collect();
     let key = |x: &(usize, usize, weave_ir::TensorId)| {
-        (x.0, x.1, idx.def.get(&x.2).map(|d| idx.position(*d)))
+        (x.0, x.1, idx.def.get(x.2).map(|d| idx.position(*d)))
     };
     want.sort_by_key(key);
     have.sort_by_key(key);

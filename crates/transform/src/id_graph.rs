@@ -19,6 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use slotmap::SparseSecondaryMap;
 use weave_ir::{ExprId, Fusion, IdExpr, IdExprId, IterDomainId, Scalar, SplitKind, TensorId};
 
 use crate::logical_map::pairwise_map;
@@ -38,8 +39,9 @@ impl IdClass {
 /// Exact mapping between the iter domains of a fusion.
 #[derive(Clone, Debug, Default)]
 pub struct IdGraph {
-    /// Position of each known id in `ids`.
-    index: HashMap<IterDomainId, usize>,
+    /// Position of each known id in `ids`. Sparse: a graph of one expr knows a few ids of a
+    /// large fusion, and sharding propagation keeps one such graph per expr.
+    index: SparseSecondaryMap<IterDomainId, usize>,
     /// Known ids in traversal order.
     ids: Vec<IterDomainId>,
     /// Class number of each known id (by position).
@@ -113,7 +115,7 @@ impl IdGraph {
     /// `exprs` (whose tensors must be among `tensors`) and the identical transforms.
     fn build_over(f: &Fusion, tensors: &[TensorId], exprs: &[ExprId]) -> IdGraph {
         let mut ids: Vec<IterDomainId> = Vec::new();
-        let mut index: HashMap<IterDomainId, usize> = HashMap::new();
+        let mut index: SparseSecondaryMap<IterDomainId, usize> = SparseSecondaryMap::new();
         let mut id_exprs: Vec<IdExprId> = Vec::new();
         let mut seen_exprs: HashSet<IdExprId> = HashSet::new();
 
@@ -134,7 +136,7 @@ impl IdGraph {
             for d in doms {
                 stack.extend(d.iter().rev().copied());
                 while let Some(id) = stack.pop() {
-                    if index.contains_key(&id) {
+                    if index.contains_key(id) {
                         continue;
                     }
                     index.insert(id, ids.len());
@@ -162,7 +164,7 @@ impl IdGraph {
                     continue;
                 }
                 for (a, b) in pairwise_map(f, *e, p) {
-                    if let (Some(&ia), Some(&ib)) = (index.get(&a), index.get(&b)) {
+                    if let (Some(&ia), Some(&ib)) = (index.get(a), index.get(b)) {
                         uf.union(ia, ib);
                     }
                 }
@@ -184,14 +186,14 @@ impl IdGraph {
                         kind,
                     } => {
                         let key = (
-                            uf.find(index[input]),
+                            uf.find(index[*input]),
                             *kind == SplitKind::Outer,
                             match f.eval(factor) {
                                 Some(v) => FactorKey::Value(v),
                                 None => FactorKey::Symbolic(factor.clone()),
                             },
                         );
-                        let (o, i) = (index[outer], index[inner]);
+                        let (o, i) = (index[*outer], index[*inner]);
                         match splits.get(&key) {
                             Some(&(o2, i2)) => {
                                 changed |= uf.union(o, o2);
@@ -207,8 +209,8 @@ impl IdGraph {
                         inner,
                         output,
                     } => {
-                        let key = (uf.find(index[outer]), uf.find(index[inner]));
-                        let out = index[output];
+                        let key = (uf.find(index[*outer]), uf.find(index[*inner]));
+                        let out = index[*output];
                         match merges.get(&key) {
                             Some(&o2) => changed |= uf.union(out, o2),
                             None => {
@@ -250,7 +252,7 @@ impl IdGraph {
 
     /// The class of `id`; an id the graph does not know is its own class.
     pub fn class_of(&self, id: IterDomainId) -> IdClass {
-        match self.index.get(&id) {
+        match self.index.get(id) {
             Some(&k) => IdClass(self.classes[self.class[k]][0]),
             None => IdClass(id),
         }
@@ -258,7 +260,7 @@ impl IdGraph {
 
     /// The members of `id`'s class, in traversal order (`[id]` for an unknown id).
     pub fn members(&self, id: IterDomainId) -> Vec<IterDomainId> {
-        match self.index.get(&id) {
+        match self.index.get(id) {
             Some(&k) => self.classes[self.class[k]].clone(),
             None => vec![id],
         }
@@ -276,7 +278,7 @@ impl IdGraph {
 
     /// True if the graph knows `id`.
     pub fn contains(&self, id: IterDomainId) -> bool {
-        self.index.contains_key(&id)
+        self.index.contains_key(id)
     }
 }
 

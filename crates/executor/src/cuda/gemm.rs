@@ -36,7 +36,8 @@ impl CudaBackend {
     }
 
     /// Enqueues `c[.., m, n] = a[.., m, k] · b[.., k, n] (+ bias[n])` where `bt` says that
-    /// `b` is given as `[.., n, k]` (linear's weight).
+    /// `b` is given as `[.., n, k]` (linear's weight); with `accumulate`, `c += a · b`
+    /// (cuBLASLt's beta = 1: C is D).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm(
         &self,
@@ -46,6 +47,7 @@ impl CudaBackend {
         bt: bool,
         bias: Option<&DeviceTensor>,
         c: &DeviceTensor,
+        accumulate: bool,
         stream: &GpuStream,
     ) -> Result<(), ExecError> {
         if a.dtype != b.dtype || a.dtype != c.dtype {
@@ -78,26 +80,16 @@ impl CudaBackend {
         if layout.m == 0 || n == 0 || layout.batches == 0 {
             return Ok(());
         }
-        // Row-major C[m, n] = A[m, k] B[k, n] is column-major C'[n, m] = B'[n, k] A'[k, m].
-        let shape = GemmShape {
-            dtype,
-            m: n as u64,
-            n: layout.m as u64,
-            k: k as u64,
-            transa: bt,
-            transb: false,
-            lda: layout.ldb as i64,
-            ldb: layout.lda as i64,
-            ldd: layout.ldc as i64,
-            batch,
-            stride_a: layout.plan.stride.1 as i64,
-            stride_b: layout.plan.stride.0 as i64,
-            stride_d: layout.plan.stride.2 as i64,
-            bias: bias.is_some(),
-            tf32: self.options.tf32,
-            sm_count: self.options.gemm_sm_count,
-        };
+        let mut shape = gemm_shape(dtype, &layout, (k, n), bt, batch, accumulate);
+        shape.bias = bias.is_some();
+        shape.tf32 = self.options.tf32;
+        shape.sm_count = self.options.gemm_sm_count;
         if k == 0 {
+            // An empty contraction (the empty last chunk of a streamed contraction axis): the
+            // product is zero, so an accumulation leaves `c` as it is.
+            if accumulate {
+                return Ok(());
+            }
             return self
                 .gpu
                 .zero(c.ptr(), c.numel() * elem_bytes(c.dtype), stream)
@@ -132,6 +124,39 @@ impl CudaBackend {
                 Ok(())
             })
         })
+    }
+}
+
+/// The cuBLASLt problem of `c = a · b` (`c += a · b` with `accumulate`) for contraction size
+/// `k` and `n` columns laid out as `layout`, `batch` problems per post: row-major
+/// `C[m, n] = A[m, k] B[k, n]` is column-major `C'[n, m] = B'[n, k] A'[k, m]`, so the operands
+/// swap. No bias, no TF32 and the whole GPU; the caller sets those.
+fn gemm_shape(
+    dtype: GemmType,
+    layout: &GemmLayout,
+    (k, n): (usize, usize),
+    bt: bool,
+    batch: i32,
+    accumulate: bool,
+) -> GemmShape {
+    GemmShape {
+        dtype,
+        m: n as u64,
+        n: layout.m as u64,
+        k: k as u64,
+        transa: bt,
+        transb: false,
+        lda: layout.ldb as i64,
+        ldb: layout.lda as i64,
+        ldd: layout.ldc as i64,
+        batch,
+        stride_a: layout.plan.stride.1 as i64,
+        stride_b: layout.plan.stride.0 as i64,
+        stride_d: layout.plan.stride.2 as i64,
+        bias: false,
+        tf32: false,
+        sm_count: 0,
+        accumulate,
     }
 }
 
@@ -540,7 +565,35 @@ impl BatchPlan {
 
 #[cfg(test)]
 mod tests {
-    use super::{split_rows, BatchPlan};
+    use super::{gemm_shape, split_rows, BatchPlan, GemmLayout};
+    use weave_cuda::GemmType;
+
+    #[test]
+    fn an_accumulating_gemm_is_the_same_problem_with_beta_one() {
+        // A weight gradient's chunk, dW[4, 6] += xᵀ[4, k=3] · dy[3, 6], row-major and dense.
+        let layout = GemmLayout {
+            plan: BatchPlan::single(),
+            m: 4,
+            lda: 3,
+            ldb: 6,
+            ldc: 6,
+            batches: 1,
+        };
+        let plain = gemm_shape(GemmType::F32, &layout, (3, 6), false, 1, false);
+        let acc = gemm_shape(GemmType::F32, &layout, (3, 6), false, 1, true);
+        // Column-major with the operands swapped: D'[6, 4] = dy'[6, 3] · xᵀ'[3, 4].
+        assert_eq!((plain.m, plain.n, plain.k), (6, 4, 3));
+        assert_eq!((plain.lda, plain.ldb, plain.ldd), (6, 3, 6));
+        assert!(!plain.accumulate && acc.accumulate);
+        // Only the flag differs (a plan of its own in the cache: beta is fixed per call).
+        assert_eq!(
+            weave_cuda::GemmShape {
+                accumulate: false,
+                ..acc
+            },
+            plain
+        );
+    }
 
     #[test]
     fn chunks_of_a_middle_axis_are_gemms_per_block_of_rows() {

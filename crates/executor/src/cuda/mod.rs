@@ -699,9 +699,10 @@ impl Backend for CudaBackend {
         a: &DeviceTensor,
         b: &DeviceTensor,
         out: &DeviceTensor,
+        accumulate: bool,
         stream: &GpuStream,
     ) -> Result<(), ExecError> {
-        self.gemm(label, a, b, false, None, out, stream)
+        self.gemm(label, a, b, false, None, out, accumulate, stream)
     }
 
     fn linear(
@@ -722,7 +723,7 @@ impl Backend for CudaBackend {
                 ),
             });
         }
-        self.gemm(label, input, weight, true, bias, out, stream)
+        self.gemm(label, input, weight, true, bias, out, false, stream)
     }
 
     fn upload(&self, data: &Dense) -> Result<DeviceTensor, ExecError> {
