@@ -260,60 +260,43 @@ fn stage(base: u64, bytes: usize, plan: &Plan, members: usize) -> Option<Staged>
         return None;
     }
     let recv_at = base.checked_add(bytes as u64)?;
-    let (call, send, send_bytes, recv, recv_bytes) = match plan.calls[0].clone() {
+    let mut call = plan.calls[0].clone();
+    // The call's buffers (moved into the window below) and the bytes each holds.
+    let (send_at, recv_at_call, send_bytes, recv_bytes) = match &mut call {
         Call::AllGather {
             send,
             recv,
             count,
             dtype,
         } => {
-            let sb = count.checked_mul(dtype.size())?;
-            let rb = sb.checked_mul(members)?;
-            let call = Call::AllGather {
-                send: base,
-                recv: recv_at,
-                count,
-                dtype,
-            };
-            (call, send, sb, recv, rb)
+            let one = count.checked_mul(dtype.size())?;
+            (send, recv, one, one.checked_mul(members)?)
         }
         Call::AllReduce {
             send,
             recv,
             count,
             dtype,
-            op,
+            ..
         } => {
-            let b = count.checked_mul(dtype.size())?;
-            let call = Call::AllReduce {
-                send: base,
-                recv: recv_at,
-                count,
-                dtype,
-                op,
-            };
-            (call, send, b, recv, b)
+            let all = count.checked_mul(dtype.size())?;
+            (send, recv, all, all)
         }
         Call::ReduceScatter {
             send,
             recv,
             count,
             dtype,
-            op,
+            ..
         } => {
-            let rb = count.checked_mul(dtype.size())?;
-            let sb = rb.checked_mul(members)?;
-            let call = Call::ReduceScatter {
-                send: base,
-                recv: recv_at,
-                count,
-                dtype,
-                op,
-            };
-            (call, send, sb, recv, rb)
+            let one = count.checked_mul(dtype.size())?;
+            (send, recv, one.checked_mul(members)?, one)
         }
         _ => return None,
     };
+    let (send, recv) = (*send_at, *recv_at_call);
+    *send_at = base;
+    *recv_at_call = recv_at;
     if send_bytes == 0 || send_bytes > bytes || recv_bytes > bytes {
         return None;
     }
