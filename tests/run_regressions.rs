@@ -1081,10 +1081,11 @@ fn mlp_backward_reduce_scatters_weight_gradients_per_chunk() {
                 assert!(!has(&f, w, ParallelType::Stream), "{w} is streamed");
                 assert!(has(&f, w, ParallelType::DIDx), "{w} is not DID-split");
             }
-            // The weight gradients accumulate in the loop, the first after the sync.
+            // The chunk axis is a batch axis of the weight-gradient GEMMs: each chunk's
+            // partial is a GEMM of its own (reduce-scattered), none accumulates, none runs
+            // after the loop.
             let (in_loop, top) = loop_gemms(p);
-            let acc: Vec<(bool, bool)> = in_loop.into_iter().filter(|g| g.0).collect();
-            assert_eq!(acc, [(true, true), (true, true)], "{extra:?}");
+            assert!(in_loop.iter().all(|g| !g.0), "{extra:?}: {in_loop:?}");
             assert_eq!(top, 0, "{extra:?}");
         }
     }
