@@ -40,12 +40,24 @@ def random_inputs(exe: sw.Executable, seed: int = 0) -> Dict[str, Any]:
         if t.dtype == "bool":
             out[t.name] = rng.random(t.shape) < 0.5
         elif t.dtype == "i64":
-            out[t.name] = rng.integers(-4, 5, size=t.shape)
+            # The scenarios' i64 inputs are ids into tables of at least 5 rows
+            # (vocab_parallel_embedding's `ids`, 24 rows): drawn inside them.
+            out[t.name] = rng.integers(0, 5, size=t.shape)
         else:
             # Each input in its own dtype (bf16: a float32 array, rounded on the way in).
             dtype = {"f64": np.float64, "f16": np.float16}.get(t.dtype, np.float32)
             out[t.name] = rng.uniform(-1, 1, size=t.shape).astype(dtype)
     return out
+
+
+def test_an_id_outside_its_table_is_a_run_error_naming_it() -> None:
+    path = next(p for p in SCENARIOS if p.stem == "vocab_parallel_embedding")
+    exe = sw.load(path).compile()
+    inputs = random_inputs(exe)
+    inputs["ids"] = inputs["ids"].copy()
+    inputs["ids"][3] = -2
+    with pytest.raises(sw.RunError, match=r"id -2 at position 3 of `ids` is outside the 24 rows"):
+        exe.run(inputs, check=True)
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
