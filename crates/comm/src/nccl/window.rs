@@ -27,31 +27,76 @@ use weave_cuda::{Gpu, GpuStream, Priority};
 use super::library::describe;
 use super::plan::{Call, Plan};
 
-/// `NCCL_WIN_COLL_SYMMETRIC` from `nccl.h`.
+/// The calls that exist only in the bindings of NCCL 2.27 and later, in one place: before
+/// 2.27 there is no window ([`super::config::make_config`] refuses one), and the stand-ins
+/// below answer `ncclInvalidUsage`.
 #[cfg(any(
     feature = "nccl-02027",
     feature = "nccl-02028",
     feature = "nccl-02029",
     feature = "nccl-02030"
 ))]
-const NCCL_WIN_COLL_SYMMETRIC: i32 = 0x01;
+mod bindings {
+    use std::ffi::c_void;
 
-/// A window registration (`ncclWindow_t`; bindings before NCCL 2.27 have none, and
-/// [`super::config::make_config`] refuses a window with them).
-#[cfg(any(
-    feature = "nccl-02027",
-    feature = "nccl-02028",
-    feature = "nccl-02029",
-    feature = "nccl-02030"
-))]
-pub(super) type Handle = sys::ncclWindow_t;
+    use cudarc::nccl::sys;
+
+    /// A window registration (`ncclWindow_t`).
+    pub(super) type Handle = sys::ncclWindow_t;
+
+    /// `NCCL_WIN_COLL_SYMMETRIC` from `nccl.h`.
+    const NCCL_WIN_COLL_SYMMETRIC: i32 = 0x01;
+
+    /// `ncclCommWindowRegister` of `total` bytes at `ptr` on `comm`, symmetric.
+    pub(super) fn register(
+        comm: sys::ncclComm_t,
+        ptr: *mut c_void,
+        total: usize,
+        handle: &mut Handle,
+    ) -> sys::ncclResult_t {
+        // SAFETY: `comm` is live (the caller holds its mutex); `ptr` is `total` bytes of NCCL
+        // memory; `handle` is a valid out-pointer that outlives the call and the poll that
+        // follows (NCCL writes it before the registration settles).
+        unsafe { sys::ncclCommWindowRegister(comm, ptr, total, handle, NCCL_WIN_COLL_SYMMETRIC) }
+    }
+
+    /// `ncclCommWindowDeregister` of `handle` on `comm`.
+    pub(super) fn deregister(comm: sys::ncclComm_t, handle: Handle) -> sys::ncclResult_t {
+        // SAFETY: `comm` is the live world communicator `handle` was registered on; it is
+        // deregistered once.
+        unsafe { sys::ncclCommWindowDeregister(comm, handle) }
+    }
+}
+
 #[cfg(not(any(
     feature = "nccl-02027",
     feature = "nccl-02028",
     feature = "nccl-02029",
     feature = "nccl-02030"
 )))]
-pub(super) type Handle = *mut c_void;
+mod bindings {
+    use std::ffi::c_void;
+
+    use cudarc::nccl::sys;
+
+    /// A window registration (none in these bindings).
+    pub(super) type Handle = *mut c_void;
+
+    pub(super) fn register(
+        _comm: sys::ncclComm_t,
+        _ptr: *mut c_void,
+        _total: usize,
+        _handle: &mut Handle,
+    ) -> sys::ncclResult_t {
+        sys::ncclResult_t::ncclInvalidUsage
+    }
+
+    pub(super) fn deregister(_comm: sys::ncclComm_t, _handle: Handle) -> sys::ncclResult_t {
+        sys::ncclResult_t::ncclInvalidUsage
+    }
+}
+
+use bindings::{deregister, register, Handle};
 
 /// One rank's registered window, its stream and its two events.
 pub(super) struct Window {
@@ -195,63 +240,6 @@ impl Window {
             unsafe { sys::ncclMemFree(self.base as *mut c_void) };
         }
     }
-}
-
-/// `ncclCommWindowRegister` of `total` bytes at `ptr` on `comm`, symmetric.
-#[cfg(any(
-    feature = "nccl-02027",
-    feature = "nccl-02028",
-    feature = "nccl-02029",
-    feature = "nccl-02030"
-))]
-fn register(
-    comm: sys::ncclComm_t,
-    ptr: *mut c_void,
-    total: usize,
-    handle: &mut Handle,
-) -> sys::ncclResult_t {
-    // SAFETY: `comm` is live (the caller holds its mutex); `ptr` is `total` bytes of NCCL
-    // memory; `handle` is a valid out-pointer that outlives the call and the poll that
-    // follows (NCCL writes it before the registration settles).
-    unsafe { sys::ncclCommWindowRegister(comm, ptr, total, handle, NCCL_WIN_COLL_SYMMETRIC) }
-}
-
-#[cfg(not(any(
-    feature = "nccl-02027",
-    feature = "nccl-02028",
-    feature = "nccl-02029",
-    feature = "nccl-02030"
-)))]
-fn register(
-    _comm: sys::ncclComm_t,
-    _ptr: *mut c_void,
-    _total: usize,
-    _handle: &mut Handle,
-) -> sys::ncclResult_t {
-    sys::ncclResult_t::ncclInvalidUsage
-}
-
-/// `ncclCommWindowDeregister` of `handle` on `comm`.
-#[cfg(any(
-    feature = "nccl-02027",
-    feature = "nccl-02028",
-    feature = "nccl-02029",
-    feature = "nccl-02030"
-))]
-fn deregister(comm: sys::ncclComm_t, handle: Handle) -> sys::ncclResult_t {
-    // SAFETY: `comm` is the live world communicator `handle` was registered on; it is
-    // deregistered once.
-    unsafe { sys::ncclCommWindowDeregister(comm, handle) }
-}
-
-#[cfg(not(any(
-    feature = "nccl-02027",
-    feature = "nccl-02028",
-    feature = "nccl-02029",
-    feature = "nccl-02030"
-)))]
-fn deregister(_comm: sys::ncclComm_t, _handle: Handle) -> sys::ncclResult_t {
-    sys::ncclResult_t::ncclInvalidUsage
 }
 
 /// [`Window::stage`] for a window of `bytes` a half at `base` (pure, for tests).
