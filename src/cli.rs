@@ -216,6 +216,8 @@ pub struct Pinned {
     pub nccl_cta_policy: Option<Option<streamweave::NcclCtaPolicy>>,
     /// `--nccl-window-mib N`.
     pub nccl_window_mib: Option<u32>,
+    /// `--ce-slot-mib N`.
+    pub ce_slot_mib: Option<u32>,
 }
 
 impl Pinned {
@@ -246,6 +248,9 @@ impl Pinned {
         }
         if let Some(v) = self.nccl_window_mib {
             options.overlap.nccl_window_mib = v;
+        }
+        if let Some(v) = self.ce_slot_mib {
+            options.overlap.ce_slot_mib = v;
         }
     }
 }

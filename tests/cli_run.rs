@@ -268,6 +268,7 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         ("--nccl-max-ctas", "16"),
         ("--nccl-cta-policy", "zero"),
         ("--nccl-window-mib", "256"),
+        ("--ce-slot-mib", "32"),
     ] {
         let (ok, _, err) = weave(&["run", file, flag, value]);
         assert!(!ok, "{flag}");
@@ -294,6 +295,8 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         ),
         ("--nccl-window-mib", "65537", "65537 is not in 0..=65536"),
         ("--nccl-window-mib", "-1", "unexpected argument"),
+        ("--ce-slot-mib", "0", "0 is not in 1..=1024"),
+        ("--ce-slot-mib", "1025", "1025 is not in 1..=1024"),
     ] {
         let (ok, _, err) = weave(&["run", file, flag, value]);
         assert!(!ok, "{flag} {value}");

@@ -203,6 +203,12 @@ enum Command {
         /// configuration's, else 0.
         #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(0..=i64::from(streamweave::MAX_NCCL_WINDOW_MIB)))]
         nccl_window_mib: Option<u32>,
+        /// CUDA backend, copy-engine transport: MiB of each slot of the receive windows (1 to
+        /// 1024; each rank holds 8 lanes × 2 slots × (ranks − 1) of them): a block to one
+        /// peer that fits moves as one piece. Default: the tuned configuration's, else 8 (or
+        /// WEAVE_CE_WINDOWS's).
+        #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=i64::from(streamweave::MAX_CE_SLOT_MIB)))]
+        ce_slot_mib: Option<u32>,
         /// Never tune: without a cached configuration, run the cost model's chunk count with
         /// the default knobs. (By default the first `--iters` run of a fusion on GPUs in
         /// this process, with nothing on the command line choosing S, K or a knob and no
@@ -441,6 +447,7 @@ fn main() -> ExitCode {
             nccl_max_ctas,
             nccl_cta_policy,
             nccl_window_mib,
+            ce_slot_mib,
             no_tune,
             tune_budget_secs,
         } => {
@@ -466,6 +473,7 @@ fn main() -> ExitCode {
                 nccl_max_ctas: nccl_max_ctas.map(|m| m.0),
                 nccl_cta_policy: nccl_cta_policy.map(|p| p.0),
                 nccl_window_mib,
+                ce_slot_mib,
             };
             if !cuda {
                 let gpu_only = [
@@ -482,6 +490,7 @@ fn main() -> ExitCode {
                     (nccl_max_ctas.is_some(), "--nccl-max-ctas"),
                     (nccl_cta_policy.is_some(), "--nccl-cta-policy"),
                     (nccl_window_mib.is_some(), "--nccl-window-mib"),
+                    (ce_slot_mib.is_some(), "--ce-slot-mib"),
                 ];
                 if let Some((_, flag)) = gpu_only.iter().find(|f| f.0) {
                     eprintln!("error: {flag} needs --backend cuda");

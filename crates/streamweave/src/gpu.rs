@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use weave_comm::bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
-use weave_comm::{CommError, Communicator, IpcCopy, IpcOptions};
+use weave_comm::{CommError, Communicator, IpcCopy};
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
     check_inputs, program_teams, run_rank, run_rank_buffers, time_back_to_back, Backend, BlockSums,
@@ -108,7 +108,7 @@ fn run_one(
     let run = match link {
         Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
         Link::Ipc(_) | Link::Windows(_) => {
-            let windows = IpcOptions::from_env().map_err(ExecError::Program)?;
+            let windows = options.overlap.ce_windows().map_err(ExecError::Program)?;
             let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), windows, |card| {
                 if let Link::Windows(exchange) = link {
                     exchange

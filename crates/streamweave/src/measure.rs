@@ -368,7 +368,7 @@ impl crate::tune::Measure for WorldMeasure {
             crate::Transport::Nccl => CopyEngine::Off,
             // Shared windows: replayable, unlike peer copies (which wait on the host).
             crate::Transport::CopyEngine => {
-                CopyEngine::windows(self.world.ranks(), IpcOptions::from_env()?)
+                CopyEngine::windows(self.world.ranks(), overlap.ce_windows()?)
             }
         };
         let graph = candidate.replay;

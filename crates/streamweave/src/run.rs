@@ -14,8 +14,8 @@ use crate::tensor::Outputs;
 use crate::threads::run_rank_threads;
 
 pub use crate::setup::{
-    NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Transport, MAX_NCCL_WINDOW_MIB,
-    MAX_THREAD_RANKS,
+    NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Transport, MAX_CE_SLOT_MIB,
+    MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,
 };
 
 /// Why a GPU target fails in a build without the `cuda` feature.

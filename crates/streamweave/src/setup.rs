@@ -144,6 +144,11 @@ pub struct Overlap {
     /// before. Costs two device-to-device copies per staged collective and `2 × MiB` of
     /// device memory per rank.
     pub nccl_window_mib: u32,
+    /// MiB of each slot of the copy-engine transport's receive windows (0: the default, 8
+    /// MiB, or `WEAVE_CE_WINDOWS`'s). A reduce-scatter's or allgather's block to one peer
+    /// that fits one slot moves as one piece, with one handshake; each rank holds
+    /// `8 lanes × 2 slots × (ranks − 1)` of them. At most [`MAX_CE_SLOT_MIB`].
+    pub ce_slot_mib: u32,
     /// Run compute in issue order across streams (each GEMM or kernel waits, on the GPU,
     /// for the one issued before it): chunk `i + 1` computes while chunk `i` communicates,
     /// instead of every chunk's GEMM starting at once.
@@ -173,6 +178,9 @@ impl Overlap {
         }
         if self.nccl_window_mib > 0 {
             parts.push(format!("NCCL window {} MiB", self.nccl_window_mib));
+        }
+        if self.ce_slot_mib > 0 {
+            parts.push(format!("copy-engine slots of {} MiB", self.ce_slot_mib));
         }
         if parts.is_empty() {
             "defaults".to_string()
@@ -233,12 +241,32 @@ impl Overlap {
         })
     }
 
+    #[cfg(feature = "cuda")]
+    /// The copy-engine windows' shape: `WEAVE_CE_WINDOWS`'s (else the default), with
+    /// [`Overlap::ce_slot_mib`]'s slot size where it is set.
+    pub fn ce_windows(&self) -> Result<weave_comm::IpcOptions, String> {
+        let windows = weave_comm::IpcOptions::from_env()?;
+        match self.ce_slot_mib {
+            0 => Ok(windows),
+            mib if mib > MAX_CE_SLOT_MIB => Err(format!(
+                "copy-engine slots of {mib} MiB are more than the {MAX_CE_SLOT_MIB} MiB allowed"
+            )),
+            mib => Ok(weave_comm::IpcOptions {
+                slot_bytes: mib as usize * 1024 * 1024,
+                ..windows
+            }),
+        }
+    }
+
     /// Whether the knobs make NCCL communicators differ from the default ones (a run with
     /// them needs communicators of its own).
     pub fn needs_own_communicators(&self) -> bool {
         self.nccl_max_ctas.is_some() || self.nccl_cta_policy.is_some() || self.nccl_window_mib > 0
     }
 }
+
+/// The largest [`Overlap::ce_slot_mib`]: 1 GiB a slot.
+pub const MAX_CE_SLOT_MIB: u32 = 1024;
 
 /// The largest [`Overlap::nccl_window_mib`]: 64 GiB a direction.
 pub const MAX_NCCL_WINDOW_MIB: u32 = 65536;

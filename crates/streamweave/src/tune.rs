@@ -83,6 +83,7 @@ impl Candidate {
             + usize::from(o.nccl_max_ctas.is_some())
             + usize::from(o.nccl_cta_policy.is_some())
             + usize::from(o.nccl_window_mib > 0)
+            + usize::from(o.ce_slot_mib > 0)
     }
 }
 
@@ -212,6 +213,7 @@ impl Tuning {
             nccl_max_ctas: c.overlap.nccl_max_ctas,
             nccl_cta_policy: c.overlap.nccl_cta_policy,
             nccl_window_mib: c.overlap.nccl_window_mib,
+            ce_slot_mib: c.overlap.ce_slot_mib,
             median_ms: t.as_secs_f64() * 1e3,
             contention: self.contention,
         })
@@ -588,6 +590,35 @@ pub fn tune(
                 .find(|(s, _)| *s == c.chunks)
                 .and_then(|(_, e)| e.as_ref().ok())
         };
+        // The copy engines at every chunk count, on that count's fastest run: their best S
+        // is not NCCL's (no SM taken from the GEMM, a handshake per piece), so trying them
+        // on NCCL's best S alone misses it.
+        if options.ranks > 1 {
+            let mut per_count: Vec<(Candidate, Duration)> = Vec::new();
+            for r in &rows {
+                let Some(t) = r.outcome.time() else { continue };
+                match per_count
+                    .iter_mut()
+                    .find(|(c, _)| c.chunks == r.candidate.chunks)
+                {
+                    Some(best) if t < best.1 => *best = (r.candidate, t),
+                    Some(_) => {}
+                    None => per_count.push((r.candidate, t)),
+                }
+            }
+            for (base, _) in per_count {
+                let Some(exe) = exe_of(&base) else { continue };
+                if base.transport != Transport::Nccl || !moves_data(&communications(exe.program()))
+                {
+                    continue;
+                }
+                let candidate = Knob::CopyEngine.apply(base);
+                if !rows.iter().any(|r| r.candidate == candidate) {
+                    let outcome = measured(measure, exe, &candidate, over_budget(&rows));
+                    rows.push(Row { candidate, outcome });
+                }
+            }
+        }
         // The bases: the fastest candidate, and the fastest chunked one (the knobs are about
         // overlap, which needs chunks; it may win once they are set).
         let fastest = |chunked: bool| {
@@ -738,6 +769,8 @@ pub enum Knob {
     /// A symmetric NCCL window of this many MiB ([`Overlap::nccl_window_mib`]), with the
     /// zero-CTA policy when the second field says so.
     NcclWindow(u32, bool),
+    /// Copy-engine window slots of this many MiB ([`Overlap::ce_slot_mib`]).
+    CeSlots(u32),
 }
 
 impl Knob {
@@ -758,6 +791,7 @@ impl Knob {
                     c.overlap.nccl_cta_policy = Some(NcclCtaPolicy::Zero);
                 }
             }
+            Knob::CeSlots(mib) => c.overlap.ce_slot_mib = mib,
         }
         c
     }
@@ -768,7 +802,8 @@ impl Knob {
 /// to overlap; the NCCL CTA limit (16: fewer starve the collective, docs/benchmarks.md) and
 /// a GEMM SM margin (16) where NCCL kernels run beside GEMMs; pool sizes 1, 2 and 4 up to
 /// the chunk count; copy-engine transfers and reductions where allgathers, transfers or sum
-/// reductions move data.
+/// reductions move data; on a copy-engine base, slots of [`TUNED_CE_SLOT_MIB`] (a chunk's
+/// block to one peer in one piece).
 pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Knob> {
     let chunked = base.chunks.is_some_and(|s| s > 1);
     let mut out = Vec::new();
@@ -788,14 +823,11 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
             }
         }
     }
-    let moves = comms.iter().any(|c| {
-        matches!(
-            c.as_str(),
-            "Allgather" | "SendRecv" | "P2P" | "ReduceScatter" | "Allreduce"
-        )
-    });
-    if ranks > 1 && moves && base.transport == Transport::Nccl {
+    if ranks > 1 && moves_data(comms) && base.transport == Transport::Nccl {
         out.push(Knob::CopyEngine);
+    }
+    if ranks > 1 && base.transport == Transport::CopyEngine && base.overlap.ce_slot_mib == 0 {
+        out.push(Knob::CeSlots(TUNED_CE_SLOT_MIB));
     }
     // NCCL's own ways of leaving SMs to GEMMs: fewer CTAs, and symmetric windows (whose
     // kernels need fewer; with the zero-CTA policy, copy engines) for the collectives a
@@ -810,6 +842,20 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
     }
     out
 }
+
+/// Whether collectives of `comms` (type names) move data the copy engines can carry.
+fn moves_data(comms: &[String]) -> bool {
+    comms.iter().any(|c| {
+        matches!(
+            c.as_str(),
+            "Allgather" | "SendRecv" | "P2P" | "ReduceScatter" | "Allreduce"
+        )
+    })
+}
+
+/// The copy-engine slot size the tuner tries beside the default 8 MiB: a t = h = 8192 bf16
+/// layer's block to one peer at S = 2 on 4 ranks (16 MiB) or S = 1 (32 MiB) in one piece.
+pub const TUNED_CE_SLOT_MIB: u32 = 32;
 
 /// The symmetric window the tuner tries: 256 MiB a direction holds the collectives of a
 /// t = h = 8192 bf16 layer on 2 ranks (128 MiB) with room to spare.
@@ -1127,17 +1173,26 @@ mod tests {
         let on_base: Vec<Candidate> = t.rows[4..]
             .iter()
             .map(|r| r.candidate)
-            .filter(|c| c.knobs() + usize::from(c.streams != 2) == 1)
+            .filter(|c| c.chunks == Some(2) && c.knobs() + usize::from(c.streams != 2) == 1)
             .collect();
         assert_eq!(on_base.len(), 8, "{t}");
         assert!(on_base
             .iter()
             .any(|c| c.overlap.nccl_window_mib == TUNED_NCCL_WINDOW_MIB));
-        assert!(on_base.iter().all(|c| c.chunks == Some(2)));
         let copy_engine = on_base
             .iter()
             .filter(|c| c.transport == Transport::CopyEngine);
         assert_eq!(copy_engine.count(), 1);
+        // The copy engines were tried at every chunk count, right after the grid, on that
+        // count's run; the copy-engine run of S = 2 (not faster) got no slot variant.
+        let ce: Vec<Candidate> = t.rows[4..8].iter().map(|r| r.candidate).collect();
+        assert_eq!(
+            ce,
+            [(1, 1), (2, 2), (4, 2), (8, 2)]
+                .map(|(s, k)| Knob::CopyEngine.apply(candidate(s, k, true)))
+                .to_vec()
+        );
+        assert!(!t.rows.iter().any(|r| r.candidate.overlap.ce_slot_mib > 0));
         // No candidate measured twice.
         let calls = fake.calls.borrow();
         let mut unique = calls.clone();
@@ -1200,6 +1255,54 @@ mod tests {
         assert_eq!(
             zero.overlap.describe(),
             "NCCL CTA policy zero, NCCL window 256 MiB"
+        );
+    }
+
+    /// The copy engines' best chunk count is not NCCL's: they are measured at every chunk
+    /// count, and where they win, larger window slots are tried on them.
+    #[test]
+    fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
+        // NCCL is fastest at S = 2; copy engines lose there but win at S = 4, and their
+        // 32 MiB slots save 5% more.
+        let fake = Fake::new(|c: &Candidate| {
+            let ce = c.transport == Transport::CopyEngine;
+            let mut t = match (c.chunks, ce) {
+                (Some(1), _) => 10.0,
+                (Some(2), false) => 8.0,
+                (Some(2), true) => 8.4,
+                (Some(4), false) => 8.8,
+                (Some(4), true) => 7.0,
+                _ => 9.5,
+            };
+            if ce && c.overlap.ce_slot_mib == TUNED_CE_SLOT_MIB {
+                t *= 0.95;
+            }
+            t
+        });
+        let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600));
+        let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+        let (best, time) = t.best().unwrap();
+        assert_eq!(
+            (best.chunks, best.transport, best.overlap.ce_slot_mib),
+            (Some(4), Transport::CopyEngine, TUNED_CE_SLOT_MIB),
+            "{t}"
+        );
+        assert!((time.as_secs_f64() * 1e3 - 6.65).abs() < 1e-9);
+        // The slot knob is tried only on copy-engine bases, and survives the cache.
+        assert!(t
+            .rows
+            .iter()
+            .filter(|r| r.candidate.overlap.ce_slot_mib > 0)
+            .all(|r| r.candidate.transport == Transport::CopyEngine));
+        let entry = t.entry().unwrap();
+        let mut cache = TuneCache::default();
+        cache.insert(entry);
+        let back = TuneCache::parse(&cache.render()).unwrap();
+        assert_eq!(back.entries[0].candidate(), best);
+        assert!(t.to_string().contains("copy-engine slots of 32 MiB"), "{t}");
+        assert!(
+            !knob_variants(&candidate(4, 2, true), &["Allreduce".to_string()], 4)
+                .contains(&Knob::CeSlots(TUNED_CE_SLOT_MIB))
         );
     }
 

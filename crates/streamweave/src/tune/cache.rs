@@ -125,6 +125,9 @@ pub struct Entry {
     /// [`Overlap::nccl_window_mib`] (absent: no window).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub nccl_window_mib: u32,
+    /// [`Overlap::ce_slot_mib`] (absent: the default slots).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ce_slot_mib: u32,
     /// The measured median, ms.
     pub median_ms: f64,
     /// [`super::Tuning::contention`] (absent: not fitted).
@@ -169,6 +172,7 @@ impl Entry {
                 nccl_max_ctas: self.nccl_max_ctas,
                 nccl_cta_policy: self.nccl_cta_policy,
                 nccl_window_mib: self.nccl_window_mib,
+                ce_slot_mib: self.ce_slot_mib,
             },
         }
     }
