@@ -218,6 +218,8 @@ pub struct Pinned {
     pub nccl_window_mib: Option<u32>,
     /// `--ce-slot-mib N`.
     pub ce_slot_mib: Option<u32>,
+    /// `--gemm-into-windows on|off`.
+    pub gemm_into_windows: Option<bool>,
 }
 
 impl Pinned {
@@ -251,6 +253,9 @@ impl Pinned {
         }
         if let Some(v) = self.ce_slot_mib {
             options.overlap.ce_slot_mib = v;
+        }
+        if let Some(v) = self.gemm_into_windows {
+            options.overlap.gemm_into_windows = v;
         }
     }
 }

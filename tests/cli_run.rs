@@ -269,6 +269,7 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         ("--nccl-cta-policy", "zero"),
         ("--nccl-window-mib", "256"),
         ("--ce-slot-mib", "32"),
+        ("--gemm-into-windows", "on"),
     ] {
         let (ok, _, err) = weave(&["run", file, flag, value]);
         assert!(!ok, "{flag}");
@@ -297,6 +298,7 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         ("--nccl-window-mib", "-1", "unexpected argument"),
         ("--ce-slot-mib", "0", "0 is not in 1..=1024"),
         ("--ce-slot-mib", "1025", "1025 is not in 1..=1024"),
+        ("--gemm-into-windows", "yes", "expected on or off"),
     ] {
         let (ok, _, err) = weave(&["run", file, flag, value]);
         assert!(!ok, "{flag} {value}");

@@ -450,7 +450,35 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
                 cta_policy: policy,
                 ..NcclOptions::default()
             };
-            let variants: [(&str, ProgramRun, u8, Option<NcclOptions>); 14] = [
+            // The row-parallel linear's GEMM computed by its allreduce, each peer's block
+            // written straight into the peer's window (whole and in pieces of 8 rows).
+            let into_windows = |graph| ProgramRun {
+                graph,
+                cuda: CudaOptions {
+                    produce_into_windows: true,
+                    ..CudaOptions::default()
+                },
+                ..ProgramRun::default()
+            };
+            let variants: [(&str, ProgramRun, u8, Option<NcclOptions>); 17] = [
+                (
+                    "GEMMs into copy-engine windows",
+                    into_windows(false),
+                    2,
+                    None,
+                ),
+                (
+                    "GEMMs into copy-engine windows of 2 x 1 KiB",
+                    into_windows(false),
+                    3,
+                    None,
+                ),
+                (
+                    "GEMMs into copy-engine windows of 2 x 1 KiB replayed",
+                    into_windows(true),
+                    3,
+                    None,
+                ),
                 ("eager", ProgramRun::default(), 0, None),
                 (
                     "replay",

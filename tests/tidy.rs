@@ -636,7 +636,13 @@ fn statement_effects_are_derived_in_one_place() {
 
 /// The crates whose structs keep side tables over arena keys in `SecondaryMap`s (issue 30):
 /// a struct field there may not be a `HashMap` or `HashSet` keyed by a `new_key_type!` id.
-const SIDE_TABLE_CRATES: &[&str] = &["crates/ir", "crates/transform", "crates/segmenter"];
+const SIDE_TABLE_CRATES: &[&str] = &[
+    "crates/ir",
+    "crates/transform",
+    "crates/segmenter",
+    "crates/host-ir",
+    "crates/executor",
+];
 
 /// The names of every arena key type that a `new_key_type!` of the workspace's crates defines.
 fn arena_key_types(root: &Path) -> BTreeSet<String> {

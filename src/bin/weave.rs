@@ -209,6 +209,12 @@ enum Command {
         /// WEAVE_CE_WINDOWS's).
         #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=i64::from(streamweave::MAX_CE_SLOT_MIB)))]
         ce_slot_mib: Option<u32>,
+        /// CUDA backend, copy-engine transport: a linear whose output only feeds a sum
+        /// reduce-scatter or allreduce is computed by that collective, its GEMM writing each
+        /// peer's block straight into the peer's receive window (`on`), or computed whole
+        /// and its blocks copied (`off`). Default: the tuned configuration's, else off.
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        gemm_into_windows: Option<bool>,
         /// Never tune: without a cached configuration, run the cost model's chunk count with
         /// the default knobs. (By default the first `--iters` run of a fusion on GPUs in
         /// this process, with nothing on the command line choosing S, K or a knob and no
@@ -448,6 +454,7 @@ fn main() -> ExitCode {
             nccl_cta_policy,
             nccl_window_mib,
             ce_slot_mib,
+            gemm_into_windows,
             no_tune,
             tune_budget_secs,
         } => {
@@ -474,6 +481,7 @@ fn main() -> ExitCode {
                 nccl_cta_policy: nccl_cta_policy.map(|p| p.0),
                 nccl_window_mib,
                 ce_slot_mib,
+                gemm_into_windows,
             };
             if !cuda {
                 let gpu_only = [
@@ -491,6 +499,7 @@ fn main() -> ExitCode {
                     (nccl_cta_policy.is_some(), "--nccl-cta-policy"),
                     (nccl_window_mib.is_some(), "--nccl-window-mib"),
                     (ce_slot_mib.is_some(), "--ce-slot-mib"),
+                    (gemm_into_windows.is_some(), "--gemm-into-windows"),
                 ];
                 if let Some((_, flag)) = gpu_only.iter().find(|f| f.0) {
                     eprintln!("error: {flag} needs --backend cuda");

@@ -209,4 +209,26 @@ pub trait Communicator: Send + Sync {
     /// Marks this rank as failed with `reason`: every operation of any rank that waits for
     /// it from now on fails with [`CommError::PeerFailed`] instead of waiting.
     fn abort(&self, reason: &str);
+
+    /// Posts `collective` on `stream` with its input not computed yet: `produce` computes
+    /// each part of the input (whole multiples of `granule` elements) where the
+    /// communicator wants it — a copy-engine reduce-scatter has a GEMM write each peer's
+    /// block straight into that peer's receive window, so the transfer is the GEMM's own
+    /// stores. A communicator that cannot enqueues nothing and hands the collective back
+    /// (the default); the caller then computes the input and posts it.
+    fn post_produced(
+        &self,
+        collective: Collective<Self::Buffer>,
+        granule: usize,
+        produce: &mut Produce<'_>,
+        stream: &Self::Stream,
+    ) -> Result<Option<Collective<Self::Buffer>>, CommError> {
+        let _ = (granule, produce, stream);
+        Ok(Some(collective))
+    }
 }
+
+/// What [`Communicator::post_produced`] calls to compute part of a collective's input:
+/// `(first, len, at)` enqueues, on the post's stream, the input's elements `first .. first +
+/// len` written at device address `at` (this rank's memory, or a peer's mapped here).
+pub type Produce<'a> = dyn FnMut(usize, usize, u64) -> Result<(), CommError> + 'a;

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::communicator::{Collective, CommOp, Communicator, P2p};
+use crate::communicator::{Collective, CommOp, Communicator, P2p, Produce};
 use crate::dtype::{DataType, RedOp};
 use crate::error::CommError;
 use crate::nccl::DeviceBuffer;
@@ -103,7 +103,46 @@ pub trait CopyTransport: Send + Sync {
             "this transport cannot reduce in its receive windows".into(),
         ))
     }
+
+    /// The largest piece of a reduction in the windows, in bytes (a slot); `None` where
+    /// the transport has no windows.
+    fn slot_bytes(&self) -> Option<usize> {
+        None
+    }
+
+    /// [`CopyTransport::reduce_in_windows`] with the input not computed yet and nothing
+    /// copied: for every piece (at most `piece` bytes), `produce(src, len, at)` computes
+    /// the `len` bytes of this rank's input at `src` and writes them at `at` — a peer's
+    /// piece straight into that peer's window slot, the rank's own piece (of the block at
+    /// `own`) in place — and the pieces every rank of `from` produced for this one are
+    /// summed where they landed, as there. Everything runs on `stream`, in the plan's
+    /// order (which no single hardware queue can deadlock). Only called where
+    /// [`CopyTransport::reduces_in_windows`] is true.
+    #[allow(clippy::too_many_arguments)]
+    fn produce_in_windows(
+        &self,
+        me: usize,
+        label: &str,
+        sends: &[(usize, u64, usize)],
+        own: u64,
+        from: &[usize],
+        (bytes, piece): (usize, usize),
+        stream: &Self::Stream,
+        produce: &mut ProduceAt<'_>,
+        sum: &mut WindowSum<'_, Self::Stream>,
+    ) -> Result<(), CommError> {
+        let _ = (sends, own, from, bytes, piece, stream, produce, sum);
+        Err(copy_error(
+            me,
+            label,
+            "this transport cannot produce into its receive windows".into(),
+        ))
+    }
 }
+
+/// What [`CopyTransport::produce_in_windows`] calls for each piece: `(src, len, at)`
+/// computes the `len` bytes of the rank's input at address `src` and writes them at `at`.
+pub type ProduceAt<'a> = dyn FnMut(u64, usize, u64) -> Result<(), CommError> + 'a;
 
 /// What [`CopyTransport::reduce_in_windows`] calls for each piece: `(offset, len, windows,
 /// stream)` enqueues the sum of the piece at `offset` (`len` bytes) of the member's own block
@@ -272,6 +311,133 @@ where
         self.transport.abort();
         self.inner.abort(reason);
     }
+
+    /// A sum reduce-scatter or allreduce reduced in the windows, its input blocks produced
+    /// where they are summed (see [`CopyTransport::produce_in_windows`]); anything else is
+    /// handed back.
+    fn post_produced(
+        &self,
+        collective: Collective<C::Buffer>,
+        granule: usize,
+        produce: &mut Produce<'_>,
+        stream: &C::Stream,
+    ) -> Result<Option<Collective<C::Buffer>>, CommError> {
+        let me = self.rank();
+        let (Some(reducer), Some(slot)) = (&self.reducer, self.transport.slot_bytes()) else {
+            return Ok(Some(collective));
+        };
+        if !self.transport.reduces_in_windows() {
+            return Ok(Some(collective));
+        }
+        let Some(plan) = reduce_plan(me, &collective, |t| reducer.reduces(t)) else {
+            return Ok(Some(collective));
+        };
+        let size = plan.dtype.size();
+        let granule_bytes = granule.saturating_mul(size);
+        // Pieces of whole granules (rows of a GEMM's output) that fit a slot.
+        let piece = match granule_bytes {
+            0 => 0,
+            g => slot / g * g,
+        };
+        if piece == 0 || !plan.block_bytes.is_multiple_of(granule_bytes) {
+            return Ok(Some(collective));
+        }
+        let label = collective.label.clone();
+        let _span = tracing::debug_span!(
+            "copy_engine_produce",
+            rank = me,
+            op = collective.op.name(),
+            label = %label,
+            bytes = plan.block_bytes * plan.blocks,
+        )
+        .entered();
+        let (sends, from) = plan.pushes();
+        // Each rank starts with the next rank's block, so the ranks' GEMMs write to
+        // different peers at any moment.
+        let sends = rotate_after(&plan.team, plan.index, sends);
+        let own = plan.input + (plan.index * plan.block_bytes) as u64;
+        self.transport.produce_in_windows(
+            me,
+            &label,
+            &sends,
+            own,
+            &from,
+            (plan.block_bytes, piece),
+            stream,
+            &mut |src: u64, len: usize, at: u64| {
+                produce((src - plan.input) as usize / size, len / size, at)
+            },
+            &mut |offset, len, windows, stream| {
+                sum_piece(
+                    &plan,
+                    reducer.as_ref(),
+                    me,
+                    &label,
+                    (offset, len),
+                    windows,
+                    stream,
+                )
+            },
+        )?;
+        if let Some(gather) = plan.gather() {
+            self.transport.transfer(
+                me,
+                &format!("{label} (gather)"),
+                &gather,
+                stream,
+                self.timeout(),
+            )?;
+        }
+        Ok(None)
+    }
+}
+
+/// `sends` (to team members, in team order) reordered to start with the member after
+/// `index` and wrap around.
+fn rotate_after(
+    team: &[usize],
+    index: usize,
+    sends: Vec<(usize, u64, usize)>,
+) -> Vec<(usize, u64, usize)> {
+    let position = |p: usize| team.iter().position(|&q| q == p).unwrap_or(0);
+    let n = team.len().max(1);
+    let mut sends = sends;
+    sends.sort_by_key(|s| (position(s.0) + n - index) % n);
+    sends
+}
+
+/// Enqueues the sum of one piece (`offset`, `len` bytes into the block) of a reduction in
+/// the windows: the member's own block's piece and each peer's piece at its window address
+/// (`windows`, in team order without the member), added in team order into `reduced`.
+fn sum_piece<S: ?Sized>(
+    plan: &ReducePlan,
+    reducer: &dyn Reducer<S>,
+    me: usize,
+    label: &str,
+    (offset, len): (usize, usize),
+    windows: &[u64],
+    stream: &S,
+) -> Result<(), CommError> {
+    let mut windows = windows.iter();
+    let mut srcs = Vec::with_capacity(plan.blocks);
+    for j in 0..plan.blocks {
+        if j == plan.index {
+            srcs.push(plan.input + (j * plan.block_bytes + offset) as u64);
+        } else {
+            srcs.push(
+                *windows
+                    .next()
+                    .ok_or_else(|| copy_error(me, label, "a window is missing".into()))?,
+            );
+        }
+    }
+    reducer.sum_pointers(
+        plan.reduced + offset as u64,
+        &srcs,
+        len / plan.dtype.size(),
+        plan.dtype,
+        stream,
+    )
 }
 
 impl<T, C> CopyComm<T, C>
@@ -301,7 +467,6 @@ where
             // Each block summed where its pushes land: no scratch, no copy out of the
             // windows.
             let (sends, from) = plan.pushes();
-            let size = plan.dtype.size();
             self.transport.reduce_in_windows(
                 me,
                 label,
@@ -311,24 +476,7 @@ where
                 stream,
                 timeout,
                 &mut |offset, len, windows, stream| {
-                    let mut windows = windows.iter();
-                    let mut srcs = Vec::with_capacity(plan.blocks);
-                    for j in 0..plan.blocks {
-                        if j == plan.index {
-                            srcs.push(plan.input + (j * plan.block_bytes + offset) as u64);
-                        } else {
-                            srcs.push(*windows.next().ok_or_else(|| {
-                                copy_error(me, label, "a window is missing".into())
-                            })?);
-                        }
-                    }
-                    reducer.sum_pointers(
-                        plan.reduced + offset as u64,
-                        &srcs,
-                        len / size,
-                        plan.dtype,
-                        stream,
-                    )
+                    sum_piece(plan, reducer, me, label, (offset, len), windows, stream)
                 },
             )?;
             return gather(stream);

@@ -60,7 +60,7 @@ use std::time::Duration;
 use weave_cuda::{Gpu, GpuStream, PeerRegion, Priority, SharedRegion, IPC_HANDLE_BYTES};
 
 use crate::communicator::Communicator;
-use crate::copy::{copy_error, CopyComm, CopyTransport, Transfers, WindowSum};
+use crate::copy::{copy_error, CopyComm, CopyTransport, ProduceAt, Transfers, WindowSum};
 use crate::error::CommError;
 use crate::nccl::{DeviceBuffer, Nccl};
 
@@ -339,7 +339,20 @@ pub fn plan(
     sends: &[(usize, u64, usize)],
     recvs: &[(usize, u64, usize)],
 ) -> Vec<Step> {
-    let z = layout.slot_bytes;
+    plan_pieces(me, layout, counts, lane, sends, recvs, layout.slot_bytes)
+}
+
+/// [`plan`] with pieces of at most `z` bytes (at most a slot).
+fn plan_pieces(
+    me: usize,
+    layout: &WindowLayout,
+    counts: &mut PieceCounts,
+    lane: usize,
+    sends: &[(usize, u64, usize)],
+    recvs: &[(usize, u64, usize)],
+    z: usize,
+) -> Vec<Step> {
+    let z = z.clamp(1, layout.slot_bytes.max(1));
     let k = layout.slots as u64;
     let at = |peer: usize| peer * counts.lanes + lane;
     let pieces = |bytes: usize| bytes.div_ceil(z);
@@ -785,6 +798,76 @@ impl CopyTransport for IpcTransport {
         self.dispatch(me, lane, &reduce.closing, &sides)?;
         self.join(&sides, stream)
     }
+
+    fn slot_bytes(&self) -> Option<usize> {
+        Some(self.layout.slot_bytes)
+    }
+
+    /// Everything on `stream`, round by round: each peer's piece produced into its slot
+    /// (wait until free, claim, produce, signal ready: the driver's value write fences the
+    /// producer's stores before it), the own piece produced in place, then the waits for the
+    /// peers' pieces, the sum and the releases; last, the waits until every peer has taken
+    /// this rank's last pieces. A round needs only what earlier rounds of every rank
+    /// enqueued, so one queue per device runs it without deadlock.
+    fn produce_in_windows(
+        &self,
+        me: usize,
+        label: &str,
+        sends: &[(usize, u64, usize)],
+        own: u64,
+        from: &[usize],
+        (bytes, piece): (usize, usize),
+        stream: &GpuStream,
+        produce: &mut ProduceAt<'_>,
+        sum: &mut WindowSum<'_, GpuStream>,
+    ) -> Result<(), CommError> {
+        let l = self.layout;
+        if piece == 0 || piece > l.slot_bytes {
+            return Err(copy_error(
+                me,
+                label,
+                format!(
+                    "a piece of {piece} bytes does not fit the windows' slots of {} bytes",
+                    l.slot_bytes
+                ),
+            ));
+        }
+        let (lane, reduce) = self.with_lane(me, label, stream, |lane, counts| {
+            (
+                lane,
+                plan_reduce_pieces(me, &l, counts, lane, sends, from, (bytes, piece)),
+            )
+        })?;
+        let local = self.region.ptr();
+        for round in &reduce.rounds {
+            for &step in &round.pushes {
+                match step {
+                    Step::Push {
+                        peer,
+                        slot,
+                        src,
+                        bytes,
+                    } => produce(
+                        src,
+                        bytes,
+                        self.bases[peer] + l.window(peer, me, lane, slot) as u64,
+                    )?,
+                    other => self.enqueue(me, lane, &[other], stream, local)?,
+                }
+            }
+            let at = own + round.offset as u64;
+            produce(at, round.len, at)?;
+            self.enqueue(me, lane, &round.taken, stream, local)?;
+            let windows: Vec<u64> = round
+                .pieces
+                .iter()
+                .map(|&(peer, slot)| local + l.window(me, peer, lane, slot) as u64)
+                .collect();
+            sum(round.offset, round.len, &windows, stream)?;
+            self.enqueue(me, lane, &round.freed, stream, local)?;
+        }
+        self.enqueue(me, lane, &reduce.closing, stream, local)
+    }
 }
 
 /// The steps of a reduction in the windows ([`plan_reduce`]).
@@ -826,8 +909,29 @@ pub fn plan_reduce(
     from: &[usize],
     bytes: usize,
 ) -> ReduceSteps {
-    let z = layout.slot_bytes;
-    let mut pushes = plan(me, layout, counts, lane, sends, &[]).into_iter();
+    plan_reduce_pieces(
+        me,
+        layout,
+        counts,
+        lane,
+        sends,
+        from,
+        (bytes, layout.slot_bytes),
+    )
+}
+
+/// [`plan_reduce`] with pieces of at most `piece` bytes (at most a slot).
+pub fn plan_reduce_pieces(
+    me: usize,
+    layout: &WindowLayout,
+    counts: &mut PieceCounts,
+    lane: usize,
+    sends: &[(usize, u64, usize)],
+    from: &[usize],
+    (bytes, piece): (usize, usize),
+) -> ReduceSteps {
+    let z = piece.clamp(1, layout.slot_bytes.max(1));
+    let mut pushes = plan_pieces(me, layout, counts, lane, sends, &[], z).into_iter();
     let rounds = (0..bytes.div_ceil(z))
         .map(|j| {
             // `plan` gives 4 steps per send that has a piece in round j, round by round.

@@ -60,9 +60,11 @@ pub mod nccl;
 pub mod peer;
 
 pub use bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
-pub use communicator::{Collective, CommOp, Communicator, P2p, Task, TaskQueue};
+pub use communicator::{Collective, CommOp, Communicator, P2p, Produce, Task, TaskQueue};
 #[cfg(feature = "cuda")]
-pub use copy::{reduce_plan, CopyComm, CopyTransport, ReducePlan, Reducer, Transfers, WindowSum};
+pub use copy::{
+    reduce_plan, CopyComm, CopyTransport, ProduceAt, ReducePlan, Reducer, Transfers, WindowSum,
+};
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;
 pub use host::HostView;

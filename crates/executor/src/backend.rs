@@ -209,6 +209,37 @@ pub trait Backend: Send + Sync {
         stream: &Self::Stream,
     ) -> Result<(), ExecError>;
 
+    /// Whether [`Backend::linear_rows_into`] works and a linear feeding a sum
+    /// reduce-scatter or allreduce should be computed by the communicator where it wants
+    /// each block ([`weave_comm::Communicator::post_produced`]): a backend option.
+    fn produces_into_windows(&self) -> bool {
+        false
+    }
+
+    /// Rows `rows` of `input @ weightᵀ (+ bias)` (a 2-D input, `[rows, n]` out), written
+    /// row-major at device address `at` (this rank's memory or a peer's mapped here), on
+    /// `stream`. Only called where [`Backend::produces_into_windows`] is true.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_rows_into(
+        &self,
+        label: &str,
+        input: &Self::Buffer,
+        weight: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
+        rows: Range<usize>,
+        at: u64,
+        stream: &Self::Stream,
+    ) -> Result<(), ExecError> {
+        let _ = (input, weight, bias, rows, at, stream);
+        Err(ExecError::Compute {
+            stmt: label.to_string(),
+            message: format!(
+                "the {} backend cannot write a GEMM's rows elsewhere",
+                self.name()
+            ),
+        })
+    }
+
     /// A buffer holding `data`, ready for every stream.
     fn upload(&self, data: &Dense) -> Result<Self::Buffer, ExecError>;
 

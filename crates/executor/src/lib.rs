@@ -48,7 +48,7 @@ pub use cuda::{time_back_to_back, BlockSums, CudaBackend, CudaOptions, DeviceTen
 pub use dense::Dense;
 pub use error::ExecError;
 pub use eval::{
-    check_inputs, program_teams, run_rank, run_rank_buffers, run_rank_into, BufferRun, Deadline,
-    IntoRun, RankRun, RunConfig, MAX_TRIP_COUNT,
+    check_inputs, producers, program_teams, run_rank, run_rank_buffers, run_rank_into, BufferRun,
+    Deadline, IntoRun, RankRun, RunConfig, MAX_TRIP_COUNT,
 };
 pub use race::{RaceChecker, RaceReport};

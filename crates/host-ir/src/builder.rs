@@ -11,8 +11,7 @@
 //! not a loop, inserting next to a statement that is in no scope) panics with a message; the
 //! parser never reaches those paths.
 
-use std::collections::HashSet;
-
+use slotmap::SparseSecondaryMap;
 use weave_ir::{DType, Fusion, MemoryType, Scalar, ScalarOp};
 
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
@@ -47,7 +46,7 @@ pub struct Walk<'a> {
     stack: Vec<(ScopeRef, usize)>,
     /// Loops whose body was entered; a loop met again (a malformed program that places one
     /// statement twice) is yielded but not entered again, so a cycle cannot hang the walk.
-    entered: HashSet<StmtId>,
+    entered: SparseSecondaryMap<StmtId, ()>,
 }
 
 impl Iterator for Walk<'_> {
@@ -73,7 +72,7 @@ impl Iterator for Walk<'_> {
                 })
                 .collect();
             let is_loop = matches!(self.program.stmts.get(stmt), Some(Stmt::ForLoop { .. }));
-            if is_loop && self.entered.insert(stmt) {
+            if is_loop && self.entered.insert(stmt, ()).is_none() {
                 self.stack.push((ScopeRef::Body(stmt), 0));
             }
             return Some(Walked {
@@ -367,7 +366,7 @@ impl HostProgram {
         Walk {
             program: self,
             stack: vec![(ScopeRef::Top, 0)],
-            entered: HashSet::new(),
+            entered: SparseSecondaryMap::new(),
         }
     }
 }

@@ -3,6 +3,11 @@
 //! Keys identify nodes inside one [`crate::HostProgram`]. They are not names: the printer
 //! numbers statements, tensors and scalars in the order it prints them, so a pass that frees
 //! a slot does not renumber unrelated lines of a snapshot.
+//!
+//! Side tables over these keys are [`SecondaryMap`]s ([`SparseSecondaryMap`] where few keys
+//! have an entry), re-exported here so that a crate keeping one needs no `slotmap` of its own.
+
+pub use slotmap::{SecondaryMap, SparseSecondaryMap};
 
 slotmap::new_key_type! {
     /// A statement: one node of [`crate::Stmt`], placed in exactly one scope.

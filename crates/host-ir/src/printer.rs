@@ -28,13 +28,15 @@
 //! The printer never panics: an id that is not in its arena prints as `T?`, `?`, `Stream ?`,
 //! `K?` or `Statement ?`, which the parser rejects and the verifier explains.
 
-use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+use slotmap::{Key, SecondaryMap};
 use weave_ir::{Scalar, ScalarOp};
 
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
-use crate::syntax::{HostProgram, HostScalar, P2PDirection, Stmt, Stream};
+use crate::syntax::{
+    Communication, HostProgram, HostScalar, P2PCommunication, P2PDirection, Stmt, Stream,
+};
 
 /// Prints `p` in the host text format; `print(&parse(&print(p))?)` equals `print(p)`.
 pub fn print(p: &HostProgram) -> String {
@@ -57,13 +59,67 @@ const MAX_SCALAR_DEPTH: usize = 256;
 /// an entity the program never mentions gets the next free number when first asked for.
 #[derive(Clone, Debug, Default)]
 pub struct Names {
-    tensors: HashMap<HostTensorId, usize>,
-    declared: HashSet<HostTensorId>,
-    indices: HashMap<ScalarId, usize>,
-    streams: HashMap<StreamId, usize>,
-    kernels: HashMap<KernelId, usize>,
+    tensors: Numbers<HostTensorId>,
+    declared: SecondaryMap<HostTensorId, ()>,
+    indices: Numbers<ScalarId>,
+    streams: Numbers<StreamId>,
+    kernels: Numbers<KernelId>,
     kernel_order: Vec<KernelId>,
-    stmts: HashMap<StmtId, usize>,
+    stmts: Numbers<StmtId>,
+}
+
+/// The number each id got when first met. A malformed program may name an id that no
+/// `SecondaryMap` can hold (the null id, placed by hand, or a stale id older than what its
+/// slot now holds); such an id is kept aside, so that it too keeps the number it got first.
+#[derive(Clone, Debug)]
+struct Numbers<K: Key> {
+    by_key: SecondaryMap<K, usize>,
+    others: Vec<(K, usize)>,
+}
+
+impl<K: Key> Default for Numbers<K> {
+    fn default() -> Self {
+        Numbers {
+            by_key: SecondaryMap::new(),
+            others: Vec::new(),
+        }
+    }
+}
+
+impl<K: Key> Numbers<K> {
+    /// How many ids have a number.
+    fn len(&self) -> usize {
+        self.by_key.len() + self.others.len()
+    }
+
+    fn get(&self, k: K) -> Option<usize> {
+        self.by_key.get(k).copied().or_else(|| {
+            self.others
+                .iter()
+                .find(|(other, _)| *other == k)
+                .map(|(_, n)| *n)
+        })
+    }
+
+    /// The number of `k`, giving it `n` if it has none yet.
+    fn get_or_insert(&mut self, k: K, n: usize) -> usize {
+        if let Some(old) = self.get(k) {
+            return old;
+        }
+        match self.by_key.entry(k) {
+            Some(entry) => *entry.or_insert(n),
+            None => {
+                self.others.push((k, n));
+                n
+            }
+        }
+    }
+
+    /// The number of `k`, giving it the next free one if it has none yet.
+    fn number(&mut self, k: K) -> usize {
+        let next = self.len();
+        self.get_or_insert(k, next)
+    }
 }
 
 impl Names {
@@ -75,7 +131,7 @@ impl Names {
     fn numbered_statements(p: &HostProgram) -> Names {
         let mut n = Names::default();
         for (k, w) in p.walk().enumerate() {
-            n.stmts.entry(w.stmt).or_insert(k);
+            n.stmts.get_or_insert(w.stmt, k);
         }
         n
     }
@@ -86,8 +142,7 @@ impl Names {
     }
 
     fn tensor_number(&mut self, t: HostTensorId) -> usize {
-        let k = self.tensors.len();
-        *self.tensors.entry(t).or_insert(k)
+        self.tensors.number(t)
     }
 
     /// `T4`, or `T4_g_bf16[( ceilDiv(t, 3) ), 2]` when `declare` and this is the first
@@ -95,7 +150,7 @@ impl Names {
     fn tensor_text(&mut self, p: &HostProgram, t: HostTensorId, declare: bool) -> String {
         let name = self.tensor(t);
         match p.tensors.get(t) {
-            Some(ht) if declare && self.declared.insert(t) => {
+            Some(ht) if declare && self.declared.insert(t, ()).is_none() => {
                 let sizes: Vec<String> = ht.sizes.iter().map(|s| self.scalar(p, *s)).collect();
                 format!(
                     "{name}_{}_{}[{}]",
@@ -130,10 +185,7 @@ impl Names {
         match p.scalars.get(s) {
             None => "?".to_string(),
             Some(HostScalar::Value(v)) => v.to_string(),
-            Some(HostScalar::LoopIndex) => {
-                let k = self.indices.len();
-                format!("i{}", self.indices.entry(s).or_insert(k))
-            }
+            Some(HostScalar::LoopIndex) => format!("i{}", self.indices.number(s)),
             Some(HostScalar::Binary(op, a, b)) => {
                 let a = self.scalar_at(p, *a, depth + 1);
                 let b = self.scalar_at(p, *b, depth + 1);
@@ -150,10 +202,7 @@ impl Names {
     pub fn stream(&mut self, p: &HostProgram, s: StreamId) -> String {
         match p.streams.get(s) {
             None => "Stream ?".to_string(),
-            Some(Stream::Captured) => {
-                let k = self.streams.len();
-                format!("Stream {}", self.streams.entry(s).or_insert(k))
-            }
+            Some(Stream::Captured) => format!("Stream {}", self.streams.number(s)),
             Some(Stream::Indexed(i)) => {
                 let text = self.scalar(p, *i);
                 if matches!(p.scalars.get(*i), Some(HostScalar::Value(Scalar::Const(_)))) {
@@ -171,7 +220,7 @@ impl Names {
             return "K?".to_string();
         }
         let n = self.kernel_order.len();
-        let n = *self.kernels.entry(k).or_insert(n);
+        let n = self.kernels.get_or_insert(k, n);
         if n == self.kernel_order.len() {
             self.kernel_order.push(k);
         }
@@ -180,7 +229,7 @@ impl Names {
 
     /// The statement's number: its position in the pre-order walk.
     pub fn stmt_number(&self, s: StmtId) -> Option<usize> {
-        self.stmts.get(&s).copied()
+        self.stmts.get(s)
     }
 
     /// How a `Wait` names `s`: `Communication 9`, `P2PCommunication 12`, `EndCoalescing 14`,
@@ -212,6 +261,8 @@ impl Names {
         self.stmt_line(p, s, false)
     }
 
+    /// The statement's line; `declare` writes each tensor's type at its first mention. The
+    /// statement's kind picks the function that prints it.
     fn stmt_line(&mut self, p: &HostProgram, s: StmtId, declare: bool) -> String {
         let Some(stmt) = p.stmts.get(s) else {
             return "<statement not in the program>".to_string();
@@ -221,22 +272,13 @@ impl Names {
             None => "?".to_string(),
         };
         match stmt {
-            Stmt::Allocate { tensor, zero_init } => {
-                let t = self.tensor_text(p, *tensor, declare);
-                let mem = p.tensors.get(*tensor).map_or("global", |t| t.memory.name());
-                format!("{t} = ALLOCATE(mem_type={mem}, zero_init={zero_init})")
-            }
+            Stmt::Allocate { tensor, zero_init } => self.allocate(p, *tensor, *zero_init, declare),
             Stmt::Deallocate { tensor } => {
                 format!("Deallocate({})", self.tensor_text(p, *tensor, declare))
             }
             Stmt::ForLoop {
                 index, start, stop, ..
-            } => {
-                let i = self.scalar(p, *index);
-                let a = self.scalar(p, *start);
-                let b = self.scalar(p, *stop);
-                format!("FOR {i} from {a} to {b}:")
-            }
+            } => self.for_header(p, *index, *start, *stop),
             Stmt::GetCurrentStream { out } => {
                 format!("{} = GetCurrentStream()", self.stream(p, *out))
             }
@@ -244,106 +286,180 @@ impl Names {
                 format!("SetCurrentStream({})", self.stream(p, *stream))
             }
             Stmt::Synchronize { stream } => format!("Synchronize({})", self.stream(p, *stream)),
-            Stmt::ShardByStream {
-                input,
-                axis,
-                chunks,
-                index,
-                holds,
-                output,
-            } => {
-                let o = self.tensor_text(p, *output, declare);
-                let i = self.tensor_text(p, *input, declare);
-                let c = self.scalar(p, *chunks);
-                let x = self.scalar(p, *index);
-                let h = match holds {
-                    Some(h) => format!(
-                        ", holds=(chunk={}, chunks={}, extent={})",
-                        self.scalar(p, h.chunk),
-                        self.scalar(p, h.chunks),
-                        self.scalar(p, h.extent)
-                    ),
-                    None => String::new(),
-                };
-                format!("{o} = ShardByStream({i}, axis={axis}, chunks={c}, stream_index={x}{h})")
-            }
+            Stmt::ShardByStream { .. } => self.shard_by_stream(p, stmt, declare),
             Stmt::LaunchKernel {
                 kernel,
                 inputs,
                 outputs,
-            } => {
-                let k = self.kernel(p, *kernel);
-                let i = self.tensor_list(p, inputs, declare);
-                let o = self.tensor_list(p, outputs, declare);
-                format!("LaunchKernel(kernel={k}, inputs=({i}), outputs=({o}))")
-            }
-            Stmt::Matmul {
-                a,
-                b,
-                out,
-                accumulate,
-            } => {
-                let o = self.tensor_text(p, *out, declare);
-                let a = self.tensor_text(p, *a, declare);
-                let b = self.tensor_text(p, *b, declare);
-                let op = if *accumulate { "+=" } else { "=" };
-                format!("{o} {op} matmul({a}, {b})")
-            }
-            Stmt::Linear {
-                input,
-                weight,
-                bias,
-                out,
-            } => {
-                let o = self.tensor_text(p, *out, declare);
-                let mut args = vec![
-                    self.tensor_text(p, *input, declare),
-                    self.tensor_text(p, *weight, declare),
-                ];
-                if let Some(b) = bias {
-                    args.push(self.tensor_text(p, *b, declare));
-                }
-                format!("{o} = linear({})", args.join(", "))
-            }
-            Stmt::Communication(c) => {
-                let teams: Vec<String> = c
-                    .teams
-                    .iter()
-                    .map(|t| {
-                        let devices: Vec<String> = t.iter().map(i64::to_string).collect();
-                        devices.join(" ")
-                    })
-                    .collect();
-                let mut fields = vec![
-                    format!("type={}", c.kind.name()),
-                    format!("team=({})", teams.join(" | ")),
-                ];
-                if let Some(r) = c.root {
-                    fields.push(format!("root={}", self.scalar(p, r)));
-                }
-                fields.push(format!("input={}", self.tensor_text(p, c.input, declare)));
-                fields.push(format!("output={}", self.tensor_text(p, c.output, declare)));
-                if let Some(op) = c.red_op {
-                    fields.push(format!("red_op={}", op.name()));
-                }
-                fields.push("backend=NCCL".to_string());
-                format!("Communication {number} ({})", fields.join(", "))
-            }
-            Stmt::P2PCommunication(c) => {
-                let dir = match c.direction {
-                    P2PDirection::Send => "send",
-                    P2PDirection::Recv => "recv",
-                };
-                let b = self.tensor_text(p, c.buffer, declare);
-                let peer = self.scalar(p, c.peer);
-                format!(
-                    "P2PCommunication {number} (type={dir}, buffer={b}, peer={peer}, backend=NCCL)"
-                )
-            }
+            } => self.launch_kernel(p, *kernel, inputs, outputs, declare),
+            Stmt::Matmul { .. } => self.matmul(p, stmt, declare),
+            Stmt::Linear { .. } => self.linear(p, stmt, declare),
+            Stmt::Communication(c) => self.communication(p, c, &number, declare),
+            Stmt::P2PCommunication(c) => self.p2p(p, c, &number, declare),
             Stmt::StartCoalescing => "StartCoalescing".to_string(),
             Stmt::EndCoalescing => format!("EndCoalescing {number}"),
             Stmt::Wait { comm } => format!("Wait({})", self.stmt_ref(p, *comm)),
         }
+    }
+
+    /// `T2 = ALLOCATE(mem_type=global, zero_init=false)`.
+    fn allocate(
+        &mut self,
+        p: &HostProgram,
+        tensor: HostTensorId,
+        zero_init: bool,
+        declare: bool,
+    ) -> String {
+        let t = self.tensor_text(p, tensor, declare);
+        let mem = p.tensors.get(tensor).map_or("global", |t| t.memory.name());
+        format!("{t} = ALLOCATE(mem_type={mem}, zero_init={zero_init})")
+    }
+
+    /// `FOR i0 from 0 to 3:`.
+    fn for_header(
+        &mut self,
+        p: &HostProgram,
+        index: ScalarId,
+        start: ScalarId,
+        stop: ScalarId,
+    ) -> String {
+        let i = self.scalar(p, index);
+        let a = self.scalar(p, start);
+        let b = self.scalar(p, stop);
+        format!("FOR {i} from {a} to {b}:")
+    }
+
+    /// `T3 = ShardByStream(T2, axis=0, chunks=3, stream_index=i0[, holds=(..)])`.
+    fn shard_by_stream(&mut self, p: &HostProgram, stmt: &Stmt, declare: bool) -> String {
+        let Stmt::ShardByStream {
+            input,
+            axis,
+            chunks,
+            index,
+            holds,
+            output,
+        } = stmt
+        else {
+            return String::new();
+        };
+        let o = self.tensor_text(p, *output, declare);
+        let i = self.tensor_text(p, *input, declare);
+        let c = self.scalar(p, *chunks);
+        let x = self.scalar(p, *index);
+        let h = match holds {
+            Some(h) => format!(
+                ", holds=(chunk={}, chunks={}, extent={})",
+                self.scalar(p, h.chunk),
+                self.scalar(p, h.chunks),
+                self.scalar(p, h.extent)
+            ),
+            None => String::new(),
+        };
+        format!("{o} = ShardByStream({i}, axis={axis}, chunks={c}, stream_index={x}{h})")
+    }
+
+    /// `LaunchKernel(kernel=K0, inputs=(T2), outputs=(T3))`.
+    fn launch_kernel(
+        &mut self,
+        p: &HostProgram,
+        kernel: KernelId,
+        inputs: &[HostTensorId],
+        outputs: &[HostTensorId],
+        declare: bool,
+    ) -> String {
+        let k = self.kernel(p, kernel);
+        let i = self.tensor_list(p, inputs, declare);
+        let o = self.tensor_list(p, outputs, declare);
+        format!("LaunchKernel(kernel={k}, inputs=({i}), outputs=({o}))")
+    }
+
+    /// `T4 = matmul(T2, T3)`, or `T4 += matmul(T2, T3)` when it accumulates.
+    fn matmul(&mut self, p: &HostProgram, stmt: &Stmt, declare: bool) -> String {
+        let Stmt::Matmul {
+            a,
+            b,
+            out,
+            accumulate,
+        } = stmt
+        else {
+            return String::new();
+        };
+        let o = self.tensor_text(p, *out, declare);
+        let a = self.tensor_text(p, *a, declare);
+        let b = self.tensor_text(p, *b, declare);
+        let op = if *accumulate { "+=" } else { "=" };
+        format!("{o} {op} matmul({a}, {b})")
+    }
+
+    /// `T5 = linear(T2, T3[, T4])`.
+    fn linear(&mut self, p: &HostProgram, stmt: &Stmt, declare: bool) -> String {
+        let Stmt::Linear {
+            input,
+            weight,
+            bias,
+            out,
+        } = stmt
+        else {
+            return String::new();
+        };
+        let o = self.tensor_text(p, *out, declare);
+        let mut args = vec![
+            self.tensor_text(p, *input, declare),
+            self.tensor_text(p, *weight, declare),
+        ];
+        if let Some(b) = bias {
+            args.push(self.tensor_text(p, *b, declare));
+        }
+        format!("{o} = linear({})", args.join(", "))
+    }
+
+    /// `Communication 9 (type=Allgather, team=(0 1), input=T2, output=T3, backend=NCCL)`.
+    fn communication(
+        &mut self,
+        p: &HostProgram,
+        c: &Communication,
+        number: &str,
+        declare: bool,
+    ) -> String {
+        let teams: Vec<String> = c
+            .teams
+            .iter()
+            .map(|t| {
+                let devices: Vec<String> = t.iter().map(i64::to_string).collect();
+                devices.join(" ")
+            })
+            .collect();
+        let mut fields = vec![
+            format!("type={}", c.kind.name()),
+            format!("team=({})", teams.join(" | ")),
+        ];
+        if let Some(r) = c.root {
+            fields.push(format!("root={}", self.scalar(p, r)));
+        }
+        fields.push(format!("input={}", self.tensor_text(p, c.input, declare)));
+        fields.push(format!("output={}", self.tensor_text(p, c.output, declare)));
+        if let Some(op) = c.red_op {
+            fields.push(format!("red_op={}", op.name()));
+        }
+        fields.push("backend=NCCL".to_string());
+        format!("Communication {number} ({})", fields.join(", "))
+    }
+
+    /// `P2PCommunication 12 (type=send, buffer=T2, peer=1, backend=NCCL)`.
+    fn p2p(
+        &mut self,
+        p: &HostProgram,
+        c: &P2PCommunication,
+        number: &str,
+        declare: bool,
+    ) -> String {
+        let dir = match c.direction {
+            P2PDirection::Send => "send",
+            P2PDirection::Recv => "recv",
+        };
+        let b = self.tensor_text(p, c.buffer, declare);
+        let peer = self.scalar(p, c.peer);
+        format!("P2PCommunication {number} (type={dir}, buffer={b}, peer={peer}, backend=NCCL)")
     }
 }
 

@@ -53,7 +53,7 @@ pub struct HostProgram {
 /// keeps the labels of the first run (clone it before editing).
 #[derive(Default)]
 pub struct Memo {
-    labels: std::sync::OnceLock<std::sync::Arc<std::collections::HashMap<StmtId, String>>>,
+    labels: std::sync::OnceLock<std::sync::Arc<slotmap::SecondaryMap<StmtId, String>>>,
 }
 
 impl Clone for Memo {
@@ -72,7 +72,7 @@ impl std::fmt::Debug for Memo {
 impl HostProgram {
     /// Every statement as printed (`Names::stmt`), computed on the first call and shared by
     /// every later one: what errors, spans and traces name statements by.
-    pub fn statement_labels(&self) -> std::sync::Arc<std::collections::HashMap<StmtId, String>> {
+    pub fn statement_labels(&self) -> std::sync::Arc<slotmap::SecondaryMap<StmtId, String>> {
         self.memo
             .labels
             .get_or_init(|| {

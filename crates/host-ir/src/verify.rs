@@ -53,8 +53,11 @@
 //! ``statement `Deallocate(T4)` in FOR i0: deallocates T4 while `Communication 9 (…)` is in
 //! flight on it; `Wait(Communication 9)` must come first``.
 
-use std::collections::{HashMap, HashSet};
-
+//!
+//! The checks live by concern: this module walks scopes and statements, `signature` checks
+//! the signature against the program, `tensors` definitions and in-flight memory, and
+//! `scalars` loop indices and streams.
+use slotmap::SecondaryMap;
 use weave_ir::{Diagnostic, ParallelType, ScheduleOp};
 
 use crate::access::Effects;
@@ -62,14 +65,21 @@ use crate::ids::{HostTensorId, ScalarId, StmtId, StreamId};
 use crate::printer::Names;
 use crate::syntax::{HostProgram, HostScalar, Stmt, Stream};
 
+mod scalars;
+mod signature;
+mod tensors;
+
+use signature::{known_numel, verify_signature};
+use tensors::bind;
+
 /// Checks every rule of the module docs; returns the first violation in program order.
 pub fn verify(p: &HostProgram) -> Result<(), Diagnostic> {
     let mut v = Verifier {
         p,
         names: Names::of(p),
-        placed: HashSet::new(),
-        loop_of: HashMap::new(),
-        grouped: HashSet::new(),
+        placed: SecondaryMap::new(),
+        loop_of: SecondaryMap::new(),
+        grouped: SecondaryMap::new(),
         loops: Vec::new(),
         pending: Vec::new(),
         group: Vec::new(),
@@ -77,92 +87,6 @@ pub fn verify(p: &HostProgram) -> Result<(), Diagnostic> {
     v.program()?;
     verify_signature(p)
 }
-
-/// A signature agrees with the program: one entry per input and output, with the tensor's
-/// dtype and rank, and a local shape (a rank's buffer under the entry's sharding, with the
-/// signature's parameter values) equal to the program's sizes of that tensor.
-/// The element count of `sizes` where every size is known at load (a constant, or an
-/// expression over the signature's parameters); `None` otherwise.
-fn known_numel(p: &HostProgram, sizes: &[ScalarId]) -> Option<i64> {
-    sizes.iter().try_fold(1i64, |acc, &x| {
-        let v = match p.scalars.get(x)? {
-            HostScalar::Value(v) => match &p.signature {
-                Some(sig) => v.eval(&|n| sig.param(n))?,
-                None => v.as_const()?,
-            },
-            _ => return None,
-        };
-        acc.checked_mul(v)
-    })
-}
-
-fn verify_signature(p: &HostProgram) -> VResult {
-    let Some(sig) = &p.signature else {
-        return Ok(());
-    };
-    for (what, tensors, entries) in [
-        ("input", &p.inputs, &sig.inputs),
-        ("output", &p.outputs, &sig.outputs),
-    ] {
-        if tensors.len() != entries.len() {
-            return Err(Diagnostic::new(format!(
-                "the program has {} {what}(s) but its signature {}",
-                tensors.len(),
-                entries.len()
-            )));
-        }
-        for (k, (t, e)) in tensors.iter().zip(entries).enumerate() {
-            let Some(tensor) = p.tensors.get(*t) else {
-                continue;
-            };
-            let here = format!("signature {what} {k} `{}`", e.name);
-            if tensor.dtype != e.dtype {
-                return Err(Diagnostic::new(format!(
-                    "{here} is {} but the program's tensor is {}",
-                    e.dtype, tensor.dtype
-                )));
-            }
-            if tensor.sizes.len() != e.shape.len() {
-                return Err(Diagnostic::new(format!(
-                    "{here} has {} axes but the program's tensor {}",
-                    e.shape.len(),
-                    tensor.sizes.len()
-                )));
-            }
-            let local = e.local_sizes();
-            for (axis, (&size, want)) in tensor.sizes.iter().zip(&local).enumerate() {
-                let value = match p.scalars.get(size) {
-                    Some(HostScalar::Value(s)) => s.eval(&|n| sig.param(n)),
-                    _ => None,
-                };
-                match value {
-                    Some(v) if usize::try_from(v).ok() == Some(*want) => {}
-                    Some(v) => {
-                        return Err(Diagnostic::new(format!(
-                            "{here}: a rank's buffer has {want} elements along axis {axis} under its sharding, but the program's tensor has {v}"
-                        )))
-                    }
-                    None => {
-                        return Err(Diagnostic::new(format!(
-                            "{here}: the program's size of axis {axis} does not evaluate with the signature's params"
-                        )))
-                    }
-                }
-            }
-        }
-    }
-    sig.check_definition().map_err(Diagnostic::new)?;
-    for (role, name) in &sig.roles {
-        if sig.param(name).is_none() {
-            return Err(Diagnostic::new(format!(
-                "the signature's role `{}` names `{name}`, which is not among its params",
-                role.keyword()
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Deeper scalars (only cyclic ones get there) are reported as malformed.
 const MAX_SCALAR_DEPTH: usize = 256;
 
@@ -183,18 +107,18 @@ struct View {
 /// loop body.
 #[derive(Clone, Debug, Default)]
 struct State {
-    defined: HashSet<HostTensorId>,
+    defined: SecondaryMap<HostTensorId, ()>,
     /// Deallocated and not defined again (for messages).
-    freed: HashSet<HostTensorId>,
+    freed: SecondaryMap<HostTensorId, ()>,
     /// Defined only inside the body of an earlier loop (for messages).
-    loop_local: HashMap<HostTensorId, StmtId>,
-    views: HashMap<HostTensorId, View>,
+    loop_local: SecondaryMap<HostTensorId, StmtId>,
+    views: SecondaryMap<HostTensorId, View>,
     /// Captured streams defined by a dominating `GetCurrentStream`.
-    streams: HashSet<StreamId>,
+    streams: SecondaryMap<StreamId, ()>,
     /// Loop indices in scope.
-    indices: HashSet<ScalarId>,
+    indices: SecondaryMap<ScalarId, ()>,
     /// Tensors defined before the innermost enclosing loop and not rebound since.
-    from_outside: HashSet<HostTensorId>,
+    from_outside: SecondaryMap<HostTensorId, ()>,
 }
 
 /// An asynchronous communication that no `Wait` has named yet.
@@ -213,11 +137,11 @@ type VResult = Result<(), Diagnostic>;
 struct Verifier<'a> {
     p: &'a HostProgram,
     names: Names,
-    placed: HashSet<StmtId>,
+    placed: SecondaryMap<StmtId, ()>,
     /// Which loop binds each loop index.
-    loop_of: HashMap<ScalarId, StmtId>,
+    loop_of: SecondaryMap<ScalarId, StmtId>,
     /// Point-to-points that sit inside a coalescing group.
-    grouped: HashSet<StmtId>,
+    grouped: SecondaryMap<StmtId, ()>,
     /// Enclosing loops of the statement being checked, outermost first.
     loops: Vec<StmtId>,
     /// In-flight communications, one list per open scope (innermost last).
@@ -274,17 +198,17 @@ impl Verifier<'_> {
                     )));
                 }
             }
-            state.defined.insert(t);
+            state.defined.insert(t, ());
         }
         self.scope(&p.top_level, &mut state)?;
         for &t in &p.outputs {
-            if state.defined.contains(&t) {
+            if state.defined.contains_key(t) {
                 continue;
             }
             let name = self.t(t);
-            let why = if state.freed.contains(&t) {
+            let why = if state.freed.contains_key(t) {
                 "it is deallocated".to_string()
-            } else if let Some(l) = state.loop_local.get(&t).copied() {
+            } else if let Some(l) = state.loop_local.get(t).copied() {
                 format!(
                     "it is defined only inside {} (a definition in a loop body does not reach \
                      past the loop)",
@@ -338,7 +262,7 @@ impl Verifier<'_> {
                 "{place} holds a statement id that is not in the statement arena"
             )));
         };
-        if !self.placed.insert(s) {
+        if self.placed.insert(s, ()).is_some() {
             return Err(self.fail(
                 s,
                 "appears more than once in the program (a statement sits in exactly one scope)",
@@ -370,7 +294,7 @@ impl Verifier<'_> {
                 }
                 self.touch(s, state, *tensor, "reallocates")?;
                 bind(state, *tensor);
-                state.views.remove(tensor);
+                state.views.remove(*tensor);
             }
             Stmt::Deallocate { tensor } => {
                 let t = *tensor;
@@ -387,7 +311,7 @@ impl Verifier<'_> {
                 }
                 self.need(s, state, t, "deallocates")?;
                 self.touch(s, state, t, "deallocates")?;
-                if state.from_outside.contains(&t) {
+                if state.from_outside.contains_key(t) {
                     let n = self.t(t);
                     let l = self.loops.last().copied();
                     let l = l.map(|l| self.names.loop_name(p, l)).unwrap_or_default();
@@ -399,15 +323,15 @@ impl Verifier<'_> {
                         ),
                     ));
                 }
-                state.defined.remove(&t);
-                state.freed.insert(t);
+                state.defined.remove(t);
+                state.freed.insert(t, ());
             }
             Stmt::ForLoop {
                 index, body: stmts, ..
             } => self.for_loop(s, state, *index, stmts)?,
             Stmt::GetCurrentStream { out } => match p.streams.get(*out) {
                 Some(Stream::Captured) => {
-                    state.streams.insert(*out);
+                    state.streams.insert(*out, ());
                 }
                 Some(Stream::Indexed(_)) => {
                     let st = self.names.stream(p, *out);
@@ -436,9 +360,9 @@ impl Verifier<'_> {
                     let n = self.t(*input);
                     return Err(self.fail(s, format!("makes {n} a view of itself")));
                 }
-                let never_bound = !state.defined.contains(input)
-                    && !state.freed.contains(input)
-                    && !state.loop_local.contains_key(input);
+                let never_bound = !state.defined.contains_key(*input)
+                    && !state.freed.contains_key(*input)
+                    && !state.loop_local.contains_key(*input);
                 if never_bound {
                     bind(state, *input);
                 }
@@ -620,7 +544,7 @@ impl Verifier<'_> {
             Stmt::P2PCommunication(_) => {
                 self.access(s, state, &fx)?;
                 if matches!(self.group.last(), Some(Some(_))) {
-                    self.grouped.insert(s);
+                    self.grouped.insert(s, ());
                     if let Some(v) = self.pending.last_mut() {
                         v.push(Pending {
                             comm: s,
@@ -680,9 +604,9 @@ impl Verifier<'_> {
         for t in fx.writes() {
             self.usable_parents(s, state, t, "writes")?;
             self.touch(s, state, t, "writes")?;
-            if state.defined.insert(t) {
-                state.freed.remove(&t);
-                state.loop_local.remove(&t);
+            if state.defined.insert(t, ()).is_none() {
+                state.freed.remove(t);
+                state.loop_local.remove(t);
             }
         }
         Ok(())
@@ -715,14 +639,14 @@ impl Verifier<'_> {
             }
         }
         let mut inner = state.clone();
-        inner.indices.insert(index);
+        inner.indices.insert(index, ());
         inner.from_outside = state.defined.clone();
         self.loops.push(s);
         let result = self.scope(stmts, &mut inner);
         self.loops.pop();
         result?;
-        for t in inner.defined {
-            if !state.defined.contains(&t) {
+        for (t, ()) in inner.defined {
+            if !state.defined.contains_key(t) {
                 state.loop_local.insert(t, s);
             }
         }
@@ -741,7 +665,7 @@ impl Verifier<'_> {
             let q = self.quote(comm);
             return Err(self.fail(s, format!("waits for {q}, which is not a communication")));
         }
-        if self.grouped.contains(&comm) {
+        if self.grouped.contains_key(comm) {
             let q = self.quote(comm);
             return Err(self.fail(
                 s,
@@ -780,200 +704,6 @@ impl Verifier<'_> {
         }
         Ok(())
     }
-
-    // ----- tensors ---------------------------------------------------------------------------
-
-    /// `t` must be defined here, and so must every tensor it is a view of.
-    fn need(&mut self, s: StmtId, state: &State, t: HostTensorId, verb: &str) -> VResult {
-        if !state.defined.contains(&t) {
-            let n = self.t(t);
-            let why = if state.freed.contains(&t) {
-                " after it is deallocated".to_string()
-            } else if let Some(l) = state.loop_local.get(&t).copied() {
-                format!(
-                    ", which is defined only inside {} (a definition in a loop body does not \
-                     reach past the loop)",
-                    self.names.loop_name(self.p, l)
-                )
-            } else {
-                " before it is written".to_string()
-            };
-            return Err(self.fail(s, format!("{verb} {n}{why}")));
-        }
-        self.usable_parents(s, state, t, verb)
-    }
-
-    /// Every tensor `t` is a view of must still be defined.
-    fn usable_parents(&mut self, s: StmtId, state: &State, t: HostTensorId, verb: &str) -> VResult {
-        for parent in chain(state, t).into_iter().skip(1) {
-            if !state.defined.contains(&parent) {
-                let (n, m) = (self.t(t), self.t(parent));
-                return Err(self.fail(
-                    s,
-                    format!("{verb} {n}, a view of {m}, after {m} is deallocated"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// `s` touches `t`: no in-flight communication may use memory that `t` shares.
-    fn touch(&mut self, s: StmtId, state: &State, t: HostTensorId, verb: &str) -> VResult {
-        self.touch_as(s, state, t, verb, false)
-    }
-
-    /// `s` touches `t`, only reading it when `reading`: a read may overlap an in-flight
-    /// communication that only reads the same memory (a send, or a collective's input), as
-    /// the ring patterns compute on the chunk they forward; anything else must wait.
-    fn touch_as(
-        &mut self,
-        s: StmtId,
-        state: &State,
-        t: HostTensorId,
-        verb: &str,
-        reading: bool,
-    ) -> VResult {
-        let mut hit = None;
-        'search: for pd in self.pending.iter().flatten() {
-            for &(b, written) in &pd.buffers {
-                if (written || !reading) && overlaps(&mut self.names, self.p, state, t, b) {
-                    hit = Some((pd.comm, b, pd.in_group));
-                    break 'search;
-                }
-            }
-        }
-        let Some((comm, b, in_group)) = hit else {
-            return Ok(());
-        };
-        let (n, m) = (self.t(t), self.t(b));
-        let on = if b == t {
-            "on it".to_string()
-        } else {
-            format!("on {m}, which shares memory with {n}")
-        };
-        let q = self.quote(comm);
-        let fix = if in_group {
-            "the coalescing group must end and be waited for first".to_string()
-        } else {
-            format!(
-                "`Wait({})` must come first",
-                self.names.stmt_ref(self.p, comm)
-            )
-        };
-        Err(self.fail(s, format!("{verb} {n} while {q} is in flight {on}; {fix}")))
-    }
-
-    // ----- scalars and streams ---------------------------------------------------------------
-
-    fn check_scalar(&mut self, s: StmtId, state: &State, x: ScalarId) -> VResult {
-        match self.scalar_problem(state, x, 0) {
-            Ok(()) => Ok(()),
-            Err(problem) => {
-                let text = self.names.scalar(self.p, x);
-                Err(self.fail(s, format!("the scalar `{text}` {problem}")))
-            }
-        }
-    }
-
-    /// Why `x` cannot be evaluated here, if it cannot.
-    fn scalar_problem(&mut self, state: &State, x: ScalarId, depth: usize) -> Result<(), String> {
-        if depth > MAX_SCALAR_DEPTH {
-            return Err("is cyclic or nests too deeply".to_string());
-        }
-        match self.p.scalars.get(x) {
-            None => Err("names a scalar that is not in the scalar arena".to_string()),
-            Some(HostScalar::Value(_)) => Ok(()),
-            Some(HostScalar::LoopIndex) if state.indices.contains(&x) => Ok(()),
-            Some(HostScalar::LoopIndex) => {
-                let i = self.names.scalar(self.p, x);
-                Err(format!("uses loop index {i} outside the FOR that binds it"))
-            }
-            Some(HostScalar::Binary(_, a, b)) => {
-                let (a, b) = (*a, *b);
-                self.scalar_problem(state, a, depth + 1)?;
-                self.scalar_problem(state, b, depth + 1)
-            }
-        }
-    }
-
-    fn check_stream(&mut self, s: StmtId, state: &State, st: StreamId) -> VResult {
-        match self.p.streams.get(st) {
-            None => Err(self.fail(s, "names a stream that is not in the stream arena")),
-            Some(Stream::Captured) if state.streams.contains(&st) => Ok(()),
-            Some(Stream::Captured) => {
-                let n = self.names.stream(self.p, st);
-                Err(self.fail(
-                    s,
-                    format!("uses {n} before a dominating `GetCurrentStream` defines it"),
-                ))
-            }
-            Some(Stream::Indexed(i)) => {
-                let i = *i;
-                self.check_scalar(s, state, i)
-            }
-        }
-    }
-}
-
-/// `t` is (re)bound to a new buffer or view here.
-fn bind(state: &mut State, t: HostTensorId) {
-    state.defined.insert(t);
-    state.freed.remove(&t);
-    state.loop_local.remove(&t);
-    state.from_outside.remove(&t);
-}
-
-/// `t`, the tensor it is a view of, that tensor's parent, and so on.
-fn chain(state: &State, t: HostTensorId) -> Vec<HostTensorId> {
-    let mut out = vec![t];
-    let mut cur = t;
-    while let Some(v) = state.views.get(&cur) {
-        if out.contains(&v.parent) {
-            break;
-        }
-        out.push(v.parent);
-        cur = v.parent;
-    }
-    out
-}
-
-/// Whether `a` and `b` may share memory (see the module docs for sibling views).
-fn overlaps(
-    names: &mut Names,
-    p: &HostProgram,
-    state: &State,
-    a: HostTensorId,
-    b: HostTensorId,
-) -> bool {
-    if a == b {
-        return true;
-    }
-    let (ca, cb) = (chain(state, a), chain(state, b));
-    if ca.contains(&b) || cb.contains(&a) {
-        return true;
-    }
-    for (i, x) in ca.iter().enumerate() {
-        if let Some(j) = cb.iter().position(|y| y == x) {
-            // `a` and `b` are views of the common ancestor `x` through ca[i-1] and cb[j-1].
-            let (Some(va), Some(vb)) = (
-                i.checked_sub(1)
-                    .and_then(|k| ca.get(k))
-                    .and_then(|t| state.views.get(t)),
-                j.checked_sub(1)
-                    .and_then(|k| cb.get(k))
-                    .and_then(|t| state.views.get(t)),
-            ) else {
-                return true;
-            };
-            // Scalars compare as printed, so that the verdict does not depend on how a
-            // program splits an expression into host scalars.
-            let disjoint = va.axis == vb.axis
-                && names.scalar(p, va.chunks) == names.scalar(p, vb.chunks)
-                && names.scalar(p, va.index) != names.scalar(p, vb.index);
-            return !disjoint;
-        }
-    }
-    false
 }
 
 #[cfg(test)]

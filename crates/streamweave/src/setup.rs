@@ -149,6 +149,12 @@ pub struct Overlap {
     /// that fits one slot moves as one piece, with one handshake; each rank holds
     /// `8 lanes × 2 slots × (ranks − 1)` of them. At most [`MAX_CE_SLOT_MIB`].
     pub ce_slot_mib: u32,
+    /// With the copy-engine transport: a linear whose output only feeds a sum
+    /// reduce-scatter or allreduce is computed by that collective, block by block, each
+    /// peer's block written by the GEMM straight into the peer's receive window (the
+    /// transfer is the GEMM's own stores: no copy, no SM of a collective kernel), the
+    /// rank's own block in place, each summed where it landed.
+    pub gemm_into_windows: bool,
     /// Run compute in issue order across streams (each GEMM or kernel waits, on the GPU,
     /// for the one issued before it): chunk `i + 1` computes while chunk `i` communicates,
     /// instead of every chunk's GEMM starting at once.
@@ -182,6 +188,9 @@ impl Overlap {
         if self.ce_slot_mib > 0 {
             parts.push(format!("copy-engine slots of {} MiB", self.ce_slot_mib));
         }
+        if self.gemm_into_windows {
+            parts.push("GEMMs into windows".to_string());
+        }
         if parts.is_empty() {
             "defaults".to_string()
         } else {
@@ -209,6 +218,7 @@ impl Overlap {
             gemm_sm_count,
             pool_priority_high: self.pool_priority_high,
             ordered_compute: self.ordered_compute,
+            produce_into_windows: self.gemm_into_windows,
             ..base
         })
     }

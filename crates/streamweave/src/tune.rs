@@ -84,6 +84,7 @@ impl Candidate {
             + usize::from(o.nccl_cta_policy.is_some())
             + usize::from(o.nccl_window_mib > 0)
             + usize::from(o.ce_slot_mib > 0)
+            + usize::from(o.gemm_into_windows)
     }
 }
 
@@ -214,6 +215,7 @@ impl Tuning {
             nccl_cta_policy: c.overlap.nccl_cta_policy,
             nccl_window_mib: c.overlap.nccl_window_mib,
             ce_slot_mib: c.overlap.ce_slot_mib,
+            gemm_into_windows: c.overlap.gemm_into_windows,
             median_ms: t.as_secs_f64() * 1e3,
             contention: self.contention,
         })
@@ -771,6 +773,8 @@ pub enum Knob {
     NcclWindow(u32, bool),
     /// Copy-engine window slots of this many MiB ([`Overlap::ce_slot_mib`]).
     CeSlots(u32),
+    /// GEMMs writing into the copy engines' windows ([`Overlap::gemm_into_windows`]).
+    GemmIntoWindows,
 }
 
 impl Knob {
@@ -792,6 +796,7 @@ impl Knob {
                 }
             }
             Knob::CeSlots(mib) => c.overlap.ce_slot_mib = mib,
+            Knob::GemmIntoWindows => c.overlap.gemm_into_windows = true,
         }
         c
     }
@@ -803,7 +808,8 @@ impl Knob {
 /// a GEMM SM margin (16) where NCCL kernels run beside GEMMs; pool sizes 1, 2 and 4 up to
 /// the chunk count; copy-engine transfers and reductions where allgathers, transfers or sum
 /// reductions move data; on a copy-engine base, slots of [`TUNED_CE_SLOT_MIB`] (a chunk's
-/// block to one peer in one piece).
+/// block to one peer in one piece) and, where sums are reduced, GEMMs writing into the
+/// windows.
 pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Knob> {
     let chunked = base.chunks.is_some_and(|s| s > 1);
     let mut out = Vec::new();
@@ -828,6 +834,16 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
     }
     if ranks > 1 && base.transport == Transport::CopyEngine && base.overlap.ce_slot_mib == 0 {
         out.push(Knob::CeSlots(TUNED_CE_SLOT_MIB));
+    }
+    let sums = comms
+        .iter()
+        .any(|c| matches!(c.as_str(), "ReduceScatter" | "Allreduce"));
+    if ranks > 1
+        && sums
+        && base.transport == Transport::CopyEngine
+        && !base.overlap.gemm_into_windows
+    {
+        out.push(Knob::GemmIntoWindows);
     }
     // NCCL's own ways of leaving SMs to GEMMs: fewer CTAs, and symmetric windows (whose
     // kernels need fewer; with the zero-CTA policy, copy engines) for the collectives a
@@ -1304,6 +1320,27 @@ mod tests {
             !knob_variants(&candidate(4, 2, true), &["Allreduce".to_string()], 4)
                 .contains(&Knob::CeSlots(TUNED_CE_SLOT_MIB))
         );
+        // GEMMs into the windows were tried on the copy-engine winner (they did not help).
+        assert!(t.rows.iter().any(|r| r.candidate
+            == Knob::GemmIntoWindows.apply(Knob::CopyEngine.apply(candidate(4, 2, true)))));
+        // They are a knob of copy-engine bases whose program sums: not of NCCL ones, not of
+        // gathers.
+        let ce = Knob::CopyEngine.apply(candidate(2, 2, true));
+        for (comms, base, offered) in [
+            ("ReduceScatter", ce, true),
+            ("Allreduce", ce, true),
+            ("Allgather", ce, false),
+            ("Allreduce", candidate(2, 2, true), false),
+        ] {
+            assert_eq!(
+                knob_variants(&base, &[comms.to_string()], 4).contains(&Knob::GemmIntoWindows),
+                offered,
+                "{comms} on {base}"
+            );
+        }
+        let on = Knob::GemmIntoWindows.apply(ce);
+        assert_eq!(on.overlap.describe(), "GEMMs into windows");
+        assert_eq!(on.knobs(), 2);
     }
 
     /// A spent budget stops the measuring: S = 1 is always measured first (the budget

@@ -478,6 +478,80 @@ fn reduce_in_windows_sim(n: usize, serial: bool) {
     }
 }
 
+/// A reduction whose input is produced where it is summed (`produce_in_windows`): every step
+/// of a rank on its posting stream alone, pieces of whole granules smaller than a slot (200
+/// of 256 bytes, so a block of 1000 takes 5 rounds through 2 slots), the production of a
+/// peer's piece being a write of the rank's input into that peer's slot. Every rank reads
+/// every peer's block whole, without deadlock, over two posts, and the flags end at rest.
+#[test]
+fn a_reduction_produced_into_the_windows_on_one_stream_reads_every_piece_whole() {
+    let len = 1000;
+    let piece = 200;
+    for n in [2, 3, 4] {
+        for seed in 0..30 {
+            let mut sim = Sim::new(n, 1, 2, 256, 16384);
+            for r in 0..n {
+                for j in 0..n {
+                    sim.heaps[r][j * len..(j + 1) * len].copy_from_slice(&pattern(r, j, len));
+                }
+            }
+            for post in 0..2 {
+                for me in 0..n {
+                    let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+                    // Rotated, as the communicator posts them: the next rank first.
+                    let mut sends: Vec<_> =
+                        from.iter().map(|&p| (p, (p * len) as u64, len)).collect();
+                    sends.sort_by_key(|s| (s.0 + n - me) % n);
+                    let l = sim.layout;
+                    let steps = plan_reduce_pieces(
+                        me,
+                        &l,
+                        &mut sim.counts[me],
+                        0,
+                        &sends,
+                        &from,
+                        (len, piece),
+                    );
+                    assert_eq!(steps.rounds.len(), 5);
+                    assert!(steps.rounds.iter().all(|r| r.len == piece));
+                    let q = &mut sim.streams[me][0];
+                    for round in &steps.rounds {
+                        q.extend(round.pushes.iter().copied());
+                        q.extend(round.taken.iter().copied());
+                        for (i, &(peer, slot)) in round.pieces.iter().enumerate() {
+                            let dst = 8192 + post * 4096 + i * len + round.offset;
+                            q.push_back(Step::Drain {
+                                peer,
+                                slot,
+                                dst: dst as u64,
+                                bytes: round.len,
+                            });
+                        }
+                        q.extend(round.freed.iter().copied());
+                    }
+                    q.extend(steps.closing.iter().copied());
+                }
+            }
+            let what = format!("{n} ranks, seed {seed}");
+            sim.run(seed).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(sim.flags_at_rest(), "{what}");
+            for me in 0..n {
+                let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+                for post in 0..2 {
+                    for (i, &p) in from.iter().enumerate() {
+                        let at = 8192 + post * 4096 + i * len;
+                        assert_eq!(
+                            sim.heaps[me][at..at + len],
+                            pattern(p, me, len)[..],
+                            "{what}, post {post}, rank {me} from {p}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn posts_running_out_of_order_on_two_streams_meet_their_own_pieces() {
     // 2 ranks exchange 6 messages of different sizes, posts alternating between two

@@ -63,6 +63,10 @@ pub struct CudaOptions {
     /// compute, instead of every worker stream's GEMM starting at once and sharing the SMs
     /// (which delays the first collective until most of the compute is done).
     pub ordered_compute: bool,
+    /// A linear whose output only feeds a sum reduce-scatter or allreduce of a copy-engine
+    /// communicator is computed by that communicator, block by block, straight into the
+    /// peers' receive windows ([`Backend::produces_into_windows`]).
+    pub produce_into_windows: bool,
 }
 
 impl Default for CudaOptions {
@@ -74,6 +78,7 @@ impl Default for CudaOptions {
             gemm_sm_count: 0,
             pool_priority_high: false,
             ordered_compute: false,
+            produce_into_windows: false,
         }
     }
 }
@@ -724,6 +729,45 @@ impl Backend for CudaBackend {
             });
         }
         self.gemm(label, input, weight, true, bias, out, false, stream)
+    }
+
+    fn produces_into_windows(&self) -> bool {
+        self.options.produce_into_windows
+    }
+
+    fn linear_rows_into(
+        &self,
+        label: &str,
+        input: &DeviceTensor,
+        weight: &DeviceTensor,
+        bias: Option<&DeviceTensor>,
+        rows: std::ops::Range<usize>,
+        at: u64,
+        stream: &GpuStream,
+    ) -> Result<(), ExecError> {
+        let fail = |message: String| ExecError::Compute {
+            stmt: label.to_string(),
+            message,
+        };
+        let (sizes, wsizes) = (input.sizes(), weight.sizes());
+        if sizes.len() != 2 || wsizes.len() != 2 || rows.end > sizes[0] || rows.start > rows.end {
+            return Err(fail(format!(
+                "rows {rows:?} of a linear of a {sizes:?} input and a {wsizes:?} weight"
+            )));
+        }
+        let n = wsizes[0];
+        let mut part = input.clone();
+        let first = part.ranges[0].start;
+        part.ranges[0] = first + rows.start..first + rows.end;
+        let bytes = rows.len() * n * elem_bytes(input.dtype);
+        // SAFETY: `at` is the start of `bytes` bytes of device memory mapped in this GPU's
+        // context (a window slot of a peer, or this rank's own buffer) that the
+        // communicator keeps allocated until the stream's work on it is done (the
+        // contract of `weave_comm::Communicator::post_produced`'s producer).
+        #[allow(unsafe_code)]
+        let mem = unsafe { self.gpu.borrow(at, bytes) };
+        let out = self.adopt(mem, input.dtype, &[rows.len(), n])?;
+        self.linear(label, &part, weight, bias, &out, stream)
     }
 
     fn upload(&self, data: &Dense) -> Result<DeviceTensor, ExecError> {

@@ -128,6 +128,9 @@ pub struct Entry {
     /// [`Overlap::ce_slot_mib`] (absent: the default slots).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ce_slot_mib: u32,
+    /// [`Overlap::gemm_into_windows`] (absent: off).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub gemm_into_windows: bool,
     /// The measured median, ms.
     pub median_ms: f64,
     /// [`super::Tuning::contention`] (absent: not fitted).
@@ -173,6 +176,7 @@ impl Entry {
                 nccl_cta_policy: self.nccl_cta_policy,
                 nccl_window_mib: self.nccl_window_mib,
                 ce_slot_mib: self.ce_slot_mib,
+                gemm_into_windows: self.gemm_into_windows,
             },
         }
     }
