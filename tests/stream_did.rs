@@ -224,22 +224,28 @@ fn sum_over_a_device_split_inside_an_outer_split_is_rfactored() {
     }
 }
 
+/// A Stream split inside a DIDx split of the same axis runs (each device streams over its own
+/// block, tests/streams_inside_device_splits.rs); a copy of it inside a stream loop, into
+/// global chunks, is refused at load at the Stream step.
 #[test]
-fn stream_split_inside_a_device_split_is_refused_at_load() {
+fn a_copy_of_stream_chunks_inside_a_device_split_into_global_chunks_is_refused_at_load() {
     let source = std::fs::read_to_string(fixture("invalid/stream_inside_did")).unwrap();
     let err = streamweave::load("stream_inside_did.weave", &source, &[])
         .expect_err("refused")
         .to_string();
     assert_eq!(
         err,
-        "schedule of `inp`: outer_split(1, s) -> Stream: the Stream split cuts the inside \
-         of a DIDx split of the same axis, so each device would stream over its own block; split \
-         the stream first and the devices inside each chunk (`outer_split(a, s) -> Stream; \
-         outer_split(a + 1, d) -> DIDx`)
-  --> stream_inside_did.weave:10:45
+        "schedule of `x`: outer_split(1, s) -> Stream: the Stream split cuts each device's block \
+         of axis 0 of `x` (`e`, split across DIDx), and `y = set(x)` changes the device sharding \
+         of `x` inside a stream loop: a collective per chunk would pair chunk i of different \
+         blocks on different devices, which is not a chunk of the tensor. Copy it whole (no \
+         Stream split on `y`, so the copy runs once before or after the loop), or split the \
+         stream first and the devices inside each chunk (`outer_split(0, s) -> Stream; \
+         outer_split(1, d) -> DIDx`)
+  --> stream_inside_did.weave:15:43
    |
-10 |   schedule inp { outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream }
-   |                                             ^"
+15 |   schedule x { outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream }
+   |                                           ^"
     );
 }
 

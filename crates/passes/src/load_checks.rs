@@ -19,6 +19,11 @@
 //!   a reshape of the chunked axis, so it would find a tensor with no axis to cut. A Stream
 //!   split of an axis the reshape leaves as it is runs.
 //!
+//! * A communication inside a stream loop on a tensor whose Stream split cuts each device's
+//!   block (`outer_split(a, d) -> DIDx; outer_split(a + 1, s) -> Stream`) is refused at the
+//!   user's Stream step: every device's chunk `i` is a chunk of its own block, so no collective
+//!   per chunk pairs the same elements ([`check_streams_inside_device_splits`]).
+//!
 //! A DID → Stream copy whose stream chunks and device shards neither match nor nest (through
 //! a `set` or through another op) is not refused: decompose-reshardings gathers first
 //! ([`crate::communication::is_unnested_did_to_stream`]).
@@ -36,7 +41,117 @@ use crate::resharding::is_resharding;
 pub fn check_user_shardings(f: &Fusion) -> Result<(), Diagnostic> {
     check_user_communications(f)?;
     check_lookup_meshes(f)?;
-    check_streams_through_reshapes(f)
+    check_streams_through_reshapes(f)?;
+    check_streams_inside_device_splits(f)
+}
+
+/// The Stream loop axis of `t` (reduction axes excluded), if any.
+fn stream_axis(f: &Fusion, t: TensorId) -> Option<IterDomainId> {
+    f.tensor(t).loop_domain.iter().copied().find(|l| {
+        f.id(*l).parallel == ParallelType::Stream && f.id(*l).iter_type != IterType::Reduction
+    })
+}
+
+/// The device type whose split of the same logical axis the Stream axis of `t` cuts the
+/// inside of (stream chunks of each device's block), if it does.
+fn streams_inside(f: &Fusion, t: TensorId) -> Option<(IterDomainId, ParallelType)> {
+    let s = stream_axis(f, t)?;
+    if !weave_transform::schedule::streams_inside_device_split(f, t, s) {
+        return None;
+    }
+    let root = weave_transform::schedule::stream_split_root(f, t, s)?;
+    let pt = f.tensor(t).loop_domain.iter().find_map(|l| {
+        let d = f.id(*l);
+        let cut = d
+            .definition
+            .is_some_and(|e| matches!(f.id_expr(e), IdExpr::Split { input, outer, .. } if *input == root && outer == l));
+        (cut && d.parallel.is_device()).then_some(d.parallel)
+    })?;
+    Some((root, pt))
+}
+
+/// Refuses a communication inside a stream loop that involves a tensor whose Stream split cuts
+/// the inside of a device split of the same axis (`outer_split(a, d) -> DIDx;
+/// outer_split(a + 1, s) -> Stream`): every device's chunk `i` is a chunk of its own block,
+/// so a collective posted per chunk would pair different elements on different devices, and
+/// the global chunks of a tensor streamed the other way (or replicated) are not chunks of any
+/// device's block. Such a copy runs whole (its output unstreamed, at top level), or with the
+/// stream split first. The shardings are propagated on a copy first, so a split that
+/// propagation carries onto a neighbour is seen too (the error is at the user's schedule
+/// step that made the Stream split).
+pub fn check_streams_inside_device_splits(f: &Fusion) -> Result<(), Diagnostic> {
+    let users: Vec<TensorId> = f
+        .tensors_in_order()
+        .into_iter()
+        .filter(|t| streams_inside(f, *t).is_some())
+        .collect();
+    if users.is_empty() {
+        return Ok(());
+    }
+    let mut p = f.clone();
+    if crate::propagate_shardings::propagate_shardings(&mut p).is_err() {
+        // Propagation errors are the pipeline's to report.
+        return Ok(());
+    }
+    let graph = IdGraph::build(&p);
+    for &e in p.exprs() {
+        if !is_resharding(&p, e) {
+            continue;
+        }
+        let ex = p.expr(e);
+        if ex.outputs.iter().all(|o| stream_axis(&p, *o).is_none()) {
+            // The copy runs whole, at top level: every device sends its whole block.
+            continue;
+        }
+        let Some((t, (root, _))) = ex
+            .inputs
+            .iter()
+            .chain(&ex.outputs)
+            .find_map(|t| streams_inside(&p, *t).map(|x| (*t, x)))
+        else {
+            continue;
+        };
+        // The user's tensor whose schedule made this split: `t` itself, or a tensor of the
+        // user's whose streamed axis maps to `t`'s.
+        let user = if users.contains(&t) {
+            t
+        } else {
+            users
+                .iter()
+                .copied()
+                .find(|u| streams_inside(f, *u).is_some_and(|(r, _)| graph.are_mapped(r, root)))
+                .unwrap_or(users[0])
+        };
+        let (uroot, upt) = streams_inside(f, user).expect("a user tensor with the split");
+        let utv = f.tensor(user);
+        let k = f
+            .visible_axes(user)
+            .iter()
+            .position(|a| *a == uroot)
+            .unwrap_or(0);
+        let step = utv.schedule.iter().find(|st| makes_stream(&st.op));
+        let step_text = step
+            .map(|st| format!(": {}", weave_transform::schedule::step_text(&st.op)))
+            .unwrap_or_default();
+        let ins: Vec<&str> = ex
+            .inputs
+            .iter()
+            .map(|i| p.tensor(*i).name.as_str())
+            .collect();
+        let out = &p.tensor(ex.outputs[0]).name;
+        let d = Diagnostic::new(format!(
+            "schedule of `{}`{step_text}: the Stream split cuts each device's block of axis {k} of `{}` (`{}`, split across {upt}), and `{out} = {}({})` changes the device sharding of `{}` inside a stream loop: a collective per chunk would pair chunk i of different blocks on different devices, which is not a chunk of the tensor. Copy it whole (no Stream split on `{out}`, so the copy runs once before or after the loop), or split the stream first and the devices inside each chunk (`outer_split({k}, s) -> Stream; outer_split({}, d) -> {upt}`)",
+            utv.name,
+            utv.name,
+            f.id(uroot).extent.to_source(),
+            ex.kind.op_name(),
+            ins.join(", "),
+            p.tensor(t).name,
+            k + 1,
+        ));
+        return Err(d.or_at(step.and_then(|st| st.span)).or_at(utv.span));
+    }
+    Ok(())
 }
 
 /// Refuses a Stream split whose axis maps (in the exact graph of the whole fusion) to an axis

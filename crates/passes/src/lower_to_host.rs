@@ -22,6 +22,10 @@
 //!   map to the axis it is chunked along (attention's keys, in a loop over queries) starts a
 //!   new loop, after the one that writes the tensor whole; a segment without a Stream axis
 //!   closes the loop and runs at top level.
+//! * Stream chunks of each device's block (`outer_split(a, d) -> DIDx; outer_split(a + 1, s)
+//!   -> Stream`): the loop cuts the local axis of every buffer (`e / d` elements) into `s`
+//!   chunks, like any Stream split of an unsplit axis; load refuses the communications that
+//!   would have to pair such chunks inside a loop (`load_checks`).
 //! * A stream-parallel intermediate is loop-local (bound only inside its loop, later given
 //!   `numberOfStreams` slots) when its allocation is stream-split and its producer and every
 //!   consumer run in the same loop; otherwise its whole buffer is allocated before the loop
@@ -406,19 +410,12 @@ impl Lowering<'_> {
         }
     }
 
-    /// Follows `id` of tensor `t` up through outer outputs of splits to `t`'s logical axis;
-    /// `None` when the chain passes through a merge or an inner output.
-    fn outer_split_root(&self, t: TensorId, mut id: IterDomainId) -> Option<IterDomainId> {
-        let logical = &self.f.tensor(t).logical;
-        loop {
-            if logical.contains(&id) {
-                return Some(id);
-            }
-            match self.f.id(id).definition.map(|e| self.f.id_expr(e)) {
-                Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
-                _ => return None,
-            }
-        }
+    /// Follows the Stream axis `id` of tensor `t` up through outer outputs of splits (and the
+    /// inner output of a device split of the logical axis: stream chunks of each device's
+    /// block) to `t`'s logical axis; `None` when the chain passes through a merge or another
+    /// inner output. See [`weave_transform::schedule::stream_split_root`].
+    fn outer_split_root(&self, t: TensorId, id: IterDomainId) -> Option<IterDomainId> {
+        weave_transform::schedule::stream_split_root(self.f, t, id)
     }
 
     /// The axes `id` is made from by root→logical transforms (reshape, rfactor), transitively.

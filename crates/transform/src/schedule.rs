@@ -542,13 +542,59 @@ pub fn step_text(op: &ScheduleOp) -> String {
     }
 }
 
+/// The logical axis of `t` that the Stream (or any) loop axis `id` chunks: followed up
+/// through outer outputs of splits, and through the inner output of a device split of the
+/// logical axis itself (stream chunks of each device's block, `outer_split(a, d) -> DIDx;
+/// outer_split(a + 1, s) -> Stream`, whose chunks cut the local axis of every device's
+/// buffer). `None` when the chain passes through a merge or through any other inner output.
+pub fn stream_split_root(f: &Fusion, t: TensorId, mut id: IterDomainId) -> Option<IterDomainId> {
+    let logical = &f.tensor(t).logical;
+    loop {
+        if logical.contains(&id) {
+            return Some(id);
+        }
+        match f.id(id).definition.map(|e| f.id_expr(e)) {
+            Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
+            Some(IdExpr::Split {
+                input,
+                outer,
+                inner,
+                ..
+            }) if *inner == id && f.id(*outer).parallel.is_device() && logical.contains(input) => {
+                id = *input
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// Whether the Stream loop axis `id` of `t` chunks each device's block of its logical axis
+/// (it is cut from the inner output of a device split of that axis), and so the local axis
+/// rather than the global one.
+pub fn streams_inside_device_split(f: &Fusion, t: TensorId, mut id: IterDomainId) -> bool {
+    let logical = &f.tensor(t).logical;
+    loop {
+        if logical.contains(&id) {
+            return false;
+        }
+        match f.id(id).definition.map(|e| f.id_expr(e)) {
+            Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
+            Some(IdExpr::Split { outer, inner, .. }) if *inner == id => {
+                return f.id(*outer).parallel.is_device();
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// Refuses a Stream axis cut from inside another split of the same logical axis, or from a
 /// merge:
 ///
-/// * inside a device split (`outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream`): every
-///   device would stream over its own block, so chunk `i` would hold different rows on
-///   different devices and no collective could pair the chunks. The order that works puts the
-///   device split inside each stream chunk;
+/// * inside a device split that is itself nested in another split of the axis (or a Stream
+///   split of the device axis itself). Stream chunks of a device split of the logical axis
+///   (`outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream`) are admitted: each device
+///   streams over its own block, and load refuses the copies inside a loop that would pair
+///   such chunks (weave-passes' `load_checks`);
 /// * inside a Serial split (`outer_split(0, k); outer_split(1, s) -> Stream`): stream chunks of
 ///   serial chunks, which the host loop cannot cut from one axis. The order that works puts the
 ///   serial split inside each stream chunk;
@@ -584,6 +630,14 @@ fn check_stream_origin(f: &Fusion, t: TensorId, axis: usize, step: &str) -> IrRe
         } else {
             None
         };
+        // Stream chunks of each device's block: the inner output of a device split of the
+        // logical axis itself (`outer_split(a, d) -> DIDx; outer_split(a + 1, s) -> Stream`).
+        // Each device streams over its own local block, cut like any other local axis.
+        if inner == cur && f.id(outer).parallel.is_device() && f.tensor(t).logical.contains(&input)
+        {
+            cur = input;
+            continue;
+        }
         if let Some(pt) = inside {
             if pt.is_device() {
                 return Err(Diagnostic::new(format!(
