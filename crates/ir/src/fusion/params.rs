@@ -1,0 +1,239 @@
+//! The fusion's parameters: declaring them, their roles and values, and evaluating
+//! symbolic extents against them.
+
+use crate::diag::{Diagnostic, IrResult};
+use crate::domain::ParallelType;
+use crate::scalar::Scalar;
+use crate::tensor::{ScheduleOp, TensorView};
+
+use super::{Fusion, MeshSpec, Param, ParamRole};
+
+impl Fusion {
+    /// Declares a parameter. Fails on a duplicate name.
+    pub fn add_param(&mut self, name: &str, default: Option<i64>) -> IrResult<()> {
+        if crate::scalar::RESERVED_NAMES.contains(&name) {
+            return Err(Diagnostic::new(format!(
+                "`{name}` is a built-in scalar of host programs ({}), so no parameter may take \
+                 its name: it would stand for the built-in, not your value; rename the parameter",
+                if name == crate::scalar::RANK {
+                    "the running device's rank"
+                } else {
+                    "the size of each rank's stream pool"
+                }
+            )));
+        }
+        if self.param_index.contains_key(name) {
+            return Err(Diagnostic::new(format!("duplicate parameter `{name}`")));
+        }
+        self.param_index.insert(name.to_string(), self.params.len());
+        self.params.push(Param {
+            name: name.to_string(),
+            default,
+            value: default,
+            role: None,
+        });
+        Ok(())
+    }
+
+    /// Declares that parameter `name` plays `role`. Fails for an unknown parameter, or when
+    /// another parameter already plays that role.
+    pub fn set_param_role(&mut self, name: &str, role: ParamRole) -> IrResult<()> {
+        if let Some(other) = self
+            .params
+            .iter()
+            .find(|p| p.role == Some(role) && p.name != name)
+        {
+            return Err(Diagnostic::new(format!(
+                "parameters `{}` and `{name}` both declare the role `{}`",
+                other.name,
+                role.keyword()
+            )));
+        }
+        match self.param_mut(name) {
+            Some(p) => {
+                p.role = Some(role);
+                Ok(())
+            }
+            None => Err(Diagnostic::new(format!(
+                "unknown parameter `{name}` (fusion `{}`)",
+                self.name
+            ))),
+        }
+    }
+
+    /// The parameter that plays `role`: the one declared with it, else the one its use
+    /// implies, when exactly one does. A mesh size is the parameter that alone sizes a 1-D
+    /// mesh (`devices(d)`); a chunk count is a parameter, sizing no mesh, that is the extent
+    /// of a `Stream` loop axis as the tensors' schedules write them
+    /// (`outer_split(0, s) -> Stream`, or `parallelize(0, Stream)` of an axis of extent `s`).
+    /// `None` when no parameter, or more than one, fits.
+    pub fn role_param(&self, role: ParamRole) -> Option<&Param> {
+        if let Some(p) = self.params.iter().find(|p| p.role == Some(role)) {
+            return Some(p);
+        }
+        let candidates: Vec<Scalar> = match role {
+            ParamRole::MeshSize => self
+                .mesh_order
+                .iter()
+                .filter_map(|m| match &self.meshes[*m].spec {
+                    MeshSpec::Devices(dims) if dims.len() == 1 => dims.first().cloned(),
+                    _ => None,
+                })
+                .collect(),
+            ParamRole::ChunkCount => {
+                let sizes_mesh = |n: &str| {
+                    self.mesh_order.iter().any(|m| match &self.meshes[*m].spec {
+                        MeshSpec::Devices(dims) => {
+                            dims.iter().any(|d| d.symbols().iter().any(|s| &**s == n))
+                        }
+                        MeshSpec::Explicit { .. } => false,
+                    })
+                };
+                self.tensors
+                    .values()
+                    .flat_map(|tv| self.stream_extents(tv))
+                    .filter(|e| !matches!(e, Scalar::Named(n) if sizes_mesh(n)))
+                    .collect()
+            }
+        };
+        let mut found: Vec<&str> = Vec::new();
+        for s in &candidates {
+            if let Scalar::Named(n) = s {
+                if !found.contains(&&**n) {
+                    found.push(n);
+                }
+            }
+        }
+        match found.as_slice() {
+            [one] => self.param(one),
+            _ => None,
+        }
+    }
+
+    /// The extents of the `Stream` loop axes a tensor's schedule writes, kept symbolic (the
+    /// applied loop domain holds evaluated extents): the schedule's splits, merges, reorders
+    /// and parallelizations replayed over the logical extents.
+    fn stream_extents(&self, tv: &TensorView) -> Vec<Scalar> {
+        let mut axes: Vec<(Scalar, ParallelType)> = tv
+            .logical
+            .iter()
+            .map(|id| (self.ids[*id].extent.clone(), self.ids[*id].parallel))
+            .collect();
+        for step in &tv.schedule {
+            match &step.op {
+                ScheduleOp::OuterSplit {
+                    axis,
+                    factor,
+                    parallel,
+                }
+                | ScheduleOp::InnerSplit {
+                    axis,
+                    factor,
+                    parallel,
+                } => {
+                    let Some((e, p)) = axes.get(*axis).cloned() else {
+                        return Vec::new();
+                    };
+                    let divided = e.ceil_div(factor.clone());
+                    let (o, i) = match step.op {
+                        ScheduleOp::OuterSplit { .. } => (factor.clone(), divided),
+                        _ => (divided, factor.clone()),
+                    };
+                    axes[*axis] = (o, parallel.unwrap_or(p));
+                    axes.insert(axis + 1, (i, p));
+                }
+                ScheduleOp::Merge { outer, inner } => {
+                    let (Some(o), Some(i)) = (axes.get(*outer).cloned(), axes.get(*inner).cloned())
+                    else {
+                        return Vec::new();
+                    };
+                    axes[*outer] = (o.0.mul(i.0), o.1);
+                    axes.remove(*inner);
+                }
+                ScheduleOp::Reorder { moves } => match crate::tensor::reordered(&axes, moves) {
+                    Ok(r) => axes = r,
+                    Err(_) => return Vec::new(),
+                },
+                ScheduleOp::Parallelize { axis, parallel } => {
+                    if let Some(a) = axes.get_mut(*axis) {
+                        a.1 = *parallel;
+                    }
+                }
+                ScheduleOp::Swizzle1d { .. }
+                | ScheduleOp::AllocationAsLoop
+                | ScheduleOp::SetMesh(_)
+                | ScheduleOp::SetMemory(_) => {}
+            }
+        }
+        axes.into_iter()
+            .filter(|(_, p)| *p == ParallelType::Stream)
+            .map(|(e, _)| e)
+            .collect()
+    }
+
+    /// Overrides a parameter's value (`--set name=value`). Must happen before the parameter
+    /// is used; fails for an unknown name, listing the known ones.
+    pub fn set_param(&mut self, name: &str, value: i64) -> IrResult<()> {
+        if let Some(p) = self.param_mut(name) {
+            p.value = Some(value);
+            return Ok(());
+        }
+        let known: Vec<String> = self.params.iter().map(|p| p.name.clone()).collect();
+        Err(Diagnostic::new(format!(
+            "unknown parameter `{name}` (fusion `{}` has: {})",
+            self.name,
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )))
+    }
+
+    /// All parameters in declaration order.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// The parameter `name`, if declared (constant time).
+    pub fn param(&self, name: &str) -> Option<&Param> {
+        self.param_index.get(name).and_then(|&i| self.params.get(i))
+    }
+
+    fn param_mut(&mut self, name: &str) -> Option<&mut Param> {
+        let i = *self.param_index.get(name)?;
+        self.params.get_mut(i)
+    }
+
+    /// The current value of a parameter.
+    pub fn param_value(&self, name: &str) -> Option<i64> {
+        self.param(name).and_then(|p| p.value)
+    }
+
+    /// Evaluates `s` with the current parameter values.
+    pub fn eval(&self, s: &Scalar) -> Option<i64> {
+        s.eval(&|n| self.param_value(n))
+    }
+
+    /// True if two extents are provably equal: structurally after simplification, or equal
+    /// under the current parameter values.
+    pub fn same_extent(&self, a: &Scalar, b: &Scalar) -> bool {
+        if a == b {
+            return true;
+        }
+        matches!((self.eval(a), self.eval(b)), (Some(x), Some(y)) if x == y)
+    }
+
+    /// Checks that every symbol of `s` is a declared parameter.
+    pub fn check_symbols(&self, s: &Scalar) -> IrResult<()> {
+        for sym in s.symbols() {
+            if self.param(&sym).is_none() {
+                return Err(Diagnostic::new(format!(
+                    "undefined parameter `{sym}` in `{}`",
+                    s.to_source()
+                )));
+            }
+        }
+        Ok(())
+    }
+}

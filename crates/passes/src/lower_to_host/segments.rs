@@ -1,0 +1,196 @@
+//! Lowering compute segments: library calls (matmul, linear, accumulating matmuls) and
+//! generated kernels, with the fusion each kernel runs.
+
+use std::collections::HashMap;
+
+use weave_host_ir::{HostTensorId, KernelUnit, Stmt};
+use weave_ir::{Diagnostic, ExprId, ExprKind, Fusion, IterType, TensorId};
+use weave_segmenter::{SegmentId, SegmentKind, SegmentedFusion};
+use weave_transform::id_graph::IdGraph;
+
+use super::Lowering;
+
+impl Lowering<'_> {
+    pub(super) fn lower_segment(
+        &mut self,
+        sf: &SegmentedFusion,
+        seg: SegmentId,
+    ) -> Result<(), Diagnostic> {
+        let s = sf.segment(seg);
+        let exprs: Vec<ExprId> = s.exprs().to_vec();
+        let stream = match self.accumulating.get(&seg) {
+            Some(s) => Some(*s),
+            None => self.reference_stream(&exprs)?,
+        };
+        self.current = Some(seg);
+        self.open_loop_for(stream)?;
+        self.current_graph = Some((exprs.clone(), IdGraph::build_for_exprs(self.f, &exprs)));
+        match s.kind() {
+            SegmentKind::Library if self.accumulating.contains_key(&seg) => {
+                self.lower_accumulating_matmul(exprs[0])
+            }
+            SegmentKind::Library => self.lower_library(exprs[0]),
+            SegmentKind::Communication => self.lower_communication(exprs[0]),
+            SegmentKind::Kernel => self.lower_kernel(sf, seg),
+        }
+    }
+
+    fn lower_library(&mut self, e: ExprId) -> Result<(), Diagnostic> {
+        let expr = self.f.expr(e).clone();
+        let ins: Vec<HostTensorId> = expr
+            .inputs
+            .iter()
+            .map(|t| self.resolve(*t, false))
+            .collect::<Result<_, _>>()?;
+        let out = self.resolve(expr.outputs[0], true)?;
+        let stmt = match expr.kind {
+            ExprKind::Matmul => Stmt::Matmul {
+                a: ins[0],
+                b: ins[1],
+                out,
+                accumulate: false,
+            },
+            ExprKind::Linear => Stmt::Linear {
+                input: ins[0],
+                weight: ins[1],
+                bias: ins.get(2).copied(),
+                out,
+            },
+            ref k => {
+                return Err(Diagnostic::new(format!(
+                    "a library segment holds `{}`, which is not a matmul or linear",
+                    k.op_name()
+                )))
+            }
+        };
+        self.emit(stmt);
+        Ok(())
+    }
+
+    /// A matmul that contracts over the open loop's streamed axis (see
+    /// [`Self::accumulating_stream`]): `out += a_chunk @ b_chunk` in every iteration, `out`
+    /// allocated whole and zeroed before the loop. `assign-streams` orders each iteration's
+    /// accumulation after the previous one's.
+    fn lower_accumulating_matmul(&mut self, e: ExprId) -> Result<(), Diagnostic> {
+        let f = self.f;
+        let expr = f.expr(e).clone();
+        let (a, b, out) = (expr.inputs[0], expr.inputs[1], expr.outputs[0]);
+        let (va, vb) = (f.visible_axes(a), f.visible_axes(b));
+        let (ka, kb) = (va[va.len() - 1], vb[vb.len() - 2]);
+        if self.chunk_root(a) != Some(ka) || self.chunk_root(b) != Some(kb) {
+            return Err(Diagnostic::new(format!(
+                "internal: the stream loop does not cut `{}` and `{}` along the contraction axis of `{}`",
+                f.tensor(a).name,
+                f.tensor(b).name,
+                f.tensor(out).name
+            )));
+        }
+        let a = self.resolve(a, false)?;
+        let b = self.resolve(b, false)?;
+        if self.top.contains_key(&out) {
+            return Err(Diagnostic::new(format!(
+                "internal: `{}` is written twice",
+                f.tensor(out).name
+            )));
+        }
+        let sum = self.new_tensor(out, self.local_sizes(out, false)?);
+        self.emit_before_loop(Stmt::Allocate {
+            tensor: sum,
+            zero_init: true,
+        });
+        self.top.insert(out, sum);
+        self.emit(Stmt::Matmul {
+            a,
+            b,
+            out: sum,
+            accumulate: true,
+        });
+        Ok(())
+    }
+
+    fn lower_kernel(&mut self, sf: &SegmentedFusion, seg: SegmentId) -> Result<(), Diagnostic> {
+        let s = sf.segment(seg);
+        let inputs: Vec<TensorId> = s.inputs().to_vec();
+        let outputs: Vec<TensorId> = s.outputs().to_vec();
+        let unit = kernel_fusion(self.f, s.exprs(), &inputs, &outputs, self.kernels)?;
+        self.kernels += 1;
+        let kernel = self.p.kernels.insert(KernelUnit {
+            fusion: std::sync::Arc::new(unit),
+        });
+        let ins = inputs
+            .iter()
+            .map(|t| self.resolve(*t, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outs = outputs
+            .iter()
+            .map(|t| self.resolve(*t, true))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.emit(Stmt::LaunchKernel {
+            kernel,
+            inputs: ins,
+            outputs: outs,
+        });
+        Ok(())
+    }
+}
+
+/// The fusion a kernel segment runs: its exprs replayed over fresh inputs that stand for the
+/// segment's inputs (global shapes; the runtime binds local chunks).
+fn kernel_fusion(
+    f: &Fusion,
+    exprs: &[ExprId],
+    inputs: &[TensorId],
+    outputs: &[TensorId],
+    k: usize,
+) -> Result<Fusion, Diagnostic> {
+    let mut u = Fusion::new(&format!("{}_kernel{k}", f.name));
+    for p in f.params() {
+        u.add_param(&p.name, p.value)?;
+    }
+    let mut map: HashMap<TensorId, TensorId> = HashMap::new();
+    for t in inputs {
+        let tv = f.tensor(*t);
+        let axes = f.visible_axes(*t);
+        let ext = axes.iter().map(|i| f.id(*i).extent.clone()).collect();
+        let n = u.add_input(&tv.name, tv.dtype, ext, None)?;
+        let new_axes = u.tensor(n).logical.clone();
+        let mut broadcast = Vec::new();
+        for (k, (old, new)) in axes.iter().zip(new_axes).enumerate() {
+            match f.id(*old).iter_type {
+                IterType::Broadcast => broadcast.push(k),
+                it => u.id_mut(new).iter_type = it,
+            }
+        }
+        // A `.weave` declaration has no broadcast axes, and the kernel must read back from
+        // the host IR text as it is: the input is declared with extent-1 axes, squeezed and
+        // broadcast again, so the ops that follow stretch them as before.
+        let value = if broadcast.is_empty() {
+            n
+        } else {
+            let squeezed = u.add_op(
+                &f.fresh_name(&format!("{}_squeezed", tv.name)),
+                ExprKind::Squeeze {
+                    axes: broadcast.clone(),
+                },
+                &[n],
+            )?;
+            u.add_op(
+                &f.fresh_name(&format!("{}_stretched", tv.name)),
+                ExprKind::Broadcast { axes: broadcast },
+                &[squeezed],
+            )?
+        };
+        map.insert(*t, value);
+    }
+    for e in exprs {
+        let ex = f.expr(*e);
+        let ins: Vec<TensorId> = ex.inputs.iter().map(|t| map[t]).collect();
+        let o = ex.outputs[0];
+        let n = u.add_op(&f.tensor(o).name, ex.kind.clone(), &ins)?;
+        map.insert(o, n);
+    }
+    for t in outputs {
+        u.add_output(map[t])?;
+    }
+    Ok(u)
+}
