@@ -610,6 +610,29 @@ struct Replay {
 /// What the fuzzer found, replayed: each must end within [`PER_RUN`] with a result or an
 /// error message (a find printed by a fuzz run is an entry to paste here, once fixed).
 const FINDS: &[Replay] = &[
+    // 65 CPU ranks × 65,536 chunks with a trace through a symbolic link (4 × H200 machine,
+    // 36 workers, 25 minutes, seeds 1795884303 case 2 and 1795957654 case 12): still running
+    // 60 s into a 20 s timeout. The issuing threads ran millions of jobs ahead of their CPU
+    // streams (2 GB queued at 20 s), and a timed-out run skipped them all before it ended. A
+    // CPU stream now holds at most `weave_executor::cpu::MAX_QUEUED` jobs
+    // (`the_issuing_thread_waits_when_a_stream_holds_max_queued_jobs`).
+    Replay {
+        args: &[
+            "run",
+            "slow.weave",
+            "--set",
+            "t=8",
+            "--chunks",
+            "65536",
+            "--ranks",
+            "65",
+            "--timeout-secs",
+            "20",
+            "--trace",
+            "sink-link",
+        ],
+        signal: None,
+    },
     // 65,536 chunks of a stream loop under a 3 s timeout: the run reported its timeout, and
     // then the CPU streams worked through everything still queued (147 s at 20 s).
     Replay {

@@ -85,8 +85,14 @@ struct Progress {
     error: Option<ExecError>,
 }
 
+/// The most jobs a CPU stream holds queued before the issuing thread waits
+/// ([`CpuStream`]'s backpressure).
+pub const MAX_QUEUED: u64 = 1024;
+
 struct StreamInner {
     key: StreamKey,
+    /// How long the issuing thread waits for room in the queue ([`CpuOptions::timeout`]).
+    backpressure: Duration,
     sender: Mutex<Option<Sender<(String, Job)>>>,
     enqueued: AtomicU64,
     progress: Mutex<Progress>,
@@ -132,6 +138,16 @@ impl CpuStream {
     }
 
     fn push(&self, label: String, job: Job) {
+        // Backpressure: the issuing thread keeps at most `MAX_QUEUED` jobs ahead of the
+        // worker (waiting for at most the stream's timeout), so memory stays bounded and a run
+        // that times out or fails leaves little behind to skip. Every job depends only on
+        // work issued before it (on any stream or rank), so the oldest unfinished job can
+        // always run: the wait cannot deadlock.
+        let ticket = self.inner.enqueued.load(Ordering::SeqCst);
+        if ticket >= MAX_QUEUED {
+            self.inner
+                .wait_for(ticket + 1 - MAX_QUEUED, self.inner.backpressure);
+        }
         let sender = self.inner.sender.lock().unwrap_or_else(|e| e.into_inner());
         self.inner.enqueued.fetch_add(1, Ordering::SeqCst);
         let sent = sender.as_ref().map(|s| s.send((label, job)));
@@ -192,6 +208,7 @@ impl CpuBackend {
         let (tx, rx) = channel::<(String, Job)>();
         let inner = Arc::new(StreamInner {
             key,
+            backpressure: self.options.timeout,
             sender: Mutex::new(Some(tx)),
             enqueued: AtomicU64::new(0),
             progress: Mutex::new(Progress {
@@ -621,5 +638,46 @@ impl Backend for CpuBackend {
 
     fn spans(&self) -> Vec<Span> {
         self.spans.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A stream whose worker is stuck holds at most `MAX_QUEUED` jobs: the issuing thread
+    /// waits for room (so a run that times out leaves at most that much to skip, and memory
+    /// stays bounded), and goes on once the worker moves.
+    #[test]
+    fn the_issuing_thread_waits_when_a_stream_holds_max_queued_jobs() {
+        let backend = CpuBackend::new(CpuOptions::default());
+        let stream = backend.stream(StreamKey::Main).unwrap();
+        let go = Arc::new(AtomicBool::new(false));
+        let g = go.clone();
+        stream.enqueue(
+            "stuck".into(),
+            Box::new(move || {
+                while !g.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Ok(())
+            }),
+        );
+        let pushed = Arc::new(AtomicU64::new(0));
+        let (s, p) = (stream.clone(), pushed.clone());
+        let issuer = std::thread::spawn(move || {
+            for _ in 0..3 * MAX_QUEUED {
+                s.enqueue("job".into(), Box::new(|| Ok(())));
+                p.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        // The stuck job and MAX_QUEUED - 1 more are queued; the next push waits.
+        assert_eq!(pushed.load(Ordering::SeqCst), MAX_QUEUED - 1);
+        go.store(true, Ordering::SeqCst);
+        issuer.join().unwrap();
+        assert_eq!(pushed.load(Ordering::SeqCst), 3 * MAX_QUEUED);
+        backend.synchronize().unwrap();
     }
 }
