@@ -303,6 +303,9 @@ type Reload<'a> = dyn Fn(&[(String, i64)]) -> Result<Fusion, Error> + 'a;
 #[derive(Clone, Debug)]
 pub struct Executable {
     program: HostProgram,
+    /// The program's signature (`from_program` refuses a program without one), kept apart
+    /// so that no accessor has to assert it is there.
+    signature: Signature,
     compile_time: Duration,
     chunk_choice: Option<Choice>,
     /// Runs on GPUs so far and the tuned configuration they use (shared by clones).
@@ -325,14 +328,13 @@ impl Executable {
     /// An executable of a host program that carries a signature (what lower-to-host
     /// records); the program is verified.
     pub fn from_program(program: HostProgram) -> Result<Executable, Error> {
-        if program.signature.is_none() {
+        let Some(signature) = program.signature.clone() else {
             return Err(Error::Program(
                 "the host program has no `Signature:` block: it does not say the global shapes and shardings of its inputs and outputs".into(),
             ));
-        }
+        };
         weave_host_ir::verify(&program).map_err(|d| Error::Program(d.message))?;
-        let signature = program.signature.iter();
-        for t in signature.flat_map(|s| s.inputs.iter().chain(&s.outputs)) {
+        for t in signature.inputs.iter().chain(&signature.outputs) {
             let chunks = t.stream_chunks();
             if i64::try_from(chunks).map_or(true, |c| c > weave_executor::MAX_TRIP_COUNT) {
                 return Err(Error::Program(format!(
@@ -344,6 +346,7 @@ impl Executable {
         }
         Ok(Executable {
             program,
+            signature,
             compile_time: Duration::ZERO,
             chunk_choice: None,
             repeated: Arc::default(),
@@ -367,11 +370,7 @@ impl Executable {
 
     /// The signature.
     pub fn signature(&self) -> &Signature {
-        // `from_program` refuses programs without one.
-        self.program
-            .signature
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("an executable always has a signature"))
+        &self.signature
     }
 
     /// The inputs a run takes, in order.
