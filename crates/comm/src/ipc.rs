@@ -780,20 +780,12 @@ impl CopyTransport for IpcTransport {
         let (lane, reduce) = self.with_lane(me, label, stream, |lane, counts| {
             (lane, plan_reduce(me, &l, counts, lane, sends, from, bytes))
         })?;
-        let local = self.region.ptr();
         let sides = self.fork(lane, from, stream)?;
         // Round by round, the pushes of the piece and then the posting stream's waits, sum
         // and releases of it: the order a single hardware queue could run without deadlock.
         for round in &reduce.rounds {
             self.dispatch(me, lane, &round.pushes, &sides)?;
-            self.enqueue(me, lane, &round.taken, stream, local)?;
-            let windows: Vec<u64> = round
-                .pieces
-                .iter()
-                .map(|&(peer, slot)| local + l.window(me, peer, lane, slot) as u64)
-                .collect();
-            sum(round.offset, round.len, &windows, stream)?;
-            self.enqueue(me, lane, &round.freed, stream, local)?;
+            self.sum_round(me, lane, round, stream, sum)?;
         }
         self.dispatch(me, lane, &reduce.closing, &sides)?;
         self.join(&sides, stream)
@@ -857,14 +849,7 @@ impl CopyTransport for IpcTransport {
             }
             let at = own + round.offset as u64;
             produce(at, round.len, at)?;
-            self.enqueue(me, lane, &round.taken, stream, local)?;
-            let windows: Vec<u64> = round
-                .pieces
-                .iter()
-                .map(|&(peer, slot)| local + l.window(me, peer, lane, slot) as u64)
-                .collect();
-            sum(round.offset, round.len, &windows, stream)?;
-            self.enqueue(me, lane, &round.freed, stream, local)?;
+            self.sum_round(me, lane, round, stream, sum)?;
         }
         self.enqueue(me, lane, &reduce.closing, stream, local)
     }
@@ -977,6 +962,27 @@ fn peers_of(steps: &[Step]) -> Vec<usize> {
 }
 
 impl IpcTransport {
+    /// Enqueues on `stream` the end of one round of a reduction in the windows: the waits
+    /// for every peer's piece, their sum where they landed, and the release of their slots.
+    fn sum_round(
+        &self,
+        me: usize,
+        lane: usize,
+        round: &ReduceRound,
+        stream: &GpuStream,
+        sum: &mut WindowSum<'_, GpuStream>,
+    ) -> Result<(), CommError> {
+        let (l, local) = (self.layout, self.region.ptr());
+        self.enqueue(me, lane, &round.taken, stream, local)?;
+        let windows: Vec<u64> = round
+            .pieces
+            .iter()
+            .map(|&(peer, slot)| local + l.window(me, peer, lane, slot) as u64)
+            .collect();
+        sum(round.offset, round.len, &windows, stream)?;
+        self.enqueue(me, lane, &round.freed, stream, local)
+    }
+
     /// The side streams of `lane` for `peers`, made on first use, each waiting for what
     /// `stream` has enqueued so far.
     fn fork(
