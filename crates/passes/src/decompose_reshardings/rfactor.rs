@@ -401,7 +401,14 @@ pub(super) fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()
         .collect();
     let op = match kind {
         ExprKind::Reduction { op, .. } => op,
-        _ => ReduceOp::Sum,
+        // A GEMM's contraction, and the rows of a lookup that other devices hold (zeros
+        // here), add up.
+        ExprKind::Matmul | ExprKind::Linear | ExprKind::IndexSelect { .. } => ReduceOp::Sum,
+        other => {
+            return Err(Diagnostic::new(format!(
+                "cannot rfactor {desc}: a `{other:?}` has no reduction to split across devices"
+            )))
+        }
     };
     let mut new_logical = Vec::new();
     let mut replaced: Vec<(IterDomainId, IterDomainId)> = Vec::new();
