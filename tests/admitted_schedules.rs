@@ -416,3 +416,48 @@ fn a_stream_split_of_an_axis_a_reshape_keeps_runs() {
         }
     }
 }
+
+/// The example of docs/fusion-format.md, "Schedules": an op output split across devices
+/// names its mesh with `mesh = m` (the block is indented in a list item there).
+fn op_output_split_example() -> String {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fusion-format.md"),
+    )
+    .unwrap();
+    let start = doc
+        .find("fusion op_output_split(")
+        .expect("the example is in the doc");
+    let end = start + doc[start..].find("\n  }\n").expect("the example ends") + 5;
+    doc[start..end]
+        .lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+#[test]
+fn the_op_output_split_of_the_format_doc_runs_as_written() {
+    let src = op_output_split_example();
+    assert!(
+        src.contains("schedule y { mesh = m; outer_split(0, d) -> DIDx }"),
+        "{src}"
+    );
+    for d in [1, 2, 4] {
+        assert_matches_reference(&src, &[("d", d)], d as usize);
+    }
+    // Without `mesh = m`, or with it after the device split, load refuses the step.
+    for steps in [
+        "outer_split(0, d) -> DIDx",
+        "outer_split(0, d) -> DIDx; mesh = m",
+    ] {
+        let without = src.replace("mesh = m; outer_split(0, d) -> DIDx", steps);
+        let e = load_error(&without, &[]);
+        assert!(
+            e.starts_with(
+                "schedule of `y`: DIDx split needs a device mesh (declare the tensor `on m` or add `mesh = m`)\n --> test.weave:6:16"
+            ),
+            "{e}"
+        );
+    }
+}

@@ -8,8 +8,8 @@
 //!   ([`is_resharding`]) is a `set`, `sum`/`max` or `squeeze` whose collective
 //!   [`derive_communication`] names, and every other expr is local. Tensor ids of existing
 //!   tensors, fusion inputs and outputs are kept; new tensors are named `<out>_partial`,
-//!   `<out>_nobias`, `<bias>_broadcast`, `<out>_reduced`, `<in>_gathered` and `<in>_resharded`
-//!   (made unique).
+//!   `<out>_nobias`, `<bias>_broadcast`, `<out>_reduced`, `<out>_reshaped`, `<in>_gathered`
+//!   and `<in>_resharded` (made unique).
 //! * Idempotent: a second run finds nothing to decompose.
 //!
 //! Steps, in order:
@@ -46,7 +46,10 @@
 //!    each operand sharded differently from its output, `x_resharded = set(x)` inserted right
 //!    before it, on the output's mesh and sharded like the output (device and stream types,
 //!    replayed with [`weave_transform::replay_loop_like`]); the expr then reads the copy
-//!    (nvFuser's `insertReshardingSetsBefore`). A `set` or `squeeze` that is not a valid
+//!    (nvFuser's `insertReshardingSetsBefore`). A `reshape` whose output's device split is no
+//!    block of its operand's axes (a split of `b * t` that does not divide `b`, or of the
+//!    inner axis of a split `b * t → [b, t]`) becomes `<out>_reshaped = reshape(x)`, sharded
+//!    like `x`, then `out = set(<out>_reshaped)` (a Scatter). A `set` or `squeeze` that is not a valid
 //!    communication, or a reduction over a device-sharded axis that is not, is refused with
 //!    the diagnostic of [`derive_communication`] (e.g. "expected at most one sharding change
 //!    in `x = set(y)`: DIDx and DIDy both change"). A `set` that only changes how a device

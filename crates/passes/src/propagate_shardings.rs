@@ -16,6 +16,10 @@
 //!   a consumer that reduces over a stream-split axis of its operand stays unstreamed (its own
 //!   segment, outside that loop), since chunking the reduction would need an accumulation
 //!   across chunks.
+//! * A device split crosses a `reshape` only where its shards are blocks of one axis on both
+//!   sides ([`weave_transform::SkipReason::NotABlockAcrossReshape`]): a split of `b * t` by
+//!   `d` reaches `b` only when `d` divides `b`; otherwise the other side stays unsplit and
+//!   decompose-reshardings reshapes whole, then splits the result.
 //! * Idempotent: a second run finds every parallel type in place and changes nothing.
 //!
 //! Algorithm, with [`weave_transform::replay_loop_like`] doing each replay (it skips a type

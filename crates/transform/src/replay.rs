@@ -9,7 +9,10 @@
 //!    axis; failing that, maps the chain's start — a reshape-merged logical axis by the
 //!    merge's outer root axis — to a target logical axis, or to a target root axis and from
 //!    there to the outermost target logical axis made from it (nvFuser's rule across
-//!    reshapes);
+//!    reshapes); a device split is carried across a reshape only where its shards are blocks
+//!    of one axis on both sides (one outer split whose factor divides the outer axis `b` of
+//!    `b * t`, never the inner axis `t`), else it is skipped
+//!    ([`SkipReason::NotABlockAcrossReshape`]);
 //! 3. replays the rest of the chain (same kinds and factors) onto the target's loop domain,
 //!    reusing splits already replayed in this call or identical splits the target already
 //!    has;
@@ -91,6 +94,15 @@ pub enum SkipReason {
     /// over streams needs an accumulation across chunks, so the target stays unstreamed.
     #[error("the target axis is a reduction axis, which is never stream-parallel")]
     StreamOnReduction,
+    /// A device split would cross a `reshape` (a merge or split of the axis) where its shards
+    /// are not blocks of one axis on both sides: a split of `b * t` whose factor does not
+    /// divide `b`, a split of the inner axis `t` of `[b, t]`, or a split nested in another
+    /// split. The target stays unsplit; decompose-reshardings reshapes whole and then
+    /// reshards.
+    #[error(
+        "the device split's shards would not be blocks of one axis on the other side of a reshape"
+    )]
+    NotABlockAcrossReshape,
 }
 
 /// What [`replay_loop_like`] did.
@@ -182,13 +194,22 @@ pub fn replay_loop_like(
                 .find(|t| graph.are_mapped(ids[k], **t))
                 .map(|t| (k, *t))
         });
-        let start =
-            start.or_else(|| map_logical(f, graph, reference, logical, target).map(|t| (0, t)));
+        let (start, crossing) = match start {
+            Some(s) => (Some(s), Crossing::None),
+            None => match map_logical(f, graph, reference, logical, target) {
+                Some((t, c)) => (Some((0, t)), c),
+                None => (None, Crossing::None),
+            },
+        };
         let Some((k0, tl)) = start else {
             skip(SkipReason::NoMappedAxis);
             continue;
         };
         let chain = &chain[k0..];
+        if pt.is_device() && !device_blocks_across_reshape(f, reference, chain, &crossing) {
+            skip(SkipReason::NotABlockAcrossReshape);
+            continue;
+        }
         let logical = ids[k0];
         ref2tgt.insert(logical, tl);
         let reduction = f.id(tl).iter_type == IterType::Reduction;
@@ -295,29 +316,97 @@ fn split_chain(
     Ok((cur, chain))
 }
 
+/// How [`map_logical`] reached the target axis.
+enum Crossing {
+    /// Directly: the start axis and the target axis are mapped.
+    None,
+    /// Across a reshape, between an outer axis `b` and a merge `b * t` (either way): a split
+    /// of the start by `f` cuts the same blocks on both sides when `f` divides the extents
+    /// of all these axes (`b` among them).
+    Outer(Vec<IterDomainId>),
+    /// Across a reshape from the inner axis `t` of a merge `b * t`: a block of `t` is no
+    /// block of the merge.
+    Inner,
+}
+
+/// True when replaying `chain` (the splits from the start axis to a device axis) across the
+/// reshape `crossing` describes, and through the reshape splits in `chain` itself, gives
+/// device shards that are blocks of one axis on both sides. A mapping across a merge takes
+/// one outer split whose factor divides the outer axis; a chain through a reshape's split
+/// of the reference (root `b * t` into `[b, t]`) must take its outer output.
+fn device_blocks_across_reshape(
+    f: &Fusion,
+    reference: TensorId,
+    chain: &[ChainStep],
+    crossing: &Crossing,
+) -> bool {
+    let logical = &f.tensor(reference).logical;
+    let through_inner = chain.iter().any(|step| {
+        matches!(f.id_expr(step.expr), IdExpr::Split { inner, .. } if *inner == step.taken)
+            && logical.contains(&step.taken)
+            && f.tensor(reference).root.is_some()
+    });
+    if through_inner {
+        return false;
+    }
+    match crossing {
+        Crossing::None => true,
+        Crossing::Inner => false,
+        Crossing::Outer(axes) => {
+            let [step] = chain else {
+                return false;
+            };
+            let IdExpr::Split {
+                outer,
+                factor,
+                kind: weave_ir::SplitKind::Outer,
+                ..
+            } = f.id_expr(step.expr)
+            else {
+                return false;
+            };
+            if *outer != step.taken {
+                return false;
+            }
+            let Some(fv) = f.eval(factor) else {
+                return true;
+            };
+            axes.iter().all(|a| match f.eval(&f.id(*a).extent) {
+                Some(e) => fv > 0 && e % fv == 0,
+                None => true,
+            })
+        }
+    }
+}
+
 /// The target logical axis mapped to the start `logical` of a reference chain (a logical or
-/// root axis), looking through reshapes on both sides.
+/// root axis), looking through reshapes on both sides, and how it was reached.
 fn map_logical(
     f: &Fusion,
     graph: &IdGraph,
     reference: TensorId,
     logical: IterDomainId,
     target: TensorId,
-) -> Option<IterDomainId> {
+) -> Option<(IterDomainId, Crossing)> {
     // A logical axis merged by a reshape of the reference stands for its outer root axis.
-    let mut candidates = vec![logical];
+    let mut candidates = vec![(logical, false)];
     if let Some(e) = f.id(logical).definition {
         let root = f.tensor(reference).root_domain();
         if let IdExpr::Merge { outer, .. } = f.id_expr(e) {
             if root.contains(outer) {
-                candidates.push(*outer);
+                candidates.push((*outer, true));
             }
         }
     }
     let tv = f.tensor(target);
-    for c in candidates {
+    for (c, merged) in candidates {
         if let Some(t) = tv.logical.iter().find(|t| graph.are_mapped(c, **t)) {
-            return Some(*t);
+            let crossing = if merged {
+                Crossing::Outer(vec![c, *t])
+            } else {
+                Crossing::None
+            };
+            return Some((*t, crossing));
         }
         // Across a reshape of the target: the outermost logical axis made from a mapped root.
         let Some(root) = &tv.root else { continue };
@@ -328,10 +417,13 @@ fn map_logical(
                 };
                 match f.id_expr(e) {
                     IdExpr::Split { input, outer, .. } if input == r && outer == l => {
-                        return Some(*l)
+                        return Some((*l, Crossing::Outer(vec![c, *l])))
                     }
-                    IdExpr::Merge { outer, inner, .. } if outer == r || inner == r => {
-                        return Some(*l)
+                    IdExpr::Merge { outer, .. } if outer == r => {
+                        return Some((*l, Crossing::Outer(vec![c, *r])))
+                    }
+                    IdExpr::Merge { inner, .. } if inner == r => {
+                        return Some((*l, Crossing::Inner))
                     }
                     _ => {}
                 }

@@ -206,8 +206,66 @@ pub(super) fn insert_resharding_sets(f: &mut Fusion, e: ExprId) -> IrResult<()> 
             }
             Err(_) => {}
         },
+        ExprKind::Reshape { .. } => {
+            // Copies of the operand sharded like the output, when the output's device splits
+            // map onto the operand as blocks of its axes; on a copy of the fusion first, so
+            // that a failure leaves nothing behind.
+            let mut trial = f.clone();
+            if copy_operands_like_the_output(&mut trial, e).is_ok() {
+                *f = trial;
+                return Ok(());
+            }
+            return reshape_then_reshard(f, e);
+        }
         _ => {}
     }
+    copy_operands_like_the_output(f, e)
+}
+
+/// Step 3 for a `reshape` whose output is split across devices where its operand has no
+/// block to match (a split of the merge `b * t` whose factor does not divide `b`, or of the
+/// inner axis `t` that a reshape splits out of `b * t`): `<out>_reshaped = reshape(x)` keeps
+/// the operand's sharding (its splits that map across the reshape as blocks; the others are
+/// gathered first by copies of `x`), and the reshape becomes `out = set(<out>_reshaped)`,
+/// which splits the reshaped tensor across the devices (a Scatter, per stream chunk when
+/// `out` is stream-split).
+fn reshape_then_reshard(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    let (x, out) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
+    let kind = f.expr(e).kind.clone();
+    let name = f.fresh_name(&format!("{}_reshaped", f.tensor(out).name));
+    let mid = f.add_op(&name, kind, &[x])?;
+    let me = f.tensor(mid).definition.expect("just defined");
+    f.move_expr_before(me, e);
+    f.expr_mut(me).span = f.expr(e).span;
+    f.tensor_mut(mid).mesh = f.tensor(x).mesh.or(f.tensor(out).mesh);
+    f.tensor_mut(mid).span = f.tensor(out).span;
+    let graph = IdGraph::build(f);
+    replay(f, x, mid, &graph, &DEVICE_AND_STREAM_TYPES)?;
+    if is_resharding(f, me) {
+        copy_operands_like_the_output(f, me)?;
+    }
+    // `out` becomes a copy: its logical axes are its own, no longer made from a root.
+    let tv = f.tensor(out).clone();
+    if let Some(root) = &tv.root {
+        for l in &tv.logical {
+            if !root.contains(l) {
+                let id = f.id_mut(*l);
+                id.definition = None;
+                id.rfactor = false;
+            }
+        }
+    }
+    f.tensor_mut(out).root = None;
+    let ex = f.expr_mut(e);
+    ex.kind = ExprKind::Set;
+    ex.inputs = vec![mid];
+    one_change_per_set(f, e)?;
+    ensure_communication(f, e)
+}
+
+/// Step 3 for any resharding expr: `x_resharded = set(x)`, sharded like the output, before
+/// each operand `x` sharded differently from it.
+fn copy_operands_like_the_output(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     let out = f.expr(e).outputs[0];
     // The user's expr as written, before its operands are replaced by copies.
     let user_desc = expr_desc(f, e);
