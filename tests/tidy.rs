@@ -2,7 +2,8 @@
 //!
 //! * every `.rs` file opens with a `//!` module doc;
 //! * crate dependencies point the one way docs/ARCHITECTURE.md draws (read from
-//!   `cargo metadata`), and nothing from `weave-ir` to `weave-passes` depends on cudarc;
+//!   `cargo metadata`), and nothing from `weave-ir` to `weave-passes`, nor the kernel code
+//!   generator `weave-codegen`, depends on cudarc;
 //! * the user-facing library `streamweave` pulls no CLI, progress-bar, error-reporting or
 //!   log-subscriber crate into a user's build (its normal dependency tree, from the resolve
 //!   graph of `cargo metadata`) and, like the compiler crates, reads no environment variable
@@ -92,9 +93,11 @@ const ARROWS: &[(&str, &[&str])] = &[
     ),
     ("weave-cuda", &[]),
     ("weave-comm", &["weave-cuda"]),
+    // The kernel code generator: fusions and dtypes only (crates/codegen).
+    ("weave-codegen", &["weave-ir"]),
     (
         "weave-executor",
-        &["weave-host-ir", "weave-cuda", "weave-comm"],
+        &["weave-host-ir", "weave-codegen", "weave-cuda", "weave-comm"],
     ),
     (
         "streamweave",
@@ -106,6 +109,7 @@ const ARROWS: &[(&str, &[&str])] = &[
             "weave-passes",
             "weave-cuda",
             "weave-comm",
+            "weave-codegen",
             "weave-executor",
         ],
     ),
@@ -122,13 +126,15 @@ const ARROWS: &[(&str, &[&str])] = &[
 /// into its users' builds.
 const APPLICATION_ONLY: &[&str] = &["clap", "indicatif", "anyhow", "tracing-subscriber"];
 
-/// The crates that compile and transform IR; they run without a GPU and never link CUDA.
+/// The crates that compile and transform IR, and the kernel code generator (whose output is
+/// text); they run without a GPU and never link CUDA.
 const CUDA_FREE: &[&str] = &[
     "weave-ir",
     "weave-transform",
     "weave-segmenter",
     "weave-host-ir",
     "weave-passes",
+    "weave-codegen",
 ];
 
 /// For each crate, every workspace crate it may depend on (the transitive closure of
@@ -641,6 +647,7 @@ const SIDE_TABLE_CRATES: &[&str] = &[
     "crates/transform",
     "crates/segmenter",
     "crates/host-ir",
+    "crates/codegen",
     "crates/executor",
 ];
 

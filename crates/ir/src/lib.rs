@@ -15,6 +15,7 @@ pub mod ids;
 pub mod mesh;
 pub mod print;
 pub mod scalar;
+pub mod shape;
 pub mod tensor;
 pub mod text;
 pub mod verify;

@@ -246,7 +246,7 @@ impl GemmLayout {
         } else {
             (asz[..asz.len() - 2].to_vec(), bsz[..bsz.len() - 2].to_vec())
         };
-        let out_batch = crate::interp::broadcast_shapes(&[&a_batch, &b_batch]).map_err(|_| {
+        let out_batch = weave_ir::shape::broadcast_shapes(&[&a_batch, &b_batch]).map_err(|_| {
             gemm_error(
                 label,
                 format!("batch sizes of {asz:?} and {bsz:?} do not broadcast"),
@@ -651,7 +651,7 @@ mod tests {
         };
         let (a, b) = (full(a_sizes, m, k), full(b_sizes, k, n));
         let want = crate::interp::matmul_dense(&a, &b).unwrap();
-        let out = crate::interp::broadcast_shapes(&[a_sizes, b_sizes]).unwrap();
+        let out = weave_ir::shape::broadcast_shapes(&[a_sizes, b_sizes]).unwrap();
         let plan = BatchPlan::new(a_sizes, b_sizes, &out, (m * k, k * n, m * n));
         let mut c = vec![f64::NAN; want.data.len()];
         let mut writes = vec![0usize; c.len() / (m * n)];

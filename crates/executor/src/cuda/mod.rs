@@ -13,11 +13,12 @@
 //!
 //! Where a buffer's elements lie ([`DeviceTensor`], as matrices for GEMMs and as rows of 2-D
 //! copies) is the `layout` module; how `matmul` and `linear` become cuBLASLt strided batches
-//! is the `gemm` module.
+//! is the `gemm` module. The kernels of kernel segments are weave-codegen's ([`codegen`]):
+//! this backend compiles their CUDA C with NVRTC and launches them.
 
-pub mod codegen;
-mod emit;
-mod expr;
+/// The kernel code generator (the weave-codegen crate), under its path in this crate.
+pub use weave_codegen as codegen;
+
 mod gemm;
 mod layout;
 mod reduce;

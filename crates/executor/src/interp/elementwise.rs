@@ -2,6 +2,7 @@
 //! parallel loops that fill an output.
 
 use rayon::prelude::*;
+use weave_ir::shape::broadcast_shapes;
 use weave_ir::{BinaryOp, UnaryOp};
 
 use super::{Value, PARALLEL_MIN};
@@ -121,25 +122,6 @@ pub(super) fn row_major_strides(sizes: &[usize]) -> Vec<usize> {
         s = s.saturating_mul(*n);
     }
     strides
-}
-
-/// The numpy broadcast of `shapes`: trailing axes aligned, size-1 axes stretched.
-pub(crate) fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
-    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
-    let mut out = vec![1usize; rank];
-    for s in shapes {
-        let off = rank - s.len();
-        for (i, n) in s.iter().enumerate() {
-            let o = &mut out[off + i];
-            if *o == 1 {
-                *o = *n;
-            } else if *n != 1 && *n != *o {
-                let all: Vec<String> = shapes.iter().map(|s| format!("{s:?}")).collect();
-                return Err(format!("sizes {} do not broadcast", all.join(" and ")));
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// Strides of a tensor of `sizes` read in the broadcast shape `out`: stretched and missing

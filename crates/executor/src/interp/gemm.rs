@@ -1,8 +1,9 @@
 //! Matrix products: `matmul` and `linear`, batched and broadcast, over `f64`.
 
 use rayon::prelude::*;
+use weave_ir::shape::broadcast_shapes;
 
-use super::elementwise::{broadcast_shapes, broadcast_strides, zeroed};
+use super::elementwise::{broadcast_strides, zeroed};
 use super::{Value, PARALLEL_MIN};
 use crate::dense::Dense;
 

@@ -15,8 +15,9 @@
 //! under [`Precision::RoundEach`].
 //!
 //! By concern: this module walks a fusion and evaluates each expr; `elementwise` holds the
-//! scalar functions, broadcasting and the parallel fill loops; `shape_ops` reductions,
-//! permutations and reshapes; `gemm` matrix products.
+//! scalar functions, broadcasting and the parallel fill loops; `shape_ops` reductions and
+//! permutations; the sizes of broadcasts and reshapes come from `weave_ir::shape` (shared
+//! with the kernel code generator); `gemm` matrix products.
 
 mod elementwise;
 mod gemm;
@@ -25,15 +26,14 @@ mod shape_ops;
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use weave_ir::shape::reshape_sizes;
 use weave_ir::{BinaryOp, DType, ExprKind, Fusion, Scalar, TensorId};
 
 use crate::dense::{checked_numel, round_to, Dense};
 
-pub(crate) use elementwise::broadcast_shapes;
 use elementwise::{binary_fn, check_axes, fill, pointwise, unary_fn, zeroed};
 use gemm::{linear, matmul};
 pub use gemm::{linear_dense, matmul_dense};
-pub(crate) use shape_ops::reshape_sizes;
 use shape_ops::{permute, reduce};
 
 /// How the interpreter rounds.

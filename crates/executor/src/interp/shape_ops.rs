@@ -1,6 +1,7 @@
-//! Ops that move or fold axes: reductions, permutations and the sizes of a reshape.
+//! Ops that move or fold axes: reductions and permutations (the sizes of a reshape are
+//! `weave_ir::shape::reshape_sizes`).
 
-use weave_ir::{Fusion, ReduceOp, Scalar, TensorId};
+use weave_ir::ReduceOp;
 
 use super::elementwise::{check_axes, fill, row_major_strides, zeroed};
 use super::Value;
@@ -93,91 +94,4 @@ pub(super) fn permute(x: &Dense, perm: &[usize]) -> Result<Value, String> {
         x.data[off]
     });
     Ok((sizes, out))
-}
-
-/// The output sizes of a reshape of `x` (the value of tensor `in_t`) to `shape`.
-///
-/// The IR's reshapes split one axis or merge two adjacent ones; the interpreter applies that
-/// structure to the *actual* sizes, so that a chunk reshapes like the whole: a merge
-/// multiplies the two actual sizes, and a split of axis `k` keeps the declared inner extent
-/// and divides the actual size of axis `k` by it. The axis is found from the output's
-/// reshape-produced (`rf`) axes, else by comparing declared extents with `shape`. Any other
-/// reshape uses `shape` as evaluated, with the outermost target axis scaled when the input
-/// is a chunk (the element counts differ and the rest of the target divides the input's).
-pub(crate) fn reshape_sizes(
-    fusion: &Fusion,
-    in_t: TensorId,
-    out_t: TensorId,
-    shape: &[Scalar],
-    ins: &[usize],
-) -> Result<Vec<usize>, String> {
-    let eval = |s: &Scalar| -> Result<usize, String> {
-        match fusion.eval(s) {
-            Some(v) if v >= 0 => Ok(v as usize),
-            Some(v) => Err(format!(
-                "target extent `{}` = {v} is negative",
-                s.to_source()
-            )),
-            None => Err(format!(
-                "target extent `{}` has no value (unbound parameter)",
-                s.to_source()
-            )),
-        }
-    };
-    let r = ins.len();
-    let rf: Vec<usize> = fusion
-        .visible_axes(out_t)
-        .iter()
-        .enumerate()
-        .filter(|(_, id)| fusion.id(**id).rfactor)
-        .map(|(i, _)| i)
-        .collect();
-    let declared: Vec<Option<i64>> = fusion
-        .visible_axes(in_t)
-        .iter()
-        .map(|id| fusion.eval(&fusion.id(*id).extent))
-        .collect();
-    let differs = |k: &usize| declared.get(*k).copied().flatten() != fusion.eval(&shape[*k]);
-
-    if r >= 1 && shape.len() == r + 1 {
-        let k = match rf.as_slice() {
-            [k, k1] if *k1 == *k + 1 && *k < r => *k,
-            _ => (0..r).find(differs).unwrap_or(r - 1),
-        };
-        let inner = eval(&shape[k + 1])?;
-        if inner == 0 || !ins[k].is_multiple_of(inner) {
-            return Err(format!(
-                "cannot split axis {k} of sizes {ins:?} into rows of {inner}"
-            ));
-        }
-        let mut out = ins[..k].to_vec();
-        out.extend([ins[k] / inner, inner]);
-        out.extend_from_slice(&ins[k + 1..]);
-        return Ok(out);
-    }
-    if r >= 2 && shape.len() + 1 == r {
-        let k = match rf.as_slice() {
-            [k] if *k + 1 < r => *k,
-            _ => (0..r - 1).find(differs).unwrap_or(r - 2),
-        };
-        let mut out = ins[..k].to_vec();
-        out.push(ins[k] * ins[k + 1]);
-        out.extend_from_slice(&ins[k + 2..]);
-        return Ok(out);
-    }
-    let mut target = shape.iter().map(eval).collect::<Result<Vec<usize>, _>>()?;
-    let numel =
-        checked_numel(ins).ok_or_else(|| format!("the element count of {ins:?} overflows"))?;
-    if checked_numel(&target) == Some(numel) {
-        return Ok(target);
-    }
-    if let Some(rest) = target.get(1..).and_then(checked_numel) {
-        if rest > 0 && numel % rest == 0 {
-            target[0] = numel / rest;
-            return Ok(target);
-        }
-    }
-    Err(format!(
-        "cannot reshape sizes {ins:?} ({numel} elements) to {target:?}"
-    ))
 }

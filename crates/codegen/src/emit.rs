@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 
 use weave_ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
-use super::expr::{Buf, Node, View};
+use crate::expr::{Buf, Node, View};
 
 /// Helpers every generated kernel may use: bf16/f16 conversions by PTX (round to nearest
 /// even) and the block reduction of row kernels.
