@@ -498,7 +498,7 @@ pub fn run(
             }
             (None, Some(budget)) => {
                 let ranks = flags.ranks.unwrap_or(2);
-                match tune_first_run(&name, &text, set, ranks, budget, options.timeout) {
+                match tune_first_run(&name, &text, set, ranks, budget, options.timeouts.wait) {
                     Ok(Some(entry)) => {
                         tuned = Some(entry);
                         source = "tuned now";

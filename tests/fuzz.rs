@@ -237,7 +237,7 @@ fn run_small(exe: &streamweave::Executable, compiled: bool) -> Result<(), String
     let options = streamweave::RunOptions {
         check: compiled,
         check_races: compiled,
-        timeout: Duration::from_secs(5),
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(5)),
         ..streamweave::RunOptions::on(streamweave::Target::Cpu { ranks })
     };
     match exe.run_dense(&globals, &options) {

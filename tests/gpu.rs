@@ -57,7 +57,7 @@ fn gpu_options(ranks: usize) -> RunOptions {
         streams: 2,
         check: true,
         check_races: false,
-        timeout: Duration::from_secs(60),
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(60)),
         ..RunOptions::default()
     }
 }
@@ -352,7 +352,7 @@ fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
         .map(|r| compiled.shard_inputs(&globals, r).expect("shards"))
         .collect();
     let options = RunOptions {
-        timeout: Duration::from_secs(10),
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(10)),
         ..gpu_options(2)
     };
     let start = Instant::now();
@@ -822,7 +822,7 @@ fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
                 let options = RunOptions {
                     target: Target::Cuda { ranks: 1 },
                     check: true,
-                    timeout: Duration::from_secs(60),
+                    timeouts: streamweave::Timeouts::all(Duration::from_secs(60)),
                     ..RunOptions::default()
                 };
                 runs += 1;
@@ -874,7 +874,7 @@ fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
             let options = RunOptions {
                 target: Target::Cuda { ranks: 1 },
                 check: true,
-                timeout: Duration::from_secs(60),
+                timeouts: streamweave::Timeouts::all(Duration::from_secs(60)),
                 warmup: 1,
                 iters: 5,
                 replay,
@@ -1055,7 +1055,7 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
         check: true,
         warmup: 1,
         iters: 3,
-        timeout: Duration::from_secs(60),
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(60)),
         ..RunOptions::default()
     };
     entry.apply(&mut options);
@@ -1149,7 +1149,7 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
         check: true,
         warmup: 1,
         iters: 3,
-        timeout: Duration::from_secs(60),
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(60)),
         tune: Some(Duration::from_secs(60)),
         tune_cache: Some(cache.clone()),
         ..RunOptions::default()

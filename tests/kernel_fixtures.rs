@@ -119,7 +119,7 @@ fn run_case(case: &str, t: usize, h: usize, s: usize) -> Result<(), String> {
         streams: 2,
         check: true,
         check_races: true,
-        timeout: Duration::from_secs(20),
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(20)),
         ..RunOptions::default()
     };
     let report = exe

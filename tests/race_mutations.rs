@@ -426,7 +426,7 @@ fn options(ranks: usize, streams: usize) -> RunOptions {
         target: Target::Cpu { ranks },
         streams,
         check_races: true,
-        timeout: Duration::from_secs(10),
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(10)),
         // The caller's stream is slow: a worker that does not wait for it runs ahead.
         delays: vec![(StreamKey::Main, Duration::from_micros(300))],
         ..RunOptions::default()

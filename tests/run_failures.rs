@@ -199,7 +199,7 @@ fn a_collective_that_one_rank_never_posts_times_out_naming_it() {
 fn inputs_of_the_wrong_shape_or_dtype_are_rejected_before_anything_runs() {
     let c = compiled("row_parallel_linear", &[("t", 12), ("h", 4), ("d", 2)]);
     let options = RunOptions {
-        timeout: Duration::from_secs(5),
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(5)),
         ..RunOptions::default()
     };
     let config = c.config(&options);

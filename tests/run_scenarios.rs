@@ -89,7 +89,7 @@ fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
                 check: true,
                 streams,
                 check_races: true,
-                timeout: Duration::from_secs(20),
+                timeouts: streamweave::Timeouts::all(Duration::from_secs(20)),
                 ..RunOptions::default()
             };
             runs += 1;

@@ -510,7 +510,7 @@ fn main() -> ExitCode {
                 streams: streams.map_or(2, count),
                 check_races,
                 trace: trace.is_some(),
-                timeout: Duration::from_secs(timeout_secs),
+                timeouts: streamweave::Timeouts::all(Duration::from_secs(timeout_secs)),
                 warmup: count(warmup),
                 iters: count(iters),
                 replay: !eager,

@@ -151,7 +151,7 @@ pub fn run_checked_with(
         streams,
         check: true,
         check_races: true,
-        timeout: std::time::Duration::from_secs(20),
+        timeouts: streamweave::Timeouts::all(std::time::Duration::from_secs(20)),
         ..RunOptions::default()
     };
     let report = exe

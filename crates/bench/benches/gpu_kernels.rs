@@ -315,7 +315,7 @@ fn measure(
         target: Target::Cuda { ranks: 1 },
         streams,
         check_races: false,
-        timeout: rank.timeout,
+        timeouts: streamweave::Timeouts::all(rank.timeout),
         ..RunOptions::default()
     };
     let once = || -> Result<Vec<DeviceTensor>, JobError> {

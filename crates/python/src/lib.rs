@@ -27,7 +27,7 @@ use streamweave::half::{bf16, f16};
 use streamweave::ir::{BinaryOp, DType, Fusion, ReduceOp, UnaryOp};
 use streamweave::passes::{manager::render, DumpFlags, Ir, PassManager};
 use streamweave::{
-    Buffer, Compiler, CudaSession, Data, Executable, RankCall, RunOptions, Target, Tensor,
+    Buffer, Compiler, CudaSession, Data, Executable, RankCall, RunOptions, Target, Tensor, Timeouts,
 };
 
 /// The Python class (of `streamweave._errors`) an error is raised as.
@@ -144,7 +144,8 @@ fn run_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("races", o.check_races)?;
     d.set_item("trace", o.trace)?;
     d.set_item("streams", o.streams)?;
-    d.set_item("timeout_secs", o.timeout.as_secs_f64())?;
+    // `timeout_secs` sets the three timeouts at once; their defaults are the same.
+    d.set_item("timeout_secs", o.timeouts.run.as_secs_f64())?;
     Ok(d)
 }
 
@@ -464,9 +465,9 @@ impl NativeExecutable {
             streams: streams.unwrap_or(defaults.streams),
             check_races: races.unwrap_or(defaults.check_races),
             trace,
-            timeout: match timeout_secs {
-                Some(secs) => timeout(secs)?,
-                None => defaults.timeout,
+            timeouts: match timeout_secs {
+                Some(secs) => Timeouts::all(timeout(secs)?),
+                None => defaults.timeouts,
             },
             ..defaults
         };
@@ -541,9 +542,9 @@ impl NativeExecutable {
             check: check.unwrap_or(defaults.check),
             check_races: races.unwrap_or(defaults.check_races),
             trace: trace.unwrap_or(defaults.trace),
-            timeout: match timeout_secs {
-                Some(secs) => timeout(secs)?,
-                None => defaults.timeout,
+            timeouts: match timeout_secs {
+                Some(secs) => Timeouts::all(timeout(secs)?),
+                None => defaults.timeouts,
             },
             ..defaults
         };
@@ -593,7 +594,8 @@ impl NativeExecutable {
     }
 }
 
-/// A timeout given in seconds: positive and finite (a huge one is capped).
+/// A timeout given in seconds: positive and finite (a huge one is capped). `timeout_secs`
+/// gives it to each of [`Timeouts`]: the run's deadline, the ranks' meeting and every wait.
 fn timeout(secs: f64) -> PyResult<Duration> {
     if !(secs.is_finite() && secs > 0.0) {
         return Err(raise(

@@ -394,14 +394,14 @@ impl Executable {
     }
 
     /// The per-rank configuration of a run starting now: the parameter values, the stream
-    /// pool, the race checker, and the deadline of the whole run (`options.timeout` from now:
-    /// a rank still issuing statements then stops and names the statement).
+    /// pool, the race checker, and the deadline of the whole run (`options.timeouts.run` from
+    /// now: a rank still issuing statements then stops and names the statement).
     pub fn config(&self, options: &RunOptions) -> RunConfig {
         RunConfig {
             params: self.signature().params.iter().cloned().collect(),
             number_of_streams: options.streams,
             check_races: options.check_races,
-            deadline: weave_executor::Deadline::after(options.timeout),
+            deadline: weave_executor::Deadline::after(options.timeouts.run),
         }
     }
 
@@ -825,10 +825,14 @@ impl Executable {
                     crate::tune::TuneOptions::first_run(ranks, &machine, None, budget);
                 #[cfg(feature = "cuda")]
                 let mut measure =
-                    crate::measure::WorldMeasure::open(ranks, 3, 10, options.timeout)?;
+                    crate::measure::WorldMeasure::open(ranks, 3, 10, options.timeouts.wait)?;
                 #[cfg(not(feature = "cuda"))]
-                let mut measure =
-                    crate::tune::RunMeasure::new(Target::Cuda { ranks }, 3, 10, options.timeout);
+                let mut measure = crate::tune::RunMeasure::new(
+                    Target::Cuda { ranks },
+                    3,
+                    10,
+                    options.timeouts.run,
+                );
                 let tuning = crate::tune::tune(&fusion, &tune_options, &mut measure)
                     .map_err(|e| e.to_string())?;
                 drop(measure);

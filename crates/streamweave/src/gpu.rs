@@ -24,7 +24,7 @@ use crate::setup::{RunError, RunOptions, Transport};
 /// The CUDA options a run asks for on `gpu` (its overlap knobs included).
 fn cuda_options(options: &RunOptions, gpu: &Gpu) -> Result<CudaOptions, ExecError> {
     let base = CudaOptions {
-        timeout: options.timeout,
+        timeout: options.timeouts.wait,
         trace: options.trace,
         ..CudaOptions::default()
     };
@@ -93,7 +93,7 @@ fn run_one(
         options
             .overlap
             .nccl_options(NcclOptions {
-                timeout: options.timeout,
+                timeout: options.timeouts.wait,
                 ..NcclOptions::default()
             })
             .map_err(ExecError::Program)?,
@@ -112,7 +112,7 @@ fn run_one(
             let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), windows, |card| {
                 if let Link::Windows(exchange) = link {
                     exchange
-                        .all_gather_as(rank, options.timeout, card)
+                        .all_gather_as(rank, options.timeouts.store, card)
                         .map_err(CommError::Bootstrap)
                 } else if let Link::Ipc(store) = link {
                     all_gather(store, rank, world, "copy-engine-windows", &card)
@@ -254,7 +254,7 @@ fn run_threads_with(
     // The rank threads are detached and waited for until the run's deadline and a grace to
     // stop: a rank stuck in GPU work no wait of its bounds fails the run instead of hanging
     // the caller.
-    let limit = options.timeout.checked_add(crate::threads::STOP_GRACE);
+    let limit = options.timeouts.run.checked_add(crate::threads::STOP_GRACE);
     let (program, config, options) = (
         Arc::new(program.clone()),
         Arc::new(config.clone()),
@@ -306,7 +306,7 @@ pub fn run_launched(
         .map_err(|e| RunError::Ranks(vec![(rank, e)]))?;
     gpus_available(env.local_rank + 1)?;
     let setup = |e: CommError| RunError::Setup(format!("rank {rank}: {e}"));
-    let store: TcpStore = env.open_store(options.timeout).map_err(setup)?;
+    let store: TcpStore = env.open_store(options.timeouts.store).map_err(setup)?;
     let id_bytes = exchange_id(&store, rank, || {
         NcclId::new().map(|id| id.as_bytes().to_vec())
     })

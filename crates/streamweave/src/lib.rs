@@ -103,7 +103,7 @@ pub mod tune;
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
 pub use run::{
-    NcclCtaPolicy, Overlap, RunOptions, RunReport, Target, Transport, MAX_CE_SLOT_MIB,
+    NcclCtaPolicy, Overlap, RunOptions, RunReport, Target, Timeouts, Transport, MAX_CE_SLOT_MIB,
     MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,
 };
 #[cfg(feature = "cuda")]

@@ -14,7 +14,7 @@ use crate::tensor::Outputs;
 use crate::threads::run_rank_threads;
 
 pub use crate::setup::{
-    NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Transport, MAX_CE_SLOT_MIB,
+    NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Timeouts, Transport, MAX_CE_SLOT_MIB,
     MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,
 };
 
@@ -137,7 +137,7 @@ pub fn run_local(
 ) -> Result<(Vec<RankRun>, Duration), RunError> {
     let world = per_rank.len();
     check_all_inputs(program, config, &per_rank)?;
-    let local = LocalWorld::new(world, options.timeout);
+    let local = LocalWorld::new(world, options.timeouts.wait);
     let rank_inputs: Vec<_> = per_rank
         .into_iter()
         .enumerate()
@@ -145,7 +145,7 @@ pub fn run_local(
         .collect();
     run_rank_threads(rank_inputs, |_, (inputs, comm)| {
         let backend = CpuBackend::new(CpuOptions {
-            timeout: options.timeout,
+            timeout: options.timeouts.wait,
             trace: options.trace,
             delays: options.delays.clone(),
         });

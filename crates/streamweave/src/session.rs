@@ -170,7 +170,7 @@ impl CudaSession {
         let (rank, world) = (env.rank, env.world);
         exe.check_ranks(world)?;
         let fail = |e: weave_comm::CommError| setup(rank)(e.to_string());
-        let store = env.open_store(options.timeout).map_err(fail)?;
+        let store = env.open_store(options.timeouts.store).map_err(fail)?;
         let id_bytes = exchange_id(&store, rank, || {
             NcclId::new().map(|id| id.as_bytes().to_vec())
         })
@@ -283,7 +283,8 @@ impl CudaSession {
         }
     }
 
-    /// Waits (within the run's timeout) until every rank's GPU has done everything issued.
+    /// Waits (within [`Timeouts::wait`](crate::Timeouts::wait)) until every rank's GPU has
+    /// done everything issued.
     pub fn synchronize(&self) -> Result<(), Error> {
         for r in &self.ranks {
             r.backend
@@ -420,7 +421,7 @@ fn open_rank(
             options
                 .overlap
                 .nccl_options(NcclOptions {
-                    timeout: options.timeout,
+                    timeout: options.timeouts.wait,
                     ..NcclOptions::default()
                 })
                 .map_err(&fail)?,
@@ -433,7 +434,7 @@ fn open_rank(
         .overlap
         .cuda_options(
             CudaOptions {
-                timeout: options.timeout,
+                timeout: options.timeouts.wait,
                 trace: options.trace,
                 ..CudaOptions::default()
             },

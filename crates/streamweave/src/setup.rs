@@ -1,6 +1,6 @@
 //! What a run is given and how it fails, shared by the CPU ranks ([`crate::run`]) and the GPU
-//! ranks ([`crate::gpu`]): how and where to run ([`RunOptions`], [`Target`], [`Transport`],
-//! [`Overlap`])
+//! ranks ([`crate::gpu`]): how and where to run ([`RunOptions`], [`Target`], [`Timeouts`],
+//! [`Transport`], [`Overlap`])
 //! and [`RunError`].
 
 use std::fmt;
@@ -91,9 +91,9 @@ pub struct RunOptions {
     pub check_races: bool,
     /// Record spans for the timeline.
     pub trace: bool,
-    /// How long any stream or collective waits before failing, and how long the whole run
-    /// may take (each rank checks the deadline before every statement it issues).
-    pub timeout: Duration,
+    /// How long the run may take, how long ranks wait to meet, and how long any wait may
+    /// take ([`Timeouts`]; `weave run --timeout-secs` sets all three).
+    pub timeouts: Timeouts,
     /// Streams slowed down before each job (tests, CPU backend).
     pub delays: Vec<(StreamKey, Duration)>,
     /// Runs of the program before the one that is checked and traced (GPU: warms up
@@ -120,6 +120,46 @@ pub struct RunOptions {
     /// `~/.cache/streamweave/tune.toml`); `None`: the tuned configuration lives in the
     /// executable only.
     pub tune_cache: Option<std::path::PathBuf>,
+}
+
+/// The three bounds of a run ([`RunOptions::timeouts`]). [`Timeouts::all`] gives one value to
+/// each, as `weave run --timeout-secs` and the Python binding's `timeout_secs` do; the default
+/// is 30 s for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Timeouts {
+    /// How long the whole run may take: its deadline, counted from the start of the run, which
+    /// each rank checks before every statement it issues (a rank still issuing then stops and
+    /// names the statement). On GPU threads ([`Target::Cuda`]) the rank threads are waited for
+    /// until this and a grace to stop.
+    pub run: Duration,
+    /// How long ranks wait to meet: a launched rank ([`Target::Launched`]) opening the
+    /// launcher's TCP store and every exchange through it (the NCCL id, the copy-engine
+    /// windows, rank 0 gathering the ranks' runs or shards), and the rank threads of one
+    /// process exchanging their copy-engine windows.
+    pub store: Duration,
+    /// How long any wait may take before failing: a stream waiting for another stream's
+    /// event, a collective waiting for its peers (the in-process communicator's waits, every
+    /// NCCL call of the rank, creation and splits included: NCCL has one timeout), and the
+    /// host waiting for the device or the streams.
+    pub wait: Duration,
+}
+
+impl Timeouts {
+    /// `d` for each of the three.
+    pub const fn all(d: Duration) -> Timeouts {
+        Timeouts {
+            run: d,
+            store: d,
+            wait: d,
+        }
+    }
+}
+
+impl Default for Timeouts {
+    /// 30 s for each.
+    fn default() -> Timeouts {
+        Timeouts::all(Duration::from_secs(30))
+    }
 }
 
 /// The CUDA backend's overlap knobs: how compute and communication share one GPU. The
@@ -374,7 +414,7 @@ impl Default for RunOptions {
             check: false,
             check_races: true,
             trace: false,
-            timeout: Duration::from_secs(30),
+            timeouts: Timeouts::default(),
             delays: Vec::new(),
             warmup: 0,
             iters: 0,

@@ -37,7 +37,7 @@ use weave_ir::{Fusion, ParamRole};
 
 use crate::chunks::{Calibration, CANDIDATES};
 use crate::executable::{Chunks, Compiler, Error, Executable};
-use crate::run::{NcclCtaPolicy, Overlap, RunOptions, Target, Transport};
+use crate::run::{NcclCtaPolicy, Overlap, RunOptions, Target, Timeouts, Transport};
 
 /// Measured candidates within this fraction of the fastest tie; the simplest of them wins.
 pub const TIE_MARGIN: f64 = 0.02;
@@ -395,7 +395,7 @@ impl Measure for RunMeasure {
             streams: candidate.streams,
             check: false,
             check_races: false,
-            timeout: self.timeout,
+            timeouts: Timeouts::all(self.timeout),
             replay: candidate.replay,
             transport: candidate.transport,
             overlap: candidate.overlap,
@@ -449,7 +449,7 @@ impl Measure for RunMeasure {
                 .run_dense(
                     globals,
                     &RunOptions {
-                        timeout: left,
+                        timeouts: Timeouts::all(left),
                         ..options.clone()
                     },
                 )

@@ -293,7 +293,7 @@ fusion many(n = 60000, s: chunks = 60000) {
         .compile_source("many.weave", source)
         .unwrap();
     let options = RunOptions {
-        timeout: std::time::Duration::from_millis(100),
+        timeouts: streamweave::Timeouts::all(std::time::Duration::from_millis(100)),
         check_races: false,
         ..RunOptions::on(Target::Cpu { ranks: 1 })
     };
