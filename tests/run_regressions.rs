@@ -1045,8 +1045,9 @@ fn logits_in_f32_from_a_bf16_projection_match_the_reference_on_1_to_4_ranks() {
 
 /// The data-parallel GELU MLP backward of tests/scenarios/mlp_backward_weight_grads.weave
 /// (issue 28): the weight-gradient partials of every chunk reduce-scattered in the loop (two
-/// ReduceScatters per chunk, nothing else), summed over the chunks after it; grad_x, grad_w1
-/// and grad_w2 match the reference on 1 to 4 ranks and several chunk counts.
+/// ReduceScatters per chunk, nothing else) and their shards accumulated there, chunk by chunk,
+/// into the two zeroed gradients (in-place kernels; nothing sums after the loop); grad_x,
+/// grad_w1 and grad_w2 match the reference on 1 to 4 ranks and several chunk counts.
 #[test]
 fn mlp_backward_reduce_scatters_weight_gradients_per_chunk() {
     let source = std::fs::read_to_string(common::fixture("mlp_backward_weight_grads")).unwrap();
@@ -1087,6 +1088,32 @@ fn mlp_backward_reduce_scatters_weight_gradients_per_chunk() {
             let (in_loop, top) = loop_gemms(p);
             assert!(in_loop.iter().all(|g| !g.0), "{extra:?}: {in_loop:?}");
             assert_eq!(top, 0, "{extra:?}");
+            // The reduce-scattered shards accumulate in the loop: two kernels that update
+            // their input in place, each into a buffer zeroed before the loop; no kernel
+            // runs after the loop.
+            let mut accumulations = Vec::new();
+            let mut kernels_after_loop = 0;
+            for w in p.walk() {
+                if let Stmt::LaunchKernel {
+                    inputs, outputs, ..
+                } = &p.stmts[w.stmt]
+                {
+                    if w.loops.is_empty() {
+                        kernels_after_loop += 1;
+                    } else if let Some(acc) = outputs.iter().find(|o| inputs.contains(o)) {
+                        accumulations.push(*acc);
+                    }
+                }
+            }
+            assert_eq!(accumulations.len(), 2, "{extra:?}");
+            assert_eq!(kernels_after_loop, 0, "{extra:?}");
+            for acc in accumulations {
+                assert!(
+                    p.walk().any(|w| w.loops.is_empty()
+                        && matches!(p.stmts[w.stmt], Stmt::Allocate { tensor, zero_init: true } if tensor == acc)),
+                    "{extra:?}: the running total is not zeroed before the loop"
+                );
+            }
         }
     }
 }

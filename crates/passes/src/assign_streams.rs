@@ -165,18 +165,17 @@ impl AssignStreams {
             }
         }
         // An accumulating GEMM (`T += matmul(..)`, a weight gradient summed chunk by chunk)
-        // updates one buffer in every iteration: the first one waits for the previous
-        // iteration's stream, which then has all of that iteration's work, so the
-        // accumulations run in iteration order whatever the pool size.
+        // or a kernel that updates its input in place (`acc = acc + sum(chunk)`) updates one
+        // buffer in every iteration: the first one waits for the previous iteration's
+        // stream, which then has all of that iteration's work, so the accumulations run in
+        // iteration order whatever the pool size.
         let first_accumulation = match &p.stmts[lp] {
-            Stmt::ForLoop { body, .. } => body.iter().position(|s| {
-                matches!(
-                    p.stmts[*s],
-                    Stmt::Matmul {
-                        accumulate: true,
-                        ..
-                    }
-                )
+            Stmt::ForLoop { body, .. } => body.iter().position(|s| match &p.stmts[*s] {
+                Stmt::Matmul { accumulate, .. } => *accumulate,
+                Stmt::LaunchKernel {
+                    inputs, outputs, ..
+                } => outputs.iter().any(|o| inputs.contains(o)),
+                _ => false,
             }),
             _ => None,
         };

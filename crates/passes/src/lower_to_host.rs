@@ -41,7 +41,11 @@
 //!   tokens) joins that axis' loop as `dW += a_chunk @ b_chunk` (`Stmt::Matmul` with
 //!   `accumulate`), `dW` allocated whole with `zero_init` before the loop; unless a segment of
 //!   a stream loop reads `dW` (it would see a partial sum): then it runs whole at top level.
-//!   `assign-streams` orders the accumulations across iterations.
+//!   Likewise a sum over the axis an input's Stream axis is cut from, whose output has the
+//!   input's axes but the reduced ones (the per-chunk shards of reduce-scattered weight
+//!   gradients): one kernel per iteration adds the chunk's sum to the zeroed total in place
+//!   (`LaunchKernel(.., inputs=(chunk, T), outputs=(T))`). `assign-streams` orders the
+//!   accumulations across iterations.
 //! * A [`Lowering`](crate::pass::Lowering): it changes the IR form.
 
 use std::collections::{HashMap, HashSet};

@@ -636,6 +636,22 @@ impl Backend for CudaBackend {
         if outputs.iter().all(|o| o.numel() == 0) {
             return Ok(());
         }
+        // A kernel that updates an input in place (`acc = acc + sum(chunk)`, a running total
+        // of a stream loop) reads a copy of it: generated kernels take their buffers as
+        // `__restrict__`.
+        if let Some(i) = inputs
+            .iter()
+            .position(|i| outputs.iter().any(|o| o.mem.id() == i.mem.id()))
+        {
+            let original = &inputs[i];
+            let copy = self.allocate(original.dtype, &original.sizes(), false, stream)?;
+            self.copy(label, original, &copy, stream)?;
+            let mut staged = inputs.to_vec();
+            staged[i] = copy.clone();
+            let launched = self.launch_kernel(label, kernel, fusion, &staged, outputs, stream);
+            self.deallocate(copy, stream);
+            return launched;
+        }
         // Generated kernels take their buffers as `__restrict__`: an output may share no
         // allocation with an input or another output.
         for (k, o) in outputs.iter().enumerate() {

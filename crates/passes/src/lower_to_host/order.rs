@@ -191,6 +191,9 @@ impl Lowering<'_> {
         let f = self.f;
         let [e] = exprs else { return None };
         let expr = f.expr(*e);
+        if let ExprKind::Reduction { .. } = expr.kind {
+            return self.accumulating_reduction(*e);
+        }
         if !matches!(expr.kind, ExprKind::Matmul) || expr.inputs.len() != 2 {
             return None;
         }
@@ -236,6 +239,47 @@ impl Lowering<'_> {
             cut_alike(a, ka, &va)
         };
         other_ok.then_some((t, sid))
+    }
+
+    /// A sum over the axis an operand's Stream axis is cut from (the chunks of per-chunk
+    /// weight-gradient shards, `grad_w = sum(gw, [0])` with `gw`'s chunk axis streamed): it
+    /// joins that axis' loop and accumulates chunk by chunk (`acc += sum(chunk)`, see
+    /// `lower_accumulating_reduction`). Requires: one input whose Stream axis is cut from a
+    /// reduced axis, an output without a Stream axis, and no parallel reduction axis on the
+    /// output (a reduction across devices is a communication, not a kernel).
+    fn accumulating_reduction(&self, e: ExprId) -> Option<(TensorId, IterDomainId)> {
+        let f = self.f;
+        let expr = f.expr(e);
+        let ExprKind::Reduction {
+            op: weave_ir::ReduceOp::Sum,
+            ref axes,
+        } = expr.kind
+        else {
+            return None;
+        };
+        let ([input], [out]) = (expr.inputs.as_slice(), expr.outputs.as_slice()) else {
+            return None;
+        };
+        if loop_axis(f, *out, ParallelType::Stream).is_some() {
+            return None;
+        }
+        let parallel_reduction = f.tensor(*out).loop_domain.iter().any(|i| {
+            f.id(*i).iter_type == IterType::Reduction && f.id(*i).parallel != ParallelType::Serial
+        });
+        if parallel_reduction {
+            return None;
+        }
+        let visible = f.visible_axes(*input);
+        // The running total is the kernel's sum itself: the output has the input's axes but
+        // the reduced ones (a partial keeping a device axis of its own is summed after the
+        // loop, as before).
+        if f.visible_axes(*out).len() + axes.len() != visible.len() {
+            return None;
+        }
+        let sid = loop_axis(f, *input, ParallelType::Stream)?;
+        let root = self.outer_split_root(*input, sid)?;
+        let position = visible.iter().position(|a| *a == root)?;
+        axes.contains(&position).then_some((*input, sid))
     }
 
     pub(super) fn open_loop_for(

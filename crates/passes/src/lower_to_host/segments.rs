@@ -31,6 +31,9 @@ impl Lowering<'_> {
             }
             SegmentKind::Library => self.lower_library(exprs[0]),
             SegmentKind::Communication => self.lower_communication(exprs[0]),
+            SegmentKind::Kernel if self.accumulating.contains_key(&seg) => {
+                self.lower_accumulating_reduction(sf, seg)
+            }
             SegmentKind::Kernel => self.lower_kernel(sf, seg),
         }
     }
@@ -108,6 +111,59 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// A sum over the open loop's streamed axis (see [`Self::accumulating_reduction`]): in
+    /// every iteration one kernel adds the chunk's sum to the output in place (`acc = acc +
+    /// sum(chunk)`, the output both an input and the output of the launch), `acc` allocated
+    /// whole and zeroed before the loop. `assign-streams` orders each iteration's
+    /// accumulation after the previous one's.
+    fn lower_accumulating_reduction(
+        &mut self,
+        sf: &SegmentedFusion,
+        seg: SegmentId,
+    ) -> Result<(), Diagnostic> {
+        let f = self.f;
+        let s = sf.segment(seg);
+        let (inputs, outputs) = (s.inputs().to_vec(), s.outputs().to_vec());
+        let ([input], [out]) = (inputs.as_slice(), outputs.as_slice()) else {
+            return Err(Diagnostic::new(format!(
+                "internal: an accumulating sum segment has {} input(s) and {} output(s)",
+                inputs.len(),
+                outputs.len()
+            )));
+        };
+        if self.chunk_root(*input).is_none() {
+            return Err(Diagnostic::new(format!(
+                "internal: the stream loop does not cut `{}`, whose sum `{}` accumulates in it",
+                f.tensor(*input).name,
+                f.tensor(*out).name
+            )));
+        }
+        let chunk = self.resolve(*input, false)?;
+        if self.top.contains_key(out) {
+            return Err(Diagnostic::new(format!(
+                "internal: `{}` is written twice",
+                f.tensor(*out).name
+            )));
+        }
+        let acc = self.new_tensor(*out, self.local_sizes(*out, false)?);
+        self.emit_before_loop(Stmt::Allocate {
+            tensor: acc,
+            zero_init: true,
+        });
+        self.top.insert(*out, acc);
+        let unit = accumulating_kernel_fusion(f, s.exprs(), *input, *out, self.kernels)?;
+        self.kernels += 1;
+        let kernel = self.p.kernels.insert(KernelUnit {
+            fusion: std::sync::Arc::new(unit),
+        });
+        self.emit(Stmt::LaunchKernel {
+            kernel,
+            inputs: vec![chunk, acc],
+            outputs: vec![acc],
+        });
+        Ok(())
+    }
+
     fn lower_kernel(&mut self, sf: &SegmentedFusion, seg: SegmentId) -> Result<(), Diagnostic> {
         let s = sf.segment(seg);
         let inputs: Vec<TensorId> = s.inputs().to_vec();
@@ -134,6 +190,44 @@ impl Lowering<'_> {
     }
 }
 
+/// The fusion of an accumulating sum: the segment's sum of `input` plus an input standing
+/// for the running total (named after `out`, of its global shape), whose sum is the output.
+fn accumulating_kernel_fusion(
+    f: &Fusion,
+    exprs: &[ExprId],
+    input: TensorId,
+    out: TensorId,
+    k: usize,
+) -> Result<Fusion, Diagnostic> {
+    let (mut u, map) = kernel_body(f, exprs, &[input], k)?;
+    let total = f.tensor(out);
+    let sum = *map.get(&out).ok_or_else(|| {
+        Diagnostic::new(format!(
+            "internal: the kernel of `{}` does not compute it",
+            total.name
+        ))
+    })?;
+    // The running total has the shape the kernel's sum has (its reduced axes gone).
+    let extents = u
+        .visible_axes(sum)
+        .iter()
+        .map(|i| u.id(*i).extent.clone())
+        .collect();
+    let acc = u.add_input(
+        &f.fresh_name(&format!("{}_so_far", total.name)),
+        total.dtype,
+        extents,
+        None,
+    )?;
+    let next = u.add_op(
+        &f.fresh_name(&format!("{}_accumulated", total.name)),
+        ExprKind::Binary(weave_ir::BinaryOp::Add),
+        &[acc, sum],
+    )?;
+    u.add_output(next)?;
+    Ok(u)
+}
+
 /// The fusion a kernel segment runs: its exprs replayed over fresh inputs that stand for the
 /// segment's inputs (global shapes; the runtime binds local chunks).
 fn kernel_fusion(
@@ -143,6 +237,20 @@ fn kernel_fusion(
     outputs: &[TensorId],
     k: usize,
 ) -> Result<Fusion, Diagnostic> {
+    let (mut u, map) = kernel_body(f, exprs, inputs, k)?;
+    for t in outputs {
+        u.add_output(map[t])?;
+    }
+    Ok(u)
+}
+
+/// [`kernel_fusion`] without outputs, and where each tensor of the segment went.
+fn kernel_body(
+    f: &Fusion,
+    exprs: &[ExprId],
+    inputs: &[TensorId],
+    k: usize,
+) -> Result<(Fusion, HashMap<TensorId, TensorId>), Diagnostic> {
     let mut u = Fusion::new(&format!("{}_kernel{k}", f.name));
     for p in f.params() {
         u.add_param(&p.name, p.value)?;
@@ -189,8 +297,5 @@ fn kernel_fusion(
         let n = u.add_op(&f.tensor(o).name, ex.kind.clone(), &ins)?;
         map.insert(o, n);
     }
-    for t in outputs {
-        u.add_output(map[t])?;
-    }
-    Ok(u)
+    Ok((u, map))
 }
