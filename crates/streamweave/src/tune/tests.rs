@@ -1,0 +1,658 @@
+//! The tuner's tests: candidates, knobs, ties, budgets, pruning and the cache, measured by
+//! made-up figures (and the CPU backend).
+
+use super::*;
+use std::cell::RefCell;
+
+/// The row-parallel layer (a GEMM and an allreduce per chunk), small.
+const ROW_PARALLEL: &str = "fusion row_parallel_linear(t = 48, h = 8, d = 2, s = 4) {
+  mesh m = devices(d)
+  tensor inp: bf16[t, 4 * h] on m
+  tensor w: bf16[h, 4 * h] on m
+  out = linear(inp, w)
+  output out
+  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+  schedule w { outer_split(1, d) -> DIDx }
+}
+";
+
+pub(super) fn fusion(set: &[(&str, i64)]) -> Fusion {
+    let set: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    crate::load("row_parallel_linear.weave", ROW_PARALLEL, &set).unwrap()
+}
+
+fn ms(x: f64) -> Duration {
+    Duration::from_secs_f64(x * 1e-3)
+}
+
+/// GPU options without pruning.
+fn unpruned() -> TuneOptions {
+    TuneOptions {
+        knobs: false,
+        ..TuneOptions::new(2, true, "Test GPU", None)
+    }
+}
+
+/// A deterministic measurement from a table of S, K and replay, recording every call.
+struct Fake<F: Fn(&Candidate) -> f64> {
+    figure: F,
+    calls: RefCell<Vec<Candidate>>,
+}
+
+impl<F: Fn(&Candidate) -> f64> Fake<F> {
+    fn new(figure: F) -> Self {
+        Fake {
+            figure,
+            calls: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl<F: Fn(&Candidate) -> f64> Measure for &Fake<F> {
+    fn measure(&mut self, exe: &Executable, c: &Candidate) -> Result<Duration, String> {
+        // The program measured is the one of the candidate's chunk count.
+        let s = exe.signature().params.iter().find(|(k, _)| k == "s");
+        assert_eq!(s.map(|(_, v)| *v as usize), c.chunks, "{c}");
+        self.calls.borrow_mut().push(*c);
+        Ok(ms((self.figure)(c)))
+    }
+}
+
+pub(super) fn candidate(chunks: usize, streams: usize, replay: bool) -> Candidate {
+    Candidate::new(Some(chunks), streams, replay)
+}
+
+/// Times that follow the cost model at a contention of 0.8 (on a machine 1.3 times
+/// slower than the calibration) give that contention back, it is cached with the
+/// winner, and the cache's median is what later calibrations of that machine take.
+#[test]
+fn a_gpu_tuning_fits_the_contention_it_measured_and_the_cache_keeps_it() {
+    let f = fusion(&[]);
+    let one = Compiler::new()
+        .chunks(Chunks::Fixed(1))
+        .compile(&f)
+        .unwrap();
+    let w = crate::chunks::workload(one.program(), 2).unwrap();
+    let truth = Calibration {
+        contention: 0.8,
+        ..Calibration::default()
+    };
+    let fake = Fake::new(|c: &Candidate| {
+        let s = c.chunks.unwrap_or(1);
+        let knob = if c.overlap == Overlap::default() {
+            1.0
+        } else {
+            1.1
+        };
+        1.3e3 * crate::chunks::predict(&w, &truth, s) * knob
+    });
+    let t = tune(&f, &unpruned(), &mut &fake).unwrap();
+    let fitted = t.contention.unwrap();
+    assert!((fitted - 0.8).abs() < 1e-3, "{fitted}\n{t}");
+    assert!(
+        t.to_string()
+            .contains("contention of overlapped GEMMs and collectives, fitted to these runs: 0.80"),
+        "{t}"
+    );
+    // On the CPU nothing is fitted: its ranks are threads, not a GPU's SMs.
+    let cpu = TuneOptions::new(2, false, "cpu", None);
+    assert_eq!(tune(&f, &cpu, &mut &fake).unwrap().contention, None);
+    // Cached with the winner, read back as the machine's contention (the median).
+    let dir = std::env::temp_dir().join(format!("weave-contention-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("tune.toml");
+    let mut cache = TuneCache::default();
+    for (i, c) in [0.2, 0.8, 0.5].into_iter().enumerate() {
+        let mut e = t.entry().unwrap();
+        e.key = format!("k{i}");
+        e.contention = Some(c);
+        cache.insert(e);
+    }
+    let mut other = t.entry().unwrap();
+    other.key = "elsewhere".into();
+    other.gpu = "Other GPU".into();
+    other.contention = Some(2.0);
+    cache.insert(other);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(&path, cache.render()).unwrap();
+    assert_eq!(measured_contention(&path, "Test GPU", 2), Some(0.5));
+    assert_eq!(measured_contention(&path, "Test GPU", 4), None);
+    assert_eq!(measured_contention(&path, "Other GPU", 2), Some(2.0));
+    assert_eq!(
+        measured_contention(&dir.join("none.toml"), "Test GPU", 2),
+        None
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_fastest_measured_candidate_wins_and_every_candidate_is_recorded() {
+    // S = 4 with two streams and replay is fastest.
+    let fake = Fake::new(|c: &Candidate| {
+        let s = match c.chunks {
+            Some(1) => 10.0,
+            Some(2) => 7.0,
+            Some(4) => 5.0,
+            _ => 6.0,
+        };
+        let k = if c.streams == 2 { 1.0 } else { 1.2 };
+        let r = if c.replay { 1.0 } else { 1.1 };
+        s * k * r
+    });
+    let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+    // 4 chunk counts × 3 pool sizes × replay on/off.
+    assert_eq!(t.rows.len(), 24);
+    assert_eq!(t.best(), Some((candidate(4, 2, true), ms(5.0))));
+    // The winner's figure is the least of the measured ones.
+    let least = t.rows.iter().filter_map(|r| r.outcome.time()).min();
+    assert_eq!(least, Some(ms(5.0)));
+    // K > S runs as K = S: not measured, and said so.
+    for r in &t.rows {
+        let redundant = matches!(r.outcome, Outcome::Redundant(_));
+        assert_eq!(
+            redundant,
+            r.candidate.streams > r.candidate.chunks.unwrap(),
+            "{r:?}"
+        );
+    }
+    assert_eq!(
+        fake.calls.borrow().len(),
+        t.rows.iter().filter(|r| r.outcome.time().is_some()).count()
+    );
+    let table = t.to_string();
+    assert!(table.contains("* S=4 K=2 replay"), "{table}");
+    assert!(
+        table.contains("S=1 K=2 replay") && table.contains("the same run as K=1"),
+        "{table}"
+    );
+    let entry = t.entry().unwrap();
+    assert_eq!(
+        (entry.chunks, entry.streams, entry.replay),
+        (Some(4), 2, true)
+    );
+    assert!((entry.median_ms - 5.0).abs() < 1e-9);
+}
+
+/// The first-run tuning on GPUs: S in {1, 2, 4, 8} at K = 2 replayed, then every knob
+/// once on the fastest candidate and on the fastest chunked one, then the knobs that
+/// helped together; the winner carries them and so does its cache entry.
+#[test]
+fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() {
+    // S = 2 is fastest; ordered compute saves 10% and high priority 5% there, together
+    // 15%; a CTA limit costs 20%; nothing else matters.
+    let fake = Fake::new(|c: &Candidate| {
+        let mut t = match c.chunks {
+            Some(1) => 10.0,
+            Some(2) => 8.0,
+            _ => 9.0,
+        };
+        if c.overlap.ordered_compute {
+            t -= 0.8;
+        }
+        if c.overlap.pool_priority_high {
+            t -= 0.4;
+        }
+        if c.overlap.nccl_max_ctas.is_some() {
+            t *= 1.2;
+        }
+        t
+    });
+    let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+    let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+    let (best, time) = t.best().unwrap();
+    assert_eq!(best.chunks, Some(2));
+    assert_eq!(best.streams, 2);
+    assert!(best.replay);
+    assert!(best.overlap.ordered_compute && best.overlap.pool_priority_high);
+    assert_eq!(best.overlap.nccl_max_ctas, None);
+    assert_eq!(best.overlap.gemm_sm_margin, 0);
+    assert!((time.as_secs_f64() * 1e3 - 6.8).abs() < 1e-9);
+    // The grid is K = 2 (one stream for one chunk), replayed only.
+    let grid: Vec<Candidate> = [(1, 1), (2, 2), (4, 2), (8, 2)]
+        .map(|(s, k)| candidate(s, k, true))
+        .to_vec();
+    assert_eq!(
+        t.rows[..4].iter().map(|r| r.candidate).collect::<Vec<_>>(),
+        grid
+    );
+    // Every knob of the base was measured once on S = 2 (the fastest, also the fastest
+    // chunked): ordered, priority, CTA limit, SM margin, K = 1, copy engines (the
+    // allreduce is a sum), the efficiency CTA policy and a symmetric window (the
+    // window with the zero-CTA policy sets two knobs).
+    let on_base: Vec<Candidate> = t.rows[4..]
+        .iter()
+        .map(|r| r.candidate)
+        .filter(|c| c.chunks == Some(2) && c.knobs() + usize::from(c.streams != 2) == 1)
+        .collect();
+    assert_eq!(on_base.len(), 8, "{t}");
+    assert!(on_base
+        .iter()
+        .any(|c| c.overlap.nccl_window_mib == TUNED_NCCL_WINDOW_MIB));
+    let copy_engine = on_base
+        .iter()
+        .filter(|c| c.transport == Transport::CopyEngine);
+    assert_eq!(copy_engine.count(), 1);
+    // The copy engines were tried at every chunk count, right after the grid, on that
+    // count's run, and (the allreduce sums) with GEMMs into 32 MiB window slots; no
+    // other candidate has larger slots.
+    let ce: Vec<Candidate> = t.rows[4..12].iter().map(|r| r.candidate).collect();
+    let expected: Vec<Candidate> = [(1, 1), (2, 2), (4, 2), (8, 2)]
+        .into_iter()
+        .flat_map(|(s, k)| {
+            let ce = Knob::CopyEngine.apply(candidate(s, k, true));
+            [
+                ce,
+                Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(Knob::GemmIntoWindows.apply(ce)),
+            ]
+        })
+        .collect();
+    assert_eq!(ce, expected);
+    assert!(t
+        .rows
+        .iter()
+        .filter(|r| r.candidate.overlap.ce_slot_mib > 0)
+        .all(|r| r.candidate.overlap.gemm_into_windows));
+    // No candidate measured twice.
+    let calls = fake.calls.borrow();
+    let mut unique = calls.clone();
+    unique.sort_by_key(|c| format!("{c}"));
+    unique.dedup();
+    assert_eq!(unique.len(), calls.len());
+    // The winner's knobs go into the cache entry and back out of it, through TOML.
+    let entry = t.entry().unwrap();
+    let mut cache = TuneCache::default();
+    cache.insert(entry.clone());
+    let back = TuneCache::parse(&cache.render()).unwrap();
+    assert_eq!(back.entries[0].candidate(), best);
+    let mut run = RunOptions::default();
+    entry.apply(&mut run);
+    assert_eq!((run.streams, run.overlap), (2, best.overlap));
+    let table = t.to_string();
+    assert!(
+        table.contains("* S=2 K=2 replay, ordered compute, pool priority high"),
+        "{table}"
+    );
+}
+
+/// Allgathers and sum reductions move data that copy engines can move: the copy-engine
+/// transport is a candidate (replayed: windows need no host wait), and so are pool sizes
+/// up to the chunk count; a broadcast is NCCL's alone.
+#[test]
+fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
+    let base = candidate(4, 2, true);
+    let knobs = knob_variants(&base, &["Allgather".to_string()], 4);
+    assert!(knobs.contains(&Knob::CopyEngine));
+    assert!(knobs.contains(&Knob::Streams(1)) && knobs.contains(&Knob::Streams(4)));
+    let ce = Knob::CopyEngine.apply(base);
+    assert_eq!((ce.transport, ce.replay), (Transport::CopyEngine, true));
+    // One chunk: nothing to order or to prioritize, no other pool; one rank: no NCCL.
+    let one = knob_variants(&candidate(1, 2, true), &["Allreduce".to_string()], 2);
+    assert_eq!(
+        one,
+        vec![
+            Knob::NcclMaxCtas(16),
+            Knob::GemmSmMargin(16),
+            Knob::CopyEngine,
+            Knob::NcclCtaPolicy(NcclCtaPolicy::Efficiency),
+            Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, false),
+            Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, true),
+        ]
+    );
+    assert!(knob_variants(&candidate(1, 1, true), &["Allreduce".to_string()], 1).is_empty());
+    let broadcast = knob_variants(&candidate(2, 2, true), &["Broadcast".to_string()], 2);
+    assert!(!broadcast.contains(&Knob::CopyEngine));
+    // A window stages allgathers, allreduces and reduce-scatters only.
+    assert!(!broadcast
+        .iter()
+        .any(|k| matches!(k, Knob::NcclWindow(..) | Knob::NcclCtaPolicy(_))));
+    let zero = Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, true).apply(base);
+    assert_eq!(
+        (zero.overlap.nccl_window_mib, zero.overlap.nccl_cta_policy),
+        (256, Some(NcclCtaPolicy::Zero))
+    );
+    assert_eq!(zero.knobs(), 2);
+    assert_eq!(
+        zero.overlap.describe(),
+        "NCCL CTA policy zero, NCCL window 256 MiB"
+    );
+}
+
+/// The copy engines' best chunk count is not NCCL's: they are measured at every chunk
+/// count, and where they win, larger window slots are tried on them.
+#[test]
+fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
+    // NCCL is fastest at S = 2; copy engines lose there but win at S = 4, and their
+    // 32 MiB slots save 5% more.
+    let fake = Fake::new(|c: &Candidate| {
+        let ce = c.transport == Transport::CopyEngine;
+        let mut t = match (c.chunks, ce) {
+            (Some(1), _) => 10.0,
+            (Some(2), false) => 8.0,
+            (Some(2), true) => 8.4,
+            (Some(4), false) => 8.8,
+            (Some(4), true) => 7.0,
+            _ => 9.5,
+        };
+        if ce && c.overlap.ce_slot_mib == TUNED_CE_SLOT_MIB {
+            t *= 0.95;
+        }
+        t
+    });
+    let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600));
+    let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+    let (best, time) = t.best().unwrap();
+    assert_eq!(
+        (best.chunks, best.transport, best.overlap.ce_slot_mib),
+        (Some(4), Transport::CopyEngine, TUNED_CE_SLOT_MIB),
+        "{t}"
+    );
+    assert!((time.as_secs_f64() * 1e3 - 6.65).abs() < 1e-9);
+    // The slot knob is tried only on copy-engine bases, and survives the cache.
+    assert!(t
+        .rows
+        .iter()
+        .filter(|r| r.candidate.overlap.ce_slot_mib > 0)
+        .all(|r| r.candidate.transport == Transport::CopyEngine));
+    let entry = t.entry().unwrap();
+    let mut cache = TuneCache::default();
+    cache.insert(entry);
+    let back = TuneCache::parse(&cache.render()).unwrap();
+    assert_eq!(back.entries[0].candidate(), best);
+    assert!(t.to_string().contains("copy-engine slots of 32 MiB"), "{t}");
+    assert!(
+        !knob_variants(&candidate(4, 2, true), &["Allreduce".to_string()], 4)
+            .contains(&Knob::CeSlots(TUNED_CE_SLOT_MIB))
+    );
+    // GEMMs into 32 MiB slots were tried at every chunk count (the winner has them: they
+    // cost nothing here, and the slots save 5%).
+    for (s, k) in [(1, 1), (2, 2), (4, 2), (8, 2)] {
+        let giw = Knob::CeSlots(TUNED_CE_SLOT_MIB)
+            .apply(Knob::GemmIntoWindows.apply(Knob::CopyEngine.apply(candidate(s, k, true))));
+        assert!(t.rows.iter().any(|r| r.candidate == giw), "S={s}: {t}");
+    }
+    assert!(best.overlap.gemm_into_windows);
+    // They are a knob of copy-engine bases whose program sums: not of NCCL ones, not of
+    // gathers.
+    let ce = Knob::CopyEngine.apply(candidate(2, 2, true));
+    for (comms, base, offered) in [
+        ("ReduceScatter", ce, true),
+        ("Allreduce", ce, true),
+        ("Allgather", ce, false),
+        ("Allreduce", candidate(2, 2, true), false),
+    ] {
+        assert_eq!(
+            knob_variants(&base, &[comms.to_string()], 4).contains(&Knob::GemmIntoWindows),
+            offered,
+            "{comms} on {base}"
+        );
+    }
+    let on = Knob::GemmIntoWindows.apply(ce);
+    assert_eq!(on.overlap.describe(), "GEMMs into windows");
+    assert_eq!(on.knobs(), 2);
+}
+
+/// A spent budget stops the measuring: S = 1 is always measured first (the budget
+/// counts from before compiling, and a tuning needs one figure), and everything left is
+/// recorded as over the budget, never silently dropped.
+#[test]
+fn a_spent_budget_leaves_the_remaining_candidates_unmeasured_and_says_so() {
+    let fake = Fake::new(|_: &Candidate| {
+        std::thread::sleep(Duration::from_millis(30));
+        5.0
+    });
+    let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_millis(1));
+    let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+    let measured = t.rows.iter().filter(|r| r.outcome.time().is_some()).count();
+    assert_eq!(measured, 1, "{t}");
+    assert_eq!(t.rows[0].candidate, candidate(1, 1, true));
+    assert!(t.rows[0].outcome.time().is_some());
+    let over = t
+        .rows
+        .iter()
+        .filter(|r| r.outcome == Outcome::OverBudget)
+        .count();
+    assert_eq!(over + measured, t.rows.len(), "{t}");
+    assert!(t.to_string().contains("skipped: over the tuning budget"));
+}
+
+/// A stream loop that only launches kernels on small chunks runs once whatever S asks:
+/// every chunk count compiles to the one-chunk program, which has no loop, so one pool size and both
+/// replay modes of S = 1 are all that is measured.
+#[test]
+fn chunk_counts_with_the_same_host_program_and_pools_without_a_loop_are_measured_once() {
+    let source = "fusion add(t = 64, h = 8, s = 1) {
+  tensor a: f32[t, h]
+  tensor b: f32[t, h]
+  out = add(a, b)
+  output out
+  schedule out { outer_split(0, s) -> Stream }
+}
+";
+    let fusion = crate::load("add.weave", source, &[]).unwrap();
+    let fake = Fake::new(|_: &Candidate| 1.0);
+    let options = TuneOptions::new(1, true, "Test GPU", None);
+    let t = tune(&fusion, &options, &mut &fake).unwrap();
+    assert_eq!(
+        *fake.calls.borrow(),
+        [candidate(1, 1, true), candidate(1, 1, false)],
+        "{t}"
+    );
+    for row in &t.rows {
+        let Outcome::Redundant(why) = &row.outcome else {
+            assert_eq!(row.candidate.chunks, Some(1), "{t}");
+            assert_eq!(row.candidate.streams, 1, "{t}");
+            continue;
+        };
+        let expected = if row.candidate.chunks == Some(1) {
+            "no stream loop: the pool is never used, the same run as K=1"
+        } else {
+            "the same host program as S=1: the same run"
+        };
+        assert_eq!(why, expected, "{}", row.candidate);
+    }
+    assert_eq!(t.best(), Some((candidate(1, 1, true), ms(1.0))));
+}
+
+#[test]
+fn ties_within_two_percent_go_to_fewer_chunks_then_fewer_streams_then_replay() {
+    // S = 4 is 1.5% faster than S = 2: a tie, the fewer chunks win.
+    let fake = Fake::new(|c: &Candidate| match c.chunks {
+        Some(2) => 5.0,
+        Some(4) => 4.925,
+        _ => 9.0,
+    });
+    let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+    assert_eq!(t.best(), Some((candidate(2, 1, true), ms(5.0))));
+    // 3% faster is no tie.
+    let fake = Fake::new(|c: &Candidate| match c.chunks {
+        Some(2) => 5.0,
+        Some(4) => 4.85,
+        _ => 9.0,
+    });
+    let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+    assert_eq!(t.best().unwrap().0.chunks, Some(4));
+    // Among equal chunk counts, fewer streams; then replay over eager.
+    let fake = Fake::new(|c: &Candidate| match (c.chunks, c.streams, c.replay) {
+        (Some(4), 4, false) => 3.0,
+        (Some(4), 2, false) => 3.05,
+        (Some(4), 2, true) => 3.05,
+        _ => 9.0,
+    });
+    let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+    assert_eq!(t.best(), Some((candidate(4, 2, true), ms(3.05))));
+}
+
+#[test]
+fn the_cost_model_prunes_chunk_counts_it_predicts_much_slower_and_never_one() {
+    // At t = 48, h = 8 every collective's fixed cost dominates: the model predicts every
+    // chunked schedule at least 1.5x one chunk.
+    let options = TuneOptions {
+        calibration: Some(Calibration::default()),
+        ..unpruned()
+    };
+    let fake = Fake::new(|c: &Candidate| c.chunks.unwrap() as f64);
+    let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+    for r in &t.rows {
+        match r.candidate.chunks {
+            Some(1) => assert!(
+                matches!(r.outcome, Outcome::Measured(_) | Outcome::Redundant(_)),
+                "{r:?}"
+            ),
+            _ => match &r.outcome {
+                Outcome::Pruned { ratio, best } => {
+                    assert!(*ratio >= 1.5, "{r:?}");
+                    assert_eq!(*best, 1);
+                }
+                other => panic!("{}: {other:?}", r.candidate),
+            },
+        }
+    }
+    assert!(fake.calls.borrow().iter().all(|c| c.chunks == Some(1)));
+    assert!(
+        t.to_string().contains("skipped: the cost model predicts"),
+        "{t}"
+    );
+    // A factor no prediction reaches prunes nothing.
+    let options = TuneOptions {
+        prune_factor: 1e9,
+        ..options
+    };
+    let t = tune(&fusion(&[]), &options, &mut &Fake::new(|_: &Candidate| 1.0)).unwrap();
+    assert!(!t
+        .rows
+        .iter()
+        .any(|r| matches!(r.outcome, Outcome::Pruned { .. })));
+}
+
+#[test]
+fn refused_and_failed_candidates_are_recorded_with_their_message() {
+    // More chunks than a stream loop may run: the compiler refuses.
+    let options = TuneOptions {
+        chunk_counts: vec![1, 2, 1 << 17],
+        stream_counts: vec![1],
+        ..unpruned()
+    };
+    let t = tune(
+        &fusion(&[]),
+        &options,
+        &mut |_: &Executable, c: &Candidate| {
+            if c.replay {
+                Err("out of memory".to_string())
+            } else {
+                Ok(ms(c.chunks.unwrap() as f64))
+            }
+        },
+    )
+    .unwrap();
+    let refused: Vec<&Row> = t
+        .rows
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Refused(_)))
+        .collect();
+    assert_eq!(refused.len(), 2, "{t}");
+    for r in refused {
+        assert_eq!(r.candidate.chunks, Some(1 << 17));
+        assert!(r.outcome.to_string().contains("stream chunks"), "{r:?}");
+    }
+    let failed = t
+        .rows
+        .iter()
+        .filter(|r| r.outcome == Outcome::Failed("out of memory".into()))
+        .count();
+    assert_eq!(failed, 2, "{t}");
+    assert_eq!(t.best(), Some((candidate(1, 1, false), ms(1.0))));
+    // Nothing measured: no winner, nothing to cache.
+    let t = tune(&fusion(&[]), &options, &mut |_: &Executable,
+                                               _: &Candidate|
+     -> Result<
+        Duration,
+        String,
+    > { Err("no GPU".into()) })
+    .unwrap();
+    assert_eq!(t.winner, None);
+    assert_eq!(t.entry(), None);
+    // A rank count the program's meshes cannot take is refused for every candidate.
+    let t = tune(
+        &fusion(&[("d", 2)]),
+        &TuneOptions::new(3, false, "cpu", None),
+        &mut |_: &Executable, _: &Candidate| Ok(ms(1.0)),
+    )
+    .unwrap();
+    assert!(t
+        .rows
+        .iter()
+        .all(|r| matches!(r.outcome, Outcome::Refused(_))));
+}
+
+#[test]
+fn the_cache_round_trips_keeps_other_entries_and_replaces_its_own() {
+    let dir = std::env::temp_dir().join(format!("weave-tune-{}", std::process::id()));
+    let path = dir.join("sub/tune.toml");
+    let _ = std::fs::remove_dir_all(&dir);
+    let fake = Fake::new(|c: &Candidate| c.chunks.unwrap() as f64 + c.streams as f64);
+    let t = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+    assert_eq!(lookup(&path, &t.key).unwrap(), None);
+    let stored = store(&path, &t).unwrap().unwrap();
+    assert_eq!(lookup(&path, &t.key).unwrap(), Some(stored.clone()));
+    assert_eq!(stored.candidate(), candidate(1, 1, true));
+    let mut options = RunOptions {
+        streams: 4,
+        ..RunOptions::default()
+    };
+    stored.apply(&mut options);
+    assert_eq!((options.streams, options.replay), (1, true));
+    let eager = Entry {
+        replay: false,
+        ..stored.clone()
+    };
+    eager.apply(&mut options);
+    assert!(!options.replay);
+    // Another program's entry joins it; tuning the first again replaces its entry.
+    let other = tune(&fusion(&[("t", 96)]), &unpruned(), &mut &fake).unwrap();
+    store(&path, &other).unwrap();
+    let fake = Fake::new(|c: &Candidate| 10.0 - c.chunks.unwrap() as f64);
+    let again = tune(&fusion(&[]), &unpruned(), &mut &fake).unwrap();
+    store(&path, &again).unwrap();
+    let cache = TuneCache::load(&path).unwrap();
+    assert_eq!(cache.entries.len(), 2, "{}", cache.render());
+    assert_eq!(cache.get(&t.key).unwrap().chunks, Some(8));
+    assert_eq!(cache.get(&other.key).unwrap().chunks, Some(1));
+    assert_eq!(TuneCache::parse(&cache.render()).unwrap(), cache);
+    // No temporary file is left beside it.
+    let names: Vec<_> = std::fs::read_dir(dir.join("sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("tune.toml")]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn runs_on_cpu_ranks_measure_and_choose() {
+    let options = TuneOptions {
+        chunk_counts: vec![1, 2],
+        stream_counts: vec![1, 2],
+        ..TuneOptions::new(2, false, "cpu", None)
+    };
+    let mut measure = RunMeasure::new(Target::Cpu { ranks: 2 }, 1, 2, Duration::from_secs(30));
+    let t = tune(&fusion(&[]), &options, &mut measure).unwrap();
+    // S ∈ {1, 2} × K ∈ {1, 2}, eager only; K = 2 for one chunk is redundant.
+    assert_eq!(t.rows.len(), 4, "{t}");
+    assert_eq!(
+        t.rows
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Measured(_)))
+            .count(),
+        3,
+        "{t}"
+    );
+    assert!(t.rows.iter().all(|r| !r.candidate.replay));
+    let (_, best) = t.best().unwrap();
+    let least = t
+        .rows
+        .iter()
+        .filter_map(|r| r.outcome.time())
+        .min()
+        .unwrap();
+    assert!(best.as_secs_f64() <= least.as_secs_f64() * (1.0 + TIE_MARGIN));
+}
