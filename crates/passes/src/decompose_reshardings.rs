@@ -189,6 +189,28 @@ fn source_in(f: &Fusion, id: IterDomainId, within: &[IterDomainId]) -> Option<It
     }
 }
 
+/// Inserts `name = kind(inputs)` just before `e`, at `e`'s place in the source, on `mesh`,
+/// its tensor at `span_of`'s place: the new tensor and its expression. Every step that puts
+/// an op of its own in front of the one it decomposes goes through here.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn insert_before(
+    f: &mut Fusion,
+    e: ExprId,
+    name: &str,
+    kind: ExprKind,
+    inputs: &[TensorId],
+    mesh: Option<weave_ir::MeshId>,
+    span_of: TensorId,
+) -> IrResult<(TensorId, ExprId)> {
+    let t = f.add_op(name, kind, inputs)?;
+    let x = f.tensor(t).definition.expect("just defined");
+    f.move_expr_before(x, e);
+    f.expr_mut(x).span = f.expr(e).span;
+    f.tensor_mut(t).mesh = mesh;
+    f.tensor_mut(t).span = f.tensor(span_of).span;
+    Ok((t, x))
+}
+
 /// Makes the reduction `e` a `set` of `mid`: its output keeps its materialized axes, without
 /// the reduction ones.
 fn make_set_of(f: &mut Fusion, e: ExprId, mid: TensorId) {

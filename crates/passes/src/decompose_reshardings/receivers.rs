@@ -7,7 +7,7 @@ use weave_transform::IdGraph;
 
 use weave_host_ir::CommunicationType;
 
-use super::make_set_of;
+use super::{insert_before, make_set_of};
 use crate::communication::derive_communication;
 use crate::propagate_shardings::replay;
 use crate::resharding::is_resharding;
@@ -39,12 +39,7 @@ pub(super) fn route_through_the_senders(f: &mut Fusion, e: ExprId) -> IrResult<(
     }
     let kind = f.expr(e).kind.clone();
     let name = f.fresh_name(&format!("{}_on_senders", f.tensor(y).name));
-    let mid = f.add_op(&name, kind, &[x])?;
-    let me = f.tensor(mid).definition.expect("just defined");
-    f.move_expr_before(me, e);
-    f.expr_mut(me).span = f.expr(e).span;
-    f.tensor_mut(mid).mesh = f.tensor(x).mesh;
-    f.tensor_mut(mid).span = f.tensor(y).span;
+    let (mid, _) = insert_before(f, e, &name, kind, &[x], f.tensor(x).mesh, y)?;
     let graph = IdGraph::build(f);
     replay(f, y, mid, &graph, &[ParallelType::Stream])?;
     make_set_of(f, e, mid);

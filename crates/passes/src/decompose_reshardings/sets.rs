@@ -9,7 +9,7 @@ use weave_transform::logical_map::pairwise_map;
 use weave_transform::schedule::DomainKind;
 use weave_transform::IdGraph;
 
-use super::make_set_of;
+use super::{insert_before, make_set_of};
 use crate::communication::{
     ancestor, derive_communication, expr_desc, is_layout_change, is_nested_all_to_all,
     is_unnested_did_to_stream,
@@ -75,12 +75,7 @@ pub fn copies_onto_another_mesh_in_two(f: &Fusion, e: ExprId) -> bool {
 fn replicate_on_the_receivers(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     let (x, y) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
     let name = f.fresh_name(&format!("{}_resharded", f.tensor(x).name));
-    let mid = f.add_op(&name, ExprKind::Set, &[x])?;
-    let se = f.tensor(mid).definition.expect("just defined");
-    f.move_expr_before(se, e);
-    f.expr_mut(se).span = f.expr(e).span;
-    f.tensor_mut(mid).mesh = f.tensor(y).mesh;
-    f.tensor_mut(mid).span = f.tensor(x).span;
+    let (mid, se) = insert_before(f, e, &name, ExprKind::Set, &[x], f.tensor(y).mesh, x)?;
     f.expr_mut(e).inputs = vec![mid];
     ensure_communication(f, se)
 }
@@ -129,12 +124,7 @@ fn one_change_per_set(f: &mut Fusion, e: ExprId) -> IrResult<()> {
             },
         };
         let name = f.fresh_name(&format!("{}_resharded", f.tensor(x).name));
-        let mid = f.add_op(&name, ExprKind::Set, &[x])?;
-        let se = f.tensor(mid).definition.expect("just defined");
-        f.move_expr_before(se, e);
-        f.expr_mut(se).span = f.expr(e).span;
-        f.tensor_mut(mid).mesh = f.tensor(y).mesh;
-        f.tensor_mut(mid).span = f.tensor(x).span;
+        let (mid, se) = insert_before(f, e, &name, ExprKind::Set, &[x], f.tensor(y).mesh, x)?;
         let keep: Vec<ParallelType> = DEVICE_AND_STREAM_TYPES
             .into_iter()
             .filter(|t| *t != pt)
@@ -165,12 +155,8 @@ fn reduce_then_reshard(f: &mut Fusion, e: ExprId) -> Result<(), Option<Diagnosti
     }
     let kind = f.expr(e).kind.clone();
     let name = f.fresh_name(&format!("{}_reduced", f.tensor(out).name));
-    let mid = f.add_op(&name, kind, &[x]).map_err(Some)?;
-    let me = f.tensor(mid).definition.expect("just defined");
-    f.move_expr_before(me, e);
-    f.expr_mut(me).span = f.expr(e).span;
-    f.tensor_mut(mid).mesh = f.tensor(out).mesh;
-    f.tensor_mut(mid).span = f.tensor(out).span;
+    let (mid, me) =
+        insert_before(f, e, &name, kind, &[x], f.tensor(out).mesh, out).map_err(Some)?;
     let graph = IdGraph::build(f);
     replay(f, x, mid, &graph, &DEVICE_AND_STREAM_TYPES).map_err(Some)?;
     // The pass works on a copy: a failure leaves the user's fusion as it was.
@@ -233,12 +219,15 @@ fn reshape_then_reshard(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     let (x, out) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
     let kind = f.expr(e).kind.clone();
     let name = f.fresh_name(&format!("{}_reshaped", f.tensor(out).name));
-    let mid = f.add_op(&name, kind, &[x])?;
-    let me = f.tensor(mid).definition.expect("just defined");
-    f.move_expr_before(me, e);
-    f.expr_mut(me).span = f.expr(e).span;
-    f.tensor_mut(mid).mesh = f.tensor(x).mesh.or(f.tensor(out).mesh);
-    f.tensor_mut(mid).span = f.tensor(out).span;
+    let (mid, me) = insert_before(
+        f,
+        e,
+        &name,
+        kind,
+        &[x],
+        f.tensor(x).mesh.or(f.tensor(out).mesh),
+        out,
+    )?;
     let graph = IdGraph::build(f);
     replay(f, x, mid, &graph, &DEVICE_AND_STREAM_TYPES)?;
     if is_resharding(f, me) {
@@ -288,12 +277,7 @@ fn copy_operands_like_the_output(f: &mut Fusion, e: ExprId) -> IrResult<()> {
             )));
         }
         let name = f.fresh_name(&format!("{}_resharded", f.tensor(x).name));
-        let copy = f.add_op(&name, ExprKind::Set, &[x])?;
-        let se = f.tensor(copy).definition.expect("just defined");
-        f.move_expr_before(se, e);
-        f.expr_mut(se).span = f.expr(e).span;
-        f.tensor_mut(copy).mesh = f.tensor(out).mesh;
-        f.tensor_mut(copy).span = f.tensor(x).span;
+        let (copy, se) = insert_before(f, e, &name, ExprKind::Set, &[x], f.tensor(out).mesh, x)?;
         for i in f.expr_mut(e).inputs.iter_mut() {
             if *i == x {
                 *i = copy;
@@ -374,12 +358,7 @@ fn insert_gather(f: &mut Fusion, e: ExprId) -> IrResult<(TensorId, TensorId, Exp
     let x = f.expr(e).inputs[0];
     let changing = changing_types(f, x, f.expr(e).outputs[0]);
     let name = f.fresh_name(&format!("{}_gathered", f.tensor(x).name));
-    let gathered = f.add_op(&name, ExprKind::Set, &[x])?;
-    let ge = f.tensor(gathered).definition.expect("just defined");
-    f.move_expr_before(ge, e);
-    f.expr_mut(ge).span = f.expr(e).span;
-    f.tensor_mut(gathered).mesh = f.tensor(x).mesh;
-    f.tensor_mut(gathered).span = f.tensor(x).span;
+    let (gathered, ge) = insert_before(f, e, &name, ExprKind::Set, &[x], f.tensor(x).mesh, x)?;
     f.expr_mut(e).inputs = vec![gathered];
     let kept: Vec<ParallelType> = DEVICE_TYPES
         .into_iter()
