@@ -962,7 +962,8 @@ fn attention_with_an_iota_mask_and_the_queries_in_stream_chunks() {
 }
 
 /// The schedule above is refused when it loads, at the `iota` that propagation would cut,
-/// naming the axis and the tensor — not when the kernel runs.
+/// naming the axis, the tensor and the schedules whose splits propagation carries — not when
+/// the kernel runs.
 #[test]
 fn a_split_that_propagation_carries_onto_an_iota_axis_is_refused_at_load() {
     let source = streamed_queries_attention();
@@ -980,9 +981,9 @@ fn a_split_that_propagation_carries_onto_an_iota_axis_is_refused_at_load() {
     assert_eq!(
         e.diagnostic.message,
         "iota: sharding propagation carries a device or stream split from the schedules \
-         around it onto axis 1 of `scores`, which `iota` indexes globally; this op needs that \
-         axis whole on every device and in every stream chunk: split another axis in those \
-         schedules"
+         around it (`wqkv`'s DIDx split, `wo`'s DIDx split, `y`'s Stream split) onto axis 1 \
+         of `scores`, which `iota` indexes globally; this op needs that axis whole on every \
+         device and in every stream chunk: split another axis in those schedules"
     );
 }
 

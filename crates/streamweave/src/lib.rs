@@ -187,7 +187,38 @@ fn check_propagated_indexed_axes(fusion: &Fusion) -> Result<(), Diagnostic> {
     if weave_passes::propagate_shardings::propagate_shardings(&mut propagated).is_err() {
         return Ok(());
     }
-    weave_ir::verify::check_indexed_axes_propagated(&propagated)
+    weave_ir::verify::check_indexed_axes_propagated(&propagated).map_err(|mut d| {
+        // Name the schedules that split something: propagation carries their splits.
+        let splits = scheduled_splits(fusion);
+        if !splits.is_empty() {
+            d.message = d.message.replacen(
+                "from the schedules around it",
+                &format!("from the schedules around it ({})", splits.join(", ")),
+                1,
+            );
+        }
+        d
+    })
+}
+
+/// The device and stream splits the user's schedules make, by tensor in declaration order:
+/// `` `y`'s Stream split``, `` `w`'s DIDx split``.
+fn scheduled_splits(fusion: &Fusion) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in fusion.tensors_in_order() {
+        let tv = fusion.tensor(t);
+        let mut kinds: Vec<String> = Vec::new();
+        for id in &tv.loop_domain {
+            let pt = fusion.id(*id).parallel;
+            if pt != weave_ir::ParallelType::Serial && !kinds.contains(&pt.to_string()) {
+                kinds.push(pt.to_string());
+            }
+        }
+        if !kinds.is_empty() {
+            out.push(format!("`{}`'s {} split", tv.name, kinds.join(" and ")));
+        }
+    }
+    out
 }
 
 /// Runs the standard pipeline ([`weave_passes::Pipeline::standard`], without dumps) on a
