@@ -43,21 +43,46 @@ pub struct HostProgram {
     /// shardings, parameter values) and the fusion it computes: what makes a printed
     /// program runnable by itself. `None` for a program written by hand without one.
     pub signature: Option<Signature>,
-    /// What is derived from the program once and kept for every run (statement labels);
-    /// a clone starts empty, so an edited copy never sees the original's.
+    /// What is derived from the program once and kept for every run while it stays as it
+    /// was (statement labels); a clone starts empty.
     pub memo: Memo,
 }
 
 /// Data derived from a [`HostProgram`] on first use: see [`HostProgram::statement_labels`].
-/// Computed for the program as it is then; a program edited in place after it has run
-/// keeps the labels of the first run (clone it before editing).
+/// What it derived is kept with a copy of the parts of the program it was derived from, and
+/// derived again when the program no longer equals them: an edit in place (a statement
+/// changed, added or moved) never leaves stale labels behind.
 #[derive(Default)]
 pub struct Memo {
-    labels: std::sync::OnceLock<std::sync::Arc<slotmap::SecondaryMap<StmtId, String>>>,
+    labels: std::sync::Mutex<Option<std::sync::Arc<Labelled>>>,
+}
+
+/// Statement labels and the parts of the program they were printed from.
+struct Labelled {
+    stmts: SlotMap<StmtId, Stmt>,
+    tensors: SlotMap<HostTensorId, HostTensor>,
+    scalars: SlotMap<ScalarId, HostScalar>,
+    streams: SlotMap<StreamId, Stream>,
+    kernels: Vec<KernelId>,
+    top_level: Vec<StmtId>,
+    labels: std::sync::Arc<slotmap::SecondaryMap<StmtId, String>>,
+}
+
+impl Labelled {
+    /// Whether `program` still has the statements, entities and order these labels were
+    /// printed from (a label names a kernel by its place, not its contents).
+    fn describes(&self, program: &HostProgram) -> bool {
+        self.top_level == program.top_level
+            && self.stmts.iter().eq(program.stmts.iter())
+            && self.tensors.iter().eq(program.tensors.iter())
+            && self.scalars.iter().eq(program.scalars.iter())
+            && self.streams.iter().eq(program.streams.iter())
+            && self.kernels.iter().copied().eq(program.kernels.keys())
+    }
 }
 
 impl Clone for Memo {
-    /// Empty: a copy may be edited.
+    /// Empty: a copy derives its own.
     fn clone(&self) -> Memo {
         Memo::default()
     }
@@ -71,19 +96,33 @@ impl std::fmt::Debug for Memo {
 
 impl HostProgram {
     /// Every statement as printed (`Names::stmt`), computed on the first call and shared by
-    /// every later one: what errors, spans and traces name statements by.
+    /// every later one while the program stays as it was (an edit in place computes them
+    /// anew): what errors, spans and traces name statements by.
     pub fn statement_labels(&self) -> std::sync::Arc<slotmap::SecondaryMap<StmtId, String>> {
-        self.memo
+        let mut memo = self
+            .memo
             .labels
-            .get_or_init(|| {
-                let mut names = crate::Names::of(self);
-                std::sync::Arc::new(
-                    self.walk()
-                        .map(|w| (w.stmt, names.stmt(self, w.stmt)))
-                        .collect(),
-                )
-            })
-            .clone()
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(kept) = memo.as_ref().filter(|kept| kept.describes(self)) {
+            return kept.labels.clone();
+        }
+        let mut names = crate::Names::of(self);
+        let labels: std::sync::Arc<slotmap::SecondaryMap<StmtId, String>> = std::sync::Arc::new(
+            self.walk()
+                .map(|w| (w.stmt, names.stmt(self, w.stmt)))
+                .collect(),
+        );
+        *memo = Some(std::sync::Arc::new(Labelled {
+            stmts: self.stmts.clone(),
+            tensors: self.tensors.clone(),
+            scalars: self.scalars.clone(),
+            streams: self.streams.clone(),
+            kernels: self.kernels.keys().collect(),
+            top_level: self.top_level.clone(),
+            labels: labels.clone(),
+        }));
+        labels
     }
 }
 
