@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use weave_comm::bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
-use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
+use weave_comm::bootstrap::{all_gather, gather, LaunchEnv, TcpStore};
+use weave_comm::nccl::{Nccl, NcclId};
 use weave_comm::{CommError, Communicator, IpcCopy};
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
@@ -36,13 +36,7 @@ fn cuda_options(options: &RunOptions, gpu: &Gpu) -> Result<CudaOptions, ExecErro
 
 /// Checks that this process sees at least `needed` GPUs.
 fn gpus_available(needed: usize) -> Result<(), RunError> {
-    let count = weave_cuda::device_count().map_err(|e| RunError::Setup(e.to_string()))?;
-    if count < needed {
-        return Err(RunError::Setup(format!(
-            "{needed} GPU(s) are needed but {count} are visible"
-        )));
-    }
-    Ok(())
+    crate::world::gpus_available(needed).map_err(RunError::Setup)
 }
 
 /// A backend on `gpu` whose host waits also poll `comm`'s asynchronous errors, so a failed
@@ -84,20 +78,9 @@ fn run_one(
     link: Link<'_>,
     fail_early: bool,
 ) -> Result<RankRun, ExecError> {
-    let gpu = Gpu::open(device)?;
-    let comm: Arc<Nccl<DeviceTensor>> = Arc::new(Nccl::init(
-        &gpu,
-        rank,
-        world,
-        id,
-        options
-            .overlap
-            .nccl_options(NcclOptions {
-                timeout: options.timeouts.wait,
-                ..NcclOptions::default()
-            })
-            .map_err(ExecError::Program)?,
-    )?);
+    let nccl = crate::world::nccl_options(options).map_err(ExecError::Program)?;
+    let crate::world::OpenRank { gpu, comm } =
+        crate::world::open_rank(device, rank, world, id, nccl)?;
     comm.prepare_teams(&program_teams(program))?;
     if fail_early {
         let why = format!("rank {rank} exits early (injected failure)");
@@ -152,9 +135,10 @@ fn run_one(
 /// [`weave_executor::time_back_to_back`]), then the run that is checked
 /// and traced (which uploads the inputs and reads the outputs back).
 ///
-/// The timed runs replay one captured run as a CUDA graph ([`Replay`]) when the options ask
-/// for it (the default) and `capturable` (the communicator never waits on the host);
-/// otherwise each is issued statement by statement, its outputs left on the device.
+/// The warm-up and timed runs replay one captured run as a CUDA graph ([`Replay`]: one
+/// eager run, then the capture) when the options ask for it (the default) and `capturable`
+/// (the communicator never waits on the host); otherwise each is issued statement by
+/// statement, its outputs left on the device.
 fn drive<C>(
     program: &HostProgram,
     config: &RunConfig,
@@ -175,9 +159,22 @@ where
             .map(|d| backend.upload(d))
             .collect::<Result<Vec<_>, _>>()?;
         let main = backend.stream(weave_executor::StreamKey::Main)?;
+        // The warm-ups are runs of the kind that is timed: replays of the captured run when
+        // replaying (the capture itself is preceded by one eager run), eager runs otherwise
+        // — the protocol of the tuner's and the benchmark's measurement
+        // (`crate::measure::time_program`), so a configuration runs here as it was measured.
+        let replay = match replayed {
+            true => Some(Replay::capture(program, backend, comm, &buffers, config)?),
+            false => None,
+        };
         for _ in 0..options.warmup {
-            for o in run_rank_buffers(program, backend, comm, &buffers, config)?.outputs {
-                backend.deallocate(o, &main);
+            match &replay {
+                Some(replay) => replay.launch()?,
+                None => {
+                    for o in run_rank_buffers(program, backend, comm, &buffers, config)?.outputs {
+                        backend.deallocate(o, &main);
+                    }
+                }
             }
         }
         backend.synchronize()?;
@@ -190,8 +187,7 @@ where
             }),
             None => Ok(()),
         };
-        if replayed {
-            let replay = Replay::capture(program, backend, comm, &buffers, config)?;
+        if let Some(replay) = &replay {
             timed = time_back_to_back(backend, options.iters, |i| {
                 deadline(i)?;
                 replay.launch()
@@ -306,12 +302,7 @@ pub fn run_launched(
         .map_err(|e| RunError::Ranks(vec![(rank, e)]))?;
     gpus_available(env.local_rank + 1)?;
     let setup = |e: CommError| RunError::Setup(format!("rank {rank}: {e}"));
-    let store: TcpStore = env.open_store(options.timeouts.store).map_err(setup)?;
-    let id_bytes = exchange_id(&store, rank, || {
-        NcclId::new().map(|id| id.as_bytes().to_vec())
-    })
-    .map_err(setup)?;
-    let id = NcclId::from_bytes(&id_bytes).map_err(setup)?;
+    let (store, id) = crate::world::launched_id(env, options.timeouts.store).map_err(setup)?;
     let start = Instant::now();
     let run = run_one(
         program,
