@@ -338,13 +338,7 @@ pub struct World {
 impl World {
     /// Opens GPUs `0..ranks`, a backend and an NCCL communicator on each.
     pub fn open(options: WorldOptions) -> Result<World, JobError> {
-        let n = weave_cuda::device_count().map_err(err("GPUs"))?;
-        if n < options.ranks {
-            return Err(format!(
-                "{} GPU(s) are needed but {n} are visible",
-                options.ranks
-            ));
-        }
+        crate::world::gpus_available(options.ranks).map_err(err("GPUs"))?;
         let id = NcclId::new().map_err(err("NCCL id"))?;
         let barrier = Arc::new(Barrier::new(options.ranks));
         let (reply_tx, replies) = mpsc::channel::<Reply>();
@@ -358,20 +352,17 @@ impl World {
             let options = options.clone();
             threads.push(std::thread::spawn(move || {
                 let open = || -> Result<Rank, JobError> {
-                    let gpu = Gpu::open(rank).map_err(err("GPU"))?;
-                    let comm = Arc::new(
-                        Nccl::init(
-                            &gpu,
-                            rank,
-                            options.ranks,
-                            &id,
-                            NcclOptions {
-                                timeout: options.timeout,
-                                ..options.nccl.clone()
+                    let nccl = NcclOptions {
+                        timeout: options.timeout,
+                        ..options.nccl.clone()
+                    };
+                    let crate::world::OpenRank { gpu, comm } =
+                        crate::world::open_rank(rank, rank, options.ranks, &id, nccl).map_err(
+                            |e| match e {
+                                crate::world::OpenError::Gpu(e) => format!("GPU: {e}"),
+                                crate::world::OpenError::Nccl(e) => format!("NCCL: {e}"),
                             },
-                        )
-                        .map_err(err("NCCL"))?,
-                    );
+                        )?;
                     let cuda = CudaOptions {
                         timeout: options.timeout,
                         ..CudaOptions::default()

@@ -99,6 +99,8 @@ mod setup;
 mod tensor;
 mod threads;
 pub mod tune;
+#[cfg(feature = "cuda")]
+mod world;
 
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;

@@ -20,8 +20,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use weave_comm::bootstrap::{exchange_id, gather, LaunchEnv, TcpStore};
-use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
+use weave_comm::bootstrap::{gather, LaunchEnv, TcpStore};
+use weave_comm::nccl::{Nccl, NcclId};
 use weave_comm::Communicator;
 use weave_cuda::cudarc::driver::CudaEvent;
 use weave_cuda::{DeviceMemory, ForeignStream, Gpu};
@@ -169,13 +169,8 @@ impl CudaSession {
     ) -> Result<CudaSession, Error> {
         let (rank, world) = (env.rank, env.world);
         exe.check_ranks(world)?;
-        let fail = |e: weave_comm::CommError| setup(rank)(e.to_string());
-        let store = env.open_store(options.timeouts.store).map_err(fail)?;
-        let id_bytes = exchange_id(&store, rank, || {
-            NcclId::new().map(|id| id.as_bytes().to_vec())
-        })
-        .map_err(fail)?;
-        let id = NcclId::from_bytes(&id_bytes).map_err(fail)?;
+        let (store, id) = crate::world::launched_id(env, options.timeouts.store)
+            .map_err(|e| setup(rank)(e.to_string()))?;
         let opened = open_rank(&exe, options, env.local_rank, rank, world, &id)?;
         Ok(CudaSession {
             exe,
@@ -411,23 +406,9 @@ fn open_rank(
     id: &NcclId,
 ) -> Result<SessionRank, Error> {
     let fail = setup(rank);
-    let gpu = Gpu::open(device).map_err(|e| fail(e.to_string()))?;
-    let comm: Arc<Nccl<DeviceTensor>> = Arc::new(
-        Nccl::init(
-            &gpu,
-            rank,
-            world,
-            id,
-            options
-                .overlap
-                .nccl_options(NcclOptions {
-                    timeout: options.timeouts.wait,
-                    ..NcclOptions::default()
-                })
-                .map_err(&fail)?,
-        )
-        .map_err(|e| fail(e.to_string()))?,
-    );
+    let nccl = crate::world::nccl_options(options).map_err(&fail)?;
+    let crate::world::OpenRank { gpu, comm } =
+        crate::world::open_rank(device, rank, world, id, nccl).map_err(|e| fail(e.to_string()))?;
     comm.prepare_teams(&program_teams(exe.program()))
         .map_err(|e| fail(e.to_string()))?;
     let cuda = options
