@@ -340,14 +340,7 @@ mod byte_tests {
 
     #[test]
     fn le_bytes_round_trip_every_dtype() {
-        for dtype in [
-            DType::BF16,
-            DType::F16,
-            DType::F32,
-            DType::F64,
-            DType::I64,
-            DType::Bool,
-        ] {
+        for dtype in DType::ALL {
             let data: Vec<f64> = match dtype {
                 DType::Bool => vec![0.0, 1.0, 1.0],
                 _ => vec![-2.0, 1.0, 3.0],

@@ -255,48 +255,50 @@ fn ring_matmul_reduce_scatter_matches_the_unsharded_product() {
 /// synchronizes with Stream(i), so iteration i + 1's exchange cannot start before iteration
 /// i's has completed. The structural claim: a `Synchronize` of the previous iteration's stream
 /// sits between every pair of consecutive exchanges (and none after the last, "no wrap");
-/// the gathered result is right and race-free.
-const INTER_STREAM_SYNC: &str = "\
+/// the gathered result is right and race-free. The text is written out one iteration at a
+/// time.
+fn inter_stream_sync() -> String {
+    let mut src = "\
 %HostIrContainer { (T0_g_f32[1, 4]) -> (T1_g_f32[3, 4]) :
   T1 = ALLOCATE(mem_type=global, zero_init=false)
   Stream 0 = GetCurrentStream()
-  SetCurrentStream(Stream ( 0 ))
-  Synchronize(Stream 0)
-  T2_g_f32[1, 4] = ShardByStream(T1, axis=0, chunks=3, stream_index=( ( rank + 0 ) % 3 ))
+"
+    .to_string();
+    for i in 0..3 {
+        // Iteration i: tensor T(2 + i), statements numbered from 7 + 9i.
+        let (t, c) = (2 + i, 7 + 9 * i);
+        src += &format!("  SetCurrentStream(Stream ( {i} ))\n");
+        if i > 0 {
+            src += &format!("  Synchronize(Stream ( {} ))\n", i - 1);
+        }
+        src += &format!(
+            "  Synchronize(Stream 0)
+  T{t}_g_f32[1, 4] = ShardByStream(T1, axis=0, chunks=3, stream_index=( ( rank + {i} ) % 3 ))
   StartCoalescing
-  P2PCommunication 7 (type=recv, buffer=T2, peer=( ( rank + 0 ) % 3 ), backend=NCCL)
-  P2PCommunication 8 (type=send, buffer=T0, peer=( ( ( 3 + rank ) - 0 ) % 3 ), backend=NCCL)
-  EndCoalescing 9
-  Wait(EndCoalescing 9)
-  SetCurrentStream(Stream ( 1 ))
-  Synchronize(Stream ( 0 ))
-  Synchronize(Stream 0)
-  T3_g_f32[1, 4] = ShardByStream(T1, axis=0, chunks=3, stream_index=( ( rank + 1 ) % 3 ))
-  StartCoalescing
-  P2PCommunication 16 (type=recv, buffer=T3, peer=( ( rank + 1 ) % 3 ), backend=NCCL)
-  P2PCommunication 17 (type=send, buffer=T0, peer=( ( ( 3 + rank ) - 1 ) % 3 ), backend=NCCL)
-  EndCoalescing 18
-  Wait(EndCoalescing 18)
-  SetCurrentStream(Stream ( 2 ))
-  Synchronize(Stream ( 1 ))
-  Synchronize(Stream 0)
-  T4_g_f32[1, 4] = ShardByStream(T1, axis=0, chunks=3, stream_index=( ( rank + 2 ) % 3 ))
-  StartCoalescing
-  P2PCommunication 25 (type=recv, buffer=T4, peer=( ( rank + 2 ) % 3 ), backend=NCCL)
-  P2PCommunication 26 (type=send, buffer=T0, peer=( ( ( 3 + rank ) - 2 ) % 3 ), backend=NCCL)
-  EndCoalescing 27
-  Wait(EndCoalescing 27)
-  SetCurrentStream(Stream 0)
+  P2PCommunication {c} (type=recv, buffer=T{t}, peer=( ( rank + {i} ) % 3 ), backend=NCCL)
+  P2PCommunication {} (type=send, buffer=T0, peer=( ( ( 3 + rank ) - {i} ) % 3 ), backend=NCCL)
+  EndCoalescing {}
+  Wait(EndCoalescing {})
+",
+            c + 1,
+            c + 2,
+            c + 2
+        );
+    }
+    src + "  SetCurrentStream(Stream 0)
   Synchronize(Stream ( 0 ))
   Synchronize(Stream ( 1 ))
   Synchronize(Stream ( 2 ))
 } // %HostIrContainer
-";
+"
+}
 
 #[test]
 fn inter_stream_synchronization_orders_consecutive_exchanges() {
     let shard = |r: usize| (0..4).map(|j| (10 * r + j) as f64).collect::<Vec<f64>>();
-    let (p, runs) = run_ranks(INTER_STREAM_SYNC, 3, 3, |r| vec![f32t(&[1, 4], shard(r))]);
+    let (p, runs) = run_ranks(&inter_stream_sync(), 3, 3, |r| {
+        vec![f32t(&[1, 4], shard(r))]
+    });
     // Between the k-th exchange's Wait and the (k + 1)-th StartCoalescing: a switch to the
     // next pool stream and a Synchronize of the previous one.
     let text = weave_host_ir::print(&p);

@@ -101,6 +101,36 @@ K0: fusion acc() {
 }
 ";
 
+/// `T1 = zeros; FOR i in 0..3: T1 = T1 + T0[i]` through the add kernel, in place.
+fn accumulate_in_place() -> String {
+    format!(
+        "\
+%HostIrContainer {{ (T0_g_f32[3, 10]) -> (T1_g_f32[1, 10]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=true)
+  FOR i0 from 0 to 3:
+    T2_g_f32[1, 10] = ShardByStream(T0, axis=0, chunks=3, stream_index=i0)
+    LaunchKernel(kernel=K0, inputs=(T1, T2), outputs=(T1))
+}} // %HostIrContainer
+{ADD_KERNEL}"
+    )
+}
+
+/// `out = in + in` on chunks 1 and 2 (of 3, along axis 1) of a zeroed `[2, 6]` output.
+const CHUNKS_1_AND_2: &str = "\
+%HostIrContainer { (T0_g_f32[2, 6]) -> (T1_g_f32[2, 6]) :
+  T1 = ALLOCATE(mem_type=global, zero_init=true)
+  FOR i0 from 1 to 3:
+    T2_g_f32[2, 2] = ShardByStream(T0, axis=1, chunks=3, stream_index=i0)
+    T3_g_f32[2, 2] = ShardByStream(T1, axis=1, chunks=3, stream_index=i0)
+    LaunchKernel(kernel=K0, inputs=(T2), outputs=(T3))
+} // %HostIrContainer
+K0: fusion add_per_stream() {
+  tensor a: f32[2, 2]
+  b = add(a, a)
+  output b
+}
+";
+
 #[test]
 fn for_loop_accumulates_in_place() {
     // acc = 21; FOR i in 0..3: acc += arange(7)[2i + 1]  ->  21 + 1 + 3 + 5 = 30.
@@ -133,16 +163,7 @@ K0: fusion acc() {
 #[test]
 fn in_place_update_in_a_loop_keeps_one_buffer() {
     // x = zeros; FOR i in 0..3: x = x + (2i + 1)  ->  full(10, 9).
-    let src = format!(
-        "\
-%HostIrContainer {{ (T0_g_f32[3, 10]) -> (T1_g_f32[1, 10]) :
-  T1 = ALLOCATE(mem_type=global, zero_init=true)
-  FOR i0 from 0 to 3:
-    T2_g_f32[1, 10] = ShardByStream(T0, axis=0, chunks=3, stream_index=i0)
-    LaunchKernel(kernel=K0, inputs=(T1, T2), outputs=(T1))
-}} // %HostIrContainer
-{ADD_KERNEL}"
-    );
+    let src = accumulate_in_place();
     let odd: Vec<f64> = (0..3).flat_map(|i| [f64::from(2 * i + 1); 10]).collect();
     let r = run(&src, vec![dense(&[3, 10], odd)]);
     assert_eq!(r.outputs[0].data, vec![9.0; 10]);
@@ -155,20 +176,7 @@ fn in_place_update_in_a_loop_keeps_one_buffer() {
 #[test]
 fn a_stream_parallel_kernel_writes_only_its_chunks() {
     // out = in + in on chunks 1 and 2 (of 3, along axis 1); chunk 0 stays zero.
-    let src = "\
-%HostIrContainer { (T0_g_f32[2, 6]) -> (T1_g_f32[2, 6]) :
-  T1 = ALLOCATE(mem_type=global, zero_init=true)
-  FOR i0 from 1 to 3:
-    T2_g_f32[2, 2] = ShardByStream(T0, axis=1, chunks=3, stream_index=i0)
-    T3_g_f32[2, 2] = ShardByStream(T1, axis=1, chunks=3, stream_index=i0)
-    LaunchKernel(kernel=K0, inputs=(T2), outputs=(T3))
-} // %HostIrContainer
-K0: fusion add_per_stream() {
-  tensor a: f32[2, 2]
-  b = add(a, a)
-  output b
-}
-";
+    let src = CHUNKS_1_AND_2;
     let input: Vec<f64> = (1..=12).map(f64::from).collect();
     let r = run(src, vec![dense(&[2, 6], input)]);
     assert_eq!(
@@ -657,30 +665,8 @@ fn run_into(
 /// error naming the output and the rank.
 #[test]
 fn outputs_written_into_given_buffers_match_allocated_ones() {
-    let accumulate = format!(
-        "\
-%HostIrContainer {{ (T0_g_f32[3, 10]) -> (T1_g_f32[1, 10]) :
-  T1 = ALLOCATE(mem_type=global, zero_init=true)
-  FOR i0 from 0 to 3:
-    T2_g_f32[1, 10] = ShardByStream(T0, axis=0, chunks=3, stream_index=i0)
-    LaunchKernel(kernel=K0, inputs=(T1, T2), outputs=(T1))
-}} // %HostIrContainer
-{ADD_KERNEL}"
-    );
-    let chunks = "\
-%HostIrContainer { (T0_g_f32[2, 6]) -> (T1_g_f32[2, 6]) :
-  T1 = ALLOCATE(mem_type=global, zero_init=true)
-  FOR i0 from 1 to 3:
-    T2_g_f32[2, 2] = ShardByStream(T0, axis=1, chunks=3, stream_index=i0)
-    T3_g_f32[2, 2] = ShardByStream(T1, axis=1, chunks=3, stream_index=i0)
-    LaunchKernel(kernel=K0, inputs=(T2), outputs=(T3))
-} // %HostIrContainer
-K0: fusion add_per_stream() {
-  tensor a: f32[2, 2]
-  b = add(a, a)
-  output b
-}
-";
+    let accumulate = accumulate_in_place();
+    let chunks = CHUNKS_1_AND_2;
     let odd: Vec<f64> = (0..3).flat_map(|i| [f64::from(2 * i + 1); 10]).collect();
     let cases: [(&str, Vec<Dense>, Vec<usize>); 2] = [
         (&accumulate, vec![dense(&[3, 10], odd)], vec![1, 10]),

@@ -428,6 +428,22 @@ mod tests {
         let k = p.add_kernel(Fusion::new("k"));
         let posted = p.stmts.insert(Stmt::EndCoalescing);
         let none = Effects::host;
+        // A posted send or receive of `buffer` with `peer`, which it reads or writes.
+        let p2p = |direction, buffer, access| {
+            (
+                Stmt::P2PCommunication(P2PCommunication {
+                    direction,
+                    peer,
+                    buffer,
+                }),
+                Effects {
+                    accesses: vec![(buffer, access)],
+                    scalars: vec![peer],
+                    runs: Runs::Posted,
+                    ..none()
+                },
+            )
+        };
         let cases: Vec<(Stmt, Effects)> = vec![
             (
                 Stmt::Allocate {
@@ -569,32 +585,8 @@ mod tests {
                     ..none()
                 },
             ),
-            (
-                Stmt::P2PCommunication(P2PCommunication {
-                    direction: P2PDirection::Send,
-                    peer,
-                    buffer: a,
-                }),
-                Effects {
-                    accesses: vec![(a, Read)],
-                    scalars: vec![peer],
-                    runs: Runs::Posted,
-                    ..none()
-                },
-            ),
-            (
-                Stmt::P2PCommunication(P2PCommunication {
-                    direction: P2PDirection::Recv,
-                    peer,
-                    buffer: b,
-                }),
-                Effects {
-                    accesses: vec![(b, Write)],
-                    scalars: vec![peer],
-                    runs: Runs::Posted,
-                    ..none()
-                },
-            ),
+            p2p(P2PDirection::Send, a, Read),
+            p2p(P2PDirection::Recv, b, Write),
             (Stmt::StartCoalescing, none()),
             (
                 Stmt::EndCoalescing,

@@ -6,6 +6,7 @@
 //! the parser lexes a line only when it reaches it. A bad character becomes a final
 //! [`Tok::Error`] of the line, met by the parser in order like any other token.
 
+pub(crate) use weave_ir::diag::clip;
 use weave_ir::Span;
 
 /// What a token is.
@@ -41,17 +42,6 @@ impl Token {
             Tok::Eol => "end of line".to_string(),
             Tok::Error(m) => m.clone(),
         }
-    }
-}
-
-/// Long identifiers and literals are cut in messages so that one line stays readable.
-pub(crate) fn clip(s: &str) -> String {
-    const MAX: usize = 40;
-    if s.chars().count() <= MAX {
-        s.to_string()
-    } else {
-        let head: String = s.chars().take(MAX).collect();
-        format!("{head}...")
     }
 }
 

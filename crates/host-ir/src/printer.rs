@@ -31,7 +31,7 @@
 use std::fmt;
 
 use slotmap::{Key, SecondaryMap};
-use weave_ir::{Scalar, ScalarOp};
+use weave_ir::Scalar;
 
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
 use crate::syntax::{
@@ -190,8 +190,8 @@ impl Names {
                 let a = self.scalar_at(p, *a, depth + 1);
                 let b = self.scalar_at(p, *b, depth + 1);
                 match op {
-                    op if op.is_call() => format!("( {}({a}, {b}) )", op_symbol(*op)),
-                    op => format!("( {a} {} {b} )", op_symbol(*op)),
+                    op if op.is_call() => format!("( {}({a}, {b}) )", op.symbol()),
+                    op => format!("( {a} {} {b} )", op.symbol()),
                 }
             }
         }
@@ -460,19 +460,6 @@ impl Names {
         let b = self.tensor_text(p, c.buffer, declare);
         let peer = self.scalar(p, c.peer);
         format!("P2PCommunication {number} (type={dir}, buffer={b}, peer={peer}, backend=NCCL)")
-    }
-}
-
-/// The seed-style spelling of a binary scalar operator (`CeilDiv` prints as a call).
-pub(crate) fn op_symbol(op: ScalarOp) -> &'static str {
-    match op {
-        ScalarOp::Add => "+",
-        ScalarOp::Sub => "-",
-        ScalarOp::Mul => "*",
-        ScalarOp::Div => "/",
-        ScalarOp::Mod => "%",
-        ScalarOp::CeilDiv => "ceilDiv",
-        ScalarOp::Min => "min",
     }
 }
 

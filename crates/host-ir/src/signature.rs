@@ -183,13 +183,27 @@ pub enum AxisSplit {
 }
 
 impl AxisSplit {
+    /// A split's cut of an axis of `len` elements with its outer and inner trees, or a
+    /// leaf's parallel type.
+    fn cut(&self, len: usize) -> Result<(Cut, &AxisSplit, &AxisSplit), ParallelType> {
+        match self {
+            AxisSplit::Leaf(parallel) => Err(*parallel),
+            AxisSplit::Split {
+                kind,
+                factor,
+                outer,
+                inner,
+            } => Ok((Cut::of(*kind, *factor, len), outer, inner)),
+        }
+    }
+
     /// Global indices of this axis held by the rank at `coords`, in local order, when the
     /// axis has `len` elements: each chunk's subtree sees the chunk's own length.
     fn indices(&self, len: usize, coords: &dyn Fn(ParallelType) -> usize) -> Vec<usize> {
-        match self {
-            AxisSplit::Leaf(parallel) => {
+        match self.cut(len) {
+            Err(parallel) => {
                 if parallel.is_device() {
-                    let c = coords(*parallel);
+                    let c = coords(parallel);
                     if c < len {
                         vec![c]
                     } else {
@@ -199,13 +213,7 @@ impl AxisSplit {
                     (0..len).collect()
                 }
             }
-            AxisSplit::Split {
-                kind,
-                factor,
-                outer,
-                inner,
-            } => {
-                let cut = Cut::of(*kind, *factor, len);
+            Ok((cut, outer, inner)) => {
                 let mut out = Vec::new();
                 for a in cut.chunks(outer, coords) {
                     for b in inner.indices(cut.chunk(a), coords) {
@@ -221,22 +229,16 @@ impl AxisSplit {
     /// [`AxisSplit::indices`] would list, counted without listing them (an axis may be far
     /// longer than memory holds).
     fn count(&self, len: usize, coords: &dyn Fn(ParallelType) -> usize) -> usize {
-        match self {
-            AxisSplit::Leaf(parallel) => {
+        match self.cut(len) {
+            Err(parallel) => {
                 if parallel.is_device() {
-                    usize::from(coords(*parallel) < len)
+                    usize::from(coords(parallel) < len)
                 } else {
                     len
                 }
             }
-            AxisSplit::Split {
-                kind,
-                factor,
-                outer,
-                inner,
-            } => {
-                let cut = Cut::of(*kind, *factor, len);
-                match &**outer {
+            Ok((cut, outer, inner)) => {
+                match outer {
                     // Every chunk: the full ones, then the short last one (and empty ones).
                     AxisSplit::Leaf(p) if !p.is_device() => {
                         let full = len.checked_div(cut.stride).unwrap_or(0).min(cut.outer_len);
@@ -259,25 +261,15 @@ impl AxisSplit {
     /// The most chunks any Stream split of this tree cuts its part of an axis of `len`
     /// elements into (0 without one).
     fn stream_chunks(&self, len: usize) -> usize {
-        match self {
-            AxisSplit::Leaf(_) => 0,
-            AxisSplit::Split {
-                kind,
-                factor,
-                outer,
-                inner,
-            } => {
-                let f = (*factor).max(1);
-                let (outer_len, stride) = match kind {
-                    SplitKind::Outer => (f, len.div_ceil(f)),
-                    SplitKind::Inner => (len.div_ceil(f), f),
-                };
-                let here = match **outer {
-                    AxisSplit::Leaf(ParallelType::Stream) => outer_len,
+        match self.cut(len) {
+            Err(_) => 0,
+            Ok((cut, outer, inner)) => {
+                let here = match *outer {
+                    AxisSplit::Leaf(ParallelType::Stream) => cut.outer_len,
                     _ => 0,
                 };
-                here.max(outer.stream_chunks(outer_len))
-                    .max(inner.stream_chunks(stride.min(len)))
+                here.max(outer.stream_chunks(cut.outer_len))
+                    .max(inner.stream_chunks(cut.stride.min(len)))
             }
         }
     }
@@ -726,6 +718,19 @@ mod tests {
         }
     }
 
+    /// `chunks` stream chunks, each cut again across two devices (DIDx).
+    fn stream_chunks_across_devices(chunks: usize) -> AxisSplit {
+        outer(
+            chunks,
+            leaf(ParallelType::Stream),
+            Box::new(outer(
+                2,
+                leaf(ParallelType::DIDx),
+                leaf(ParallelType::Serial),
+            )),
+        )
+    }
+
     /// `[6, 2]` on two devices: axis 0 cut into 3 stream chunks of 2 rows, each chunk cut
     /// again across the devices (the reduce-scattered layout); axis 1 whole.
     fn chunked() -> TensorSig {
@@ -736,15 +741,7 @@ mod tests {
             sharding: Sharding {
                 mesh: Some(DeviceMesh::arange(2).unwrap()),
                 axes: vec![
-                    outer(
-                        3,
-                        leaf(ParallelType::Stream),
-                        Box::new(outer(
-                            2,
-                            leaf(ParallelType::DIDx),
-                            leaf(ParallelType::Serial),
-                        )),
-                    ),
+                    stream_chunks_across_devices(3),
                     AxisSplit::Leaf(ParallelType::Serial),
                 ],
             },
@@ -807,15 +804,7 @@ mod tests {
             sharding: Sharding {
                 mesh: Some(DeviceMesh::arange(2).unwrap()),
                 axes: vec![
-                    outer(
-                        4_294_967_295,
-                        leaf(ParallelType::Stream),
-                        Box::new(outer(
-                            2,
-                            leaf(ParallelType::DIDx),
-                            leaf(ParallelType::Serial),
-                        )),
-                    ),
+                    stream_chunks_across_devices(4_294_967_295),
                     AxisSplit::Leaf(ParallelType::Serial),
                 ],
             },

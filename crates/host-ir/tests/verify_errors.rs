@@ -397,6 +397,14 @@ fn coalesced(between: &str, after: &str) -> String {
     ))
 }
 
+/// The violation of [`coalesced`] with `stmt` right after the group's end, before its wait.
+fn touched_in_flight(stmt: &str) -> String {
+    violation(&coalesced(
+        "",
+        &format!("  {stmt}\n  Wait(EndCoalescing 5)\n"),
+    ))
+}
+
 #[test]
 fn a_coalescing_group_verifies_with_a_wait_on_its_end() {
     valid(&coalesced(
@@ -438,10 +446,7 @@ fn a_point_to_point_in_a_group_is_waited_for_through_the_group() {
          group; wait for the group's `EndCoalescing` instead"
     );
     assert_eq!(
-        violation(&coalesced(
-            "",
-            "  Deallocate(T3)\n  Wait(EndCoalescing 5)\n"
-        )),
+        touched_in_flight("Deallocate(T3)"),
         "statement `Deallocate(T3)`: deallocates T3 while `EndCoalescing 5` is in flight on \
          it; `Wait(EndCoalescing 5)` must come first"
     );
@@ -455,18 +460,12 @@ fn a_sent_buffer_may_be_read_in_flight_but_not_written_and_a_received_one_not_re
         "  T2 = matmul(T0, T1)\n  Wait(EndCoalescing 5)\n  Deallocate(T3)\n",
     ));
     assert_eq!(
-        violation(&coalesced(
-            "",
-            "  T2 = matmul(T3, T1)\n  Wait(EndCoalescing 5)\n"
-        )),
+        touched_in_flight("T2 = matmul(T3, T1)"),
         "statement `T2 = matmul(T3, T1)`: reads T3 while `EndCoalescing 5` is in flight on it; \
          `Wait(EndCoalescing 5)` must come first"
     );
     assert_eq!(
-        violation(&coalesced(
-            "",
-            "  T0 = matmul(T2, T1)\n  Wait(EndCoalescing 5)\n"
-        )),
+        touched_in_flight("T0 = matmul(T2, T1)"),
         "statement `T0 = matmul(T2, T1)`: writes T0 while `EndCoalescing 5` is in flight on it; \
          `Wait(EndCoalescing 5)` must come first"
     );

@@ -106,3 +106,15 @@ impl std::error::Error for Diagnostic {}
 
 /// Result alias for fallible IR operations.
 pub type IrResult<T> = Result<T, Diagnostic>;
+
+/// Long identifiers and literals are cut to 40 characters (and `...`) in messages, so that
+/// one line stays readable.
+pub fn clip(s: &str) -> String {
+    const MAX: usize = 40;
+    if s.chars().count() <= MAX {
+        s.to_string()
+    } else {
+        let head: String = s.chars().take(MAX).collect();
+        format!("{head}...")
+    }
+}

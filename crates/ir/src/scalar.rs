@@ -42,7 +42,8 @@ pub enum ScalarOp {
 }
 
 impl ScalarOp {
-    fn symbol(self) -> &'static str {
+    /// The operator as written: `+`, `-`, `*`, `/`, `%`, or the call name `ceilDiv`, `min`.
+    pub fn symbol(self) -> &'static str {
         match self {
             ScalarOp::Add => "+",
             ScalarOp::Sub => "-",
@@ -187,21 +188,26 @@ impl Scalar {
 
     /// Formats in `.weave` source syntax: infix with minimal parentheses, `ceilDiv(a, b)`.
     pub fn to_source(&self) -> String {
+        self.to_source_with(&|v| v.to_string())
+    }
+
+    /// [`Scalar::to_source`], spelling each constant with `constant`.
+    pub(crate) fn to_source_with(&self, constant: &dyn Fn(i64) -> String) -> String {
         let mut s = String::new();
-        self.write_source(&mut s, 0);
+        self.write_source(&mut s, 0, constant);
         s
     }
 
-    fn write_source(&self, out: &mut String, parent_prec: u8) {
+    fn write_source(&self, out: &mut String, parent_prec: u8, constant: &dyn Fn(i64) -> String) {
         match self {
-            Scalar::Const(v) => out.push_str(&v.to_string()),
+            Scalar::Const(v) => out.push_str(&constant(*v)),
             Scalar::Named(n) => out.push_str(n),
             Scalar::Binary(op, a, b) if op.is_call() => {
                 out.push_str(op.symbol());
                 out.push('(');
-                a.write_source(out, 0);
+                a.write_source(out, 0, constant);
                 out.push_str(", ");
-                b.write_source(out, 0);
+                b.write_source(out, 0, constant);
                 out.push(')');
             }
             Scalar::Binary(op, a, b) => {
@@ -210,12 +216,12 @@ impl Scalar {
                 if paren {
                     out.push('(');
                 }
-                a.write_source(out, prec);
+                a.write_source(out, prec, constant);
                 out.push(' ');
                 out.push_str(op.symbol());
                 out.push(' ');
                 // Left-associative: the right operand needs parentheses at equal precedence.
-                b.write_source(out, prec + 1);
+                b.write_source(out, prec + 1, constant);
                 if paren {
                     out.push(')');
                 }

@@ -102,6 +102,42 @@ pub enum ScheduleOp {
     SetMemory(MemoryType),
 }
 
+impl ScheduleOp {
+    /// The step as written in `.weave` (`outer_split(0, s) -> Stream`), spelling split
+    /// factors with `factor` and the mesh of `mesh = m` with `mesh`.
+    pub fn source_with(
+        &self,
+        factor: impl Fn(&Scalar) -> String,
+        mesh: impl Fn(MeshId) -> String,
+    ) -> String {
+        let arrow = |p: &Option<ParallelType>| p.map(|p| format!(" -> {p}")).unwrap_or_default();
+        match self {
+            ScheduleOp::OuterSplit {
+                axis,
+                factor: fa,
+                parallel,
+            } => format!("outer_split({axis}, {}){}", factor(fa), arrow(parallel)),
+            ScheduleOp::InnerSplit {
+                axis,
+                factor: fa,
+                parallel,
+            } => format!("inner_split({axis}, {}){}", factor(fa), arrow(parallel)),
+            ScheduleOp::Merge { outer, inner } => format!("merge({outer}, {inner})"),
+            ScheduleOp::Reorder { moves } => {
+                let m: Vec<String> = moves.iter().map(|(a, b)| format!("{a} -> {b}")).collect();
+                format!("reorder({})", m.join(", "))
+            }
+            ScheduleOp::Parallelize { axis, parallel } => {
+                format!("parallelize({axis}, {parallel})")
+            }
+            ScheduleOp::Swizzle1d { axis, parallel } => format!("swizzle1d({axis}, {parallel})"),
+            ScheduleOp::AllocationAsLoop => "allocation = loop".to_string(),
+            ScheduleOp::SetMesh(m) => format!("mesh = {}", mesh(*m)),
+            ScheduleOp::SetMemory(m) => format!("memory = {}", m.name()),
+        }
+    }
+}
+
 /// A schedule step and where it was written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScheduleStep {

@@ -228,8 +228,9 @@ fn check_expr(f: &Fusion, e: crate::ids::ExprId) -> IrResult<()> {
     let in_dtypes: Vec<DType> = expr.inputs.iter().map(|t| f.tensor(*t).dtype).collect();
     // Dtype rules.
     match &expr.kind {
-        ExprKind::Binary(b) => {
-            if in_dtypes[0] != in_dtypes[1] {
+        ExprKind::Binary(b) | ExprKind::BinaryLit { op: b, .. } => {
+            // Two tensor operands must have the same dtype.
+            if matches!(expr.kind, ExprKind::Binary(_)) && in_dtypes[0] != in_dtypes[1] {
                 return Err(Diagnostic::new(format!(
                     "dtype mismatch in {op}: `{}` is {} but `{}` is {}",
                     name(f, expr.inputs[0]),
@@ -238,19 +239,6 @@ fn check_expr(f: &Fusion, e: crate::ids::ExprId) -> IrResult<()> {
                     in_dtypes[1]
                 )));
             }
-            let want = if b.is_comparison() {
-                DType::Bool
-            } else {
-                in_dtypes[0]
-            };
-            if out_tv.dtype != want {
-                return Err(Diagnostic::new(format!(
-                    "{op} output `{}` is {} but should be {want}",
-                    out_tv.name, out_tv.dtype
-                )));
-            }
-        }
-        ExprKind::BinaryLit { op: b, .. } => {
             let want = if b.is_comparison() {
                 DType::Bool
             } else {
@@ -538,30 +526,30 @@ mod tests {
         verify(&f).unwrap();
     }
 
-    #[test]
-    fn inner_split_device_axis_is_rejected() {
+    /// Splits `a`'s axis 0 by `factor`, makes the outer (`on_outer`) or inner output DIDx,
+    /// and returns the verifier's message about the resulting loop domain.
+    fn device_split_error(factor: i64, kind: SplitKind, on_outer: bool) -> String {
         let (mut f, a, _) = base();
         let id = f.tensor(a).logical[0];
-        let (o, i) = f.split_id(id, Scalar::c(2), SplitKind::Inner);
-        f.id_mut(i).parallel = ParallelType::DIDx;
+        let (o, i) = f.split_id(id, Scalar::c(factor), kind);
+        f.id_mut(if on_outer { o } else { i }).parallel = ParallelType::DIDx;
         let l1 = f.tensor(a).logical[1];
         f.tensor_mut(a).loop_domain = vec![o, i, l1];
+        verify(&f).unwrap_err().message
+    }
+
+    #[test]
+    fn inner_split_device_axis_is_rejected() {
         assert_eq!(
-            verify(&f).unwrap_err().message,
+            device_split_error(2, SplitKind::Inner, false),
             "loop axis 1 of `a` is DIDx but is not the outer output of an outer split (device and stream axes must come from outer splits)"
         );
     }
 
     #[test]
     fn device_extent_must_match_the_mesh() {
-        let (mut f, a, _) = base();
-        let id = f.tensor(a).logical[0];
-        let (o, i) = f.split_id(id, Scalar::c(4), SplitKind::Outer);
-        f.id_mut(o).parallel = ParallelType::DIDx;
-        let l1 = f.tensor(a).logical[1];
-        f.tensor_mut(a).loop_domain = vec![o, i, l1];
         assert_eq!(
-            verify(&f).unwrap_err().message,
+            device_split_error(4, SplitKind::Outer, true),
             "loop axis 0 of `a` is DIDx with extent 4, but the mesh has 2 devices along DIDx"
         );
     }

@@ -8,16 +8,7 @@ use weave_ir::text::{parse, print};
 
 /// Valid programs the mutation strategy starts from.
 const SEEDS: &[&str] = &[
-    "fusion row_parallel_linear(t = 8192, h = 8192, d = 2, s = 4) {
-  mesh m = devices(d)
-  tensor inp: bf16[t, 4 * h] on m
-  tensor w: bf16[h, 4 * h] on m
-  out = linear(inp, w)
-  output out
-  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
-  schedule w { outer_split(1, d) -> DIDx }
-}
-",
+    include_str!("fixtures/row_parallel_linear.weave"),
     "fusion ops(t = 8, h = 4, d = 2) {
   mesh g = [[0, 1], [2, 3]]
   mesh l = [0, 1]

@@ -5,9 +5,66 @@ use weave_ir::tensor::ScheduleOp;
 use weave_ir::text::{parse, print};
 use weave_ir::Fusion;
 
+/// The op lines from `set` to the first reduction, written alike in both forms.
+macro_rules! unary_binary_ops {
+    () => {
+        "  s0 = set(a)
+  c0 = cast(x, f32)
+  u0 = neg(a)
+  u1 = abs(a)
+  u2 = exp(a)
+  u3 = log(a)
+  u4 = sin(a)
+  u5 = cos(a)
+  u6 = tanh(a)
+  u7 = sqrt(a)
+  u8 = rsqrt(a)
+  u9 = reciprocal(a)
+  u10 = relu(a)
+  u11 = sigmoid(a)
+  u12 = not(c)
+  b0 = add(a, b)
+  b1 = sub(a, b)
+  b2 = mul(a, b)
+  b3 = div(a, b)
+  b4 = maximum(a, b)
+  b5 = minimum(a, b)
+  b6 = pow(a, b)
+  b7 = eq(a, b)
+  b8 = ne(a, b)
+  b9 = lt(a, b)
+  b10 = le(a, b)
+  b11 = gt(a, b)
+  b12 = ge(a, b)
+  b13 = and(c, c)
+  b14 = or(c, b7)
+  w0 = where(c, a, b)
+  r0 = sum(a, [1])
+"
+    };
+}
+
+/// The op lines from `broadcast` to the last `linear`, written alike in both forms.
+macro_rules! view_and_matmul_ops {
+    () => {
+        "  bc = broadcast(r0, [1])
+  bb = add(bc, a)
+  sq = squeeze(x, [1])
+  p0 = permute(a, [1, 0])
+  v0 = reshape(a, [t, 2, 2])
+  v1 = reshape(a, [t * h])
+  wt = permute(w, [1, 0])
+  mm = matmul(a, wt)
+  l0 = linear(a, w)
+  l1 = linear(a, w, bias)
+"
+    };
+}
+
 /// Every op, every step kind, every mesh form, comments, blank lines, multi-line schedule
 /// blocks, several blocks for one tensor, and non-canonical spacing and expressions.
-const EVERY_OP: &str = "\
+const EVERY_OP: &str = concat!(
+    "\
 // every op
 fusion every_op(t = 8, h = 4, d = 2, s = 4) {
 
@@ -24,50 +81,12 @@ fusion every_op(t = 8, h = 4, d = 2, s = 4) {
   tensor sc: f64[]
   tensor i: i64[(t), ceilDiv(t, s) * s] on l
   tensor hf: f16[t % 3 + 1, t / 2 - 1]
-  s0 = set(a)
-  c0 = cast(x, f32)
-  u0 = neg(a)
-  u1 = abs(a)
-  u2 = exp(a)
-  u3 = log(a)
-  u4 = sin(a)
-  u5 = cos(a)
-  u6 = tanh(a)
-  u7 = sqrt(a)
-  u8 = rsqrt(a)
-  u9 = reciprocal(a)
-  u10 = relu(a)
-  u11 = sigmoid(a)
-  u12 = not(c)
-  b0 = add(a, b)
-  b1 = sub(a, b)
-  b2 = mul(a, b)
-  b3 = div(a, b)
-  b4 = maximum(a, b)
-  b5 = minimum(a, b)
-  b6 = pow(a, b)
-  b7 = eq(a, b)
-  b8 = ne(a, b)
-  b9 = lt(a, b)
-  b10 = le(a, b)
-  b11 = gt(a, b)
-  b12 = ge(a, b)
-  b13 = and(c, c)
-  b14 = or(c, b7)
-  w0 = where(c, a, b)
-  r0 = sum(a, [1])
-  r1 = max(a, [1, 0])
-  bc = broadcast(r0, [1])
-  bb = add(bc, a)
-  sq = squeeze(x, [1])
-  p0 = permute(a, [1, 0])
-  v0 = reshape(a, [t, 2, 2])
-  v1 = reshape(a, [t * h])
-  wt = permute(w, [1, 0])
-  mm = matmul(a, wt)
-  l0 = linear(a, w)
-  l1 = linear(a, w, bias)
-  output l1, mm
+",
+    unary_binary_ops!(),
+    "  r1 = max(a, [1, 0])
+",
+    view_and_matmul_ops!(),
+    "  output l1, mm
   output r1
   schedule a { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
   schedule w {
@@ -80,9 +99,11 @@ fusion every_op(t = 8, h = 4, d = 2, s = 4) {
   schedule l0 { memory = local; memory = global; inner_split(0, (t + 1) * 2 - 4 / 2 % 3) -> Serial }
   schedule a { parallelize(1, Serial); }
 }
-";
+",
+);
 
-const EVERY_OP_CANONICAL: &str = "\
+const EVERY_OP_CANONICAL: &str = concat!(
+    "\
 fusion every_op(t = 8, h = 4, d = 2, s = 4) {
   mesh m = devices(d)
   mesh g = [[0, 1], [2, 3]]
@@ -97,67 +118,21 @@ fusion every_op(t = 8, h = 4, d = 2, s = 4) {
   tensor sc: f64[]
   tensor i: i64[t, ceilDiv(t, s) * s] on l
   tensor hf: f16[t % 3 + 1, t / 2 - 1]
-  s0 = set(a)
-  c0 = cast(x, f32)
-  u0 = neg(a)
-  u1 = abs(a)
-  u2 = exp(a)
-  u3 = log(a)
-  u4 = sin(a)
-  u5 = cos(a)
-  u6 = tanh(a)
-  u7 = sqrt(a)
-  u8 = rsqrt(a)
-  u9 = reciprocal(a)
-  u10 = relu(a)
-  u11 = sigmoid(a)
-  u12 = not(c)
-  b0 = add(a, b)
-  b1 = sub(a, b)
-  b2 = mul(a, b)
-  b3 = div(a, b)
-  b4 = maximum(a, b)
-  b5 = minimum(a, b)
-  b6 = pow(a, b)
-  b7 = eq(a, b)
-  b8 = ne(a, b)
-  b9 = lt(a, b)
-  b10 = le(a, b)
-  b11 = gt(a, b)
-  b12 = ge(a, b)
-  b13 = and(c, c)
-  b14 = or(c, b7)
-  w0 = where(c, a, b)
-  r0 = sum(a, [1])
-  r1 = max(a, [0, 1])
-  bc = broadcast(r0, [1])
-  bb = add(bc, a)
-  sq = squeeze(x, [1])
-  p0 = permute(a, [1, 0])
-  v0 = reshape(a, [t, 2, 2])
-  v1 = reshape(a, [t * h])
-  wt = permute(w, [1, 0])
-  mm = matmul(a, wt)
-  l0 = linear(a, w)
-  l1 = linear(a, w, bias)
-  output l1, mm, r1
+",
+    unary_binary_ops!(),
+    "  r1 = max(a, [0, 1])
+",
+    view_and_matmul_ops!(),
+    "  output l1, mm, r1
   schedule a { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx; parallelize(1, Serial) }
   schedule w { inner_split(1, ceilDiv(t, s)); merge(0, 1); reorder(0 -> 1, 1 -> 0); parallelize(0, DIDy); allocation = loop; mesh = g; memory = symmetric }
   schedule l0 { memory = local; memory = global; inner_split(0, 2 * (t + 1) - 2) -> Serial }
 }
-";
+",
+);
 
-const ROW_PARALLEL: &str = "\
-fusion row_parallel_linear(t = 8192, h = 8192, d = 2, s = 4) {
-  mesh m = devices(d)
-  tensor inp: bf16[t, 4 * h] on m
-  tensor w: bf16[h, 4 * h] on m
-  out = linear(inp, w)
-  output out
-  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
-  schedule w { outer_split(1, d) -> DIDx }
-}
-";
+/// The row-parallel linear of docs/fusion-format.md, canonical as written.
+const ROW_PARALLEL: &str = include_str!("fixtures/row_parallel_linear.weave");
 
 /// Batched matmul, a 2-D mesh, an unused parameter without a value, a reduction feeding a
 /// broadcast, reshapes, and a schedule written before the ops.

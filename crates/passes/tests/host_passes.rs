@@ -127,29 +127,18 @@ mod build {
         }
     }
 
-    /// The variant names of a scope, for shape assertions.
-    pub fn kinds(p: &HostProgram, scope: &[StmtId]) -> Vec<&'static str> {
-        scope.iter().map(|&s| kind(&p.stmts[s])).collect()
+    /// Checks that the variant names of `scope` are the space-separated `expected`.
+    #[track_caller]
+    pub fn assert_kinds(p: &HostProgram, scope: &[StmtId], expected: &str) {
+        assert_eq!(
+            kinds(p, scope),
+            expected.split_whitespace().collect::<Vec<_>>()
+        );
     }
 
-    pub fn kind(s: &Stmt) -> &'static str {
-        match s {
-            Stmt::Allocate { .. } => "Allocate",
-            Stmt::Deallocate { .. } => "Deallocate",
-            Stmt::ForLoop { .. } => "ForLoop",
-            Stmt::GetCurrentStream { .. } => "GetCurrentStream",
-            Stmt::SetCurrentStream { .. } => "SetCurrentStream",
-            Stmt::Synchronize { .. } => "Synchronize",
-            Stmt::ShardByStream { .. } => "ShardByStream",
-            Stmt::LaunchKernel { .. } => "LaunchKernel",
-            Stmt::Matmul { .. } => "Matmul",
-            Stmt::Linear { .. } => "Linear",
-            Stmt::Communication(_) => "Communication",
-            Stmt::P2PCommunication(_) => "P2PCommunication",
-            Stmt::StartCoalescing => "StartCoalescing",
-            Stmt::EndCoalescing => "EndCoalescing",
-            Stmt::Wait { .. } => "Wait",
-        }
+    /// The variant names of a scope, for shape assertions.
+    pub fn kinds(p: &HostProgram, scope: &[StmtId]) -> Vec<&'static str> {
+        scope.iter().map(|&s| p.stmts[s].kind_name()).collect()
     }
 
     pub fn body(p: &HostProgram, lp: StmtId) -> &[StmtId] {
@@ -175,7 +164,10 @@ mod build {
     }
 
     pub fn count(p: &HostProgram, name: &str) -> usize {
-        all_stmts(p).iter().filter(|s| kind(s) == name).count()
+        all_stmts(p)
+            .iter()
+            .filter(|s| s.kind_name() == name)
+            .count()
     }
 
     /// Evaluates a loop-invariant scalar with `numberOfStreams = n`.
@@ -200,7 +192,7 @@ mod build {
     }
 }
 
-use build::{all_stmts, body, count, eval, is_slot_of, kinds, B};
+use build::{all_stmts, assert_kinds, body, count, eval, is_slot_of, B};
 
 fn run(pass: &dyn HostPass, p: &mut HostProgram) -> Changed {
     pass.run(p).expect("pass runs")
@@ -264,9 +256,10 @@ fn assign_streams_inline_shape() {
     assert_eq!(pass.name(), "assign-streams");
     assert_eq!(run(&pass, &mut b.p), Changed::Yes);
     let p = &b.p;
-    assert_eq!(
-        kinds(p, &p.top_level),
-        ["GetCurrentStream", "ForLoop", "SetCurrentStream", "ForLoop"]
+    assert_kinds(
+        p,
+        &p.top_level,
+        "GetCurrentStream ForLoop SetCurrentStream ForLoop",
     );
     assert_eq!(p.top_level[1], lp);
     let main = stream_of(p, p.top_level[0]);
@@ -274,10 +267,7 @@ fn assign_streams_inline_shape() {
 
     // Worker first, then the wait on main (seed 000's ordering bug).
     let body = body(p, lp);
-    assert_eq!(
-        kinds(p, body),
-        ["SetCurrentStream", "Synchronize", "LaunchKernel"]
-    );
+    assert_kinds(p, body, "SetCurrentStream Synchronize LaunchKernel");
     assert_worker(p, body[0], i);
     assert_eq!(stream_of(p, body[1]), main);
 
@@ -287,7 +277,7 @@ fn assign_streams_inline_shape() {
     let (j, start, stop) = loop_parts(p, join);
     assert_ne!(j, i, "every loop has its own index");
     assert_eq!((start, stop), (loop_parts(p, lp).1, loop_parts(p, lp).2));
-    assert_eq!(kinds(p, body_of(p, join)), ["Synchronize"]);
+    assert_kinds(p, body_of(p, join), "Synchronize");
     assert_worker(p, body_of(p, join)[0], j);
 
     assert_idempotent(&pass, &mut b.p);
@@ -303,28 +293,20 @@ fn assign_streams_separate_loop_shape() {
     let pass = AssignStreams::new(SyncVariant::SeparateLoop);
     assert_eq!(run(&pass, &mut b.p), Changed::Yes);
     let p = &b.p;
-    assert_eq!(
-        kinds(p, &p.top_level),
-        [
-            "GetCurrentStream",
-            "ForLoop",
-            "ForLoop",
-            "SetCurrentStream",
-            "ForLoop"
-        ]
+    assert_kinds(
+        p,
+        &p.top_level,
+        "GetCurrentStream ForLoop ForLoop SetCurrentStream ForLoop",
     );
     let main = stream_of(p, p.top_level[0]);
     let entry = p.top_level[1];
     let (e, _, _) = loop_parts(p, entry);
-    assert_eq!(
-        kinds(p, body(p, entry)),
-        ["SetCurrentStream", "Synchronize"]
-    );
+    assert_kinds(p, body(p, entry), "SetCurrentStream Synchronize");
     assert_worker(p, body(p, entry)[0], e);
     assert_eq!(stream_of(p, body(p, entry)[1]), main);
 
     assert_eq!(p.top_level[2], lp);
-    assert_eq!(kinds(p, body(p, lp)), ["SetCurrentStream", "LaunchKernel"]);
+    assert_kinds(p, body(p, lp), "SetCurrentStream LaunchKernel");
     assert_worker(p, body(p, lp)[0], i);
 
     assert_eq!(stream_of(p, p.top_level[3]), main);
@@ -357,21 +339,7 @@ fn assign_streams_manages_each_loop_and_skips_empty_ones() {
     }
     assert_eq!(run(&AssignStreams::default(), &mut b.p), Changed::Yes);
     let p = &b.p;
-    assert_eq!(
-        kinds(p, &p.top_level),
-        [
-            "GetCurrentStream",
-            "ForLoop",
-            "SetCurrentStream",
-            "ForLoop",
-            "LaunchKernel",
-            "GetCurrentStream",
-            "ForLoop",
-            "SetCurrentStream",
-            "ForLoop",
-            "ForLoop"
-        ]
-    );
+    assert_kinds(p, &p.top_level, "GetCurrentStream ForLoop SetCurrentStream ForLoop LaunchKernel GetCurrentStream ForLoop SetCurrentStream ForLoop ForLoop");
     assert!(body(p, empty).is_empty());
     // One `numberOfStreams` scalar for the whole program.
     let named = p
@@ -444,7 +412,7 @@ fn deallocate_goes_after_the_wait() {
     assert_eq!(run(&pass, &mut b.p), Changed::Yes);
     let p = &b.p;
     // The output is allocated once, before the loop, and never freed.
-    assert_eq!(kinds(p, &p.top_level), ["Allocate", "ForLoop"]);
+    assert_kinds(p, &p.top_level, "Allocate ForLoop");
     assert_eq!(
         p.stmts[p.top_level[0]],
         Stmt::Allocate {
@@ -454,17 +422,10 @@ fn deallocate_goes_after_the_wait() {
     );
     // The per-chunk result lives inside one iteration: allocated right before its write,
     // freed after the Wait, not between the Communication and its Wait.
-    assert_eq!(
-        kinds(p, body(p, lp)),
-        [
-            "ShardByStream",
-            "Allocate",
-            "Matmul",
-            "ShardByStream",
-            "Communication",
-            "Wait",
-            "Deallocate"
-        ]
+    assert_kinds(
+        p,
+        body(p, lp),
+        "ShardByStream Allocate Matmul ShardByStream Communication Wait Deallocate",
     );
     assert_eq!(p.stmts[body(p, lp)[6]], Stmt::Deallocate { tensor: t });
     assert_eq!(count(p, "Deallocate"), 1);
@@ -477,31 +438,13 @@ fn full_pipeline_on_row_parallel_linear() {
     assert_eq!(run(&AssignStreams::default(), &mut b.p), Changed::Yes);
     assert_eq!(run(&AllocateAndDeallocate, &mut b.p), Changed::Yes);
     let p = &b.p;
-    assert_eq!(
-        kinds(p, &p.top_level),
-        [
-            "GetCurrentStream",
-            "Allocate",
-            "ForLoop",
-            "SetCurrentStream",
-            "ForLoop"
-        ]
+    assert_kinds(
+        p,
+        &p.top_level,
+        "GetCurrentStream Allocate ForLoop SetCurrentStream ForLoop",
     );
     let body = body(p, lp);
-    assert_eq!(
-        kinds(p, body),
-        [
-            "SetCurrentStream",
-            "Synchronize",
-            "ShardByStream",
-            "Allocate",
-            "Matmul",
-            "ShardByStream",
-            "Communication",
-            "Wait",
-            "Deallocate"
-        ]
-    );
+    assert_kinds(p, body, "SetCurrentStream Synchronize ShardByStream Allocate Matmul ShardByStream Communication Wait Deallocate");
     let wait = position(p, body, &Stmt::Wait { comm: body[6] });
     let dealloc = position(p, body, &Stmt::Deallocate { tensor: t });
     assert_eq!(dealloc, wait + 1);
@@ -526,18 +469,10 @@ fn chained_intermediates_get_two_deallocations() {
     let p = &b.p;
     assert_eq!(count(p, "Deallocate"), 2);
     assert_eq!(count(p, "Allocate"), 3);
-    assert_eq!(
-        kinds(p, &p.top_level),
-        [
-            "Allocate",
-            "LaunchKernel",
-            "Allocate",
-            "LaunchKernel",
-            "Deallocate",
-            "Allocate",
-            "LaunchKernel",
-            "Deallocate"
-        ]
+    assert_kinds(
+        p,
+        &p.top_level,
+        "Allocate LaunchKernel Allocate LaunchKernel Deallocate Allocate LaunchKernel Deallocate",
     );
     assert_eq!(p.stmts[p.top_level[4]], Stmt::Deallocate { tensor: t1 });
     assert_eq!(p.stmts[p.top_level[7]], Stmt::Deallocate { tensor: t2 });
@@ -572,10 +507,7 @@ fn outputs_are_never_deallocated() {
     assert_eq!(run(&AllocateAndDeallocate, &mut b.p), Changed::Yes);
     let p = &b.p;
     assert_eq!(count(p, "Deallocate"), 0);
-    assert_eq!(
-        kinds(p, &p.top_level),
-        ["Allocate", "LaunchKernel", "Allocate", "Matmul"]
-    );
+    assert_kinds(p, &p.top_level, "Allocate LaunchKernel Allocate Matmul");
     assert_idempotent(&AllocateAndDeallocate, &mut b.p);
 }
 
@@ -658,17 +590,10 @@ fn loop_local_intermediate_gets_number_of_streams_slots() {
     let p = &l.b.p;
     assert_bounded(p, &l);
     // Allocated once before the loop (with the output), freed after the join.
-    assert_eq!(
-        kinds(p, &p.top_level),
-        [
-            "GetCurrentStream",
-            "Allocate",
-            "Allocate",
-            "ForLoop",
-            "SetCurrentStream",
-            "ForLoop",
-            "Deallocate"
-        ]
+    assert_kinds(
+        p,
+        &p.top_level,
+        "GetCurrentStream Allocate Allocate ForLoop SetCurrentStream ForLoop Deallocate",
     );
     assert_eq!(p.stmts[p.top_level[6]], Stmt::Deallocate { tensor: l.t });
     assert_eq!(p.top_level[3], l.lp);
@@ -683,10 +608,7 @@ fn loop_local_intermediate_is_bounded_on_a_single_stream_too() {
     assert_eq!(run(&AllocateAndDeallocate, &mut l.b.p), Changed::Yes);
     let p = &l.b.p;
     assert_bounded(p, &l);
-    assert_eq!(
-        kinds(p, &p.top_level),
-        ["Allocate", "Allocate", "ForLoop", "Deallocate"]
-    );
+    assert_kinds(p, &p.top_level, "Allocate Allocate ForLoop Deallocate");
 }
 
 #[test]
@@ -703,10 +625,7 @@ fn slots_need_iterations_n_apart_on_one_stream() {
     let before = p.tensors[l.t].clone();
     assert_eq!(run(&AllocateAndDeallocate, p), Changed::Yes);
     assert_eq!(p.tensors[l.t], before);
-    assert_eq!(
-        kinds(p, &p.top_level),
-        ["Allocate", "Allocate", "ForLoop", "Deallocate"]
-    );
+    assert_kinds(p, &p.top_level, "Allocate Allocate ForLoop Deallocate");
 }
 
 #[test]
@@ -725,15 +644,10 @@ fn a_buffer_carried_across_iterations_is_hoisted() {
     b.top(fin);
     assert_eq!(run(&AllocateAndDeallocate, &mut b.p), Changed::Yes);
     let p = &b.p;
-    assert_eq!(
-        kinds(p, &p.top_level),
-        [
-            "Allocate",
-            "ForLoop",
-            "Allocate",
-            "LaunchKernel",
-            "Deallocate"
-        ]
+    assert_kinds(
+        p,
+        &p.top_level,
+        "Allocate ForLoop Allocate LaunchKernel Deallocate",
     );
     assert_eq!(
         p.stmts[p.top_level[0]],
@@ -742,7 +656,7 @@ fn a_buffer_carried_across_iterations_is_hoisted() {
             zero_init: false
         }
     );
-    assert_eq!(kinds(p, body(p, lp)), ["LaunchKernel"]);
+    assert_kinds(p, body(p, lp), "LaunchKernel");
 }
 
 #[test]
@@ -771,19 +685,6 @@ fn coalesced_receive_is_freed_after_the_group_wait() {
     }
     assert_eq!(run(&AllocateAndDeallocate, &mut b.p), Changed::Yes);
     let p = &b.p;
-    assert_eq!(
-        kinds(p, &p.top_level),
-        [
-            "Allocate",
-            "StartCoalescing",
-            "P2PCommunication",
-            "P2PCommunication",
-            "EndCoalescing",
-            "Wait",
-            "Deallocate",
-            "Allocate",
-            "LaunchKernel"
-        ]
-    );
+    assert_kinds(p, &p.top_level, "Allocate StartCoalescing P2PCommunication P2PCommunication EndCoalescing Wait Deallocate Allocate LaunchKernel");
     assert_eq!(p.stmts[p.top_level[6]], Stmt::Deallocate { tensor: buf });
 }

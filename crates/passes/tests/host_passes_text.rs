@@ -25,10 +25,10 @@ const BARE_LOOP: &str = "\
 } // %HostIrContainer
 ";
 
-#[test]
-fn assign_streams_on_a_bare_loop() {
-    assert_eq!(
-        run_assign(BARE_LOOP, SyncVariant::Inline),
+/// What both sync variants print first: the captured main stream, then a loop whose
+/// iterations switch to their worker stream and wait for main.
+macro_rules! worker_entry {
+    () => {
         "\
 %HostIrContainer { (T0_g_f32[8, 4]) -> (T1_g_f32[8, 4]) :
   T1 = ALLOCATE(mem_type=global, zero_init=false)
@@ -36,7 +36,17 @@ fn assign_streams_on_a_bare_loop() {
   FOR i0 from 0 to 4:
     SetCurrentStream(Stream ( i0 % numberOfStreams ))
     Synchronize(Stream 0)
-    T2_g_f32[2, 4] = ShardByStream(T0, axis=0, chunks=4, stream_index=i0)
+"
+    };
+}
+
+#[test]
+fn assign_streams_on_a_bare_loop() {
+    assert_eq!(
+        run_assign(BARE_LOOP, SyncVariant::Inline),
+        concat!(
+            worker_entry!(),
+            "    T2_g_f32[2, 4] = ShardByStream(T0, axis=0, chunks=4, stream_index=i0)
     T3_g_f32[2, 4] = ShardByStream(T1, axis=0, chunks=4, stream_index=i0)
     T3 = matmul(T2, T2)
   SetCurrentStream(Stream 0)
@@ -44,6 +54,7 @@ fn assign_streams_on_a_bare_loop() {
     Synchronize(Stream ( i1 % numberOfStreams ))
 } // %HostIrContainer
 "
+        )
     );
 }
 
@@ -51,14 +62,9 @@ fn assign_streams_on_a_bare_loop() {
 fn assign_streams_separate_entry_loop() {
     assert_eq!(
         run_assign(BARE_LOOP, SyncVariant::SeparateLoop),
-        "\
-%HostIrContainer { (T0_g_f32[8, 4]) -> (T1_g_f32[8, 4]) :
-  T1 = ALLOCATE(mem_type=global, zero_init=false)
-  Stream 0 = GetCurrentStream()
-  FOR i0 from 0 to 4:
-    SetCurrentStream(Stream ( i0 % numberOfStreams ))
-    Synchronize(Stream 0)
-  FOR i1 from 0 to 4:
+        concat!(
+            worker_entry!(),
+            "  FOR i1 from 0 to 4:
     SetCurrentStream(Stream ( i1 % numberOfStreams ))
     T2_g_f32[2, 4] = ShardByStream(T0, axis=0, chunks=4, stream_index=i1)
     T3_g_f32[2, 4] = ShardByStream(T1, axis=0, chunks=4, stream_index=i1)
@@ -68,6 +74,7 @@ fn assign_streams_separate_entry_loop() {
     Synchronize(Stream ( i2 % numberOfStreams ))
 } // %HostIrContainer
 "
+        )
     );
 }
 

@@ -44,44 +44,50 @@ fn two_sharding_changes_in_one_set_become_one_set_per_change() {
     use weave_host_ir::CommunicationType::*;
     // DIDx leaves axis 0 and DIDy arrives on axis 1 in the same set: the analysis refuses
     // the set as it is written ...
-    let src = "fusion two(n = 4) {
-      mesh m = devices(2, 2)
-      tensor inp: f32[4, 4 * n] on m
-      out = set(inp)
-      output out
-      schedule inp { outer_split(0, 2) -> DIDx }
-      schedule out { mesh = m; outer_split(1, 2) -> DIDy }
-    }";
-    let f = load_src(src);
+    let src = one_op(
+        "    ",
+        ["two(n = 4)", "devices(2, 2)"],
+        ["inp", "4, 4 * n"],
+        ["out", "set(inp)"],
+        [
+            "outer_split(0, 2) -> DIDx",
+            "mesh = m; outer_split(1, 2) -> DIDy",
+        ],
+    );
+    let f = load_src(&src);
     let e = f.tensor(t(&f, "out")).definition.expect("defined");
     assert_eq!(
         derive_communication(&f, e).unwrap_err().message,
         "expected at most one sharding change in `out = set(inp)`: DIDx and DIDy both change"
     );
     // ... and the pass makes it two: gather over DIDx, then scatter over DIDy.
-    assert_eq!(collectives_after_decompose(src), vec![Allgather, Scatter]);
+    assert_eq!(collectives_after_decompose(&src), vec![Allgather, Scatter]);
     // The same for the set inserted before a pointwise op.
-    let src = "fusion two(n = 4) {
-      mesh m = devices(2, 2)
-      tensor a: f32[4, 4 * n] on m
-      b = neg(a)
-      output b
-      schedule a { outer_split(0, 2) -> DIDx }
-      schedule b { mesh = m; outer_split(1, 2) -> DIDy }
-    }";
-    assert_eq!(collectives_after_decompose(src), vec![Allgather, Scatter]);
+    let src = one_op(
+        "    ",
+        ["two(n = 4)", "devices(2, 2)"],
+        ["a", "4, 4 * n"],
+        ["b", "neg(a)"],
+        [
+            "outer_split(0, 2) -> DIDx",
+            "mesh = m; outer_split(1, 2) -> DIDy",
+        ],
+    );
+    assert_eq!(collectives_after_decompose(&src), vec![Allgather, Scatter]);
     // Swapping the DIDx and DIDy axes: the DIDy split cannot move onto the DIDx axis while
     // that is still split, so DIDx is gathered first.
-    let src = "fusion swap(n = 4) {
-      mesh m = devices(2, 2)
-      tensor a: f32[4, 4 * n] on m
-      b = set(a)
-      output b
-      schedule a { outer_split(0, 2) -> DIDx; outer_split(2, 2) -> DIDy }
-      schedule b { mesh = m; outer_split(0, 2) -> DIDy; outer_split(2, 2) -> DIDx }
-    }";
+    let src = one_op(
+        "    ",
+        ["swap(n = 4)", "devices(2, 2)"],
+        ["a", "4, 4 * n"],
+        ["b", "set(a)"],
+        [
+            "outer_split(0, 2) -> DIDx; outer_split(2, 2) -> DIDy",
+            "mesh = m; outer_split(0, 2) -> DIDy; outer_split(2, 2) -> DIDx",
+        ],
+    );
     assert_eq!(
-        collectives_after_decompose(src),
+        collectives_after_decompose(&src),
         vec![Allgather, AllToAll, Scatter]
     );
 }
@@ -128,37 +134,38 @@ fn a_did_to_stream_set_whose_splits_do_not_nest_gathers_first() {
     // inp is split over 2 devices, ag over 3 stream chunks of the same axis: a chunk would
     // straddle two shards unevenly (factors that nest, 4 chunks of 2 shards or 1 of 2, are
     // broadcast piece by piece). No one communication is that copy ...
-    let src = "fusion cpl(t = 12, h = 4, d = 2, s = 3) {
-          mesh m = devices(d)
-          tensor inp: f32[t, h] on m
-          ag = set(inp)
-          output ag
-          schedule inp { outer_split(0, d) -> DIDx }
-          schedule ag { mesh = m; outer_split(0, s) -> Stream }
-        }";
-    let f = load_src(src);
+    let src = one_op(
+        "        ",
+        ["cpl(t = 12, h = 4, d = 2, s = 3)", "devices(d)"],
+        ["inp", "t, h"],
+        ["ag", "set(inp)"],
+        [
+            "outer_split(0, d) -> DIDx",
+            "mesh = m; outer_split(0, s) -> Stream",
+        ],
+    );
+    let f = load_src(&src);
     let e = f.tensor(t(&f, "ag")).definition.expect("defined");
     assert_eq!(
         derive_communication(&f, e).unwrap_err().message,
         "a DID → Stream set needs the stream split of `ag` to match the DIDx split of `inp` in `ag = set(inp)`, or both to be outer splits of the axis by factors that divide it and one of which divides the other"
     );
     // ... so decompose-reshardings gathers `inp` whole first; the chunks are local copies.
-    assert_eq!(collectives_after_decompose(src), vec![Allgather]);
+    assert_eq!(collectives_after_decompose(&src), vec![Allgather]);
 }
 
 #[test]
 fn a_meshless_output_of_a_sharded_operand_is_named_in_the_error() {
     // Without propagate-shardings `a` keeps no mesh; the error names the user's expr and
     // tensors (never the copy decompose-reshardings would insert) at the expr.
-    let src = "fusion meshless(t = 8, h = 2, s = 2, d = 2) {
-  mesh m = devices(d)
-  tensor x: f32[t, h] on m
-  a = neg(x)
-  output a
-  schedule x { outer_split(1, d) -> DIDx }
-  schedule a { outer_split(0, s) -> Stream }
-}";
-    let mut f = load_src(src);
+    let src = one_op(
+        "",
+        ["meshless(t = 8, h = 2, s = 2, d = 2)", "devices(d)"],
+        ["x", "t, h"],
+        ["a", "neg(x)"],
+        ["outer_split(1, d) -> DIDx", "outer_split(0, s) -> Stream"],
+    );
+    let mut f = load_src(&src);
     match try_run(&mut f, &DecomposeReshardings) {
         Err(PassError::Unsupported { diagnostic, .. }) => {
             assert_eq!(
@@ -170,7 +177,7 @@ fn a_meshless_output_of_a_sharded_operand_is_named_in_the_error() {
         other => panic!("expected an error, got {other:?}"),
     }
     // With propagation, `a` receives the mesh and x's DIDx, and nothing is refused.
-    let mut f = load_src(src);
+    let mut f = load_src(&src);
     run(&mut f, &PropagateShardings);
     run(&mut f, &DecomposeReshardings);
 }

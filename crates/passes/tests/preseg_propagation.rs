@@ -9,6 +9,52 @@ use weave_ir::ParallelType::{DIDx, Serial, Stream};
 use weave_passes::propagate_shardings::PropagateShardings;
 use weave_passes::Changed;
 
+/// `out = op(x, y)` with `x: f32[t, k]` split on axis 0 and `y: f32[y_shape]` split on
+/// `y_axis`, both over `d = 2` devices.
+fn both_operands_split(
+    name: &str,
+    op: &str,
+    [x, y]: [&str; 2],
+    y_shape: &str,
+    y_axis: usize,
+) -> weave_ir::Fusion {
+    load_src(&format!(
+        "fusion {name}(t = 8, k = 4, n = 6, d = 2) {{
+          mesh m = devices(d)
+          tensor {x}: f32[t, k] on m
+          tensor {y}: f32[{y_shape}] on m
+          out = {op}({x}, {y})
+          output out
+          schedule {x} {{ outer_split(0, d) -> DIDx }}
+          schedule {y} {{ outer_split({y_axis}, d) -> DIDx }}
+        }}"
+    ))
+}
+
+/// `a: f32[12]` split over `d` devices, then `r = reshape(a, [2, 6])`.
+fn split_then_reshape(name: &str, d: i64) -> weave_ir::Fusion {
+    load_src(&format!(
+        "fusion {name}(d = {d}) {{
+          mesh m = devices(d)
+          tensor a: f32[12] on m
+          r = reshape(a, [2, 6])
+          output r
+          schedule a {{ outer_split(0, d) -> DIDx }}
+        }}"
+    ))
+}
+
+/// `c = set(set(a))` stream- and device-split on `c`, with `b` user-scheduled (mesh only).
+const BACK: &str = "fusion back(t = 8, n = 4, d = 2, s = 2) {
+          mesh m = devices(d)
+          tensor a: f32[t, n] on m
+          b = set(a)
+          c = set(b)
+          output c
+          schedule b { mesh = m }
+          schedule c { mesh = m; outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
+        }";
+
 #[test]
 fn forward_stream_from_the_weight_reaches_the_matmul_output_axis_1() {
     // w.outer_split(1, 2) -> Stream  ==>  matmul(inp, w) has Stream on axis 1.
@@ -45,17 +91,7 @@ fn backward_stream_from_the_output_reaches_every_input() {
 #[test]
 fn linear_takes_the_weight_first_so_the_output_is_not_doubly_didx_sharded() {
     // inp sharded on M, w sharded on N: the output takes DIDx on N (from w) only.
-    let mut f = load_src(
-        "fusion lin(t = 8, k = 4, n = 6, d = 2) {
-          mesh m = devices(d)
-          tensor inp: f32[t, k] on m
-          tensor w: f32[n, k] on m
-          out = linear(inp, w)
-          output out
-          schedule inp { outer_split(0, d) -> DIDx }
-          schedule w { outer_split(0, d) -> DIDx }
-        }",
-    );
+    let mut f = both_operands_split("lin", "linear", ["inp", "w"], "n, k", 0);
     run(&mut f, &PropagateShardings);
     let out = t(&f, "out");
     assert_eq!(
@@ -67,20 +103,10 @@ fn linear_takes_the_weight_first_so_the_output_is_not_doubly_didx_sharded() {
         1
     );
     // The same with matmul: B (the weight) first.
-    let mut f = load_src(
-        "fusion mm(t = 8, k = 4, n = 6, d = 2) {
-          mesh m = devices(d)
-          tensor a: f32[t, k] on m
-          tensor b: f32[k, n] on m
-          out = matmul(a, b)
-          output out
-          schedule a { outer_split(0, d) -> DIDx }
-          schedule b { outer_split(1, d) -> DIDx }
-        }",
-    );
+    let mut f = both_operands_split("mm", "matmul", ["a", "b"], "k, n", 1);
     run(&mut f, &PropagateShardings);
     assert_eq!(
-        shape(&f, &f.tensor(t(&f, "out")).loop_domain),
+        loop_shape(&f, "out"),
         vec![(Serial, 8), (DIDx, 2), (Serial, 3), (Serial, 4)]
     );
 }
@@ -93,47 +119,19 @@ fn row_parallel_linear_output_gets_stream_and_a_device_reduction_axis() {
     run(&mut f, &PropagateShardings);
     let out = f.tensor(t(&f, "out"));
     assert_eq!(out.mesh, m, "a tensor without a mesh inherits one");
-    assert_eq!(
-        shape(&f, &out.loop_domain),
-        vec![
-            (Stream, 4),
-            (Serial, 2048),
-            (Serial, 8192),
-            (DIDx, 2),
-            (Serial, 16384)
-        ]
-    );
+    assert_eq!(shape(&f, &out.loop_domain), ROW_PARALLEL_OUT_LOOP);
     let rdid = out.loop_domain[3];
     assert_eq!(f.id(rdid).iter_type, IterType::Reduction);
 }
 
 #[test]
 fn fusion_inputs_receive_only_stream_and_user_sharded_tensors_keep_theirs() {
-    let mut f = load_src(
-        "fusion back(t = 8, n = 4, d = 2, s = 2) {
-          mesh m = devices(d)
-          tensor a: f32[t, n] on m
-          b = set(a)
-          c = set(b)
-          output c
-          schedule b { mesh = m }
-          schedule c { mesh = m; outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
-        }",
-    );
+    let mut f = load_src(BACK);
     run(&mut f, &PropagateShardings);
     // b is user-sharded (replicated on purpose): untouched.
     assert_eq!(loop_types(&f, "b"), vec![Serial, Serial]);
     // A non-user intermediate takes everything: same fusion without b's schedule.
-    let mut g = load_src(
-        "fusion back(t = 8, n = 4, d = 2, s = 2) {
-          mesh m = devices(d)
-          tensor a: f32[t, n] on m
-          b = set(a)
-          c = set(b)
-          output c
-          schedule c { mesh = m; outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
-        }",
-    );
+    let mut g = load_src(&BACK.replace("          schedule b { mesh = m }\n", ""));
     run(&mut g, &PropagateShardings);
     assert_eq!(loop_types(&g, "b"), vec![Stream, Serial, DIDx, Serial]);
     // The fusion input takes the Stream split but never the DIDx one.
@@ -212,28 +210,12 @@ fn a_device_split_whose_shards_are_not_blocks_across_a_reshape_stays_on_its_side
     // of r's outer axis (extent 2, which 4 devices do not divide), so propagation leaves r
     // unsplit (before, it failed: "schedule of `r`: axis 0 has extent 2 (`2`), not divisible
     // by 4 devices (DIDx)"), and decompose-reshardings gathers `a` for the reshape.
-    let mut f = load_src(
-        "fusion ragged(d = 4) {
-          mesh m = devices(d)
-          tensor a: f32[12] on m
-          r = reshape(a, [2, 6])
-          output r
-          schedule a { outer_split(0, d) -> DIDx }
-        }",
-    );
+    let mut f = split_then_reshape("ragged", 4);
     run(&mut f, &PropagateShardings);
     assert_eq!(loop_types(&f, "r"), vec![Serial, Serial]);
     assert_eq!(loop_types(&f, "a"), vec![DIDx, Serial]);
     // When 2 devices divide the outer axis, the split crosses the reshape as before.
-    let mut g = load_src(
-        "fusion even(d = 2) {
-          mesh m = devices(d)
-          tensor a: f32[12] on m
-          r = reshape(a, [2, 6])
-          output r
-          schedule a { outer_split(0, d) -> DIDx }
-        }",
-    );
+    let mut g = split_then_reshape("even", 2);
     run(&mut g, &PropagateShardings);
     assert_eq!(loop_types(&g, "r"), vec![DIDx, Serial]);
 }

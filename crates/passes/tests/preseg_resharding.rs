@@ -97,55 +97,55 @@ fn device_truth_table() {
 #[test]
 fn equal_device_shardings_are_proved_through_splits_reshapes_and_merges() {
     // Identical loop splits on both sides of a set.
-    let f = load_src(
-        "fusion same(d = 2, n = 6) {
-          mesh m = devices(d)
-          tensor a: f32[d * n, 3] on m
-          b = set(a)
-          output b
-          schedule a { outer_split(0, d) -> DIDx }
-          schedule b { mesh = m; outer_split(0, d) -> DIDx }
-        }",
-    );
+    let f = load_src(&one_op(
+        "        ",
+        ["same(d = 2, n = 6)", "devices(d)"],
+        ["a", "d * n, 3"],
+        ["b", "set(a)"],
+        [
+            "outer_split(0, d) -> DIDx",
+            "mesh = m; outer_split(0, d) -> DIDx",
+        ],
+    ));
     assert!(!differ(&f, "a", "b", &DEVICE_TYPES));
     assert!(!is_resharding(&f, def(&f, "b")));
     // A loop split of [d * n] against a reshape to [d, n] sharded on its logical axis 0:
     // (x / n) == (x / ceilDiv(d * n, d)).
-    let f = load_src(
-        "fusion split_reshape(d = 2, n = 6) {
-          mesh m = devices(d)
-          tensor a: f32[d * n] on m
-          r = reshape(a, [d, n])
-          output r
-          schedule a { outer_split(0, d) -> DIDx }
-          schedule r { mesh = m; parallelize(0, DIDx) }
-        }",
-    );
+    let f = load_src(&one_op(
+        "        ",
+        ["split_reshape(d = 2, n = 6)", "devices(d)"],
+        ["a", "d * n"],
+        ["r", "reshape(a, [d, n])"],
+        [
+            "outer_split(0, d) -> DIDx",
+            "mesh = m; parallelize(0, DIDx)",
+        ],
+    ));
     assert!(!differ(&f, "a", "r", &DEVICE_TYPES));
     // A logical axis 0 of [d, n] against a merge to [d * n] split by d:
     // (x0 * n + x1) / n == x0 because x1 < n.
-    let f = load_src(
-        "fusion merge_reshape(d = 2, n = 6) {
-          mesh m = devices(d)
-          tensor a: f32[d, n] on m
-          r = reshape(a, [d * n])
-          output r
-          schedule a { parallelize(0, DIDx) }
-          schedule r { mesh = m; outer_split(0, d) -> DIDx }
-        }",
-    );
+    let f = load_src(&one_op(
+        "        ",
+        ["merge_reshape(d = 2, n = 6)", "devices(d)"],
+        ["a", "d, n"],
+        ["r", "reshape(a, [d * n])"],
+        [
+            "parallelize(0, DIDx)",
+            "mesh = m; outer_split(0, d) -> DIDx",
+        ],
+    ));
     assert!(!differ(&f, "a", "r", &DEVICE_TYPES));
     // The same merge split by another factor cannot be proved equal.
-    let f = load_src(
-        "fusion merge_reshape_other(d = 2, n = 6) {
-          mesh m = devices(d)
-          tensor a: f32[d, n] on m
-          r = reshape(a, [d * n])
-          output r
-          schedule a { parallelize(0, DIDx) }
-          schedule r { mesh = m; outer_split(0, d) ; outer_split(1, d) -> DIDx }
-        }",
-    );
+    let f = load_src(&one_op(
+        "        ",
+        ["merge_reshape_other(d = 2, n = 6)", "devices(d)"],
+        ["a", "d, n"],
+        ["r", "reshape(a, [d * n])"],
+        [
+            "parallelize(0, DIDx)",
+            "mesh = m; outer_split(0, d) ; outer_split(1, d) -> DIDx",
+        ],
+    ));
     assert!(differ(&f, "a", "r", &DEVICE_TYPES));
 }
 

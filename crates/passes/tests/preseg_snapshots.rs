@@ -27,24 +27,6 @@ fn snap(pass: &str, fixture: &str) {
     insta::assert_snapshot!(format!("{pass}__{fixture}"), out);
 }
 
-const INNER_ALLGATHER: &str = "fusion inner_allgather(d = 2, n = 3) {
-  mesh m = devices(d)
-  tensor inp: f32[n, d * 4] on m
-  out = set(inp)
-  output out
-  schedule inp { outer_split(1, d) -> DIDx }
-  schedule out { mesh = m }
-}";
-
-const INNER_REDUCE_SCATTER: &str = "fusion inner_reduce_scatter(d = 2, n = 3) {
-  mesh m = devices(d)
-  tensor inp: f32[n, d, d] on m
-  out = sum(inp, [1])
-  output out
-  schedule inp { parallelize(1, DIDx) }
-  schedule out { mesh = m; parallelize(2, DIDx) }
-}";
-
 #[test]
 fn propagate_shardings() {
     for fixture in [

@@ -9,6 +9,7 @@ use weave_transform::{parallelize, split, DomainKind};
 use crate::{
     compute_kind, segment, verify, DefaultMergeRule, NoMergeRule, SegmentKind, SegmentedFusion,
 };
+use SegmentKind::{Communication, Kernel, Library};
 
 fn input(f: &mut Fusion, name: &str) -> TensorId {
     f.add_input(name, DType::F32, vec![Scalar::c(8), Scalar::c(8)], None)
@@ -33,10 +34,15 @@ fn seg_default(f: Fusion) -> SegmentedFusion {
     sf
 }
 
+/// Outer-splits loop axis `axis` of `t` by `factor` and parallelizes the outer part on `pt`.
+fn split_on(f: &mut Fusion, t: TensorId, axis: usize, factor: Scalar, pt: ParallelType) {
+    split(f, t, DomainKind::Loop, axis, factor, SplitKind::Outer).unwrap();
+    parallelize(f, t, axis, pt).unwrap();
+}
+
 /// Stream-splits axis 0 of `t`'s loop domain into `s` chunks.
 fn stream_split(f: &mut Fusion, t: TensorId, s: i64) {
-    split(f, t, DomainKind::Loop, 0, Scalar::c(s), SplitKind::Outer).unwrap();
-    parallelize(f, t, 0, ParallelType::Stream).unwrap();
+    split_on(f, t, 0, Scalar::c(s), ParallelType::Stream);
 }
 
 #[test]
@@ -53,7 +59,7 @@ fn pointwise_chain_fuses_into_one_kernel() {
     let sf = seg_default(f);
     assert_eq!(sf.len(), 1);
     let (id, s) = sf.segments().next().unwrap();
-    assert_eq!(s.kind(), SegmentKind::Kernel);
+    assert_eq!(s.kind(), Kernel);
     assert_eq!(s.exprs(), sf.fusion().exprs());
     assert_eq!(s.inputs(), &[a, b]);
     assert_eq!(s.outputs(), &[h]);
@@ -75,14 +81,7 @@ fn matmul_between_pointwise_ops_gives_kernel_library_kernel() {
     let d = f.binary("d", BinaryOp::Mul, c, c).unwrap();
     f.add_output(d).unwrap();
     let sf = seg_default(f);
-    assert_eq!(
-        kinds(&sf),
-        [
-            SegmentKind::Kernel,
-            SegmentKind::Library,
-            SegmentKind::Kernel
-        ]
-    );
+    assert_eq!(kinds(&sf), [Kernel, Library, Kernel]);
     let ids = sf.run_order().to_vec();
     assert_eq!(sf.segment(ids[1]).inputs(), &[b, w]);
     assert_eq!(sf.segment(ids[1]).outputs(), &[m]);
@@ -121,14 +120,7 @@ fn diamond_around_a_library_call_stays_acyclic() {
     let c = f.binary("c", BinaryOp::Add, m, c2).unwrap();
     f.add_output(c).unwrap();
     let sf = seg_default(f);
-    assert_eq!(
-        kinds(&sf),
-        [
-            SegmentKind::Kernel,
-            SegmentKind::Library,
-            SegmentKind::Kernel
-        ]
-    );
+    assert_eq!(kinds(&sf), [Kernel, Library, Kernel]);
     let ids = sf.run_order().to_vec();
     let fu = sf.fusion();
     assert_eq!(sf.segment(ids[0]).exprs(), &[def(fu, a), def(fu, c2)]);
@@ -168,22 +160,14 @@ fn classifier_marked_communications_are_their_own_segments() {
     let comms = [def(&f, g1), def(&f, g2)];
     let classify = move |fu: &Fusion, e: ExprId| {
         if comms.contains(&e) {
-            SegmentKind::Communication
+            Communication
         } else {
             compute_kind(fu, e)
         }
     };
     let sf = segment(f, &classify, &DefaultMergeRule::new());
     verify(&sf).unwrap();
-    assert_eq!(
-        kinds(&sf),
-        [
-            SegmentKind::Kernel,
-            SegmentKind::Communication,
-            SegmentKind::Communication,
-            SegmentKind::Kernel
-        ]
-    );
+    assert_eq!(kinds(&sf), [Kernel, Communication, Communication, Kernel]);
     insta::assert_snapshot!(sf.to_string(), @r"
     segment 0 (kernel): exprs [neg] inputs (x) outputs (a)
     segment 1 (communication): exprs [set] inputs (a) outputs (g1)
@@ -269,15 +253,7 @@ fn no_merge_rule_gives_one_segment_per_expr() {
     for (k, (_, s)) in sf.segments().enumerate() {
         assert_eq!(s.exprs(), &[sf.fusion().exprs()[k]]);
     }
-    assert_eq!(
-        kinds(&sf),
-        [
-            SegmentKind::Kernel,
-            SegmentKind::Kernel,
-            SegmentKind::Library,
-            SegmentKind::Kernel
-        ]
-    );
+    assert_eq!(kinds(&sf), [Kernel, Kernel, Library, Kernel]);
 }
 
 #[test]
@@ -327,27 +303,9 @@ fn device_split_mismatch_and_symbolic_extents() {
     // a: DIDx on axis 1; b: DIDx on axis 1 after a Stream split of axis 0 (same DID
     // structure plus a stream axis); c: DIDx only.
     for t in [a, b, c] {
-        split(
-            &mut f,
-            t,
-            DomainKind::Loop,
-            1,
-            Scalar::named("d"),
-            SplitKind::Outer,
-        )
-        .unwrap();
-        parallelize(&mut f, t, 1, ParallelType::DIDx).unwrap();
+        split_on(&mut f, t, 1, Scalar::named("d"), ParallelType::DIDx);
     }
-    split(
-        &mut f,
-        b,
-        DomainKind::Loop,
-        0,
-        Scalar::named("s"),
-        SplitKind::Outer,
-    )
-    .unwrap();
-    parallelize(&mut f, b, 0, ParallelType::Stream).unwrap();
+    split_on(&mut f, b, 0, Scalar::named("s"), ParallelType::Stream);
     let sf = seg_default(f);
     assert_eq!(sf.len(), 3, "{sf}");
 }
@@ -391,16 +349,7 @@ fn stream_splits_of_unmapped_axes_are_never_merged() {
         .unwrap();
     f.add_output(r).unwrap();
     stream_split(&mut f, a, 2);
-    split(
-        &mut f,
-        r,
-        DomainKind::Loop,
-        1,
-        Scalar::c(2),
-        SplitKind::Outer,
-    )
-    .unwrap();
-    parallelize(&mut f, r, 1, ParallelType::Stream).unwrap();
+    split_on(&mut f, r, 1, Scalar::c(2), ParallelType::Stream);
     assert!(crate::same_parallel_structure(&f, a, r));
     assert!(!crate::same_stream_axis(&f, &[a, r]));
     let sf = seg_default(f);
@@ -447,7 +396,7 @@ fn permute_and_reshape_stay_alone_under_the_default_rule() {
     f.add_output(b).unwrap();
     let sf = seg_default(f);
     assert_eq!(sf.len(), 3);
-    assert!(kinds(&sf).iter().all(|k| *k == SegmentKind::Kernel));
+    assert!(kinds(&sf).iter().all(|k| *k == Kernel));
 }
 
 #[test]
@@ -462,11 +411,7 @@ fn from_partition_builds_and_rejects() {
 
     let ok = SegmentedFusion::from_partition(
         f.clone(),
-        vec![
-            (SegmentKind::Kernel, vec![ec]),
-            (SegmentKind::Library, vec![em]),
-            (SegmentKind::Kernel, vec![ea]),
-        ],
+        vec![(Kernel, vec![ec]), (Library, vec![em]), (Kernel, vec![ea])],
     )
     .unwrap();
     assert_eq!(
@@ -479,10 +424,7 @@ fn from_partition_builds_and_rejects() {
 
     let cyclic = SegmentedFusion::from_partition(
         f.clone(),
-        vec![
-            (SegmentKind::Kernel, vec![ea, ec]),
-            (SegmentKind::Library, vec![em]),
-        ],
+        vec![(Kernel, vec![ea, ec]), (Library, vec![em])],
     )
     .unwrap_err();
     assert!(cyclic.contains("cycle"), "{cyclic}");
@@ -490,26 +432,20 @@ fn from_partition_builds_and_rejects() {
     let twice = SegmentedFusion::from_partition(
         f.clone(),
         vec![
-            (SegmentKind::Kernel, vec![ea, ec]),
-            (SegmentKind::Kernel, vec![ea]),
-            (SegmentKind::Library, vec![em]),
+            (Kernel, vec![ea, ec]),
+            (Kernel, vec![ea]),
+            (Library, vec![em]),
         ],
     )
     .unwrap_err();
     assert!(twice.contains("two segments"), "{twice}");
 
-    let missing = SegmentedFusion::from_partition(f.clone(), vec![(SegmentKind::Kernel, vec![ea])])
-        .unwrap_err();
+    let missing = SegmentedFusion::from_partition(f.clone(), vec![(Kernel, vec![ea])]).unwrap_err();
     assert!(missing.contains("in no segment"), "{missing}");
 
-    let fat_library = SegmentedFusion::from_partition(
-        f,
-        vec![
-            (SegmentKind::Kernel, vec![ea]),
-            (SegmentKind::Library, vec![em, ec]),
-        ],
-    )
-    .unwrap_err();
+    let fat_library =
+        SegmentedFusion::from_partition(f, vec![(Kernel, vec![ea]), (Library, vec![em, ec])])
+            .unwrap_err();
     assert!(fat_library.contains("exactly one"), "{fat_library}");
 }
 

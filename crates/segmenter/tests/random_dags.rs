@@ -144,6 +144,27 @@ fn op_spec() -> impl Strategy<Value = OpSpec> {
     )
 }
 
+/// The exprs of `f` whose entry in `mask` (in program order) is set.
+fn masked(f: &Fusion, mask: &[bool]) -> HashSet<ExprId> {
+    f.exprs()
+        .iter()
+        .zip(mask)
+        .filter(|(_, c)| **c)
+        .map(|(e, _)| *e)
+        .collect()
+}
+
+/// [`compute_kind`], except that the exprs of `comms` are communications.
+fn classify_comms(comms: &HashSet<ExprId>) -> impl Fn(&Fusion, ExprId) -> SegmentKind + '_ {
+    move |fu, e| {
+        if comms.contains(&e) {
+            SegmentKind::Communication
+        } else {
+            compute_kind(fu, e)
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -155,20 +176,8 @@ proptest! {
         siblings in any::<bool>(),
     ) {
         let f = build(&ops, n_outputs);
-        let comms: HashSet<ExprId> = f
-            .exprs()
-            .iter()
-            .zip(&comm_mask)
-            .filter(|(_, c)| **c)
-            .map(|(e, _)| *e)
-            .collect();
-        let classify = |fu: &Fusion, e: ExprId| {
-            if comms.contains(&e) {
-                SegmentKind::Communication
-            } else {
-                compute_kind(fu, e)
-            }
-        };
+        let comms = masked(&f, &comm_mask);
+        let classify = classify_comms(&comms);
         let rule = DefaultMergeRule { merge_siblings: siblings };
         let sf = segment(f.clone(), &classify, &rule);
         check(&sf, &comms)?;
@@ -200,20 +209,8 @@ proptest! {
             fn merge_siblings(&self) -> bool { true }
         }
         let f = build(&ops, 2);
-        let comms: HashSet<ExprId> = f
-            .exprs()
-            .iter()
-            .zip(&comm_mask)
-            .filter(|(_, c)| **c)
-            .map(|(e, _)| *e)
-            .collect();
-        let classify = |fu: &Fusion, e: ExprId| {
-            if comms.contains(&e) {
-                SegmentKind::Communication
-            } else {
-                compute_kind(fu, e)
-            }
-        };
+        let comms = masked(&f, &comm_mask);
+        let classify = classify_comms(&comms);
         let sf = segment(f, &classify, &Greedy);
         check(&sf, &comms)?;
     }

@@ -285,44 +285,18 @@ impl IdGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schedule::{split, DomainKind};
-    use weave_ir::{DType, ExprKind, MeshSpec, ParallelType, ScheduleOp, ScheduleStep};
-
-    fn n(s: &str) -> Scalar {
-        Scalar::named(s)
-    }
-
-    fn outer(axis: usize, factor: Scalar, p: ParallelType) -> ScheduleStep {
-        ScheduleStep {
-            op: ScheduleOp::OuterSplit {
-                axis,
-                factor,
-                parallel: Some(p),
-            },
-            span: None,
-        }
-    }
+    use crate::test_util::{f32_input, loop_split, n, outer, reshape, row_parallel_unscheduled};
+    use weave_ir::{ExprKind, ParallelType};
 
     #[test]
     fn row_parallel_linear_maps_tokens_and_contraction() {
-        let mut f = Fusion::new("row_parallel_linear");
-        for (p, v) in [("t", 8192), ("h", 8192), ("d", 2), ("s", 4)] {
-            f.add_param(p, Some(v)).unwrap();
-        }
-        let m = f.add_mesh("m", MeshSpec::Devices(vec![n("d")])).unwrap();
-        let inp = f
-            .add_input("inp", DType::BF16, vec![n("t"), n("h").mul(4)], Some(m))
-            .unwrap();
-        let w = f
-            .add_input("w", DType::BF16, vec![n("h"), n("h").mul(4)], Some(m))
-            .unwrap();
-        let out = f.linear("out", inp, w, None).unwrap();
+        let (mut f, inp, w, out) = row_parallel_unscheduled();
         f.tensor_mut(inp).schedule = vec![
-            outer(0, n("s"), ParallelType::Stream),
-            outer(2, n("d"), ParallelType::DIDx),
+            outer(0, n("s"), Some(ParallelType::Stream)),
+            outer(2, n("d"), Some(ParallelType::DIDx)),
         ];
-        f.tensor_mut(w).schedule = vec![outer(1, n("d"), ParallelType::DIDx)];
-        f.tensor_mut(out).schedule = vec![outer(0, n("s"), ParallelType::Stream)];
+        f.tensor_mut(w).schedule = vec![outer(1, n("d"), Some(ParallelType::DIDx))];
+        f.tensor_mut(out).schedule = vec![outer(0, n("s"), Some(ParallelType::Stream))];
         crate::schedule::apply_schedules(&mut f).unwrap();
         let g = IdGraph::build(&f);
         let (il, wl, ol) = (
@@ -357,38 +331,12 @@ mod tests {
     #[test]
     fn different_factors_or_kinds_do_not_map() {
         let mut f = Fusion::new("f");
-        let a = f
-            .add_input("a", DType::F32, vec![Scalar::c(12)], None)
-            .unwrap();
+        let a = f32_input(&mut f, "a", vec![Scalar::c(12)], None);
         let b = f.set("b", a).unwrap();
         let c = f.set("c", a).unwrap();
-        let (ao, _) = split(
-            &mut f,
-            a,
-            DomainKind::Loop,
-            0,
-            Scalar::c(3),
-            SplitKind::Outer,
-        )
-        .unwrap();
-        let (bo, _) = split(
-            &mut f,
-            b,
-            DomainKind::Loop,
-            0,
-            Scalar::c(4),
-            SplitKind::Outer,
-        )
-        .unwrap();
-        let (co, _) = split(
-            &mut f,
-            c,
-            DomainKind::Loop,
-            0,
-            Scalar::c(3),
-            SplitKind::Inner,
-        )
-        .unwrap();
+        let (ao, _) = loop_split(&mut f, a, 0, Scalar::c(3), SplitKind::Outer);
+        let (bo, _) = loop_split(&mut f, b, 0, Scalar::c(4), SplitKind::Outer);
+        let (co, _) = loop_split(&mut f, c, 0, Scalar::c(3), SplitKind::Inner);
         let g = IdGraph::build(&f);
         assert!(g.are_mapped(f.tensor(a).logical[0], f.tensor(c).logical[0]));
         assert!(!g.are_mapped(ao, bo));
@@ -399,28 +347,10 @@ mod tests {
     fn reshape_root_maps_and_identical_splits_reach_its_logical() {
         let mut f = Fusion::new("reshape");
         f.add_param("h", Some(8)).unwrap();
-        let a = f
-            .add_input("a", DType::F32, vec![Scalar::c(3), n("h").mul(2)], None)
-            .unwrap();
-        let r = f
-            .add_op(
-                "r",
-                ExprKind::Reshape {
-                    shape: vec![Scalar::c(3), Scalar::c(2), n("h")],
-                },
-                &[a],
-            )
-            .unwrap();
+        let a = f32_input(&mut f, "a", vec![Scalar::c(3), n("h").mul(2)], None);
+        let r = reshape(&mut f, "r", a, vec![Scalar::c(3), Scalar::c(2), n("h")]);
         // Schedule a's second axis exactly like the reshape splits it.
-        let (o, i) = split(
-            &mut f,
-            a,
-            DomainKind::Loop,
-            1,
-            Scalar::c(2),
-            SplitKind::Outer,
-        )
-        .unwrap();
+        let (o, i) = loop_split(&mut f, a, 1, Scalar::c(2), SplitKind::Outer);
         let g = IdGraph::build(&f);
         let rl = f.tensor(r).logical.clone();
         let root = f.tensor(r).root.clone().unwrap();
@@ -433,15 +363,11 @@ mod tests {
     #[test]
     fn broadcast_axes_stay_apart_and_unknown_ids_are_alone() {
         let mut f = Fusion::new("bc");
-        let a = f
-            .add_input("a", DType::F32, vec![Scalar::c(4)], None)
-            .unwrap();
+        let a = f32_input(&mut f, "a", vec![Scalar::c(4)], None);
         let b = f
             .add_op("b", ExprKind::Broadcast { axes: vec![0] }, &[a])
             .unwrap();
-        let full = f
-            .add_input("full", DType::F32, vec![Scalar::c(5), Scalar::c(4)], None)
-            .unwrap();
+        let full = f32_input(&mut f, "full", vec![Scalar::c(5), Scalar::c(4)], None);
         let s = f.binary("s", weave_ir::BinaryOp::Add, b, full).unwrap();
         let g = IdGraph::build(&f);
         let (bl, fl, sl) = (

@@ -28,6 +28,8 @@ pub mod id_graph;
 pub mod logical_map;
 pub mod replay;
 pub mod schedule;
+#[cfg(test)]
+mod test_util;
 
 pub use id_graph::{IdClass, IdGraph};
 pub use logical_map::{consumer_to_producer, pairwise_map};

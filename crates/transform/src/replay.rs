@@ -476,45 +476,16 @@ fn existing_split(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weave_ir::{DType, ExprKind, MeshSpec, Scalar, ScheduleOp, ScheduleStep, SplitKind};
+    use crate::test_util::{
+        devices, f32_input, loop_of, n, outer, reshape, row_parallel_unscheduled, split_on,
+    };
+    use weave_ir::{ExprKind, Scalar};
 
-    fn n(s: &str) -> Scalar {
-        Scalar::named(s)
-    }
-
-    fn outer(axis: usize, factor: Scalar, p: Option<ParallelType>) -> ScheduleStep {
-        ScheduleStep {
-            op: ScheduleOp::OuterSplit {
-                axis,
-                factor,
-                parallel: p,
-            },
-            span: None,
-        }
-    }
-
-    fn loop_of(f: &Fusion, t: TensorId) -> Vec<(ParallelType, Scalar)> {
-        f.tensor(t)
-            .loop_domain
-            .iter()
-            .map(|i| (f.id(*i).parallel, f.id(*i).extent.clone()))
-            .collect()
-    }
+    const STREAM_AND_DIDX: [ParallelType; 2] = [ParallelType::Stream, ParallelType::DIDx];
 
     /// The row-parallel linear with only the inputs scheduled.
     fn row_parallel() -> (Fusion, TensorId, TensorId, TensorId) {
-        let mut f = Fusion::new("row_parallel_linear");
-        for (p, v) in [("t", 8192), ("h", 8192), ("d", 2), ("s", 4)] {
-            f.add_param(p, Some(v)).unwrap();
-        }
-        let m = f.add_mesh("m", MeshSpec::Devices(vec![n("d")])).unwrap();
-        let inp = f
-            .add_input("inp", DType::BF16, vec![n("t"), n("h").mul(4)], Some(m))
-            .unwrap();
-        let w = f
-            .add_input("w", DType::BF16, vec![n("h"), n("h").mul(4)], Some(m))
-            .unwrap();
-        let out = f.linear("out", inp, w, None).unwrap();
+        let (mut f, inp, w, out) = row_parallel_unscheduled();
         f.tensor_mut(inp).schedule = vec![
             outer(0, n("s"), Some(ParallelType::Stream)),
             outer(2, n("d"), Some(ParallelType::DIDx)),
@@ -528,14 +499,7 @@ mod tests {
     fn linear_output_takes_stream_and_reduction_sharding() {
         let (mut f, inp, _, out) = row_parallel();
         let g = IdGraph::build(&f);
-        let rep = replay_loop_like(
-            &mut f,
-            inp,
-            out,
-            &g,
-            &[ParallelType::Stream, ParallelType::DIDx],
-        )
-        .unwrap();
+        let rep = replay_loop_like(&mut f, inp, out, &g, &STREAM_AND_DIDX).unwrap();
         assert!(rep.inherited_mesh);
         assert!(rep.skipped.is_empty(), "{:?}", rep.skipped);
         assert_eq!(rep.applied.len(), 2);
@@ -552,14 +516,7 @@ mod tests {
         let l = f.tensor(out).loop_domain[3];
         assert_eq!(f.id(l).iter_type, IterType::Reduction);
         // Replaying again changes nothing: every type is already there.
-        let again = replay_loop_like(
-            &mut f,
-            inp,
-            out,
-            &g,
-            &[ParallelType::Stream, ParallelType::DIDx],
-        )
-        .unwrap();
+        let again = replay_loop_like(&mut f, inp, out, &g, &STREAM_AND_DIDX).unwrap();
         assert!(again.applied.is_empty());
         assert_eq!(
             again
@@ -591,9 +548,7 @@ mod tests {
     fn stream_never_lands_on_a_reduction_axis() {
         // x [4, 6] stream-split on axis 1; r = sum(x, [1]) reduces that axis.
         let mut f = Fusion::new("stream_reduction");
-        let x = f
-            .add_input("x", DType::F32, vec![Scalar::c(4), Scalar::c(6)], None)
-            .unwrap();
+        let x = f32_input(&mut f, "x", vec![Scalar::c(4), Scalar::c(6)], None);
         let r = f
             .add_op(
                 "r",
@@ -617,12 +572,8 @@ mod tests {
     fn chains_through_an_inner_output_reuse_the_replayed_prefix() {
         // a: [12, 6]; outer_split(0, 3) -> Stream; outer_split(1, 2) -> DIDx on the inner 4.
         let mut f = Fusion::new("chain");
-        let m = f
-            .add_mesh("m", MeshSpec::Devices(vec![Scalar::c(2)]))
-            .unwrap();
-        let a = f
-            .add_input("a", DType::F32, vec![Scalar::c(12), Scalar::c(6)], Some(m))
-            .unwrap();
+        let m = devices(&mut f, "m", 2);
+        let a = f32_input(&mut f, "a", vec![Scalar::c(12), Scalar::c(6)], Some(m));
         let b = f.set("b", a).unwrap();
         f.tensor_mut(a).schedule = vec![
             outer(0, Scalar::c(3), Some(ParallelType::Stream)),
@@ -630,14 +581,7 @@ mod tests {
         ];
         schedule::apply_schedules(&mut f).unwrap();
         let g = IdGraph::build(&f);
-        let rep = replay_loop_like(
-            &mut f,
-            a,
-            b,
-            &g,
-            &[ParallelType::Stream, ParallelType::DIDx],
-        )
-        .unwrap();
+        let rep = replay_loop_like(&mut f, a, b, &g, &STREAM_AND_DIDX).unwrap();
         assert_eq!(rep.applied.len(), 2, "{:?}", rep.skipped);
         assert_eq!(loop_of(&f, b), loop_of(&f, a));
         // DIDx alone replays the whole chain, leaving the stream split serial.
@@ -660,7 +604,7 @@ mod tests {
         // b = set(a); b is scheduled, a receives it.
         let mut f = Fusion::new("back");
         f.add_param("t", Some(10)).unwrap();
-        let a = f.add_input("a", DType::F32, vec![n("t")], None).unwrap();
+        let a = f32_input(&mut f, "a", vec![n("t")], None);
         let b = f.set("b", a).unwrap();
         f.tensor_mut(b).schedule = vec![outer(0, Scalar::c(4), Some(ParallelType::Stream))];
         schedule::apply_schedules(&mut f).unwrap();
@@ -678,18 +622,10 @@ mod tests {
     #[test]
     fn skips_broadcasts_mesh_mismatches_and_differently_scheduled_targets() {
         let mut f = Fusion::new("skips");
-        let m2 = f
-            .add_mesh("m2", MeshSpec::Devices(vec![Scalar::c(2)]))
-            .unwrap();
-        let m4 = f
-            .add_mesh("m4", MeshSpec::Devices(vec![Scalar::c(4)]))
-            .unwrap();
-        let a = f
-            .add_input("a", DType::F32, vec![Scalar::c(8), Scalar::c(8)], Some(m2))
-            .unwrap();
-        let x = f
-            .add_input("x", DType::F32, vec![Scalar::c(8)], Some(m2))
-            .unwrap();
+        let m2 = devices(&mut f, "m2", 2);
+        let m4 = devices(&mut f, "m4", 4);
+        let a = f32_input(&mut f, "a", vec![Scalar::c(8), Scalar::c(8)], Some(m2));
+        let x = f32_input(&mut f, "x", vec![Scalar::c(8)], Some(m2));
         let xb = f
             .add_op("xb", ExprKind::Broadcast { axes: vec![0] }, &[x])
             .unwrap();
@@ -729,21 +665,10 @@ mod tests {
     #[test]
     fn merged_reference_axes_are_skipped() {
         let mut f = Fusion::new("merged");
-        let a = f
-            .add_input("a", DType::F32, vec![Scalar::c(4), Scalar::c(6)], None)
-            .unwrap();
+        let a = f32_input(&mut f, "a", vec![Scalar::c(4), Scalar::c(6)], None);
         let b = f.set("b", a).unwrap();
         schedule::merge(&mut f, a, DomainKind::Loop, 0, 1).unwrap();
-        schedule::split(
-            &mut f,
-            a,
-            DomainKind::Loop,
-            0,
-            Scalar::c(3),
-            SplitKind::Outer,
-        )
-        .unwrap();
-        schedule::parallelize(&mut f, a, 0, ParallelType::Stream).unwrap();
+        split_on(&mut f, a, 0, Scalar::c(3), ParallelType::Stream);
         let g = IdGraph::build(&f);
         let rep = replay_loop_like(&mut f, a, b, &g, &[ParallelType::Stream]).unwrap();
         assert_eq!(rep.skipped[0].reason, SkipReason::ThroughMerge);
@@ -754,21 +679,9 @@ mod tests {
         // a [2h, 3] -> r = reshape(a, [2, h, 3]); a DIDx-split on axis 0 maps onto r's outer 2.
         let mut f = Fusion::new("reshape");
         f.add_param("h", Some(4)).unwrap();
-        let m = f
-            .add_mesh("m", MeshSpec::Devices(vec![Scalar::c(2)]))
-            .unwrap();
-        let a = f
-            .add_input("a", DType::F32, vec![n("h").mul(2), Scalar::c(3)], Some(m))
-            .unwrap();
-        let r = f
-            .add_op(
-                "r",
-                ExprKind::Reshape {
-                    shape: vec![Scalar::c(2), n("h"), Scalar::c(3)],
-                },
-                &[a],
-            )
-            .unwrap();
+        let m = devices(&mut f, "m", 2);
+        let a = f32_input(&mut f, "a", vec![n("h").mul(2), Scalar::c(3)], Some(m));
+        let r = reshape(&mut f, "r", a, vec![Scalar::c(2), n("h"), Scalar::c(3)]);
         f.tensor_mut(a).schedule = vec![outer(0, Scalar::c(2), Some(ParallelType::DIDx))];
         schedule::apply_schedules(&mut f).unwrap();
         let g = IdGraph::build(&f);
@@ -783,21 +696,9 @@ mod tests {
         // maps to a's axis 0; the reshape split is replayed onto a.
         let mut f2 = Fusion::new("reshape_back");
         f2.add_param("h", Some(4)).unwrap();
-        let m = f2
-            .add_mesh("m", MeshSpec::Devices(vec![Scalar::c(2)]))
-            .unwrap();
-        let a = f2
-            .add_input("a", DType::F32, vec![n("h").mul(2), Scalar::c(3)], Some(m))
-            .unwrap();
-        let r = f2
-            .add_op(
-                "r",
-                ExprKind::Reshape {
-                    shape: vec![Scalar::c(2), n("h"), Scalar::c(3)],
-                },
-                &[a],
-            )
-            .unwrap();
+        let m = devices(&mut f2, "m", 2);
+        let a = f32_input(&mut f2, "a", vec![n("h").mul(2), Scalar::c(3)], Some(m));
+        let r = reshape(&mut f2, "r", a, vec![Scalar::c(2), n("h"), Scalar::c(3)]);
         f2.tensor_mut(r).mesh = Some(m);
         schedule::parallelize(&mut f2, r, 0, ParallelType::DIDx).unwrap();
         let g = IdGraph::build(&f2);
@@ -816,31 +717,10 @@ mod tests {
         // r = reshape(a, [4, h]): the split is replayed on r's outermost logical axis.
         let mut f3 = Fusion::new("reshape_outermost");
         f3.add_param("h", Some(4)).unwrap();
-        let m = f3
-            .add_mesh("m", MeshSpec::Devices(vec![Scalar::c(2)]))
-            .unwrap();
-        let a = f3
-            .add_input("a", DType::F32, vec![n("h").mul(4)], Some(m))
-            .unwrap();
-        let r = f3
-            .add_op(
-                "r",
-                ExprKind::Reshape {
-                    shape: vec![Scalar::c(4), n("h")],
-                },
-                &[a],
-            )
-            .unwrap();
-        schedule::split(
-            &mut f3,
-            a,
-            DomainKind::Loop,
-            0,
-            Scalar::c(2),
-            SplitKind::Outer,
-        )
-        .unwrap();
-        schedule::parallelize(&mut f3, a, 0, ParallelType::DIDx).unwrap();
+        let m = devices(&mut f3, "m", 2);
+        let a = f32_input(&mut f3, "a", vec![n("h").mul(4)], Some(m));
+        let r = reshape(&mut f3, "r", a, vec![Scalar::c(4), n("h")]);
+        split_on(&mut f3, a, 0, Scalar::c(2), ParallelType::DIDx);
         let g = IdGraph::build(&f3);
         let rep = replay_loop_like(&mut f3, a, r, &g, &[ParallelType::DIDx]).unwrap();
         assert_eq!(rep.applied.len(), 1, "{:?}", rep.skipped);

@@ -91,6 +91,22 @@ fn out_of_range(f: &Fusion, t: TensorId, dom: DomainKind, what: &str, n: usize) 
     ))
 }
 
+/// Fails with [`out_of_range`] (`{op} of axis {axis}`) unless `axis` is one of the `n` axes
+/// of `t`'s `dom` domain.
+fn check_axis(
+    f: &Fusion,
+    t: TensorId,
+    dom: DomainKind,
+    n: usize,
+    op: &str,
+    axis: usize,
+) -> IrResult<()> {
+    if axis >= n {
+        return Err(out_of_range(f, t, dom, &format!("{op} of axis {axis}"), n));
+    }
+    Ok(())
+}
+
 /// The value of a split factor, which must be a positive constant under the current
 /// parameter values.
 fn factor_value(f: &Fusion, t: TensorId, factor: &Scalar) -> IrResult<i64> {
@@ -131,15 +147,7 @@ pub fn split(
 ) -> IrResult<(IterDomainId, IterDomainId)> {
     let mut ids = domain(f, t, dom);
     let op = split_name(kind);
-    if axis >= ids.len() {
-        return Err(out_of_range(
-            f,
-            t,
-            dom,
-            &format!("{op} of axis {axis}"),
-            ids.len(),
-        ));
-    }
+    check_axis(f, t, dom, ids.len(), op, axis)?;
     // Split factors are constants in the IR (chunk and device counts are known when the
     // schedule is applied); the recipe keeps the expression as written for the printer.
     let factor = Scalar::c(factor_value(f, t, &factor)?);
@@ -255,15 +263,7 @@ fn parallelize_step(
     step: &str,
 ) -> IrResult<()> {
     let ids = f.tensor(t).loop_domain.clone();
-    if axis >= ids.len() {
-        return Err(out_of_range(
-            f,
-            t,
-            DomainKind::Loop,
-            &format!("parallelize of axis {axis}"),
-            ids.len(),
-        ));
-    }
+    check_axis(f, t, DomainKind::Loop, ids.len(), "parallelize", axis)?;
     let id = ids[axis];
     if pt == ParallelType::Stream && f.id(id).iter_type == IterType::Reduction {
         // Each chunk would hold a partial reduction, and nothing adds the chunks up.
@@ -302,15 +302,7 @@ fn swizzle1d(
         )));
     }
     let ids = f.tensor(t).loop_domain.clone();
-    if axis >= ids.len() {
-        return Err(out_of_range(
-            f,
-            t,
-            DomainKind::Loop,
-            &format!("swizzle1d of axis {axis}"),
-            ids.len(),
-        ));
-    }
+    check_axis(f, t, DomainKind::Loop, ids.len(), "swizzle1d", axis)?;
     let id = ids[axis];
     check_origin(f, t, id, axis, step)?;
     let Some(mesh_id) = f.tensor(t).mesh else {
@@ -363,37 +355,7 @@ pub fn apply_schedules(f: &mut Fusion) -> IrResult<()> {
 
 /// The step as written in `.weave` (`outer_split(0, s) -> Stream`).
 pub fn step_text(op: &ScheduleOp) -> String {
-    let arrow = |p: &Option<ParallelType>| p.map(|p| format!(" -> {p}")).unwrap_or_default();
-    match op {
-        ScheduleOp::OuterSplit {
-            axis,
-            factor,
-            parallel,
-        } => format!(
-            "outer_split({axis}, {}){}",
-            factor.to_source(),
-            arrow(parallel)
-        ),
-        ScheduleOp::InnerSplit {
-            axis,
-            factor,
-            parallel,
-        } => format!(
-            "inner_split({axis}, {}){}",
-            factor.to_source(),
-            arrow(parallel)
-        ),
-        ScheduleOp::Merge { outer, inner } => format!("merge({outer}, {inner})"),
-        ScheduleOp::Reorder { moves } => {
-            let l: Vec<String> = moves.iter().map(|(a, b)| format!("{a} -> {b}")).collect();
-            format!("reorder({})", l.join(", "))
-        }
-        ScheduleOp::Parallelize { axis, parallel } => format!("parallelize({axis}, {parallel})"),
-        ScheduleOp::Swizzle1d { axis, parallel } => format!("swizzle1d({axis}, {parallel})"),
-        ScheduleOp::AllocationAsLoop => "allocation = loop".to_string(),
-        ScheduleOp::SetMesh(_) => "mesh = ...".to_string(),
-        ScheduleOp::SetMemory(m) => format!("memory = {}", m.name()),
-    }
+    op.source_with(Scalar::to_source, |_| "...".to_string())
 }
 
 /// The logical axis of `t` that the Stream (or any) loop axis `id` chunks: followed up

@@ -2,7 +2,7 @@
 //! statement by handing it to the handler of its kind.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use weave_comm::{Communicator, P2p};
 use weave_host_ir::ids::SecondaryMap;
@@ -112,15 +112,7 @@ where
             );
             self.tensors.insert(t, buffer);
         }
-        let start = Instant::now();
-        let top = self.program.top_level.clone();
-        self.exec_scope(&top)?;
-        let issue_time = start.elapsed();
-        if self.group.is_some() {
-            return Err(ExecError::Program(
-                "the program ends inside a coalescing group (StartCoalescing without EndCoalescing)".into(),
-            ));
-        }
+        let (start, issue_time) = self.issue_top_level()?;
         // The caller reads the outputs on its own stream.
         let main = self.backend.stream(StreamKey::Main)?;
         let mut outputs = Vec::new();
@@ -159,14 +151,9 @@ where
         })
     }
 
-    /// Binds `inputs` and issues every statement; no download, no synchronization.
-    pub(super) fn issue(
-        &mut self,
-        inputs: &[B::Buffer],
-    ) -> Result<BufferRun<B::Buffer>, ExecError> {
-        for (&t, b) in self.program.inputs.iter().zip(inputs) {
-            self.tensors.insert(t, b.clone());
-        }
+    /// Issues every top-level statement; returns when it started and how long issuing took.
+    /// The program must not end inside a coalescing group.
+    fn issue_top_level(&mut self) -> Result<(Instant, Duration), ExecError> {
         let start = Instant::now();
         let top = self.program.top_level.clone();
         self.exec_scope(&top)?;
@@ -176,6 +163,18 @@ where
                 "the program ends inside a coalescing group (StartCoalescing without EndCoalescing)".into(),
             ));
         }
+        Ok((start, issue_time))
+    }
+
+    /// Binds `inputs` and issues every statement; no download, no synchronization.
+    pub(super) fn issue(
+        &mut self,
+        inputs: &[B::Buffer],
+    ) -> Result<BufferRun<B::Buffer>, ExecError> {
+        for (&t, b) in self.program.inputs.iter().zip(inputs) {
+            self.tensors.insert(t, b.clone());
+        }
+        let (_, issue_time) = self.issue_top_level()?;
         let mut outputs = Vec::new();
         for &t in &self.program.outputs.clone() {
             outputs.push(self.buffer(t, "the end of the program")?);

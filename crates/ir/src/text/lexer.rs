@@ -5,7 +5,7 @@
 //! carrying its message, so that errors earlier in the file are still reported first by the
 //! parser, which meets the tokens in order.
 
-use crate::diag::Span;
+use crate::diag::{clip, Span};
 
 /// A punctuation token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,17 +91,6 @@ impl Token {
             Tok::Eof => "end of file".to_string(),
             Tok::Error(m) => m.clone(),
         }
-    }
-}
-
-/// Long identifiers and literals are cut in messages so that one line stays readable.
-fn clip(s: &str) -> String {
-    const MAX: usize = 40;
-    if s.chars().count() <= MAX {
-        s.to_string()
-    } else {
-        let head: String = s.chars().take(MAX).collect();
-        format!("{head}...")
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::expr::{Expr, ExprKind};
 use crate::fusion::{Fusion, MeshSpec};
-use crate::scalar::{Scalar, ScalarOp};
+use crate::scalar::Scalar;
 use crate::tensor::ScheduleOp;
 
 /// Prints `fusion` in canonical `.weave` form; see [`super::print`].
@@ -159,106 +159,28 @@ fn op_call(f: &Fusion, expr: &Expr) -> String {
 }
 
 fn step(f: &Fusion, op: &ScheduleOp) -> String {
-    let arrow =
-        |p: &Option<crate::domain::ParallelType>| p.map(|p| format!(" -> {p}")).unwrap_or_default();
-    match op {
-        ScheduleOp::OuterSplit {
-            axis,
-            factor,
-            parallel,
-        } => format!(
-            "outer_split({axis}, {}){}",
-            scalar_source(factor),
-            arrow(parallel)
-        ),
-        ScheduleOp::InnerSplit {
-            axis,
-            factor,
-            parallel,
-        } => format!(
-            "inner_split({axis}, {}){}",
-            scalar_source(factor),
-            arrow(parallel)
-        ),
-        ScheduleOp::Merge { outer, inner } => format!("merge({outer}, {inner})"),
-        ScheduleOp::Reorder { moves } => {
-            let m: Vec<String> = moves.iter().map(|(a, b)| format!("{a} -> {b}")).collect();
-            format!("reorder({})", m.join(", "))
+    op.source_with(scalar_source, |m| {
+        if f.meshes().contains(&m) {
+            f.mesh(m).name.clone()
+        } else {
+            // A mesh id from another fusion: nothing in this one to name.
+            "<undeclared>".to_string()
         }
-        ScheduleOp::Parallelize { axis, parallel } => format!("parallelize({axis}, {parallel})"),
-        ScheduleOp::Swizzle1d { axis, parallel } => format!("swizzle1d({axis}, {parallel})"),
-        ScheduleOp::AllocationAsLoop => "allocation = loop".to_string(),
-        ScheduleOp::SetMesh(m) => {
-            if f.meshes().contains(m) {
-                format!("mesh = {}", f.mesh(*m).name)
-            } else {
-                // A mesh id from another fusion: nothing in this one to name.
-                "mesh = <undeclared>".to_string()
-            }
-        }
-        ScheduleOp::SetMemory(m) => format!("memory = {}", m.name()),
-    }
+    })
 }
 
 /// [`Scalar::to_source`], except that a negative constant (which the grammar cannot spell
 /// directly) prints as `(0 - 5)`, which parses back to the same constant.
 pub(crate) fn scalar_source(s: &Scalar) -> String {
-    let mut out = String::new();
-    write_scalar(s, &mut out, 0);
-    out
-}
-
-fn precedence(op: ScalarOp) -> u8 {
-    match op {
-        ScalarOp::Add | ScalarOp::Sub => 1,
-        ScalarOp::Mul | ScalarOp::Div | ScalarOp::Mod => 2,
-        ScalarOp::CeilDiv | ScalarOp::Min => 3,
-    }
-}
-
-fn symbol(op: ScalarOp) -> &'static str {
-    match op {
-        ScalarOp::Add => "+",
-        ScalarOp::Sub => "-",
-        ScalarOp::Mul => "*",
-        ScalarOp::Div => "/",
-        ScalarOp::Mod => "%",
-        ScalarOp::CeilDiv => "ceilDiv",
-        ScalarOp::Min => "min",
-    }
-}
-
-fn write_scalar(s: &Scalar, out: &mut String, parent_prec: u8) {
-    match s {
-        Scalar::Const(v) if *v == i64::MIN => out.push_str("(0 - 9223372036854775807 - 1)"),
-        Scalar::Const(v) if *v < 0 => out.push_str(&format!("(0 - {})", v.unsigned_abs())),
-        Scalar::Const(v) => out.push_str(&v.to_string()),
-        Scalar::Named(n) => out.push_str(n),
-        Scalar::Binary(op, a, b) if op.is_call() => {
-            out.push_str(symbol(*op));
-            out.push('(');
-            write_scalar(a, out, 0);
-            out.push_str(", ");
-            write_scalar(b, out, 0);
-            out.push(')');
+    s.to_source_with(&|v| {
+        if v == i64::MIN {
+            "(0 - 9223372036854775807 - 1)".to_string()
+        } else if v < 0 {
+            format!("(0 - {})", v.unsigned_abs())
+        } else {
+            v.to_string()
         }
-        Scalar::Binary(op, a, b) => {
-            let prec = precedence(*op);
-            let paren = prec < parent_prec;
-            if paren {
-                out.push('(');
-            }
-            write_scalar(a, out, prec);
-            out.push(' ');
-            out.push_str(symbol(*op));
-            out.push(' ');
-            // Left-associative: the right operand needs parentheses at equal precedence.
-            write_scalar(b, out, prec + 1);
-            if paren {
-                out.push(')');
-            }
-        }
-    }
+    })
 }
 
 #[cfg(test)]

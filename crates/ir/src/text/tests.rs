@@ -11,19 +11,13 @@ use crate::scalar::Scalar;
 use crate::tensor::{MemoryType, ScheduleOp};
 
 /// The example of docs/fusion-format.md.
-const ROW_PARALLEL: &str = "\
+const ROW_PARALLEL: &str = concat!(
+    "\
 // Row-parallel linear: inp and w are split on the contraction axis across d devices,
 // and the token axis is cut into s chunks that run on a pool of streams.
-fusion row_parallel_linear(t = 8192, h = 8192, d = 2, s = 4) {
-  mesh m = devices(d)
-  tensor inp: bf16[t, 4 * h] on m
-  tensor w: bf16[h, 4 * h] on m
-  out = linear(inp, w)
-  output out
-  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
-  schedule w { outer_split(1, d) -> DIDx }
-}
-";
+",
+    include_str!("../../tests/fixtures/row_parallel_linear.weave"),
+);
 
 fn parse_ok(src: &str) -> Fusion {
     parse(src, &[]).unwrap_or_else(|e| panic!("{}", e.render("test.weave", src)))

@@ -10,6 +10,59 @@ use weave_passes::propagate_shardings::PropagateShardings;
 use weave_passes::reorder_sharded_axis::ReorderShardedAxis;
 use weave_passes::{Changed, FusionPass, PassError};
 
+/// An allgather of an inner axis (DIDx on axis 1 of `inp`, `out` replicated).
+pub const INNER_ALLGATHER: &str = "fusion inner_allgather(d = 2, n = 3) {
+  mesh m = devices(d)
+  tensor inp: f32[n, d * 4] on m
+  out = set(inp)
+  output out
+  schedule inp { outer_split(1, d) -> DIDx }
+  schedule out { mesh = m }
+}";
+
+/// A reduce-scatter whose scattered axis is not outermost.
+pub const INNER_REDUCE_SCATTER: &str = "fusion inner_reduce_scatter(d = 2, n = 3) {
+  mesh m = devices(d)
+  tensor inp: f32[n, d, d] on m
+  out = sum(inp, [1])
+  output out
+  schedule inp { parallelize(1, DIDx) }
+  schedule out { mesh = m; parallelize(2, DIDx) }
+}";
+
+/// `(parallel type, extent)` of the row-parallel linear's per-chunk `out` (and
+/// `out_partial`) after propagation: Stream chunks of tokens, then the device reduction axis.
+pub const ROW_PARALLEL_OUT_LOOP: [(ParallelType, i64); 5] = [
+    (ParallelType::Stream, 4),
+    (ParallelType::Serial, 2048),
+    (ParallelType::Serial, 8192),
+    (ParallelType::DIDx, 2),
+    (ParallelType::Serial, 16384),
+];
+
+/// A fusion of one op on one input, one statement a line, the body indented by `indent`
+/// plus two spaces and the closing brace by `indent`: `fusion {sig} { mesh m = {mesh};
+/// tensor {x}: f32[{shape}] on m; {y} = {def}; output {y}; schedule {x} { {x_steps} };
+/// schedule {y} { {y_steps} } }`.
+pub fn one_op(
+    indent: &str,
+    [sig, mesh]: [&str; 2],
+    [x, shape]: [&str; 2],
+    [y, def]: [&str; 2],
+    [x_steps, y_steps]: [&str; 2],
+) -> String {
+    format!(
+        "fusion {sig} {{
+{indent}  mesh m = {mesh}
+{indent}  tensor {x}: f32[{shape}] on m
+{indent}  {y} = {def}
+{indent}  output {y}
+{indent}  schedule {x} {{ {x_steps} }}
+{indent}  schedule {y} {{ {y_steps} }}
+{indent}}}"
+    )
+}
+
 /// Parses `source`, applies its schedules and verifies it (what `streamweave::load` does).
 pub fn load_src(source: &str) -> Fusion {
     let mut f = weave_ir::text::parse(source, &[]).expect("parses");
@@ -97,6 +150,11 @@ pub fn loop_types(f: &Fusion, name: &str) -> Vec<ParallelType> {
         .iter()
         .map(|i| f.id(*i).parallel)
         .collect()
+}
+
+/// `(parallel type, evaluated extent)` of each loop axis of `name`.
+pub fn loop_shape(f: &Fusion, name: &str) -> Vec<(ParallelType, i64)> {
+    shape(f, &f.tensor(t(f, name)).loop_domain)
 }
 
 /// `(parallel type, evaluated extent)` of each of `ids`.

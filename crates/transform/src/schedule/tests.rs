@@ -2,11 +2,8 @@
 //! parallelization rules and their error messages.
 
 use super::*;
-use weave_ir::{DType, MemoryType, MeshSpec, Span};
-
-fn n(s: &str) -> Scalar {
-    Scalar::named(s)
-}
+use crate::test_util::{devices, f32_input, loop_of, n, row_parallel_unscheduled};
+use weave_ir::{DType, MemoryType, Span};
 
 fn step(op: ScheduleOp) -> ScheduleStep {
     ScheduleStep {
@@ -34,28 +31,9 @@ fn inner(axis: usize, factor: Scalar, p: Option<ParallelType>) -> ScheduleStep {
 /// `t = 8192, h = 8192, d = 2, s = 4`, mesh `m = devices(d)`, `inp: bf16[t, 4 * h] on m`,
 /// `w: bf16[h, 4 * h] on m`, `out = linear(inp, w)`.
 fn row_parallel() -> (Fusion, TensorId, TensorId, TensorId) {
-    let mut f = Fusion::new("row_parallel_linear");
-    for (p, v) in [("t", 8192), ("h", 8192), ("d", 2), ("s", 4)] {
-        f.add_param(p, Some(v)).unwrap();
-    }
-    let m = f.add_mesh("m", MeshSpec::Devices(vec![n("d")])).unwrap();
-    let inp = f
-        .add_input("inp", DType::BF16, vec![n("t"), n("h").mul(4)], Some(m))
-        .unwrap();
-    let w = f
-        .add_input("w", DType::BF16, vec![n("h"), n("h").mul(4)], Some(m))
-        .unwrap();
-    let out = f.linear("out", inp, w, None).unwrap();
+    let (mut f, inp, w, out) = row_parallel_unscheduled();
     f.add_output(out).unwrap();
     (f, inp, w, out)
-}
-
-fn loop_of(f: &Fusion, t: TensorId) -> Vec<(ParallelType, Scalar)> {
-    f.tensor(t)
-        .loop_domain
-        .iter()
-        .map(|i| (f.id(*i).parallel, f.id(*i).extent.clone()))
-        .collect()
 }
 
 fn render(f: &Fusion, ids: &[IterDomainId]) -> String {
@@ -147,9 +125,7 @@ fn allocation_domain_splits_start_from_logical() {
 #[test]
 fn allocation_as_loop_mesh_and_memory_steps() {
     let (mut f, inp, w, _) = row_parallel();
-    let m2 = f
-        .add_mesh("m2", MeshSpec::Devices(vec![Scalar::c(2)]))
-        .unwrap();
+    let m2 = devices(&mut f, "m2", 2);
     f.tensor_mut(inp).schedule = vec![
         outer(0, n("s"), Some(ParallelType::Stream)),
         step(ScheduleOp::AllocationAsLoop),
@@ -219,9 +195,7 @@ fn inner_split_cannot_make_device_or_stream_axes() {
 fn device_split_needs_a_mesh() {
     let mut f = Fusion::new("nomesh");
     f.add_param("d", Some(2)).unwrap();
-    let w = f
-        .add_input("w", DType::F32, vec![Scalar::c(4), Scalar::c(8)], None)
-        .unwrap();
+    let w = f32_input(&mut f, "w", vec![Scalar::c(4), Scalar::c(8)], None);
     f.tensor_mut(w).schedule = vec![outer(1, n("d"), Some(ParallelType::DIDx))];
     assert_eq!(
             apply_err(&mut f).message,
@@ -248,12 +222,8 @@ fn device_split_factor_must_match_the_mesh() {
 #[test]
 fn device_split_must_divide_a_known_extent() {
     let mut f = Fusion::new("ragged");
-    let m = f
-        .add_mesh("m", MeshSpec::Devices(vec![Scalar::c(4)]))
-        .unwrap();
-    let w = f
-        .add_input("w", DType::F32, vec![Scalar::c(3), Scalar::c(6)], Some(m))
-        .unwrap();
+    let m = devices(&mut f, "m", 4);
+    let w = f32_input(&mut f, "w", vec![Scalar::c(3), Scalar::c(6)], Some(m));
     f.tensor_mut(w).schedule = vec![outer(1, Scalar::c(4), Some(ParallelType::DIDx))];
     assert_eq!(
         apply_err(&mut f).message,
@@ -264,9 +234,7 @@ fn device_split_must_divide_a_known_extent() {
 #[test]
 fn stream_splits_may_be_ragged() {
     let mut f = Fusion::new("ragged");
-    let a = f
-        .add_input("a", DType::F32, vec![Scalar::c(10)], None)
-        .unwrap();
+    let a = f32_input(&mut f, "a", vec![Scalar::c(10)], None);
     f.tensor_mut(a).schedule = vec![outer(0, Scalar::c(3), Some(ParallelType::Stream))];
     apply_schedules(&mut f).unwrap();
     assert_eq!(
