@@ -25,19 +25,26 @@
 //! through a temporary file and a rename.
 
 mod cache;
+mod knobs;
+mod measurement;
 
 pub use cache::{lookup, store, Entry, TuneCache, TuneKey};
+pub use knobs::{knob_variants, Knob, TUNED_CE_SLOT_MIB, TUNED_NCCL_WINDOW_MIB};
+pub use measurement::{gpu_name, Measure, RunMeasure};
+
+use knobs::{moves_data, sums};
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use weave_executor::Dense;
 use weave_ir::{Fusion, ParamRole};
 
 use crate::chunks::{Calibration, CANDIDATES};
 use crate::executable::{Chunks, Compiler, Error, Executable};
-use crate::run::{NcclCtaPolicy, Overlap, RunOptions, Target, Timeouts, Transport};
+#[cfg(doc)]
+use crate::run::RunOptions;
+use crate::run::{Overlap, Transport};
 
 /// Measured candidates within this fraction of the fastest tie; the simplest of them wins.
 pub const TIE_MARGIN: f64 = 0.02;
@@ -314,160 +321,6 @@ impl TuneOptions {
         } else {
             "cpu"
         }
-    }
-}
-
-/// The name of GPU `device` (`NVIDIA H200`), the machine part of a [`TuneKey`].
-#[cfg(feature = "cuda")]
-pub fn gpu_name(device: usize) -> Result<String, String> {
-    weave_cuda::Gpu::open(device)
-        .map(|g| g.name())
-        .map_err(|e| e.to_string())
-}
-
-/// The name of GPU `device`: in a build without the `cuda` feature, an error saying so.
-#[cfg(not(feature = "cuda"))]
-pub fn gpu_name(device: usize) -> Result<String, String> {
-    let _ = device;
-    Err(crate::run::NO_CUDA.to_string())
-}
-
-/// Measures one candidate: its compiled program, run with its stream-pool size and replay
-/// setting. A closure `FnMut(&Executable, &Candidate) -> Result<Duration, String>` is one.
-pub trait Measure {
-    /// The candidate's figure (lower is better), or why it could not run.
-    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String>;
-}
-
-impl<F> Measure for F
-where
-    F: FnMut(&Executable, &Candidate) -> Result<Duration, String>,
-{
-    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String> {
-        self(exe, candidate)
-    }
-}
-
-/// Measures by running: `warmup` runs, then `iters` timed repetitions on seeded random
-/// inputs (the same global inputs for every candidate), the median of each repetition's
-/// slowest rank. On GPUs the repetitions run on device-resident inputs
-/// ([`RunOptions::iters`], [`crate::RunReport::timed`]), replayed as a CUDA graph or issued
-/// statement by statement as the candidate says; on the CPU each repetition is a whole run,
-/// timed by its slowest rank's wall time.
-#[derive(Clone, Debug)]
-pub struct RunMeasure {
-    /// `Target::Cuda` or `Target::Cpu` with the tuning's rank count.
-    pub target: Target,
-    /// Untimed runs first.
-    pub warmup: usize,
-    /// Timed repetitions (at least 1).
-    pub iters: usize,
-    /// The timeout of each candidate's runs together, warm-up and timed (and of each wait in
-    /// them).
-    pub timeout: Duration,
-    /// The seed of the inputs.
-    pub seed: u64,
-    globals: Option<Vec<Dense>>,
-}
-
-impl RunMeasure {
-    /// Runs on `target`, `warmup` untimed runs then `iters` timed ones.
-    pub fn new(target: Target, warmup: usize, iters: usize, timeout: Duration) -> RunMeasure {
-        RunMeasure {
-            target,
-            warmup,
-            iters: iters.max(1),
-            timeout,
-            seed: 0x5eed,
-            globals: None,
-        }
-    }
-}
-
-impl Measure for RunMeasure {
-    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String> {
-        if self.globals.is_none() {
-            self.globals = Some(exe.random_inputs(self.seed).map_err(|e| e.to_string())?);
-        }
-        let globals = self.globals.as_deref().unwrap_or_default();
-        let options = RunOptions {
-            target: self.target.clone(),
-            streams: candidate.streams,
-            check: false,
-            check_races: false,
-            timeouts: Timeouts::all(self.timeout),
-            replay: candidate.replay,
-            transport: candidate.transport,
-            overlap: candidate.overlap,
-            // A candidate is measured as it is, never tuned itself.
-            tune: None,
-            ..RunOptions::default()
-        };
-        if self.target.is_cuda() {
-            let report = exe
-                .run_dense(
-                    globals,
-                    &RunOptions {
-                        warmup: self.warmup,
-                        iters: self.iters,
-                        ..options
-                    },
-                )
-                .map_err(|e| e.to_string())?;
-            return report
-                .timed()
-                .map(|t| t.median)
-                .ok_or_else(|| "the run reported no timed repetitions".to_string());
-        }
-        let iters = self.iters.max(1);
-        let runs = self
-            .warmup
-            .checked_add(iters)
-            .ok_or_else(|| format!("{} warm-up and {iters} timed runs: too many", self.warmup))?;
-        // The timeout bounds the candidate's whole measurement: every run gets what is left
-        // of it, and the candidate fails once it is spent. A timeout past the end of time
-        // sets no deadline.
-        let started = Instant::now();
-        let deadline = started.checked_add(self.timeout);
-        let mut slowest = Vec::with_capacity(iters.min(1 << 16));
-        for i in 0..runs {
-            let left = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()),
-                None => self.timeout,
-            };
-            let timed_out = || {
-                format!(
-                    "timed out after {:.1} s ({i} of {} warm-up and {iters} timed runs done; the timeout bounds each candidate's runs together)",
-                    started.elapsed().as_secs_f64(),
-                    self.warmup,
-                )
-            };
-            if left.is_zero() {
-                return Err(timed_out());
-            }
-            let report = exe
-                .run_dense(
-                    globals,
-                    &RunOptions {
-                        timeouts: Timeouts::all(left),
-                        ..options.clone()
-                    },
-                )
-                .map_err(|e| match deadline {
-                    // A run stopped by what was left of the candidate's time.
-                    Some(d) if Instant::now() >= d => timed_out(),
-                    _ => e.to_string(),
-                })?;
-            if i >= self.warmup {
-                let wall = report.ranks.iter().map(|r| r.wall_time).max();
-                slowest.push(wall.unwrap_or_default());
-            }
-        }
-        slowest.sort();
-        slowest
-            .get(slowest.len() / 2)
-            .copied()
-            .ok_or_else(|| "no timed run".to_string())
     }
 }
 
@@ -760,138 +613,6 @@ fn measured(
         Err(m) => Outcome::Failed(m),
     }
 }
-
-/// One overlap knob set away from its default (or another pool size, or the other
-/// transport): what [`tune`] tries on its best candidates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Knob {
-    /// [`Overlap::ordered_compute`].
-    OrderedCompute,
-    /// [`Overlap::pool_priority_high`].
-    PoolPriorityHigh,
-    /// [`Overlap::nccl_max_ctas`] at this limit.
-    NcclMaxCtas(u32),
-    /// [`Overlap::gemm_sm_margin`] of this many SMs.
-    GemmSmMargin(u32),
-    /// This stream-pool size.
-    Streams(usize),
-    /// Copy-engine transfers and reductions ([`Transport::CopyEngine`]).
-    CopyEngine,
-    /// [`Overlap::nccl_cta_policy`] set to this policy.
-    NcclCtaPolicy(NcclCtaPolicy),
-    /// A symmetric NCCL window of this many MiB ([`Overlap::nccl_window_mib`]), with the
-    /// zero-CTA policy when the second field says so.
-    NcclWindow(u32, bool),
-    /// Copy-engine window slots of this many MiB ([`Overlap::ce_slot_mib`]).
-    CeSlots(u32),
-    /// GEMMs writing into the copy engines' windows ([`Overlap::gemm_into_windows`]).
-    GemmIntoWindows,
-}
-
-impl Knob {
-    /// `c` with this knob set.
-    pub fn apply(self, c: Candidate) -> Candidate {
-        let mut c = c;
-        match self {
-            Knob::OrderedCompute => c.overlap.ordered_compute = true,
-            Knob::PoolPriorityHigh => c.overlap.pool_priority_high = true,
-            Knob::NcclMaxCtas(n) => c.overlap.nccl_max_ctas = Some(n),
-            Knob::GemmSmMargin(n) => c.overlap.gemm_sm_margin = n,
-            Knob::Streams(k) => c.streams = k,
-            Knob::CopyEngine => c.transport = Transport::CopyEngine,
-            Knob::NcclCtaPolicy(p) => c.overlap.nccl_cta_policy = Some(p),
-            Knob::NcclWindow(mib, zero) => {
-                c.overlap.nccl_window_mib = mib;
-                if zero {
-                    c.overlap.nccl_cta_policy = Some(NcclCtaPolicy::Zero);
-                }
-            }
-            Knob::CeSlots(mib) => c.overlap.ce_slot_mib = mib,
-            Knob::GemmIntoWindows => c.overlap.gemm_into_windows = true,
-        }
-        c
-    }
-}
-
-/// The knobs [`tune`] tries on `base`, whose program posts the collectives `comms` (their
-/// type names) on `ranks` ranks: ordered compute and pool priority where a loop has chunks
-/// to overlap; the NCCL CTA limit (16: fewer starve the collective, docs/benchmarks.md) and
-/// a GEMM SM margin (16) where NCCL kernels run beside GEMMs; pool sizes 1, 2 and 4 up to
-/// the chunk count; copy-engine transfers and reductions where allgathers, transfers or sum
-/// reductions move data; on a copy-engine base, slots of [`TUNED_CE_SLOT_MIB`] (a chunk's
-/// block to one peer in one piece) and, where sums are reduced, GEMMs writing into the
-/// windows.
-pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Knob> {
-    let chunked = base.chunks.is_some_and(|s| s > 1);
-    let mut out = Vec::new();
-    if chunked {
-        out.push(Knob::OrderedCompute);
-        out.push(Knob::PoolPriorityHigh);
-    }
-    if ranks > 1 {
-        out.push(Knob::NcclMaxCtas(16));
-        out.push(Knob::GemmSmMargin(16));
-    }
-    if chunked {
-        let s = base.chunks.unwrap_or(1);
-        for k in [1, 2, 4] {
-            if k != base.streams && k <= s {
-                out.push(Knob::Streams(k));
-            }
-        }
-    }
-    if ranks > 1 && moves_data(comms) && base.transport == Transport::Nccl {
-        out.push(Knob::CopyEngine);
-    }
-    if ranks > 1 && base.transport == Transport::CopyEngine && base.overlap.ce_slot_mib == 0 {
-        out.push(Knob::CeSlots(TUNED_CE_SLOT_MIB));
-    }
-    if ranks > 1
-        && sums(comms)
-        && base.transport == Transport::CopyEngine
-        && !base.overlap.gemm_into_windows
-    {
-        out.push(Knob::GemmIntoWindows);
-    }
-    // NCCL's own ways of leaving SMs to GEMMs: fewer CTAs, and symmetric windows (whose
-    // kernels need fewer; with the zero-CTA policy, copy engines) for the collectives a
-    // window can stage.
-    let stageable = comms
-        .iter()
-        .any(|c| matches!(c.as_str(), "Allgather" | "ReduceScatter" | "Allreduce"));
-    if ranks > 1 && stageable && base.transport == Transport::Nccl {
-        out.push(Knob::NcclCtaPolicy(NcclCtaPolicy::Efficiency));
-        out.push(Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, false));
-        out.push(Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, true));
-    }
-    out
-}
-
-/// Whether collectives of `comms` (type names) move data the copy engines can carry.
-fn moves_data(comms: &[String]) -> bool {
-    comms.iter().any(|c| {
-        matches!(
-            c.as_str(),
-            "Allgather" | "SendRecv" | "P2P" | "ReduceScatter" | "Allreduce"
-        )
-    })
-}
-
-/// Whether `comms` (type names) has a sum reduction the copy engines can reduce in their
-/// windows.
-fn sums(comms: &[String]) -> bool {
-    comms
-        .iter()
-        .any(|c| matches!(c.as_str(), "ReduceScatter" | "Allreduce"))
-}
-
-/// The copy-engine slot size the tuner tries beside the default 8 MiB: a t = h = 8192 bf16
-/// layer's block to one peer at S = 2 on 4 ranks (16 MiB) or S = 1 (32 MiB) in one piece.
-pub const TUNED_CE_SLOT_MIB: u32 = 32;
-
-/// The symmetric window the tuner tries: 256 MiB a direction holds the collectives of a
-/// t = h = 8192 bf16 layer on 2 ranks (128 MiB) with room to spare.
-pub const TUNED_NCCL_WINDOW_MIB: u32 = 256;
 
 /// The type names of the collectives `program` posts (`Allreduce`, `Allgather`, …, and
 /// `P2P` for point-to-point transfers), each once, in program order.

@@ -2,6 +2,7 @@
 //! made-up figures (and the CPU backend).
 
 use super::*;
+use crate::run::{NcclCtaPolicy, RunOptions, Target};
 use std::cell::RefCell;
 
 /// The row-parallel layer (a GEMM and an allreduce per chunk), small.

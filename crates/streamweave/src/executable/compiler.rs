@@ -1,0 +1,200 @@
+//! Turning fusions into executables: [`Compiler`] (the pass pipeline, parameter values, the
+//! device count) and [`Chunks`], how it picks the chunk count.
+
+use std::time::Instant;
+
+use weave_host_ir::HostProgram;
+use weave_ir::{Fusion, ParamRole};
+use weave_passes::{DumpOptions, PassManager, Pipeline, Registry};
+
+use super::{Error, Executable};
+use crate::chunks::Calibration;
+
+/// How a [`Compiler`] picks the chunk count of the fusion's chunk-count parameter.
+#[derive(Clone, Debug, Default)]
+pub enum Chunks {
+    /// The value the fusion gives it.
+    #[default]
+    AsWritten,
+    /// This many.
+    Fixed(usize),
+    /// The cost model's choice for this calibration (GEMM throughput, link bandwidths).
+    Auto(Calibration),
+}
+
+/// Turns fusions into executables: the registry and pipeline of passes, parameter values,
+/// the device count and the chunk count.
+#[derive(Clone, Debug)]
+pub struct Compiler {
+    registry_pipeline: Option<Pipeline>,
+    dump: DumpOptions,
+    params: Vec<(String, i64)>,
+    devices: Option<usize>,
+    chunks: Chunks,
+}
+
+impl Default for Compiler {
+    fn default() -> Compiler {
+        Compiler::new()
+    }
+}
+
+impl Compiler {
+    /// The standard pipeline, the fusion's own parameter values.
+    pub fn new() -> Compiler {
+        Compiler {
+            registry_pipeline: None,
+            dump: DumpOptions::default(),
+            params: Vec::new(),
+            devices: None,
+            chunks: Chunks::AsWritten,
+        }
+    }
+
+    /// Sets parameter `name` (as `--set name=value` does); it wins over the roles.
+    pub fn set(mut self, name: &str, value: i64) -> Compiler {
+        self.params.retain(|(n, _)| n != name);
+        self.params.push((name.to_string(), value));
+        self
+    }
+
+    /// Sets the fusion's mesh-size parameter (declared `d: mesh`, or the one parameter that
+    /// sizes a 1-D mesh) to `n`, unless [`Compiler::set`] gave it a value.
+    pub fn devices(mut self, n: usize) -> Compiler {
+        self.devices = Some(n);
+        self
+    }
+
+    /// How the fusion's chunk-count parameter is chosen, unless [`Compiler::set`] gave it a
+    /// value.
+    pub fn chunks(mut self, chunks: Chunks) -> Compiler {
+        self.chunks = chunks;
+        self
+    }
+
+    /// Runs `pipeline` instead of the standard one (it must end in a host program).
+    pub fn pipeline(mut self, pipeline: Pipeline) -> Compiler {
+        self.registry_pipeline = Some(pipeline);
+        self
+    }
+
+    /// Prints or writes the IR between passes as `dump` says.
+    pub fn dump(mut self, dump: DumpOptions) -> Compiler {
+        self.dump = dump;
+        self
+    }
+
+    /// Compiles a fusion built in Rust (or loaded). When the compiler's values change its
+    /// parameters, it is reloaded from its canonical text with them, so schedules, meshes and
+    /// load checks all see them; otherwise it is lowered as it is.
+    pub fn compile(&self, fusion: &Fusion) -> Result<Executable, Error> {
+        let file = format!("{}.weave", fusion.name);
+        let text = std::cell::OnceCell::new();
+        let source = || text.get_or_init(|| weave_ir::text::print(fusion)).clone();
+        let first = if self
+            .params
+            .iter()
+            .all(|(k, v)| fusion.param_value(k) == Some(*v))
+        {
+            fusion.clone()
+        } else {
+            crate::load(&file, &source(), &self.params)?
+        };
+        self.build(first, &|set| Ok(crate::load(&file, &source(), set)?))
+    }
+
+    /// Loads `source` (named `file` in errors) and compiles it.
+    pub fn compile_source(&self, file: &str, source: &str) -> Result<Executable, Error> {
+        let first = crate::load(file, source, &self.params)?;
+        self.build(first, &|set| Ok(crate::load(file, source, set)?))
+    }
+
+    /// Sets the role parameters `first` leaves free (reloading it with `reload` when a value
+    /// changes), picks the chunk count, and lowers.
+    fn build(&self, first: Fusion, reload: &Reload<'_>) -> Result<Executable, Error> {
+        let start = Instant::now();
+        let mut set = self.params.clone();
+        // The parameter playing `role`, with its value, unless the caller set it.
+        let free = |role: ParamRole, set: &[(String, i64)]| {
+            first
+                .role_param(role)
+                .filter(|p| !set.iter().any(|(k, _)| *k == p.name))
+                .map(|p| (p.name.clone(), p.value))
+        };
+        let mut changed = false;
+        let mut bind = |set: &mut Vec<(String, i64)>, name: String, current, value: usize| {
+            let value = i64::try_from(value).unwrap_or(i64::MAX);
+            if current != Some(value) {
+                changed = true;
+            }
+            set.push((name, value));
+        };
+        if let (Some(n), Some((name, current))) = (self.devices, free(ParamRole::MeshSize, &set)) {
+            bind(&mut set, name, current, n);
+        }
+        let mut choice = None;
+        if let Some((name, current)) = free(ParamRole::ChunkCount, &set) {
+            let value = match &self.chunks {
+                Chunks::AsWritten => None,
+                Chunks::Fixed(n) => Some(*n),
+                Chunks::Auto(cal) => {
+                    // Meter the program built with one chunk, then let the model choose.
+                    let mut one = set.clone();
+                    one.push((name.clone(), 1));
+                    let program = self.lower(reload(&one)?)?;
+                    let ranks = self.devices.unwrap_or(1).max(1);
+                    // A program whose meshes need more devices than the ranks cannot be
+                    // metered on them: it keeps its own chunk count, and running it on too
+                    // few ranks is refused by `check_ranks` with its message.
+                    let fits = program.signature.as_ref().is_none_or(|sig| {
+                        sig.all_devices()
+                            .iter()
+                            .all(|&d| usize::try_from(d).is_ok_and(|d| d < ranks))
+                    });
+                    if fits {
+                        let w = crate::chunks::workload(&program, ranks)?;
+                        let c = crate::chunks::choose(&w, cal, &crate::chunks::CANDIDATES);
+                        let n = c.chunks;
+                        choice = Some(c);
+                        Some(n)
+                    } else {
+                        None
+                    }
+                }
+            };
+            if let Some(v) = value {
+                bind(&mut set, name, current, v);
+            }
+        } else if let (Chunks::Fixed(n), None) =
+            (&self.chunks, first.role_param(ParamRole::ChunkCount))
+        {
+            // A fixed chunk count with nothing to set is refused, never ignored.
+            return Err(Error::Program(format!(
+                "--chunks {n}: `{}` has no chunk-count parameter (declared `s: chunks` or the extent of its Stream axes) to set",
+                first.name
+            )));
+        }
+        let fusion = if changed { reload(&set)? } else { first };
+        let program = self.lower(fusion)?;
+        let mut exe = Executable::from_program(program)?;
+        exe.compile_time = start.elapsed();
+        exe.chunk_choice = choice;
+        Ok(exe)
+    }
+
+    /// Runs the pipeline on a loaded fusion.
+    pub fn lower(&self, fusion: Fusion) -> Result<HostProgram, Error> {
+        let manager = match &self.registry_pipeline {
+            Some(p) => PassManager::new(Registry::standard(), p.clone()),
+            None => PassManager::standard(),
+        }
+        .with_options(self.dump.clone());
+        match manager.run(weave_passes::Ir::Fusion(fusion))? {
+            weave_passes::Ir::Host(p) => Ok(p),
+            other => Err(weave_passes::PipelineError::WrongResult(other.form()).into()),
+        }
+    }
+}
+
+/// Loads the fusion again with other parameter values.
+type Reload<'a> = dyn Fn(&[(String, i64)]) -> Result<Fusion, Error> + 'a;

@@ -1,0 +1,119 @@
+//! The flags of the commands beyond the library's options: those of `weave run`
+//! ([`RunFlags`], with the overlap knobs it pins, [`Pinned`]) and of `weave tune`
+//! ([`TuneFlags`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use streamweave::RunOptions;
+
+#[cfg(doc)]
+use super::tune_cache_path;
+
+/// The flags of `weave run` beyond [`RunOptions`]: the rank count and backend (which make
+/// the target), the seed of the generated inputs, whether to check against the reference,
+/// where the one-line JSON summary goes, the chunk count, and the dumps `WEAVE_DUMP` asks for.
+#[derive(Clone, Debug, Default)]
+pub struct RunFlags {
+    /// `--ranks`: `None` for the default (2 for a fusion, its devices for a host program).
+    pub ranks: Option<usize>,
+    /// `--backend cuda`.
+    pub cuda: bool,
+    /// The seed of the generated inputs.
+    pub seed: u64,
+    /// `--no-check`: run without the reference.
+    pub no_check: bool,
+    /// The JSON summary's file, if any.
+    pub path: Option<PathBuf>,
+    /// `--chunks`: a fixed S, or `None` for the tuned configuration or the cost model's
+    /// choice.
+    pub chunks: Option<usize>,
+    /// Whether `--streams` was given (the tuned pool size is used only when it was not).
+    pub streams_given: bool,
+    /// The value of `WEAVE_DUMP` (`weave_passes::DumpOptions::parse` syntax), which the binary
+    /// reads: the IR to dump to stderr while compiling. `None` when unset.
+    pub weave_dump: Option<String>,
+    /// The overlap knobs and transport the command line set (they win over the tuned ones).
+    pub pinned: Pinned,
+    /// How long the first repeated run of an untuned program may tune (`None`: `--no-tune`).
+    pub tune_budget: Option<Duration>,
+}
+
+/// The overlap knobs and the transport set on the command line; `None`: left to the tuned
+/// configuration, else the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pinned {
+    /// `--transport`.
+    pub transport: Option<streamweave::Transport>,
+    /// `--ordered-compute on|off`.
+    pub ordered_compute: Option<bool>,
+    /// `--pool-priority high|normal`.
+    pub pool_priority_high: Option<bool>,
+    /// `--gemm-sm-margin N`.
+    pub gemm_sm_margin: Option<u32>,
+    /// `--nccl-max-ctas N` (`Some(None)`: `--nccl-max-ctas auto`, NCCL's choice).
+    pub nccl_max_ctas: Option<Option<u32>>,
+    /// `--nccl-cta-policy P` (`Some(None)`: `--nccl-cta-policy auto`, NCCL's choice).
+    pub nccl_cta_policy: Option<Option<streamweave::NcclCtaPolicy>>,
+    /// `--nccl-window-mib N`.
+    pub nccl_window_mib: Option<u32>,
+    /// `--ce-slot-mib N`.
+    pub ce_slot_mib: Option<u32>,
+    /// `--gemm-into-windows on|off`.
+    pub gemm_into_windows: Option<bool>,
+}
+
+impl Pinned {
+    /// Whether any knob was set.
+    pub fn any(&self) -> bool {
+        *self != Pinned::default()
+    }
+
+    /// Sets the knobs given on `options`.
+    pub fn apply(&self, options: &mut RunOptions) {
+        if let Some(t) = self.transport {
+            options.transport = t;
+        }
+        if let Some(v) = self.ordered_compute {
+            options.overlap.ordered_compute = v;
+        }
+        if let Some(v) = self.pool_priority_high {
+            options.overlap.pool_priority_high = v;
+        }
+        if let Some(v) = self.gemm_sm_margin {
+            options.overlap.gemm_sm_margin = v;
+        }
+        if let Some(v) = self.nccl_max_ctas {
+            options.overlap.nccl_max_ctas = v;
+        }
+        if let Some(v) = self.nccl_cta_policy {
+            options.overlap.nccl_cta_policy = v;
+        }
+        if let Some(v) = self.nccl_window_mib {
+            options.overlap.nccl_window_mib = v;
+        }
+        if let Some(v) = self.ce_slot_mib {
+            options.overlap.ce_slot_mib = v;
+        }
+        if let Some(v) = self.gemm_into_windows {
+            options.overlap.gemm_into_windows = v;
+        }
+    }
+}
+
+/// The flags of `weave tune`.
+#[derive(Clone, Debug)]
+pub struct TuneFlags {
+    /// `--ranks`.
+    pub ranks: usize,
+    /// `--backend cuda`.
+    pub cuda: bool,
+    /// Timed runs per candidate.
+    pub iters: usize,
+    /// Untimed runs per candidate first.
+    pub warmup: usize,
+    /// `--cache`: the cache file, else [`tune_cache_path`].
+    pub cache: Option<PathBuf>,
+    /// How long waits and each candidate's runs may take.
+    pub timeout: Duration,
+}
