@@ -122,6 +122,56 @@ impl<B> CommOp<B> {
             CommOp::CollectivePermute { .. } => "collective-permute",
         }
     }
+
+    /// The team index of the root, for the operations that have one.
+    pub(crate) fn root(&self) -> Option<usize> {
+        match self {
+            CommOp::Broadcast { root, .. }
+            | CommOp::Reduce { root, .. }
+            | CommOp::Gather { root, .. }
+            | CommOp::Scatter { root, .. }
+            | CommOp::SendRecv { root, .. } => Some(*root),
+            _ => None,
+        }
+    }
+
+    /// Checks the members the operation names against a team of `n`: a send-recv's team of
+    /// two, then the root, or a permute's `send_to` and `recv_from`. Every backend checks
+    /// these before the buffers.
+    pub(crate) fn check_members(&self, n: usize) -> Result<(), String> {
+        if let CommOp::SendRecv { .. } = self {
+            if n != 2 {
+                return Err(format!("send-recv needs a team of two ranks, not {n}"));
+            }
+        }
+        if let Some(root) = self.root() {
+            if root >= n {
+                return Err(format!("root {root} is out of range for a team of {n}"));
+            }
+        }
+        if let CommOp::CollectivePermute {
+            send_to, recv_from, ..
+        } = self
+        {
+            for (what, member) in [("send_to", *send_to), ("recv_from", *recv_from)] {
+                if member >= n {
+                    return Err(format!("{what} {member} is out of range for a team of {n}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a buffer of `factor` times the elements of the other must relate to it, for messages:
+/// "as many elements as the other buffer", or "`factor` times the elements of the other
+/// buffer".
+pub(crate) fn size_relation(factor: usize) -> String {
+    if factor == 1 {
+        "as many elements as the other buffer".to_string()
+    } else {
+        format!("{factor} times the elements of the other buffer")
+    }
 }
 
 /// A collective posted by one member of a team.

@@ -18,6 +18,73 @@ use half::{bf16, f16};
 
 use crate::dtype::DataType;
 
+/// Why a host buffer or view could not be had, read or written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    /// The element count of a shape does not fit a `usize`.
+    #[error("the element count of sizes {shape:?} overflows")]
+    SizeOverflow {
+        /// The shape asked for.
+        shape: Vec<usize>,
+    },
+    /// The memory for a new buffer could not be had.
+    #[error("{bytes} bytes of host memory for {len} {dtype:?} element(s) could not be allocated")]
+    Allocate {
+        /// The bytes asked for.
+        bytes: usize,
+        /// The element count asked for.
+        len: usize,
+        /// The element type.
+        dtype: DataType,
+    },
+    /// The memory for the values a read returns could not be had.
+    #[error("{bytes} bytes of host memory to read {len} element(s) could not be allocated")]
+    Read {
+        /// The bytes asked for.
+        bytes: usize,
+        /// The element count of the view.
+        len: usize,
+    },
+    /// A write's value count differs from the view's element count.
+    #[error("cannot write {values} values into a view of {elements} elements (sizes {sizes:?})")]
+    WriteCount {
+        /// The values given.
+        values: usize,
+        /// The view's element count.
+        elements: usize,
+        /// The view's sizes.
+        sizes: Vec<usize>,
+    },
+    /// An axis past the view's rank.
+    #[error("axis {axis} is out of range for a view of rank {rank}")]
+    AxisOutOfRange {
+        /// The axis asked for.
+        axis: usize,
+        /// The view's rank.
+        rank: usize,
+    },
+    /// A chunk index past the chunk count, or no chunks at all.
+    #[error("chunk {index} of {chunks} does not exist along axis {axis}")]
+    NoSuchChunk {
+        /// The chunk asked for.
+        index: usize,
+        /// The chunk count.
+        chunks: usize,
+        /// The axis cut.
+        axis: usize,
+    },
+    /// A narrowing longer than the axis.
+    #[error("cannot narrow axis {axis} of {len} elements to {to}")]
+    Narrow {
+        /// The axis narrowed.
+        axis: usize,
+        /// The axis's length.
+        len: usize,
+        /// The length asked for.
+        to: usize,
+    },
+}
+
 /// The element vector of a storage, in its own type.
 #[derive(Debug)]
 enum Data {
@@ -123,11 +190,16 @@ impl HostView {
     /// A fresh storage of `shape`, zero-filled when `zero`, poisoned otherwise, viewed whole.
     pub fn allocate(dtype: DataType, shape: &[usize], zero: bool) -> HostView {
         let len = shape.iter().product();
+        HostView::whole(dtype, shape, Data::new(dtype, len, zero))
+    }
+
+    /// A fresh storage of `shape` holding `data`, viewed whole.
+    fn whole(dtype: DataType, shape: &[usize], data: Data) -> HostView {
         let storage = Storage {
             id: NEXT_STORAGE.fetch_add(1, Ordering::Relaxed),
             dtype,
             shape: shape.to_vec(),
-            data: RwLock::new(Data::new(dtype, len, zero)),
+            data: RwLock::new(data),
         };
         HostView {
             storage: Arc::new(storage),
@@ -137,27 +209,23 @@ impl HostView {
 
     /// [`HostView::allocate`], or an error saying how many bytes could not be had (an
     /// allocation that fails is an error, never an abort).
-    pub fn try_allocate(dtype: DataType, shape: &[usize], zero: bool) -> Result<HostView, String> {
+    pub fn try_allocate(
+        dtype: DataType,
+        shape: &[usize],
+        zero: bool,
+    ) -> Result<HostView, HostError> {
         let len = shape
             .iter()
             .try_fold(1usize, |a, &n| a.checked_mul(n))
-            .ok_or_else(|| format!("the element count of sizes {shape:?} overflows"))?;
-        let data = Data::try_new(dtype, len, zero).ok_or_else(|| {
-            format!(
-                "{} bytes of host memory for {len} {dtype:?} element(s) could not be allocated",
-                len.saturating_mul(dtype.size())
-            )
-        })?;
-        let storage = Storage {
-            id: NEXT_STORAGE.fetch_add(1, Ordering::Relaxed),
+            .ok_or_else(|| HostError::SizeOverflow {
+                shape: shape.to_vec(),
+            })?;
+        let data = Data::try_new(dtype, len, zero).ok_or_else(|| HostError::Allocate {
+            bytes: len.saturating_mul(dtype.size()),
+            len,
             dtype,
-            shape: shape.to_vec(),
-            data: RwLock::new(data),
-        };
-        Ok(HostView {
-            storage: Arc::new(storage),
-            ranges: shape.iter().map(|&n| 0..n).collect(),
-        })
+        })?;
+        Ok(HostView::whole(dtype, shape, data))
     }
 
     /// A fresh storage of `shape` holding `values` (row-major, rounded to `dtype`).
@@ -165,7 +233,7 @@ impl HostView {
         dtype: DataType,
         shape: &[usize],
         values: &[f64],
-    ) -> Result<HostView, String> {
+    ) -> Result<HostView, HostError> {
         let view = HostView::try_allocate(dtype, shape, true)?;
         view.write(values)?;
         Ok(view)
@@ -213,7 +281,7 @@ impl HostView {
 
     /// The `index`-th of `chunks` chunks along `axis` (chunk size `ceil(n / chunks)`, the last
     /// ones possibly shorter or empty): the view `ShardByStream` makes. No copy.
-    pub fn chunk(&self, axis: usize, chunks: usize, index: usize) -> Result<HostView, String> {
+    pub fn chunk(&self, axis: usize, chunks: usize, index: usize) -> Result<HostView, HostError> {
         Ok(HostView {
             storage: self.storage.clone(),
             ranges: chunk_ranges(&self.ranges, axis, chunks, index)?,
@@ -221,7 +289,7 @@ impl HostView {
     }
 
     /// The first `len` elements of the view along `axis`. No copy.
-    pub fn narrow(&self, axis: usize, len: usize) -> Result<HostView, String> {
+    pub fn narrow(&self, axis: usize, len: usize) -> Result<HostView, HostError> {
         Ok(HostView {
             storage: self.storage.clone(),
             ranges: narrow_ranges(&self.ranges, axis, len)?,
@@ -267,14 +335,12 @@ impl HostView {
 
     /// [`HostView::read`], or an error when the memory for the values cannot be had (never
     /// an abort).
-    pub fn try_read(&self) -> Result<Vec<f64>, String> {
+    pub fn try_read(&self) -> Result<Vec<f64>, HostError> {
         let n = self.numel();
         let mut out = Vec::new();
-        out.try_reserve_exact(n).map_err(|_| {
-            format!(
-                "{} bytes of host memory to read {n} element(s) could not be allocated",
-                n.saturating_mul(8)
-            )
+        out.try_reserve_exact(n).map_err(|_| HostError::Read {
+            bytes: n.saturating_mul(8),
+            len: n,
         })?;
         let data = self.storage.data.read().unwrap_or_else(|e| e.into_inner());
         self.for_each_run(|start, len| out.extend((start..start + len).map(|i| data.get(i))));
@@ -289,14 +355,13 @@ impl HostView {
 
     /// Overwrites the view's elements, in row-major order, with `values` rounded to the
     /// element type. Fails when the counts differ.
-    pub fn write(&self, values: &[f64]) -> Result<(), String> {
+    pub fn write(&self, values: &[f64]) -> Result<(), HostError> {
         if values.len() != self.numel() {
-            return Err(format!(
-                "cannot write {} values into a view of {} elements (sizes {:?})",
-                values.len(),
-                self.numel(),
-                self.sizes()
-            ));
+            return Err(HostError::WriteCount {
+                values: values.len(),
+                elements: self.numel(),
+                sizes: self.sizes(),
+            });
         }
         let mut data = self.storage.data.write().unwrap_or_else(|e| e.into_inner());
         let mut k = 0;
@@ -338,17 +403,14 @@ pub fn chunk_ranges(
     axis: usize,
     chunks: usize,
     index: usize,
-) -> Result<Vec<Range<usize>>, String> {
-    let Some(range) = ranges.get(axis) else {
-        return Err(format!(
-            "axis {axis} is out of range for a view of rank {}",
-            ranges.len()
-        ));
-    };
+) -> Result<Vec<Range<usize>>, HostError> {
+    let range = axis_range(ranges, axis)?;
     if chunks == 0 || index >= chunks {
-        return Err(format!(
-            "chunk {index} of {chunks} does not exist along axis {axis}"
-        ));
+        return Err(HostError::NoSuchChunk {
+            index,
+            chunks,
+            axis,
+        });
     }
     let size = range.len().div_ceil(chunks);
     let lo = (range.start + index * size).min(range.end);
@@ -356,6 +418,14 @@ pub fn chunk_ranges(
     let mut out = ranges.to_vec();
     out[axis] = lo..hi;
     Ok(out)
+}
+
+/// The range of `axis` in the box `ranges`; fails when the box has no such axis.
+fn axis_range(ranges: &[Range<usize>], axis: usize) -> Result<&Range<usize>, HostError> {
+    ranges.get(axis).ok_or(HostError::AxisOutOfRange {
+        axis,
+        rank: ranges.len(),
+    })
 }
 
 /// The length of the `index`-th of `chunks` chunks of an axis of `len` elements, cut as
@@ -374,18 +444,14 @@ pub fn narrow_ranges(
     ranges: &[Range<usize>],
     axis: usize,
     len: usize,
-) -> Result<Vec<Range<usize>>, String> {
-    let Some(range) = ranges.get(axis) else {
-        return Err(format!(
-            "axis {axis} is out of range for a view of rank {}",
-            ranges.len()
-        ));
-    };
+) -> Result<Vec<Range<usize>>, HostError> {
+    let range = axis_range(ranges, axis)?;
     if len > range.len() {
-        return Err(format!(
-            "cannot narrow axis {axis} of {} elements to {len}",
-            range.len()
-        ));
+        return Err(HostError::Narrow {
+            axis,
+            len: range.len(),
+            to: len,
+        });
     }
     let mut out = ranges.to_vec();
     out[axis] = range.start..range.start + len;
@@ -444,6 +510,32 @@ mod tests {
         assert_eq!(
             (0..5).map(|i| chunk_len(12, 5, i)).collect::<Vec<_>>(),
             [3, 3, 3, 3, 0]
+        );
+    }
+
+    #[test]
+    fn errors_say_what_was_asked() {
+        let v = HostView::allocate(DataType::F32, &[4, 3], true);
+        let message = |e: HostError| e.to_string();
+        assert_eq!(
+            message(v.chunk(2, 3, 0).unwrap_err()),
+            "axis 2 is out of range for a view of rank 2"
+        );
+        assert_eq!(
+            message(v.chunk(0, 3, 3).unwrap_err()),
+            "chunk 3 of 3 does not exist along axis 0"
+        );
+        assert_eq!(
+            message(v.narrow(0, 5).unwrap_err()),
+            "cannot narrow axis 0 of 4 elements to 5"
+        );
+        assert_eq!(
+            message(v.write(&[1.0]).unwrap_err()),
+            "cannot write 1 values into a view of 12 elements (sizes [4, 3])"
+        );
+        assert_eq!(
+            message(HostView::try_allocate(DataType::F32, &[usize::MAX, 2], true).unwrap_err()),
+            format!("the element count of sizes {:?} overflows", [usize::MAX, 2])
         );
     }
 

@@ -96,11 +96,37 @@ impl Default for IpcOptions {
 /// The variable that overrides the windows' shape ([`IpcOptions::from_env`]).
 pub const WINDOWS_VAR: &str = "WEAVE_CE_WINDOWS";
 
+/// Why a windows' shape is refused: a malformed [`WINDOWS_VAR`], or options
+/// [`WindowLayout::new`] cannot lay out.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WindowsError {
+    /// [`WINDOWS_VAR`]'s value is not `SLOTSxMIB` within the limits.
+    #[error(
+        "{WINDOWS_VAR}={value:?}: expected SLOTSxMIB, such as 4x16 (1..=64 slots of 1..=1024 MiB)"
+    )]
+    Malformed {
+        /// The value given.
+        value: String,
+    },
+    /// No lane.
+    #[error("the windows need at least 1 lane")]
+    NoLane,
+    /// No slot.
+    #[error("the windows need at least 1 slot")]
+    NoSlot,
+    /// A slot size that is not a positive multiple of 256.
+    #[error("slot size {slot_bytes} bytes is not a positive multiple of 256")]
+    SlotBytes {
+        /// The slot size given.
+        slot_bytes: usize,
+    },
+}
+
 impl IpcOptions {
     /// The default shape, with slots and slot size from [`WINDOWS_VAR`] when it is set:
     /// `SLOTSxMIB` (`4x16`: 4 slots of 16 MiB). Every rank must see the same value (the
     /// set-up exchange refuses windows of different shapes).
-    pub fn from_env() -> Result<IpcOptions, String> {
+    pub fn from_env() -> Result<IpcOptions, WindowsError> {
         match std::env::var(WINDOWS_VAR) {
             Ok(v) => IpcOptions::parse_shape(&v),
             Err(_) => Ok(IpcOptions::default()),
@@ -109,9 +135,9 @@ impl IpcOptions {
 
     /// Parses `SLOTSxMIB` into the default shape with those slots (1..=64) of that many
     /// MiB (1..=1024).
-    pub fn parse_shape(v: &str) -> Result<IpcOptions, String> {
-        let bad = || {
-            format!("{WINDOWS_VAR}={v:?}: expected SLOTSxMIB, such as 4x16 (1..=64 slots of 1..=1024 MiB)")
+    pub fn parse_shape(v: &str) -> Result<IpcOptions, WindowsError> {
+        let bad = || WindowsError::Malformed {
+            value: v.to_string(),
         };
         let (slots, mib) = v.trim().split_once('x').ok_or_else(bad)?;
         let slots: usize = slots.parse().map_err(|_| bad())?;
@@ -138,18 +164,17 @@ pub struct WindowLayout {
 
 impl WindowLayout {
     /// The layout for `ranks` ranks; an error naming the bad option.
-    pub fn new(ranks: usize, options: IpcOptions) -> Result<WindowLayout, String> {
+    pub fn new(ranks: usize, options: IpcOptions) -> Result<WindowLayout, WindowsError> {
         if options.lanes == 0 {
-            return Err("the windows need at least 1 lane".into());
+            return Err(WindowsError::NoLane);
         }
         if options.slots == 0 {
-            return Err("the windows need at least 1 slot".into());
+            return Err(WindowsError::NoSlot);
         }
         if options.slot_bytes == 0 || !options.slot_bytes.is_multiple_of(256) {
-            return Err(format!(
-                "slot size {} bytes is not a positive multiple of 256",
-                options.slot_bytes
-            ));
+            return Err(WindowsError::SlotBytes {
+                slot_bytes: options.slot_bytes,
+            });
         }
         Ok(WindowLayout {
             ranks,
@@ -394,7 +419,7 @@ impl IpcTransport {
             CommError::Bootstrap(format!("rank {me}: copy-engine windows: {message}"))
         };
         let prepared = (|| -> Result<_, CommError> {
-            let layout = WindowLayout::new(n, options).map_err(setup)?;
+            let layout = WindowLayout::new(n, options).map_err(|e| setup(e.to_string()))?;
             let region = gpu.alloc_shared(layout.region_bytes())?;
             // Made now, so that an abort needs nothing that can fail.
             let release = gpu.new_stream(Priority::High)?;

@@ -67,9 +67,9 @@ pub use copy::{
 };
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;
-pub use host::HostView;
+pub use host::{HostError, HostView};
 #[cfg(feature = "cuda")]
-pub use ipc::{IpcCopy, IpcOptions, IpcTransport};
+pub use ipc::{IpcCopy, IpcOptions, IpcTransport, WindowsError};
 pub use local::{Local, LocalWorld};
 #[cfg(feature = "cuda")]
 pub use nccl::{CtaPolicy, DeviceBuffer, Nccl, NcclId, NcclOptions};

@@ -213,26 +213,19 @@ impl Communicator for Local {
         {
             let mut counters = counters.lock().unwrap_or_else(|e| e.into_inner());
             for op in ops {
-                match op {
-                    P2p::Send { peer, buffer } => {
-                        let next = counters.sends.entry(peer).or_insert(0);
-                        sends.push(Transfer {
-                            peer,
-                            seq: *next,
-                            buffer,
-                        });
-                        *next += 1;
-                    }
-                    P2p::Recv { peer, buffer } => {
-                        let next = counters.recvs.entry(peer).or_insert(0);
-                        recvs.push(Transfer {
-                            peer,
-                            seq: *next,
-                            buffer,
-                        });
-                        *next += 1;
-                    }
-                }
+                // Numbered per peer and direction: the k-th send to a peer meets its k-th
+                // receive from this rank.
+                let (peer, buffer, counts, queue) = match op {
+                    P2p::Send { peer, buffer } => (peer, buffer, &mut counters.sends, &mut sends),
+                    P2p::Recv { peer, buffer } => (peer, buffer, &mut counters.recvs, &mut recvs),
+                };
+                let next = counts.entry(peer).or_insert(0);
+                queue.push(Transfer {
+                    peer,
+                    seq: *next,
+                    buffer,
+                });
+                *next += 1;
             }
         }
         let shared = Arc::clone(&self.shared);
@@ -496,7 +489,7 @@ impl Shared {
         drop(state);
 
         let members = result?;
-        check_members(&members).map_err(|detail| mismatch(label, rank, detail))?;
+        check_members(&members).map_err(|e| mismatch(label, rank, e.to_string()))?;
         let Some(output) = plan.output.as_ref() else {
             return Ok(());
         };
@@ -504,7 +497,7 @@ impl Shared {
         let values = compute(&plan, &members, index, output.numel());
         output
             .write(&values)
-            .map_err(|detail| mismatch(label, rank, detail))
+            .map_err(|e| mismatch(label, rank, e.to_string()))
     }
 
     /// Runs a point-to-point group: every send is deposited, then every receive waits for its
@@ -573,7 +566,7 @@ impl Shared {
             }
             buffer
                 .write(&message.data)
-                .map_err(|detail| mismatch(label, rank, detail))?;
+                .map_err(|e| mismatch(label, rank, e.to_string()))?;
         }
         Ok(())
     }

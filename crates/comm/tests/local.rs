@@ -181,6 +181,71 @@ fn post(comm: &Local, stream: &Stream, label: &str, team: &[usize], op: CommOp<H
     .unwrap();
 }
 
+/// Posts a group of one receive into `buffer` from `peer`.
+fn post_recv(comm: &Local, stream: &Stream, label: &str, peer: usize, buffer: HostView) {
+    comm.post_p2p(label.into(), vec![P2p::Recv { peer, buffer }], stream)
+        .unwrap();
+}
+
+/// The error of `rank`'s operation `op` that waited for ranks `waiting_for` for `millis` ms.
+fn timed_out(op: &str, rank: usize, waiting_for: Vec<usize>, millis: u64) -> CommError {
+    CommError::Timeout {
+        op: op.into(),
+        rank,
+        waiting_for,
+        millis,
+    }
+}
+
+/// The error of `rank`'s operation `op` when `failed_rank` failed for `reason`.
+fn peer_failed(op: &str, rank: usize, failed_rank: usize, reason: &str) -> CommError {
+    CommError::PeerFailed {
+        op: op.into(),
+        rank,
+        failed_rank,
+        reason: reason.into(),
+    }
+}
+
+/// `run_ok` on `n` ranks where every rank posts `op(rank, input, output)` as `label` on the
+/// whole world: its input `data(dtype, rank, in_len)`, its output `out_len` poisoned
+/// elements, which it returns.
+fn run_world_op(
+    n: usize,
+    dtype: DataType,
+    label: &str,
+    (in_len, out_len): (usize, usize),
+    op: impl Fn(usize, HostView, HostView) -> CommOp<HostView> + Sync,
+) -> Vec<HostView> {
+    run_posting(
+        n,
+        dtype,
+        label,
+        |_| out_len,
+        |rank, output| {
+            let input = view(dtype, &data(dtype, rank, in_len));
+            op(rank, input, output)
+        },
+    )
+}
+
+/// `run_ok` on `n` ranks where every rank posts `op(rank, output)` as `label` on the whole
+/// world, its output `out_len(rank)` poisoned elements, which it returns.
+fn run_posting(
+    n: usize,
+    dtype: DataType,
+    label: &str,
+    out_len: impl Fn(usize) -> usize + Sync,
+    op: impl Fn(usize, HostView) -> CommOp<HostView> + Sync,
+) -> Vec<HostView> {
+    run_ok(n, |rank, comm, stream| {
+        let output = poisoned(dtype, out_len(rank));
+        let op = op(rank, output.clone());
+        post(comm, stream, label, &world_team(n), op);
+        output
+    })
+}
+
 fn world_team(n: usize) -> Vec<usize> {
     (0..n).collect()
 }
@@ -206,19 +271,8 @@ const DTYPES: [DataType; 2] = [DataType::F32, DataType::Bf16];
 fn allgather_concatenates_inputs_in_team_order() {
     for n in 2..=4 {
         for dtype in DTYPES {
-            let outputs = run_ok(n, |rank, comm, stream| {
-                let output = poisoned(dtype, 3 * n);
-                post(
-                    comm,
-                    stream,
-                    "ag",
-                    &world_team(n),
-                    CommOp::Allgather {
-                        input: view(dtype, &data(dtype, rank, 3)),
-                        output: output.clone(),
-                    },
-                );
-                output
+            let outputs = run_world_op(n, dtype, "ag", (3, 3 * n), |_, input, output| {
+                CommOp::Allgather { input, output }
             });
             let expected: Vec<f64> = (0..n).flat_map(|r| data(dtype, r, 3)).collect();
             for (rank, output) in outputs.iter().enumerate() {
@@ -285,20 +339,12 @@ fn allgather_writes_through_a_strided_view() {
 fn allreduce_sum_is_exact_for_every_world_size() {
     for n in 2..=4 {
         for dtype in DTYPES {
-            let outputs = run_ok(n, |rank, comm, stream| {
-                let output = poisoned(dtype, 5);
-                post(
-                    comm,
-                    stream,
-                    "ar",
-                    &world_team(n),
-                    CommOp::Allreduce {
-                        input: view(dtype, &data(dtype, rank, 5)),
-                        output: output.clone(),
-                        op: RedOp::Sum,
-                    },
-                );
-                output
+            let outputs = run_world_op(n, dtype, "ar", (5, 5), |_, input, output| {
+                CommOp::Allreduce {
+                    input,
+                    output,
+                    op: RedOp::Sum,
+                }
             });
             let inputs: Vec<_> = (0..n).map(|r| data(dtype, r, 5)).collect();
             let expected = reference_reduce(dtype, &inputs, RedOp::Sum);
@@ -410,20 +456,12 @@ fn allreduce_in_place() {
 fn reduce_scatter_gives_each_member_its_piece() {
     for n in 2..=4 {
         for dtype in DTYPES {
-            let outputs = run_ok(n, |rank, comm, stream| {
-                let output = poisoned(dtype, 2);
-                post(
-                    comm,
-                    stream,
-                    "rs",
-                    &world_team(n),
-                    CommOp::ReduceScatter {
-                        input: view(dtype, &data(dtype, rank, 2 * n)),
-                        output: output.clone(),
-                        op: RedOp::Sum,
-                    },
-                );
-                output
+            let outputs = run_world_op(n, dtype, "rs", (2 * n, 2), |_, input, output| {
+                CommOp::ReduceScatter {
+                    input,
+                    output,
+                    op: RedOp::Sum,
+                }
             });
             let inputs: Vec<_> = (0..n).map(|r| data(dtype, r, 2 * n)).collect();
             let full = reference_reduce(dtype, &inputs, RedOp::Sum);
@@ -469,27 +507,25 @@ fn broadcast_from_a_nonzero_root() {
     for n in 2..=4 {
         for dtype in DTYPES {
             let root = n - 1;
-            let outputs = run_ok(n, |rank, comm, stream| {
-                let output = poisoned(dtype, 3);
-                // Non-roots pass a wrong-sized, uninitialised input: it is never read.
-                let input = if rank == root {
-                    view(dtype, &data(dtype, rank, 3))
-                } else {
-                    poisoned(dtype, 1)
-                };
-                post(
-                    comm,
-                    stream,
-                    "bcast",
-                    &world_team(n),
+            let outputs = run_posting(
+                n,
+                dtype,
+                "bcast",
+                |_| 3,
+                |rank, output| {
+                    // Non-roots pass a wrong-sized, uninitialised input: it is never read.
+                    let input = if rank == root {
+                        view(dtype, &data(dtype, rank, 3))
+                    } else {
+                        poisoned(dtype, 1)
+                    };
                     CommOp::Broadcast {
                         root,
                         input,
-                        output: output.clone(),
-                    },
-                );
-                output
-            });
+                        output,
+                    }
+                },
+            );
             for output in outputs {
                 assert_eq!(output.read(), data(dtype, root, 3), "n={n} {dtype}");
             }
@@ -531,22 +567,13 @@ fn reduce_writes_only_the_root() {
     for dtype in DTYPES {
         let n = 3;
         let root = 1;
-        let outputs = run_ok(n, |rank, comm, stream| {
-            // Non-roots pass a wrong-sized output: it is never written.
-            let output = poisoned(dtype, if rank == root { 4 } else { 1 });
-            post(
-                comm,
-                stream,
-                "reduce",
-                &world_team(n),
-                CommOp::Reduce {
-                    root,
-                    input: view(dtype, &data(dtype, rank, 4)),
-                    output: output.clone(),
-                    op: RedOp::Sum,
-                },
-            );
-            output
+        // Non-roots pass a wrong-sized output: it is never written.
+        let out_len = |rank| if rank == root { 4 } else { 1 };
+        let outputs = run_posting(n, dtype, "reduce", out_len, |rank, output| CommOp::Reduce {
+            root,
+            input: view(dtype, &data(dtype, rank, 4)),
+            output,
+            op: RedOp::Sum,
         });
         let inputs: Vec<_> = (0..n).map(|r| data(dtype, r, 4)).collect();
         assert_eq!(
@@ -594,20 +621,11 @@ fn gather_to_a_nonzero_root() {
     for n in 2..=4 {
         for dtype in DTYPES {
             let root = n / 2;
-            let outputs = run_ok(n, |rank, comm, stream| {
-                let output = poisoned(dtype, if rank == root { 2 * n } else { 1 });
-                post(
-                    comm,
-                    stream,
-                    "gather",
-                    &world_team(n),
-                    CommOp::Gather {
-                        root,
-                        input: view(dtype, &data(dtype, rank, 2)),
-                        output: output.clone(),
-                    },
-                );
-                output
+            let out_len = |rank| if rank == root { 2 * n } else { 1 };
+            let outputs = run_posting(n, dtype, "gather", out_len, |rank, output| CommOp::Gather {
+                root,
+                input: view(dtype, &data(dtype, rank, 2)),
+                output,
             });
             let expected: Vec<f64> = (0..n).flat_map(|r| data(dtype, r, 2)).collect();
             assert_eq!(outputs[root].read(), expected, "n={n} {dtype}");
@@ -625,26 +643,24 @@ fn scatter_from_a_nonzero_root() {
     for n in 2..=4 {
         for dtype in DTYPES {
             let root = 1;
-            let outputs = run_ok(n, |rank, comm, stream| {
-                let output = poisoned(dtype, 3);
-                let input = if rank == root {
-                    view(dtype, &data(dtype, 2, 3 * n))
-                } else {
-                    poisoned(dtype, 7)
-                };
-                post(
-                    comm,
-                    stream,
-                    "scatter",
-                    &world_team(n),
+            let outputs = run_posting(
+                n,
+                dtype,
+                "scatter",
+                |_| 3,
+                |rank, output| {
+                    let input = if rank == root {
+                        view(dtype, &data(dtype, 2, 3 * n))
+                    } else {
+                        poisoned(dtype, 7)
+                    };
                     CommOp::Scatter {
                         root,
                         input,
-                        output: output.clone(),
-                    },
-                );
-                output
-            });
+                        output,
+                    }
+                },
+            );
             let source = data(dtype, 2, 3 * n);
             for (rank, output) in outputs.iter().enumerate() {
                 assert_eq!(
@@ -691,19 +707,8 @@ fn send_recv_in_a_team_of_two() {
 fn all_to_all_transposes_pieces() {
     for n in 2..=4 {
         for dtype in DTYPES {
-            let outputs = run_ok(n, |rank, comm, stream| {
-                let output = poisoned(dtype, 2 * n);
-                post(
-                    comm,
-                    stream,
-                    "a2a",
-                    &world_team(n),
-                    CommOp::AllToAll {
-                        input: view(dtype, &data(dtype, rank, 2 * n)),
-                        output: output.clone(),
-                    },
-                );
-                output
+            let outputs = run_world_op(n, dtype, "a2a", (2 * n, 2 * n), |_, input, output| {
+                CommOp::AllToAll { input, output }
             });
             for (i, output) in outputs.iter().enumerate() {
                 // Piece j of my output is piece i of member j's input.
@@ -720,21 +725,13 @@ fn all_to_all_transposes_pieces() {
 fn collective_permute_shifts_around_the_ring() {
     for n in 2..=4 {
         for dtype in DTYPES {
-            let outputs = run_ok(n, |rank, comm, stream| {
-                let output = poisoned(dtype, 3);
-                post(
-                    comm,
-                    stream,
-                    "permute",
-                    &world_team(n),
-                    CommOp::CollectivePermute {
-                        input: view(dtype, &data(dtype, rank, 3)),
-                        output: output.clone(),
-                        send_to: (rank + 1) % n,
-                        recv_from: (rank + n - 1) % n,
-                    },
-                );
-                output
+            let outputs = run_world_op(n, dtype, "permute", (3, 3), |rank, input, output| {
+                CommOp::CollectivePermute {
+                    input,
+                    output,
+                    send_to: (rank + 1) % n,
+                    recv_from: (rank + n - 1) % n,
+                }
             });
             for (rank, output) in outputs.iter().enumerate() {
                 assert_eq!(output.read(), data(dtype, (rank + n - 1) % n, 3));
@@ -916,15 +913,7 @@ fn p2p_matches_the_kth_send_with_the_kth_recv() {
                 // The receiver posts late, after the sends are buffered.
                 thread::sleep(Duration::from_millis(50));
                 let first = poisoned(DataType::F32, 2);
-                comm.post_p2p(
-                    "recv-0".into(),
-                    vec![P2p::Recv {
-                        peer: 0,
-                        buffer: first.clone(),
-                    }],
-                    stream,
-                )
-                .unwrap();
+                post_recv(comm, stream, "recv-0", 0, first.clone());
                 let second = poisoned(DataType::F32, 2);
                 let third = poisoned(DataType::F32, 2);
                 comm.post_p2p(
@@ -946,15 +935,7 @@ fn p2p_matches_the_kth_send_with_the_kth_recv() {
             }
             _ => {
                 let only = poisoned(DataType::F32, 1);
-                comm.post_p2p(
-                    "recv".into(),
-                    vec![P2p::Recv {
-                        peer: 0,
-                        buffer: only.clone(),
-                    }],
-                    stream,
-                )
-                .unwrap();
+                post_recv(comm, stream, "recv", 0, only.clone());
                 received = vec![only];
             }
         }
@@ -1092,178 +1073,98 @@ fn post_fails_for_a_rank_outside_the_team() {
 fn post_checks_local_buffer_sizes_types_and_indices() {
     let world = LocalWorld::new(4, LONG);
     let comm = world.communicator(1);
-    let team = [0, 1, 2];
+    let team: &[usize] = &[0, 1, 2];
     let f32 = |n| poisoned(DataType::F32, n);
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::Allgather {
-            input: f32(2),
-            output: f32(5),
-        },
-        "the output has 5 elements",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::Allgather {
-            input: f32(2),
-            output: poisoned(DataType::Bf16, 6),
-        },
-        "the input is f32 but the output is bf16",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::Allreduce {
-            input: f32(2),
-            output: f32(3),
-            op: RedOp::Sum,
-        },
-        "the output has 3 elements",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::ReduceScatter {
-            input: f32(5),
-            output: f32(2),
-            op: RedOp::Sum,
-        },
-        "the input has 5 elements",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::Broadcast {
-            root: 3,
-            input: f32(2),
-            output: f32(2),
-        },
-        "root 3 is out of range",
-    );
-    // Rank 1 is the root (team index 1): its buffers must agree.
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::Broadcast {
-            root: 1,
-            input: f32(2),
-            output: f32(3),
-        },
-        "the output has 3 elements",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::Reduce {
-            root: 1,
-            input: f32(2),
-            output: poisoned(DataType::F64, 2),
-            op: RedOp::Max,
-        },
-        "the input is f32 but the output is f64",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::Gather {
-            root: 1,
-            input: f32(2),
-            output: f32(4),
-        },
-        "the output has 4 elements",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::Scatter {
-            root: 1,
-            input: f32(4),
-            output: f32(2),
-        },
-        "the input has 4 elements",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::SendRecv {
-            root: 0,
-            input: f32(2),
-            output: f32(2),
-        },
-        "team of two",
-    );
-    assert_local_mismatch(
-        &comm,
-        &[1, 2],
-        CommOp::SendRecv {
-            root: 2,
-            input: f32(2),
-            output: f32(2),
-        },
-        "root 2 is out of range",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::AllToAll {
-            input: f32(4),
-            output: f32(4),
-        },
-        "do not split into 3 equal pieces",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::AllToAll {
-            input: f32(3),
-            output: f32(6),
-        },
-        "the output has 6 elements",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::CollectivePermute {
-            input: f32(2),
-            output: f32(2),
-            send_to: 3,
-            recv_from: 0,
-        },
-        "send_to 3 is out of range",
-    );
-    assert_local_mismatch(
-        &comm,
-        &team,
-        CommOp::CollectivePermute {
-            input: f32(2),
-            output: f32(2),
-            send_to: 0,
-            recv_from: 5,
-        },
-        "recv_from 5 is out of range",
-    );
-    assert_local_mismatch(
-        &comm,
-        &[1, 4],
-        CommOp::Allreduce {
-            input: f32(1),
-            output: f32(1),
-            op: RedOp::Sum,
-        },
-        "outside the world of 4 ranks",
-    );
-    assert_local_mismatch(
-        &comm,
-        &[1, 2, 1],
-        CommOp::Allreduce {
-            input: f32(1),
-            output: f32(1),
-            op: RedOp::Sum,
-        },
-        "names rank 1 twice",
-    );
+    let sum = RedOp::Sum;
+    let ag = |input, output| CommOp::Allgather { input, output };
+    let ar = |input, output, op| CommOp::Allreduce { input, output, op };
+    let rs = |input, output, op| CommOp::ReduceScatter { input, output, op };
+    let a2a = |input, output| CommOp::AllToAll { input, output };
+    let bcast = |root, input, output| CommOp::Broadcast {
+        root,
+        input,
+        output,
+    };
+    let reduce = |root, input, output, op| CommOp::Reduce {
+        root,
+        input,
+        output,
+        op,
+    };
+    let gather = |root, input, output| CommOp::Gather {
+        root,
+        input,
+        output,
+    };
+    let scatter = |root, input, output| CommOp::Scatter {
+        root,
+        input,
+        output,
+    };
+    let send_recv = |root, input, output| CommOp::SendRecv {
+        root,
+        input,
+        output,
+    };
+    let permute = |input, output, send_to, recv_from| CommOp::CollectivePermute {
+        input,
+        output,
+        send_to,
+        recv_from,
+    };
+    let f64_out = poisoned(DataType::F64, 2);
+    let bf16_out = poisoned(DataType::Bf16, 6);
+    let cases: Vec<(&[usize], CommOp<HostView>, &str)> = vec![
+        (team, ag(f32(2), f32(5)), "the output has 5 elements"),
+        (
+            team,
+            ag(f32(2), bf16_out),
+            "the input is f32 but the output is bf16",
+        ),
+        (team, ar(f32(2), f32(3), sum), "the output has 3 elements"),
+        (team, rs(f32(5), f32(2), sum), "the input has 5 elements"),
+        (team, bcast(3, f32(2), f32(2)), "root 3 is out of range"),
+        // Rank 1 is the root (team index 1): its buffers must agree.
+        (team, bcast(1, f32(2), f32(3)), "the output has 3 elements"),
+        (
+            team,
+            reduce(1, f32(2), f64_out, RedOp::Max),
+            "the input is f32 but the output is f64",
+        ),
+        (team, gather(1, f32(2), f32(4)), "the output has 4 elements"),
+        (team, scatter(1, f32(4), f32(2)), "the input has 4 elements"),
+        (team, send_recv(0, f32(2), f32(2)), "team of two"),
+        (
+            &[1, 2],
+            send_recv(2, f32(2), f32(2)),
+            "root 2 is out of range",
+        ),
+        (
+            team,
+            a2a(f32(4), f32(4)),
+            "do not split into 3 equal pieces",
+        ),
+        (team, a2a(f32(3), f32(6)), "the output has 6 elements"),
+        (
+            team,
+            permute(f32(2), f32(2), 3, 0),
+            "send_to 3 is out of range",
+        ),
+        (
+            team,
+            permute(f32(2), f32(2), 0, 5),
+            "recv_from 5 is out of range",
+        ),
+        (
+            &[1, 4],
+            ar(f32(1), f32(1), sum),
+            "outside the world of 4 ranks",
+        ),
+        (&[1, 2, 1], ar(f32(1), f32(1), sum), "names rank 1 twice"),
+    ];
+    for (team, op, needle) in cases {
+        assert_local_mismatch(&comm, team, op, needle);
+    }
 }
 
 #[test]
@@ -1654,12 +1555,7 @@ fn a_missing_rank_times_out_its_peers() {
     for (rank, outcome) in outcomes.iter().enumerate().take(2) {
         assert_eq!(
             outcome.errors,
-            vec![CommError::Timeout {
-                op: "ag-timeout".into(),
-                rank,
-                waiting_for: vec![2],
-                millis: 200,
-            }]
+            vec![timed_out("ag-timeout", rank, vec![2], 200)]
         );
     }
     assert!(outcomes[2].errors.is_empty());
@@ -1671,26 +1567,13 @@ fn a_recv_without_a_send_times_out() {
     let start = Instant::now();
     let (_, outcomes) = run_world(2, timeout, |rank, comm, stream| {
         if rank == 1 {
-            comm.post_p2p(
-                "lonely-recv".into(),
-                vec![P2p::Recv {
-                    peer: 0,
-                    buffer: poisoned(DataType::F32, 1),
-                }],
-                stream,
-            )
-            .unwrap();
+            post_recv(comm, stream, "lonely-recv", 0, poisoned(DataType::F32, 1));
         }
     });
     assert!(start.elapsed() < Duration::from_secs(3));
     assert_eq!(
         outcomes[1].errors,
-        vec![CommError::Timeout {
-            op: "lonely-recv".into(),
-            rank: 1,
-            waiting_for: vec![0],
-            millis: 200,
-        }]
+        vec![timed_out("lonely-recv", 1, vec![0], 200)]
     );
 }
 
@@ -1722,12 +1605,7 @@ fn an_abort_fails_a_waiting_peer_promptly() {
     );
     assert_eq!(
         outcomes[0].errors,
-        vec![CommError::PeerFailed {
-            op: "ag-abort".into(),
-            rank: 0,
-            failed_rank: 1,
-            reason: "boom".into(),
-        }]
+        vec![peer_failed("ag-abort", 0, 1, "boom")]
     );
     assert_eq!(world.aborted(), vec![(1, "boom".to_string())]);
 }
@@ -1773,27 +1651,20 @@ fn operations_posted_after_an_abort_fail_at_once() {
                 stream,
             )
             .unwrap();
-            comm.post_p2p(
-                "recv-from-failed".into(),
-                vec![P2p::Recv {
-                    peer: 1,
-                    buffer: poisoned(DataType::F32, 1),
-                }],
+            post_recv(
+                comm,
                 stream,
-            )
-            .unwrap();
+                "recv-from-failed",
+                1,
+                poisoned(DataType::F32, 1),
+            );
             Some(output)
         } else {
             None
         }
     });
     assert!(start.elapsed() < Duration::from_secs(5));
-    let failed = |op: &str, rank: usize| CommError::PeerFailed {
-        op: op.into(),
-        rank,
-        failed_rank: 1,
-        reason: "boom".into(),
-    };
+    let failed = |op: &str, rank: usize| peer_failed(op, rank, 1, "boom");
     for rank in [0, 2] {
         assert_eq!(
             outcomes[rank].errors,
@@ -1820,25 +1691,12 @@ fn an_abort_fails_a_waiting_recv_promptly() {
             comm.abort("sender died");
             return;
         }
-        comm.post_p2p(
-            "recv-abort".into(),
-            vec![P2p::Recv {
-                peer: 0,
-                buffer: poisoned(DataType::F32, 1),
-            }],
-            stream,
-        )
-        .unwrap();
+        post_recv(comm, stream, "recv-abort", 0, poisoned(DataType::F32, 1));
     });
     assert!(start.elapsed() < Duration::from_secs(5));
     assert_eq!(
         outcomes[1].errors,
-        vec![CommError::PeerFailed {
-            op: "recv-abort".into(),
-            rank: 1,
-            failed_rank: 0,
-            reason: "sender died".into(),
-        }]
+        vec![peer_failed("recv-abort", 1, 0, "sender died")]
     );
 }
 
@@ -1886,12 +1744,7 @@ fn an_abort_after_arriving_does_not_fail_the_peers() {
     assert_eq!(outcomes[0].value.read(), vec![0.0, 1.0]);
     assert_eq!(
         outcomes[1].errors,
-        vec![CommError::PeerFailed {
-            op: "ag".into(),
-            rank: 1,
-            failed_rank: 1,
-            reason: "late failure".into(),
-        }]
+        vec![peer_failed("ag", 1, 1, "late failure")]
     );
     assert_eq!(world.pending(), 0, "both members left the slot");
 }

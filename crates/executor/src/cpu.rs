@@ -342,7 +342,7 @@ fn dense_of(view: &HostView) -> Result<Dense, String> {
     Ok(Dense {
         dtype: ir_dtype(view.dtype()),
         sizes: view.sizes(),
-        data: view.try_read()?,
+        data: view.try_read().map_err(|e| e.to_string())?,
     })
 }
 
@@ -357,7 +357,7 @@ fn store(out: &HostView, value: &Dense, what: &str) -> Result<(), String> {
             out.sizes()
         ));
     }
-    out.write(&value.data)
+    out.write(&value.data).map_err(|e| e.to_string())
 }
 
 impl Backend for CpuBackend {
@@ -483,11 +483,11 @@ impl Backend for CpuBackend {
         chunks: usize,
         index: usize,
     ) -> Result<HostView, String> {
-        buffer.chunk(axis, chunks, index)
+        buffer.chunk(axis, chunks, index).map_err(|e| e.to_string())
     }
 
     fn narrow(&self, buffer: &HostView, axis: usize, len: usize) -> Result<HostView, String> {
-        buffer.narrow(axis, len)
+        buffer.narrow(axis, len).map_err(|e| e.to_string())
     }
 
     fn sizes(&self, buffer: &HostView) -> Vec<usize> {
@@ -550,7 +550,7 @@ impl Backend for CpuBackend {
             if accumulate {
                 // `out += a @ b`: the partial sum so far, element for element (the sizes
                 // differ at most by axes of size 1, which leave the order alone).
-                let sum = out.try_read()?;
+                let sum = out.try_read().map_err(|e| e.to_string())?;
                 if sum.len() != value.data.len() {
                     return Err(format!(
                         "the product has sizes {:?} but the accumulated output has sizes {:?}",
@@ -588,7 +588,7 @@ impl Backend for CpuBackend {
 
     fn upload(&self, data: &Dense) -> Result<HostView, ExecError> {
         let source = HostView::from_values(data_type(data.dtype), &data.sizes, &data.data)
-            .map_err(ExecError::Input)?;
+            .map_err(|e| ExecError::Input(e.to_string()))?;
         // The copy lands in stream order on the main stream, as the CUDA backend's upload
         // does: a pool stream that reads an input before synchronizing with the main stream
         // really races.
@@ -601,7 +601,10 @@ impl Backend for CpuBackend {
         .map_err(ExecError::Input)?;
         let v = view.clone();
         let main = self.stream(StreamKey::Main)?;
-        self.enqueue_compute(&main, "upload", move || v.write(&source.try_read()?));
+        self.enqueue_compute(&main, "upload", move || {
+            v.write(&source.try_read().map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())
+        });
         Ok(view)
     }
 

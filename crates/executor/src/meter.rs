@@ -282,7 +282,8 @@ impl Backend for MeterBackend {
         chunks: usize,
         index: usize,
     ) -> Result<Shape, String> {
-        let ranges = weave_comm::host::chunk_ranges(&buffer.ranges, axis, chunks, index)?;
+        let ranges = weave_comm::host::chunk_ranges(&buffer.ranges, axis, chunks, index)
+            .map_err(|e| e.to_string())?;
         Ok(Shape {
             ranges,
             ..buffer.clone()
@@ -290,7 +291,8 @@ impl Backend for MeterBackend {
     }
 
     fn narrow(&self, buffer: &Shape, axis: usize, len: usize) -> Result<Shape, String> {
-        let ranges = weave_comm::host::narrow_ranges(&buffer.ranges, axis, len)?;
+        let ranges = weave_comm::host::narrow_ranges(&buffer.ranges, axis, len)
+            .map_err(|e| e.to_string())?;
         Ok(Shape {
             ranges,
             ..buffer.clone()

@@ -295,7 +295,7 @@ impl Overlap {
     /// The copy-engine windows' shape: `WEAVE_CE_WINDOWS`'s (else the default), with
     /// [`Overlap::ce_slot_mib`]'s slot size where it is set.
     pub fn ce_windows(&self) -> Result<weave_comm::IpcOptions, String> {
-        let windows = weave_comm::IpcOptions::from_env()?;
+        let windows = weave_comm::IpcOptions::from_env().map_err(|e| e.to_string())?;
         match self.ce_slot_mib {
             0 => Ok(windows),
             mib if mib > MAX_CE_SLOT_MIB => Err(format!(

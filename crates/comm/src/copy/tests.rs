@@ -142,6 +142,36 @@ impl Log {
     fn take(&self) -> Vec<Seen> {
         std::mem::take(&mut *self.0.lock().unwrap())
     }
+    /// Records that the transport moved `t` of rank `me` for `label`.
+    fn record(&self, me: usize, label: &str, t: &Transfers) {
+        self.push(Seen::Moved {
+            me,
+            label: label.to_string(),
+            transfers: t.clone(),
+        });
+    }
+}
+
+/// A copy's or transfer's `(rank or address, address, bytes)`.
+type Piece<T> = (T, u64, usize);
+
+/// What the transport moved of rank `me` for `label`.
+fn moved(
+    me: usize,
+    label: &str,
+    local: Vec<Piece<u64>>,
+    sends: Vec<Piece<usize>>,
+    recvs: Vec<Piece<usize>>,
+) -> Seen {
+    Seen::Moved {
+        me,
+        label: label.into(),
+        transfers: Transfers {
+            local,
+            sends,
+            recvs,
+        },
+    }
 }
 
 /// Rank 1 of 3, recording what it is asked to post.
@@ -188,11 +218,7 @@ impl CopyTransport for Recorder {
         timeout: Duration,
     ) -> Result<(), CommError> {
         assert_eq!(timeout, Duration::from_secs(7));
-        self.0.push(Seen::Moved {
-            me,
-            label: label.to_string(),
-            transfers: t.clone(),
-        });
+        self.0.record(me, label, t);
         Ok(())
     }
 
@@ -270,26 +296,16 @@ fn the_transport_takes_contiguous_allgathers_and_groups_and_the_rest_goes_to_the
     assert_eq!(
         log.take(),
         vec![
-            Seen::Moved {
-                me: 1,
-                label: "ag".into(),
-                transfers: Transfers {
-                    local: vec![(0x1000 + 8, 0x100, 8)],
-                    sends: vec![(0, 0x100, 8), (2, 0x100, 8)],
-                    recvs: vec![(0, 0x1000, 8), (2, 0x1000 + 16, 8)],
-                },
-            },
+            moved(
+                1,
+                "ag",
+                vec![(0x1000 + 8, 0x100, 8)],
+                vec![(0, 0x100, 8), (2, 0x100, 8)],
+                vec![(0, 0x1000, 8), (2, 0x1000 + 16, 8)]
+            ),
             Seen::Post("strided ag".into()),
             Seen::Post("ar".into()),
-            Seen::Moved {
-                me: 1,
-                label: "ring".into(),
-                transfers: Transfers {
-                    local: vec![],
-                    sends: vec![(2, 0x200, 4)],
-                    recvs: vec![(0, 0x300, 4)],
-                },
-            },
+            moved(1, "ring", vec![], vec![(2, 0x200, 4)], vec![(0, 0x300, 4)]),
             Seen::Group("strided".into()),
             Seen::TransportAborted,
             Seen::Aborted("stop".into()),
@@ -364,11 +380,7 @@ impl CopyTransport for InWindows {
         _: &(),
         _: Duration,
     ) -> Result<(), CommError> {
-        self.0.push(Seen::Moved {
-            me,
-            label: label.to_string(),
-            transfers: t.clone(),
-        });
+        self.0.record(me, label, t);
         Ok(())
     }
 
@@ -464,15 +476,13 @@ fn a_transport_that_reduces_in_its_windows_sums_each_piece_in_team_order() {
     );
     assert_eq!(
         seen[3],
-        Seen::Moved {
-            me: 1,
-            label: "ar (gather)".into(),
-            transfers: Transfers {
-                local: vec![],
-                sends: vec![(2, 0x1008, 8), (0, 0x1008, 8)],
-                recvs: vec![(2, 0x1000, 8), (0, 0x1000 + 16, 8)],
-            },
-        }
+        moved(
+            1,
+            "ar (gather)",
+            vec![],
+            vec![(2, 0x1008, 8), (0, 0x1008, 8)],
+            vec![(2, 0x1000, 8), (0, 0x1000 + 16, 8)]
+        )
     );
     assert_eq!(seen.len(), 4);
 }
@@ -499,6 +509,17 @@ fn sum_reductions_go_through_the_copy_engines_with_a_reducer_and_the_rest_to_ncc
     };
     let rs = |input, output, op| CommOp::ReduceScatter { input, output, op };
     let ar = |input, output, op| CommOp::Allreduce { input, output, op };
+    // Rank 1 keeps its block 1 and pushes blocks 0 and 2 to ranks 0 and 2, receiving theirs
+    // into the scratch at 0x9000.
+    let to_scratch = |label: &str| {
+        moved(
+            1,
+            label,
+            vec![(0x9000 + 8, 0x100 + 8, 8)],
+            vec![(0, 0x100, 8), (2, 0x100 + 16, 8)],
+            vec![(0, 0x9000, 8), (2, 0x9000 + 16, 8)],
+        )
+    };
     // Rank 1 is team index 1 of [0, 1, 2]: 3 blocks of 4 bf16 (8 bytes).
     post(
         "rs",
@@ -509,15 +530,7 @@ fn sum_reductions_go_through_the_copy_engines_with_a_reducer_and_the_rest_to_ncc
         log.take(),
         vec![
             Seen::Post("scratch 24".into()),
-            Seen::Moved {
-                me: 1,
-                label: "rs".into(),
-                transfers: Transfers {
-                    local: vec![(0x9000 + 8, 0x100 + 8, 8)],
-                    sends: vec![(0, 0x100, 8), (2, 0x100 + 16, 8)],
-                    recvs: vec![(0, 0x9000, 8), (2, 0x9000 + 16, 8)],
-                },
-            },
+            to_scratch("rs"),
             Seen::Post("sum 3 blocks of 4 Bf16 at 0x9000 into 0x1000".into()),
             Seen::Post("scratch freed".into()),
         ]
@@ -533,25 +546,15 @@ fn sum_reductions_go_through_the_copy_engines_with_a_reducer_and_the_rest_to_ncc
         log.take(),
         vec![
             Seen::Post("scratch 24".into()),
-            Seen::Moved {
-                me: 1,
-                label: "ar".into(),
-                transfers: Transfers {
-                    local: vec![(0x9000 + 8, 0x100 + 8, 8)],
-                    sends: vec![(0, 0x100, 8), (2, 0x100 + 16, 8)],
-                    recvs: vec![(0, 0x9000, 8), (2, 0x9000 + 16, 8)],
-                },
-            },
+            to_scratch("ar"),
             Seen::Post("sum 3 blocks of 4 Bf16 at 0x9000 into 0x1008".into()),
-            Seen::Moved {
-                me: 1,
-                label: "ar (gather)".into(),
-                transfers: Transfers {
-                    local: vec![],
-                    sends: vec![(0, 0x1008, 8), (2, 0x1008, 8)],
-                    recvs: vec![(0, 0x1000, 8), (2, 0x1000 + 16, 8)],
-                },
-            },
+            moved(
+                1,
+                "ar (gather)",
+                vec![],
+                vec![(0, 0x1008, 8), (2, 0x1008, 8)],
+                vec![(0, 0x1000, 8), (2, 0x1000 + 16, 8)]
+            ),
             Seen::Post("scratch freed".into()),
         ]
     );
@@ -564,47 +567,28 @@ fn sum_reductions_go_through_the_copy_engines_with_a_reducer_and_the_rest_to_ncc
     let seen = log.take();
     assert_eq!(
         seen[1],
-        Seen::Moved {
-            me: 1,
-            label: "rs2".into(),
-            transfers: Transfers {
-                local: vec![(0x9000, 0x100, 8)],
-                sends: vec![(0, 0x100 + 8, 8)],
-                recvs: vec![(0, 0x9000 + 8, 8)],
-            },
-        }
+        moved(
+            1,
+            "rs2",
+            vec![(0x9000, 0x100, 8)],
+            vec![(0, 0x100 + 8, 8)],
+            vec![(0, 0x9000 + 8, 8)]
+        )
     );
     // What the copy engines do not take.
-    post(
-        "max",
-        vec![0, 1, 2],
-        ar(buf(0x100, 12), buf(0x1000, 12), RedOp::Max),
-    );
-    post(
-        "in place",
-        vec![0, 1, 2],
-        ar(buf(0x100, 12), buf(0x100, 12), RedOp::Sum),
-    );
-    post(
-        "overlap",
-        vec![0, 1, 2],
-        rs(buf(0x100, 12), buf(0x108, 4), RedOp::Sum),
-    );
-    post(
-        "uneven",
-        vec![0, 1, 2],
-        ar(buf(0x100, 10), buf(0x1000, 10), RedOp::Sum),
-    );
-    post(
-        "sizes",
-        vec![0, 1, 2],
-        rs(buf(0x100, 12), buf(0x1000, 5), RedOp::Sum),
-    );
-    post(
-        "strided",
-        vec![0, 1, 2],
-        rs(strided(0x100, 12), buf(0x1000, 4), RedOp::Sum),
-    );
+    for (label, op) in [
+        ("max", ar(buf(0x100, 12), buf(0x1000, 12), RedOp::Max)),
+        ("in place", ar(buf(0x100, 12), buf(0x100, 12), RedOp::Sum)),
+        ("overlap", rs(buf(0x100, 12), buf(0x108, 4), RedOp::Sum)),
+        ("uneven", ar(buf(0x100, 10), buf(0x1000, 10), RedOp::Sum)),
+        ("sizes", rs(buf(0x100, 12), buf(0x1000, 5), RedOp::Sum)),
+        (
+            "strided",
+            rs(strided(0x100, 12), buf(0x1000, 4), RedOp::Sum),
+        ),
+    ] {
+        post(label, vec![0, 1, 2], op);
+    }
     post(
         "alone",
         vec![1],

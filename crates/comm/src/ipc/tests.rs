@@ -58,7 +58,7 @@ fn window_shapes_parse_from_the_variable_and_bad_ones_name_it() {
     assert_eq!((o.lanes, o.slots, o.slot_bytes), (8, 4, 16 << 20));
     for bad in ["", "4", "0x16", "4x0", "65x1", "1x1025", "ax2", "4x16x2"] {
         assert_eq!(
-            IpcOptions::parse_shape(bad).unwrap_err(),
+            IpcOptions::parse_shape(bad).unwrap_err().to_string(),
             format!("WEAVE_CE_WINDOWS={bad:?}: expected SLOTSxMIB, such as 4x16 (1..=64 slots of 1..=1024 MiB)")
         );
     }
@@ -67,11 +67,46 @@ fn window_shapes_parse_from_the_variable_and_bad_ones_name_it() {
 #[test]
 fn bad_window_shapes_are_refused_with_the_reason() {
     let e = WindowLayout::new(2, options(0, 2, 256)).unwrap_err();
-    assert_eq!(e, "the windows need at least 1 lane");
+    assert_eq!(e.to_string(), "the windows need at least 1 lane");
     let e = WindowLayout::new(2, options(1, 0, 256)).unwrap_err();
-    assert_eq!(e, "the windows need at least 1 slot");
+    assert_eq!(e.to_string(), "the windows need at least 1 slot");
     let e = WindowLayout::new(2, options(1, 2, 100)).unwrap_err();
-    assert_eq!(e, "slot size 100 bytes is not a positive multiple of 256");
+    assert_eq!(
+        e.to_string(),
+        "slot size 100 bytes is not a positive multiple of 256"
+    );
+}
+
+/// The steps of a sender pushing `bytes` from `src` into `slot` of `peer`'s window: wait
+/// until the slot is free, claim it, push, signal it ready.
+fn pushed(peer: usize, slot: usize, src: u64, bytes: usize) -> [Step; 4] {
+    [
+        Step::WaitFree { peer, slot },
+        Step::Claim { peer, slot },
+        Step::Push {
+            peer,
+            slot,
+            src,
+            bytes,
+        },
+        Step::SignalReady { peer, slot },
+    ]
+}
+
+/// The steps of a receiver draining `bytes` of `slot` of its window for `peer` to `dst`:
+/// wait until the piece is ready, take it, copy it out, signal the slot free.
+fn drained(peer: usize, slot: usize, dst: u64, bytes: usize) -> [Step; 4] {
+    [
+        Step::WaitReady { peer, slot },
+        Step::Take { peer, slot },
+        Step::Drain {
+            peer,
+            slot,
+            dst,
+            bytes,
+        },
+        Step::SignalFree { peer, slot },
+    ]
 }
 
 #[test]
@@ -85,46 +120,15 @@ fn a_post_interleaves_pieces_and_ends_waiting_for_its_last_send() {
     let p = 1;
     assert_eq!(
         steps,
-        vec![
-            WaitFree { peer: p, slot: 0 },
-            Claim { peer: p, slot: 0 },
-            Push {
-                peer: p,
-                slot: 0,
-                src: 1000,
-                bytes: 256
-            },
-            SignalReady { peer: p, slot: 0 },
-            WaitReady { peer: p, slot: 0 },
-            Take { peer: p, slot: 0 },
-            Drain {
-                peer: p,
-                slot: 0,
-                dst: 5000,
-                bytes: 256
-            },
-            SignalFree { peer: p, slot: 0 },
-            WaitFree { peer: p, slot: 1 },
-            Claim { peer: p, slot: 1 },
-            Push {
-                peer: p,
-                slot: 1,
-                src: 1256,
-                bytes: 256
-            },
-            SignalReady { peer: p, slot: 1 },
+        [
+            pushed(p, 0, 1000, 256).as_slice(),
+            &drained(p, 0, 5000, 256),
+            &pushed(p, 1, 1256, 256),
             // The third piece reuses slot 0, once the receiver freed it.
-            WaitFree { peer: p, slot: 0 },
-            Claim { peer: p, slot: 0 },
-            Push {
-                peer: p,
-                slot: 0,
-                src: 1512,
-                bytes: 88
-            },
-            SignalReady { peer: p, slot: 0 },
-            WaitFree { peer: p, slot: 0 },
+            &pushed(p, 0, 1512, 88),
+            &[WaitFree { peer: p, slot: 0 }],
         ]
+        .concat()
     );
     // The next post goes on numbering: its piece (the fourth) takes slot 1.
     let steps = plan(0, &l, &mut counts, 0, &[(1, 0, 10)], &[]);
@@ -407,15 +411,58 @@ fn a_reduction_in_the_windows_reads_every_piece_whole_in_every_schedule() {
     }
 }
 
+/// Queues on `q` the taking of `round`'s pieces, the copy of peer `i`'s piece of post `post`
+/// to `8192 + post * 4096 + i * len` plus the round's offset, and the freeing of the slots.
+fn drain_round(q: &mut VecDeque<Step>, round: &ReduceRound, post: usize, len: usize) {
+    q.extend(round.taken.iter().copied());
+    for (i, &(peer, slot)) in round.pieces.iter().enumerate() {
+        let dst = 8192 + post * 4096 + i * len + round.offset;
+        q.push_back(Step::Drain {
+            peer,
+            slot,
+            dst: dst as u64,
+            bytes: round.len,
+        });
+    }
+    q.extend(round.freed.iter().copied());
+}
+
+impl Sim {
+    /// Fills block `j` (of `len` bytes) of every rank `r`'s heap with `pattern(r, j, len)`.
+    fn fill_blocks(&mut self, len: usize) {
+        let n = self.heaps.len();
+        for r in 0..n {
+            for j in 0..n {
+                self.heaps[r][j * len..(j + 1) * len].copy_from_slice(&pattern(r, j, len));
+            }
+        }
+    }
+
+    /// Checks that every rank received every peer's block (of `len` bytes) whole in each of
+    /// two posts, where [`drain_round`] put it.
+    fn assert_blocks_received(&self, len: usize, what: &str) {
+        let n = self.heaps.len();
+        for me in 0..n {
+            let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+            for post in 0..2 {
+                for (i, &p) in from.iter().enumerate() {
+                    let at = 8192 + post * 4096 + i * len;
+                    assert_eq!(
+                        self.heaps[me][at..at + len],
+                        pattern(p, me, len)[..],
+                        "{what}, post {post}, rank {me} from {p}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn reduce_in_windows_sim(n: usize, serial: bool) {
     let len = 1000;
     for seed in 0..30 {
         let mut sim = Sim::new(n, 1, 2, 256, 16384);
-        for r in 0..n {
-            for j in 0..n {
-                sim.heaps[r][j * len..(j + 1) * len].copy_from_slice(&pattern(r, j, len));
-            }
-        }
+        sim.fill_blocks(len);
         for post in 0..2 {
             for me in 0..n {
                 let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
@@ -441,18 +488,7 @@ fn reduce_in_windows_sim(n: usize, serial: bool) {
                     for step in &round.pushes {
                         sim.streams[me][side(step.peer())].push_back(*step);
                     }
-                    let q = &mut sim.streams[me][0];
-                    q.extend(round.taken.iter().copied());
-                    for (i, &(peer, slot)) in round.pieces.iter().enumerate() {
-                        let dst = 8192 + post * 4096 + i * len + round.offset;
-                        q.push_back(Step::Drain {
-                            peer,
-                            slot,
-                            dst: dst as u64,
-                            bytes: round.len,
-                        });
-                    }
-                    q.extend(round.freed.iter().copied());
+                    drain_round(&mut sim.streams[me][0], round, post, len);
                 }
                 for step in &steps.closing {
                     sim.streams[me][side(step.peer())].push_back(*step);
@@ -462,19 +498,7 @@ fn reduce_in_windows_sim(n: usize, serial: bool) {
         let what = format!("{n} ranks, serial {serial}, seed {seed}");
         sim.run(seed).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(sim.flags_at_rest(), "{what}");
-        for me in 0..n {
-            let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
-            for post in 0..2 {
-                for (i, &p) in from.iter().enumerate() {
-                    let at = 8192 + post * 4096 + i * len;
-                    assert_eq!(
-                        sim.heaps[me][at..at + len],
-                        pattern(p, me, len)[..],
-                        "{what}, post {post}, rank {me} from {p}"
-                    );
-                }
-            }
-        }
+        sim.assert_blocks_received(len, &what);
     }
 }
 
@@ -490,11 +514,7 @@ fn a_reduction_produced_into_the_windows_on_one_stream_reads_every_piece_whole()
     for n in [2, 3, 4] {
         for seed in 0..30 {
             let mut sim = Sim::new(n, 1, 2, 256, 16384);
-            for r in 0..n {
-                for j in 0..n {
-                    sim.heaps[r][j * len..(j + 1) * len].copy_from_slice(&pattern(r, j, len));
-                }
-            }
+            sim.fill_blocks(len);
             for post in 0..2 {
                 for me in 0..n {
                     let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
@@ -517,17 +537,7 @@ fn a_reduction_produced_into_the_windows_on_one_stream_reads_every_piece_whole()
                     let q = &mut sim.streams[me][0];
                     for round in &steps.rounds {
                         q.extend(round.pushes.iter().copied());
-                        q.extend(round.taken.iter().copied());
-                        for (i, &(peer, slot)) in round.pieces.iter().enumerate() {
-                            let dst = 8192 + post * 4096 + i * len + round.offset;
-                            q.push_back(Step::Drain {
-                                peer,
-                                slot,
-                                dst: dst as u64,
-                                bytes: round.len,
-                            });
-                        }
-                        q.extend(round.freed.iter().copied());
+                        drain_round(q, round, post, len);
                     }
                     q.extend(steps.closing.iter().copied());
                 }
@@ -535,19 +545,7 @@ fn a_reduction_produced_into_the_windows_on_one_stream_reads_every_piece_whole()
             let what = format!("{n} ranks, seed {seed}");
             sim.run(seed).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(sim.flags_at_rest(), "{what}");
-            for me in 0..n {
-                let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
-                for post in 0..2 {
-                    for (i, &p) in from.iter().enumerate() {
-                        let at = 8192 + post * 4096 + i * len;
-                        assert_eq!(
-                            sim.heaps[me][at..at + len],
-                            pattern(p, me, len)[..],
-                            "{what}, post {post}, rank {me} from {p}"
-                        );
-                    }
-                }
-            }
+            sim.assert_blocks_received(len, &what);
         }
     }
 }

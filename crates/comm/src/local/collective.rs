@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::communicator::CommOp;
+use crate::communicator::{size_relation, CommOp};
 use crate::dtype::{DataType, RedOp};
 use crate::host::HostView;
 
@@ -37,6 +37,16 @@ impl Contribution {
         self.output_sizes.as_ref().map(|s| s.iter().product())
     }
 
+    /// The input's element count and sizes, for messages.
+    fn describe_input(&self) -> String {
+        describe(self.input_numel(), &self.input_sizes)
+    }
+
+    /// The output's element count and sizes, for messages.
+    fn describe_output(&self) -> String {
+        describe(self.output_numel(), &self.output_sizes)
+    }
+
     fn values(&self) -> &[f64] {
         self.input.as_deref().unwrap_or(&[])
     }
@@ -55,101 +65,73 @@ pub(super) struct Plan {
 }
 
 impl Plan {
+    /// This member reads `input` and writes `output`.
+    fn uses(&mut self, input: HostView, output: HostView) {
+        self.input = Some(input);
+        self.output = Some(output);
+    }
+
     /// Checks what member `index` of a team of `n` can check alone.
     pub(super) fn new(op: CommOp<HostView>, index: usize, n: usize) -> Result<Plan, String> {
         let name = op.name();
+        let red = match &op {
+            CommOp::Allreduce { op, .. }
+            | CommOp::ReduceScatter { op, .. }
+            | CommOp::Reduce { op, .. } => Some(*op),
+            _ => None,
+        };
+        op.check_members(n)?;
         let mut plan = Plan {
             name,
-            root: None,
-            red: None,
+            root: op.root(),
+            red,
             permute: None,
             input: None,
             output: None,
         };
-        let check_root = |root: usize| {
-            if root < n {
-                Ok(Some(root))
-            } else {
-                Err(format!("root {root} is out of range for a team of {n}"))
-            }
-        };
         match op {
-            CommOp::Allgather { input, output } => {
-                expect_numel("output", &output, input.numel().saturating_mul(n), n)?;
-                plan.input = Some(input);
-                plan.output = Some(output);
-            }
-            CommOp::Allreduce { input, output, op } => {
-                expect_numel("output", &output, input.numel(), 1)?;
-                plan.red = Some(op);
-                plan.input = Some(input);
-                plan.output = Some(output);
-            }
-            CommOp::ReduceScatter { input, output, op } => {
-                expect_numel("input", &input, output.numel().saturating_mul(n), n)?;
-                plan.red = Some(op);
-                plan.input = Some(input);
-                plan.output = Some(output);
+            CommOp::Allgather { input, output }
+            | CommOp::Allreduce { input, output, .. }
+            | CommOp::ReduceScatter { input, output, .. } => {
+                expect_sizes(name, &input, &output, n)?;
+                plan.uses(input, output);
             }
             CommOp::Broadcast {
                 root,
                 input,
                 output,
-            } => {
-                plan.root = check_root(root)?;
-                if index == root {
-                    expect_numel("output", &output, input.numel(), 1)?;
-                    plan.input = Some(input);
-                }
-                plan.output = Some(output);
             }
-            CommOp::Reduce {
+            | CommOp::Scatter {
                 root,
                 input,
                 output,
-                op,
-            } => {
-                plan.root = check_root(root)?;
-                plan.red = Some(op);
-                if index == root {
-                    expect_numel("output", &output, input.numel(), 1)?;
-                    plan.output = Some(output);
-                }
-                plan.input = Some(input);
             }
-            CommOp::Gather {
+            | CommOp::Reduce {
+                root,
+                input,
+                output,
+                ..
+            }
+            | CommOp::Gather {
                 root,
                 input,
                 output,
             } => {
-                plan.root = check_root(root)?;
                 if index == root {
-                    expect_numel("output", &output, input.numel().saturating_mul(n), n)?;
-                    plan.output = Some(output);
+                    expect_sizes(name, &input, &output, n)?;
                 }
-                plan.input = Some(input);
-            }
-            CommOp::Scatter {
-                root,
-                input,
-                output,
-            } => {
-                plan.root = check_root(root)?;
-                if index == root {
-                    expect_numel("input", &input, output.numel().saturating_mul(n), n)?;
-                    plan.input = Some(input);
-                }
-                plan.output = Some(output);
+                // A broadcast's or scatter's root reads its input and every member writes its
+                // output; every member of a reduce or gather reads its input and the root
+                // writes its output.
+                let root_reads = matches!(name, "broadcast" | "scatter");
+                plan.input = (index == root || !root_reads).then_some(input);
+                plan.output = (index == root || root_reads).then_some(output);
             }
             CommOp::SendRecv {
                 root,
                 input,
                 output,
             } => {
-                if n != 2 {
-                    return Err(format!("send-recv needs a team of two ranks, not {n}"));
-                }
-                plan.root = check_root(root)?;
                 if index == root {
                     plan.input = Some(input);
                 } else {
@@ -157,7 +139,7 @@ impl Plan {
                 }
             }
             CommOp::AllToAll { input, output } => {
-                expect_numel("output", &output, input.numel(), 1)?;
+                expect_sizes(name, &input, &output, n)?;
                 if input.numel() % n != 0 {
                     return Err(format!(
                         "the input's {} elements (sizes {:?}) do not split into {n} equal pieces",
@@ -165,8 +147,7 @@ impl Plan {
                         input.sizes()
                     ));
                 }
-                plan.input = Some(input);
-                plan.output = Some(output);
+                plan.uses(input, output);
             }
             CommOp::CollectivePermute {
                 input,
@@ -174,14 +155,8 @@ impl Plan {
                 send_to,
                 recv_from,
             } => {
-                for (what, index) in [("send_to", send_to), ("recv_from", recv_from)] {
-                    if index >= n {
-                        return Err(format!("{what} {index} is out of range for a team of {n}"));
-                    }
-                }
                 plan.permute = Some((send_to, recv_from));
-                plan.input = Some(input);
-                plan.output = Some(output);
+                plan.uses(input, output);
             }
         }
         if let (Some(input), Some(output)) = (&plan.input, &plan.output) {
@@ -197,16 +172,27 @@ impl Plan {
     }
 }
 
+/// Fails unless the sizes of `input` and `output` relate as operation `name` on a team of
+/// `n` needs: the output `n` times the input for gathers, the input `n` times the output for
+/// scatters, the same number of elements otherwise.
+fn expect_sizes(name: &str, input: &HostView, output: &HostView, n: usize) -> Result<(), String> {
+    match name {
+        "allgather" | "gather" => {
+            expect_numel("output", output, input.numel().saturating_mul(n), n)
+        }
+        "reduce-scatter" | "scatter" => {
+            expect_numel("input", input, output.numel().saturating_mul(n), n)
+        }
+        _ => expect_numel("output", output, input.numel(), 1),
+    }
+}
+
 /// Fails unless `view` (the `what` buffer) has `expected` elements, `factor` times the other.
 fn expect_numel(what: &str, view: &HostView, expected: usize, factor: usize) -> Result<(), String> {
     if view.numel() == expected {
         return Ok(());
     }
-    let relation = if factor == 1 {
-        "as many elements as the other buffer".to_string()
-    } else {
-        format!("{factor} times the elements of the other buffer")
-    };
+    let relation = size_relation(factor);
     Err(format!(
         "the {what} has {} elements (sizes {:?}) but must have {relation}, {expected}",
         view.numel(),
@@ -222,6 +208,11 @@ fn describe(numel: Option<usize>, sizes: &Option<Vec<usize>>) -> String {
     }
 }
 
+/// "rank A <a> but rank B <b>": how members `first` and `m` disagree, for messages.
+fn disagree(first: &Contribution, a: String, m: &Contribution, b: String) -> String {
+    format!("rank {} {a} but rank {} {b}", first.rank, m.rank)
+}
+
 /// Checks that the members of a collective (in team order) agree; every member runs the same
 /// check on the same contributions, so all of them fail alike.
 pub(super) fn check_members(members: &[Arc<Contribution>]) -> Result<(), String> {
@@ -229,39 +220,37 @@ pub(super) fn check_members(members: &[Arc<Contribution>]) -> Result<(), String>
         return Ok(());
     };
     for m in &members[1..] {
+        let differ = |a: String, b: String| Err(disagree(first, a, m, b));
         if m.name != first.name {
-            return Err(format!(
-                "rank {} posted {} but rank {} posted {}",
-                first.rank, first.name, m.rank, m.name
-            ));
+            return differ(
+                format!("posted {}", first.name),
+                format!("posted {}", m.name),
+            );
         }
         if m.team != first.team {
-            return Err(format!(
-                "rank {} posted team {:?} but rank {} posted team {:?}",
-                first.rank, first.team, m.rank, m.team
-            ));
+            return differ(
+                format!("posted team {:?}", first.team),
+                format!("posted team {:?}", m.team),
+            );
         }
         if m.root != first.root {
-            return Err(format!(
-                "rank {} names root {:?} but rank {} names root {:?}",
-                first.rank, first.root, m.rank, m.root
-            ));
+            return differ(
+                format!("names root {:?}", first.root),
+                format!("names root {:?}", m.root),
+            );
         }
         if m.red != first.red {
             let name = |red: Option<RedOp>| red.map_or("none", RedOp::name);
-            return Err(format!(
-                "rank {} reduces with {} but rank {} with {}",
-                first.rank,
-                name(first.red),
-                m.rank,
-                name(m.red)
-            ));
+            return differ(
+                format!("reduces with {}", name(first.red)),
+                format!("with {}", name(m.red)),
+            );
         }
         if m.dtype != first.dtype {
-            return Err(format!(
-                "rank {} has {} data but rank {} has {} data",
-                first.rank, first.dtype, m.rank, m.dtype
-            ));
+            return differ(
+                format!("has {} data", first.dtype),
+                format!("has {} data", m.dtype),
+            );
         }
     }
     match first.name {
@@ -280,12 +269,11 @@ pub(super) fn check_members(members: &[Arc<Contribution>]) -> Result<(), String>
                     continue;
                 }
                 if m.output_numel() != piece {
-                    return Err(format!(
-                        "rank {} sends {} but rank {} receives {}",
-                        src.rank,
-                        describe(piece, piece_sizes),
-                        m.rank,
-                        describe(m.output_numel(), &m.output_sizes)
+                    return Err(disagree(
+                        src,
+                        format!("sends {}", describe(piece, piece_sizes)),
+                        m,
+                        format!("receives {}", m.describe_output()),
                     ));
                 }
             }
@@ -305,12 +293,11 @@ pub(super) fn check_members(members: &[Arc<Contribution>]) -> Result<(), String>
                     ));
                 }
                 if m.output_numel() != src.input_numel() {
-                    return Err(format!(
-                        "rank {} sends {} but rank {} receives {}",
-                        src.rank,
-                        describe(src.input_numel(), &src.input_sizes),
-                        m.rank,
-                        describe(m.output_numel(), &m.output_sizes)
+                    return Err(disagree(
+                        src,
+                        format!("sends {}", src.describe_input()),
+                        m,
+                        format!("receives {}", m.describe_output()),
                     ));
                 }
             }
@@ -319,12 +306,11 @@ pub(super) fn check_members(members: &[Arc<Contribution>]) -> Result<(), String>
             // Every member contributes an input of the same size.
             for m in &members[1..] {
                 if m.input_numel() != first.input_numel() {
-                    return Err(format!(
-                        "rank {} contributes {} but rank {} contributes {}",
-                        first.rank,
-                        describe(first.input_numel(), &first.input_sizes),
-                        m.rank,
-                        describe(m.input_numel(), &m.input_sizes)
+                    return Err(disagree(
+                        first,
+                        format!("contributes {}", first.describe_input()),
+                        m,
+                        format!("contributes {}", m.describe_input()),
                     ));
                 }
             }

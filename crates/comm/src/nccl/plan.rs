@@ -2,7 +2,7 @@
 //! (NCCL calls, then device copies), computed and checked without touching NCCL.
 
 use super::DeviceBuffer;
-use crate::communicator::{CommOp, P2p};
+use crate::communicator::{size_relation, CommOp, P2p};
 use crate::dtype::{DataType, RedOp};
 
 /// One NCCL call of a plan; addresses are device pointers, peers and roots are ranks of
@@ -139,6 +139,24 @@ impl Plan {
         self.calls.len() > 1 || self.calls.iter().any(Call::is_p2p)
     }
 
+    /// Issues `call`, or on a team of one (`n == 1`) copies the `len` elements from `src` to
+    /// `dst` that it would move instead.
+    fn call_or_copy(
+        &mut self,
+        n: usize,
+        call: Call,
+        dst: &Operand,
+        src: &Operand,
+        len: usize,
+    ) -> Result<(), String> {
+        if n == 1 {
+            self.copy(dst, 0, src, 0, len)
+        } else {
+            self.calls.push(call);
+            Ok(())
+        }
+    }
+
     /// Copies `len` elements from piece `src_piece` of `src` to piece `dst_piece` of `dst`,
     /// pieces being `len` elements long.
     fn copy(
@@ -167,6 +185,14 @@ fn byte_len(len: usize, dtype: DataType) -> Result<usize, String> {
         .ok_or_else(|| format!("{len} elements of {dtype} overflow the address space"))
 }
 
+/// The `input` and `output` of an operation, checked in that order.
+fn operands<B: DeviceBuffer>(input: &B, output: &B) -> Result<(Operand, Operand), String> {
+    Ok((
+        Operand::new("input", input)?,
+        Operand::new("output", output)?,
+    ))
+}
+
 /// A buffer as a plan uses it.
 struct Operand {
     what: String,
@@ -192,6 +218,26 @@ impl Operand {
         })
     }
 
+    /// A send of `count` elements of this buffer, from `buf`, to `peer`.
+    fn send(&self, buf: u64, count: usize, peer: usize) -> Call {
+        Call::Send {
+            buf,
+            count,
+            dtype: self.dtype,
+            peer,
+        }
+    }
+
+    /// A receive of `count` elements into this buffer, at `buf`, from `peer`.
+    fn recv(&self, buf: u64, count: usize, peer: usize) -> Call {
+        Call::Recv {
+            buf,
+            count,
+            dtype: self.dtype,
+            peer,
+        }
+    }
+
     /// The address of piece `index`, pieces being `len` elements long.
     fn piece(&self, index: usize, len: usize) -> Result<u64, String> {
         index
@@ -207,11 +253,7 @@ impl Operand {
         if self.len == expected {
             return Ok(());
         }
-        let relation = if factor == 1 {
-            "as many elements as the other buffer".to_string()
-        } else {
-            format!("{factor} times the elements of the other buffer")
-        };
+        let relation = size_relation(factor);
         Err(format!(
             "the {} has {} elements but must have {relation}, {expected}",
             self.what, self.len
@@ -239,77 +281,52 @@ pub(super) fn plan_collective<B: DeviceBuffer>(
     index: usize,
     n: usize,
 ) -> Result<Plan, String> {
-    let check_root = |root: usize| {
-        if root < n {
-            Ok(())
-        } else {
-            Err(format!("root {root} is out of range for a team of {n}"))
-        }
-    };
+    op.check_members(n)?;
     let mut plan = Plan::default();
     match op {
         CommOp::Allgather { input, output } => {
-            let (i, o) = (
-                Operand::new("input", input)?,
-                Operand::new("output", output)?,
-            );
+            let (i, o) = operands(input, output)?;
             o.expect_len(i.len.saturating_mul(n), n)?;
             same_type(&i, &o)?;
-            if n == 1 {
-                plan.copy(&o, 0, &i, 0, i.len)?;
-            } else {
-                plan.calls.push(Call::AllGather {
-                    send: i.ptr,
-                    recv: o.ptr,
-                    count: i.len,
-                    dtype: i.dtype,
-                });
-            }
+            let call = Call::AllGather {
+                send: i.ptr,
+                recv: o.ptr,
+                count: i.len,
+                dtype: i.dtype,
+            };
+            plan.call_or_copy(n, call, &o, &i, i.len)?;
         }
         CommOp::Allreduce { input, output, op } => {
-            let (i, o) = (
-                Operand::new("input", input)?,
-                Operand::new("output", output)?,
-            );
+            let (i, o) = operands(input, output)?;
             o.expect_len(i.len, 1)?;
             same_type(&i, &o)?;
-            if n == 1 {
-                plan.copy(&o, 0, &i, 0, i.len)?;
-            } else {
-                plan.calls.push(Call::AllReduce {
-                    send: i.ptr,
-                    recv: o.ptr,
-                    count: i.len,
-                    dtype: i.dtype,
-                    op: *op,
-                });
-            }
+            let call = Call::AllReduce {
+                send: i.ptr,
+                recv: o.ptr,
+                count: i.len,
+                dtype: i.dtype,
+                op: *op,
+            };
+            plan.call_or_copy(n, call, &o, &i, i.len)?;
         }
         CommOp::ReduceScatter { input, output, op } => {
-            let (i, o) = (
-                Operand::new("input", input)?,
-                Operand::new("output", output)?,
-            );
+            let (i, o) = operands(input, output)?;
             i.expect_len(o.len.saturating_mul(n), n)?;
             same_type(&i, &o)?;
-            if n == 1 {
-                plan.copy(&o, 0, &i, 0, o.len)?;
-            } else {
-                plan.calls.push(Call::ReduceScatter {
-                    send: i.ptr,
-                    recv: o.ptr,
-                    count: o.len,
-                    dtype: o.dtype,
-                    op: *op,
-                });
-            }
+            let call = Call::ReduceScatter {
+                send: i.ptr,
+                recv: o.ptr,
+                count: o.len,
+                dtype: o.dtype,
+                op: *op,
+            };
+            plan.call_or_copy(n, call, &o, &i, o.len)?;
         }
         CommOp::Broadcast {
             root,
             input,
             output,
         } => {
-            check_root(*root)?;
             let o = Operand::new("output", output)?;
             let send = if index == *root {
                 let i = Operand::new("input", input)?;
@@ -339,7 +356,6 @@ pub(super) fn plan_collective<B: DeviceBuffer>(
             output,
             op,
         } => {
-            check_root(*root)?;
             let i = Operand::new("input", input)?;
             let recv = if index == *root {
                 let o = Operand::new("output", output)?;
@@ -369,28 +385,17 @@ pub(super) fn plan_collective<B: DeviceBuffer>(
             input,
             output,
         } => {
-            check_root(*root)?;
             let i = Operand::new("input", input)?;
             if index == *root {
                 let o = Operand::new("output", output)?;
                 o.expect_len(i.len.saturating_mul(n), n)?;
                 same_type(&i, &o)?;
                 for j in (0..n).filter(|&j| j != index) {
-                    plan.calls.push(Call::Recv {
-                        buf: o.piece(j, i.len)?,
-                        count: i.len,
-                        dtype: o.dtype,
-                        peer: j,
-                    });
+                    plan.calls.push(o.recv(o.piece(j, i.len)?, i.len, j));
                 }
                 plan.copy(&o, index, &i, 0, i.len)?;
             } else {
-                plan.calls.push(Call::Send {
-                    buf: i.ptr,
-                    count: i.len,
-                    dtype: i.dtype,
-                    peer: *root,
-                });
+                plan.calls.push(i.send(i.ptr, i.len, *root));
             }
         }
         CommOp::Scatter {
@@ -398,28 +403,17 @@ pub(super) fn plan_collective<B: DeviceBuffer>(
             input,
             output,
         } => {
-            check_root(*root)?;
             let o = Operand::new("output", output)?;
             if index == *root {
                 let i = Operand::new("input", input)?;
                 i.expect_len(o.len.saturating_mul(n), n)?;
                 same_type(&i, &o)?;
                 for j in (0..n).filter(|&j| j != index) {
-                    plan.calls.push(Call::Send {
-                        buf: i.piece(j, o.len)?,
-                        count: o.len,
-                        dtype: i.dtype,
-                        peer: j,
-                    });
+                    plan.calls.push(i.send(i.piece(j, o.len)?, o.len, j));
                 }
                 plan.copy(&o, 0, &i, index, o.len)?;
             } else {
-                plan.calls.push(Call::Recv {
-                    buf: o.ptr,
-                    count: o.len,
-                    dtype: o.dtype,
-                    peer: *root,
-                });
+                plan.calls.push(o.recv(o.ptr, o.len, *root));
             }
         }
         CommOp::SendRecv {
@@ -427,33 +421,16 @@ pub(super) fn plan_collective<B: DeviceBuffer>(
             input,
             output,
         } => {
-            if n != 2 {
-                return Err(format!("send-recv needs a team of two ranks, not {n}"));
-            }
-            check_root(*root)?;
             if index == *root {
                 let i = Operand::new("input", input)?;
-                plan.calls.push(Call::Send {
-                    buf: i.ptr,
-                    count: i.len,
-                    dtype: i.dtype,
-                    peer: 1 - *root,
-                });
+                plan.calls.push(i.send(i.ptr, i.len, 1 - *root));
             } else {
                 let o = Operand::new("output", output)?;
-                plan.calls.push(Call::Recv {
-                    buf: o.ptr,
-                    count: o.len,
-                    dtype: o.dtype,
-                    peer: *root,
-                });
+                plan.calls.push(o.recv(o.ptr, o.len, *root));
             }
         }
         CommOp::AllToAll { input, output } => {
-            let (i, o) = (
-                Operand::new("input", input)?,
-                Operand::new("output", output)?,
-            );
+            let (i, o) = operands(input, output)?;
             o.expect_len(i.len, 1)?;
             if i.len % n != 0 {
                 return Err(format!(
@@ -464,20 +441,10 @@ pub(super) fn plan_collective<B: DeviceBuffer>(
             same_type(&i, &o)?;
             let piece = i.len / n;
             for j in (0..n).filter(|&j| j != index) {
-                plan.calls.push(Call::Send {
-                    buf: i.piece(j, piece)?,
-                    count: piece,
-                    dtype: i.dtype,
-                    peer: j,
-                });
+                plan.calls.push(i.send(i.piece(j, piece)?, piece, j));
             }
             for j in (0..n).filter(|&j| j != index) {
-                plan.calls.push(Call::Recv {
-                    buf: o.piece(j, piece)?,
-                    count: piece,
-                    dtype: o.dtype,
-                    peer: j,
-                });
+                plan.calls.push(o.recv(o.piece(j, piece)?, piece, j));
             }
             plan.copy(&o, index, &i, index, piece)?;
         }
@@ -487,15 +454,7 @@ pub(super) fn plan_collective<B: DeviceBuffer>(
             send_to,
             recv_from,
         } => {
-            for (what, member) in [("send_to", *send_to), ("recv_from", *recv_from)] {
-                if member >= n {
-                    return Err(format!("{what} {member} is out of range for a team of {n}"));
-                }
-            }
-            let (i, o) = (
-                Operand::new("input", input)?,
-                Operand::new("output", output)?,
-            );
+            let (i, o) = operands(input, output)?;
             same_type(&i, &o)?;
             match (*send_to == index, *recv_from == index) {
                 (true, true) => {
@@ -513,18 +472,8 @@ pub(super) fn plan_collective<B: DeviceBuffer>(
                     ));
                 }
                 (false, false) => {
-                    plan.calls.push(Call::Send {
-                        buf: i.ptr,
-                        count: i.len,
-                        dtype: i.dtype,
-                        peer: *send_to,
-                    });
-                    plan.calls.push(Call::Recv {
-                        buf: o.ptr,
-                        count: o.len,
-                        dtype: o.dtype,
-                        peer: *recv_from,
-                    });
+                    plan.calls.push(i.send(i.ptr, i.len, *send_to));
+                    plan.calls.push(o.recv(o.ptr, o.len, *recv_from));
                 }
             }
         }
@@ -558,12 +507,7 @@ pub(super) fn plan_p2p<B: DeviceBuffer>(
                 if *peer == rank {
                     self_sends.push(b);
                 } else {
-                    plan.calls.push(Call::Send {
-                        buf: b.ptr,
-                        count: b.len,
-                        dtype: b.dtype,
-                        peer: *peer,
-                    });
+                    plan.calls.push(b.send(b.ptr, b.len, *peer));
                 }
             }
             P2p::Recv { peer, buffer } => {
@@ -571,12 +515,7 @@ pub(super) fn plan_p2p<B: DeviceBuffer>(
                 if *peer == rank {
                     self_recvs.push(b);
                 } else {
-                    recvs.push(Call::Recv {
-                        buf: b.ptr,
-                        count: b.len,
-                        dtype: b.dtype,
-                        peer: *peer,
-                    });
+                    recvs.push(b.recv(b.ptr, b.len, *peer));
                 }
             }
         }

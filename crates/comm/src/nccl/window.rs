@@ -314,6 +314,13 @@ mod tests {
     fn the_three_collectives_are_staged_at_the_same_offsets_when_they_fit() {
         let base = 1 << 40;
         let half = 1024;
+        // Stages `call` of a team of `members` and checks its copies in and out.
+        let staged = |call, members, copy_in, copy_out| {
+            let staged = stage(base, half, &plan(call), members).unwrap();
+            assert_eq!(staged.copy_in, copy_in);
+            assert_eq!(staged.copy_out, copy_out);
+            staged
+        };
         // A reduce-scatter of 4 members: 4 × 32 f32 in, 32 out.
         let rs = Call::ReduceScatter {
             send: 7000,
@@ -322,11 +329,9 @@ mod tests {
             dtype: DataType::F32,
             op: RedOp::Sum,
         };
-        let staged = stage(base, half, &plan(rs), 4).unwrap();
-        assert_eq!(staged.copy_in, (base, 7000, 512));
-        assert_eq!(staged.copy_out, (9000, base + 1024, 128));
+        let rs = staged(rs, 4, (base, 7000, 512), (9000, base + 1024, 128));
         assert!(matches!(
-            staged.plan.calls[..],
+            rs.plan.calls[..],
             [Call::ReduceScatter { send, recv, count: 32, .. }] if send == base && recv == base + 1024
         ));
         // An allgather: 32 in, 4 × 32 out.
@@ -336,9 +341,7 @@ mod tests {
             count: 32,
             dtype: DataType::Bf16,
         };
-        let staged = stage(base, half, &plan(ag), 4).unwrap();
-        assert_eq!(staged.copy_in, (base, 100, 64));
-        assert_eq!(staged.copy_out, (200, base + 1024, 256));
+        staged(ag, 4, (base, 100, 64), (200, base + 1024, 256));
         // An allreduce in place.
         let ar = Call::AllReduce {
             send: 300,
@@ -347,9 +350,7 @@ mod tests {
             dtype: DataType::F32,
             op: RedOp::Sum,
         };
-        let staged = stage(base, half, &plan(ar), 2).unwrap();
-        assert_eq!(staged.copy_in, (base, 300, 1024));
-        assert_eq!(staged.copy_out, (300, base + 1024, 1024));
+        staged(ar, 2, (base, 300, 1024), (300, base + 1024, 1024));
     }
 
     #[test]

@@ -587,7 +587,8 @@ impl Backend for CudaBackend {
         chunks: usize,
         index: usize,
     ) -> Result<DeviceTensor, String> {
-        let ranges = weave_comm::host::chunk_ranges(&buffer.ranges, axis, chunks, index)?;
+        let ranges = weave_comm::host::chunk_ranges(&buffer.ranges, axis, chunks, index)
+            .map_err(|e| e.to_string())?;
         Ok(DeviceTensor {
             ranges,
             ..buffer.clone()
@@ -600,7 +601,8 @@ impl Backend for CudaBackend {
         axis: usize,
         len: usize,
     ) -> Result<DeviceTensor, String> {
-        let ranges = weave_comm::host::narrow_ranges(&buffer.ranges, axis, len)?;
+        let ranges = weave_comm::host::narrow_ranges(&buffer.ranges, axis, len)
+            .map_err(|e| e.to_string())?;
         Ok(DeviceTensor {
             ranges,
             ..buffer.clone()

@@ -46,6 +46,26 @@ fn copy(dst: u64, src: u64, bytes: usize) -> DeviceCopy {
     DeviceCopy { dst, src, bytes }
 }
 
+/// An f32 `ncclSend` of `count` elements at `buf` to `peer`.
+fn send_call(buf: u64, count: usize, peer: usize) -> Call {
+    Call::Send {
+        buf,
+        count,
+        dtype: DataType::F32,
+        peer,
+    }
+}
+
+/// An f32 `ncclRecv` of `count` elements into `buf` from `peer`.
+fn recv_call(buf: u64, count: usize, peer: usize) -> Call {
+    Call::Recv {
+        buf,
+        count,
+        dtype: DataType::F32,
+        peer,
+    }
+}
+
 #[test]
 fn native_collectives() {
     let f32 = DataType::F32;
@@ -186,7 +206,6 @@ fn native_collectives() {
 
 #[test]
 fn gather_and_scatter_are_point_to_point_groups_with_a_local_copy() {
-    let f32 = DataType::F32;
     let root = plan(
         CommOp::Gather {
             root: 1,
@@ -198,20 +217,7 @@ fn gather_and_scatter_are_point_to_point_groups_with_a_local_copy() {
     );
     assert_eq!(
         root.calls,
-        vec![
-            Call::Recv {
-                buf: OUT,
-                count: 2,
-                dtype: f32,
-                peer: 0
-            },
-            Call::Recv {
-                buf: OUT + 16,
-                count: 2,
-                dtype: f32,
-                peer: 2
-            },
-        ]
+        vec![recv_call(OUT, 2, 0), recv_call(OUT + 16, 2, 2),]
     );
     assert_eq!(root.copies, vec![copy(OUT + 8, IN, 8)]);
     assert!(root.grouped());
@@ -224,15 +230,7 @@ fn gather_and_scatter_are_point_to_point_groups_with_a_local_copy() {
         2,
         3,
     );
-    assert_eq!(
-        leaf.calls,
-        vec![Call::Send {
-            buf: IN,
-            count: 2,
-            dtype: f32,
-            peer: 1
-        }]
-    );
+    assert_eq!(leaf.calls, vec![send_call(IN, 2, 1)]);
     assert!(leaf.copies.is_empty() && leaf.grouped());
 
     let root = plan(
@@ -246,20 +244,7 @@ fn gather_and_scatter_are_point_to_point_groups_with_a_local_copy() {
     );
     assert_eq!(
         root.calls,
-        vec![
-            Call::Send {
-                buf: IN + 8,
-                count: 2,
-                dtype: f32,
-                peer: 1
-            },
-            Call::Send {
-                buf: IN + 16,
-                count: 2,
-                dtype: f32,
-                peer: 2
-            },
-        ]
+        vec![send_call(IN + 8, 2, 1), send_call(IN + 16, 2, 2),]
     );
     assert_eq!(root.copies, vec![copy(OUT, IN, 8)]);
     let leaf = plan(
@@ -271,20 +256,11 @@ fn gather_and_scatter_are_point_to_point_groups_with_a_local_copy() {
         2,
         3,
     );
-    assert_eq!(
-        leaf.calls,
-        vec![Call::Recv {
-            buf: OUT,
-            count: 2,
-            dtype: f32,
-            peer: 0
-        }]
-    );
+    assert_eq!(leaf.calls, vec![recv_call(OUT, 2, 0)]);
 }
 
 #[test]
 fn all_to_all_permute_and_send_recv() {
-    let f32 = DataType::F32;
     let p = plan(
         CommOp::AllToAll {
             input: buf(IN, 6),
@@ -296,30 +272,10 @@ fn all_to_all_permute_and_send_recv() {
     assert_eq!(
         p.calls,
         vec![
-            Call::Send {
-                buf: IN,
-                count: 2,
-                dtype: f32,
-                peer: 0
-            },
-            Call::Send {
-                buf: IN + 16,
-                count: 2,
-                dtype: f32,
-                peer: 2
-            },
-            Call::Recv {
-                buf: OUT,
-                count: 2,
-                dtype: f32,
-                peer: 0
-            },
-            Call::Recv {
-                buf: OUT + 16,
-                count: 2,
-                dtype: f32,
-                peer: 2
-            },
+            send_call(IN, 2, 0),
+            send_call(IN + 16, 2, 2),
+            recv_call(OUT, 2, 0),
+            recv_call(OUT + 16, 2, 2),
         ]
     );
     assert_eq!(p.copies, vec![copy(OUT + 8, IN + 8, 8)]);
@@ -334,23 +290,7 @@ fn all_to_all_permute_and_send_recv() {
         1,
         3,
     );
-    assert_eq!(
-        p.calls,
-        vec![
-            Call::Send {
-                buf: IN,
-                count: 4,
-                dtype: f32,
-                peer: 2
-            },
-            Call::Recv {
-                buf: OUT,
-                count: 4,
-                dtype: f32,
-                peer: 0
-            },
-        ]
-    );
+    assert_eq!(p.calls, vec![send_call(IN, 4, 2), recv_call(OUT, 4, 0)]);
     let p = plan(
         CommOp::CollectivePermute {
             input: buf(IN, 4),
@@ -389,24 +329,8 @@ fn all_to_all_permute_and_send_recv() {
             2,
         )
     };
-    assert_eq!(
-        send(1).calls,
-        vec![Call::Send {
-            buf: IN,
-            count: 3,
-            dtype: f32,
-            peer: 0
-        }]
-    );
-    assert_eq!(
-        send(0).calls,
-        vec![Call::Recv {
-            buf: OUT,
-            count: 3,
-            dtype: f32,
-            peer: 1
-        }]
-    );
+    assert_eq!(send(1).calls, vec![send_call(IN, 3, 0)]);
+    assert_eq!(send(0).calls, vec![recv_call(OUT, 3, 1)]);
 }
 
 #[test]
@@ -647,7 +571,6 @@ fn plans_check_what_one_member_can() {
 
 #[test]
 fn point_to_point_groups() {
-    let f32 = DataType::F32;
     let ops = vec![
         P2p::Recv {
             peer: 0,
@@ -668,23 +591,7 @@ fn point_to_point_groups() {
     ];
     let p = plan_p2p(1, 3, &ops).unwrap();
     // Sends first, then receives; the transfer to itself is a copy.
-    assert_eq!(
-        p.calls,
-        vec![
-            Call::Send {
-                buf: IN,
-                count: 4,
-                dtype: f32,
-                peer: 2
-            },
-            Call::Recv {
-                buf: OUT,
-                count: 4,
-                dtype: f32,
-                peer: 0
-            },
-        ]
-    );
+    assert_eq!(p.calls, vec![send_call(IN, 4, 2), recv_call(OUT, 4, 0)]);
     assert_eq!(p.copies, vec![copy(OUT + 64, IN + 64, 8)]);
     assert!(p.grouped());
 
