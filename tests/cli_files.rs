@@ -5,6 +5,8 @@
 //! hidden `WEAVE_TEST_HOLD_WRITES_MS`) leaves no temporary, no half file and no trace without
 //! its timeline.
 
+mod common;
+
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -13,31 +15,35 @@ use std::time::{Duration, Instant};
 
 const SET_OP: &str = "tests/scenarios/single_set_op.weave";
 
-/// `program ARGS` in the package's directory, killed after `limit`: exit code (`None` when
-/// killed), stdout, stderr. Asserts that it did not panic or abort.
-fn run_in(program: &str, args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
-    let mut child = Command::new(program)
-        .args(args)
+/// `program ARGS` in the package's directory, without `WEAVE_LOG` and `WEAVE_DUMP`, stdin
+/// empty, stdout and stderr piped; not started yet.
+fn command(program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_remove("WEAVE_LOG")
         .env_remove("WEAVE_DUMP")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Reads `from` to its end on another thread.
+fn read_to_end(mut from: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
         let mut s = Vec::new();
-        let _ = out.read_to_end(&mut s);
+        let _ = from.read_to_end(&mut s);
         s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = err.read_to_end(&mut s);
-        s
-    });
+    })
+}
+
+/// `program ARGS` in the package's directory, killed after `limit`: exit code (`None` when
+/// killed), stdout, stderr. Asserts that it did not panic or abort.
+fn run_in(program: &str, args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
+    let mut child = command(program, args).spawn().unwrap();
+    let out = read_to_end(child.stdout.take().unwrap());
+    let err = read_to_end(child.stderr.take().unwrap());
     let start = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -63,11 +69,16 @@ fn weave(args: &[&str]) -> (Option<i32>, String, String) {
     run_in(env!("CARGO_BIN_EXE_weave"), args, Duration::from_secs(120))
 }
 
+/// Runs `weave ARGS`: it fails with exit status 1 and a message that holds `error`.
+fn fails_with(args: &[&str], error: &str) {
+    let (code, _, err) = weave(args);
+    assert_eq!(code, Some(1), "{args:?}: {err}");
+    assert!(err.contains(error), "{args:?}: {err}");
+}
+
+/// A fresh directory for one test's files (see [`common::scratch`]).
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weave-files-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch("files", name)
 }
 
 fn s(p: &Path) -> &str {
@@ -84,6 +95,16 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Runs `weave run SET_OP --json LINK`: it passes and `link` is still a symbolic link.
+fn json_summary_through(link: &Path) {
+    let (code, _, err) = weave(&["run", SET_OP, "--json", s(link)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(std::fs::symlink_metadata(link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
 #[test]
 fn a_json_summary_to_a_symbolic_link_is_written_through_and_the_link_stays() {
     let dir = scratch("symlink");
@@ -91,23 +112,13 @@ fn a_json_summary_to_a_symbolic_link_is_written_through_and_the_link_stays() {
     let link = dir.join("link.json");
     std::fs::write(&real, "old").unwrap();
     std::os::unix::fs::symlink("real.json", &link).unwrap();
-    let (code, _, err) = weave(&["run", SET_OP, "--json", s(&link)]);
-    assert_eq!(code, Some(0), "{err}");
-    assert!(std::fs::symlink_metadata(&link)
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    json_summary_through(&link);
     let summary = std::fs::read_to_string(&real).unwrap();
     assert!(summary.contains("\"passed\":true"), "{summary}");
     assert_eq!(names(&dir), ["link.json", "real.json"]);
     // A dangling link: its target is created, the link stays.
     std::fs::remove_file(&real).unwrap();
-    let (code, _, err) = weave(&["run", SET_OP, "--json", s(&link)]);
-    assert_eq!(code, Some(0), "{err}");
-    assert!(std::fs::symlink_metadata(&link)
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    json_summary_through(&link);
     assert!(std::fs::read_to_string(&real)
         .unwrap()
         .contains("\"passed\":true"));
@@ -142,23 +153,31 @@ fn read_in_background(fifo: &Path) -> std::sync::mpsc::Receiver<std::io::Result<
     rx
 }
 
-#[test]
-fn a_json_summary_to_a_fifo_is_written_into_it() {
-    let dir = scratch("fifo");
-    let fifo = dir.join("summary.fifo");
+/// Runs `weave run SET_OP FLAG FIFO` with `fifo` a FIFO made in a fresh directory `name` and
+/// read whole as it is written: the run passes and writes into it. Returns stdout, what the
+/// FIFO got, and the FIFO's path.
+fn run_into_fifo(name: &str, fifo: &str, flag: &str) -> (String, String, PathBuf) {
+    let fifo = scratch(name).join(fifo);
     let rx = read_in_background(&fifo);
-    let (code, _, err) = weave(&["run", SET_OP, "--json", s(&fifo)]);
-    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = weave(&["run", SET_OP, flag, s(&fifo)]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
     let text = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("nothing was written into the FIFO")
         .unwrap();
+    (out, text, fifo)
+}
+
+#[test]
+fn a_json_summary_to_a_fifo_is_written_into_it() {
+    let (_, text, fifo) = run_into_fifo("fifo", "summary.fifo", "--json");
+    let dir = fifo.parent().unwrap();
     assert!(text.contains("\"passed\":true"), "{text}");
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(
         &std::fs::symlink_metadata(&fifo).unwrap().file_type()
     ));
-    assert_eq!(names(&dir), ["summary.fifo"]);
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(names(dir), ["summary.fifo"]);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -167,15 +186,8 @@ fn a_json_summary_or_a_trace_to_a_directory_is_refused_naming_it() {
     let target = dir.join("out");
     std::fs::create_dir(&target).unwrap();
     for flag in ["--json", "--trace"] {
-        let (code, _, err) = weave(&["run", SET_OP, flag, s(&target)]);
-        assert_eq!(code, Some(1), "{err}");
-        assert!(
-            err.contains(&format!(
-                "cannot write {}: it is a directory",
-                target.display()
-            )),
-            "{flag}: {err}"
-        );
+        let refusal = format!("cannot write {}: it is a directory", target.display());
+        fails_with(&["run", SET_OP, flag, s(&target)], &refusal);
         assert!(target.is_dir());
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -232,24 +244,16 @@ fn an_input_file_over_the_cap_is_refused_before_it_is_read() {
     drop(f);
     for command in ["run", "dump"] {
         let start = Instant::now();
-        let (code, _, err) = weave(&[command, s(&big)]);
-        assert_eq!(code, Some(1), "{command}: {err}");
-        assert!(
-            err.contains(&format!(
-                "cannot read {}: the file is 268435457 bytes; the limit is 268435456 bytes (256 MiB)",
-                big.display()
-            )),
-            "{command}: {err}"
+        let refusal = format!(
+            "cannot read {}: the file is 268435457 bytes; the limit is 268435456 bytes (256 MiB)",
+            big.display()
         );
+        fails_with(&[command, s(&big)], &refusal);
         assert!(start.elapsed() < Duration::from_secs(20), "{command}");
     }
     // A directory is no source either.
-    let (code, _, err) = weave(&["run", s(&dir)]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains(&format!("cannot read {}: it is a directory", dir.display())),
-        "{err}"
-    );
+    let refusal = format!("cannot read {}: it is a directory", dir.display());
+    fails_with(&["run", s(&dir)], &refusal);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -261,9 +265,7 @@ fn an_earlier_runs_trace_is_removed_before_a_failing_run() {
     std::fs::write(&trace, "stale trace").unwrap();
     std::fs::write(&svg, "stale svg").unwrap();
     let missing = dir.join("missing.weave");
-    let (code, _, err) = weave(&["run", s(&missing), "--trace", s(&trace)]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("cannot read"), "{err}");
+    fails_with(&["run", s(&missing), "--trace", s(&trace)], "cannot read");
     assert_eq!(names(&dir), Vec::<String>::new());
     // A link given as the trace stays, and so does its target.
     std::fs::write(dir.join("real.json"), "kept").unwrap();
@@ -283,22 +285,15 @@ fn an_earlier_runs_trace_is_removed_before_a_failing_run() {
 /// run says so.
 #[test]
 fn a_trace_into_a_fifo_gets_no_timeline_beside_it() {
-    let dir = scratch("trace-fifo");
-    let fifo = dir.join("trace.fifo");
-    let rx = read_in_background(&fifo);
-    let (code, out, err) = weave(&["run", SET_OP, "--trace", s(&fifo)]);
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    let text = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("nothing was written into the FIFO")
-        .unwrap();
+    let (out, text, fifo) = run_into_fifo("trace-fifo", "trace.fifo", "--trace");
+    let dir = fifo.parent().unwrap();
     assert!(text.contains("\"process_name\""), "{text}");
     assert!(
         out.contains("no SVG timeline beside a trace that is not a file"),
         "{out}"
     );
-    assert_eq!(names(&dir), ["trace.fifo"]);
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(names(dir), ["trace.fifo"]);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Starts `weave ARGS` with every atomic write held `hold` (`WEAVE_TEST_HOLD_WRITES_MS`)
@@ -311,15 +306,8 @@ fn interrupted(
     dir: &Path,
     ready: impl Fn(&[String]) -> bool,
 ) -> (String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("WEAVE_LOG")
-        .env_remove("WEAVE_DUMP")
+    let mut child = command(env!("CARGO_BIN_EXE_weave"), args)
         .env("WEAVE_TEST_HOLD_WRITES_MS", hold.as_millis().to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let start = Instant::now();

@@ -5,15 +5,32 @@
 //! SIGTERM, SIGHUP and SIGINT, does not outlive the launch. The port of the ranks' store is
 //! bound by the launcher and handed to rank 0, so launches at once never collide.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Runs `weave ARGS`; returns the exit code, stdout, stderr and how long it took.
 fn weave(args: &[&str]) -> (Option<i32>, String, String, Duration) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weave"));
+    run(cmd.args(args))
+}
+
+/// `weave launch -n N FLAGS -- sh -c SCRIPT`, not started yet.
+fn launch_sh(n: &str, flags: &[&str], script: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weave"));
+    cmd.args(["launch", "-n", n])
+        .args(flags)
+        .args(["--", "sh", "-c", script]);
+    cmd
+}
+
+/// Runs `cmd` in the package directory; returns the exit code, stdout, stderr and how long it
+/// took.
+fn run(cmd: &mut Command) -> (Option<i32>, String, String, Duration) {
     let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args(args)
+    let out = cmd
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
@@ -27,15 +44,11 @@ fn weave(args: &[&str]) -> (Option<i32>, String, String, Duration) {
 
 #[test]
 fn every_rank_gets_the_torchrun_environment_and_a_prefix() {
-    let (code, out, err, _) = weave(&[
-        "launch",
-        "-n",
+    let (code, out, err, _) = run(&mut launch_sh(
         "3",
-        "--",
-        "sh",
-        "-c",
+        &[],
         "echo $RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE/$GROUP_RANK $MASTER_ADDR:$MASTER_PORT; echo to-stderr >&2",
-    ]);
+    ));
     assert_eq!(code, Some(0), "{out}\n{err}");
     let mut ports = Vec::new();
     for rank in 0..3 {
@@ -53,39 +66,17 @@ fn every_rank_gets_the_torchrun_environment_and_a_prefix() {
 
 #[test]
 fn the_environment_passes_through_and_the_address_can_be_chosen() {
-    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args([
-            "launch",
-            "-n",
-            "1",
-            "--master-addr",
-            "10.1.2.3",
-            "--master-port",
-            "29555",
-            "--",
-            "sh",
-            "-c",
-            "echo $NCCL_DEBUG $MASTER_ADDR:$MASTER_PORT",
-        ])
-        .env("NCCL_DEBUG", "WARN")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+    let flags = ["--master-addr", "10.1.2.3", "--master-port", "29555"];
+    let script = "echo $NCCL_DEBUG $MASTER_ADDR:$MASTER_PORT";
+    let (code, stdout, _, _) = run(launch_sh("1", &flags, script).env("NCCL_DEBUG", "WARN"));
+    assert_eq!(code, Some(0), "{stdout}");
     assert!(stdout.contains("[rank 0] WARN 10.1.2.3:29555"), "{stdout}");
 }
 
 #[test]
 fn a_failing_rank_stops_the_others_after_the_grace_period() {
-    let (code, out, err, took) = weave(&[
-        "launch",
-        "-n",
-        "3",
-        "--",
-        "sh",
-        "-c",
-        "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 30",
-    ]);
+    let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 30";
+    let (code, out, err, took) = run(&mut launch_sh("3", &[], script));
     assert_eq!(code, Some(1), "{out}\n{err}");
     assert!(took < Duration::from_secs(10), "took {took:?}");
     assert!(err.contains("rank 1 exited with status 3"), "{err}");
@@ -101,17 +92,7 @@ fn a_failing_rank_stops_the_others_after_the_grace_period() {
 
 #[test]
 fn the_timeout_names_the_ranks_still_running() {
-    let (code, out, err, took) = weave(&[
-        "launch",
-        "-n",
-        "2",
-        "--timeout-secs",
-        "1",
-        "--",
-        "sh",
-        "-c",
-        "sleep 30",
-    ]);
+    let (code, out, err, took) = run(&mut launch_sh("2", &["--timeout-secs", "1"], "sleep 30"));
     assert_eq!(code, Some(124), "{out}\n{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(err.contains("still running"), "{err}");
@@ -152,10 +133,7 @@ fn a_bare_weave_runs_this_executable() {
 
 /// A fresh directory for one test's pid files.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weave-launch-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch("launch", name)
 }
 
 /// Whether process `pid` runs (a zombie, dead and waiting for its parent to reap it, does not).
@@ -208,96 +186,81 @@ fn still_running(pids: &[u32]) -> Vec<u32> {
     }
 }
 
-#[test]
-fn a_failure_stops_every_process_the_ranks_started() {
-    let dir = scratch("failure");
-    let script = stubborn_child("if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi; sleep 60");
-    let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args([
-            "launch",
-            "-n",
-            "3",
-            "--grace-secs",
-            "1",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .env("DIR", &dir)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(10), "{err}");
-    assert!(err.contains("rank 1 exited with status 3"), "{err}");
-    let children = pids(&dir, 3);
-    assert_eq!(children.len(), 3, "every rank wrote its child's pid");
+/// Runs `launch_sh(n, flags, script)` with `$DIR` a fresh directory `name` in which each
+/// rank's [`stubborn_child`] writes its pid; asserts the exit code `code`, that all `n` ranks
+/// wrote their child's pid and that none of the children outlives the launch. Returns stderr
+/// and how long the launch took.
+fn launch_leaving_children(
+    name: &str,
+    n: usize,
+    flags: &[&str],
+    script: &str,
+    code: i32,
+) -> (String, Duration) {
+    let dir = scratch(name);
+    let (got, _, err, took) = run(launch_sh(&n.to_string(), flags, script).env("DIR", &dir));
+    assert_eq!(got, Some(code), "{err}");
+    let children = pids(&dir, n);
+    assert_eq!(children.len(), n, "every rank wrote its child's pid");
     assert_eq!(
         still_running(&children),
         Vec::<u32>::new(),
         "orphans: {err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+    (err, took)
+}
+
+#[test]
+fn a_failure_stops_every_process_the_ranks_started() {
+    let script = stubborn_child("if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi; sleep 60");
+    let (err, took) = launch_leaving_children("failure", 3, &["--grace-secs", "1"], &script, 1);
+    assert!(took < Duration::from_secs(10), "{err}");
+    assert!(err.contains("rank 1 exited with status 3"), "{err}");
 }
 
 #[test]
 fn the_timeout_and_a_finished_rank_leave_no_process_behind() {
-    let dir = scratch("timeout");
     // Rank 0 succeeds at once, leaving its child; rank 1 runs into the timeout.
     let script = stubborn_child("if [ \"$RANK\" = 0 ]; then exit 0; fi; sleep 60");
-    let out = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args([
-            "launch",
-            "-n",
-            "2",
-            "--timeout-secs",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .env("DIR", &dir)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(124), "{err}");
+    let (err, _) = launch_leaving_children("timeout", 2, &["--timeout-secs", "2"], &script, 124);
     assert!(err.contains("rank 1 timed out after 2 s"), "{err}");
-    let children = pids(&dir, 2);
-    assert_eq!(children.len(), 2, "every rank wrote its child's pid");
-    assert_eq!(
-        still_running(&children),
-        Vec::<u32>::new(),
-        "orphans: {err}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts `launch_sh("2", &[], script)` with `$DIR` a fresh directory `name`, waits until
+/// `count` pids are written there (`who` wrote them) and sends the launcher `signal` (`-TERM`,
+/// `-KILL`). Returns the launcher's output (its stderr goes to `stderr`), the pids and the
+/// directory.
+fn signal_launch(
+    name: &str,
+    script: &str,
+    count: usize,
+    who: &str,
+    signal: &str,
+    stderr: Stdio,
+) -> (std::process::Output, Vec<u32>, PathBuf) {
+    let dir = scratch(name);
+    let launcher = launch_sh("2", &[], script)
+        .env("DIR", &dir)
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let started = pids(&dir, count);
+    assert_eq!(started.len(), count, "{who} wrote their pids");
+    let sent = Command::new("kill")
+        .args([signal, &launcher.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    (launcher.wait_with_output().unwrap(), started, dir)
 }
 
 #[test]
 fn a_signal_to_the_launcher_stops_every_rank_and_what_it_started() {
-    let dir = scratch("signal");
     let script = stubborn_child("echo $$ > \"$DIR/rank_$RANK\"; sleep 60");
-    let launcher = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
-        .env("DIR", &dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = pids(&dir, 4);
-    assert_eq!(
-        started.len(),
-        4,
-        "two ranks and their children wrote their pids"
-    );
-    let sent = Command::new("kill")
-        .args(["-TERM", &launcher.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let out = launcher.wait_with_output().unwrap();
+    let who = "two ranks and their children";
+    let (out, started, dir) = signal_launch("signal", &script, 4, who, "-TERM", Stdio::piped());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(128 + 15), "{err}");
     assert!(
@@ -308,80 +271,36 @@ fn a_signal_to_the_launcher_stops_every_rank_and_what_it_started() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A launcher killed outright (SIGKILL: nothing to catch) takes its ranks with it.
+/// A launcher killed outright (SIGKILL: nothing to catch) takes its ranks with it; and what
+/// its ranks started too, even a process that ignores SIGTERM, SIGHUP and SIGINT (the rank's
+/// whole process group goes, not only the rank).
 #[test]
-fn ranks_die_with_a_launcher_killed_outright() {
-    let dir = scratch("sigkill");
-    let launcher = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args([
-            "launch",
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "echo $$ > \"$DIR/rank_$RANK\"; exec sleep 60",
-        ])
-        .env("DIR", &dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let ranks = pids(&dir, 2);
-    assert_eq!(ranks.len(), 2, "both ranks wrote their pids");
-    let sent = Command::new("kill")
-        .args(["-KILL", &launcher.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let _ = launcher.wait_with_output();
-    assert_eq!(
-        still_running(&ranks),
-        Vec::<u32>::new(),
-        "ranks outlived the launcher"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A launcher killed outright takes down what its ranks started too, even a process that
-/// ignores SIGTERM, SIGHUP and SIGINT (the rank's whole process group goes, not only the
-/// rank).
-#[test]
-fn what_the_ranks_started_dies_with_a_launcher_killed_outright() {
-    let dir = scratch("sigkill-group");
-    let launcher = Command::new(env!("CARGO_BIN_EXE_weave"))
-        .args([
-            "launch",
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            &stubborn_child("echo $$ > \"$DIR/rank_$RANK\"; wait"),
-        ])
-        .env("DIR", &dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = pids(&dir, 4);
-    assert_eq!(
-        started.len(),
-        4,
-        "both ranks and their children wrote their pids"
-    );
-    let sent = Command::new("kill")
-        .args(["-KILL", &launcher.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let _ = launcher.wait_with_output();
-    assert_eq!(
-        still_running(&started),
-        Vec::<u32>::new(),
-        "what the ranks started outlived the launcher"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+fn ranks_and_what_they_started_die_with_a_launcher_killed_outright() {
+    let cases = [
+        (
+            "sigkill",
+            "echo $$ > \"$DIR/rank_$RANK\"; exec sleep 60".to_string(),
+            2,
+            "both ranks",
+            "ranks outlived the launcher",
+        ),
+        (
+            "sigkill-group",
+            stubborn_child("echo $$ > \"$DIR/rank_$RANK\"; wait"),
+            4,
+            "both ranks and their children",
+            "what the ranks started outlived the launcher",
+        ),
+    ];
+    for (name, script, count, who, outlived) in cases {
+        let (_, started, dir) = signal_launch(name, &script, count, who, "-KILL", Stdio::null());
+        assert_eq!(
+            still_running(&started),
+            Vec::<u32>::new(),
+            "{name}: {outlived}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// The variable that makes [`store_rank`] act as a rank of a launch (it passes otherwise).
@@ -476,31 +395,15 @@ fn two_launches_at_once_each_serve_their_own_store() {
 /// A port given with `--master-port` is the ranks' to bind: no socket is handed down.
 #[test]
 fn a_given_port_hands_no_socket_down() {
-    let (code, out, err, _) = weave(&[
-        "launch",
-        "-n",
-        "2",
-        "--master-port",
-        "29556",
-        "--",
-        "sh",
-        "-c",
-        "echo $MASTER_PORT ${WEAVE_STORE_FD-none}",
-    ]);
+    let script = "echo $MASTER_PORT ${WEAVE_STORE_FD-none}";
+    let (code, out, err, _) = run(&mut launch_sh("2", &["--master-port", "29556"], script));
     assert_eq!(code, Some(0), "{out}\n{err}");
     for rank in 0..2 {
         assert!(out.contains(&format!("[rank {rank}] 29556 none")), "{out}");
     }
     // Without it only rank 0 gets the socket.
-    let (code, out, err, _) = weave(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "echo rank $RANK fd ${WEAVE_STORE_FD-none}",
-    ]);
+    let script = "echo rank $RANK fd ${WEAVE_STORE_FD-none}";
+    let (code, out, err, _) = run(&mut launch_sh("2", &[], script));
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("[rank 1] rank 1 fd none"), "{out}");
     let fd = out

@@ -32,19 +32,7 @@ fn run_prints_the_match_timings_and_the_trace() {
     let dir = std::env::temp_dir().join(format!("weave-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("rp.json");
-    let (ok, out, err) = weave(&[
-        "run",
-        "tests/scenarios/row_parallel_linear.weave",
-        "--ranks",
-        "2",
-        "--set",
-        "t=48",
-        "--set",
-        "h=8",
-        "--check-races",
-        "--trace",
-        trace.to_str().unwrap(),
-    ]);
+    let (ok, out, err) = run_logged(&["--check-races", "--trace", trace.to_str().unwrap()], None);
     assert!(ok, "{out}\n{err}");
     assert!(
         out.contains("2 rank(s) on the cpu backend (threads), numberOfStreams = 2"),
@@ -275,25 +263,15 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         assert!(!ok, "{flag}");
         assert_eq!(err.trim(), format!("error: {flag} needs --backend cuda"));
     }
+    const CTAS: &str = "expected auto or a CTA count from 1 to 64";
+    const POLICIES: &str = "`fast`: expected default, efficiency, zero or auto";
     for (flag, value, why) in [
-        (
-            "--nccl-max-ctas",
-            "0",
-            "expected auto or a CTA count from 1 to 64",
-        ),
-        (
-            "--nccl-max-ctas",
-            "65",
-            "expected auto or a CTA count from 1 to 64",
-        ),
+        ("--nccl-max-ctas", "0", CTAS),
+        ("--nccl-max-ctas", "65", CTAS),
         ("--ordered-compute", "yes", "expected on or off"),
         ("--pool-priority", "low", "expected high or normal"),
         ("--gemm-sm-margin", "x", "invalid digit"),
-        (
-            "--nccl-cta-policy",
-            "fast",
-            "`fast`: expected default, efficiency, zero or auto",
-        ),
+        ("--nccl-cta-policy", "fast", POLICIES),
         ("--nccl-window-mib", "65537", "65537 is not in 0..=65536"),
         ("--nccl-window-mib", "-1", "unexpected argument"),
         ("--ce-slot-mib", "0", "0 is not in 1..=1024"),
@@ -339,14 +317,10 @@ fn json_summaries_stay_valid_json() {
     let name = dir.join("odd \"name\"\t.weave");
     std::fs::copy("tests/scenarios/single_set_op.weave", &name).unwrap();
     let summary = dir.join("summary.json");
-    let (ok, out, err) = weave(&[
-        "run",
-        name.to_str().unwrap(),
-        "--ranks",
-        "1",
-        "--json",
-        summary.to_str().unwrap(),
-    ]);
+    let run_one_rank = |extra: &[&str]| {
+        weave(&[&["run", name.to_str().unwrap(), "--ranks", "1"][..], extra].concat())
+    };
+    let (ok, out, err) = run_one_rank(&["--json", summary.to_str().unwrap()]);
     assert!(ok, "{out}\n{err}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
@@ -355,16 +329,7 @@ fn json_summaries_stay_valid_json() {
     assert_eq!(v["ranks"], 1);
     assert!(v["max_abs_error"].as_f64().is_some_and(|e| e == 0.0), "{v}");
     // A failing run: the error is a string, newlines and all.
-    let (ok, _, _) = weave(&[
-        "run",
-        name.to_str().unwrap(),
-        "--ranks",
-        "1",
-        "--set",
-        "nope=1",
-        "--json",
-        summary.to_str().unwrap(),
-    ]);
+    let (ok, _, _) = run_one_rank(&["--set", "nope=1", "--json", summary.to_str().unwrap()]);
     assert!(!ok);
     let text = std::fs::read_to_string(&summary).unwrap();
     let v: serde_json::Value =

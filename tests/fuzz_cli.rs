@@ -307,19 +307,9 @@ struct Paths {
 
 impl Paths {
     fn new() -> Paths {
-        let mut inputs = vec![
-            "ok.weave",
-            "ok.weave",
-            "ok.weave",
-            "slow.weave",
-            "empty.weave",
-            "binary.weave",
-            "big.weave",
-            "adir",
-            "link.weave",
-            "dangling",
-            "missing.weave",
-        ];
+        // `ok.weave` three times, then the other inputs of the scratch directory, from
+        // `slow.weave` to `missing.weave`.
+        let mut inputs = [&["ok.weave"; 2][..], &SCRATCH_NAMES[..9]].concat();
         let mut outputs = vec![
             "out.json",
             "adir",
@@ -600,10 +590,10 @@ fn cases_of(
     tally
 }
 
-/// A find replayed: the arguments (names in the scratch directory, see [`SCRATCH_NAMES`])
-/// and a signal to send after some milliseconds.
+/// A find replayed: the arguments, separated by spaces (names in the scratch directory, see
+/// [`SCRATCH_NAMES`]), and a signal to send after some milliseconds.
 struct Replay {
-    args: &'static [&'static str],
+    args: &'static str,
     signal: Option<(i32, u64)>,
 }
 
@@ -617,35 +607,14 @@ const FINDS: &[Replay] = &[
     // CPU stream now holds at most `weave_executor::cpu::MAX_QUEUED` jobs
     // (`the_issuing_thread_waits_when_a_stream_holds_max_queued_jobs`).
     Replay {
-        args: &[
-            "run",
-            "slow.weave",
-            "--set",
-            "t=8",
-            "--chunks",
-            "65536",
-            "--ranks",
-            "65",
-            "--timeout-secs",
-            "20",
-            "--trace",
-            "sink-link",
-        ],
+        args:
+            "run slow.weave --set t=8 --chunks 65536 --ranks 65 --timeout-secs 20 --trace sink-link",
         signal: None,
     },
     // 65,536 chunks of a stream loop under a 3 s timeout: the run reported its timeout, and
     // then the CPU streams worked through everything still queued (147 s at 20 s).
     Replay {
-        args: &[
-            "run",
-            "slow.weave",
-            "--set",
-            "t=8",
-            "--chunks",
-            "65536",
-            "--timeout-secs",
-            "3",
-        ],
+        args: "run slow.weave --set t=8 --chunks 65536 --timeout-secs 3",
         signal: None,
     },
     // SIGTERM 3 ms into a traced run (4 × H200 machine, 44 workers, seed 1795770129 case 9):
@@ -653,16 +622,7 @@ const FINDS: &[Replay] = &[
     // the process ended (`.weave-PID-1.tmp` left). Temporaries are now refused once the
     // clean-up has run (`streamweave::output::close_temporaries`).
     Replay {
-        args: &[
-            "run",
-            "ok.weave",
-            "--set",
-            "t=8",
-            "--timeout-secs",
-            "20",
-            "--trace",
-            "trace.json",
-        ],
+        args: "run ok.weave --set t=8 --timeout-secs 20 --trace trace.json",
         signal: Some((15, 3)),
     },
 ];
@@ -672,7 +632,7 @@ const FINDS: &[Replay] = &[
 fn what_the_command_line_fuzzer_found_stays_fixed() {
     let s = Scratch::new("finds");
     for find in FINDS {
-        let args: Vec<String> = find.args.iter().map(|a| s.resolve(a)).collect();
+        let args: Vec<String> = find.args.split(' ').map(|a| s.resolve(a)).collect();
         let signal = find
             .signal
             .map(|(sig, ms)| (sig, Duration::from_millis(ms)));

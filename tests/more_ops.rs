@@ -15,19 +15,70 @@ fn output_of(src: &str, d: i64, x: &[f64], name: &str) -> Vec<f64> {
     let exe = streamweave::Compiler::new().compile(&load(src, d)).unwrap();
     let mut globals = exe.random_inputs(7).unwrap();
     globals[0].data = x.to_vec();
-    let report = exe
-        .run_dense(
-            &globals,
-            &streamweave::RunOptions {
-                target: streamweave::Target::Cpu { ranks: d as usize },
-                check: true,
-                ..streamweave::RunOptions::default()
-            },
-        )
-        .unwrap();
+    let options = streamweave::RunOptions {
+        target: streamweave::Target::Cpu { ranks: d as usize },
+        check: true,
+        ..streamweave::RunOptions::default()
+    };
+    let report = exe.run_dense(&globals, &options).unwrap();
     assert!(report.passed(), "{d} ranks: the reference check failed");
     let outputs = report.into_outputs().unwrap();
     outputs.get(name).unwrap().to_dense().data
+}
+
+/// Runs `src` on `d` CPU ranks with `streams` streams on inputs from `seed`, checked against
+/// the reference (see [`common::run_checked`]): every check passes.
+fn checked(src: &str, d: i64, streams: usize, seed: u64) -> common::Checked {
+    let c = common::run_checked(load(src, d), d as usize, streams, seed)
+        .unwrap_or_else(|f| panic!("{d} ranks: {}: {}", f.stage, f.detail));
+    assert!(c.checks.iter().all(|k| k.comparison.ok), "{d} ranks");
+    c
+}
+
+/// Why loading `src` as `file` fails.
+fn refusal(file: &str, src: &str, overrides: &[(String, i64)]) -> String {
+    streamweave::load(file, src, overrides)
+        .expect_err("refused at load")
+        .to_string()
+}
+
+/// Four rows of eight far from zero: row i holds 1e4 (i + 1) plus the deviations 1, -1, 2,
+/// -2, 3, -3, 0, 0 times (i + 1), whose squares add up to 28 (i + 1)^2.
+fn rows_with_known_variance() -> Vec<f64> {
+    let dev = [1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.0, 0.0];
+    (0..4)
+        .flat_map(|i| {
+            dev.iter()
+                .map(move |e| 1e4 * (i + 1) as f64 + e * (i + 1) as f64)
+        })
+        .collect()
+}
+
+/// A fusion `name` built in Rust with one input `x: f32[4, 8]`.
+fn built_with_x(name: &str) -> (weave_ir::Fusion, weave_ir::TensorId) {
+    let mut f = weave_ir::Fusion::new(name);
+    let x = f
+        .add_input(
+            "x",
+            weave_ir::DType::F32,
+            vec![weave_ir::Scalar::c(4), weave_ir::Scalar::c(8)],
+            None,
+        )
+        .unwrap();
+    (f, x)
+}
+
+/// The CUDA sources of rank 0's kernels of `src` on `d` devices, as one text.
+fn cuda_sources(src: &str, d: i64) -> String {
+    let fusion = load(src, d);
+    let exe = streamweave::Compiler::new().compile(&fusion).unwrap();
+    let mut all = String::new();
+    for k in exe.kernel_sources(2, 132).unwrap().iter() {
+        for launch in &k.plan.launches {
+            all.push_str(&launch.source);
+        }
+    }
+    all
 }
 
 const MIN_MAX: &str = "fusion min_max(t = 6, h = 8, d = 2) {
@@ -64,10 +115,7 @@ fn min_over_a_device_split_axis_reduces_across_devices() {
 #[test]
 fn min_on_random_inputs_matches_the_reference_on_one_two_and_four_ranks() {
     for d in [1, 2, 4] {
-        let c = common::run_checked(load(MIN_MAX, d), d as usize, 2, 11)
-            .unwrap_or_else(|f| panic!("{d} ranks: {}: {}", f.stage, f.detail));
-        assert!(c.checks.iter().all(|k| k.comparison.ok));
-        assert!(c.checks.len() >= 3);
+        assert!(checked(MIN_MAX, d, 2, 11).checks.len() >= 3);
     }
 }
 
@@ -84,13 +132,8 @@ const VAR: &str = "fusion variance(t = 4, h = 8, d = 2) {
 fn var_is_the_two_pass_population_variance_across_devices() {
     // Rows far from zero (1e4 + small deviations): the two-pass form keeps the variance
     // exact where mean-of-squares minus square-of-mean in f32 would lose it.
-    let dev = [1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.0, 0.0]; // population variance 28 / 8 = 3.5
-    let x: Vec<f64> = (0..4)
-        .flat_map(|i| {
-            dev.iter()
-                .map(move |e| 1e4 * (i + 1) as f64 + e * (i + 1) as f64)
-        })
-        .collect();
+    // Population variance 28 / 8 = 3.5 times (i + 1)^2.
+    let x = rows_with_known_variance();
     for d in [1, 2, 4] {
         let v = output_of(VAR, d, &x, "v");
         let want: Vec<f64> = (1..=4).map(|i| 3.5 * (i * i) as f64).collect();
@@ -105,21 +148,10 @@ fn var_is_the_two_pass_population_variance_across_devices() {
 #[test]
 fn var_matches_the_reference_on_random_inputs_and_in_the_rust_builder() {
     for d in [1, 2, 4] {
-        let c = common::run_checked(load(VAR, d), d as usize, 1, 3)
-            .unwrap_or_else(|f| panic!("{d} ranks: {}: {}", f.stage, f.detail));
-        assert!(c.checks.iter().all(|k| k.comparison.ok));
-        assert!(!c.checks.is_empty());
+        assert!(!checked(VAR, d, 1, 3).checks.is_empty());
     }
     // The Rust builder builds the same ops.
-    let mut f = weave_ir::Fusion::new("variance");
-    let x = f
-        .add_input(
-            "x",
-            weave_ir::DType::F32,
-            vec![weave_ir::Scalar::c(4), weave_ir::Scalar::c(8)],
-            None,
-        )
-        .unwrap();
+    let (mut f, x) = built_with_x("variance");
     let v = f.var("v", x, &[1]).unwrap();
     f.add_output(v).unwrap();
     let lo = f.reduce("lo", weave_ir::ReduceOp::Min, x, &[0]).unwrap();
@@ -146,9 +178,7 @@ const CAUSAL: &str = "fusion causal(b = 4, t = 6, d = 2) {
 #[test]
 fn a_causal_mask_from_iota_matches_the_reference_with_heads_on_devices() {
     for d in [1, 2, 4] {
-        let c = common::run_checked(load(CAUSAL, d), d as usize, 2, 5)
-            .unwrap_or_else(|f| panic!("{d} ranks: {}: {}", f.stage, f.detail));
-        assert!(c.checks.iter().all(|k| k.comparison.ok));
+        checked(CAUSAL, d, 2, 5);
         // Every device's indices are the global token indices: row i, column j holds
         // 10 i + j in every head, and the mask keeps j <= i.
         let x: Vec<f64> = (0..4 * 36).map(|i| i as f64).collect();
@@ -189,10 +219,7 @@ const QKV: &str = "fusion qkv(t = 8, h = 4, k = 6, d = 2, s = 2) {
 #[test]
 fn a_fused_qkv_weight_sliced_and_concatenated_matches_the_reference() {
     for d in [1, 2, 4] {
-        let c = common::run_checked(load(QKV, d), d as usize, 2, 9)
-            .unwrap_or_else(|f| panic!("{d} ranks: {}: {}", f.stage, f.detail));
-        assert!(c.checks.iter().all(|k| k.comparison.ok));
-        assert!(c.checks.len() >= 5);
+        assert!(checked(QKV, d, 2, 9).checks.len() >= 5);
     }
     // The printed form names the intermediate slices and round-trips.
     let f = load(QKV, 2);
@@ -208,18 +235,14 @@ fn a_schedule_that_cuts_an_indexed_axis_is_refused_at_load() {
         "schedule x { outer_split(0, s) -> Stream; outer_split(1, d) -> DIDx }",
         "schedule w { outer_split(0, d) -> DIDx }",
     );
-    let e = streamweave::load("qkv.weave", &src, &[])
-        .unwrap_err()
-        .to_string();
+    let e = refusal("qkv.weave", &src, &[]);
     assert!(
         e.contains("slice: the schedule of `w` cuts axis 0, which `slice` indexes globally")
             && e.contains("qkv.weave:6:17"),
         "{e}"
     );
     let src = CAUSAL.replace("outer_split(0, d)", "outer_split(2, d)");
-    let e = streamweave::load("causal.weave", &src, &[])
-        .unwrap_err()
-        .to_string();
+    let e = refusal("causal.weave", &src, &[]);
     assert!(
         e.contains("iota: the schedule of `s` cuts axis 2") && e.contains("causal.weave:4:"),
         "{e}"
@@ -241,9 +264,7 @@ fn shape_errors_of_the_indexed_ops_point_at_the_op() {
     ];
     for (line, want, at) in cases {
         let src = QKV.replace("q = linear(x, slice(w, 0, 0, h))", line);
-        let e = streamweave::load("e.weave", &src, &[])
-            .unwrap_err()
-            .to_string();
+        let e = refusal("e.weave", &src, &[]);
         assert!(
             e.contains(want) && e.contains(&format!("e.weave:{at}")),
             "{line}: {e}"
@@ -253,29 +274,21 @@ fn shape_errors_of_the_indexed_ops_point_at_the_op() {
 
 /// The example of docs/fusion-format.md, §Variance, as written there.
 fn sample_variance_example() -> String {
-    let doc = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fusion-format.md"),
-    )
-    .unwrap();
-    let start = doc
-        .find("fusion sample_variance(")
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fusion-format.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let (_, from) = doc
+        .split_once("fusion sample_variance(")
         .expect("the example is in the doc");
-    let end = start + doc[start..].find("\n}\n").expect("the example ends") + 3;
-    doc[start..end].to_string()
+    let (body, _) = from.split_once("\n}\n").expect("the example ends");
+    format!("fusion sample_variance({body}\n}}\n")
 }
 
 #[test]
 fn var_with_a_correction_divides_by_n_minus_the_correction() {
     let src = sample_variance_example();
-    // Row i: deviations `dev` times (i + 1) around 1e4 (i + 1): squared deviations add up to
-    // 28 (i + 1)^2, so the population variance is 28 (i + 1)^2 / 8 and the sample one / 7.
-    let dev = [1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.0, 0.0];
-    let x: Vec<f64> = (0..4)
-        .flat_map(|i| {
-            dev.iter()
-                .map(move |e| 1e4 * (i + 1) as f64 + e * (i + 1) as f64)
-        })
-        .collect();
+    // Squared deviations add up to 28 (i + 1)^2 in row i, so the population variance is
+    // 28 (i + 1)^2 / 8 and the sample one / 7.
+    let x = rows_with_known_variance();
     for d in [1, 2, 4] {
         let pop = output_of(&src, d, &x, "pop");
         let sample = output_of(&src, d, &x, "sample");
@@ -288,12 +301,7 @@ fn var_with_a_correction_divides_by_n_minus_the_correction() {
                 "{d} ranks, row {i}"
             );
         }
-        let c = common::run_checked(load(&src, d), d as usize, 2, 19)
-            .unwrap_or_else(|f| panic!("{d} ranks: {}: {}", f.stage, f.detail));
-        assert_eq!(
-            c.checks.iter().filter(|k| k.comparison.ok).count(),
-            c.checks.len()
-        );
+        checked(&src, d, 2, 19);
     }
     // Only the last division changes; the printed form loads back to the same text.
     let f = load(&src, 2);
@@ -303,15 +311,7 @@ fn var_with_a_correction_divides_by_n_minus_the_correction() {
     assert!(text.contains("sample_2 = div(sample_1, 8)"), "{text}");
     assert_eq!(weave_ir::text::print(&load(&text, 2)), text);
     // The Rust builder's form prints the same ops.
-    let mut b = weave_ir::Fusion::new("sample_variance");
-    let x = b
-        .add_input(
-            "x",
-            weave_ir::DType::F32,
-            vec![weave_ir::Scalar::c(4), weave_ir::Scalar::c(8)],
-            None,
-        )
-        .unwrap();
+    let (mut b, x) = built_with_x("sample_variance");
     let v = b.var_corrected("sample", x, &[1], 1).unwrap();
     b.add_output(v).unwrap();
     let built = weave_ir::text::print(&b);
@@ -323,14 +323,7 @@ fn the_cuda_kernel_of_a_corrected_variance_divides_by_n_minus_the_correction() {
     // No GPU here: the generated CUDA source is checked as text. The kernels of one rank
     // divide the mean by 8 and the squared deviations by 8 (population) and 7 (sample).
     let src = sample_variance_example();
-    let exe = streamweave::Compiler::new()
-        .compile(&load(&src, 2))
-        .unwrap();
-    let kernels = exe.kernel_sources(2, 132).unwrap();
-    let all: String = kernels
-        .iter()
-        .flat_map(|k| k.plan.launches.iter().map(|l| l.source.clone()))
-        .collect();
+    let all = cuda_sources(&src, 2);
     // The sample variance's division, and three by 8: the two means and the population one.
     assert!(
         all.contains("float v3 = (7.0f);\n        float v4 = v2 / v3;"),
@@ -343,9 +336,7 @@ fn the_cuda_kernel_of_a_corrected_variance_divides_by_n_minus_the_correction() {
 #[test]
 fn a_correction_that_leaves_no_positive_divisor_is_refused_at_the_op() {
     let src = sample_variance_example().replace("var(x, [1], 1)", "var(x, [1], 8)");
-    let e = streamweave::load("sample.weave", &src, &[])
-        .expect_err("refused at load")
-        .to_string();
+    let e = refusal("sample.weave", &src, &[]);
     assert_eq!(
         e,
         "var: the correction 8 is not smaller than the 8 elements that each variance of `x` \
@@ -358,25 +349,15 @@ fn a_correction_that_leaves_no_positive_divisor_is_refused_at_the_op() {
     );
     // Larger than the count, over two axes (n = 32), and through `--set`: h = 1 leaves one
     // element per row for a sample variance.
-    let e = streamweave::load(
-        "sample.weave",
-        &src.replace("var(x, [1], 8)", "var(x, [0, 1], 40)"),
-        &[],
-    )
-    .unwrap_err()
-    .to_string();
+    let over = src.replace("var(x, [1], 8)", "var(x, [0, 1], 40)");
+    let e = refusal("sample.weave", &over, &[]);
     assert!(
         e.starts_with("var: the correction 40 is not smaller than the 32 elements"),
         "{e}"
     );
     assert!(e.contains("would be -8;"), "{e}");
-    let e = streamweave::load(
-        "sample.weave",
-        &sample_variance_example(),
-        &[("h".to_string(), 1), ("d".to_string(), 1)],
-    )
-    .unwrap_err()
-    .to_string();
+    let one = [("h".to_string(), 1), ("d".to_string(), 1)];
+    let e = refusal("sample.weave", &sample_variance_example(), &one);
     assert!(
         e.starts_with("var: the correction 1 is not smaller than the 1 elements"),
         "{e}"
@@ -387,13 +368,8 @@ fn a_correction_that_leaves_no_positive_divisor_is_refused_at_the_op() {
         ("var(x, [1], 0.5)", "found the literal `0.5`"),
         ("var(x, [1], x)", "found"),
     ] {
-        let e = streamweave::load(
-            "sample.weave",
-            &sample_variance_example().replace("var(x, [1], 1)", bad),
-            &[],
-        )
-        .unwrap_err()
-        .to_string();
+        let src = sample_variance_example().replace("var(x, [1], 1)", bad);
+        let e = refusal("sample.weave", &src, &[]);
         assert!(
             e.starts_with("`var`: the correction must be a non-negative integer"),
             "{bad}: {e}"
@@ -401,13 +377,8 @@ fn a_correction_that_leaves_no_positive_divisor_is_refused_at_the_op() {
         assert!(e.contains(want), "{bad}: {e}");
         assert!(e.contains("--> sample.weave:5:"), "{bad}: {e}");
     }
-    let e = streamweave::load(
-        "sample.weave",
-        &sample_variance_example().replace("var(x, [1], 1)", "var(x, [1], 1, 2)"),
-        &[],
-    )
-    .unwrap_err()
-    .to_string();
+    let four = sample_variance_example().replace("var(x, [1], 1)", "var(x, [1], 1, 2)");
+    let e = refusal("sample.weave", &four, &[]);
     assert!(
         e.starts_with("`var` takes a tensor, an axis list and an optional correction"),
         "{e}"
@@ -431,9 +402,7 @@ fn an_empty_slice_is_refused_at_load_at_the_op() {
   output v0
 }
 ";
-    let e = streamweave::load("gen.weave", src, &[])
-        .unwrap_err()
-        .to_string();
+    let e = refusal("gen.weave", src, &[]);
     assert_eq!(
         e,
         "slice: `2..2` (2..2) of axis 1 of `x` (f32[1, 2]) is empty, and a tensor's extents \

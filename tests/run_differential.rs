@@ -23,6 +23,17 @@ struct Case {
 }
 
 impl Case {
+    /// The case of family `family` whose source is `src` closed with the fusion's `}`.
+    fn closed(family: &'static str, mut src: String, ranks: usize, streams: usize) -> Case {
+        src.push_str("}\n");
+        Case {
+            family,
+            source: src,
+            ranks,
+            streams,
+        }
+    }
+
     /// The input seed: a hash of everything that makes up the case, so that a failing case
     /// reruns with the same inputs.
     fn seed(&self) -> u64 {
@@ -90,6 +101,13 @@ fn schedule(out: &mut String, tensor: &str, steps: &[String]) {
     }
 }
 
+/// A `schedule` line that puts `tensor` on `mesh` and then takes `steps`.
+fn schedule_on(out: &mut String, tensor: &str, mesh: &str, steps: &[String]) {
+    let mut all = vec![format!("mesh = {mesh}")];
+    all.extend_from_slice(steps);
+    schedule(out, tensor, &all);
+}
+
 /// The meshes: `m` over all `d` devices, as `devices(d)` or (when `rot % d != 0`) as an
 /// explicit list rotated by `rot`, so that mesh coordinates differ from rank numbers; and,
 /// when `root`, a one-device mesh `root`.
@@ -115,79 +133,48 @@ fn header(name: &str, d: usize, s: usize) -> String {
 // Family 1: pointwise chains
 // ---------------------------------------------------------------------------------------
 
-#[derive(Clone, Copy, Debug)]
-enum Un {
-    Neg,
-    Abs,
-    Relu,
-    Exp,
-    Tanh,
-    Sigmoid,
-    Erf,
-    Gelu,
-    GeluTanh,
-}
-
-impl Un {
-    fn name(self) -> &'static str {
-        match self {
-            Un::Neg => "neg",
-            Un::Abs => "abs",
-            Un::Relu => "relu",
-            Un::Exp => "exp",
-            Un::Tanh => "tanh",
-            Un::Sigmoid => "sigmoid",
-            Un::Erf => "erf",
-            Un::Gelu => "gelu",
-            Un::GeluTanh => "gelu_tanh",
+/// An enum of the ops of one kind, each written in `.weave` as `name()`, and the strategy
+/// `$pick` that picks any of them, all equally likely.
+macro_rules! ops {
+    ($ty:ident, $pick:ident { $($op:ident => $name:literal,)+ }) => {
+        #[derive(Clone, Copy, Debug)]
+        enum $ty {
+            $($op,)+
         }
-    }
-}
 
-fn un() -> impl Strategy<Value = Un> {
-    prop_oneof![
-        Just(Un::Neg),
-        Just(Un::Abs),
-        Just(Un::Relu),
-        Just(Un::Exp),
-        Just(Un::Tanh),
-        Just(Un::Sigmoid),
-        Just(Un::Erf),
-        Just(Un::Gelu),
-        Just(Un::GeluTanh),
-    ]
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Bin {
-    Add,
-    Sub,
-    Mul,
-    Maximum,
-    Minimum,
-}
-
-impl Bin {
-    fn name(self) -> &'static str {
-        match self {
-            Bin::Add => "add",
-            Bin::Sub => "sub",
-            Bin::Mul => "mul",
-            Bin::Maximum => "maximum",
-            Bin::Minimum => "minimum",
+        impl $ty {
+            fn name(self) -> &'static str {
+                match self {
+                    $($ty::$op => $name,)+
+                }
+            }
         }
-    }
+
+        fn $pick() -> impl Strategy<Value = $ty> {
+            prop_oneof![$(Just($ty::$op)),+]
+        }
+    };
 }
 
-fn bin() -> impl Strategy<Value = Bin> {
-    prop_oneof![
-        Just(Bin::Add),
-        Just(Bin::Sub),
-        Just(Bin::Mul),
-        Just(Bin::Maximum),
-        Just(Bin::Minimum),
-    ]
-}
+ops!(Un, un {
+    Neg => "neg",
+    Abs => "abs",
+    Relu => "relu",
+    Exp => "exp",
+    Tanh => "tanh",
+    Sigmoid => "sigmoid",
+    Erf => "erf",
+    Gelu => "gelu",
+    GeluTanh => "gelu_tanh",
+});
+
+ops!(Bin, bin {
+    Add => "add",
+    Sub => "sub",
+    Mul => "mul",
+    Maximum => "maximum",
+    Minimum => "minimum",
+});
 
 /// One op of a pointwise chain, applied to the latest value (and, for a binary op, to an
 /// earlier value picked by index modulo the number of values so far).
@@ -494,17 +481,9 @@ impl Pointwise {
             } else {
                 "m"
             };
-            let mut steps = vec![format!("mesh = {mesh}")];
-            steps.extend(split_steps(2, &out_splits));
-            schedule(&mut src, "out", &steps);
+            schedule_on(&mut src, "out", mesh, &split_steps(2, &out_splits));
         }
-        src.push_str("}\n");
-        Case {
-            family: "pointwise",
-            source: src,
-            ranks: d,
-            streams: self.streams,
-        }
+        Case::closed("pointwise", src, d, self.streams)
     }
 }
 
@@ -675,17 +654,9 @@ impl Reduction {
         src.push_str("  output out\n");
         schedule(&mut src, "inp", &split_steps(3, &in_splits));
         if let Some(mesh) = out_mesh {
-            let mut steps = vec![format!("mesh = {mesh}")];
-            steps.extend(split_steps(3, &out_splits));
-            schedule(&mut src, red, &steps);
+            schedule_on(&mut src, red, mesh, &split_steps(3, &out_splits));
         }
-        src.push_str("}\n");
-        Case {
-            family: "reduction",
-            source: src,
-            ranks: d,
-            streams: spec.streams,
-        }
+        Case::closed("reduction", src, d, spec.streams)
     }
 }
 
@@ -797,10 +768,6 @@ fn matmul() -> impl Strategy<Value = Matmul> {
 
 impl Matmul {
     fn case(&self) -> Case {
-        self.case_as_is()
-    }
-
-    fn case_as_is(&self) -> Case {
         let Matmul { d, s, .. } = *self;
         // bf16 only where the result is rounded once: the reference rounds only at explicit
         // casts, so a bf16 intermediate (a row-parallel partial, the MLP's hidden layer) can
@@ -895,9 +862,7 @@ impl Matmul {
                 schedule(&mut schedules, "inp", &split_steps(2, &inp));
                 schedule(&mut schedules, "w", &split_steps(2, &w));
                 if !out.is_empty() {
-                    let mut steps = vec!["mesh = m".to_string()];
-                    steps.extend(split_steps(3, &out));
-                    schedule(&mut schedules, prod, &steps);
+                    schedule_on(&mut schedules, prod, "m", &split_steps(3, &out));
                 }
             }
             MmPar::ColumnAg => {
@@ -919,9 +884,12 @@ impl Matmul {
                 if bias && self.shard_bias {
                     schedule(&mut schedules, "bias", &split_steps(1, &[(0, "d", "DIDx")]));
                 }
-                let mut steps = vec!["mesh = m".to_string()];
-                steps.extend(split_steps(2, &[(0, "d", "Stream")]));
-                schedule(&mut schedules, "ag", &steps);
+                schedule_on(
+                    &mut schedules,
+                    "ag",
+                    "m",
+                    &split_steps(2, &[(0, "d", "Stream")]),
+                );
             }
             MmPar::Mlp { act } => {
                 writeln!(src, "  tensor inp: {ty}[{m}, {k}] on m").unwrap();
@@ -951,13 +919,7 @@ impl Matmul {
             }
         }
         src.push_str(&schedules);
-        src.push_str("}\n");
-        Case {
-            family: "matmul",
-            source: src,
-            ranks: d,
-            streams: self.streams,
-        }
+        Case::closed("matmul", src, d, self.streams)
     }
 }
 
@@ -1051,10 +1013,6 @@ fn collective() -> impl Strategy<Value = Collective> {
 
 impl Collective {
     fn case(&self) -> Case {
-        self.case_as_is()
-    }
-
-    fn case_as_is(&self) -> Case {
         let Collective { d, s, n, c, .. } = *self;
         // bf16 only for copies: a reduction may round partial sums, which the reference
         // (rounding only at explicit casts) does not.
@@ -1203,13 +1161,7 @@ impl Collective {
         src.push_str("  output out\n");
         schedule(&mut src, "inp", &inp);
         schedule(&mut src, "out", &out);
-        src.push_str("}\n");
-        Case {
-            family: "collective",
-            source: src,
-            ranks: d,
-            streams: self.streams,
-        }
+        Case::closed("collective", src, d, self.streams)
     }
 }
 
@@ -1292,10 +1244,6 @@ fn batched_matmul() -> impl Strategy<Value = BatchedMatmul> {
 
 impl BatchedMatmul {
     fn case(&self) -> Case {
-        self.case_as_is()
-    }
-
-    fn case_as_is(&self) -> Case {
         let BatchedMatmul { d, s, .. } = *self;
         let nb = self.axes.len();
         let [b0, b1, mf, kf, nf] = self.sizes;
@@ -1388,13 +1336,7 @@ impl BatchedMatmul {
         writeln!(src, "  out = matmul({a}, {b})").unwrap();
         src.push_str("  output out\n");
         src.push_str(&schedules);
-        src.push_str("}\n");
-        Case {
-            family: "batched_matmul",
-            source: src,
-            ranks: d,
-            streams: self.streams,
-        }
+        Case::closed("batched_matmul", src, d, self.streams)
     }
 }
 
@@ -1402,17 +1344,11 @@ impl BatchedMatmul {
 // Family 6: collectives over one axis of a 2-D mesh
 // ---------------------------------------------------------------------------------------
 
-/// The mesh shapes `(dy, dx)` of family 6: every shape of at most 4 devices.
-const MESH_2D: [(usize, usize); 8] = [
-    (1, 1),
-    (1, 2),
-    (2, 1),
-    (2, 2),
-    (1, 3),
-    (3, 1),
-    (1, 4),
-    (4, 1),
-];
+/// The mesh shapes `(MESH_DY[i], MESH_DX[i])` of family 6: every shape of at most 4 devices,
+/// `(1, 1)`, `(1, 2)`, `(2, 1)`, `(2, 2)`, `(1, 3)`, `(3, 1)`, `(1, 4)` and `(4, 1)`.
+const MESH_DY: [usize; 8] = [1, 1, 2, 2, 1, 3, 1, 4];
+/// See [`MESH_DY`].
+const MESH_DX: [usize; 8] = [1, 2, 1, 2, 3, 1, 4, 1];
 
 #[derive(Clone, Copy, Debug)]
 enum Coll2d {
@@ -1455,7 +1391,7 @@ struct Mesh2d {
 
 fn mesh2d() -> impl Strategy<Value = Mesh2d> {
     (
-        (0usize..MESH_2D.len(), any::<bool>(), 1usize..=3, 1usize..=3),
+        (0usize..MESH_DY.len(), any::<bool>(), 1usize..=3, 1usize..=3),
         prop_oneof![
             Just(Coll2d::Allgather),
             Just(Coll2d::Allreduce),
@@ -1470,7 +1406,7 @@ fn mesh2d() -> impl Strategy<Value = Mesh2d> {
     )
         .prop_map(
             |((shape, over_x, s, streams), coll, (r, a, b, n), (bf16, rot))| Mesh2d {
-                shape: MESH_2D[shape],
+                shape: (MESH_DY[shape], MESH_DX[shape]),
                 over_x,
                 s,
                 streams,
@@ -1566,16 +1502,8 @@ impl Mesh2d {
         writeln!(src, "  out = {rhs}").unwrap();
         src.push_str("  output out\n");
         schedule(&mut src, "inp", &split_steps(4, &inp));
-        let mut steps = vec!["mesh = m".to_string()];
-        steps.extend(split_steps(4, &out));
-        schedule(&mut src, "out", &steps);
-        src.push_str("}\n");
-        Case {
-            family: "2-D mesh",
-            source: src,
-            ranks: dy * dx,
-            streams: self.streams,
-        }
+        schedule_on(&mut src, "out", "m", &split_steps(4, &out));
+        Case::closed("2-D mesh", src, dy * dx, self.streams)
     }
 }
 
@@ -1832,13 +1760,7 @@ impl Layer {
         if table_did {
             schedule(&mut src, "tab", &["outer_split(0, d) -> DIDx".to_string()]);
         }
-        src.push_str("}\n");
-        Case {
-            family: "layer",
-            source: src,
-            ranks: d,
-            streams: self.streams,
-        }
+        Case::closed("layer", src, d, self.streams)
     }
 }
 
@@ -2961,17 +2883,9 @@ impl Ragged {
             out.push((serial_axis, "k", "Serial"));
         }
         if !out.is_empty() {
-            let mut steps = vec!["mesh = m".to_string()];
-            steps.extend(split_steps(out_rank, &out));
-            schedule(&mut src, "out", &steps);
+            schedule_on(&mut src, "out", "m", &split_steps(out_rank, &out));
         }
-        src.push_str("}\n");
-        Case {
-            family: "ragged",
-            source: src,
-            ranks: d,
-            streams: self.streams,
-        }
+        Case::closed("ragged", src, d, self.streams)
     }
 }
 
@@ -3128,13 +3042,7 @@ impl Grid {
                 schedule(&mut src, "out", &out);
             }
         }
-        src.push_str("}\n");
-        Case {
-            family: "grid",
-            source: src,
-            ranks: dy * dx,
-            streams: self.streams,
-        }
+        Case::closed("grid", src, dy * dx, self.streams)
     }
 }
 
@@ -3219,13 +3127,12 @@ impl MultiMesh {
         }
         steps.extend(split_steps(2, &splits));
         schedule(&mut src, "z", &steps);
-        src.push_str("}\n");
-        Case {
-            family: "multi-mesh",
-            source: src,
-            ranks: if self.reversed { da } else { da + db },
-            streams: self.streams,
-        }
+        Case::closed(
+            "multi-mesh",
+            src,
+            if self.reversed { da } else { da + db },
+            self.streams,
+        )
     }
 }
 
@@ -3323,17 +3230,9 @@ impl Backward {
             if matches!(self.par, BwdPar::Row) {
                 splits.push((1, "d", "DIDx"));
             }
-            let mut steps = vec!["mesh = m".to_string()];
-            steps.extend(split_steps(3, &splits));
-            schedule(&mut src, "grad_x", &steps);
+            schedule_on(&mut src, "grad_x", "m", &split_steps(3, &splits));
         }
-        src.push_str("}\n");
-        Case {
-            family: "backward",
-            source: src,
-            ranks: d,
-            streams: self.streams,
-        }
+        Case::closed("backward", src, d, self.streams)
     }
 }
 
@@ -3416,13 +3315,7 @@ impl SeqPar {
             steps.extend(split_steps(3, &splits));
             schedule(&mut src, "y", &steps);
         }
-        src.push_str("}\n");
-        Case {
-            family: "seq-par",
-            source: src,
-            ranks: d,
-            streams: self.streams,
-        }
+        Case::closed("seq-par", src, d, self.streams)
     }
 }
 

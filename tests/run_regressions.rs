@@ -5,57 +5,15 @@
 
 mod common;
 
-use common::Checked;
+use common::{attention_inputs, communication_kinds, param, run_with, runs_on_with, Case, Checked};
 use streamweave::host_ir::{HostProgram, Stmt};
 use streamweave::ir::{Fusion, IterType, ParallelType, TensorId};
 use streamweave::passes::{Ir, PassManager, Pipeline, Registry};
-use weave_executor::Dense;
 
-/// Compiles `source` with `overrides` and runs it on `ranks` ranks with the generated inputs
-/// edited by `edit` (see [`common::run_checked_with`]); an error holds the stage, the program
-/// and the report.
-fn run_with(
-    source: &str,
-    overrides: &[(&str, i64)],
-    ranks: usize,
-    edit: &dyn Fn(&str, &mut Dense),
-) -> Result<Checked, String> {
-    let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    let what = |stage: &str, detail: String| {
-        format!("{stage} failed ({ranks} ranks, {overrides:?}):\n{source}\n--- {detail}")
-    };
-    let fusion =
-        streamweave::load("case.weave", source, &ov).map_err(|e| what("load", e.to_string()))?;
-    common::run_checked_with(fusion, ranks, 2, 11, edit).map_err(|f| what(f.stage, f.detail))
-}
-
-/// [`run_with`] on every rank count in `ranks`, setting `d` to it, with the generated inputs;
-/// panics with every failure.
+/// [`common::run_with`] on every rank count in `ranks`, setting `d` to it, with the generated
+/// inputs; panics with every failure.
 fn runs_on(source: &str, ranks: &[usize], extra: &[(&str, i64)]) -> Vec<Checked> {
     runs_on_with(source, ranks, extra, &|_, _| {})
-}
-
-/// [`runs_on`] with the generated inputs edited by `edit`.
-fn runs_on_with(
-    source: &str,
-    ranks: &[usize],
-    extra: &[(&str, i64)],
-    edit: &dyn Fn(&str, &mut Dense),
-) -> Vec<Checked> {
-    let mut ok = Vec::new();
-    let mut failures = Vec::new();
-    for &r in ranks {
-        let mut ov = extra.to_vec();
-        if source.contains("d = ") {
-            ov.push(("d", r as i64));
-        }
-        match run_with(source, &ov, r, edit) {
-            Ok(c) => ok.push(c),
-            Err(e) => failures.push(e),
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    ok
 }
 
 fn tensor(f: &Fusion, name: &str) -> TensorId {
@@ -162,36 +120,33 @@ fn segments(source: &str) -> Vec<String> {
 /// to run whole after the loop). Matches the reference at even and uneven chunks.
 #[test]
 fn a_reduction_over_a_streamed_axis_accumulates_chunk_by_chunk_in_the_stream_loop() {
-    let source = std::fs::read_to_string(common::fixture("row_parallel_linear_backward")).unwrap();
     let cases: [Case; 4] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 3, 4], &[("t", 25), ("s", 4)]),
         (&[1, 2], &[("t", 10), ("s", 3)]),
         (&[2], &[("t", 2), ("s", 3)]),
     ];
-    for (ranks, extra) in cases {
-        for c in runs_on(&source, ranks, extra) {
-            let f = &c.sharded();
-            assert_eq!(streamed_reductions(f), Vec::<String>::new());
-            assert!(has(f, "grad_inp", ParallelType::Stream));
-            assert!(has(f, "grad_out_t", ParallelType::Stream));
-            assert!(!has(f, "grad_w", ParallelType::Stream));
-            assert_eq!(compute_loops(&c.program), 1);
-            // grad_inp's GEMM, then grad_w's accumulation after the sync; none after the loop.
-            let (in_loop, top) = loop_gemms(&c.program);
-            assert_eq!(in_loop, [(false, false), (true, true)], "{extra:?}");
-            assert_eq!(top, 0, "{extra:?}");
-            let zeroed = c.program.top_level.iter().any(|s| {
-                matches!(
-                    c.program.stmts[*s],
-                    Stmt::Allocate {
-                        zero_init: true,
-                        ..
-                    }
-                )
-            });
-            assert!(zeroed, "grad_w is not zeroed before the loop");
-        }
+    for (extra, c) in fixture_runs("row_parallel_linear_backward", &cases) {
+        let f = &c.sharded();
+        assert_eq!(streamed_reductions(f), Vec::<String>::new());
+        assert!(has(f, "grad_inp", ParallelType::Stream));
+        assert!(has(f, "grad_out_t", ParallelType::Stream));
+        assert!(!has(f, "grad_w", ParallelType::Stream));
+        assert_eq!(compute_loops(&c.program), 1);
+        // grad_inp's GEMM, then grad_w's accumulation after the sync; none after the loop.
+        let (in_loop, top) = loop_gemms(&c.program);
+        assert_eq!(in_loop, [(false, false), (true, true)], "{extra:?}");
+        assert_eq!(top, 0, "{extra:?}");
+        let zeroed = c.program.top_level.iter().any(|s| {
+            matches!(
+                c.program.stmts[*s],
+                Stmt::Allocate {
+                    zero_init: true,
+                    ..
+                }
+            )
+        });
+        assert!(zeroed, "grad_w is not zeroed before the loop");
     }
     // The same with a linear for grad_inp (w transposed), every tensor on the mesh.
     let linear = "fusion bwd_linear(t = 12, h = 2, d = 2, s = 3) {
@@ -492,16 +447,6 @@ fn ulysses_all_to_all_reshards_tokens_to_heads_and_back_at_several_shapes() {
     }
 }
 
-/// The kinds of the communications of `p` in program order (`Allreduce`, `Allgather`, ..).
-fn communication_kinds(p: &HostProgram) -> Vec<String> {
-    p.walk()
-        .filter_map(|w| match &p.stmts[w.stmt] {
-            Stmt::Communication(comm) => Some(format!("{:?}", comm.kind)),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Every communication of `p` is inside a stream loop's body and waited for later in that
 /// same body (so its chunk overlaps the next chunk's compute, and nothing reads it early).
 fn every_communication_is_waited_for_in_its_loop(p: &HostProgram) {
@@ -528,24 +473,38 @@ fn every_communication_is_waited_for_in_its_loop(p: &HostProgram) {
     }
 }
 
-/// The inputs the attention fixtures take as constants and the causal mask, set as a runner
-/// would: `n` = the row length `hidden`, `eps` = 1e-6, `scale` = 1 / sqrt(`hd`), `neg` =
-/// -1e4 (the masked score), `mask[q][k]` = k <= q. (Random constants keep the values finite
-/// too, the fixtures' RMSNorm taking the rsqrt of |ms + eps|, but check less of a real layer.)
-fn attention_inputs(hidden: usize, hd: usize) -> impl Fn(&str, &mut Dense) {
-    move |name, x| match name {
-        "n" => x.data = vec![hidden as f64],
-        "eps" => x.data = vec![1e-6],
-        "scale" => x.data = vec![1.0 / (hd as f64).sqrt()],
-        "neg" => x.data = vec![-1e4],
-        "mask" => {
-            let t = x.sizes[1];
-            for (i, v) in x.data.iter_mut().enumerate() {
-                *v = if i % t <= i / t { 1.0 } else { 0.0 };
-            }
-        }
-        _ => {}
+/// Fixture `name` (tests/scenarios) run on each case's rank counts with its overrides: every
+/// run, with the overrides it had.
+fn fixture_runs(name: &str, cases: &[Case]) -> Vec<(&'static [(&'static str, i64)], Checked)> {
+    let source = std::fs::read_to_string(common::fixture(name)).unwrap();
+    let mut all = Vec::new();
+    for &(ranks, extra) in cases {
+        all.extend(
+            runs_on(&source, ranks, extra)
+                .into_iter()
+                .map(|c| (extra, c)),
+        );
     }
+    all
+}
+
+/// Every output in `outputs` was checked against the reference.
+fn assert_checked(c: &Checked, outputs: &[&str]) {
+    let checked: Vec<&str> = c.checks.iter().map(|k| k.output.as_str()).collect();
+    for g in outputs {
+        assert!(checked.contains(g), "{g} not checked: {checked:?}");
+    }
+}
+
+/// On more than one rank the communications of `c` are `kinds`; every communication is
+/// waited for in its stream loop, and `loops` loops compute.
+fn assert_loop_communications(c: &Checked, kinds: &[&str], loops: usize, extra: &[(&str, i64)]) {
+    let p = &c.program;
+    if c.exe.min_ranks() > 1 {
+        assert_eq!(communication_kinds(p), kinds, "{extra:?}");
+    }
+    every_communication_is_waited_for_in_its_loop(p);
+    assert_eq!(compute_loops(p), loops, "{extra:?}");
 }
 
 /// The shapes the attention tests run: the defaults, uneven chunks of the queries (t = 10 in
@@ -556,17 +515,6 @@ const ATTENTION_SHAPES: [&[(&str, i64)]; 4] = [
     &[("t", 10), ("s", 4), ("hd", 3)],
     &[("t", 7), ("s", 5)],
 ];
-
-/// The rank counts a shape runs on, and the shape's parameters.
-type Case = (&'static [usize], &'static [(&'static str, i64)]);
-
-/// The value of parameter `name` in `extra`, else `default`.
-fn param(extra: &[(&str, i64)], name: &str, default: i64) -> i64 {
-    extra
-        .iter()
-        .find(|(k, _)| *k == name)
-        .map_or(default, |(_, v)| *v)
-}
 
 /// The tensor-parallel attention block (tests/scenarios/tp_attention.weave) as a user writes
 /// it, with only the weights and the output scheduled, on 1 to 4 ranks at even and uneven
@@ -695,22 +643,14 @@ fn sequence_parallel_attention_matches_the_reference_on_1_to_4_ranks() {
 /// on 1 to 4 ranks at even and uneven chunks.
 #[test]
 fn sequence_parallel_silu_mlp_matches_the_reference_on_1_to_4_ranks() {
-    let source = std::fs::read_to_string(common::fixture("sequence_parallel_mlp_silu")).unwrap();
     let cases: [Case; 4] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 3, 4], &[("s", 4)]),
         (&[1, 2], &[("s", 5)]),
         (&[1, 3], &[("t", 33), ("s", 4)]),
     ];
-    for (ranks, extra) in cases {
-        for c in runs_on(&source, ranks, extra) {
-            let p = &c.program;
-            if c.exe.min_ranks() > 1 {
-                assert_eq!(communication_kinds(p), ["Allgather", "ReduceScatter"]);
-            }
-            every_communication_is_waited_for_in_its_loop(p);
-            assert_eq!(compute_loops(p), 1, "{extra:?}");
-        }
+    for (extra, c) in fixture_runs("sequence_parallel_mlp_silu", &cases) {
+        assert_loop_communications(&c, &["Allgather", "ReduceScatter"], 1, extra);
     }
 }
 
@@ -722,8 +662,6 @@ fn sequence_parallel_silu_mlp_matches_the_reference_on_1_to_4_ranks() {
 /// chunk by chunk inside the loop. The three gradients match the reference on 1 to 4 ranks at even and uneven chunks.
 #[test]
 fn sequence_parallel_mlp_backward_matches_the_reference_on_1_to_4_ranks() {
-    let source =
-        std::fs::read_to_string(common::fixture("sequence_parallel_mlp_backward")).unwrap();
     let cases: [Case; 5] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 3, 4], &[("t", 36), ("s", 3)]),
@@ -731,34 +669,21 @@ fn sequence_parallel_mlp_backward_matches_the_reference_on_1_to_4_ranks() {
         (&[4], &[("t", 36), ("s", 5)]),
         (&[3], &[("t", 33), ("s", 4)]),
     ];
-    for (ranks, extra) in cases {
-        for c in runs_on(&source, ranks, extra) {
-            let p = &c.program;
-            let outputs: Vec<&str> = c.checks.iter().map(|k| k.output.as_str()).collect();
-            for g in ["grad_x", "grad_w1", "grad_w2"] {
-                assert!(outputs.contains(&g), "{g} not checked: {outputs:?}");
-            }
-            if c.exe.min_ranks() > 1 {
-                assert_eq!(
-                    communication_kinds(p),
-                    ["Allgather", "Allgather", "ReduceScatter"],
-                    "{extra:?}"
-                );
-            }
-            every_communication_is_waited_for_in_its_loop(p);
-            assert_eq!(compute_loops(p), 1, "{extra:?}");
-            let f = c.sharded();
-            assert!(streamed_reductions(&f).is_empty());
-            for w in ["grad_w1", "grad_w2"] {
-                assert!(!has(&f, w, ParallelType::Stream), "{w} is streamed");
-                assert!(has(&f, w, ParallelType::DIDx), "{w} is not DID-split");
-            }
-            // The weight gradients accumulate in the loop, the first after the sync.
-            let (in_loop, top) = loop_gemms(p);
-            let acc: Vec<(bool, bool)> = in_loop.into_iter().filter(|g| g.0).collect();
-            assert_eq!(acc, [(true, true), (true, true)], "{extra:?}");
-            assert_eq!(top, 0, "{extra:?}");
+    for (extra, c) in fixture_runs("sequence_parallel_mlp_backward", &cases) {
+        let p = &c.program;
+        assert_checked(&c, &["grad_x", "grad_w1", "grad_w2"]);
+        assert_loop_communications(&c, &["Allgather", "Allgather", "ReduceScatter"], 1, extra);
+        let f = c.sharded();
+        assert!(streamed_reductions(&f).is_empty());
+        for w in ["grad_w1", "grad_w2"] {
+            assert!(!has(&f, w, ParallelType::Stream), "{w} is streamed");
+            assert!(has(&f, w, ParallelType::DIDx), "{w} is not DID-split");
         }
+        // The weight gradients accumulate in the loop, the first after the sync.
+        let (in_loop, top) = loop_gemms(p);
+        let acc: Vec<(bool, bool)> = in_loop.into_iter().filter(|g| g.0).collect();
+        assert_eq!(acc, [(true, true), (true, true)], "{extra:?}");
+        assert_eq!(top, 0, "{extra:?}");
     }
 }
 
@@ -916,7 +841,6 @@ fusion ulysses_streamed(t = 24, nh = 12, hd = 2, d = 2, s = 2) {
 /// the Allreduce of the projection after it, no Stream on a reduction axis.
 #[test]
 fn attention_with_a_sliced_qkv_weight_and_an_iota_mask_matches_the_reference() {
-    let source = std::fs::read_to_string(common::fixture("qkv_causal_attention")).unwrap();
     let cases: [Case; 5] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 4], &[("t", 10), ("s", 3)]),
@@ -924,26 +848,24 @@ fn attention_with_a_sliced_qkv_weight_and_an_iota_mask_matches_the_reference() {
         (&[1, 3], &[("nh", 12), ("t", 7), ("s", 5)]),
         (&[4], &[("nh", 36), ("s", 5)]),
     ];
-    for (ranks, extra) in cases {
-        for c in runs_on(&source, ranks, extra) {
-            let p = &c.program;
-            let ranks = c.exe.min_ranks();
-            assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
-            if ranks > 1 {
-                assert_eq!(
-                    communication_kinds(p),
-                    ["Allreduce"],
-                    "{extra:?} on {ranks}"
-                );
-            }
-            assert_eq!(compute_loops(p), 1, "{extra:?} on {ranks} ranks");
-            let f = c.sharded();
-            for t in ["q", "scores", "p", "ph"] {
-                assert!(has(&f, t, ParallelType::Stream), "{t} is not streamed");
-                assert!(has(&f, t, ParallelType::DIDx), "{t} is not DID-split");
-            }
-            assert!(streamed_reductions(&f).is_empty());
+    for (extra, c) in fixture_runs("qkv_causal_attention", &cases) {
+        let p = &c.program;
+        let ranks = c.exe.min_ranks();
+        assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
+        if ranks > 1 {
+            assert_eq!(
+                communication_kinds(p),
+                ["Allreduce"],
+                "{extra:?} on {ranks}"
+            );
         }
+        assert_eq!(compute_loops(p), 1, "{extra:?} on {ranks} ranks");
+        let f = c.sharded();
+        for t in ["q", "scores", "p", "ph"] {
+            assert!(has(&f, t, ParallelType::Stream), "{t} is not streamed");
+            assert!(has(&f, t, ParallelType::DIDx), "{t} is not DID-split");
+        }
+        assert!(streamed_reductions(&f).is_empty());
     }
 }
 
@@ -1010,37 +932,24 @@ fn streamed_queries_attention() -> String {
 /// outputs are checked at bf16's tolerance (the reference rounds the linear to bf16).
 #[test]
 fn logits_in_f32_from_a_bf16_projection_match_the_reference_on_1_to_4_ranks() {
-    let source = std::fs::read_to_string(common::fixture("logits_f32")).unwrap();
     let cases: [Case; 4] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 3, 4], &[("t", 10), ("s", 3)]),
         (&[1, 2, 4], &[("t", 7), ("s", 5)]),
         (&[2, 3], &[("t", 9), ("v", 36), ("h", 5), ("s", 4)]),
     ];
-    for (ranks, extra) in cases {
-        for c in runs_on(&source, ranks, extra) {
-            let p = &c.program;
-            let outputs: Vec<&str> = c.checks.iter().map(|k| k.output.as_str()).collect();
-            assert!(
-                outputs.contains(&"logits") && outputs.contains(&"lse"),
-                "{outputs:?}"
-            );
-            assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
-            if c.exe.min_ranks() > 1 {
-                assert_eq!(
-                    communication_kinds(p),
-                    ["Allreduce", "Allreduce"],
-                    "{extra:?}"
-                );
-                let text = streamweave::host_ir::print(p);
-                assert!(text.contains("red_op=max"), "{text}");
-            }
-            every_communication_is_waited_for_in_its_loop(p);
-            assert_eq!(compute_loops(p), 1, "{extra:?}");
-            let f = c.sharded();
-            assert!(has(&f, "logits", ParallelType::DIDx));
-            assert!(has(&f, "logits", ParallelType::Stream));
+    for (extra, c) in fixture_runs("logits_f32", &cases) {
+        let p = &c.program;
+        assert_checked(&c, &["logits", "lse"]);
+        assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
+        assert_loop_communications(&c, &["Allreduce", "Allreduce"], 1, extra);
+        if c.exe.min_ranks() > 1 {
+            let text = streamweave::host_ir::print(p);
+            assert!(text.contains("red_op=max"), "{text}");
         }
+        let f = c.sharded();
+        assert!(has(&f, "logits", ParallelType::DIDx));
+        assert!(has(&f, "logits", ParallelType::Stream));
     }
 }
 
@@ -1051,70 +960,56 @@ fn logits_in_f32_from_a_bf16_projection_match_the_reference_on_1_to_4_ranks() {
 /// grad_w1 and grad_w2 match the reference on 1 to 4 ranks and several chunk counts.
 #[test]
 fn mlp_backward_reduce_scatters_weight_gradients_per_chunk() {
-    let source = std::fs::read_to_string(common::fixture("mlp_backward_weight_grads")).unwrap();
     let cases: [Case; 4] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 3, 4], &[("s", 3)]),
         (&[1, 2, 4], &[("n", 8), ("s", 5)]),
         (&[3], &[("n", 9), ("h", 5), ("s", 4)]),
     ];
-    for (ranks, extra) in cases {
-        for c in runs_on(&source, ranks, extra) {
-            let p = &c.program;
-            let outputs: Vec<&str> = c.checks.iter().map(|k| k.output.as_str()).collect();
-            for g in ["grad_x", "grad_w1", "grad_w2"] {
-                assert!(outputs.contains(&g), "{g} not checked: {outputs:?}");
-            }
-            if c.exe.min_ranks() > 1 {
-                assert_eq!(
-                    communication_kinds(p),
-                    ["ReduceScatter", "ReduceScatter"],
-                    "{extra:?}"
-                );
-            }
-            every_communication_is_waited_for_in_its_loop(p);
-            assert_eq!(compute_loops(p), 1, "{extra:?}");
-            let f = c.sharded();
-            assert!(streamed_reductions(&f).is_empty());
-            for w in ["gw1", "gw2"] {
-                assert!(has(&f, w, ParallelType::Stream), "{w} is not streamed");
-            }
-            for w in ["grad_w1", "grad_w2"] {
-                assert!(!has(&f, w, ParallelType::Stream), "{w} is streamed");
-                assert!(has(&f, w, ParallelType::DIDx), "{w} is not DID-split");
-            }
-            // The chunk axis is a batch axis of the weight-gradient GEMMs: each chunk's
-            // partial is a GEMM of its own (reduce-scattered), none accumulates, none runs
-            // after the loop.
-            let (in_loop, top) = loop_gemms(p);
-            assert!(in_loop.iter().all(|g| !g.0), "{extra:?}: {in_loop:?}");
-            assert_eq!(top, 0, "{extra:?}");
-            // The reduce-scattered shards accumulate in the loop: two kernels that update
-            // their input in place, each into a buffer zeroed before the loop; no kernel
-            // runs after the loop.
-            let mut accumulations = Vec::new();
-            let mut kernels_after_loop = 0;
-            for w in p.walk() {
-                if let Stmt::LaunchKernel {
-                    inputs, outputs, ..
-                } = &p.stmts[w.stmt]
-                {
-                    if w.loops.is_empty() {
-                        kernels_after_loop += 1;
-                    } else if let Some(acc) = outputs.iter().find(|o| inputs.contains(o)) {
-                        accumulations.push(*acc);
-                    }
+    for (extra, c) in fixture_runs("mlp_backward_weight_grads", &cases) {
+        let p = &c.program;
+        assert_checked(&c, &["grad_x", "grad_w1", "grad_w2"]);
+        assert_loop_communications(&c, &["ReduceScatter", "ReduceScatter"], 1, extra);
+        let f = c.sharded();
+        assert!(streamed_reductions(&f).is_empty());
+        for w in ["gw1", "gw2"] {
+            assert!(has(&f, w, ParallelType::Stream), "{w} is not streamed");
+        }
+        for w in ["grad_w1", "grad_w2"] {
+            assert!(!has(&f, w, ParallelType::Stream), "{w} is streamed");
+            assert!(has(&f, w, ParallelType::DIDx), "{w} is not DID-split");
+        }
+        // The chunk axis is a batch axis of the weight-gradient GEMMs: each chunk's
+        // partial is a GEMM of its own (reduce-scattered), none accumulates, none runs
+        // after the loop.
+        let (in_loop, top) = loop_gemms(p);
+        assert!(in_loop.iter().all(|g| !g.0), "{extra:?}: {in_loop:?}");
+        assert_eq!(top, 0, "{extra:?}");
+        // The reduce-scattered shards accumulate in the loop: two kernels that update
+        // their input in place, each into a buffer zeroed before the loop; no kernel
+        // runs after the loop.
+        let mut accumulations = Vec::new();
+        let mut kernels_after_loop = 0;
+        for w in p.walk() {
+            if let Stmt::LaunchKernel {
+                inputs, outputs, ..
+            } = &p.stmts[w.stmt]
+            {
+                if w.loops.is_empty() {
+                    kernels_after_loop += 1;
+                } else if let Some(acc) = outputs.iter().find(|o| inputs.contains(o)) {
+                    accumulations.push(*acc);
                 }
             }
-            assert_eq!(accumulations.len(), 2, "{extra:?}");
-            assert_eq!(kernels_after_loop, 0, "{extra:?}");
-            for acc in accumulations {
-                assert!(
-                    p.walk().any(|w| w.loops.is_empty()
-                        && matches!(p.stmts[w.stmt], Stmt::Allocate { tensor, zero_init: true } if tensor == acc)),
-                    "{extra:?}: the running total is not zeroed before the loop"
-                );
-            }
+        }
+        assert_eq!(accumulations.len(), 2, "{extra:?}");
+        assert_eq!(kernels_after_loop, 0, "{extra:?}");
+        for acc in accumulations {
+            assert!(
+                p.walk().any(|w| w.loops.is_empty()
+                    && matches!(p.stmts[w.stmt], Stmt::Allocate { tensor, zero_init: true } if tensor == acc)),
+                "{extra:?}: the running total is not zeroed before the loop"
+            );
         }
     }
 }
@@ -1125,7 +1020,6 @@ fn mlp_backward_reduce_scatters_weight_gradients_per_chunk() {
 /// numbers on 1 to 4 ranks at even and uneven chunks that every device count divides.
 #[test]
 fn moe_experts_in_stream_chunks_across_devices_match_the_reference() {
-    let source = std::fs::read_to_string(common::fixture("moe_experts")).unwrap();
     let cases: [Case; 5] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 4], &[("s", 3)]),
@@ -1133,16 +1027,14 @@ fn moe_experts_in_stream_chunks_across_devices_match_the_reference() {
         (&[1, 3], &[("e", 21), ("s", 4), ("c", 3)]),
         (&[1, 4], &[("e", 36), ("s", 5)]),
     ];
-    for (ranks, extra) in cases {
-        for c in runs_on(&source, ranks, extra) {
-            let p = &c.program;
-            assert!(communication_kinds(p).is_empty(), "{extra:?}");
-            assert_eq!(compute_loops(p), 1, "{extra:?}");
-            let f = c.sharded();
-            for t in ["h1", "a", "y"] {
-                assert!(has(&f, t, ParallelType::Stream), "{t} is not streamed");
-                assert!(has(&f, t, ParallelType::DIDx), "{t} is not DID-split");
-            }
+    for (extra, c) in fixture_runs("moe_experts", &cases) {
+        let p = &c.program;
+        assert!(communication_kinds(p).is_empty(), "{extra:?}");
+        assert_eq!(compute_loops(p), 1, "{extra:?}");
+        let f = c.sharded();
+        for t in ["h1", "a", "y"] {
+            assert!(has(&f, t, ParallelType::Stream), "{t} is not streamed");
+            assert!(has(&f, t, ParallelType::DIDx), "{t} is not DID-split");
         }
     }
 }
@@ -1154,27 +1046,19 @@ fn moe_experts_in_stream_chunks_across_devices_match_the_reference() {
 /// numbers on 1 to 4 ranks at even and uneven chunks (v = 24 rows split 1 to 4 ways).
 #[test]
 fn a_vocabulary_parallel_embedding_allreduces_its_partial_rows_per_chunk() {
-    let source = std::fs::read_to_string(common::fixture("vocab_parallel_embedding")).unwrap();
     let cases: [Case; 4] = [
         (&[1, 2, 3, 4], &[]),
         (&[1, 2, 3, 4], &[("n", 10), ("s", 3)]),
         (&[1, 2, 4], &[("n", 7), ("s", 5)]),
         (&[2, 3], &[("n", 9), ("h", 5), ("s", 4)]),
     ];
-    for (ranks, extra) in cases {
-        for c in runs_on(&source, ranks, extra) {
-            let p = &c.program;
-            assert!(c.checks.iter().any(|k| k.output == "logits"));
-            assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
-            if c.exe.min_ranks() > 1 {
-                assert_eq!(communication_kinds(p), ["Allreduce"], "{extra:?}");
-            }
-            every_communication_is_waited_for_in_its_loop(p);
-            assert_eq!(compute_loops(p), 1, "{extra:?}");
-            let f = c.sharded();
-            assert!(has(&f, "e_partial", ParallelType::DIDx));
-            assert!(has(&f, "e_partial", ParallelType::Stream));
-            assert!(has(&f, "logits", ParallelType::DIDx));
-        }
+    for (extra, c) in fixture_runs("vocab_parallel_embedding", &cases) {
+        assert_checked(&c, &["logits"]);
+        assert!(c.checks.iter().all(|k| k.comparison.max_ref > 0.0));
+        assert_loop_communications(&c, &["Allreduce"], 1, extra);
+        let f = c.sharded();
+        assert!(has(&f, "e_partial", ParallelType::DIDx));
+        assert!(has(&f, "e_partial", ParallelType::Stream));
+        assert!(has(&f, "logits", ParallelType::DIDx));
     }
 }

@@ -205,22 +205,58 @@ fn resharding_between_nested_and_plain_device_splits_gathers_then_scatters() {
     }
 }
 
-/// A sum over an axis whose device split sits inside an outer split: each rank reduces the
-/// blocks it holds, then one Allreduce.
-#[test]
-fn sum_over_a_device_split_inside_an_outer_split_is_rfactored() {
-    let source = "fusion nested_sum(d = 2, s = 2) {
+/// A sum over an axis split by the devices and by an outer split, as
+/// `fusion {name}(d = 2, s = 2)` with `inp: f32[3, 2 * d * s]` reduced over axis 1 and `steps`
+/// the schedule of `inp`.
+fn sum_over_split_axis(name: &str, steps: &str) -> String {
+    format!(
+        "fusion {name}(d = 2, s = 2) {{
   mesh m = devices(d)
   tensor inp: f32[3, 2 * d * s] on m
   out = sum(inp, [1])
   output out
-  schedule inp { outer_split(1, s); outer_split(2, d) -> DIDx }
+  schedule inp {{ {steps} }}
+}}
+"
+    )
 }
-";
-    let p = lower_source(source, &[]);
-    assert_eq!(communications(&p), [(CommunicationType::Allreduce, 0)]);
-    for d in 1..=4 {
-        assert_matches_reference(source, &[("d", d)], d as usize);
+
+/// A sum over an axis whose device split sits inside an outer split: each rank reduces the
+/// blocks it holds, then one Allreduce. The same over an axis split Stream-then-DIDx: no loop
+/// chunks the reduction (propagation does not stream a reduction axis), the input is read
+/// whole, each rank reduces its blocks and one Allreduce adds them up. Both match the
+/// reference on 1 to 4 ranks (the second at 1 to 3 stream chunks too).
+#[test]
+fn sums_over_a_device_split_inside_an_outer_split_allreduce_once() {
+    // (fusion, schedule of `inp`, the stream factors run: none is the default)
+    let cases: [(&str, &str, &[i64]); 2] = [
+        (
+            "nested_sum",
+            "outer_split(1, s); outer_split(2, d) -> DIDx",
+            &[],
+        ),
+        (
+            "stream_sum",
+            "outer_split(1, s) -> Stream; outer_split(2, d) -> DIDx",
+            &[1, 2, 3],
+        ),
+    ];
+    for (name, steps, stream_factors) in cases {
+        let source = sum_over_split_axis(name, steps);
+        let p = lower_source(&source, &[]);
+        assert_eq!(
+            communications(&p),
+            [(CommunicationType::Allreduce, 0)],
+            "{name}"
+        );
+        for d in 1..=4 {
+            if stream_factors.is_empty() {
+                assert_matches_reference(&source, &[("d", d)], d as usize);
+            }
+            for &s in stream_factors {
+                assert_matches_reference(&source, &[("d", d), ("s", s)], d as usize);
+            }
+        }
     }
 }
 
@@ -247,28 +283,6 @@ fn a_copy_of_stream_chunks_inside_a_device_split_into_global_chunks_is_refused_a
 15 |   schedule x { outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream }
    |                                           ^"
     );
-}
-
-/// A sum over an axis split Stream-then-DIDx: no loop chunks the reduction (propagation does
-/// not stream a reduction axis), the input is read whole, each rank reduces its blocks and one
-/// Allreduce adds them up.
-#[test]
-fn sum_over_an_axis_split_stream_then_did_runs() {
-    let source = "fusion stream_sum(d = 2, s = 2) {
-  mesh m = devices(d)
-  tensor inp: f32[3, 2 * d * s] on m
-  out = sum(inp, [1])
-  output out
-  schedule inp { outer_split(1, s) -> Stream; outer_split(2, d) -> DIDx }
-}
-";
-    let p = lower_source(source, &[]);
-    assert_eq!(communications(&p), [(CommunicationType::Allreduce, 0)]);
-    for d in 1..=4 {
-        for s in 1..=3 {
-            assert_matches_reference(source, &[("d", d), ("s", s)], d as usize);
-        }
-    }
 }
 
 /// The same DID → Stream mismatch through an op other than `set` (decompose-reshardings

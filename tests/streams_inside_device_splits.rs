@@ -7,43 +7,9 @@
 
 mod common;
 
-use common::Checked;
+use common::{attention_inputs, param, runs_on_with, Case, Checked};
 use streamweave::host_ir::{HostProgram, HostScalar, Stmt};
 use streamweave::ir::ParallelType;
-use weave_executor::Dense;
-
-/// Loads `source` with `overrides` (and `d` set to the rank count) and runs it on each of
-/// `ranks`, with the generated inputs edited by `edit`; panics with every failure.
-fn runs(
-    source: &str,
-    ranks: &[usize],
-    overrides: &[(&str, i64)],
-    edit: &dyn Fn(&str, &mut Dense),
-) -> Vec<Checked> {
-    let mut ok = Vec::new();
-    let mut failures = Vec::new();
-    for &r in ranks {
-        let mut ov: Vec<(String, i64)> =
-            overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-        ov.push(("d".to_string(), r as i64));
-        let fusion = match streamweave::load("case.weave", source, &ov) {
-            Ok(f) => f,
-            Err(e) => {
-                failures.push(format!("load ({r} ranks, {overrides:?}): {e}"));
-                continue;
-            }
-        };
-        match common::run_checked_with(fusion, r, 2, 11, edit) {
-            Ok(c) => ok.push(c),
-            Err(f) => failures.push(format!(
-                "{} ({r} ranks, {overrides:?}): {}",
-                f.stage, f.detail
-            )),
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    ok
-}
 
 /// The value of scalar `s` of `p`, with the parameter values of its signature.
 fn constant(p: &HostProgram, s: streamweave::host_ir::ScalarId) -> Option<i64> {
@@ -129,9 +95,6 @@ fn streams_inside_didx(c: &Checked, name: &str) -> bool {
         })
 }
 
-/// Rank counts and parameter overrides of one run of a fixture.
-type Case = (&'static [usize], &'static [(&'static str, i64)]);
-
 /// Even chunks, uneven ones, empty ones and more chunks than local elements, as (ranks,
 /// parameters): e = 24 experts, so 24 / d local experts in s chunks.
 const MOE_CASES: [Case; 5] = [
@@ -149,8 +112,8 @@ const MOE_CASES: [Case; 5] = [
 fn moe_local_experts_in_stream_chunks_match_the_reference() {
     let source = std::fs::read_to_string(common::fixture("moe_experts_local_streams")).unwrap();
     for (ranks, extra) in MOE_CASES {
-        let s = extra.iter().find(|(k, _)| *k == "s").map_or(2, |(_, v)| *v);
-        for c in runs(&source, ranks, extra, &|_, _| {}) {
+        let s = param(extra, "s", 2);
+        for c in runs_on_with(&source, ranks, extra, &|_, _| {}) {
             let p = &c.program;
             let d = c.exe.min_ranks() as i64;
             assert!(communications(p).is_empty(), "{extra:?} on {d}");
@@ -171,24 +134,6 @@ fn moe_local_experts_in_stream_chunks_match_the_reference() {
     }
 }
 
-/// The attention inputs the runner sets: `n` the row length, `eps`, `scale` = 1/√hd, `neg`
-/// the masked score and the causal mask.
-fn attention_inputs(hidden: usize, hd: usize) -> impl Fn(&str, &mut Dense) {
-    move |name, x| match name {
-        "n" => x.data = vec![hidden as f64],
-        "eps" => x.data = vec![1e-6],
-        "scale" => x.data = vec![1.0 / (hd as f64).sqrt()],
-        "neg" => x.data = vec![-1e4],
-        "mask" => {
-            let t = x.sizes[1];
-            for (i, v) in x.data.iter_mut().enumerate() {
-                *v = if i % t <= i / t { 1.0 } else { 0.0 };
-            }
-        }
-        _ => {}
-    }
-}
-
 /// tests/scenarios/tp_attention_head_streams.weave: each device's heads in stream chunks; one
 /// loop of s iterations over the local heads (nh / d) of the four weights, the only
 /// collective the Allreduce of the summed heads, at top level after the loop.
@@ -203,13 +148,10 @@ fn attention_with_each_devices_heads_in_stream_chunks_matches_the_reference() {
         (&[3, 4], &[("s", 6)]),
     ];
     for (ranks, extra) in cases {
-        let s = extra.iter().find(|(k, _)| *k == "s").map_or(2, |(_, v)| *v);
-        let hd = extra
-            .iter()
-            .find(|(k, _)| *k == "hd")
-            .map_or(2, |(_, v)| *v) as usize;
+        let s = param(extra, "s", 2);
+        let hd = param(extra, "hd", 2) as usize;
         let edit = attention_inputs(12 * hd, hd);
-        for c in runs(&source, ranks, extra, &edit) {
+        for c in runs_on_with(&source, ranks, extra, &edit) {
             let p = &c.program;
             let d = c.exe.min_ranks() as i64;
             // (One rank posts it too, on a team of one.)
@@ -249,7 +191,7 @@ fn a_weight_gradient_over_local_token_chunks_accumulates_then_allreduces() {
 }
 ";
     for extra in [&[][..], &[("s", 4)], &[("s", 5)], &[("s", 7)]] {
-        for c in runs(source, &[1, 2, 3, 4], extra, &|_, _| {}) {
+        for c in runs_on_with(source, &[1, 2, 3, 4], extra, &|_, _| {}) {
             let p = &c.program;
             let d = c.exe.min_ranks() as i64;
             let accumulating = p
@@ -318,18 +260,6 @@ fn copies_of_local_stream_chunks_inside_a_loop_are_refused_at_load_and_whole_cop
             .to_string();
         assert_eq!(err, message(""), "{y}");
     }
-    let fixture = common::fixture("invalid/stream_inside_did");
-    let err = streamweave::load_file(&fixture, &[])
-        .expect_err("refused")
-        .to_string();
-    assert!(
-        err.starts_with(
-            "schedule of `x`: outer_split(1, s) -> Stream: the Stream split cuts each device's \
-             block of axis 0 of `x` (`e`, split across DIDx), and `y = set(x)` changes the \
-             device sharding of `x` inside a stream loop"
-        ) && err.contains("stream_inside_did.weave:15:43"),
-        "{err}"
-    );
     // A replicated input copied into local stream chunks: refused at `y`'s Stream step.
     let scatter = "fusion scatter(e = 12, d = 2, s = 2) {
   mesh m = devices(d)
@@ -339,17 +269,28 @@ fn copies_of_local_stream_chunks_inside_a_loop_are_refused_at_load_and_whole_cop
   schedule y { mesh = m; outer_split(0, d) -> DIDx; outer_split(1, s) -> Stream }
 }
 ";
-    let err = streamweave::load("case.weave", scatter, &[])
-        .expect_err("refused")
-        .to_string();
-    assert!(
-        err.starts_with(
-            "schedule of `y`: outer_split(1, s) -> Stream: the Stream split cuts each device's \
-             block of axis 0 of `y` (`e`, split across DIDx), and `y = set(x)` changes the \
-             device sharding of `y` inside a stream loop"
-        ) && err.contains("case.weave:6:53"),
-        "{err}"
-    );
+    let fixture = common::fixture("invalid/stream_inside_did");
+    let refusals = [
+        (
+            streamweave::load_file(&fixture, &[]),
+            "x",
+            "stream_inside_did.weave:15:43",
+        ),
+        (
+            streamweave::load("case.weave", scatter, &[]),
+            "y",
+            "case.weave:6:53",
+        ),
+    ];
+    for (loaded, t, at) in refusals {
+        let err = loaded.expect_err("refused").to_string();
+        let start = format!(
+            "schedule of `{t}`: outer_split(1, s) -> Stream: the Stream split cuts each device's \
+             block of axis 0 of `{t}` (`e`, split across DIDx), and `y = set(x)` changes the \
+             device sharding of `{t}` inside a stream loop"
+        );
+        assert!(err.starts_with(&start) && err.contains(at), "{err}");
+    }
     // What the message suggests: the copy whole (an Allgather at top level), or the device
     // split kept (no communication); the neg of `z` reads the copy chunk by chunk or whole.
     for (y, kinds) in [
@@ -357,7 +298,7 @@ fn copies_of_local_stream_chunks_inside_a_loop_are_refused_at_load_and_whole_cop
         ("mesh = m; outer_split(0, d) -> DIDx", Vec::new()),
     ] {
         for extra in [&[][..], &[("s", 5)]] {
-            for c in runs(&copy(y), &[2, 3, 4], extra, &|_, _| {}) {
+            for c in runs_on_with(&copy(y), &[2, 3, 4], extra, &|_, _| {}) {
                 assert_eq!(communications(&c.program), kinds, "{y} {extra:?}");
             }
         }

@@ -239,3 +239,102 @@ impl Rng {
         (self.next() % n.max(1) as u64) as usize
     }
 }
+
+/// The rank counts a run of a fixture takes, and its parameter overrides.
+#[allow(dead_code)]
+pub type Case = (&'static [usize], &'static [(&'static str, i64)]);
+
+/// The value of parameter `name` in `extra`, else `default`.
+#[allow(dead_code)]
+pub fn param(extra: &[(&str, i64)], name: &str, default: i64) -> i64 {
+    extra
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map_or(default, |(_, v)| *v)
+}
+
+/// Loads `source` with `overrides` and runs it on `ranks` ranks with 2 streams, seed 11 and
+/// the generated inputs edited by `edit` (see [`run_checked_with`]); an error holds the
+/// stage, the program and the report.
+#[allow(dead_code)]
+pub fn run_with(
+    source: &str,
+    overrides: &[(&str, i64)],
+    ranks: usize,
+    edit: &dyn Fn(&str, &mut weave_executor::Dense),
+) -> Result<Checked, String> {
+    let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let what = |stage: &str, detail: String| {
+        format!("{stage} failed ({ranks} ranks, {overrides:?}):\n{source}\n--- {detail}")
+    };
+    let fusion =
+        streamweave::load("case.weave", source, &ov).map_err(|e| what("load", e.to_string()))?;
+    run_checked_with(fusion, ranks, 2, 11, edit).map_err(|f| what(f.stage, f.detail))
+}
+
+/// [`run_with`] on every rank count in `ranks`, setting `d` to it when `source` has that
+/// parameter, with the generated inputs edited by `edit`; panics with every failure.
+#[allow(dead_code)]
+pub fn runs_on_with(
+    source: &str,
+    ranks: &[usize],
+    extra: &[(&str, i64)],
+    edit: &dyn Fn(&str, &mut weave_executor::Dense),
+) -> Vec<Checked> {
+    let mut ok = Vec::new();
+    let mut failures = Vec::new();
+    for &r in ranks {
+        let mut ov = extra.to_vec();
+        if source.contains("d = ") {
+            ov.push(("d", r as i64));
+        }
+        match run_with(source, &ov, r, edit) {
+            Ok(c) => ok.push(c),
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    ok
+}
+
+/// The inputs the attention fixtures take as constants and the causal mask, set as a runner
+/// would: `n` = the row length `hidden`, `eps` = 1e-6, `scale` = 1 / sqrt(`hd`), `neg` =
+/// -1e4 (the masked score), `mask[q][k]` = k <= q. (Random constants keep the values finite
+/// too, the fixtures' RMSNorm taking the rsqrt of |ms + eps|, but check less of a real layer.)
+#[allow(dead_code)]
+pub fn attention_inputs(hidden: usize, hd: usize) -> impl Fn(&str, &mut weave_executor::Dense) {
+    move |name, x| match name {
+        "n" => x.data = vec![hidden as f64],
+        "eps" => x.data = vec![1e-6],
+        "scale" => x.data = vec![1.0 / (hd as f64).sqrt()],
+        "neg" => x.data = vec![-1e4],
+        "mask" => {
+            let t = x.sizes[1];
+            for (i, v) in x.data.iter_mut().enumerate() {
+                *v = if i % t <= i / t { 1.0 } else { 0.0 };
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The kinds of the communications of `p` in program order (`Allreduce`, `Allgather`, ..).
+#[allow(dead_code)]
+pub fn communication_kinds(p: &streamweave::host_ir::HostProgram) -> Vec<String> {
+    p.walk()
+        .filter_map(|w| match &p.stmts[w.stmt] {
+            streamweave::host_ir::Stmt::Communication(comm) => Some(format!("{:?}", comm.kind)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A fresh, empty directory `weave-{what}-{pid}-{name}` in the temporary directory, for one
+/// test's files.
+#[allow(dead_code)]
+pub fn scratch(what: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weave-{what}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
