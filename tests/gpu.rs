@@ -211,7 +211,7 @@ fn sampled_check(
             sample(g, &want)
         })
         .collect::<Result<_, _>>()?;
-    let reference = run_reference(&small, &small_inputs)?;
+    let reference = run_reference(&small, &small_inputs).map_err(|e| e.to_string())?;
     let mut report = Vec::new();
     for (k, layout) in compiled.outputs().iter().enumerate() {
         let locals: Vec<&[f64]> = runs.iter().map(|r| r.outputs[k].data.as_slice()).collect();

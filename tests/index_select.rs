@@ -206,12 +206,16 @@ fn an_id_outside_the_table_is_an_error_naming_the_ids_the_position_and_the_value
         sizes: vec![4],
         data: vec![0.0, 5.0, v, 1.0],
     };
-    let e = weave_executor::reference::run_reference(&f, &[ids(6.0), table.clone()]).unwrap_err();
+    let e = weave_executor::reference::run_reference(&f, &[ids(6.0), table.clone()])
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         e,
         "index_select `e`: id 6 at position 2 of `ids` is outside the 6 rows of axis 0 of `table` (ids must lie in 0..6)"
     );
-    let e = weave_executor::reference::run_reference(&f, &[ids(-1.0), table]).unwrap_err();
+    let e = weave_executor::reference::run_reference(&f, &[ids(-1.0), table])
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         e,
         "index_select `e`: id -1 at position 2 of `ids` is outside the 6 rows of axis 0 of `table` (ids must lie in 0..6)"

@@ -210,7 +210,7 @@ fn reference(
                 }
             }
         };
-        globals.push(Dense::new(sig.dtype, sig.shape.clone(), data)?);
+        globals.push(Dense::new(sig.dtype, sig.shape.clone(), data).map_err(|e| e.to_string())?);
     }
     let out = exe
         .reference(&globals)
@@ -300,7 +300,8 @@ fn measure(
         bytes += sig.shape.iter().product::<usize>() * elem_bytes(sig.dtype);
         let buf = match consts.iter().find(|(n, _)| *n == sig.name) {
             Some((_, v)) => {
-                let d = Dense::new(sig.dtype, sig.shape.clone(), vec![*v as f32 as f64])?;
+                let d = Dense::new(sig.dtype, sig.shape.clone(), vec![*v as f32 as f64])
+                    .map_err(|e| e.to_string())?;
                 backend.upload(&d).map_err(|e| format!("constant: {e}"))?
             }
             None => random_input(rank, backend, sig.dtype, sig, seed(k))?,

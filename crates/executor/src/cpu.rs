@@ -431,9 +431,9 @@ impl Backend for CpuBackend {
             crate::dense::elem_bytes(dtype),
             || HostView::try_allocate(data_type(dtype), sizes, false).ok(),
         )
-        .map_err(|message| ExecError::Compute {
+        .map_err(|e| ExecError::Compute {
             stmt: "Allocate".into(),
-            message,
+            message: e.to_string(),
         })?;
         let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
         allocations.retain(|w| w.strong_count() > 0);
@@ -519,7 +519,8 @@ impl Backend for CpuBackend {
         let outputs = outputs.to_vec();
         self.enqueue_compute(stream, label, move || {
             let args: Vec<Dense> = inputs.iter().map(dense_of).collect::<Result<_, _>>()?;
-            let results = interp::eval_fusion(&fusion, &args, Precision::RoundOutputs)?;
+            let results = interp::eval_fusion(&fusion, &args, Precision::RoundOutputs)
+                .map_err(|e| e.to_string())?;
             if results.len() != outputs.len() {
                 return Err(format!(
                     "the kernel produced {} outputs for {} buffers",
@@ -546,7 +547,8 @@ impl Backend for CpuBackend {
     ) -> Result<(), ExecError> {
         let (a, b, out) = (a.clone(), b.clone(), out.clone());
         self.enqueue_compute(stream, label, move || {
-            let mut value = interp::matmul_dense(&dense_of(&a)?, &dense_of(&b)?)?;
+            let mut value =
+                interp::matmul_dense(&dense_of(&a)?, &dense_of(&b)?).map_err(|e| e.to_string())?;
             if accumulate {
                 // `out += a @ b`: the partial sum so far, element for element (the sizes
                 // differ at most by axes of size 1, which leave the order alone).
@@ -580,7 +582,8 @@ impl Backend for CpuBackend {
         let bias = bias.cloned();
         self.enqueue_compute(stream, label, move || {
             let b = bias.as_ref().map(dense_of).transpose()?;
-            let value = interp::linear_dense(&dense_of(&x)?, &dense_of(&w)?, b.as_ref())?;
+            let value = interp::linear_dense(&dense_of(&x)?, &dense_of(&w)?, b.as_ref())
+                .map_err(|e| e.to_string())?;
             store(&out, &value, "the product")
         });
         Ok(())
@@ -598,7 +601,7 @@ impl Backend for CpuBackend {
             crate::dense::elem_bytes(data.dtype),
             || HostView::try_allocate(source.dtype(), &data.sizes, false).ok(),
         )
-        .map_err(ExecError::Input)?;
+        .map_err(|e| ExecError::Input(e.to_string()))?;
         let v = view.clone();
         let main = self.stream(StreamKey::Main)?;
         self.enqueue_compute(&main, "upload", move || {

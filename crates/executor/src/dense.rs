@@ -6,6 +6,46 @@ use rand_xoshiro::rand_core::{Rng, SeedableRng};
 use rand_xoshiro::SplitMix64;
 use weave_ir::DType;
 
+/// Why values do not make a [`Dense`] tensor: [`Dense::new`] and [`Dense::from_le_bytes`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DenseError {
+    /// The element count of the sizes overflows `usize` ([`Dense::new`]).
+    #[error("tensor sizes {sizes:?} overflow the element count")]
+    Overflow {
+        /// The sizes.
+        sizes: Vec<usize>,
+    },
+    /// Not one value per element ([`Dense::new`]).
+    #[error("tensor sizes {sizes:?} hold {numel} elements but {values} values were given")]
+    ValueCount {
+        /// The sizes.
+        sizes: Vec<usize>,
+        /// Their element count.
+        numel: usize,
+        /// The values given.
+        values: usize,
+    },
+    /// The element count of the sizes overflows `usize` ([`Dense::from_le_bytes`]).
+    #[error("sizes {sizes:?} overflow")]
+    BytesOverflow {
+        /// The sizes.
+        sizes: Vec<usize>,
+    },
+    /// The bytes are not one element of the dtype per element of the sizes
+    /// ([`Dense::from_le_bytes`]).
+    #[error("{bytes} bytes do not hold {numel} {dtype} elements of sizes {sizes:?}")]
+    ByteCount {
+        /// The bytes given.
+        bytes: usize,
+        /// The element count of the sizes.
+        numel: usize,
+        /// The dtype.
+        dtype: DType,
+        /// The sizes.
+        sizes: Vec<usize>,
+    },
+}
+
 /// A dense row-major tensor on the host.
 ///
 /// Values are stored as `f64` whatever the dtype; a tensor of dtype `d` holds values that
@@ -25,14 +65,16 @@ pub struct Dense {
 impl Dense {
     /// A tensor from its parts. Fails when `data` does not hold exactly one value per
     /// element of `sizes` (or when the element count overflows `usize`).
-    pub fn new(dtype: DType, sizes: Vec<usize>, data: Vec<f64>) -> Result<Dense, String> {
-        let numel = checked_numel(&sizes)
-            .ok_or_else(|| format!("tensor sizes {sizes:?} overflow the element count"))?;
+    pub fn new(dtype: DType, sizes: Vec<usize>, data: Vec<f64>) -> Result<Dense, DenseError> {
+        let Some(numel) = checked_numel(&sizes) else {
+            return Err(DenseError::Overflow { sizes });
+        };
         if numel != data.len() {
-            return Err(format!(
-                "tensor sizes {sizes:?} hold {numel} elements but {} values were given",
-                data.len()
-            ));
+            return Err(DenseError::ValueCount {
+                sizes,
+                numel,
+                values: data.len(),
+            });
         }
         Ok(Dense { dtype, sizes, data })
     }
@@ -265,7 +307,9 @@ mod tests {
     fn new_checks_the_value_count() {
         assert!(Dense::new(DType::F32, vec![2, 3], vec![0.0; 6]).is_ok());
         assert_eq!(
-            Dense::new(DType::F32, vec![2, 3], vec![0.0; 5]).unwrap_err(),
+            Dense::new(DType::F32, vec![2, 3], vec![0.0; 5])
+                .unwrap_err()
+                .to_string(),
             "tensor sizes [2, 3] hold 6 elements but 5 values were given"
         );
         assert_eq!(Dense::zeros(DType::I64, vec![]).numel(), 1);
@@ -308,14 +352,22 @@ impl Dense {
 
     /// A tensor of `sizes` from little-endian elements of `dtype`; errors when the byte count
     /// does not match.
-    pub fn from_le_bytes(dtype: DType, sizes: Vec<usize>, bytes: &[u8]) -> Result<Dense, String> {
+    pub fn from_le_bytes(
+        dtype: DType,
+        sizes: Vec<usize>,
+        bytes: &[u8],
+    ) -> Result<Dense, DenseError> {
         let w = elem_bytes(dtype);
-        let n = checked_numel(&sizes).ok_or_else(|| format!("sizes {sizes:?} overflow"))?;
+        let Some(n) = checked_numel(&sizes) else {
+            return Err(DenseError::BytesOverflow { sizes });
+        };
         if bytes.len() != n * w {
-            return Err(format!(
-                "{} bytes do not hold {n} {dtype} elements of sizes {sizes:?}",
-                bytes.len()
-            ));
+            return Err(DenseError::ByteCount {
+                bytes: bytes.len(),
+                numel: n,
+                dtype,
+                sizes,
+            });
         }
         let data = bytes
             .chunks_exact(w)
@@ -354,7 +406,9 @@ mod byte_tests {
             assert_eq!(back, d, "{dtype}");
         }
         assert_eq!(
-            Dense::from_le_bytes(DType::F32, vec![2], &[0u8; 7]).unwrap_err(),
+            Dense::from_le_bytes(DType::F32, vec![2], &[0u8; 7])
+                .unwrap_err()
+                .to_string(),
             "7 bytes do not hold 2 f32 elements of sizes [2]"
         );
     }

@@ -2,6 +2,53 @@
 //! shape whose count overflows never wraps) and the bytes it asks for against the host memory
 //! this machine has, so that a huge tensor is an error naming it rather than an abort.
 
+/// Why a host buffer cannot be had: [`check_fits`], [`check_host`] and [`allocate_host`].
+/// `what` names the buffer (e.g. "input `x` f32[4, 8]").
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryError {
+    /// The element count of the buffer's sizes overflows.
+    #[error("{what}: the element count of sizes {sizes:?} overflows")]
+    Overflow {
+        /// The buffer.
+        what: String,
+        /// Its sizes.
+        sizes: Vec<usize>,
+    },
+    /// The buffer needs more bytes than one `Vec` can hold.
+    #[error("{what} needs {bytes} bytes ({}), more than one buffer can hold", human(*.bytes))]
+    TooLarge {
+        /// The buffer.
+        what: String,
+        /// The bytes it needs.
+        bytes: u64,
+    },
+    /// The buffer needs more host memory than is available.
+    #[error(
+        "{what} needs {bytes} bytes ({}) of host memory, but only {available} bytes ({}) are available",
+        human(*.bytes),
+        human(*.available)
+    )]
+    Unavailable {
+        /// The buffer.
+        what: String,
+        /// The bytes it needs.
+        bytes: u64,
+        /// The bytes available.
+        available: u64,
+    },
+    /// The allocation itself failed.
+    #[error(
+        "{what} needs {bytes} bytes ({}) of host memory, and they could not be allocated",
+        human(*.bytes)
+    )]
+    AllocationFailed {
+        /// The buffer.
+        what: String,
+        /// The bytes it needs.
+        bytes: u64,
+    },
+}
+
 /// Requests below this many bytes are not checked against the machine's memory (reading it
 /// costs a file read; small buffers cannot exhaust it on their own).
 pub const CHECK_ABOVE_BYTES: u64 = 64 << 20;
@@ -68,27 +115,27 @@ fn parse_meminfo(text: &str) -> Option<u64> {
 
 /// Checks that `bytes` more bytes (for `what`, e.g. "input `x` f32[4, 8]") fit in the host
 /// memory `available` (as [`available_host_bytes`] gives it); `None` available is not checked.
-pub fn check_fits(what: &str, bytes: u64, available: Option<u64>) -> Result<(), String> {
+pub fn check_fits(what: &str, bytes: u64, available: Option<u64>) -> Result<(), MemoryError> {
     match available {
-        Some(have) if bytes > have => Err(format!(
-            "{what} needs {bytes} bytes ({}) of host memory, but only {have} bytes ({}) are available",
-            human(bytes),
-            human(have)
-        )),
+        Some(have) if bytes > have => Err(MemoryError::Unavailable {
+            what: what.to_string(),
+            bytes,
+            available: have,
+        }),
         _ => Ok(()),
     }
 }
 
 /// Checks a host buffer of `sizes` at `elem_bytes` per element before it is allocated: its
 /// element count must not overflow, and a large one must fit in the host memory available.
-pub fn check_host(what: &str, sizes: &[usize], elem_bytes: usize) -> Result<(), String> {
-    let bytes = bytes_of(sizes, elem_bytes).ok_or_else(|| overflow(what, sizes))?;
+pub fn check_host(what: &str, sizes: &[usize], elem_bytes: usize) -> Result<(), MemoryError> {
+    let bytes = bytes_of(sizes, elem_bytes).ok_or_else(|| overflow_error(what, sizes))?;
     // A `Vec` holds at most `isize::MAX` bytes.
     if usize::try_from(bytes).map_or(true, |b| b > isize::MAX as usize) {
-        return Err(format!(
-            "{what} needs {bytes} bytes ({}), more than one buffer can hold",
-            human(bytes)
-        ));
+        return Err(MemoryError::TooLarge {
+            what: what.to_string(),
+            bytes,
+        });
     }
     if bytes < CHECK_ABOVE_BYTES {
         return Ok(());
@@ -113,13 +160,11 @@ pub fn allocate_host<T>(
     sizes: &[usize],
     elem_bytes: usize,
     alloc: impl FnOnce() -> Option<T>,
-) -> Result<T, String> {
-    let bytes = bytes_of(sizes, elem_bytes).ok_or_else(|| overflow(what, sizes))?;
-    let failed = || {
-        format!(
-            "{what} needs {bytes} bytes ({}) of host memory, and they could not be allocated",
-            human(bytes)
-        )
+) -> Result<T, MemoryError> {
+    let bytes = bytes_of(sizes, elem_bytes).ok_or_else(|| overflow_error(what, sizes))?;
+    let failed = || MemoryError::AllocationFailed {
+        what: what.to_string(),
+        bytes,
     };
     if bytes < CHECK_ABOVE_BYTES {
         return alloc().ok_or_else(failed);
@@ -139,7 +184,15 @@ pub fn try_zeros(len: usize) -> Option<Vec<f64>> {
 
 /// The message of a shape whose element count overflows.
 pub fn overflow(what: &str, sizes: &[usize]) -> String {
-    format!("{what}: the element count of sizes {sizes:?} overflows")
+    overflow_error(what, sizes).to_string()
+}
+
+/// The error of a shape whose element count overflows.
+fn overflow_error(what: &str, sizes: &[usize]) -> MemoryError {
+    MemoryError::Overflow {
+        what: what.to_string(),
+        sizes: sizes.to_vec(),
+    }
 }
 
 /// `bytes` in binary units, one decimal.
@@ -169,7 +222,9 @@ mod tests {
         assert_eq!(bytes_of(&[1 << 31, 1 << 31], 8), None);
         assert_eq!(bytes_of(&[3, 4], 2), Some(24));
         assert_eq!(
-            check_host("input `x`", &[1 << 32, 1 << 32], 8).unwrap_err(),
+            check_host("input `x`", &[1 << 32, 1 << 32], 8)
+                .unwrap_err()
+                .to_string(),
             "input `x`: the element count of sizes [4294967296, 4294967296] overflows"
         );
     }
@@ -183,7 +238,9 @@ mod tests {
             vec![0.0; 12]
         );
         assert_eq!(
-            allocate_host("a result", &[3, 4], 8, || None::<Vec<f64>>).unwrap_err(),
+            allocate_host("a result", &[3, 4], 8, || None::<Vec<f64>>)
+                .unwrap_err()
+                .to_string(),
             "a result needs 96 bytes (96 B) of host memory, and they could not be allocated"
         );
         // More than the address space: try_reserve refuses instead of aborting.
@@ -199,7 +256,9 @@ mod tests {
     #[test]
     fn a_request_beyond_the_memory_available_names_both() {
         assert_eq!(
-            check_fits("input `x`", 3 << 30, Some(1 << 30)).unwrap_err(),
+            check_fits("input `x`", 3 << 30, Some(1 << 30))
+                .unwrap_err()
+                .to_string(),
             "input `x` needs 3221225472 bytes (3.0 GiB) of host memory, but only 1073741824 bytes (1.0 GiB) are available"
         );
         assert!(check_fits("input `x`", 1 << 20, Some(1 << 30)).is_ok());
@@ -207,6 +266,7 @@ mod tests {
         // 2^40 rows of 8 f64 values: 64 TiB, more than any test machine has.
         assert!(check_host("input `x`", &[1 << 40, 8], 8)
             .unwrap_err()
+            .to_string()
             .contains("bytes (64.0 TiB)"));
         assert!(check_host("input `x`", &[4, 8], 8).is_ok());
     }

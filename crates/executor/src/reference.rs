@@ -10,13 +10,13 @@ use std::fmt;
 use weave_ir::{BinaryOp, DType, ExprKind, Fusion, TensorId, UnaryOp};
 
 use crate::dense::Dense;
-use crate::interp::{eval_fusion, is_view, Precision};
+use crate::interp::{eval_fusion, is_view, InterpError, Precision};
 
 /// The reference outputs of `fusion` on its global (unsharded) `inputs`: every op in `f64`,
 /// its result rounded to the op's dtype as a device storing it does
 /// ([`Precision::RoundEach`]; a `bf16` GEMM's result is a `bf16` value before a `cast` to
 /// `f32` reads it).
-pub fn run_reference(fusion: &Fusion, inputs: &[Dense]) -> Result<Vec<Dense>, String> {
+pub fn run_reference(fusion: &Fusion, inputs: &[Dense]) -> Result<Vec<Dense>, InterpError> {
     eval_fusion(fusion, inputs, Precision::RoundEach)
 }
 
@@ -325,20 +325,41 @@ pub fn compare_with(actual: &[f64], expected: &[f64], tol: Tolerance) -> Compari
     }
 }
 
+/// Why [`compare_dense`] cannot compare two tensors' values.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompareError {
+    /// The dtypes differ.
+    #[error("dtype differs: actual {actual}, expected {expected}")]
+    DType {
+        /// The actual tensor's dtype.
+        actual: DType,
+        /// The expected tensor's dtype.
+        expected: DType,
+    },
+    /// The sizes differ.
+    #[error("sizes differ: actual {actual:?}, expected {expected:?}")]
+    Sizes {
+        /// The actual tensor's sizes.
+        actual: Vec<usize>,
+        /// The expected tensor's sizes.
+        expected: Vec<usize>,
+    },
+}
+
 /// Compares two tensors: their dtypes and sizes must be equal (else an error saying how they
 /// differ), and their values are compared with [`compare`] at the dtype's tolerance.
-pub fn compare_dense(actual: &Dense, expected: &Dense) -> Result<Comparison, String> {
+pub fn compare_dense(actual: &Dense, expected: &Dense) -> Result<Comparison, CompareError> {
     if actual.dtype != expected.dtype {
-        return Err(format!(
-            "dtype differs: actual {}, expected {}",
-            actual.dtype, expected.dtype
-        ));
+        return Err(CompareError::DType {
+            actual: actual.dtype,
+            expected: expected.dtype,
+        });
     }
     if actual.sizes != expected.sizes {
-        return Err(format!(
-            "sizes differ: actual {:?}, expected {:?}",
-            actual.sizes, expected.sizes
-        ));
+        return Err(CompareError::Sizes {
+            actual: actual.sizes.clone(),
+            expected: expected.sizes.clone(),
+        });
     }
     Ok(compare(&actual.data, &expected.data, actual.dtype))
 }

@@ -41,7 +41,7 @@ pub use builder::{ScopeRef, Walk, Walked};
 pub use ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
 pub use parser::parse;
 pub use printer::{print, Names};
-pub use signature::{AxisSplit, ShardError, Sharding, Signature, TensorSig};
+pub use signature::{AxisSplit, DefinitionMismatch, ShardError, Sharding, Signature, TensorSig};
 pub use syntax::{
     ChunkOf, Communication, CommunicationType, HostProgram, HostScalar, HostTensor, KernelUnit,
     P2PCommunication, P2PDirection, Stmt, Stream,

@@ -46,7 +46,7 @@ impl Signature {
     /// definition's sizes evaluated with its own parameter values, which must be the
     /// signature's). A reference run of a definition that disagrees would check the program
     /// against another program. The message names the tensor and what differs.
-    pub fn check_definition(&self) -> Result<(), String> {
+    pub fn check_definition(&self) -> Result<(), DefinitionMismatch> {
         let Some(def) = &self.definition else {
             return Ok(());
         };
@@ -54,9 +54,11 @@ impl Signature {
             match def.param_value(name) {
                 Some(v) if v == *value => {}
                 Some(v) => {
-                    return Err(format!(
-                        "the definition's parameter `{name}` is {v} but the signature's is {value}"
-                    ))
+                    return Err(DefinitionMismatch::Param {
+                        name: name.clone(),
+                        definition: v,
+                        signature: *value,
+                    })
                 }
                 None => {}
             }
@@ -66,23 +68,31 @@ impl Signature {
             ("output", def.outputs(), &self.outputs),
         ] {
             if ids.len() != entries.len() {
-                return Err(format!(
-                    "the definition has {} {what}(s) but the signature {}",
-                    ids.len(),
-                    entries.len()
-                ));
+                return Err(DefinitionMismatch::Count {
+                    what,
+                    definition: ids.len(),
+                    signature: entries.len(),
+                });
             }
-            for (k, (&t, e)) in ids.iter().zip(entries).enumerate() {
+            for (index, (&t, e)) in ids.iter().zip(entries).enumerate() {
                 let tensor = def.tensor(t);
-                let here = format!("the definition's {what} {k} `{}`", tensor.name);
+                let name = || tensor.name.clone();
                 if tensor.name != e.name {
-                    return Err(format!("{here} is `{}` in the signature", e.name));
+                    return Err(DefinitionMismatch::Name {
+                        what,
+                        index,
+                        name: name(),
+                        signature: e.name.clone(),
+                    });
                 }
                 if tensor.dtype != e.dtype {
-                    return Err(format!(
-                        "{here} is {} but the signature says {}",
-                        tensor.dtype, e.dtype
-                    ));
+                    return Err(DefinitionMismatch::DType {
+                        what,
+                        index,
+                        name: name(),
+                        definition: tensor.dtype,
+                        signature: e.dtype,
+                    });
                 }
                 let sizes: Vec<Option<i64>> = def
                     .visible_axes(t)
@@ -95,15 +105,13 @@ impl Signature {
                         .zip(&e.shape)
                         .all(|(s, g)| s.and_then(|s| usize::try_from(s).ok()) == Some(*g));
                 if !matches {
-                    let shown: Vec<String> = sizes
-                        .iter()
-                        .map(|s| s.map_or_else(|| "?".to_string(), |v| v.to_string()))
-                        .collect();
-                    return Err(format!(
-                        "{here} has shape [{}] but the signature says {:?}",
-                        shown.join(", "),
-                        e.shape
-                    ));
+                    return Err(DefinitionMismatch::Shape {
+                        what,
+                        index,
+                        name: name(),
+                        definition: sizes,
+                        signature: e.shape.clone(),
+                    });
                 }
             }
         }
@@ -337,6 +345,87 @@ impl Cut {
             _ => outer.indices(self.outer_len, coords),
         }
     }
+}
+
+/// How a signature's definition disagrees with the signature
+/// ([`Signature::check_definition`]). `what` is "input" or "output", `index` its position
+/// and `name` the definition's name of it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DefinitionMismatch {
+    /// A parameter has another value in the definition.
+    #[error(
+        "the definition's parameter `{name}` is {definition} but the signature's is {signature}"
+    )]
+    Param {
+        /// The parameter.
+        name: String,
+        /// Its value in the definition.
+        definition: i64,
+        /// Its value in the signature.
+        signature: i64,
+    },
+    /// The definition has another number of inputs (or outputs).
+    #[error("the definition has {definition} {what}(s) but the signature {signature}")]
+    Count {
+        /// "input" or "output".
+        what: &'static str,
+        /// How many the definition has.
+        definition: usize,
+        /// How many the signature has.
+        signature: usize,
+    },
+    /// An input or output has another name in the signature.
+    #[error("the definition's {what} {index} `{name}` is `{signature}` in the signature")]
+    Name {
+        /// "input" or "output".
+        what: &'static str,
+        /// Its position.
+        index: usize,
+        /// Its name in the definition.
+        name: String,
+        /// Its name in the signature.
+        signature: String,
+    },
+    /// An input or output has another element type in the signature.
+    #[error("the definition's {what} {index} `{name}` is {definition} but the signature says {signature}")]
+    DType {
+        /// "input" or "output".
+        what: &'static str,
+        /// Its position.
+        index: usize,
+        /// Its name in the definition.
+        name: String,
+        /// Its element type in the definition.
+        definition: DType,
+        /// Its element type in the signature.
+        signature: DType,
+    },
+    /// An input or output has another global shape in the signature.
+    #[error(
+        "the definition's {what} {index} `{name}` has shape [{}] but the signature says {signature:?}",
+        shown_sizes(.definition)
+    )]
+    Shape {
+        /// "input" or "output".
+        what: &'static str,
+        /// Its position.
+        index: usize,
+        /// Its name in the definition.
+        name: String,
+        /// Its sizes in the definition, `None` where an extent has no value.
+        definition: Vec<Option<i64>>,
+        /// Its shape in the signature.
+        signature: Vec<usize>,
+    },
+}
+
+/// `4, ?, 8`: sizes with `?` for those without a value.
+fn shown_sizes(sizes: &[Option<i64>]) -> String {
+    let shown: Vec<String> = sizes
+        .iter()
+        .map(|s| s.map_or_else(|| "?".to_string(), |v| v.to_string()))
+        .collect();
+    shown.join(", ")
 }
 
 /// Why a tensor cannot be sharded or put back together.

@@ -26,6 +26,6 @@ pub use dtype::DType;
 pub use expr::{BinaryOp, Expr, ExprKind, Literal, ReduceOp, UnaryOp};
 pub use fusion::{Draw, Fusion, MeshDecl, MeshSpec, Param, ParamRole};
 pub use ids::{ExprId, IdExprId, IterDomainId, MeshId, TensorId};
-pub use mesh::DeviceMesh;
+pub use mesh::{DeviceMesh, MeshError};
 pub use scalar::{Scalar, ScalarOp, NUMBER_OF_STREAMS, RANK, RESERVED_NAMES};
 pub use tensor::{reordered, MemoryType, ReorderError, ScheduleOp, ScheduleStep, TensorView};

@@ -2,6 +2,30 @@
 
 use std::fmt;
 
+/// Why [`DeviceMesh::new`] refuses a shape and device list.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MeshError {
+    /// The shape has no axes, or an axis of size 0.
+    #[error("a device mesh needs at least one device")]
+    Empty,
+    /// The shape's element count differs from the number of devices given.
+    #[error("mesh shape {shape:?} holds {holds} devices but {given} were given")]
+    DeviceCount {
+        /// The mesh shape.
+        shape: Vec<usize>,
+        /// The devices the shape holds.
+        holds: usize,
+        /// The devices given.
+        given: usize,
+    },
+    /// A device id is given twice.
+    #[error("device {0} appears twice in the mesh")]
+    DuplicateDevice(i64),
+    /// A device id is negative.
+    #[error("device ids must be non-negative, found {0}")]
+    NegativeDevice(i64),
+}
+
 /// A dense, row-major array of unique device ids. `DIDx` indexes the last axis, `DIDy` the one
 /// before it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -13,30 +37,31 @@ pub struct DeviceMesh {
 impl DeviceMesh {
     /// A mesh of `devices` laid out as `shape`. Fails when the sizes disagree, the mesh is
     /// empty, or a device repeats.
-    pub fn new(shape: Vec<usize>, devices: Vec<i64>) -> Result<DeviceMesh, String> {
+    pub fn new(shape: Vec<usize>, devices: Vec<i64>) -> Result<DeviceMesh, MeshError> {
         let n: usize = shape.iter().product();
         if shape.is_empty() || n == 0 {
-            return Err("a device mesh needs at least one device".into());
+            return Err(MeshError::Empty);
         }
         if n != devices.len() {
-            return Err(format!(
-                "mesh shape {shape:?} holds {n} devices but {} were given",
-                devices.len()
-            ));
+            return Err(MeshError::DeviceCount {
+                shape,
+                holds: n,
+                given: devices.len(),
+            });
         }
         let mut sorted = devices.clone();
         sorted.sort_unstable();
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(format!("device {} appears twice in the mesh", w[0]));
+            return Err(MeshError::DuplicateDevice(w[0]));
         }
         if let Some(d) = devices.iter().find(|d| **d < 0) {
-            return Err(format!("device ids must be non-negative, found {d}"));
+            return Err(MeshError::NegativeDevice(*d));
         }
         Ok(DeviceMesh { shape, devices })
     }
 
     /// Devices `0..n` in one axis.
-    pub fn arange(n: usize) -> Result<DeviceMesh, String> {
+    pub fn arange(n: usize) -> Result<DeviceMesh, MeshError> {
         DeviceMesh::new(vec![n], (0..n as i64).collect())
     }
 

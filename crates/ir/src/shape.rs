@@ -5,8 +5,66 @@
 
 use crate::{Fusion, Scalar, TensorId};
 
+/// Why operand sizes give no result sizes: [`broadcast_shapes`] and [`reshape_sizes`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    /// The shapes do not broadcast together.
+    #[error("sizes {} do not broadcast", joined(.shapes))]
+    NotBroadcastable {
+        /// Every shape given, in order.
+        shapes: Vec<Vec<usize>>,
+    },
+    /// A target extent of a reshape evaluates to a negative value.
+    #[error("target extent `{extent}` = {value} is negative")]
+    NegativeExtent {
+        /// The extent, as source text.
+        extent: String,
+        /// Its value.
+        value: i64,
+    },
+    /// A target extent of a reshape reads a parameter without a value.
+    #[error("target extent `{extent}` has no value (unbound parameter)")]
+    UnboundExtent {
+        /// The extent, as source text.
+        extent: String,
+    },
+    /// A split's inner extent is 0 or does not divide the axis.
+    #[error("cannot split axis {axis} of sizes {sizes:?} into rows of {inner}")]
+    SplitDoesNotDivide {
+        /// The axis split.
+        axis: usize,
+        /// The input sizes.
+        sizes: Vec<usize>,
+        /// The inner extent.
+        inner: usize,
+    },
+    /// The element count of the input overflows `usize`.
+    #[error("the element count of {sizes:?} overflows")]
+    Overflow {
+        /// The input sizes.
+        sizes: Vec<usize>,
+    },
+    /// The target holds another number of elements than the input, and no scaling of its
+    /// outermost axis fixes that.
+    #[error("cannot reshape sizes {sizes:?} ({numel} elements) to {target:?}")]
+    ElementCount {
+        /// The input sizes.
+        sizes: Vec<usize>,
+        /// Their element count.
+        numel: usize,
+        /// The target sizes, as evaluated.
+        target: Vec<usize>,
+    },
+}
+
+/// `[2, 3] and [3]`: shapes as a broadcast error lists them.
+fn joined(shapes: &[Vec<usize>]) -> String {
+    let all: Vec<String> = shapes.iter().map(|s| format!("{s:?}")).collect();
+    all.join(" and ")
+}
+
 /// The numpy broadcast of `shapes`: trailing axes aligned, size-1 axes stretched.
-pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
+pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, ShapeError> {
     let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
     let mut out = vec![1usize; rank];
     for s in shapes {
@@ -16,8 +74,9 @@ pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
             if *o == 1 {
                 *o = *n;
             } else if *n != 1 && *n != *o {
-                let all: Vec<String> = shapes.iter().map(|s| format!("{s:?}")).collect();
-                return Err(format!("sizes {} do not broadcast", all.join(" and ")));
+                return Err(ShapeError::NotBroadcastable {
+                    shapes: shapes.iter().map(|s| s.to_vec()).collect(),
+                });
             }
         }
     }
@@ -40,18 +99,17 @@ pub fn reshape_sizes(
     out_t: TensorId,
     shape: &[Scalar],
     ins: &[usize],
-) -> Result<Vec<usize>, String> {
-    let eval = |s: &Scalar| -> Result<usize, String> {
+) -> Result<Vec<usize>, ShapeError> {
+    let eval = |s: &Scalar| -> Result<usize, ShapeError> {
         match fusion.eval(s) {
             Some(v) if v >= 0 => Ok(v as usize),
-            Some(v) => Err(format!(
-                "target extent `{}` = {v} is negative",
-                s.to_source()
-            )),
-            None => Err(format!(
-                "target extent `{}` has no value (unbound parameter)",
-                s.to_source()
-            )),
+            Some(value) => Err(ShapeError::NegativeExtent {
+                extent: s.to_source(),
+                value,
+            }),
+            None => Err(ShapeError::UnboundExtent {
+                extent: s.to_source(),
+            }),
         }
     };
     let r = ins.len();
@@ -76,9 +134,11 @@ pub fn reshape_sizes(
         };
         let inner = eval(&shape[k + 1])?;
         if inner == 0 || !ins[k].is_multiple_of(inner) {
-            return Err(format!(
-                "cannot split axis {k} of sizes {ins:?} into rows of {inner}"
-            ));
+            return Err(ShapeError::SplitDoesNotDivide {
+                axis: k,
+                sizes: ins.to_vec(),
+                inner,
+            });
         }
         let mut out = ins[..k].to_vec();
         out.extend([ins[k] / inner, inner]);
@@ -96,8 +156,9 @@ pub fn reshape_sizes(
         return Ok(out);
     }
     let mut target = shape.iter().map(eval).collect::<Result<Vec<usize>, _>>()?;
-    let numel =
-        checked_numel(ins).ok_or_else(|| format!("the element count of {ins:?} overflows"))?;
+    let numel = checked_numel(ins).ok_or_else(|| ShapeError::Overflow {
+        sizes: ins.to_vec(),
+    })?;
     if checked_numel(&target) == Some(numel) {
         return Ok(target);
     }
@@ -107,9 +168,11 @@ pub fn reshape_sizes(
             return Ok(target);
         }
     }
-    Err(format!(
-        "cannot reshape sizes {ins:?} ({numel} elements) to {target:?}"
-    ))
+    Err(ShapeError::ElementCount {
+        sizes: ins.to_vec(),
+        numel,
+        target,
+    })
 }
 
 /// The element count of `sizes`, `None` when it overflows.

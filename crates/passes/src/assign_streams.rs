@@ -56,7 +56,7 @@
 use weave_host_ir::{HostProgram, HostScalar, ScalarId, Stmt, StmtId, Stream, StreamId};
 use weave_ir::{Scalar, ScalarOp};
 
-use crate::pass::{Changed, HostPass, Pass, PassError, PassOptions};
+use crate::pass::{Changed, HostPass, Pass, PassError, PassOptionError, PassOptions};
 
 use crate::shared::find_or_insert_scalar;
 
@@ -92,14 +92,16 @@ impl AssignStreams {
 
     /// The pass with the options of a pipeline item: `sync=inline` (the default) or
     /// `sync=separate-loop`.
-    pub fn with_options(options: &PassOptions) -> Result<AssignStreams, String> {
+    pub fn with_options(options: &PassOptions) -> Result<AssignStreams, PassOptionError> {
         let variant = match options.take("sync") {
             None | Some("inline") => SyncVariant::Inline,
             Some("separate-loop") => SyncVariant::SeparateLoop,
             Some(other) => {
-                return Err(format!(
-                    "`sync={other}`: write `sync=inline` or `sync=separate-loop`"
-                ))
+                return Err(PassOptionError::BadValue {
+                    key: "sync",
+                    value: other.to_string(),
+                    allowed: &["inline", "separate-loop"],
+                })
             }
         };
         options.finish()?;

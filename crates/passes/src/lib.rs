@@ -53,8 +53,8 @@ pub use manager::{
 };
 pub use merge_kernel_chunks::MergeKernelChunks;
 pub use pass::{
-    Changed, Form, FusionPass, HostPass, IntoStage, Ir, Lowering, Pass, PassError, PassOptions,
-    Stage,
+    Changed, Form, FusionPass, HostPass, IntoStage, Ir, Lowering, Pass, PassError, PassOptionError,
+    PassOptions, Stage,
 };
 pub use pipeline::{Pipeline, PipelineParseError};
 pub use registry::{BadOptions, ItemError, PassInfo, Registry, UnknownPass};

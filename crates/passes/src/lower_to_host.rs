@@ -59,7 +59,7 @@ use weave_ir::{
 use weave_segmenter::{SegmentId, SegmentKind, SegmentedFusion};
 use weave_transform::id_graph::IdGraph;
 
-use crate::pass::{self, Pass, PassError, PassOptions};
+use crate::pass::{self, Pass, PassError, PassOptionError, PassOptions};
 
 mod collectives;
 mod order;
@@ -122,14 +122,16 @@ impl pass::Lowering<SegmentedFusion, HostProgram> for LowerToHost {
 impl LowerToHost {
     /// The pass with the options of a pipeline item: `allgather=p2p-ring` (the default) or
     /// `allgather=broadcast`.
-    pub fn with_options(options: &PassOptions) -> Result<LowerToHost, String> {
+    pub fn with_options(options: &PassOptions) -> Result<LowerToHost, PassOptionError> {
         let stream_allgather = match options.take("allgather") {
             None | Some("p2p-ring") => StreamAllgather::P2pRing,
             Some("broadcast") => StreamAllgather::Broadcast,
             Some(other) => {
-                return Err(format!(
-                    "`allgather={other}`: write `allgather=p2p-ring` or `allgather=broadcast`"
-                ))
+                return Err(PassOptionError::BadValue {
+                    key: "allgather",
+                    value: other.to_string(),
+                    allowed: &["p2p-ring", "broadcast"],
+                })
             }
         };
         options.finish()?;

@@ -685,7 +685,7 @@ fn verify_form(ir: &Ir) -> Result<(), Diagnostic> {
         // segmentation problem it causes.
         Ir::Segmented(segmented) => {
             weave_ir::verify::verify(segmented.fusion())?;
-            weave_segmenter::verify(segmented).map_err(Diagnostic::new)
+            weave_segmenter::verify(segmented).map_err(|e| Diagnostic::new(e.to_string()))
         }
         Ir::Host(program) => weave_host_ir::verify(program),
     }

@@ -94,6 +94,49 @@ pub trait Pass: Send + Sync {
     }
 }
 
+/// Why a pipeline item's options do not fit its pass: [`PassOptions::parse`],
+/// [`PassOptions::finish`] and the passes' `with_options`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PassOptionError {
+    /// An item is not of the form `key=value`.
+    #[error("`{item}` is not an option: write `key=value`")]
+    NotKeyValue {
+        /// The item as written.
+        item: String,
+    },
+    /// A key is given twice.
+    #[error("option `{key}` is given twice")]
+    Duplicate {
+        /// The key.
+        key: String,
+    },
+    /// A key that the pass does not read.
+    #[error("unknown option `{key}`")]
+    Unknown {
+        /// The key.
+        key: String,
+    },
+    /// A value the option does not take.
+    #[error("`{key}={value}`: write {}", choices(.key, .allowed))]
+    BadValue {
+        /// The option.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// The values it takes.
+        allowed: &'static [&'static str],
+    },
+}
+
+/// `` `k=a` or `k=b` ``: the values an option takes, as an error lists them.
+fn choices(key: &str, allowed: &[&str]) -> String {
+    let items: Vec<String> = allowed.iter().map(|v| format!("`{key}={v}`")).collect();
+    match items.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => items.concat(),
+    }
+}
+
 /// The options of one pipeline item, `name{key=value key=value}`: a pass reads the keys it
 /// knows with [`PassOptions::take`], then [`PassOptions::finish`] refuses any other.
 #[derive(Debug, Default)]
@@ -109,17 +152,22 @@ impl PassOptions {
     }
 
     /// Reads the text between the braces: `key=value` items separated by spaces.
-    pub fn parse(text: &str) -> Result<PassOptions, String> {
+    pub fn parse(text: &str) -> Result<PassOptions, PassOptionError> {
         let mut items: Vec<(String, String)> = Vec::new();
         for item in text.split_whitespace() {
+            let not_key_value = || PassOptionError::NotKeyValue {
+                item: item.to_string(),
+            };
             let Some((key, value)) = item.split_once('=') else {
-                return Err(format!("`{item}` is not an option: write `key=value`"));
+                return Err(not_key_value());
             };
             if key.is_empty() || value.is_empty() {
-                return Err(format!("`{item}` is not an option: write `key=value`"));
+                return Err(not_key_value());
             }
             if items.iter().any(|(k, _)| k == key) {
-                return Err(format!("option `{key}` is given twice"));
+                return Err(PassOptionError::Duplicate {
+                    key: key.to_string(),
+                });
             }
             items.push((key.to_string(), value.to_string()));
         }
@@ -135,11 +183,11 @@ impl PassOptions {
     }
 
     /// `Ok(())` when every option given was taken, else the first one no pass reads.
-    pub fn finish(&self) -> Result<(), String> {
+    pub fn finish(&self) -> Result<(), PassOptionError> {
         let taken = self.taken.borrow();
         match self.items.iter().zip(taken.iter()).find(|(_, t)| !**t) {
             None => Ok(()),
-            Some(((key, _), _)) => Err(format!("unknown option `{key}`")),
+            Some(((key, _), _)) => Err(PassOptionError::Unknown { key: key.clone() }),
         }
     }
 }

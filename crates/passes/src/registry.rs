@@ -31,14 +31,14 @@ use crate::decompose_reshardings::DecomposeReshardings;
 use crate::finalize_multidevice_domains::FinalizeMultideviceDomains;
 use crate::lower_to_host::LowerToHost;
 use crate::merge_kernel_chunks::MergeKernelChunks;
-use crate::pass::{IntoStage, PassOptions, Stage};
+use crate::pass::{IntoStage, PassOptionError, PassOptions, Stage};
 use crate::propagate_shardings::PropagateShardings;
 use crate::reorder_sharded_axis::ReorderShardedAxis;
 use crate::segment::Segment;
 
-/// Makes a pass from the options of a pipeline item; a message says why the options do not
+/// Makes a pass from the options of a pipeline item; the error says why the options do not
 /// fit.
-pub type StageFactory = fn(&PassOptions) -> Result<Stage, String>;
+pub type StageFactory = fn(&PassOptions) -> Result<Stage, PassOptionError>;
 
 /// One line of `STANDARD_PASSES`.
 struct StandardPass {
@@ -102,7 +102,7 @@ const STANDARD_PASSES: &[StandardPass] = &[
 ];
 
 /// The stage of a pass without options, refusing any option given.
-fn plain<M>(options: &PassOptions, pass: impl IntoStage<M>) -> Result<Stage, String> {
+fn plain<M>(options: &PassOptions, pass: impl IntoStage<M>) -> Result<Stage, PassOptionError> {
     options.finish()?;
     Ok(pass.into_stage())
 }
@@ -126,7 +126,7 @@ pub struct PassInfo {
 }
 
 /// How a registry entry makes its pass from a pipeline item's options.
-type MakeStage = Box<dyn Fn(&PassOptions) -> Result<Stage, String>>;
+type MakeStage = Box<dyn Fn(&PassOptions) -> Result<Stage, PassOptionError>>;
 
 /// One registry entry: what is listed, and how to make the pass.
 struct Entry {
@@ -276,10 +276,10 @@ impl Registry {
             _ => (name, options),
         };
         let entry = self.entry(name)?;
-        let bad = |message: String| BadOptions {
+        let bad = |error: PassOptionError| BadOptions {
             pass: entry.info.name,
             item: item.to_string(),
-            message,
+            message: error.to_string(),
         };
         let options = PassOptions::parse(options).map_err(bad)?;
         Ok((entry.make)(&options).map_err(bad)?)

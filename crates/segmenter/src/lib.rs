@@ -49,10 +49,10 @@ mod verify;
 #[cfg(test)]
 mod tests;
 
-pub use partition::{compute_kind, segment, Classifier};
+pub use partition::{compute_kind, segment, Classifier, PartitionError};
 pub use rule::{
     parallel_signature, same_parallel_structure, same_stream_axis, DefaultMergeRule, MergeContext,
     MergeRule, NoMergeRule,
 };
 pub use segment::{Segment, SegmentEdge, SegmentId, SegmentKind, SegmentedFusion};
-pub use verify::verify;
+pub use verify::{verify, VerifyError};

@@ -28,6 +28,47 @@ use weave_ir::{ExprId, Fusion, TensorId};
 
 use crate::rule::{MergeContext, MergeRule};
 use crate::segment::{build, FusionIndex, Segment, SegmentKind, SegmentedFusion};
+use crate::verify::VerifyError;
+
+/// Why [`SegmentedFusion::from_partition`] refuses a partition.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PartitionError {
+    /// A segment holds no expr.
+    #[error("an empty {kind} segment")]
+    EmptySegment {
+        /// Its kind.
+        kind: SegmentKind,
+    },
+    /// A segment holds an expr that is not in the fusion.
+    #[error("segment {segment} holds an expr that is not in the fusion")]
+    ForeignExpr {
+        /// The segment, by its position in first-expr order.
+        segment: usize,
+    },
+    /// An expr is in two segments.
+    #[error("{op} `{outputs}` is in two segments ({first} and {second})")]
+    InTwoSegments {
+        /// The expr's op.
+        op: &'static str,
+        /// Its outputs, comma-separated.
+        outputs: String,
+        /// The first segment holding it, by position in first-expr order.
+        first: usize,
+        /// The second.
+        second: usize,
+    },
+    /// The segment graph has a cycle through a segment.
+    #[error("the segment graph has a cycle through the {kind} segment of {outputs}")]
+    Cycle {
+        /// The segment's kind.
+        kind: SegmentKind,
+        /// The outputs of its exprs, comma-separated.
+        outputs: String,
+    },
+    /// The built segmentation fails [`verify()`](crate::verify()).
+    #[error(transparent)]
+    Invalid(#[from] VerifyError),
+}
 use crate::verify::verify;
 
 type WorkGraph = StableDiGraph<Segment, TensorId>;
@@ -133,14 +174,14 @@ impl SegmentedFusion {
     pub fn from_partition(
         fusion: Fusion,
         parts: Vec<(SegmentKind, Vec<ExprId>)>,
-    ) -> Result<SegmentedFusion, String> {
+    ) -> Result<SegmentedFusion, PartitionError> {
         let idx = FusionIndex::new(&fusion);
         let mut segments: Vec<Segment> = parts
             .into_iter()
             .map(|(k, es)| Segment::with_index(&fusion, &idx, k, es))
             .collect();
         if let Some(s) = segments.iter().find(|s| s.exprs().is_empty()) {
-            return Err(format!("an empty {} segment", s.kind()));
+            return Err(PartitionError::EmptySegment { kind: s.kind() });
         }
         segments.sort_by_key(|s| idx.position(s.exprs()[0]));
         let sf = build(fusion, &idx, segments)?;

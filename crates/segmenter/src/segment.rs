@@ -11,6 +11,8 @@ use petgraph::Direction;
 use slotmap::SecondaryMap;
 use weave_ir::{ExprId, Fusion, TensorId};
 
+use crate::partition::PartitionError;
+
 /// A segment's node in [`SegmentedFusion::graph`]. In a finished [`SegmentedFusion`] the
 /// node indices are the positions in the run order: `run_order()[i].index() == i`.
 pub type SegmentId = NodeIndex;
@@ -442,21 +444,20 @@ pub(crate) fn build(
     fusion: Fusion,
     idx: &FusionIndex,
     segments: Vec<Segment>,
-) -> Result<SegmentedFusion, String> {
+) -> Result<SegmentedFusion, PartitionError> {
     let mut seg_of: HashMap<ExprId, usize> = HashMap::new();
     for (k, s) in segments.iter().enumerate() {
         for e in &s.exprs {
             if !idx.pos.contains_key(*e) {
-                return Err(format!(
-                    "segment {k} holds an expr that is not in the fusion"
-                ));
+                return Err(PartitionError::ForeignExpr { segment: k });
             }
-            if let Some(prev) = seg_of.insert(*e, k) {
-                return Err(format!(
-                    "{} `{}` is in two segments ({prev} and {k})",
-                    fusion.expr(*e).kind.op_name(),
-                    names_of(&fusion, &fusion.expr(*e).outputs)
-                ));
+            if let Some(first) = seg_of.insert(*e, k) {
+                return Err(PartitionError::InTwoSegments {
+                    op: fusion.expr(*e).kind.op_name(),
+                    outputs: names_of(&fusion, &fusion.expr(*e).outputs),
+                    first,
+                    second: k,
+                });
             }
         }
     }
@@ -472,15 +473,15 @@ pub(crate) fn build(
     let first = |n: NodeIndex| idx.position(segments[n.index()].exprs[0]);
     let order = stable_topological_order(&tmp, first).map_err(|n| {
         let s = &segments[n.index()];
-        format!(
-            "the segment graph has a cycle through the {} segment of {}",
-            s.kind,
-            s.exprs
+        PartitionError::Cycle {
+            kind: s.kind,
+            outputs: s
+                .exprs
                 .iter()
                 .map(|e| names_of(&fusion, &fusion.expr(*e).outputs))
                 .collect::<Vec<_>>()
-                .join(", ")
-        )
+                .join(", "),
+        }
     })?;
     // Renumber: old index -> run position.
     let mut new_of = vec![0usize; segments.len()];

@@ -426,7 +426,8 @@ fn from_partition_builds_and_rejects() {
         f.clone(),
         vec![(Kernel, vec![ea, ec]), (Library, vec![em])],
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(cyclic.contains("cycle"), "{cyclic}");
 
     let twice = SegmentedFusion::from_partition(
@@ -437,15 +438,19 @@ fn from_partition_builds_and_rejects() {
             (Library, vec![em]),
         ],
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(twice.contains("two segments"), "{twice}");
 
-    let missing = SegmentedFusion::from_partition(f.clone(), vec![(Kernel, vec![ea])]).unwrap_err();
+    let missing = SegmentedFusion::from_partition(f.clone(), vec![(Kernel, vec![ea])])
+        .unwrap_err()
+        .to_string();
     assert!(missing.contains("in no segment"), "{missing}");
 
     let fat_library =
         SegmentedFusion::from_partition(f, vec![(Kernel, vec![ea]), (Library, vec![em, ec])])
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
     assert!(fat_library.contains("exactly one"), "{fat_library}");
 }
 

@@ -95,7 +95,7 @@ fn build(ops: &[OpSpec], n_outputs: usize) -> Fusion {
 }
 
 fn check(sf: &SegmentedFusion, comms: &HashSet<ExprId>) -> Result<(), TestCaseError> {
-    verify(sf).map_err(TestCaseError::fail)?;
+    verify(sf).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let f = sf.fusion();
     let pos = |s| sf.run_order().iter().position(|x| *x == s).unwrap();
     let mut seen = 0;
@@ -189,7 +189,7 @@ proptest! {
             .segments()
             .map(|(_, s)| (s.kind(), s.exprs().to_vec()))
             .collect();
-        let rebuilt = SegmentedFusion::from_partition(f.clone(), parts).map_err(TestCaseError::fail)?;
+        let rebuilt = SegmentedFusion::from_partition(f.clone(), parts).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(sf.to_string(), rebuilt.to_string());
 
         let single = segment(f, &classify, &NoMergeRule);

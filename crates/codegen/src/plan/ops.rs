@@ -47,7 +47,7 @@ impl Gen<'_> {
             }
             ExprKind::WhereLit { a, b } => {
                 let shapes: Vec<&[usize]> = ins.iter().map(|l| l.sizes.as_slice()).collect();
-                let sizes = broadcast_shapes(&shapes)?;
+                let sizes = broadcast_shapes(&shapes).map_err(|e| e.to_string())?;
                 let mut nodes = Vec::new();
                 for l in ins {
                     nodes.push(self.broadcast(l, &sizes)?);
@@ -63,7 +63,7 @@ impl Gen<'_> {
             }
             ExprKind::Binary(_) | ExprKind::Where => {
                 let shapes: Vec<&[usize]> = ins.iter().map(|l| l.sizes.as_slice()).collect();
-                let sizes = broadcast_shapes(&shapes)?;
+                let sizes = broadcast_shapes(&shapes).map_err(|e| e.to_string())?;
                 let mut nodes = Vec::new();
                 for l in ins {
                     nodes.push(self.broadcast(l, &sizes)?);
@@ -134,7 +134,8 @@ impl Gen<'_> {
                 }
             }
             ExprKind::Reshape { shape } => {
-                let sizes = reshape_sizes(self.fusion, in_ids[0], out_t, shape, &x.sizes)?;
+                let sizes = reshape_sizes(self.fusion, in_ids[0], out_t, shape, &x.sizes)
+                    .map_err(|e| e.to_string())?;
                 self.reshape(x, sizes)?
             }
             ExprKind::Iota { axis } => {

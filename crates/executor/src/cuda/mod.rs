@@ -806,7 +806,7 @@ impl Backend for CudaBackend {
         self.gpu
             .download(&mut bytes, buffer.mem.ptr(), stream, self.options.timeout)?;
         let all = Dense::from_le_bytes(buffer.dtype, vec![full], &bytes)
-            .map_err(ExecError::Program)?
+            .map_err(|e| ExecError::Program(e.to_string()))?
             .data;
         let strides = buffer.strides();
         let sizes = buffer.sizes();

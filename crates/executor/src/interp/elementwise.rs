@@ -176,7 +176,7 @@ pub(super) fn for_rows(
 
 /// A zero-filled result of `sizes`, checked first (element count, host memory) so that a
 /// huge result is an error, not an abort.
-pub(super) fn zeroed(sizes: &[usize]) -> Result<Vec<f64>, String> {
+pub(super) fn zeroed(sizes: &[usize]) -> Result<Vec<f64>, crate::memory::MemoryError> {
     crate::memory::allocate_host("a result", sizes, size_of::<f64>(), || {
         crate::memory::try_zeros(checked_numel(sizes).unwrap_or(0))
     })
@@ -188,8 +188,8 @@ pub(super) fn pointwise<const N: usize>(
     f: impl Fn([f64; N]) -> f64 + Sync + Send,
 ) -> Result<Value, String> {
     let shapes: Vec<&[usize]> = ops.iter().map(|d| d.sizes.as_slice()).collect();
-    let sizes = broadcast_shapes(&shapes)?;
-    let mut out = zeroed(&sizes)?;
+    let sizes = broadcast_shapes(&shapes).map_err(|e| e.to_string())?;
+    let mut out = zeroed(&sizes).map_err(|e| e.to_string())?;
     let numel = out.len();
     if numel == 0 {
         return Ok((sizes, out));

@@ -6,31 +6,95 @@ use weave_ir::shape::broadcast_shapes;
 use super::elementwise::{broadcast_strides, zeroed};
 use super::{Value, PARALLEL_MIN};
 use crate::dense::Dense;
+use crate::memory::MemoryError;
+
+/// Why operands make no matrix product: [`matmul_dense`] and [`linear_dense`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GemmError {
+    /// A `matmul` operand has rank below 2.
+    #[error("operands must have rank 2 or more, got sizes {a:?} and {b:?}")]
+    MatmulRank {
+        /// The sizes of `a`.
+        a: Vec<usize>,
+        /// The sizes of `b`.
+        b: Vec<usize>,
+    },
+    /// The contraction axes of a `matmul` differ.
+    #[error("contraction sizes differ: {a:?} x {b:?}")]
+    MatmulContraction {
+        /// The sizes of `a`.
+        a: Vec<usize>,
+        /// The sizes of `b`.
+        b: Vec<usize>,
+    },
+    /// The batch axes of a `matmul` do not broadcast.
+    #[error("batch sizes {batch_a:?} and {batch_b:?} do not broadcast (operands {a:?} x {b:?})")]
+    BatchBroadcast {
+        /// The batch sizes of `a`.
+        batch_a: Vec<usize>,
+        /// The batch sizes of `b`.
+        batch_b: Vec<usize>,
+        /// The sizes of `a`.
+        a: Vec<usize>,
+        /// The sizes of `b`.
+        b: Vec<usize>,
+    },
+    /// The input of a `linear` is rank 0.
+    #[error("the input must have rank 1 or more, got a rank-0 tensor")]
+    LinearInputRank,
+    /// The weight of a `linear` is not rank 2.
+    #[error("the weight must have rank 2 ([n, k]), got sizes {weight:?}")]
+    LinearWeightRank {
+        /// The weight's sizes.
+        weight: Vec<usize>,
+    },
+    /// The contraction axes of a `linear` differ.
+    #[error("contraction sizes differ: input {input:?}, weight {weight:?}")]
+    LinearContraction {
+        /// The input's sizes.
+        input: Vec<usize>,
+        /// The weight's sizes.
+        weight: Vec<usize>,
+    },
+    /// The bias of a `linear` is not `[n]`.
+    #[error("the bias has sizes {bias:?}, expected [{n}] (weight {weight:?})")]
+    BiasSizes {
+        /// The bias's sizes.
+        bias: Vec<usize>,
+        /// The weight's output rows.
+        n: usize,
+        /// The weight's sizes.
+        weight: Vec<usize>,
+    },
+    /// The result cannot be allocated.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+}
 
 /// `[.., m, k] x [.., k, n] -> [.., m, n]`, batch axes broadcast numpy-style (a rank-2 `b`
 /// applies to every batch of `a`).
-pub(super) fn matmul(a: &Dense, b: &Dense) -> Result<Value, String> {
+pub(super) fn matmul(a: &Dense, b: &Dense) -> Result<Value, GemmError> {
     let (ra, rb) = (a.sizes.len(), b.sizes.len());
     if ra < 2 || rb < 2 {
-        return Err(format!(
-            "operands must have rank 2 or more, got sizes {:?} and {:?}",
-            a.sizes, b.sizes
-        ));
+        return Err(GemmError::MatmulRank {
+            a: a.sizes.clone(),
+            b: b.sizes.clone(),
+        });
     }
     let (m, k) = (a.sizes[ra - 2], a.sizes[ra - 1]);
     let (kb, n) = (b.sizes[rb - 2], b.sizes[rb - 1]);
     if k != kb {
-        return Err(format!(
-            "contraction sizes differ: {:?} x {:?}",
-            a.sizes, b.sizes
-        ));
+        return Err(GemmError::MatmulContraction {
+            a: a.sizes.clone(),
+            b: b.sizes.clone(),
+        });
     }
     let (batch_a, batch_b) = (&a.sizes[..ra - 2], &b.sizes[..rb - 2]);
-    let batch = broadcast_shapes(&[batch_a, batch_b]).map_err(|_| {
-        format!(
-            "batch sizes {batch_a:?} and {batch_b:?} do not broadcast (operands {:?} x {:?})",
-            a.sizes, b.sizes
-        )
+    let batch = broadcast_shapes(&[batch_a, batch_b]).map_err(|_| GemmError::BatchBroadcast {
+        batch_a: batch_a.to_vec(),
+        batch_b: batch_b.to_vec(),
+        a: a.sizes.clone(),
+        b: b.sizes.clone(),
     })?;
     let mut sizes = batch.clone();
     sizes.extend([m, n]);
@@ -72,31 +136,31 @@ pub(super) fn matmul(a: &Dense, b: &Dense) -> Result<Value, String> {
 }
 
 /// `x [.., k], w [n, k] (, bias [n]) -> [.., n]`: `x wᵀ (+ bias)`.
-pub(super) fn linear(x: &Dense, w: &Dense, bias: Option<&Dense>) -> Result<Value, String> {
+pub(super) fn linear(x: &Dense, w: &Dense, bias: Option<&Dense>) -> Result<Value, GemmError> {
     let rx = x.sizes.len();
     if rx < 1 {
-        return Err("the input must have rank 1 or more, got a rank-0 tensor".to_string());
+        return Err(GemmError::LinearInputRank);
     }
     if w.sizes.len() != 2 {
-        return Err(format!(
-            "the weight must have rank 2 ([n, k]), got sizes {:?}",
-            w.sizes
-        ));
+        return Err(GemmError::LinearWeightRank {
+            weight: w.sizes.clone(),
+        });
     }
     let (n, kw) = (w.sizes[0], w.sizes[1]);
     let k = x.sizes[rx - 1];
     if k != kw {
-        return Err(format!(
-            "contraction sizes differ: input {:?}, weight {:?}",
-            x.sizes, w.sizes
-        ));
+        return Err(GemmError::LinearContraction {
+            input: x.sizes.clone(),
+            weight: w.sizes.clone(),
+        });
     }
     if let Some(b) = bias {
         if b.sizes != [n] {
-            return Err(format!(
-                "the bias has sizes {:?}, expected [{n}] (weight {:?})",
-                b.sizes, w.sizes
-            ));
+            return Err(GemmError::BiasSizes {
+                bias: b.sizes.clone(),
+                n,
+                weight: w.sizes.clone(),
+            });
         }
     }
     let rows: usize = x.sizes[..rx - 1].iter().product();
@@ -179,7 +243,7 @@ pub(super) fn gemm(
 
 /// `a @ b` as a dense tensor of `a`'s dtype (unrounded): what a GEMM library call computes
 /// before the result is stored.
-pub fn matmul_dense(a: &Dense, b: &Dense) -> Result<Dense, String> {
+pub fn matmul_dense(a: &Dense, b: &Dense) -> Result<Dense, GemmError> {
     let (sizes, data) = matmul(a, b)?;
     Ok(Dense {
         dtype: a.dtype,
@@ -189,7 +253,7 @@ pub fn matmul_dense(a: &Dense, b: &Dense) -> Result<Dense, String> {
 }
 
 /// `x @ wᵀ (+ bias)` as a dense tensor of `x`'s dtype (unrounded).
-pub fn linear_dense(x: &Dense, w: &Dense, bias: Option<&Dense>) -> Result<Dense, String> {
+pub fn linear_dense(x: &Dense, w: &Dense, bias: Option<&Dense>) -> Result<Dense, GemmError> {
     let (sizes, data) = linear(x, w, bias)?;
     Ok(Dense {
         dtype: x.dtype,

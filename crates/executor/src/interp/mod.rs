@@ -33,7 +33,7 @@ use crate::dense::{checked_numel, round_to, Dense};
 
 use elementwise::{binary_fn, check_axes, fill, pointwise, unary_fn, zeroed};
 use gemm::{linear, matmul};
-pub use gemm::{linear_dense, matmul_dense};
+pub use gemm::{linear_dense, matmul_dense, GemmError};
 use shape_ops::{permute, reduce};
 
 /// How the interpreter rounds.
@@ -52,6 +52,100 @@ pub enum Precision {
     RoundEach,
 }
 
+/// Why [`eval_fusion`] cannot evaluate a fusion on its inputs.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InterpError {
+    /// Not one input per fusion input.
+    #[error("fusion `{fusion}` takes {expected} input{}, got {got}", plural(*.expected))]
+    InputCount {
+        /// The fusion's name.
+        fusion: String,
+        /// The inputs it declares.
+        expected: usize,
+        /// The inputs given.
+        got: usize,
+    },
+    /// An input's rank differs from its declared logical rank.
+    #[error("input {index} (`{name}`): expected rank {expected}, got {got}")]
+    InputRank {
+        /// The input's position.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// The declared rank.
+        expected: usize,
+        /// The rank given.
+        got: usize,
+    },
+    /// An input's dtype differs from its declared dtype.
+    #[error("input {index} (`{name}`): expected dtype {expected}, got {got}")]
+    InputDType {
+        /// The input's position.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// The declared dtype.
+        expected: DType,
+        /// The dtype given.
+        got: DType,
+    },
+    /// An input's value count does not match its sizes.
+    #[error("input {index} (`{name}`): sizes {sizes:?} do not match its {values} values")]
+    InputValues {
+        /// The input's position.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// Its sizes.
+        sizes: Vec<usize>,
+        /// Its value count.
+        values: usize,
+    },
+    /// An expr has other than one output.
+    #[error("{op} has {count} outputs; the interpreter handles exprs with exactly one")]
+    OutputCount {
+        /// The expr's op.
+        op: &'static str,
+        /// Its output count.
+        count: usize,
+    },
+    /// An expr reads a tensor that no earlier expr defines.
+    #[error("{op} `{output}`: operand `{operand}` is read before it is defined")]
+    ReadBeforeDefined {
+        /// The expr's op.
+        op: &'static str,
+        /// Its output.
+        output: String,
+        /// The operand.
+        operand: String,
+    },
+    /// An op cannot take its operands (sizes, values, an allocation); `reason` says why.
+    #[error("{op} `{output}`: {reason}")]
+    OpFailed {
+        /// The expr's op.
+        op: &'static str,
+        /// Its output.
+        output: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A fusion output that no expr defines.
+    #[error("output `{name}` is never defined")]
+    OutputUndefined {
+        /// The output's name.
+        name: String,
+    },
+}
+
+/// `"s"` unless `n` is 1.
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
 /// Element count from which pointwise ops, reductions and GEMMs use rayon.
 const PARALLEL_MIN: usize = 1 << 15;
 
@@ -67,42 +161,45 @@ pub fn eval_fusion(
     fusion: &Fusion,
     inputs: &[Dense],
     mode: Precision,
-) -> Result<Vec<Dense>, String> {
+) -> Result<Vec<Dense>, InterpError> {
     let declared = fusion.inputs();
     if inputs.len() != declared.len() {
-        return Err(format!(
-            "fusion `{}` takes {} input{}, got {}",
-            fusion.name,
-            declared.len(),
-            if declared.len() == 1 { "" } else { "s" },
-            inputs.len()
-        ));
+        return Err(InterpError::InputCount {
+            fusion: fusion.name.clone(),
+            expected: declared.len(),
+            got: inputs.len(),
+        });
     }
     let mut env: HashMap<TensorId, Cow<'_, Dense>> = HashMap::new();
-    for (i, (t, d)) in declared.iter().zip(inputs).enumerate() {
+    for (index, (t, d)) in declared.iter().zip(inputs).enumerate() {
         let tv = fusion.tensor(*t);
         let rank = fusion.visible_axes(*t).len();
-        let what = format!("input {i} (`{}`)", tv.name);
+        let name = || tv.name.clone();
         if d.sizes.len() != rank {
-            return Err(format!(
-                "{what}: expected rank {rank}, got {}",
-                d.sizes.len()
-            ));
+            return Err(InterpError::InputRank {
+                index,
+                name: name(),
+                expected: rank,
+                got: d.sizes.len(),
+            });
         }
         if d.dtype != tv.dtype {
-            return Err(format!(
-                "{what}: expected dtype {}, got {}",
-                tv.dtype, d.dtype
-            ));
+            return Err(InterpError::InputDType {
+                index,
+                name: name(),
+                expected: tv.dtype,
+                got: d.dtype,
+            });
         }
         match checked_numel(&d.sizes) {
             Some(n) if n == d.data.len() => {}
             _ => {
-                return Err(format!(
-                    "{what}: sizes {:?} do not match its {} values",
-                    d.sizes,
-                    d.data.len()
-                ))
+                return Err(InterpError::InputValues {
+                    index,
+                    name: name(),
+                    sizes: d.sizes.clone(),
+                    values: d.data.len(),
+                })
             }
         }
         env.insert(*t, Cow::Borrowed(d));
@@ -124,10 +221,10 @@ pub fn eval_fusion(
         let out_t = match expr.outputs.as_slice() {
             [o] => *o,
             outs => {
-                return Err(format!(
-                    "{op} has {} outputs; the interpreter handles exprs with exactly one",
-                    outs.len()
-                ))
+                return Err(InterpError::OutputCount {
+                    op,
+                    count: outs.len(),
+                })
             }
         };
         let out_name = &fusion.tensor(out_t).name;
@@ -137,15 +234,22 @@ pub fn eval_fusion(
                 match env.get(t) {
                     Some(d) => ins.push(d.as_ref()),
                     None => {
-                        return Err(format!(
-                            "{op} `{out_name}`: operand `{}` is read before it is defined",
-                            fusion.tensor(*t).name
-                        ))
+                        return Err(InterpError::ReadBeforeDefined {
+                            op,
+                            output: out_name.clone(),
+                            operand: fusion.tensor(*t).name.clone(),
+                        })
                     }
                 }
             }
-            let value = eval_expr(fusion, &expr.kind, &expr.inputs, &ins, out_t)
-                .map_err(|m| format!("{op} `{out_name}`: {m}"))?;
+            let value =
+                eval_expr(fusion, &expr.kind, &expr.inputs, &ins, out_t).map_err(|reason| {
+                    InterpError::OpFailed {
+                        op,
+                        output: out_name.clone(),
+                        reason,
+                    }
+                })?;
             if mode == Precision::RoundEach && !is_view(&expr.kind) {
                 value.rounded()
             } else {
@@ -164,7 +268,9 @@ pub fn eval_fusion(
     for t in fusion.outputs() {
         let d = env
             .remove(t)
-            .ok_or_else(|| format!("output `{}` is never defined", fusion.tensor(*t).name))?
+            .ok_or_else(|| InterpError::OutputUndefined {
+                name: fusion.tensor(*t).name.clone(),
+            })?
             .into_owned();
         outs.push(match mode {
             Precision::Exact | Precision::RoundEach => d,
@@ -298,17 +404,17 @@ fn eval_expr(
         }
         ExprKind::Permute { perm } => permute(x, perm)?,
         ExprKind::Reshape { shape } => (
-            reshape_sizes(fusion, in_ids[0], out_t, shape, &x.sizes)?,
+            reshape_sizes(fusion, in_ids[0], out_t, shape, &x.sizes).map_err(|e| e.to_string())?,
             x.data.clone(),
         ),
-        ExprKind::Matmul => matmul(x, ins[1])?,
-        ExprKind::Linear => linear(x, ins[1], ins.get(2).copied())?,
+        ExprKind::Matmul => matmul(x, ins[1]).map_err(|e| e.to_string())?,
+        ExprKind::Linear => linear(x, ins[1], ins.get(2).copied()).map_err(|e| e.to_string())?,
         ExprKind::Iota { axis } => {
             check_axes(&[*axis], x.sizes.len())?;
             whole_axis(fusion, kind, in_ids[0], *axis, x.sizes[*axis])?;
             let inner: usize = x.sizes[*axis + 1..].iter().product();
             let n = x.sizes[*axis].max(1);
-            let mut data = zeroed(&x.sizes)?;
+            let mut data = zeroed(&x.sizes).map_err(|e| e.to_string())?;
             fill(&mut data, 0, |i| ((i / inner.max(1)) % n) as f64);
             (x.sizes.clone(), data)
         }
@@ -481,7 +587,7 @@ fn index_select(
     let n = ids.sizes[0];
     let mut sizes = table.sizes.clone();
     sizes[axis] = n;
-    let mut data = zeroed(&sizes)?;
+    let mut data = zeroed(&sizes).map_err(|e| e.to_string())?;
     for (k, v) in ids.data.iter().enumerate() {
         if !(v.fract() == 0.0 && *v >= 0.0 && *v < rows as f64) {
             return Err(format!(
@@ -562,7 +668,9 @@ mod tests {
             vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
         );
         let a = d(&[2, 2, 2], vec![0.0; 8]);
-        let e = matmul(&a, &d(&[3, 2, 1], vec![0.0; 6])).unwrap_err();
+        let e = matmul(&a, &d(&[3, 2, 1], vec![0.0; 6]))
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "batch sizes [2] and [3] do not broadcast (operands [2, 2, 2] x [3, 2, 1])"

@@ -20,7 +20,7 @@ pub(super) fn reduce(x: &Dense, op: ReduceOp, axes: &[usize]) -> Result<Value, S
     let red_sizes: Vec<usize> = reduced.iter().map(|a| x.sizes[*a]).collect();
     let red_n = checked_numel(&red_sizes)
         .ok_or_else(|| crate::memory::overflow("a reduction", &red_sizes))?;
-    let mut out = zeroed(&out_sizes)?;
+    let mut out = zeroed(&out_sizes).map_err(|e| e.to_string())?;
     let out_n = out.len();
     if red_n == 0 && out_n > 0 && op != ReduceOp::Sum {
         return Err(format!(

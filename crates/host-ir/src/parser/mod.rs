@@ -60,7 +60,8 @@ pub fn parse(source: &str) -> Result<HostProgram, Diagnostic> {
     // The definition is what a reference run evaluates: one that disagrees with the
     // signature (another shape, dtype or name, more or fewer outputs) is refused at its block.
     if let (Some(sig), Some(at)) = (&p.prog.signature, p.definition_at) {
-        sig.check_definition().map_err(|m| Diagnostic::at(at, m))?;
+        sig.check_definition()
+            .map_err(|e| Diagnostic::at(at, e.to_string()))?;
     }
     Ok(p.prog)
 }

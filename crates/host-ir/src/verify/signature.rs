@@ -80,7 +80,8 @@ pub(crate) fn verify_signature(p: &HostProgram) -> VResult {
             }
         }
     }
-    sig.check_definition().map_err(Diagnostic::new)?;
+    sig.check_definition()
+        .map_err(|e| Diagnostic::new(e.to_string()))?;
     for (role, name) in &sig.roles {
         if sig.param(name).is_none() {
             return Err(Diagnostic::new(format!(

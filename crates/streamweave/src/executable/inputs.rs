@@ -35,9 +35,9 @@ impl Executable {
                     size_of::<f64>(),
                     || Dense::try_random(t.dtype, t.shape.clone(), seed),
                 )
-                .map_err(|message| Error::Input {
+                .map_err(|e| Error::Input {
                     tensor: t.name.clone(),
-                    message,
+                    message: e.to_string(),
                 })
             })
             .collect::<Result<_, _>>()?;
@@ -85,7 +85,8 @@ impl Executable {
             }
             total = total.saturating_add(global).saturating_add(shards);
             if total >= memory::CHECK_ABOVE_BYTES {
-                memory::check_fits(&what, total, available).map_err(Error::Program)?;
+                memory::check_fits(&what, total, available)
+                    .map_err(|e| Error::Program(e.to_string()))?;
             }
             if usize::try_from(global).map_or(true, |b| b > isize::MAX as usize) {
                 return Err(Error::Program(format!(

@@ -55,7 +55,7 @@ impl Executable {
                     .map_err(|d| Error::Program(d.message))?;
             }
         }
-        run_reference(&def, globals).map_err(|m| Error::Run(RunError::Reference(m)))
+        run_reference(&def, globals).map_err(|e| Error::Run(RunError::Reference(e.to_string())))
     }
 
     /// Compares every rank's outputs with the shards of the reference outputs it holds, each
