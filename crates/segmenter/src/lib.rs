@@ -41,6 +41,8 @@
 //! the segment graph is acyclic. It knows nothing of host programs, streams at run time or
 //! CUDA, and does not depend on weave-passes.
 
+mod error;
+mod kind;
 mod partition;
 mod rule;
 mod segment;

@@ -26,49 +26,10 @@ use petgraph::Direction;
 use slotmap::SecondaryMap;
 use weave_ir::{ExprId, Fusion, TensorId};
 
+pub use crate::error::PartitionError;
 use crate::rule::{MergeContext, MergeRule};
 use crate::segment::{build, FusionIndex, Segment, SegmentKind, SegmentedFusion};
-use crate::verify::VerifyError;
 
-/// Why [`SegmentedFusion::from_partition`] refuses a partition.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PartitionError {
-    /// A segment holds no expr.
-    #[error("an empty {kind} segment")]
-    EmptySegment {
-        /// Its kind.
-        kind: SegmentKind,
-    },
-    /// A segment holds an expr that is not in the fusion.
-    #[error("segment {segment} holds an expr that is not in the fusion")]
-    ForeignExpr {
-        /// The segment, by its position in first-expr order.
-        segment: usize,
-    },
-    /// An expr is in two segments.
-    #[error("{op} `{outputs}` is in two segments ({first} and {second})")]
-    InTwoSegments {
-        /// The expr's op.
-        op: &'static str,
-        /// Its outputs, comma-separated.
-        outputs: String,
-        /// The first segment holding it, by position in first-expr order.
-        first: usize,
-        /// The second.
-        second: usize,
-    },
-    /// The segment graph has a cycle through a segment.
-    #[error("the segment graph has a cycle through the {kind} segment of {outputs}")]
-    Cycle {
-        /// The segment's kind.
-        kind: SegmentKind,
-        /// The outputs of its exprs, comma-separated.
-        outputs: String,
-    },
-    /// The built segmentation fails [`verify()`](crate::verify()).
-    #[error(transparent)]
-    Invalid(#[from] VerifyError),
-}
 use crate::verify::verify;
 
 type WorkGraph = StableDiGraph<Segment, TensorId>;
