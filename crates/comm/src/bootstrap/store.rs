@@ -16,11 +16,7 @@ use super::wire::{
 };
 use crate::error::CommError;
 
-/// The longest key the store accepts, in bytes.
-pub const MAX_KEY_BYTES: usize = 4096;
-
-/// The largest value the store accepts, in bytes.
-pub const MAX_VALUE_BYTES: usize = 256 << 20;
+pub use super::wire::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
 /// Why a client handle refuses further operations.
 const BROKEN: &str = "the connection broke off during an earlier operation";

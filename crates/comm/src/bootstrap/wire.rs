@@ -3,7 +3,11 @@
 
 use std::io::{self, Read};
 
-use super::store::MAX_VALUE_BYTES;
+/// The longest key the store accepts, in bytes.
+pub const MAX_KEY_BYTES: usize = 4096;
+
+/// The largest value the store accepts, in bytes.
+pub const MAX_VALUE_BYTES: usize = 256 << 20;
 
 pub(super) const OP_SET: u8 = 1;
 pub(super) const OP_GET: u8 = 2;
