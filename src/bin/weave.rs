@@ -153,7 +153,7 @@ enum Command {
         /// calibration) picks the fastest of 1, 2, 4, 8, no overlap when it cannot pay; on
         /// the CPU backend the fusion's own value.
         #[arg(long, default_value = "auto", value_parser = parse_chunks)]
-        chunks: Chunks,
+        chunks: Auto<usize>,
         /// CUDA backend: after the warm-up, time this many runs on inputs already on the
         /// device (issued back to back, each timed by CUDA events on the main stream) and
         /// print their median and minimum (the slowest rank's), before the checked run (at
@@ -190,13 +190,13 @@ enum Command {
         /// CUDA backend: the most CTAs one NCCL kernel may use (`maxCTAs`), or `auto` for
         /// NCCL's choice. Default: the tuned configuration's, else auto.
         #[arg(long, value_name = "N|auto", value_parser = parse_max_ctas)]
-        nccl_max_ctas: Option<MaxCtas>,
+        nccl_max_ctas: Option<Auto<u32>>,
         /// CUDA backend: NCCL's CTA policy: `efficiency` (as few CTAs as give decent
         /// bandwidth), `zero` (none wherever NCCL can: copy engines over a symmetric window,
         /// NCCL ≥ 2.28), `default`, or `auto` for NCCL's choice. Default: the tuned
         /// configuration's, else auto.
         #[arg(long, value_name = "default|efficiency|zero|auto", value_parser = parse_cta_policy)]
-        nccl_cta_policy: Option<CtaPolicy>,
+        nccl_cta_policy: Option<Auto<streamweave::NcclCtaPolicy>>,
         /// CUDA backend: MiB of a symmetric NCCL window in each direction (0: none, at most
         /// 65536): whole-world allgathers, allreduces and reduce-scatters that fit are staged
         /// through it so NCCL may run its symmetric kernels. Default: the tuned
@@ -346,46 +346,48 @@ fn parse_priority(s: &str) -> Result<bool, String> {
     }
 }
 
-/// `--nccl-max-ctas`: a CTA limit, or `None` for NCCL's choice.
+/// A flag that takes `auto` (`None`: the product chooses) or a value: `--chunks`,
+/// `--nccl-max-ctas`, `--nccl-cta-policy`.
 #[derive(Clone, Copy, Debug)]
-struct MaxCtas(Option<u32>);
+struct Auto<T>(Option<T>);
+
+/// `auto`, or a value that `value` accepts; else the error `expected` says of `s`.
+fn parse_auto<T>(
+    s: &str,
+    value: impl FnOnce(&str) -> Option<T>,
+    expected: impl FnOnce(&str) -> String,
+) -> Result<Auto<T>, String> {
+    if s == "auto" {
+        return Ok(Auto(None));
+    }
+    value(s).map(|v| Auto(Some(v))).ok_or_else(|| expected(s))
+}
 
 /// `--nccl-max-ctas`: `auto` (NCCL's choice) or a count from 1 to 64.
-fn parse_max_ctas(s: &str) -> Result<MaxCtas, String> {
-    if s == "auto" {
-        return Ok(MaxCtas(None));
-    }
-    match s.parse::<u32>() {
-        Ok(n) if (1..=64).contains(&n) => Ok(MaxCtas(Some(n))),
-        _ => Err(format!("`{s}`: expected auto or a CTA count from 1 to 64")),
-    }
+fn parse_max_ctas(s: &str) -> Result<Auto<u32>, String> {
+    parse_auto(
+        s,
+        |s| s.parse::<u32>().ok().filter(|n| (1..=64).contains(n)),
+        |s| format!("`{s}`: expected auto or a CTA count from 1 to 64"),
+    )
 }
 
 /// `--nccl-cta-policy`: a policy, or `auto` (NCCL's choice).
-#[derive(Clone, Copy, Debug)]
-struct CtaPolicy(Option<streamweave::NcclCtaPolicy>);
-
-fn parse_cta_policy(s: &str) -> Result<CtaPolicy, String> {
-    if s == "auto" {
-        return Ok(CtaPolicy(None));
-    }
-    s.parse()
-        .map(|p| CtaPolicy(Some(p)))
-        .map_err(|_| format!("`{s}`: expected default, efficiency, zero or auto"))
+fn parse_cta_policy(s: &str) -> Result<Auto<streamweave::NcclCtaPolicy>, String> {
+    parse_auto(
+        s,
+        |s| s.parse().ok(),
+        |s| format!("`{s}`: expected default, efficiency, zero or auto"),
+    )
 }
 
 /// `--chunks`: `auto` or a positive count.
-#[derive(Clone, Copy, Debug)]
-struct Chunks(Option<usize>);
-
-fn parse_chunks(s: &str) -> Result<Chunks, String> {
-    if s == "auto" {
-        return Ok(Chunks(None));
-    }
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(Chunks(Some(n))),
-        _ => Err(format!("`{s}` is neither `auto` nor a positive number")),
-    }
+fn parse_chunks(s: &str) -> Result<Auto<usize>, String> {
+    parse_auto(
+        s,
+        |s| s.parse::<usize>().ok().filter(|&n| n >= 1),
+        |s| format!("`{s}` is neither `auto` nor a positive number"),
+    )
 }
 
 fn main() -> ExitCode {
