@@ -14,7 +14,9 @@ fn ov(overrides: &[(&str, i64)]) -> Vec<(String, i64)> {
 fn lower(source: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let f =
         streamweave::load("test.weave", source, &ov(overrides)).unwrap_or_else(|e| panic!("{e}"));
-    streamweave::compile(f).unwrap_or_else(|e| panic!("{e}"))
+    streamweave::Compiler::new()
+        .lower(f)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `source` on `ranks` in-process ranks with the race checker and panics unless every

@@ -17,7 +17,9 @@ use streamweave::passes::{
 fn lower_with(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let f = streamweave::load_file(&fixture(name), &ov).unwrap();
-    streamweave::compile(f).unwrap_or_else(|e| panic!("{name}: {e}"))
+    streamweave::Compiler::new()
+        .lower(f)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 fn lower(name: &str) -> HostProgram {
@@ -337,7 +339,7 @@ fn collectives_on_a_two_dimensional_mesh_run_within_its_rows() {
             .replace("devices(dy, dx)", &permuted_mesh(dy, dx));
         let ov: Vec<(String, i64)> = shape.iter().map(|(k, v)| (k.to_string(), *v)).collect();
         let f = streamweave::load("permuted.weave", &source, &ov).unwrap();
-        let p = streamweave::compile(f).unwrap();
+        let p = streamweave::Compiler::new().lower(f).unwrap();
         let loops = compute_loops(&p);
         let rows: Vec<Vec<i64>> = rows(dy, dx)
             .into_iter()
@@ -395,7 +397,7 @@ fn send_recv_pairs_between_disjoint_meshes_share_one_node() {
 }
 ";
     let f = streamweave::load("pairs.weave", src, &[]).unwrap();
-    let p = streamweave::compile(f).unwrap();
+    let p = streamweave::Compiler::new().lower(f).unwrap();
     assert_eq!(
         communications(&p),
         vec![(SendRecv, vec![vec![0, 2], vec![1, 3]])]
@@ -419,7 +421,7 @@ fn a_reduction_to_a_receiver_outside_the_senders_goes_through_them() {
 }
 ";
     let f = streamweave::load("outside.weave", src, &[]).unwrap();
-    let p = streamweave::compile(f).unwrap();
+    let p = streamweave::Compiler::new().lower(f).unwrap();
     assert_eq!(
         communications(&p),
         vec![(Allreduce, vec![vec![0, 1]]), (Broadcast, vec![vec![2, 0]])]
@@ -601,7 +603,10 @@ fn an_all_to_all_with_another_split_on_its_cut_axis_is_refused() {
 }
 ";
     let f = streamweave::load("cut.weave", src, &[]).unwrap();
-    let e = streamweave::compile(f).unwrap_err().to_string();
+    let e = streamweave::Compiler::new()
+        .lower(f)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.starts_with(
             "pass `reorder-sharded-axis`: AllToAll over DIDx in `y = set(x)`: `x` is also split \
@@ -626,7 +631,11 @@ fn a_scatter_onto_a_two_dimensional_mesh_from_another_broadcasts_then_scatters()
 }
 ";
     let f = streamweave::load("sc.weave", src, &[]).unwrap_or_else(|e| panic!("{e}"));
-    let text = host_ir::print(&streamweave::compile(f).unwrap_or_else(|e| panic!("{e}")));
+    let text = host_ir::print(
+        &streamweave::Compiler::new()
+            .lower(f)
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
     assert!(text.contains("type=Broadcast"), "{text}");
     assert!(text.contains("type=Scatter, team=(0 1 | 2 3)"), "{text}");
 }
@@ -638,7 +647,7 @@ fn two_sharding_changes_in_one_expr_become_one_collective_each() {
     use CommunicationType::*;
     let src = "fusion f(d = 2) {\n  mesh m = devices(d, d)\n  tensor a: f32[4, 4] on m\n  b = set(a)\n  output b\n  schedule a { outer_split(0, d) -> DIDx; outer_split(2, d) -> DIDy }\n  schedule b { mesh = m; outer_split(1, d) -> DIDx; outer_split(0, d) -> DIDy }\n}\n";
     let f = streamweave::load("two.weave", src, &[]).unwrap();
-    let p = streamweave::compile(f).unwrap();
+    let p = streamweave::Compiler::new().lower(f).unwrap();
     let (rows, columns) = (vec![vec![0, 1], vec![2, 3]], vec![vec![0, 2], vec![1, 3]]);
     assert_eq!(
         communications(&p),
@@ -1029,7 +1038,7 @@ fn kernel_only_loops_keep_chunks_that_move_64_mib_or_more() {
             ("s".to_string(), 4),
         ];
         let f = streamweave::load_file(&path, &set).unwrap();
-        let p = streamweave::compile(f).unwrap();
+        let p = streamweave::Compiler::new().lower(f).unwrap();
         assert_eq!(
             compute_loops(&p).len(),
             loops,

@@ -11,7 +11,9 @@ use streamweave::host_ir::{self, CommunicationType, HostProgram, Stmt, StmtId};
 fn lower_source(source: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let f = streamweave::load("test.weave", source, &ov).unwrap_or_else(|e| panic!("{e}"));
-    streamweave::compile(f).unwrap_or_else(|e| panic!("{e}"))
+    streamweave::Compiler::new()
+        .lower(f)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn lower(name: &str, overrides: &[(&str, i64)]) -> HostProgram {

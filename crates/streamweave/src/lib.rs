@@ -223,15 +223,6 @@ fn scheduled_splits(fusion: &Fusion) -> Vec<String> {
     out
 }
 
-/// Runs the standard pipeline ([`weave_passes::Pipeline::standard`], without dumps) on a
-/// loaded fusion and returns the host program every rank runs.
-pub fn compile(fusion: Fusion) -> Result<weave_host_ir::HostProgram, weave_passes::PipelineError> {
-    match weave_passes::PassManager::standard().run(weave_passes::Ir::Fusion(fusion))? {
-        weave_passes::Ir::Host(p) => Ok(p),
-        other => Err(weave_passes::PipelineError::WrongResult(other.form())),
-    }
-}
-
 /// Reads and loads a `.weave` file.
 pub fn load_file(path: &Path, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
     let file = path.display().to_string();
