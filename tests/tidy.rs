@@ -588,15 +588,9 @@ fn a_cpu_only_weave_builds_no_cuda_bindings() {
     );
 }
 
-/// Import cycles between files that are known and not yet broken (issue 30): a cycle may only
-/// lie within one of these. Remove an entry once its cycle is gone; never add one.
-const KNOWN_IMPORT_CYCLES: &[&[&str]] = &[&[
-    "crates/streamweave/src/calibrate.rs",
-    "crates/streamweave/src/chunks.rs",
-    "crates/streamweave/src/gpu.rs",
-    "crates/streamweave/src/run.rs",
-    "crates/streamweave/src/threads.rs",
-]];
+/// Import cycles between files that are known and not yet broken: a cycle may only lie within
+/// one of these. None is left; never add one.
+const KNOWN_IMPORT_CYCLES: &[&[&str]] = &[];
 
 #[test]
 fn no_file_imports_itself_through_others() {

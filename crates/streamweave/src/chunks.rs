@@ -12,7 +12,7 @@ use weave_executor::{run_rank, Dense, RunConfig};
 
 use weave_host_ir::HostProgram;
 
-use crate::run::RunError;
+use crate::setup::RunError;
 
 /// What a machine does: measured once per machine (`calibrate`) and cached, or the H200
 /// figures of reference/anchors.md when nothing was measured.

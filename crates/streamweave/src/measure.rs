@@ -291,7 +291,7 @@ pub fn run_program(
         CopyEngine::Windows(exchange, options) => {
             let mut gathered = None;
             let ipc = IpcCopy::connect(comm, rank.gpu.clone(), *options, |card| {
-                let all = exchange.all_gather(rank, card);
+                let all = exchange.all_gather_as(rank.rank, rank.timeout, card);
                 gathered = all.as_ref().err().cloned();
                 all.map_err(weave_comm::CommError::Bootstrap)
             })

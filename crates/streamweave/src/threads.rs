@@ -305,16 +305,6 @@ impl Exchange {
         })
     }
 
-    /// Hands `value` to every rank of a [`World`](crate::calibrate::World) and returns
-    /// every rank's, in rank order.
-    pub fn all_gather(
-        &self,
-        rank: &crate::calibrate::Rank,
-        value: Vec<u8>,
-    ) -> Result<Vec<Vec<u8>>, String> {
-        self.all_gather_as(rank.rank, rank.timeout, value)
-    }
-
     /// Hands `value` to every rank as rank `rank` and returns every rank's, in rank order,
     /// waiting at most `timeout` for the others.
     pub fn all_gather_as(
