@@ -507,18 +507,18 @@ median_ms = 1.5
     .unwrap();
     let mut options = streamweave::RunOptions::default();
     cache.entries[0].apply(&mut options);
-    assert_eq!(options.transport, streamweave::Transport::CopyEngine);
-    assert!(options.overlap.ordered_compute);
-    assert_eq!(options.overlap.nccl_max_ctas, Some(16));
+    assert_eq!(options.gpu.transport, streamweave::Transport::CopyEngine);
+    assert!(options.gpu.overlap.ordered_compute);
+    assert_eq!(options.gpu.overlap.nccl_max_ctas, Some(16));
     let pinned = weave_cli::cli::Pinned {
         ordered_compute: Some(false),
         nccl_max_ctas: Some(None),
         ..weave_cli::cli::Pinned::default()
     };
     pinned.apply(&mut options);
-    assert!(!options.overlap.ordered_compute);
-    assert_eq!(options.overlap.nccl_max_ctas, None);
-    assert_eq!(options.transport, streamweave::Transport::CopyEngine);
+    assert!(!options.gpu.overlap.ordered_compute);
+    assert_eq!(options.gpu.overlap.nccl_max_ctas, None);
+    assert_eq!(options.gpu.transport, streamweave::Transport::CopyEngine);
     assert_eq!(options.streams, 2);
 }
 

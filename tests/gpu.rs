@@ -877,7 +877,10 @@ fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
                 timeouts: streamweave::Timeouts::all(Duration::from_secs(60)),
                 warmup: 1,
                 iters: 5,
-                replay,
+                gpu: streamweave::GpuRunOptions {
+                    replay,
+                    ..Default::default()
+                },
                 ..RunOptions::default()
             };
             let report = exe
@@ -1150,8 +1153,11 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
         warmup: 1,
         iters: 3,
         timeouts: streamweave::Timeouts::all(Duration::from_secs(60)),
-        tune: Some(Duration::from_secs(60)),
-        tune_cache: Some(cache.clone()),
+        gpu: streamweave::GpuRunOptions {
+            tune: Some(Duration::from_secs(60)),
+            tune_cache: Some(cache.clone()),
+            ..Default::default()
+        },
         ..RunOptions::default()
     };
     let globals = exe.random_inputs(9).unwrap();

@@ -428,7 +428,9 @@ fn options(ranks: usize, streams: usize) -> RunOptions {
         check_races: true,
         timeouts: streamweave::Timeouts::all(Duration::from_secs(10)),
         // The caller's stream is slow: a worker that does not wait for it runs ahead.
-        delays: vec![(StreamKey::Main, Duration::from_micros(300))],
+        cpu: streamweave::CpuRunOptions {
+            delays: vec![(StreamKey::Main, Duration::from_micros(300))],
+        },
         ..RunOptions::default()
     }
 }

@@ -515,10 +515,13 @@ fn main() -> ExitCode {
                 timeouts: streamweave::Timeouts::all(Duration::from_secs(timeout_secs)),
                 warmup: count(warmup),
                 iters: count(iters),
-                replay: !eager,
-                // The command line tunes its first repeated run itself (it caches across
-                // processes): the library's tuning of a second call never applies.
-                tune: None,
+                gpu: streamweave::GpuRunOptions {
+                    replay: !eager,
+                    // The command line tunes its first repeated run itself (it caches across
+                    // processes): the library's tuning of a second call never applies.
+                    tune: None,
+                    ..streamweave::GpuRunOptions::default()
+                },
                 ..streamweave::RunOptions::default()
             };
             let json = weave_cli::cli::RunFlags {

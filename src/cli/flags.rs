@@ -72,31 +72,31 @@ impl Pinned {
     /// Sets the knobs given on `options`.
     pub fn apply(&self, options: &mut RunOptions) {
         if let Some(t) = self.transport {
-            options.transport = t;
+            options.gpu.transport = t;
         }
         if let Some(v) = self.ordered_compute {
-            options.overlap.ordered_compute = v;
+            options.gpu.overlap.ordered_compute = v;
         }
         if let Some(v) = self.pool_priority_high {
-            options.overlap.pool_priority_high = v;
+            options.gpu.overlap.pool_priority_high = v;
         }
         if let Some(v) = self.gemm_sm_margin {
-            options.overlap.gemm_sm_margin = v;
+            options.gpu.overlap.gemm_sm_margin = v;
         }
         if let Some(v) = self.nccl_max_ctas {
-            options.overlap.nccl_max_ctas = v;
+            options.gpu.overlap.nccl_max_ctas = v;
         }
         if let Some(v) = self.nccl_cta_policy {
-            options.overlap.nccl_cta_policy = v;
+            options.gpu.overlap.nccl_cta_policy = v;
         }
         if let Some(v) = self.nccl_window_mib {
-            options.overlap.nccl_window_mib = v;
+            options.gpu.overlap.nccl_window_mib = v;
         }
         if let Some(v) = self.ce_slot_mib {
-            options.overlap.ce_slot_mib = v;
+            options.gpu.overlap.ce_slot_mib = v;
         }
         if let Some(v) = self.gemm_into_windows {
-            options.overlap.gemm_into_windows = v;
+            options.gpu.overlap.gemm_into_windows = v;
         }
     }
 }

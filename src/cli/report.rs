@@ -170,17 +170,17 @@ pub(super) fn describe_config(exe: &Executable, options: &RunOptions, cuda: bool
         .map_or_else(|| "S=as written".to_string(), |v| format!("S={v}"));
     let mut out = format!("{s} K={}", options.streams);
     if cuda {
-        out.push_str(if options.replay && options.iters > 0 {
+        out.push_str(if options.gpu.replay && options.iters > 0 {
             " replay"
         } else {
             " eager"
         });
-        out.push_str(match options.transport {
+        out.push_str(match options.gpu.transport {
             streamweave::Transport::Nccl => ", NCCL",
             streamweave::Transport::CopyEngine => ", copy-engine",
         });
-        if options.overlap != streamweave::Overlap::default() {
-            out.push_str(&format!(", {}", options.overlap.describe()));
+        if options.gpu.overlap != streamweave::Overlap::default() {
+            out.push_str(&format!(", {}", options.gpu.overlap.describe()));
         }
     }
     out

@@ -152,7 +152,7 @@ pub fn run(
         && flags.cuda
         && options.iters > 0
         && !flags.pinned.any()
-        && options.replay
+        && options.gpu.replay
     {
         match (&launched, flags.tune_budget) {
             (_, None) => {}
@@ -292,7 +292,7 @@ pub fn run(
         return fail(e.to_string());
     }
     if is_reporter {
-        let transport = match options.transport {
+        let transport = match options.gpu.transport {
             streamweave::Transport::Nccl => "",
             streamweave::Transport::CopyEngine => ", copy-engine transfers",
         };

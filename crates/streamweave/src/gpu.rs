@@ -29,6 +29,7 @@ fn cuda_options(options: &RunOptions, gpu: &Gpu) -> Result<CudaOptions, ExecErro
         ..CudaOptions::default()
     };
     options
+        .gpu
         .overlap
         .cuda_options(base, gpu.sm_count())
         .map_err(ExecError::Program)
@@ -91,7 +92,11 @@ fn run_one(
     let run = match link {
         Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
         Link::Ipc(_) | Link::Windows(_) => {
-            let windows = options.overlap.ce_windows().map_err(ExecError::Program)?;
+            let windows = options
+                .gpu
+                .overlap
+                .ce_windows()
+                .map_err(ExecError::Program)?;
             let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), windows, |card| {
                 if let Link::Windows(exchange) = link {
                     exchange
@@ -152,7 +157,7 @@ where
     C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>,
 {
     let mut timed = Vec::new();
-    let replayed = options.iters > 0 && options.replay && capturable;
+    let replayed = options.iters > 0 && options.gpu.replay && capturable;
     if options.warmup > 0 || options.iters > 0 {
         let buffers = inputs
             .iter()
@@ -257,7 +262,7 @@ fn run_threads_with(
         Arc::new(options.clone()),
     );
     crate::threads::run_rank_threads_bounded(per_rank, limit, move |rank, inputs| {
-        let link = match options.transport {
+        let link = match options.gpu.transport {
             Transport::Nccl => Link::Nccl,
             Transport::CopyEngine => Link::Windows(&exchange),
         };
@@ -313,7 +318,7 @@ pub fn run_launched(
         rank,
         world,
         &id,
-        match options.transport {
+        match options.gpu.transport {
             Transport::Nccl => Link::Nccl,
             Transport::CopyEngine => Link::Ipc(&store),
         },

@@ -105,8 +105,8 @@ mod world;
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
 pub use run::{
-    NcclCtaPolicy, Overlap, RunOptions, RunReport, Target, Timeouts, Transport, MAX_CE_SLOT_MIB,
-    MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,
+    CpuRunOptions, GpuRunOptions, NcclCtaPolicy, Overlap, RunOptions, RunReport, Target, Timeouts,
+    Transport, MAX_CE_SLOT_MIB, MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,
 };
 #[cfg(feature = "cuda")]
 pub use session::{Buffer, CudaSession, RankCall};

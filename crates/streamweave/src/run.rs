@@ -14,8 +14,8 @@ use crate::tensor::Outputs;
 use crate::threads::run_rank_threads;
 
 pub use crate::setup::{
-    NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Timeouts, Transport, MAX_CE_SLOT_MIB,
-    MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,
+    CpuRunOptions, GpuRunOptions, NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Timeouts,
+    Transport, MAX_CE_SLOT_MIB, MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,
 };
 
 /// Why a GPU target fails in a build without the `cuda` feature.
@@ -49,7 +49,7 @@ pub struct RunReport {
     /// Wall time of the whole run of all ranks.
     pub run_time: Duration,
     /// The configuration that ran when it was not the caller's (a tuned one, see
-    /// [`RunOptions::tune`]): `S=2 K=2 replay, ordered compute (tuned now)`.
+    /// [`GpuRunOptions::tune`]): `S=2 K=2 replay, ordered compute (tuned now)`.
     pub config: Option<String>,
 }
 
@@ -147,7 +147,7 @@ pub fn run_local(
         let backend = CpuBackend::new(CpuOptions {
             timeout: options.timeouts.wait,
             trace: options.trace,
-            delays: options.delays.clone(),
+            delays: options.cpu.delays.clone(),
         });
         run_rank(program, &backend, &comm, &inputs, config)
     })

@@ -412,6 +412,7 @@ fn open_rank(
     comm.prepare_teams(&program_teams(exe.program()))
         .map_err(|e| fail(e.to_string()))?;
     let cuda = options
+        .gpu
         .overlap
         .cuda_options(
             CudaOptions {

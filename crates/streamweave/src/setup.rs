@@ -94,14 +94,29 @@ pub struct RunOptions {
     /// How long the run may take, how long ranks wait to meet, and how long any wait may
     /// take ([`Timeouts`]; `weave run --timeout-secs` sets all three).
     pub timeouts: Timeouts,
-    /// Streams slowed down before each job (tests, CPU backend).
-    pub delays: Vec<(StreamKey, Duration)>,
     /// Runs of the program before the one that is checked and traced (GPU: warms up
     /// kernels, GEMM plans, NCCL connections and the memory pool).
     pub warmup: usize,
     /// Timed runs after the warm-up ones, on inputs already on the device (outputs left
     /// there): their wall times land in [`RankRun::timed`](weave_executor::RankRun).
     pub iters: usize,
+    /// What only the CPU backend reads ([`Target::Cpu`]).
+    pub cpu: CpuRunOptions,
+    /// What only GPU runs read ([`Target::Cuda`], [`Target::Launched`]): replay, transport,
+    /// overlap knobs and tuning.
+    pub gpu: GpuRunOptions,
+}
+
+/// The options of a run that only the CPU backend reads ([`RunOptions::cpu`]).
+#[derive(Clone, Debug, Default)]
+pub struct CpuRunOptions {
+    /// Streams slowed down before each job (tests of stream ordering and races).
+    pub delays: Vec<(StreamKey, Duration)>,
+}
+
+/// The options of a run that only GPU runs read ([`RunOptions::gpu`]).
+#[derive(Clone, Debug)]
+pub struct GpuRunOptions {
     /// Time the repetitions as replays of one run captured as a CUDA graph (the default;
     /// [`weave_executor::Replay`]): one launch per run instead of one host call per
     /// statement. Off, each repetition is issued statement by statement.
@@ -112,7 +127,7 @@ pub struct RunOptions {
     pub overlap: Overlap,
     /// The second [`Executable::run`](crate::Executable::run) of a program on GPUs of this
     /// process (`Target::Cuda`), with the default pool, transport and overlap knobs, tunes it
-    /// first within this budget unless [`RunOptions::tune_cache`] has its configuration, and
+    /// first within this budget unless [`GpuRunOptions::tune_cache`] has its configuration, and
     /// runs (and later runs) the winner ([`crate::RunReport::config`] says which). `None`:
     /// never.
     pub tune: Option<Duration>,
@@ -120,6 +135,18 @@ pub struct RunOptions {
     /// `~/.cache/streamweave/tune.toml`); `None`: the tuned configuration lives in the
     /// executable only.
     pub tune_cache: Option<std::path::PathBuf>,
+}
+
+impl Default for GpuRunOptions {
+    fn default() -> GpuRunOptions {
+        GpuRunOptions {
+            replay: true,
+            transport: Transport::Nccl,
+            overlap: Overlap::default(),
+            tune: Some(Duration::from_secs(60)),
+            tune_cache: None,
+        }
+    }
 }
 
 /// The three bounds of a run ([`RunOptions::timeouts`]). [`Timeouts::all`] gives one value to
@@ -415,14 +442,10 @@ impl Default for RunOptions {
             check_races: true,
             trace: false,
             timeouts: Timeouts::default(),
-            delays: Vec::new(),
             warmup: 0,
             iters: 0,
-            replay: true,
-            transport: Transport::Nccl,
-            overlap: Overlap::default(),
-            tune: Some(Duration::from_secs(60)),
-            tune_cache: None,
+            cpu: CpuRunOptions::default(),
+            gpu: GpuRunOptions::default(),
         }
     }
 }

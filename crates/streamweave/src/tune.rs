@@ -60,11 +60,13 @@ pub struct Candidate {
     pub chunks: Option<usize>,
     /// The stream-pool size K ([`RunOptions::streams`]).
     pub streams: usize,
-    /// Whether repeated runs replay a captured CUDA graph ([`RunOptions::replay`]).
+    /// Whether repeated runs replay a captured CUDA graph
+    /// ([`GpuRunOptions::replay`](crate::GpuRunOptions::replay)).
     pub replay: bool,
-    /// How allgathers and transfers move ([`RunOptions::transport`]).
+    /// How allgathers and transfers move
+    /// ([`GpuRunOptions::transport`](crate::GpuRunOptions::transport)).
     pub transport: Transport,
-    /// The backend's overlap knobs ([`RunOptions::overlap`]).
+    /// The backend's overlap knobs ([`GpuRunOptions::overlap`](crate::GpuRunOptions::overlap)).
     pub overlap: Overlap,
 }
 

@@ -43,7 +43,7 @@ pub(crate) struct OpenRank {
 /// The NCCL options a run asks for: its overlap knobs (CTA limits, windows) over NCCL's
 /// defaults, every wait bounded by the run's wait timeout.
 pub(crate) fn nccl_options(options: &RunOptions) -> Result<NcclOptions, String> {
-    options.overlap.nccl_options(NcclOptions {
+    options.gpu.overlap.nccl_options(NcclOptions {
         timeout: options.timeouts.wait,
         ..NcclOptions::default()
     })

@@ -99,17 +99,17 @@ impl Executable {
     /// The tuned program and configuration a run with `options` uses: on GPUs of this process,
     /// from the second run on, when the options leave pool, transport and knobs at their
     /// defaults and the program carries its definition (to compile other chunk counts).
-    /// Tunes once ([`RunOptions::tune`]) when the cache has nothing; `Some(Err)` on the run
+    /// Tunes once ([`GpuRunOptions::tune`]) when the cache has nothing; `Some(Err)` on the run
     /// whose tuning failed (later runs run the program as compiled, `None`).
     fn tuned_for(&self, options: &RunOptions) -> Option<Result<Arc<Tuned>, String>> {
         let Target::Cuda { ranks } = options.target else {
             return None;
         };
-        let budget = options.tune?;
+        let budget = options.gpu.tune?;
         let defaults = RunOptions::default();
         if options.streams != defaults.streams
-            || options.transport != defaults.transport
-            || options.overlap != defaults.overlap
+            || options.gpu.transport != defaults.gpu.transport
+            || options.gpu.overlap != defaults.gpu.overlap
         {
             return None;
         }
@@ -152,7 +152,7 @@ impl Executable {
         }
         let machine = crate::tune::gpu_name(0)?;
         let key = crate::tune::TuneKey::of(&fusion, ranks, "cuda", &machine);
-        let cache = options.tune_cache.as_deref();
+        let cache = options.gpu.tune_cache.as_deref();
         let cached = match cache {
             Some(p) => crate::tune::lookup(p, &key)?,
             None => None,

@@ -191,9 +191,9 @@ impl Entry {
     pub fn apply(&self, options: &mut RunOptions) {
         let c = self.candidate();
         options.streams = c.streams;
-        options.replay = options.replay && c.replay;
-        options.transport = c.transport;
-        options.overlap = c.overlap;
+        options.gpu.replay = options.gpu.replay && c.replay;
+        options.gpu.transport = c.transport;
+        options.gpu.overlap = c.overlap;
     }
 }
 

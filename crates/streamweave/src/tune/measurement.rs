@@ -10,7 +10,7 @@ use super::Candidate;
 #[cfg(doc)]
 use super::TuneKey;
 use crate::executable::Executable;
-use crate::run::{RunOptions, Target, Timeouts};
+use crate::run::{GpuRunOptions, RunOptions, Target, Timeouts};
 
 /// The name of GPU `device` (`NVIDIA H200`), the machine part of a [`TuneKey`].
 #[cfg(feature = "cuda")]
@@ -91,11 +91,14 @@ impl Measure for RunMeasure {
             check: false,
             check_races: false,
             timeouts: Timeouts::all(self.timeout),
-            replay: candidate.replay,
-            transport: candidate.transport,
-            overlap: candidate.overlap,
-            // A candidate is measured as it is, never tuned itself.
-            tune: None,
+            gpu: GpuRunOptions {
+                replay: candidate.replay,
+                transport: candidate.transport,
+                overlap: candidate.overlap,
+                // A candidate is measured as it is, never tuned itself.
+                tune: None,
+                ..GpuRunOptions::default()
+            },
             ..RunOptions::default()
         };
         if self.target.is_cuda() {

@@ -267,7 +267,7 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
     assert_eq!(back.entries[0].candidate(), best);
     let mut run = RunOptions::default();
     entry.apply(&mut run);
-    assert_eq!((run.streams, run.overlap), (2, best.overlap));
+    assert_eq!((run.streams, run.gpu.overlap), (2, best.overlap));
     let table = t.to_string();
     assert!(
         table.contains("* S=2 K=2 replay, ordered compute, pool priority high"),
@@ -601,13 +601,13 @@ fn the_cache_round_trips_keeps_other_entries_and_replaces_its_own() {
         ..RunOptions::default()
     };
     stored.apply(&mut options);
-    assert_eq!((options.streams, options.replay), (1, true));
+    assert_eq!((options.streams, options.gpu.replay), (1, true));
     let eager = Entry {
         replay: false,
         ..stored.clone()
     };
     eager.apply(&mut options);
-    assert!(!options.replay);
+    assert!(!options.gpu.replay);
     // Another program's entry joins it; tuning the first again replaces its entry.
     let other = tune(&fusion(&[("t", 96)]), &unpruned(), &mut &fake).unwrap();
     store(&path, &other).unwrap();
