@@ -108,8 +108,19 @@ fn a_lookup_with_the_hidden_axis_on_devices_needs_no_communication() {
     }
 }
 
-/// `table[r, c] = 100 r + c`; the ids hit every device's block, repeat, and include the first
+/// The ids of [`known_lookup`]: they hit every device's block, repeat, and include the first
 /// and last rows.
+const KNOWN_IDS: [i64; 10] = [0, 23, 5, 6, 11, 12, 17, 18, 5, 23];
+
+/// Rows `rows` of the table of [`known_lookup`], `table[r, c] = 100 r + c` with 3 columns,
+/// flattened.
+fn known_rows(rows: impl IntoIterator<Item = i64>) -> Vec<f64> {
+    rows.into_iter()
+        .flat_map(|r| (0..3).map(move |c| (100 * r + c) as f64))
+        .collect()
+}
+
+/// `table[r, c] = 100 r + c` looked up at [`KNOWN_IDS`] on `d` ranks.
 fn known_lookup(d: i64) -> Vec<f64> {
     let src = "fusion known(n = 10, v = 24, h = 3, d = 2) {
   mesh m = devices(d)
@@ -124,13 +135,8 @@ fn known_lookup(d: i64) -> Vec<f64> {
         .compile(&load(src, &[("d", d)]))
         .unwrap();
     let mut globals = exe.random_inputs(1).unwrap();
-    globals[0].data = [0, 23, 5, 6, 11, 12, 17, 18, 5, 23]
-        .iter()
-        .map(|v| *v as f64)
-        .collect();
-    globals[1].data = (0..24)
-        .flat_map(|r| (0..3).map(move |c| (100 * r + c) as f64))
-        .collect();
+    globals[0].data = KNOWN_IDS.iter().map(|v| *v as f64).collect();
+    globals[1].data = known_rows(0..24);
     let report = exe
         .run_dense(
             &globals,
@@ -154,10 +160,7 @@ fn known_lookup(d: i64) -> Vec<f64> {
 
 #[test]
 fn each_id_reads_its_row_exactly_whichever_device_holds_it() {
-    let want: Vec<f64> = [0, 23, 5, 6, 11, 12, 17, 18, 5, 23]
-        .iter()
-        .flat_map(|r| (0..3).map(move |c| (100 * r + c) as f64))
-        .collect();
+    let want = known_rows(KNOWN_IDS);
     for d in [1, 2, 3, 4] {
         assert_eq!(known_lookup(d), want, "{d} ranks");
     }

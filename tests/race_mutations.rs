@@ -706,20 +706,9 @@ K0: fusion copy() {
 ";
     let p = streamweave::host_ir::parse(src).unwrap_or_else(|e| panic!("{e}"));
     let params = HashMap::new();
-    let syncs: Vec<StmtId> = p
-        .top_level
-        .iter()
-        .copied()
-        .filter(|s| matches!(p.stmts.get(*s), Some(Stmt::Synchronize { .. })))
-        .collect();
+    let syncs = top_level_syncs(&p);
     assert_eq!(syncs.len(), 3);
-    let without = |ids: &[StmtId]| {
-        let mut q = p.clone();
-        for &s in ids {
-            q.remove(s);
-        }
-        q
-    };
+    let without = |ids: &[StmtId]| without_stmts(&p, ids);
     let why = |q: &HostProgram| redundancy(&p, q, 1, 2, &params);
     assert_eq!(
         why(&p),
@@ -774,17 +763,8 @@ K0: fusion copy() {
 }
 ";
     let p = streamweave::host_ir::parse(src).unwrap_or_else(|e| panic!("{e}"));
-    let syncs: Vec<StmtId> = p
-        .top_level
-        .iter()
-        .copied()
-        .filter(|s| matches!(p.stmts.get(*s), Some(Stmt::Synchronize { .. })))
-        .collect();
-    let without = |s: StmtId| {
-        let mut q = p.clone();
-        q.remove(s);
-        q
-    };
+    let syncs = top_level_syncs(&p);
+    let without = |s: StmtId| without_stmts(&p, &[s]);
     let why = |q: &HostProgram| redundancy(&p, q, 1, 2, &params);
     assert_eq!(
         why(&without(syncs[1])),
@@ -801,4 +781,22 @@ K0: fusion copy() {
         None,
         "the kernel reads the input T0"
     );
+}
+
+/// The `Synchronize` statements of `p`'s top level, in program order.
+fn top_level_syncs(p: &HostProgram) -> Vec<StmtId> {
+    p.top_level
+        .iter()
+        .copied()
+        .filter(|s| matches!(p.stmts.get(*s), Some(Stmt::Synchronize { .. })))
+        .collect()
+}
+
+/// `p` without the statements `ids`.
+fn without_stmts(p: &HostProgram, ids: &[StmtId]) -> HostProgram {
+    let mut q = p.clone();
+    for &s in ids {
+        q.remove(s);
+    }
+    q
 }

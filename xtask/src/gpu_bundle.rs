@@ -80,30 +80,24 @@ pub fn run(args: &BundleArgs) -> anyhow::Result<ExitCode> {
         kind: "bin",
         bundle_name: "weave".into(),
     }];
+    // An integration test of the root package, built as an executable of the bundle.
+    let test = |target: &str, bundle_name: &str| Build {
+        package: CLI_PACKAGE,
+        cargo_args: ["test", "--test", target, "--no-run"]
+            .map(String::from)
+            .to_vec(),
+        target: target.into(),
+        kind: "test",
+        bundle_name: bundle_name.into(),
+    };
     if root.join("tests/gpu.rs").is_file() {
-        builds.push(Build {
-            package: CLI_PACKAGE,
-            cargo_args: ["test", "--test", "gpu", "--no-run"]
-                .map(String::from)
-                .to_vec(),
-            target: "gpu".into(),
-            kind: "test",
-            bundle_name: "gpu-tests".into(),
-        });
+        builds.push(test("gpu", "gpu-tests"));
     } else {
         eprintln!("warning: tests/gpu.rs does not exist; the bundle has no bin/gpu-tests");
     }
     // The command-line fuzz harness, for a machine with many cores (it runs bin/weave).
     if root.join("tests/fuzz_cli.rs").is_file() {
-        builds.push(Build {
-            package: CLI_PACKAGE,
-            cargo_args: ["test", "--test", "fuzz_cli", "--no-run"]
-                .map(String::from)
-                .to_vec(),
-            target: "fuzz_cli".into(),
-            kind: "test",
-            bundle_name: "fuzz-cli".into(),
-        });
+        builds.push(test("fuzz_cli", "fuzz-cli"));
     }
     for bench in gpu_benches(&root.join(BENCH_DIR).join("benches"))? {
         builds.push(Build {
