@@ -246,6 +246,26 @@ fn run_posting(
     })
 }
 
+/// `run_ok` on 4 ranks where the members of `team` post `op(rank, output)` as `label`, their
+/// output `out_len` poisoned `dtype` elements, which they return; the other ranks post
+/// nothing and return `None`.
+fn run_team(
+    team: &[usize],
+    dtype: DataType,
+    label: &str,
+    out_len: usize,
+    op: impl Fn(usize, HostView) -> CommOp<HostView> + Sync,
+) -> Vec<Option<HostView>> {
+    run_ok(4, |rank, comm, stream| {
+        if !team.contains(&rank) {
+            return None;
+        }
+        let output = poisoned(dtype, out_len);
+        post(comm, stream, label, team, op(rank, output.clone()));
+        Some(output)
+    })
+}
+
 fn world_team(n: usize) -> Vec<usize> {
     (0..n).collect()
 }
@@ -286,22 +306,11 @@ fn allgather_concatenates_inputs_in_team_order() {
 fn allgather_on_a_team_subset_follows_the_team_order() {
     for team in [[1, 3], [3, 1]] {
         for dtype in DTYPES {
-            let outputs = run_ok(4, |rank, comm, stream| {
-                if !team.contains(&rank) {
-                    return None;
+            let outputs = run_team(&team, dtype, "ag-sub", 4, |rank, output| {
+                CommOp::Allgather {
+                    input: view(dtype, &data(dtype, rank, 2)),
+                    output,
                 }
-                let output = poisoned(dtype, 4);
-                post(
-                    comm,
-                    stream,
-                    "ag-sub",
-                    &team,
-                    CommOp::Allgather {
-                        input: view(dtype, &data(dtype, rank, 2)),
-                        output: output.clone(),
-                    },
-                );
-                Some(output)
             });
             let expected: Vec<f64> = team.iter().flat_map(|&r| data(dtype, r, 2)).collect();
             for &rank in &team {
@@ -475,28 +484,17 @@ fn reduce_scatter_gives_each_member_its_piece() {
 #[test]
 fn reduce_scatter_max_on_a_team_subset() {
     // Team [3, 1]: rank 3 is member 0 and gets piece 0.
-    let outputs = run_ok(4, |rank, comm, stream| {
-        if rank != 1 && rank != 3 {
-            return None;
-        }
-        let output = poisoned(DataType::Bf16, 2);
+    let outputs = run_team(&[3, 1], DataType::Bf16, "rs-max", 2, |rank, output| {
         let input = if rank == 3 {
             [1.0, 8.0, -3.0, 5.0]
         } else {
             [2.0, 7.0, -4.0, 6.0]
         };
-        post(
-            comm,
-            stream,
-            "rs-max",
-            &[3, 1],
-            CommOp::ReduceScatter {
-                input: view(DataType::Bf16, &input),
-                output: output.clone(),
-                op: RedOp::Max,
-            },
-        );
-        Some(output)
+        CommOp::ReduceScatter {
+            input: view(DataType::Bf16, &input),
+            output,
+            op: RedOp::Max,
+        }
     });
     assert_eq!(outputs[3].as_ref().unwrap().read(), vec![2.0, 8.0]);
     assert_eq!(outputs[1].as_ref().unwrap().read(), vec![-3.0, 6.0]);
@@ -536,23 +534,12 @@ fn broadcast_from_a_nonzero_root() {
 #[test]
 fn broadcast_on_a_team_subset() {
     // Team [1, 3] with root index 1: rank 3 broadcasts to rank 1.
-    let outputs = run_ok(4, |rank, comm, stream| {
-        if rank != 1 && rank != 3 {
-            return None;
+    let outputs = run_team(&[1, 3], DataType::Bf16, "bcast-sub", 2, |rank, output| {
+        CommOp::Broadcast {
+            root: 1,
+            input: view(DataType::Bf16, &data(DataType::Bf16, rank, 2)),
+            output,
         }
-        let output = poisoned(DataType::Bf16, 2);
-        post(
-            comm,
-            stream,
-            "bcast-sub",
-            &[1, 3],
-            CommOp::Broadcast {
-                root: 1,
-                input: view(DataType::Bf16, &data(DataType::Bf16, rank, 2)),
-                output: output.clone(),
-            },
-        );
-        Some(output)
     });
     for rank in [1, 3] {
         assert_eq!(
@@ -588,29 +575,18 @@ fn reduce_writes_only_the_root() {
 
 #[test]
 fn reduce_max_on_a_team_subset_to_rank_three() {
-    let outputs = run_ok(4, |rank, comm, stream| {
-        if rank != 1 && rank != 3 {
-            return None;
-        }
-        let output = poisoned(DataType::F32, 3);
+    let outputs = run_team(&[1, 3], DataType::F32, "reduce-max", 3, |rank, output| {
         let input = if rank == 1 {
             [1.5, -2.0, 9.0]
         } else {
             [1.25, 4.0, -9.0]
         };
-        post(
-            comm,
-            stream,
-            "reduce-max",
-            &[1, 3],
-            CommOp::Reduce {
-                root: 1,
-                input: view(DataType::F32, &input),
-                output: output.clone(),
-                op: RedOp::Max,
-            },
-        );
-        Some(output)
+        CommOp::Reduce {
+            root: 1,
+            input: view(DataType::F32, &input),
+            output,
+            op: RedOp::Max,
+        }
     });
     assert_eq!(outputs[3].as_ref().unwrap().read(), vec![1.5, 4.0, 9.0]);
     assert!(outputs[1].as_ref().unwrap().read()[0].is_nan());
@@ -677,23 +653,12 @@ fn scatter_from_a_nonzero_root() {
 fn send_recv_in_a_team_of_two() {
     for dtype in DTYPES {
         // Team [3, 1], root index 0: rank 3 sends, rank 1 receives.
-        let outputs = run_ok(4, |rank, comm, stream| {
-            if rank != 1 && rank != 3 {
-                return None;
+        let outputs = run_team(&[3, 1], dtype, "sendrecv", 4, |rank, output| {
+            CommOp::SendRecv {
+                root: 0,
+                input: view(dtype, &data(dtype, rank, 4)),
+                output,
             }
-            let output = poisoned(dtype, 4);
-            post(
-                comm,
-                stream,
-                "sendrecv",
-                &[3, 1],
-                CommOp::SendRecv {
-                    root: 0,
-                    input: view(dtype, &data(dtype, rank, 4)),
-                    output: output.clone(),
-                },
-            );
-            Some(output)
         });
         assert_eq!(outputs[1].as_ref().unwrap().read(), data(dtype, 3, 4));
         assert!(
@@ -742,25 +707,14 @@ fn collective_permute_shifts_around_the_ring() {
 
 #[test]
 fn collective_permute_swaps_a_team_subset() {
-    let outputs = run_ok(4, |rank, comm, stream| {
-        if rank != 1 && rank != 3 {
-            return None;
-        }
-        let output = poisoned(DataType::F32, 2);
+    let outputs = run_team(&[1, 3], DataType::F32, "permute-sub", 2, |rank, output| {
         let me = if rank == 1 { 0 } else { 1 };
-        post(
-            comm,
-            stream,
-            "permute-sub",
-            &[1, 3],
-            CommOp::CollectivePermute {
-                input: view(DataType::F32, &data(DataType::F32, rank, 2)),
-                output: output.clone(),
-                send_to: 1 - me,
-                recv_from: 1 - me,
-            },
-        );
-        Some(output)
+        CommOp::CollectivePermute {
+            input: view(DataType::F32, &data(DataType::F32, rank, 2)),
+            output,
+            send_to: 1 - me,
+            recv_from: 1 - me,
+        }
     });
     assert_eq!(
         outputs[1].as_ref().unwrap().read(),
@@ -1342,6 +1296,22 @@ fn mismatch_detail(error: &CommError, expected_rank: usize, label: &str) -> Stri
     }
 }
 
+/// Checks that every rank's stream failed with exactly the mismatches `(label, detail)`,
+/// in order.
+fn assert_mismatches<R>(outcomes: &[Outcome<R>], expected: &[(&str, &str)]) {
+    for (rank, o) in outcomes.iter().enumerate() {
+        assert_eq!(
+            o.errors.len(),
+            expected.len(),
+            "rank {rank}: {:?}",
+            o.errors
+        );
+        for (error, (label, detail)) in o.errors.iter().zip(expected) {
+            assert_eq!(mismatch_detail(error, rank, label), *detail);
+        }
+    }
+}
+
 #[test]
 fn allgather_with_different_sizes_fails_on_every_rank() {
     let (world, outcomes) = run_world(3, LONG, |rank, comm, stream| {
@@ -1357,15 +1327,14 @@ fn allgather_with_different_sizes_fails_on_every_rank() {
             },
         );
     });
-    for (rank, o) in outcomes.iter().enumerate() {
-        assert_eq!(o.errors.len(), 1, "rank {rank}: {:?}", o.errors);
-        let detail = mismatch_detail(&o.errors[0], rank, "ag-mismatch");
-        assert_eq!(
-            detail,
+    assert_mismatches(
+        &outcomes,
+        &[(
+            "ag-mismatch",
             "rank 0 contributes 3 elements (sizes [3]) but rank 2 contributes 4 elements \
-             (sizes [4])"
-        );
-    }
+             (sizes [4])",
+        )],
+    );
     assert_eq!(world.pending(), 0);
 }
 
@@ -1389,10 +1358,10 @@ fn allreduce_with_different_element_types_fails() {
             },
         );
     });
-    for (rank, o) in outcomes.iter().enumerate() {
-        let detail = mismatch_detail(&o.errors[0], rank, "ar-types");
-        assert_eq!(detail, "rank 0 has f32 data but rank 1 has bf16 data");
-    }
+    assert_mismatches(
+        &outcomes,
+        &[("ar-types", "rank 0 has f32 data but rank 1 has bf16 data")],
+    );
 }
 
 #[test]
@@ -1423,17 +1392,16 @@ fn different_collectives_or_operators_fail() {
             },
         );
     });
-    for (rank, o) in outcomes.iter().enumerate() {
-        assert_eq!(o.errors.len(), 2);
-        assert_eq!(
-            mismatch_detail(&o.errors[0], rank, "kinds"),
-            "rank 0 posted allreduce but rank 1 posted all-to-all"
-        );
-        assert_eq!(
-            mismatch_detail(&o.errors[1], rank, "ops"),
-            "rank 0 reduces with sum but rank 1 with max"
-        );
-    }
+    assert_mismatches(
+        &outcomes,
+        &[
+            (
+                "kinds",
+                "rank 0 posted allreduce but rank 1 posted all-to-all",
+            ),
+            ("ops", "rank 0 reduces with sum but rank 1 with max"),
+        ],
+    );
 }
 
 #[test]
@@ -1464,17 +1432,19 @@ fn broadcast_and_permute_size_mismatches_name_both_ranks() {
             },
         );
     });
-    for (rank, o) in outcomes.iter().enumerate() {
-        assert_eq!(o.errors.len(), 2, "rank {rank}: {:?}", o.errors);
-        assert_eq!(
-            mismatch_detail(&o.errors[0], rank, "bcast"),
-            "rank 2 sends 2 elements (sizes [2]) but rank 1 receives 3 elements (sizes [3])"
-        );
-        assert_eq!(
-            mismatch_detail(&o.errors[1], rank, "permute"),
-            "rank 0 receives from rank 2 but rank 2 sends to rank 1"
-        );
-    }
+    assert_mismatches(
+        &outcomes,
+        &[
+            (
+                "bcast",
+                "rank 2 sends 2 elements (sizes [2]) but rank 1 receives 3 elements (sizes [3])",
+            ),
+            (
+                "permute",
+                "rank 0 receives from rank 2 but rank 2 sends to rank 1",
+            ),
+        ],
+    );
 }
 
 #[test]

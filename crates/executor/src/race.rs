@@ -256,34 +256,19 @@ mod tests {
     #[test]
     fn disjoint_regions_and_two_reads_do_not_conflict() {
         let mut c = RaceChecker::new();
-        c.access(
+        let (p0, p1) = (
             Agent::Stream(StreamKey::Pool(0)),
-            r(1, 0, 4),
-            true,
-            "a",
-            "T",
-        );
-        c.access(
             Agent::Stream(StreamKey::Pool(1)),
-            r(1, 4, 8),
-            true,
-            "b",
-            "T",
         );
-        c.access(
-            Agent::Stream(StreamKey::Pool(0)),
-            r(2, 0, 4),
-            false,
-            "c",
-            "U",
-        );
-        c.access(
-            Agent::Stream(StreamKey::Pool(1)),
-            r(2, 0, 4),
-            false,
-            "d",
-            "U",
-        );
+        // (agent, region, writes, label, tensor)
+        for (agent, region, write, label, tensor) in [
+            (p0, r(1, 0, 4), true, "a", "T"),
+            (p1, r(1, 4, 8), true, "b", "T"),
+            (p0, r(2, 0, 4), false, "c", "U"),
+            (p1, r(2, 0, 4), false, "d", "U"),
+        ] {
+            c.access(agent, region, write, label, tensor);
+        }
         assert!(c.reports().is_empty());
     }
 

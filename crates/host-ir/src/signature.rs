@@ -589,25 +589,28 @@ impl TensorSig {
 
     /// For each axis, the global index of every position of `rank`'s buffer along it.
     pub fn axis_indices(&self, rank: usize) -> Vec<Vec<usize>> {
+        self.per_axis(rank, AxisSplit::indices)
+    }
+
+    /// `f(split, global size, rank's coordinates)` for each axis of `rank`'s buffer.
+    fn per_axis<T>(
+        &self,
+        rank: usize,
+        f: impl Fn(&AxisSplit, usize, &dyn Fn(ParallelType) -> usize) -> T,
+    ) -> Vec<T> {
         let coords = self.coords(rank);
         self.sharding
             .axes
             .iter()
             .zip(&self.shape)
-            .map(|(a, &len)| a.indices(len, &coords))
+            .map(|(a, &len)| f(a, len, &coords))
             .collect()
     }
 
     /// The sizes of `rank`'s buffer (counted, never listed: an axis may be longer than
     /// memory holds).
     pub fn local_sizes_of(&self, rank: usize) -> Vec<usize> {
-        let coords = self.coords(rank);
-        self.sharding
-            .axes
-            .iter()
-            .zip(&self.shape)
-            .map(|(a, &len)| a.count(len, &coords))
-            .collect()
+        self.per_axis(rank, AxisSplit::count)
     }
 
     /// The sizes of one rank's buffer (of the first device of the mesh; device splits

@@ -337,21 +337,25 @@ fn collectives_have_roots_and_reductions_as_their_type_says() {
              Wait(Communication 1)\n"
         ))
     };
-    assert_eq!(
-        violation(&comm("type=Broadcast, team=(0 1)")),
-        "statement `Communication 1 (type=Broadcast, team=(0 1), input=T0, output=T2, \
-         backend=NCCL)`: `type=Broadcast` needs a `root=`"
-    );
-    assert_eq!(
-        violation(&comm("type=Allreduce, team=(0 1), root=0")),
-        "statement `Communication 1 (type=Allreduce, team=(0 1), root=0, input=T0, output=T2, \
-         backend=NCCL)`: `type=Allreduce` takes no `root=`"
-    );
-    assert_eq!(
-        violation(&comm("type=Allreduce, team=(0 1)")),
-        "statement `Communication 1 (type=Allreduce, team=(0 1), input=T0, output=T2, \
-         backend=NCCL)`: `type=Allreduce` needs a `red_op=`"
-    );
+    for (src, expected) in [
+        (
+            "type=Broadcast, team=(0 1)",
+            "statement `Communication 1 (type=Broadcast, team=(0 1), input=T0, output=T2, \
+             backend=NCCL)`: `type=Broadcast` needs a `root=`",
+        ),
+        (
+            "type=Allreduce, team=(0 1), root=0",
+            "statement `Communication 1 (type=Allreduce, team=(0 1), root=0, input=T0, output=T2, \
+             backend=NCCL)`: `type=Allreduce` takes no `root=`",
+        ),
+        (
+            "type=Allreduce, team=(0 1)",
+            "statement `Communication 1 (type=Allreduce, team=(0 1), input=T0, output=T2, \
+             backend=NCCL)`: `type=Allreduce` needs a `red_op=`",
+        ),
+    ] {
+        assert_eq!(violation(&comm(src)), expected, "{src:?}");
+    }
     assert_eq!(
         violation(
             &comm("type=Allgather, team=(0 1)").replace("output=T2", "output=T2, red_op=sum")

@@ -144,7 +144,14 @@ fn plan_pieces(
 ) -> Vec<Step> {
     let z = z.clamp(1, layout.slot_bytes.max(1));
     let k = layout.slots as u64;
-    let at = |peer: usize| peer * counts.lanes + lane;
+    let lanes = counts.lanes;
+    // The slot of the next piece counted in `count` for `peer`, which it advances.
+    let next_slot = |count: &mut [u64], peer: usize| {
+        let c = &mut count[peer * lanes + lane];
+        let n = *c;
+        *c += 1;
+        (n % k) as usize
+    };
     let pieces = |bytes: usize| bytes.div_ceil(z);
     let rounds = sends
         .iter()
@@ -160,9 +167,7 @@ fn plan_pieces(
     for j in 0..rounds {
         for &(to, src, bytes) in sends.iter().filter(|t| pieces(t.2) > j) {
             let (offset, len) = piece(j, bytes);
-            let n = counts.sent[at(to)];
-            counts.sent[at(to)] += 1;
-            let slot = (n % k) as usize;
+            let slot = next_slot(&mut counts.sent, to);
             steps.push(Step::WaitFree { peer: to, slot });
             steps.push(Step::Claim { peer: to, slot });
             steps.push(Step::Push {
@@ -176,9 +181,7 @@ fn plan_pieces(
         }
         for &(from, dst, bytes) in recvs.iter().filter(|t| pieces(t.2) > j) {
             let (offset, len) = piece(j, bytes);
-            let n = counts.received[at(from)];
-            counts.received[at(from)] += 1;
-            let slot = (n % k) as usize;
+            let slot = next_slot(&mut counts.received, from);
             steps.push(Step::WaitReady { peer: from, slot });
             steps.push(Step::Take { peer: from, slot });
             steps.push(Step::Drain {

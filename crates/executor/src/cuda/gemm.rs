@@ -5,7 +5,7 @@
 use weave_cuda::{GemmOperands, GemmShape, GemmType, GpuStream};
 use weave_ir::DType;
 
-use super::layout::{matrix_of, DeviceTensor};
+use super::layout::{matrix_of, stepping_axes, DeviceTensor};
 use super::CudaBackend;
 use crate::dense::elem_bytes;
 use crate::error::ExecError;
@@ -418,12 +418,7 @@ fn split_rows(
 ) -> Option<RowBlocks> {
     // Axes of one element do not step (a GEMM result may carry a trailing `1`).
     let lead = |(sizes, strides): (&[usize], &[usize]), cols: usize| {
-        let axes: Vec<(usize, usize)> = sizes
-            .iter()
-            .zip(strides)
-            .map(|(n, s)| (*n, *s))
-            .filter(|(n, _)| *n != 1)
-            .collect();
+        let axes = stepping_axes(sizes, strides);
         match axes.split_last() {
             Some((&(last, 1), rest)) if last == cols => Some(rest.to_vec()),
             _ if cols == 1 => Some(axes),
@@ -699,55 +694,48 @@ mod tests {
 
     #[test]
     fn broadcast_batches_become_strided_batches_with_zero_strides() {
-        // [4, m, k] x [k, n] written as batched: b is shared (stride 0).
-        assert_eq!(
-            BatchPlan::new(&[4], &[], &[4], (6, 12, 8)),
-            BatchPlan {
-                count: 4,
-                stride: (6, 0, 8),
-                offsets: vec![(0, 0, 0)]
-            }
-        );
-        // [S=3, D=2, m, k] x [D=2, k, n]: b steps with D but not with S, so D is the strided
-        // batch and S becomes 3 posts.
-        assert_eq!(
-            BatchPlan::new(&[3, 2], &[2], &[3, 2], (6, 12, 8)),
-            BatchPlan {
-                count: 2,
-                stride: (6, 12, 8),
-                offsets: vec![(0, 0, 0), (12, 0, 16), (24, 0, 32)]
-            }
-        );
-        // [3, 2, m, k] x [1, 2, k, n] (a broadcast axis of size 1) is the same plan.
-        assert_eq!(
-            BatchPlan::new(&[3, 2], &[1, 2], &[3, 2], (6, 12, 8)),
-            BatchPlan::new(&[3, 2], &[2], &[3, 2], (6, 12, 8))
-        );
-        // Equal batches merge into one strided batch; size-1 axes vanish.
-        assert_eq!(
-            BatchPlan::new(&[2, 1, 3], &[2, 1, 3], &[2, 1, 3], (6, 12, 8)),
-            BatchPlan {
-                count: 6,
-                stride: (6, 12, 8),
-                offsets: vec![(0, 0, 0)]
-            }
-        );
-        // All batch sizes 1: one problem.
-        assert_eq!(
-            BatchPlan::new(&[1, 1], &[1], &[1, 1], (6, 12, 8)),
-            BatchPlan::single()
-        );
-        // A stream chunk of queries, `[h=4, t/s=2, d=3]` in an allocation `[4, 8, 3]`, times
-        // whole keys `[4, 3, 8]`, into a chunk `[4, 2, 8]` of a slot buffer `[4, 4, 8]`: the
-        // batches step by the allocations' strides.
-        assert_eq!(
-            BatchPlan::strided((&[4], &[24]), (&[4], &[24]), (&[4], &[32])),
-            BatchPlan {
-                count: 4,
-                stride: (24, 24, 32),
-                offsets: vec![(0, 0, 0)]
-            }
-        );
+        let plan = |count, stride, offsets: &[(usize, usize, usize)]| BatchPlan {
+            count,
+            stride,
+            offsets: offsets.to_vec(),
+        };
+        for (what, planned, expected) in [
+            (
+                "[4, m, k] x [k, n] written as batched: b is shared (stride 0)",
+                BatchPlan::new(&[4], &[], &[4], (6, 12, 8)),
+                plan(4, (6, 0, 8), &[(0, 0, 0)]),
+            ),
+            (
+                "[S=3, D=2, m, k] x [D=2, k, n]: b steps with D but not with S, so D is the \
+                 strided batch and S becomes 3 posts",
+                BatchPlan::new(&[3, 2], &[2], &[3, 2], (6, 12, 8)),
+                plan(2, (6, 12, 8), &[(0, 0, 0), (12, 0, 16), (24, 0, 32)]),
+            ),
+            (
+                "[3, 2, m, k] x [1, 2, k, n] (a broadcast axis of size 1) is the same plan",
+                BatchPlan::new(&[3, 2], &[1, 2], &[3, 2], (6, 12, 8)),
+                BatchPlan::new(&[3, 2], &[2], &[3, 2], (6, 12, 8)),
+            ),
+            (
+                "equal batches merge into one strided batch; size-1 axes vanish",
+                BatchPlan::new(&[2, 1, 3], &[2, 1, 3], &[2, 1, 3], (6, 12, 8)),
+                plan(6, (6, 12, 8), &[(0, 0, 0)]),
+            ),
+            (
+                "all batch sizes 1: one problem",
+                BatchPlan::new(&[1, 1], &[1], &[1, 1], (6, 12, 8)),
+                BatchPlan::single(),
+            ),
+            (
+                "a stream chunk of queries, `[h=4, t/s=2, d=3]` in an allocation `[4, 8, 3]`, \
+                 times whole keys `[4, 3, 8]`, into a chunk `[4, 2, 8]` of a slot buffer \
+                 `[4, 4, 8]`: the batches step by the allocations' strides",
+                BatchPlan::strided((&[4], &[24]), (&[4], &[24]), (&[4], &[32])),
+                plan(4, (24, 24, 32), &[(0, 0, 0)]),
+            ),
+        ] {
+            assert_eq!(planned, expected, "{what}");
+        }
         // Heads in groups `[2, 2]` of such chunks merge into one strided batch when they step
         // uniformly, and stay posts when they do not.
         assert_eq!(

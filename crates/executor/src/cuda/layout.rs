@@ -167,15 +167,19 @@ pub(super) struct BoxRows {
     pub(super) offsets: Vec<usize>,
 }
 
+/// The `(size, stride)` pairs of the axes that step: axes of one element do not.
+pub(super) fn stepping_axes(sizes: &[usize], strides: &[usize]) -> Vec<(usize, usize)> {
+    sizes
+        .iter()
+        .zip(strides)
+        .map(|(n, s)| (*n, *s))
+        .filter(|(n, _)| *n != 1)
+        .collect()
+}
+
 impl BoxRows {
     pub(super) fn of(sizes: &[usize], strides: &[usize]) -> BoxRows {
-        // Axes of one element do not step.
-        let axes: Vec<(usize, usize)> = sizes
-            .iter()
-            .zip(strides)
-            .map(|(n, s)| (*n, *s))
-            .filter(|(n, _)| *n != 1)
-            .collect();
+        let axes = stepping_axes(sizes, strides);
         let r = axes.len();
         if r == 0 || axes.iter().any(|a| a.0 == 0) {
             let n = usize::from(r == 0);

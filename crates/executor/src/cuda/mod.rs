@@ -111,6 +111,18 @@ struct Planned {
     loaded: Vec<[std::sync::OnceLock<Arc<weave_cuda::Kernel>>; 2]>,
 }
 
+impl Planned {
+    /// `plan` of `fusion`, none of its kernels loaded yet.
+    fn new(fusion: Arc<Fusion>, plan: KernelPlan) -> Arc<Planned> {
+        let loaded = plan.launches.iter().map(|_| Default::default()).collect();
+        Arc::new(Planned {
+            _fusion: fusion,
+            plan,
+            loaded,
+        })
+    }
+}
+
 /// Launches the kernels of `planned` on `stream`, their buffers at `address` (each kernel's
 /// variant chosen by the addresses' alignment, loaded on first use).
 fn launch_planned(
@@ -243,9 +255,7 @@ impl CudaBackend {
         dtype: DType,
         sizes: &[usize],
     ) -> Result<DeviceTensor, ExecError> {
-        let bytes = sizes
-            .iter()
-            .try_fold(1usize, |a, s| a.checked_mul(*s))
+        let bytes = crate::memory::numel(sizes)
             .and_then(|n| n.checked_mul(elem_bytes(dtype)))
             .ok_or_else(|| ExecError::Input(format!("sizes {sizes:?} overflow")))?;
         if mem.gpu().ordinal() != self.gpu.ordinal() {
@@ -453,9 +463,7 @@ impl Backend for CudaBackend {
         zero: bool,
         stream: &GpuStream,
     ) -> Result<DeviceTensor, ExecError> {
-        let n = sizes
-            .iter()
-            .try_fold(1usize, |a, s| a.checked_mul(*s))
+        let n = crate::memory::numel(sizes)
             .and_then(|n| n.checked_mul(elem_bytes(dtype)))
             .ok_or_else(|| ExecError::Program(format!("sizes {sizes:?} overflow")))?;
         if n as u64 >= crate::memory::CHECK_ABOVE_BYTES {
@@ -685,12 +693,7 @@ impl Backend for CudaBackend {
                         message: m,
                     }
                 })?;
-                let loaded = plan.launches.iter().map(|_| Default::default()).collect();
-                let p = Arc::new(Planned {
-                    _fusion: fusion.clone(),
-                    plan,
-                    loaded,
-                });
+                let p = Planned::new(fusion.clone(), plan);
                 self.plans.lock().unwrap().insert(key, p.clone());
                 p
             }

@@ -19,9 +19,9 @@ use crate::cpu::ir_dtype;
 /// The block sums of one GPU (see the module documentation).
 pub struct BlockSums {
     gpu: Gpu,
-    plans: Mutex<HashMap<(DType, usize, usize), Arc<Planned>>>,
+    plans: PlanCache,
     /// The pointwise sums of `k` separate vectors, by element type, `k` and length.
-    sums: Mutex<HashMap<(DType, usize, usize), Arc<Planned>>>,
+    sums: PlanCache,
 }
 
 impl BlockSums {
@@ -37,78 +37,61 @@ impl BlockSums {
     /// The generated kernel that adds `k` vectors of `n` elements of `dtype` in order (in
     /// `float` for 16-bit types, rounded once).
     fn planned_sum(&self, dtype: DType, k: usize, n: usize) -> Result<Arc<Planned>, String> {
-        let key = (dtype, k, n);
-        if let Some(p) = self
-            .sums
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned()
-        {
-            return Ok(p);
-        }
-        let fusion = weave_ir::text::parse(&pointer_sum_source(dtype, k, n), &[])
-            .map_err(|d| d.to_string())?;
-        let arg = TensorArg {
-            dtype,
-            sizes: vec![n],
-            strides: vec![1],
-        };
-        let inputs = vec![arg.clone(); k];
-        let sms = self.gpu.sm_count().max(1) as usize;
-        let plan = codegen::plan(&fusion, "weave_pointer_sum", &inputs, &[arg], sms)?;
-        let loaded = plan.launches.iter().map(|_| Default::default()).collect();
-        let planned = Arc::new(Planned {
-            _fusion: Arc::new(fusion),
-            plan,
-            loaded,
-        });
-        self.sums
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, planned.clone());
-        Ok(planned)
+        cached(&self.sums, (dtype, k, n), || {
+            let fusion = weave_ir::text::parse(&pointer_sum_source(dtype, k, n), &[])
+                .map_err(|d| d.to_string())?;
+            let arg = TensorArg {
+                dtype,
+                sizes: vec![n],
+                strides: vec![1],
+            };
+            let inputs = vec![arg.clone(); k];
+            let sms = self.gpu.sm_count().max(1) as usize;
+            let plan = codegen::plan(&fusion, "weave_pointer_sum", &inputs, &[arg], sms)?;
+            Ok(Planned::new(Arc::new(fusion), plan))
+        })
     }
 
     /// The generated kernels that sum `blocks` blocks of `n` elements of `dtype`.
     fn planned(&self, dtype: DType, blocks: usize, n: usize) -> Result<Arc<Planned>, String> {
-        let key = (dtype, blocks, n);
-        if let Some(p) = self
-            .plans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
-            return Ok(p.clone());
-        }
-        let source = format!(
-            "fusion weave_block_sum(b = {blocks}, n = {n}) {{\n  tensor x: {dtype}[b, n]\n  y = sum(x, [0])\n  output y\n}}\n"
-        );
-        let fusion = weave_ir::text::parse(&source, &[]).map_err(|d| d.to_string())?;
-        let input = TensorArg {
-            dtype,
-            sizes: vec![blocks, n],
-            strides: vec![n, 1],
-        };
-        let output = TensorArg {
-            dtype,
-            sizes: vec![n],
-            strides: vec![1],
-        };
-        let sms = self.gpu.sm_count().max(1) as usize;
-        let plan = codegen::plan(&fusion, "weave_block_sum", &[input], &[output], sms)?;
-        let loaded = plan.launches.iter().map(|_| Default::default()).collect();
-        let planned = Arc::new(Planned {
-            _fusion: Arc::new(fusion),
-            plan,
-            loaded,
-        });
-        self.plans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, planned.clone());
-        Ok(planned)
+        cached(&self.plans, (dtype, blocks, n), || {
+            let source = format!(
+                "fusion weave_block_sum(b = {blocks}, n = {n}) {{\n  tensor x: {dtype}[b, n]\n  y = sum(x, [0])\n  output y\n}}\n"
+            );
+            let fusion = weave_ir::text::parse(&source, &[]).map_err(|d| d.to_string())?;
+            let input = TensorArg {
+                dtype,
+                sizes: vec![blocks, n],
+                strides: vec![n, 1],
+            };
+            let output = TensorArg {
+                dtype,
+                sizes: vec![n],
+                strides: vec![1],
+            };
+            let sms = self.gpu.sm_count().max(1) as usize;
+            let plan = codegen::plan(&fusion, "weave_block_sum", &[input], &[output], sms)?;
+            Ok(Planned::new(Arc::new(fusion), plan))
+        })
     }
+}
+
+/// The plans of generated reductions, by element type and two sizes.
+type PlanCache = Mutex<HashMap<(DType, usize, usize), Arc<Planned>>>;
+
+/// The plan of `key` in `cache`, made by `make` on first use and kept.
+fn cached(
+    cache: &PlanCache,
+    key: (DType, usize, usize),
+    make: impl FnOnce() -> Result<Arc<Planned>, String>,
+) -> Result<Arc<Planned>, String> {
+    let lock = || cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = lock().get(&key).cloned() {
+        return Ok(p);
+    }
+    let planned = make()?;
+    lock().insert(key, planned.clone());
+    Ok(planned)
 }
 
 /// The fusion that adds `k` vectors `x0 … x{k-1}` of `n` elements in order: 16-bit types

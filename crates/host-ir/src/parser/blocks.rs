@@ -192,31 +192,28 @@ impl Parser<'_> {
     /// `(t=8, d=2) [devices(0 1)] [roles(mesh=d, chunks=s)]`, after `params`.
     pub(super) fn signature_params(&mut self) -> PResult<()> {
         self.expect_punct("(", "after `params`")?;
-        let mut params = Vec::new();
-        while !self.at_punct(")") {
-            if !params.is_empty() {
-                self.expect_punct(",", "between parameters")?;
-            }
-            let (name, span) = self.ident("a parameter name")?;
-            if weave_ir::RESERVED_NAMES.contains(&name.as_str()) {
-                return Err(Diagnostic::at(
-                    span,
-                    format!(
+        let params =
+            self.comma_list(")", "between parameters", |p, params: &[(String, i64)]| {
+                let (name, span) = p.ident("a parameter name")?;
+                if weave_ir::RESERVED_NAMES.contains(&name.as_str()) {
+                    return Err(Diagnostic::at(
+                        span,
+                        format!(
                         "`{name}` is a built-in scalar of host programs, bound when the program \
                          runs; no parameter may take its name"
                     ),
-                ));
-            }
-            if params.iter().any(|(n, _)| *n == name) {
-                return Err(Diagnostic::at(
-                    span,
-                    format!("parameter `{name}` is given twice"),
-                ));
-            }
-            self.expect_punct("=", &format!("after parameter `{name}`"))?;
-            let v = self.signed(&format!("the value of parameter `{name}`"))?;
-            params.push((name, v));
-        }
+                    ));
+                }
+                if params.iter().any(|(n, _)| *n == name) {
+                    return Err(Diagnostic::at(
+                        span,
+                        format!("parameter `{name}` is given twice"),
+                    ));
+                }
+                p.expect_punct("=", &format!("after parameter `{name}`"))?;
+                let v = p.signed(&format!("the value of parameter `{name}`"))?;
+                Ok((name, v))
+            })?;
         self.bump();
         let mut devices = Vec::new();
         if self.at_ident("devices") {
@@ -228,27 +225,24 @@ impl Parser<'_> {
         if self.at_ident("roles") {
             self.bump();
             self.expect_punct("(", "after `roles`")?;
-            while !self.at_punct(")") {
-                if !roles.is_empty() {
-                    self.expect_punct(",", "between roles")?;
-                }
-                let (word, span) = self.ident("a role `mesh` or `chunks`")?;
+            roles = self.comma_list(")", "between roles", |p, _| {
+                let (word, span) = p.ident("a role `mesh` or `chunks`")?;
                 let Some(role) = ParamRole::from_keyword(&word) else {
                     return Err(Diagnostic::at(
                         span,
                         format!("unknown parameter role `{word}` (expected `mesh` or `chunks`)"),
                     ));
                 };
-                self.expect_punct("=", &format!("after `{word}`"))?;
-                let (name, span) = self.ident("a parameter name")?;
+                p.expect_punct("=", &format!("after `{word}`"))?;
+                let (name, span) = p.ident("a parameter name")?;
                 if !params.iter().any(|(n, _)| *n == name) {
                     return Err(Diagnostic::at(
                         span,
                         format!("role `{word}` names `{name}`, which is not among the params"),
                     ));
                 }
-                roles.push((role, name));
-            }
+                Ok((role, name))
+            })?;
             self.bump();
         }
         let sig = self.prog.signature.get_or_insert_with(Signature::default);
@@ -280,32 +274,22 @@ impl Parser<'_> {
         let dtype = DType::from_name(&dt)
             .ok_or_else(|| Diagnostic::at(span, format!("unknown dtype `{dt}`")))?;
         self.expect_punct("[", "to open the global sizes")?;
-        let mut global = Vec::new();
-        while !self.at_punct("]") {
-            if !global.is_empty() {
-                self.expect_punct(",", "between sizes")?;
-            }
-            let (v, span) = self.unsigned("a size")?;
-            global.push(
-                usize::try_from(v)
-                    .map_err(|_| Diagnostic::at(span, format!("size {v} is out of range")))?,
-            );
-        }
+        let global = self.comma_list("]", "between sizes", |p, _| {
+            let (v, span) = p.unsigned("a size")?;
+            usize::try_from(v)
+                .map_err(|_| Diagnostic::at(span, format!("size {v} is out of range")))
+        })?;
         self.bump();
         let mut mesh = None;
         if self.at_ident("on") {
             let on = self.bump();
             self.expect_punct("[", "to open the mesh shape")?;
-            let mut shape = Vec::new();
-            while !self.at_punct("]") {
-                if !shape.is_empty() {
-                    self.expect_punct(",", "between mesh axes")?;
-                }
-                let (v, span) = self.unsigned("a mesh axis size")?;
-                shape.push(usize::try_from(v).map_err(|_| {
+            let shape = self.comma_list("]", "between mesh axes", |p, _| {
+                let (v, span) = p.unsigned("a mesh axis size")?;
+                usize::try_from(v).map_err(|_| {
                     Diagnostic::at(span, format!("mesh axis size {v} is out of range"))
-                })?);
-            }
+                })
+            })?;
             self.bump();
             self.expect_punct("(", "to open the mesh's devices")?;
             let devices = self.device_list()?;
@@ -316,13 +300,7 @@ impl Parser<'_> {
         }
         self.expect_ident("split", "before the split trees of the axes")?;
         self.expect_punct("(", "after `split`")?;
-        let mut axes = Vec::new();
-        while !self.at_punct(")") {
-            if !axes.is_empty() {
-                self.expect_punct(",", "between axes")?;
-            }
-            axes.push(self.axis_split(0)?);
-        }
+        let axes = self.comma_list(")", "between axes", |p, _| p.axis_split(0))?;
         let close = self.bump();
         if axes.len() != global.len() {
             return Err(Diagnostic::at(

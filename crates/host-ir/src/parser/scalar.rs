@@ -66,6 +66,13 @@ impl Parser<'_> {
 
     // ----- scalars ------------------------------------------------------------------------------
 
+    /// `, KEY=` and a scalar: a further field, the `,` and the key expected `context`.
+    pub(super) fn scalar_field(&mut self, key: &str, context: &str) -> PResult<ScalarId> {
+        self.expect_punct(",", context)?;
+        self.expect_key(key, context)?;
+        self.scalar()
+    }
+
     pub(super) fn scalar(&mut self) -> PResult<ScalarId> {
         let e = self.sexpr(0)?;
         Ok(self.lower(&e))

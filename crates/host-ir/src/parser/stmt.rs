@@ -229,27 +229,20 @@ impl Parser<'_> {
 
     /// `Communication 9 (type=…, team=(..), [root=…,] input=…, output=…[, red_op=…][, backend=NCCL])`.
     fn communication(&mut self, scope: ScopeRef) -> PResult<StmtId> {
-        self.bump();
         // The statement is added after its fields so that its tensors are declared in text
         // order; the label is checked first so that its error points at the number.
-        let (n, label_span) = self.unsigned("the number of the `Communication` statement")?;
-        self.expect_punct("(", "to open the fields of the communication")?;
-        self.expect_key("type", "as the first field of the communication")?;
-        let (tname, tspan) = self.ident("a communication type")?;
-        let Some(kind) = CommunicationType::ALL
-            .into_iter()
-            .find(|k| k.name() == tname)
-        else {
-            let all: Vec<&str> = CommunicationType::ALL.iter().map(|k| k.name()).collect();
-            return Err(Diagnostic::at(
-                tspan,
-                format!(
-                    "unknown communication type `{}` (expected one of {})",
-                    clip(&tname),
-                    all.join(", ")
-                ),
-            ));
-        };
+        let (n, label_span) = self.comm_header("Communication")?;
+        let all: Vec<&str> = CommunicationType::ALL.iter().map(|k| k.name()).collect();
+        let (kind, _) = self.named(
+            "a communication type",
+            "communication type",
+            &format!("one of {}", all.join(", ")),
+            |tname| {
+                CommunicationType::ALL
+                    .into_iter()
+                    .find(|k| k.name() == tname)
+            },
+        )?;
         self.expect_punct(",", "after the communication type")?;
         self.expect_key("team", "after the communication type")?;
         self.expect_punct("(", "to open the team")?;
@@ -286,16 +279,12 @@ impl Parser<'_> {
             let t = self.peek();
             if red_op.is_none() && !backend && self.at_ident("red_op") {
                 self.expect_key("red_op", "")?;
-                let (op, span) = self.ident("a reduction (`sum` or `max`)")?;
-                let Some(op) = ReduceOp::from_name(&op) else {
-                    return Err(Diagnostic::at(
-                        span,
-                        format!(
-                            "unknown reduction `{}` (expected `sum` or `max`)",
-                            clip(&op)
-                        ),
-                    ));
-                };
+                let (op, _) = self.named(
+                    "a reduction (`sum` or `max`)",
+                    "reduction",
+                    "`sum` or `max`",
+                    ReduceOp::from_name,
+                )?;
                 red_op = Some(op);
             } else if !backend && self.at_ident("backend") {
                 self.expect_key("backend", "")?;
@@ -342,12 +331,19 @@ impl Parser<'_> {
         Ok(())
     }
 
-    /// `P2PCommunication 12 (type=send|recv, buffer=…, peer=…[, backend=NCCL])`.
-    fn p2p(&mut self, scope: ScopeRef) -> PResult<StmtId> {
+    /// The number of a `stmt` statement (`Communication`, `P2PCommunication`) and its
+    /// fields opened up to `type=`.
+    fn comm_header(&mut self, stmt: &str) -> PResult<(u64, Span)> {
         self.bump();
-        let (n, label_span) = self.unsigned("the number of the `P2PCommunication` statement")?;
+        let number = self.unsigned(&format!("the number of the `{stmt}` statement"))?;
         self.expect_punct("(", "to open the fields of the communication")?;
         self.expect_key("type", "as the first field of the communication")?;
+        Ok(number)
+    }
+
+    /// `P2PCommunication 12 (type=send|recv, buffer=…, peer=…[, backend=NCCL])`.
+    fn p2p(&mut self, scope: ScopeRef) -> PResult<StmtId> {
+        let (n, label_span) = self.comm_header("P2PCommunication")?;
         let (dir, span) = self.ident("`send` or `recv`")?;
         let direction = match dir.as_str() {
             "send" => P2PDirection::Send,
@@ -362,9 +358,7 @@ impl Parser<'_> {
         self.expect_punct(",", "after the type")?;
         self.expect_key("buffer", "after the type")?;
         let buffer = self.tensor_ref("the buffer sent or received")?;
-        self.expect_punct(",", "after the buffer")?;
-        self.expect_key("peer", "after the buffer")?;
-        let peer = self.scalar()?;
+        let peer = self.scalar_field("peer", "after the buffer")?;
         if self.at_punct(",") {
             self.bump();
             self.expect_key("backend", "after the peer")?;

@@ -50,16 +50,12 @@ impl Parser<'_> {
     fn allocate(&mut self, out: HostTensorId) -> PResult<Stmt> {
         self.expect_punct("(", "after `ALLOCATE`")?;
         self.expect_key("mem_type", "as the first field of `ALLOCATE`")?;
-        let (mem, span) = self.ident("a memory type (`global`, `local`, `symmetric`)")?;
-        let Some(mem) = MemoryType::from_name(&mem) else {
-            return Err(Diagnostic::at(
-                span,
-                format!(
-                    "unknown memory type `{}` (expected `global`, `local` or `symmetric`)",
-                    clip(&mem)
-                ),
-            ));
-        };
+        let (mem, span) = self.named(
+            "a memory type (`global`, `local`, `symmetric`)",
+            "memory type",
+            "`global`, `local` or `symmetric`",
+            MemoryType::from_name,
+        )?;
         let declared = self.prog.tensors.get(out).map(|t| t.memory);
         if let Some(declared) = declared.filter(|d| *d != mem) {
             return Err(Diagnostic::at(
@@ -101,24 +97,16 @@ impl Parser<'_> {
         let (axis, span) = self.unsigned("an axis number")?;
         let axis = usize::try_from(axis)
             .map_err(|_| Diagnostic::at(span, format!("axis `{axis}` is out of range")))?;
-        self.expect_punct(",", "after the axis")?;
-        self.expect_key("chunks", "after the axis")?;
-        let chunks = self.scalar()?;
-        self.expect_punct(",", "after the number of chunks")?;
-        self.expect_key("stream_index", "after the number of chunks")?;
-        let index = self.scalar()?;
+        let chunks = self.scalar_field("chunks", "after the axis")?;
+        let index = self.scalar_field("stream_index", "after the number of chunks")?;
         let holds = if self.at_punct(",") {
             self.expect_punct(",", "after the stream index")?;
             self.expect_key("holds", "after the stream index")?;
             self.expect_punct("(", "after `holds=`")?;
             self.expect_key("chunk", "after `holds=(`")?;
             let chunk = self.scalar()?;
-            self.expect_punct(",", "after the chunk held")?;
-            self.expect_key("chunks", "after the chunk held")?;
-            let chunks = self.scalar()?;
-            self.expect_punct(",", "after the number of chunks held")?;
-            self.expect_key("extent", "after the number of chunks held")?;
-            let extent = self.scalar()?;
+            let chunks = self.scalar_field("chunks", "after the chunk held")?;
+            let extent = self.scalar_field("extent", "after the number of chunks held")?;
             self.expect_punct(")", "to close `holds=(`")?;
             Some(ChunkOf {
                 chunk,

@@ -66,6 +66,44 @@ impl Parser<'_> {
         }
     }
 
+    /// Items separated by `,` up to the punctuation `close`, which is left for the caller:
+    /// `item` parses one, given those before it; `between` says where a missing `,` is.
+    pub(super) fn comma_list<T>(
+        &mut self,
+        close: &str,
+        between: &str,
+        mut item: impl FnMut(&mut Self, &[T]) -> PResult<T>,
+    ) -> PResult<Vec<T>> {
+        let mut items = Vec::new();
+        while !self.at_punct(close) {
+            if !items.is_empty() {
+                self.expect_punct(",", between)?;
+            }
+            let next = item(self, &items)?;
+            items.push(next);
+        }
+        Ok(items)
+    }
+
+    /// An identifier (`expected` describes it) that `lookup` knows; any other is refused as
+    /// an unknown `what`, `options` saying what was expected.
+    pub(super) fn named<T>(
+        &mut self,
+        expected: &str,
+        what: &str,
+        options: &str,
+        lookup: impl FnOnce(&str) -> Option<T>,
+    ) -> PResult<(T, Span)> {
+        let (word, span) = self.ident(expected)?;
+        match lookup(&word) {
+            Some(v) => Ok((v, span)),
+            None => Err(Diagnostic::at(
+                span,
+                format!("unknown {what} `{}` (expected {options})", clip(&word)),
+            )),
+        }
+    }
+
     pub(super) fn expect_ident(&mut self, word: &str, context: &str) -> PResult<Span> {
         let t = self.bump();
         match &t.tok {

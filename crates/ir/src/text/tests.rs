@@ -46,6 +46,20 @@ fn with_ab(body: &str) -> String {
     format!("fusion f(t = 8, h = 4) {{\n  tensor a: f32[t, h]\n  tensor b: f32[t, h]\n{body}\n}}\n")
 }
 
+/// Checks that each body `src` after `a` and `b` (see [`with_ab`]) fails with `expected`.
+fn assert_with_ab_errors(cases: &[(&str, &str)]) {
+    for (src, expected) in cases {
+        assert_eq!(parse_err(&with_ab(src)), *expected, "{src:?}");
+    }
+}
+
+/// Checks that each source `src` fails to parse with `expected`.
+fn assert_parse_errors(cases: &[(&str, &str)]) {
+    for (src, expected) in cases {
+        assert_eq!(parse_err(src), *expected, "{src:?}");
+    }
+}
+
 // ----- what a parse records ---------------------------------------------------------------
 
 #[test]
@@ -247,26 +261,25 @@ permute, reshape, matmul, linear, iota, slice, concat, index_select)"
 
 #[test]
 fn error_wrong_arity() {
-    assert_eq!(
-        parse_err(&with_ab("  out = linear(a)")),
-        "4:9: `linear` takes 2 or 3 tensor operands, got 1"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = add(a, b, a)")),
-        "4:7: `add` takes 2 tensor operands, got 3"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = neg()")),
-        "4:7: `neg` takes 1 tensor operand, got 0"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = sum(a)")),
-        "4:7: `sum` takes a tensor and an axis list, e.g. `sum(a, [1])`, got 1 argument"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = cast(a, f16, f32)")),
-        "4:7: `cast` takes a tensor and a dtype, e.g. `cast(a, f32)`, got 3 arguments"
-    );
+    assert_with_ab_errors(&[
+        (
+            "  out = linear(a)",
+            "4:9: `linear` takes 2 or 3 tensor operands, got 1",
+        ),
+        (
+            "  c = add(a, b, a)",
+            "4:7: `add` takes 2 tensor operands, got 3",
+        ),
+        ("  c = neg()", "4:7: `neg` takes 1 tensor operand, got 0"),
+        (
+            "  c = sum(a)",
+            "4:7: `sum` takes a tensor and an axis list, e.g. `sum(a, [1])`, got 1 argument",
+        ),
+        (
+            "  c = cast(a, f16, f32)",
+            "4:7: `cast` takes a tensor and a dtype, e.g. `cast(a, f32)`, got 3 arguments",
+        ),
+    ]);
 }
 
 #[test]
@@ -279,34 +292,23 @@ fn error_dtype_mismatch() {
 
 #[test]
 fn error_undefined_tensor() {
-    assert_eq!(
-        parse_err(&with_ab("  c = add(a, x)")),
-        "4:14: undefined tensor `x`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  output a, y")),
-        "4:13: undefined tensor `y`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  schedule z { merge(0, 1) }")),
-        "4:12: undefined tensor `z`"
-    );
+    assert_with_ab_errors(&[
+        ("  c = add(a, x)", "4:14: undefined tensor `x`"),
+        ("  output a, y", "4:13: undefined tensor `y`"),
+        ("  schedule z { merge(0, 1) }", "4:12: undefined tensor `z`"),
+    ]);
 }
 
 #[test]
 fn error_duplicate_name() {
-    assert_eq!(
-        parse_err(&with_ab("  tensor a: f32[4]")),
-        "4:10: duplicate tensor name `a`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  b = neg(a)")),
-        "4:3: duplicate tensor name `b`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  t = neg(a)")),
-        "4:3: tensor name `t` is already a parameter"
-    );
+    assert_with_ab_errors(&[
+        ("  tensor a: f32[4]", "4:10: duplicate tensor name `a`"),
+        ("  b = neg(a)", "4:3: duplicate tensor name `b`"),
+        (
+            "  t = neg(a)",
+            "4:3: tensor name `t` is already a parameter",
+        ),
+    ]);
     assert_eq!(
         parse_err("fusion f(t, h, t) {\n}\n"),
         "1:16: duplicate parameter `t`"
@@ -396,18 +398,20 @@ fn error_bad_integer() {
 
 #[test]
 fn error_unexpected_end_of_file() {
-    assert_eq!(
-        parse_err("fusion f(t = 8"),
-        "1:15: expected `,` or `)` after parameter `t`, found end of file"
-    );
-    assert_eq!(
-        parse_err(""),
-        "1:1: expected `fusion` at the start of the file, found end of file"
-    );
-    assert_eq!(
-        parse_err("fusion f() {\n  tensor a: f32[4"),
-        "2:18: expected `,` or `]` in the shape of `a`, found end of file"
-    );
+    assert_parse_errors(&[
+        (
+            "fusion f(t = 8",
+            "1:15: expected `,` or `)` after parameter `t`, found end of file",
+        ),
+        (
+            "",
+            "1:1: expected `fusion` at the start of the file, found end of file",
+        ),
+        (
+            "fusion f() {\n  tensor a: f32[4",
+            "2:18: expected `,` or `]` in the shape of `a`, found end of file",
+        ),
+    ]);
 }
 
 #[test]
@@ -436,19 +440,21 @@ fn error_undefined_mesh() {
 
 #[test]
 fn error_undefined_parameter_in_an_extent() {
-    assert_eq!(
-        parse_err(&with_ab("  tensor c: f32[4 * q]")),
-        "4:21: undefined parameter `q` in `4 * q`"
-    );
-    // Even where simplification drops the name.
-    assert_eq!(
-        parse_err(&with_ab("  tensor c: f32[t + (q - q)]")),
-        "4:22: undefined parameter `q`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  schedule a { outer_split(0, k) }")),
-        "4:31: undefined parameter `k` in `k`"
-    );
+    assert_with_ab_errors(&[
+        (
+            "  tensor c: f32[4 * q]",
+            "4:21: undefined parameter `q` in `4 * q`",
+        ),
+        // Even where simplification drops the name.
+        (
+            "  tensor c: f32[t + (q - q)]",
+            "4:22: undefined parameter `q`",
+        ),
+        (
+            "  schedule a { outer_split(0, k) }",
+            "4:31: undefined parameter `k` in `k`",
+        ),
+    ]);
 }
 
 #[test]
@@ -590,82 +596,79 @@ fn error_unclosed_argument_list_as_in_the_docs() {
 
 #[test]
 fn error_unknown_schedule_step_and_memory_type() {
-    assert_eq!(
-        parse_err(&with_ab("  schedule a { split(0, 2) }")),
-        "4:16: unknown schedule step `split` (expected one of outer_split, inner_split, merge, reorder, parallelize, swizzle1d, allocation, mesh, memory)"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  schedule a { memory = shared }")),
-        "4:25: unknown memory type `shared` (expected global, local or symmetric)"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  schedule a { merge(0, 1) merge(1, 2) }")),
-        "4:28: expected `;`, a new line or `}` after a schedule step, found `merge`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  schedule a { reorder(0, 1) }")),
-        "4:25: expected `->` in a `reorder` move `from -> to`, found `,`"
-    );
+    assert_with_ab_errors(&[
+        (
+            "  schedule a { split(0, 2) }",
+            "4:16: unknown schedule step `split` (expected one of outer_split, inner_split, merge, reorder, parallelize, swizzle1d, allocation, mesh, memory)",
+        ),
+        (
+            "  schedule a { memory = shared }",
+            "4:25: unknown memory type `shared` (expected global, local or symmetric)",
+        ),
+        (
+            "  schedule a { merge(0, 1) merge(1, 2) }",
+            "4:28: expected `;`, a new line or `}` after a schedule step, found `merge`",
+        ),
+        (
+            "  schedule a { reorder(0, 1) }",
+            "4:25: expected `->` in a `reorder` move `from -> to`, found `,`",
+        ),
+    ]);
 }
 
 #[test]
 fn error_bad_op_arguments() {
-    assert_eq!(
-        parse_err(&with_ab("  c = sum(a, [t])")),
-        "4:15: `sum`: `t` is not an axis number (axes are non-negative integers)"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = sum(a, [1, 1])")),
-        "4:7: sum: axis 1 is listed twice"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = squeeze(a, [5])")),
-        "4:7: squeeze: axis 5 is out of range for `a` (f32[t, h]) of rank 2"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = permute(a, b)")),
-        "4:18: `permute` expects a permutation as its second argument, e.g. `permute(a, [1, 0])`, found `b`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = add(a, [0])")),
-        "4:14: operand 2 of `add` must be a tensor, found a `[...]` list"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = cast(a, [0])")),
-        "4:15: `cast` expects a dtype (bf16, f16, f32, f64, i64, bool) as its second argument, found a `[...]` list"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = add(a, )")),
-        "4:14: expected an argument of `add` (a tensor name or a `[...]` list), found `)`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = not(a)")),
-        "4:7: not needs a bool operand, `a` (f32[t, h]) is f32"
-    );
+    assert_with_ab_errors(&[
+        (
+            "  c = sum(a, [t])",
+            "4:15: `sum`: `t` is not an axis number (axes are non-negative integers)",
+        ),
+        ("  c = sum(a, [1, 1])", "4:7: sum: axis 1 is listed twice"),
+        (
+            "  c = squeeze(a, [5])",
+            "4:7: squeeze: axis 5 is out of range for `a` (f32[t, h]) of rank 2",
+        ),
+        (
+            "  c = permute(a, b)",
+            "4:18: `permute` expects a permutation as its second argument, e.g. `permute(a, [1, 0])`, found `b`",
+        ),
+        ("  c = add(a, [0])", "4:14: operand 2 of `add` must be a tensor, found a `[...]` list"),
+        (
+            "  c = cast(a, [0])",
+            "4:15: `cast` expects a dtype (bf16, f16, f32, f64, i64, bool) as its second argument, found a `[...]` list",
+        ),
+        (
+            "  c = add(a, )",
+            "4:14: expected an argument of `add` (a tensor name or a `[...]` list), found `)`",
+        ),
+        ("  c = not(a)", "4:7: not needs a bool operand, `a` (f32[t, h]) is f32"),
+    ]);
 }
 
 #[test]
 fn error_bad_meshes() {
-    assert_eq!(
-        parse_err("fusion f() {\n  mesh m = [[0, 1], [2]]\n}\n"),
-        "2:21: mesh `m`: row 1 has 1 device but row 0 has 2 devices"
-    );
-    assert_eq!(
-        parse_err("fusion f() {\n  mesh m = [0, 1, 0]\n}\n"),
-        "2:8: mesh `m`: device 0 appears twice in the mesh"
-    );
-    assert_eq!(
-        parse_err("fusion f(d = 0) {\n  mesh m = devices(d)\n}\n"),
-        "2:8: mesh `m`: size `d` = 0 must be positive"
-    );
-    assert_eq!(
-        parse_err("fusion f(d = 100000) {\n  mesh m = devices(d, d)\n}\n"),
-        "2:8: mesh `m` has too many devices (at most 65536 are supported)"
-    );
-    assert_eq!(
-        parse_err("fusion f() {\n  mesh m = devices(2, 2, 2)\n}\n"),
-        "2:24: expected `)` to close `devices(...)`, found `,`"
-    );
+    assert_parse_errors(&[
+        (
+            "fusion f() {\n  mesh m = [[0, 1], [2]]\n}\n",
+            "2:21: mesh `m`: row 1 has 1 device but row 0 has 2 devices",
+        ),
+        (
+            "fusion f() {\n  mesh m = [0, 1, 0]\n}\n",
+            "2:8: mesh `m`: device 0 appears twice in the mesh",
+        ),
+        (
+            "fusion f(d = 0) {\n  mesh m = devices(d)\n}\n",
+            "2:8: mesh `m`: size `d` = 0 must be positive",
+        ),
+        (
+            "fusion f(d = 100000) {\n  mesh m = devices(d, d)\n}\n",
+            "2:8: mesh `m` has too many devices (at most 65536 are supported)",
+        ),
+        (
+            "fusion f() {\n  mesh m = devices(2, 2, 2)\n}\n",
+            "2:24: expected `)` to close `devices(...)`, found `,`",
+        ),
+    ]);
 }
 
 #[test]
@@ -694,18 +697,20 @@ fn error_structure() {
         parse_err(&with_ab("  c = neg(a) d = neg(a)")),
         "4:14: expected end of line after the statement, found `d`"
     );
-    assert_eq!(
-        parse_err("fusion f() tensor"),
-        "1:12: expected `{` to open the body of fusion `f`, found `tensor`"
-    );
-    assert_eq!(
-        parse_err("fusion f(,) {\n}\n"),
-        "1:10: expected a parameter name or `)`, found `,`"
-    );
-    assert_eq!(
-        parse_err("fusion f(t = -x) {\n}\n"),
-        "1:14: expected an integer default for parameter `t`, found `-`"
-    );
+    assert_parse_errors(&[
+        (
+            "fusion f() tensor",
+            "1:12: expected `{` to open the body of fusion `f`, found `tensor`",
+        ),
+        (
+            "fusion f(,) {\n}\n",
+            "1:10: expected a parameter name or `)`, found `,`",
+        ),
+        (
+            "fusion f(t = -x) {\n}\n",
+            "1:14: expected an integer default for parameter `t`, found `-`",
+        ),
+    ]);
 }
 
 #[test]
@@ -734,18 +739,20 @@ fusion f(t = 8, n: mesh = 2, k: chunks = 4) {
 
 #[test]
 fn error_parameter_roles() {
-    assert_eq!(
-        parse_err("fusion f(d: devices = 2) {\n}\n"),
-        "1:13: unknown parameter role `devices` for `d` (expected `mesh` or `chunks`)"
-    );
-    assert_eq!(
-        parse_err("fusion f(a: mesh = 2, b: mesh = 2) {\n}\n"),
-        "1:26: parameters `a` and `b` both declare the role `mesh`"
-    );
-    assert_eq!(
-        parse_err("fusion f(a: = 2) {\n}\n"),
-        "1:13: expected a role (`mesh` or `chunks`) after `a:`, found `=`"
-    );
+    assert_parse_errors(&[
+        (
+            "fusion f(d: devices = 2) {\n}\n",
+            "1:13: unknown parameter role `devices` for `d` (expected `mesh` or `chunks`)",
+        ),
+        (
+            "fusion f(a: mesh = 2, b: mesh = 2) {\n}\n",
+            "1:26: parameters `a` and `b` both declare the role `mesh`",
+        ),
+        (
+            "fusion f(a: = 2) {\n}\n",
+            "1:13: expected a role (`mesh` or `chunks`) after `a:`, found `=`",
+        ),
+    ]);
 }
 
 #[test]
@@ -876,34 +883,33 @@ fn mean_is_a_sum_divided_by_the_global_count() {
 
 #[test]
 fn errors_of_tensor_expressions() {
-    assert_eq!(
-        parse_err(&with_ab("  c = 0.5")),
-        "4:7: `c = ...` must compute a tensor, and a literal alone has no dtype (write an op: `c = set(x)` copies `x`, a literal takes the dtype of a tensor operand as in `mul(x, 0.5)`)"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = a")),
-        "4:7: `c = ...` must compute a tensor, and `a` alone computes nothing (write an op: `c = set(x)` copies `x`, a literal takes the dtype of a tensor operand as in `mul(x, 0.5)`)"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = a * q + b")),
-        "4:11: undefined tensor `q`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = add(1, 2.5)")),
-        "4:11: `add` of two literals has no dtype: a literal takes the dtype of the other operand, which must be a tensor"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = a * 1.5e")),
-        "4:11: bad number `1.5e` (a literal is digits, `.` and digits, then optionally `e`, a sign and digits: `0.5`, `1e-9`)"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = linear(a, 2)")),
-        "4:17: operand 2 of `linear` must be a tensor, found the literal `2`"
-    );
-    assert_eq!(
-        parse_err(&with_ab("  c = (a + b\n  output c")),
-        "4:13: expected `)` to close the parenthesized expression, found end of line"
-    );
+    assert_with_ab_errors(&[
+        (
+            "  c = 0.5",
+            "4:7: `c = ...` must compute a tensor, and a literal alone has no dtype (write an op: `c = set(x)` copies `x`, a literal takes the dtype of a tensor operand as in `mul(x, 0.5)`)",
+        ),
+        (
+            "  c = a",
+            "4:7: `c = ...` must compute a tensor, and `a` alone computes nothing (write an op: `c = set(x)` copies `x`, a literal takes the dtype of a tensor operand as in `mul(x, 0.5)`)",
+        ),
+        ("  c = a * q + b", "4:11: undefined tensor `q`"),
+        (
+            "  c = add(1, 2.5)",
+            "4:11: `add` of two literals has no dtype: a literal takes the dtype of the other operand, which must be a tensor",
+        ),
+        (
+            "  c = a * 1.5e",
+            "4:11: bad number `1.5e` (a literal is digits, `.` and digits, then optionally `e`, a sign and digits: `0.5`, `1e-9`)",
+        ),
+        (
+            "  c = linear(a, 2)",
+            "4:17: operand 2 of `linear` must be a tensor, found the literal `2`",
+        ),
+        (
+            "  c = (a + b\n  output c",
+            "4:13: expected `)` to close the parenthesized expression, found end of line",
+        ),
+    ]);
     assert_eq!(
         parse_err("fusion f() {\n  tensor i: i64[4]\n  c = i * 0.5\n}\n"),
         "3:9: mul: the literal `0.5` takes the dtype of `i` (i64[4]), and an i64 operand takes integer literals"

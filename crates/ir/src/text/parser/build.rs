@@ -13,6 +13,18 @@ use crate::scalar::Scalar;
 impl Parser {
     /// Builds the ops of `e`. With `out` (the statement's name span), `e`'s own op defines
     /// the statement's tensor `stmt`; the ops inside it get fresh names.
+    /// An operand `e` of a binary operator in `stmt`, built: its value if it is a literal,
+    /// and the tensor it denotes (`None` for a literal).
+    fn bin_operand(&mut self, e: &VExpr, stmt: &str) -> PResult<(Option<f64>, Option<TensorId>)> {
+        let built = self.build(e, stmt, None)?;
+        let lit = if let Built::Lit(v) = built {
+            Some(v)
+        } else {
+            None
+        };
+        Ok((lit, self.tensor_value(built, e.start())?))
+    }
+
     pub(super) fn build(&mut self, e: &VExpr, stmt: &str, out: Option<Span>) -> PResult<Built> {
         let alone = |span: Span, what: &str| {
             Diagnostic::at(
@@ -59,20 +71,8 @@ impl Parser {
                 }
             },
             VExpr::Bin(op, a, b, span) => {
-                let ba = self.build(a, stmt, None)?;
-                let la = if let Built::Lit(v) = ba {
-                    Some(v)
-                } else {
-                    None
-                };
-                let ta = self.tensor_value(ba, a.start())?;
-                let bb = self.build(b, stmt, None)?;
-                let lb = if let Built::Lit(v) = bb {
-                    Some(v)
-                } else {
-                    None
-                };
-                let tb = self.tensor_value(bb, b.start())?;
+                let (la, ta) = self.bin_operand(a, stmt)?;
+                let (lb, tb) = self.bin_operand(b, stmt)?;
                 let (kind, inputs) = match (ta, tb) {
                     (Some(x), Some(y)) => (ExprKind::Binary(*op), vec![x, y]),
                     (Some(x), None) => (

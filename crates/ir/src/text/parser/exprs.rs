@@ -20,57 +20,70 @@ impl Parser {
 
     pub(super) fn count_op(&self, st: &mut ExprState, span: Span) -> PResult<()> {
         st.ops += 1;
-        if st.ops > MAX_EXPR_OPS {
-            return Err(Diagnostic::at(
-                span,
-                format!("expression is too long (more than {MAX_EXPR_OPS} operators)"),
-            ));
-        }
-        Ok(())
+        within(st.ops, MAX_EXPR_OPS, span, || {
+            format!("expression is too long (more than {MAX_EXPR_OPS} operators)")
+        })
     }
 
     pub(super) fn enter(&self, st: &mut ExprState, span: Span) -> PResult<()> {
         st.depth += 1;
-        if st.depth > MAX_EXPR_DEPTH {
-            return Err(Diagnostic::at(
-                span,
-                format!("expression nesting is too deep (more than {MAX_EXPR_DEPTH} levels)"),
-            ));
+        within(st.depth, MAX_EXPR_DEPTH, span, || {
+            format!("expression nesting is too deep (more than {MAX_EXPR_DEPTH} levels)")
+        })
+    }
+
+    /// `'(' inner ')'`, the `(` at `open` being the current token; one level deeper.
+    pub(super) fn parenthesized<T>(
+        &mut self,
+        st: &mut ExprState,
+        open: Span,
+        inner: impl Fn(&mut Self, &mut ExprState) -> PResult<T>,
+    ) -> PResult<T> {
+        self.enter(st, open)?;
+        self.bump();
+        let e = inner(self, st)?;
+        self.expect_punct(Punct::RParen, "to close the parenthesized expression")?;
+        st.depth -= 1;
+        Ok(e)
+    }
+
+    /// `operand { op operand }`, left-associative, the operators being the punctuation of
+    /// `ops` (any other token ends the chain); `join(op, lhs, rhs, span)` applies one. Each
+    /// operator counts towards the expression's bound.
+    pub(super) fn left_chain<T, O: Copy>(
+        &mut self,
+        st: &mut ExprState,
+        ops: &[(Punct, O)],
+        operand: impl Fn(&mut Self, &mut ExprState) -> PResult<T>,
+        join: impl Fn(O, T, T, Span) -> T,
+    ) -> PResult<T> {
+        let mut acc = operand(self, st)?;
+        loop {
+            let tok = &self.peek().tok;
+            let Some(&(_, op)) = ops.iter().find(|(p, _)| *tok == Tok::Punct(*p)) else {
+                return Ok(acc);
+            };
+            let span = self.bump().span;
+            self.count_op(st, span)?;
+            let rhs = operand(self, st)?;
+            acc = join(op, acc, rhs, span);
         }
-        Ok(())
     }
 
     /// `term { ('+' | '-') term }`
     fn sum(&mut self, st: &mut ExprState) -> PResult<Scalar> {
-        let mut acc = self.term(st)?;
-        loop {
-            let op = match self.peek().tok {
-                Tok::Punct(Punct::Plus) => ScalarOp::Add,
-                Tok::Punct(Punct::Minus) => ScalarOp::Sub,
-                _ => return Ok(acc),
-            };
-            let span = self.bump().span;
-            self.count_op(st, span)?;
-            let rhs = self.term(st)?;
-            acc = Scalar::binary(op, acc, rhs);
-        }
+        let ops = [(Punct::Plus, ScalarOp::Add), (Punct::Minus, ScalarOp::Sub)];
+        self.left_chain(st, &ops, Self::term, scalar_binary)
     }
 
     /// `atom { ('*' | '/' | '%') atom }`
     fn term(&mut self, st: &mut ExprState) -> PResult<Scalar> {
-        let mut acc = self.atom(st)?;
-        loop {
-            let op = match self.peek().tok {
-                Tok::Punct(Punct::Star) => ScalarOp::Mul,
-                Tok::Punct(Punct::Slash) => ScalarOp::Div,
-                Tok::Punct(Punct::Percent) => ScalarOp::Mod,
-                _ => return Ok(acc),
-            };
-            let span = self.bump().span;
-            self.count_op(st, span)?;
-            let rhs = self.atom(st)?;
-            acc = Scalar::binary(op, acc, rhs);
-        }
+        let ops = [
+            (Punct::Star, ScalarOp::Mul),
+            (Punct::Slash, ScalarOp::Div),
+            (Punct::Percent, ScalarOp::Mod),
+        ];
+        self.left_chain(st, &ops, Self::atom, scalar_binary)
     }
 
     /// `INT | IDENT | 'ceilDiv' '(' expr ',' expr ')' | '(' expr ')'`
@@ -107,14 +120,7 @@ impl Parser {
                 st.idents.push((s, t.span));
                 Ok(value)
             }
-            Tok::Punct(Punct::LParen) => {
-                self.enter(st, t.span)?;
-                self.bump();
-                let e = self.sum(st)?;
-                self.expect_punct(Punct::RParen, "to close the parenthesized expression")?;
-                st.depth -= 1;
-                Ok(e)
-            }
+            Tok::Punct(Punct::LParen) => self.parenthesized(st, t.span, Self::sum),
             _ => Err(self.unexpected(
                 "an expression (an integer, a parameter name, `ceilDiv(..)` or `(..)`)",
             )),
@@ -181,4 +187,17 @@ impl Parser {
             _ => Ok(()),
         }
     }
+}
+
+/// `lhs op rhs` (its span is not kept).
+fn scalar_binary(op: ScalarOp, lhs: Scalar, rhs: Scalar, _: Span) -> Scalar {
+    Scalar::binary(op, lhs, rhs)
+}
+
+/// `Ok` while `count` is at most `max`, else the error `message()` at `span`.
+fn within(count: usize, max: usize, span: Span, message: impl FnOnce() -> String) -> PResult<()> {
+    if count > max {
+        return Err(Diagnostic::at(span, message()));
+    }
+    Ok(())
 }

@@ -37,34 +37,14 @@ impl Parser {
 
     /// `vterm { ('+' | '-') vterm }`
     fn vsum(&mut self, st: &mut ExprState) -> PResult<VExpr> {
-        let mut acc = self.vterm(st)?;
-        loop {
-            let op = match self.peek().tok {
-                Tok::Punct(Punct::Plus) => BinaryOp::Add,
-                Tok::Punct(Punct::Minus) => BinaryOp::Sub,
-                _ => return Ok(acc),
-            };
-            let span = self.bump().span;
-            self.count_op(st, span)?;
-            let rhs = self.vterm(st)?;
-            acc = VExpr::Bin(op, Box::new(acc), Box::new(rhs), span);
-        }
+        let ops = [(Punct::Plus, BinaryOp::Add), (Punct::Minus, BinaryOp::Sub)];
+        self.left_chain(st, &ops, Self::vterm, vbin)
     }
 
     /// `vunary { ('*' | '/') vunary }`
     fn vterm(&mut self, st: &mut ExprState) -> PResult<VExpr> {
-        let mut acc = self.vunary(st)?;
-        loop {
-            let op = match self.peek().tok {
-                Tok::Punct(Punct::Star) => BinaryOp::Mul,
-                Tok::Punct(Punct::Slash) => BinaryOp::Div,
-                _ => return Ok(acc),
-            };
-            let span = self.bump().span;
-            self.count_op(st, span)?;
-            let rhs = self.vunary(st)?;
-            acc = VExpr::Bin(op, Box::new(acc), Box::new(rhs), span);
-        }
+        let ops = [(Punct::Star, BinaryOp::Mul), (Punct::Slash, BinaryOp::Div)];
+        self.left_chain(st, &ops, Self::vunary, vbin)
     }
 
     /// `'-' vunary | vatom`
@@ -115,14 +95,7 @@ impl Parser {
                 self.bump();
                 Ok(VExpr::Name(s, t.span))
             }
-            Tok::Punct(Punct::LParen) => {
-                self.enter(st, t.span)?;
-                self.bump();
-                let e = self.vsum(st)?;
-                self.expect_punct(Punct::RParen, "to close the parenthesized expression")?;
-                st.depth -= 1;
-                Ok(e)
-            }
+            Tok::Punct(Punct::LParen) => self.parenthesized(st, t.span, Self::vsum),
             _ => Err(self
                 .unexpected("a tensor, a number, an op call or `(..)` in the tensor expression")),
         }
@@ -232,4 +205,9 @@ impl Parser {
             what = "a tensor name after `,`";
         }
     }
+}
+
+/// `lhs op rhs` written at `span`.
+fn vbin(op: BinaryOp, lhs: VExpr, rhs: VExpr, span: Span) -> VExpr {
+    VExpr::Bin(op, Box::new(lhs), Box::new(rhs), span)
 }

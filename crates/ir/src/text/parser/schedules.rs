@@ -2,6 +2,7 @@
 
 use super::{PResult, Parser, STEP_NAMES};
 use crate::diag::Diagnostic;
+use crate::domain::ParallelType;
 use crate::tensor::{MemoryType, ScheduleOp, ScheduleStep};
 use crate::text::lexer::{Punct, Tok};
 
@@ -46,6 +47,16 @@ impl Parser {
 
     /// True when the word at a step position is really the next statement (a schedule block
     /// missing its `}`).
+    /// `(AXIS, PARALLEL_TYPE)` after the name of the step `step`.
+    fn axis_and_parallel_type(&mut self, step: &str) -> PResult<(usize, ParallelType)> {
+        self.expect_punct(Punct::LParen, &format!("after `{step}`"))?;
+        let axis = self.expect_axis(&format!("an axis number in `{step}`"))?;
+        self.expect_punct(Punct::Comma, &format!("after the axis of `{step}`"))?;
+        let parallel = self.parallel_type()?;
+        self.expect_punct(Punct::RParen, &format!("to close `{step}(...)`"))?;
+        Ok((axis, parallel))
+    }
+
     fn starts_statement(&self, word: &str) -> bool {
         let defines = self.peek_at(1).tok == Tok::Punct(Punct::Eq);
         match word {
@@ -111,19 +122,11 @@ impl Parser {
                 ScheduleOp::Reorder { moves }
             }
             "parallelize" => {
-                self.expect_punct(Punct::LParen, "after `parallelize`")?;
-                let axis = self.expect_axis("an axis number in `parallelize`")?;
-                self.expect_punct(Punct::Comma, "after the axis of `parallelize`")?;
-                let parallel = self.parallel_type()?;
-                self.expect_punct(Punct::RParen, "to close `parallelize(...)`")?;
+                let (axis, parallel) = self.axis_and_parallel_type("parallelize")?;
                 ScheduleOp::Parallelize { axis, parallel }
             }
             "swizzle1d" => {
-                self.expect_punct(Punct::LParen, "after `swizzle1d`")?;
-                let axis = self.expect_axis("an axis number in `swizzle1d`")?;
-                self.expect_punct(Punct::Comma, "after the axis of `swizzle1d`")?;
-                let parallel = self.parallel_type()?;
-                self.expect_punct(Punct::RParen, "to close `swizzle1d(...)`")?;
+                let (axis, parallel) = self.axis_and_parallel_type("swizzle1d")?;
                 ScheduleOp::Swizzle1d { axis, parallel }
             }
             "allocation" => {
