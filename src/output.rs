@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
-use streamweave::output::{is_stream, kind};
+use streamweave::output::{is_stream, kind, OutputError};
 
 /// Prints to standard output, as `print!` does, through [`Stdout`].
 #[macro_export]
@@ -84,8 +84,11 @@ fn gone(e: io::Error) -> io::Error {
 /// New files get the usual permissions (0666 less the umask). A temporary file is removed
 /// when SIGINT, SIGTERM or SIGHUP ends the process mid-write (see [`remove_temporaries`]).
 /// The error names `path`.
-pub fn write_output(path: &Path, contents: &[u8]) -> Result<(), String> {
-    let named = |e: io::Error| format!("cannot write {}: {e}", path.display());
+pub fn write_output(path: &Path, contents: &[u8]) -> Result<(), OutputError> {
+    let named = |source: io::Error| OutputError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     let stream = path.to_str().and_then(|p| match p {
         "/dev/stdout" | "/dev/fd/1" | "/proc/self/fd/1" => Some(1),
         "/dev/stderr" | "/dev/fd/2" | "/proc/self/fd/2" => Some(2),
@@ -159,7 +162,7 @@ pub fn keep_on_signal(path: &Path) {
 }
 
 /// Writes `contents` to `path` as [`write_output`] does (kept for its callers).
-pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), String> {
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), OutputError> {
     write_output(path, contents)
 }
 
@@ -167,8 +170,11 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), String> {
 /// removed (so that a run that ends early never leaves an older output that looks like its
 /// own); a link, a FIFO or a device is left alone; a path [`write_output`] would refuse (a
 /// directory, a socket, a block device) is an error now rather than after the run.
-pub fn remove_stale(path: &Path) -> Result<(), String> {
-    let named = |e: io::Error| format!("cannot remove the earlier {}: {e}", path.display());
+pub fn remove_stale(path: &Path) -> Result<(), StaleOutputError> {
+    let named = |source: io::Error| StaleOutputError::Remove {
+        path: path.to_path_buf(),
+        source,
+    };
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(named(e)),
@@ -177,12 +183,27 @@ pub fn remove_stale(path: &Path) -> Result<(), String> {
             _ => Ok(()),
         },
         Ok(m) if m.file_type().is_symlink() || is_stream(&m.file_type()) => Ok(()),
-        Ok(m) => Err(format!(
-            "cannot write {}: it is {}; give a file",
-            path.display(),
-            kind(&m.file_type())
-        )),
+        Ok(m) => Err(StaleOutputError::Refused(OutputError::NotAFile {
+            path: path.to_path_buf(),
+            kind: kind(&m.file_type()),
+        })),
     }
+}
+
+/// Why [`remove_stale`] did not ready an output: every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StaleOutputError {
+    /// The earlier run's file is there and does not go.
+    #[error("cannot remove the earlier {}: {source}", path.display())]
+    Remove {
+        /// The output as given.
+        path: PathBuf,
+        /// What the system said.
+        source: io::Error,
+    },
+    /// The path is one [`write_output`] would refuse (a directory, a socket, a block device).
+    #[error(transparent)]
+    Refused(#[from] OutputError),
 }
 
 /// Removes every temporary file being written now, and the incomplete outputs
@@ -232,7 +253,7 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1);
         let missing = dir.path().join("no-such-dir/summary.json");
-        let e = write_atomic(&missing, b"x").unwrap_err();
+        let e = write_atomic(&missing, b"x").unwrap_err().to_string();
         assert!(
             e.starts_with(&format!("cannot write {}: ", missing.display())),
             "{e}"

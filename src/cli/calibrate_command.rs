@@ -18,7 +18,7 @@ use super::{calibration_path, tune_cache_path};
 pub fn gpu_calibration(
     gpu: &str,
     ranks: usize,
-) -> Result<streamweave::chunks::Calibration, String> {
+) -> Result<streamweave::chunks::Calibration, streamweave::chunks::CalibrationError> {
     let mut cal = streamweave::chunks::Calibration::load(calibration_path().as_deref())?;
     if let Some(c) =
         tune_cache_path().and_then(|p| streamweave::tune::measured_contention(&p, gpu, ranks))

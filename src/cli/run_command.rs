@@ -102,7 +102,7 @@ pub fn run(
             let beside = trace_is_a_file(path).then(|| path.with_extension("svg"));
             for p in std::iter::once(path.to_path_buf()).chain(beside) {
                 if let Err(e) = crate::output::remove_stale(&p) {
-                    return fail(e);
+                    return fail(e.to_string());
                 }
             }
         }
@@ -119,7 +119,7 @@ pub fn run(
             Ok(t) => t,
             Err(d) => return fail(format!("{}:{d}", file.display())),
         },
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.to_string()),
     };
     let name = file.display().to_string();
     // The configuration `weave tune` cached for this program, when `--chunks auto` and no
@@ -201,7 +201,7 @@ pub fn run(
                 .map_or(Chunks::AsWritten, |(e, _)| e.compiler_chunks()),
             None if flags.cuda => {
                 let gpu = streamweave::tune::gpu_name(0).unwrap_or_default();
-                Chunks::Auto(gpu_calibration(&gpu, ranks)?)
+                Chunks::Auto(gpu_calibration(&gpu, ranks).map_err(|e| e.to_string())?)
             }
             None => Chunks::AsWritten,
         };
@@ -386,7 +386,7 @@ pub fn run(
                 "trace: {} (open in https://ui.perfetto.dev); no SVG timeline beside a trace that is not a file",
                 path.display()
             ),
-            (Err(e), _) => return fail(e),
+            (Err(e), _) => return fail(e.to_string()),
         }
     }
     let failed = failures(&report);

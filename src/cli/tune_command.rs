@@ -46,7 +46,8 @@ pub(super) fn tuned_entry(
     };
     let backend = if cuda { "cuda" } else { "cpu" };
     let key = tune::TuneKey::of(&fusion, ranks, backend, &gpu);
-    Ok(tune::lookup(&path, &key)?.map(|e| (e, path)))
+    let entry = tune::lookup(&path, &key).map_err(|e| e.to_string())?;
+    Ok(entry.map(|e| (e, path)))
 }
 
 /// Tunes the fusion `text` on `ranks` GPUs of this process for a first repeated run: the
@@ -75,8 +76,8 @@ pub(super) fn tune_first_run(
         }
     }
     // A cache that cannot be read is the run's error, not the tuning's.
-    tune::TuneCache::load(&cache)?;
-    let machine = tune::gpu_name(0)?;
+    tune::TuneCache::load(&cache).map_err(|e| e.to_string())?;
+    let machine = tune::gpu_name(0).map_err(|e| e.to_string())?;
     let options = tune::TuneOptions::first_run(ranks, &machine, None, budget);
     eprintln!(
         "tuning: no cached configuration of {} on {ranks} x {machine}: measuring candidates for at most {} s (--no-tune skips this; `weave tune` prints the whole table)",
@@ -100,7 +101,7 @@ pub(super) fn tune_first_run(
     eprint!("{tuning}");
     // A signal during the cache's write removes its temporary file.
     crate::output::clean_up_on_signals();
-    let Some(entry) = tune::store(&cache, &tuning)? else {
+    let Some(entry) = tune::store(&cache, &tuning).map_err(|e| e.to_string())? else {
         eprintln!("tuning: no candidate could be measured; running the untuned default");
         return Ok(None);
     };
@@ -165,14 +166,14 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     };
     // A cache that cannot be read fails before anything is measured.
     if let Err(e) = tune::TuneCache::load(&cache) {
-        return fail(e);
+        return fail(e.to_string());
     }
     let text = match streamweave::read_source(file) {
         Ok(bytes) => match streamweave::utf8_source(bytes) {
             Ok(t) => t,
             Err(d) => return fail(format!("{}:{d}", file.display())),
         },
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.to_string()),
     };
     if is_host_program(file, &text) {
         return fail(format!(
@@ -205,7 +206,7 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     let calibration = if flags.cuda {
         match gpu_calibration(&machine, flags.ranks) {
             Ok(c) => Some(c),
-            Err(e) => return fail(e),
+            Err(e) => return fail(e.to_string()),
         }
     } else {
         None
@@ -252,7 +253,7 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     let entry = match tune::store(&cache, &tuning) {
         Ok(Some(e)) => e,
         Ok(None) => return fail("no candidate could be measured: nothing was cached".into()),
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.to_string()),
     };
     crate::outln!(
         "tuned: {} at {:.3} ms, cached in {}",

@@ -78,7 +78,7 @@ fn run() -> Result<(), String> {
         .filter(|&r| r <= visible)
         .collect();
     let calibration_path = bench.args.calibration_path();
-    let mut cal = Calibration::load(calibration_path.as_deref())?;
+    let mut cal = Calibration::load(calibration_path.as_deref()).map_err(|e| e.to_string())?;
     let mut summary = Vec::new();
     for &d in &ranks {
         let options = WorldOptions {

@@ -18,7 +18,7 @@ use weave_cuda::{wait_event, CudaError, Gpu, GpuStream};
 use weave_executor::{Backend, CudaBackend, CudaOptions, DeviceTensor, StreamKey};
 use weave_ir::DType;
 
-pub use crate::threads::Barrier;
+pub use crate::threads::{Barrier, BarrierError};
 
 use crate::chunks::Calibration;
 use crate::gpu::backend_for;
@@ -87,7 +87,7 @@ impl Rank {
 
     /// Waits for every rank (host side).
     pub fn barrier(&self) -> Result<(), JobError> {
-        self.barrier.wait(self.timeout)
+        self.barrier.wait(self.timeout).map_err(|e| e.to_string())
     }
 
     /// Times `f`, which enqueues work on `backend`'s main stream (and streams joined back to
@@ -726,14 +726,34 @@ mod tests {
     fn a_barrier_times_out_and_a_broken_one_fails_at_once() {
         let b = Barrier::new(2);
         let e = b.wait(Duration::from_millis(20)).unwrap_err();
-        assert!(e.contains("timed out") && e.contains("1 arrived"), "{e}");
+        assert!(
+            matches!(
+                e,
+                BarrierError::TimedOut {
+                    parties: 2,
+                    millis: 20,
+                    arrived: 1
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "a barrier of 2 ranks timed out after 20 ms (1 arrived)"
+        );
         // A timed-out barrier stays broken.
-        let e = b.wait(Duration::from_secs(5)).unwrap_err();
+        let e = b.wait(Duration::from_secs(5)).unwrap_err().to_string();
         assert!(e.contains("broken") && e.contains("timed out"), "{e}");
         let b = Barrier::new(2);
         b.break_with("rank 1 failed");
         let e = b.wait(Duration::from_secs(5)).unwrap_err();
-        assert!(e.contains("rank 1 failed"), "{e}");
+        assert_eq!(
+            e,
+            BarrierError::Broken {
+                why: "rank 1 failed".into()
+            }
+        );
+        assert_eq!(e.to_string(), "the barrier was broken: rank 1 failed");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! predicting the time of S = 1 (no overlap) and of S chunks pipelined over the stream pool,
 //! and picking the fastest, or no overlap when chunking cannot pay.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use weave_executor::meter::{Meter, MeterBackend, MeteredComm};
@@ -72,14 +72,18 @@ impl Calibration {
     /// path). A cache that cannot be read is an error naming the file and where in it.
     /// Where the cache lives is the caller's choice: `weave` reads `$WEAVE_CALIBRATION`, else
     /// `$HOME/.cache/streamweave/calibration.txt`.
-    pub fn load(path: Option<&Path>) -> Result<Calibration, String> {
+    pub fn load(path: Option<&Path>) -> Result<Calibration, CalibrationError> {
         match path {
             Some(p) if p.exists() => {
                 // Read like a source file: capped, whatever the path is.
                 let bytes = crate::read_source(p)?;
-                let text = String::from_utf8(bytes)
-                    .map_err(|_| format!("{}: the calibration is not UTF-8 text", p.display()))?;
-                Calibration::parse(&text).map_err(|m| format!("{}: {m}", p.display()))
+                let text = String::from_utf8(bytes).map_err(|_| CalibrationError::NotUtf8 {
+                    path: p.to_path_buf(),
+                })?;
+                Calibration::parse(&text).map_err(|error| CalibrationError::Invalid {
+                    path: p.to_path_buf(),
+                    error,
+                })
             }
             _ => Ok(Calibration::default()),
         }
@@ -88,12 +92,13 @@ impl Calibration {
     /// Reads the TOML that [`Calibration::render`] writes (`key = value` lines, `#` comments).
     /// The files written before the cache was TOML, whose `source` line is not quoted, read
     /// the same.
-    pub fn parse(text: &str) -> Result<Calibration, String> {
+    pub fn parse(text: &str) -> Result<Calibration, CalibrationParseError> {
         let c: Calibration = match toml::from_str(text) {
             Ok(c) => c,
             Err(e) => match quote_source(text) {
-                Some(quoted) => toml::from_str(&quoted).map_err(|_| toml_error(&e))?,
-                None => return Err(toml_error(&e)),
+                Some(quoted) => toml::from_str(&quoted)
+                    .map_err(|_| CalibrationParseError::Toml(toml_error(&e)))?,
+                None => return Err(CalibrationParseError::Toml(toml_error(&e))),
             },
         };
         let figures = [
@@ -106,14 +111,14 @@ impl Calibration {
             c.contention,
         ];
         if figures.iter().any(|x| !x.is_finite() || *x < 0.0) {
-            return Err("every figure must be a non-negative number".into());
+            return Err(CalibrationParseError::Negative);
         }
         if c.gemm_tflops <= 0.0
             || c.busbw_gbs <= 0.0
             || c.p2p_gbs <= 0.0
             || c.gemm_tflops_f32 <= 0.0
         {
-            return Err("throughputs and bandwidths must be positive".into());
+            return Err(CalibrationParseError::NotPositive);
         }
         Ok(c)
     }
@@ -123,6 +128,44 @@ impl Calibration {
         // A struct of strings and floats always serializes.
         toml::to_string(self).unwrap_or_default()
     }
+}
+
+/// Why a calibration file was not read ([`Calibration::load`]): every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrationError {
+    /// The file does not read (or is over the source cap).
+    #[error(transparent)]
+    Read(#[from] crate::ReadSourceError),
+    /// The file is not UTF-8 text.
+    #[error("{}: the calibration is not UTF-8 text", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The text is not a calibration.
+    #[error("{}: {error}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        #[source]
+        error: CalibrationParseError,
+    },
+}
+
+/// What is wrong in a calibration's text ([`Calibration::parse`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CalibrationParseError {
+    /// Not TOML, or an unknown or mistyped field: where, then what (`TOML parse error at
+    /// line 2, column 13: invalid ...`).
+    #[error("{0}")]
+    Toml(String),
+    /// A figure is negative, infinite or NaN.
+    #[error("every figure must be a non-negative number")]
+    Negative,
+    /// A throughput or bandwidth is zero.
+    #[error("throughputs and bandwidths must be positive")]
+    NotPositive,
 }
 
 /// A TOML error on one line: where, then what.
@@ -496,14 +539,22 @@ mod tests {
             "{}",
             c.render()
         );
-        let err = Calibration::parse("gemm_tflops = 700\nbusbw_gbs = fast\n").unwrap_err();
+        let err = Calibration::parse("gemm_tflops = 700\nbusbw_gbs = fast\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 2"), "{err}");
-        let err = Calibration::parse("# comment\nspeed = 3\n").unwrap_err();
+        let err = Calibration::parse("# comment\nspeed = 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 2") && err.contains("speed"), "{err}");
-        let err = Calibration::parse("gemm_tflops 3\n").unwrap_err();
+        let err = Calibration::parse("gemm_tflops 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 1"), "{err}");
+        let err = Calibration::parse("busbw_gbs = -3\n").unwrap_err();
+        assert_eq!(err, CalibrationParseError::Negative);
         assert_eq!(
-            Calibration::parse("busbw_gbs = -3\n").unwrap_err(),
+            err.to_string(),
             "every figure must be a non-negative number"
         );
         // Integers are figures too; a missing figure keeps its default.

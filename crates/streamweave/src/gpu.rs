@@ -32,7 +32,7 @@ fn cuda_options(options: &RunOptions, gpu: &Gpu) -> Result<CudaOptions, ExecErro
         .gpu
         .overlap
         .cuda_options(base, gpu.sm_count())
-        .map_err(ExecError::Program)
+        .map_err(|e| ExecError::Program(e.to_string()))
 }
 
 /// Checks that this process sees at least `needed` GPUs.
@@ -79,7 +79,8 @@ fn run_one(
     link: Link<'_>,
     fail_early: bool,
 ) -> Result<RankRun, ExecError> {
-    let nccl = crate::world::nccl_options(options).map_err(ExecError::Program)?;
+    let nccl =
+        crate::world::nccl_options(options).map_err(|e| ExecError::Program(e.to_string()))?;
     let crate::world::OpenRank { gpu, comm } =
         crate::world::open_rank(device, rank, world, id, nccl)?;
     comm.prepare_teams(&program_teams(program))?;
@@ -96,12 +97,12 @@ fn run_one(
                 .gpu
                 .overlap
                 .ce_windows()
-                .map_err(ExecError::Program)?;
+                .map_err(|e| ExecError::Program(e.to_string()))?;
             let ipc = IpcCopy::connect(comm.clone(), gpu.clone(), windows, |card| {
                 if let Link::Windows(exchange) = link {
                     exchange
                         .all_gather_as(rank, options.timeouts.store, card)
-                        .map_err(CommError::Bootstrap)
+                        .map_err(|e| CommError::Bootstrap(e.to_string()))
                 } else if let Link::Ipc(store) = link {
                     all_gather(store, rank, world, "copy-engine-windows", &card)
                 } else {

@@ -80,7 +80,7 @@
 //! environment variable: paths and a launched process's place are the caller's to give.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[cfg(feature = "cuda")]
 pub mod calibrate;
@@ -104,6 +104,8 @@ mod world;
 
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
+#[cfg(feature = "cuda")]
+pub use run::OverlapError;
 pub use run::{
     CpuRunOptions, GpuRunOptions, NcclCtaPolicy, Overlap, RunOptions, RunReport, Target, Timeouts,
     Transport, MAX_CE_SLOT_MIB, MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,
@@ -226,10 +228,10 @@ fn scheduled_splits(fusion: &Fusion) -> Vec<String> {
 /// Reads and loads a `.weave` file.
 pub fn load_file(path: &Path, overrides: &[(String, i64)]) -> Result<Fusion, LoadError> {
     let file = path.display().to_string();
-    let bytes = read_source(path).map_err(|message| LoadError {
+    let bytes = read_source(path).map_err(|e| LoadError {
         file: file.clone(),
         source: String::new(),
-        diagnostic: Diagnostic::new(message),
+        diagnostic: Diagnostic::new(e.to_string()),
     })?;
     let source = utf8_source(bytes).map_err(|diagnostic| LoadError {
         file: file.clone(),
@@ -247,36 +249,82 @@ pub const MAX_SOURCE_BYTES: u64 = 256 << 20;
 /// file over the cap is refused before it is read (naming its size), anything else (a FIFO,
 /// `/dev/stdin`, `/dev/zero`) is read up to the cap and refused once it goes beyond, and a
 /// directory is refused. The error names `path`.
-pub fn read_source(path: &Path) -> Result<Vec<u8>, String> {
+pub fn read_source(path: &Path) -> Result<Vec<u8>, ReadSourceError> {
     use std::io::Read;
-    let shown = path.display();
-    let named = |e: std::io::Error| format!("cannot read {shown}: {e}");
+    let named = |source: std::io::Error| ReadSourceError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = std::fs::File::open(path).map_err(named)?;
     let meta = file.metadata().map_err(named)?;
     if meta.is_dir() {
-        return Err(format!(
-            "cannot read {shown}: it is a directory, not a file"
-        ));
+        return Err(ReadSourceError::Directory {
+            path: path.to_path_buf(),
+        });
     }
     let cap = MAX_SOURCE_BYTES;
-    let limit = || format!("the limit is {cap} bytes ({} MiB)", cap >> 20);
     if meta.is_file() && meta.len() > cap {
-        return Err(format!(
-            "cannot read {shown}: the file is {} bytes; {}",
-            meta.len(),
-            limit()
-        ));
+        return Err(ReadSourceError::TooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+            limit: cap,
+        });
     }
     let hint = if meta.is_file() { meta.len() } else { 0 };
     let mut bytes = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
     file.take(cap + 1).read_to_end(&mut bytes).map_err(named)?;
     if bytes.len() as u64 > cap {
-        return Err(format!(
-            "cannot read {shown}: it holds more than {cap} bytes; {}",
-            limit()
-        ));
+        return Err(ReadSourceError::Unbounded {
+            path: path.to_path_buf(),
+            limit: cap,
+        });
     }
     Ok(bytes)
+}
+
+/// Why [`read_source`] read no source: every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadSourceError {
+    /// The file does not open or read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The path is a directory.
+    #[error("cannot read {}: it is a directory, not a file", path.display())]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A regular file larger than the cap, refused before it is read.
+    #[error(
+        "cannot read {}: the file is {size} bytes; the limit is {limit} bytes ({} MiB)",
+        path.display(),
+        limit >> 20
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+        /// The cap in bytes ([`MAX_SOURCE_BYTES`]).
+        limit: u64,
+    },
+    /// A stream (a FIFO, a device) that went on beyond the cap.
+    #[error(
+        "cannot read {}: it holds more than {limit} bytes; the limit is {limit} bytes ({} MiB)",
+        path.display(),
+        limit >> 20
+    )]
+    Unbounded {
+        /// The file.
+        path: PathBuf,
+        /// The cap in bytes ([`MAX_SOURCE_BYTES`]).
+        limit: u64,
+    },
 }
 
 /// The text of a source file, or a diagnostic at the line and column (in characters, as
@@ -302,17 +350,46 @@ pub fn utf8_source(bytes: Vec<u8>) -> Result<String, Diagnostic> {
 }
 
 /// Parses `k=v` (as given to `--set`) into a parameter override.
-pub fn parse_override(s: &str) -> Result<(String, i64), String> {
+pub fn parse_override(s: &str) -> Result<(String, i64), OverrideError> {
     let (k, v) = s
         .split_once('=')
-        .ok_or_else(|| format!("--set expects NAME=VALUE, got `{s}`"))?;
+        .ok_or_else(|| OverrideError::NotAssignment {
+            given: s.to_string(),
+        })?;
     let k = k.trim();
     if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!("--set: `{k}` is not a parameter name"));
+        return Err(OverrideError::BadName {
+            name: k.to_string(),
+        });
     }
-    let v: i64 = v
-        .trim()
-        .parse()
-        .map_err(|_| format!("--set {k}: `{}` is not an integer", v.trim()))?;
+    let v: i64 = v.trim().parse().map_err(|_| OverrideError::NotInteger {
+        name: k.to_string(),
+        value: v.trim().to_string(),
+    })?;
     Ok((k.to_string(), v))
+}
+
+/// Why a `--set` override ([`parse_override`]) is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OverrideError {
+    /// No `=` in it.
+    #[error("--set expects NAME=VALUE, got `{given}`")]
+    NotAssignment {
+        /// The text given.
+        given: String,
+    },
+    /// The name is empty or has characters other than ASCII letters, digits and `_`.
+    #[error("--set: `{name}` is not a parameter name")]
+    BadName {
+        /// The name given (trimmed).
+        name: String,
+    },
+    /// The value is not an `i64`.
+    #[error("--set {name}: `{value}` is not an integer")]
+    NotInteger {
+        /// The parameter's name.
+        name: String,
+        /// The value given (trimmed).
+        value: String,
+    },
 }

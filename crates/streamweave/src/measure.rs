@@ -18,7 +18,7 @@ use weave_executor::{
 use weave_host_ir::TensorSig;
 use weave_ir::DType;
 
-pub use crate::threads::Exchange;
+pub use crate::threads::{Exchange, ExchangeError};
 
 use crate::calibrate::{offset_tables, JobError, Rank};
 use crate::executable::Executable;
@@ -291,7 +291,9 @@ pub fn run_program(
         CopyEngine::Windows(exchange, options) => {
             let mut gathered = None;
             let ipc = IpcCopy::connect(comm, rank.gpu.clone(), *options, |card| {
-                let all = exchange.all_gather_as(rank.rank, rank.timeout, card);
+                let all = exchange
+                    .all_gather_as(rank.rank, rank.timeout, card)
+                    .map_err(|e| e.to_string());
                 gathered = all.as_ref().err().cloned();
                 all.map_err(weave_comm::CommError::Bootstrap)
             })
@@ -357,10 +359,12 @@ impl crate::tune::Measure for WorldMeasure {
         let fresh = match overlap.needs_own_communicators() {
             false => None,
             true => {
-                let options = overlap.nccl_options(NcclOptions {
-                    timeout: self.timeout,
-                    ..NcclOptions::default()
-                })?;
+                let options = overlap
+                    .nccl_options(NcclOptions {
+                        timeout: self.timeout,
+                        ..NcclOptions::default()
+                    })
+                    .map_err(|e| e.to_string())?;
                 Some((NcclId::new().map_err(|e| e.to_string())?, options))
             }
         };
@@ -368,7 +372,8 @@ impl crate::tune::Measure for WorldMeasure {
             crate::Transport::Nccl => CopyEngine::Off,
             // Shared windows: replayable, unlike peer copies (which wait on the host).
             crate::Transport::CopyEngine => {
-                CopyEngine::windows(self.world.ranks(), overlap.ce_windows()?)
+                let windows = overlap.ce_windows().map_err(|e| e.to_string())?;
+                CopyEngine::windows(self.world.ranks(), windows)
             }
         };
         let graph = candidate.replay;
@@ -376,7 +381,9 @@ impl crate::tune::Measure for WorldMeasure {
         let timings: Vec<ProgramTiming> = self.world.run(move |r| {
             let how = ProgramRun {
                 streams,
-                cuda: overlap.cuda_options(CudaOptions::default(), r.gpu.sm_count())?,
+                cuda: overlap
+                    .cuda_options(CudaOptions::default(), r.gpu.sm_count())
+                    .map_err(|e| e.to_string())?,
                 graph,
                 trace: false,
             };

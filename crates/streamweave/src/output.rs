@@ -25,8 +25,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// * anything else (a directory, a socket, a block device) is refused.
 ///
 /// New files get the usual permissions (0666 less the umask). The error names `path`.
-pub fn write_output(path: &Path, contents: &[u8], create_dir: bool) -> Result<(), String> {
-    let named = |e: io::Error| format!("cannot write {}: {e}", path.display());
+pub fn write_output(path: &Path, contents: &[u8], create_dir: bool) -> Result<(), OutputError> {
+    let named = |source: io::Error| OutputError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     let atomically = |target: &Path| {
         if create_dir {
             if let Some(dir) = target.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -54,12 +57,32 @@ pub fn write_output(path: &Path, contents: &[u8], create_dir: bool) -> Result<()
                 .and_then(|()| f.flush())
                 .map_err(named)
         }
-        Ok(m) => Err(format!(
-            "cannot write {}: it is {}; give a file",
-            path.display(),
-            kind(&m.file_type())
-        )),
+        Ok(m) => Err(OutputError::NotAFile {
+            path: path.to_path_buf(),
+            kind: kind(&m.file_type()),
+        }),
     }
+}
+
+/// Why an output file was not written ([`write_output`]): every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// Creating, writing or renaming the file (or its temporary) failed.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The output as given.
+        path: PathBuf,
+        /// What the system said.
+        source: io::Error,
+    },
+    /// The path is something no output replaces: a directory, a socket, a block device.
+    #[error("cannot write {}: it is {kind}; give a file", path.display())]
+    NotAFile {
+        /// The output as given.
+        path: PathBuf,
+        /// What it is ([`kind`]): `a directory`, `a socket`, ...
+        kind: &'static str,
+    },
 }
 
 /// A character device or a FIFO: written in place.
@@ -227,7 +250,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("weave-output-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("sub/summary.json");
-        let e = write_output(&path, b"x", false).unwrap_err();
+        let e = write_output(&path, b"x", false).unwrap_err().to_string();
         assert!(
             e.starts_with(&format!("cannot write {}: ", path.display())),
             "{e}"
@@ -238,6 +261,8 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(dir.join("sub")).unwrap().collect();
         assert_eq!(names.len(), 1, "{names:?}");
         let e = write_output(&dir, b"x", true).unwrap_err();
+        assert!(matches!(e, OutputError::NotAFile { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.ends_with("it is a directory; give a file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

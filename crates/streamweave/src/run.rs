@@ -13,6 +13,8 @@ use weave_host_ir::HostProgram;
 use crate::tensor::Outputs;
 use crate::threads::run_rank_threads;
 
+#[cfg(feature = "cuda")]
+pub use crate::setup::OverlapError;
 pub use crate::setup::{
     CpuRunOptions, GpuRunOptions, NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Timeouts,
     Transport, MAX_CE_SLOT_MIB, MAX_NCCL_WINDOW_MIB, MAX_THREAD_RANKS,

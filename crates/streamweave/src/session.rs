@@ -406,7 +406,7 @@ fn open_rank(
     id: &NcclId,
 ) -> Result<SessionRank, Error> {
     let fail = setup(rank);
-    let nccl = crate::world::nccl_options(options).map_err(&fail)?;
+    let nccl = crate::world::nccl_options(options).map_err(|e| fail(e.to_string()))?;
     let crate::world::OpenRank { gpu, comm } =
         crate::world::open_rank(device, rank, world, id, nccl).map_err(|e| fail(e.to_string()))?;
     comm.prepare_teams(&program_teams(exe.program()))
@@ -422,7 +422,7 @@ fn open_rank(
             },
             gpu.sm_count(),
         )
-        .map_err(&fail)?;
+        .map_err(|e| fail(e.to_string()))?;
     let backend = crate::gpu::backend_for(&gpu, cuda, &comm).map_err(|e| fail(e.to_string()))?;
     let event = || gpu.new_event(false).map_err(|e| fail(e.to_string()));
     let (before, after) = (event()?, event()?);

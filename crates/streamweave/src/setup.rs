@@ -268,15 +268,20 @@ impl Overlap {
     #[cfg(feature = "cuda")]
     /// The backend options these knobs give on a GPU of `sm_count` SMs (a margin that would
     /// leave a GEMM no SM is refused).
-    pub fn cuda_options(&self, base: CudaOptions, sm_count: i32) -> Result<CudaOptions, String> {
+    pub fn cuda_options(
+        &self,
+        base: CudaOptions,
+        sm_count: i32,
+    ) -> Result<CudaOptions, OverlapError> {
         let gemm_sm_count = match self.gemm_sm_margin {
             0 => 0,
             m => {
                 let left = i64::from(sm_count) - i64::from(m);
                 if left < 1 {
-                    return Err(format!(
-                        "a GEMM SM margin of {m} leaves no SM of the GPU's {sm_count} to GEMMs"
-                    ));
+                    return Err(OverlapError::NoGemmSms {
+                        margin: m,
+                        sm_count,
+                    });
                 }
                 left as i32
             }
@@ -292,21 +297,19 @@ impl Overlap {
 
     #[cfg(feature = "cuda")]
     /// The NCCL options these knobs give (`base` with their CTA limit).
-    pub fn nccl_options(&self, base: NcclOptions) -> Result<NcclOptions, String> {
+    pub fn nccl_options(&self, base: NcclOptions) -> Result<NcclOptions, OverlapError> {
         let max_ctas = match self.nccl_max_ctas {
             None => None,
-            Some(0) => return Err("an NCCL CTA limit must be at least 1".into()),
-            Some(n) => Some(
-                i32::try_from(n).map_err(|_| format!("an NCCL CTA limit of {n} is too large"))?,
-            ),
+            Some(0) => return Err(OverlapError::NoCta),
+            Some(n) => Some(i32::try_from(n).map_err(|_| OverlapError::TooManyCtas { ctas: n })?),
         };
         let symmetric_window = match self.nccl_window_mib {
             0 => None,
             mib if mib > MAX_NCCL_WINDOW_MIB => {
-                return Err(format!(
-                    "an NCCL window of {mib} MiB is more than the {MAX_NCCL_WINDOW_MIB} MiB \
-                     allowed"
-                ))
+                return Err(OverlapError::WindowTooLarge {
+                    mib,
+                    limit: MAX_NCCL_WINDOW_MIB,
+                })
             }
             mib => Some(mib as usize * 1024 * 1024),
         };
@@ -321,13 +324,14 @@ impl Overlap {
     #[cfg(feature = "cuda")]
     /// The copy-engine windows' shape: `WEAVE_CE_WINDOWS`'s (else the default), with
     /// [`Overlap::ce_slot_mib`]'s slot size where it is set.
-    pub fn ce_windows(&self) -> Result<weave_comm::IpcOptions, String> {
-        let windows = weave_comm::IpcOptions::from_env().map_err(|e| e.to_string())?;
+    pub fn ce_windows(&self) -> Result<weave_comm::IpcOptions, OverlapError> {
+        let windows = weave_comm::IpcOptions::from_env()?;
         match self.ce_slot_mib {
             0 => Ok(windows),
-            mib if mib > MAX_CE_SLOT_MIB => Err(format!(
-                "copy-engine slots of {mib} MiB are more than the {MAX_CE_SLOT_MIB} MiB allowed"
-            )),
+            mib if mib > MAX_CE_SLOT_MIB => Err(OverlapError::SlotTooLarge {
+                mib,
+                limit: MAX_CE_SLOT_MIB,
+            }),
             mib => Ok(weave_comm::IpcOptions {
                 slot_bytes: mib as usize * 1024 * 1024,
                 ..windows
@@ -340,6 +344,49 @@ impl Overlap {
     pub fn needs_own_communicators(&self) -> bool {
         self.nccl_max_ctas.is_some() || self.nccl_cta_policy.is_some() || self.nccl_window_mib > 0
     }
+}
+
+/// Why overlap knobs ([`Overlap`]) do not fit a GPU, NCCL or the copy-engine windows
+/// ([`Overlap::cuda_options`], [`Overlap::nccl_options`], [`Overlap::ce_windows`]).
+#[cfg(feature = "cuda")]
+#[derive(Debug, thiserror::Error)]
+pub enum OverlapError {
+    /// [`Overlap::gemm_sm_margin`] leaves a GEMM no SM.
+    #[error("a GEMM SM margin of {margin} leaves no SM of the GPU's {sm_count} to GEMMs")]
+    NoGemmSms {
+        /// The margin asked for.
+        margin: u32,
+        /// The GPU's SM count.
+        sm_count: i32,
+    },
+    /// [`Overlap::nccl_max_ctas`] is 0.
+    #[error("an NCCL CTA limit must be at least 1")]
+    NoCta,
+    /// [`Overlap::nccl_max_ctas`] does not fit NCCL's `int`.
+    #[error("an NCCL CTA limit of {ctas} is too large")]
+    TooManyCtas {
+        /// The limit asked for.
+        ctas: u32,
+    },
+    /// [`Overlap::nccl_window_mib`] is over [`MAX_NCCL_WINDOW_MIB`].
+    #[error("an NCCL window of {mib} MiB is more than the {limit} MiB allowed")]
+    WindowTooLarge {
+        /// The window asked for, MiB.
+        mib: u32,
+        /// The largest, MiB ([`MAX_NCCL_WINDOW_MIB`]).
+        limit: u32,
+    },
+    /// [`Overlap::ce_slot_mib`] is over [`MAX_CE_SLOT_MIB`].
+    #[error("copy-engine slots of {mib} MiB are more than the {limit} MiB allowed")]
+    SlotTooLarge {
+        /// The slot size asked for, MiB.
+        mib: u32,
+        /// The largest, MiB ([`MAX_CE_SLOT_MIB`]).
+        limit: u32,
+    },
+    /// `WEAVE_CE_WINDOWS` does not parse.
+    #[error(transparent)]
+    Windows(#[from] weave_comm::WindowsError),
 }
 
 /// The largest [`Overlap::ce_slot_mib`]: 1 GiB a slot.
@@ -523,8 +570,19 @@ mod tests {
             nccl_window_mib: MAX_NCCL_WINDOW_MIB + 1,
             ..Overlap::default()
         };
+        let e = huge.nccl_options(NcclOptions::default()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OverlapError::WindowTooLarge {
+                    mib: 65537,
+                    limit: 65536
+                }
+            ),
+            "{e:?}"
+        );
         assert_eq!(
-            huge.nccl_options(NcclOptions::default()).unwrap_err(),
+            e.to_string(),
             "an NCCL window of 65537 MiB is more than the 65536 MiB allowed"
         );
         let none = Overlap::default()

@@ -230,13 +230,15 @@ impl Barrier {
         }
     }
 
-    fn broken_error(&self) -> String {
+    fn broken_error(&self) -> BarrierError {
         let why = self.why.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        format!("the barrier was broken: {}", why.unwrap_or_default())
+        BarrierError::Broken {
+            why: why.unwrap_or_default(),
+        }
     }
 
     /// Waits until every party arrived, the barrier is broken, or `timeout` passed.
-    pub fn wait(&self, timeout: Duration) -> Result<(), String> {
+    pub fn wait(&self, timeout: Duration) -> Result<(), BarrierError> {
         if self.broken.load(Ordering::Acquire) {
             return Err(self.broken_error());
         }
@@ -257,14 +259,13 @@ impl Barrier {
             if spins.is_multiple_of(1024) {
                 let waited = start.elapsed();
                 if waited >= timeout {
-                    let why = format!(
-                        "a barrier of {} ranks timed out after {} ms ({} arrived)",
-                        self.parties,
-                        timeout.as_millis(),
-                        self.arrived.load(Ordering::Acquire)
-                    );
+                    let why = BarrierError::TimedOut {
+                        parties: self.parties,
+                        millis: timeout.as_millis(),
+                        arrived: self.arrived.load(Ordering::Acquire),
+                    };
                     // A barrier that timed out cannot count again: break it for everyone.
-                    self.break_with(&why);
+                    self.break_with(&why.to_string());
                     return Err(why);
                 }
                 if waited > Duration::from_millis(20) {
@@ -284,6 +285,28 @@ impl Barrier {
         }
         self.broken.store(true, Ordering::Release);
     }
+}
+
+/// Why a [`Barrier::wait`] let its thread go before every party arrived.
+#[cfg(feature = "cuda")]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BarrierError {
+    /// A rank broke the barrier ([`Barrier::break_with`]), or an earlier wait timed out.
+    #[error("the barrier was broken: {why}")]
+    Broken {
+        /// Why it was broken.
+        why: String,
+    },
+    /// This wait timed out (and broke the barrier for every other party).
+    #[error("a barrier of {parties} ranks timed out after {millis} ms ({arrived} arrived)")]
+    TimedOut {
+        /// The parties it waits for.
+        parties: usize,
+        /// The timeout, in milliseconds.
+        millis: u128,
+        /// The parties that had arrived.
+        arrived: usize,
+    },
 }
 
 /// A one-time all-gather of bytes between ranks that are threads of this process (those of a
@@ -312,13 +335,16 @@ impl Exchange {
         rank: usize,
         timeout: Duration,
         value: Vec<u8>,
-    ) -> Result<Vec<Vec<u8>>, String> {
+    ) -> Result<Vec<Vec<u8>>, ExchangeError> {
         let put = |v: &mut Vec<Option<Vec<u8>>>| match v.get_mut(rank) {
             Some(slot) => {
                 *slot = Some(value);
                 Ok(())
             }
-            None => Err(format!("rank {rank}: an exchange of {} ranks", v.len())),
+            None => Err(ExchangeError::NoSuchRank {
+                rank,
+                ranks: v.len(),
+            }),
         };
         put(&mut self.values.lock().unwrap_or_else(|p| p.into_inner()))?;
         self.barrier.wait(timeout)?;
@@ -326,7 +352,7 @@ impl Exchange {
         values
             .iter()
             .enumerate()
-            .map(|(r, v)| v.clone().ok_or_else(|| format!("rank {r} gave no value")))
+            .map(|(r, v)| v.clone().ok_or(ExchangeError::NoValue { rank: r }))
             .collect()
     }
 
@@ -334,6 +360,29 @@ impl Exchange {
     pub fn break_with(&self, why: &str) {
         self.barrier.break_with(why);
     }
+}
+
+/// Why an [`Exchange::all_gather_as`] gathered nothing.
+#[cfg(feature = "cuda")]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExchangeError {
+    /// The rank is not one of the exchange's.
+    #[error("rank {rank}: an exchange of {ranks} ranks")]
+    NoSuchRank {
+        /// The rank given.
+        rank: usize,
+        /// The exchange's rank count.
+        ranks: usize,
+    },
+    /// The ranks did not all arrive: the barrier timed out or was broken.
+    #[error(transparent)]
+    Barrier(#[from] BarrierError),
+    /// A rank passed the barrier without a value.
+    #[error("rank {rank} gave no value")]
+    NoValue {
+        /// The rank.
+        rank: usize,
+    },
 }
 
 #[cfg(test)]

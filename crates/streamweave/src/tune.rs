@@ -28,9 +28,9 @@ mod cache;
 mod knobs;
 mod measurement;
 
-pub use cache::{lookup, store, Entry, TuneCache, TuneKey};
+pub use cache::{lookup, store, CacheError, CacheParseError, Entry, TuneCache, TuneKey};
 pub use knobs::{knob_variants, Knob, TUNED_CE_SLOT_MIB, TUNED_NCCL_WINDOW_MIB};
-pub use measurement::{gpu_name, Measure, RunMeasure};
+pub use measurement::{gpu_name, GpuNameError, Measure, RunMeasure};
 
 use knobs::{moves_data, sums};
 

@@ -12,7 +12,7 @@ use weave_comm::CommError;
 use weave_cuda::{CudaError, Gpu};
 use weave_executor::{DeviceTensor, ExecError};
 
-use crate::setup::RunOptions;
+use crate::setup::{OverlapError, RunOptions};
 
 /// Why a rank's GPU or communicator could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ pub(crate) struct OpenRank {
 
 /// The NCCL options a run asks for: its overlap knobs (CTA limits, windows) over NCCL's
 /// defaults, every wait bounded by the run's wait timeout.
-pub(crate) fn nccl_options(options: &RunOptions) -> Result<NcclOptions, String> {
+pub(crate) fn nccl_options(options: &RunOptions) -> Result<NcclOptions, OverlapError> {
     options.gpu.overlap.nccl_options(NcclOptions {
         timeout: options.timeouts.wait,
         ..NcclOptions::default()

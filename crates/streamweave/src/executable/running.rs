@@ -150,11 +150,11 @@ impl Executable {
                 .set_param(&name, i64::try_from(ranks).unwrap_or(i64::MAX))
                 .map_err(|d| d.message)?;
         }
-        let machine = crate::tune::gpu_name(0)?;
+        let machine = crate::tune::gpu_name(0).map_err(|e| e.to_string())?;
         let key = crate::tune::TuneKey::of(&fusion, ranks, "cuda", &machine);
         let cache = options.gpu.tune_cache.as_deref();
         let cached = match cache {
-            Some(p) => crate::tune::lookup(p, &key)?,
+            Some(p) => crate::tune::lookup(p, &key).map_err(|e| e.to_string())?,
             None => None,
         };
         let (entry, source) = match cached {

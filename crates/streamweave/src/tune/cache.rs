@@ -3,7 +3,7 @@
 //! ([`lookup`], [`store`]).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use weave_ir::{Fusion, ParamRole};
@@ -209,26 +209,28 @@ pub struct TuneCache {
 impl TuneCache {
     /// The cache at `path`; empty when there is no such file. A file that cannot be read or
     /// parsed is an error naming it and the line.
-    pub fn load(path: &Path) -> Result<TuneCache, String> {
+    pub fn load(path: &Path) -> Result<TuneCache, CacheError> {
         if !path.exists() {
             return Ok(TuneCache::default());
         }
         // Read like a source file: capped, whatever the path is.
         let bytes = crate::read_source(path)?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| format!("{}: the tuning cache is not UTF-8 text", path.display()))?;
-        TuneCache::parse(&text).map_err(|m| format!("{}: {m}", path.display()))
+        let text = String::from_utf8(bytes).map_err(|_| CacheError::NotUtf8 {
+            path: path.to_path_buf(),
+        })?;
+        TuneCache::parse(&text).map_err(|error| CacheError::Invalid {
+            path: path.to_path_buf(),
+            error,
+        })
     }
 
     /// Reads the TOML that [`TuneCache::render`] writes.
-    pub fn parse(text: &str) -> Result<TuneCache, String> {
-        let cache: TuneCache = toml::from_str(text).map_err(|e| crate::chunks::toml_error(&e))?;
+    pub fn parse(text: &str) -> Result<TuneCache, CacheParseError> {
+        let cache: TuneCache = toml::from_str(text)
+            .map_err(|e| CacheParseError::Toml(crate::chunks::toml_error(&e)))?;
         for e in &cache.entries {
             if e.streams == 0 || e.chunks == Some(0) || e.ranks == 0 {
-                return Err(format!(
-                    "entry {}: chunks, streams and ranks must be positive",
-                    e.key
-                ));
+                return Err(CacheParseError::NotPositive { key: e.key.clone() });
             }
         }
         Ok(cache)
@@ -259,19 +261,65 @@ impl TuneCache {
     /// then a rename. A symbolic link is written through (its final target is replaced, the
     /// link stays); a character device or a FIFO (`/dev/null`) is written in place; anything
     /// else (a directory, a socket) is refused. New files get 0666 less the umask.
-    pub fn store(&self, path: &Path) -> Result<(), String> {
-        crate::output::write_output(path, self.render().as_bytes(), true)
+    pub fn store(&self, path: &Path) -> Result<(), CacheError> {
+        Ok(crate::output::write_output(
+            path,
+            self.render().as_bytes(),
+            true,
+        )?)
     }
 }
 
+/// Why the tuning cache was not read or written ([`TuneCache::load`], [`TuneCache::store`],
+/// [`lookup`], [`store`]): every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The file does not read (or is over the source cap).
+    #[error(transparent)]
+    Read(#[from] crate::ReadSourceError),
+    /// The file is not UTF-8 text.
+    #[error("{}: the tuning cache is not UTF-8 text", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The text is not a tuning cache.
+    #[error("{}: {error}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        #[source]
+        error: CacheParseError,
+    },
+    /// The file was not written.
+    #[error(transparent)]
+    Write(#[from] crate::output::OutputError),
+}
+
+/// What is wrong in a tuning cache's text ([`TuneCache::parse`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CacheParseError {
+    /// Not TOML, or an unknown or mistyped field: where, then what (`TOML parse error at
+    /// line 3, column 11: invalid ...`).
+    #[error("{0}")]
+    Toml(String),
+    /// An entry with no chunk, stream or rank.
+    #[error("entry {key}: chunks, streams and ranks must be positive")]
+    NotPositive {
+        /// The entry's [`Entry::key`].
+        key: String,
+    },
+}
+
 /// The winner cached at `path` for `key`, if any (a missing file has none).
-pub fn lookup(path: &Path, key: &TuneKey) -> Result<Option<Entry>, String> {
+pub fn lookup(path: &Path, key: &TuneKey) -> Result<Option<Entry>, CacheError> {
     Ok(TuneCache::load(path)?.get(key).cloned())
 }
 
 /// Adds `tuning`'s winner to the cache at `path` (read first, so other entries stay) and
 /// returns it; `None` when the tuning has no winner (nothing is written).
-pub fn store(path: &Path, tuning: &Tuning) -> Result<Option<Entry>, String> {
+pub fn store(path: &Path, tuning: &Tuning) -> Result<Option<Entry>, CacheError> {
     let Some(entry) = tuning.entry() else {
         return Ok(None);
     };
@@ -296,12 +344,12 @@ mod tests {
         let path = dir.join("tune.toml");
         let f = std::fs::File::create(&path).unwrap();
         f.set_len(crate::MAX_SOURCE_BYTES + 1).unwrap();
-        let e = TuneCache::load(&path).unwrap_err();
+        let e = TuneCache::load(&path).unwrap_err().to_string();
         assert!(
             e.contains(&(crate::MAX_SOURCE_BYTES + 1).to_string()),
             "{e}"
         );
-        let cal = Calibration::load(Some(&path)).unwrap_err();
+        let cal = Calibration::load(Some(&path)).unwrap_err().to_string();
         assert!(
             cal.contains(&(crate::MAX_SOURCE_BYTES + 1).to_string()),
             "{cal}"
@@ -361,15 +409,19 @@ median_ms = 1.5
 
     #[test]
     fn a_corrupt_cache_is_an_error_naming_the_file_and_the_line() {
-        let err = TuneCache::parse("[[entry]]\nkey = \"ab\"\nstreams = many\n").unwrap_err();
+        let err = TuneCache::parse("[[entry]]\nkey = \"ab\"\nstreams = many\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 3"), "{err}");
-        let err = TuneCache::parse("# a comment\n[[entry]]\nspeed = 3\n").unwrap_err();
+        let err = TuneCache::parse("# a comment\n[[entry]]\nspeed = 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 3") && err.contains("speed"), "{err}");
         let dir = std::env::temp_dir().join(format!("weave-tune-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tune.toml");
         std::fs::write(&path, "this is not toml\n").unwrap();
-        let err = TuneCache::load(&path).unwrap_err();
+        let err = TuneCache::load(&path).unwrap_err().to_string();
         assert!(
             err.starts_with(&path.display().to_string()) && err.contains("line 1"),
             "{err}"

@@ -14,17 +14,28 @@ use crate::run::{GpuRunOptions, RunOptions, Target, Timeouts};
 
 /// The name of GPU `device` (`NVIDIA H200`), the machine part of a [`TuneKey`].
 #[cfg(feature = "cuda")]
-pub fn gpu_name(device: usize) -> Result<String, String> {
-    weave_cuda::Gpu::open(device)
-        .map(|g| g.name())
-        .map_err(|e| e.to_string())
+pub fn gpu_name(device: usize) -> Result<String, GpuNameError> {
+    Ok(weave_cuda::Gpu::open(device)?.name())
 }
 
 /// The name of GPU `device`: in a build without the `cuda` feature, an error saying so.
 #[cfg(not(feature = "cuda"))]
-pub fn gpu_name(device: usize) -> Result<String, String> {
+pub fn gpu_name(device: usize) -> Result<String, GpuNameError> {
     let _ = device;
-    Err(crate::run::NO_CUDA.to_string())
+    Err(GpuNameError::NoCuda)
+}
+
+/// Why [`gpu_name`] has no name.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuNameError {
+    /// The GPU does not open (none at that ordinal, no driver).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Open(#[from] weave_cuda::CudaError),
+    /// This build of streamweave has no CUDA support (the `cuda` feature is off).
+    #[cfg(not(feature = "cuda"))]
+    #[error("{}", crate::run::NO_CUDA)]
+    NoCuda,
 }
 
 /// Measures one candidate: its compiled program, run with its stream-pool size and replay
