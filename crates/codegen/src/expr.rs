@@ -81,6 +81,24 @@ pub(crate) struct Lazy {
     pub(crate) node: Node,
 }
 
+impl Lazy {
+    /// The value with index space `sizes` that a view op makes of this one, every load's
+    /// view rewritten by `f`; `err` when some load cannot be.
+    pub(crate) fn view_as(
+        &self,
+        sizes: Vec<usize>,
+        f: &dyn Fn(&View) -> Option<View>,
+        err: &str,
+    ) -> Result<Lazy, String> {
+        let node = self.node.map_loads(f).ok_or(err)?;
+        Ok(Lazy {
+            dtype: self.dtype,
+            sizes,
+            node,
+        })
+    }
+}
+
 impl Node {
     /// Rewrites every leaf with `f`; `None` when some leaf cannot be rewritten.
     pub(crate) fn map_loads(&self, f: &dyn Fn(&View) -> Option<View>) -> Option<Node> {
@@ -122,27 +140,27 @@ impl Node {
     pub(crate) fn dtypes(&self, out: &mut Vec<DType>) {
         match self {
             Node::Load(v) => out.push(v.dtype),
-            Node::Row(_) | Node::Lit(_) => {}
             Node::Index(_) => out.push(DType::I64),
-            Node::Cast(d, x) => {
-                out.push(*d);
-                x.dtypes(out)
-            }
-            Node::Unary(_, x) => x.dtypes(out),
-            Node::Binary(_, x, y) => {
-                x.dtypes(out);
-                y.dtypes(out)
-            }
-            Node::Where(c, x, y) => {
-                c.dtypes(out);
-                x.dtypes(out);
-                y.dtypes(out)
-            }
-            Node::Gather { table, ids, .. } => {
-                out.push(table.dtype);
-                ids.dtypes(out)
-            }
+            Node::Cast(d, _) => out.push(*d),
+            Node::Gather { table, .. } => out.push(table.dtype),
+            Node::Row(_) | Node::Lit(_) | Node::Unary(..) | Node::Binary(..) | Node::Where(..) => {}
         }
+        for x in self.operands() {
+            x.dtypes(out);
+        }
+    }
+
+    /// The operand expressions of this node, in order.
+    fn operands(&self) -> impl Iterator<Item = &Node> {
+        let operands: [Option<&Node>; 3] = match self {
+            Node::Load(_) | Node::Row(_) | Node::Lit(_) | Node::Index(_) => [None, None, None],
+            Node::Cast(_, x) | Node::Unary(_, x) | Node::Gather { ids: x, .. } => {
+                [Some(x), None, None]
+            }
+            Node::Binary(_, x, y) => [Some(x), Some(y), None],
+            Node::Where(c, x, y) => [Some(c), Some(x), Some(y)],
+        };
+        operands.into_iter().flatten()
     }
 }
 
@@ -151,34 +169,23 @@ impl Node {
     pub(crate) fn loads<'a>(&'a self, out: &mut Vec<&'a View>) {
         match self {
             Node::Load(v) => out.push(v),
-            Node::Row(_) | Node::Lit(_) | Node::Index(_) => {}
-            Node::Cast(_, x) | Node::Unary(_, x) => x.loads(out),
-            Node::Binary(_, x, y) => {
-                x.loads(out);
-                y.loads(out)
-            }
-            Node::Where(c, x, y) => {
-                c.loads(out);
-                x.loads(out);
-                y.loads(out)
-            }
-            Node::Gather { table, ids, .. } => {
-                out.push(table);
-                ids.loads(out)
-            }
+            Node::Gather { table, .. } => out.push(table),
+            Node::Row(_)
+            | Node::Lit(_)
+            | Node::Index(_)
+            | Node::Cast(..)
+            | Node::Unary(..)
+            | Node::Binary(..)
+            | Node::Where(..) => {}
+        }
+        for x in self.operands() {
+            x.loads(out);
         }
     }
 
     /// Whether the expression uses a row kernel's reduction.
     pub(crate) fn has_row(&self) -> bool {
-        match self {
-            Node::Load(_) | Node::Lit(_) | Node::Index(_) => false,
-            Node::Row(_) => true,
-            Node::Cast(_, x) | Node::Unary(_, x) => x.has_row(),
-            Node::Binary(_, x, y) => x.has_row() || y.has_row(),
-            Node::Where(c, x, y) => c.has_row() || x.has_row() || y.has_row(),
-            Node::Gather { ids, .. } => ids.has_row(),
-        }
+        matches!(self, Node::Row(_)) || self.operands().any(|x| x.has_row())
     }
 }
 

@@ -10,7 +10,7 @@ use weave_ir::{DType, ReduceOp};
 use crate::emit::{self, decompose, Emitter, Width, PRELUDE};
 use crate::expr::{Lazy, Rows};
 use crate::view::numel;
-use crate::{Grid, Launch, Node, View};
+use crate::{Buf, Grid, Launch, Node, View};
 
 /// Threads per block of pointwise kernels.
 pub(crate) const BLOCK: u32 = 256;
@@ -406,17 +406,16 @@ pub(crate) fn column_source(
         let _ = writeln!(s, "  {l}");
     }
     s.push_str("}\n");
-    Launch {
-        name: name.to_string(),
-        source: s,
-        grid: Grid::Blocks {
-            blocks: xb * splits.max(1),
+    let blocks = xb * splits.max(1);
+    unaligned(
+        name,
+        s,
+        Grid::Blocks {
+            blocks,
             block: BLOCK,
         },
-        args: st.bufs,
-        align: Vec::new(),
-        fallback: None,
-    }
+        st.bufs,
+    )
 }
 
 /// A reduction over any axes: a thread per output element, looping over the reduced ones.
@@ -478,11 +477,16 @@ pub(crate) fn serial_reduce(
         let _ = writeln!(s, "    {l}");
     }
     s.push_str("  }\n}\n");
+    unaligned(name, s, Grid::Items { n, block: BLOCK }, st.bufs)
+}
+
+/// The launch of kernel `name` in `source`, with no vector access to align (so no fallback).
+fn unaligned(name: &str, source: String, grid: Grid, args: Vec<Buf>) -> Launch {
     Launch {
         name: name.to_string(),
-        source: s,
-        grid: Grid::Items { n, block: BLOCK },
-        args: st.bufs,
+        source,
+        grid,
+        args,
         align: Vec::new(),
         fallback: None,
     }

@@ -38,17 +38,23 @@ pub(crate) fn expand(v: &View, out: &[usize]) -> Option<View> {
     })
 }
 
+/// The `(size, stride)` of each axis whose size is not 1, in order.
+fn non_unit_axes<'a, T: Copy>(
+    sizes: &'a [usize],
+    strides: &'a [T],
+) -> impl Iterator<Item = (usize, T)> + 'a {
+    sizes
+        .iter()
+        .zip(strides)
+        .filter(|(s, _)| **s != 1)
+        .map(|(s, t)| (*s, *t))
+}
+
 /// The view `v` reshaped to `to` (same element count) without moving data, when its strides
 /// allow it.
 pub(crate) fn reshape_view(v: &View, to: &[usize]) -> Option<View> {
     // Drop size-1 axes, then walk both shapes grouping axes with equal products.
-    let (sizes, strides): (Vec<usize>, Vec<isize>) = v
-        .sizes
-        .iter()
-        .zip(&v.strides)
-        .filter(|(s, _)| **s != 1)
-        .map(|(s, t)| (*s, *t))
-        .unzip();
+    let (sizes, strides): (Vec<usize>, Vec<isize>) = non_unit_axes(&v.sizes, &v.strides).unzip();
     let mut out_strides = vec![0isize; to.len()];
     let (mut i, mut j) = (0usize, 0usize);
     while j < to.len() {
@@ -97,13 +103,7 @@ pub(crate) fn reshape_view(v: &View, to: &[usize]) -> Option<View> {
 
 /// A view of the buffer `a` with the value's `sizes`: equal except for size-1 axes.
 pub(crate) fn output_view(buf: Buf, a: &TensorArg, sizes: &[usize]) -> Option<View> {
-    let target: Vec<(usize, usize)> = a
-        .sizes
-        .iter()
-        .zip(&a.strides)
-        .filter(|(s, _)| **s != 1)
-        .map(|(s, t)| (*s, *t))
-        .collect();
+    let target: Vec<(usize, usize)> = non_unit_axes(&a.sizes, &a.strides).collect();
     let mut it = target.iter();
     let mut strides = Vec::with_capacity(sizes.len());
     for &s in sizes {

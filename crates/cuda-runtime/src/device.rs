@@ -343,6 +343,20 @@ impl Gpu {
         }
     }
 
+    /// Makes this device current, then runs `op` unless the operation has nothing to move
+    /// (`empty`).
+    fn bound_unless_empty(
+        &self,
+        empty: bool,
+        op: impl FnOnce() -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        self.bind()?;
+        if empty {
+            return Ok(());
+        }
+        op()
+    }
+
     /// Copies `bytes` from host memory to `dst` on `stream` and waits for it.
     pub fn upload(
         &self,
@@ -350,17 +364,15 @@ impl Gpu {
         src: &[u8],
         stream: &GpuStream,
     ) -> Result<(), CudaError> {
-        self.bind()?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `dst` holds at least `src.len()` bytes (callers allocate it so); the copy
-        // is waited for before `src` can go away.
-        unsafe {
-            result::memcpy_htod_async(dst, src, stream.cu_stream())
-                .map_err(driver("cuMemcpyHtoDAsync"))?;
-        }
-        stream.synchronize_timeout(Duration::from_secs(600))
+        self.bound_unless_empty(src.is_empty(), || {
+            // SAFETY: `dst` holds at least `src.len()` bytes (callers allocate it so); the
+            // copy is waited for before `src` can go away.
+            unsafe {
+                result::memcpy_htod_async(dst, src, stream.cu_stream())
+                    .map_err(driver("cuMemcpyHtoDAsync"))?;
+            }
+            stream.synchronize_timeout(Duration::from_secs(600))
+        })
     }
 
     /// Copies `dst.len()` bytes from device address `src` into host memory, after the work
@@ -393,13 +405,11 @@ impl Gpu {
         bytes: usize,
         stream: &GpuStream,
     ) -> Result<(), CudaError> {
-        self.bind()?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        // SAFETY: callers pass ranges inside live allocations.
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
-            .map_err(driver("cuMemcpyDtoDAsync"))
+        self.bound_unless_empty(bytes == 0, || {
+            // SAFETY: callers pass ranges inside live allocations.
+            unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
+                .map_err(driver("cuMemcpyDtoDAsync"))
+        })
     }
 
     /// Copies `height` rows of `width` bytes from `src`, whose rows start `src_pitch` bytes
@@ -416,33 +426,31 @@ impl Gpu {
         height: usize,
         stream: &GpuStream,
     ) -> Result<(), CudaError> {
-        self.bind()?;
-        if width == 0 || height == 0 {
-            return Ok(());
-        }
-        let copy = sys::CUDA_MEMCPY2D {
-            srcXInBytes: 0,
-            srcY: 0,
-            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            srcHost: std::ptr::null(),
-            srcDevice: src,
-            srcArray: std::ptr::null_mut(),
-            srcPitch: src_pitch,
-            dstXInBytes: 0,
-            dstY: 0,
-            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            dstHost: std::ptr::null_mut(),
-            dstDevice: dst,
-            dstArray: std::ptr::null_mut(),
-            dstPitch: dst_pitch,
-            WidthInBytes: width,
-            Height: height,
-        };
-        // SAFETY: callers pass boxes inside live allocations; the descriptor is read when the
-        // copy is enqueued.
-        unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
-            .result()
-            .map_err(driver("cuMemcpy2DAsync"))
+        self.bound_unless_empty(width == 0 || height == 0, || {
+            let copy = sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                srcHost: std::ptr::null(),
+                srcDevice: src,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: src_pitch,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: dst,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: dst_pitch,
+                WidthInBytes: width,
+                Height: height,
+            };
+            // SAFETY: callers pass boxes inside live allocations; the descriptor is read when the
+            // copy is enqueued.
+            unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
+                .result()
+                .map_err(driver("cuMemcpy2DAsync"))
+        })
     }
 
     /// Fills `bytes` bytes at `dst` with zeros on `stream`.
@@ -452,13 +460,11 @@ impl Gpu {
         bytes: usize,
         stream: &GpuStream,
     ) -> Result<(), CudaError> {
-        self.bind()?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        // SAFETY: callers pass a range inside a live allocation.
-        unsafe { result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) }
-            .map_err(driver("cuMemsetD8Async"))
+        self.bound_unless_empty(bytes == 0, || {
+            // SAFETY: callers pass a range inside a live allocation.
+            unsafe { result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) }
+                .map_err(driver("cuMemsetD8Async"))
+        })
     }
 }
 

@@ -50,18 +50,30 @@ impl SharedRegion {
         self.handle
     }
 
-    /// Sets `count` 32-bit words from byte `offset` to `value`, synchronously (set-up only:
-    /// no stream may use the region meanwhile).
-    pub fn fill_u32(&self, offset: usize, count: usize, value: u32) -> Result<(), CudaError> {
+    /// `Ok` when `count` 32-bit words from byte `offset` lie inside the region and `offset` is
+    /// a multiple of 4, else the error of the driver call `call` that would write them.
+    fn check_words(
+        &self,
+        call: &'static str,
+        offset: usize,
+        count: usize,
+    ) -> Result<(), CudaError> {
         if !offset.is_multiple_of(4) || offset + 4 * count > self.bytes {
             return Err(CudaError::Driver {
-                call: "cuMemsetD32",
+                call,
                 message: format!(
                     "{count} words at byte {offset} do not fit a region of {} bytes",
                     self.bytes
                 ),
             });
         }
+        Ok(())
+    }
+
+    /// Sets `count` 32-bit words from byte `offset` to `value`, synchronously (set-up only:
+    /// no stream may use the region meanwhile).
+    pub fn fill_u32(&self, offset: usize, count: usize, value: u32) -> Result<(), CudaError> {
+        self.check_words("cuMemsetD32", offset, count)?;
         self.gpu.bind()?;
         // SAFETY: the range lies inside this live `cuMemAlloc` block (checked above); the set
         // is synchronous.
@@ -81,15 +93,7 @@ impl SharedRegion {
         value: u32,
         stream: &GpuStream,
     ) -> Result<(), CudaError> {
-        if !offset.is_multiple_of(4) || offset + 4 * count > self.bytes {
-            return Err(CudaError::Driver {
-                call: "cuMemsetD32Async",
-                message: format!(
-                    "{count} words at byte {offset} do not fit a region of {} bytes",
-                    self.bytes
-                ),
-            });
-        }
+        self.check_words("cuMemsetD32Async", offset, count)?;
         self.gpu.bind()?;
         // SAFETY: the range lies inside this live `cuMemAlloc` block (checked above); the
         // stream belongs to this context.

@@ -126,21 +126,15 @@ impl CommunicationInfo {
 /// `` `out = set(inp)` `` for messages.
 pub fn expr_desc(f: &Fusion, expr: ExprId) -> String {
     let e = f.expr(expr);
-    let outs: Vec<&str> = e
-        .outputs
-        .iter()
-        .map(|t| f.tensor(*t).name.as_str())
-        .collect();
-    let ins: Vec<&str> = e
-        .inputs
-        .iter()
-        .map(|t| f.tensor(*t).name.as_str())
-        .collect();
+    let names = |ts: &[TensorId]| {
+        let names: Vec<&str> = ts.iter().map(|t| f.tensor(*t).name.as_str()).collect();
+        names.join(", ")
+    };
     format!(
         "`{} = {}({})`",
-        outs.join(", "),
+        names(&e.outputs),
         e.kind.op_name(),
-        ins.join(", ")
+        names(&e.inputs)
     )
 }
 
@@ -516,24 +510,34 @@ pub fn is_layout_change(f: &Fusion, expr: ExprId) -> bool {
         _ => false,
     };
     DEVICE_TYPES.iter().any(|&pt| {
-        let (Some(pi), Some(ci)) = (
-            parallel_axis(f, &f.tensor(p).loop_domain, pt),
-            parallel_axis(f, &f.tensor(c).loop_domain, pt),
-        ) else {
+        let Some((pi, ci, axes)) = split_on_both_sides(f, p, c, pt) else {
             return false;
         };
-        let pl = ancestor(f, pi, &f.tensor(p).logical);
-        let cr = ancestor(f, ci, f.tensor(c).root_domain());
-        let same_axis = match (pl, cr) {
-            (Some(pl), Some(cr)) => pairs.contains(&(pl, cr)),
-            _ => false,
-        };
+        let same_axis = axes.is_some_and(|axes| pairs.contains(&axes));
         same_axis && (sizes_differ || !same_index(f, p, pi, c, ci))
     })
 }
 
+/// A producer axis and the consumer axis it pairs with.
+type AxisPair = (IterDomainId, IterDomainId);
+
+/// The loop axes of `p` and `c` parallelized `pt`, when both sides have one, with the pair of
+/// axes they split (`p`'s logical axis, `c`'s root axis) when both are found.
+fn split_on_both_sides(
+    f: &Fusion,
+    p: TensorId,
+    c: TensorId,
+    pt: ParallelType,
+) -> Option<(IterDomainId, IterDomainId, Option<AxisPair>)> {
+    let pi = parallel_axis(f, &f.tensor(p).loop_domain, pt)?;
+    let ci = parallel_axis(f, &f.tensor(c).loop_domain, pt)?;
+    let pl = ancestor(f, pi, &f.tensor(p).logical);
+    let cr = ancestor(f, ci, f.tensor(c).root_domain());
+    Some((pi, ci, pl.zip(cr)))
+}
+
 /// The producer and consumer of `expr` when it is a one-to-one copy (`set`, `segment_set`).
-fn copy_of(f: &Fusion, expr: ExprId) -> Option<(TensorId, TensorId)> {
+pub(crate) fn copy_of(f: &Fusion, expr: ExprId) -> Option<(TensorId, TensorId)> {
     let e = f.expr(expr);
     (matches!(e.kind, ExprKind::Set | ExprKind::SegmentSet)
         && e.inputs.len() == 1
@@ -582,23 +586,10 @@ pub fn is_nested_all_to_all(f: &Fusion, expr: ExprId) -> bool {
         depth > 1
     };
     DEVICE_TYPES.iter().any(|&pt| {
-        let (Some(pi), Some(ci)) = (
-            parallel_axis(f, &f.tensor(p).loop_domain, pt),
-            parallel_axis(f, &f.tensor(c).loop_domain, pt),
-        ) else {
+        let Some((pi, ci, Some((pl, cr)))) = split_on_both_sides(f, p, c, pt) else {
             return false;
         };
-        let (pl, cr) = (
-            ancestor(f, pi, &f.tensor(p).logical),
-            ancestor(f, ci, f.tensor(c).root_domain()),
-        );
-        let moved = match (pl, cr) {
-            (Some(pl), Some(cr)) => !pairs.contains(&(pl, cr)),
-            _ => false,
-        };
-        let (Some(pl), Some(cr)) = (pl, cr) else {
-            return false;
-        };
+        let moved = !pairs.contains(&(pl, cr));
         // The logical axis a side is stream-split on.
         let stream_axis = |t: TensorId, within: &[IterDomainId]| {
             parallel_axis(f, &f.tensor(t).loop_domain, ParallelType::Stream)

@@ -89,9 +89,8 @@
 use weave_ir::{Diagnostic, ExprId, ExprKind, Fusion, IrResult, IterDomainId, IterType, TensorId};
 
 use crate::communication::derive_communication;
-use crate::pass::{Changed, FusionPass, Pass, PassError};
 use crate::resharding::is_resharding;
-use crate::shared::run_on_fusion;
+use crate::shared::FusionRewrite;
 
 mod receivers;
 mod rfactor;
@@ -106,20 +105,11 @@ pub use sets::{changes_several_device_types, copies_onto_another_mesh_in_two};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DecomposeReshardings;
 
-impl Pass for DecomposeReshardings {
-    fn name(&self) -> &'static str {
-        "decompose-reshardings"
-    }
-
-    fn summary(&self) -> &'static str {
-        "rfactor device-split reductions and insert sets so each expr is compute or one communication"
-    }
-}
-
-impl FusionPass for DecomposeReshardings {
-    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
-        run_on_fusion(self.name(), f, decompose_reshardings)
-    }
+impl FusionRewrite for DecomposeReshardings {
+    const NAME: &'static str = "decompose-reshardings";
+    const SUMMARY: &'static str =
+        "rfactor device-split reductions and insert sets so each expr is compute or one communication";
+    const REWRITE: fn(&mut Fusion) -> IrResult<()> = decompose_reshardings;
 }
 
 /// Runs the three steps of the module doc.
@@ -234,8 +224,19 @@ fn drop_reduction_axes(f: &mut Fusion, y: TensorId) {
     let logical = keep(f, &tv.logical);
     let loop_domain = keep(f, &tv.loop_domain);
     let allocation = tv.allocation.as_ref().map(|a| keep(f, a));
-    let t = f.tensor_mut(y);
-    t.logical = logical;
-    t.loop_domain = loop_domain;
-    t.allocation = allocation;
+    set_domains(f, y, logical, loop_domain, allocation);
+}
+
+/// Gives `t` new logical, loop and allocation domains.
+fn set_domains(
+    f: &mut Fusion,
+    t: TensorId,
+    logical: Vec<IterDomainId>,
+    loop_domain: Vec<IterDomainId>,
+    allocation: Option<Vec<IterDomainId>>,
+) {
+    let tv = f.tensor_mut(t);
+    tv.logical = logical;
+    tv.loop_domain = loop_domain;
+    tv.allocation = allocation;
 }

@@ -34,28 +34,18 @@ use weave_ir::{
 use weave_transform::id_graph::IdGraph;
 use weave_transform::DomainKind;
 
-use crate::pass::{Changed, FusionPass, Pass, PassError};
 use crate::resharding::have_different_shardings;
-use crate::shared::run_on_fusion;
+use crate::shared::FusionRewrite;
 
 /// The `finalize-multidevice-domains` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FinalizeMultideviceDomains;
 
-impl Pass for FinalizeMultideviceDomains {
-    fn name(&self) -> &'static str {
-        "finalize-multidevice-domains"
-    }
-
-    fn summary(&self) -> &'static str {
-        "give every tensor a mesh, put device (and inlinable stream) splits in allocation, parallel loop axes first"
-    }
-}
-
-impl FusionPass for FinalizeMultideviceDomains {
-    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
-        run_on_fusion(self.name(), f, finalize_multidevice_domains)
-    }
+impl FusionRewrite for FinalizeMultideviceDomains {
+    const NAME: &'static str = "finalize-multidevice-domains";
+    const SUMMARY: &'static str =
+        "give every tensor a mesh, put device (and inlinable stream) splits in allocation, parallel loop axes first";
+    const REWRITE: fn(&mut Fusion) -> IrResult<()> = finalize_multidevice_domains;
 }
 
 /// Meshes, allocation domains and loop order (see the module doc).

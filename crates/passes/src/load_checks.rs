@@ -124,22 +124,14 @@ pub fn check_streams_inside_device_splits(f: &Fusion) -> Result<(), Diagnostic> 
         };
         let (uroot, upt) = streams_inside(f, user).expect("a user tensor with the split");
         let utv = f.tensor(user);
-        let k = f
-            .visible_axes(user)
-            .iter()
-            .position(|a| *a == uroot)
-            .unwrap_or(0);
-        let step = utv.schedule.iter().find(|st| makes_stream(&st.op));
-        let step_text = step
-            .map(|st| format!(": {}", weave_transform::schedule::step_text(&st.op)))
-            .unwrap_or_default();
         let ins: Vec<&str> = ex
             .inputs
             .iter()
             .map(|i| p.tensor(*i).name.as_str())
             .collect();
         let out = &p.tensor(ex.outputs[0]).name;
-        let d = Diagnostic::new(format!(
+        return Err(stream_split_error(f, user, uroot, |k, step_text| {
+            format!(
             "schedule of `{}`{step_text}: the Stream split cuts each device's block of axis {k} of `{}` (`{}`, split across {upt}), and `{out} = {}({})` changes the device sharding of `{}` inside a stream loop: a collective per chunk would pair chunk i of different blocks on different devices, which is not a chunk of the tensor. Copy it whole (no Stream split on `{out}`, so the copy runs once before or after the loop), or split the stream first and the devices inside each chunk (`outer_split({k}, s) -> Stream; outer_split({}, d) -> {upt}`)",
             utv.name,
             utv.name,
@@ -148,8 +140,8 @@ pub fn check_streams_inside_device_splits(f: &Fusion) -> Result<(), Diagnostic> 
             ins.join(", "),
             p.tensor(t).name,
             k + 1,
-        ));
-        return Err(d.or_at(step.and_then(|st| st.span)).or_at(utv.span));
+        )
+        }));
     }
     Ok(())
 }
@@ -194,21 +186,13 @@ pub fn check_streams_through_reshapes(f: &Fusion) -> Result<(), Diagnostic> {
                 continue;
             };
             let tv = f.tensor(t);
-            let k = f
-                .visible_axes(t)
-                .iter()
-                .position(|a| *a == axis)
-                .unwrap_or(0);
-            let step = tv.schedule.iter().find(|st| makes_stream(&st.op));
-            let step_text = step
-                .map(|st| format!(": {}", weave_transform::schedule::step_text(&st.op)))
-                .unwrap_or_default();
             let ExprKind::Reshape { shape } = &ex.kind else {
                 continue;
             };
             let shape: Vec<String> = shape.iter().map(|x| x.to_source()).collect();
             let other = if what.1 { output } else { input };
-            let d = Diagnostic::new(format!(
+            return Err(stream_split_error(f, t, axis, |k, step_text| {
+                format!(
                 "schedule of `{}`{step_text}: the Stream split cuts axis {k} of `{}` (`{}`), which `{} = reshape({}, [{}])` {}; stream chunks are not carried through a reshape of their axis (`{}` would have no axis to cut into the same chunks): stream-split an axis that the reshape leaves as it is, or leave this one unsplit",
                 tv.name,
                 tv.name,
@@ -218,11 +202,35 @@ pub fn check_streams_through_reshapes(f: &Fusion) -> Result<(), Diagnostic> {
                 shape.join(", "),
                 what.0,
                 f.tensor(other).name,
-            ));
-            return Err(d.or_at(step.and_then(|st| st.span)).or_at(tv.span));
+            )
+            }));
         }
     }
     Ok(())
+}
+
+/// An error about `t`'s Stream split of `axis`: `message` gets the place of `axis` among
+/// `t`'s visible axes (0 if not there) and the schedule step that makes the split as
+/// `": step"` (empty if none); the error is at that step, else at `t`.
+fn stream_split_error(
+    f: &Fusion,
+    t: TensorId,
+    axis: IterDomainId,
+    message: impl FnOnce(usize, &str) -> String,
+) -> Diagnostic {
+    let tv = f.tensor(t);
+    let k = f
+        .visible_axes(t)
+        .iter()
+        .position(|a| *a == axis)
+        .unwrap_or(0);
+    let step = tv.schedule.iter().find(|st| makes_stream(&st.op));
+    let step_text = step
+        .map(|st| format!(": {}", weave_transform::schedule::step_text(&st.op)))
+        .unwrap_or_default();
+    Diagnostic::new(message(k, &step_text))
+        .or_at(step.and_then(|st| st.span))
+        .or_at(tv.span)
 }
 
 /// Whether a schedule step makes a Stream axis.

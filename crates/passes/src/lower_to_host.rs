@@ -123,17 +123,11 @@ impl LowerToHost {
     /// The pass with the options of a pipeline item: `allgather=p2p-ring` (the default) or
     /// `allgather=broadcast`.
     pub fn with_options(options: &PassOptions) -> Result<LowerToHost, PassOptionError> {
-        let stream_allgather = match options.take("allgather") {
-            None | Some("p2p-ring") => StreamAllgather::P2pRing,
-            Some("broadcast") => StreamAllgather::Broadcast,
-            Some(other) => {
-                return Err(PassOptionError::BadValue {
-                    key: "allgather",
-                    value: other.to_string(),
-                    allowed: &["p2p-ring", "broadcast"],
-                })
-            }
-        };
+        let stream_allgather = options.take_choice(
+            "allgather",
+            &["p2p-ring", "broadcast"],
+            &[StreamAllgather::P2pRing, StreamAllgather::Broadcast],
+        )?;
         options.finish()?;
         Ok(LowerToHost::new(stream_allgather))
     }

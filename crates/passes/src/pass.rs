@@ -182,6 +182,25 @@ impl PassOptions {
         Some(&self.items[i].1)
     }
 
+    /// Takes option `key`, which names one of `allowed` (absent: the first), and gives the
+    /// entry of `values` at the same place; any other value is [`PassOptionError::BadValue`].
+    pub(crate) fn take_choice<T: Copy>(
+        &self,
+        key: &'static str,
+        allowed: &'static [&'static str],
+        values: &[T],
+    ) -> Result<T, PassOptionError> {
+        let value = self.take(key).unwrap_or(allowed[0]);
+        match allowed.iter().position(|a| *a == value) {
+            Some(i) => Ok(values[i]),
+            None => Err(PassOptionError::BadValue {
+                key,
+                value: value.to_string(),
+                allowed,
+            }),
+        }
+    }
+
     /// `Ok(())` when every option given was taken, else the first one no pass reads.
     pub fn finish(&self) -> Result<(), PassOptionError> {
         let taken = self.taken.borrow();

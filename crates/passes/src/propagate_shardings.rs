@@ -45,28 +45,18 @@ use std::collections::{HashMap, HashSet};
 use weave_ir::{print, Diagnostic, ExprId, ExprKind, Fusion, IrResult, ParallelType, TensorId};
 use weave_transform::{replay_loop_like, IdGraph};
 
-use crate::pass::{Changed, FusionPass, Pass, PassError};
 use crate::resharding::{DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
-use crate::shared::run_on_fusion;
+use crate::shared::FusionRewrite;
 
 /// The `propagate-shardings` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PropagateShardings;
 
-impl Pass for PropagateShardings {
-    fn name(&self) -> &'static str {
-        "propagate-shardings"
-    }
-
-    fn summary(&self) -> &'static str {
-        "give every tensor the DID/Stream shardings its neighbours imply (forward, then backward)"
-    }
-}
-
-impl FusionPass for PropagateShardings {
-    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
-        run_on_fusion(self.name(), f, propagate_shardings)
-    }
+impl FusionRewrite for PropagateShardings {
+    const NAME: &'static str = "propagate-shardings";
+    const SUMMARY: &'static str =
+        "give every tensor the DID/Stream shardings its neighbours imply (forward, then backward)";
+    const REWRITE: fn(&mut Fusion) -> IrResult<()> = propagate_shardings;
 }
 
 /// True if the user wrote a schedule block for `t`.

@@ -17,7 +17,7 @@
 //! disagree. Adding a pass to the standard set is one line there:
 //!
 //! ```text
-//! StandardPass { make: |o| plain(o, PropagateShardings), default: true, aliases: &[] },
+//! StandardPass::in_default(|o| plain(o, PropagateShardings)),
 //! ```
 //!
 //! The name and the summary come from the pass itself ([`crate::Pass::name`],
@@ -50,55 +50,38 @@ struct StandardPass {
     aliases: &'static [(&'static str, &'static str)],
 }
 
+impl StandardPass {
+    /// A line the default pipeline runs, without aliases.
+    const fn in_default(make: StageFactory) -> StandardPass {
+        StandardPass {
+            make,
+            default: true,
+            aliases: &[],
+        }
+    }
+}
+
 /// The standard passes, one per line, in pipeline order: [`Registry::standard`] registers
 /// every line (and its aliases), and the default pipeline runs the `default: true` ones with
 /// their default options. A pass joins the standard set by adding its line here.
 const STANDARD_PASSES: &[StandardPass] = &[
-    StandardPass {
-        make: |o| plain(o, PropagateShardings),
-        default: true,
-        aliases: &[],
-    },
-    StandardPass {
-        make: |o| plain(o, DecomposeReshardings),
-        default: true,
-        aliases: &[],
-    },
-    StandardPass {
-        make: |o| plain(o, ReorderShardedAxis),
-        default: true,
-        aliases: &[],
-    },
-    StandardPass {
-        make: |o| plain(o, FinalizeMultideviceDomains),
-        default: true,
-        aliases: &[],
-    },
-    StandardPass {
-        make: |o| plain(o, Segment),
-        default: true,
-        aliases: &[],
-    },
+    StandardPass::in_default(|o| plain(o, PropagateShardings)),
+    StandardPass::in_default(|o| plain(o, DecomposeReshardings)),
+    StandardPass::in_default(|o| plain(o, ReorderShardedAxis)),
+    StandardPass::in_default(|o| plain(o, FinalizeMultideviceDomains)),
+    StandardPass::in_default(|o| plain(o, Segment)),
     StandardPass {
         make: |o| Ok(LowerToHost::with_options(o)?.into_stage()),
         default: true,
         aliases: &[("lower-to-host-broadcast", "allgather=broadcast")],
     },
-    StandardPass {
-        make: |o| plain(o, MergeKernelChunks::default()),
-        default: true,
-        aliases: &[],
-    },
+    StandardPass::in_default(|o| plain(o, MergeKernelChunks::default())),
     StandardPass {
         make: |o| Ok(AssignStreams::with_options(o)?.into_stage()),
         default: true,
         aliases: &[("assign-streams-separate-sync", "sync=separate-loop")],
     },
-    StandardPass {
-        make: |o| plain(o, AllocateAndDeallocate),
-        default: true,
-        aliases: &[],
-    },
+    StandardPass::in_default(|o| plain(o, AllocateAndDeallocate)),
 ];
 
 /// The stage of a pass without options, refusing any option given.

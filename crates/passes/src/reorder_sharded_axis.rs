@@ -39,29 +39,19 @@ use weave_ir::{
 use weave_transform::IdGraph;
 
 use crate::communication::derive_communication;
-use crate::pass::{Changed, FusionPass, Pass, PassError};
 use crate::propagate_shardings::replay;
 use crate::resharding::{is_resharding, parallel_axis, DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
-use crate::shared::run_on_fusion;
+use crate::shared::FusionRewrite;
 
 /// The `reorder-sharded-axis` pass (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReorderShardedAxis;
 
-impl Pass for ReorderShardedAxis {
-    fn name(&self) -> &'static str {
-        "reorder-sharded-axis"
-    }
-
-    fn summary(&self) -> &'static str {
-        "permute around gathers, scatters and all-to-alls so the sharded axis is outermost in memory"
-    }
-}
-
-impl FusionPass for ReorderShardedAxis {
-    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
-        run_on_fusion(self.name(), f, reorder_sharded_axis)
-    }
+impl FusionRewrite for ReorderShardedAxis {
+    const NAME: &'static str = "reorder-sharded-axis";
+    const SUMMARY: &'static str =
+        "permute around gathers, scatters and all-to-alls so the sharded axis is outermost in memory";
+    const REWRITE: fn(&mut Fusion) -> IrResult<()> = reorder_sharded_axis;
 }
 
 /// Rewrites every non-compliant collective (see the module doc).
@@ -184,21 +174,8 @@ fn rewrite_all_to_all_if_needed(
     let rank = if cut { xv.len() + 1 } else { xv.len() };
     let mut perm = vec![b2, a2];
     perm.extend((0..rank).filter(|j| *j != b2 && *j != a2));
-    let inverse: Vec<usize> = (0..perm.len())
-        .map(|j| perm.iter().position(|q| *q == j).expect("a permutation"))
-        .collect();
+    let inverse = inverse(&perm);
 
-    let span = f.expr(e).span;
-    let add = |f: &mut Fusion, base: TensorId, kind: ExprKind, input: TensorId| {
-        let name = f.fresh_name(&format!("{}_reordered", f.tensor(base).name));
-        let t = f.add_op(&name, kind, &[input])?;
-        let def = f.tensor(t).definition.expect("just defined");
-        f.move_expr_before(def, e);
-        f.expr_mut(def).span = span;
-        f.tensor_mut(t).mesh = f.tensor(base).mesh;
-        f.tensor_mut(t).span = f.tensor(base).span;
-        Ok::<TensorId, Diagnostic>(t)
-    };
     // A device type of extent 1 (it splits nothing) on the axis the exchange cuts cannot
     // follow the reshape, nor share the devices' axis of the exchange: the chain leaves it
     // out, a copy before it drops it from `x` and the final copy gives it back to `y`
@@ -219,7 +196,7 @@ fn rewrite_all_to_all_if_needed(
         .iter()
         .any(|o| parallel_axis(f, &f.tensor(x).loop_domain, *o).is_some())
     {
-        Some(add(f, x, ExprKind::Set, x)?)
+        Some(add_before(f, e, x, ExprKind::Set, x)?)
     } else {
         None
     };
@@ -227,20 +204,27 @@ fn rewrite_all_to_all_if_needed(
     let x2 = if cut {
         let mut split_shape = shape.clone();
         split_shape.splice(b..=b, [Scalar::c(d), shape[b].clone().div(Scalar::c(d))]);
-        Some(add(f, x, ExprKind::Reshape { shape: split_shape }, src)?)
+        Some(add_before(
+            f,
+            e,
+            x,
+            ExprKind::Reshape { shape: split_shape },
+            src,
+        )?)
     } else {
         None
     };
-    let x3 = add(
+    let x3 = add_before(
         f,
+        e,
         x,
         ExprKind::Permute { perm: perm.clone() },
         x2.unwrap_or(src),
     )?;
-    let y3 = add(f, y, ExprKind::Set, x3)?;
-    let y4 = add(f, y, ExprKind::Permute { perm: inverse }, y3)?;
+    let y3 = add_before(f, e, y, ExprKind::Set, x3)?;
+    let y4 = add_before(f, e, y, ExprKind::Permute { perm: inverse }, y3)?;
     let y5 = if cut {
-        Some(add(f, y, ExprKind::Reshape { shape }, y4)?)
+        Some(add_before(f, e, y, ExprKind::Reshape { shape }, y4)?)
     } else {
         None
     };
@@ -316,6 +300,33 @@ fn local_size_one(f: &Fusion, id: IterDomainId) -> bool {
         || f.eval(&d.extent) == Some(1)
 }
 
+/// The permutation that undoes `perm`.
+fn inverse(perm: &[usize]) -> Vec<usize> {
+    (0..perm.len())
+        .map(|j| perm.iter().position(|q| *q == j).expect("a permutation"))
+        .collect()
+}
+
+/// Adds `input`'s copy by `kind` just before `e`, as a fresh tensor named after `base`
+/// (`{base}_reordered`) with `base`'s mesh and span; the new expression has `e`'s span.
+fn add_before(
+    f: &mut Fusion,
+    e: ExprId,
+    base: TensorId,
+    kind: ExprKind,
+    input: TensorId,
+) -> IrResult<TensorId> {
+    let span = f.expr(e).span;
+    let name = f.fresh_name(&format!("{}_reordered", f.tensor(base).name));
+    let t = f.add_op(&name, kind, &[input])?;
+    let def = f.tensor(t).definition.expect("just defined");
+    f.move_expr_before(def, e);
+    f.expr_mut(def).span = span;
+    f.tensor_mut(t).mesh = f.tensor(base).mesh;
+    f.tensor_mut(t).span = f.tensor(base).span;
+    Ok(t)
+}
+
 /// Wraps the collective `e` in permutes that move operand axis `k` to the front.
 fn rewrite(f: &mut Fusion, e: ExprId, k: usize) -> IrResult<()> {
     let (x, y) = (f.expr(e).inputs[0], f.expr(e).outputs[0]);
@@ -323,25 +334,9 @@ fn rewrite(f: &mut Fusion, e: ExprId, k: usize) -> IrResult<()> {
     let n = f.visible_axes(x).len();
     let mut perm = vec![k];
     perm.extend((0..n).filter(|j| *j != k));
-    let inverse = |p: &[usize]| -> Vec<usize> {
-        (0..p.len())
-            .map(|j| p.iter().position(|q| *q == j).expect("a permutation"))
-            .collect()
-    };
-    let span = f.expr(e).span;
-    let add = |f: &mut Fusion, base: TensorId, kind: ExprKind, input: TensorId| {
-        let name = f.fresh_name(&format!("{}_reordered", f.tensor(base).name));
-        let t = f.add_op(&name, kind, &[input])?;
-        let d = f.tensor(t).definition.expect("just defined");
-        f.move_expr_before(d, e);
-        f.expr_mut(d).span = span;
-        f.tensor_mut(t).mesh = f.tensor(base).mesh;
-        f.tensor_mut(t).span = f.tensor(base).span;
-        Ok::<TensorId, Diagnostic>(t)
-    };
-    let xp = add(f, x, ExprKind::Permute { perm: perm.clone() }, x)?;
+    let xp = add_before(f, e, x, ExprKind::Permute { perm: perm.clone() }, x)?;
     let (yp, back) = match kind {
-        ExprKind::Set => (add(f, y, ExprKind::Set, xp)?, inverse(&perm)),
+        ExprKind::Set => (add_before(f, e, y, ExprKind::Set, xp)?, inverse(&perm)),
         ExprKind::Reduction { op, axes } => {
             if f.tensor(y).root.is_some() {
                 return Err(Diagnostic::new(format!(
@@ -352,7 +347,7 @@ fn rewrite(f: &mut Fusion, e: ExprId, k: usize) -> IrResult<()> {
             let inv = inverse(&perm);
             let mut paxes: Vec<usize> = axes.iter().map(|a| inv[*a]).collect();
             paxes.sort_unstable();
-            let yp = add(f, y, ExprKind::Reduction { op, axes: paxes }, xp)?;
+            let yp = add_before(f, e, y, ExprKind::Reduction { op, axes: paxes }, xp)?;
             // yp's materialized axes are x's, permuted, minus the reduced ones.
             let yp_order: Vec<usize> = perm.iter().copied().filter(|a| !axes.contains(a)).collect();
             let back = (0..n)

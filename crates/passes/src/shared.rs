@@ -1,10 +1,39 @@
-//! Helpers more than one pass uses: running a fusion pass's body on a copy, and interning a
-//! host scalar.
+//! Helpers more than one pass uses: running a fusion pass's body on a copy (and the
+//! [`Pass`]/[`FusionPass`] impls of a pass that is only such a body), and interning a host
+//! scalar.
 
 use weave_host_ir::{HostProgram, HostScalar, ScalarId};
 use weave_ir::{print, Fusion, IrResult};
 
-use crate::pass::{Changed, PassError};
+use crate::pass::{Changed, FusionPass, Pass, PassError};
+
+/// A fusion pass whose whole work is one function rewriting the fusion in place: its
+/// [`Pass`] and [`FusionPass`] impls come from here, the run going through
+/// [`run_on_fusion`]. Implemented by the four pre-segmentation passes.
+pub(crate) trait FusionRewrite {
+    /// The pass's name ([`Pass::name`]).
+    const NAME: &'static str;
+    /// One line on what it does ([`Pass::summary`]).
+    const SUMMARY: &'static str;
+    /// The rewrite; a diagnostic means the pass does not support the fusion.
+    const REWRITE: fn(&mut Fusion) -> IrResult<()>;
+}
+
+impl<P: FusionRewrite + Send + Sync> Pass for P {
+    fn name(&self) -> &'static str {
+        P::NAME
+    }
+
+    fn summary(&self) -> &'static str {
+        P::SUMMARY
+    }
+}
+
+impl<P: FusionRewrite + Send + Sync> FusionPass for P {
+    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
+        run_on_fusion(P::NAME, f, P::REWRITE)
+    }
+}
 
 /// Runs `body` on `f` for the fusion pass `pass`: a diagnostic is [`PassError::Unsupported`]
 /// and leaves `f` as it was; the result says whether the fusion changed. Shared by the four

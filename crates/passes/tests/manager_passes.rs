@@ -12,14 +12,14 @@ use weave_passes::{
 
 mod toy;
 
-use toy::{fusion, fusion_of, Corrupt, Fail, Noop, Rename};
+use toy::{fusion, fusion_of, CORRUPT, FAIL, NOOP, RENAME};
 
 fn registry() -> Registry {
     let mut r = Registry::new();
-    r.register(|| Noop)
-        .register(|| Rename)
-        .register(|| Corrupt)
-        .register(|| Fail);
+    r.register(|| NOOP)
+        .register(|| RENAME)
+        .register(|| CORRUPT)
+        .register(|| FAIL);
     r
 }
 
@@ -91,7 +91,7 @@ fn registry_lists_names_and_summaries_in_registration_order() {
 #[should_panic(expected = "pass `noop` is registered twice")]
 fn registering_a_name_twice_panics() {
     let mut r = registry();
-    r.register(|| Noop);
+    r.register(|| NOOP);
 }
 
 // ---- Pipelines ----
@@ -129,15 +129,15 @@ fn pipeline_rejects_unknown_and_empty_names() {
 
 #[test]
 fn typed_pipelines_need_no_registry() {
-    let mut p = Pipeline::default().then(Noop).then(Rename).then(Noop);
+    let mut p = Pipeline::default().then(NOOP).then(RENAME).then(NOOP);
     assert_eq!(p.to_string(), "noop,rename,noop");
     assert_eq!(p, Pipeline::parse("noop,rename,noop", &registry()).unwrap());
-    assert!(p.replace("noop", Fail));
-    assert!(!p.replace("corrupt", Noop));
+    assert!(p.replace("noop", FAIL));
+    assert!(!p.replace("corrupt", NOOP));
     assert_eq!(p.names(), ["fail", "rename", "fail"]);
 
     // A manager runs a typed pipeline whatever its registry holds.
-    let pipeline = Pipeline::default().then(Rename);
+    let pipeline = Pipeline::default().then(RENAME);
     let ir = PassManager::new(Registry::new(), pipeline)
         .run_with_output(Ir::Fusion(fusion()), &mut Vec::new())
         .unwrap();

@@ -7,7 +7,7 @@ use weave_passes::{Ir, PassManager, Pipeline, Registry};
 
 mod toy;
 
-use toy::{fusion, Fail, Noop, Rename};
+use toy::{fusion, FAIL, NOOP, RENAME};
 
 /// One span as a subscriber saw it: its name and every field recorded, as text.
 #[derive(Clone, Debug, Default)]
@@ -79,7 +79,7 @@ fn every_pass_and_verification_runs_in_a_span() {
     let recorder = std::sync::Arc::new(Recorder::default());
     let dispatch = tracing::Dispatch::from(std::sync::Arc::clone(&recorder));
     let result = tracing::dispatcher::with_default(&dispatch, || {
-        let pipeline = Pipeline::default().then(Noop).then(Rename).then(Fail);
+        let pipeline = Pipeline::default().then(NOOP).then(RENAME).then(FAIL);
         PassManager::new(Registry::new(), pipeline)
             .run_with_output(Ir::Fusion(fusion()), &mut Vec::new())
     });

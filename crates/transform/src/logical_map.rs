@@ -175,6 +175,12 @@ mod tests {
         Scalar::c(v)
     }
 
+    /// Adds input `name` of type `dtype` and constant sizes `dims`, on no mesh.
+    fn input(f: &mut Fusion, name: &str, dtype: DType, dims: &[i64]) -> TensorId {
+        let sizes = dims.iter().map(|&d| c(d)).collect();
+        f.add_input(name, dtype, sizes, None).unwrap()
+    }
+
     fn axes(f: &Fusion, t: TensorId) -> Vec<IterDomainId> {
         f.tensor(t).logical.clone()
     }
@@ -186,13 +192,9 @@ mod tests {
     #[test]
     fn linear_maps_operands_to_output_and_contraction() {
         let mut f = Fusion::new("lin");
-        let x = f
-            .add_input("x", DType::BF16, vec![c(2), c(3), c(8)], None)
-            .unwrap();
-        let w = f
-            .add_input("w", DType::BF16, vec![c(5), c(8)], None)
-            .unwrap();
-        let b = f.add_input("b", DType::BF16, vec![c(5)], None).unwrap();
+        let x = input(&mut f, "x", DType::BF16, &[2, 3, 8]);
+        let w = input(&mut f, "w", DType::BF16, &[5, 8]);
+        let b = input(&mut f, "b", DType::BF16, &[5]);
         let out = f.linear("out", x, w, Some(b)).unwrap();
         let e = def(&f, out);
         let (xa, wa, ba, oa) = (axes(&f, x), axes(&f, w), axes(&f, b), axes(&f, out));
@@ -213,12 +215,8 @@ mod tests {
     #[test]
     fn matmul_maps_batch_m_n_and_contraction() {
         let mut f = Fusion::new("mm");
-        let a = f
-            .add_input("a", DType::F32, vec![c(4), c(2), c(3)], None)
-            .unwrap();
-        let b = f
-            .add_input("b", DType::F32, vec![c(4), c(3), c(5)], None)
-            .unwrap();
+        let a = input(&mut f, "a", DType::F32, &[4, 2, 3]);
+        let b = input(&mut f, "b", DType::F32, &[4, 3, 5]);
         let out = f.matmul("out", a, b).unwrap();
         let e = def(&f, out);
         let (aa, ba, oa) = (axes(&f, a), axes(&f, b), axes(&f, out));
@@ -233,9 +231,7 @@ mod tests {
         );
 
         // Unbatched B against a batched A.
-        let b2 = f
-            .add_input("b2", DType::F32, vec![c(3), c(7)], None)
-            .unwrap();
+        let b2 = input(&mut f, "b2", DType::F32, &[3, 7]);
         let out2 = f.matmul("out2", a, b2).unwrap();
         let e2 = def(&f, out2);
         let (b2a, o2) = (axes(&f, b2), axes(&f, out2));
@@ -249,12 +245,8 @@ mod tests {
     fn matmul_batch_axes_align_at_the_right_and_broadcasts_stretch() {
         let mut f = Fusion::new("mmb");
         // [S, D, m, k] x [D, k, n] -> [S, D, m, n, rk]
-        let a = f
-            .add_input("a", DType::F32, vec![c(4), c(2), c(3), c(5)], None)
-            .unwrap();
-        let b = f
-            .add_input("b", DType::F32, vec![c(2), c(5), c(7)], None)
-            .unwrap();
+        let a = input(&mut f, "a", DType::F32, &[4, 2, 3, 5]);
+        let b = input(&mut f, "b", DType::F32, &[2, 5, 7]);
         let out = f.matmul("out", a, b).unwrap();
         let e = def(&f, out);
         let (aa, ba, oa) = (axes(&f, a), axes(&f, b), axes(&f, out));
@@ -290,9 +282,7 @@ mod tests {
     #[test]
     fn broadcast_skips_inserted_axes_and_pointwise_skips_broadcast_producers() {
         let mut f = Fusion::new("bc");
-        let a = f
-            .add_input("a", DType::F32, vec![c(3), c(4)], None)
-            .unwrap();
+        let a = input(&mut f, "a", DType::F32, &[3, 4]);
         let bc = f
             .add_op("bc", ExprKind::Broadcast { axes: vec![0, 2] }, &[a])
             .unwrap();
@@ -304,9 +294,7 @@ mod tests {
         );
 
         // add(bc, full): bc's broadcast axes do not map to full's real axes in the output.
-        let full = f
-            .add_input("full", DType::F32, vec![c(2), c(3), c(5), c(4)], None)
-            .unwrap();
+        let full = input(&mut f, "full", DType::F32, &[2, 3, 5, 4]);
         let sum = f.binary("s", weave_ir::BinaryOp::Add, bc, full).unwrap();
         let sa = axes(&f, sum);
         let e = def(&f, sum);
@@ -320,9 +308,7 @@ mod tests {
     #[test]
     fn reductions_map_every_axis_including_reduced_ones() {
         let mut f = Fusion::new("red");
-        let a = f
-            .add_input("a", DType::F32, vec![c(3), c(4), c(5)], None)
-            .unwrap();
+        let a = input(&mut f, "a", DType::F32, &[3, 4, 5]);
         let s = f.sum("s", a, &[1]).unwrap();
         let (aa, sa) = (axes(&f, a), axes(&f, s));
         assert_eq!(f.id(sa[1]).iter_type, IterType::Reduction);
@@ -342,9 +328,7 @@ mod tests {
     #[test]
     fn permute_squeeze_and_reshape() {
         let mut f = Fusion::new("shape");
-        let a = f
-            .add_input("a", DType::F32, vec![c(3), c(1), c(4)], None)
-            .unwrap();
+        let a = input(&mut f, "a", DType::F32, &[3, 1, 4]);
         let p = f
             .add_op(
                 "p",
@@ -386,10 +370,10 @@ mod tests {
     #[test]
     fn an_operand_read_twice_maps_once_per_pair() {
         let mut f = Fusion::new("twice");
-        let a = f.add_input("a", DType::F32, vec![c(3)], None).unwrap();
+        let a = input(&mut f, "a", DType::F32, &[3]);
         let s = f.binary("s", weave_ir::BinaryOp::Mul, a, a).unwrap();
         assert_eq!(pairwise_map(&f, def(&f, s), a).len(), 1);
-        let other = f.add_input("o", DType::F32, vec![c(3)], None).unwrap();
+        let other = input(&mut f, "o", DType::F32, &[3]);
         assert!(pairwise_map(&f, def(&f, s), other).is_empty());
     }
 }

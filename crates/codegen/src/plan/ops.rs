@@ -126,12 +126,7 @@ impl Gen<'_> {
                     })
                 };
                 let sizes = perm.iter().map(|p| x.sizes[*p]).collect();
-                let node = x.node.map_loads(&f).ok_or("cannot permute")?;
-                Lazy {
-                    dtype: x.dtype,
-                    sizes,
-                    node,
-                }
+                x.view_as(sizes, &f, "cannot permute")?
             }
             ExprKind::Reshape { shape } => {
                 let sizes = reshape_sizes(self.fusion, in_ids[0], out_t, shape, &x.sizes)
@@ -185,12 +180,7 @@ impl Gen<'_> {
                 };
                 let mut sizes = x.sizes.clone();
                 sizes[a] = len;
-                let node = x.node.map_loads(&f).ok_or("cannot slice")?;
-                Lazy {
-                    dtype: x.dtype,
-                    sizes,
-                    node,
-                }
+                x.view_as(sizes, &f, "cannot slice")?
             }
             ExprKind::Concat { axis } => {
                 let y = ins.get(1).cloned().ok_or("concat takes two operands")?;

@@ -11,7 +11,7 @@ use weave_transform::IdGraph;
 
 use super::{insert_before, make_set_of};
 use crate::communication::{
-    ancestor, derive_communication, expr_desc, is_layout_change, is_nested_all_to_all,
+    ancestor, copy_of, derive_communication, expr_desc, is_layout_change, is_nested_all_to_all,
     is_unnested_did_to_stream,
 };
 use crate::propagate_shardings::replay;
@@ -31,19 +31,10 @@ fn changing_types(f: &Fusion, x: TensorId, y: TensorId) -> Vec<ParallelType> {
         .collect()
 }
 
-/// `(input, output)` of `e` when it is a `set` (or `segment_set`) of one tensor.
-fn single_set(f: &Fusion, e: ExprId) -> Option<(TensorId, TensorId)> {
-    let ex = f.expr(e);
-    (matches!(ex.kind, ExprKind::Set | ExprKind::SegmentSet)
-        && ex.inputs.len() == 1
-        && ex.outputs.len() == 1)
-        .then(|| (ex.inputs[0], ex.outputs[0]))
-}
-
 /// True if `e` is a `set` on one mesh whose DIDx and DIDy shardings both change: step 3
 /// turns it into one set per change (`one_change_per_set`).
 pub fn changes_several_device_types(f: &Fusion, e: ExprId) -> bool {
-    let Some((x, y)) = single_set(f, e) else {
+    let Some((x, y)) = copy_of(f, e) else {
         return false;
     };
     f.mesh_of(x).is_some() && f.mesh_of(x) == f.mesh_of(y) && changing_types(f, x, y).len() > 1
@@ -54,7 +45,7 @@ pub fn changes_several_device_types(f: &Fusion, e: ExprId) -> bool {
 /// it) or because DIDx and DIDy both change: step 3 first copies the input whole onto the
 /// receiver mesh (`replicate_on_the_receivers`), then splits it there, one set per type.
 pub fn copies_onto_another_mesh_in_two(f: &Fusion, e: ExprId) -> bool {
-    let Some((x, y)) = single_set(f, e) else {
+    let Some((x, y)) = copy_of(f, e) else {
         return false;
     };
     let (Some(xm), Some(ym)) = (f.mesh_of(x), f.mesh_of(y)) else {

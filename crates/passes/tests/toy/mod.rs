@@ -26,87 +26,69 @@ pub fn fusion_of(ir: &Ir) -> &Fusion {
     }
 }
 
-/// Changes nothing.
-pub struct Noop;
+/// A test pass: a name, a summary and what it does to a fusion.
+pub struct Toy {
+    name: &'static str,
+    summary: &'static str,
+    run: fn(&mut Fusion) -> Result<Changed, PassError>,
+}
 
-impl Pass for Noop {
+impl Pass for Toy {
     fn name(&self) -> &'static str {
-        "noop"
+        self.name
     }
     fn summary(&self) -> &'static str {
-        "changes nothing"
+        self.summary
     }
 }
 
-impl FusionPass for Noop {
-    fn run(&self, _f: &mut Fusion) -> Result<Changed, PassError> {
-        Ok(Changed::No)
+impl FusionPass for Toy {
+    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
+        (self.run)(f)
     }
 }
+
+/// Changes nothing.
+pub const NOOP: Toy = Toy {
+    name: "noop",
+    summary: "changes nothing",
+    run: |_f| Ok(Changed::No),
+};
 
 /// Renames `c` to `c_renamed` (seen in `.weave` text) and makes it local memory (seen in the
 /// seed style, which numbers tensors instead of naming them): a valid change.
-pub struct Rename;
-
-impl Pass for Rename {
-    fn name(&self) -> &'static str {
-        "rename"
-    }
-    fn summary(&self) -> &'static str {
-        "renames tensor `c` to `c_renamed` and makes it local"
-    }
-}
-
-impl FusionPass for Rename {
-    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
-        match f.tensor_by_name("c") {
-            Some(c) => {
-                f.tensor_mut(c).name = "c_renamed".to_string();
-                f.tensor_mut(c).memory = MemoryType::Local;
-                Ok(Changed::Yes)
-            }
-            None => Ok(Changed::No),
+pub const RENAME: Toy = Toy {
+    name: "rename",
+    summary: "renames tensor `c` to `c_renamed` and makes it local",
+    run: |f| match f.tensor_by_name("c") {
+        Some(c) => {
+            f.tensor_mut(c).name = "c_renamed".to_string();
+            f.tensor_mut(c).memory = MemoryType::Local;
+            Ok(Changed::Yes)
         }
-    }
-}
+        None => Ok(Changed::No),
+    },
+};
 
 /// Renames `d` to `a`, so two tensors share a name: the verifier must reject the result.
-pub struct Corrupt;
-
-impl Pass for Corrupt {
-    fn name(&self) -> &'static str {
-        "corrupt"
-    }
-    fn summary(&self) -> &'static str {
-        "gives two tensors the same name"
-    }
-}
-
-impl FusionPass for Corrupt {
-    fn run(&self, f: &mut Fusion) -> Result<Changed, PassError> {
+pub const CORRUPT: Toy = Toy {
+    name: "corrupt",
+    summary: "gives two tensors the same name",
+    run: |f| {
         let d = f.tensor_by_name("d").unwrap();
         f.tensor_mut(d).name = "a".to_string();
         Ok(Changed::Yes)
-    }
-}
+    },
+};
 
 /// Refuses every input.
-pub struct Fail;
-
-impl Pass for Fail {
-    fn name(&self) -> &'static str {
-        "fail"
-    }
-    fn summary(&self) -> &'static str {
-        "always reports an unsupported input"
-    }
-}
-
-impl FusionPass for Fail {
-    fn run(&self, _f: &mut Fusion) -> Result<Changed, PassError> {
+pub const FAIL: Toy = Toy {
+    name: "fail",
+    summary: "always reports an unsupported input",
+    run: |_f| {
         Err(PassError::Unsupported {
-            pass: self.name(),
+            pass: "fail",
             diagnostic: Diagnostic::new("tensor `c` is not supported here"),
         })
-    }
-}
+    },
+};

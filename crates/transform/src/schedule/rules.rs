@@ -182,28 +182,11 @@ pub(super) fn check_stream_origin(
     axis: usize,
     step: &str,
 ) -> IrResult<()> {
-    let mut cur = f.tensor(t).loop_domain[axis];
-    while let Some(def) = f.id(cur).definition {
-        if f.tensor(t).logical.contains(&cur) {
-            return Ok(());
-        }
-        let (input, outer, inner) = match f.id_expr(def) {
-            IdExpr::Split {
-                input,
-                outer,
-                inner,
-                ..
-            } => (*input, *outer, *inner),
-            IdExpr::Merge { outer, inner, .. } => {
-                return Err(Diagnostic::new(format!(
-                    "{}: {step}: loop axis {axis} is a split of `{}`, a merge of two axes (`{}` and `{}`), and a Stream chunk of a merged axis is not a block of one axis; stream-split one axis before merging (`outer_split(a, s) -> Stream` on the outer axis of the merge, then merge what is left if needed)",
-                    prefix(f, t),
-                    f.id(cur).extent.to_source(),
-                    f.id(*outer).extent.to_source(),
-                    f.id(*inner).extent.to_source()
-                )));
-            }
-        };
+    let merged = (
+        "is a split of",
+        "Stream chunk of a merged axis is not a block of one axis; stream-split one axis before merging (`outer_split(a, s) -> Stream` on the outer axis of the merge, then merge what is left if needed)".to_string(),
+    );
+    walk_to_logical(f, t, axis, step, merged, |cur, input, outer, inner| {
         let inside = if inner == cur {
             Some(f.id(outer).parallel)
         } else if f.id(input).parallel.is_device() {
@@ -216,8 +199,7 @@ pub(super) fn check_stream_origin(
         // Each device streams over its own local block, cut like any other local axis.
         if inner == cur && f.id(outer).parallel.is_device() && f.tensor(t).logical.contains(&input)
         {
-            cur = input;
-            continue;
+            return Ok(());
         }
         if let Some(pt) = inside {
             if pt.is_device() {
@@ -231,7 +213,48 @@ pub(super) fn check_stream_origin(
                 prefix(f, t)
             )));
         }
-        cur = input;
+        Ok(())
+    })
+}
+
+/// Walks from loop axis `axis` of `t` up through the splits that made it to its logical
+/// domain: `Ok` on reaching a logical axis or an axis nothing defines. At a split of `input`
+/// into `outer` and `inner` that made `cur`, `split(cur, input, outer, inner)` may refuse it
+/// before the walk goes on to `input`. An axis made by a merge is refused at `step`: the
+/// loop axis `relation` the merged axis, and `consequence` says what goes wrong.
+fn walk_to_logical(
+    f: &Fusion,
+    t: TensorId,
+    axis: usize,
+    step: &str,
+    (relation, consequence): (&str, String),
+    split: impl Fn(IterDomainId, IterDomainId, IterDomainId, IterDomainId) -> IrResult<()>,
+) -> IrResult<()> {
+    let mut cur = f.tensor(t).loop_domain[axis];
+    while let Some(def) = f.id(cur).definition {
+        if f.tensor(t).logical.contains(&cur) {
+            return Ok(());
+        }
+        match f.id_expr(def) {
+            IdExpr::Split {
+                input,
+                outer,
+                inner,
+                ..
+            } => {
+                split(cur, *input, *outer, *inner)?;
+                cur = *input;
+            }
+            IdExpr::Merge { outer, inner, .. } => {
+                return Err(Diagnostic::new(format!(
+                    "{}: {step}: loop axis {axis} {relation} `{}`, a merge of two axes (`{}` and `{}`), and a {consequence}",
+                    prefix(f, t),
+                    f.id(cur).extent.to_source(),
+                    f.id(*outer).extent.to_source(),
+                    f.id(*inner).extent.to_source()
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -247,23 +270,9 @@ pub(super) fn check_device_origin(
     pt: ParallelType,
     step: &str,
 ) -> IrResult<()> {
-    let mut cur = f.tensor(t).loop_domain[axis];
-    while let Some(def) = f.id(cur).definition {
-        if f.tensor(t).logical.contains(&cur) {
-            return Ok(());
-        }
-        match f.id_expr(def) {
-            IdExpr::Split { input, .. } => cur = *input,
-            IdExpr::Merge { outer, inner, .. } => {
-                return Err(Diagnostic::new(format!(
-                    "{}: {step}: loop axis {axis} derives from `{}`, a merge of two axes (`{}` and `{}`), and a {pt} shard of a merged axis is not a block of one axis, which no allocation or collective holds; split one axis across the devices before merging (`outer_split(a, d) -> {pt}` on the outer axis of the merge: the same shards when it divides by d), then merge what is left if needed",
-                    prefix(f, t),
-                    f.id(cur).extent.to_source(),
-                    f.id(*outer).extent.to_source(),
-                    f.id(*inner).extent.to_source()
-                )));
-            }
-        }
-    }
-    Ok(())
+    let merged = (
+        "derives from",
+        format!("{pt} shard of a merged axis is not a block of one axis, which no allocation or collective holds; split one axis across the devices before merging (`outer_split(a, d) -> {pt}` on the outer axis of the merge: the same shards when it divides by d), then merge what is left if needed"),
+    );
+    walk_to_logical(f, t, axis, step, merged, |_, _, _, _| Ok(()))
 }

@@ -56,6 +56,14 @@ fn apply_err(f: &mut Fusion) -> Diagnostic {
     apply_schedules(f).unwrap_err()
 }
 
+/// The error of [`row_parallel`] with `schedule` on its tensor `name` (`inp`, `w` or `out`).
+fn row_parallel_err(name: &str, schedule: Vec<ScheduleStep>) -> Diagnostic {
+    let (mut f, _, _, _) = row_parallel();
+    let t = f.tensor_by_name(name).unwrap();
+    f.tensor_mut(t).schedule = schedule;
+    apply_err(&mut f)
+}
+
 #[test]
 fn row_parallel_linear_schedules() {
     let (mut f, inp, w, out) = row_parallel();
@@ -146,9 +154,10 @@ fn allocation_as_loop_mesh_and_memory_steps() {
 
 #[test]
 fn axis_out_of_range() {
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![outer(0, n("s"), None), outer(3, Scalar::c(2), None)];
-    let e = apply_err(&mut f);
+    let e = row_parallel_err(
+        "inp",
+        vec![outer(0, n("s"), None), outer(3, Scalar::c(2), None)],
+    );
     assert_eq!(
         e.message,
         "schedule of `inp`: outer_split of axis 3, but the loop domain has 3 axes (0..2)"
@@ -165,28 +174,25 @@ fn factor_without_value() {
         apply_err(&mut f).message,
         "schedule of `inp`: split factor `u` has no value"
     );
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![outer(0, n("s").sub(4), None)];
     assert_eq!(
-        apply_err(&mut f).message,
+        row_parallel_err("inp", vec![outer(0, n("s").sub(4), None)]).message,
         "schedule of `inp`: split factor `s - 4` = 0 must be positive"
     );
 }
 
 #[test]
 fn inner_split_cannot_make_device_or_stream_axes() {
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![inner(1, Scalar::c(4), Some(ParallelType::DIDx))];
-    let e = apply_err(&mut f);
+    let e = row_parallel_err(
+        "inp",
+        vec![inner(1, Scalar::c(4), Some(ParallelType::DIDx))],
+    );
     assert_eq!(
             e.message,
             "schedule of `inp`: inner_split(1, 4) -> DIDx: device and stream axes must come from an outer split"
         );
     assert_eq!(e.span, Some(Span::new(7, 3)));
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![inner(0, n("s"), Some(ParallelType::Stream))];
     assert_eq!(
-            apply_err(&mut f).message,
+            row_parallel_err("inp", vec![inner(0, n("s"), Some(ParallelType::Stream))]).message,
             "schedule of `inp`: inner_split(0, s) -> Stream: device and stream axes must come from an outer split"
         );
 }
@@ -205,16 +211,12 @@ fn device_split_needs_a_mesh() {
 
 #[test]
 fn device_split_factor_must_match_the_mesh() {
-    let (mut f, _, w, _) = row_parallel();
-    f.tensor_mut(w).schedule = vec![outer(1, Scalar::c(4), Some(ParallelType::DIDx))];
     assert_eq!(
-        apply_err(&mut f).message,
+        row_parallel_err("w", vec![outer(1, Scalar::c(4), Some(ParallelType::DIDx))]).message,
         "schedule of `w`: DIDx split factor `4` = 4, but mesh `m` has 2 devices along DIDx"
     );
-    let (mut f, _, w, _) = row_parallel();
-    f.tensor_mut(w).schedule = vec![outer(1, n("d"), Some(ParallelType::DIDy))];
     assert_eq!(
-        apply_err(&mut f).message,
+        row_parallel_err("w", vec![outer(1, n("d"), Some(ParallelType::DIDy))]).message,
         "schedule of `w`: DIDy split, but mesh `m` has shape [2] and no DIDy axis"
     );
 }
@@ -249,42 +251,36 @@ fn stream_splits_may_be_ragged() {
 #[test]
 fn parallelize_rules() {
     // An inner-split output cannot become DIDx.
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![
+    assert_eq!(
+            row_parallel_err("inp", vec![
         outer(1, n("d"), None),
         step(ScheduleOp::Parallelize {
             axis: 2,
             parallel: ParallelType::DIDx,
         }),
-    ];
-    assert_eq!(
-            apply_err(&mut f).message,
+    ]).message,
             "schedule of `inp`: parallelize(2, DIDx): axis 2 is the inner output of an outer split; device and stream axes must be an unsplit logical axis or the outer output of an outer split"
         );
     // The outer output of an inner split cannot either.
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![
+    assert_eq!(
+            row_parallel_err("inp", vec![
         inner(0, Scalar::c(4), None),
         step(ScheduleOp::Parallelize {
             axis: 0,
             parallel: ParallelType::Stream,
         }),
-    ];
-    assert_eq!(
-            apply_err(&mut f).message,
+    ]).message,
             "schedule of `inp`: parallelize(0, Stream): axis 0 is the outer output of an inner split; device and stream axes must be an unsplit logical axis or the outer output of an outer split"
         );
     // Nor a merge output.
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![
+    assert_eq!(
+            row_parallel_err("inp", vec![
         step(ScheduleOp::Merge { outer: 0, inner: 1 }),
         step(ScheduleOp::Parallelize {
             axis: 0,
             parallel: ParallelType::Stream,
         }),
-    ];
-    assert_eq!(
-            apply_err(&mut f).message,
+    ]).message,
             "schedule of `inp`: parallelize(0, Stream): axis 0 is the output of a merge; device and stream axes must be an unsplit logical axis or the outer output of an outer split"
         );
     // An unsplit logical axis may be Stream directly, and DIDx when its extent is the mesh size.
@@ -307,13 +303,11 @@ fn parallelize_rules() {
 
 #[test]
 fn one_axis_per_parallel_type() {
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![
+    assert_eq!(
+            row_parallel_err("inp", vec![
         outer(0, n("s"), Some(ParallelType::Stream)),
         outer(2, Scalar::c(2), Some(ParallelType::Stream)),
-    ];
-    assert_eq!(
-            apply_err(&mut f).message,
+    ]).message,
             "schedule of `inp`: outer_split(2, 2) -> Stream: loop axis 0 is already Stream; a loop domain has at most one Stream axis"
         );
     // A reduction axis may carry DIDx beside an iteration DIDx axis (reduce-scatter).
@@ -340,47 +334,41 @@ fn one_axis_per_parallel_type() {
 
 #[test]
 fn splitting_a_parallel_axis_is_an_error() {
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![
+    assert_eq!(
+            row_parallel_err("inp", vec![
         outer(0, n("s"), Some(ParallelType::Stream)),
         outer(0, Scalar::c(2), None),
-    ];
-    assert_eq!(
-            apply_err(&mut f).message,
+    ]).message,
             "schedule of `inp`: outer_split of axis 0, which is already parallelized as Stream (split before parallelizing)"
         );
 }
 
 #[test]
 fn merge_rules() {
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![step(ScheduleOp::Merge { outer: 0, inner: 2 })];
     assert_eq!(
-        apply_err(&mut f).message,
+        row_parallel_err("inp", vec![step(ScheduleOp::Merge { outer: 0, inner: 2 })]).message,
         "schedule of `inp`: merge(0, 2), but the loop domain has 2 axes (0..1)"
     );
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![
-        outer(0, n("s"), None),
-        step(ScheduleOp::Merge { outer: 0, inner: 2 }),
-    ];
     assert_eq!(
-        apply_err(&mut f).message,
+        row_parallel_err(
+            "inp",
+            vec![
+                outer(0, n("s"), None),
+                step(ScheduleOp::Merge { outer: 0, inner: 2 }),
+            ]
+        )
+        .message,
         "schedule of `inp`: merge(0, 2): the inner axis must be the outer axis + 1"
     );
-    let (mut f, _, _, out) = row_parallel();
-    f.tensor_mut(out).schedule = vec![step(ScheduleOp::Merge { outer: 1, inner: 2 })];
     assert_eq!(
-        apply_err(&mut f).message,
+        row_parallel_err("out", vec![step(ScheduleOp::Merge { outer: 1, inner: 2 })]).message,
         "schedule of `out`: merge(1, 2): cannot merge iteration axis 1 with reduction axis 2"
     );
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![
+    assert_eq!(
+            row_parallel_err("inp", vec![
         outer(0, n("s"), Some(ParallelType::Stream)),
         step(ScheduleOp::Merge { outer: 0, inner: 1 }),
-    ];
-    assert_eq!(
-            apply_err(&mut f).message,
+    ]).message,
             "schedule of `inp`: merge(0, 1): axis 0 is parallelized as Stream; device and stream axes cannot be merged"
         );
     let (mut f, inp, _, _) = row_parallel();
@@ -400,30 +388,23 @@ fn merge_rules() {
 
 #[test]
 fn reorder_rules() {
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![step(ScheduleOp::Reorder {
-        moves: vec![(2, 0)],
-    })];
-    assert_eq!(
-            apply_err(&mut f).message,
-            "schedule of `inp`: reorder(2 -> 0): axis 2 is out of range, the loop domain has 2 axes (0..1)"
-        );
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![step(ScheduleOp::Reorder {
-        moves: vec![(0, 1), (0, 0)],
-    })];
-    assert_eq!(
-        apply_err(&mut f).message,
-        "schedule of `inp`: reorder(0 -> 1, 0 -> 0): axis 0 is moved twice"
-    );
-    let (mut f, inp, _, _) = row_parallel();
-    f.tensor_mut(inp).schedule = vec![step(ScheduleOp::Reorder {
-        moves: vec![(0, 1), (1, 1)],
-    })];
-    assert_eq!(
-        apply_err(&mut f).message,
-        "schedule of `inp`: reorder(0 -> 1, 1 -> 1): two axes are moved to position 1"
-    );
+    for (moves, message) in [
+        (
+            vec![(2, 0)],
+            "schedule of `inp`: reorder(2 -> 0): axis 2 is out of range, the loop domain has 2 axes (0..1)",
+        ),
+        (
+            vec![(0, 1), (0, 0)],
+            "schedule of `inp`: reorder(0 -> 1, 0 -> 0): axis 0 is moved twice",
+        ),
+        (
+            vec![(0, 1), (1, 1)],
+            "schedule of `inp`: reorder(0 -> 1, 1 -> 1): two axes are moved to position 1",
+        ),
+    ] {
+        let schedule = vec![step(ScheduleOp::Reorder { moves })];
+        assert_eq!(row_parallel_err("inp", schedule).message, message);
+    }
     // [a, b, c, d] with 3 -> 0, 0 -> 2 gives [d, b, a, c].
     let mut f = Fusion::new("r");
     let x = f
