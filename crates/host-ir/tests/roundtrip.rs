@@ -434,3 +434,34 @@ proptest! {
         );
     }
 }
+
+/// The built-in scalars parse as typed values ([`weave_ir::Builtin`]), never as parameters,
+/// and print back by name.
+#[test]
+fn built_in_scalars_parse_typed() {
+    let src = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/all_nodes.hir"),
+    )
+    .unwrap();
+    let p = parse_ok("all_nodes.hir", &src);
+    let mut seen = BTreeSet::new();
+    for s in p.scalars.values() {
+        if let HostScalar::Value(v) = s {
+            for b in weave_ir::Builtin::ALL {
+                if v.mentions(b) {
+                    seen.insert(b.name());
+                }
+            }
+            assert!(
+                !matches!(v, Scalar::Named(n) if weave_ir::RESERVED_NAMES.contains(&&**n)),
+                "a built-in parsed as a parameter: {v}"
+            );
+        }
+    }
+    assert_eq!(
+        seen,
+        BTreeSet::from([weave_ir::RANK, weave_ir::NUMBER_OF_STREAMS]),
+        "all_nodes.hir uses both built-ins"
+    );
+    assert_eq!(print(&p), src);
+}

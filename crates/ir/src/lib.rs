@@ -27,5 +27,5 @@ pub use expr::{BinaryOp, Expr, ExprKind, Literal, ReduceOp, UnaryOp};
 pub use fusion::{Draw, Fusion, MeshDecl, MeshSpec, Param, ParamRole};
 pub use ids::{ExprId, IdExprId, IterDomainId, MeshId, TensorId};
 pub use mesh::{DeviceMesh, MeshError};
-pub use scalar::{Scalar, ScalarOp, NUMBER_OF_STREAMS, RANK, RESERVED_NAMES};
+pub use scalar::{Builtin, Scalar, ScalarOp, NUMBER_OF_STREAMS, RANK, RESERVED_NAMES};
 pub use tensor::{reordered, MemoryType, ReorderError, ScheduleOp, ScheduleStep, TensorView};

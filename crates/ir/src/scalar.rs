@@ -22,6 +22,43 @@ pub const NUMBER_OF_STREAMS: &str = "numberOfStreams";
 /// The names no parameter may take: the host programs' built-in scalars.
 pub const RESERVED_NAMES: [&str; 2] = [RANK, NUMBER_OF_STREAMS];
 
+/// A built-in scalar of host programs: bound by the evaluator for each rank, never a fusion
+/// parameter. Printed and parsed by its name ([`Builtin::name`]), which no parameter may
+/// take; [`Scalar::named`] turns that name into [`Scalar::Builtin`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Builtin {
+    /// `rank`: the running device's rank.
+    Rank,
+    /// `numberOfStreams`: the size of each rank's stream pool.
+    NumberOfStreams,
+}
+
+impl Builtin {
+    /// Every built-in scalar.
+    pub const ALL: [Builtin; 2] = [Builtin::Rank, Builtin::NumberOfStreams];
+
+    /// The name it is printed and parsed by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Builtin::Rank => RANK,
+            Builtin::NumberOfStreams => NUMBER_OF_STREAMS,
+        }
+    }
+
+    /// The built-in scalar named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Builtin> {
+        Builtin::ALL.into_iter().find(|b| b.name() == name)
+    }
+
+    /// What it stands for, in words.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Builtin::Rank => "the running device's rank",
+            Builtin::NumberOfStreams => "the size of each rank's stream pool",
+        }
+    }
+}
+
 /// An operator of a [`Scalar`] expression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScalarOp {
@@ -75,8 +112,10 @@ impl ScalarOp {
 pub enum Scalar {
     /// An integer literal.
     Const(i64),
-    /// A named parameter of the fusion (or a loop index / rank in host programs).
+    /// A named parameter of the fusion.
     Named(Arc<str>),
+    /// A built-in scalar of host programs (`rank`, `numberOfStreams`).
+    Builtin(Builtin),
     /// `lhs op rhs`, already simplified.
     Binary(ScalarOp, Box<Scalar>, Box<Scalar>),
 }
@@ -96,9 +135,27 @@ impl Scalar {
         Scalar::Const(v)
     }
 
-    /// The named symbol `name`.
+    /// The symbol `name`: the built-in scalar of that name ([`Builtin::from_name`]), else
+    /// the parameter.
     pub fn named(name: &str) -> Scalar {
-        Scalar::Named(Arc::from(name))
+        match Builtin::from_name(name) {
+            Some(b) => Scalar::Builtin(b),
+            None => Scalar::Named(Arc::from(name)),
+        }
+    }
+
+    /// The built-in scalar `b`.
+    pub fn builtin(b: Builtin) -> Scalar {
+        Scalar::Builtin(b)
+    }
+
+    /// Whether this expression mentions the built-in scalar `b`.
+    pub fn mentions(&self, b: Builtin) -> bool {
+        match self {
+            Scalar::Builtin(x) => *x == b,
+            Scalar::Const(_) | Scalar::Named(_) => false,
+            Scalar::Binary(_, l, r) => l.mentions(b) || r.mentions(b),
+        }
     }
 
     /// The value if this is a constant.
@@ -143,12 +200,14 @@ impl Scalar {
         Scalar::binary(ScalarOp::CeilDiv, self, rhs.into())
     }
 
-    /// Evaluates with `lookup` giving the value of each named symbol. `None` when a symbol
-    /// is unbound, on division by zero, or on overflow.
+    /// Evaluates with `lookup` giving the value of each symbol by name (a built-in's is
+    /// [`Builtin::name`]). `None` when a symbol is unbound, on division by zero, or on
+    /// overflow.
     pub fn eval(&self, lookup: &dyn Fn(&str) -> Option<i64>) -> Option<i64> {
         match self {
             Scalar::Const(v) => Some(*v),
             Scalar::Named(n) => lookup(n),
+            Scalar::Builtin(b) => lookup(b.name()),
             Scalar::Binary(op, a, b) => fold(*op, a.eval(lookup)?, b.eval(lookup)?),
         }
     }
@@ -158,6 +217,7 @@ impl Scalar {
         match self {
             Scalar::Const(_) => self.clone(),
             Scalar::Named(n) => lookup(n).unwrap_or_else(|| self.clone()),
+            Scalar::Builtin(b) => lookup(b.name()).unwrap_or_else(|| self.clone()),
             Scalar::Binary(op, a, b) => {
                 Scalar::binary(*op, a.substitute(lookup), b.substitute(lookup))
             }
@@ -177,6 +237,11 @@ impl Scalar {
             Scalar::Named(n) => {
                 if !out.iter().any(|o| o == n) {
                     out.push(n.clone());
+                }
+            }
+            Scalar::Builtin(b) => {
+                if !out.iter().any(|o| &**o == b.name()) {
+                    out.push(Arc::from(b.name()));
                 }
             }
             Scalar::Binary(_, a, b) => {
@@ -202,6 +267,7 @@ impl Scalar {
         match self {
             Scalar::Const(v) => out.push_str(&constant(*v)),
             Scalar::Named(n) => out.push_str(n),
+            Scalar::Builtin(b) => out.push_str(b.name()),
             Scalar::Binary(op, a, b) if op.is_call() => {
                 out.push_str(op.symbol());
                 out.push('(');
@@ -253,6 +319,7 @@ impl fmt::Display for Scalar {
         match self {
             Scalar::Const(v) => write!(f, "{v}"),
             Scalar::Named(n) => f.write_str(n),
+            Scalar::Builtin(b) => f.write_str(b.name()),
             Scalar::Binary(op, a, b) if op.is_call() => write!(f, "( {}({a}, {b}) )", op.symbol()),
             Scalar::Binary(op, a, b) => write!(f, "( {a} {} {b} )", op.symbol()),
         }
@@ -450,6 +517,33 @@ mod tests {
         assert_eq!(e.to_source(), "(t + 1) * h");
         assert_eq!(n("a").sub(n("b").sub(n("c"))).to_source(), "a - (b - c)");
         assert_eq!(n("t").ceil_div(n("s")).to_source(), "ceilDiv(t, s)");
+    }
+
+    #[test]
+    fn built_in_names_are_typed_and_print_and_evaluate_by_name() {
+        for b in Builtin::ALL {
+            let s = Scalar::named(b.name());
+            assert_eq!(s, Scalar::Builtin(b), "{}", b.name());
+            assert_eq!(Builtin::from_name(b.name()), Some(b));
+            assert!(RESERVED_NAMES.contains(&b.name()));
+            let e = s.clone().add(n("t"));
+            assert!(e.mentions(b));
+            assert_eq!(e.to_source(), format!("{} + t", b.name()));
+            assert_eq!(e.symbols(), vec![Arc::from(b.name()), Arc::from("t")]);
+            let lookup = |x: &str| match x {
+                "t" => Some(10),
+                _ if x == b.name() => Some(3),
+                _ => None,
+            };
+            assert_eq!(e.eval(&lookup), Some(13));
+            assert_eq!(e.substitute(&|_| None), e);
+        }
+        // A parameter is not a built-in, and mentions none.
+        assert_eq!(Builtin::from_name("ranks"), None);
+        let p = n("ranks");
+        assert!(matches!(p, Scalar::Named(_)));
+        assert!(!p.mentions(Builtin::Rank));
+        assert!(!n("rank").mentions(Builtin::NumberOfStreams));
     }
 
     #[test]

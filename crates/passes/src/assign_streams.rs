@@ -54,7 +54,7 @@
 //!   pass again reports [`Changed::No`] and leaves the program untouched.
 
 use weave_host_ir::{HostProgram, HostScalar, ScalarId, Stmt, StmtId, Stream, StreamId};
-use weave_ir::{Scalar, ScalarOp};
+use weave_ir::{Builtin, Scalar, ScalarOp};
 
 use crate::pass::{Changed, HostPass, Pass, PassError, PassOptionError, PassOptions};
 
@@ -93,17 +93,11 @@ impl AssignStreams {
     /// The pass with the options of a pipeline item: `sync=inline` (the default) or
     /// `sync=separate-loop`.
     pub fn with_options(options: &PassOptions) -> Result<AssignStreams, PassOptionError> {
-        let variant = match options.take("sync") {
-            None | Some("inline") => SyncVariant::Inline,
-            Some("separate-loop") => SyncVariant::SeparateLoop,
-            Some(other) => {
-                return Err(PassOptionError::BadValue {
-                    key: "sync",
-                    value: other.to_string(),
-                    allowed: &["inline", "separate-loop"],
-                })
-            }
-        };
+        let variant = options.take_choice(
+            "sync",
+            &["inline", "separate-loop"],
+            &[SyncVariant::Inline, SyncVariant::SeparateLoop],
+        )?;
         options.finish()?;
         Ok(AssignStreams::new(variant))
     }
@@ -256,7 +250,7 @@ fn needs_streams(p: &HostProgram, s: StmtId) -> bool {
 
 /// The scalar `numberOfStreams`, reusing the program's scalar when it already has one.
 pub fn number_of_streams(p: &mut HostProgram) -> ScalarId {
-    let wanted = HostScalar::Value(Scalar::named(NUMBER_OF_STREAMS));
+    let wanted = HostScalar::Value(Scalar::builtin(Builtin::NumberOfStreams));
     find_or_insert_scalar(p, wanted)
 }
 
@@ -272,7 +266,10 @@ pub fn is_stream_slot(p: &HostProgram, s: ScalarId, index: ScalarId) -> bool {
     match &p.scalars[s] {
         HostScalar::Binary(ScalarOp::Mod, a, n) => {
             *a == index
-                && matches!(&p.scalars[*n], HostScalar::Value(Scalar::Named(name)) if &**name == NUMBER_OF_STREAMS)
+                && matches!(
+                    &p.scalars[*n],
+                    HostScalar::Value(Scalar::Builtin(Builtin::NumberOfStreams))
+                )
         }
         _ => false,
     }
@@ -285,7 +282,7 @@ fn previous_worker_stream(p: &mut HostProgram, index: ScalarId) -> StreamId {
     let n = number_of_streams(p);
     let less = find_or_insert_scalar(
         p,
-        HostScalar::Value(Scalar::named(NUMBER_OF_STREAMS).sub(Scalar::c(1))),
+        HostScalar::Value(Scalar::builtin(Builtin::NumberOfStreams).sub(Scalar::c(1))),
     );
     let back = find_or_insert_scalar(p, HostScalar::Binary(ScalarOp::Add, index, less));
     let slot = find_or_insert_scalar(p, HostScalar::Binary(ScalarOp::Mod, back, n));

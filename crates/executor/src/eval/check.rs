@@ -171,10 +171,12 @@ impl Scalars<'_> {
                 None => Err(fail(names, "the loop index is read outside its loop")),
             },
             Some(HostScalar::Value(v)) => {
-                let lookup = |n: &str| match n {
-                    weave_ir::RANK => Some(self.rank),
-                    weave_ir::NUMBER_OF_STREAMS => Some(self.number_of_streams),
-                    _ => self.params.get(n).copied(),
+                // A built-in's name is never a parameter's (both text formats refuse it), and
+                // the built-ins are looked up first.
+                let lookup = |n: &str| match weave_ir::Builtin::from_name(n) {
+                    Some(weave_ir::Builtin::Rank) => Some(self.rank),
+                    Some(weave_ir::Builtin::NumberOfStreams) => Some(self.number_of_streams),
+                    None => self.params.get(n).copied(),
                 };
                 match v.eval(&lookup) {
                     Some(x) => Ok(x),

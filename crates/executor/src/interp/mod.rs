@@ -518,7 +518,7 @@ fn whole_axis(
 /// kernel. The host program is the same text on every rank; this is where a kernel learns
 /// which device runs it.
 pub fn bind_rank(fusion: &Fusion, rank: i64) -> Option<Fusion> {
-    let mentions = |b: &Scalar| b.symbols().iter().any(|s| &**s == weave_ir::RANK);
+    let mentions = |b: &Scalar| b.mentions(weave_ir::Builtin::Rank);
     let bound: Vec<_> = fusion
         .exprs()
         .iter()

@@ -11,15 +11,11 @@ use super::{Fusion, MeshSpec, Param, ParamRole};
 impl Fusion {
     /// Declares a parameter. Fails on a duplicate name.
     pub fn add_param(&mut self, name: &str, default: Option<i64>) -> IrResult<()> {
-        if crate::scalar::RESERVED_NAMES.contains(&name) {
+        if let Some(builtin) = crate::scalar::Builtin::from_name(name) {
             return Err(Diagnostic::new(format!(
                 "`{name}` is a built-in scalar of host programs ({}), so no parameter may take \
                  its name: it would stand for the built-in, not your value; rename the parameter",
-                if name == crate::scalar::RANK {
-                    "the running device's rank"
-                } else {
-                    "the size of each rank's stream pool"
-                }
+                builtin.meaning()
             )));
         }
         if self.param_index.contains_key(name) {

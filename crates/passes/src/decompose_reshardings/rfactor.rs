@@ -12,7 +12,7 @@ use weave_transform::logical_map::pairwise_map;
 use weave_transform::schedule::{self, DomainKind};
 use weave_transform::IdGraph;
 
-use super::{drop_reduction_axes, scattered_mesh, source_in};
+use super::{drop_reduction_axes, scattered_mesh, set_domains, source_in};
 use crate::communication::expr_desc;
 use crate::propagate_shardings::{reference_inputs, replay};
 use crate::resharding::{parallel_axis, DEVICE_AND_STREAM_TYPES, DEVICE_TYPES};
@@ -446,12 +446,7 @@ pub(super) fn rfactor_device_reduction(f: &mut Fusion, e: ExprId) -> IrResult<()
     };
     let new_loop = remap(f, &out_tv.loop_domain);
     let new_alloc = out_tv.allocation.as_ref().map(|a| remap(f, a));
-    {
-        let tv = f.tensor_mut(out);
-        tv.logical = new_logical;
-        tv.loop_domain = new_loop;
-        tv.allocation = new_alloc;
-    }
+    set_domains(f, out, new_logical, new_loop, new_alloc);
     let ex = f.expr_mut(e);
     ex.kind = ExprKind::Reduction { op, axes };
     ex.inputs = vec![partial];
@@ -503,7 +498,7 @@ fn lookup_shard_base(
         return Err(d);
     }
     let first = mesh.devices().first().copied().unwrap_or(0);
-    let flat = Scalar::named(weave_ir::RANK).sub(first);
+    let flat = Scalar::builtin(weave_ir::Builtin::Rank).sub(first);
     let shape = mesh.shape();
     let cols = *shape.last().unwrap_or(&1) as i64;
     // Row-major: DIDx indexes the last mesh axis, DIDy the one before it. `x % c` is written

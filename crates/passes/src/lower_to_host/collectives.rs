@@ -352,7 +352,7 @@ impl Lowering<'_> {
         let (i, rank) = match &self.open {
             Some(open) => (
                 open.index,
-                self.scalar(HostScalar::Value(Scalar::named(weave_ir::RANK))),
+                self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank))),
             ),
             None => unreachable_loop()?,
         };
@@ -388,7 +388,7 @@ impl Lowering<'_> {
         let (i, rank) = match &self.open {
             Some(open) => (
                 open.index,
-                self.scalar(HostScalar::Value(Scalar::named(weave_ir::RANK))),
+                self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank))),
             ),
             None => unreachable_loop()?,
         };

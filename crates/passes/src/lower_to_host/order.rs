@@ -13,6 +13,14 @@ use weave_segmenter::{SegmentId, SegmentedFusion};
 use super::{loop_axis, Lowering, OpenLoop};
 
 impl Lowering<'_> {
+    /// Whether segment `seg` reads a tensor that one of `segs` produces.
+    fn reads_from(&self, sf: &SegmentedFusion, seg: SegmentId, segs: &[SegmentId]) -> bool {
+        sf.segment(seg)
+            .inputs()
+            .iter()
+            .any(|t| self.producer.get(t).is_some_and(|p| segs.contains(p)))
+    }
+
     /// The order segments are lowered in (see the module contract), and [`Self::loop_of`]
     /// for each.
     pub(super) fn run_order(&mut self, sf: &SegmentedFusion) -> Result<Vec<SegmentId>, Diagnostic> {
@@ -62,13 +70,7 @@ impl Lowering<'_> {
             while start > 0 && key[&order[start - 1]].is_some_and(|k| self.same_loop(prev, k)) {
                 start -= 1;
             }
-            let run: Vec<SegmentId> = order[start..i].to_vec();
-            let depends = sf
-                .segment(order[i])
-                .inputs()
-                .iter()
-                .any(|t| self.producer.get(t).is_some_and(|p| run.contains(p)));
-            if depends {
+            if self.reads_from(sf, order[i], &order[start..i]) {
                 i += 1;
                 continue;
             }
@@ -92,13 +94,7 @@ impl Lowering<'_> {
                 i += 1;
                 continue;
             };
-            let between: Vec<SegmentId> = order[i..j].to_vec();
-            let depends = sf
-                .segment(order[j])
-                .inputs()
-                .iter()
-                .any(|t| self.producer.get(t).is_some_and(|p| between.contains(p)));
-            if depends {
+            if self.reads_from(sf, order[j], &order[i..j]) {
                 i += 1;
                 continue;
             }
@@ -315,7 +311,7 @@ impl Lowering<'_> {
         // A `swizzle1d(.., DIDx)` on the loop's stream axis (or an axis mapped to it) rotates
         // the chunks by the rank: iteration i visits chunk (rank + i) % extent in every view.
         let view_index = if self.swizzled(sid) {
-            let rank = self.scalar(HostScalar::Value(Scalar::named(weave_ir::RANK)));
+            let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
             let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, index));
             let n = self.constant(extent);
             self.scalar(HostScalar::Binary(ScalarOp::Mod, sum, n))
