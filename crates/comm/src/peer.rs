@@ -113,19 +113,19 @@ fn number_transfers(
 ) -> (Vec<Key>, Vec<Key>) {
     let s = sends
         .iter()
-        .map(|&to| {
-            counts.0[to] += 1;
-            (me, to, counts.0[to] - 1)
-        })
+        .map(|&to| (me, to, advance(&mut counts.0, to)))
         .collect();
     let r = recvs
         .iter()
-        .map(|&from| {
-            counts.1[from] += 1;
-            (from, me, counts.1[from] - 1)
-        })
+        .map(|&from| (from, me, advance(&mut counts.1, from)))
         .collect();
     (s, r)
+}
+
+/// The count of `rank` in `counts` before this transfer, which it advances.
+fn advance(counts: &mut [u64], rank: usize) -> u64 {
+    counts[rank] += 1;
+    counts[rank] - 1
 }
 
 /// The meeting place of the ranks (threads) of one process: share one between their

@@ -4,37 +4,14 @@
 use std::sync::Mutex;
 
 use super::*;
+use crate::nccl::fake::Fake;
 use crate::DataType;
 
-/// A device buffer by address only.
-#[derive(Clone, Debug)]
-struct Buf {
-    ptr: u64,
-    len: usize,
-    contiguous: bool,
-}
-
-impl DeviceBuffer for Buf {
-    fn device_ptr(&self) -> u64 {
-        self.ptr
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn data_type(&self) -> DataType {
-        DataType::Bf16
-    }
-    fn is_contiguous(&self) -> bool {
-        self.contiguous
-    }
-}
+/// A bf16 device buffer by address only.
+type Buf = Fake;
 
 fn buf(ptr: u64, len: usize) -> Buf {
-    Buf {
-        ptr,
-        len,
-        contiguous: true,
-    }
+    Fake::contiguous(ptr, len, DataType::Bf16)
 }
 
 fn strided(ptr: u64, len: usize) -> Buf {
@@ -57,13 +34,20 @@ fn sends_to_itself_must_meet_receives_of_the_same_sizes() {
     );
 }
 
+/// Operation `op` labelled `label` over `team`.
+fn collective(label: &str, team: Vec<usize>, op: CommOp<Buf>) -> Collective<Buf> {
+    Collective {
+        label: label.into(),
+        team,
+        op,
+    }
+}
+
 #[test]
 fn an_allgather_sends_its_input_and_receives_each_block_in_team_order() {
     // Rank 2 of team [3, 2, 0]: 100 bf16 elements (200 bytes) each.
-    let gather = |input: Buf, output: Buf| Collective {
-        label: "ag".into(),
-        team: vec![3, 2, 0],
-        op: CommOp::Allgather { input, output },
+    let gather = |input: Buf, output: Buf| {
+        collective("ag", vec![3, 2, 0], CommOp::Allgather { input, output })
     };
     let t = allgather_transfers(2, &gather(buf(0x100, 100), buf(0x1000, 300))).unwrap();
     assert_eq!(t.local, vec![(0x1000 + 200, 0x100, 200)]);
@@ -203,8 +187,13 @@ impl Communicator for Fallback {
     }
 }
 
-/// A transport that records what it would move, and checks the timeout it is given.
-struct Recorder(Arc<Log>);
+/// A transport that records what it would move, and checks the timeout it is given. One
+/// that reduces in its windows (`in_windows`) records the pushes and calls the sum for
+/// pieces of 6 bytes, each peer's piece at `0x7000 + 0x100 * peer + offset`.
+struct Recorder {
+    log: Arc<Log>,
+    in_windows: bool,
+}
 
 impl CopyTransport for Recorder {
     type Stream = ();
@@ -218,34 +207,67 @@ impl CopyTransport for Recorder {
         timeout: Duration,
     ) -> Result<(), CommError> {
         assert_eq!(timeout, Duration::from_secs(7));
-        self.0.record(me, label, t);
+        self.log.record(me, label, t);
         Ok(())
     }
 
     fn abort(&self) {
-        self.0.push(Seen::TransportAborted);
+        self.log.push(Seen::TransportAborted);
     }
+
+    fn reduces_in_windows(&self) -> bool {
+        self.in_windows
+    }
+
+    fn reduce_in_windows(
+        &self,
+        me: usize,
+        label: &str,
+        sends: &[(usize, u64, usize)],
+        from: &[usize],
+        bytes: usize,
+        _: &(),
+        _: Duration,
+        sum: &mut WindowSum<'_, ()>,
+    ) -> Result<(), CommError> {
+        self.log.push(Seen::Moved {
+            me,
+            label: format!("{label} pushes from {from:?}"),
+            transfers: Transfers {
+                sends: sends.to_vec(),
+                ..Transfers::default()
+            },
+        });
+        for offset in (0..bytes).step_by(6) {
+            let windows: Vec<u64> = from
+                .iter()
+                .map(|&p| 0x7000 + 0x100 * p as u64 + offset as u64)
+                .collect();
+            sum(offset, 6.min(bytes - offset), &windows, &())?;
+        }
+        Ok(())
+    }
+}
+
+/// A copy-engine communicator over [`Fallback`] and a [`Recorder`], both logging to `log`.
+fn recording(log: &Arc<Log>, in_windows: bool) -> CopyComm<Recorder, Fallback> {
+    let transport = Recorder {
+        log: log.clone(),
+        in_windows,
+    };
+    CopyComm::with_transport(Arc::new(Fallback(log.clone())), transport)
 }
 
 #[test]
 fn the_transport_takes_contiguous_allgathers_and_groups_and_the_rest_goes_to_the_inner_communicator(
 ) {
     let log = Arc::new(Log::default());
-    let comm = CopyComm::with_transport(Arc::new(Fallback(log.clone())), Recorder(log.clone()));
+    let comm = recording(&log, false);
     assert_eq!(
         (comm.rank(), comm.size(), comm.timeout()),
         (1, 3, Duration::from_secs(7))
     );
-    let post = |label: &str, op: CommOp<Buf>| {
-        comm.post(
-            Collective {
-                label: label.into(),
-                team: vec![0, 1, 2],
-                op,
-            },
-            &(),
-        )
-    };
+    let post = |label: &str, op| comm.post(collective(label, vec![0, 1, 2], op), &());
     post(
         "ag",
         CommOp::Allgather {
@@ -365,78 +387,17 @@ impl Reducer<()> for Summer {
     }
 }
 
-/// A transport that reduces in its windows: it records the pushes and calls the sum for
-/// pieces of 6 bytes, each peer's piece at `0x7000 + 0x100 * peer + offset`.
-struct InWindows(Arc<Log>);
-
-impl CopyTransport for InWindows {
-    type Stream = ();
-
-    fn transfer(
-        &self,
-        me: usize,
-        label: &str,
-        t: &Transfers,
-        _: &(),
-        _: Duration,
-    ) -> Result<(), CommError> {
-        self.0.record(me, label, t);
-        Ok(())
-    }
-
-    fn reduces_in_windows(&self) -> bool {
-        true
-    }
-
-    fn reduce_in_windows(
-        &self,
-        me: usize,
-        label: &str,
-        sends: &[(usize, u64, usize)],
-        from: &[usize],
-        bytes: usize,
-        _: &(),
-        _: Duration,
-        sum: &mut WindowSum<'_, ()>,
-    ) -> Result<(), CommError> {
-        self.0.push(Seen::Moved {
-            me,
-            label: format!("{label} pushes from {from:?}"),
-            transfers: Transfers {
-                sends: sends.to_vec(),
-                ..Transfers::default()
-            },
-        });
-        for offset in (0..bytes).step_by(6) {
-            let windows: Vec<u64> = from
-                .iter()
-                .map(|&p| 0x7000 + 0x100 * p as u64 + offset as u64)
-                .collect();
-            sum(offset, 6.min(bytes - offset), &windows, &())?;
-        }
-        Ok(())
-    }
-}
-
 /// Where the transport reduces in its windows, no scratch is taken: each piece is summed
 /// from the member's own block and the peers' pieces, in team order, into its place in the
 /// output; an allreduce then gathers as before.
 #[test]
 fn a_transport_that_reduces_in_its_windows_sums_each_piece_in_team_order() {
     let log = Arc::new(Log::default());
-    let comm = CopyComm::with_transport(Arc::new(Fallback(log.clone())), InWindows(log.clone()))
-        .with_reducer(Arc::new(Summer(log.clone())));
+    let comm = recording(&log, true).with_reducer(Arc::new(Summer(log.clone())));
     // Rank 1 is team index 1 of [2, 1, 0]: 3 blocks of 4 bf16 (8 bytes), pieces of 6 bytes.
-    let post = |label: &str, op: CommOp<Buf>| {
-        comm.post(
-            Collective {
-                label: label.into(),
-                team: vec![2, 1, 0],
-                op,
-            },
-            &(),
-        )
-        .unwrap()
+    let post = |label: &str, op| {
+        comm.post(collective(label, vec![2, 1, 0], op), &())
+            .unwrap()
     };
     post(
         "rs",
@@ -494,19 +455,8 @@ fn a_transport_that_reduces_in_its_windows_sums_each_piece_in_team_order() {
 #[test]
 fn sum_reductions_go_through_the_copy_engines_with_a_reducer_and_the_rest_to_nccl() {
     let log = Arc::new(Log::default());
-    let comm = CopyComm::with_transport(Arc::new(Fallback(log.clone())), Recorder(log.clone()))
-        .with_reducer(Arc::new(Summer(log.clone())));
-    let post = |label: &str, team: Vec<usize>, op: CommOp<Buf>| {
-        comm.post(
-            Collective {
-                label: label.into(),
-                team,
-                op,
-            },
-            &(),
-        )
-        .unwrap()
-    };
+    let comm = recording(&log, false).with_reducer(Arc::new(Summer(log.clone())));
+    let post = |label: &str, team, op| comm.post(collective(label, team, op), &()).unwrap();
     let rs = |input, output, op| CommOp::ReduceScatter { input, output, op };
     let ar = |input, output, op| CommOp::Allreduce { input, output, op };
     // Rank 1 keeps its block 1 and pushes blocks 0 and 2 to ranks 0 and 2, receiving theirs
@@ -520,44 +470,40 @@ fn sum_reductions_go_through_the_copy_engines_with_a_reducer_and_the_rest_to_ncc
             vec![(0, 0x9000, 8), (2, 0x9000 + 16, 8)],
         )
     };
-    // Rank 1 is team index 1 of [0, 1, 2]: 3 blocks of 4 bf16 (8 bytes).
-    post(
-        "rs",
-        vec![0, 1, 2],
-        rs(buf(0x100, 12), buf(0x1000, 4), RedOp::Sum),
-    );
-    assert_eq!(
-        log.take(),
-        vec![
-            Seen::Post("scratch 24".into()),
-            to_scratch("rs"),
-            Seen::Post("sum 3 blocks of 4 Bf16 at 0x9000 into 0x1000".into()),
-            Seen::Post("scratch freed".into()),
-        ]
-    );
-    // An allreduce of 12: block 1 reduced into the output's block 1, then sent to 0 and 2,
-    // whose blocks land at the output's blocks 0 and 2.
-    post(
-        "ar",
-        vec![0, 1, 2],
-        ar(buf(0x100, 12), buf(0x1000, 12), RedOp::Sum),
-    );
-    assert_eq!(
-        log.take(),
-        vec![
-            Seen::Post("scratch 24".into()),
-            to_scratch("ar"),
-            Seen::Post("sum 3 blocks of 4 Bf16 at 0x9000 into 0x1008".into()),
-            moved(
+    // Rank 1 is team index 1 of [0, 1, 2]: 3 blocks of 4 bf16 (8 bytes). Its block 1 is
+    // summed from the scratch into the output: of 4 for a reduce-scatter; for an allreduce of
+    // 12 into the output's block 1, then sent to 0 and 2, whose blocks land at the output's
+    // blocks 0 and 2.
+    for (label, op, sum, then) in [
+        (
+            "rs",
+            rs(buf(0x100, 12), buf(0x1000, 4), RedOp::Sum),
+            "sum 3 blocks of 4 Bf16 at 0x9000 into 0x1000",
+            vec![],
+        ),
+        (
+            "ar",
+            ar(buf(0x100, 12), buf(0x1000, 12), RedOp::Sum),
+            "sum 3 blocks of 4 Bf16 at 0x9000 into 0x1008",
+            vec![moved(
                 1,
                 "ar (gather)",
                 vec![],
                 vec![(0, 0x1008, 8), (2, 0x1008, 8)],
-                vec![(0, 0x1000, 8), (2, 0x1000 + 16, 8)]
-            ),
-            Seen::Post("scratch freed".into()),
-        ]
-    );
+                vec![(0, 0x1000, 8), (2, 0x1000 + 16, 8)],
+            )],
+        ),
+    ] {
+        post(label, vec![0, 1, 2], op);
+        let mut expected = vec![
+            Seen::Post("scratch 24".into()),
+            to_scratch(label),
+            Seen::Post(sum.into()),
+        ];
+        expected.extend(then);
+        expected.push(Seen::Post("scratch freed".into()));
+        assert_eq!(log.take(), expected, "{label}");
+    }
     // A team of two, where rank 1 is index 0.
     post(
         "rs2",

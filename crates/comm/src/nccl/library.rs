@@ -143,30 +143,31 @@ pub(super) unsafe fn call_nccl(
                 count,
                 dtype,
                 op,
-            } => sys::ncclAllReduce(
-                ptr(send),
-                ptr(recv),
-                count,
-                nccl_type(dtype),
-                nccl_op(dtype, op),
-                comm,
-                stream,
-            ),
-            Call::ReduceScatter {
+            }
+            | Call::ReduceScatter {
                 send,
                 recv,
                 count,
                 dtype,
                 op,
-            } => sys::ncclReduceScatter(
-                ptr(send),
-                ptr(recv),
-                count,
-                nccl_type(dtype),
-                nccl_op(dtype, op),
-                comm,
-                stream,
-            ),
+            } => {
+                // The two take the same arguments (`count` per member for a
+                // reduce-scatter, as the plan counts it).
+                let reduce = if matches!(*call, Call::AllReduce { .. }) {
+                    sys::ncclAllReduce
+                } else {
+                    sys::ncclReduceScatter
+                };
+                reduce(
+                    ptr(send),
+                    ptr(recv),
+                    count,
+                    nccl_type(dtype),
+                    nccl_op(dtype, op),
+                    comm,
+                    stream,
+                )
+            }
             Call::Broadcast {
                 send,
                 recv,

@@ -48,6 +48,8 @@
 
 mod communicator;
 mod config;
+#[cfg(test)]
+pub(crate) mod fake;
 mod library;
 mod plan;
 mod routing;

@@ -76,7 +76,7 @@ impl Call {
     }
 
     /// The element count the call moves (per member, as NCCL counts it).
-    fn count(&self) -> usize {
+    pub(super) fn count(&self) -> usize {
         match self {
             Call::AllGather { count, .. }
             | Call::AllReduce { count, .. }
@@ -88,9 +88,9 @@ impl Call {
         }
     }
 
-    /// The bytes of the call's `count` elements (for traces; saturating).
-    fn bytes(&self) -> usize {
-        let dtype = match self {
+    /// The element type of the call's buffers.
+    pub(super) fn dtype(&self) -> DataType {
+        match self {
             Call::AllGather { dtype, .. }
             | Call::AllReduce { dtype, .. }
             | Call::ReduceScatter { dtype, .. }
@@ -98,8 +98,12 @@ impl Call {
             | Call::Reduce { dtype, .. }
             | Call::Send { dtype, .. }
             | Call::Recv { dtype, .. } => *dtype,
-        };
-        self.count().saturating_mul(dtype.size())
+        }
+    }
+
+    /// The bytes of the call's `count` elements (for traces; saturating).
+    fn bytes(&self) -> usize {
+        self.count().saturating_mul(self.dtype().size())
     }
 }
 

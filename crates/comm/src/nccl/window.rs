@@ -249,37 +249,13 @@ fn stage(base: u64, bytes: usize, plan: &Plan, members: usize) -> Option<Staged>
     }
     let recv_at = base.checked_add(bytes as u64)?;
     let mut call = plan.calls[0].clone();
-    // The call's buffers (moved into the window below) and the bytes each holds.
+    // The bytes of the call's `count` elements; then the call's buffers (moved into the
+    // window below) and the bytes each holds.
+    let one = call.count().checked_mul(call.dtype().size())?;
     let (send_at, recv_at_call, send_bytes, recv_bytes) = match &mut call {
-        Call::AllGather {
-            send,
-            recv,
-            count,
-            dtype,
-        } => {
-            let one = count.checked_mul(dtype.size())?;
-            (send, recv, one, one.checked_mul(members)?)
-        }
-        Call::AllReduce {
-            send,
-            recv,
-            count,
-            dtype,
-            ..
-        } => {
-            let all = count.checked_mul(dtype.size())?;
-            (send, recv, all, all)
-        }
-        Call::ReduceScatter {
-            send,
-            recv,
-            count,
-            dtype,
-            ..
-        } => {
-            let one = count.checked_mul(dtype.size())?;
-            (send, recv, one.checked_mul(members)?, one)
-        }
+        Call::AllGather { send, recv, .. } => (send, recv, one, one.checked_mul(members)?),
+        Call::AllReduce { send, recv, .. } => (send, recv, one, one),
+        Call::ReduceScatter { send, recv, .. } => (send, recv, one.checked_mul(members)?, one),
         _ => return None,
     };
     let (send, recv) = (*send_at, *recv_at_call);

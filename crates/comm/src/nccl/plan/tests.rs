@@ -1,38 +1,10 @@
 //! The plan compiler's tests, over buffers at made-up addresses.
 
 use super::*;
-
-/// A buffer at a made-up address: plans never dereference it.
-#[derive(Clone, Debug)]
-struct Fake {
-    ptr: u64,
-    len: usize,
-    dtype: DataType,
-    contiguous: bool,
-}
-
-impl DeviceBuffer for Fake {
-    fn device_ptr(&self) -> u64 {
-        self.ptr
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn data_type(&self) -> DataType {
-        self.dtype
-    }
-    fn is_contiguous(&self) -> bool {
-        self.contiguous
-    }
-}
+use crate::nccl::fake::Fake;
 
 fn buf(ptr: u64, len: usize) -> Fake {
-    Fake {
-        ptr,
-        len,
-        dtype: DataType::F32,
-        contiguous: true,
-    }
+    Fake::contiguous(ptr, len, DataType::F32)
 }
 
 const IN: u64 = 0x10_0000;
@@ -206,56 +178,34 @@ fn native_collectives() {
 
 #[test]
 fn gather_and_scatter_are_point_to_point_groups_with_a_local_copy() {
-    let root = plan(
-        CommOp::Gather {
-            root: 1,
-            input: buf(IN, 2),
-            output: buf(OUT, 6),
-        },
-        1,
-        3,
-    );
+    let gather = |input, output| CommOp::Gather {
+        root: 1,
+        input: buf(IN, input),
+        output: buf(OUT, output),
+    };
+    let scatter = |input, output| CommOp::Scatter {
+        root: 0,
+        input: buf(IN, input),
+        output: buf(OUT, output),
+    };
+    let root = plan(gather(2, 6), 1, 3);
     assert_eq!(
         root.calls,
         vec![recv_call(OUT, 2, 0), recv_call(OUT + 16, 2, 2),]
     );
     assert_eq!(root.copies, vec![copy(OUT + 8, IN, 8)]);
     assert!(root.grouped());
-    let leaf = plan(
-        CommOp::Gather {
-            root: 1,
-            input: buf(IN, 2),
-            output: buf(OUT, 0),
-        },
-        2,
-        3,
-    );
+    let leaf = plan(gather(2, 0), 2, 3);
     assert_eq!(leaf.calls, vec![send_call(IN, 2, 1)]);
     assert!(leaf.copies.is_empty() && leaf.grouped());
 
-    let root = plan(
-        CommOp::Scatter {
-            root: 0,
-            input: buf(IN, 6),
-            output: buf(OUT, 2),
-        },
-        0,
-        3,
-    );
+    let root = plan(scatter(6, 2), 0, 3);
     assert_eq!(
         root.calls,
         vec![send_call(IN + 8, 2, 1), send_call(IN + 16, 2, 2),]
     );
     assert_eq!(root.copies, vec![copy(OUT, IN, 8)]);
-    let leaf = plan(
-        CommOp::Scatter {
-            root: 0,
-            input: buf(IN, 0),
-            output: buf(OUT, 2),
-        },
-        2,
-        3,
-    );
+    let leaf = plan(scatter(0, 2), 2, 3);
     assert_eq!(leaf.calls, vec![recv_call(OUT, 2, 0)]);
 }
 
@@ -596,42 +546,27 @@ fn point_to_point_groups() {
     assert!(p.grouped());
 
     let err = |ops: Vec<P2p<Fake>>| plan_p2p(0, 2, &ops).unwrap_err();
+    let send = |peer, buffer| P2p::Send { peer, buffer };
+    let recv = |peer, buffer| P2p::Recv { peer, buffer };
     assert_eq!(
-        err(vec![P2p::Send {
-            peer: 2,
-            buffer: buf(IN, 1)
-        }]),
+        err(vec![send(2, buf(IN, 1))]),
         "rank 2 is outside the world of 2 ranks"
     );
     assert_eq!(
-        err(vec![P2p::Send {
-            peer: 0,
-            buffer: buf(IN, 1)
-        }]),
+        err(vec![send(0, buf(IN, 1))]),
         "rank 0 sends to itself 1 time(s) but receives from itself 0 time(s) in this \
          group; a transfer to itself must be matched within one group"
     );
     assert_eq!(
-        err(vec![
-            P2p::Send {
-                peer: 0,
-                buffer: buf(IN, 1)
-            },
-            P2p::Recv {
-                peer: 0,
-                buffer: buf(OUT, 2)
-            }
-        ]),
+        err(vec![send(0, buf(IN, 1)), recv(0, buf(OUT, 2))]),
         "rank 0 sends 1 elements to itself but receives 2"
     );
+    let strided = Fake {
+        contiguous: false,
+        ..buf(OUT, 2)
+    };
     assert_eq!(
-        err(vec![P2p::Recv {
-            peer: 1,
-            buffer: Fake {
-                contiguous: false,
-                ..buf(OUT, 2)
-            }
-        }]),
+        err(vec![recv(1, strided)]),
         "the buffer received from rank 1 is not contiguous; NCCL moves contiguous memory \
          only"
     );
