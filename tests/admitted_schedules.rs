@@ -168,15 +168,21 @@ fn a_stream_split_inside_a_serial_split_is_refused_at_load() {
 
 // (d) A DID → Stream copy whose chunks and shards neither match nor nest.
 
-const DID_TO_STREAM: &str = "fusion ag(t = 20, d = 4, s = 5) {
+/// `fusion {name}`: `{out} = {op}(x)` of an `x` split on `d` devices into a result in `s`
+/// stream chunks.
+fn did_to_stream(name: &str, out: &str, op: &str) -> String {
+    format!(
+        "fusion {name}(t = 20, d = 4, s = 5) {{
   mesh m = devices(d)
   tensor x: f32[t, 3] on m
-  y = set(x)
-  output y
-  schedule x { outer_split(0, d) -> DIDx }
-  schedule y { mesh = m; outer_split(0, s) -> Stream }
+  {out} = {op}(x)
+  output {out}
+  schedule x {{ outer_split(0, d) -> DIDx }}
+  schedule {out} {{ mesh = m; outer_split(0, s) -> Stream }}
+}}
+"
+    )
 }
-";
 
 /// The same copy where the stream split comes from propagation (the consumer of the gathered
 /// tensor is stream-split), and through an op other than `set`.
@@ -192,21 +198,17 @@ const DID_TO_STREAM_PROPAGATED: &str = "fusion ag_mm(t = 20, d = 4, s = 5) {
 }
 ";
 
-const DID_TO_STREAM_OP: &str = "fusion ag_neg(t = 20, d = 4, s = 5) {
-  mesh m = devices(d)
-  tensor x: f32[t, 3] on m
-  out = neg(x)
-  output out
-  schedule x { outer_split(0, d) -> DIDx }
-  schedule out { mesh = m; outer_split(0, s) -> Stream }
-}
-";
-
 #[test]
 fn did_to_stream_copies_whose_factors_do_not_nest_take_the_allgather_route() {
     // s = 5 chunks of 4 rows against 4 shards of 5 rows: one Allgather before the loop, no
     // per-chunk Broadcast.
-    for source in [DID_TO_STREAM, DID_TO_STREAM_PROPAGATED, DID_TO_STREAM_OP] {
+    let did_to_stream_set = did_to_stream("ag", "y", "set");
+    let did_to_stream_op = did_to_stream("ag_neg", "out", "neg");
+    for source in [
+        did_to_stream_set.as_str(),
+        DID_TO_STREAM_PROPAGATED,
+        &did_to_stream_op,
+    ] {
         let p = lower(source, &[]);
         let text = host_ir::print(&p);
         assert!(text.contains("type=Allgather"), "{text}");
@@ -217,7 +219,11 @@ fn did_to_stream_copies_whose_factors_do_not_nest_take_the_allgather_route() {
     }
     for d in 1..=3 {
         for s in [1, 3, 5, 7] {
-            assert_matches_reference(DID_TO_STREAM, &[("d", d), ("t", 12), ("s", s)], d as usize);
+            assert_matches_reference(
+                &did_to_stream_set,
+                &[("d", d), ("t", 12), ("s", s)],
+                d as usize,
+            );
         }
     }
 }

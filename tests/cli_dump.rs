@@ -4,6 +4,8 @@
 
 use std::process::Command;
 
+mod common;
+
 /// Runs `weave ARGS` with `WEAVE_DUMP` set to `weave_dump` (unset for `None`); returns
 /// success, stdout and stderr.
 fn weave(args: &[&str], weave_dump: Option<&str>) -> (bool, String, String) {
@@ -51,22 +53,12 @@ fn list_passes_ends_with_the_default_pipeline() {
         .take_while(|l| !l.is_empty())
         .map(|l| l.split_whitespace().next().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        [
-            "propagate-shardings",
-            "decompose-reshardings",
-            "reorder-sharded-axis",
-            "finalize-multidevice-domains",
-            "segment",
-            "lower-to-host",
-            "lower-to-host-broadcast",
-            "merge-kernel-chunks",
-            "assign-streams",
-            "assign-streams-separate-sync",
-            "allocate-and-deallocate",
-        ]
-    );
+    // Every pass: the default pipeline's, with the variants of lowering and of stream
+    // assignment each listed after the pass it varies.
+    let mut every = DEFAULT_PIPELINE.to_vec();
+    every.insert(6, "lower-to-host-broadcast");
+    every.insert(9, "assign-streams-separate-sync");
+    assert_eq!(names, every);
     assert!(
         out.ends_with(&format!(
             "\ndefault pipeline: {}\n",
@@ -232,15 +224,7 @@ fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
     let linear_relu = dir.join("linear_relu.weave");
     std::fs::write(
         &linear_relu,
-        "fusion linear_relu(t = 12, h = 8, f = 4, s = 3) {
-  tensor x: f32[t, h]
-  tensor w: f32[f, h]
-  y = linear(x, w)
-  z = relu(y)
-  output z
-  schedule z { outer_split(0, s) -> Stream }
-}
-",
+        common::linear_relu("t = 12, h = 8, f = 4, s = 3", "f32"),
     )
     .unwrap();
     let linear_relu = linear_relu.to_str().unwrap();

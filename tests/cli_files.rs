@@ -81,6 +81,13 @@ fn scratch(name: &str) -> PathBuf {
     common::scratch("files", name)
 }
 
+/// A fresh scratch directory `name` ([`scratch`]) and the paths of the files `files` in it.
+fn scratch_with<const N: usize>(name: &str, files: [&str; N]) -> (PathBuf, [PathBuf; N]) {
+    let dir = scratch(name);
+    let paths = files.map(|f| dir.join(f));
+    (dir, paths)
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -107,9 +114,7 @@ fn json_summary_through(link: &Path) {
 
 #[test]
 fn a_json_summary_to_a_symbolic_link_is_written_through_and_the_link_stays() {
-    let dir = scratch("symlink");
-    let real = dir.join("real.json");
-    let link = dir.join("link.json");
+    let (dir, [real, link]) = scratch_with("symlink", ["real.json", "link.json"]);
     std::fs::write(&real, "old").unwrap();
     std::os::unix::fs::symlink("real.json", &link).unwrap();
     json_summary_through(&link);
@@ -195,9 +200,7 @@ fn a_json_summary_or_a_trace_to_a_directory_is_refused_naming_it() {
 
 #[test]
 fn output_files_follow_the_umask() {
-    let dir = scratch("umask");
-    let json = dir.join("summary.json");
-    let trace = dir.join("trace.json");
+    let (dir, [json, trace]) = scratch_with("umask", ["summary.json", "trace.json"]);
     let script = format!(
         "umask 022; exec \"$0\" run {SET_OP} --json '{}' --trace '{}'",
         json.display(),
@@ -259,9 +262,7 @@ fn an_input_file_over_the_cap_is_refused_before_it_is_read() {
 
 #[test]
 fn an_earlier_runs_trace_is_removed_before_a_failing_run() {
-    let dir = scratch("stale");
-    let trace = dir.join("t.json");
-    let svg = dir.join("t.svg");
+    let (dir, [trace, svg]) = scratch_with("stale", ["t.json", "t.svg"]);
     std::fs::write(&trace, "stale trace").unwrap();
     std::fs::write(&svg, "stale svg").unwrap();
     let missing = dir.join("missing.weave");

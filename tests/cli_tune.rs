@@ -9,6 +9,8 @@ use std::process::Command;
 
 use streamweave::tune::TuneCache;
 
+mod common;
+
 /// `weave ARGS` with the tuning cache at `cache`: success, stdout, stderr.
 fn weave(args: &[&str], cache: &Path) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_weave"))
@@ -79,18 +81,7 @@ fn tune_caches_the_winner_and_run_uses_it() {
     run.extend(small);
     let (ok, out, err) = weave(&run, &cache);
     assert!(ok, "{out}\n{err}");
-    assert!(
-        out.contains(&format!(
-            "chunks: tuned {winner} (cache {})",
-            cache.display()
-        )),
-        "{out}"
-    );
-    assert!(
-        out.contains(&format!("numberOfStreams = {}", entry.streams)),
-        "{out}"
-    );
-    assert!(out.trim_end().ends_with("result: PASS"), "{out}");
+    common::assert_ran_tuned(&out, &winner, &cache, entry.streams);
     // `--streams`, a fixed chunk count, or another program leave the cache aside.
     for extra in [
         &["--ranks", "2", "--streams", "2"][..],

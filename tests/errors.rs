@@ -16,61 +16,48 @@ fn with(body: &str) -> String {
     format!("{HEAD}{body}}}\n")
 }
 
-#[test]
-fn split_of_a_non_existent_axis() {
-    let e = load_err(&with(
-        "  b = set(a)\n  output b\n  schedule a { outer_split(2, d) -> DIDx }\n",
-    ));
-    assert_eq!(
-        e,
+/// A refused program: what it shows, a maker of its source, and its exact error.
+type BadSchedule = (&'static str, fn() -> String, &'static str);
+
+/// Schedules refused at load, each with its exact rendered error: (what, source, error).
+const BAD_SCHEDULES: [BadSchedule; 5] = [
+    (
+        "split of a non-existent axis",
+        || with("  b = set(a)\n  output b\n  schedule a { outer_split(2, d) -> DIDx }\n"),
         "schedule of `a`: outer_split of axis 2, but the loop domain has 2 axes (0..1)\n \
-         --> bad.weave:6:16\n  |\n6 |   schedule a { outer_split(2, d) -> DIDx }\n  |                ^"
-    );
-}
-
-#[test]
-fn non_divisible_constant_device_split() {
-    let src = "fusion f(d = 4) {\n  mesh m = devices(d)\n  tensor a: f32[8, 6] on m\n  b = set(a)\n  output b\n  schedule a { outer_split(1, d) -> DIDx }\n}\n";
-    let e = load_err(src);
-    assert_eq!(
-        e,
+         --> bad.weave:6:16\n  |\n6 |   schedule a { outer_split(2, d) -> DIDx }\n  |                ^",
+    ),
+    (
+        "non-divisible constant device split",
+        || "fusion f(d = 4) {\n  mesh m = devices(d)\n  tensor a: f32[8, 6] on m\n  b = set(a)\n  output b\n  schedule a { outer_split(1, d) -> DIDx }\n}\n".to_string(),
         "schedule of `a`: axis 1 has extent 6 (`6`), not divisible by 4 devices (DIDx)\n \
-         --> bad.weave:6:16\n  |\n6 |   schedule a { outer_split(1, d) -> DIDx }\n  |                ^"
-    );
-}
-
-#[test]
-fn inner_split_marked_didx() {
-    let e = load_err(&with(
-        "  b = set(a)\n  output b\n  schedule a { inner_split(0, 2) -> DIDx }\n",
-    ));
-    assert_eq!(
-        e,
+         --> bad.weave:6:16\n  |\n6 |   schedule a { outer_split(1, d) -> DIDx }\n  |                ^",
+    ),
+    (
+        "inner split marked DIDx",
+        || with("  b = set(a)\n  output b\n  schedule a { inner_split(0, 2) -> DIDx }\n"),
         "schedule of `a`: inner_split(0, 2) -> DIDx: device and stream axes must come from an outer split\n \
-         --> bad.weave:6:16\n  |\n6 |   schedule a { inner_split(0, 2) -> DIDx }\n  |                ^"
-    );
-}
-
-#[test]
-fn device_split_without_a_mesh() {
-    let src = "fusion f(d = 2) {\n  tensor a: f32[8, 6]\n  b = set(a)\n  output b\n  schedule b { outer_split(0, d) -> DIDx }\n}\n";
-    assert_eq!(
-        load_err(src),
+         --> bad.weave:6:16\n  |\n6 |   schedule a { inner_split(0, 2) -> DIDx }\n  |                ^",
+    ),
+    (
+        "device split without a mesh",
+        || "fusion f(d = 2) {\n  tensor a: f32[8, 6]\n  b = set(a)\n  output b\n  schedule b { outer_split(0, d) -> DIDx }\n}\n".to_string(),
         "schedule of `b`: DIDx split needs a device mesh (declare the tensor `on m` or add `mesh = m`)\n \
-         --> bad.weave:5:16\n  |\n5 |   schedule b { outer_split(0, d) -> DIDx }\n  |                ^"
-    );
-}
+         --> bad.weave:5:16\n  |\n5 |   schedule b { outer_split(0, d) -> DIDx }\n  |                ^",
+    ),
+    (
+        "second stream axis",
+        || with("  b = set(a)\n  output b\n  schedule b { outer_split(0, 2) -> Stream; outer_split(2, 3) -> Stream }\n"),
+        "schedule of `b`: outer_split(2, 3) -> Stream: loop axis 0 is already Stream; a loop domain has at most one Stream axis\n \
+         --> bad.weave:6:45\n  |\n6 |   schedule b { outer_split(0, 2) -> Stream; outer_split(2, 3) -> Stream }\n  |                                             ^",
+    ),
+];
 
 #[test]
-fn second_stream_axis() {
-    let e = load_err(&with(
-        "  b = set(a)\n  output b\n  schedule b { outer_split(0, 2) -> Stream; outer_split(2, 3) -> Stream }\n",
-    ));
-    assert_eq!(
-        e,
-        "schedule of `b`: outer_split(2, 3) -> Stream: loop axis 0 is already Stream; a loop domain has at most one Stream axis\n \
-         --> bad.weave:6:45\n  |\n6 |   schedule b { outer_split(0, 2) -> Stream; outer_split(2, 3) -> Stream }\n  |                                             ^"
-    );
+fn bad_schedules_render_their_exact_error() {
+    for (what, source, error) in BAD_SCHEDULES {
+        assert_eq!(load_err(&source()), error, "{what}");
+    }
 }
 
 #[test]

@@ -242,12 +242,7 @@ fn run_small(exe: &streamweave::Executable, compiled: bool) -> Result<(), String
     };
     match exe.run_dense(&globals, &options) {
         Ok(report) if compiled && !report.passed() => {
-            let bad: Vec<String> = report
-                .checks
-                .iter()
-                .filter(|c| !c.comparison.ok)
-                .map(|c| format!("{} rank {}: {}", c.output, c.rank, c.comparison))
-                .collect();
+            let bad = common::failed_checks(&report);
             Err(format!(
                 "wrong numbers or races: {bad:?}, {} race(s)",
                 report.races()

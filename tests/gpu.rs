@@ -921,34 +921,20 @@ fn the_transformer_layer_fixtures_match_the_reference_on_one_gpu() {
     ] {
         for (t, s) in [(32, 1), (32, 4), (40, 3)] {
             let fusion = load(name, &[("d", 1), ("t", t), ("s", s)]);
-            let hd = fusion
-                .params()
-                .iter()
-                .find(|p| p.name == "hd")
-                .and_then(|p| p.value)
-                .unwrap_or(1);
-            let nh = fusion
-                .params()
-                .iter()
-                .find(|p| p.name == "nh")
-                .and_then(|p| p.value)
-                .unwrap_or(1);
+            let value = |name: &str| {
+                fusion
+                    .params()
+                    .iter()
+                    .find(|p| p.name == name)
+                    .and_then(|p| p.value)
+                    .unwrap_or(1)
+            };
+            let (hd, nh) = (value("hd"), value("nh"));
+            let edit = common::attention_inputs((nh * hd) as usize, hd as usize);
             let exe = compile(fusion);
             let mut globals = exe.random_inputs(7).expect("inputs");
             for (sig, x) in exe.inputs().iter().zip(globals.iter_mut()) {
-                match sig.name.as_str() {
-                    "n" => x.data = vec![(nh * hd) as f64],
-                    "eps" => x.data = vec![1e-6],
-                    "scale" => x.data = vec![1.0 / (hd as f64).sqrt()],
-                    "neg" => x.data = vec![-1e4],
-                    "mask" => {
-                        let cols = x.sizes[1];
-                        for (i, v) in x.data.iter_mut().enumerate() {
-                            *v = if i % cols <= i / cols { 1.0 } else { 0.0 };
-                        }
-                    }
-                    _ => {}
-                }
+                edit(&sig.name, x);
             }
             runs += 1;
             let what = format!("{name} t={t} s={s}");
@@ -975,15 +961,9 @@ fn weave_binary() -> std::path::PathBuf {
 
 /// A GEMM and the ReLU of its result in stream chunks: the chunks stay (a GEMM chunk overlaps
 /// the previous chunk's kernel), so every chunk count is a different program to measure.
-const LINEAR_RELU: &str = "fusion linear_relu(t = 1024, h = 1024, f = 1024, s = 1) {
-  tensor x: bf16[t, h]
-  tensor w: bf16[f, h]
-  y = linear(x, w)
-  z = relu(y)
-  output z
-  schedule z { outer_split(0, s) -> Stream }
+fn linear_relu() -> String {
+    common::linear_relu("t = 1024, h = 1024, f = 1024, s = 1", "bf16")
 }
-";
 
 /// The tuner on one GPU: every candidate of a chunked linear + ReLU (S ∈ {1, 2, 4, 8},
 /// K ≤ S, graph replay on and off; no communication, so the cost model prunes nothing) is
@@ -997,7 +977,7 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
     if !one_gpu() {
         return;
     }
-    let fusion = streamweave::load("linear_relu.weave", LINEAR_RELU, &[]).expect("loads");
+    let fusion = streamweave::load("linear_relu.weave", &linear_relu(), &[]).expect("loads");
     let gpu = tune::gpu_name(0).expect("GPU 0 opens");
     let options = TuneOptions::new(
         1,
@@ -1071,7 +1051,7 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
 
     // So does `weave run` with `--chunks auto` (the default).
     let file = dir.join("linear_relu.weave");
-    std::fs::write(&file, LINEAR_RELU).unwrap();
+    std::fs::write(&file, linear_relu()).unwrap();
     let out = std::process::Command::new(weave_binary())
         .args([
             "run",
@@ -1092,18 +1072,7 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        stdout.contains(&format!(
-            "chunks: tuned {winner} (cache {})",
-            cache.display()
-        )),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains(&format!("numberOfStreams = {}", entry.streams)),
-        "{stdout}"
-    );
-    assert!(stdout.trim_end().ends_with("result: PASS"), "{stdout}");
+    common::assert_ran_tuned(&stdout, &winner, &cache, entry.streams);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1131,11 +1100,12 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
   schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
   schedule w { outer_split(1, d) -> DIDx }
 }
-",
+"
+            .to_string(),
             2,
         )
     } else {
-        ("linear_relu.weave", LINEAR_RELU, 1)
+        ("linear_relu.weave", linear_relu(), 1)
     };
     let dir = std::env::temp_dir().join(format!("weave-gpu-repeat-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -1145,7 +1115,7 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
     // The library: the first run as compiled, the second tuned now, the third the same.
     let exe = Compiler::new()
         .devices(ranks)
-        .compile_source(name, source)
+        .compile_source(name, &source)
         .expect("compiles");
     let options = RunOptions {
         target: Target::Cuda { ranks },
@@ -1182,7 +1152,7 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
     // The command line: a fresh cache, so the first `--iters` run tunes.
     let cli_cache = dir.join("cli.toml");
     let file = dir.join(name);
-    std::fs::write(&file, source).unwrap();
+    std::fs::write(&file, &source).unwrap();
     let out = std::process::Command::new(weave_binary())
         .args(["run", file.to_str().unwrap(), "--backend", "cuda"])
         .args([

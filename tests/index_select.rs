@@ -6,20 +6,11 @@
 
 mod common;
 
-use streamweave::host_ir::{HostProgram, Stmt};
+use common::communication_kinds;
 
 fn load(source: &str, overrides: &[(&str, i64)]) -> weave_ir::Fusion {
     let o: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     streamweave::load("case.weave", source, &o).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn communication_kinds(p: &HostProgram) -> Vec<String> {
-    p.walk()
-        .filter_map(|w| match &p.stmts[w.stmt] {
-            Stmt::Communication(comm) => Some(format!("{:?}", comm.kind)),
-            _ => None,
-        })
-        .collect()
 }
 
 /// A lookup of `n` tokens in a `[v, h]` table of dtype `dt`, its rows split as `rows` says
@@ -122,17 +113,9 @@ fn known_rows(rows: impl IntoIterator<Item = i64>) -> Vec<f64> {
 
 /// `table[r, c] = 100 r + c` looked up at [`KNOWN_IDS`] on `d` ranks.
 fn known_lookup(d: i64) -> Vec<f64> {
-    let src = "fusion known(n = 10, v = 24, h = 3, d = 2) {
-  mesh m = devices(d)
-  tensor ids: i64[n] on m
-  tensor table: f32[v, h] on m
-  e = index_select(table, ids, 0)
-  output e
-  schedule table { outer_split(0, d) -> DIDx }
-}
-";
+    let src = row_split_lookup("known(n = 10, v = 24, h = 3, d = 2)");
     let exe = streamweave::Compiler::new()
-        .compile(&load(src, &[("d", d)]))
+        .compile(&load(&src, &[("d", d)]))
         .unwrap();
     let mut globals = exe.random_inputs(1).unwrap();
     globals[0].data = KNOWN_IDS.iter().map(|v| *v as f64).collect();
@@ -166,20 +149,31 @@ fn each_id_reads_its_row_exactly_whichever_device_holds_it() {
     }
 }
 
-const OUT_OF_RANGE: &str = "fusion oob(n = 4, v = 6, h = 2, d = 2) {
+/// `fusion {header}`: a lookup of `n` i64 ids in an f32 `[v, h]` table whose rows are split
+/// across the `d` devices.
+fn row_split_lookup(header: &str) -> String {
+    format!(
+        "fusion {header} {{
   mesh m = devices(d)
   tensor ids: i64[n] on m
   tensor table: f32[v, h] on m
   e = index_select(table, ids, 0)
   output e
-  schedule table { outer_split(0, d) -> DIDx }
+  schedule table {{ outer_split(0, d) -> DIDx }}
+}}
+"
+    )
 }
-";
 
-/// Runs [`OUT_OF_RANGE`] on `d` ranks with the ids `ids`, the reference check on or off.
+/// The lookup of 4 ids in a table of 6 rows, for ids out of range.
+fn out_of_range() -> String {
+    row_split_lookup("oob(n = 4, v = 6, h = 2, d = 2)")
+}
+
+/// Runs [`out_of_range`] on `d` ranks with the ids `ids`, the reference check on or off.
 fn run_oob(d: i64, ids: [f64; 4], check: bool) -> Result<(), String> {
     let exe = streamweave::Compiler::new()
-        .compile(&load(OUT_OF_RANGE, &[("d", d)]))
+        .compile(&load(&out_of_range(), &[("d", d)]))
         .unwrap();
     let mut globals = exe.random_inputs(1).unwrap();
     globals[0].data = ids.to_vec();
@@ -198,7 +192,7 @@ fn run_oob(d: i64, ids: [f64; 4], check: bool) -> Result<(), String> {
 #[test]
 fn an_id_outside_the_table_is_an_error_naming_the_ids_the_position_and_the_value() {
     // The reference refuses it.
-    let f = load(OUT_OF_RANGE, &[("d", 1)]);
+    let f = load(&out_of_range(), &[("d", 1)]);
     let table = weave_executor::Dense {
         dtype: weave_ir::DType::F32,
         sizes: vec![6, 2],
@@ -285,12 +279,19 @@ fn rows_split_over_devices_that_are_not_consecutive_are_refused_at_load() {
     assert!(c.checks.iter().all(|k| k.comparison.ok));
 }
 
-#[test]
-fn the_partial_lookup_names_its_block_by_rank_and_the_program_reads_back() {
+/// tests/scenarios/vocab_parallel_embedding.weave's source and the program compiled from it
+/// with `overrides`.
+fn vocab_embedding(overrides: &[(&str, i64)]) -> (String, streamweave::Executable) {
     let src = std::fs::read_to_string(common::fixture("vocab_parallel_embedding")).unwrap();
     let exe = streamweave::Compiler::new()
-        .compile(&load(&src, &[("d", 2)]))
+        .compile(&load(&src, overrides))
         .unwrap();
+    (src, exe)
+}
+
+#[test]
+fn the_partial_lookup_names_its_block_by_rank_and_the_program_reads_back() {
+    let (src, exe) = vocab_embedding(&[("d", 2)]);
     let text = streamweave::host_ir::print(exe.program());
     assert!(
         text.contains("e_partial = index_select(table, ids, 0, 12 * rank)"),
@@ -335,10 +336,7 @@ fn the_partial_lookup_names_its_block_by_rank_and_the_program_reads_back() {
 fn generated_ids_lie_inside_the_table() {
     // Drawn: `drawn uniform(0, 24)` spreads the ids over the whole vocabulary, so that every
     // device's block (of 4) is read.
-    let src = std::fs::read_to_string(common::fixture("vocab_parallel_embedding")).unwrap();
-    let exe = streamweave::Compiler::new()
-        .compile(&load(&src, &[("d", 4), ("n", 64)]))
-        .unwrap();
+    let (_, exe) = vocab_embedding(&[("d", 4), ("n", 64)]);
     let ids = &exe.random_inputs(9).unwrap()[0];
     assert!(ids
         .data
@@ -363,10 +361,7 @@ fn generated_ids_lie_inside_the_table() {
 
 #[test]
 fn the_cuda_kernel_of_each_rank_starts_at_its_block() {
-    let src = std::fs::read_to_string(common::fixture("vocab_parallel_embedding")).unwrap();
-    let exe = streamweave::Compiler::new()
-        .compile(&load(&src, &[("d", 2)]))
-        .unwrap();
+    let (_, exe) = vocab_embedding(&[("d", 2)]);
     // Rank 0's kernels, as the CUDA backend compiles them: the lookup reads zero outside
     // its block, never out of bounds.
     let kernels = exe.kernel_sources(2, 132).unwrap();

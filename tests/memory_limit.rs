@@ -3,7 +3,7 @@
 //! allocation that cannot be had is an error naming the buffer and its bytes — exit 1 with a
 //! message, never an abort (exit 134).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A replicated f32[n] chain `z = neg(exp(x))` on `d` devices.
@@ -11,6 +11,16 @@ fn chain(n: u64, d: usize) -> String {
     format!(
         "fusion chain(n = {n}, d = {d}) {{\n  mesh m = devices(d)\n  tensor x: f32[n] on m\n  y = exp(x)\n  z = neg(y)\n  output z\n}}\n"
     )
+}
+
+/// `chain.weave` holding [`chain`]`(n, d)` in the directory `weave-{what}-{pid}` of the
+/// temporary directory: the directory and the file.
+fn chain_file(what: &str, n: u64, d: usize) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("weave-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("chain.weave");
+    std::fs::write(&file, chain(n, d)).unwrap();
+    (dir, file)
 }
 
 /// `weave run FILE ARGS` under an address-space limit of `kib` KiB.
@@ -34,10 +44,7 @@ fn run_limited(kib: u64, file: &Path, args: &str) -> Output {
 #[test]
 #[cfg(target_os = "linux")]
 fn the_ranks_of_one_process_are_checked_together_before_any_allocates() {
-    let dir = std::env::temp_dir().join(format!("weave-membudget-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("chain.weave");
-    std::fs::write(&file, chain(40_000_000, 4)).unwrap();
+    let (dir, file) = chain_file("membudget", 40_000_000, 4);
     for _ in 0..2 {
         let out = run_limited(3_000_000, &file, "--ranks 4 --no-check");
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -76,25 +83,10 @@ fn the_ranks_of_one_process_are_checked_together_before_any_allocates() {
 #[test]
 #[cfg(target_os = "linux")]
 fn ranks_over_an_address_space_limit_fail_with_a_message_not_an_abort() {
-    let dir = std::env::temp_dir().join(format!("weave-memlimit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("chain.weave");
-    std::fs::write(
-        &file,
-        "fusion chain(n = 40000000, d = 4) {\n  mesh m = devices(d)\n  tensor x: f32[n] on m\n  y = exp(x)\n  z = neg(y)\n  output z\n}\n",
-    )
-    .unwrap();
+    let (dir, file) = chain_file("memlimit", 40_000_000, 4);
     let mut failures = 0;
     for _ in 0..2 {
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "ulimit -v 3000000 && exec \"{}\" run \"{}\" --ranks 4 --no-check",
-                env!("CARGO_BIN_EXE_weave"),
-                file.display()
-            ))
-            .output()
-            .unwrap();
+        let out = run_limited(3_000_000, &file, "--ranks 4 --no-check");
         let stderr = String::from_utf8_lossy(&out.stderr);
         let stdout = String::from_utf8_lossy(&out.stdout);
         match out.status.code() {

@@ -6,8 +6,6 @@
 
 mod common;
 
-use common::fixtures;
-
 use similar::{ChangeTag, TextDiff};
 use streamweave::passes::{manager::render, DumpOptions, Ir, PassManager, Pipeline, Registry};
 
@@ -48,26 +46,20 @@ fn run_one(pass: &str, ir: Ir) -> Ir {
 
 #[test]
 fn every_pass_on_every_fixture() {
-    let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path("snapshots/passes");
-    settings.set_prepend_module_to_snapshot(false);
-    settings.bind(|| {
-        for path in fixtures() {
-            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-            let mut ir = Ir::Fusion(streamweave::load_file(&path, &[]).unwrap());
-            let mut report = String::new();
-            for pass in Pipeline::standard().names() {
-                let (form, before) = (ir.form(), render(&ir));
-                ir = run_one(pass, ir);
-                let after = render(&ir);
-                report.push_str(&format!("=== {pass} ({form} -> {})\n", ir.form()));
-                if form == ir.form() {
-                    report.push_str(&diff(&before, &after));
-                } else {
-                    report.push_str(&after);
-                }
+    common::snapshot_each_fixture("snapshots/passes", |name, path| {
+        let mut ir = Ir::Fusion(streamweave::load_file(path, &[]).unwrap());
+        let mut report = String::new();
+        for pass in Pipeline::standard().names() {
+            let (form, before) = (ir.form(), render(&ir));
+            ir = run_one(pass, ir);
+            let after = render(&ir);
+            report.push_str(&format!("=== {pass} ({form} -> {})\n", ir.form()));
+            if form == ir.form() {
+                report.push_str(&diff(&before, &after));
+            } else {
+                report.push_str(&after);
             }
-            insta::assert_snapshot!(name, report);
         }
+        insta::assert_snapshot!(name, report);
     });
 }

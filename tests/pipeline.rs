@@ -88,20 +88,14 @@ fn communications(p: &HostProgram) -> Vec<(CommunicationType, Vec<Vec<i64>>)> {
 
 #[test]
 fn every_scenario_lowers_verifies_and_prints_as_reviewed() {
-    let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path("snapshots/pipeline");
-    settings.set_prepend_module_to_snapshot(false);
-    settings.bind(|| {
-        for path in fixtures() {
-            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-            let p = lower(&name);
-            host_ir::verify(&p).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let text = host_ir::print(&p);
-            // The printed program parses back to the same text.
-            let reparsed = host_ir::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
-            assert_eq!(host_ir::print(&reparsed), text, "{name}");
-            insta::assert_snapshot!(name, text);
-        }
+    common::snapshot_each_fixture("snapshots/pipeline", |name, _| {
+        let p = lower(name);
+        host_ir::verify(&p).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text = host_ir::print(&p);
+        // The printed program parses back to the same text.
+        let reparsed = host_ir::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+        assert_eq!(host_ir::print(&reparsed), text, "{name}");
+        insta::assert_snapshot!(name, text);
     });
 }
 

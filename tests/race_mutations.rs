@@ -680,6 +680,18 @@ fn every_broken_synchronization_of_every_scenario_is_caught_or_redundant() {
     );
 }
 
+/// The host program `host` followed by its kernel `K0`, a copy of an `f32[4]`.
+fn with_copy_kernel(host: &str) -> String {
+    format!(
+        "{host}K0: fusion copy() {{
+  tensor a: f32[4]
+  b = set(a)
+  output b
+}}
+"
+    )
+}
+
 /// The analysis that decides redundancy, on programs small enough to check by hand: a
 /// worker forks from the main stream twice in a row, so either `Synchronize` alone gives the
 /// same ordering, but deleting both (or the join) loses an ordering the buffers need; a
@@ -687,7 +699,8 @@ fn every_broken_synchronization_of_every_scenario_is_caught_or_redundant() {
 /// another one, but does before the caller reads the output.
 #[test]
 fn the_happens_before_analysis_finds_an_implied_synchronization_and_only_that() {
-    let src = "\
+    let src = with_copy_kernel(
+        "\
 %HostIrContainer { (T0_g_f32[4]) -> (T1_g_f32[4]) :
   Stream 0 = GetCurrentStream()
   T1 = ALLOCATE(mem_type=global, zero_init=false)
@@ -698,13 +711,9 @@ fn the_happens_before_analysis_finds_an_implied_synchronization_and_only_that() 
   SetCurrentStream(Stream 0)
   Synchronize(Stream ( 0 ))
 } // %HostIrContainer
-K0: fusion copy() {
-  tensor a: f32[4]
-  b = set(a)
-  output b
-}
-";
-    let p = streamweave::host_ir::parse(src).unwrap_or_else(|e| panic!("{e}"));
+",
+    );
+    let p = streamweave::host_ir::parse(&src).unwrap_or_else(|e| panic!("{e}"));
     let params = HashMap::new();
     let syncs = top_level_syncs(&p);
     assert_eq!(syncs.len(), 3);
@@ -742,7 +751,8 @@ K0: fusion copy() {
     // Pool stream 0 fills its own T2 and joins the main stream before the main stream
     // allocates T1; only the caller's read of the output T1 could need that join, and the
     // final join gives it again.
-    let src = "\
+    let src = with_copy_kernel(
+        "\
 %HostIrContainer { (T0_g_f32[4]) -> (T1_g_f32[4]) :
   Stream 0 = GetCurrentStream()
   SetCurrentStream(Stream ( 0 ))
@@ -756,13 +766,9 @@ K0: fusion copy() {
   LaunchKernel(kernel=K0, inputs=(T0), outputs=(T1))
   Synchronize(Stream ( 0 ))
 } // %HostIrContainer
-K0: fusion copy() {
-  tensor a: f32[4]
-  b = set(a)
-  output b
-}
-";
-    let p = streamweave::host_ir::parse(src).unwrap_or_else(|e| panic!("{e}"));
+",
+    );
+    let p = streamweave::host_ir::parse(&src).unwrap_or_else(|e| panic!("{e}"));
     let syncs = top_level_syncs(&p);
     let without = |s: StmtId| without_stmts(&p, &[s]);
     let why = |q: &HostProgram| redundancy(&p, q, 1, 2, &params);

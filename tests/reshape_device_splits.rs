@@ -8,7 +8,7 @@
 
 mod common;
 
-use streamweave::host_ir::{HostProgram, Stmt};
+use common::communication_kinds;
 
 /// The first-contact trial's program (p22): tokens `[b, t]` merged, then a linear and a tanh
 /// whose output is split across the devices on the merged axis.
@@ -26,15 +26,6 @@ const MERGED_TOKENS: &str = "fusion p22(b = 4, t = 3, h = 8, d = 3) {
 
 fn ov(overrides: &[(&str, i64)]) -> Vec<(String, i64)> {
     overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect()
-}
-
-fn communication_kinds(p: &HostProgram) -> Vec<String> {
-    p.walk()
-        .filter_map(|w| match &p.stmts[w.stmt] {
-            Stmt::Communication(comm) => Some(format!("{:?}", comm.kind)),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Runs `source` with `b`, `t` and `d` set on `d` ranks, with the race checker, and returns
@@ -114,35 +105,35 @@ fn the_reshape_output_scheduled_by_the_user_or_fed_by_an_op_runs_too() {
     }
 }
 
+/// `fusion {name}`: `x: f32[b * t, h]` reshaped to `[b, t, h]` and its tanh, on `d` devices,
+/// with the one schedule `schedule {schedule}`.
+fn reshape_then_tanh(name: &str, schedule: &str) -> String {
+    format!(
+        "fusion {name}(b = 4, t = 3, h = 8, d = 3) {{
+  mesh m = devices(d)
+  tensor x: f32[b * t, h] on m
+  x2 = reshape(x, [b, t, h])
+  z = tanh(x2)
+  output z
+  schedule {schedule}
+}}
+"
+    )
+}
+
 #[test]
 fn a_device_split_of_the_inner_axis_a_reshape_splits_out_runs() {
     // `[b * t] -> [b, t]` with `t` split: a block of `t` is no block of `b * t` (before, the
     // split was carried onto the operand as the inner half of a split, and the kernel failed:
     // "reshape `x2`: cannot split axis 0 of sizes [4, 8] into rows of 3").
-    let inner = "fusion inner(b = 4, t = 3, h = 8, d = 3) {
-  mesh m = devices(d)
-  tensor x: f32[b * t, h] on m
-  x2 = reshape(x, [b, t, h])
-  z = tanh(x2)
-  output z
-  schedule z { mesh = m; outer_split(1, d) -> DIDx }
-}
-";
+    let inner = reshape_then_tanh("inner", "z { mesh = m; outer_split(1, d) -> DIDx }");
     for (b, t, d) in [(4, 3, 3), (3, 4, 2), (2, 6, 3), (1, 12, 4), (3, 4, 4)] {
-        assert_eq!(run(inner, b, t, d), ["Scatter"], "b={b} t={t} d={d}");
+        assert_eq!(run(&inner, b, t, d), ["Scatter"], "b={b} t={t} d={d}");
     }
     // The operand split on `b * t`, the result unscheduled: gathered for the reshape where
     // the shards are no blocks of `b`.
-    let from_split = "fusion from_split(b = 4, t = 3, h = 8, d = 3) {
-  mesh m = devices(d)
-  tensor x: f32[b * t, h] on m
-  x2 = reshape(x, [b, t, h])
-  z = tanh(x2)
-  output z
-  schedule x { outer_split(0, d) -> DIDx }
-}
-";
+    let from_split = reshape_then_tanh("from_split", "x { outer_split(0, d) -> DIDx }");
     for (b, t, d) in NOT_DIVIDING_B.into_iter().chain(DIVIDING_B) {
-        run(from_split, b, t, d);
+        run(&from_split, b, t, d);
     }
 }

@@ -104,13 +104,17 @@ impl Communicator for Faulty {
     }
 }
 
+/// Runs `c` on `ranks` ranks with communication `timeout`, rank 1 hitting `fault` at its
+/// `nth` communication; asserts that every rank is done within `within`.
 fn run_faulty(
     c: &Executable,
     ranks: usize,
     fault: Fault,
     nth: usize,
     timeout: Duration,
+    within: Duration,
 ) -> Vec<Result<(), ExecError>> {
+    let start = Instant::now();
     let world = LocalWorld::new(ranks, timeout);
     let per_rank = inputs(c, ranks);
     let config = RunConfig {
@@ -119,7 +123,7 @@ fn run_faulty(
         check_races: true,
         deadline: None,
     };
-    std::thread::scope(|s| {
+    let results = std::thread::scope(|s| {
         let handles: Vec<_> = per_rank
             .into_iter()
             .enumerate()
@@ -142,20 +146,17 @@ fn run_faulty(
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    });
+    assert!(start.elapsed() < within, "took {:?}", start.elapsed());
+    results
 }
 
 #[test]
 fn a_rank_failing_in_the_middle_of_an_allgather_loop_fails_every_rank() {
     // ag_matmul posts one Allgather per chunk; rank 1 fails inside its third.
     let c = compiled("ag_matmul", &[("d", 2)]);
-    let start = Instant::now();
-    let results = run_faulty(&c, 2, Fault::Fail, 2, Duration::from_secs(30));
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "took {:?}",
-        start.elapsed()
-    );
+    let within = Duration::from_secs(10);
+    let results = run_faulty(&c, 2, Fault::Fail, 2, Duration::from_secs(30), within);
     let label = "Communication 8 (type=Allgather, team=(0 1), input=T4, output=T5, backend=NCCL)";
     assert_eq!(
         results[1],
@@ -181,13 +182,8 @@ fn a_rank_failing_in_the_middle_of_an_allgather_loop_fails_every_rank() {
 #[test]
 fn a_collective_that_one_rank_never_posts_times_out_naming_it() {
     let c = compiled("allgather", &[("d", 2)]);
-    let start = Instant::now();
-    let results = run_faulty(&c, 2, Fault::Drop, 0, Duration::from_millis(300));
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        start.elapsed()
-    );
+    let within = Duration::from_secs(5);
+    let results = run_faulty(&c, 2, Fault::Drop, 0, Duration::from_millis(300), within);
     assert_eq!(
         results[0].as_ref().unwrap_err().to_string(),
         "Communication 1 (type=Allgather, team=(0 1), input=T0, output=T1, backend=NCCL) \

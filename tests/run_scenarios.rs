@@ -103,12 +103,7 @@ fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
                         .iter()
                         .flat_map(|r| r.races.iter().map(ToString::to_string))
                         .collect();
-                    let bad: Vec<String> = report
-                        .checks
-                        .iter()
-                        .filter(|c| !c.comparison.ok)
-                        .map(|c| format!("{} rank {}: {}", c.output, c.rank, c.comparison))
-                        .collect();
+                    let bad = common::failed_checks(&report);
                     failures.push(format!(
                         "{name} ({ranks} ranks, {overrides:?}): {bad:?} {races:?}"
                     ));

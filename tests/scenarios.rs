@@ -9,10 +9,6 @@ use std::path::Path;
 
 use streamweave::ir::{self, IterType, ParallelType};
 
-fn stem(p: &Path) -> String {
-    p.file_stem().unwrap().to_string_lossy().into_owned()
-}
-
 #[test]
 fn there_are_at_least_25_scenarios() {
     assert!(fixtures().len() >= 25, "only {} fixtures", fixtures().len());
@@ -57,14 +53,9 @@ fn every_fixture_round_trips() {
 
 #[test]
 fn every_fixture_prints_as_reviewed() {
-    let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path("snapshots/scenarios");
-    settings.set_prepend_module_to_snapshot(false);
-    settings.bind(|| {
-        for p in fixtures() {
-            let f = streamweave::load_file(&p, &[]).unwrap();
-            insta::assert_snapshot!(stem(&p), ir::print::fusion_to_string(&f));
-        }
+    common::snapshot_each_fixture("snapshots/scenarios", |name, p| {
+        let f = streamweave::load_file(p, &[]).unwrap();
+        insta::assert_snapshot!(name, ir::print::fusion_to_string(&f));
     });
 }
 

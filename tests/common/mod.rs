@@ -338,3 +338,64 @@ pub fn scratch(what: &str, name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Asserts that `out`, what `weave run` printed, ran the configuration `winner` that the tune
+/// cache `cache` holds, with its `streams` streams, and passed.
+#[allow(dead_code)]
+pub fn assert_ran_tuned(out: &str, winner: &dyn std::fmt::Display, cache: &Path, streams: usize) {
+    assert!(
+        out.contains(&format!(
+            "chunks: tuned {winner} (cache {})",
+            cache.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("numberOfStreams = {streams}")),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with("result: PASS"), "{out}");
+}
+
+/// Runs `each` on every fixture ([`fixtures`]) with its name, inside insta settings that keep
+/// the snapshots in `snapshots` (relative to the test file) without the module prefix.
+#[allow(dead_code)]
+pub fn snapshot_each_fixture(snapshots: &str, mut each: impl FnMut(&str, &Path)) {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(snapshots);
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| {
+        for path in fixtures() {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            each(&name, &path);
+        }
+    });
+}
+
+/// Every output check of `report` that failed, as `output rank N: comparison`.
+#[allow(dead_code)]
+pub fn failed_checks(report: &streamweave::run::RunReport) -> Vec<String> {
+    report
+        .checks
+        .iter()
+        .filter(|c| !c.comparison.ok)
+        .map(|c| format!("{} rank {}: {}", c.output, c.rank, c.comparison))
+        .collect()
+}
+
+/// `fusion linear_relu({params})`: the ReLU of a linear of `x: {dt}[t, h]` by `w: {dt}[f, h]`,
+/// in `s` stream chunks of the result.
+#[allow(dead_code)]
+pub fn linear_relu(params: &str, dt: &str) -> String {
+    format!(
+        "fusion linear_relu({params}) {{
+  tensor x: {dt}[t, h]
+  tensor w: {dt}[f, h]
+  y = linear(x, w)
+  z = relu(y)
+  output z
+  schedule z {{ outer_split(0, s) -> Stream }}
+}}
+"
+    )
+}
