@@ -28,6 +28,13 @@ pub use tune_command::tune;
 /// What a CUDA path answers in a `weave` built without the `cuda` feature.
 pub const NO_CUDA_FEATURE: &str = "this `weave` was built without the `cuda` feature (CPU only): rebuild it with the default features (`cargo build -p weave-cli`) for the CUDA backend";
 
+/// The text of the source file `file`, or what to report: why it does not read, or where
+/// it is not UTF-8 text (`file:line:column: ...`).
+fn read_source_text(file: &Path) -> Result<String, String> {
+    let bytes = streamweave::read_source(file).map_err(|e| e.to_string())?;
+    streamweave::utf8_source(bytes).map_err(|d| format!("{}:{d}", file.display()))
+}
+
 /// Whether `file` holds a printed host program (`.hir`, or text that starts with the
 /// container header) rather than a `.weave` fusion.
 fn is_host_program(file: &Path, text: &str) -> bool {

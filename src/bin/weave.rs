@@ -633,6 +633,12 @@ fn dump_kernels(file: &Path, set: &[(String, i64)], sms: usize) -> ExitCode {
             .map_err(|e| e.to_string())?;
         Ok(streamweave::kernels::print_kernels(&kernels, sms))
     })();
+    print_or_report(text)
+}
+
+/// Prints `text` on stdout (a closed pipe ends the process quietly:
+/// weave_cli::output::Stdout), or reports its error on stderr with exit status 1.
+fn print_or_report(text: Result<String, impl std::fmt::Display>) -> ExitCode {
     match text {
         Ok(text) => match weave_cli::output::Stdout.write_all(text.as_bytes()) {
             Ok(()) => ExitCode::SUCCESS,
@@ -651,35 +657,16 @@ fn dump_kernels(file: &Path, set: &[(String, i64)], sms: usize) -> ExitCode {
 /// Loads `file`, runs the pipeline `flags` ask for, printing its dumps, then prints the IR it
 /// leaves; every failure is reported on stderr with exit status 1.
 fn dump(file: &Path, set: &[(String, i64)], flags: &DumpFlags) -> ExitCode {
-    let manager = match PassManager::from_flags(flags) {
-        Ok(manager) => manager,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let fusion = match streamweave::load_file(file, set) {
-        Ok(fusion) => fusion,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // A closed pipe ends the process quietly (weave_cli::output::Stdout).
-    let mut out = weave_cli::output::Stdout;
-    match manager.run_with_output(Ir::Fusion(fusion), &mut out) {
-        Ok(ir) => match out.write_all(weave_passes::manager::render(&ir).as_bytes()) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: cannot write the output: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let text = (|| -> Result<String, String> {
+        let manager = PassManager::from_flags(flags).map_err(|e| e.to_string())?;
+        let fusion = streamweave::load_file(file, set).map_err(|e| e.to_string())?;
+        // A closed pipe ends the process quietly (weave_cli::output::Stdout).
+        let ir = manager
+            .run_with_output(Ir::Fusion(fusion), &mut weave_cli::output::Stdout)
+            .map_err(|e| e.to_string())?;
+        Ok(weave_passes::manager::render(&ir))
+    })();
+    print_or_report(text)
 }
 
 /// Whether `--backend` names the CUDA backend (`None`: the CPU default); an unknown one is

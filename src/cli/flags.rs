@@ -71,33 +71,23 @@ impl Pinned {
 
     /// Sets the knobs given on `options`.
     pub fn apply(&self, options: &mut RunOptions) {
-        if let Some(t) = self.transport {
-            options.gpu.transport = t;
-        }
-        if let Some(v) = self.ordered_compute {
-            options.gpu.overlap.ordered_compute = v;
-        }
-        if let Some(v) = self.pool_priority_high {
-            options.gpu.overlap.pool_priority_high = v;
-        }
-        if let Some(v) = self.gemm_sm_margin {
-            options.gpu.overlap.gemm_sm_margin = v;
-        }
-        if let Some(v) = self.nccl_max_ctas {
-            options.gpu.overlap.nccl_max_ctas = v;
-        }
-        if let Some(v) = self.nccl_cta_policy {
-            options.gpu.overlap.nccl_cta_policy = v;
-        }
-        if let Some(v) = self.nccl_window_mib {
-            options.gpu.overlap.nccl_window_mib = v;
-        }
-        if let Some(v) = self.ce_slot_mib {
-            options.gpu.overlap.ce_slot_mib = v;
-        }
-        if let Some(v) = self.gemm_into_windows {
-            options.gpu.overlap.gemm_into_windows = v;
-        }
+        pin(&mut options.gpu.transport, self.transport);
+        let o = &mut options.gpu.overlap;
+        pin(&mut o.ordered_compute, self.ordered_compute);
+        pin(&mut o.pool_priority_high, self.pool_priority_high);
+        pin(&mut o.gemm_sm_margin, self.gemm_sm_margin);
+        pin(&mut o.nccl_max_ctas, self.nccl_max_ctas);
+        pin(&mut o.nccl_cta_policy, self.nccl_cta_policy);
+        pin(&mut o.nccl_window_mib, self.nccl_window_mib);
+        pin(&mut o.ce_slot_mib, self.ce_slot_mib);
+        pin(&mut o.gemm_into_windows, self.gemm_into_windows);
+    }
+}
+
+/// Sets `slot` to `pinned`, if given.
+fn pin<T>(slot: &mut T, pinned: Option<T>) {
+    if let Some(v) = pinned {
+        *slot = v;
     }
 }
 

@@ -15,7 +15,9 @@ use streamweave::{Chunks, Compiler, Executable, RunOptions, Target};
 
 use super::report::{describe_config, ms, summary_json};
 use super::tune_command::{tune_first_run, tuned_entry};
-use super::{failures, gpu_calibration, is_host_program, print_report, summarize, RunFlags};
+use super::{
+    failures, gpu_calibration, is_host_program, print_report, read_source_text, summarize, RunFlags,
+};
 
 /// Whether `--trace PATH` names a regular file (or a link to one) or nothing yet: where its
 /// SVG timeline can be written beside it.
@@ -114,12 +116,9 @@ pub fn run(
             }
         }
     }
-    let text = match streamweave::read_source(file) {
-        Ok(bytes) => match streamweave::utf8_source(bytes) {
-            Ok(t) => t,
-            Err(d) => return fail(format!("{}:{d}", file.display())),
-        },
-        Err(e) => return fail(e.to_string()),
+    let text = match read_source_text(file) {
+        Ok(text) => text,
+        Err(e) => return fail(e),
     };
     let name = file.display().to_string();
     // The configuration `weave tune` cached for this program, when `--chunks auto` and no

@@ -10,7 +10,7 @@ use streamweave::Target;
 
 #[cfg(any(doc, not(feature = "cuda")))]
 use super::NO_CUDA_FEATURE;
-use super::{gpu_calibration, is_host_program, tune_cache_path, TuneFlags};
+use super::{gpu_calibration, is_host_program, read_source_text, tune_cache_path, TuneFlags};
 
 /// The entry `weave tune` cached for the fusion `text` (named `name`, with the overrides
 /// `set`) on `ranks` ranks of this backend, with the cache's path; `None` when there is no
@@ -26,16 +26,9 @@ pub(super) fn tuned_entry(
     device: usize,
 ) -> Result<Option<(streamweave::tune::Entry, PathBuf)>, String> {
     use streamweave::tune;
-    let Some(path) = tune_cache_path() else {
+    let Some((fusion, path)) = tunable(name, text, set) else {
         return Ok(None);
     };
-    let Ok(fusion) = streamweave::load(name, text, set) else {
-        return Ok(None);
-    };
-    let chunk = fusion.role_param(streamweave::ir::ParamRole::ChunkCount);
-    if chunk.is_some_and(|p| set.iter().any(|(k, _)| *k == p.name)) {
-        return Ok(None);
-    }
     let gpu = if cuda {
         match tune::gpu_name(device) {
             Ok(g) => g,
@@ -48,6 +41,23 @@ pub(super) fn tuned_entry(
     let key = tune::TuneKey::of(&fusion, ranks, backend, &gpu);
     let entry = tune::lookup(&path, &key).map_err(|e| e.to_string())?;
     Ok(entry.map(|e| (e, path)))
+}
+
+/// The fusion `text` (named `name`, with the overrides `set`) and the tuning cache's path,
+/// when there is a tuning to cache or look up: `None` when there is no cache path, the fusion
+/// does not load, or `set` gives the chunk count.
+fn tunable(
+    name: &str,
+    text: &str,
+    set: &[(String, i64)],
+) -> Option<(streamweave::ir::Fusion, PathBuf)> {
+    let path = tune_cache_path()?;
+    let fusion = streamweave::load(name, text, set).ok()?;
+    let chunk = fusion.role_param(streamweave::ir::ParamRole::ChunkCount);
+    if chunk.is_some_and(|p| set.iter().any(|(k, _)| *k == p.name)) {
+        return None;
+    }
+    Some((fusion, path))
 }
 
 /// Tunes the fusion `text` on `ranks` GPUs of this process for a first repeated run: the
@@ -64,17 +74,9 @@ pub(super) fn tune_first_run(
     timeout: Duration,
 ) -> Result<Option<(streamweave::tune::Entry, PathBuf)>, String> {
     use streamweave::tune;
-    let Some(cache) = tune_cache_path() else {
+    let Some((fusion, cache)) = tunable(name, text, set) else {
         return Ok(None);
     };
-    let Ok(fusion) = streamweave::load(name, text, set) else {
-        return Ok(None);
-    };
-    if let Some(p) = fusion.role_param(streamweave::ir::ParamRole::ChunkCount) {
-        if set.iter().any(|(k, _)| *k == p.name) {
-            return Ok(None);
-        }
-    }
     // A cache that cannot be read is the run's error, not the tuning's.
     tune::TuneCache::load(&cache).map_err(|e| e.to_string())?;
     let machine = tune::gpu_name(0).map_err(|e| e.to_string())?;
@@ -168,12 +170,9 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     if let Err(e) = tune::TuneCache::load(&cache) {
         return fail(e.to_string());
     }
-    let text = match streamweave::read_source(file) {
-        Ok(bytes) => match streamweave::utf8_source(bytes) {
-            Ok(t) => t,
-            Err(d) => return fail(format!("{}:{d}", file.display())),
-        },
-        Err(e) => return fail(e.to_string()),
+    let text = match read_source_text(file) {
+        Ok(text) => text,
+        Err(e) => return fail(e),
     };
     if is_host_program(file, &text) {
         return fail(format!(

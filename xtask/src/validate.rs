@@ -9,87 +9,59 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-/// One check: a cargo invocation with extra environment.
+/// One check: a cargo invocation (its arguments, split at spaces) with extra environment.
 struct Step {
     name: &'static str,
-    args: &'static [&'static str],
+    args: &'static str,
     env: &'static [(&'static str, &'static str)],
+}
+
+/// The step `name`: `cargo ARGS` with no extra environment.
+const fn cargo(name: &'static str, args: &'static str) -> Step {
+    Step {
+        name,
+        args,
+        env: &[],
+    }
 }
 
 /// The checks, cheapest first.
 const STEPS: &[Step] = &[
-    Step {
-        name: "fmt",
-        args: &["fmt", "--all", "--", "--check"],
-        env: &[],
-    },
-    Step {
-        name: "rust-version",
-        args: &["run", "--quiet", "--package", "xtask", "--", "rust-version"],
-        env: &[],
-    },
-    Step {
-        name: "clippy",
-        args: &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-        env: &[],
-    },
-    Step {
-        name: "clippy (no cuda)",
-        args: &[
-            "clippy",
-            "--package",
-            "streamweave",
-            "--no-default-features",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-        env: &[],
-    },
+    cargo("fmt", "fmt --all -- --check"),
+    cargo(
+        "rust-version",
+        "run --quiet --package xtask -- rust-version",
+    ),
+    cargo("clippy", "clippy --workspace --all-targets -- -D warnings"),
+    cargo(
+        "clippy (no cuda)",
+        "clippy --package streamweave --no-default-features --all-targets -- -D warnings",
+    ),
     Step {
         name: "doc",
-        args: &["doc", "--workspace", "--no-deps"],
+        args: "doc --workspace --no-deps",
         env: &[("RUSTDOCFLAGS", "-Dwarnings")],
     },
     Step {
         name: "test",
-        args: &["test", "--workspace"],
+        args: "test --workspace",
         // A snapshot that differs fails instead of writing a `.snap.new` for review.
         env: &[("INSTA_UPDATE", "no")],
     },
-    Step {
-        name: "test (no cuda)",
-        args: &["test", "--package", "streamweave", "--no-default-features"],
-        env: &[],
-    },
+    cargo(
+        "test (no cuda)",
+        "test --package streamweave --no-default-features",
+    ),
     // The CPU-only `weave` (its tests need the default features: their dev-dependencies
     // build the CUDA bindings); `.ci/run` also runs it.
-    Step {
-        name: "clippy (cpu-only weave)",
-        args: &[
-            "clippy",
-            "--package",
-            "weave-cli",
-            "--no-default-features",
-            "--",
-            "-D",
-            "warnings",
-        ],
-        env: &[],
-    },
-    Step {
-        name: "build (cpu-only weave)",
-        args: &["build", "--package", "weave-cli", "--no-default-features"],
-        env: &[],
-    },
+    cargo(
+        "clippy (cpu-only weave)",
+        "clippy --package weave-cli --no-default-features -- -D warnings",
+    ),
+    cargo(
+        "build (cpu-only weave)",
+        "build --package weave-cli --no-default-features",
+    ),
 ];
 
 /// Runs every step; fails with the name of the first step that fails.
@@ -103,17 +75,16 @@ pub fn run() -> anyhow::Result<ExitCode> {
             .env
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
-            .chain(std::iter::once("cargo".to_string()))
-            .chain(step.args.iter().map(|a| a.to_string()))
+            .chain(std::iter::once(format!("cargo {}", step.args)))
             .collect();
         eprintln!("==> {}: {}", step.name, shown.join(" "));
         let start = Instant::now();
         let status = Command::new(&cargo)
-            .args(step.args)
+            .args(step.args.split(' '))
             .envs(step.env.iter().copied())
             .current_dir(&root)
             .status()
-            .with_context(|| format!("cannot start `cargo {}`", step.args.join(" ")))?;
+            .with_context(|| format!("cannot start `cargo {}`", step.args))?;
         let took = start.elapsed().as_secs_f64();
         if !status.success() {
             bail!(

@@ -11,7 +11,7 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Bencher, Criterion, Throughput};
 use streamweave::Compiler;
 use weave_executor::meter::MeterBackend;
 use weave_executor::{run_rank, Dense};
@@ -39,13 +39,21 @@ fn load_row_parallel(c: &mut Criterion) {
 
 fn compile_row_parallel(c: &mut Criterion) {
     let source = source();
-    c.bench_function("load+compile row_parallel_linear (whole pipeline)", |b| {
+    c.bench_function(
+        "load+compile row_parallel_linear (whole pipeline)",
+        compiling("row_parallel_linear.weave", &source),
+    );
+}
+
+/// The routine that loads and compiles `source` (the file `file`) through the whole pipeline.
+fn compiling<'a>(file: &'a str, source: &'a str) -> impl FnMut(&mut Bencher<'_>) + 'a {
+    move |b| {
         b.iter(|| {
             Compiler::new()
-                .compile_source("row_parallel_linear.weave", black_box(&source))
+                .compile_source(file, black_box(source))
                 .unwrap()
         })
-    });
+    }
 }
 
 /// A fusion of one `neg` over a tensor of `rank` axes, or over a fusion of `params`
@@ -68,20 +76,14 @@ fn scaling(c: &mut Criterion) {
         let by_rank = wide_source(n, 1);
         let by_params = wide_source(1, n);
         group.throughput(Throughput::Elements(n as u64));
-        group.bench_function(format!("load+compile rank {n}"), |b| {
-            b.iter(|| {
-                Compiler::new()
-                    .compile_source("wide.weave", black_box(&by_rank))
-                    .unwrap()
-            })
-        });
-        group.bench_function(format!("load+compile {n} parameters"), |b| {
-            b.iter(|| {
-                Compiler::new()
-                    .compile_source("wide.weave", black_box(&by_params))
-                    .unwrap()
-            })
-        });
+        group.bench_function(
+            format!("load+compile rank {n}"),
+            compiling("wide.weave", &by_rank),
+        );
+        group.bench_function(
+            format!("load+compile {n} parameters"),
+            compiling("wide.weave", &by_params),
+        );
     }
     group.finish();
 }
@@ -158,13 +160,10 @@ fn compile_long_chains(c: &mut Criterion) {
             let source = chain(n, streamed);
             let what = if streamed { "stream-split" } else { "plain" };
             group.throughput(Throughput::Elements(n as u64));
-            group.bench_function(format!("load+compile {n} ops, {what}"), |b| {
-                b.iter(|| {
-                    Compiler::new()
-                        .compile_source("chain.weave", black_box(&source))
-                        .unwrap()
-                })
-            });
+            group.bench_function(
+                format!("load+compile {n} ops, {what}"),
+                compiling("chain.weave", &source),
+            );
         }
     }
     group.finish();

@@ -428,49 +428,54 @@ impl Bench {
             .map_err(|e| format!("cannot write {}: {e}", self.args.out.display()))
     }
 
+    /// Measures `exe`, the case `case` of hidden size `h`, on the world's GPUs ([`measure`],
+    /// `w` the window of its outputs to check): what the first rank measured.
+    fn measure(
+        &mut self,
+        exe: Executable,
+        case: &str,
+        h: usize,
+        w: &Window,
+    ) -> Result<Measured, String> {
+        let (exe, case, w) = (std::sync::Arc::new(exe), case.to_string(), w.clone());
+        let how = (self.args.warmup, self.args.iters, self.args.streams);
+        Ok(self
+            .world()?
+            .run(move |r| measure(r, &exe, &case, h, &w, how))?
+            .into_iter()
+            .next()
+            .ok_or("no rank answered")?)
+    }
+
     /// Runs one configuration and adds its row.
     fn row(&mut self, case: &str, t: usize, h: usize, s: usize) -> Result<(), String> {
         let path = self.dir.join(format!("{case}.weave"));
         let source = std::fs::read_to_string(&path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let started = Instant::now();
-        let exe = Compiler::new()
-            .set("t", t as i64)
-            .set("h", h as i64)
-            .set("s", s as i64)
+        // The program with the default pipeline, or with `pipeline`.
+        let compile = |pipeline: Option<Pipeline>| {
+            let compiler = Compiler::new()
+                .set("t", t as i64)
+                .set("h", h as i64)
+                .set("s", s as i64);
+            match pipeline {
+                Some(p) => compiler.pipeline(p),
+                None => compiler,
+            }
             .compile_source(&path.display().to_string(), &source)
-            .map_err(|e| format!("compile: {e}"))?;
+        };
+        let exe = compile(None).map_err(|e| format!("compile: {e}"))?;
         let names: Vec<String> = exe.inputs().iter().map(|i| i.name.clone()).collect();
         let w = window(&self.args, case, t, h);
-        let exe = std::sync::Arc::new(exe);
-        let (e2, c2, w2) = (exe.clone(), case.to_string(), w.clone());
-        let how = (self.args.warmup, self.args.iters, self.args.streams);
-        let m = self
-            .world()?
-            .run(move |r| measure(r, &e2, &c2, h, &w2, how))?
-            .into_iter()
-            .next()
-            .ok_or("no rank answered")?;
+        let m = self.measure(exe, case, h, &w)?;
         // With s > 1 the default pipeline runs a kernel-only loop once over whole tensors
         // (`merge-kernel-chunks`); the same program with every loop kept measures what a
         // kernel chunk costs where chunks stay (between GEMMs or communications).
         let kept = if s > 1 {
-            let kept_exe = Compiler::new()
-                .set("t", t as i64)
-                .set("h", h as i64)
-                .set("s", s as i64)
-                .pipeline(Pipeline::standard().without("merge-kernel-chunks"))
-                .compile_source(&path.display().to_string(), &source)
+            let kept_exe = compile(Some(Pipeline::standard().without("merge-kernel-chunks")))
                 .map_err(|e| format!("compile with every loop kept: {e}"))?;
-            let (e2, c2, w2) = (std::sync::Arc::new(kept_exe), case.to_string(), w.clone());
-            let how = (self.args.warmup, self.args.iters, self.args.streams);
-            let k = self
-                .world()?
-                .run(move |r| measure(r, &e2, &c2, h, &w2, how))?
-                .into_iter()
-                .next()
-                .ok_or("no rank answered")?;
-            Some(k)
+            Some(self.measure(kept_exe, case, h, &w)?)
         } else {
             None
         };

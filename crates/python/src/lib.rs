@@ -217,6 +217,28 @@ struct NativeExecutable {
 /// One entry of a signature: name, dtype name and global shape.
 type Sig = (String, String, Vec<usize>);
 
+/// Refuses (an argument-value error, `message(given, wanted)`) a count `given` that is not
+/// `wanted`.
+fn expect_count(
+    given: usize,
+    wanted: usize,
+    message: impl FnOnce(usize, usize) -> String,
+) -> PyResult<()> {
+    if given == wanted {
+        Ok(())
+    } else {
+        Err(raise(Kind::ArgumentValue, message(given, wanted)))
+    }
+}
+
+/// The entries of `tensors`, in order.
+fn sigs(tensors: &[streamweave::host_ir::TensorSig]) -> Vec<Sig> {
+    tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.shape.clone()))
+        .collect()
+}
+
 /// A tensor handed over in place: name, the NumPy name of its element type (`float32`,
 /// `int64`, `bfloat16`, `complex128`, ...), shape, the address of its first element and its
 /// size in bytes, and the array itself (held for the call, so that the address stays valid).
@@ -413,20 +435,12 @@ impl NativeExecutable {
 
     /// The inputs: `(name, dtype, global shape)` in signature order.
     fn inputs(&self) -> Vec<Sig> {
-        self.exe
-            .inputs()
-            .iter()
-            .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.shape.clone()))
-            .collect()
+        sigs(self.exe.inputs())
     }
 
     /// The outputs: `(name, dtype, global shape)` in signature order.
     fn outputs(&self) -> Vec<Sig> {
-        self.exe
-            .outputs()
-            .iter()
-            .map(|t| (t.name.clone(), t.dtype.name().to_string(), t.shape.clone()))
-            .collect()
+        sigs(self.exe.outputs())
     }
 
     /// The smallest rank count the program runs on.
@@ -653,36 +667,22 @@ impl NativeSession {
     /// The calls as the session takes them: every address borrowed on its rank's GPU.
     fn calls(&self, calls: &[CallArg]) -> PyResult<Vec<RankCall>> {
         let ranks = self.session.ranks();
-        if calls.len() != ranks.len() {
-            return Err(raise(
-                Kind::ArgumentValue,
-                format!(
-                    "{} rank call(s) were given for the {} rank(s) of this process",
-                    calls.len(),
-                    ranks.len()
-                ),
-            ));
-        }
+        expect_count(calls.len(), ranks.len(), |n, m| {
+            format!("{n} rank call(s) were given for the {m} rank(s) of this process")
+        })?;
         let mut out = Vec::with_capacity(calls.len());
         for (((inputs, outputs, stream), (rank, gpu)), (lin, lout)) in
             calls.iter().zip(ranks).zip(&self.layouts)
         {
-            let buffers = |what: &str, ptrs: &[u64], layouts: &[Layout]| {
-                if ptrs.len() != layouts.len() {
-                    return Err(raise(
-                        Kind::ArgumentValue,
-                        format!(
-                            "rank {rank}: {} {what} address(es) for {} {what}s",
-                            ptrs.len(),
-                            layouts.len()
-                        ),
-                    ));
-                }
+            let buffers = |what: &str, ptrs: &[u64], layouts: &[Layout]| -> PyResult<Vec<_>> {
+                expect_count(ptrs.len(), layouts.len(), |n, m| {
+                    format!("rank {rank}: {n} {what} address(es) for {m} {what}s")
+                })?;
                 Ok(ptrs
                     .iter()
                     .zip(layouts)
                     .map(|(&p, (dtype, sizes))| borrow(gpu, p, *dtype, sizes))
-                    .collect::<Vec<_>>())
+                    .collect())
             };
             out.push(RankCall {
                 inputs: buffers("input", inputs, lin)?,

@@ -506,22 +506,42 @@ pub fn median(v: &[f64]) -> f64 {
 /// Times one GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` (bf16) on `rank`.
 pub fn time_gemm(
     rank: &Rank,
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     warmup: usize,
     iters: usize,
 ) -> Result<Vec<f64>, JobError> {
     let backend = &rank.backend;
-    let x = rank.random_plain(backend, DType::BF16, &[m, k], 11)?;
-    let w = rank.random_plain(backend, DType::BF16, &[n, k], 12)?;
-    let out = backend
-        .empty(DType::BF16, &[m, n])
-        .map_err(err("allocate"))?;
+    let gemm = Gemm::new(rank, mnk)?;
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
-    rank.time(backend, warmup, iters, || {
+    rank.time(backend, warmup, iters, || gemm.launch(backend, &main))
+}
+
+/// The bf16 operands of one GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` on a rank.
+struct Gemm {
+    x: DeviceTensor,
+    w: DeviceTensor,
+    out: DeviceTensor,
+}
+
+impl Gemm {
+    /// Random `x` and `w` and an empty `out` of sizes `(m, n, k)` on `rank`.
+    fn new(rank: &Rank, (m, n, k): (usize, usize, usize)) -> Result<Gemm, JobError> {
+        let backend = &rank.backend;
+        Ok(Gemm {
+            x: rank.random_plain(backend, DType::BF16, &[m, k], 11)?,
+            w: rank.random_plain(backend, DType::BF16, &[n, k], 12)?,
+            out: backend
+                .empty(DType::BF16, &[m, n])
+                .map_err(err("allocate"))?,
+        })
+    }
+
+    /// Launches the GEMM on `stream`.
+    fn launch(&self, backend: &CudaBackend, stream: &GpuStream) -> Result<(), String> {
         backend
-            .linear("gemm", &x, &w, None, &out, &main)
+            .linear("gemm", &self.x, &self.w, None, &self.out, stream)
             .map_err(|e| e.to_string())
-    })
+    }
 }
 
 /// A collective to time alone.
@@ -603,26 +623,20 @@ pub fn time_comm(
 /// both are done): how much they slow each other.
 pub fn time_overlap(
     rank: &Rank,
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     elems: usize,
     warmup: usize,
     iters: usize,
 ) -> Result<Vec<f64>, JobError> {
     let backend = &rank.backend;
-    let x = rank.random_plain(backend, DType::BF16, &[m, k], 11)?;
-    let w = rank.random_plain(backend, DType::BF16, &[n, k], 12)?;
-    let out = backend
-        .empty(DType::BF16, &[m, n])
-        .map_err(err("allocate"))?;
+    let gemm = Gemm::new(rank, mnk)?;
     let buf = rank.random_plain(backend, DType::BF16, &[elems], 21)?;
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
     let side = backend.stream(StreamKey::Pool(0)).map_err(err("stream"))?;
     rank.time(backend, warmup, iters, || {
         let fork = backend.record_event(&main);
         backend.wait_event(&side, &fork, "fork");
-        backend
-            .linear("gemm", &x, &w, None, &out, &main)
-            .map_err(|e| e.to_string())?;
+        gemm.launch(backend, &main)?;
         let op = CommOp::Allreduce {
             input: buf.clone(),
             output: buf.clone(),

@@ -74,17 +74,7 @@ impl Calibration {
     /// `$HOME/.cache/streamweave/calibration.txt`.
     pub fn load(path: Option<&Path>) -> Result<Calibration, CalibrationError> {
         match path {
-            Some(p) if p.exists() => {
-                // Read like a source file: capped, whatever the path is.
-                let bytes = crate::read_source(p)?;
-                let text = String::from_utf8(bytes).map_err(|_| CalibrationError::NotUtf8 {
-                    path: p.to_path_buf(),
-                })?;
-                Calibration::parse(&text).map_err(|error| CalibrationError::Invalid {
-                    path: p.to_path_buf(),
-                    error,
-                })
-            }
+            Some(p) if p.exists() => read_toml_file(p, "calibration", Calibration::parse),
             _ => Ok(Calibration::default()),
         }
     }
@@ -131,26 +121,50 @@ impl Calibration {
 }
 
 /// Why a calibration file was not read ([`Calibration::load`]): every message names the file.
+pub type CalibrationError = TomlFileError<CalibrationParseError>;
+
+/// Why a TOML file of the crate's (the calibration, the tuning cache) was not read, `E` being
+/// what is wrong in its text: every message names the file.
 #[derive(Debug, thiserror::Error)]
-pub enum CalibrationError {
+pub enum TomlFileError<E> {
     /// The file does not read (or is over the source cap).
     #[error(transparent)]
     Read(#[from] crate::ReadSourceError),
     /// The file is not UTF-8 text.
-    #[error("{}: the calibration is not UTF-8 text", path.display())]
+    #[error("{}: the {what} is not UTF-8 text", path.display())]
     NotUtf8 {
         /// The file.
         path: PathBuf,
+        /// What the file holds (`calibration`, `tuning cache`).
+        what: &'static str,
     },
-    /// The text is not a calibration.
+    /// The text does not parse.
     #[error("{}: {error}", path.display())]
     Invalid {
         /// The file.
         path: PathBuf,
         /// What is wrong in it.
         #[source]
-        error: CalibrationParseError,
+        error: E,
     },
+}
+
+/// The `what` (`calibration`, `tuning cache`) at `path`, read like a source file (capped,
+/// whatever the path is) and parsed with `parse`.
+pub(crate) fn read_toml_file<T, E>(
+    path: &Path,
+    what: &'static str,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+) -> Result<T, TomlFileError<E>> {
+    let bytes = crate::read_source(path)?;
+    let text = String::from_utf8(bytes).map_err(|_| TomlFileError::NotUtf8 {
+        path: path.to_path_buf(),
+        what,
+    })?;
+    parse(&text).map_err(|error| TomlFileError::Invalid {
+        path: path.to_path_buf(),
+        error,
+    })
 }
 
 /// What is wrong in a calibration's text ([`Calibration::parse`]).
@@ -174,6 +188,18 @@ pub(crate) fn toml_error(e: &toml::de::Error) -> String {
     let at = text.lines().next().unwrap_or("");
     let what = e.message().lines().next().unwrap_or("");
     format!("{at}: {what}")
+}
+
+/// The message of the error `parsed` (a TOML text that does not parse), checked to name
+/// `line` (`line 2`).
+#[cfg(test)]
+pub(crate) fn toml_error_at<T: std::fmt::Debug, E: std::fmt::Display>(
+    parsed: Result<T, E>,
+    line: &str,
+) -> String {
+    let err = parsed.unwrap_err().to_string();
+    assert!(err.contains(line), "{err}");
+    err
 }
 
 /// `text` with an unquoted `source = ...` line (the format before TOML) quoted, or `None`
@@ -539,18 +565,13 @@ mod tests {
             "{}",
             c.render()
         );
-        let err = Calibration::parse("gemm_tflops = 700\nbusbw_gbs = fast\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("line 2"), "{err}");
-        let err = Calibration::parse("# comment\nspeed = 3\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("line 2") && err.contains("speed"), "{err}");
-        let err = Calibration::parse("gemm_tflops 3\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("line 1"), "{err}");
+        toml_error_at(
+            Calibration::parse("gemm_tflops = 700\nbusbw_gbs = fast\n"),
+            "line 2",
+        );
+        let err = toml_error_at(Calibration::parse("# comment\nspeed = 3\n"), "line 2");
+        assert!(err.contains("speed"), "{err}");
+        toml_error_at(Calibration::parse("gemm_tflops 3\n"), "line 1");
         let err = Calibration::parse("busbw_gbs = -3\n").unwrap_err();
         assert_eq!(err, CalibrationParseError::Negative);
         assert_eq!(

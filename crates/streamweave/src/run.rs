@@ -403,6 +403,14 @@ mod tests {
 mod peak_tests {
     use super::*;
 
+    /// The [`host_peak`] of the program `source` (named `file`, default options) on `ranks`
+    /// ranks, with `besides` bytes held apart from the ranks.
+    fn peak_of(file: &str, source: &str, ranks: usize, besides: u64) -> HostPeak {
+        let exe = crate::Compiler::new().compile_source(file, source).unwrap();
+        let config = exe.config(&RunOptions::default());
+        host_peak(exe.program(), &config, ranks, besides).unwrap()
+    }
+
     /// A replicated f32[1000] chain `z = neg(exp(x))` (one kernel) on 2 ranks: each rank
     /// holds its shard of `x` as given (1000 f64 values: 8000 bytes), the uploaded `x` and the
     /// allocated `z` (f32: 4000 bytes each) and, while the kernel runs, `x` read as f64 and
@@ -410,14 +418,12 @@ mod peak_tests {
     /// 40 000 bytes a rank.
     #[test]
     fn the_peak_of_a_program_with_known_sizes() {
-        let exe = crate::Compiler::new()
-            .compile_source(
-                "chain.weave",
-                "fusion chain(n = 1000, d = 2) {\n  mesh m = devices(d)\n  tensor x: f32[n] on m\n  y = exp(x)\n  z = neg(y)\n  output z\n}\n",
-            )
-            .unwrap();
-        let config = exe.config(&RunOptions::default());
-        let peak = host_peak(exe.program(), &config, 2, 8000).unwrap();
+        let peak = peak_of(
+            "chain.weave",
+            "fusion chain(n = 1000, d = 2) {\n  mesh m = devices(d)\n  tensor x: f32[n] on m\n  y = exp(x)\n  z = neg(y)\n  output z\n}\n",
+            2,
+            8000,
+        );
         assert_eq!(peak.per_rank, 8000 + 4000 + 4000 + 3 * 8000);
         assert_eq!(peak.total(), 2 * 40_000 + 8000);
         assert_eq!(
@@ -440,14 +446,12 @@ mod peak_tests {
     /// one axis hold 1000 elements each.
     #[test]
     fn a_split_input_counts_each_ranks_shard() {
-        let exe = crate::Compiler::new()
-            .compile_source(
-                "split.weave",
-                "fusion split(n = 4000, d = 4) {\n  mesh m = devices(d)\n  tensor x: f32[n] on m\n  y = neg(x)\n  output y\n  schedule x { outer_split(0, d) -> DIDx }\n}\n",
-            )
-            .unwrap();
-        let config = exe.config(&RunOptions::default());
-        let peak = host_peak(exe.program(), &config, 4, 0).unwrap();
+        let peak = peak_of(
+            "split.weave",
+            "fusion split(n = 4000, d = 4) {\n  mesh m = devices(d)\n  tensor x: f32[n] on m\n  y = neg(x)\n  output y\n  schedule x { outer_split(0, d) -> DIDx }\n}\n",
+            4,
+            0,
+        );
         // 1000 f64 values given, `x` and `y` as f32 buffers, the kernel's `x` and one value.
         assert_eq!(peak.per_rank, 8000 + 4000 + 4000 + 2 * 8000);
     }

@@ -59,6 +59,19 @@ pub struct RankCall {
     pub stream: ForeignStream,
 }
 
+impl RankCall {
+    /// `f` of every input buffer, then of every output buffer, in order; the first error
+    /// stops it.
+    fn map_buffers<T, E>(
+        &self,
+        mut f: impl FnMut(&Buffer) -> Result<T, E>,
+    ) -> Result<(Vec<T>, Vec<T>), E> {
+        let inputs = self.inputs.iter().map(&mut f).collect::<Result<_, _>>()?;
+        let outputs = self.outputs.iter().map(f).collect::<Result<_, _>>()?;
+        Ok((inputs, outputs))
+    }
+}
+
 /// One rank of a session, open in this process.
 struct SessionRank {
     rank: usize,
@@ -212,17 +225,8 @@ impl CudaSession {
         let _turn = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
         let config = self.exe.config(&self.options);
         let one = |r: &SessionRank, call: &RankCall| -> Result<IntoRun, ExecError> {
-            let adopt = |b: &Buffer| r.backend.adopt(b.mem.clone(), b.dtype, &b.sizes);
-            let inputs = call
-                .inputs
-                .iter()
-                .map(adopt)
-                .collect::<Result<Vec<_>, _>>()?;
-            let outputs = call
-                .outputs
-                .iter()
-                .map(adopt)
-                .collect::<Result<Vec<_>, _>>()?;
+            let (inputs, outputs) =
+                call.map_buffers(|b| r.backend.adopt(b.mem.clone(), b.dtype, &b.sizes))?;
             if self.options.trace {
                 r.backend.start_trace()?;
             }
@@ -320,17 +324,7 @@ impl CudaSession {
                     .map_err(rank_error(r.rank))?;
                 r.backend.download(&t, &main).map_err(rank_error(r.rank))
             };
-            let ins = call
-                .inputs
-                .iter()
-                .map(read)
-                .collect::<Result<Vec<_>, _>>()?;
-            let outs = call
-                .outputs
-                .iter()
-                .map(read)
-                .collect::<Result<Vec<_>, _>>()?;
-            shards.push((ins, outs));
+            shards.push(call.map_buffers(read)?);
         }
         self.synchronize()?;
         let shards = match &self.store {

@@ -3,12 +3,13 @@
 //! ([`lookup`], [`store`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use weave_ir::{Fusion, ParamRole};
 
 use super::{Candidate, Tuning};
+use crate::chunks::{read_toml_file, toml_error, TomlFileError};
 use crate::executable::Chunks;
 use crate::run::{NcclCtaPolicy, Overlap, RunOptions, Transport};
 
@@ -213,21 +214,13 @@ impl TuneCache {
         if !path.exists() {
             return Ok(TuneCache::default());
         }
-        // Read like a source file: capped, whatever the path is.
-        let bytes = crate::read_source(path)?;
-        let text = String::from_utf8(bytes).map_err(|_| CacheError::NotUtf8 {
-            path: path.to_path_buf(),
-        })?;
-        TuneCache::parse(&text).map_err(|error| CacheError::Invalid {
-            path: path.to_path_buf(),
-            error,
-        })
+        Ok(read_toml_file(path, "tuning cache", TuneCache::parse)?)
     }
 
     /// Reads the TOML that [`TuneCache::render`] writes.
     pub fn parse(text: &str) -> Result<TuneCache, CacheParseError> {
-        let cache: TuneCache = toml::from_str(text)
-            .map_err(|e| CacheParseError::Toml(crate::chunks::toml_error(&e)))?;
+        let cache: TuneCache =
+            toml::from_str(text).map_err(|e| CacheParseError::Toml(toml_error(&e)))?;
         for e in &cache.entries {
             if e.streams == 0 || e.chunks == Some(0) || e.ranks == 0 {
                 return Err(CacheParseError::NotPositive { key: e.key.clone() });
@@ -274,24 +267,10 @@ impl TuneCache {
 /// [`lookup`], [`store`]): every message names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
-    /// The file does not read (or is over the source cap).
+    /// The file does not read (or is over the source cap), is not UTF-8 text, or is not a
+    /// tuning cache.
     #[error(transparent)]
-    Read(#[from] crate::ReadSourceError),
-    /// The file is not UTF-8 text.
-    #[error("{}: the tuning cache is not UTF-8 text", path.display())]
-    NotUtf8 {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The text is not a tuning cache.
-    #[error("{}: {error}", path.display())]
-    Invalid {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong in it.
-        #[source]
-        error: CacheParseError,
-    },
+    Read(#[from] TomlFileError<CacheParseError>),
     /// The file was not written.
     #[error(transparent)]
     Write(#[from] crate::output::OutputError),
@@ -332,7 +311,7 @@ pub fn store(path: &Path, tuning: &Tuning) -> Result<Option<Entry>, CacheError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunks::Calibration;
+    use crate::chunks::{toml_error_at, Calibration};
     use crate::tune::tests::{candidate, fusion};
 
     /// The cache is read like a source file: one that grew beyond the cap (a sparse file
@@ -409,14 +388,15 @@ median_ms = 1.5
 
     #[test]
     fn a_corrupt_cache_is_an_error_naming_the_file_and_the_line() {
-        let err = TuneCache::parse("[[entry]]\nkey = \"ab\"\nstreams = many\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("line 3"), "{err}");
-        let err = TuneCache::parse("# a comment\n[[entry]]\nspeed = 3\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("line 3") && err.contains("speed"), "{err}");
+        toml_error_at(
+            TuneCache::parse("[[entry]]\nkey = \"ab\"\nstreams = many\n"),
+            "line 3",
+        );
+        let err = toml_error_at(
+            TuneCache::parse("# a comment\n[[entry]]\nspeed = 3\n"),
+            "line 3",
+        );
+        assert!(err.contains("speed"), "{err}");
         let dir = std::env::temp_dir().join(format!("weave-tune-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tune.toml");
