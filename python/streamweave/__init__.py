@@ -72,7 +72,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _errors, _native
+from . import _native
 from ._errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -91,9 +91,17 @@ __version__: str = _native.__version__
 """The package's version: the Rust crates' (``CARGO_PKG_VERSION``), which the wheel's
 metadata carries too."""
 
-__all__ = ["__version__"]
-__all__ += _errors.__all__
-__all__ += [
+__all__ = [
+    "__version__",
+    "StreamweaveError",
+    "DTypeError",
+    "ArgumentTypeError",
+    "ArgumentValueError",
+    "ShapeError",
+    "InputNameError",
+    "FusionError",
+    "FusionFileNotFoundError",
+    "RunError",
     "Builder",
     "Mesh",
     "Value",
