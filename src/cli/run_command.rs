@@ -14,7 +14,7 @@ use weave_passes::DumpOptions;
 use streamweave::{Chunks, Compiler, Executable, RunOptions, Target};
 
 use super::report::{describe_config, ms, summary_json};
-use super::tune_command::{tune_first_run, tuned_entry};
+use super::tune_command::{tunable, tune_first_run, tuned_entry};
 use super::{
     failures, gpu_calibration, is_host_program, print_report, read_source_text, summarize, RunFlags,
 };
@@ -125,18 +125,25 @@ pub fn run(
     // `--streams` leave the choice open.
     let open_choice =
         !is_host_program(file, &text) && flags.chunks.is_none() && !flags.streams_given;
-    let mut tuned = if !open_choice {
-        None
+    // The fusion and the tuning cache's path, when there is a tuning to look up or to make.
+    let to_tune = if open_choice {
+        tunable(&name, &text, set)
     } else {
-        let ranks = launched
-            .as_ref()
-            .map(|e| e.world)
-            .or(flags.ranks)
-            .unwrap_or(2);
-        let device = launched.as_ref().map_or(0, |e| e.local_rank);
-        match tuned_entry(&name, &text, set, ranks, flags.cuda, device) {
-            Ok(t) => t,
-            Err(m) => return fail(m),
+        None
+    };
+    let mut tuned = match &to_tune {
+        None => None,
+        Some((fusion, cache)) => {
+            let ranks = launched
+                .as_ref()
+                .map(|e| e.world)
+                .or(flags.ranks)
+                .unwrap_or(2);
+            let device = launched.as_ref().map_or(0, |e| e.local_rank);
+            match tuned_entry(fusion, cache, ranks, flags.cuda, device) {
+                Ok(t) => t.map(|e| (e, cache.clone())),
+                Err(m) => return fail(m),
+            }
         }
     };
     // The first repeated run of an untuned program on GPUs tunes it (bounded, said on
@@ -164,14 +171,16 @@ pub fn run(
                 }
             }
             (None, Some(budget)) => {
-                let ranks = flags.ranks.unwrap_or(2);
-                match tune_first_run(&name, &text, set, ranks, budget, options.timeouts.wait) {
-                    Ok(Some(entry)) => {
-                        tuned = Some(entry);
-                        source = "tuned now";
+                if let Some((fusion, cache)) = &to_tune {
+                    let ranks = flags.ranks.unwrap_or(2);
+                    match tune_first_run(fusion, cache, ranks, budget, options.timeouts.wait) {
+                        Ok(Some(entry)) => {
+                            tuned = Some((entry, cache.clone()));
+                            source = "tuned now";
+                        }
+                        Ok(None) => {}
+                        Err(m) => eprintln!("tuning: failed, running the untuned default: {m}"),
                     }
-                    Ok(None) => {}
-                    Err(m) => eprintln!("tuning: failed, running the untuned default: {m}"),
                 }
             }
         }

@@ -12,23 +12,17 @@ use streamweave::Target;
 use super::NO_CUDA_FEATURE;
 use super::{gpu_calibration, is_host_program, read_source_text, tune_cache_path, TuneFlags};
 
-/// The entry `weave tune` cached for the fusion `text` (named `name`, with the overrides
-/// `set`) on `ranks` ranks of this backend, with the cache's path; `None` when there is no
-/// cache path, no entry, the fusion does not load (compiling reports why), `set` gives the
-/// chunk count, or the GPU cannot be opened (the run reports why). A cache that cannot be read
-/// is an error.
+/// The entry `weave tune` cached in `cache` for `fusion` (as [`tunable`] gives them) on
+/// `ranks` ranks of this backend; `None` when there is no entry or the GPU cannot be opened
+/// (the run reports why). A cache that cannot be read is an error.
 pub(super) fn tuned_entry(
-    name: &str,
-    text: &str,
-    set: &[(String, i64)],
+    fusion: &streamweave::ir::Fusion,
+    cache: &Path,
     ranks: usize,
     cuda: bool,
     device: usize,
-) -> Result<Option<(streamweave::tune::Entry, PathBuf)>, String> {
+) -> Result<Option<streamweave::tune::Entry>, String> {
     use streamweave::tune;
-    let Some((fusion, path)) = tunable(name, text, set) else {
-        return Ok(None);
-    };
     let gpu = if cuda {
         match tune::gpu_name(device) {
             Ok(g) => g,
@@ -38,15 +32,14 @@ pub(super) fn tuned_entry(
         "cpu".to_string()
     };
     let backend = if cuda { "cuda" } else { "cpu" };
-    let key = tune::TuneKey::of(&fusion, ranks, backend, &gpu);
-    let entry = tune::lookup(&path, &key).map_err(|e| e.to_string())?;
-    Ok(entry.map(|e| (e, path)))
+    let key = tune::TuneKey::of(fusion, ranks, backend, &gpu);
+    tune::lookup(cache, &key).map_err(|e| e.to_string())
 }
 
 /// The fusion `text` (named `name`, with the overrides `set`) and the tuning cache's path,
 /// when there is a tuning to cache or look up: `None` when there is no cache path, the fusion
 /// does not load, or `set` gives the chunk count.
-fn tunable(
+pub(super) fn tunable(
     name: &str,
     text: &str,
     set: &[(String, i64)],
@@ -60,25 +53,21 @@ fn tunable(
     Some((fusion, path))
 }
 
-/// Tunes the fusion `text` on `ranks` GPUs of this process for a first repeated run: the
-/// candidates of [`streamweave::tune::TuneOptions::first_run`] measured on one world of GPUs
-/// (one NCCL communicator for all) for at most `budget`, the winner stored in the tuning
-/// cache. Says on stderr what it does and what it found. `None`: nothing to tune (no cache
-/// path, a chunk count set, a fusion that does not load — the run reports that).
+/// Tunes `fusion` on `ranks` GPUs of this process for a first repeated run (`fusion` and
+/// `cache` as [`tunable`] gives them): the candidates of
+/// [`streamweave::tune::TuneOptions::first_run`] measured on one world of GPUs (one NCCL
+/// communicator for all) for at most `budget`, the winner stored in the tuning cache. Says on
+/// stderr what it does and what it found. `None`: no candidate could be measured.
 pub(super) fn tune_first_run(
-    name: &str,
-    text: &str,
-    set: &[(String, i64)],
+    fusion: &streamweave::ir::Fusion,
+    cache: &Path,
     ranks: usize,
     budget: Duration,
     timeout: Duration,
-) -> Result<Option<(streamweave::tune::Entry, PathBuf)>, String> {
+) -> Result<Option<streamweave::tune::Entry>, String> {
     use streamweave::tune;
-    let Some((fusion, cache)) = tunable(name, text, set) else {
-        return Ok(None);
-    };
     // A cache that cannot be read is the run's error, not the tuning's.
-    tune::TuneCache::load(&cache).map_err(|e| e.to_string())?;
+    tune::TuneCache::load(cache).map_err(|e| e.to_string())?;
     let machine = tune::gpu_name(0).map_err(|e| e.to_string())?;
     let options = tune::TuneOptions::first_run(ranks, &machine, None, budget);
     eprintln!(
@@ -88,7 +77,7 @@ pub(super) fn tune_first_run(
     );
     let started = std::time::Instant::now();
     let mut measure = world_measure(ranks, 3, 10, timeout)?;
-    let tuning = tune::tune(&fusion, &options, measure.as_mut()).map_err(|e| e.to_string())?;
+    let tuning = tune::tune(fusion, &options, measure.as_mut()).map_err(|e| e.to_string())?;
     drop(measure);
     let measured = tuning
         .rows
@@ -103,7 +92,7 @@ pub(super) fn tune_first_run(
     eprint!("{tuning}");
     // A signal during the cache's write removes its temporary file.
     crate::output::clean_up_on_signals();
-    let Some(entry) = tune::store(&cache, &tuning).map_err(|e| e.to_string())? else {
+    let Some(entry) = tune::store(cache, &tuning).map_err(|e| e.to_string())? else {
         eprintln!("tuning: no candidate could be measured; running the untuned default");
         return Ok(None);
     };
@@ -116,7 +105,7 @@ pub(super) fn tune_first_run(
             .unwrap_or_default(),
         cache.display()
     );
-    Ok(Some((entry, cache)))
+    Ok(Some(entry))
 }
 
 /// One world of `ranks` GPUs that measures tuning candidates (one NCCL communicator for all);

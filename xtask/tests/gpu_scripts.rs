@@ -69,33 +69,41 @@ fn every_shell_script_parses() {
 const PASS: &str = r#"{"scenario":"a","ranks":2,"mode":"threads","backend":"cuda","passed":true,"max_abs_error":0.01,"max_rel_error":0.001,"wall_ms":12.3,"error":null}"#;
 const FAIL: &str = r#"{"scenario":"b","ranks":2,"mode":"threads","backend":"cuda","passed":false,"max_abs_error":3.5,"max_rel_error":0.9,"wall_ms":10,"error":"output out differs"}"#;
 
-fn table(dir: &Path) -> (bool, String) {
+/// table.py over a fresh scratch directory `name` holding the run summaries `runs` (path in
+/// the directory, JSON) and `attempted.txt`: whether its verdict passed and what it printed
+/// (written to table.md too); `None`, said on stderr, where there is no python3.
+fn table(name: &str, runs: &[(&str, &str)], attempted: &str) -> Option<(bool, String)> {
+    if !have("python3") {
+        eprintln!("skipped: no python3");
+        return None;
+    }
+    let dir = scratch(name);
+    for (path, json) in runs {
+        write(&dir.join(path), json);
+    }
+    write(&dir.join("attempted.txt"), attempted);
     let out = Command::new("python3")
         .arg(scripts().join("table.py"))
-        .arg(dir)
+        .arg(&dir)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let written = std::fs::read_to_string(dir.join("table.md")).unwrap_or_default();
     assert_eq!(stdout, written, "table.md differs from what was printed");
-    (out.status.success(), stdout)
+    std::fs::remove_dir_all(&dir).unwrap();
+    Some((out.status.success(), stdout))
 }
 
 #[test]
 fn table_counts_passes_failures_crashes_and_skips() {
-    if !have("python3") {
-        eprintln!("skipped: no python3");
+    let attempted = "a 2 threads 0\nb 2 threads 1\nc 4 launch 124\nsend_recv 4 threads skipped fixed meshes of 2 devices\n";
+    let runs = [
+        ("json/a.2.threads.json", PASS),
+        ("json/b.2.threads.json", FAIL),
+    ];
+    let Some((ok, out)) = table("table-mixed", &runs, attempted) else {
         return;
-    }
-    let dir = scratch("table-mixed");
-    write(&dir.join("json/a.2.threads.json"), PASS);
-    write(&dir.join("json/b.2.threads.json"), FAIL);
-    write(
-        &dir.join("attempted.txt"),
-        "a 2 threads 0\nb 2 threads 1\nc 4 launch 124\nsend_recv 4 threads skipped fixed meshes of 2 devices\n",
-    );
-    let (ok, out) = table(&dir);
-    std::fs::remove_dir_all(&dir).unwrap();
+    };
     assert!(!ok, "{out}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
@@ -120,19 +128,14 @@ fn table_counts_passes_failures_crashes_and_skips() {
 
 #[test]
 fn table_passes_when_every_run_passed() {
-    if !have("python3") {
-        eprintln!("skipped: no python3");
+    let attempted = "a 2 threads 0\na 2 launch 0\ngpu-tests - tests 0\n";
+    let runs = [
+        ("json/a.2.threads.json", PASS),
+        ("json/a.2.launch.json", PASS),
+    ];
+    let Some((ok, out)) = table("table-pass", &runs, attempted) else {
         return;
-    }
-    let dir = scratch("table-pass");
-    write(&dir.join("json/a.2.threads.json"), PASS);
-    write(&dir.join("json/a.2.launch.json"), PASS);
-    write(
-        &dir.join("attempted.txt"),
-        "a 2 threads 0\na 2 launch 0\ngpu-tests - tests 0\n",
-    );
-    let (ok, out) = table(&dir);
-    std::fs::remove_dir_all(&dir).unwrap();
+    };
     assert!(ok, "{out}");
     assert!(
         out.contains("| gpu-tests | - | tests | - | - | - | PASS |"),

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use streamweave::host_ir::TensorSig;
 use streamweave::passes::Pipeline;
 use streamweave::{Compiler, Executable, RunOptions, Target};
-use weave_bench::{hash_value, median, random_input, sample_rows, JobError, Rank, World};
+use weave_bench::{hash_value, median, random_input, sample_rows, JobError, Rank, Timing, World};
 use weave_bench::{world_gpu_name, WorldOptions};
 use weave_comm::nccl::NcclOptions;
 use weave_executor::dense::{elem_bytes, Dense};
@@ -324,7 +324,7 @@ fn measure(
             .map(|r| r.outputs)
             .map_err(|e| e.to_string())
     };
-    let eager = rank.time_each(backend, warmup, iters, || {
+    let eager = rank.time(Timing::Each, backend, warmup, iters, || {
         for o in once()? {
             backend.deallocate(o, &main);
         }
@@ -333,7 +333,7 @@ fn measure(
     let config = exe.config(&options);
     let replay = Replay::capture(exe.program(), backend, &*rank.comm, &inputs, &config)
         .map_err(|e| e.to_string())?;
-    let times = rank.time_each(backend, warmup, iters, || {
+    let times = rank.time(Timing::Each, backend, warmup, iters, || {
         replay.launch().map_err(|e| e.to_string())
     })?;
     drop(replay);
@@ -373,7 +373,7 @@ fn memcpy_ms(rank: &Rank, bytes: usize, warmup: usize, iters: usize) -> Result<f
         .capture(|| rank.gpu.copy(dst.ptr(), src.ptr(), bytes, &main))
         .map_err(|e| e.to_string())
         .and_then(|((), graph)| {
-            rank.time_each(backend, warmup, iters, || {
+            rank.time(Timing::Each, backend, warmup, iters, || {
                 graph.launch(&main).map_err(|e| e.to_string())
             })
         });

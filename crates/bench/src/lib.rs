@@ -18,7 +18,7 @@ use weave_ir::DType;
 
 pub use streamweave::calibrate::{
     calibrate, hash_value, median, offset_tables, time_comm, time_gemm, time_overlap,
-    world_gpu_name, Barrier, CommKind, JobError, Rank, World, WorldOptions,
+    world_gpu_name, Barrier, CommKind, JobError, Rank, Timing, World, WorldOptions,
 };
 pub use streamweave::measure::{
     random_input, run_program, sample_rows, time_program, CopyEngine, Exchange, ProgramRun,

@@ -2,8 +2,9 @@
 //! never make `parse` (or `verify` of what parses) panic, every error renders with its place,
 //! and whatever parses prints to a fixed point.
 
+mod common;
+
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 use weave_host_ir::{parse, print, verify};
 
 const SEEDS: &[&str] = &[
@@ -167,11 +168,7 @@ fn mutated() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 1024,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Off)),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(common::unpersisted(1024))]
 
     #[test]
     fn arbitrary_text_never_panics(src in ".{0,200}") {

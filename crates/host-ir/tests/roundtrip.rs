@@ -7,8 +7,9 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+mod common;
+
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 use weave_host_ir::{
     parse, print, verify, ChunkOf, Communication, CommunicationType, HostProgram, HostScalar,
     HostTensorId, P2PCommunication, P2PDirection, ScalarId, ScopeRef, Stmt, StmtId, StreamId,
@@ -409,11 +410,7 @@ fn random_program(ops: &[(u8, u8, u8, u8)]) -> HostProgram {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 512,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Off)),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(common::unpersisted(512))]
 
     #[test]
     fn any_program_survives_print_then_parse(

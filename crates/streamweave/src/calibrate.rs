@@ -37,6 +37,19 @@ pub struct WorldOptions {
     pub nccl: NcclOptions,
 }
 
+/// How [`Rank::time`] times its calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// After a host barrier, every timed call issued back to back between CUDA events on the
+    /// main stream ([`weave_executor::time_back_to_back`], the timer of `weave run --iters`
+    /// and of the tuner).
+    BackToBack,
+    /// One call at a time: each after every rank's GPU went idle and every rank reached a host
+    /// barrier, between two CUDA events on the main stream (the kernel benchmark's method,
+    /// matching PyTorch's synchronize-then-time there).
+    Each,
+}
+
 /// One rank of a [`World`], as a job sees it.
 pub struct Rank {
     /// This rank.
@@ -91,46 +104,48 @@ impl Rank {
     }
 
     /// Times `f`, which enqueues work on `backend`'s main stream (and streams joined back to
-    /// it): `warmup` untimed calls, a host barrier, then `iters` calls issued back to back
-    /// between CUDA events on the main stream ([`weave_executor::time_back_to_back`], the
-    /// timer of `weave run --iters` and of the tuner). Returns the milliseconds of every
-    /// timed call.
+    /// it), as `timing` says: `warmup` untimed calls, then `iters` timed ones. Returns the
+    /// milliseconds of every timed call.
     pub fn time(
         &self,
+        timing: Timing,
         backend: &CudaBackend,
         warmup: usize,
         iters: usize,
         mut f: impl FnMut() -> Result<(), JobError>,
     ) -> Result<Vec<f64>, JobError> {
+        // One call at a time records its events on the main stream.
+        let main = match timing {
+            Timing::BackToBack => None,
+            Timing::Each => Some(backend.stream(StreamKey::Main).map_err(err("stream"))?),
+        };
         for _ in 0..warmup {
             f()?;
         }
         backend.synchronize().map_err(err("warm-up"))?;
-        self.barrier()?;
-        let times = weave_executor::time_back_to_back(backend, iters, |_| {
-            f().map_err(weave_executor::ExecError::Program)
-        })
-        .map_err(err("timed runs"))?;
-        backend.synchronize().map_err(err("timed runs"))?;
-        Ok(times.iter().map(|d| d.as_secs_f64() * 1e3).collect())
+        match main {
+            None => {
+                self.barrier()?;
+                let times = weave_executor::time_back_to_back(backend, iters, |_| {
+                    f().map_err(weave_executor::ExecError::Program)
+                })
+                .map_err(err("timed runs"))?;
+                backend.synchronize().map_err(err("timed runs"))?;
+                Ok(times.iter().map(|d| d.as_secs_f64() * 1e3).collect())
+            }
+            Some(main) => self.time_each(backend, &main, iters, f),
+        }
     }
 
-    /// Times `f` one call at a time: `warmup` untimed calls, then `iters` calls, each after
-    /// every rank's GPU went idle and every rank reached a host barrier, between two CUDA
-    /// events on the main stream (the kernel benchmark's method, matching PyTorch's
-    /// synchronize-then-time there). Returns the milliseconds of every timed call.
-    pub fn time_each(
+    /// The timed calls of [`Timing::Each`]: `iters` calls of `f`, each after every rank's GPU
+    /// went idle and every rank reached a host barrier, between two CUDA events on `main`.
+    fn time_each(
         &self,
         backend: &CudaBackend,
-        warmup: usize,
+        main: &GpuStream,
         iters: usize,
         mut f: impl FnMut() -> Result<(), JobError>,
     ) -> Result<Vec<f64>, JobError> {
-        let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
-        for _ in 0..warmup {
-            f()?;
-        }
-        backend.synchronize().map_err(err("warm-up"))?;
         let mut out = Vec::with_capacity(iters);
         for i in 0..iters {
             self.barrier()?;
@@ -513,7 +528,9 @@ pub fn time_gemm(
     let backend = &rank.backend;
     let gemm = Gemm::new(rank, mnk)?;
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
-    rank.time(backend, warmup, iters, || gemm.launch(backend, &main))
+    rank.time(Timing::BackToBack, backend, warmup, iters, || {
+        gemm.launch(backend, &main)
+    })
 }
 
 /// The bf16 operands of one GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` on a rank.
@@ -574,7 +591,7 @@ pub fn time_comm(
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
     let label = format!("{kind:?}");
     let post = |op: CommOp<DeviceTensor>| rank.post_world(&label, op, &main);
-    rank.time(backend, warmup, iters, || match kind {
+    rank.time(Timing::BackToBack, backend, warmup, iters, || match kind {
         CommKind::Allreduce => post(CommOp::Allreduce {
             input: full.clone(),
             output: full.clone(),
@@ -633,7 +650,7 @@ pub fn time_overlap(
     let buf = rank.random_plain(backend, DType::BF16, &[elems], 21)?;
     let main = backend.stream(StreamKey::Main).map_err(err("stream"))?;
     let side = backend.stream(StreamKey::Pool(0)).map_err(err("stream"))?;
-    rank.time(backend, warmup, iters, || {
+    rank.time(Timing::BackToBack, backend, warmup, iters, || {
         let fork = backend.record_event(&main);
         backend.wait_event(&side, &fork, "fork");
         gemm.launch(backend, &main)?;

@@ -20,7 +20,7 @@ use weave_ir::DType;
 
 pub use crate::threads::{Exchange, ExchangeError};
 
-use crate::calibrate::{offset_tables, JobError, Rank};
+use crate::calibrate::{offset_tables, JobError, Rank, Timing};
 use crate::executable::Executable;
 
 /// `what: error`, for `map_err`.
@@ -188,11 +188,11 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
             weave_executor::Replay::capture(exe.program(), &backend, comm, &inputs, &config)
                 .map_err(|e| e.to_string())?;
         rank.barrier()?;
-        rank.time(&backend, warmup, iters, || {
+        rank.time(Timing::BackToBack, &backend, warmup, iters, || {
             replay.launch().map_err(err("graph launch"))
         })?
     } else {
-        rank.time(&backend, warmup, iters, || {
+        rank.time(Timing::BackToBack, &backend, warmup, iters, || {
             for o in once(&backend)? {
                 backend.deallocate(o, &main);
             }
