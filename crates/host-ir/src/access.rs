@@ -643,14 +643,12 @@ mod tests {
         let mut tensor = || p.new_tensor(DType::F32, vec![Scalar::c(4)], MemoryType::Global);
         let [a, b] = [tensor(), tensor()];
         let allreduce = |input, output| {
-            Stmt::Communication(Communication {
-                kind: CommunicationType::Allreduce,
-                teams: vec![vec![0, 1]],
-                root: None,
-                red_op: Some(ReduceOp::Sum),
+            Stmt::Communication(Communication::allreduce(
+                vec![vec![0, 1]],
+                ReduceOp::Sum,
                 input,
                 output,
-            })
+            ))
         };
         assert_eq!(
             allreduce(a, b).effects().contents(),

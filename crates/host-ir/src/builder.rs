@@ -12,10 +12,12 @@
 //! parser never reaches those paths.
 
 use slotmap::SparseSecondaryMap;
-use weave_ir::{DType, Fusion, MemoryType, Scalar, ScalarOp};
+use weave_ir::{DType, Fusion, MemoryType, ReduceOp, Scalar, ScalarOp};
 
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
-use crate::syntax::{HostProgram, HostScalar, HostTensor, KernelUnit, Stmt, Stream};
+use crate::syntax::{
+    Communication, CommunicationType, HostProgram, HostScalar, HostTensor, KernelUnit, Stmt, Stream,
+};
 
 /// A scope: the top level of the program, or the body of one [`Stmt::ForLoop`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -277,15 +279,7 @@ impl HostProgram {
         stop: ScalarId,
     ) -> (StmtId, ScalarId) {
         let index = self.loop_index();
-        let l = self.push(
-            scope,
-            Stmt::ForLoop {
-                index,
-                start,
-                stop,
-                body: Vec::new(),
-            },
-        );
+        let l = self.push(scope, Stmt::empty_loop(index, start, stop));
         (l, index)
     }
 
@@ -367,6 +361,37 @@ impl HostProgram {
             program: self,
             stack: vec![(ScopeRef::Top, 0)],
             entered: SparseSecondaryMap::new(),
+        }
+    }
+}
+
+impl Stmt {
+    /// A `ForLoop` of `index` over `[start, stop)` with an empty body.
+    pub fn empty_loop(index: ScalarId, start: ScalarId, stop: ScalarId) -> Stmt {
+        Stmt::ForLoop {
+            index,
+            start,
+            stop,
+            body: Vec::new(),
+        }
+    }
+}
+
+impl Communication {
+    /// An allreduce by `op` over `teams` of `input` into `output` (an allreduce has no root).
+    pub fn allreduce(
+        teams: Vec<Vec<i64>>,
+        op: ReduceOp,
+        input: HostTensorId,
+        output: HostTensorId,
+    ) -> Communication {
+        Communication {
+            kind: CommunicationType::Allreduce,
+            teams,
+            root: None,
+            red_op: Some(op),
+            input,
+            output,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! [`Tok::Error`] of the line, met by the parser in order like any other token.
 
 pub(crate) use weave_ir::diag::clip;
+use weave_ir::diag::Describe;
 use weave_ir::Span;
 
 /// What a token is.
@@ -24,19 +25,12 @@ pub(crate) enum Tok {
     Error(String),
 }
 
-/// A token and where it starts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Token {
-    /// The token.
-    pub(crate) tok: Tok,
-    /// 1-based line:col of its first character.
-    pub(crate) span: Span,
-}
+/// A host text token and where it starts.
+pub(crate) type Token = weave_ir::diag::Token<Tok>;
 
-impl Token {
-    /// How the token is named in "found ..." messages.
-    pub(crate) fn describe(&self) -> String {
-        match &self.tok {
+impl Describe for Tok {
+    fn describe(&self) -> String {
+        match self {
             Tok::Ident(s) | Tok::Int(s) => format!("`{}`", clip(s)),
             Tok::Punct(p) => format!("`{p}`"),
             Tok::Eol => "end of line".to_string(),

@@ -118,3 +118,27 @@ pub fn clip(s: &str) -> String {
         format!("{head}...")
     }
 }
+
+/// A token of a line-oriented text format (`.weave`, the host text) and where it starts:
+/// what the `.weave` lexer and the host text lexer give their parsers, each with its own
+/// kinds of token `T`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Token<T> {
+    /// The token.
+    pub tok: T,
+    /// 1-based line:col of its first character.
+    pub span: Span,
+}
+
+/// A kind of token that can name itself in "found ..." messages.
+pub trait Describe {
+    /// How the token is named in "found ..." messages.
+    fn describe(&self) -> String;
+}
+
+impl<T: Describe> Token<T> {
+    /// How the token is named in "found ..." messages.
+    pub fn describe(&self) -> String {
+        self.tok.describe()
+    }
+}

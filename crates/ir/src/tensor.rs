@@ -2,7 +2,7 @@
 //! and the schedule recipe the user wrote for it.
 
 use crate::diag::Span;
-use crate::domain::ParallelType;
+use crate::domain::{ParallelType, SplitKind};
 use crate::dtype::DType;
 use crate::ids::{ExprId, IterDomainId, MeshId};
 use crate::scalar::Scalar;
@@ -103,6 +103,24 @@ pub enum ScheduleOp {
 }
 
 impl ScheduleOp {
+    /// The parts of an `outer_split` or `inner_split` step: its kind, loop axis, factor and
+    /// parallel type for the outer output. `None` for every other step.
+    pub fn as_split(&self) -> Option<(SplitKind, usize, &Scalar, Option<ParallelType>)> {
+        match self {
+            ScheduleOp::OuterSplit {
+                axis,
+                factor,
+                parallel,
+            } => Some((SplitKind::Outer, *axis, factor, *parallel)),
+            ScheduleOp::InnerSplit {
+                axis,
+                factor,
+                parallel,
+            } => Some((SplitKind::Inner, *axis, factor, *parallel)),
+            _ => None,
+        }
+    }
+
     /// The step as written in `.weave` (`outer_split(0, s) -> Stream`), spelling split
     /// factors with `factor` and the mesh of `mesh = m` with `mesh`.
     pub fn source_with(

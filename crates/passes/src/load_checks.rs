@@ -33,6 +33,7 @@ use weave_ir::{
     TensorId,
 };
 use weave_transform::id_graph::IdGraph;
+use weave_transform::schedule::outer_split_root;
 
 use crate::communication::{derive_communication, is_layout_change};
 use crate::resharding::is_resharding;
@@ -241,21 +242,6 @@ fn makes_stream(op: &ScheduleOp) -> bool {
         }
         ScheduleOp::Parallelize { parallel, .. } => *parallel == ParallelType::Stream,
         _ => false,
-    }
-}
-
-/// The logical axis of `t` that loop axis `id` is the outer part of (through outer outputs of
-/// splits only), if any.
-fn outer_split_root(f: &Fusion, t: TensorId, mut id: IterDomainId) -> Option<IterDomainId> {
-    let logical = &f.tensor(t).logical;
-    loop {
-        if logical.contains(&id) {
-            return Some(id);
-        }
-        match f.id(id).definition.map(|e| f.id_expr(e)) {
-            Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
-            _ => return None,
-        }
     }
 }
 

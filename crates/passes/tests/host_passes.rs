@@ -2,8 +2,8 @@
 //! directly through the syntax arenas.
 
 use weave_host_ir::{
-    Communication, CommunicationType, HostProgram, HostScalar, HostTensorId, P2PCommunication,
-    P2PDirection, ScalarId, Stmt, StmtId, Stream, StreamId,
+    Communication, HostProgram, HostScalar, HostTensorId, P2PCommunication, P2PDirection, ScalarId,
+    Stmt, StmtId, Stream, StreamId,
 };
 use weave_ir::{Fusion, ReduceOp, Scalar, ScalarOp};
 use weave_passes::{AllocateAndDeallocate, AssignStreams, Changed, HostPass, Pass, SyncVariant};
@@ -97,14 +97,12 @@ mod build {
         }
 
         pub fn allreduce(&mut self, input: HostTensorId, output: HostTensorId) -> StmtId {
-            self.stmt(Stmt::Communication(Communication {
-                kind: CommunicationType::Allreduce,
-                teams: vec![vec![0, 1]],
-                root: None,
-                red_op: Some(ReduceOp::Sum),
+            self.stmt(Stmt::Communication(Communication::allreduce(
+                vec![vec![0, 1]],
+                ReduceOp::Sum,
                 input,
                 output,
-            }))
+            )))
         }
 
         pub fn wait(&mut self, comm: StmtId) -> StmtId {

@@ -337,16 +337,7 @@ fn stream_splits_of_unmapped_axes_are_never_merged() {
     let x = input(&mut f, "x");
     let y = input(&mut f, "y");
     let a = f.binary("a", BinaryOp::Add, x, y).unwrap();
-    let r = f
-        .add_op(
-            "r",
-            ExprKind::Reduction {
-                op: weave_ir::ReduceOp::Sum,
-                axes: vec![0],
-            },
-            &[a],
-        )
-        .unwrap();
+    let r = f.sum("r", a, &[0]).unwrap();
     f.add_output(r).unwrap();
     stream_split(&mut f, a, 2);
     split_on(&mut f, r, 1, Scalar::c(2), ParallelType::Stream);

@@ -495,6 +495,19 @@ mod tests {
         (f, inp, w, out)
     }
 
+    /// Replays the DIDx axis of `reference` onto `target`, which must take it once: the loop
+    /// of `target` afterwards.
+    fn replay_did_once(
+        f: &mut Fusion,
+        reference: TensorId,
+        target: TensorId,
+    ) -> Vec<(ParallelType, Scalar)> {
+        let g = IdGraph::build(f);
+        let rep = replay_loop_like(f, reference, target, &g, &[ParallelType::DIDx]).unwrap();
+        assert_eq!(rep.applied.len(), 1, "{:?}", rep.skipped);
+        loop_of(f, target)
+    }
+
     #[test]
     fn linear_output_takes_stream_and_reduction_sharding() {
         let (mut f, inp, _, out) = row_parallel();
@@ -549,16 +562,7 @@ mod tests {
         // x [4, 6] stream-split on axis 1; r = sum(x, [1]) reduces that axis.
         let mut f = Fusion::new("stream_reduction");
         let x = f32_input(&mut f, "x", vec![Scalar::c(4), Scalar::c(6)], None);
-        let r = f
-            .add_op(
-                "r",
-                ExprKind::Reduction {
-                    op: weave_ir::ReduceOp::Sum,
-                    axes: vec![1],
-                },
-                &[x],
-            )
-            .unwrap();
+        let r = f.sum("r", x, &[1]).unwrap();
         f.tensor_mut(x).schedule = vec![outer(1, Scalar::c(2), Some(ParallelType::Stream))];
         schedule::apply_schedules(&mut f).unwrap();
         let g = IdGraph::build(&f);
@@ -701,11 +705,8 @@ mod tests {
         let r = reshape(&mut f2, "r", a, vec![Scalar::c(2), n("h"), Scalar::c(3)]);
         f2.tensor_mut(r).mesh = Some(m);
         schedule::parallelize(&mut f2, r, 0, ParallelType::DIDx).unwrap();
-        let g = IdGraph::build(&f2);
-        let rep = replay_loop_like(&mut f2, r, a, &g, &[ParallelType::DIDx]).unwrap();
-        assert_eq!(rep.applied.len(), 1, "{:?}", rep.skipped);
         assert_eq!(
-            loop_of(&f2, a),
+            replay_did_once(&mut f2, r, a),
             vec![
                 (ParallelType::DIDx, Scalar::c(2)),
                 (ParallelType::Serial, n("h")),
@@ -721,11 +722,8 @@ mod tests {
         let a = f32_input(&mut f3, "a", vec![n("h").mul(4)], Some(m));
         let r = reshape(&mut f3, "r", a, vec![Scalar::c(4), n("h")]);
         split_on(&mut f3, a, 0, Scalar::c(2), ParallelType::DIDx);
-        let g = IdGraph::build(&f3);
-        let rep = replay_loop_like(&mut f3, a, r, &g, &[ParallelType::DIDx]).unwrap();
-        assert_eq!(rep.applied.len(), 1, "{:?}", rep.skipped);
         assert_eq!(
-            loop_of(&f3, r),
+            replay_did_once(&mut f3, a, r),
             vec![
                 (ParallelType::DIDx, Scalar::c(2)),
                 (ParallelType::Serial, Scalar::c(2)),

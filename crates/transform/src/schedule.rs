@@ -358,87 +358,147 @@ pub fn step_text(op: &ScheduleOp) -> String {
     op.source_with(Scalar::to_source, |_| "...".to_string())
 }
 
+/// Loop axis `id` of `t` followed up through outer outputs of splits: the first axis on the
+/// way that is logical or not the outer output of a split.
+fn outer_split_top(f: &Fusion, t: TensorId, mut id: IterDomainId) -> IterDomainId {
+    let logical = &f.tensor(t).logical;
+    while !logical.contains(&id) {
+        match f.id(id).definition.map(|e| f.id_expr(e)) {
+            Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
+            _ => break,
+        }
+    }
+    id
+}
+
+/// The logical axis of `t` that loop axis `id` is the outer part of (through outer outputs of
+/// splits only), if any.
+pub fn outer_split_root(f: &Fusion, t: TensorId, id: IterDomainId) -> Option<IterDomainId> {
+    let top = outer_split_top(f, t, id);
+    f.tensor(t).logical.contains(&top).then_some(top)
+}
+
 /// The logical axis of `t` that the Stream (or any) loop axis `id` chunks: followed up
 /// through outer outputs of splits, and through the inner output of a device split of the
 /// logical axis itself (stream chunks of each device's block, `outer_split(a, d) -> DIDx;
 /// outer_split(a + 1, s) -> Stream`, whose chunks cut the local axis of every device's
 /// buffer). `None` when the chain passes through a merge or through any other inner output.
-pub fn stream_split_root(f: &Fusion, t: TensorId, mut id: IterDomainId) -> Option<IterDomainId> {
+pub fn stream_split_root(f: &Fusion, t: TensorId, id: IterDomainId) -> Option<IterDomainId> {
     let logical = &f.tensor(t).logical;
-    loop {
-        if logical.contains(&id) {
-            return Some(id);
+    let top = outer_split_top(f, t, id);
+    if logical.contains(&top) {
+        return Some(top);
+    }
+    match f.id(top).definition.map(|e| f.id_expr(e)) {
+        Some(IdExpr::Split {
+            input,
+            outer,
+            inner,
+            ..
+        }) if *inner == top && f.id(*outer).parallel.is_device() && logical.contains(input) => {
+            Some(*input)
         }
-        match f.id(id).definition.map(|e| f.id_expr(e)) {
-            Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
-            Some(IdExpr::Split {
-                input,
-                outer,
-                inner,
-                ..
-            }) if *inner == id && f.id(*outer).parallel.is_device() && logical.contains(input) => {
-                id = *input
-            }
-            _ => return None,
-        }
+        _ => None,
     }
 }
 
 /// Whether the Stream loop axis `id` of `t` chunks each device's block of its logical axis
 /// (it is cut from the inner output of a device split of that axis), and so the local axis
 /// rather than the global one.
-pub fn streams_inside_device_split(f: &Fusion, t: TensorId, mut id: IterDomainId) -> bool {
-    let logical = &f.tensor(t).logical;
-    loop {
-        if logical.contains(&id) {
-            return false;
+pub fn streams_inside_device_split(f: &Fusion, t: TensorId, id: IterDomainId) -> bool {
+    let top = outer_split_top(f, t, id);
+    if f.tensor(t).logical.contains(&top) {
+        return false;
+    }
+    match f.id(top).definition.map(|e| f.id_expr(e)) {
+        Some(IdExpr::Split { outer, inner, .. }) if *inner == top => {
+            f.id(*outer).parallel.is_device()
         }
-        match f.id(id).definition.map(|e| f.id_expr(e)) {
-            Some(IdExpr::Split { input, outer, .. }) if *outer == id => id = *input,
-            Some(IdExpr::Split { outer, inner, .. }) if *inner == id => {
-                return f.id(*outer).parallel.is_device();
+        _ => false,
+    }
+}
+
+/// Where [`walk_splits`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitsEnd {
+    /// At an axis that `stop` accepts.
+    Stop(IterDomainId),
+    /// At an axis that nothing defines.
+    Undefined(IterDomainId),
+    /// At `output`, which a merge of `outer` and `inner` made.
+    Merge {
+        /// The merged axis the walk reached.
+        output: IterDomainId,
+        /// The merge's outer input.
+        outer: IterDomainId,
+        /// The merge's inner input.
+        inner: IterDomainId,
+    },
+}
+
+/// Walks from axis `id` up through the splits that made it until `stop` accepts an axis, or
+/// the walk reaches an axis that nothing defines or that a merge made. At a split of `input`
+/// into `outer` and `inner` that made `cur`, `split(cur, input, outer, inner)` runs before
+/// the walk goes on to `input`; its error ends the walk.
+pub fn walk_splits<E>(
+    f: &Fusion,
+    mut id: IterDomainId,
+    stop: impl Fn(IterDomainId) -> bool,
+    mut split: impl FnMut(IterDomainId, IterDomainId, IterDomainId, IterDomainId) -> Result<(), E>,
+) -> Result<SplitsEnd, E> {
+    loop {
+        if stop(id) {
+            return Ok(SplitsEnd::Stop(id));
+        }
+        let Some(def) = f.id(id).definition else {
+            return Ok(SplitsEnd::Undefined(id));
+        };
+        match f.id_expr(def) {
+            IdExpr::Split {
+                input,
+                outer,
+                inner,
+                ..
+            } => {
+                split(id, *input, *outer, *inner)?;
+                id = *input;
             }
-            _ => return false,
+            IdExpr::Merge { outer, inner, .. } => {
+                return Ok(SplitsEnd::Merge {
+                    output: id,
+                    outer: *outer,
+                    inner: *inner,
+                })
+            }
         }
     }
 }
 
 fn apply_step(f: &mut Fusion, t: TensorId, step: &ScheduleStep) -> IrResult<()> {
-    match &step.op {
-        ScheduleOp::OuterSplit {
-            axis,
-            factor,
-            parallel,
+    if let Some((kind, axis, factor, parallel)) = step.op.as_split() {
+        let pt = parallel.unwrap_or(ParallelType::Serial);
+        if kind == SplitKind::Inner && pt.is_device_or_stream() {
+            return Err(Diagnostic::new(format!(
+                "{}: {}: device and stream axes must come from an outer split",
+                prefix(f, t),
+                step_text(&step.op)
+            )));
         }
-        | ScheduleOp::InnerSplit {
-            axis,
-            factor,
-            parallel,
-        } => {
-            let kind = if matches!(step.op, ScheduleOp::OuterSplit { .. }) {
-                SplitKind::Outer
-            } else {
-                SplitKind::Inner
-            };
-            let pt = parallel.unwrap_or(ParallelType::Serial);
-            if kind == SplitKind::Inner && pt.is_device_or_stream() {
-                return Err(Diagnostic::new(format!(
-                    "{}: {}: device and stream axes must come from an outer split",
-                    prefix(f, t),
-                    step_text(&step.op)
-                )));
-            }
-            split(f, t, DomainKind::Loop, *axis, factor.clone(), kind)?;
-            if pt != ParallelType::Serial {
-                parallelize_step(f, t, *axis, pt, &step_text(&step.op))?;
-            }
-            if pt == ParallelType::Stream {
-                check_stream_origin(f, t, *axis, &step_text(&step.op))?;
-            }
-            if pt.is_device() {
-                check_device_origin(f, t, *axis, pt, &step_text(&step.op))?;
-            }
-            Ok(())
+        split(f, t, DomainKind::Loop, axis, factor.clone(), kind)?;
+        if pt != ParallelType::Serial {
+            parallelize_step(f, t, axis, pt, &step_text(&step.op))?;
+        }
+        if pt == ParallelType::Stream {
+            check_stream_origin(f, t, axis, &step_text(&step.op))?;
+        }
+        if pt.is_device() {
+            check_device_origin(f, t, axis, pt, &step_text(&step.op))?;
+        }
+        return Ok(());
+    }
+    match &step.op {
+        ScheduleOp::OuterSplit { .. } | ScheduleOp::InnerSplit { .. } => {
+            unreachable!("splits are applied above")
         }
         ScheduleOp::Parallelize {
             axis,

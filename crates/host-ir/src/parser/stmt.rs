@@ -103,15 +103,7 @@ impl Parser<'_> {
         self.expect_ident("to", "after the loop's start")?;
         let stop = self.scalar()?;
         self.expect_punct(":", "to end the `FOR` header")?;
-        Ok(self.add(
-            scope,
-            Stmt::ForLoop {
-                index,
-                start,
-                stop,
-                body: Vec::new(),
-            },
-        ))
+        Ok(self.add(scope, Stmt::empty_loop(index, start, stop)))
     }
 
     /// `Wait(Communication 9)`: the label is resolved once every statement has been read.
@@ -231,7 +223,7 @@ impl Parser<'_> {
     fn communication(&mut self, scope: ScopeRef) -> PResult<StmtId> {
         // The statement is added after its fields so that its tensors are declared in text
         // order; the label is checked first so that its error points at the number.
-        let (n, label_span) = self.comm_header("Communication")?;
+        let label = self.comm_header("Communication")?;
         let all: Vec<&str> = CommunicationType::ALL.iter().map(|k| k.name()).collect();
         let (kind, _) = self.named(
             "a communication type",
@@ -298,20 +290,15 @@ impl Parser<'_> {
                 return self.err(&t, expected);
             }
         }
-        self.expect_punct(")", "to close the fields of the communication")?;
-        let id = self.add(
-            scope,
-            Stmt::Communication(Communication {
-                kind,
-                teams,
-                root,
-                red_op,
-                input,
-                output,
-            }),
-        );
-        self.record_label("Communication", n, label_span, id)?;
-        Ok(id)
+        let stmt = Stmt::Communication(Communication {
+            kind,
+            teams,
+            root,
+            red_op,
+            input,
+            output,
+        });
+        self.comm_end(scope, label, stmt)
     }
 
     fn record_label(
@@ -331,19 +318,33 @@ impl Parser<'_> {
         Ok(())
     }
 
-    /// The number of a `stmt` statement (`Communication`, `P2PCommunication`) and its
-    /// fields opened up to `type=`.
-    fn comm_header(&mut self, stmt: &str) -> PResult<(u64, Span)> {
+    /// The label of a `stmt` statement (`Communication`, `P2PCommunication`): the kind, its
+    /// number and where the number is; the fields are opened up to `type=`.
+    fn comm_header(&mut self, stmt: &'static str) -> PResult<(&'static str, u64, Span)> {
         self.bump();
-        let number = self.unsigned(&format!("the number of the `{stmt}` statement"))?;
+        let (n, span) = self.unsigned(&format!("the number of the `{stmt}` statement"))?;
         self.expect_punct("(", "to open the fields of the communication")?;
         self.expect_key("type", "as the first field of the communication")?;
-        Ok(number)
+        Ok((stmt, n, span))
+    }
+
+    /// Closes the fields that [`Self::comm_header`] opened and adds `stmt` to `scope` under
+    /// the `label` that the header read.
+    fn comm_end(
+        &mut self,
+        scope: ScopeRef,
+        (kind, n, span): (&'static str, u64, Span),
+        stmt: Stmt,
+    ) -> PResult<StmtId> {
+        self.expect_punct(")", "to close the fields of the communication")?;
+        let id = self.add(scope, stmt);
+        self.record_label(kind, n, span, id)?;
+        Ok(id)
     }
 
     /// `P2PCommunication 12 (type=send|recv, buffer=…, peer=…[, backend=NCCL])`.
     fn p2p(&mut self, scope: ScopeRef) -> PResult<StmtId> {
-        let (n, label_span) = self.comm_header("P2PCommunication")?;
+        let label = self.comm_header("P2PCommunication")?;
         let (dir, span) = self.ident("`send` or `recv`")?;
         let direction = match dir.as_str() {
             "send" => P2PDirection::Send,
@@ -364,17 +365,12 @@ impl Parser<'_> {
             self.expect_key("backend", "after the peer")?;
             self.backend()?;
         }
-        self.expect_punct(")", "to close the fields of the communication")?;
-        let id = self.add(
-            scope,
-            Stmt::P2PCommunication(P2PCommunication {
-                direction,
-                peer,
-                buffer,
-            }),
-        );
-        self.record_label("P2PCommunication", n, label_span, id)?;
-        Ok(id)
+        let stmt = Stmt::P2PCommunication(P2PCommunication {
+            direction,
+            peer,
+            buffer,
+        });
+        self.comm_end(scope, label, stmt)
     }
 }
 

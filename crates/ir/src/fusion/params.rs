@@ -2,7 +2,7 @@
 //! symbolic extents against them.
 
 use crate::diag::{Diagnostic, IrResult};
-use crate::domain::ParallelType;
+use crate::domain::{ParallelType, SplitKind};
 use crate::scalar::Scalar;
 use crate::tensor::{ScheduleOp, TensorView};
 
@@ -116,28 +116,22 @@ impl Fusion {
             .map(|id| (self.ids[*id].extent.clone(), self.ids[*id].parallel))
             .collect();
         for step in &tv.schedule {
+            if let Some((kind, axis, factor, parallel)) = step.op.as_split() {
+                let Some((e, p)) = axes.get(axis).cloned() else {
+                    return Vec::new();
+                };
+                let divided = e.ceil_div(factor.clone());
+                let (o, i) = match kind {
+                    SplitKind::Outer => (factor.clone(), divided),
+                    SplitKind::Inner => (divided, factor.clone()),
+                };
+                axes[axis] = (o, parallel.unwrap_or(p));
+                axes.insert(axis + 1, (i, p));
+                continue;
+            }
             match &step.op {
-                ScheduleOp::OuterSplit {
-                    axis,
-                    factor,
-                    parallel,
-                }
-                | ScheduleOp::InnerSplit {
-                    axis,
-                    factor,
-                    parallel,
-                } => {
-                    let Some((e, p)) = axes.get(*axis).cloned() else {
-                        return Vec::new();
-                    };
-                    let divided = e.ceil_div(factor.clone());
-                    let (o, i) = match step.op {
-                        ScheduleOp::OuterSplit { .. } => (factor.clone(), divided),
-                        _ => (divided, factor.clone()),
-                    };
-                    axes[*axis] = (o, parallel.unwrap_or(p));
-                    axes.insert(axis + 1, (i, p));
-                }
+                // Replayed above.
+                ScheduleOp::OuterSplit { .. } | ScheduleOp::InnerSplit { .. } => {}
                 ScheduleOp::Merge { outer, inner } => {
                     let (Some(o), Some(i)) = (axes.get(*outer).cloned(), axes.get(*inner).cloned())
                     else {

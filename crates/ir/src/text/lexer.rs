@@ -5,7 +5,7 @@
 //! carrying its message, so that errors earlier in the file are still reported first by the
 //! parser, which meets the tokens in order.
 
-use crate::diag::{clip, Span};
+use crate::diag::{clip, Describe, Span};
 
 /// A punctuation token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,19 +72,12 @@ pub(crate) enum Tok {
     Error(String),
 }
 
-/// A token and where it starts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Token {
-    /// The token.
-    pub(crate) tok: Tok,
-    /// 1-based line:col of its first character.
-    pub(crate) span: Span,
-}
+/// A `.weave` token and where it starts.
+pub(crate) type Token = crate::diag::Token<Tok>;
 
-impl Token {
-    /// How the token is named in "found ..." messages.
-    pub(crate) fn describe(&self) -> String {
-        match &self.tok {
+impl Describe for Tok {
+    fn describe(&self) -> String {
+        match self {
             Tok::Ident(s) | Tok::Int(s) | Tok::Float(s) => format!("`{}`", clip(s)),
             Tok::Punct(p) => format!("`{}`", p.text()),
             Tok::Newline => "end of line".to_string(),

@@ -5,7 +5,8 @@ use weave_host_ir::{
     Communication, CommunicationType, HostScalar, HostTensorId, P2PCommunication, P2PDirection,
     ScalarId, Stmt,
 };
-use weave_ir::{Diagnostic, ExprId, IdExpr, IterDomainId, Scalar, ScalarOp, TensorId};
+use weave_ir::{Diagnostic, ExprId, IterDomainId, Scalar, ScalarOp, TensorId};
+use weave_transform::schedule::{walk_splits, SplitsEnd};
 
 use super::{loop_axis, Lowering, StreamAllgather};
 use crate::communication::{derive_communication, CommunicationInfo, RootKind};
@@ -223,31 +224,25 @@ impl Lowering<'_> {
             &tv.logical
         };
         let mut pieces = 1;
-        let mut cur = did;
-        while !within.contains(&cur) {
-            let Some(def) = f.id(cur).definition else {
-                return Ok(1);
-            };
-            match f.id_expr(def) {
-                IdExpr::Split {
-                    input,
-                    outer,
-                    inner,
-                    ..
-                } => {
-                    if *inner == cur {
-                        pieces *= f.eval(&f.id(*outer).extent).ok_or_else(|| {
-                            Diagnostic::new(format!(
-                                "the {pt} split of `{}` sits inside a split without a constant extent",
-                                tv.name
-                            ))
-                        })?;
-                    }
-                    cur = *input;
+        let end = walk_splits(
+            f,
+            did,
+            |id| within.contains(&id),
+            |cur, _, outer, inner| {
+                if inner == cur {
+                    pieces *= f.eval(&f.id(outer).extent).ok_or_else(|| {
+                        Diagnostic::new(format!(
+                            "the {pt} split of `{}` sits inside a split without a constant extent",
+                            tv.name
+                        ))
+                    })?;
                 }
-                IdExpr::Merge { .. } => return Ok(1),
-            }
-        }
+                Ok(())
+            },
+        )?;
+        let SplitsEnd::Stop(cur) = end else {
+            return Ok(1);
+        };
         if pieces > 1 && self.chunk_root(sharded) == Some(cur) {
             let extent = self.open.as_ref().map_or(1, |o| o.extent);
             if extent != pieces {
@@ -409,17 +404,19 @@ impl Lowering<'_> {
             bin(self, ScalarOp::Div, rank, st)
         };
         let pos = bin(self, ScalarOp::Mod, row, dd);
+        // The rank at position `at` of this rank's slice: `rank + (at - pos) * stride`.
+        let peer = |l: &mut Self, at| {
+            let delta = bin(l, ScalarOp::Sub, at, pos);
+            let delta = scaled(l, delta);
+            bin(l, ScalarOp::Add, rank, delta)
+        };
         let sum = bin(self, ScalarOp::Add, pos, i);
         let chunk = bin(self, ScalarOp::Mod, sum, dd);
-        let delta = bin(self, ScalarOp::Sub, chunk, pos);
-        let delta = scaled(self, delta);
-        let recv_peer = bin(self, ScalarOp::Add, rank, delta);
+        let recv_peer = peer(self, chunk);
         let back = bin(self, ScalarOp::Add, dd, pos);
         let back = bin(self, ScalarOp::Sub, back, i);
         let back = bin(self, ScalarOp::Mod, back, dd);
-        let delta = bin(self, ScalarOp::Sub, back, pos);
-        let delta = scaled(self, delta);
-        let send_peer = bin(self, ScalarOp::Add, rank, delta);
+        let send_peer = peer(self, back);
         self.emit_ring_exchange(producer, consumer, chunk, recv_peer, send_peer)
     }
 

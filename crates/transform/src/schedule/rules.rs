@@ -6,7 +6,7 @@ use weave_ir::{
     Diagnostic, Fusion, IdExpr, IrResult, IterDomainId, IterType, ParallelType, SplitKind, TensorId,
 };
 
-use super::prefix;
+use super::{prefix, walk_splits, SplitsEnd};
 
 /// Where a device or stream axis comes from.
 #[derive(Clone, Copy)]
@@ -80,61 +80,49 @@ pub(super) fn check_device_axis(
         )));
     };
     let extent = &f.id(id).extent;
-    match origin {
-        Origin::OuterSplit(input) => {
-            if let Some(v) = f.eval(extent) {
-                if v != size as i64 {
-                    return Err(Diagnostic::new(format!(
-                        "{p}: {pt} split factor `{}` = {v}, but mesh `{}` has {size} devices along {pt}",
-                        extent.to_source(),
-                        decl.name
-                    )));
-                }
-            }
-            let in_extent = &f.id(input).extent;
-            if let Some(v) = f.eval(in_extent) {
-                if v % size as i64 != 0 {
-                    return Err(Diagnostic::new(format!(
-                        "{p}: axis {axis} has extent {v} (`{}`), not divisible by {size} devices ({pt})",
-                        in_extent.to_source()
-                    )));
-                }
-            }
-            // A chunk of a longer axis (the inner output of a split, e.g. a stream chunk)
-            // is as long as `in_extent` except at the end of an axis that the chunks do not
-            // cut evenly; every device must hold an equal piece of that last chunk too.
-            let mut cur = input;
-            while let Some(IdExpr::Split {
-                input: whole,
-                inner,
-                ..
-            }) = f.id(cur).definition.map(|e| f.id_expr(e))
-            {
-                if *inner == cur {
-                    let whole_extent = &f.id(*whole).extent;
-                    if let (Some(v), Some(e)) = (f.eval(in_extent), f.eval(whole_extent)) {
-                        if e % size as i64 != 0 {
-                            return Err(Diagnostic::new(format!(
-                                "{p}: axis {axis} (`{}` = {v}) is a chunk of an axis of extent {e} (`{}`) whose last chunk is shorter; a {pt} split of every chunk needs {e} divisible by {size} devices too",
-                                in_extent.to_source(),
-                                whole_extent.to_source()
-                            )));
-                        }
-                    }
-                }
-                cur = *whole;
+    if let Some(v) = f.eval(extent).filter(|v| *v != size as i64) {
+        let found = match origin {
+            Origin::OuterSplit(_) => format!("{pt} split factor `{}` = {v}", extent.to_source()),
+            Origin::Logical => format!("axis {axis} has extent {v} (`{}`)", extent.to_source()),
+        };
+        return Err(Diagnostic::new(format!(
+            "{p}: {found}, but mesh `{}` has {size} devices along {pt}",
+            decl.name
+        )));
+    }
+    if let Origin::OuterSplit(input) = origin {
+        let in_extent = &f.id(input).extent;
+        if let Some(v) = f.eval(in_extent) {
+            if v % size as i64 != 0 {
+                return Err(Diagnostic::new(format!(
+                    "{p}: axis {axis} has extent {v} (`{}`), not divisible by {size} devices ({pt})",
+                    in_extent.to_source()
+                )));
             }
         }
-        Origin::Logical => {
-            if let Some(v) = f.eval(extent) {
-                if v != size as i64 {
-                    return Err(Diagnostic::new(format!(
-                        "{p}: axis {axis} has extent {v} (`{}`), but mesh `{}` has {size} devices along {pt}",
-                        extent.to_source(),
-                        decl.name
-                    )));
+        // A chunk of a longer axis (the inner output of a split, e.g. a stream chunk)
+        // is as long as `in_extent` except at the end of an axis that the chunks do not
+        // cut evenly; every device must hold an equal piece of that last chunk too.
+        let mut cur = input;
+        while let Some(IdExpr::Split {
+            input: whole,
+            inner,
+            ..
+        }) = f.id(cur).definition.map(|e| f.id_expr(e))
+        {
+            if *inner == cur {
+                let whole_extent = &f.id(*whole).extent;
+                if let (Some(v), Some(e)) = (f.eval(in_extent), f.eval(whole_extent)) {
+                    if e % size as i64 != 0 {
+                        return Err(Diagnostic::new(format!(
+                            "{p}: axis {axis} (`{}` = {v}) is a chunk of an axis of extent {e} (`{}`) whose last chunk is shorter; a {pt} split of every chunk needs {e} divisible by {size} devices too",
+                            in_extent.to_source(),
+                            whole_extent.to_source()
+                        )));
+                    }
                 }
             }
+            cur = *whole;
         }
     }
     Ok(())
@@ -230,33 +218,22 @@ fn walk_to_logical(
     (relation, consequence): (&str, String),
     split: impl Fn(IterDomainId, IterDomainId, IterDomainId, IterDomainId) -> IrResult<()>,
 ) -> IrResult<()> {
-    let mut cur = f.tensor(t).loop_domain[axis];
-    while let Some(def) = f.id(cur).definition {
-        if f.tensor(t).logical.contains(&cur) {
-            return Ok(());
-        }
-        match f.id_expr(def) {
-            IdExpr::Split {
-                input,
-                outer,
-                inner,
-                ..
-            } => {
-                split(cur, *input, *outer, *inner)?;
-                cur = *input;
-            }
-            IdExpr::Merge { outer, inner, .. } => {
-                return Err(Diagnostic::new(format!(
-                    "{}: {step}: loop axis {axis} {relation} `{}`, a merge of two axes (`{}` and `{}`), and a {consequence}",
-                    prefix(f, t),
-                    f.id(cur).extent.to_source(),
-                    f.id(*outer).extent.to_source(),
-                    f.id(*inner).extent.to_source()
-                )));
-            }
-        }
+    let from = f.tensor(t).loop_domain[axis];
+    let logical = |id| f.tensor(t).logical.contains(&id);
+    match walk_splits(f, from, logical, split)? {
+        SplitsEnd::Merge {
+            output,
+            outer,
+            inner,
+        } => Err(Diagnostic::new(format!(
+            "{}: {step}: loop axis {axis} {relation} `{}`, a merge of two axes (`{}` and `{}`), and a {consequence}",
+            prefix(f, t),
+            f.id(output).extent.to_source(),
+            f.id(outer).extent.to_source(),
+            f.id(inner).extent.to_source()
+        ))),
+        SplitsEnd::Stop(_) | SplitsEnd::Undefined(_) => Ok(()),
     }
-    Ok(())
 }
 
 /// Refuses a device axis that derives from a merge (`merge(0, 1); outer_split(0, d) -> DIDx`):

@@ -366,6 +366,24 @@ impl Parser {
         })
     }
 
+    /// The tensor and the list items of `op(a, [..])`; `what` names the list and `example`
+    /// shows a call, in errors.
+    fn tensor_and_list(
+        &self,
+        op: &str,
+        op_span: Span,
+        (what, example): (&str, &str),
+        args: Vec<Arg>,
+    ) -> PResult<(TensorId, Vec<ParsedExpr>)> {
+        let [a, l] = two_args(
+            op_span,
+            &format!("`{op}` takes a tensor and {what}, e.g. `{example}`"),
+            args,
+        )?;
+        let input = self.operand(op, 0, &a)?;
+        Ok((input, list_arg(op, what, example, l)?))
+    }
+
     fn operand(&self, op: &str, index: usize, arg: &Arg) -> PResult<TensorId> {
         match arg {
             Arg::Name(n, s) => self.tensor_named(n, *s),
@@ -478,13 +496,7 @@ impl Parser {
                     AxisOp::Squeeze => ("an axis list", format!("{op}(a, [0])")),
                     AxisOp::Permute => ("a permutation", format!("{op}(a, [1, 0])")),
                 };
-                let [a, l] = two_args(
-                    op_span,
-                    &format!("`{op}` takes a tensor and {what}, e.g. `{example}`"),
-                    args,
-                )?;
-                let input = self.operand(op, 0, &a)?;
-                let items = list_arg(op, what, &example, l)?;
+                let (input, items) = self.tensor_and_list(op, op_span, (what, &example), args)?;
                 let mut axes = Vec::new();
                 for e in &items {
                     let axis = e
@@ -520,14 +532,8 @@ impl Parser {
                 Ok((kind, vec![input]))
             }
             Sig::Reshape => {
-                let example = "reshape(a, [t, 2, h])";
-                let [a, l] = two_args(
-                    op_span,
-                    &format!("`reshape` takes a tensor and a shape, e.g. `{example}`"),
-                    args,
-                )?;
-                let input = self.operand(op, 0, &a)?;
-                let items = list_arg(op, "a shape", example, l)?;
+                let example = ("a shape", "reshape(a, [t, 2, h])");
+                let (input, items) = self.tensor_and_list(op, op_span, example, args)?;
                 let mut shape = Vec::new();
                 for e in items {
                     self.check_scalar(&e)?;
