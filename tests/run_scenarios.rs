@@ -134,15 +134,7 @@ fn row_parallel_linear_with_more_chunks_than_streams_is_race_free_and_exact_in_f
     let globals = compiled.random_inputs(1).unwrap();
     for streams in 1..=4 {
         let report = compiled
-            .run_dense(
-                &globals,
-                &RunOptions {
-                    check: true,
-                    target: Target::Cpu { ranks: 2 },
-                    streams,
-                    ..RunOptions::default()
-                },
-            )
+            .run_dense(&globals, &checked_on_cpu(2, streams))
             .unwrap();
         assert!(report.passed(), "{streams} streams: {:?}", report.checks);
         assert!(report.max_abs_error() < 1e-5, "{}", report.max_abs_error());
@@ -172,16 +164,7 @@ fn serial_splits_of_any_factor_match_the_reference() {
                 .unwrap_or_else(|e| panic!("{e}"));
             let compiled = Compiler::new().compile(&fusion).unwrap();
             let globals = compiled.random_inputs(3).unwrap();
-            let report = compiled
-                .run_dense(
-                    &globals,
-                    &RunOptions {
-                        check: true,
-                        target: Target::Cpu { ranks: 1 },
-                        ..RunOptions::default()
-                    },
-                )
-                .unwrap();
+            let report = compiled.run_dense(&globals, &checked_on_cpu(1, 2)).unwrap();
             assert!(report.passed(), "{schedule}, s = {s}: {:?}", report.checks);
             assert!(report.max_abs_error() < 1e-5, "{schedule}, s = {s}");
             assert_eq!(report.ranks[0].outputs[0].sizes, vec![3, 5]);
@@ -200,16 +183,7 @@ fn assert_matches_reference(name: &str, sets: &[(&str, i64)], ranks: usize) {
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let globals = compiled.random_inputs(11).unwrap();
     let report = compiled
-        .run_dense(
-            &globals,
-            &RunOptions {
-                check: true,
-                target: Target::Cpu { ranks },
-                streams: 2,
-                check_races: true,
-                ..RunOptions::default()
-            },
-        )
+        .run_dense(&globals, &checked_on_cpu(ranks, 2))
         .unwrap_or_else(|e| panic!("{name} {sets:?}: {e}"));
     assert!(
         report.passed(),
@@ -265,18 +239,21 @@ fn swizzled_loops_rotate_compute_but_not_collectives() {
             }
             let globals = compiled.random_inputs(5).unwrap();
             let report = compiled
-                .run_dense(
-                    &globals,
-                    &RunOptions {
-                        check: true,
-                        target: Target::Cpu { ranks: d as usize },
-                        streams: 2,
-                        check_races: true,
-                        ..RunOptions::default()
-                    },
-                )
+                .run_dense(&globals, &checked_on_cpu(d as usize, 2))
                 .unwrap();
             assert!(report.passed(), "d={d}: {:?}\n{text}", report.checks);
         }
+    }
+}
+
+/// A run on `ranks` CPU ranks with a pool of `streams`, checked against the reference, the
+/// race checker on (the default).
+fn checked_on_cpu(ranks: usize, streams: usize) -> RunOptions {
+    RunOptions {
+        check: true,
+        target: Target::Cpu { ranks },
+        streams,
+        check_races: true,
+        ..RunOptions::default()
     }
 }

@@ -203,21 +203,31 @@ fn cargo_metadata() -> Value {
     metadata(&["--no-deps"])
 }
 
-/// `cargo metadata --format-version 1 EXTRA...` as JSON.
-fn metadata(extra: &[&str]) -> Value {
+/// The standard output of `cargo ARGS...` run in the repository root; a failure shows its
+/// standard error.
+fn cargo_output(args: &[&str]) -> Vec<u8> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1"])
-        .args(extra)
+        .args(args)
         .current_dir(repo_root())
         .output()
-        .expect("cargo metadata runs");
+        .unwrap_or_else(|e| panic!("cargo {} does not run: {e}", args.join(" ")));
     assert!(
         out.status.success(),
-        "cargo metadata failed:\n{}",
+        "cargo {} failed:\n{}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
+    out.stdout
+}
+
+/// `cargo metadata --format-version 1 EXTRA...` as JSON.
+fn metadata(extra: &[&str]) -> Value {
+    let args: Vec<&str> = ["metadata", "--format-version", "1"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    serde_json::from_slice(&cargo_output(&args)).expect("cargo metadata prints JSON")
 }
 
 fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -537,28 +547,21 @@ fn every_repository_path_in_the_readme_and_docs_exists() {
 /// The packages `cargo tree -p PACKAGE -e normal ARGS` lists (normal dependencies only, as a
 /// user's build resolves them).
 fn tree(package: &str, args: &[&str]) -> BTreeSet<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let out = Command::new(cargo)
-        .args([
-            "tree",
-            "--package",
-            package,
-            "--edges",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .args(["--format", "{p}"])
-        .args(args)
-        .current_dir(repo_root())
-        .output()
-        .expect("cargo tree runs");
-    assert!(
-        out.status.success(),
-        "cargo tree failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    let all: Vec<&str> = [
+        "tree",
+        "--package",
+        package,
+        "--edges",
+        "normal",
+        "--prefix",
+        "none",
+        "--format",
+        "{p}",
+    ]
+    .into_iter()
+    .chain(args.iter().copied())
+    .collect();
+    String::from_utf8_lossy(&cargo_output(&all))
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_string)
