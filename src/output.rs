@@ -161,11 +161,6 @@ pub fn keep_on_signal(path: &Path) {
     incomplete().retain(|p| p != path);
 }
 
-/// Writes `contents` to `path` as [`write_output`] does (kept for its callers).
-pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), OutputError> {
-    write_output(path, contents)
-}
-
 /// Readies the output file `path` before a run: a regular file left by an earlier run is
 /// removed (so that a run that ends early never leaves an older output that looks like its
 /// own); a link, a FIFO or a device is left alone; a path [`write_output`] would refuse (a
@@ -243,17 +238,17 @@ mod tests {
     static WRITES: Mutex<()> = Mutex::new(());
 
     #[test]
-    fn an_atomic_write_replaces_the_file_whole_and_leaves_no_temporary() {
+    fn the_commands_write_a_file_whole_and_leave_no_temporary() {
         let _one = WRITES.lock().unwrap_or_else(PoisonError::into_inner);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("summary.json");
-        write_atomic(&path, b"old").unwrap();
-        write_atomic(&path, b"new contents").unwrap();
+        write_output(&path, b"old").unwrap();
+        write_output(&path, b"new contents").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new contents");
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1);
         let missing = dir.path().join("no-such-dir/summary.json");
-        let e = write_atomic(&missing, b"x").unwrap_err().to_string();
+        let e = write_output(&missing, b"x").unwrap_err().to_string();
         assert!(
             e.starts_with(&format!("cannot write {}: ", missing.display())),
             "{e}"
