@@ -40,12 +40,13 @@ macro_rules! worker_entry {
     };
 }
 
+/// Both sync variants on [`BARE_LOOP`]: what each prints after the shared worker entry.
 #[test]
-fn assign_streams_on_a_bare_loop() {
-    assert_eq!(
-        run_assign(BARE_LOOP, SyncVariant::Inline),
-        concat!(
-            worker_entry!(),
+fn assign_streams_on_a_bare_loop_in_both_variants() {
+    let rows: [(&str, SyncVariant, &str); 2] = [
+        (
+            "inline: the entry wait opens each iteration",
+            SyncVariant::Inline,
             "    T2_g_f32[2, 4] = ShardByStream(T0, axis=0, chunks=4, stream_index=i0)
     T3_g_f32[2, 4] = ShardByStream(T1, axis=0, chunks=4, stream_index=i0)
     T3 = matmul(T2, T2)
@@ -53,17 +54,11 @@ fn assign_streams_on_a_bare_loop() {
   FOR i1 from 0 to 4:
     Synchronize(Stream ( i1 % numberOfStreams ))
 } // %HostIrContainer
-"
-        )
-    );
-}
-
-#[test]
-fn assign_streams_separate_entry_loop() {
-    assert_eq!(
-        run_assign(BARE_LOOP, SyncVariant::SeparateLoop),
-        concat!(
-            worker_entry!(),
+",
+        ),
+        (
+            "separate entry loop",
+            SyncVariant::SeparateLoop,
             "  FOR i1 from 0 to 4:
     SetCurrentStream(Stream ( i1 % numberOfStreams ))
     T2_g_f32[2, 4] = ShardByStream(T0, axis=0, chunks=4, stream_index=i1)
@@ -73,9 +68,16 @@ fn assign_streams_separate_entry_loop() {
   FOR i2 from 0 to 4:
     Synchronize(Stream ( i2 % numberOfStreams ))
 } // %HostIrContainer
-"
-        )
-    );
+",
+        ),
+    ];
+    for (label, variant, tail) in rows {
+        assert_eq!(
+            run_assign(BARE_LOOP, variant),
+            format!("{}{tail}", worker_entry!()),
+            "{label}"
+        );
+    }
 }
 
 #[test]
