@@ -1089,21 +1089,12 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
     }
     let two = streamweave::cuda::device_count().unwrap_or(0) >= 2;
     let (name, source, ranks) = if two {
-        (
-            "row_parallel_linear.weave",
-            "fusion row_parallel_linear(t = 512, h = 256, d = 2, s = 4) {
-  mesh m = devices(d)
-  tensor inp: bf16[t, 4 * h] on m
-  tensor w: bf16[h, 4 * h] on m
-  out = linear(inp, w)
-  output out
-  schedule inp { outer_split(0, s) -> Stream; outer_split(2, d) -> DIDx }
-  schedule w { outer_split(1, d) -> DIDx }
-}
-"
-            .to_string(),
-            2,
-        )
+        // The row-parallel scenario at small sizes.
+        let scenario = std::fs::read_to_string(common::fixture("row_parallel_linear.weave"))
+            .expect("the row-parallel scenario");
+        let small = scenario.replace("(t = 8192, h = 8192,", "(t = 512, h = 256,");
+        assert_ne!(small, scenario, "the scenario's default sizes moved");
+        ("row_parallel_linear.weave", small, 2)
     } else {
         ("linear_relu.weave", linear_relu(), 1)
     };
