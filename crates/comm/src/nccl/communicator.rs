@@ -308,7 +308,7 @@ impl<B> Nccl<B> {
         let _span = tracing::debug_span!("nccl_prepare_teams", rank, teams = teams.len()).entered();
         let mut comms = self.lock_live(WHAT)?;
         let plan = TeamPlan::new(self.world, teams, &comms.prepared)
-            .map_err(|detail| mismatch(WHAT, rank, detail))?;
+            .map_err(|e| mismatch(WHAT, rank, e.to_string()))?;
         if plan.rounds.is_empty() {
             return Ok(());
         }
@@ -659,7 +659,7 @@ impl<B: DeviceBuffer> Communicator for Nccl<B> {
                 op: label,
             });
         };
-        check_team(&team, self.world).map_err(|detail| mismatch(&label, rank, detail))?;
+        check_team(&team, self.world).map_err(|e| mismatch(&label, rank, e.to_string()))?;
         let plan =
             plan_collective(&op, index, team.len()).map_err(|d| mismatch(&label, rank, d))?;
         let _span = tracing::debug_span!(

@@ -57,7 +57,7 @@ mod window;
 
 pub use communicator::Nccl;
 pub use config::{CtaPolicy, NcclId, NcclOptions, NCCL_CONFIG_UNDEF_INT};
-pub use routing::{TeamPlan, TeamRoute, NCCL_SPLIT_NOCOLOR};
+pub use routing::{TeamError, TeamPlan, TeamRoute, NCCL_SPLIT_NOCOLOR};
 
 use crate::dtype::DataType;
 

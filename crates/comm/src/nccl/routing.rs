@@ -33,18 +33,46 @@ impl TeamRoute {
 
 /// Checks that `team` names distinct ranks of a world of `world` ranks (with the messages
 /// of [`crate::Local`]).
-pub(super) fn check_team(team: &[usize], world: usize) -> Result<(), String> {
+pub(super) fn check_team(team: &[usize], world: usize) -> Result<(), TeamError> {
     for (i, &r) in team.iter().enumerate() {
         if r >= world {
-            return Err(format!(
-                "team {team:?}: rank {r} is outside the world of {world} ranks"
-            ));
+            return Err(TeamError::OutsideWorld {
+                team: team.to_vec(),
+                rank: r,
+                world,
+            });
         }
         if team[..i].contains(&r) {
-            return Err(format!("team {team:?} names rank {r} twice"));
+            return Err(TeamError::Twice {
+                team: team.to_vec(),
+                rank: r,
+            });
         }
     }
     Ok(())
+}
+
+/// Why a team cannot be planned: it names a rank outside the world, or a rank twice.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TeamError {
+    /// A member is not a rank of the world.
+    #[error("team {team:?}: rank {rank} is outside the world of {world} ranks")]
+    OutsideWorld {
+        /// The team, as given.
+        team: Vec<usize>,
+        /// The member outside the world.
+        rank: usize,
+        /// The world's size.
+        world: usize,
+    },
+    /// A member appears twice.
+    #[error("team {team:?} names rank {rank} twice")]
+    Twice {
+        /// The team, as given.
+        team: Vec<usize>,
+        /// The repeated member.
+        rank: usize,
+    },
 }
 
 /// The communicators to split off the world for a list of teams, identical on every rank.
@@ -70,7 +98,7 @@ impl TeamPlan {
         world: usize,
         teams: &[Vec<usize>],
         done: &HashSet<Vec<usize>>,
-    ) -> Result<TeamPlan, String> {
+    ) -> Result<TeamPlan, TeamError> {
         let mut splits: Vec<Vec<usize>> = Vec::new();
         for team in teams {
             check_team(team, world)?;
@@ -189,11 +217,15 @@ mod tests {
     fn team_plan_rejects_bad_teams() {
         let none = HashSet::new();
         assert_eq!(
-            TeamPlan::new(4, &[vec![0, 4]], &none).unwrap_err(),
+            TeamPlan::new(4, &[vec![0, 4]], &none)
+                .unwrap_err()
+                .to_string(),
             "team [0, 4]: rank 4 is outside the world of 4 ranks"
         );
         assert_eq!(
-            TeamPlan::new(4, &[vec![1, 2, 1]], &none).unwrap_err(),
+            TeamPlan::new(4, &[vec![1, 2, 1]], &none)
+                .unwrap_err()
+                .to_string(),
             "team [1, 2, 1] names rank 1 twice"
         );
     }
