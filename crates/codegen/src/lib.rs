@@ -58,7 +58,7 @@ mod source;
 mod view;
 
 pub use expr::{Buf, Node, View};
-pub use plan::plan;
+pub use plan::{plan, PlanError};
 
 use weave_ir::DType;
 

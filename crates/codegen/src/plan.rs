@@ -24,6 +24,32 @@ struct Gen<'f> {
     rows: Option<Rows>,
 }
 
+/// Why a fusion cannot be planned on the buffers given.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The buffers given are not as many as the fusion's inputs and outputs.
+    #[error(
+        "kernel `{kernel}` takes {inputs} inputs and {outputs} outputs, got {given_inputs} and \
+         {given_outputs}"
+    )]
+    Arity {
+        /// The kernel's name.
+        kernel: String,
+        /// The fusion's inputs.
+        inputs: usize,
+        /// The fusion's outputs.
+        outputs: usize,
+        /// The input buffers given.
+        given_inputs: usize,
+        /// The output buffers given.
+        given_outputs: usize,
+    },
+    /// The generator cannot express an op of the fusion on these layouts; the message names
+    /// the op and what it cannot do.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
 /// Plans the kernels that compute `fusion` from buffers laid out as `inputs` into buffers laid
 /// out as `outputs`, for a device of `sms` SMs. Errors name the op and what it cannot do.
 pub fn plan(
@@ -32,16 +58,16 @@ pub fn plan(
     inputs: &[TensorArg],
     outputs: &[TensorArg],
     sms: usize,
-) -> Result<KernelPlan, String> {
+) -> Result<KernelPlan, PlanError> {
     let declared = fusion.inputs();
     if inputs.len() != declared.len() || outputs.len() != fusion.outputs().len() {
-        return Err(format!(
-            "kernel `{name}` takes {} inputs and {} outputs, got {} and {}",
-            declared.len(),
-            fusion.outputs().len(),
-            inputs.len(),
-            outputs.len()
-        ));
+        return Err(PlanError::Arity {
+            kernel: name.to_string(),
+            inputs: declared.len(),
+            outputs: fusion.outputs().len(),
+            given_inputs: inputs.len(),
+            given_outputs: outputs.len(),
+        });
     }
     let name: String = name
         .chars()
@@ -58,7 +84,7 @@ pub fn plan(
         }
     }
     let mut g = Gen::new(fusion, &name, sms, false);
-    g.run(inputs, outputs)?;
+    g.run(inputs, outputs).map_err(PlanError::Unsupported)?;
     Ok(g.plan)
 }
 

@@ -690,7 +690,7 @@ impl Backend for CudaBackend {
                 let plan = codegen::plan(fusion, &name, &key.2, &key.3, sms).map_err(|m| {
                     ExecError::Compute {
                         stmt: label.to_string(),
-                        message: m,
+                        message: m.to_string(),
                     }
                 })?;
                 let p = Planned::new(fusion.clone(), plan);

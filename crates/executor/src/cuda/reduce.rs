@@ -47,7 +47,8 @@ impl BlockSums {
             };
             let inputs = vec![arg.clone(); k];
             let sms = self.gpu.sm_count().max(1) as usize;
-            let plan = codegen::plan(&fusion, "weave_pointer_sum", &inputs, &[arg], sms)?;
+            let plan = codegen::plan(&fusion, "weave_pointer_sum", &inputs, &[arg], sms)
+                .map_err(|e| e.to_string())?;
             Ok(Planned::new(Arc::new(fusion), plan))
         })
     }
@@ -70,7 +71,8 @@ impl BlockSums {
                 strides: vec![1],
             };
             let sms = self.gpu.sm_count().max(1) as usize;
-            let plan = codegen::plan(&fusion, "weave_block_sum", &[input], &[output], sms)?;
+            let plan = codegen::plan(&fusion, "weave_block_sum", &[input], &[output], sms)
+                .map_err(|e| e.to_string())?;
             Ok(Planned::new(Arc::new(fusion), plan))
         })
     }
