@@ -4,6 +4,8 @@
 
 use std::process::Command;
 
+use streamweave::passes::{Pipeline, Registry};
+
 mod common;
 
 /// Runs `weave ARGS` with `WEAVE_DUMP` set to `weave_dump` (unset for `None`); returns
@@ -32,17 +34,10 @@ fn headers(out: &str) -> Vec<&str> {
 
 const FUSION: &str = "tests/scenarios/row_parallel_linear.weave";
 
-const DEFAULT_PIPELINE: [&str; 9] = [
-    "propagate-shardings",
-    "decompose-reshardings",
-    "reorder-sharded-axis",
-    "finalize-multidevice-domains",
-    "segment",
-    "lower-to-host",
-    "merge-kernel-chunks",
-    "assign-streams",
-    "allocate-and-deallocate",
-];
+/// The default pipeline's passes, in order, from the one table that declares them.
+fn default_pipeline() -> Vec<&'static str> {
+    Pipeline::standard().names()
+}
 
 #[test]
 fn list_passes_ends_with_the_default_pipeline() {
@@ -53,17 +48,28 @@ fn list_passes_ends_with_the_default_pipeline() {
         .take_while(|l| !l.is_empty())
         .map(|l| l.split_whitespace().next().unwrap())
         .collect();
-    // Every pass: the default pipeline's, with the variants of lowering and of stream
-    // assignment each listed after the pass it varies.
-    let mut every = DEFAULT_PIPELINE.to_vec();
-    every.insert(6, "lower-to-host-broadcast");
-    every.insert(9, "assign-streams-separate-sync");
-    assert_eq!(names, every);
+    // Every registered pass and alias, in the registry's order: the default pipeline's
+    // passes, each followed by its variants (lowering by broadcast, separate stream sync).
+    assert_eq!(names, Registry::standard().names());
+    let pipeline = default_pipeline();
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| pipeline.contains(n))
+            .copied()
+            .collect::<Vec<_>>(),
+        pipeline,
+        "the default pipeline's passes are listed in pipeline order"
+    );
+    for (variant, of) in [
+        ("lower-to-host-broadcast", "lower-to-host"),
+        ("assign-streams-separate-sync", "assign-streams"),
+    ] {
+        let at = |n: &str| names.iter().position(|m| *m == n);
+        assert_eq!(at(variant), at(of).map(|i| i + 1), "{variant} follows {of}");
+    }
     assert!(
-        out.ends_with(&format!(
-            "\ndefault pipeline: {}\n",
-            DEFAULT_PIPELINE.join(",")
-        )),
+        out.ends_with(&format!("\ndefault pipeline: {}\n", pipeline.join(","))),
         "{out}"
     );
 }
@@ -72,20 +78,21 @@ fn list_passes_ends_with_the_default_pipeline() {
 fn weave_dump_selects_dumps_and_the_flags_add_to_it() {
     let (ok, out, err) = weave(&["dump", FUSION, "--passes=default"], Some("after:all"));
     assert!(ok, "{err}");
-    let expected: Vec<String> = DEFAULT_PIPELINE
+    let expected: Vec<String> = Pipeline::standard()
+        .passes()
         .iter()
-        .map(|pass| {
-            let form = match *pass {
-                "segment" => "segmented fusion",
-                "lower-to-host"
-                | "merge-kernel-chunks"
-                | "assign-streams"
-                | "allocate-and-deallocate" => "host program",
-                _ => "fusion",
-            };
-            format!("// -----// IR Dump After {pass} ({form}) //----- //")
+        .map(|stage| {
+            format!(
+                "// -----// IR Dump After {} ({}) //----- //",
+                stage.pass().name(),
+                stage.output().name()
+            )
         })
         .collect();
+    assert_eq!(
+        expected.last().map(String::as_str),
+        Some("// -----// IR Dump After allocate-and-deallocate (host program) //----- //")
+    );
     assert_eq!(headers(&out), expected);
     // Then the host program the pipeline leaves.
     let last = out.rfind("// -----// IR Dump").unwrap();
@@ -136,13 +143,13 @@ fn weave_dump_dir_writes_a_file_after_every_pass() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     files.sort();
-    let expected: Vec<String> = DEFAULT_PIPELINE
+    let expected: Vec<String> = default_pipeline()
         .iter()
         .enumerate()
         .map(|(i, pass)| format!("{i:03}-{pass}.after.txt"))
         .collect();
     assert_eq!(files, expected);
-    let host = std::fs::read_to_string(dir.join("008-allocate-and-deallocate.after.txt")).unwrap();
+    let host = std::fs::read_to_string(dir.join(expected.last().unwrap())).unwrap();
     assert!(host.contains("%HostIrContainer"), "{host}");
     let _ = std::fs::remove_dir_all(&dir);
 }
