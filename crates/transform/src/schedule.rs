@@ -474,32 +474,48 @@ pub fn walk_splits<E>(
     }
 }
 
-fn apply_step(f: &mut Fusion, t: TensorId, step: &ScheduleStep) -> IrResult<()> {
-    if let Some((kind, axis, factor, parallel)) = step.op.as_split() {
-        let pt = parallel.unwrap_or(ParallelType::Serial);
-        if kind == SplitKind::Inner && pt.is_device_or_stream() {
-            return Err(Diagnostic::new(format!(
-                "{}: {}: device and stream axes must come from an outer split",
-                prefix(f, t),
-                step_text(&step.op)
-            )));
-        }
-        split(f, t, DomainKind::Loop, axis, factor.clone(), kind)?;
-        if pt != ParallelType::Serial {
-            parallelize_step(f, t, axis, pt, &step_text(&step.op))?;
-        }
-        if pt == ParallelType::Stream {
-            check_stream_origin(f, t, axis, &step_text(&step.op))?;
-        }
-        if pt.is_device() {
-            check_device_origin(f, t, axis, pt, &step_text(&step.op))?;
-        }
-        return Ok(());
+/// A split step: the split, then the parallel type of its outer output and the checks of
+/// where a device or stream axis comes from.
+fn apply_split(
+    f: &mut Fusion,
+    t: TensorId,
+    step: &ScheduleStep,
+    kind: SplitKind,
+    (axis, factor, parallel): (usize, &Scalar, Option<ParallelType>),
+) -> IrResult<()> {
+    let pt = parallel.unwrap_or(ParallelType::Serial);
+    if kind == SplitKind::Inner && pt.is_device_or_stream() {
+        return Err(Diagnostic::new(format!(
+            "{}: {}: device and stream axes must come from an outer split",
+            prefix(f, t),
+            step_text(&step.op)
+        )));
     }
+    split(f, t, DomainKind::Loop, axis, factor.clone(), kind)?;
+    if pt != ParallelType::Serial {
+        parallelize_step(f, t, axis, pt, &step_text(&step.op))?;
+    }
+    if pt == ParallelType::Stream {
+        check_stream_origin(f, t, axis, &step_text(&step.op))?;
+    }
+    if pt.is_device() {
+        check_device_origin(f, t, axis, pt, &step_text(&step.op))?;
+    }
+    Ok(())
+}
+
+fn apply_step(f: &mut Fusion, t: TensorId, step: &ScheduleStep) -> IrResult<()> {
     match &step.op {
-        ScheduleOp::OuterSplit { .. } | ScheduleOp::InnerSplit { .. } => {
-            unreachable!("splits are applied above")
-        }
+        ScheduleOp::OuterSplit {
+            axis,
+            factor,
+            parallel,
+        } => apply_split(f, t, step, SplitKind::Outer, (*axis, factor, *parallel)),
+        ScheduleOp::InnerSplit {
+            axis,
+            factor,
+            parallel,
+        } => apply_split(f, t, step, SplitKind::Inner, (*axis, factor, *parallel)),
         ScheduleOp::Parallelize {
             axis,
             parallel: ParallelType::Stream,
