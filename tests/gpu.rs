@@ -408,6 +408,7 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
     let (t, h) = (256i64, 64i64);
     for ranks in rank_counts(n) {
         let world = World::open(WorldOptions {
+            devices: Vec::new(),
             ranks,
             timeout: Duration::from_secs(30),
             nccl: NcclOptions::default(),

@@ -67,6 +67,7 @@ Examples: :mod:`streamweave.examples` ships ``.weave`` programs with the package
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -136,6 +137,9 @@ class RunDefaults:
     timeout_secs: float
     """How long a stream or collective waits, and the whole run may take (Rust:
     ``timeout``)."""
+    tune_secs: float
+    """The budget of a GPU session's tuning on its first repeated call; 0: never (Rust:
+    ``gpu.tune``)."""
 
 
 _RUST_DEFAULTS = _native.run_defaults()
@@ -145,6 +149,7 @@ DEFAULTS = RunDefaults(
     trace=bool(_RUST_DEFAULTS["trace"]),
     streams=int(_RUST_DEFAULTS["streams"]),
     timeout_secs=float(_RUST_DEFAULTS["timeout_secs"]),
+    tune_secs=float(_RUST_DEFAULTS["tune_secs"]),
 )
 """The defaults of :meth:`Executable.run` and :meth:`Executable.cuda`, shared with Rust."""
 
@@ -395,6 +400,7 @@ class CudaRunner:
         # Everything a call needs that does not change between calls, read once.
         self._ranks: List[Tuple[int, int]] = [(r, g) for r, g in native.ranks()]
         self._world = native.world()
+        self._config_said = False
         self._specs_in = exe.inputs
         self._specs_out = exe.outputs
         self._names_in = {s.name for s in self._specs_in}
@@ -430,6 +436,13 @@ class CudaRunner:
     def world(self) -> int:
         """The number of ranks in the world."""
         return self._world
+
+    @property
+    def config(self) -> Optional[str]:
+        """The configuration the calls run once the second call tuned (the winner and where
+        it came from: ``S=2 K=2 eager, ordered compute (tuned now)``), or why they run the
+        program as opened; ``None`` before the second call and in a launched world."""
+        return self._native.config()
 
     def synchronize(self) -> None:
         """Waits until every local GPU has done everything issued so far."""
@@ -557,6 +570,11 @@ class CudaRunner:
                 results[j].append(t)
             calls.append((ins, outs, _current_stream(torch, device)))
         issue_us, races, passed, max_error, trace, native_us = self._native.run(calls, check=check)
+        if not self._config_said:
+            config = self._native.config()
+            if config is not None:
+                self._config_said = True
+                sys.stderr.write("streamweave: the calls run %s\n" % config)
         single = len(self._local) == 1
         outputs = {
             s.name: (v[0] if single else v) for s, v in zip(self._specs_out, results)
@@ -680,6 +698,8 @@ class Executable:
         races: bool = DEFAULTS.races,
         trace: bool = DEFAULTS.trace,
         timeout_secs: float = DEFAULTS.timeout_secs,
+        tune_secs: float = DEFAULTS.tune_secs,
+        tune_cache: Optional[str] = None,
     ) -> CudaRunner:
         """Opens the program on GPUs and returns a :class:`CudaRunner` to call on PyTorch
         CUDA tensors (or any CUDA tensor that exports DLPack).
@@ -692,7 +712,16 @@ class Executable:
         (seconds, once); each call then costs microseconds on the host. ``races`` asks for
         the stream race checker, ``trace`` records a timeline of every call (and waits for
         it); the defaults are Rust's (:data:`DEFAULTS`).
+
+        The second call tunes the program first, within ``tune_secs`` seconds (0: never), when
+        every rank runs in this process and ``streams`` is left at its default: it measures
+        chunk counts, pool sizes and the backend's overlap knobs on these GPUs (eager runs on
+        NCCL, what a session runs), or takes the winner from ``tune_cache`` (default:
+        ``$WEAVE_TUNE_CACHE``; none: the winner lives in this runner), and runs the winner
+        from then on; it says on stderr which configuration runs (:attr:`CudaRunner.config`).
         """
+        if tune_cache is None:
+            tune_cache = os.environ.get("WEAVE_TUNE_CACHE")
         native = self._native.cuda_session(
             None if devices is None else list(devices),
             launched=launched,
@@ -700,6 +729,8 @@ class Executable:
             races=races,
             trace=trace,
             timeout_secs=timeout_secs,
+            tune_secs=tune_secs,
+            tune_cache=tune_cache,
         )
         return CudaRunner(self, native)
 

@@ -12,7 +12,7 @@ def dtype_names() -> List[str]:
     """The dtype names of the format (`bf16`, `f16`, `f32`, `f64`, `i64`, `bool`)."""
 
 def run_defaults() -> Dict[str, Union[bool, int, float]]:
-    """`RunOptions::default()`: check, races, trace, streams, timeout_secs."""
+    """`RunOptions::default()`: check, races, trace, streams, timeout_secs, tune_secs."""
 
 class NativeFusion:
     def text(self) -> str: ...
@@ -45,6 +45,8 @@ class NativeExecutable:
         races: Optional[bool] = None,
         trace: Optional[bool] = None,
         timeout_secs: Optional[float] = None,
+        tune_secs: Optional[float] = None,
+        tune_cache: Optional[str] = None,
     ) -> NativeSession: ...
     def run(
         self,
@@ -62,6 +64,7 @@ class NativeSession:
 
     def ranks(self) -> List[Tuple[int, int]]: ...
     def world(self) -> int: ...
+    def config(self) -> Optional[str]: ...
     def run(
         self,
         calls: List[Tuple[List[int], List[int], int]],

@@ -223,15 +223,30 @@ def test_the_defaults_are_rusts_and_the_signatures_show_them() -> None:
         "trace": sw.DEFAULTS.trace,
         "streams": sw.DEFAULTS.streams,
         "timeout_secs": sw.DEFAULTS.timeout_secs,
+        "tune_secs": sw.DEFAULTS.tune_secs,
     }
-    # RunOptions::default() today: no reference check, the race checker on, 30 s.
+    # RunOptions::default() today: no reference check, the race checker on, 30 s, and a GPU
+    # session tunes its first repeated call within 60 s.
     assert (sw.DEFAULTS.check, sw.DEFAULTS.races, sw.DEFAULTS.timeout_secs) == (False, True, 30.0)
+    assert sw.DEFAULTS.tune_secs == 60.0
+    assert inspect.signature(sw.Executable.cuda).parameters["tune_secs"].default == 60.0
     for fn in (sw.Executable.run, sw.Executable.cuda):
         params = inspect.signature(fn).parameters
         assert params["races"].default == sw.DEFAULTS.races
         assert params["timeout_secs"].default == sw.DEFAULTS.timeout_secs
         assert params["streams"].default == sw.DEFAULTS.streams
     assert inspect.signature(sw.Executable.run).parameters["check"].default == sw.DEFAULTS.check
+
+
+@pytest.mark.parametrize("secs", [-1.0, float("nan"), float("inf")])
+def test_a_tuning_budget_that_is_not_seconds_is_refused_before_any_gpu_opens(secs: float) -> None:
+    exe = sw.examples.load("add_per_stream").compile()
+    with pytest.raises(sw.ArgumentValueError) as e:
+        exe.cuda(tune_secs=secs)
+    assert str(e.value) == (
+        "tune_secs must be 0 (never) or a positive number of seconds, not %s"
+        % ("-1" if secs == -1.0 else ("NaN" if secs != secs else "inf"))
+    )
 
 
 def test_an_unchecked_run_says_so_and_a_checked_one_compares() -> None:

@@ -123,6 +123,37 @@ def test_a_matmul_program_matches_pytorch() -> None:
     assert close(got, want, got.dtype)
 
 
+def test_the_second_call_tunes_once_and_says_which_configuration_runs(
+    tmp_path: Any, capfd: Any
+) -> None:
+    path = os.path.join(SCENARIOS, "row_parallel_linear.weave")
+    exe = sw.load(path, t=256, h=64, d=1, s=4).compile()
+    cache = str(tmp_path / "tune.toml")
+    gpu = exe.cuda(tune_secs=20, tune_cache=cache)
+    x = inputs_for(exe, 3)
+    want = torch.nn.functional.linear(x["inp"].float(), x["w"].float())
+    r = gpu(x, check=True)
+    assert r.passed is True and gpu.config is None
+    for _ in range(2):
+        r = gpu(x, check=True)
+        assert r.passed is True, r.max_abs_error
+        assert close(r.outputs["out"], want, r.outputs["out"].dtype)
+    config = gpu.config
+    assert config is not None and config.endswith("(tuned now)"), config
+    assert "eager" in config and "replay" not in config and "copy-engine" not in config, config
+    err = capfd.readouterr().err
+    assert err.count("streamweave: the calls run " + config) == 1, err
+    # The winner is cached under the session's key: a new runner takes it.
+    again = exe.cuda(tune_secs=20, tune_cache=cache)
+    again(x)
+    assert again(x, check=True).passed is True
+    assert again.config == config.replace("(tuned now)", "(the tuning cache)")
+    # tune_secs=0 never tunes.
+    off = exe.cuda(tune_secs=0)
+    off(x)
+    assert off(x, check=True).passed is True and off.config is None
+
+
 def test_trace_and_races_are_reported() -> None:
     exe = compile_case("softmax", 64, 256, 4)
     gpu = exe.cuda(races=True, trace=True)

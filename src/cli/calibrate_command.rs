@@ -50,6 +50,7 @@ pub fn calibrate(ranks: usize, out: Option<PathBuf>, timeout: Duration) -> ExitC
     {
         let world =
             match streamweave::calibrate::World::open(streamweave::calibrate::WorldOptions {
+                devices: Vec::new(),
                 ranks,
                 timeout,
                 nccl: weave_comm::NcclOptions::default(),

@@ -606,6 +606,7 @@ fn run() -> Result<bool, String> {
     }
     let dir = scenarios_dir(&args);
     let options = WorldOptions {
+        devices: Vec::new(),
         ranks: 1,
         timeout: Duration::from_secs(args.timeout_secs),
         nccl: NcclOptions::default(),

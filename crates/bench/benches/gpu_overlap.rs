@@ -82,6 +82,7 @@ fn run() -> Result<(), String> {
     let mut summary = Vec::new();
     for &d in &ranks {
         let options = WorldOptions {
+            devices: Vec::new(),
             ranks: d,
             timeout: bench.args.timeout(),
             nccl: NcclOptions::default(),

@@ -146,6 +146,8 @@ fn run_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("streams", o.streams)?;
     // `timeout_secs` sets the three timeouts at once; their defaults are the same.
     d.set_item("timeout_secs", o.timeouts.run.as_secs_f64())?;
+    // A GPU session's tuning budget on its first repeated call; 0: never.
+    d.set_item("tune_secs", o.gpu.tune.map_or(0.0, |b| b.as_secs_f64()))?;
     Ok(d)
 }
 
@@ -460,7 +462,10 @@ impl NativeExecutable {
     /// `devices[r]`), or, with `launched`, this process as one rank of the world that
     /// torchrun (or another launcher) describes in the environment. Opening joins NCCL.
     /// An option left out takes [`RunOptions::default`]'s value.
-    #[pyo3(signature = (devices=None, launched=false, streams=None, races=None, trace=None, timeout_secs=None))]
+    /// `tune_secs` bounds the tuning of the first repeated call (0: never tunes);
+    /// `tune_cache` is the tuning cache file it reads and writes (none: the winner lives in
+    /// the session).
+    #[pyo3(signature = (devices=None, launched=false, streams=None, races=None, trace=None, timeout_secs=None, tune_secs=None, tune_cache=None))]
     #[allow(clippy::too_many_arguments)]
     fn cuda_session(
         &self,
@@ -471,10 +476,30 @@ impl NativeExecutable {
         races: Option<bool>,
         trace: Option<bool>,
         timeout_secs: Option<f64>,
+        tune_secs: Option<f64>,
+        tune_cache: Option<std::path::PathBuf>,
     ) -> PyResult<NativeSession> {
         let defaults = RunOptions::default();
         let trace = trace.unwrap_or(defaults.trace);
+        let tune = match tune_secs {
+            None => defaults.gpu.tune,
+            Some(0.0) => None,
+            Some(secs) => Some(timeout(secs).map_err(|_| {
+                raise(
+                    Kind::ArgumentValue,
+                    format!(
+                        "tune_secs must be 0 (never) or a positive number of seconds, not {secs}"
+                    ),
+                )
+            })?),
+        };
+        let gpu = streamweave::GpuRunOptions {
+            tune,
+            tune_cache,
+            ..defaults.gpu.clone()
+        };
         let options = RunOptions {
+            gpu,
             target: Target::Cuda { ranks: 1 },
             streams: streams.unwrap_or(defaults.streams),
             check_races: races.unwrap_or(defaults.check_races),
@@ -738,6 +763,12 @@ impl NativeSession {
     /// Issues one run on the buffers given (one call per rank of this process) and returns
     /// once every statement is issued; with `check`, waits and compares the outputs with
     /// the f64 reference. The GIL is released meanwhile.
+    /// The configuration the calls run once the first repeated call tuned (the winner and
+    /// where it came from), or why they run the program as opened; `None` before.
+    fn config(&self) -> Option<String> {
+        self.session.config()
+    }
+
     #[pyo3(signature = (calls, check=false))]
     fn run(&self, py: Python<'_>, calls: Vec<CallArg>, check: bool) -> PyResult<CallOutcome> {
         let start = std::time::Instant::now();

@@ -29,8 +29,10 @@ pub type JobError = String;
 /// How a [`World`] is opened.
 #[derive(Clone, Debug)]
 pub struct WorldOptions {
-    /// Ranks, one GPU each (GPU `r` for rank `r`).
+    /// Ranks, one GPU each.
     pub ranks: usize,
+    /// The GPU of each rank (`devices[r]` for rank `r`); empty: GPU `r` for rank `r`.
+    pub devices: Vec<usize>,
     /// How long any wait (device, barrier, NCCL) may take.
     pub timeout: Duration,
     /// The NCCL communicator's options.
@@ -351,9 +353,23 @@ pub struct World {
 }
 
 impl World {
-    /// Opens GPUs `0..ranks`, a backend and an NCCL communicator on each.
+    /// Opens the ranks' GPUs ([`WorldOptions::devices`], else `0..ranks`), a backend and an
+    /// NCCL communicator on each.
     pub fn open(options: WorldOptions) -> Result<World, JobError> {
-        crate::world::gpus_available(options.ranks).map_err(err("GPUs"))?;
+        if !options.devices.is_empty() && options.devices.len() != options.ranks {
+            return Err(format!(
+                "{} GPU(s) were given for {} rank(s)",
+                options.devices.len(),
+                options.ranks
+            ));
+        }
+        let needed = options
+            .devices
+            .iter()
+            .map(|d| d.saturating_add(1))
+            .max()
+            .unwrap_or(options.ranks);
+        crate::world::gpus_available(needed).map_err(err("GPUs"))?;
         let id = NcclId::new().map_err(err("NCCL id"))?;
         let barrier = Arc::new(Barrier::new(options.ranks));
         let (reply_tx, replies) = mpsc::channel::<Reply>();
@@ -371,8 +387,9 @@ impl World {
                         timeout: options.timeout,
                         ..options.nccl.clone()
                     };
+                    let device = options.devices.get(rank).copied().unwrap_or(rank);
                     let crate::world::OpenRank { gpu, comm } =
-                        crate::world::open_rank(rank, rank, options.ranks, &id, nccl).map_err(
+                        crate::world::open_rank(device, rank, options.ranks, &id, nccl).map_err(
                             |e| match e {
                                 crate::world::OpenError::Gpu(e) => format!("GPU: {e}"),
                                 crate::world::OpenError::Nccl(e) => format!("NCCL: {e}"),

@@ -29,6 +29,8 @@ mod running;
 
 pub use compiler::{Chunks, Compiler};
 pub use error::Error;
+#[cfg(feature = "cuda")]
+pub(crate) use running::{tune_definition, TuneFor};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

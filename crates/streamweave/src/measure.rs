@@ -322,15 +322,27 @@ pub struct WorldMeasure {
 }
 
 impl WorldMeasure {
-    /// Opens a world of `ranks` GPUs (one NCCL communicator for every candidate).
+    /// Opens a world of `ranks` GPUs, `0..ranks` (one NCCL communicator for every candidate).
     pub fn open(
         ranks: usize,
         warmup: usize,
         iters: usize,
         timeout: std::time::Duration,
     ) -> Result<WorldMeasure, JobError> {
+        WorldMeasure::open_on((0..ranks).collect(), warmup, iters, timeout)
+    }
+
+    /// Opens a world of one rank per GPU of `devices`, rank `r` on `devices[r]` (one NCCL
+    /// communicator for every candidate).
+    pub fn open_on(
+        devices: Vec<usize>,
+        warmup: usize,
+        iters: usize,
+        timeout: std::time::Duration,
+    ) -> Result<WorldMeasure, JobError> {
         let world = crate::calibrate::World::open(crate::calibrate::WorldOptions {
-            ranks,
+            ranks: devices.len(),
+            devices,
             timeout,
             nccl: NcclOptions::default(),
         })?;

@@ -13,6 +13,12 @@
 //!   stream after the run (events, no host wait),
 //! * and returns once every statement is issued.
 //!
+//! The second call of a session whose ranks all run in this process tunes first (within
+//! [`GpuRunOptions::tune`](crate::GpuRunOptions::tune), unless the tuning cache has the
+//! winner): the candidates a session can switch to ([`crate::tune::Scope::Session`]) are
+//! measured on the session's GPUs, and the winner's program, pool and knobs run from that
+//! call on ([`CudaSession::config`] says which).
+//!
 //! The caller keeps its buffers alive until its stream is past the run, as it would for its
 //! own kernels. The reference check ([`CudaSession::check`]) and the timeline
 //! ([`CudaSession::spans`]) wait for the device; issuing does not.
@@ -76,7 +82,6 @@ impl RankCall {
 struct SessionRank {
     rank: usize,
     gpu: Gpu,
-    backend: CudaBackend,
     comm: Arc<Nccl<DeviceTensor>>,
     /// The events that order a run after the caller's stream and the caller's stream after
     /// the run, recorded again at every call.
@@ -84,10 +89,30 @@ struct SessionRank {
     after: CudaEvent,
 }
 
-/// Every rank of a program that runs in this process, open on its GPU: see the module doc.
-pub struct CudaSession {
+/// What a session runs: the program as compiled with the caller's options, or, once tuned,
+/// the winner's program and configuration.
+struct Active {
     exe: Arc<Executable>,
     options: RunOptions,
+    /// The backend of each rank of this process (in the order of [`CudaSession::ranks`]),
+    /// with the options' overlap knobs.
+    backends: Vec<CudaBackend>,
+}
+
+/// The calls of a session so far and what they run ([`CudaSession::issue`] holds it).
+struct Calls {
+    count: usize,
+    /// Whether the first repeated call tried to tune (it tries once).
+    tried: bool,
+    active: Active,
+    /// Where the configuration that runs came from, once tuned: see [`CudaSession::config`].
+    config: Option<String>,
+}
+
+/// Every rank of a program that runs in this process, open on its GPU: see the module doc.
+pub struct CudaSession {
+    /// The program as opened (tuning keeps it; the check compares against its definition).
+    exe: Arc<Executable>,
     world: usize,
     ranks: Vec<SessionRank>,
     /// The launcher's store, which gathers a launched world's shards on rank 0 for the check.
@@ -95,7 +120,7 @@ pub struct CudaSession {
     /// Checks made so far (each gathers under its own key).
     checks: AtomicUsize,
     /// Held while a call issues: calls from several threads take turns.
-    issuing: Mutex<()>,
+    issuing: Mutex<Calls>,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -142,7 +167,7 @@ impl CudaSession {
             ))));
         }
         let id = NcclId::new().map_err(|e| setup(0)(e.to_string()))?;
-        let opened: Vec<Result<SessionRank, Error>> = std::thread::scope(|scope| {
+        let opened: Vec<Result<(SessionRank, CudaBackend), Error>> = std::thread::scope(|scope| {
             let handles: Vec<_> = devices
                 .iter()
                 .enumerate()
@@ -160,16 +185,35 @@ impl CudaSession {
                 })
                 .collect()
         });
-        let ranks = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok(CudaSession {
-            exe,
-            options: options.clone(),
+        let opened = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(CudaSession::new(exe, options, world, opened, None))
+    }
+
+    fn new(
+        exe: Arc<Executable>,
+        options: &RunOptions,
+        world: usize,
+        opened: Vec<(SessionRank, CudaBackend)>,
+        store: Option<TcpStore>,
+    ) -> CudaSession {
+        let (ranks, backends) = opened.into_iter().unzip();
+        CudaSession {
+            exe: exe.clone(),
             world,
             ranks,
-            store: None,
+            store,
             checks: AtomicUsize::new(0),
-            issuing: Mutex::new(()),
-        })
+            issuing: Mutex::new(Calls {
+                count: 0,
+                tried: false,
+                active: Active {
+                    exe,
+                    options: options.clone(),
+                    backends,
+                },
+                config: None,
+            }),
+        }
     }
 
     /// Opens this process's rank of a launched world (`env`: torchrun's or another
@@ -185,15 +229,13 @@ impl CudaSession {
         let (store, id) = crate::world::launched_id(env, options.timeouts.store)
             .map_err(|e| setup(rank)(e.to_string()))?;
         let opened = open_rank(&exe, options, env.local_rank, rank, world, &id)?;
-        Ok(CudaSession {
+        Ok(CudaSession::new(
             exe,
-            options: options.clone(),
+            options,
             world,
-            ranks: vec![opened],
-            store: Some(store),
-            checks: AtomicUsize::new(0),
-            issuing: Mutex::new(()),
-        })
+            vec![opened],
+            Some(store),
+        ))
     }
 
     /// The world's size.
@@ -222,19 +264,29 @@ impl CudaSession {
                 self.ranks.len()
             )));
         }
-        let _turn = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
-        let config = self.exe.config(&self.options);
-        let one = |r: &SessionRank, call: &RankCall| -> Result<IntoRun, ExecError> {
+        let mut turn = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
+        turn.count += 1;
+        if turn.count == 2 && !turn.tried {
+            turn.tried = true;
+            self.tune(&mut turn);
+        }
+        let active = &turn.active;
+        let config = active.exe.config(&active.options);
+        let trace = active.options.trace;
+        let one = |r: &SessionRank,
+                   backend: &CudaBackend,
+                   call: &RankCall|
+         -> Result<IntoRun, ExecError> {
             let (inputs, outputs) =
-                call.map_buffers(|b| r.backend.adopt(b.mem.clone(), b.dtype, &b.sizes))?;
-            if self.options.trace {
-                r.backend.start_trace()?;
+                call.map_buffers(|b| backend.adopt(b.mem.clone(), b.dtype, &b.sizes))?;
+            if trace {
+                backend.start_trace()?;
             }
-            let main = r.backend.stream(StreamKey::Main)?;
+            let main = backend.stream(StreamKey::Main)?;
             main.wait_foreign(&call.stream, &r.before)?;
             let run = run_rank_into(
-                self.exe.program(),
-                &r.backend,
+                active.exe.program(),
+                backend,
                 &*r.comm,
                 &inputs,
                 &outputs,
@@ -244,15 +296,16 @@ impl CudaSession {
             Ok(run)
         };
         let results: Vec<Result<IntoRun, ExecError>> = if self.ranks.len() == 1 {
-            vec![one(&self.ranks[0], &calls[0])]
+            vec![one(&self.ranks[0], &active.backends[0], &calls[0])]
         } else {
             // NCCL wants the ranks of one process to post their collectives concurrently.
             std::thread::scope(|scope| {
                 let handles: Vec<_> = self
                     .ranks
                     .iter()
+                    .zip(&active.backends)
                     .zip(calls)
-                    .map(|(r, c)| scope.spawn(move || one(r, c)))
+                    .map(|((r, b), c)| scope.spawn(move || one(r, b, c)))
                     .collect();
                 handles
                     .into_iter()
@@ -282,25 +335,104 @@ impl CudaSession {
         }
     }
 
+    /// The configuration the calls run once the first repeated call tuned (or tried to):
+    /// the winner and where it came from (`S=2 K=2 eager, ordered compute (tuned now)`, or
+    /// `(the tuning cache)`), or why the program runs as opened; `None` before that call and
+    /// in sessions that do not tune.
+    pub fn config(&self) -> Option<String> {
+        let turn = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
+        turn.config.clone()
+    }
+
+    /// Tunes on the first repeated call, when the options ask for it
+    /// ([`GpuRunOptions::tune`](crate::GpuRunOptions::tune)) and leave the pool, transport
+    /// and overlap knobs at their defaults, every rank runs in this process and the program
+    /// carries its definition: measures what a session can switch to on the session's GPUs
+    /// ([`crate::tune::Scope::Session`], a world of their own for the measurement), or takes
+    /// the cached winner, then runs the winner's program, pool and knobs from this call on.
+    /// A failed tuning leaves the program as opened and says why in [`CudaSession::config`].
+    fn tune(&self, turn: &mut Calls) {
+        let options = &turn.active.options;
+        let defaults = RunOptions::default();
+        let Some(budget) = options.gpu.tune else {
+            return;
+        };
+        if self.store.is_some()
+            || options.streams != defaults.streams
+            || options.gpu.transport != defaults.gpu.transport
+            || options.gpu.overlap != defaults.gpu.overlap
+        {
+            return;
+        }
+        let Some(definition) = self.exe.signature().definition.as_ref() else {
+            return;
+        };
+        let devices: Vec<usize> = self.ranks.iter().map(|r| r.gpu.ordinal()).collect();
+        let tuned = synchronize(&self.ranks, &turn.active.backends)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                crate::executable::tune_definition(
+                    definition,
+                    &crate::executable::TuneFor::Session { devices },
+                    budget,
+                    options,
+                )
+            })
+            .and_then(|(exe, entry, source)| {
+                let candidate = entry.candidate();
+                if !crate::tune::Scope::Session.admits(&candidate) {
+                    return Err(format!(
+                        "the cached configuration {candidate} is not one a session can run"
+                    ));
+                }
+                let mut options = options.clone();
+                entry.apply(&mut options);
+                let teams = program_teams(exe.program());
+                let backends = self
+                    .ranks
+                    .iter()
+                    .map(|r| {
+                        r.comm
+                            .prepare_teams(&teams)
+                            .map_err(|e| e.to_string())
+                            .and_then(|()| backend_of(&options, &r.gpu, &r.comm))
+                            .map_err(|m| format!("rank {}: {m}", r.rank))
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                let active = Active {
+                    exe: Arc::new(exe),
+                    options,
+                    backends,
+                };
+                Ok((active, format!("{candidate} ({source})")))
+            });
+        turn.config = Some(match tuned {
+            Ok((active, config)) => {
+                turn.active = active;
+                config
+            }
+            Err(why) => format!("as opened (tuning failed: {why})"),
+        });
+    }
+
     /// Waits (within [`Timeouts::wait`](crate::Timeouts::wait)) until every rank's GPU has
     /// done everything issued.
     pub fn synchronize(&self) -> Result<(), Error> {
-        for r in &self.ranks {
-            r.backend
-                .synchronize()
-                .map_err(|e| Error::Run(RunError::Ranks(vec![(r.rank, e)])))?;
-        }
-        Ok(())
+        let turn = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
+        synchronize(&self.ranks, &turn.active.backends)
     }
 
     /// Every rank's spans of the last issue (with [`RunOptions::trace`]), after waiting for
     /// the device: by rank, as [`crate::RunReport::rank_spans`] gives them.
     pub fn spans(&self) -> Result<Vec<(usize, Vec<Span>)>, Error> {
-        self.synchronize()?;
+        let turn = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
+        let backends = &turn.active.backends;
+        synchronize(&self.ranks, backends)?;
         Ok(self
             .ranks
             .iter()
-            .map(|r| (r.rank, r.backend.spans()))
+            .zip(backends)
+            .map(|(r, b)| (r.rank, b.spans()))
             .collect())
     }
 
@@ -310,23 +442,24 @@ impl CudaSession {
     /// shards to rank 0 through the launcher's store and rank 0 returns the checks; the
     /// others return none.
     pub fn check(&self, calls: &[RankCall]) -> Result<Vec<OutputCheck>, Error> {
-        self.synchronize()?;
+        let turn = self.issuing.lock().unwrap_or_else(|p| p.into_inner());
+        let backends = &turn.active.backends;
+        synchronize(&self.ranks, backends)?;
         let mut shards: Vec<(Vec<Dense>, Vec<Dense>)> = Vec::new();
-        for (r, call) in self.ranks.iter().zip(calls) {
-            let main = r
-                .backend
+        for ((r, backend), call) in self.ranks.iter().zip(backends).zip(calls) {
+            let main = backend
                 .stream(StreamKey::Main)
                 .map_err(rank_error(r.rank))?;
             let read = |b: &Buffer| -> Result<Dense, Error> {
-                let t = r
-                    .backend
+                let t = backend
                     .adopt(b.mem.clone(), b.dtype, &b.sizes)
                     .map_err(rank_error(r.rank))?;
-                r.backend.download(&t, &main).map_err(rank_error(r.rank))
+                backend.download(&t, &main).map_err(rank_error(r.rank))
             };
             shards.push(call.map_buffers(read)?);
         }
-        self.synchronize()?;
+        synchronize(&self.ranks, backends)?;
+        drop(turn);
         let shards = match &self.store {
             None => shards,
             Some(store) => {
@@ -398,13 +531,34 @@ fn open_rank(
     rank: usize,
     world: usize,
     id: &NcclId,
-) -> Result<SessionRank, Error> {
+) -> Result<(SessionRank, CudaBackend), Error> {
     let fail = setup(rank);
     let nccl = crate::world::nccl_options(options).map_err(|e| fail(e.to_string()))?;
     let crate::world::OpenRank { gpu, comm } =
         crate::world::open_rank(device, rank, world, id, nccl).map_err(|e| fail(e.to_string()))?;
     comm.prepare_teams(&program_teams(exe.program()))
         .map_err(|e| fail(e.to_string()))?;
+    let backend = backend_of(options, &gpu, &comm).map_err(&fail)?;
+    let event = || gpu.new_event(false).map_err(|e| fail(e.to_string()));
+    let (before, after) = (event()?, event()?);
+    Ok((
+        SessionRank {
+            rank,
+            gpu,
+            comm,
+            before,
+            after,
+        },
+        backend,
+    ))
+}
+
+/// A backend on `gpu` with `options`' overlap knobs, wait timeout and trace setting.
+fn backend_of(
+    options: &RunOptions,
+    gpu: &Gpu,
+    comm: &Arc<Nccl<DeviceTensor>>,
+) -> Result<CudaBackend, String> {
     let cuda = options
         .gpu
         .overlap
@@ -416,18 +570,18 @@ fn open_rank(
             },
             gpu.sm_count(),
         )
-        .map_err(|e| fail(e.to_string()))?;
-    let backend = crate::gpu::backend_for(&gpu, cuda, &comm).map_err(|e| fail(e.to_string()))?;
-    let event = || gpu.new_event(false).map_err(|e| fail(e.to_string()));
-    let (before, after) = (event()?, event()?);
-    Ok(SessionRank {
-        rank,
-        gpu,
-        backend,
-        comm,
-        before,
-        after,
-    })
+        .map_err(|e| e.to_string())?;
+    crate::gpu::backend_for(gpu, cuda, comm).map_err(|e| e.to_string())
+}
+
+/// Waits (within the wait timeout) until every rank's GPU has done everything issued on
+/// its backend.
+fn synchronize(ranks: &[SessionRank], backends: &[CudaBackend]) -> Result<(), Error> {
+    for (r, b) in ranks.iter().zip(backends) {
+        b.synchronize()
+            .map_err(|e| Error::Run(RunError::Ranks(vec![(r.rank, e)])))?;
+    }
+    Ok(())
 }
 
 /// A rank's shards as the store carries them: `(dtype, sizes, values)` per tensor.

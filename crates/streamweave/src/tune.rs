@@ -278,6 +278,52 @@ pub struct TuneOptions {
     /// Stop measuring once this much time went by (the candidates left are recorded as
     /// [`Outcome::OverBudget`]); `None`: no limit.
     pub budget: Option<Duration>,
+    /// Which candidates the runner that applies the winner can run: the others are never
+    /// measured.
+    pub scope: Scope,
+}
+
+/// Which candidates a tuning may measure and choose: what the runner that applies the
+/// winner can switch to ([`TuneOptions::scope`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every candidate: `weave run` and [`Executable::run`](crate::Executable::run) open their
+    /// world per run, with any transport and communicator options.
+    #[default]
+    Any,
+    /// What a [`CudaSession`](crate::CudaSession) can switch to between two calls on the
+    /// communicators it keeps open: eager runs on NCCL at any chunk count and pool size, with
+    /// the backend's own knobs (ordered compute, pool priority, GEMM SM margin); no graph
+    /// replay (a session issues statement by statement), no copy engines and nothing that
+    /// needs a communicator of its own (CTA limits and policies, symmetric windows).
+    Session,
+}
+
+impl Scope {
+    /// Whether a runner of this scope can run `c`.
+    pub fn admits(self, c: &Candidate) -> bool {
+        match self {
+            Scope::Any => true,
+            Scope::Session => {
+                let o = &c.overlap;
+                !c.replay
+                    && c.transport == Transport::Nccl
+                    && !o.needs_own_communicators()
+                    && o.ce_slot_mib == 0
+                    && !o.gemm_into_windows
+            }
+        }
+    }
+
+    /// The backend part of a tuning's key: a session's winner (eager, NCCL only) is cached
+    /// apart from a run's.
+    fn backend(self, cuda: bool) -> &'static str {
+        match (self, cuda) {
+            (_, false) => "cpu",
+            (Scope::Any, true) => "cuda",
+            (Scope::Session, true) => "cuda-session",
+        }
+    }
 }
 
 impl TuneOptions {
@@ -295,6 +341,7 @@ impl TuneOptions {
             replays: if cuda { vec![true, false] } else { vec![false] },
             knobs: cuda,
             budget: None,
+            scope: Scope::Any,
         }
     }
 
@@ -316,13 +363,25 @@ impl TuneOptions {
         }
     }
 
-    /// `cuda` or `cpu`.
-    pub fn backend(&self) -> &'static str {
-        if self.cuda {
-            "cuda"
-        } else {
-            "cpu"
+    /// The tuning of a [`CudaSession`](crate::CudaSession)'s first repeated call: S ∈ {1, 2,
+    /// 4, 8} at K = 2, eager, then the knobs a session can switch to and the other pool sizes
+    /// on the best two ([`Scope::Session`]), within `budget`.
+    pub fn session(
+        ranks: usize,
+        machine: &str,
+        calibration: Option<Calibration>,
+        budget: Duration,
+    ) -> Self {
+        TuneOptions {
+            replays: vec![false],
+            scope: Scope::Session,
+            ..TuneOptions::first_run(ranks, machine, calibration, budget)
         }
+    }
+
+    /// The backend part of the key: `cpu`, `cuda`, or `cuda-session` ([`Scope::Session`]).
+    pub fn backend(&self) -> &'static str {
+        self.scope.backend(self.cuda)
     }
 }
 
@@ -346,6 +405,11 @@ pub fn tune(
     if options.replays.is_empty() || (!options.cuda && options.replays.contains(&true)) {
         return Err(Error::Program(
             "the replay settings to try must be at least one, and replay needs GPUs".into(),
+        ));
+    }
+    if options.scope == Scope::Session && options.replays.contains(&true) {
+        return Err(Error::Program(
+            "a session issues statement by statement: its tuning cannot try graph replay".into(),
         ));
     }
     let started = Instant::now();
@@ -480,7 +544,9 @@ pub fn tune(
                     );
                 }
                 for candidate in tries {
-                    if !rows.iter().any(|r| r.candidate == candidate) {
+                    if options.scope.admits(&candidate)
+                        && !rows.iter().any(|r| r.candidate == candidate)
+                    {
                         let outcome = measured(measure, exe, &candidate, over_budget(&rows));
                         rows.push(Row { candidate, outcome });
                     }
@@ -511,7 +577,9 @@ pub fn tune(
             let mut helped: Vec<Knob> = Vec::new();
             for knob in knob_variants(&base, &comms, options.ranks) {
                 let candidate = knob.apply(base);
-                if rows.iter().any(|r| r.candidate == candidate) {
+                if !options.scope.admits(&candidate)
+                    || rows.iter().any(|r| r.candidate == candidate)
+                {
                     continue;
                 }
                 let outcome = measured(measure, exe, &candidate, over_budget(&rows));

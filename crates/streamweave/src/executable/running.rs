@@ -23,7 +23,86 @@ pub(super) struct Repeated {
 }
 
 /// A tuned program, its configuration and where that came from.
-type Tuned = (Executable, crate::tune::Entry, &'static str);
+pub(crate) type Tuned = (Executable, crate::tune::Entry, &'static str);
+
+/// Who a tuning is for: what it may choose and where it measures.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum TuneFor {
+    /// Runs of [`Executable::run`] (and `weave run`) on GPUs `0..ranks`: every candidate.
+    Run {
+        /// The rank count.
+        ranks: usize,
+    },
+    /// A [`CudaSession`](crate::CudaSession) whose rank `r` is on GPU `devices[r]`: what it
+    /// can switch to between calls ([`crate::tune::Scope::Session`]).
+    Session {
+        /// The GPU of each rank.
+        devices: Vec<usize>,
+    },
+}
+
+/// Tunes `definition` for `who` within `budget` unless `options.tune_cache` holds its
+/// configuration, and compiles the winner's chunk count.
+pub(crate) fn tune_definition(
+    definition: &Fusion,
+    who: &TuneFor,
+    budget: Duration,
+    options: &RunOptions,
+) -> Result<Tuned, String> {
+    let (ranks, devices): (usize, Vec<usize>) = match who {
+        TuneFor::Run { ranks } => (*ranks, (0..*ranks).collect()),
+        TuneFor::Session { devices } => (devices.len(), devices.clone()),
+    };
+    let mut fusion = definition.clone();
+    if let Some(name) = fusion
+        .role_param(ParamRole::MeshSize)
+        .map(|p| p.name.clone())
+    {
+        fusion
+            .set_param(&name, i64::try_from(ranks).unwrap_or(i64::MAX))
+            .map_err(|d| d.message)?;
+    }
+    let machine =
+        crate::tune::gpu_name(devices.first().copied().unwrap_or(0)).map_err(|e| e.to_string())?;
+    let tune_options = match who {
+        TuneFor::Run { .. } => crate::tune::TuneOptions::first_run(ranks, &machine, None, budget),
+        TuneFor::Session { .. } => crate::tune::TuneOptions::session(ranks, &machine, None, budget),
+    };
+    let key = crate::tune::TuneKey::of(&fusion, ranks, tune_options.backend(), &machine);
+    let cache = options.gpu.tune_cache.as_deref();
+    let cached = match cache {
+        Some(p) => crate::tune::lookup(p, &key).map_err(|e| e.to_string())?,
+        None => None,
+    };
+    let (entry, source) = match cached {
+        Some(e) => (e, "the tuning cache"),
+        None => {
+            #[cfg(feature = "cuda")]
+            let mut measure =
+                crate::measure::WorldMeasure::open_on(devices, 3, 10, options.timeouts.wait)?;
+            #[cfg(not(feature = "cuda"))]
+            let mut measure = {
+                let _ = devices;
+                crate::tune::RunMeasure::new(Target::Cuda { ranks }, 3, 10, options.timeouts.run)
+            };
+            let tuning = crate::tune::tune(&fusion, &tune_options, &mut measure)
+                .map_err(|e| e.to_string())?;
+            drop(measure);
+            let entry = tuning.entry().ok_or("no candidate could be measured")?;
+            if let Some(p) = cache {
+                // A cache that cannot be written keeps the result for this executable.
+                let _ = crate::tune::store(p, &tuning);
+            }
+            (entry, "tuned now")
+        }
+    };
+    let exe = Compiler::new()
+        .devices(ranks)
+        .chunks(entry.compiler_chunks())
+        .compile(&fusion)
+        .map_err(|e| e.to_string())?;
+    Ok((exe, entry, source))
+}
 
 impl Executable {
     /// Runs the rank of `comm` (`comm.rank()` of `comm.size()`) on inputs already on its
@@ -141,54 +220,7 @@ impl Executable {
         budget: Duration,
         options: &RunOptions,
     ) -> Result<Tuned, String> {
-        let mut fusion = definition.clone();
-        if let Some(name) = fusion
-            .role_param(ParamRole::MeshSize)
-            .map(|p| p.name.clone())
-        {
-            fusion
-                .set_param(&name, i64::try_from(ranks).unwrap_or(i64::MAX))
-                .map_err(|d| d.message)?;
-        }
-        let machine = crate::tune::gpu_name(0).map_err(|e| e.to_string())?;
-        let key = crate::tune::TuneKey::of(&fusion, ranks, "cuda", &machine);
-        let cache = options.gpu.tune_cache.as_deref();
-        let cached = match cache {
-            Some(p) => crate::tune::lookup(p, &key).map_err(|e| e.to_string())?,
-            None => None,
-        };
-        let (entry, source) = match cached {
-            Some(e) => (e, "the tuning cache"),
-            None => {
-                let tune_options =
-                    crate::tune::TuneOptions::first_run(ranks, &machine, None, budget);
-                #[cfg(feature = "cuda")]
-                let mut measure =
-                    crate::measure::WorldMeasure::open(ranks, 3, 10, options.timeouts.wait)?;
-                #[cfg(not(feature = "cuda"))]
-                let mut measure = crate::tune::RunMeasure::new(
-                    Target::Cuda { ranks },
-                    3,
-                    10,
-                    options.timeouts.run,
-                );
-                let tuning = crate::tune::tune(&fusion, &tune_options, &mut measure)
-                    .map_err(|e| e.to_string())?;
-                drop(measure);
-                let entry = tuning.entry().ok_or("no candidate could be measured")?;
-                if let Some(p) = cache {
-                    // A cache that cannot be written keeps the result for this executable.
-                    let _ = crate::tune::store(p, &tuning);
-                }
-                (entry, "tuned now")
-            }
-        };
-        let exe = Compiler::new()
-            .devices(ranks)
-            .chunks(entry.compiler_chunks())
-            .compile(&fusion)
-            .map_err(|e| e.to_string())?;
-        Ok((exe, entry, source))
+        tune_definition(definition, &TuneFor::Run { ranks }, budget, options)
     }
 
     /// [`Executable::run_dense`] of this program with `options` as given, never tuned.

@@ -392,6 +392,80 @@ fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
     assert_eq!(on.knobs(), 2);
 }
 
+/// A session's tuning measures only what a session can switch to between calls (eager,
+/// NCCL, the backend's own knobs), even where the others would be faster, caches its winner
+/// under a key of its own, and refuses to try replay.
+#[test]
+fn a_session_tuning_measures_only_what_a_session_can_switch_to() {
+    // Copy engines, CTA limits and windows would win by far; ordered compute helps a little.
+    let fake = Fake::new(|c: &Candidate| {
+        let o = &c.overlap;
+        if c.transport == Transport::CopyEngine || o.needs_own_communicators() || c.replay {
+            return 1.0;
+        }
+        let t = match c.chunks {
+            Some(1) => 10.0,
+            Some(2) => 8.0,
+            _ => 9.0,
+        };
+        if o.ordered_compute {
+            t * 0.9
+        } else {
+            t
+        }
+    });
+    let options = TuneOptions::session(4, "Test GPU", None, Duration::from_secs(3600));
+    let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+    let measured = fake.calls.borrow().clone();
+    assert!(!measured.is_empty());
+    for c in &measured {
+        assert!(Scope::Session.admits(c), "{c} was measured: {t}");
+    }
+    // The full tuning of the same program measures all of them.
+    let any = Fake::new(|_: &Candidate| 5.0);
+    tune(
+        &fusion(&[]),
+        &TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600)),
+        &mut &any,
+    )
+    .unwrap();
+    assert!(any.calls.borrow().iter().any(|c| !Scope::Session.admits(c)));
+    let (best, time) = t.best().unwrap();
+    assert_eq!(
+        (
+            best.chunks,
+            best.replay,
+            best.transport,
+            best.overlap.ordered_compute
+        ),
+        (Some(2), false, Transport::Nccl, true),
+        "{t}"
+    );
+    assert!((time.as_secs_f64() * 1e3 - 7.2).abs() < 1e-9);
+    assert_eq!(t.key.backend, "cuda-session");
+    let run_key = TuneKey::of(&fusion(&[]), 4, "cuda", "Test GPU");
+    assert_ne!(t.key.id, run_key.id);
+    for c in [
+        candidate(2, 2, true),
+        Knob::CopyEngine.apply(candidate(2, 2, false)),
+        Knob::NcclMaxCtas(16).apply(candidate(2, 2, false)),
+        Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, false).apply(candidate(2, 2, false)),
+        Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(candidate(2, 2, false)),
+    ] {
+        assert!(!Scope::Session.admits(&c), "{c}");
+        assert!(Scope::Any.admits(&c), "{c}");
+    }
+    let replaying = TuneOptions {
+        replays: vec![true, false],
+        ..options
+    };
+    let e = tune(&fusion(&[]), &replaying, &mut &fake).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "a session issues statement by statement: its tuning cannot try graph replay"
+    );
+}
+
 /// A spent budget stops the measuring: S = 1 is always measured first (the budget
 /// counts from before compiling, and a tuning needs one figure), and everything left is
 /// recorded as over the budget, never silently dropped.
