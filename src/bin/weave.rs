@@ -291,6 +291,10 @@ enum Command {
         /// 31,536,000: a year).
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
+        /// Also try the copy-engine transport (off by default: copy-engine runs were seen to
+        /// stall; see docs/benchmarks.md).
+        #[arg(long)]
+        copy_engines: bool,
     },
     /// Measure this machine for the chunk-count model (`--chunks auto`) on N GPUs: bf16 GEMM
     /// throughput and fixed cost, allreduce bus bandwidth and latency, point-to-point
@@ -547,6 +551,7 @@ fn main() -> ExitCode {
             warmup,
             cache,
             timeout_secs,
+            copy_engines,
         } => {
             let Some(cuda) = is_cuda(backend.as_deref()) else {
                 return ExitCode::FAILURE;
@@ -558,6 +563,7 @@ fn main() -> ExitCode {
                 warmup: count(warmup),
                 cache,
                 timeout: Duration::from_secs(timeout_secs),
+                copy_engines,
             };
             weave_cli::cli::tune(&file, &set, &flags)
         }

@@ -106,4 +106,6 @@ pub struct TuneFlags {
     pub cache: Option<PathBuf>,
     /// How long waits and each candidate's runs may take.
     pub timeout: Duration,
+    /// `--copy-engines`: also try the copy-engine transport.
+    pub copy_engines: bool,
 }

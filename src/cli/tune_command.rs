@@ -199,7 +199,10 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     } else {
         None
     };
-    let options = tune::TuneOptions::new(flags.ranks, flags.cuda, &machine, calibration);
+    let options = tune::TuneOptions {
+        copy_engines: flags.copy_engines,
+        ..tune::TuneOptions::new(flags.ranks, flags.cuda, &machine, calibration)
+    };
     crate::outln!(
         "{}: tuning on {} rank(s) of the {} backend{}, {} warm-up and {} timed run(s) per candidate",
         file.display(),

@@ -281,6 +281,12 @@ pub struct TuneOptions {
     /// Which candidates the runner that applies the winner can run: the others are never
     /// measured.
     pub scope: Scope,
+    /// Also try the copy-engine transport (and its slots and GEMMs into windows). Off by
+    /// default: on 2 × H200 (2026-11-27) copy-engine runs of three programs stalled in one
+    /// start out of two, eager and replayed alike, after passing in the other; a tuning that
+    /// measured them once could choose a configuration whose next run stalls
+    /// (docs/benchmarks.md). `weave tune --copy-engines` asks for them.
+    pub copy_engines: bool,
 }
 
 /// Which candidates a tuning may measure and choose: what the runner that applies the
@@ -342,7 +348,18 @@ impl TuneOptions {
             knobs: cuda,
             budget: None,
             scope: Scope::Any,
+            copy_engines: false,
         }
+    }
+
+    /// Whether the tuning may measure `c`: what its runner can run
+    /// ([`TuneOptions::scope`]), on copy engines only when asked
+    /// ([`TuneOptions::copy_engines`]).
+    pub fn allows(&self, c: &Candidate) -> bool {
+        let o = &c.overlap;
+        let copy_engine =
+            c.transport == Transport::CopyEngine || o.ce_slot_mib > 0 || o.gemm_into_windows;
+        self.scope.admits(c) && (self.copy_engines || !copy_engine)
     }
 
     /// The tuning of a first repeated run on GPUs (`weave run --iters`, a second
@@ -514,7 +531,7 @@ pub fn tune(
         // The copy engines at every chunk count, on that count's fastest run: their best S
         // is not NCCL's (no SM taken from the GEMM, a handshake per piece), so trying them
         // on NCCL's best S alone misses it.
-        if options.ranks > 1 {
+        if options.ranks > 1 && options.copy_engines {
             let mut per_count: Vec<(Candidate, Duration)> = Vec::new();
             for r in &rows {
                 let Some(t) = r.outcome.time() else { continue };
@@ -544,8 +561,7 @@ pub fn tune(
                     );
                 }
                 for candidate in tries {
-                    if options.scope.admits(&candidate)
-                        && !rows.iter().any(|r| r.candidate == candidate)
+                    if options.allows(&candidate) && !rows.iter().any(|r| r.candidate == candidate)
                     {
                         let outcome = measured(measure, exe, &candidate, over_budget(&rows));
                         rows.push(Row { candidate, outcome });
@@ -577,9 +593,7 @@ pub fn tune(
             let mut helped: Vec<Knob> = Vec::new();
             for knob in knob_variants(&base, &comms, options.ranks) {
                 let candidate = knob.apply(base);
-                if !options.scope.admits(&candidate)
-                    || rows.iter().any(|r| r.candidate == candidate)
-                {
+                if !options.allows(&candidate) || rows.iter().any(|r| r.candidate == candidate) {
                     continue;
                 }
                 let outcome = measured(measure, exe, &candidate, over_budget(&rows));

@@ -198,8 +198,36 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
         }
         t
     });
-    let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+    let options = TuneOptions {
+        copy_engines: true,
+        ..TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600))
+    };
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+    // Without `copy_engines` (the default) the same tuning measures every candidate but
+    // the copy-engine ones, and chooses the same.
+    let plain = Fake::new(&fake.figure);
+    let without = tune(
+        &fusion(&[]),
+        &TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600)),
+        &mut &plain,
+    )
+    .unwrap();
+    let copy_engine = |c: &Candidate| {
+        c.transport == Transport::CopyEngine
+            || c.overlap.ce_slot_mib > 0
+            || c.overlap.gemm_into_windows
+    };
+    let measured_without: Vec<Candidate> = plain.calls.borrow().clone();
+    let expected: Vec<Candidate> = without
+        .rows
+        .iter()
+        .map(|r| r.candidate)
+        .filter(|c| !copy_engine(c))
+        .collect();
+    assert_eq!(measured_without, expected);
+    assert!(!measured_without.iter().any(copy_engine), "{without}");
+    assert!(t.rows.iter().any(|r| copy_engine(&r.candidate)));
+    assert_eq!(without.best(), t.best());
     let (best, time) = t.best().unwrap();
     assert_eq!(best.chunks, Some(2));
     assert_eq!(best.streams, 2);
@@ -339,7 +367,10 @@ fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
         }
         t
     });
-    let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600));
+    let options = TuneOptions {
+        copy_engines: true,
+        ..TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600))
+    };
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     let (best, time) = t.best().unwrap();
     assert_eq!(
