@@ -1091,7 +1091,7 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
     let two = streamweave::cuda::device_count().unwrap_or(0) >= 2;
     let (name, source, ranks) = if two {
         // The row-parallel scenario at small sizes.
-        let scenario = std::fs::read_to_string(common::fixture("row_parallel_linear.weave"))
+        let scenario = std::fs::read_to_string(common::fixture("row_parallel_linear"))
             .expect("the row-parallel scenario");
         let small = scenario.replace("(t = 8192, h = 8192,", "(t = 512, h = 256,");
         assert_ne!(small, scenario, "the scenario's default sizes moved");
