@@ -197,8 +197,8 @@ fn a_bad_weave_dump_fails_with_its_syntax() {
 /// `--kernels` prints the CUDA C of each distinct launch: the chunks of a loop that share a
 /// shape share one entry, an uneven last chunk has its own; a loop that only launches kernels
 /// on small chunks runs once over whole tensors (`merge-kernel-chunks`), so its kernel has one
-/// entry at the whole shape; `--sms` needs `--kernels`, which runs the default pipeline and
-/// takes no pass flags.
+/// entry at the whole shape; `--sms` needs `--kernels` or a host program to plan, and
+/// `--kernels` runs the default pipeline and takes no pass flags.
 #[test]
 fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
     let file = "tests/scenarios/reduction.weave";
@@ -262,6 +262,101 @@ fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
     assert!(!ok && err.contains("--kernels"), "{err}");
     let (ok, _, err) = weave(&["dump", file, "--kernels", "--passes", "default"], None);
     assert!(!ok && err.contains("cannot be used with"), "{err}");
+}
+
+/// A host program is printed with its kernel table after it: a header, then one `//` line per
+/// plan (statement, segment, layouts, temporaries, each kernel's name and grid for `--sms`
+/// SMs, 132 without it), an uneven last chunk with a plan of its own; the printed program
+/// parses back as it printed, the plans read as comments.
+#[test]
+fn a_host_program_is_printed_with_its_kernel_plans_and_parses_back() {
+    let plans = |out: &str| -> Vec<String> {
+        out.lines()
+            .skip_while(|l| !l.starts_with("// Kernel plans:"))
+            .map(str::to_string)
+            .collect()
+    };
+    let reduction = "tests/scenarios/reduction.weave";
+    let line = |blocks: usize| {
+        format!(
+            "// `LaunchKernel(kernel=K0, inputs=(T0), outputs=(T1))`: segment \
+             `reduction_kernel0`, inputs (f32[10000, 8, 2] strides [16, 2, 1]), outputs \
+             (f32[10000, 8] strides [8, 1]); temporaries (); kernels \
+             weave_kernel_reduction_kernel0_0 (80000 rows; {blocks} blocks of 32 threads)"
+        )
+    };
+    for (sms, blocks) in [(None, 80000), (Some("8"), 8192)] {
+        let mut args = vec!["dump", reduction, "--passes", "default", "--set", "x=10000"];
+        args.extend(sms.iter().flat_map(|n| ["--sms", n]));
+        let (ok, out, err) = weave(&args, None);
+        assert!(ok, "{err}");
+        assert_eq!(
+            plans(&out),
+            [
+                format!(
+                    "// Kernel plans: 1 for 1 rank(s) and 2 pool stream(s), grids for {} SMs",
+                    sms.unwrap_or("132")
+                ),
+                line(blocks)
+            ],
+            "{out}"
+        );
+        // The plans follow the last kernel block and read as comments.
+        let program = &out[..out.find("// Kernel plans:").unwrap()];
+        assert!(program.ends_with("\n}\n"), "{program}");
+        let back = streamweave::Executable::from_text("dumped.hir", &out).unwrap();
+        assert_eq!(streamweave::host_ir::print(back.program()), program);
+    }
+    // Two chunk shapes of one segment: two plans.
+    let dir = std::env::temp_dir().join(format!("weave-cli-plans-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let linear_relu = dir.join("linear_relu.weave");
+    std::fs::write(
+        &linear_relu,
+        common::linear_relu("t = 10, h = 8, f = 4, s = 3", "f32"),
+    )
+    .unwrap();
+    let (ok, out, err) = weave(
+        &["dump", linear_relu.to_str().unwrap(), "--passes", "default"],
+        None,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{err}");
+    let plans = plans(&out);
+    assert_eq!(plans.len(), 3, "{out}");
+    assert_eq!(
+        plans[0],
+        "// Kernel plans: 2 for 1 rank(s) and 2 pool stream(s), grids for 132 SMs"
+    );
+    assert!(
+        plans[1].contains("inputs (f32[4, 4] strides [4, 1])")
+            && plans[2].contains("inputs (f32[2, 4] strides [4, 1])"),
+        "{plans:#?}"
+    );
+    streamweave::Executable::from_text("dumped.hir", &out).unwrap();
+    // `--streams`: the pool the plans are for (the header says it).
+    let (ok, out, err) = weave(
+        &["dump", reduction, "--passes", "default", "--streams", "3"],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "\n// Kernel plans: 1 for 1 rank(s) and 3 pool stream(s), grids for 132 SMs\n"
+        ),
+        "{out}"
+    );
+    // No host program, nothing to plan: `--sms` and `--streams` are refused.
+    for flag in ["--sms", "--streams"] {
+        let (ok, _, err) = weave(&["dump", reduction, flag, "8"], None);
+        assert!(!ok, "{err}");
+        assert!(
+            err.starts_with(&format!("error: {flag} sets what the kernel plans"))
+                && err.contains("this dump prints a fusion")
+                && err.contains("--passes default"),
+            "{err}"
+        );
+    }
 }
 
 /// The host program between `%HostIrContainer {` and its closing line, one string per line.

@@ -194,13 +194,9 @@ fn sampled_check(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     let start = Instant::now();
-    let (runs, _) = streamweave::gpu::run_threads(
-        compiled.program(),
-        &compiled.config(&options),
-        per_rank,
-        &options,
-    )
-    .map_err(|e: RunError| e.to_string())?;
+    let (runs, _) =
+        streamweave::gpu::run_threads(&compiled, &compiled.config(&options), per_rank, &options)
+            .map_err(|e: RunError| e.to_string())?;
     let run_time = start.elapsed();
     // The sampled inputs and reference.
     let small_inputs: Vec<Dense> = globals
@@ -357,7 +353,7 @@ fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
     };
     let start = Instant::now();
     let result = streamweave::gpu::run_threads_failing(
-        compiled.program(),
+        &compiled,
         &compiled.config(&options),
         per_rank,
         &options,

@@ -362,16 +362,31 @@ fn generated_ids_lie_inside_the_table() {
 #[test]
 fn the_cuda_kernel_of_each_rank_starts_at_its_block() {
     let (_, exe) = vocab_embedding(&[("d", 2)]);
-    // Rank 0's kernels, as the CUDA backend compiles them: the lookup reads zero outside
-    // its block, never out of bounds.
-    let kernels = exe.kernel_sources(2, 132).unwrap();
-    let all: String = kernels
-        .iter()
-        .flat_map(|k| k.plan.launches.iter().map(|l| l.source.clone()))
-        .collect();
-    assert!(all.contains("- 0LL;"), "{all}");
-    assert!(all.contains("< 12LL)"), "{all}");
+    // Every rank's kernels, as the CUDA backend launches them: each rank's copy of the
+    // lookup (named for its rank) reads zero outside its block, never out of bounds.
+    let table = exe.kernel_table(2, 2, 132).unwrap();
+    let source = |rank: usize| -> String {
+        let suffix = format!("_rank{rank}");
+        let entries: Vec<_> = table
+            .entries()
+            .iter()
+            .filter(|k| k.segment.ends_with(&suffix))
+            .collect();
+        assert_eq!(entries.len(), 1, "rank {rank}: {:#?}", table.entries());
+        entries[0]
+            .plan
+            .launches
+            .iter()
+            .map(|l| l.source.clone())
+            .collect()
+    };
+    let (rank0, rank1) = (source(0), source(1));
+    assert!(rank0.contains("- 0LL;"), "{rank0}");
+    assert!(rank0.contains("< 12LL)"), "{rank0}");
     // Rank 1's copy of the kernel starts at row 12.
+    assert!(rank1.contains("- 12LL;"), "{rank1}");
+    assert!(!rank1.contains("- 0LL;"), "{rank1}");
+    // The interpreter's copy is the one the table planned: named for its rank.
     let (_, unit) = exe
         .program()
         .kernels
@@ -386,29 +401,7 @@ fn the_cuda_kernel_of_each_rank_starts_at_its_block() {
         })
         .unwrap();
     let bound = weave_executor::interp::bind_rank(&unit.fusion, 1).unwrap();
-    let arg = |dtype, sizes: &[usize]| weave_executor::cuda::codegen::TensorArg {
-        dtype,
-        sizes: sizes.to_vec(),
-        strides: {
-            let mut s = vec![1usize; sizes.len()];
-            for a in (0..sizes.len().saturating_sub(1)).rev() {
-                s[a] = s[a + 1] * sizes[a + 1];
-            }
-            s
-        },
-    };
-    let plan = weave_executor::cuda::codegen::plan(
-        &bound,
-        "k",
-        &[
-            arg(weave_ir::DType::BF16, &[12, 8]),
-            arg(weave_ir::DType::I64, &[4]),
-        ],
-        &[arg(weave_ir::DType::BF16, &[4, 8, 1])],
-        132,
-    )
-    .unwrap();
-    assert!(plan.launches[0].source.contains("- 12LL;"));
+    assert_eq!(bound.name, format!("{}_rank1", unit.fusion.name));
 }
 
 #[test]

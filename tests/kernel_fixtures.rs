@@ -227,9 +227,9 @@ fn every_kernel_fixture_is_one_kernel_per_chunk() {
         assert_eq!(program.kernels.len(), 1, "{case}");
         // And the code generator makes that segment one CUDA kernel (softmax and the norms
         // a row kernel), with no temporary, for every chunk shape.
-        let sources = exe.kernel_sources(1, 132).expect("kernel sources");
-        assert!(!sources.is_empty(), "{case}");
-        for k in &sources {
+        let table = exe.kernel_table(1, 2, 132).expect("kernel table");
+        assert!(!table.entries().is_empty(), "{case}");
+        for k in table.entries() {
             assert_eq!(k.plan.launches.len(), 1, "{case}: {:#?}", k.plan.launches);
             assert!(k.plan.temps.iter().all(|(_, n)| *n == 0), "{case}");
         }

@@ -68,12 +68,13 @@ fn built_with_x(name: &str) -> (weave_ir::Fusion, weave_ir::TensorId) {
     (f, x)
 }
 
-/// The CUDA sources of rank 0's kernels of `src` on `d` devices, as one text.
+/// The CUDA sources of the kernels of `src` on `d` devices (every rank's, of 2), as one
+/// text.
 fn cuda_sources(src: &str, d: i64) -> String {
     let fusion = load(src, d);
     let exe = streamweave::Compiler::new().compile(&fusion).unwrap();
     let mut all = String::new();
-    for k in exe.kernel_sources(2, 132).unwrap().iter() {
+    for k in exe.kernel_table(2, 2, 132).unwrap().entries() {
         for launch in &k.plan.launches {
             all.push_str(&launch.source);
         }

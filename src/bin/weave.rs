@@ -1,7 +1,9 @@
 //! `weave`: the streamweave command line.
 //!
 //! `weave dump FILE [--set k=v]...` loads a `.weave` fusion (parse, schedule, verify), runs
-//! a pass pipeline verifying after every pass, and prints the IR; it takes the flags of
+//! a pass pipeline verifying after every pass, and prints the IR (a host program is followed
+//! by its kernel plans as `//` lines, for `--sms N` SMs and `--streams K` pool streams;
+//! `--kernels` prints their CUDA C instead); it takes the flags of
 //! `cargo xtask dump` (`--passes`, `--print-before`, `--print-after`, `--print-after-change`,
 //! `--dump-dir`, `--list-passes`; docs/passes.md) and honours `WEAVE_DUMP`, which this binary
 //! reads and hands to the library (`weave run` honours it too, dumping to stderr).
@@ -83,14 +85,20 @@ enum Command {
         /// List the registered passes with their summaries, and the default pipeline.
         #[arg(long)]
         list_passes: bool,
-        /// Compile with the default pipeline and print the CUDA C of every generated kernel,
-        /// for the buffer layouts rank 0 launches it on (one per distinct chunk shape).
+        /// Compile with the default pipeline and print the CUDA C of every generated kernel
+        /// of its kernel table: one per distinct segment and buffer layouts that the ranks
+        /// launch (each chunk shape; each rank's copy of a kernel whose ops mention `rank`).
         #[arg(long, conflicts_with_all = ["passes", "print_before", "print_after", "print_after_change", "dump_dir"])]
         kernels: bool,
-        /// With --kernels: the SM count grids are sized for (an H100 SXM has 132).
-        #[arg(long, value_name = "N", default_value_t = 132, requires = "kernels",
-              value_parser = clap::value_parser!(u32).range(1..=65536))]
-        sms: u32,
+        /// The SM count kernel grids are sized for, in the kernel plans printed after a host
+        /// program and with --kernels (default 132, an H100 SXM's).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+        sms: Option<u32>,
+        /// The pool size (`numberOfStreams`, as `weave run --streams`) the kernel plans
+        /// printed after a host program and with --kernels are for: it sets the strides of a
+        /// buffer of chunk slots (default 2).
+        #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=MAX_STREAMS))]
+        streams: Option<u64>,
     },
     /// Compile a `.weave` file (or take a printed host program, `.hir`), run it on N ranks
     /// with seeded random inputs and compare every rank's outputs with the unsharded f64
@@ -414,6 +422,7 @@ fn main() -> ExitCode {
             list_passes,
             kernels,
             sms,
+            streams,
         } => {
             if list_passes {
                 weave_cli::out!("{}", Registry::standard().listing());
@@ -423,8 +432,17 @@ fn main() -> ExitCode {
                 eprintln!("error: dump needs a FILE (or --list-passes)");
                 return ExitCode::FAILURE;
             };
+            let given = match (sms, streams) {
+                (Some(_), _) => Some("--sms"),
+                (None, Some(_)) => Some("--streams"),
+                (None, None) => None,
+            };
+            let target = PlanTarget {
+                sms: sms.map_or(DEFAULT_SMS, |n| n as usize),
+                streams: streams.map_or(streamweave::RunOptions::default().streams, |k| k as usize),
+            };
             if kernels {
-                return dump_kernels(&file, &set, sms as usize);
+                return dump_kernels(&file, &set, target);
             }
             let flags = DumpFlags {
                 passes,
@@ -434,7 +452,7 @@ fn main() -> ExitCode {
                 dump_dir,
                 weave_dump: std::env::var(DUMP_ENV).ok(),
             };
-            dump(&file, &set, &flags)
+            dump(&file, &set, &flags, target, given)
         }
         Command::Run {
             file,
@@ -626,20 +644,54 @@ fn launch(options: &weave_cli::launch::LaunchOptions) -> ExitCode {
     }
 }
 
-/// Loads and compiles `file`, then prints the CUDA C of its generated kernels for a GPU of
-/// `sms` SMs; every failure is reported on stderr with exit status 1.
-fn dump_kernels(file: &Path, set: &[(String, i64)], sms: usize) -> ExitCode {
+/// The SM count `weave dump` sizes kernel grids for without `--sms` (an H100 SXM's).
+const DEFAULT_SMS: usize = 132;
+
+/// What `weave dump` plans kernels for: GPUs of `sms` SMs, a pool of `streams` streams.
+#[derive(Clone, Copy)]
+struct PlanTarget {
+    sms: usize,
+    streams: usize,
+}
+
+/// Loads and compiles `file`, then prints the CUDA C of its kernel table for `target`;
+/// every failure is reported on stderr with exit status 1.
+fn dump_kernels(file: &Path, set: &[(String, i64)], target: PlanTarget) -> ExitCode {
     let text = (|| -> Result<String, String> {
         let fusion = streamweave::load_file(file, set).map_err(|e| e.to_string())?;
         let exe = streamweave::Compiler::new()
             .compile(&fusion)
             .map_err(|e| e.to_string())?;
-        let kernels = exe
-            .kernel_sources(exe.min_ranks().max(1), sms)
+        let table = exe
+            .kernel_table(exe.min_ranks(), target.streams, target.sms)
             .map_err(|e| e.to_string())?;
-        Ok(streamweave::kernels::print_kernels(&kernels, sms))
+        Ok(streamweave::kernels::print_kernels(&table))
     })();
     print_or_report(text)
+}
+
+/// The kernel table of a printed host program, as `//` lines that follow it (the program
+/// parses back with them): its plans on the ranks its meshes name, for `target`,
+/// or why there are none (a kernel the code generator cannot plan is named there; the
+/// program is still printed, for the CPU backend runs it).
+fn kernel_plans(program: &weave_host_ir::HostProgram, target: PlanTarget) -> String {
+    let table = streamweave::Executable::from_program(program.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|exe| {
+            exe.kernel_table(exe.min_ranks(), target.streams, target.sms)
+                .map_err(|e| e.to_string())
+        });
+    match table {
+        Ok(table) => streamweave::kernels::print_plans(&table),
+        Err(e) => e
+            .lines()
+            .enumerate()
+            .map(|(k, line)| match k {
+                0 => format!("// Kernel plans: none: {line}\n"),
+                _ => format!("//   {line}\n"),
+            })
+            .collect(),
+    }
 }
 
 /// Prints `text` on stdout (a closed pipe ends the process quietly:
@@ -661,8 +713,16 @@ fn print_or_report(text: Result<String, impl std::fmt::Display>) -> ExitCode {
 }
 
 /// Loads `file`, runs the pipeline `flags` ask for, printing its dumps, then prints the IR it
-/// leaves; every failure is reported on stderr with exit status 1.
-fn dump(file: &Path, set: &[(String, i64)], flags: &DumpFlags) -> ExitCode {
+/// leaves, a host program followed by its kernel plans for `target`; every failure is
+/// reported on stderr with exit status 1 (the flag `given` of `target`, with no host
+/// program to plan, is one).
+fn dump(
+    file: &Path,
+    set: &[(String, i64)],
+    flags: &DumpFlags,
+    target: PlanTarget,
+    given: Option<&str>,
+) -> ExitCode {
     let text = (|| -> Result<String, String> {
         let manager = PassManager::from_flags(flags).map_err(|e| e.to_string())?;
         let fusion = streamweave::load_file(file, set).map_err(|e| e.to_string())?;
@@ -670,7 +730,21 @@ fn dump(file: &Path, set: &[(String, i64)], flags: &DumpFlags) -> ExitCode {
         let ir = manager
             .run_with_output(Ir::Fusion(fusion), &mut weave_cli::output::Stdout)
             .map_err(|e| e.to_string())?;
-        Ok(weave_passes::manager::render(&ir))
+        let mut text = weave_passes::manager::render(&ir);
+        match &ir {
+            Ir::Host(program) => text.push_str(&kernel_plans(program, target)),
+            _ if given.is_some() => {
+                return Err(format!(
+                    "{} sets what the kernel plans printed after a host program, or with \
+                     --kernels, are for; this dump prints a {} (run the pipeline to the host \
+                     program: --passes default)",
+                    given.unwrap_or_default(),
+                    ir.form()
+                ))
+            }
+            _ => {}
+        }
+        Ok(text)
     })();
     print_or_report(text)
 }

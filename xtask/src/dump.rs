@@ -9,7 +9,7 @@ use clap::Args;
 
 /// Arguments of `cargo xtask dump`: everything `weave dump` takes (`FILE`, `--set`,
 /// `--passes`, `--print-before`, `--print-after`, `--print-after-change`, `--dump-dir`,
-/// `--list-passes`, `--kernels`), handed on as given.
+/// `--list-passes`, `--kernels`, `--sms`, `--streams`), handed on as given.
 #[derive(Args)]
 pub struct DumpArgs {
     /// The arguments of `weave dump` (`cargo xtask dump --help` shows its own; `weave dump

@@ -27,7 +27,7 @@ use weave_bench::{world_gpu_name, WorldOptions};
 use weave_comm::nccl::NcclOptions;
 use weave_executor::dense::{elem_bytes, Dense};
 use weave_executor::reference::compare;
-use weave_executor::{Backend, CudaBackend, DeviceTensor, Replay, StreamKey};
+use weave_executor::{Backend, CudaBackend, CudaOptions, DeviceTensor, Replay, StreamKey};
 use weave_ir::DType;
 
 /// The cases, each a fixture `NAME.weave` in the scenarios directory.
@@ -291,7 +291,14 @@ fn measure(
     w: &Window,
     (warmup, iters, streams): (usize, usize, usize),
 ) -> Result<Measured, JobError> {
-    let backend = &rank.backend;
+    // A backend that launches the program's kernels from its kernel table, planned for this
+    // GPU before the runs.
+    let kernels = exe
+        .kernel_table(rank.world, streams, streamweave::gpu::sms_of(&rank.gpu))
+        .map_err(|e| e.to_string())?;
+    let backend = &rank
+        .backend_with(CudaOptions::default())?
+        .with_kernels(kernels);
     let main = backend.stream(StreamKey::Main).map_err(|e| e.to_string())?;
     let consts = weave_bench::kernel_constants(case, h);
     let mut inputs = Vec::new();

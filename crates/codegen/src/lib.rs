@@ -1,7 +1,8 @@
 //! weave-codegen: CUDA C code generation for kernel segments. A fusion becomes a short list
-//! of generated kernels over strided views of the segment's buffers ([`plan`]); the CUDA
-//! backend of weave-executor compiles and launches them, and `weave dump --kernels` prints
-//! them, in a build with or without CUDA.
+//! of generated kernels over strided views of the segment's buffers ([`plan`]). A program's
+//! plans are made before it runs, into weave-executor's kernel table (every launch of every
+//! rank); the CUDA backend compiles and launches what the table holds, and `weave dump`
+//! prints the table (`--kernels`: its CUDA C), in a build with or without CUDA.
 //!
 //! The generator follows weave-executor's fusion interpreter (`interp`) op by op, with the
 //! same result sizes (`weave_ir::shape`: broadcasts and reshapes), but on *lazy values*:
@@ -30,9 +31,10 @@
 //! Pointwise kernels and the passes of row kernels move `V` elements per access (16 bytes when
 //! the types allow; a pointwise thread takes 4 such vectors per iteration), with a scalar
 //! fallback kernel for buffers that are not aligned to the vector (see [`Launch::align`]);
-//! they index in 32 bits where every offset fits and size their grid from the device's SM
-//! count at launch. A row kernel whose row splits evenly over its block keeps each thread's
-//! vectors in registers from the first pass to the last, so the row is read once.
+//! they index in 32 bits where every offset fits and size their grid from the SM count they
+//! are planned for (the kernel table's). A row kernel whose row splits evenly over its block
+//! keeps each thread's vectors in registers from the first pass to the last, so the row is
+//! read once.
 //!
 //! Arithmetic runs in `float` (or `double` when an f64 or i64 tensor is involved); bf16 and
 //! f16 are loaded and stored through PTX conversions (round to nearest even), so no header

@@ -11,6 +11,9 @@
 //!   [`memory`]: sizes checked before allocation (overflow, the host memory available);
 //! * [`meter`]: a backend and communicator that do no work and count it (the evaluator's
 //!   host cost alone; the workload a cost model needs);
+//! * [`kernels`]: the kernel table, every generated kernel a program's ranks launch,
+//!   planned before it runs (from a meter run of each rank); the CUDA backend launches
+//!   what it holds;
 //! * [`race`]: the race checker (vector clocks per stream, advanced by `Synchronize` and
 //!   `Wait`);
 //! * [`timeline`]: per-rank, per-stream spans in Chrome trace format and as an SVG picture.
@@ -35,6 +38,7 @@ pub mod dense;
 pub mod error;
 pub mod eval;
 pub mod interp;
+pub mod kernels;
 pub mod memory;
 pub mod meter;
 pub mod race;
@@ -51,4 +55,5 @@ pub use eval::{
     check_inputs, producers, program_teams, run_rank, run_rank_buffers, run_rank_into, BufferRun,
     Deadline, IntoRun, RankRun, RunConfig, MAX_TRIP_COUNT,
 };
+pub use kernels::{KernelEntry, KernelTable, KernelTableError};
 pub use race::{RaceChecker, RaceReport};

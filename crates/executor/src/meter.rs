@@ -13,7 +13,7 @@ use weave_host_ir::KernelId;
 use weave_ir::{DType, Fusion};
 
 use crate::backend::{Backend, Region, Span, StreamKey};
-use crate::cuda::codegen::TensorArg;
+use weave_codegen::TensorArg;
 use crate::dense::{elem_bytes, Dense};
 use crate::error::ExecError;
 
@@ -30,14 +30,20 @@ pub struct Shape {
 impl Shape {
     /// The layout a kernel sees: the box's sizes, the allocation's row-major strides.
     pub fn arg(&self) -> TensorArg {
-        let mut strides = vec![1usize; self.full.len()];
-        for a in (0..self.full.len().saturating_sub(1)).rev() {
-            strides[a] = strides[a + 1].saturating_mul(self.full[a + 1]);
-        }
         TensorArg {
             dtype: self.dtype,
             sizes: self.sizes(),
-            strides,
+            strides: row_major(&self.full),
+        }
+    }
+
+    /// The layout of a contiguous copy of the box: its sizes, their row-major strides.
+    fn copy_arg(&self) -> TensorArg {
+        let sizes = self.sizes();
+        TensorArg {
+            dtype: self.dtype,
+            strides: row_major(&sizes),
+            sizes,
         }
     }
 
@@ -58,6 +64,15 @@ impl Shape {
     }
 }
 
+/// The row-major element strides of `sizes` (saturating).
+fn row_major(sizes: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; sizes.len()];
+    for a in (0..sizes.len().saturating_sub(1)).rev() {
+        strides[a] = strides[a + 1].saturating_mul(sizes[a + 1]);
+    }
+    strides
+}
+
 /// The bytes of a whole allocation of `sizes` at `dtype`'s size (saturating).
 fn bytes_of(dtype: DType, sizes: &[usize]) -> u64 {
     crate::memory::bytes_of(sizes, elem_bytes(dtype)).unwrap_or(u64::MAX)
@@ -75,7 +90,9 @@ pub struct MeteredLaunch {
     pub label: String,
     /// The kernel segment.
     pub fusion: Arc<Fusion>,
-    /// The inputs' layouts.
+    /// The inputs' layouts as the CUDA backend's kernels read them: an input that shares
+    /// its allocation with an output (a running total updated in place) is read from a
+    /// contiguous copy, so its layout is that copy's.
     pub inputs: Vec<TensorArg>,
     /// The outputs' layouts.
     pub outputs: Vec<TensorArg>,
@@ -323,12 +340,24 @@ impl Backend for MeterBackend {
         outputs: &[Shape],
         _stream: &StreamKey,
     ) -> Result<(), ExecError> {
+        // The layouts the CUDA backend launches the kernels on: an input that shares its
+        // allocation with an output is read from a contiguous copy there (generated kernels
+        // take their buffers as `__restrict__`).
+        let args = inputs
+            .iter()
+            .map(
+                |i| match outputs.iter().any(|o| o.allocation == i.allocation) {
+                    true => i.copy_arg(),
+                    false => i.arg(),
+                },
+            )
+            .collect();
         self.count(|c| {
             c.kernels += 1;
             c.launches.push(MeteredLaunch {
                 label: label.to_string(),
                 fusion: fusion.clone(),
-                inputs: inputs.iter().map(Shape::arg).collect(),
+                inputs: args,
                 outputs: outputs.iter().map(Shape::arg).collect(),
             })
         });
@@ -482,4 +511,35 @@ impl Communicator for MeterComm {
     }
 
     fn abort(&self, _reason: &str) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_input_updated_in_place_is_recorded_as_the_contiguous_copy_a_gpu_reads() {
+        let backend = MeterBackend::new();
+        // A running total: columns 2..4 of a [4, 6] buffer, read and written by one launch.
+        let total = backend.shape(DType::F32, &[4, 6]);
+        let chunk = backend.chunk(&total, 1, 3, 1).unwrap();
+        let other = backend.shape(DType::F32, &[4, 6]);
+        let other = backend.chunk(&other, 1, 3, 1).unwrap();
+        let fusion = Arc::new(Fusion::new("k"));
+        backend
+            .launch_kernel(
+                "L",
+                KernelId::default(),
+                &fusion,
+                &[chunk.clone(), other],
+                &[chunk],
+                &StreamKey::Main,
+            )
+            .unwrap();
+        let launch = &backend.meter().launches[0];
+        let layout = |a: &TensorArg| (a.sizes.clone(), a.strides.clone());
+        assert_eq!(layout(&launch.inputs[0]), (vec![4, 2], vec![2, 1]));
+        assert_eq!(layout(&launch.inputs[1]), (vec![4, 2], vec![6, 1]));
+        assert_eq!(layout(&launch.outputs[0]), (vec![4, 2], vec![6, 1]));
+    }
 }

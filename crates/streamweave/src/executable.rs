@@ -32,6 +32,7 @@ pub use error::Error;
 #[cfg(feature = "cuda")]
 pub(crate) use running::{tune_definition, TuneFor};
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,7 +56,13 @@ pub struct Executable {
     chunk_choice: Option<Choice>,
     /// Runs on GPUs so far and the tuned configuration they use (shared by clones).
     repeated: Arc<Mutex<running::Repeated>>,
+    /// The kernel tables made so far, by rank count, pool size and SM count (shared by
+    /// clones): [`Executable::kernel_table`].
+    pub(crate) kernel_tables: KernelTables,
 }
+
+/// The kernel tables of an executable, by rank count, pool size and SM count.
+type KernelTables = Arc<Mutex<HashMap<(usize, usize, usize), Arc<weave_executor::KernelTable>>>>;
 
 impl Executable {
     /// An executable of a host program that carries a signature (what lower-to-host
@@ -83,6 +90,7 @@ impl Executable {
             compile_time: Duration::ZERO,
             chunk_choice: None,
             repeated: Arc::default(),
+            kernel_tables: Arc::default(),
         })
     }
 

@@ -14,10 +14,12 @@ use weave_comm::{CommError, Communicator, IpcCopy};
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
     check_inputs, program_teams, run_rank, run_rank_buffers, time_back_to_back, Backend, BlockSums,
-    CudaBackend, CudaOptions, Dense, DeviceTensor, ExecError, RankRun, Replay, RunConfig,
+    CudaBackend, CudaOptions, Dense, DeviceTensor, ExecError, KernelTable, RankRun, Replay,
+    RunConfig,
 };
 use weave_host_ir::HostProgram;
 
+use crate::executable::Executable;
 use crate::run::check_all_inputs;
 use crate::setup::{RunError, RunOptions, Transport};
 
@@ -40,8 +42,31 @@ fn gpus_available(needed: usize) -> Result<(), RunError> {
     crate::world::gpus_available(needed).map_err(RunError::Setup)
 }
 
+/// The SM count of `gpu`, what kernel tables are planned for (at least 1).
+pub fn sms_of(gpu: &Gpu) -> usize {
+    usize::try_from(gpu.sm_count()).unwrap_or(1).max(1)
+}
+
+/// The kernel table of `exe` on `world` ranks with the pool of `config`, for the SM count of
+/// GPU `device`, made (or found, [`Executable::kernel_table`]) before any rank runs: a kernel
+/// the code generator cannot plan fails the run here, naming its statement. With the GPU,
+/// which the caller keeps open while its ranks run (they find its context open).
+fn kernels_for(
+    exe: &Executable,
+    world: usize,
+    config: &RunConfig,
+    device: usize,
+) -> Result<(Gpu, Arc<KernelTable>), RunError> {
+    let gpu = Gpu::open(device).map_err(|e| RunError::Setup(e.to_string()))?;
+    let table = exe
+        .kernel_table(world, config.number_of_streams, sms_of(&gpu))
+        .map_err(|e| RunError::Setup(e.to_string()))?;
+    Ok((gpu, table))
+}
+
 /// A backend on `gpu` whose host waits also poll `comm`'s asynchronous errors, so a failed
-/// collective ends a wait with the communicator's error instead of a timeout.
+/// collective ends a wait with the communicator's error instead of a timeout. It has no
+/// kernel table: give it the program's ([`CudaBackend::with_kernels`]) before it runs one.
 pub fn backend_for(
     gpu: &Gpu,
     options: CudaOptions,
@@ -64,11 +89,12 @@ enum Link<'a> {
     Windows(&'a Arc<crate::threads::Exchange>),
 }
 
-/// Opens rank `rank`'s GPU, its backend and its communicator, and runs the program (or, when
-/// `fail_early`, aborts right after the setup).
+/// Opens rank `rank`'s GPU, its backend (launching from `kernels`) and its communicator, and
+/// runs the program (or, when `fail_early`, aborts right after the setup).
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     program: &HostProgram,
+    kernels: &Arc<KernelTable>,
     config: &RunConfig,
     inputs: &[Dense],
     options: &RunOptions,
@@ -89,7 +115,8 @@ fn run_one(
         comm.abort(&why);
         return Err(ExecError::Program(why));
     }
-    let backend = backend_for(&gpu, cuda_options(options, &gpu)?, &comm)?;
+    let backend =
+        backend_for(&gpu, cuda_options(options, &gpu)?, &comm)?.with_kernels(kernels.clone());
     let run = match link {
         Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
         Link::Ipc(_) | Link::Windows(_) => {
@@ -218,39 +245,42 @@ where
     Ok(run)
 }
 
-/// Runs every rank on its own GPU, one thread per rank, in this process: rank `r` on GPU `r`
-/// with `per_rank[r]`.
+/// Runs every rank of `exe` on its own GPU, one thread per rank, in this process: rank `r`
+/// on GPU `r` with `per_rank[r]`. The program's kernel table, for GPU 0's SM count, is made
+/// before any rank starts.
 pub fn run_threads(
-    program: &HostProgram,
+    exe: &Executable,
     config: &RunConfig,
     per_rank: Vec<Vec<Dense>>,
     options: &RunOptions,
 ) -> Result<(Vec<RankRun>, Duration), RunError> {
-    run_threads_with(program, config, per_rank, options, None)
+    run_threads_with(exe, config, per_rank, options, None)
 }
 
 /// [`run_threads`] where rank `fail` sets up its GPU and communicator and then exits before
 /// posting anything: the failure-injection test of the timeouts and aborts.
 pub fn run_threads_failing(
-    program: &HostProgram,
+    exe: &Executable,
     config: &RunConfig,
     per_rank: Vec<Vec<Dense>>,
     options: &RunOptions,
     fail: usize,
 ) -> Result<(Vec<RankRun>, Duration), RunError> {
-    run_threads_with(program, config, per_rank, options, Some(fail))
+    run_threads_with(exe, config, per_rank, options, Some(fail))
 }
 
 fn run_threads_with(
-    program: &HostProgram,
+    exe: &Executable,
     config: &RunConfig,
     per_rank: Vec<Vec<Dense>>,
     options: &RunOptions,
     fail: Option<usize>,
 ) -> Result<(Vec<RankRun>, Duration), RunError> {
+    let program = exe.program();
     let world = per_rank.len();
     check_all_inputs(program, config, &per_rank)?;
     gpus_available(world)?;
+    let (_gpu, kernels) = kernels_for(exe, world, config, 0)?;
     let id = NcclId::new().map_err(|e| RunError::Setup(e.to_string()))?;
     let exchange = crate::threads::Exchange::new(world);
     // The rank threads are detached and waited for until the run's deadline and a grace to
@@ -269,6 +299,7 @@ fn run_threads_with(
         };
         run_one(
             &program,
+            &kernels,
             &config,
             &inputs,
             &options,
@@ -294,24 +325,28 @@ pub struct Launched {
     pub run_time: Duration,
 }
 
-/// Runs this process's rank of a launched world on GPU `env.local_rank`, every rank's run
-/// gathered to rank 0 through the store.
+/// Runs this process's rank of a launched world of `exe` on GPU `env.local_rank`, every
+/// rank's run gathered to rank 0 through the store. The program's kernel table, for that
+/// GPU's SM count, is made before the rank joins the world.
 pub fn run_launched(
-    program: &HostProgram,
+    exe: &Executable,
     config: &RunConfig,
     inputs: Vec<Dense>,
     options: &RunOptions,
     env: &LaunchEnv,
 ) -> Result<Launched, RunError> {
+    let program = exe.program();
     let (rank, world) = (env.rank, env.world);
     check_inputs(program, &inputs, config, rank, world)
         .map_err(|e| RunError::Ranks(vec![(rank, e)]))?;
     gpus_available(env.local_rank + 1)?;
+    let (_gpu, kernels) = kernels_for(exe, world, config, env.local_rank)?;
     let setup = |e: CommError| RunError::Setup(format!("rank {rank}: {e}"));
     let (store, id) = crate::world::launched_id(env, options.timeouts.store).map_err(setup)?;
     let start = Instant::now();
     let run = run_one(
         program,
+        &kernels,
         config,
         &inputs,
         options,

@@ -151,7 +151,8 @@ pub struct ProgramTiming {
 /// Runs `exe` on `rank` with `comm` (the world's or one with other options, NCCL or the
 /// copy-engine communicator, its NCCL teams prepared): inputs filled from `seeds` (one per
 /// fusion input), `warmup` and `iters` timed runs, then one more run whose first output's
-/// `rows` are sampled.
+/// `rows` are sampled. Its backends launch the executable's kernel table for this rank's
+/// GPU ([`Executable::kernel_table`]), made before the first run.
 #[allow(clippy::too_many_arguments)]
 pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     rank: &Rank,
@@ -163,7 +164,12 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     iters: usize,
     rows: &[usize],
 ) -> Result<ProgramTiming, JobError> {
-    let backend = rank.backend_with(how.cuda.clone())?;
+    let kernels = exe
+        .kernel_table(rank.world, how.streams, crate::gpu::sms_of(&rank.gpu))
+        .map_err(|e| e.to_string())?;
+    let backend = rank
+        .backend_with(how.cuda.clone())?
+        .with_kernels(kernels.clone());
     let mut inputs = Vec::new();
     for (i, layout) in exe.inputs().iter().enumerate() {
         let seed = seeds.get(i).copied().unwrap_or(i as u64 + 1);
@@ -211,10 +217,12 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     // Eager runs only: span events recorded while capturing come back untimed from a replay
     // (measured: no span of a replayed graph could be read).
     if how.trace && !how.graph {
-        let traced = rank.backend_with(CudaOptions {
-            trace: true,
-            ..how.cuda.clone()
-        })?;
+        let traced = rank
+            .backend_with(CudaOptions {
+                trace: true,
+                ..how.cuda.clone()
+            })?
+            .with_kernels(kernels);
         let tmain = traced.stream(StreamKey::Main).map_err(err("stream"))?;
         // One run before the traced one warms the new backend's streams and plans.
         for o in once(&traced)? {

@@ -395,7 +395,7 @@ impl CudaSession {
                         r.comm
                             .prepare_teams(&teams)
                             .map_err(|e| e.to_string())
-                            .and_then(|()| backend_of(&options, &r.gpu, &r.comm))
+                            .and_then(|()| backend_of(&exe, self.world, &options, &r.gpu, &r.comm))
                             .map_err(|m| format!("rank {}: {m}", r.rank))
                     })
                     .collect::<Result<Vec<_>, String>>()?;
@@ -523,7 +523,8 @@ fn rank_error(rank: usize) -> impl Fn(ExecError) -> Error {
 }
 
 /// Opens rank `rank` of `world` on GPU `device`: its NCCL communicator (with the program's
-/// teams) and its backend.
+/// teams) and its backend, which launches the program's kernel table for this GPU's SM count
+/// ([`Executable::kernel_table`], made here before anything runs).
 fn open_rank(
     exe: &Executable,
     options: &RunOptions,
@@ -538,7 +539,7 @@ fn open_rank(
         crate::world::open_rank(device, rank, world, id, nccl).map_err(|e| fail(e.to_string()))?;
     comm.prepare_teams(&program_teams(exe.program()))
         .map_err(|e| fail(e.to_string()))?;
-    let backend = backend_of(options, &gpu, &comm).map_err(&fail)?;
+    let backend = backend_of(exe, world, options, &gpu, &comm).map_err(&fail)?;
     let event = || gpu.new_event(false).map_err(|e| fail(e.to_string()));
     let (before, after) = (event()?, event()?);
     Ok((
@@ -553,12 +554,19 @@ fn open_rank(
     ))
 }
 
-/// A backend on `gpu` with `options`' overlap knobs, wait timeout and trace setting.
+/// A backend on `gpu` with `options`' overlap knobs, wait timeout and trace setting, which
+/// launches the kernel table of `exe` on `world` ranks with `options`' pool, for this GPU's SM
+/// count ([`Executable::kernel_table`]: a kernel the code generator cannot plan fails here).
 fn backend_of(
+    exe: &Executable,
+    world: usize,
     options: &RunOptions,
     gpu: &Gpu,
     comm: &Arc<Nccl<DeviceTensor>>,
 ) -> Result<CudaBackend, String> {
+    let kernels = exe
+        .kernel_table(world, options.streams, crate::gpu::sms_of(gpu))
+        .map_err(|e| e.to_string())?;
     let cuda = options
         .gpu
         .overlap
@@ -571,7 +579,8 @@ fn backend_of(
             gpu.sm_count(),
         )
         .map_err(|e| e.to_string())?;
-    crate::gpu::backend_for(gpu, cuda, comm).map_err(|e| e.to_string())
+    let backend = crate::gpu::backend_for(gpu, cuda, comm).map_err(|e| e.to_string())?;
+    Ok(backend.with_kernels(kernels))
 }
 
 /// Waits (within the wait timeout) until every rank's GPU has done everything issued on

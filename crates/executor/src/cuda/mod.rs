@@ -13,13 +13,17 @@
 //!
 //! Where a buffer's elements lie ([`DeviceTensor`], as matrices for GEMMs and as rows of 2-D
 //! copies) is the `layout` module; how `matmul` and `linear` become cuBLASLt strided batches
-//! is the `gemm` module. The kernels of kernel segments are weave-codegen's ([`codegen`]):
-//! this backend compiles their CUDA C with NVRTC and launches them.
+//! is the `gemm` module. The kernels of kernel segments are weave-codegen's ([`codegen`]),
+//! planned before the program runs into the kernel table the backend is given
+//! ([`CudaBackend::with_kernels`]): the `launch` module looks each launch's plan up by its
+//! segment and layouts, compiles its CUDA C with NVRTC on first use and launches it. The
+//! backend plans only its own reductions ([`BlockSums`]).
 
 /// The kernel code generator (the weave-codegen crate), under its path in this crate.
 pub use weave_codegen as codegen;
 
 mod gemm;
+mod launch;
 mod layout;
 mod reduce;
 mod replay;
@@ -30,7 +34,7 @@ pub use reduce::BlockSums;
 pub use replay::Replay;
 pub use timer::{time_back_to_back, IN_FLIGHT};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,7 +46,7 @@ use weave_ir::{DType, Fusion};
 use crate::backend::{Backend, Region, Span, StreamKey};
 use crate::dense::{elem_bytes, Dense};
 use crate::error::ExecError;
-use codegen::{Buf, KernelPlan, TensorArg};
+use launch::{launch_planned, Planned};
 use layout::BoxRows;
 
 /// How a [`CudaBackend`] behaves.
@@ -98,61 +102,6 @@ struct PendingSpan {
 /// A check the backend runs while the host waits: the communicator's asynchronous error.
 pub type ErrorCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
-/// A kernel segment's plans are specific to its operands' layouts.
-/// A kernel segment (by the address of its fusion, which the plan keeps alive so that the
-/// address is never another fusion's), on buffers of these layouts.
-type PlanKey = (usize, KernelId, Vec<TensorArg>, Vec<TensorArg>);
-
-/// A kernel segment's plan for one layout, with each launch's kernel (and fallback) once
-/// loaded, so that a launch does not look its source up again.
-struct Planned {
-    _fusion: Arc<Fusion>,
-    plan: KernelPlan,
-    loaded: Vec<[std::sync::OnceLock<Arc<weave_cuda::Kernel>>; 2]>,
-}
-
-impl Planned {
-    /// `plan` of `fusion`, none of its kernels loaded yet.
-    fn new(fusion: Arc<Fusion>, plan: KernelPlan) -> Arc<Planned> {
-        let loaded = plan.launches.iter().map(|_| Default::default()).collect();
-        Arc::new(Planned {
-            _fusion: fusion,
-            plan,
-            loaded,
-        })
-    }
-}
-
-/// Launches the kernels of `planned` on `stream`, their buffers at `address` (each kernel's
-/// variant chosen by the addresses' alignment, loaded on first use).
-fn launch_planned(
-    gpu: &Gpu,
-    planned: &Planned,
-    address: &dyn Fn(&Buf) -> u64,
-    stream: &GpuStream,
-    sms: usize,
-) -> Result<(), ExecError> {
-    for (l, loaded) in planned.plan.launches.iter().zip(&planned.loaded) {
-        let addresses: Vec<u64> = l.args.iter().map(address).collect();
-        let chosen = l.for_addresses(&addresses);
-        let slot = &loaded[usize::from(!std::ptr::eq(chosen, l))];
-        let Some((grid, block)) = chosen.grid.dims(sms) else {
-            continue;
-        };
-        let k = match slot.get() {
-            Some(k) => k.clone(),
-            None => {
-                let k = gpu.kernel(&chosen.name, &chosen.source)?;
-                let _ = slot.set(k.clone());
-                k
-            }
-        };
-        let args: Vec<u64> = chosen.args.iter().map(address).collect();
-        gpu.launch(stream, &k, grid, block, &args)?;
-    }
-    Ok(())
-}
-
 /// One rank's GPU.
 pub struct CudaBackend {
     gpu: Gpu,
@@ -160,7 +109,8 @@ pub struct CudaBackend {
     streams: Mutex<BTreeMap<StreamKey, GpuStream>>,
     error: Mutex<Option<ExecError>>,
     check: Mutex<Option<ErrorCheck>>,
-    plans: Mutex<HashMap<PlanKey, Arc<Planned>>>,
+    /// The kernel table kernel segments are launched from ([`CudaBackend::with_kernels`]).
+    kernels: launch::Kernels,
     spans: Mutex<Vec<PendingSpan>>,
     origin: Mutex<Option<CudaEvent>>,
     allocations: Mutex<Vec<std::sync::Weak<DeviceMemory>>>,
@@ -175,7 +125,9 @@ pub struct CudaBackend {
 const EVENT_POOL: usize = 256;
 
 impl CudaBackend {
-    /// A backend on `gpu`.
+    /// A backend on `gpu`, with no kernel table: it runs GEMMs, copies and communications,
+    /// and a program's kernel segments once given the program's table
+    /// ([`CudaBackend::with_kernels`]).
     pub fn new(gpu: Gpu, options: CudaOptions) -> Result<CudaBackend, ExecError> {
         gpu.bind()?;
         let backend = CudaBackend {
@@ -184,7 +136,7 @@ impl CudaBackend {
             streams: Mutex::new(BTreeMap::new()),
             error: Mutex::new(None),
             check: Mutex::new(None),
-            plans: Mutex::new(HashMap::new()),
+            kernels: launch::Kernels::none(),
             spans: Mutex::new(Vec::new()),
             origin: Mutex::new(None),
             allocations: Mutex::new(Vec::new()),
@@ -635,89 +587,13 @@ impl Backend for CudaBackend {
     fn launch_kernel(
         &self,
         label: &str,
-        kernel: KernelId,
+        _kernel: KernelId,
         fusion: &Arc<Fusion>,
         inputs: &[DeviceTensor],
         outputs: &[DeviceTensor],
         stream: &GpuStream,
     ) -> Result<(), ExecError> {
-        // A launch on the empty last chunk of an axis that the stream chunks do not divide
-        // writes nothing; a grid of zero blocks is not a valid launch.
-        if outputs.iter().all(|o| o.numel() == 0) {
-            return Ok(());
-        }
-        // A kernel that updates an input in place (`acc = acc + sum(chunk)`, a running total
-        // of a stream loop) reads a copy of it: generated kernels take their buffers as
-        // `__restrict__`.
-        if let Some(i) = inputs
-            .iter()
-            .position(|i| outputs.iter().any(|o| o.mem.id() == i.mem.id()))
-        {
-            let original = &inputs[i];
-            let copy = self.allocate(original.dtype, &original.sizes(), false, stream)?;
-            self.copy(label, original, &copy, stream)?;
-            let mut staged = inputs.to_vec();
-            staged[i] = copy.clone();
-            let launched = self.launch_kernel(label, kernel, fusion, &staged, outputs, stream);
-            self.deallocate(copy, stream);
-            return launched;
-        }
-        // Generated kernels take their buffers as `__restrict__`: an output may share no
-        // allocation with an input or another output.
-        for (k, o) in outputs.iter().enumerate() {
-            let id = o.mem.id();
-            if inputs.iter().any(|i| i.mem.id() == id)
-                || outputs[k + 1..].iter().any(|p| p.mem.id() == id)
-            {
-                return Err(ExecError::Compute {
-                    stmt: label.to_string(),
-                    message: format!(
-                        "output {k} of the kernel shares its allocation with another of its \
-                         buffers; a kernel's outputs must not overlap its inputs or each other"
-                    ),
-                });
-            }
-        }
-        let ins: Vec<TensorArg> = inputs.iter().map(DeviceTensor::arg).collect();
-        let outs: Vec<TensorArg> = outputs.iter().map(DeviceTensor::arg).collect();
-        let key = (Arc::as_ptr(fusion) as usize, kernel, ins, outs);
-        let sms = self.gpu.sm_count().max(1) as usize;
-        let cached = self.plans.lock().unwrap().get(&key).cloned();
-        let planned = match cached {
-            Some(p) => p,
-            None => {
-                let name = format!("weave_kernel_{}", fusion.name);
-                let plan = codegen::plan(fusion, &name, &key.2, &key.3, sms).map_err(|m| {
-                    ExecError::Compute {
-                        stmt: label.to_string(),
-                        message: m.to_string(),
-                    }
-                })?;
-                let p = Planned::new(fusion.clone(), plan);
-                self.plans.lock().unwrap().insert(key, p.clone());
-                p
-            }
-        };
-        let plan = &planned.plan;
-        let temps: Vec<Arc<DeviceMemory>> = plan
-            .temps
-            .iter()
-            .map(|(d, n)| self.gpu.alloc(n * elem_bytes(*d), stream))
-            .collect::<Result<_, _>>()?;
-        let address = |b: &Buf| match b {
-            Buf::Input(i) => inputs[*i].ptr(),
-            Buf::Output(i) => outputs[*i].ptr(),
-            Buf::Temp(i) => temps[*i].ptr(),
-        };
-        self.compute(stream, || {
-            self.timed(stream, label, || {
-                launch_planned(&self.gpu, &planned, &address, stream, sms)
-            })
-        })?;
-        for t in temps {
-            t.free_on(stream)?;
-        }
-        Ok(())
+        self.launch_segment(label, fusion, inputs, outputs, stream)
     }
 
     fn matmul(

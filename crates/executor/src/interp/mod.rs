@@ -514,9 +514,10 @@ fn whole_axis(
 
 /// A copy of the kernel `fusion` for the device of rank `rank`, where an op's size mentions
 /// the host programs' built-in `rank` (a vocabulary-parallel lookup's first row): `rank`
-/// takes its value there. `None` when no op mentions it, so that every rank shares the
-/// kernel. The host program is the same text on every rank; this is where a kernel learns
-/// which device runs it.
+/// takes its value there, and the copy is named `<name>_rank<rank>` (the kernel table keys
+/// plans by name, and each rank's copy generates other code). `None` when no op mentions
+/// it, so that every rank shares the kernel. The host program is the same text on every
+/// rank; this is where a kernel learns which device runs it.
 pub fn bind_rank(fusion: &Fusion, rank: i64) -> Option<Fusion> {
     let mentions = |b: &Scalar| b.mentions(weave_ir::Builtin::Rank);
     let bound: Vec<_> = fusion
@@ -531,6 +532,7 @@ pub fn bind_rank(fusion: &Fusion, rank: i64) -> Option<Fusion> {
         return None;
     }
     let mut copy = fusion.clone();
+    copy.name = format!("{}_rank{rank}", fusion.name);
     for e in bound {
         if let ExprKind::IndexSelect { base: Some(b), .. } = &mut copy.expr_mut(e).kind {
             *b = b.substitute(&|n| (n == weave_ir::RANK).then(|| Scalar::c(rank)));

@@ -112,7 +112,9 @@ impl Executable {
     /// own framework). Returns once every statement is issued; the outputs stay on the device
     /// (the rank's shards, in signature order) and errors of enqueued work surface at the
     /// backend's next synchronization. Every rank of the world calls it with the same
-    /// executable.
+    /// executable. A CUDA backend launches the program's kernels from its kernel table: give
+    /// it [`Executable::kernel_table`] for the world's size and the GPU's SM count
+    /// (`CudaBackend::with_kernels`).
     pub fn run_rank_buffers<B, C>(
         &self,
         backend: &B,
@@ -264,7 +266,7 @@ impl Executable {
             #[cfg(feature = "cuda")]
             Target::Launched(env) => {
                 let inputs = self.shard_inputs(globals, env.rank)?;
-                let l = crate::gpu::run_launched(&self.program, &config, inputs, options, env)?;
+                let l = crate::gpu::run_launched(self, &config, inputs, options, env)?;
                 (l.runs, l.run_time, l.gathered)
             }
             target => {
@@ -273,7 +275,7 @@ impl Executable {
                     .collect::<Result<Vec<_>, _>>()?;
                 #[cfg(feature = "cuda")]
                 let (runs, time) = if target.is_cuda() {
-                    crate::gpu::run_threads(&self.program, &config, per_rank, options)?
+                    crate::gpu::run_threads(self, &config, per_rank, options)?
                 } else {
                     crate::run::run_local(&self.program, &config, per_rank, options)?
                 };

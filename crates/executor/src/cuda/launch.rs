@@ -1,0 +1,202 @@
+//! Kernel segments on the CUDA backend: the backend launches the plans of the kernel table
+//! it was given ([`CudaBackend::with_kernels`]), looked up by the segment's name and its
+//! buffers' layouts, and plans nothing itself (a launch the table does not hold is an error
+//! naming the statement and the layouts). Each plan's kernels are compiled with NVRTC on
+//! first use (the GPU caches them by name and source text) and kept per entry, so a launch
+//! does not look its source up again. [`Planned`] and [`launch_planned`] also launch the
+//! backend's own reductions (`reduce`).
+
+use std::sync::{Arc, OnceLock};
+
+use weave_cuda::{DeviceMemory, Gpu, GpuStream};
+use weave_ir::Fusion;
+
+use super::codegen::{Buf, KernelPlan, TensorArg};
+use super::{CudaBackend, DeviceTensor};
+use crate::backend::Backend;
+use crate::dense::elem_bytes;
+use crate::error::ExecError;
+use crate::kernels::KernelTable;
+
+/// Each launch's kernel and scalar fallback of a plan, once loaded.
+type Loaded = Vec<[OnceLock<Arc<weave_cuda::Kernel>>; 2]>;
+
+/// A plan's loaded-kernel slots, none loaded yet.
+fn unloaded(plan: &KernelPlan) -> Loaded {
+    plan.launches.iter().map(|_| Default::default()).collect()
+}
+
+/// A plan of the backend's own (a reduction of `reduce`), with each launch's kernel (and
+/// fallback) once loaded.
+pub(super) struct Planned {
+    _fusion: Arc<Fusion>,
+    pub(super) plan: KernelPlan,
+    loaded: Loaded,
+}
+
+impl Planned {
+    /// `plan` of `fusion`, none of its kernels loaded yet.
+    pub(super) fn new(fusion: Arc<Fusion>, plan: KernelPlan) -> Arc<Planned> {
+        let loaded = unloaded(&plan);
+        Arc::new(Planned {
+            _fusion: fusion,
+            plan,
+            loaded,
+        })
+    }
+}
+
+/// Launches the kernels of `planned` on `stream`, their buffers at `address`.
+pub(super) fn launch_planned(
+    gpu: &Gpu,
+    planned: &Planned,
+    address: &dyn Fn(&Buf) -> u64,
+    stream: &GpuStream,
+    sms: usize,
+) -> Result<(), ExecError> {
+    launch_plan(gpu, &planned.plan, &planned.loaded, address, stream, sms)
+}
+
+/// Launches the kernels of `plan` on `stream`, their buffers at `address` (each kernel's
+/// variant chosen by the addresses' alignment, loaded into `loaded` on first use), their
+/// grids sized for `sms` SMs.
+fn launch_plan(
+    gpu: &Gpu,
+    plan: &KernelPlan,
+    loaded: &Loaded,
+    address: &dyn Fn(&Buf) -> u64,
+    stream: &GpuStream,
+    sms: usize,
+) -> Result<(), ExecError> {
+    for (l, loaded) in plan.launches.iter().zip(loaded) {
+        let addresses: Vec<u64> = l.args.iter().map(address).collect();
+        let chosen = l.for_addresses(&addresses);
+        let slot = &loaded[usize::from(!std::ptr::eq(chosen, l))];
+        let Some((grid, block)) = chosen.grid.dims(sms) else {
+            continue;
+        };
+        let k = match slot.get() {
+            Some(k) => k.clone(),
+            None => {
+                let k = gpu.kernel(&chosen.name, &chosen.source)?;
+                let _ = slot.set(k.clone());
+                k
+            }
+        };
+        let args: Vec<u64> = chosen.args.iter().map(address).collect();
+        gpu.launch(stream, &k, grid, block, &args)?;
+    }
+    Ok(())
+}
+
+/// The kernel table a backend launches from, with each entry's kernels once loaded.
+pub(super) struct Kernels {
+    table: Arc<KernelTable>,
+    loaded: Vec<Loaded>,
+}
+
+impl Kernels {
+    /// `table`, none of its kernels loaded yet.
+    pub(super) fn new(table: Arc<KernelTable>) -> Kernels {
+        let loaded = table.entries().iter().map(|e| unloaded(&e.plan)).collect();
+        Kernels { table, loaded }
+    }
+
+    /// An empty table: a backend's before [`CudaBackend::with_kernels`].
+    pub(super) fn none() -> Kernels {
+        Kernels::new(Arc::new(KernelTable::new(0, 0, 1)))
+    }
+}
+
+impl CudaBackend {
+    /// This backend, launching the kernel segments of a program from `table`: the plans of
+    /// every launch of every rank, made before the program runs
+    /// (`streamweave::Executable::kernel_table`; [`KernelTable::for_program`]). Grids are
+    /// sized for the table's SM count. A backend without a table (one that only runs
+    /// GEMMs, copies and communications) fails any kernel segment, naming the statement.
+    pub fn with_kernels(mut self, table: Arc<KernelTable>) -> CudaBackend {
+        self.kernels = Kernels::new(table);
+        self
+    }
+
+    /// The kernel table this backend launches from.
+    pub fn kernel_table(&self) -> &Arc<KernelTable> {
+        &self.kernels.table
+    }
+
+    /// Launches the kernel segment `fusion` of statement `label`: its plan from the kernel
+    /// table, then its temporaries and kernels on `stream`.
+    pub(super) fn launch_segment(
+        &self,
+        label: &str,
+        fusion: &Arc<Fusion>,
+        inputs: &[DeviceTensor],
+        outputs: &[DeviceTensor],
+        stream: &GpuStream,
+    ) -> Result<(), ExecError> {
+        // A launch on the empty last chunk of an axis that the stream chunks do not divide
+        // writes nothing; a grid of zero blocks is not a valid launch. (The kernel table
+        // holds no plan for it either.)
+        if outputs.iter().all(|o| o.numel() == 0) {
+            return Ok(());
+        }
+        // A kernel that updates an input in place (`acc = acc + sum(chunk)`, a running total
+        // of a stream loop) reads a copy of it: generated kernels take their buffers as
+        // `__restrict__`. (The meter records the copy's layout, so the table holds its plan.)
+        if let Some(i) = inputs
+            .iter()
+            .position(|i| outputs.iter().any(|o| o.mem.id() == i.mem.id()))
+        {
+            let original = &inputs[i];
+            let copy = self.allocate(original.dtype, &original.sizes(), false, stream)?;
+            self.copy(label, original, &copy, stream)?;
+            let mut staged = inputs.to_vec();
+            staged[i] = copy.clone();
+            let launched = self.launch_segment(label, fusion, &staged, outputs, stream);
+            self.deallocate(copy, stream);
+            return launched;
+        }
+        // Generated kernels take their buffers as `__restrict__`: an output may share no
+        // allocation with an input or another output.
+        for (k, o) in outputs.iter().enumerate() {
+            let id = o.mem.id();
+            if inputs.iter().any(|i| i.mem.id() == id)
+                || outputs[k + 1..].iter().any(|p| p.mem.id() == id)
+            {
+                return Err(ExecError::Compute {
+                    stmt: label.to_string(),
+                    message: format!(
+                        "output {k} of the kernel shares its allocation with another of its \
+                         buffers; a kernel's outputs must not overlap its inputs or each other"
+                    ),
+                });
+            }
+        }
+        let ins: Vec<TensorArg> = inputs.iter().map(DeviceTensor::arg).collect();
+        let outs: Vec<TensorArg> = outputs.iter().map(DeviceTensor::arg).collect();
+        let table = &self.kernels.table;
+        let at = table.plan_for(label, &fusion.name, &ins, &outs)?;
+        let plan = &table.entries()[at].plan;
+        let loaded = &self.kernels.loaded[at];
+        let temps: Vec<Arc<DeviceMemory>> = plan
+            .temps
+            .iter()
+            .map(|(d, n)| self.gpu.alloc(n * elem_bytes(*d), stream))
+            .collect::<Result<_, _>>()?;
+        let address = |b: &Buf| match b {
+            Buf::Input(i) => inputs[*i].ptr(),
+            Buf::Output(i) => outputs[*i].ptr(),
+            Buf::Temp(i) => temps[*i].ptr(),
+        };
+        let sms = table.sms();
+        self.compute(stream, || {
+            self.timed(stream, label, || {
+                launch_plan(&self.gpu, plan, loaded, &address, stream, sms)
+            })
+        })?;
+        for t in temps {
+            t.free_on(stream)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,315 @@
+//! The kernel table (`Executable::kernel_table`), the plans a GPU run's backends launch: an
+//! entry for every launch of every rank (an uneven stream split's short chunk, each rank's
+//! copy of a kernel whose ops mention `rank`, the strides of chunk slots at the run's pool
+//! size), once per segment and layout; the error of a launch it does not hold; and a kernel
+//! the code generator cannot plan, reported when the table is made, naming its statement.
+
+mod common;
+
+use std::collections::HashSet;
+
+use weave_executor::cuda::codegen::TensorArg;
+use weave_executor::meter::MeterBackend;
+use weave_executor::{run_rank, Dense, ExecError, KernelTable, KernelTableError, RunConfig};
+
+/// A launch: its segment and layouts.
+type Launch = (String, Vec<TensorArg>, Vec<TensorArg>);
+
+/// Every kernel launch that writes something (an output that is not empty) of the ranks
+/// `of` of `ranks` ranks of `exe` with `streams` pool streams, each rank run on its own on
+/// the meter backend, as the ranks make them.
+fn launches_of(
+    exe: &streamweave::Executable,
+    ranks: usize,
+    streams: usize,
+    of: std::ops::Range<usize>,
+) -> Vec<Launch> {
+    let sig = exe.signature();
+    let config = RunConfig {
+        params: sig.params.iter().cloned().collect(),
+        number_of_streams: streams,
+        check_races: false,
+        deadline: None,
+    };
+    let mut all = Vec::new();
+    for rank in of {
+        let inputs: Vec<Dense> = sig
+            .inputs
+            .iter()
+            .map(|t| Dense {
+                dtype: t.dtype,
+                sizes: t.local_sizes_of(rank),
+                data: Vec::new(),
+            })
+            .collect();
+        let backend = MeterBackend::new();
+        let comm = backend.comm(rank, ranks);
+        run_rank(exe.program(), &backend, &comm, &inputs, &config)
+            .unwrap_or_else(|e| panic!("rank {rank} on the meter: {e}"));
+        for l in backend.meter().launches {
+            if l.outputs.iter().all(|o| o.sizes.contains(&0)) {
+                continue;
+            }
+            all.push((l.fusion.name.clone(), l.inputs, l.outputs));
+        }
+    }
+    all
+}
+
+/// Every such launch of every rank, with 2 pool streams.
+fn launches(exe: &streamweave::Executable, ranks: usize) -> Vec<Launch> {
+    launches_of(exe, ranks, 2, 0..ranks)
+}
+
+/// Checks that `table` holds a plan for every launch of every rank and nothing else, each
+/// once; returns the distinct launches.
+fn assert_covers(what: &str, table: &KernelTable, launches: &[Launch]) -> usize {
+    let mut distinct: HashSet<&Launch> = HashSet::new();
+    for l in launches {
+        assert!(
+            table.get(&l.0, &l.1, &l.2).is_some(),
+            "{what}: no plan of `{}` on {:?} -> {:?}",
+            l.0,
+            l.1,
+            l.2
+        );
+        distinct.insert(l);
+    }
+    let entries: HashSet<Launch> = table
+        .entries()
+        .iter()
+        .map(|e| (e.segment.clone(), e.inputs.clone(), e.outputs.clone()))
+        .collect();
+    assert_eq!(entries.len(), table.entries().len(), "{what}: a plan twice");
+    assert_eq!(
+        entries.len(),
+        distinct.len(),
+        "{what}: a plan no rank launches"
+    );
+    distinct.len()
+}
+
+fn compile(source: &str, set: &[(&str, i64)]) -> streamweave::Executable {
+    let set: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let fusion = streamweave::load("t.weave", source, &set).unwrap_or_else(|e| panic!("{e}"));
+    streamweave::Compiler::new()
+        .compile(&fusion)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn an_uneven_stream_split_has_a_plan_for_its_short_chunk() {
+    // 10 rows in 3 chunks of 4, 4 and 2: a GEMM chunk overlaps the previous chunk's ReLU, so
+    // the loop keeps its chunks and the ReLU runs on two shapes.
+    let exe = compile(
+        &common::linear_relu("t = 10, h = 8, f = 4, s = 3", "f32"),
+        &[],
+    );
+    let table = exe.kernel_table(1, 2, 132).unwrap();
+    assert_eq!(assert_covers("linear_relu", &table, &launches(&exe, 1)), 2);
+    let rows: Vec<usize> = table
+        .entries()
+        .iter()
+        .map(|e| e.inputs[0].sizes[0])
+        .collect();
+    assert_eq!(rows, [4, 2], "{:#?}", table.entries());
+    assert_eq!((table.ranks(), table.streams(), table.sms()), (1, 2, 132));
+    // Made once per rank count and SM count, and shared.
+    assert!(std::sync::Arc::ptr_eq(
+        &table,
+        &exe.clone().kernel_table(1, 2, 132).unwrap()
+    ));
+    let other = exe.kernel_table(1, 2, 8).unwrap();
+    assert_eq!(other.sms(), 8);
+    assert!(!std::sync::Arc::ptr_eq(&table, &other));
+    assert_eq!(exe.kernel_table(1, 3, 132).unwrap().streams(), 3);
+}
+
+#[test]
+fn every_rank_has_the_plans_of_its_own_copy_of_a_kernel_that_mentions_rank() {
+    // Uneven stream chunks (7 tokens in 3 chunks of 3, 3 and 1), each rank's lookup of its
+    // own block of the vocabulary.
+    let src = std::fs::read_to_string(common::fixture("vocab_parallel_embedding")).unwrap();
+    for ranks in [2, 4] {
+        let exe = compile(&src, &[("d", ranks as i64), ("n", 7), ("s", 3)]);
+        let table = exe.kernel_table(ranks, 2, 132).unwrap();
+        let planned = assert_covers("vocab_parallel_embedding", &table, &launches(&exe, ranks));
+        // Rank 0's launches alone miss the other ranks' copies.
+        let rank0: HashSet<Launch> = launches_of(&exe, ranks, 2, 0..1).into_iter().collect();
+        assert!(rank0.len() < planned, "{} of {planned}", rank0.len());
+        for rank in 0..ranks {
+            let suffix = format!("_rank{rank}");
+            assert!(
+                table.entries().iter().any(|e| e.segment.ends_with(&suffix)),
+                "rank {rank} of {ranks}: {:#?}",
+                table.entries()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_table_is_for_one_pool_size_since_chunk_slots_take_their_strides_from_it() {
+    // Column chunks of a GEMM's result in slots of a buffer, one slot per pool stream: a
+    // chunk's row stride is the slots' columns, so each pool size has its own plans.
+    let exe = compile(
+        "fusion cols(t = 6, h = 8, f = 12, s = 3) {
+  tensor x: f32[t, h]
+  tensor w: f32[f, h]
+  y = linear(x, w)
+  z = relu(y)
+  output z
+  schedule z { outer_split(1, s) -> Stream }
+}
+",
+        &[],
+    );
+    let mut inputs = Vec::new();
+    for streams in [1, 2, 3] {
+        let table = exe.kernel_table(1, streams, 132).unwrap();
+        let launches = launches_of(&exe, 1, streams, 0..1);
+        assert_covers(&format!("{streams} streams"), &table, &launches);
+        inputs.push(table.entries()[0].inputs[0].strides.clone());
+    }
+    assert_eq!(inputs, [vec![4, 1], vec![8, 1], vec![12, 1]]);
+    // A run with another pool than the table's finds no plan.
+    let table = exe.kernel_table(1, 2, 132).unwrap();
+    let other = &launches_of(&exe, 1, 3, 0..1)[0];
+    assert!(table.get(&other.0, &other.1, &other.2).is_none());
+}
+
+#[test]
+fn every_scenario_has_a_plan_for_every_launch_of_every_rank() {
+    let mut planned = 0;
+    for path in common::fixtures() {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let fusion = streamweave::load_file(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
+        let exe = streamweave::Compiler::new()
+            .compile(&fusion)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ranks = exe.min_ranks();
+        let table = exe
+            .kernel_table(ranks, 2, 132)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        planned += assert_covers(&name, &table, &launches(&exe, ranks));
+    }
+    assert!(planned > 20, "{planned} plans in all");
+}
+
+#[test]
+fn a_launch_the_table_does_not_hold_is_an_error_naming_the_statement_and_the_layouts() {
+    let exe = compile(
+        &common::linear_relu("t = 10, h = 8, f = 4, s = 3", "f32"),
+        &[],
+    );
+    let table = exe.kernel_table(1, 2, 132).unwrap();
+    let entry = &table.entries()[0];
+    let arg = |sizes: &[usize], strides: &[usize]| TensorArg {
+        dtype: weave_ir::DType::F32,
+        sizes: sizes.to_vec(),
+        strides: strides.to_vec(),
+    };
+    let label = entry.statement.as_str();
+    // Its own layouts: found.
+    assert_eq!(
+        table
+            .plan_for(label, &entry.segment, &entry.inputs, &entry.outputs)
+            .unwrap(),
+        0
+    );
+    // Other layouts of the segment.
+    let err = table
+        .plan_for(
+            label,
+            &entry.segment,
+            &[arg(&[3, 4], &[4, 1])],
+            &[arg(&[3, 4], &[4, 1])],
+        )
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ExecError::Compute {
+            stmt: label.to_string(),
+            message: format!(
+                "no kernel plan for these layouts: segment `{}`, inputs (f32[3, 4] strides [4, \
+                 1]), outputs (f32[3, 4] strides [4, 1]); the kernel table holds 2 plan(s) of \
+                 this segment on other layouts (for 1 rank(s) and 2 pool stream(s))",
+                entry.segment
+            ),
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "`{label}` failed: no kernel plan for these layouts: segment `{}`, inputs (f32[3, 4] \
+             strides [4, 1]), outputs (f32[3, 4] strides [4, 1]); the kernel table holds 2 \
+             plan(s) of this segment on other layouts (for 1 rank(s) and 2 pool stream(s))",
+            entry.segment
+        )
+    );
+    // Another segment; and a backend given no table (an empty one).
+    let err = table
+        .plan_for("X", "nope", &entry.inputs, &entry.outputs)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`X` failed: no kernel plan for these layouts: segment `nope`, inputs (f32[4, 4] strides \
+         [4, 1]), outputs (f32[4, 4] strides [4, 1]); the kernel table holds no plan of this \
+         segment (2 plans of others, for 1 rank(s) and 2 pool stream(s))"
+    );
+    let err = KernelTable::new(0, 0, 1)
+        .plan_for("X", "nope", &[], &[arg(&[2], &[1])])
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`X` failed: no kernel plan for these layouts: segment `nope`, inputs (), outputs \
+         (f32[2] strides [1]); the backend's kernel table is empty (plan the program's kernels \
+         before it runs: `Executable::kernel_table`)"
+    );
+}
+
+/// A printed host program whose kernel the code generator cannot plan: a GEMM inside the
+/// kernel segment (written by hand; the segmenter gives GEMMs statements of their own).
+fn gemm_in_a_kernel() -> String {
+    let exe = compile(
+        "fusion two(n = 4) {
+  tensor a: f32[n, n]
+  tensor b: f32[n, n]
+  c = add(a, b)
+  output c
+}
+",
+        &[],
+    );
+    let text = streamweave::host_ir::print(exe.program());
+    assert_eq!(text.matches("c = add(a, b)").count(), 2, "{text}");
+    text.replace("c = add(a, b)", "c = matmul(a, b)")
+}
+
+#[test]
+fn a_kernel_the_generator_cannot_plan_is_reported_when_the_table_is_made() {
+    let text = gemm_in_a_kernel();
+    let exe = streamweave::Executable::from_text("gemm.hir", &text).unwrap();
+    let err = exe.kernel_table(1, 2, 132).unwrap_err();
+    let statement = "LaunchKernel(kernel=K0, inputs=(T0, T1), outputs=(T2))";
+    assert!(
+        matches!(&err, KernelTableError::Plan { statement: s, .. } if s == statement),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "`{statement}`: matmul `c`: a GEMM inside a kernel segment is not supported by \
+             the code generator (GEMMs run as their own host statements)"
+        )
+    );
+    // The CPU backend interprets the kernel: the program itself runs.
+    let globals = exe.random_inputs(1).unwrap();
+    let report = exe
+        .run_dense(
+            &globals,
+            &streamweave::RunOptions::on(streamweave::Target::Cpu { ranks: 1 }),
+        )
+        .unwrap();
+    assert!(report.passed(), "{:?}", report.checks);
+}
