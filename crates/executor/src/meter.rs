@@ -13,9 +13,9 @@ use weave_host_ir::KernelId;
 use weave_ir::{DType, Fusion};
 
 use crate::backend::{Backend, Region, Span, StreamKey};
-use weave_codegen::TensorArg;
 use crate::dense::{elem_bytes, Dense};
 use crate::error::ExecError;
+use weave_codegen::TensorArg;
 
 /// A buffer that is only a shape: a box of an allocation.
 #[derive(Clone, Debug)]
