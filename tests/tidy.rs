@@ -759,6 +759,9 @@ const SIDE_TABLE_CRATES: &[&str] = &[
     "crates/host-ir",
     "crates/codegen",
     "crates/executor",
+    "crates/passes",
+    "crates/streamweave",
+    "crates/comm",
 ];
 
 /// The names of every arena key type that a `new_key_type!` of the workspace's crates defines.

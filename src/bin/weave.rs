@@ -403,6 +403,33 @@ fn parse_chunks(s: &str) -> Result<Auto<usize>, String> {
 }
 
 fn main() -> ExitCode {
+    let code = run_command();
+    if streamweave::stuck_ranks() > 0 {
+        end_without_clean_up();
+    }
+    code
+}
+
+/// Ends the process with status 1 at once, its output flushed, skipping the clean-up at exit:
+/// a rank thread was left waiting on a stalled GPU (its error is printed), and the CUDA
+/// clean-up at exit would wait on that GPU forever. Measured: such a process did not exit
+/// 35 s after its error (docs/benchmarks.md, 2026-11-27 sixth).
+#[allow(unsafe_code)]
+fn end_without_clean_up() {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    #[cfg(target_os = "linux")]
+    // SAFETY: `_exit` ends the process at once, skipping atexit handlers and destructors;
+    // nothing of this process is needed after it (the output is flushed above, and the
+    // command wrote and closed its files before returning).
+    unsafe {
+        libc::_exit(1)
+    };
+}
+
+/// The command line's command, run.
+fn run_command() -> ExitCode {
     let cli = Cli::parse();
     if let Some(filter) = weave_cli::log::filter(cli.log) {
         if let Err(e) = weave_cli::log::init(&filter) {

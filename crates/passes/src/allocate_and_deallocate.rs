@@ -67,9 +67,10 @@
 //!   one a `Deallocate`, and the views rewritten by (b) no longer index by the bare loop index,
 //!   so a second run reports [`Changed::No`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use weave_host_ir::access::Access as StmtAccess;
+use weave_host_ir::ids::SecondaryMap;
 use weave_host_ir::{
     ChunkOf, HostProgram, HostScalar, HostTensorId, ScalarId, Stmt, StmtId, Stream,
 };
@@ -77,7 +78,7 @@ use weave_ir::{Scalar, ScalarOp};
 
 use crate::assign_streams::{is_stream_slot, number_of_streams, stream_slot};
 use crate::pass::{Changed, HostPass, Pass, PassError};
-use crate::shared::find_or_insert_scalar;
+use crate::shared::{find_or_insert_scalar, push_to};
 
 /// The `allocate-and-deallocate` pass; see the module documentation for its contract.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -109,7 +110,7 @@ impl AllocateAndDeallocate {
         }
         for t in p.tensors.keys() {
             let new_alloc = planned.get(&t).map(Vec::as_slice);
-            if new_alloc.is_some() || a.allocs.contains_key(&t) {
+            if new_alloc.is_some() || a.allocs.contains_key(t) {
                 if let Some(edit) = a.deallocation(p, t, new_alloc) {
                     edits.push(edit);
                 }
@@ -180,33 +181,33 @@ struct Analysis {
     /// Every statement, in program pre-order (a loop before its body).
     sites: Vec<Site>,
     /// Position of each statement in `sites`.
-    pos: HashMap<StmtId, usize>,
+    pos: SecondaryMap<StmtId, usize>,
     /// The tensor a `ShardByStream` output is a view of.
-    parent: HashMap<HostTensorId, HostTensorId>,
+    parent: SecondaryMap<HostTensorId, HostTensorId>,
     /// The accesses of every buffer and its views, keyed by the buffer, in program order.
-    events: HashMap<HostTensorId, Vec<Event>>,
+    events: SecondaryMap<HostTensorId, Vec<Event>>,
     /// Sites of the `Allocate`s of each tensor.
-    allocs: HashMap<HostTensorId, Vec<usize>>,
+    allocs: SecondaryMap<HostTensorId, Vec<usize>>,
     /// Tensors that have a `Deallocate`.
-    deallocated: HashSet<HostTensorId>,
+    deallocated: SecondaryMap<HostTensorId, ()>,
     /// Buffers that are, or have a view that is, a program output.
-    output_roots: HashSet<HostTensorId>,
+    output_roots: SecondaryMap<HostTensorId, ()>,
     /// The `StartCoalescing` and `EndCoalescing` around each grouped `P2PCommunication`: an
     /// `Allocate` or `Deallocate` goes outside the group, never inside.
-    group_of: HashMap<StmtId, (StmtId, StmtId)>,
+    group_of: SecondaryMap<StmtId, (StmtId, StmtId)>,
 }
 
 impl Analysis {
     fn new(p: &HostProgram) -> Analysis {
         let mut a = Analysis {
             sites: Vec::new(),
-            pos: HashMap::new(),
-            parent: HashMap::new(),
-            events: HashMap::new(),
-            allocs: HashMap::new(),
-            deallocated: HashSet::new(),
-            output_roots: HashSet::new(),
-            group_of: HashMap::new(),
+            pos: SecondaryMap::new(),
+            parent: SecondaryMap::new(),
+            events: SecondaryMap::new(),
+            allocs: SecondaryMap::new(),
+            deallocated: SecondaryMap::new(),
+            output_roots: SecondaryMap::new(),
+            group_of: SecondaryMap::new(),
         };
         let mut comm_buffers: HashMap<StmtId, Vec<HostTensorId>> = HashMap::new();
         let mut groups: Vec<Group> = Vec::new();
@@ -222,14 +223,18 @@ impl Analysis {
             let s = a.sites[site].stmt();
             for (tensor, access) in uses(&p.stmts[s], &comm_buffers) {
                 let root = a.root(tensor);
-                a.events.entry(root).or_default().push(Event {
-                    site,
-                    tensor,
-                    access,
-                });
+                push_to(
+                    &mut a.events,
+                    root,
+                    Event {
+                        site,
+                        tensor,
+                        access,
+                    },
+                );
             }
         }
-        a.output_roots = p.outputs.iter().map(|&t| a.root(t)).collect();
+        a.output_roots = p.outputs.iter().map(|&t| (a.root(t), ())).collect();
         a
     }
 
@@ -250,10 +255,10 @@ impl Analysis {
             let fx = p.stmts[s].effects();
             if let Some(t) = fx.allocates() {
                 let site = self.sites.len() - 1;
-                self.allocs.entry(t).or_default().push(site);
+                push_to(&mut self.allocs, t, site);
             }
             if let Some(t) = fx.frees() {
-                self.deallocated.insert(t);
+                self.deallocated.insert(t, ());
             }
             if let (Some(view), Some(of)) = (fx.view, fx.viewed()) {
                 self.parent.insert(view, of);
@@ -307,7 +312,7 @@ impl Analysis {
     fn root(&self, mut t: HostTensorId) -> HostTensorId {
         // The bound guards against a malformed cycle of views.
         for _ in 0..=self.parent.len() {
-            match self.parent.get(&t) {
+            match self.parent.get(t) {
                 Some(&up) => t = up,
                 None => break,
             }
@@ -316,16 +321,16 @@ impl Analysis {
     }
 
     fn events(&self, t: HostTensorId) -> &[Event] {
-        self.events.get(&t).map_or(&[], Vec::as_slice)
+        self.events.get(t).map_or(&[], Vec::as_slice)
     }
 
     /// (a): where `t` gets its `Allocate`, if it needs one, and the chain of the statement
     /// the `Allocate` precedes.
     fn allocation(&self, p: &HostProgram, t: HostTensorId) -> Option<(Edit, Vec<StmtId>)> {
         let events = self.events(t);
-        if self.parent.contains_key(&t)
+        if self.parent.contains_key(t)
             || p.inputs.contains(&t)
-            || self.allocs.contains_key(&t)
+            || self.allocs.contains_key(t)
             || !events.iter().any(|e| e.access == Access::Write)
         {
             return None;
@@ -334,7 +339,7 @@ impl Analysis {
             .iter()
             .map(|e| self.sites[e.site].chain.as_slice())
             .collect();
-        let mut depth = if self.output_roots.contains(&t) {
+        let mut depth = if self.output_roots.contains_key(t) {
             // The caller reads an output after the last top-level statement.
             0
         } else {
@@ -346,9 +351,9 @@ impl Analysis {
         let anchor = chains
             .iter()
             .map(|c| c[depth])
-            .min_by_key(|s| self.pos[s])
+            .min_by_key(|s| self.pos[*s])
             .expect("a written tensor has a use");
-        let anchor = self.group_of.get(&anchor).map_or(anchor, |g| g.0);
+        let anchor = self.group_of.get(anchor).map_or(anchor, |g| g.0);
         let scope = if depth == 0 {
             None
         } else {
@@ -388,10 +393,10 @@ impl Analysis {
         t: HostTensorId,
         new_alloc: Option<&[StmtId]>,
     ) -> Option<Edit> {
-        if self.parent.contains_key(&t)
+        if self.parent.contains_key(t)
             || p.inputs.contains(&t)
-            || self.output_roots.contains(&t)
-            || self.deallocated.contains(&t)
+            || self.output_roots.contains_key(t)
+            || self.deallocated.contains_key(t)
         {
             return None;
         }
@@ -400,7 +405,7 @@ impl Analysis {
             .iter()
             .map(|e| self.sites[e.site].chain.as_slice())
             .collect();
-        if let Some(allocs) = self.allocs.get(&t) {
+        if let Some(allocs) = self.allocs.get(t) {
             chains.extend(allocs.iter().map(|&s| self.sites[s].chain.as_slice()));
         }
         chains.extend(new_alloc);
@@ -411,14 +416,14 @@ impl Analysis {
         let last = chains
             .iter()
             .map(|c| c[depth])
-            .max_by_key(|s| self.pos[s])
+            .max_by_key(|s| self.pos[*s])
             .expect("non-empty");
         let scope = if depth == 0 {
             None
         } else {
             Some(chains[0][depth - 1])
         };
-        let last = self.group_of.get(&last).map_or(last, |g| g.1);
+        let last = self.group_of.get(last).map_or(last, |g| g.1);
         let anchor = skip_join(p, scope, last);
         Some(Edit {
             scope,
@@ -430,7 +435,7 @@ impl Analysis {
 
     /// (b): the slot rewrite of `t`, when `t` is a loop-local stream-parallel buffer.
     fn slot_plan(&self, p: &HostProgram, t: HostTensorId) -> Option<SlotPlan> {
-        if self.parent.contains_key(&t) || p.inputs.contains(&t) || self.output_roots.contains(&t) {
+        if self.parent.contains_key(t) || p.inputs.contains(&t) || self.output_roots.contains_key(t) {
             return None;
         }
         let events = self.events(t);
@@ -457,7 +462,7 @@ impl Analysis {
             return None;
         };
         // The loop whose own index selects the chunk.
-        let lp = *self.sites[self.pos[&first_view]]
+        let lp = *self.sites[self.pos[first_view]]
             .chain
             .iter()
             .find(|&&s| matches!(p.stmts[s], Stmt::ForLoop { index: i, .. } if i == index))?;
@@ -489,14 +494,14 @@ impl Analysis {
             return None;
         }
         // At most one `Allocate`, before `lp` in the scope that holds `lp`.
-        match self.allocs.get(&t).map(Vec::as_slice) {
+        match self.allocs.get(t).map(Vec::as_slice) {
             None | Some([]) => {}
             Some([site]) => {
                 let a = &self.sites[*site].chain;
-                let l = &self.sites[self.pos[&lp]].chain;
+                let l = &self.sites[self.pos[lp]].chain;
                 if a.len() != l.len()
                     || a[..a.len() - 1] != l[..l.len() - 1]
-                    || site > &self.pos[&lp]
+                    || site > &self.pos[lp]
                 {
                     return None;
                 }
@@ -507,7 +512,7 @@ impl Analysis {
         if !events
             .iter()
             .find(|e| e.access != Access::Alias)
-            .is_some_and(|e| e.access == Access::Write && self.parent.get(&e.tensor) == Some(&t))
+            .is_some_and(|e| e.access == Access::Write && self.parent.get(e.tensor) == Some(&t))
         {
             return None;
         }

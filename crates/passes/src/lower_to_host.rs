@@ -50,6 +50,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use weave_host_ir::ids::SecondaryMap;
 use weave_host_ir::{
     HostProgram, HostScalar, HostTensor, HostTensorId, ScalarId, Signature, Stmt, StmtId, TensorSig,
 };
@@ -153,7 +154,7 @@ struct OpenLoop {
     /// it by the rank when the loop starts with a P2P allgather.
     view_index: ScalarId,
     /// Tensors bound inside this loop's body: chunk views and loop-local intermediates.
-    bound: HashMap<TensorId, HostTensorId>,
+    bound: SecondaryMap<TensorId, HostTensorId>,
 }
 
 struct Lowering<'a> {
@@ -161,18 +162,18 @@ struct Lowering<'a> {
     graph: IdGraph,
     p: HostProgram,
     /// Tensors bound at top level (inputs, full buffers, non-stream intermediates).
-    top: HashMap<TensorId, HostTensorId>,
+    top: SecondaryMap<TensorId, HostTensorId>,
     open: Option<OpenLoop>,
     /// Whole-size buffers of loop-local intermediates, visible only through chunk views.
-    loop_local: HashMap<TensorId, HostTensorId>,
+    loop_local: SecondaryMap<TensorId, HostTensorId>,
     kernels: usize,
     /// Loops whose chunk views a `swizzle1d` rotated: (loop, its index, the rotated index).
     rotated: Vec<(StmtId, ScalarId, ScalarId)>,
     /// The stream loop each segment runs in (`None`: top level), numbered in order.
     loop_of: HashMap<SegmentId, Option<usize>>,
     /// The segment that defines each tensor, and the segments that read it.
-    producer: HashMap<TensorId, SegmentId>,
-    consumers: HashMap<TensorId, Vec<SegmentId>>,
+    producer: SecondaryMap<TensorId, SegmentId>,
+    consumers: SecondaryMap<TensorId, Vec<SegmentId>>,
     /// The communication segments, and the segment being lowered: a loop whose chunks are
     /// visited in a rank-dependent order (the P2P allgather) must hold no other
     /// communication.
@@ -202,14 +203,14 @@ pub fn lower_with(
         f,
         graph: IdGraph::build(f),
         p: HostProgram::default(),
-        top: HashMap::new(),
+        top: SecondaryMap::new(),
         open: None,
-        loop_local: HashMap::new(),
+        loop_local: SecondaryMap::new(),
         kernels: 0,
         rotated: Vec::new(),
         loop_of: HashMap::new(),
-        producer: HashMap::new(),
-        consumers: HashMap::new(),
+        producer: SecondaryMap::new(),
+        consumers: SecondaryMap::new(),
         communications: HashSet::new(),
         current: None,
         current_graph: None,
@@ -221,7 +222,7 @@ pub fn lower_with(
             l.producer.insert(t, id);
         }
         for t in s.inputs() {
-            l.consumers.entry(*t).or_default().push(id);
+            crate::shared::push_to(&mut l.consumers, *t, id);
         }
     }
     for (id, s) in sf.segments() {
@@ -240,7 +241,7 @@ pub fn lower_with(
     }
     l.open = None;
     for t in f.outputs() {
-        let h = *l.top.get(t).ok_or_else(|| {
+        let h = *l.top.get(*t).ok_or_else(|| {
             Diagnostic::new(format!(
                 "output `{}` is only defined inside a stream loop; an output must be allocated whole",
                 f.tensor(*t).name

@@ -42,6 +42,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use weave_host_ir::ids::SecondaryMap;
 use weave_ir::{print, Diagnostic, ExprId, ExprKind, Fusion, IrResult, ParallelType, TensorId};
 use weave_transform::{replay_loop_like, IdGraph};
 
@@ -127,11 +128,13 @@ pub fn propagate_shardings(f: &mut Fusion) -> IrResult<()> {
             .tensors_in_order()
             .into_iter()
             .filter(|t| is_user_sharded(f, *t))
+            .map(|t| (t, ()))
             .collect(),
         streams_only: f
             .tensors_in_order()
             .into_iter()
             .filter(|t| is_user_sharded(f, *t) && !f.is_input(*t) && f.tensor(*t).mesh.is_none())
+            .map(|t| (t, ()))
             .collect(),
     };
     // Each replay runs between one expr's operands and outputs, so it maps axes by that expr
@@ -158,16 +161,16 @@ pub fn propagate_shardings(f: &mut Fusion) -> IrResult<()> {
 
 /// The tensors the user scheduled, and among them the op outputs that chose only streams.
 struct UserSharded {
-    all: HashSet<TensorId>,
-    streams_only: HashSet<TensorId>,
+    all: SecondaryMap<TensorId, ()>,
+    streams_only: SecondaryMap<TensorId, ()>,
 }
 
 impl UserSharded {
     /// The parallel types an intermediate `t` may still receive from its neighbours.
     fn receivable(&self, t: TensorId) -> &'static [ParallelType] {
-        if self.streams_only.contains(&t) {
+        if self.streams_only.contains_key(t) {
             &DEVICE_TYPES
-        } else if self.all.contains(&t) {
+        } else if self.all.contains_key(t) {
             &[]
         } else {
             &DEVICE_AND_STREAM_TYPES

@@ -33,9 +33,10 @@
 //! types nothing is sharded (`false`); different meshes with a device type requested are
 //! always resharding (`true`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use weave_ir::{ExprId, Fusion, IdExpr, IterDomainId, IterType, ParallelType, Scalar, TensorId};
+use weave_host_ir::ids::SecondaryMap;
 use weave_transform::logical_map::pairwise_map;
 use weave_transform::DomainKind;
 
@@ -241,7 +242,7 @@ pub(crate) enum Idx {
 /// Index variables and memoized indices of one comparison.
 struct IndexCtx<'a> {
     f: &'a Fusion,
-    vars: HashMap<IterDomainId, Idx>,
+    vars: SecondaryMap<IterDomainId, Idx>,
     /// Exclusive upper bound of each variable.
     bounds: Vec<Scalar>,
 }
@@ -250,7 +251,7 @@ impl<'a> IndexCtx<'a> {
     fn new(f: &'a Fusion) -> IndexCtx<'a> {
         IndexCtx {
             f,
-            vars: HashMap::new(),
+            vars: SecondaryMap::new(),
             bounds: Vec::new(),
         }
     }
@@ -262,7 +263,7 @@ impl<'a> IndexCtx<'a> {
 
     /// A fresh variable for `id` (bounded by its extent), recorded as its index.
     fn fresh_var(&mut self, id: IterDomainId) -> Idx {
-        if let Some(v) = self.vars.get(&id) {
+        if let Some(v) = self.vars.get(id) {
             return v.clone();
         }
         let v = Idx::Var(self.bounds.len());
@@ -272,12 +273,14 @@ impl<'a> IndexCtx<'a> {
     }
 
     fn seed(&mut self, id: IterDomainId, v: Idx) {
-        self.vars.entry(id).or_insert(v);
+        if !self.vars.contains_key(id) {
+            self.vars.insert(id, v);
+        }
     }
 
     /// The index of `id`, computed through its definition from its inputs' indices.
     fn index(&mut self, id: IterDomainId) -> Idx {
-        if let Some(v) = self.vars.get(&id) {
+        if let Some(v) = self.vars.get(id) {
             return v.clone();
         }
         let Some(e) = self.f.id(id).definition else {

@@ -1,6 +1,6 @@
 //! Helpers more than one pass uses: running a fusion pass's body on a copy (and the
 //! [`Pass`]/[`FusionPass`] impls of a pass that is only such a body), and interning a host
-//! scalar.
+//! scalar, and appending to a list in a side table.
 
 use weave_host_ir::{HostProgram, HostScalar, ScalarId};
 use weave_ir::{print, Fusion, IrResult};
@@ -65,4 +65,18 @@ pub(crate) fn find_or_insert_scalar(p: &mut HostProgram, wanted: HostScalar) -> 
         }
     }
     p.scalars.insert(wanted)
+}
+
+/// Appends `value` to the list of `key` in `map`, starting the list when there is none.
+pub(crate) fn push_to<K: slotmap::Key, V>(
+    map: &mut weave_host_ir::ids::SecondaryMap<K, Vec<V>>,
+    key: K,
+    value: V,
+) {
+    match map.get_mut(key) {
+        Some(list) => list.push(value),
+        None => {
+            map.insert(key, vec![value]);
+        }
+    }
 }

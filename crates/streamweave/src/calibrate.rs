@@ -511,6 +511,7 @@ impl Drop for World {
         self.jobs.clear();
         if self.failed() {
             // A rank may still be stuck in a wait that ends with its timeout; do not wait.
+            crate::threads::left_behind(self.threads.len());
             self.threads.clear();
             return;
         }

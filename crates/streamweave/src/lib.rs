@@ -113,6 +113,7 @@ pub use run::{
 #[cfg(feature = "cuda")]
 pub use session::{Buffer, CudaSession, RankCall};
 pub use tensor::{Data, Outputs, Tensor};
+pub use threads::stuck_ranks;
 
 pub use weave_comm as comm;
 #[cfg(feature = "cuda")]

@@ -80,6 +80,24 @@ where
     }
 }
 
+/// Rank threads of this process left running on a stalled GPU so far: see [`stuck_ranks`].
+static STUCK_RANKS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many rank threads of this process were left behind, still waiting on GPU work that
+/// no timeout bounds (a run's "the rank did not stop" error): while any is, the process's
+/// CUDA contexts cannot be torn down, so a program that gets a non-zero count should end
+/// without the usual clean-up at exit (the `weave` command line does), else its exit waits
+/// on the stalled GPU.
+pub fn stuck_ranks() -> usize {
+    STUCK_RANKS.load(Ordering::SeqCst)
+}
+
+/// Counts `n` rank threads left behind ([`stuck_ranks`]).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn left_behind(n: usize) {
+    STUCK_RANKS.fetch_add(n, Ordering::SeqCst);
+}
+
 #[cfg(feature = "cuda")]
 /// How long the ranks of a GPU run get to stop after the run's deadline: an aborted rank
 /// releases its flag waits and NCCL's within seconds; past this, something waits that no
@@ -155,8 +173,8 @@ where
         match result {
             Some(Ok(run)) => runs.push(run),
             Some(Err(e)) => errors.push((r, e)),
-            None => errors.push((
-                r,
+            None => errors.push((r, {
+                left_behind(1);
                 ExecError::Timeout {
                     what: format!(
                         "the rank did not stop (its run's timeout and {:.0?} to stop): its GPU \
@@ -165,8 +183,8 @@ where
                         STOP_GRACE
                     ),
                     millis: limit.unwrap_or_default().as_millis() as u64,
-                },
-            )),
+                }
+            })),
         }
     }
     if errors.is_empty() {
@@ -447,6 +465,9 @@ mod bounded_tests {
             [0, 1, 2]
         );
 
+        // No rank was left behind by the run that finished; the stuck one is counted (other
+        // tests of this process may count theirs: the count only grows).
+        let before = stuck_ranks();
         let t0 = Instant::now();
         let err =
             run_rank_threads_bounded(vec![0, 1, 2], Some(Duration::from_secs(2)), |r, _: i32| {
@@ -474,5 +495,6 @@ mod bounded_tests {
             .1
             .to_string()
             .ends_with("the rank's thread panicked"));
+        assert!(stuck_ranks() > before, "the stuck rank is counted");
     }
 }

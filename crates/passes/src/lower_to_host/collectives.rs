@@ -313,7 +313,7 @@ impl Lowering<'_> {
 
     /// The whole tensor `t` as bound outside any loop.
     fn whole(&self, t: TensorId) -> Result<HostTensorId, Diagnostic> {
-        self.top.get(&t).copied().ok_or_else(|| {
+        self.top.get(t).copied().ok_or_else(|| {
             Diagnostic::new(format!(
                 "`{}` is read before it is defined",
                 self.f.tensor(t).name

@@ -18,7 +18,7 @@ impl Lowering<'_> {
         sf.segment(seg)
             .inputs()
             .iter()
-            .any(|t| self.producer.get(t).is_some_and(|p| segs.contains(p)))
+            .any(|t| self.producer.get(*t).is_some_and(|p| segs.contains(p)))
     }
 
     /// The order segments are lowered in (see the module contract), and [`Self::loop_of`]
@@ -44,7 +44,7 @@ impl Lowering<'_> {
                 .segment(seg)
                 .outputs()
                 .iter()
-                .flat_map(|t| self.consumers.get(t).into_iter().flatten())
+                .flat_map(|t| self.consumers.get(*t).into_iter().flatten())
                 .any(|c| key[c].is_some());
             if !read_in_a_loop {
                 self.accumulating.insert(seg, stream);
@@ -133,11 +133,11 @@ impl Lowering<'_> {
 
     /// True if `t` is written and read inside one stream loop only (see the module contract).
     pub(super) fn stays_in_one_loop(&self, t: TensorId) -> bool {
-        let Some(Some(l)) = self.producer.get(&t).map(|p| self.loop_of[p]) else {
+        let Some(Some(l)) = self.producer.get(t).map(|p| self.loop_of[p]) else {
             return false;
         };
         self.consumers
-            .get(&t)
+            .get(t)
             .into_iter()
             .flatten()
             .all(|c| self.loop_of[c] == Some(l))
@@ -338,7 +338,7 @@ impl Lowering<'_> {
             extent,
             index,
             view_index,
-            bound: HashMap::new(),
+            bound: weave_host_ir::ids::SecondaryMap::new(),
         });
         Ok(())
     }

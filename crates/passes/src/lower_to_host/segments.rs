@@ -90,7 +90,7 @@ impl Lowering<'_> {
         }
         let a = self.resolve(a, false)?;
         let b = self.resolve(b, false)?;
-        if self.top.contains_key(&out) {
+        if self.top.contains_key(out) {
             return Err(Diagnostic::new(format!(
                 "internal: `{}` is written twice",
                 f.tensor(out).name
@@ -139,7 +139,7 @@ impl Lowering<'_> {
             )));
         }
         let chunk = self.resolve(*input, false)?;
-        if self.top.contains_key(out) {
+        if self.top.contains_key(*out) {
             return Err(Diagnostic::new(format!(
                 "internal: `{}` is written twice",
                 f.tensor(*out).name

@@ -183,7 +183,7 @@ impl Lowering<'_> {
         let exprs = sf.segment(seg).exprs();
         let mut local: Option<IdGraph> = None;
         sf.segment(seg).inputs().iter().any(|u| {
-            if !self.producer.get(u).is_some_and(|p| run.contains(p)) {
+            if !self.producer.get(*u).is_some_and(|p| run.contains(p)) {
                 return false;
             }
             let Some(root) = loop_axis(f, *u, ParallelType::Stream)
@@ -213,7 +213,7 @@ impl Lowering<'_> {
             None => None,
         };
         if let Some(open) = &self.open {
-            if let Some(h) = open.bound.get(&t) {
+            if let Some(h) = open.bound.get(t) {
                 return Ok(*h);
             }
         }
@@ -232,7 +232,7 @@ impl Lowering<'_> {
                     )));
                 }
             }
-            if let Some(h) = self.top.get(&t) {
+            if let Some(h) = self.top.get(t) {
                 return Ok(*h);
             }
             if !write {
@@ -256,7 +256,7 @@ impl Lowering<'_> {
         // Any other stream-parallel tensor is allocated whole, hoisted before its loop.
         let loop_local =
             should_allocate_per_stream_in(f, t, &self.graph) && self.stays_in_one_loop(t);
-        let full = match self.top.get(&t) {
+        let full = match self.top.get(t) {
             Some(h) => *h,
             None => {
                 if !write {
