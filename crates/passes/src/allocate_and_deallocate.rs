@@ -435,7 +435,8 @@ impl Analysis {
 
     /// (b): the slot rewrite of `t`, when `t` is a loop-local stream-parallel buffer.
     fn slot_plan(&self, p: &HostProgram, t: HostTensorId) -> Option<SlotPlan> {
-        if self.parent.contains_key(t) || p.inputs.contains(&t) || self.output_roots.contains_key(t) {
+        if self.parent.contains_key(t) || p.inputs.contains(&t) || self.output_roots.contains_key(t)
+        {
             return None;
         }
         let events = self.events(t);

@@ -35,8 +35,8 @@
 
 use std::collections::HashSet;
 
-use weave_ir::{ExprId, Fusion, IdExpr, IterDomainId, IterType, ParallelType, Scalar, TensorId};
 use weave_host_ir::ids::SecondaryMap;
+use weave_ir::{ExprId, Fusion, IdExpr, IterDomainId, IterType, ParallelType, Scalar, TensorId};
 use weave_transform::logical_map::pairwise_map;
 use weave_transform::DomainKind;
 
