@@ -9,8 +9,7 @@ mod common;
 use std::collections::HashSet;
 
 use weave_executor::cuda::codegen::TensorArg;
-use weave_executor::meter::MeterBackend;
-use weave_executor::{run_rank, Dense, ExecError, KernelTable, KernelTableError, RunConfig};
+use weave_executor::{ExecError, KernelTable, KernelTableError};
 
 /// A launch: its segment and layouts.
 type Launch = (String, Vec<TensorArg>, Vec<TensorArg>);
@@ -24,29 +23,12 @@ fn launches_of(
     streams: usize,
     of: std::ops::Range<usize>,
 ) -> Vec<Launch> {
-    let sig = exe.signature();
-    let config = RunConfig {
-        params: sig.params.iter().cloned().collect(),
-        number_of_streams: streams,
-        check_races: false,
-        deadline: None,
-    };
     let mut all = Vec::new();
     for rank in of {
-        let inputs: Vec<Dense> = sig
-            .inputs
-            .iter()
-            .map(|t| Dense {
-                dtype: t.dtype,
-                sizes: t.local_sizes_of(rank),
-                data: Vec::new(),
-            })
-            .collect();
-        let backend = MeterBackend::new();
-        let comm = backend.comm(rank, ranks);
-        run_rank(exe.program(), &backend, &comm, &inputs, &config)
-            .unwrap_or_else(|e| panic!("rank {rank} on the meter: {e}"));
-        for l in backend.meter().launches {
+        let launches =
+            weave_executor::kernels::metered_launches(exe.program(), rank, ranks, streams)
+                .unwrap_or_else(|e| panic!("rank {rank} on the meter: {e}"));
+        for l in launches {
             if l.outputs.iter().all(|o| o.sizes.contains(&0)) {
                 continue;
             }

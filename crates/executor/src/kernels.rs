@@ -134,6 +134,42 @@ pub fn grid_text(g: &Grid, sms: usize) -> String {
     }
 }
 
+/// Every kernel launch that rank `rank` of `ranks` makes when it runs `program` with
+/// `streams` pool streams (`numberOfStreams`) on the meter backend, its parameter values from
+/// the signature and its inputs as shapes only (the meter never reads values), in the order
+/// it makes them.
+pub fn metered_launches(
+    program: &HostProgram,
+    rank: usize,
+    ranks: usize,
+    streams: usize,
+) -> Result<Vec<MeteredLaunch>, KernelTableError> {
+    let sig = program
+        .signature
+        .as_ref()
+        .ok_or(KernelTableError::NoSignature)?;
+    let config = RunConfig {
+        params: sig.params.iter().cloned().collect(),
+        number_of_streams: streams,
+        check_races: false,
+        deadline: None,
+    };
+    let inputs: Vec<Dense> = sig
+        .inputs
+        .iter()
+        .map(|t| Dense {
+            dtype: t.dtype,
+            sizes: t.local_sizes_of(rank),
+            data: Vec::new(),
+        })
+        .collect();
+    let backend = MeterBackend::new();
+    let comm = backend.comm(rank, ranks);
+    run_rank(program, &backend, &comm, &inputs, &config)
+        .map_err(|error| KernelTableError::Meter { rank, error })?;
+    Ok(backend.meter().launches)
+}
+
 impl KernelTable {
     /// A table of no plans, for a program of `ranks` ranks with `streams` pool streams on GPUs
     /// of `sms` SMs.
@@ -158,36 +194,12 @@ impl KernelTable {
         streams: usize,
         sms: usize,
     ) -> Result<KernelTable, KernelTableError> {
-        let sig = program
-            .signature
-            .as_ref()
-            .ok_or(KernelTableError::NoSignature)?;
-        let config = RunConfig {
-            params: sig.params.iter().cloned().collect(),
-            number_of_streams: streams,
-            check_races: false,
-            deadline: None,
-        };
         let mut table = KernelTable::new(ranks, streams, sms);
         // The fusion of each name so far and the statement that launched it first: two
         // kernels may not share a name.
         let mut named: HashMap<String, (Arc<Fusion>, String)> = HashMap::new();
         for rank in 0..ranks {
-            // Inputs as shapes only (this rank's local sizes): the meter never reads values.
-            let inputs: Vec<Dense> = sig
-                .inputs
-                .iter()
-                .map(|t| Dense {
-                    dtype: t.dtype,
-                    sizes: t.local_sizes_of(rank),
-                    data: Vec::new(),
-                })
-                .collect();
-            let backend = MeterBackend::new();
-            let comm = backend.comm(rank, ranks);
-            run_rank(program, &backend, &comm, &inputs, &config)
-                .map_err(|error| KernelTableError::Meter { rank, error })?;
-            for launch in backend.meter().launches {
+            for launch in metered_launches(program, rank, ranks, streams)? {
                 let name = &launch.fusion.name;
                 match named.get(name) {
                     Some((f, _)) if Arc::ptr_eq(f, &launch.fusion) => {}
