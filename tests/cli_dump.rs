@@ -226,14 +226,7 @@ fn kernels_prints_the_cuda_c_of_each_distinct_chunk_shape() {
         "a row kernel: {out}"
     );
     // A GEMM chunk overlaps the previous chunk's ReLU, so that loop keeps its chunks.
-    let dir = std::env::temp_dir().join(format!("weave-cli-kernels-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let linear_relu = dir.join("linear_relu.weave");
-    std::fs::write(
-        &linear_relu,
-        common::linear_relu("t = 12, h = 8, f = 4, s = 3", "f32"),
-    )
-    .unwrap();
+    let (dir, linear_relu) = linear_relu_file("kernels", "t = 12, h = 8, f = 4, s = 3");
     let linear_relu = linear_relu.to_str().unwrap();
     let (ok, out, err) = weave(&["dump", linear_relu, "--kernels"], None);
     assert!(ok, "{err}");
@@ -308,14 +301,7 @@ fn a_host_program_is_printed_with_its_kernel_plans_and_parses_back() {
         assert_eq!(streamweave::host_ir::print(back.program()), program);
     }
     // Two chunk shapes of one segment: two plans.
-    let dir = std::env::temp_dir().join(format!("weave-cli-plans-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let linear_relu = dir.join("linear_relu.weave");
-    std::fs::write(
-        &linear_relu,
-        common::linear_relu("t = 10, h = 8, f = 4, s = 3", "f32"),
-    )
-    .unwrap();
+    let (dir, linear_relu) = linear_relu_file("plans", "t = 10, h = 8, f = 4, s = 3");
     let (ok, out, err) = weave(
         &["dump", linear_relu.to_str().unwrap(), "--passes", "default"],
         None,
@@ -476,4 +462,14 @@ fn the_dump_of_the_attention_layer_shows_one_loop_per_region_and_every_wait() {
             }
         }
     }
+}
+
+/// A fresh scratch directory `weave-cli-{tag}-PID` holding `linear_relu.weave`, the linear +
+/// ReLU layer with parameters `params` in f32.
+fn linear_relu_file(tag: &str, params: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("weave-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("linear_relu.weave");
+    std::fs::write(&file, common::linear_relu(params, "f32")).unwrap();
+    (dir, file)
 }

@@ -79,15 +79,22 @@ fn compile(source: &str, set: &[(&str, i64)]) -> streamweave::Executable {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-#[test]
-fn an_uneven_stream_split_has_a_plan_for_its_short_chunk() {
-    // 10 rows in 3 chunks of 4, 4 and 2: a GEMM chunk overlaps the previous chunk's ReLU, so
-    // the loop keeps its chunks and the ReLU runs on two shapes.
+/// The linear + ReLU layer on 10 rows in 3 chunks of 4, 4 and 2 (one rank), and its kernel
+/// table for 2 pool streams and 132 SMs.
+fn uneven_linear_relu() -> (streamweave::Executable, std::sync::Arc<KernelTable>) {
     let exe = compile(
         &common::linear_relu("t = 10, h = 8, f = 4, s = 3", "f32"),
         &[],
     );
     let table = exe.kernel_table(1, 2, 132).unwrap();
+    (exe, table)
+}
+
+#[test]
+fn an_uneven_stream_split_has_a_plan_for_its_short_chunk() {
+    // 10 rows in 3 chunks of 4, 4 and 2: a GEMM chunk overlaps the previous chunk's ReLU, so
+    // the loop keeps its chunks and the ReLU runs on two shapes.
+    let (exe, table) = uneven_linear_relu();
     assert_eq!(assert_covers("linear_relu", &table, &launches(&exe, 1)), 2);
     let rows: Vec<usize> = table
         .entries()
@@ -180,11 +187,7 @@ fn every_scenario_has_a_plan_for_every_launch_of_every_rank() {
 
 #[test]
 fn a_launch_the_table_does_not_hold_is_an_error_naming_the_statement_and_the_layouts() {
-    let exe = compile(
-        &common::linear_relu("t = 10, h = 8, f = 4, s = 3", "f32"),
-        &[],
-    );
-    let table = exe.kernel_table(1, 2, 132).unwrap();
+    let (_, table) = uneven_linear_relu();
     let entry = &table.entries()[0];
     let arg = |sizes: &[usize], strides: &[usize]| TensorArg {
         dtype: weave_ir::DType::F32,

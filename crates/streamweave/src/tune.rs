@@ -380,19 +380,15 @@ impl TuneOptions {
         }
     }
 
-    /// The tuning of a [`CudaSession`](crate::CudaSession)'s first repeated call: S ∈ {1, 2,
-    /// 4, 8} at K = 2, eager, then the knobs a session can switch to and the other pool sizes
-    /// on the best two ([`Scope::Session`]), within `budget`.
-    pub fn session(
-        ranks: usize,
-        machine: &str,
-        calibration: Option<Calibration>,
-        budget: Duration,
-    ) -> Self {
+    /// These options for a [`CudaSession`](crate::CudaSession)'s first repeated call: the
+    /// grid eager (a session issues statement by statement), then only the knobs a session
+    /// can switch to ([`Scope::Session`]). With [`TuneOptions::first_run`]: S ∈ {1, 2, 4, 8}
+    /// at K = 2, then those knobs and the other pool sizes on the best two, within its budget.
+    pub fn in_session(self) -> Self {
         TuneOptions {
             replays: vec![false],
             scope: Scope::Session,
-            ..TuneOptions::first_run(ranks, machine, calibration, budget)
+            ..self
         }
     }
 

@@ -66,7 +66,9 @@ pub(crate) fn tune_definition(
         crate::tune::gpu_name(devices.first().copied().unwrap_or(0)).map_err(|e| e.to_string())?;
     let tune_options = match who {
         TuneFor::Run { .. } => crate::tune::TuneOptions::first_run(ranks, &machine, None, budget),
-        TuneFor::Session { .. } => crate::tune::TuneOptions::session(ranks, &machine, None, budget),
+        TuneFor::Session { .. } => {
+            crate::tune::TuneOptions::first_run(ranks, &machine, None, budget).in_session()
+        }
     };
     let key = crate::tune::TuneKey::of(&fusion, ranks, tune_options.backend(), &machine);
     let cache = options.gpu.tune_cache.as_deref();

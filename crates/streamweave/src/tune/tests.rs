@@ -445,7 +445,8 @@ fn a_session_tuning_measures_only_what_a_session_can_switch_to() {
             t
         }
     });
-    let options = TuneOptions::session(4, "Test GPU", None, Duration::from_secs(3600));
+    let options =
+        TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600)).in_session();
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     let measured = fake.calls.borrow().clone();
     assert!(!measured.is_empty());
