@@ -3,7 +3,7 @@
 //! buffers' layouts, and plans nothing itself (a launch the table does not hold is an error
 //! naming the statement and the layouts). Each plan's kernels are compiled with NVRTC on
 //! first use (the GPU caches them by name and source text) and kept per entry, so a launch
-//! does not look its source up again. [`Planned`] and [`launch_planned`] also launch the
+//! does not look its source up again. [`Planned::launch_on`] also launches the
 //! backend's own reductions (`reduce`).
 
 use std::sync::{Arc, OnceLock};
@@ -35,6 +35,18 @@ pub(super) struct Planned {
 }
 
 impl Planned {
+    /// Launches the plan's kernels on `stream`, their buffers at `address`, the grids sized
+    /// for `gpu`'s SM count.
+    pub(super) fn launch_on(
+        &self,
+        gpu: &Gpu,
+        address: &dyn Fn(&Buf) -> u64,
+        stream: &GpuStream,
+    ) -> Result<(), ExecError> {
+        let sms = usize::try_from(gpu.sm_count()).unwrap_or(1).max(1);
+        launch_plan(gpu, &self.plan, &self.loaded, address, stream, sms)
+    }
+
     /// `plan` of `fusion`, none of its kernels loaded yet.
     pub(super) fn new(fusion: Arc<Fusion>, plan: KernelPlan) -> Arc<Planned> {
         let loaded = unloaded(&plan);
@@ -44,17 +56,6 @@ impl Planned {
             loaded,
         })
     }
-}
-
-/// Launches the kernels of `planned` on `stream`, their buffers at `address`.
-pub(super) fn launch_planned(
-    gpu: &Gpu,
-    planned: &Planned,
-    address: &dyn Fn(&Buf) -> u64,
-    stream: &GpuStream,
-    sms: usize,
-) -> Result<(), ExecError> {
-    launch_plan(gpu, &planned.plan, &planned.loaded, address, stream, sms)
 }
 
 /// Launches the kernels of `plan` on `stream`, their buffers at `address` (each kernel's

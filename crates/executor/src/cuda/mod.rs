@@ -46,7 +46,7 @@ use weave_ir::{DType, Fusion};
 use crate::backend::{Backend, Region, Span, StreamKey};
 use crate::dense::{elem_bytes, Dense};
 use crate::error::ExecError;
-use launch::{launch_planned, Planned};
+use launch::Planned;
 use layout::BoxRows;
 
 /// How a [`CudaBackend`] behaves.

@@ -13,7 +13,7 @@ use weave_cuda::{Gpu, GpuStream};
 use weave_ir::DType;
 
 use super::codegen::{self, Buf, TensorArg};
-use super::{launch_planned, Planned};
+use super::Planned;
 use crate::cpu::ir_dtype;
 
 /// The block sums of one GPU (see the module documentation).
@@ -186,8 +186,8 @@ impl Reducer<GpuStream> for BlockSums {
             Buf::Output(_) => out,
             Buf::Temp(i) => temps[*i].ptr(),
         };
-        let sms = self.gpu.sm_count().max(1) as usize;
-        let launched = launch_planned(&self.gpu, &planned, &address, stream, sms)
+        let launched = planned
+            .launch_on(&self.gpu, &address, stream)
             .map_err(|e| failed(what, e.to_string()));
         for t in temps {
             t.free_on(stream).map_err(|e| failed(what, e.to_string()))?;
@@ -224,8 +224,8 @@ impl Reducer<GpuStream> for BlockSums {
             Buf::Output(_) => out,
             Buf::Temp(_) => 0,
         };
-        let sms = self.gpu.sm_count().max(1) as usize;
-        launch_planned(&self.gpu, &planned, &address, stream, sms)
+        planned
+            .launch_on(&self.gpu, &address, stream)
             .map_err(|e| failed(what, e.to_string()))
     }
 
