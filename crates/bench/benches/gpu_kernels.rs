@@ -264,7 +264,7 @@ fn actual(
             .collect()),
         [_] if case == "col_sum" => Ok(w.cols.iter().map(|&c| data[c]).collect()),
         [_] => Ok(w.rows.iter().map(|&r| data[r]).collect()),
-        other => Err(format!("an output of sizes {other:?}")),
+        other => Err(format!("an output of sizes {other:?}").into()),
     }
 }
 
@@ -329,7 +329,7 @@ fn measure(
     let once = || -> Result<Vec<DeviceTensor>, JobError> {
         exe.run_rank_buffers(backend, &*rank.comm, &inputs, &options)
             .map(|r| r.outputs)
-            .map_err(|e| e.to_string())
+            .map_err(|e| JobError(e.to_string()))
     };
     let eager = rank.time(Timing::Each, backend, warmup, iters, || {
         for o in once()? {
@@ -341,7 +341,7 @@ fn measure(
     let replay = Replay::capture(exe.program(), backend, &*rank.comm, &inputs, &config)
         .map_err(|e| e.to_string())?;
     let times = rank.time(Timing::Each, backend, warmup, iters, || {
-        replay.launch().map_err(|e| e.to_string())
+        replay.launch().map_err(|e| JobError(e.to_string()))
     })?;
     drop(replay);
     let outputs = once()?;
@@ -378,10 +378,10 @@ fn memcpy_ms(rank: &Rank, bytes: usize, warmup: usize, iters: usize) -> Result<f
     let dst = rank.gpu.alloc(bytes, &main).map_err(|e| e.to_string())?;
     let times = main
         .capture(|| rank.gpu.copy(dst.ptr(), src.ptr(), bytes, &main))
-        .map_err(|e| e.to_string())
+        .map_err(|e| JobError(e.to_string()))
         .and_then(|((), graph)| {
             rank.time(Timing::Each, backend, warmup, iters, || {
-                graph.launch(&main).map_err(|e| e.to_string())
+                graph.launch(&main).map_err(|e| JobError(e.to_string()))
             })
         });
     for m in [src, dst] {

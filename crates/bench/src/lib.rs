@@ -27,7 +27,7 @@ pub use streamweave::measure::{
 
 /// `what: error`, for `map_err`.
 fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
-    move |e| format!("{what}: {e}")
+    move |e| JobError(format!("{what}: {e}"))
 }
 
 /// The seeds of a linear layer's input and weight in the benchmarks, for [`time_program`] and

@@ -23,8 +23,30 @@ pub use crate::threads::{Barrier, BarrierError};
 use crate::chunks::Calibration;
 use crate::gpu::backend_for;
 
-/// A job's error: what failed, on which rank.
-pub type JobError = String;
+/// A job's error on a [`World`]: what failed, and on which rank when the world says so
+/// ("rank 1: GEMM: ..."). Made from the message of whatever failed (a CUDA, NCCL or run
+/// error, a barrier, a reply that did not come).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct JobError(pub String);
+
+impl From<String> for JobError {
+    fn from(message: String) -> JobError {
+        JobError(message)
+    }
+}
+
+impl From<JobError> for String {
+    fn from(e: JobError) -> String {
+        e.0
+    }
+}
+
+impl From<&str> for JobError {
+    fn from(message: &str) -> JobError {
+        JobError(message.to_string())
+    }
+}
 
 /// How a [`World`] is opened.
 #[derive(Clone, Debug)]
@@ -71,7 +93,7 @@ pub struct Rank {
 }
 
 fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
-    move |e| format!("{what}: {e}")
+    move |e| JobError(format!("{what}: {e}"))
 }
 
 impl Rank {
@@ -102,7 +124,9 @@ impl Rank {
 
     /// Waits for every rank (host side).
     pub fn barrier(&self) -> Result<(), JobError> {
-        self.barrier.wait(self.timeout).map_err(|e| e.to_string())
+        self.barrier
+            .wait(self.timeout)
+            .map_err(|e| JobError(e.to_string()))
     }
 
     /// Times `f`, which enqueues work on `backend`'s main stream (and streams joined back to
@@ -129,7 +153,7 @@ impl Rank {
             None => {
                 self.barrier()?;
                 let times = weave_executor::time_back_to_back(backend, iters, |_| {
-                    f().map_err(weave_executor::ExecError::Program)
+                    f().map_err(|e| weave_executor::ExecError::Program(e.0))
                 })
                 .map_err(err("timed runs"))?;
                 backend.synchronize().map_err(err("timed runs"))?;
@@ -185,15 +209,19 @@ impl Rank {
         seed: u64,
     ) -> Result<DeviceTensor, JobError> {
         if tables.len() > 4 {
-            return Err(format!(
+            return Err(JobError(format!(
                 "random inputs of rank {} are not supported (at most 4 axes)",
                 tables.len()
-            ));
+            )));
         }
         let kind: u64 = match dtype {
             DType::BF16 => 0,
             DType::F32 => 1,
-            other => return Err(format!("random inputs of {other} are not supported")),
+            other => {
+                return Err(JobError(format!(
+                    "random inputs of {other} are not supported"
+                )))
+            }
         };
         let sizes: Vec<usize> = tables.iter().map(Vec::len).collect();
         let out = backend.empty(dtype, &sizes).map_err(err("allocate"))?;
@@ -357,11 +385,11 @@ impl World {
     /// NCCL communicator on each.
     pub fn open(options: WorldOptions) -> Result<World, JobError> {
         if !options.devices.is_empty() && options.devices.len() != options.ranks {
-            return Err(format!(
+            return Err(JobError(format!(
                 "{} GPU(s) were given for {} rank(s)",
                 options.devices.len(),
                 options.ranks
-            ));
+            )));
         }
         let needed = options
             .devices
@@ -424,7 +452,7 @@ impl World {
                     let r = job(&me);
                     if let Err(e) = &r {
                         me.barrier.break_with(&format!("rank {rank}: {e}"));
-                        me.comm.abort(e);
+                        me.comm.abort(&e.0);
                     }
                     if reply.send((rank, r)).is_err() {
                         return;
@@ -474,7 +502,7 @@ impl World {
         }
         if !errors.is_empty() {
             errors.sort();
-            return Err(errors.join("; "));
+            return Err(JobError(errors.join("; ")));
         }
         Ok(out.into_iter().flatten().collect())
     }
@@ -572,10 +600,10 @@ impl Gemm {
     }
 
     /// Launches the GEMM on `stream`.
-    fn launch(&self, backend: &CudaBackend, stream: &GpuStream) -> Result<(), String> {
+    fn launch(&self, backend: &CudaBackend, stream: &GpuStream) -> Result<(), JobError> {
         backend
             .linear("gemm", &self.x, &self.w, None, &self.out, stream)
-            .map_err(|e| e.to_string())
+            .map_err(|e| JobError(e.to_string()))
     }
 }
 

@@ -25,7 +25,7 @@ use crate::executable::Executable;
 
 /// `what: error`, for `map_err`.
 fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
-    move |e| format!("{what}: {e}")
+    move |e| JobError(format!("{what}: {e}"))
 }
 
 /// This rank's buffer of the fusion input with `layout`, filled from `seed`.
@@ -185,7 +185,7 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     let once = |backend: &CudaBackend| -> Result<Vec<DeviceTensor>, JobError> {
         run_rank_buffers(exe.program(), backend, comm, &inputs, &config)
             .map(|r| r.outputs)
-            .map_err(|e| e.to_string())
+            .map_err(|e| JobError(e.to_string()))
     };
     let times = if how.graph {
         // One run warms up outside the capture (NCCL connects lazily, kernels compile,
@@ -398,26 +398,29 @@ impl crate::tune::Measure for WorldMeasure {
         };
         let graph = candidate.replay;
         let (streams, warmup, iters) = (candidate.streams, self.warmup, self.iters);
-        let timings: Vec<ProgramTiming> = self.world.run(move |r| {
-            let how = ProgramRun {
-                streams,
-                cuda: overlap
-                    .cuda_options(CudaOptions::default(), r.gpu.sm_count())
-                    .map_err(|e| e.to_string())?,
-                graph,
-                trace: false,
-            };
-            run_program(
-                r,
-                fresh.as_ref(),
-                &engine,
-                &exe,
-                &how,
-                &[],
-                (warmup, iters),
-                &[],
-            )
-        })?;
+        let timings: Vec<ProgramTiming> = self
+            .world
+            .run(move |r| {
+                let how = ProgramRun {
+                    streams,
+                    cuda: overlap
+                        .cuda_options(CudaOptions::default(), r.gpu.sm_count())
+                        .map_err(|e| e.to_string())?,
+                    graph,
+                    trace: false,
+                };
+                run_program(
+                    r,
+                    fresh.as_ref(),
+                    &engine,
+                    &exe,
+                    &how,
+                    &[],
+                    (warmup, iters),
+                    &[],
+                )
+            })
+            .map_err(|e| e.0)?;
         let slowest = timings
             .iter()
             .map(|t| crate::calibrate::median(&t.times))

@@ -81,7 +81,8 @@ pub(crate) fn tune_definition(
         None => {
             #[cfg(feature = "cuda")]
             let mut measure =
-                crate::measure::WorldMeasure::open_on(devices, 3, 10, options.timeouts.wait)?;
+                crate::measure::WorldMeasure::open_on(devices, 3, 10, options.timeouts.wait)
+                    .map_err(|e| e.0)?;
             #[cfg(not(feature = "cuda"))]
             let mut measure = {
                 let _ = devices;
