@@ -3,7 +3,8 @@
 //! timeout and an [`Exchange`] of bytes (how copy-engine windows connect).
 
 #[cfg(feature = "cuda")]
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicUsize, Ordering};
 #[cfg(feature = "cuda")]
 use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
