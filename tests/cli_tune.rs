@@ -58,6 +58,7 @@ fn tune_caches_the_winner_and_run_uses_it() {
     // are skipped; exactly one winner.
     let rows: Vec<&str> = out.lines().filter(|l| l.contains(" K=")).collect();
     assert_eq!(rows.len(), 13, "{out}"); // 12 candidates and the `tuned:` line
+
     // `--copy-engines` asks for the copy-engine transport among the GPU knobs: on CPU ranks,
     // which have no knobs, the same candidates are measured.
     let mut with_ce = args.clone();
