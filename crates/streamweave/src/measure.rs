@@ -373,7 +373,7 @@ impl crate::tune::Measure for WorldMeasure {
         &mut self,
         exe: &Executable,
         candidate: &crate::tune::Candidate,
-    ) -> Result<std::time::Duration, String> {
+    ) -> Result<std::time::Duration, crate::tune::MeasureError> {
         let exe = Arc::new(exe.clone());
         let overlap = candidate.overlap;
         let fresh = match overlap.needs_own_communicators() {

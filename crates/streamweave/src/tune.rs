@@ -30,7 +30,7 @@ mod measurement;
 
 pub use cache::{lookup, store, CacheError, CacheParseError, Entry, TuneCache, TuneKey};
 pub use knobs::{knob_variants, Knob, TUNED_CE_SLOT_MIB, TUNED_NCCL_WINDOW_MIB};
-pub use measurement::{gpu_name, GpuNameError, Measure, RunMeasure};
+pub use measurement::{gpu_name, GpuNameError, Measure, MeasureError, RunMeasure};
 
 use knobs::{moves_data, sums};
 
@@ -690,7 +690,7 @@ fn measured(
     }
     match measure.measure(exe, candidate) {
         Ok(t) => Outcome::Measured(t),
-        Err(m) => Outcome::Failed(m),
+        Err(m) => Outcome::Failed(m.0),
     }
 }
 

@@ -38,19 +38,39 @@ pub enum GpuNameError {
     NoCuda,
 }
 
+/// Why a candidate could not be measured: what its run said (the tuner records it as the
+/// candidate's [`Outcome::Failed`](super::Outcome::Failed)).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct MeasureError(pub String);
+
+impl From<String> for MeasureError {
+    fn from(message: String) -> MeasureError {
+        MeasureError(message)
+    }
+}
+
 /// Measures one candidate: its compiled program, run with its stream-pool size and replay
 /// setting. A closure `FnMut(&Executable, &Candidate) -> Result<Duration, String>` is one.
 pub trait Measure {
     /// The candidate's figure (lower is better), or why it could not run.
-    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String>;
+    fn measure(
+        &mut self,
+        exe: &Executable,
+        candidate: &Candidate,
+    ) -> Result<Duration, MeasureError>;
 }
 
 impl<F> Measure for F
 where
     F: FnMut(&Executable, &Candidate) -> Result<Duration, String>,
 {
-    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String> {
-        self(exe, candidate)
+    fn measure(
+        &mut self,
+        exe: &Executable,
+        candidate: &Candidate,
+    ) -> Result<Duration, MeasureError> {
+        self(exe, candidate).map_err(MeasureError)
     }
 }
 
@@ -91,7 +111,18 @@ impl RunMeasure {
 }
 
 impl Measure for RunMeasure {
-    fn measure(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String> {
+    fn measure(
+        &mut self,
+        exe: &Executable,
+        candidate: &Candidate,
+    ) -> Result<Duration, MeasureError> {
+        self.run(exe, candidate).map_err(MeasureError)
+    }
+}
+
+impl RunMeasure {
+    /// [`Measure::measure`] with the run's message as the error.
+    fn run(&mut self, exe: &Executable, candidate: &Candidate) -> Result<Duration, String> {
         if self.globals.is_none() {
             self.globals = Some(exe.random_inputs(self.seed).map_err(|e| e.to_string())?);
         }

@@ -50,7 +50,7 @@ impl<F: Fn(&Candidate) -> f64> Fake<F> {
 }
 
 impl<F: Fn(&Candidate) -> f64> Measure for &Fake<F> {
-    fn measure(&mut self, exe: &Executable, c: &Candidate) -> Result<Duration, String> {
+    fn measure(&mut self, exe: &Executable, c: &Candidate) -> Result<Duration, MeasureError> {
         // The program measured is the one of the candidate's chunk count.
         let s = exe.signature().params.iter().find(|(k, _)| k == "s");
         assert_eq!(s.map(|(_, v)| *v as usize), c.chunks, "{c}");
