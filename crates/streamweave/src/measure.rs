@@ -22,6 +22,7 @@ pub use crate::threads::{Exchange, ExchangeError};
 
 use crate::calibrate::{offset_tables, JobError, Rank, Timing};
 use crate::executable::Executable;
+use crate::tune::MeasureError;
 
 /// `what: error`, for `map_err`.
 fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
@@ -373,7 +374,7 @@ impl crate::tune::Measure for WorldMeasure {
         &mut self,
         exe: &Executable,
         candidate: &crate::tune::Candidate,
-    ) -> Result<std::time::Duration, crate::tune::MeasureError> {
+    ) -> Result<std::time::Duration, MeasureError> {
         let exe = Arc::new(exe.clone());
         let overlap = candidate.overlap;
         let fresh = match overlap.needs_own_communicators() {
@@ -384,15 +385,20 @@ impl crate::tune::Measure for WorldMeasure {
                         timeout: self.timeout,
                         ..NcclOptions::default()
                     })
-                    .map_err(|e| e.to_string())?;
-                Some((NcclId::new().map_err(|e| e.to_string())?, options))
+                    .map_err(|e| MeasureError(e.to_string()))?;
+                Some((
+                    NcclId::new().map_err(|e| MeasureError(e.to_string()))?,
+                    options,
+                ))
             }
         };
         let engine = match candidate.transport {
             crate::Transport::Nccl => CopyEngine::Off,
             // Shared windows: replayable, unlike peer copies (which wait on the host).
             crate::Transport::CopyEngine => {
-                let windows = overlap.ce_windows().map_err(|e| e.to_string())?;
+                let windows = overlap
+                    .ce_windows()
+                    .map_err(|e| MeasureError(e.to_string()))?;
                 CopyEngine::windows(self.world.ranks(), windows)
             }
         };
@@ -420,7 +426,7 @@ impl crate::tune::Measure for WorldMeasure {
                     &[],
                 )
             })
-            .map_err(|e| e.0)?;
+            .map_err(|e| MeasureError(e.0))?;
         let slowest = timings
             .iter()
             .map(|t| crate::calibrate::median(&t.times))

@@ -44,12 +44,6 @@ pub enum GpuNameError {
 #[error("{0}")]
 pub struct MeasureError(pub String);
 
-impl From<String> for MeasureError {
-    fn from(message: String) -> MeasureError {
-        MeasureError(message)
-    }
-}
-
 /// Measures one candidate: its compiled program, run with its stream-pool size and replay
 /// setting. A closure `FnMut(&Executable, &Candidate) -> Result<Duration, String>` is one.
 pub trait Measure {
