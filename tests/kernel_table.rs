@@ -25,9 +25,9 @@ fn launches_of(
 ) -> Vec<Launch> {
     let mut all = Vec::new();
     for rank in of {
-        let launches =
-            weave_executor::kernels::metered_launches(exe.program(), rank, ranks, streams)
-                .unwrap_or_else(|e| panic!("rank {rank} on the meter: {e}"));
+        let launches = weave_executor::kernels::meter_rank(exe.program(), rank, ranks, streams)
+            .unwrap_or_else(|e| panic!("rank {rank} on the meter: {e}"))
+            .launches;
         for l in launches {
             if l.outputs.iter().all(|o| o.sizes.contains(&0)) {
                 continue;

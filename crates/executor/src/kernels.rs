@@ -27,7 +27,7 @@ use weave_ir::Fusion;
 use crate::dense::Dense;
 use crate::error::ExecError;
 use crate::eval::{run_rank, RunConfig};
-use crate::meter::{MeterBackend, MeteredLaunch};
+use crate::meter::{Meter, MeterBackend, MeteredLaunch};
 use weave_codegen::{self as codegen, Grid, KernelPlan, PlanError, TensorArg};
 
 /// The plan of one kernel segment on buffers of given layouts.
@@ -134,16 +134,16 @@ pub fn grid_text(g: &Grid, sms: usize) -> String {
     }
 }
 
-/// Every kernel launch that rank `rank` of `ranks` makes when it runs `program` with
-/// `streams` pool streams (`numberOfStreams`) on the meter backend, its parameter values from
-/// the signature and its inputs as shapes only (the meter never reads values), in the order
-/// it makes them.
-pub fn metered_launches(
+/// What rank `rank` of `ranks` does when it runs `program` with `streams` pool streams
+/// (`numberOfStreams`) on the meter backend, its parameter values from the signature and its
+/// inputs as shapes only (the meter never reads values): its kernel launches in the order it
+/// makes them, its GEMMs and collectives.
+pub fn meter_rank(
     program: &HostProgram,
     rank: usize,
     ranks: usize,
     streams: usize,
-) -> Result<Vec<MeteredLaunch>, KernelTableError> {
+) -> Result<Meter, KernelTableError> {
     let sig = program
         .signature
         .as_ref()
@@ -167,7 +167,7 @@ pub fn metered_launches(
     let comm = backend.comm(rank, ranks);
     run_rank(program, &backend, &comm, &inputs, &config)
         .map_err(|error| KernelTableError::Meter { rank, error })?;
-    Ok(backend.meter().launches)
+    Ok(backend.meter())
 }
 
 impl KernelTable {
@@ -199,7 +199,7 @@ impl KernelTable {
         // kernels may not share a name.
         let mut named: HashMap<String, (Arc<Fusion>, String)> = HashMap::new();
         for rank in 0..ranks {
-            for launch in metered_launches(program, rank, ranks, streams)? {
+            for launch in meter_rank(program, rank, ranks, streams)?.launches {
                 let name = &launch.fusion.name;
                 match named.get(name) {
                     Some((f, _)) if Arc::ptr_eq(f, &launch.fusion) => {}

@@ -7,8 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use weave_executor::meter::{Meter, MeterBackend, MeteredComm};
-use weave_executor::{run_rank, Dense, RunConfig};
+use weave_executor::meter::{Meter, MeteredComm};
 
 use weave_host_ir::HostProgram;
 
@@ -380,30 +379,15 @@ pub fn workload(program: &HostProgram, ranks: usize) -> Result<Workload, RunErro
 /// What rank 0 of `ranks` issues when it runs `program` (with its signature's parameters) on
 /// the meter backend: nothing is computed and no value is read.
 pub fn meter(program: &HostProgram, ranks: usize) -> Result<Meter, RunError> {
-    let sig = program.signature.as_ref().ok_or_else(|| {
-        RunError::Setup("the host program has no signature to meter it by".into())
-    })?;
-    // Inputs as shapes only (rank 0's local sizes): the meter backend never reads values.
-    let inputs: Vec<Dense> = sig
-        .inputs
-        .iter()
-        .map(|t| Dense {
-            dtype: t.dtype,
-            sizes: t.local_sizes_of(0),
-            data: Vec::new(),
-        })
-        .collect();
-    let backend = MeterBackend::new();
-    let comm = backend.comm(0, ranks);
-    let config = RunConfig {
-        params: sig.params.iter().cloned().collect(),
-        number_of_streams: 2,
-        check_races: false,
-        deadline: None,
-    };
-    run_rank(program, &backend, &comm, &inputs, &config)
-        .map_err(|e| RunError::Ranks(vec![(0, e)]))?;
-    Ok(backend.meter())
+    use weave_executor::KernelTableError;
+    // Rank 0 with the default pool of 2.
+    weave_executor::kernels::meter_rank(program, 0, ranks, 2).map_err(|e| match e {
+        KernelTableError::NoSignature => {
+            RunError::Setup("the host program has no signature to meter it by".into())
+        }
+        KernelTableError::Meter { rank, error } => RunError::Ranks(vec![(rank, error)]),
+        other => RunError::Setup(other.to_string()),
+    })
 }
 
 #[cfg(test)]
