@@ -15,7 +15,8 @@ fn weave_with_log(args: &[&str], log: Option<&str>) -> (bool, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_weave"));
     cmd.args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("WEAVE_LOG");
+        .env_remove("WEAVE_LOG")
+        .env_remove("WEAVE_LOG_SPANS");
     if let Some(filter) = log {
         cmd.env("WEAVE_LOG", filter);
     }
@@ -381,6 +382,55 @@ fn the_log_is_off_by_default_and_goes_to_stderr_when_asked_for() {
     let (ok, _, err) = run_logged(&["--log", "weave_cli=loud"], Some("debug"));
     assert!(!ok);
     assert!(err.contains("--log `weave_cli=loud`"), "{err}");
+}
+
+/// `WEAVE_LOG_SPANS=open,close` prints each span when it opens as well (a stalled run shows
+/// what it began and never finished), every line naming its thread; a word that is not a
+/// span event is refused.
+#[test]
+fn the_log_prints_spans_when_they_open_when_asked_and_names_threads() {
+    let run = |spans: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_weave"))
+            .args([
+                "run",
+                "tests/scenarios/row_parallel_linear.weave",
+                "--ranks",
+                "2",
+                "--set",
+                "t=48",
+                "--set",
+                "h=8",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("WEAVE_LOG", "debug")
+            .env("WEAVE_LOG_SPANS", spans)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run("open,close");
+    assert!(ok, "{err}");
+    for span in ["weave_run", "execute"] {
+        for event in ["new", "close"] {
+            assert!(
+                err.lines().any(|l| l.contains(span) && l.contains(event)),
+                "no `{event}` of `{span}`:\n{err}"
+            );
+        }
+    }
+    assert!(
+        err.lines().any(|l| l.contains("weave-rank-1")),
+        "no line of rank 1's thread:\n{err}"
+    );
+    let (ok, err) = run("close");
+    assert!(ok, "{err}");
+    assert!(!err.lines().any(|l| l.contains(" new")), "{err}");
+    let (ok, err) = run("begin");
+    assert!(!ok);
+    assert!(err.contains("WEAVE_LOG_SPANS=\"begin\""), "{err}");
 }
 
 /// `weave dump --passes default` prints a host program with its signature and definition;

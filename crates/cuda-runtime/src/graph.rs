@@ -54,6 +54,7 @@ impl CudaGraph {
     pub fn launch(&self, stream: &GpuStream) -> Result<(), CudaError> {
         require_driver()?;
         self.gpu.bind()?;
+        let _span = tracing::trace_span!("graph_launch", device = self.gpu.ordinal()).entered();
         // SAFETY: `exec` is a live executable graph (instantiated before `CudaGraph` is
         // handed out, destroyed only on drop) and the stream is alive while borrowed.
         unsafe { sys::cuGraphLaunch(self.exec, stream.cu_stream()) }
@@ -74,6 +75,7 @@ impl CudaGraph {
 
     /// Instantiates the captured graph and counts its nodes.
     fn instantiate(&mut self) -> Result<(), CudaError> {
+        let _span = tracing::debug_span!("graph_instantiate", device = self.gpu.ordinal()).entered();
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: `graph` is the live graph returned by the capture; `exec` is an out-pointer
         // to a local.

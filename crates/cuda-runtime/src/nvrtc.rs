@@ -86,6 +86,7 @@ impl KernelCache {
             log: format!("{e:?}\n--- source ---\n{source}"),
         })?;
         bind()?;
+        let _span = tracing::debug_span!("module_load", kernel = name).entered();
         let module = ctx.load_module(ptx).map_err(driver("cuModuleLoadData"))?;
         let function = module
             .load_function(name)
