@@ -298,3 +298,37 @@ fn a_kernel_the_generator_cannot_plan_is_reported_when_the_table_is_made() {
         .unwrap();
     assert!(report.passed(), "{:?}", report.checks);
 }
+
+/// The table also lists each rank's distinct sum reduce-scatters and allreduces by their
+/// sizes (what a copy-engine transport loads the reduction kernels of before a run): one per
+/// distinct chunk shape, in the order the rank first posts them; none for a rank the table
+/// was not made for.
+#[test]
+fn the_table_lists_each_ranks_distinct_sum_reductions_by_size() {
+    use weave_executor::meter::MeteredReduction;
+    use weave_ir::DType;
+    let reduction = |allreduce, input_len, output_len| MeteredReduction {
+        team: 2,
+        allreduce,
+        dtype: DType::BF16,
+        input_len,
+        output_len,
+        row: 8,
+    };
+    let rs = std::fs::read_to_string(common::fixture("matmul_rs")).unwrap();
+    // 24 rows in 3 chunks of 8: each chunk's [8, 8] partial sums scattered into [4, 8].
+    let exe = compile(&rs, &[("t", 24), ("h", 8), ("d", 2), ("s", 3)]);
+    let table = exe.kernel_table(2, 2, 132).unwrap();
+    for rank in 0..2 {
+        assert_eq!(table.reductions(rank), &[reduction(false, 64, 32)]);
+    }
+    assert!(table.reductions(2).is_empty());
+    // 10 rows in chunks of 4, 4 and 2, each chunk's [rows, 8] summed on every rank.
+    let ar = std::fs::read_to_string(common::fixture("row_parallel_linear")).unwrap();
+    let exe = compile(&ar, &[("t", 10), ("h", 8), ("d", 2), ("s", 3)]);
+    let table = exe.kernel_table(2, 2, 132).unwrap();
+    assert_eq!(
+        table.reductions(1),
+        &[reduction(true, 32, 32), reduction(true, 16, 16)]
+    );
+}

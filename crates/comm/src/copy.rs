@@ -188,6 +188,13 @@ pub trait Reducer<S: ?Sized>: Send + Sync {
 
     /// Whether [`Reducer::sum_blocks`] and [`Reducer::sum_pointers`] take `dtype`.
     fn reduces(&self, dtype: DataType) -> bool;
+
+    /// Makes `kernel` ready to launch (compiled and loaded), enqueuing nothing: called before
+    /// a run ([`CopyComm::load_reductions`]). By default nothing is loaded ahead.
+    fn load(&self, kernel: SumKernel) -> Result<(), CommError> {
+        let _ = kernel;
+        Ok(())
+    }
 }
 
 /// A communicator whose allgathers and point-to-point transfers over contiguous buffers go
@@ -729,6 +736,9 @@ pub(crate) fn copy_error(rank: usize, label: &str, message: String) -> CommError
         message: format!("rank {rank}: {message}"),
     }
 }
+
+mod sums;
+pub use sums::{sum_kernels, ReductionShape, SumKernel};
 
 #[cfg(test)]
 mod tests;

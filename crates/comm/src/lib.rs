@@ -63,7 +63,8 @@ pub use bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
 pub use communicator::{Collective, CommOp, Communicator, P2p, Produce, Task, TaskQueue};
 #[cfg(feature = "cuda")]
 pub use copy::{
-    reduce_plan, CopyComm, CopyTransport, ProduceAt, ReducePlan, Reducer, Transfers, WindowSum,
+    reduce_plan, sum_kernels, CopyComm, CopyTransport, ProduceAt, ReducePlan, Reducer,
+    ReductionShape, SumKernel, Transfers, WindowSum,
 };
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;

@@ -75,7 +75,8 @@ impl CudaGraph {
 
     /// Instantiates the captured graph and counts its nodes.
     fn instantiate(&mut self) -> Result<(), CudaError> {
-        let _span = tracing::debug_span!("graph_instantiate", device = self.gpu.ordinal()).entered();
+        let _span =
+            tracing::debug_span!("graph_instantiate", device = self.gpu.ordinal()).entered();
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: `graph` is the live graph returned by the capture; `exec` is an out-pointer
         // to a local.

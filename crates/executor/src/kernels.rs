@@ -27,7 +27,7 @@ use weave_ir::Fusion;
 use crate::dense::Dense;
 use crate::error::ExecError;
 use crate::eval::{run_rank, RunConfig};
-use crate::meter::{Meter, MeterBackend, MeteredLaunch};
+use crate::meter::{Meter, MeterBackend, MeteredLaunch, MeteredReduction};
 use weave_codegen::{self as codegen, Grid, KernelPlan, PlanError, TensorArg};
 
 /// The plan of one kernel segment on buffers of given layouts.
@@ -55,6 +55,9 @@ pub struct KernelTable {
     entries: Vec<KernelEntry>,
     /// The entries of each segment, by index into `entries`.
     by_segment: HashMap<String, Vec<usize>>,
+    /// Each rank's distinct sum reduce-scatters and allreduces, in the order it first posts
+    /// them: a copy-engine transport loads the kernels that reduce them before a run.
+    reductions: Vec<Vec<MeteredReduction>>,
 }
 
 /// A summary: the table's size, not every plan's source.
@@ -180,6 +183,7 @@ impl KernelTable {
             sms: sms.max(1),
             entries: Vec::new(),
             by_segment: HashMap::new(),
+            reductions: Vec::new(),
         }
     }
 
@@ -199,7 +203,15 @@ impl KernelTable {
         // kernels may not share a name.
         let mut named: HashMap<String, (Arc<Fusion>, String)> = HashMap::new();
         for rank in 0..ranks {
-            for launch in meter_rank(program, rank, ranks, streams)?.launches {
+            let meter = meter_rank(program, rank, ranks, streams)?;
+            let mut reductions: Vec<MeteredReduction> = Vec::new();
+            for r in meter.reductions {
+                if !reductions.contains(&r) {
+                    reductions.push(r);
+                }
+            }
+            table.reductions.push(reductions);
+            for launch in meter.launches {
                 let name = &launch.fusion.name;
                 match named.get(name) {
                     Some((f, _)) if Arc::ptr_eq(f, &launch.fusion) => {}
@@ -248,6 +260,12 @@ impl KernelTable {
             plan,
         });
         Ok(())
+    }
+
+    /// The distinct sum reduce-scatters and allreduces `rank` posts (none for a rank the table
+    /// was not made for).
+    pub fn reductions(&self, rank: usize) -> &[MeteredReduction] {
+        self.reductions.get(rank).map_or(&[], Vec::as_slice)
     }
 
     /// Adds `entry`, replacing the one of the same segment and layouts if there is one.

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use weave_comm::bootstrap::{all_gather, gather, LaunchEnv, TcpStore};
 use weave_comm::nccl::{Nccl, NcclId};
-use weave_comm::{CommError, Communicator, IpcCopy};
+use weave_comm::{CommError, Communicator, IpcCopy, ReductionShape};
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
     check_inputs, program_teams, run_rank, run_rank_buffers, time_back_to_back, Backend, BlockSums,
@@ -141,7 +141,12 @@ fn run_one(
             match ipc {
                 Ok(ipc) => {
                     let ipc = ipc.with_reducer(Arc::new(BlockSums::new(gpu.clone())));
-                    let run = drive(program, config, inputs, options, &backend, &ipc, true);
+                    let run = ipc
+                        .load_reductions(&reduction_shapes(kernels, rank))
+                        .map_err(ExecError::from)
+                        .and_then(|()| {
+                            drive(program, config, inputs, options, &backend, &ipc, true)
+                        });
                     if run.is_err() {
                         // The abort released the streams' flag waits, but a stream may
                         // still be draining into the windows: leave them to the process's
@@ -172,6 +177,24 @@ fn run_one(
 /// eager run, then the capture) when the options ask for it (the default) and `capturable`
 /// (the communicator never waits on the host); otherwise each is issued statement by
 /// statement, its outputs left on the device.
+/// The distinct sum reduce-scatters and allreduces `rank` posts, as the copy-engine
+/// communicator sizes them: what [`weave_comm::CopyComm::load_reductions`] loads the kernels
+/// of before a run.
+pub(crate) fn reduction_shapes(table: &KernelTable, rank: usize) -> Vec<ReductionShape> {
+    table
+        .reductions(rank)
+        .iter()
+        .map(|r| ReductionShape {
+            team: r.team,
+            allreduce: r.allreduce,
+            dtype: weave_executor::cpu::data_type(r.dtype),
+            input_len: r.input_len,
+            output_len: r.output_len,
+            row: r.row,
+        })
+        .collect()
+}
+
 fn drive<C>(
     program: &HostProgram,
     config: &RunConfig,
@@ -184,6 +207,9 @@ fn drive<C>(
 where
     C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>,
 {
+    // Every kernel loaded before the first statement: a module loaded mid-run can wait for
+    // the whole GPU while it waits on another rank (`CudaBackend::load_kernels`).
+    backend.load_kernels()?;
     let mut timed = Vec::new();
     let replayed = options.iters > 0 && options.gpu.replay && capturable;
     if options.warmup > 0 || options.iters > 0 {

@@ -29,6 +29,19 @@ fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
     move |e| JobError(format!("{what}: {e}"))
 }
 
+/// The sum reduce-scatters and allreduces `rank` posts running `exe` as `how` says: what a
+/// copy-engine communicator loads the kernels of before the first run.
+fn reductions_of(
+    rank: &Rank,
+    exe: &Executable,
+    how: &ProgramRun,
+) -> Result<Vec<weave_comm::ReductionShape>, JobError> {
+    let kernels = exe
+        .kernel_table(rank.world, how.streams, crate::gpu::sms_of(&rank.gpu))
+        .map_err(|e| e.to_string())?;
+    Ok(crate::gpu::reduction_shapes(&kernels, rank.rank))
+}
+
 /// This rank's buffer of the fusion input with `layout`, filled from `seed`.
 pub fn random_input(
     rank: &Rank,
@@ -171,6 +184,8 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     let backend = rank
         .backend_with(how.cuda.clone())?
         .with_kernels(kernels.clone());
+    // Every kernel loaded before the first run (`CudaBackend::load_kernels`).
+    backend.load_kernels().map_err(err("kernels"))?;
     let mut inputs = Vec::new();
     for (i, layout) in exe.inputs().iter().enumerate() {
         let seed = seeds.get(i).copied().unwrap_or(i as u64 + 1);
@@ -224,6 +239,7 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
                 ..how.cuda.clone()
             })?
             .with_kernels(kernels);
+        traced.load_kernels().map_err(err("kernels"))?;
         let tmain = traced.stream(StreamKey::Main).map_err(err("stream"))?;
         // One run before the traced one warms the new backend's streams and plans.
         for o in once(&traced)? {
@@ -295,6 +311,8 @@ pub fn run_program(
         CopyEngine::Peer(hub) => {
             let pc = PeerCopy::new(comm, hub.clone(), rank.gpu.clone())
                 .with_reducer(Arc::new(BlockSums::new(rank.gpu.clone())));
+            pc.load_reductions(&reductions_of(rank, exe, how)?)
+                .map_err(err("copy-engine reductions"))?;
             time_program(rank, &pc, exe, how, seeds, warmup, iters, rows)
         }
         CopyEngine::Windows(exchange, options) => {
@@ -308,7 +326,10 @@ pub fn run_program(
             })
             .map_err(|e| gathered.unwrap_or_else(|| format!("copy-engine windows: {e}")))?
             .with_reducer(Arc::new(BlockSums::new(rank.gpu.clone())));
-            let timing = time_program(rank, &ipc, exe, how, seeds, warmup, iters, rows);
+            let timing = ipc
+                .load_reductions(&reductions_of(rank, exe, how)?)
+                .map_err(|e| JobError(format!("copy-engine reductions: {e}")))
+                .and_then(|()| time_program(rank, &ipc, exe, how, seeds, warmup, iters, rows));
             if timing.is_err() {
                 // A stream may still wait on the windows: never free memory the GPU may touch.
                 std::mem::forget(ipc);

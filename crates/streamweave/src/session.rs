@@ -579,8 +579,13 @@ fn backend_of(
             gpu.sm_count(),
         )
         .map_err(|e| e.to_string())?;
-    let backend = crate::gpu::backend_for(gpu, cuda, comm).map_err(|e| e.to_string())?;
-    Ok(backend.with_kernels(kernels))
+    let backend = crate::gpu::backend_for(gpu, cuda, comm)
+        .map_err(|e| e.to_string())?
+        .with_kernels(kernels);
+    // Loaded before the first call: a module loaded mid-run can wait for the whole GPU
+    // while it waits on another rank.
+    backend.load_kernels().map_err(|e| e.to_string())?;
+    Ok(backend)
 }
 
 /// Waits (within the wait timeout) until every rank's GPU has done everything issued on

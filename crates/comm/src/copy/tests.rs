@@ -385,6 +385,43 @@ impl Reducer<()> for Summer {
     fn reduces(&self, dtype: DataType) -> bool {
         dtype == DataType::Bf16
     }
+
+    fn load(&self, kernel: SumKernel) -> Result<(), CommError> {
+        self.0.push(Seen::Post(format!("load {kernel:?}")));
+        Ok(())
+    }
+}
+
+/// Loading ahead asks the reducer for each distinct kernel once, only for element types it
+/// reduces; a communicator without a reducer loads nothing.
+#[test]
+fn reductions_are_loaded_once_per_kernel_and_only_with_a_reducer() {
+    let log = Arc::new(Log::default());
+    let shape = |dtype, output_len| ReductionShape {
+        team: 2,
+        allreduce: false,
+        dtype,
+        input_len: 2 * output_len,
+        output_len,
+        row: 8,
+    };
+    let shapes = [
+        shape(DataType::Bf16, 64),
+        shape(DataType::Bf16, 64),
+        shape(DataType::F64, 64),
+        shape(DataType::Bf16, 32),
+    ];
+    recording(&log, false).load_reductions(&shapes).unwrap();
+    assert_eq!(log.take(), vec![]);
+    let comm = recording(&log, false).with_reducer(Arc::new(Summer(log.clone())));
+    comm.load_reductions(&shapes).unwrap();
+    assert_eq!(
+        log.take(),
+        vec![
+            Seen::Post("load Blocks { dtype: Bf16, blocks: 2, n: 64 }".into()),
+            Seen::Post("load Blocks { dtype: Bf16, blocks: 2, n: 32 }".into()),
+        ]
+    );
 }
 
 /// Where the transport reduces in its windows, no scratch is taken: each piece is summed

@@ -47,6 +47,12 @@ impl Planned {
         launch_plan(gpu, &self.plan, &self.loaded, address, stream, sms)
     }
 
+    /// Loads every kernel of the plan (each launch's and its fallback) on `gpu`, launching
+    /// nothing: see [`load_plan`].
+    pub(super) fn load_on(&self, gpu: &Gpu) -> Result<(), ExecError> {
+        load_plan(gpu, &self.plan, &self.loaded)
+    }
+
     /// `plan` of `fusion`, none of its kernels loaded yet.
     pub(super) fn new(fusion: Arc<Fusion>, plan: KernelPlan) -> Arc<Planned> {
         let loaded = unloaded(&plan);
@@ -90,6 +96,22 @@ fn launch_plan(
     Ok(())
 }
 
+/// Compiles and loads every kernel of `plan` (each launch's and its fallback, since the
+/// buffers' alignment chooses between them only at the launch) into `loaded`, launching
+/// nothing. A run loads its kernels before it starts: loading a module can wait for the
+/// whole GPU, and mid-run the GPU may wait on another rank (a collective, a copy-engine
+/// flag) whose thread waits for this load in the driver.
+fn load_plan(gpu: &Gpu, plan: &KernelPlan, loaded: &Loaded) -> Result<(), ExecError> {
+    for (l, slots) in plan.launches.iter().zip(loaded) {
+        for (variant, slot) in std::iter::once(l).chain(l.fallback.as_deref()).zip(slots) {
+            if slot.get().is_none() {
+                let _ = slot.set(gpu.kernel(&variant.name, &variant.source)?);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The kernel table a backend launches from, with each entry's kernels once loaded.
 pub(super) struct Kernels {
     table: Arc<KernelTable>,
@@ -118,6 +140,24 @@ impl CudaBackend {
     pub fn with_kernels(mut self, table: Arc<KernelTable>) -> CudaBackend {
         self.kernels = Kernels::new(table);
         self
+    }
+
+    /// Compiles and loads every kernel of its table, launching nothing (see [`load_plan`]):
+    /// what a run calls before its first statement, so that no module is loaded while the
+    /// GPU waits on another rank.
+    pub fn load_kernels(&self) -> Result<(), ExecError> {
+        let _span =
+            tracing::debug_span!("load_kernels", plans = self.kernels.loaded.len()).entered();
+        for (entry, loaded) in self
+            .kernels
+            .table
+            .entries()
+            .iter()
+            .zip(&self.kernels.loaded)
+        {
+            load_plan(&self.gpu, &entry.plan, loaded)?;
+        }
+        Ok(())
     }
 
     /// The kernel table this backend launches from.

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use weave_comm::{CommError, DataType, Reducer};
+use weave_comm::{CommError, DataType, Reducer, SumKernel};
 use weave_cuda::{Gpu, GpuStream};
 use weave_ir::DType;
 
@@ -234,6 +234,25 @@ impl Reducer<GpuStream> for BlockSums {
             dtype,
             DataType::Bf16 | DataType::F16 | DataType::F32 | DataType::F64
         )
+    }
+
+    /// Plans the kernel, compiles and loads it on this GPU: what `sum_pointers` or
+    /// `sum_blocks` will launch for it then loads nothing.
+    fn load(&self, kernel: SumKernel) -> Result<(), CommError> {
+        let what = "copy-engine reduction";
+        let (dtype, planned) = match kernel {
+            SumKernel::Pointers { dtype, k, n } => (dtype, self.planned_sum(ir_dtype(dtype), k, n)),
+            SumKernel::Blocks { dtype, blocks, n } => {
+                (dtype, self.planned(ir_dtype(dtype), blocks, n))
+            }
+        };
+        if !self.reduces(dtype) {
+            return Err(failed(what, format!("no reduction kernel for {dtype:?}")));
+        }
+        planned
+            .map_err(|m| failed(what, m))?
+            .load_on(&self.gpu)
+            .map_err(|e| failed(what, e.to_string()))
     }
 }
 
