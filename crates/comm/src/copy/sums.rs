@@ -176,7 +176,7 @@ mod tests {
         )
         .rounds;
         let row = shape.row * size;
-        if row > 0 && block % row == 0 && slot_bytes / row > 0 {
+        if row > 0 && block.is_multiple_of(row) && slot_bytes / row > 0 {
             let piece = slot_bytes / row * row;
             let counts = &mut PieceCounts::new(d, 1);
             rounds.extend(
