@@ -142,9 +142,10 @@ impl CudaBackend {
         self
     }
 
-    /// Compiles and loads every kernel of its table, launching nothing (see [`load_plan`]):
-    /// what a run calls before its first statement, so that no module is loaded while the
-    /// GPU waits on another rank.
+    /// Compiles and loads every kernel of its table (each launch's and its scalar fallback),
+    /// launching nothing: what a run calls before its first statement. Loading a module can
+    /// wait for the whole GPU, and mid-run the GPU may wait on another rank (a collective, a
+    /// copy-engine flag) whose thread waits for that same load in the driver.
     pub fn load_kernels(&self) -> Result<(), ExecError> {
         let _span =
             tracing::debug_span!("load_kernels", plans = self.kernels.loaded.len()).entered();
