@@ -12,14 +12,19 @@ fn weave(args: &[&str]) -> (bool, String, String) {
 
 /// `weave ARGS` with `WEAVE_LOG` set to `log` (or unset): success, stdout, stderr.
 fn weave_with_log(args: &[&str], log: Option<&str>) -> (bool, String, String) {
+    let env: Vec<(&str, &str)> = log.map(|f| ("WEAVE_LOG", f)).into_iter().collect();
+    weave_with_env(args, &env)
+}
+
+/// Runs `weave` with `args` and the variables `env`, `WEAVE_LOG` and `WEAVE_LOG_SPANS`
+/// otherwise unset.
+fn weave_with_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_weave"));
     cmd.args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_remove("WEAVE_LOG")
         .env_remove("WEAVE_LOG_SPANS");
-    if let Some(filter) = log {
-        cmd.env("WEAVE_LOG", filter);
-    }
+    cmd.envs(env.iter().copied());
     let out = cmd.output().unwrap();
     (
         out.status.success(),
@@ -345,6 +350,11 @@ fn json_summaries_stay_valid_json() {
 
 /// Runs a small `weave run` with `extra` arguments and `WEAVE_LOG` set to `env` (or unset).
 fn run_logged(extra: &[&str], env: Option<&str>) -> (bool, String, String) {
+    weave_with_log(&small_run(extra), env)
+}
+
+/// The arguments of a small `weave run` of the row-parallel linear on 2 ranks, then `extra`.
+fn small_run<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "run",
         "tests/scenarios/row_parallel_linear.weave",
@@ -356,7 +366,7 @@ fn run_logged(extra: &[&str], env: Option<&str>) -> (bool, String, String) {
         "h=8",
     ];
     args.extend_from_slice(extra);
-    weave_with_log(&args, env)
+    args
 }
 
 #[test]
@@ -390,26 +400,11 @@ fn the_log_is_off_by_default_and_goes_to_stderr_when_asked_for() {
 #[test]
 fn the_log_prints_spans_when_they_open_when_asked_and_names_threads() {
     let run = |spans: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_weave"))
-            .args([
-                "run",
-                "tests/scenarios/row_parallel_linear.weave",
-                "--ranks",
-                "2",
-                "--set",
-                "t=48",
-                "--set",
-                "h=8",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("WEAVE_LOG", "debug")
-            .env("WEAVE_LOG_SPANS", spans)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let (ok, _, err) = weave_with_env(
+            &small_run(&[]),
+            &[("WEAVE_LOG", "debug"), ("WEAVE_LOG_SPANS", spans)],
+        );
+        (ok, err)
     };
     let (ok, err) = run("open,close");
     assert!(ok, "{err}");
