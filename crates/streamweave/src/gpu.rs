@@ -168,15 +168,6 @@ fn run_one(
     run
 }
 
-/// Runs the program on `comm`: the warm-up runs and the timed runs (on inputs uploaded once,
-/// issued back to back and timed by CUDA events on the main stream,
-/// [`weave_executor::time_back_to_back`]), then the run that is checked
-/// and traced (which uploads the inputs and reads the outputs back).
-///
-/// The warm-up and timed runs replay one captured run as a CUDA graph ([`Replay`]: one
-/// eager run, then the capture) when the options ask for it (the default) and `capturable`
-/// (the communicator never waits on the host); otherwise each is issued statement by
-/// statement, its outputs left on the device.
 /// The distinct sum reduce-scatters and allreduces `rank` posts, as the copy-engine
 /// communicator sizes them: what [`weave_comm::CopyComm::load_reductions`] loads the kernels
 /// of before a run.
@@ -195,6 +186,15 @@ pub(crate) fn reduction_shapes(table: &KernelTable, rank: usize) -> Vec<Reductio
         .collect()
 }
 
+/// Runs the program on `comm`: the warm-up runs and the timed runs (on inputs uploaded once,
+/// issued back to back and timed by CUDA events on the main stream,
+/// [`weave_executor::time_back_to_back`]), then the run that is checked
+/// and traced (which uploads the inputs and reads the outputs back).
+///
+/// The warm-up and timed runs replay one captured run as a CUDA graph ([`Replay`]: one
+/// eager run, then the capture) when the options ask for it (the default) and `capturable`
+/// (the communicator never waits on the host); otherwise each is issued statement by
+/// statement, its outputs left on the device.
 fn drive<C>(
     program: &HostProgram,
     config: &RunConfig,
