@@ -1174,3 +1174,122 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
     assert!(stdout.contains(&prefix), "{prefix}\n{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Loading ahead covers what a run launches, so no module is loaded while a run's waits are
+/// in flight (the copy-engine stall of docs/benchmarks.md, 2026-11-27 seventh): after
+/// `CudaBackend::load_kernels` a run of a linear + ReLU in 3 uneven chunks on 2 pool streams
+/// compiles no kernel, and after `Reducer::load` of what `sum_kernels` names for a
+/// reduce-scatter's pieces, launching those sums compiles nothing — while a sum of a length
+/// not loaded does (the count the checks read moves).
+#[test]
+fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
+    if !one_gpu() {
+        return;
+    }
+    use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
+    use weave_comm::{sum_kernels, DataType, Reducer, ReductionShape, SumKernel};
+    use weave_executor::{BlockSums, CudaBackend, CudaOptions, DeviceTensor, RunConfig};
+
+    let gpu = weave_cuda::Gpu::open(0).expect("GPU 0");
+    let src = common::linear_relu("t = 10, h = 64, f = 32, s = 3", "f32");
+    let fusion = streamweave::load("linear_relu.weave", &src, &[]).expect("loads");
+    let exe = compile(fusion);
+    let sms = usize::try_from(gpu.sm_count()).unwrap_or(1).max(1);
+    let table = exe.kernel_table(1, 2, sms).expect("kernel table");
+    assert!(!table.entries().is_empty(), "the layer launches kernels");
+    let backend = CudaBackend::new(gpu.clone(), CudaOptions::default())
+        .expect("backend")
+        .with_kernels(table.clone());
+    let before_load = gpu.kernels_compiled();
+    backend.load_kernels().expect("the kernels load");
+    let loaded = gpu.kernels_compiled();
+    assert!(
+        loaded > before_load,
+        "loading {} plans compiled nothing",
+        table.entries().len()
+    );
+    let comm: Nccl<DeviceTensor> = Nccl::init(
+        &gpu,
+        0,
+        1,
+        &NcclId::new().expect("NCCL id"),
+        NcclOptions::default(),
+    )
+    .expect("a world of one");
+    let config = RunConfig {
+        params: exe.signature().params.iter().cloned().collect(),
+        number_of_streams: 2,
+        check_races: false,
+        deadline: None,
+    };
+    let inputs: Vec<Dense> = exe
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let sizes = t.local_sizes_of(0);
+            let n: usize = sizes.iter().product();
+            let data = (0..n).map(|e| ((e * 7 + i) % 13) as f64 - 6.0).collect();
+            Dense {
+                dtype: t.dtype,
+                sizes,
+                data,
+            }
+        })
+        .collect();
+    let run = weave_executor::run_rank(exe.program(), &backend, &comm, &inputs, &config)
+        .expect("the layer runs");
+    assert_eq!(run.outputs[0].sizes, vec![10, 32]);
+    assert_eq!(
+        gpu.kernels_compiled(),
+        loaded,
+        "the run compiled a kernel that was not loaded ahead"
+    );
+
+    // The copy-engine sums of a reduce-scatter's pieces: slots of 2 KiB (1,024 bf16) cut a
+    // block of 3,000 into 1,024, 1,024 and 952; rows of 100 that fit a slot, into 1,000.
+    let shape = ReductionShape {
+        team: 2,
+        allreduce: false,
+        dtype: DataType::Bf16,
+        input_len: 6000,
+        output_len: 3000,
+        row: 100,
+    };
+    let kernels = sum_kernels(&shape, Some(2048));
+    let sums = BlockSums::new(gpu.clone());
+    for &k in &kernels {
+        sums.load(k).expect("the sum loads");
+    }
+    let stream = gpu
+        .new_stream(weave_cuda::Priority::Normal)
+        .expect("stream");
+    let buf = |n: usize| gpu.alloc(2 * n, &stream).expect("buffer");
+    let (a, b, out) = (buf(3000), buf(3000), buf(3000));
+    let loaded = gpu.kernels_compiled();
+    let mut lengths = Vec::new();
+    for k in &kernels {
+        let SumKernel::Pointers { n, .. } = *k else {
+            panic!("{k:?}: windows sum pointers")
+        };
+        lengths.push(n);
+        sums.sum_pointers(out.ptr(), &[a.ptr(), b.ptr()], n, DataType::Bf16, &stream)
+            .expect("the sum launches");
+    }
+    lengths.sort_unstable();
+    assert_eq!(lengths, vec![952, 1000, 1024]);
+    assert_eq!(
+        gpu.kernels_compiled(),
+        loaded,
+        "a loaded sum compiled again"
+    );
+    sums.sum_pointers(out.ptr(), &[a.ptr(), b.ptr()], 77, DataType::Bf16, &stream)
+        .expect("a sum of another length launches");
+    assert!(
+        gpu.kernels_compiled() > loaded,
+        "a length not loaded compiles: the count moves"
+    );
+    stream
+        .synchronize_timeout(Duration::from_secs(30))
+        .expect("the sums finish");
+}
