@@ -1,9 +1,9 @@
 //! Which kernels a copy-engine reduction launches, known before it runs: a
-//! [`Reducer`](crate::Reducer)
-//! loads them ahead of a run ([`CopyComm::load_reductions`]), because loading a module in
-//! the middle of one can wait for the whole GPU — which a flag wait of the windows, or a
-//! peer's kernel, may hold until another rank enqueues its part, while that rank's thread
-//! waits for the same load (ranks that are threads of one process share the driver).
+//! [`Reducer`](crate::Reducer) loads them ahead of a run ([`CopyComm::load_reductions`]),
+//! because loading a module in the middle of one can wait for the whole GPU — which a flag
+//! wait of the windows, or a peer's kernel, may hold until another rank enqueues its part,
+//! while that rank's thread waits for the same load (ranks that are threads of one process
+//! share the driver).
 
 use crate::copy::{CopyComm, CopyTransport};
 use crate::dtype::DataType;
@@ -81,7 +81,7 @@ pub fn sum_kernels(shape: &ReductionShape, slot: Option<usize>) -> Vec<SumKernel
             n: block_len,
         }];
     };
-    let block = block_len * size;
+    let block = block_len.saturating_mul(size);
     let mut lengths = Vec::new();
     let mut pieces_of = |piece: usize| {
         if piece == 0 {
