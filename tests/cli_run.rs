@@ -86,9 +86,27 @@ fn run_prints_the_match_timings_and_the_trace() {
     let tids: std::collections::BTreeSet<i64> =
         spans.iter().map(|e| e["tid"].as_i64().unwrap()).collect();
     assert!(tids.len() >= 2, "chunks ran on two pool streams: {tids:?}");
+    // The ranks on one clock: their first allreduce (the same statement) ends at the same
+    // moment on both; the picture starts when both had begun.
+    let first_end = |rank: i64| {
+        let first = spans
+            .iter()
+            .filter(|e| e["pid"] == rank && e["cat"] == "comm")
+            .min_by(|a, b| a["ts"].as_f64().unwrap().total_cmp(&b["ts"].as_f64().unwrap()))
+            .unwrap();
+        first["ts"].as_f64().unwrap() + first["dur"].as_f64().unwrap()
+    };
+    assert!(
+        (first_end(0) - first_end(1)).abs() < 0.01,
+        "{} against {}",
+        first_end(0),
+        first_end(1)
+    );
     let svg = std::fs::read_to_string(Path::new(&trace).with_extension("svg")).unwrap();
     assert!(
-        svg.starts_with("<svg") && svg.contains("rank 1 pool stream 1"),
+        svg.starts_with("<svg")
+            && svg.contains("rank 1 pool stream 1")
+            && svg.contains("from when every rank had begun"),
         "{svg}"
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use weave_executor::timeline::{chrome_trace, svg};
+use weave_executor::timeline::trace_and_picture;
 use weave_passes::DumpOptions;
 
 use streamweave::{Chunks, Compiler, Executable, RunOptions, Target};
@@ -367,7 +367,8 @@ pub fn run(
         crate::outln!("reference check: skipped (--no-check)");
     }
     if let Some(path) = trace {
-        let ranks = report.rank_spans();
+        // The ranks on one clock; the picture from when every rank had begun.
+        let (trace_json, picture) = trace_and_picture(report.rank_spans());
         // The timeline goes beside a trace that is a file; a trace written into a device or
         // a FIFO (`/dev/stdout`) has no "beside".
         let svg_path = trace_is_a_file(path).then(|| path.with_extension("svg"));
@@ -377,12 +378,12 @@ pub fn run(
             crate::output::remove_on_signal(path);
         }
         let written =
-            crate::output::write_output(path, chrome_trace(&ranks).as_bytes()).and_then(|()| {
-                match &svg_path {
-                    Some(p) => crate::output::write_output(p, svg(&ranks).as_bytes()),
+            crate::output::write_output(path, trace_json.as_bytes()).and_then(
+                |()| match &svg_path {
+                    Some(p) => crate::output::write_output(p, picture.as_bytes()),
                     None => Ok(()),
-                }
-            });
+                },
+            );
         crate::output::keep_on_signal(path);
         match (written, svg_path) {
             (Ok(()), Some(svg_path)) => crate::outln!(

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use streamweave::chunks::Calibration;
 use weave_bench::{calibrate, world_gpu_name, World, WorldOptions};
 use weave_comm::nccl::NcclOptions;
-use weave_executor::timeline::{chrome_trace, svg};
+use weave_executor::timeline::trace_and_picture;
 use weave_passes::{AssignStreams, Pipeline, SyncVariant};
 
 use args::Args;
@@ -137,8 +137,9 @@ fn run() -> Result<(), String> {
                 if p == Pattern::RowParallel && h == 8192 {
                     if let Some((ms, config, spans)) = &row.traced {
                         let base = bench.args.out.join(format!("row_parallel_d{d}"));
-                        std::fs::write(base.with_extension("json"), chrome_trace(spans))
-                            .and_then(|()| std::fs::write(base.with_extension("svg"), svg(spans)))
+                        let (trace_json, picture) = trace_and_picture(spans.clone());
+                        std::fs::write(base.with_extension("json"), trace_json)
+                            .and_then(|()| std::fs::write(base.with_extension("svg"), picture))
                             .map_err(|e| format!("cannot write the timeline: {e}"))?;
                         println!(
                             "timeline of the fastest traced row-parallel run (d={d} h={h} \

@@ -77,9 +77,76 @@ pub fn category(label: &str) -> &'static str {
     }
 }
 
+/// Puts the ranks' spans on one clock. A backend times each rank from an origin of its own
+/// (the CUDA backend from the rank's first span: GPU clocks are not comparable across
+/// ranks), so ranks that began a run apart are drawn shifted against each other, and the
+/// first collective of the ranks that came early looks as long as the skew. Every member
+/// leaves a collective at the same moment: when every rank's first communication is the same
+/// statement (the same label, so the same team: all of them), each rank is shifted so that
+/// those communications end together, at the latest end. Returns the moment, on that clock,
+/// from which every rank had begun (the latest first span), or `None` when there is nothing
+/// to align on (fewer than two ranks, a rank without a communication, or first
+/// communications that differ), leaving the spans as they were.
+pub fn align_ranks(ranks: &mut [RankSpans]) -> Option<f64> {
+    if ranks.len() < 2 {
+        return None;
+    }
+    let firsts: Vec<&Span> = ranks
+        .iter()
+        .map(|r| {
+            r.spans
+                .iter()
+                .filter(|s| category(&s.label) == "comm")
+                .min_by(|a, b| a.start_us.total_cmp(&b.start_us))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    if firsts.iter().any(|f| f.label != firsts[0].label) {
+        return None;
+    }
+    let ends: Vec<f64> = firsts.iter().map(|f| f.start_us + f.dur_us).collect();
+    let end = ends.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut begun = f64::NEG_INFINITY;
+    for (r, e) in ranks.iter_mut().zip(ends) {
+        let shift = end - e;
+        for s in &mut r.spans {
+            s.start_us += shift;
+        }
+        let first = r
+            .spans
+            .iter()
+            .map(|s| s.start_us)
+            .fold(f64::INFINITY, f64::min);
+        begun = begun.max(first);
+    }
+    Some(begun)
+}
+
+/// A run's Chrome trace and SVG picture, the ranks first put on one clock
+/// ([`align_ranks`]): the trace with every span, the picture from when every rank had begun
+/// ([`svg_from`]; the whole of it when there is nothing to align on).
+pub fn trace_and_picture(mut ranks: Vec<RankSpans>) -> (String, String) {
+    let begun = align_ranks(&mut ranks);
+    let picture = match begun {
+        Some(t) => svg_from(&ranks, t),
+        None => svg(&ranks),
+    };
+    (chrome_trace(&ranks), picture)
+}
+
 /// An SVG picture: one lane per (rank, stream), spans as boxes coloured by category, time
 /// running left to right. Spans shorter than a pixel still show as a hairline.
 pub fn svg(ranks: &[RankSpans]) -> String {
+    draw(ranks, None)
+}
+
+/// [`svg`] from `from_us` on: what ended before is left out and what began before is drawn
+/// from there (its tooltip keeps its whole duration) — with [`align_ranks`]'s moment, the
+/// picture starts when every rank had begun, without the early ranks' wait for the last.
+pub fn svg_from(ranks: &[RankSpans], from_us: f64) -> String {
+    draw(ranks, Some(from_us))
+}
+
+fn draw(ranks: &[RankSpans], from: Option<f64>) -> String {
     let lanes: Vec<(usize, StreamKey)> = ranks
         .iter()
         .flat_map(|r| {
@@ -87,10 +154,12 @@ pub fn svg(ranks: &[RankSpans]) -> String {
             s.into_iter().map(move |k| (r.rank, k))
         })
         .collect();
-    let t0 = ranks
-        .iter()
-        .flat_map(|r| r.spans.iter().map(|s| s.start_us))
-        .fold(f64::INFINITY, f64::min);
+    let t0 = from.unwrap_or_else(|| {
+        ranks
+            .iter()
+            .flat_map(|r| r.spans.iter().map(|s| s.start_us))
+            .fold(f64::INFINITY, f64::min)
+    });
     let t1 = ranks
         .iter()
         .flat_map(|r| r.spans.iter().map(|s| s.start_us + s.dur_us))
@@ -109,9 +178,13 @@ pub fn svg(ranks: &[RankSpans]) -> String {
         left + width + 20.0,
         height
     );
+    let since = match from {
+        Some(_) => ", from when every rank had begun, the ranks aligned at the end of their first communication",
+        None => "",
+    };
     let _ = writeln!(
         out,
-        r#"<text x="4" y="14">time 0 .. {:.1} us (blue: compute, orange: communication, grey: synchronization)</text>"#,
+        r#"<text x="4" y="14">time 0 .. {:.1} us{since} (blue: compute, orange: communication, grey: synchronization)</text>"#,
         span
     );
     for (k, (rank, stream)) in lanes.iter().enumerate() {
@@ -132,9 +205,10 @@ pub fn svg(ranks: &[RankSpans]) -> String {
             .filter(|r| r.rank == *rank)
             .flat_map(|r| r.spans.iter())
             .filter(|s| s.stream == *stream);
-        for s in spans {
-            let x = left + (s.start_us - t0) / span * width;
-            let w = (s.dur_us / span * width).max(0.5);
+        for s in spans.filter(|s| s.start_us + s.dur_us >= t0) {
+            let start = s.start_us.max(t0);
+            let x = left + (start - t0) / span * width;
+            let w = ((s.start_us + s.dur_us - start) / span * width).max(0.5);
             let fill = match category(&s.label) {
                 "comm" => "#f28e2b",
                 "sync" => "#bab0ac",
@@ -201,6 +275,77 @@ mod tests {
         assert!(events
             .iter()
             .any(|e| e["name"] == "Communication 10 (type=Allreduce, \"x\")\t\n"));
+    }
+
+    fn span(label: &str, start_us: f64, dur_us: f64) -> Span {
+        Span {
+            stream: StreamKey::Pool(0),
+            label: label.into(),
+            start_us,
+            dur_us,
+        }
+    }
+
+    const AG: &str = "Communication 11 (type=Allgather, team=(0 1))";
+
+    /// Two ranks on clocks of their own: rank 0 began 900 us before rank 1, so its first
+    /// allgather waited 900 us longer; aligned, both allgathers end together and what
+    /// follows lines up, and the picture from when both had begun draws rank 0's allgather
+    /// from there.
+    #[test]
+    fn ranks_are_aligned_at_the_end_of_their_first_communication() {
+        let mut ranks = vec![
+            RankSpans {
+                rank: 0,
+                spans: vec![
+                    span(AG, 0.0, 1000.0),
+                    span("T10 = linear(T9, T1)", 1000.0, 100.0),
+                ],
+            },
+            RankSpans {
+                rank: 1,
+                spans: vec![
+                    span(AG, 0.0, 100.0),
+                    span("T10 = linear(T9, T1)", 100.0, 100.0),
+                ],
+            },
+        ];
+        assert_eq!(align_ranks(&mut ranks), Some(900.0));
+        let starts = |r: &RankSpans| r.spans.iter().map(|s| s.start_us).collect::<Vec<_>>();
+        assert_eq!(starts(&ranks[0]), vec![0.0, 1000.0]);
+        assert_eq!(starts(&ranks[1]), vec![900.0, 1000.0]);
+        let text = svg_from(&ranks, 900.0);
+        assert!(
+            text.contains("time 0 .. 200.0 us, from when every rank had begun"),
+            "{text}"
+        );
+        // Both allgathers drawn from the left edge over half the picture (100 of 200 us),
+        // rank 0's tooltip keeping its 1000 us.
+        assert_eq!(
+            text.matches(r#"x="150.00" y="24.0" width="500.00""#)
+                .count(),
+            1,
+            "{text}"
+        );
+        assert_eq!(
+            text.matches(r#"x="150.00" y="46.0" width="500.00""#)
+                .count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("(1000.0 us)</title>"), "{text}");
+        // Nothing to align on: one rank, a rank without a communication, different first
+        // communications; the spans stay as they were.
+        let mut one = ranks[..1].to_vec();
+        assert_eq!(align_ranks(&mut one), None);
+        let mut differ = ranks.clone();
+        differ[1].spans[0].label = "Communication 12 (type=Allgather, team=(0 1))".into();
+        differ[1].spans[0].start_us = 0.0;
+        assert_eq!(align_ranks(&mut differ), None);
+        assert_eq!(differ[1].spans[0].start_us, 0.0);
+        let mut silent = ranks.clone();
+        silent[1].spans.remove(0);
+        assert_eq!(align_ranks(&mut silent), None);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 use streamweave::cuda::{ForeignStream, Gpu};
 use streamweave::executor::dense::Dense;
-use streamweave::executor::timeline::{chrome_trace, svg};
+use streamweave::executor::timeline::trace_and_picture;
 use streamweave::half::{bf16, f16};
 use streamweave::ir::{BinaryOp, DType, Fusion, ReduceOp, UnaryOp};
 use streamweave::passes::{manager::render, DumpFlags, Ir, PassManager};
@@ -598,10 +598,9 @@ impl NativeExecutable {
         let passed = report.passed();
         let max_error = report.max_abs_error();
         let race_count = report.races();
-        let traced = options.trace.then(|| {
-            let spans = report.rank_spans();
-            (chrome_trace(&spans), svg(&spans))
-        });
+        let traced = options
+            .trace
+            .then(|| trace_and_picture(report.rank_spans()));
         let outputs = report
             .into_outputs()
             .map_err(|e| error(streamweave::Error::Run(e)))?;
@@ -799,7 +798,7 @@ impl NativeSession {
                     .into_iter()
                     .map(|(rank, spans)| streamweave::executor::timeline::RankSpans { rank, spans })
                     .collect();
-                Some(chrome_trace(&ranks))
+                Some(trace_and_picture(ranks).0)
             } else {
                 None
             };
