@@ -92,7 +92,12 @@ fn run_prints_the_match_timings_and_the_trace() {
         let first = spans
             .iter()
             .filter(|e| e["pid"] == rank && e["cat"] == "comm")
-            .min_by(|a, b| a["ts"].as_f64().unwrap().total_cmp(&b["ts"].as_f64().unwrap()))
+            .min_by(|a, b| {
+                a["ts"]
+                    .as_f64()
+                    .unwrap()
+                    .total_cmp(&b["ts"].as_f64().unwrap())
+            })
             .unwrap();
         first["ts"].as_f64().unwrap() + first["dur"].as_f64().unwrap()
     };
