@@ -305,12 +305,11 @@ fn a_kernel_the_generator_cannot_plan_is_reported_when_the_table_is_made() {
 /// was not made for.
 #[test]
 fn the_table_lists_each_ranks_distinct_sum_reductions_by_size() {
-    use weave_executor::meter::MeteredReduction;
-    use weave_ir::DType;
-    let reduction = |allreduce, input_len, output_len| MeteredReduction {
+    use weave_comm::{DataType, ReductionShape};
+    let reduction = |allreduce, input_len, output_len| ReductionShape {
         team: 2,
         allreduce,
-        dtype: DType::BF16,
+        dtype: DataType::Bf16,
         input_len,
         output_len,
         row: 8,

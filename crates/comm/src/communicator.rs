@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::dtype::RedOp;
+use crate::dtype::{DataType, RedOp};
 use crate::error::CommError;
 
 /// What a collective does, over buffers of type `B`. Buffers are read and written in
@@ -282,3 +282,23 @@ pub trait Communicator: Send + Sync {
 /// `(first, len, at)` enqueues, on the post's stream, the input's elements `first .. first +
 /// len` written at device address `at` (this rank's memory, or a peer's mapped here).
 pub type Produce<'a> = dyn FnMut(usize, usize, u64) -> Result<(), CommError> + 'a;
+
+/// A sum reduce-scatter or allreduce of one member, by its sizes: what a copy-engine
+/// reduction of it sums (`copy::sum_kernels`), known before a run from the program's
+/// metered collectives, so that the kernels it launches can be loaded ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReductionShape {
+    /// Members of the team.
+    pub team: usize,
+    /// An allreduce (else a reduce-scatter).
+    pub allreduce: bool,
+    /// The element type.
+    pub dtype: DataType,
+    /// Elements of the member's input.
+    pub input_len: usize,
+    /// Elements of the member's output.
+    pub output_len: usize,
+    /// Elements of a row of the input: a collective that computes its input
+    /// ([`Communicator::post_produced`]) cuts its pieces at whole rows.
+    pub row: usize,
+}

@@ -738,7 +738,7 @@ pub(crate) fn copy_error(rank: usize, label: &str, message: String) -> CommError
 }
 
 mod sums;
-pub use sums::{sum_kernels, ReductionShape, SumKernel};
+pub use sums::{sum_kernels, SumKernel};
 
 #[cfg(test)]
 mod tests;

@@ -60,11 +60,13 @@ pub mod nccl;
 pub mod peer;
 
 pub use bootstrap::{all_gather, exchange_id, gather, LaunchEnv, TcpStore};
-pub use communicator::{Collective, CommOp, Communicator, P2p, Produce, Task, TaskQueue};
+pub use communicator::{
+    Collective, CommOp, Communicator, P2p, Produce, ReductionShape, Task, TaskQueue,
+};
 #[cfg(feature = "cuda")]
 pub use copy::{
-    reduce_plan, sum_kernels, CopyComm, CopyTransport, ProduceAt, ReducePlan, Reducer,
-    ReductionShape, SumKernel, Transfers, WindowSum,
+    reduce_plan, sum_kernels, CopyComm, CopyTransport, ProduceAt, ReducePlan, Reducer, SumKernel,
+    Transfers, WindowSum,
 };
 pub use dtype::{DataType, RedOp};
 pub use error::CommError;

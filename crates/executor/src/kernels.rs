@@ -27,8 +27,9 @@ use weave_ir::Fusion;
 use crate::dense::Dense;
 use crate::error::ExecError;
 use crate::eval::{run_rank, RunConfig};
-use crate::meter::{Meter, MeterBackend, MeteredLaunch, MeteredReduction};
+use crate::meter::{Meter, MeterBackend, MeteredLaunch};
 use weave_codegen::{self as codegen, Grid, KernelPlan, PlanError, TensorArg};
+use weave_comm::ReductionShape;
 
 /// The plan of one kernel segment on buffers of given layouts.
 #[derive(Clone, Debug)]
@@ -57,7 +58,7 @@ pub struct KernelTable {
     by_segment: HashMap<String, Vec<usize>>,
     /// Each rank's distinct sum reduce-scatters and allreduces, in the order it first posts
     /// them: a copy-engine transport loads the kernels that reduce them before a run.
-    reductions: Vec<Vec<MeteredReduction>>,
+    reductions: Vec<Vec<ReductionShape>>,
 }
 
 /// A summary: the table's size, not every plan's source.
@@ -204,7 +205,7 @@ impl KernelTable {
         let mut named: HashMap<String, (Arc<Fusion>, String)> = HashMap::new();
         for rank in 0..ranks {
             let meter = meter_rank(program, rank, ranks, streams)?;
-            let mut reductions: Vec<MeteredReduction> = Vec::new();
+            let mut reductions: Vec<ReductionShape> = Vec::new();
             for r in meter.reductions {
                 if !reductions.contains(&r) {
                     reductions.push(r);
@@ -264,7 +265,7 @@ impl KernelTable {
 
     /// The distinct sum reduce-scatters and allreduces `rank` posts (none for a rank the table
     /// was not made for).
-    pub fn reductions(&self, rank: usize) -> &[MeteredReduction] {
+    pub fn reductions(&self, rank: usize) -> &[ReductionShape] {
         self.reductions.get(rank).map_or(&[], Vec::as_slice)
     }
 

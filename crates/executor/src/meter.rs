@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use weave_comm::{Collective, CommError, CommOp, Communicator, P2p, RedOp};
+use weave_comm::{Collective, CommError, CommOp, Communicator, P2p, RedOp, ReductionShape};
 use weave_host_ir::KernelId;
 use weave_ir::{DType, Fusion};
 
@@ -120,26 +120,6 @@ pub struct MeteredComm {
     pub bytes: usize,
 }
 
-/// A sum reduce-scatter or allreduce a rank posted, by its sizes: what a copy-engine
-/// reduction of it sums (`weave_comm::ReductionShape`), so that the kernels it launches can
-/// be loaded before a run.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct MeteredReduction {
-    /// Ranks taking part.
-    pub team: usize,
-    /// An allreduce (else a reduce-scatter).
-    pub allreduce: bool,
-    /// The element type.
-    pub dtype: DType,
-    /// Elements of the input on this rank.
-    pub input_len: usize,
-    /// Elements of the output on this rank.
-    pub output_len: usize,
-    /// Elements of a row of the input (the product of its extents after the first): a row of
-    /// a linear's output, which a collective computing its input cuts pieces along.
-    pub row: usize,
-}
-
 /// What a rank's program did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Meter {
@@ -153,8 +133,9 @@ pub struct Meter {
     pub launches: Vec<MeteredLaunch>,
     /// Communications posted, in order.
     pub comms: Vec<MeteredComm>,
-    /// The sum reduce-scatters and allreduces among them, in order.
-    pub reductions: Vec<MeteredReduction>,
+    /// The sum reduce-scatters and allreduces among them, in order, by their sizes: what a
+    /// copy-engine reduction of each sums, so that its kernels can be loaded before a run.
+    pub reductions: Vec<ReductionShape>,
     /// Buffers allocated.
     pub allocations: usize,
     /// Bytes of the rank's buffers (uploaded inputs and allocations, at their dtype's size)
@@ -505,10 +486,10 @@ impl Communicator for MeterComm {
                 input,
                 output,
                 op: RedOp::Sum,
-            } => Some(MeteredReduction {
+            } => Some(ReductionShape {
                 team: c.team.len(),
                 allreduce: matches!(c.op, CommOp::Allreduce { .. }),
-                dtype: input.dtype,
+                dtype: crate::cpu::data_type(input.dtype),
                 input_len: input.numel() as usize,
                 output_len: output.numel() as usize,
                 row: input.sizes().iter().skip(1).product(),

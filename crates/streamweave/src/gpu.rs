@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use weave_comm::bootstrap::{all_gather, gather, LaunchEnv, TcpStore};
 use weave_comm::nccl::{Nccl, NcclId};
-use weave_comm::{CommError, Communicator, IpcCopy, ReductionShape};
+use weave_comm::{CommError, Communicator, IpcCopy};
 use weave_cuda::{Gpu, GpuStream};
 use weave_executor::{
     check_inputs, program_teams, run_rank, run_rank_buffers, time_back_to_back, Backend, BlockSums,
@@ -142,7 +142,7 @@ fn run_one(
                 Ok(ipc) => {
                     let ipc = ipc.with_reducer(Arc::new(BlockSums::new(gpu.clone())));
                     let run = ipc
-                        .load_reductions(&reduction_shapes(kernels, rank))
+                        .load_reductions(kernels.reductions(rank))
                         .map_err(ExecError::from)
                         .and_then(|()| {
                             drive(program, config, inputs, options, &backend, &ipc, true)
@@ -166,24 +166,6 @@ fn run_one(
         comm.abort(&e.to_string());
     }
     run
-}
-
-/// The distinct sum reduce-scatters and allreduces `rank` posts, as the copy-engine
-/// communicator sizes them: what [`weave_comm::CopyComm::load_reductions`] loads the kernels
-/// of before a run.
-pub(crate) fn reduction_shapes(table: &KernelTable, rank: usize) -> Vec<ReductionShape> {
-    table
-        .reductions(rank)
-        .iter()
-        .map(|r| ReductionShape {
-            team: r.team,
-            allreduce: r.allreduce,
-            dtype: weave_executor::cpu::data_type(r.dtype),
-            input_len: r.input_len,
-            output_len: r.output_len,
-            row: r.row,
-        })
-        .collect()
 }
 
 /// Runs the program on `comm`: the warm-up runs and the timed runs (on inputs uploaded once,

@@ -13,7 +13,7 @@ use weave_comm::{Communicator, IpcCopy, IpcOptions, PeerCopy, PeerHub};
 use weave_cuda::GpuStream;
 use weave_executor::{
     program_teams, run_rank_buffers, Backend, BlockSums, CudaBackend, CudaOptions, Dense,
-    DeviceTensor, RunConfig, StreamKey,
+    DeviceTensor, KernelTable, RunConfig, StreamKey,
 };
 use weave_host_ir::TensorSig;
 use weave_ir::DType;
@@ -29,17 +29,12 @@ fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> JobError + '_ {
     move |e| JobError(format!("{what}: {e}"))
 }
 
-/// The sum reduce-scatters and allreduces `rank` posts running `exe` as `how` says: what a
-/// copy-engine communicator loads the kernels of before the first run.
-fn reductions_of(
-    rank: &Rank,
-    exe: &Executable,
-    how: &ProgramRun,
-) -> Result<Vec<weave_comm::ReductionShape>, JobError> {
-    let kernels = exe
+/// The kernel table of `exe` run as `how` says on `rank`'s world (made once per executable):
+/// what the backend launches, and the sum reductions a copy-engine communicator loads ahead.
+fn table_of(rank: &Rank, exe: &Executable, how: &ProgramRun) -> Result<Arc<KernelTable>, JobError> {
+    Ok(exe
         .kernel_table(rank.world, how.streams, crate::gpu::sms_of(&rank.gpu))
-        .map_err(|e| e.to_string())?;
-    Ok(crate::gpu::reduction_shapes(&kernels, rank.rank))
+        .map_err(|e| e.to_string())?)
 }
 
 /// This rank's buffer of the fusion input with `layout`, filled from `seed`.
@@ -178,9 +173,7 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     iters: usize,
     rows: &[usize],
 ) -> Result<ProgramTiming, JobError> {
-    let kernels = exe
-        .kernel_table(rank.world, how.streams, crate::gpu::sms_of(&rank.gpu))
-        .map_err(|e| e.to_string())?;
+    let kernels = table_of(rank, exe, how)?;
     let backend = rank
         .backend_with(how.cuda.clone())?
         .with_kernels(kernels.clone());
@@ -311,7 +304,7 @@ pub fn run_program(
         CopyEngine::Peer(hub) => {
             let pc = PeerCopy::new(comm, hub.clone(), rank.gpu.clone())
                 .with_reducer(Arc::new(BlockSums::new(rank.gpu.clone())));
-            pc.load_reductions(&reductions_of(rank, exe, how)?)
+            pc.load_reductions(table_of(rank, exe, how)?.reductions(rank.rank))
                 .map_err(err("copy-engine reductions"))?;
             time_program(rank, &pc, exe, how, seeds, warmup, iters, rows)
         }
@@ -327,7 +320,7 @@ pub fn run_program(
             .map_err(|e| gathered.unwrap_or_else(|| format!("copy-engine windows: {e}")))?
             .with_reducer(Arc::new(BlockSums::new(rank.gpu.clone())));
             let timing = ipc
-                .load_reductions(&reductions_of(rank, exe, how)?)
+                .load_reductions(table_of(rank, exe, how)?.reductions(rank.rank))
                 .map_err(|e| JobError(format!("copy-engine reductions: {e}")))
                 .and_then(|()| time_program(rank, &ipc, exe, how, seeds, warmup, iters, rows));
             if timing.is_err() {

@@ -5,6 +5,7 @@
 //! while that rank's thread waits for the same load (ranks that are threads of one process
 //! share the driver).
 
+use crate::communicator::ReductionShape;
 use crate::copy::{CopyComm, CopyTransport};
 use crate::dtype::DataType;
 use crate::error::CommError;
@@ -30,24 +31,6 @@ pub enum SumKernel {
         /// Elements per block.
         n: usize,
     },
-}
-
-/// A sum reduce-scatter or allreduce of one member, by its sizes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ReductionShape {
-    /// Members of the team.
-    pub team: usize,
-    /// An allreduce (else a reduce-scatter).
-    pub allreduce: bool,
-    /// The element type.
-    pub dtype: DataType,
-    /// Elements of the member's input.
-    pub input_len: usize,
-    /// Elements of the member's output.
-    pub output_len: usize,
-    /// Elements of a row of the input: a collective that computes its input
-    /// ([`crate::Communicator::post_produced`]) cuts its pieces at whole rows.
-    pub row: usize,
 }
 
 /// The kernels a copy-engine reduction of `shape` launches: with windows of `slot` bytes

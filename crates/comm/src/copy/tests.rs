@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::nccl::fake::Fake;
-use crate::DataType;
+use crate::{DataType, ReductionShape};
 
 /// A bf16 device buffer by address only.
 type Buf = Fake;
