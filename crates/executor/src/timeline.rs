@@ -82,11 +82,13 @@ pub fn category(label: &str) -> &'static str {
 /// ranks), so ranks that began a run apart are drawn shifted against each other, and the
 /// first collective of the ranks that came early looks as long as the skew. Every member
 /// leaves a collective at the same moment: when every rank's first communication is the same
-/// statement (the same label, so the same team: all of them), each rank is shifted so that
-/// those communications end together, at the latest end. Returns the moment, on that clock,
-/// from which every rank had begun (the latest first span), or `None` when there is nothing
-/// to align on (fewer than two ranks, a rank without a communication, or first
-/// communications that differ), leaving the spans as they were.
+/// statement and its team (`team=(…)` in the label, as the host program prints it) is one
+/// group of exactly the traced ranks, each rank is shifted so that those communications end
+/// together, at the latest end. Returns the moment, on that clock, from which every rank had
+/// begun (the latest first span), or `None` when there is nothing to align on (fewer than
+/// two ranks, a rank without a communication, first communications that differ, or one of
+/// several teams — the rows of a 2-D mesh, which do not meet each other), leaving the spans
+/// as they were.
 pub fn align_ranks(ranks: &mut [RankSpans]) -> Option<f64> {
     if ranks.len() < 2 {
         return None;
@@ -101,6 +103,13 @@ pub fn align_ranks(ranks: &mut [RankSpans]) -> Option<f64> {
         })
         .collect::<Option<Vec<_>>>()?;
     if firsts.iter().any(|f| f.label != firsts[0].label) {
+        return None;
+    }
+    let mut members = one_team(&firsts[0].label)?;
+    let mut traced: Vec<usize> = ranks.iter().map(|r| r.rank).collect();
+    members.sort_unstable();
+    traced.sort_unstable();
+    if members != traced {
         return None;
     }
     let ends: Vec<f64> = firsts.iter().map(|f| f.start_us + f.dur_us).collect();
@@ -131,6 +140,17 @@ pub fn trace_and_picture(mut ranks: Vec<RankSpans>) -> (String, String) {
         None => svg(&ranks),
     };
     (chrome_trace(&ranks), picture)
+}
+
+/// The members of a communication's team when it is one group (`team=(0 1 2)` in its
+/// printed label); `None` for several groups (`team=(0 1 | 2 3)`) or no team.
+fn one_team(label: &str) -> Option<Vec<usize>> {
+    let rest = &label[label.find("team=(")? + "team=(".len()..];
+    let team = &rest[..rest.find(')')?];
+    if team.contains('|') {
+        return None;
+    }
+    team.split_whitespace().map(|m| m.parse().ok()).collect()
 }
 
 /// An SVG picture: one lane per (rank, stream), spans as boxes coloured by category, time
@@ -346,6 +366,17 @@ mod tests {
         let mut silent = ranks.clone();
         silent[1].spans.remove(0);
         assert_eq!(align_ranks(&mut silent), None);
+        // The rows of a 2-D mesh: one statement, two teams that never meet; and a team that
+        // is not the traced ranks.
+        for team in ["(0 | 1)", "(0 1 2)"] {
+            let mut rows = ranks.clone();
+            for r in &mut rows {
+                r.spans[0].label = format!("Communication 3 (type=Allreduce, team={team})");
+                r.spans[0].start_us = 0.0;
+            }
+            assert_eq!(align_ranks(&mut rows), None, "{team}");
+            assert_eq!(rows[1].spans[0].start_us, 0.0);
+        }
     }
 
     #[test]
