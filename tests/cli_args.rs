@@ -97,6 +97,25 @@ fn counts_beyond_their_maxima_are_refused_by_flag() {
 }
 
 #[test]
+fn the_tunings_copy_engine_switch_takes_on_or_off() {
+    refused(
+        &["run", SET_OP, "--tune-copy-engines", "maybe"],
+        "--tune-copy-engines",
+    );
+    refused(
+        &["run", SET_OP, "--tune-copy-engines"],
+        "--tune-copy-engines",
+    );
+    refused(&["tune", SET_OP, "--copy-engines", "yes"], "--copy-engines");
+    // Accepted with either word; the CPU run that follows does not tune, and passes.
+    for word in ["on", "off"] {
+        let (code, out, err) = weave(&["run", SET_OP, "--tune-copy-engines", word]);
+        assert_eq!(code, Some(0), "{word}:\n{out}\n{err}");
+        assert!(out.contains("result: PASS"), "{out}");
+    }
+}
+
+#[test]
 fn a_zero_timeout_is_refused_not_rounded_up() {
     refused(&["run", SET_OP, "--timeout-secs", "0"], "--timeout-secs");
     refused(&["tune", SET_OP, "--timeout-secs", "0"], "--timeout-secs");

@@ -59,16 +59,30 @@ fn tune_caches_the_winner_and_run_uses_it() {
     let rows: Vec<&str> = out.lines().filter(|l| l.contains(" K=")).collect();
     assert_eq!(rows.len(), 13, "{out}"); // 12 candidates and the `tuned:` line
 
-    // `--copy-engines` asks for the copy-engine transport among the GPU knobs: on CPU ranks,
-    // which have no knobs, the same candidates are measured.
-    let mut with_ce = args.clone();
-    with_ce.push("--copy-engines");
-    let ce_cache = dir.join("ce/tune.toml");
-    let (ok, ce_out, err) = weave(&with_ce, &ce_cache);
-    assert!(ok, "{ce_out}\n{err}");
-    let ce_rows = ce_out.lines().filter(|l| l.contains(" K=")).count();
-    assert_eq!(ce_rows, 13, "{ce_out}");
-    assert!(!ce_out.contains("copy-engine"), "{ce_out}");
+    // `--copy-engines on|off` (a bare flag says `on`, the default) lets the copy-engine
+    // transport among the GPU knobs or leaves it out: on CPU ranks, which have no knobs, the
+    // same candidates are measured either way; any other word is refused.
+    for (i, words) in [&["--copy-engines"][..], &["--copy-engines", "off"]]
+        .into_iter()
+        .enumerate()
+    {
+        let mut with = args.clone();
+        with.extend(words);
+        let ce_cache = dir.join(format!("ce{i}/tune.toml"));
+        let (ok, ce_out, err) = weave(&with, &ce_cache);
+        assert!(ok, "{ce_out}\n{err}");
+        let ce_rows = ce_out.lines().filter(|l| l.contains(" K=")).count();
+        assert_eq!(ce_rows, 13, "{ce_out}");
+        assert!(!ce_out.contains("copy-engine"), "{ce_out}");
+    }
+    let mut bad = args.clone();
+    bad.extend(["--copy-engines", "maybe"]);
+    let (ok, _, err) = weave(&bad, &dir.join("bad/tune.toml"));
+    assert!(!ok);
+    assert!(
+        err.contains("invalid value 'maybe' for '--copy-engines [<on|off>]'"),
+        "{err}"
+    );
     assert_eq!(out.matches("the same run as K=").count(), 3, "{out}");
     assert_eq!(out.lines().filter(|l| l.starts_with("* S=")).count(), 1);
     assert!(out.contains(" ms\n"), "{out}");

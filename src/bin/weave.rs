@@ -234,6 +234,12 @@ enum Command {
         #[arg(long, value_name = "T", default_value_t = 60,
               value_parser = clap::value_parser!(u64).range(1..=MAX_TUNE_BUDGET_SECS))]
         tune_budget_secs: u64,
+        /// Whether that first tuning also tries the copy-engine transport (its slots and
+        /// GEMMs writing into the windows) at every chunk count: `on` (default) or `off`
+        /// (NCCL only).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "on",
+              action = clap::ArgAction::Set)]
+        tune_copy_engines: bool,
     },
     /// Start N processes of a command with the torchrun environment (RANK, WORLD_SIZE,
     /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK), forward their
@@ -299,9 +305,11 @@ enum Command {
         /// 31,536,000: a year).
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
-        /// Also try the copy-engine transport (off by default: copy-engine runs were seen to
-        /// stall; see docs/benchmarks.md).
-        #[arg(long)]
+        /// Whether to try the copy-engine transport (its slots and GEMMs writing into the
+        /// windows) at every chunk count: `on` (default; a bare `--copy-engines` says the
+        /// same) or `off` (NCCL only).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "on",
+              num_args = 0..=1, default_missing_value = "on", action = clap::ArgAction::Set)]
         copy_engines: bool,
     },
     /// Measure this machine for the chunk-count model (`--chunks auto`) on N GPUs: bf16 GEMM
@@ -508,6 +516,7 @@ fn run_command() -> ExitCode {
             gemm_into_windows,
             no_tune,
             tune_budget_secs,
+            tune_copy_engines,
         } => {
             let Some(cuda) = is_cuda(backend.as_deref()) else {
                 return ExitCode::FAILURE;
@@ -584,6 +593,7 @@ fn run_command() -> ExitCode {
                 weave_dump: std::env::var(DUMP_ENV).ok(),
                 pinned,
                 tune_budget: (!no_tune).then(|| Duration::from_secs(tune_budget_secs)),
+                tune_copy_engines,
             };
             weave_cli::cli::run(&file, &set, &options, trace.as_deref(), &json)
         }

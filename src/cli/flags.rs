@@ -37,6 +37,8 @@ pub struct RunFlags {
     pub pinned: Pinned,
     /// How long the first repeated run of an untuned program may tune (`None`: `--no-tune`).
     pub tune_budget: Option<Duration>,
+    /// `--tune-copy-engines`: whether that tuning also tries the copy-engine transport.
+    pub tune_copy_engines: bool,
 }
 
 /// The overlap knobs and the transport set on the command line; `None`: left to the tuned
@@ -106,6 +108,6 @@ pub struct TuneFlags {
     pub cache: Option<PathBuf>,
     /// How long waits and each candidate's runs may take.
     pub timeout: Duration,
-    /// `--copy-engines`: also try the copy-engine transport.
+    /// `--copy-engines on|off`: also try the copy-engine transport (default on).
     pub copy_engines: bool,
 }

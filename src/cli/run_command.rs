@@ -173,7 +173,14 @@ pub fn run(
             (None, Some(budget)) => {
                 if let Some((fusion, cache)) = &to_tune {
                     let ranks = flags.ranks.unwrap_or(2);
-                    match tune_first_run(fusion, cache, ranks, budget, options.timeouts.wait) {
+                    match tune_first_run(
+                        fusion,
+                        cache,
+                        ranks,
+                        budget,
+                        options.timeouts.wait,
+                        flags.tune_copy_engines,
+                    ) {
                         Ok(Some(entry)) => {
                             tuned = Some((entry, cache.clone()));
                             source = "tuned now";

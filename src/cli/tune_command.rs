@@ -64,12 +64,16 @@ pub(super) fn tune_first_run(
     ranks: usize,
     budget: Duration,
     timeout: Duration,
+    copy_engines: bool,
 ) -> Result<Option<streamweave::tune::Entry>, String> {
     use streamweave::tune;
     // A cache that cannot be read is the run's error, not the tuning's.
     tune::TuneCache::load(cache).map_err(|e| e.to_string())?;
     let machine = tune::gpu_name(0).map_err(|e| e.to_string())?;
-    let options = tune::TuneOptions::first_run(ranks, &machine, None, budget);
+    let options = tune::TuneOptions {
+        copy_engines,
+        ..tune::TuneOptions::first_run(ranks, &machine, None, budget)
+    };
     eprintln!(
         "tuning: no cached configuration of {} on {ranks} x {machine}: measuring candidates for at most {} s (--no-tune skips this; `weave tune` prints the whole table)",
         fusion.name,
