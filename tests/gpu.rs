@@ -670,6 +670,8 @@ fn an_aborted_copy_engine_rank_releases_its_flag_waits() {
     let (a, b) = (connect(0), connect(1));
     let rank0 = a.join().unwrap().expect("rank 0 connects");
     let _rank1 = b.join().unwrap().expect("rank 1 connects");
+    // Its side stream to its one peer was made when it connected, not at its first post.
+    assert_eq!(rank0.side_streams(), vec![(0, 1)]);
     let stream = gpu
         .new_stream(weave_cuda::Priority::Normal)
         .expect("stream");
@@ -1175,10 +1177,11 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Loading ahead covers what a run launches, so no module is loaded while a run's waits are
-/// in flight (the copy-engine stall of docs/benchmarks.md, 2026-11-27 seventh): after
-/// `CudaBackend::load_kernels` a run of a linear + ReLU in 3 uneven chunks on 2 pool streams
-/// compiles no kernel, and after `Reducer::load` of what `sum_kernels` names for a
+/// Loading ahead covers what a run launches, so no module is loaded and no stream or GEMM
+/// handle is made while a run's waits are in flight (the copy-engine stalls of
+/// docs/benchmarks.md, 2026-11-27 seventh and eighth): after `CudaBackend::load_kernels` a
+/// run of a linear + ReLU in 3 uneven chunks on 2 pool streams compiles no kernel and makes
+/// no stream, and after `Reducer::load` of what `sum_kernels` names for a
 /// reduce-scatter's pieces, launching those sums compiles nothing — while a sum of a length
 /// not loaded does (the count the checks read moves).
 #[test]
@@ -1208,6 +1211,18 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
         "loading {} plans compiled nothing",
         table.entries().len()
     );
+    // Loading also made every stream the run posts on, each with its cuBLASLt handle (a
+    // stream's first GEMM would otherwise allocate its workspace synchronously mid-run).
+    use weave_executor::{Backend, StreamKey};
+    let streams = backend.streams();
+    assert_eq!(
+        streams,
+        vec![StreamKey::Main, StreamKey::Pool(0), StreamKey::Pool(1)]
+    );
+    for key in &streams {
+        let stream = backend.stream(*key).expect("made");
+        assert!(stream.gemms_prepared(), "{key} has no cuBLASLt handle");
+    }
     let comm: Nccl<DeviceTensor> = Nccl::init(
         &gpu,
         0,
@@ -1245,6 +1260,7 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
         loaded,
         "the run compiled a kernel that was not loaded ahead"
     );
+    assert_eq!(backend.streams(), streams, "the run made a stream");
 
     // The copy-engine sums of a reduce-scatter's pieces: slots of 2 KiB (1,024 bf16) cut a
     // block of 3,000 into 1,024, 1,024 and 952; rows of 100 that fit a slot, into 1,000.

@@ -483,6 +483,15 @@ impl IpcTransport {
                 mapped.push(Some(region));
             }
         }
+        // Every lane's side stream to every peer, made now: creating a stream mid-run can wait
+        // in the driver behind a peer thread's call that waits for its GPU, which may be
+        // waiting on this rank's next push.
+        let mut fans = std::collections::HashMap::new();
+        for lane in 0..layout.lanes {
+            for peer in (0..n).filter(|&p| p != me) {
+                fans.insert((lane, peer), Arc::new(gpu.new_stream(Priority::Normal)?));
+            }
+        }
         Ok(IpcTransport {
             gpu,
             layout,
@@ -492,13 +501,22 @@ impl IpcTransport {
             _mapped: mapped,
             bases,
             lanes: std::sync::Mutex::new((Vec::new(), PieceCounts::new(n, layout.lanes))),
-            fans: std::sync::Mutex::new(std::collections::HashMap::new()),
+            fans: std::sync::Mutex::new(fans),
         })
     }
 
     /// The windows' shape.
     pub fn layout(&self) -> &WindowLayout {
         &self.layout
+    }
+
+    /// The side streams that carry the pushes and pulls to each peer, by (lane, peer): all
+    /// of them are made when the windows connect, none mid-run.
+    pub fn side_streams(&self) -> Vec<(usize, usize)> {
+        let fans = self.fans.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys: Vec<(usize, usize)> = fans.keys().copied().collect();
+        keys.sort_unstable();
+        keys
     }
 }
 
@@ -590,7 +608,7 @@ impl CopyTransport for IpcTransport {
         // Each peer's steps on its own side stream of this lane (a pair's steps keep their
         // order, which is all the protocol needs), forked from `stream` and joined back,
         // enqueued in the plan's order across peers.
-        let sides = self.fork(lane, &peers_of(&steps), stream)?;
+        let sides = self.fork(me, label, lane, &peers_of(&steps), stream)?;
         self.dispatch(me, lane, &steps, &sides)?;
         self.join(&sides, stream)
     }
@@ -618,7 +636,7 @@ impl CopyTransport for IpcTransport {
         let (lane, reduce) = self.with_lane(me, label, stream, |lane, counts| {
             (lane, plan_reduce(me, &l, counts, lane, sends, from, bytes))
         })?;
-        let sides = self.fork(lane, from, stream)?;
+        let sides = self.fork(me, label, lane, from, stream)?;
         // Round by round, the pushes of the piece and then the posting stream's waits, sum
         // and releases of it: the order a single hardware queue could run without deadlock.
         for round in &reduce.rounds {
@@ -715,10 +733,12 @@ impl IpcTransport {
         self.enqueue(me, lane, &round.freed, stream, local)
     }
 
-    /// The side streams of `lane` for `peers`, made on first use, each waiting for what
-    /// `stream` has enqueued so far.
+    /// The side streams of `lane` for `peers` (made when the windows connected), each
+    /// waiting for what `stream` has enqueued so far.
     fn fork(
         &self,
+        me: usize,
+        label: &str,
         lane: usize,
         peers: &[usize],
         stream: &GpuStream,
@@ -731,15 +751,14 @@ impl IpcTransport {
         let mut sides = Vec::with_capacity(peers.len());
         for &peer in peers {
             let side = {
-                let mut fans = self.fans.lock().unwrap_or_else(|e| e.into_inner());
-                match fans.get(&(lane, peer)) {
-                    Some(s) => s.clone(),
-                    None => {
-                        let s = Arc::new(self.gpu.new_stream(Priority::Normal)?);
-                        fans.insert((lane, peer), s.clone());
-                        s
-                    }
-                }
+                let fans = self.fans.lock().unwrap_or_else(|e| e.into_inner());
+                fans.get(&(lane, peer)).cloned().ok_or_else(|| {
+                    copy_error(
+                        me,
+                        label,
+                        format!("no side stream of lane {lane} to rank {peer}"),
+                    )
+                })?
             };
             side.wait(&fork)?;
             sides.push((peer, side));

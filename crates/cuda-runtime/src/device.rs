@@ -501,6 +501,18 @@ impl Gpu {
         kernel.launch(stream.cuda_stream(), grid, block, args)
     }
 
+    /// Makes `stream`'s cuBLASLt handle and its workspace now, if it has none yet (a stream's
+    /// first GEMM would otherwise: a synchronous allocation, which a run must not make once
+    /// its GPU may wait on a peer). Fails as that first GEMM would.
+    pub fn prepare_gemms(&self, stream: &GpuStream) -> Result<(), CudaError> {
+        stream
+            .lt
+            .get_or_init(|| LtHandle::new(|| self.bind()))
+            .as_ref()
+            .map(|_| ())
+            .map_err(Clone::clone)
+    }
+
     /// Enqueues `shape` on `stream` with the given operands. The first call of a shape picks
     /// the algorithm; later calls reuse it.
     pub fn gemm(
@@ -641,6 +653,12 @@ impl std::fmt::Debug for GpuStream {
 }
 
 impl GpuStream {
+    /// Whether this stream's cuBLASLt handle exists ([`Gpu::prepare_gemms`], or its first
+    /// GEMM).
+    pub fn gemms_prepared(&self) -> bool {
+        self.lt.get().is_some_and(|h| h.is_ok())
+    }
+
     /// The raw stream handle, for NCCL and cuBLASLt calls.
     pub fn cu_stream(&self) -> sys::CUstream {
         self.stream.cu_stream()

@@ -189,8 +189,9 @@ fn drive<C>(
 where
     C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>,
 {
-    // Every kernel loaded before the first statement: a module loaded mid-run can wait for
-    // the whole GPU while it waits on another rank (`CudaBackend::load_kernels`).
+    // Every kernel loaded, every stream and its GEMM handle made before the first statement:
+    // mid-run, either can wait for the whole GPU while it waits on another rank
+    // (`CudaBackend::load_kernels`).
     backend.load_kernels()?;
     let mut timed = Vec::new();
     let replayed = options.iters > 0 && options.gpu.replay && capturable;

@@ -177,7 +177,8 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     let backend = rank
         .backend_with(how.cuda.clone())?
         .with_kernels(kernels.clone());
-    // Every kernel loaded before the first run (`CudaBackend::load_kernels`).
+    // Every kernel loaded, every stream made before the first run
+    // (`CudaBackend::load_kernels`).
     backend.load_kernels().map_err(err("kernels"))?;
     let mut inputs = Vec::new();
     for (i, layout) in exe.inputs().iter().enumerate() {

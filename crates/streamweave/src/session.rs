@@ -582,8 +582,8 @@ fn backend_of(
     let backend = crate::gpu::backend_for(gpu, cuda, comm)
         .map_err(|e| e.to_string())?
         .with_kernels(kernels);
-    // Loaded before the first call: a module loaded mid-run can wait for the whole GPU
-    // while it waits on another rank.
+    // Loaded (kernels, streams, GEMM handles) before the first call: mid-run, either can
+    // wait for the whole GPU while it waits on another rank.
     backend.load_kernels().map_err(|e| e.to_string())?;
     Ok(backend)
 }

@@ -13,7 +13,7 @@ use weave_ir::Fusion;
 
 use super::codegen::{Buf, KernelPlan, TensorArg};
 use super::{CudaBackend, DeviceTensor};
-use crate::backend::Backend;
+use crate::backend::{Backend, StreamKey};
 use crate::dense::elem_bytes;
 use crate::error::ExecError;
 use crate::kernels::KernelTable;
@@ -143,12 +143,19 @@ impl CudaBackend {
     }
 
     /// Compiles and loads every kernel of its table (each launch's and its scalar fallback),
-    /// launching nothing: what a run calls before its first statement. Loading a module can
-    /// wait for the whole GPU, and mid-run the GPU may wait on another rank (a collective, a
-    /// copy-engine flag) whose thread waits for that same load in the driver.
+    /// and makes every stream the program can post on (the main stream and the table's pool)
+    /// with its cuBLASLt handle and workspace, launching nothing: what a run calls before its
+    /// first statement. Loading a module, and the synchronous allocation of a stream's first
+    /// GEMM, can wait for the whole GPU, and mid-run the GPU may wait on another rank (a
+    /// collective, a copy-engine flag) whose thread waits in the driver behind that call:
+    /// with ranks that are threads of one process, each then waits for the other.
     pub fn load_kernels(&self) -> Result<(), ExecError> {
-        let _span =
-            tracing::debug_span!("load_kernels", plans = self.kernels.loaded.len()).entered();
+        let _span = tracing::debug_span!(
+            "load_kernels",
+            plans = self.kernels.loaded.len(),
+            streams = self.kernels.table.streams()
+        )
+        .entered();
         for (entry, loaded) in self
             .kernels
             .table
@@ -157,6 +164,11 @@ impl CudaBackend {
             .zip(&self.kernels.loaded)
         {
             load_plan(&self.gpu, &entry.plan, loaded)?;
+        }
+        let pool = (0..self.kernels.table.streams()).map(StreamKey::Pool);
+        for key in std::iter::once(StreamKey::Main).chain(pool) {
+            let stream = self.stream(key)?;
+            self.gpu.prepare_gemms(&stream)?;
         }
         Ok(())
     }
