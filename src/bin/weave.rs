@@ -235,9 +235,9 @@ enum Command {
               value_parser = clap::value_parser!(u64).range(1..=MAX_TUNE_BUDGET_SECS))]
         tune_budget_secs: u64,
         /// Whether that first tuning also tries the copy-engine transport (its slots and
-        /// GEMMs writing into the windows) at every chunk count: `on` (default) or `off`
-        /// (NCCL only).
-        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "on",
+        /// GEMMs writing into the windows) at every chunk count: `on`, or `off` (default:
+        /// NCCL only; copy-engine runs of some programs stall, see docs/benchmarks.md).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off",
               action = clap::ArgAction::Set)]
         tune_copy_engines: bool,
     },
@@ -306,9 +306,10 @@ enum Command {
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
         /// Whether to try the copy-engine transport (its slots and GEMMs writing into the
-        /// windows) at every chunk count: `on` (default; a bare `--copy-engines` says the
-        /// same) or `off` (NCCL only).
-        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "on",
+        /// windows) at every chunk count: `on` (a bare `--copy-engines` says the same) or
+        /// `off` (default: NCCL only; copy-engine runs of some programs stall, see
+        /// docs/benchmarks.md).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off",
               num_args = 0..=1, default_missing_value = "on", action = clap::ArgAction::Set)]
         copy_engines: bool,
     },

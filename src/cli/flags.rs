@@ -108,6 +108,6 @@ pub struct TuneFlags {
     pub cache: Option<PathBuf>,
     /// How long waits and each candidate's runs may take.
     pub timeout: Duration,
-    /// `--copy-engines on|off`: also try the copy-engine transport (default on).
+    /// `--copy-engines on|off`: also try the copy-engine transport (default off).
     pub copy_engines: bool,
 }
