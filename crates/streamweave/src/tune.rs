@@ -285,7 +285,7 @@ pub struct TuneOptions {
     /// chunk count (`weave tune --copy-engines on`, `weave run --tune-copy-engines on`).
     /// Where a program sums they beat NCCL's kernels (`matmul_rs` on 4 × H200: 1.580 ms
     /// against 1.716, docs/benchmarks.md), but off by default: a copy-engine run of the MLP
-    /// block that is the first run of its process stalls (5 of 5 on 2 and 4 × H200,
+    /// block that is the first run of its process stalls (12 of 12 on 2 and 4 × H200,
     /// 2026-11-27), so a winner cached by one process could stall the next.
     pub copy_engines: bool,
 }
