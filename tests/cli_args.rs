@@ -107,11 +107,33 @@ fn the_tunings_copy_engine_switch_takes_on_or_off() {
         "--tune-copy-engines",
     );
     refused(&["tune", SET_OP, "--copy-engines", "yes"], "--copy-engines");
-    // Accepted with either word; the CPU run that follows does not tune, and passes.
-    for word in ["on", "off"] {
-        let (code, out, err) = weave(&["run", SET_OP, "--tune-copy-engines", word]);
-        assert_eq!(code, Some(0), "{word}:\n{out}\n{err}");
-        assert!(out.contains("result: PASS"), "{out}");
+    // `off` (the default) leaves a CPU run as it is; `on` asks a GPU tuning, so it is refused
+    // on the CPU and with `--no-tune`, naming why.
+    let (code, out, err) = weave(&["run", SET_OP, "--tune-copy-engines", "off"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("result: PASS"), "{out}");
+    for (args, why) in [
+        (
+            &["run", SET_OP, "--tune-copy-engines", "on"][..],
+            "error: --tune-copy-engines on needs --backend cuda",
+        ),
+        (
+            &[
+                "run",
+                SET_OP,
+                "--backend",
+                "cuda",
+                "--no-tune",
+                "--tune-copy-engines",
+                "on",
+            ][..],
+            "error: --tune-copy-engines on asks the first run's tuning, which --no-tune turns off",
+        ),
+    ] {
+        let (code, out, err) = weave(args);
+        assert_eq!(code, Some(1), "{args:?}:\n{out}\n{err}");
+        assert_eq!(err.trim_end(), why, "{args:?}");
+        assert!(out.is_empty(), "{out}");
     }
 }
 

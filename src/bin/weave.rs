@@ -561,11 +561,16 @@ fn run_command() -> ExitCode {
                     (nccl_window_mib.is_some(), "--nccl-window-mib"),
                     (ce_slot_mib.is_some(), "--ce-slot-mib"),
                     (gemm_into_windows.is_some(), "--gemm-into-windows"),
+                    (tune_copy_engines, "--tune-copy-engines on"),
                 ];
                 if let Some((_, flag)) = gpu_only.iter().find(|f| f.0) {
                     eprintln!("error: {flag} needs --backend cuda");
                     return ExitCode::FAILURE;
                 }
+            }
+            if tune_copy_engines && no_tune {
+                eprintln!("error: --tune-copy-engines on asks the first run's tuning, which --no-tune turns off");
+                return ExitCode::FAILURE;
             }
             let options = streamweave::RunOptions {
                 streams: streams.map_or(2, count),

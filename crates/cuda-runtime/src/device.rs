@@ -505,11 +505,15 @@ impl Gpu {
     /// first GEMM would otherwise: a synchronous allocation, which a run must not make once
     /// its GPU may wait on a peer). Fails as that first GEMM would.
     pub fn prepare_gemms(&self, stream: &GpuStream) -> Result<(), CudaError> {
+        self.lt_handle(stream).map(|_| ())
+    }
+
+    /// `stream`'s cuBLASLt handle, made on first use.
+    fn lt_handle<'s>(&self, stream: &'s GpuStream) -> Result<&'s LtHandle, CudaError> {
         stream
             .lt
             .get_or_init(|| LtHandle::new(|| self.bind()))
             .as_ref()
-            .map(|_| ())
             .map_err(Clone::clone)
     }
 
@@ -521,11 +525,7 @@ impl Gpu {
         shape: &GemmShape,
         ops: GemmOperands,
     ) -> Result<(), CudaError> {
-        let handle = stream
-            .lt
-            .get_or_init(|| LtHandle::new(|| self.bind()))
-            .as_ref()
-            .map_err(Clone::clone)?;
+        let handle = self.lt_handle(stream)?;
         self.bind()?;
         self.inner
             .gemm_plans
