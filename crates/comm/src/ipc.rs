@@ -746,6 +746,7 @@ impl IpcTransport {
         if peers.is_empty() {
             return Ok(Vec::new());
         }
+        let _span = tracing::trace_span!("copy_engine_fork", rank = me, lane).entered();
         let fork = self.gpu.new_event(false)?;
         stream.record(&fork)?;
         let mut sides = Vec::with_capacity(peers.len());
@@ -792,6 +793,7 @@ impl IpcTransport {
 
     /// Makes `stream` wait for what is enqueued on the side streams `sides` so far.
     fn join(&self, sides: &[(usize, Arc<GpuStream>)], stream: &GpuStream) -> Result<(), CommError> {
+        let _span = tracing::trace_span!("copy_engine_join", sides = sides.len()).entered();
         for (_, side) in sides {
             let join = self.gpu.new_event(false)?;
             side.record(&join)?;
@@ -844,6 +846,9 @@ impl IpcTransport {
     ) -> Result<(), CommError> {
         let l = &self.layout;
         for &step in steps {
+            // Each driver call of a post named, so a log with `WEAVE_LOG_SPANS=open` shows
+            // the one a stalled rank is in.
+            let _span = tracing::trace_span!("copy_engine_step", rank = me, lane, ?step).entered();
             match step {
                 Step::WaitFree { peer, slot } => {
                     stream.wait_value(local + l.consumed(peer, lane, slot) as u64, 1)?

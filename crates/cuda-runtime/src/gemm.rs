@@ -321,6 +321,15 @@ impl PlanCache {
             match plans.get(shape) {
                 Some(p) => p.clone(),
                 None => {
+                    // A shape's first GEMM: its descriptors and the heuristic's algorithm.
+                    let _span = tracing::debug_span!(
+                        "gemm_plan",
+                        m = shape.m,
+                        n = shape.n,
+                        k = shape.k,
+                        batch = shape.batch
+                    )
+                    .entered();
                     let p = Arc::new(Mutex::new(Plan::new(handle, shape)?));
                     plans.insert(*shape, p.clone());
                     p
@@ -337,6 +346,7 @@ impl PlanCache {
         } else {
             ((&alpha32) as *const f32 as _, (&beta32) as *const f32 as _)
         };
+        let _span = tracing::trace_span!("gemm_launch", m = shape.m, n = shape.n).entered();
         // SAFETY: the plan's descriptors are live and match `shape`; the caller guarantees
         // that the operand addresses cover the problem; the workspace belongs to this
         // stream's handle; alpha and beta outlive the call (cuBLASLt reads them at enqueue).
