@@ -1202,7 +1202,7 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
     assert!(!table.entries().is_empty(), "the layer launches kernels");
     let backend = CudaBackend::new(gpu.clone(), CudaOptions::default())
         .expect("backend")
-        .with_kernels(table.clone());
+        .with_kernels(table.clone(), 0);
     let before_load = gpu.kernels_compiled();
     backend.load_kernels().expect("the kernels load");
     let loaded = gpu.kernels_compiled();
@@ -1223,6 +1223,15 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
         let stream = backend.stream(*key).expect("made");
         assert!(stream.gemms_prepared(), "{key} has no cuBLASLt handle");
     }
+    // And grew the memory pool to the rank's peak, so that the run does not grow it (a
+    // pool peers may access maps new memory for them inside the driver, mid-run).
+    let peak = table.peak_bytes(0);
+    assert!(peak > 0, "the layer holds buffers");
+    let pool = gpu.pool_bytes().expect("the pool's sizes");
+    assert!(
+        pool.reserved - pool.used >= peak,
+        "{pool:?} after loading leaves less than the peak of {peak} bytes idle"
+    );
     let comm: Nccl<DeviceTensor> = Nccl::init(
         &gpu,
         0,
@@ -1261,6 +1270,8 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
         "the run compiled a kernel that was not loaded ahead"
     );
     assert_eq!(backend.streams(), streams, "the run made a stream");
+    let after = gpu.pool_bytes().expect("the pool's sizes");
+    assert_eq!(after.reserved, pool.reserved, "the run grew the pool");
 
     // The copy-engine sums of a reduce-scatter's pieces: slots of 2 KiB (1,024 bf16) cut a
     // block of 3,000 into 1,024, 1,024 and 952; rows of 100 that fit a slot, into 1,000.

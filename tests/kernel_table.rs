@@ -331,3 +331,36 @@ fn the_table_lists_each_ranks_distinct_sum_reductions_by_size() {
         &[reduction(true, 32, 32), reduction(true, 16, 16)]
     );
 }
+
+/// The table also holds each rank's peak of live buffer bytes (what a GPU run reserves in its
+/// memory pool before the first statement): at least the rank's inputs and outputs, which
+/// are live together when its program ends, and as much as the meter counts; 0 for a rank
+/// the table was not made for.
+#[test]
+fn the_table_holds_each_ranks_peak_of_live_bytes() {
+    let rs = std::fs::read_to_string(common::fixture("matmul_rs")).unwrap();
+    // 24 rows in 3 chunks of 8, bf16 on 2 ranks.
+    let exe = compile(&rs, &[("t", 24), ("h", 8), ("d", 2), ("s", 3)]);
+    let table = exe.kernel_table(2, 2, 132).unwrap();
+    let bytes = |sigs: &[weave_host_ir::TensorSig], rank: usize| -> u64 {
+        sigs.iter()
+            .map(|t| {
+                let n: usize = t.local_sizes_of(rank).iter().product();
+                (n * t.dtype.size_bytes()) as u64
+            })
+            .sum()
+    };
+    for rank in 0..2 {
+        let ends_with = bytes(exe.inputs(), rank) + bytes(exe.outputs(), rank);
+        let peak = table.peak_bytes(rank);
+        assert!(
+            peak >= ends_with,
+            "rank {rank}: a peak of {peak} bytes is below its inputs and outputs ({ends_with})"
+        );
+        let metered = weave_executor::kernels::meter_rank(exe.program(), rank, 2, 2)
+            .unwrap()
+            .peak_bytes;
+        assert_eq!(peak, metered, "rank {rank}");
+    }
+    assert_eq!(table.peak_bytes(2), 0);
+}

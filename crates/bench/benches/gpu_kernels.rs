@@ -298,7 +298,7 @@ fn measure(
         .map_err(|e| e.to_string())?;
     let backend = &rank
         .backend_with(CudaOptions::default())?
-        .with_kernels(kernels);
+        .with_kernels(kernels, rank.rank);
     let main = backend.stream(StreamKey::Main).map_err(|e| e.to_string())?;
     let consts = weave_bench::kernel_constants(case, h);
     let mut inputs = Vec::new();

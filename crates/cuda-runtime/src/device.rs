@@ -61,6 +61,15 @@ pub enum Priority {
     High,
 }
 
+/// What a GPU's memory pool holds ([`Gpu::pool_bytes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolBytes {
+    /// Device memory the pool has taken from the device (`RESERVED_MEM_CURRENT`).
+    pub reserved: u64,
+    /// Of that, what live allocations use (`USED_MEM_CURRENT`).
+    pub used: u64,
+}
+
 /// One GPU of this process. Cheap to clone.
 #[derive(Clone)]
 pub struct Gpu {
@@ -190,6 +199,16 @@ impl Gpu {
     pub fn available_bytes(&self) -> Option<u64> {
         self.bind().ok()?;
         let (free, _) = result::mem_get_info().ok()?;
+        let cached = self
+            .pool_bytes()
+            .map_or(0, |p| p.reserved.saturating_sub(p.used));
+        Some((free as u64).saturating_add(cached))
+    }
+
+    /// What this GPU's memory pool (where [`Gpu::alloc`] allocates) holds now; `None` when
+    /// the driver does not say.
+    pub fn pool_bytes(&self) -> Option<PoolBytes> {
+        self.bind().ok()?;
         let attr = |a: sys::CUmemPool_attribute| -> Option<u64> {
             let mut v: u64 = 0;
             // SAFETY: both attributes take a cuuint64_t, read into a local; the pool is the
@@ -205,13 +224,50 @@ impl Gpu {
             .ok()?;
             Some(v)
         };
-        let reserved = attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
-        let used = attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
-        let cached = match (reserved, used) {
-            (Some(r), Some(u)) => r.saturating_sub(u),
-            _ => 0,
+        Some(PoolBytes {
+            reserved: attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            used: attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        })
+    }
+
+    /// Grows the memory pool, ahead, so that it holds at least `bytes` it does not lend
+    /// out: one allocation of what is missing, freed on `stream` at once and waited for
+    /// (within `timeout`). The pool keeps freed memory (its release threshold is raised), so
+    /// allocations of up to that many bytes in all are then served without growing it.
+    ///
+    /// Growing the pool maps new memory for every GPU granted access to it
+    /// ([`Gpu::enable_peer_access`]), inside the driver, while the allocating thread holds
+    /// its locks; mid-run, with ranks that are threads of one process and a GPU waiting on
+    /// another rank's flag, that rank's thread can wait behind those locks while this one
+    /// waits for it. A run reserves its rank's peak before its first statement
+    /// (the executor's `KernelTable::peak_bytes`, from its meter).
+    ///
+    /// Returns the bytes the pool grew by: 0 when it held enough already, or when the
+    /// device has too little memory left for the reservation (the run then allocates as it
+    /// goes, and fails with [`CudaError::OutOfMemory`] should it need more than there is).
+    pub fn reserve_pool(
+        &self,
+        bytes: u64,
+        stream: &GpuStream,
+        timeout: Duration,
+    ) -> Result<u64, CudaError> {
+        let Some(before) = self.pool_bytes() else {
+            return Ok(0);
         };
-        Some((free as u64).saturating_add(cached))
+        let idle = before.reserved.saturating_sub(before.used);
+        if idle >= bytes {
+            return Ok(0);
+        }
+        let missing = usize::try_from(bytes - idle).unwrap_or(usize::MAX);
+        let block = match self.alloc(missing, stream) {
+            Ok(block) => block,
+            Err(CudaError::OutOfMemory { .. }) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        block.free_on(stream)?;
+        stream.synchronize_timeout(timeout)?;
+        let after = self.pool_bytes().unwrap_or(before);
+        Ok(after.reserved.saturating_sub(before.reserved))
     }
 
     /// The number of streaming multiprocessors.

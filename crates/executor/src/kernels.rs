@@ -59,6 +59,9 @@ pub struct KernelTable {
     /// Each rank's distinct sum reduce-scatters and allreduces, in the order it first posts
     /// them: a copy-engine transport loads the kernels that reduce them before a run.
     reductions: Vec<Vec<ReductionShape>>,
+    /// Each rank's peak of live buffer bytes ([`Meter::peak_bytes`]): what a run reserves
+    /// in the GPU's memory pool before its first statement.
+    peaks: Vec<u64>,
 }
 
 /// A summary: the table's size, not every plan's source.
@@ -185,6 +188,7 @@ impl KernelTable {
             entries: Vec::new(),
             by_segment: HashMap::new(),
             reductions: Vec::new(),
+            peaks: Vec::new(),
         }
     }
 
@@ -212,6 +216,7 @@ impl KernelTable {
                 }
             }
             table.reductions.push(reductions);
+            table.peaks.push(meter.peak_bytes);
             for launch in meter.launches {
                 let name = &launch.fusion.name;
                 match named.get(name) {
@@ -267,6 +272,13 @@ impl KernelTable {
     /// was not made for).
     pub fn reductions(&self, rank: usize) -> &[ReductionShape] {
         self.reductions.get(rank).map_or(&[], Vec::as_slice)
+    }
+
+    /// The most bytes of buffers `rank` holds at once when it runs the program (its uploaded
+    /// inputs and every allocation, as the meter counts them); 0 for a rank the table was not
+    /// made for.
+    pub fn peak_bytes(&self, rank: usize) -> u64 {
+        self.peaks.get(rank).copied().unwrap_or(0)
     }
 
     /// Adds `entry`, replacing the one of the same segment and layouts if there is one.

@@ -116,7 +116,7 @@ fn run_one(
         return Err(ExecError::Program(why));
     }
     let backend =
-        backend_for(&gpu, cuda_options(options, &gpu)?, &comm)?.with_kernels(kernels.clone());
+        backend_for(&gpu, cuda_options(options, &gpu)?, &comm)?.with_kernels(kernels.clone(), rank);
     let run = match link {
         Link::Nccl => drive(program, config, inputs, options, &backend, &*comm, true),
         Link::Ipc(_) | Link::Windows(_) => {

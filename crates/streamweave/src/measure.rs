@@ -176,8 +176,9 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
     let kernels = table_of(rank, exe, how)?;
     let backend = rank
         .backend_with(how.cuda.clone())?
-        .with_kernels(kernels.clone());
-    // Every kernel loaded, every stream made before the first run
+        .with_kernels(kernels.clone(), rank.rank);
+    // Every kernel loaded, every stream made, the pool grown to the rank's peak before the
+    // first run
     // (`CudaBackend::load_kernels`).
     backend.load_kernels().map_err(err("kernels"))?;
     let mut inputs = Vec::new();
@@ -232,7 +233,7 @@ pub fn time_program<C: Communicator<Buffer = DeviceTensor, Stream = GpuStream>>(
                 trace: true,
                 ..how.cuda.clone()
             })?
-            .with_kernels(kernels);
+            .with_kernels(kernels, rank.rank);
         traced.load_kernels().map_err(err("kernels"))?;
         let tmain = traced.stream(StreamKey::Main).map_err(err("stream"))?;
         // One run before the traced one warms the new backend's streams and plans.

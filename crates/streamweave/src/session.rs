@@ -395,7 +395,9 @@ impl CudaSession {
                         r.comm
                             .prepare_teams(&teams)
                             .map_err(|e| e.to_string())
-                            .and_then(|()| backend_of(&exe, self.world, &options, &r.gpu, &r.comm))
+                            .and_then(|()| {
+                                backend_of(&exe, (r.rank, self.world), &options, &r.gpu, &r.comm)
+                            })
                             .map_err(|m| format!("rank {}: {m}", r.rank))
                     })
                     .collect::<Result<Vec<_>, String>>()?;
@@ -539,7 +541,7 @@ fn open_rank(
         crate::world::open_rank(device, rank, world, id, nccl).map_err(|e| fail(e.to_string()))?;
     comm.prepare_teams(&program_teams(exe.program()))
         .map_err(|e| fail(e.to_string()))?;
-    let backend = backend_of(exe, world, options, &gpu, &comm).map_err(&fail)?;
+    let backend = backend_of(exe, (rank, world), options, &gpu, &comm).map_err(&fail)?;
     let event = || gpu.new_event(false).map_err(|e| fail(e.to_string()));
     let (before, after) = (event()?, event()?);
     Ok((
@@ -555,11 +557,11 @@ fn open_rank(
 }
 
 /// A backend on `gpu` with `options`' overlap knobs, wait timeout and trace setting, which
-/// launches the kernel table of `exe` on `world` ranks with `options`' pool, for this GPU's SM
+/// launches the kernel table of `exe` as rank `rank` of `world` ranks with `options`' pool, for this GPU's SM
 /// count ([`Executable::kernel_table`]: a kernel the code generator cannot plan fails here).
 fn backend_of(
     exe: &Executable,
-    world: usize,
+    (rank, world): (usize, usize),
     options: &RunOptions,
     gpu: &Gpu,
     comm: &Arc<Nccl<DeviceTensor>>,
@@ -581,8 +583,8 @@ fn backend_of(
         .map_err(|e| e.to_string())?;
     let backend = crate::gpu::backend_for(gpu, cuda, comm)
         .map_err(|e| e.to_string())?
-        .with_kernels(kernels);
-    // Loaded (kernels, streams, GEMM handles) before the first call: mid-run, either can
+        .with_kernels(kernels, rank);
+    // Loaded (kernels, streams, GEMM handles, the pool's peak) before the first call: mid-run, either can
     // wait for the whole GPU while it waits on another rank.
     backend.load_kernels().map_err(|e| e.to_string())?;
     Ok(backend)

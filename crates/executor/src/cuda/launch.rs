@@ -115,61 +115,77 @@ fn load_plan(gpu: &Gpu, plan: &KernelPlan, loaded: &Loaded) -> Result<(), ExecEr
 /// The kernel table a backend launches from, with each entry's kernels once loaded.
 pub(super) struct Kernels {
     table: Arc<KernelTable>,
+    /// The rank of the table this backend runs.
+    rank: usize,
     loaded: Vec<Loaded>,
 }
 
 impl Kernels {
     /// `table`, none of its kernels loaded yet.
-    pub(super) fn new(table: Arc<KernelTable>) -> Kernels {
+    pub(super) fn new(table: Arc<KernelTable>, rank: usize) -> Kernels {
         let loaded = table.entries().iter().map(|e| unloaded(&e.plan)).collect();
-        Kernels { table, loaded }
+        Kernels {
+            table,
+            rank,
+            loaded,
+        }
     }
 
     /// An empty table: a backend's before [`CudaBackend::with_kernels`].
     pub(super) fn none() -> Kernels {
-        Kernels::new(Arc::new(KernelTable::new(0, 0, 1)))
+        Kernels::new(Arc::new(KernelTable::new(0, 0, 1)), 0)
     }
 }
 
 impl CudaBackend {
-    /// This backend, launching the kernel segments of a program from `table`: the plans of
-    /// every launch of every rank, made before the program runs
+    /// This backend, launching the kernel segments of a program from `table` as its rank
+    /// `rank`: the plans of every launch of every rank, made before the program runs
     /// (`streamweave::Executable::kernel_table`; [`KernelTable::for_program`]). Grids are
     /// sized for the table's SM count. A backend without a table (one that only runs
     /// GEMMs, copies and communications) fails any kernel segment, naming the statement.
-    pub fn with_kernels(mut self, table: Arc<KernelTable>) -> CudaBackend {
-        self.kernels = Kernels::new(table);
+    pub fn with_kernels(mut self, table: Arc<KernelTable>, rank: usize) -> CudaBackend {
+        self.kernels = Kernels::new(table, rank);
         self
     }
 
-    /// Compiles and loads every kernel of its table (each launch's and its scalar fallback),
-    /// and makes every stream the program can post on (the main stream and the table's pool)
-    /// with its cuBLASLt handle and workspace, launching nothing: what a run calls before its
-    /// first statement. Loading a module, and the synchronous allocation of a stream's first
-    /// GEMM, can wait for the whole GPU, and mid-run the GPU may wait on another rank (a
-    /// collective, a copy-engine flag) whose thread waits in the driver behind that call:
-    /// with ranks that are threads of one process, each then waits for the other.
+    /// What a run calls before its first statement, launching nothing: compiles and loads
+    /// every kernel of its table (each launch's and its scalar fallback); makes every
+    /// stream the program can post on (the main stream and the table's pool) with its
+    /// cuBLASLt handle and workspace; and grows the GPU's memory pool to the rank's peak
+    /// ([`KernelTable::peak_bytes`], [`weave_cuda::Gpu::reserve_pool`]).
+    ///
+    /// Loading a module, the synchronous allocation of a stream's first GEMM and the growth
+    /// of a memory pool that peers may access can each wait for the whole GPU or hold the
+    /// driver's locks, and mid-run the GPU may wait on another rank (a collective, a
+    /// copy-engine flag) whose thread waits in the driver behind that call: with ranks that
+    /// are threads of one process, each then waits for the other.
     pub fn load_kernels(&self) -> Result<(), ExecError> {
+        let table = &self.kernels.table;
+        let peak = table.peak_bytes(self.kernels.rank);
         let _span = tracing::debug_span!(
             "load_kernels",
             plans = self.kernels.loaded.len(),
-            streams = self.kernels.table.streams()
+            streams = table.streams(),
+            rank = self.kernels.rank,
+            peak_bytes = peak
         )
         .entered();
-        for (entry, loaded) in self
-            .kernels
-            .table
-            .entries()
-            .iter()
-            .zip(&self.kernels.loaded)
-        {
+        for (entry, loaded) in table.entries().iter().zip(&self.kernels.loaded) {
             load_plan(&self.gpu, &entry.plan, loaded)?;
         }
-        let pool = (0..self.kernels.table.streams()).map(StreamKey::Pool);
+        let pool = (0..table.streams()).map(StreamKey::Pool);
         for key in std::iter::once(StreamKey::Main).chain(pool) {
             let stream = self.stream(key)?;
             self.gpu.prepare_gemms(&stream)?;
         }
+        let main = self.stream(StreamKey::Main)?;
+        let grew = self.gpu.reserve_pool(peak, &main, self.options.timeout)?;
+        tracing::debug!(
+            peak_bytes = peak,
+            grew_bytes = grew,
+            pool = ?self.gpu.pool_bytes(),
+            "memory pool reserved for the rank's peak"
+        );
         Ok(())
     }
 
