@@ -107,8 +107,8 @@ fn the_tunings_copy_engine_switch_takes_on_or_off() {
         "--tune-copy-engines",
     );
     refused(&["tune", SET_OP, "--copy-engines", "yes"], "--copy-engines");
-    // `off` (the default) leaves a CPU run as it is; `on` asks a GPU tuning, so it is refused
-    // on the CPU and with `--no-tune`, naming why.
+    // `off` leaves a CPU run as it is; `on` (what a GPU tuning does unless told) asks a GPU
+    // tuning, so said outright it is refused on the CPU and with `--no-tune`, naming why.
     let (code, out, err) = weave(&["run", SET_OP, "--tune-copy-engines", "off"]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("result: PASS"), "{out}");

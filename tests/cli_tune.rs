@@ -59,7 +59,7 @@ fn tune_caches_the_winner_and_run_uses_it() {
     let rows: Vec<&str> = out.lines().filter(|l| l.contains(" K=")).collect();
     assert_eq!(rows.len(), 13, "{out}"); // 12 candidates and the `tuned:` line
 
-    // `--copy-engines on|off` (a bare flag says `on`; `off` is the default) lets the copy-engine
+    // `--copy-engines on|off` (a bare flag says `on`, the default) lets the copy-engine
     // transport among the GPU knobs or leaves it out: on CPU ranks, which have no knobs, the
     // same candidates are measured either way; any other word is refused.
     for (i, words) in [&["--copy-engines"][..], &["--copy-engines", "off"]]

@@ -235,11 +235,12 @@ enum Command {
               value_parser = clap::value_parser!(u64).range(1..=MAX_TUNE_BUDGET_SECS))]
         tune_budget_secs: u64,
         /// Whether that first tuning also tries the copy-engine transport (its slots and
-        /// GEMMs writing into the windows) at every chunk count: `on`, or `off` (default:
-        /// NCCL only; copy-engine runs of some programs stall, see docs/benchmarks.md).
-        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off",
+        /// GEMMs writing into the windows) at every chunk count: `on` (the default of a
+        /// tuning) or `off` (NCCL only). `on` is refused where no tuning runs (the CPU
+        /// backend, `--no-tune`).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off,
               action = clap::ArgAction::Set)]
-        tune_copy_engines: bool,
+        tune_copy_engines: Option<bool>,
     },
     /// Start N processes of a command with the torchrun environment (RANK, WORLD_SIZE,
     /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK), forward their
@@ -306,10 +307,9 @@ enum Command {
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
         /// Whether to try the copy-engine transport (its slots and GEMMs writing into the
-        /// windows) at every chunk count: `on` (a bare `--copy-engines` says the same) or
-        /// `off` (default: NCCL only; copy-engine runs of some programs stall, see
-        /// docs/benchmarks.md).
-        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "off",
+        /// windows) at every chunk count: `on` (default; a bare `--copy-engines` says the
+        /// same) or `off` (NCCL only).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off, default_value = "on",
               num_args = 0..=1, default_missing_value = "on", action = clap::ArgAction::Set)]
         copy_engines: bool,
     },
@@ -561,14 +561,14 @@ fn run_command() -> ExitCode {
                     (nccl_window_mib.is_some(), "--nccl-window-mib"),
                     (ce_slot_mib.is_some(), "--ce-slot-mib"),
                     (gemm_into_windows.is_some(), "--gemm-into-windows"),
-                    (tune_copy_engines, "--tune-copy-engines on"),
+                    (tune_copy_engines == Some(true), "--tune-copy-engines on"),
                 ];
                 if let Some((_, flag)) = gpu_only.iter().find(|f| f.0) {
                     eprintln!("error: {flag} needs --backend cuda");
                     return ExitCode::FAILURE;
                 }
             }
-            if tune_copy_engines && no_tune {
+            if tune_copy_engines == Some(true) && no_tune {
                 eprintln!("error: --tune-copy-engines on asks the first run's tuning, which --no-tune turns off");
                 return ExitCode::FAILURE;
             }
@@ -599,7 +599,7 @@ fn run_command() -> ExitCode {
                 weave_dump: std::env::var(DUMP_ENV).ok(),
                 pinned,
                 tune_budget: (!no_tune).then(|| Duration::from_secs(tune_budget_secs)),
-                tune_copy_engines,
+                tune_copy_engines: tune_copy_engines.unwrap_or(true),
             };
             weave_cli::cli::run(&file, &set, &options, trace.as_deref(), &json)
         }

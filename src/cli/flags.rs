@@ -37,7 +37,8 @@ pub struct RunFlags {
     pub pinned: Pinned,
     /// How long the first repeated run of an untuned program may tune (`None`: `--no-tune`).
     pub tune_budget: Option<Duration>,
-    /// `--tune-copy-engines`: whether that tuning also tries the copy-engine transport.
+    /// `--tune-copy-engines`: whether that tuning also tries the copy-engine transport (on
+    /// unless told `off`).
     pub tune_copy_engines: bool,
 }
 
@@ -108,6 +109,6 @@ pub struct TuneFlags {
     pub cache: Option<PathBuf>,
     /// How long waits and each candidate's runs may take.
     pub timeout: Duration,
-    /// `--copy-engines on|off`: also try the copy-engine transport (default off).
+    /// `--copy-engines on|off`: also try the copy-engine transport (default on).
     pub copy_engines: bool,
 }

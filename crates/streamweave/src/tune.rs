@@ -282,11 +282,10 @@ pub struct TuneOptions {
     /// measured.
     pub scope: Scope,
     /// Also try the copy-engine transport (and its slots and GEMMs into windows), at every
-    /// chunk count (`weave tune --copy-engines on`, `weave run --tune-copy-engines on`).
-    /// Where a program sums they beat NCCL's kernels (`matmul_rs` on 4 × H200: 1.580 ms
-    /// against 1.716, docs/benchmarks.md), but off by default: a copy-engine run of the MLP
-    /// block that is the first run of its process stalls (12 of 12 on 2 and 4 × H200,
-    /// 2026-11-27), so a winner cached by one process could stall the next.
+    /// chunk count. On by default: they take no SM from the GEMM, and where a program sums
+    /// they beat NCCL's kernels (`matmul_rs` on 4 × H200: 1.580 ms against 1.716,
+    /// docs/benchmarks.md). `false` (`weave tune --copy-engines off`, `weave run
+    /// --tune-copy-engines off`) measures NCCL only.
     pub copy_engines: bool,
 }
 
@@ -335,8 +334,8 @@ impl Scope {
 
 impl TuneOptions {
     /// S ∈ {1, 2, 4, 8}, K ∈ {1, 2, 4}, replay on and off on GPUs, pruned by `calibration`
-    /// at 1.5×; on GPUs then (when asked) the copy engines at every chunk count and the
-    /// overlap knobs; no time limit (`weave tune`).
+    /// at 1.5×; on GPUs then the copy engines at every chunk count and the overlap knobs; no
+    /// time limit (`weave tune`).
     pub fn new(ranks: usize, cuda: bool, machine: &str, calibration: Option<Calibration>) -> Self {
         TuneOptions {
             ranks,
@@ -350,12 +349,12 @@ impl TuneOptions {
             knobs: cuda,
             budget: None,
             scope: Scope::Any,
-            copy_engines: false,
+            copy_engines: true,
         }
     }
 
     /// Whether the tuning may measure `c`: what its runner can run
-    /// ([`TuneOptions::scope`]), on copy engines only when asked
+    /// ([`TuneOptions::scope`]), on copy engines unless they are left out
     /// ([`TuneOptions::copy_engines`]).
     pub fn allows(&self, c: &Candidate) -> bool {
         let o = &c.overlap;
@@ -366,8 +365,8 @@ impl TuneOptions {
 
     /// The tuning of a first repeated run on GPUs (`weave run --iters`, a second
     /// [`Executable::run`](crate::Executable::run)): S ∈ {1, 2, 4, 8} at K = 2 replayed (what
-    /// repeated runs do), then (when asked) the copy engines at every chunk count, the overlap
-    /// knobs and the other pool sizes on the best two, within `budget`.
+    /// repeated runs do), then the copy engines at every chunk count, the overlap knobs and the
+    /// other pool sizes on the best two, within `budget`.
     pub fn first_run(
         ranks: usize,
         machine: &str,

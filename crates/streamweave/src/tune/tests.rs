@@ -198,15 +198,11 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
         }
         t
     });
-    // Copy engines are tried only when asked (`--copy-engines on`).
-    let default = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
-    assert!(!default.copy_engines);
-    let options = TuneOptions {
-        copy_engines: true,
-        ..default
-    };
+    // Copy engines are tried by default.
+    let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+    assert!(options.copy_engines);
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
-    // Without them (the default) the same tuning measures every candidate but the
+    // Without them (`--copy-engines off`) the same tuning measures every candidate but the
     // copy-engine ones, and chooses the same.
     let plain = Fake::new(&fake.figure);
     let without = tune(
@@ -373,10 +369,7 @@ fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
         }
         t
     });
-    let options = TuneOptions {
-        copy_engines: true,
-        ..TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600))
-    };
+    let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600));
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     let (best, time) = t.best().unwrap();
     assert_eq!(
