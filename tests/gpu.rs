@@ -1223,6 +1223,10 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
         let stream = backend.stream(*key).expect("made");
         assert!(stream.gemms_prepared(), "{key} has no cuBLASLt handle");
     }
+    // And launched each of the layer's GEMMs once (3 chunks: rows 0..4, 4..8 and 8..10).
+    assert_eq!(table.gemms(0).len(), 3);
+    let planned = gpu.gemm_plans();
+    assert!(planned >= 2, "the chunks' GEMMs of 4 and 2 rows were not planned");
     // And grew the memory pool to the rank's peak, so that the run does not grow it (a
     // pool peers may access maps new memory for them inside the driver, mid-run).
     let peak = table.peak_bytes(0);
@@ -1272,6 +1276,11 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
     assert_eq!(backend.streams(), streams, "the run made a stream");
     let after = gpu.pool_bytes().expect("the pool's sizes");
     assert_eq!(after.reserved, pool.reserved, "the run grew the pool");
+    assert_eq!(
+        gpu.gemm_plans(),
+        planned,
+        "the run planned a GEMM shape that was not warmed ahead"
+    );
 
     // The copy-engine sums of a reduce-scatter's pieces: slots of 2 KiB (1,024 bf16) cut a
     // block of 3,000 into 1,024, 1,024 and 952; rows of 100 that fit a slot, into 1,000.

@@ -364,3 +364,30 @@ fn the_table_holds_each_ranks_peak_of_live_bytes() {
     }
     assert_eq!(table.peak_bytes(2), 0);
 }
+
+/// The table also lists each rank's distinct GEMMs (what a GPU run launches once before its
+/// first statement): every GEMM shape, layout and stream the rank issues, each once.
+#[test]
+fn the_table_lists_each_ranks_distinct_gemms() {
+    // 10 rows in 3 chunks of 4, 4 and 2 on one rank: the chunks' linears are two distinct
+    // GEMMs (4 rows and 2 rows of the same [10, h] input), on the pool streams they run on.
+    let (exe, table) = uneven_linear_relu();
+    let gemms = table.gemms(0);
+    let rows: Vec<(Vec<std::ops::Range<usize>>, bool)> = gemms
+        .iter()
+        .map(|g| (g.a.ranges.clone(), g.linear))
+        .collect();
+    let metered = weave_executor::kernels::meter_rank(exe.program(), 0, 1, 2).unwrap();
+    assert!(metered.gemms >= 3, "three chunks, three GEMMs: {}", metered.gemms);
+    assert_eq!(gemms, metered.distinct_gemms.as_slice());
+    let distinct: HashSet<_> = gemms.iter().collect();
+    assert_eq!(distinct.len(), gemms.len(), "listed once each: {gemms:#?}");
+    // Every chunk's rows appear, as a box of the whole [10, 8] input.
+    for g in gemms {
+        assert_eq!(g.a.full, vec![10, 8], "{g:#?}");
+        assert!(g.linear, "{g:#?}");
+    }
+    let starts: HashSet<usize> = rows.iter().map(|(r, _)| r[0].start).collect();
+    assert!(starts.contains(&0) && starts.contains(&8), "{rows:?}");
+    assert!(table.gemms(1).is_empty());
+}

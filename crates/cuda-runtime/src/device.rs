@@ -557,6 +557,11 @@ impl Gpu {
         kernel.launch(stream.cuda_stream(), grid, block, args)
     }
 
+    /// How many GEMM shapes this GPU has planned (each shape's first GEMM plans it).
+    pub fn gemm_plans(&self) -> usize {
+        self.inner.gemm_plans.len()
+    }
+
     /// Makes `stream`'s cuBLASLt handle and its workspace now, if it has none yet (a stream's
     /// first GEMM would otherwise: a synchronous allocation, which a run must not make once
     /// its GPU may wait on a peer). Fails as that first GEMM would.

@@ -306,6 +306,11 @@ impl Plan {
 }
 
 impl PlanCache {
+    /// How many shapes have a plan.
+    pub(crate) fn len(&self) -> usize {
+        self.plans.lock().unwrap().len()
+    }
+
     /// Enqueues `shape` on `stream` with `handle` and the given operands, on the current
     /// context (this cache's GPU). The first call of a shape picks the algorithm; later calls
     /// reuse it.

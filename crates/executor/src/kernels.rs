@@ -27,7 +27,7 @@ use weave_ir::Fusion;
 use crate::dense::Dense;
 use crate::error::ExecError;
 use crate::eval::{run_rank, RunConfig};
-use crate::meter::{Meter, MeterBackend, MeteredLaunch};
+use crate::meter::{Meter, MeterBackend, MeteredGemm, MeteredLaunch};
 use weave_codegen::{self as codegen, Grid, KernelPlan, PlanError, TensorArg};
 use weave_comm::ReductionShape;
 
@@ -62,6 +62,9 @@ pub struct KernelTable {
     /// Each rank's peak of live buffer bytes ([`Meter::peak_bytes`]): what a run reserves
     /// in the GPU's memory pool before its first statement.
     peaks: Vec<u64>,
+    /// Each rank's distinct GEMMs ([`Meter::distinct_gemms`]): what a run launches once
+    /// before its first statement.
+    gemms: Vec<Vec<MeteredGemm>>,
 }
 
 /// A summary: the table's size, not every plan's source.
@@ -189,6 +192,7 @@ impl KernelTable {
             by_segment: HashMap::new(),
             reductions: Vec::new(),
             peaks: Vec::new(),
+            gemms: Vec::new(),
         }
     }
 
@@ -217,6 +221,7 @@ impl KernelTable {
             }
             table.reductions.push(reductions);
             table.peaks.push(meter.peak_bytes);
+            table.gemms.push(meter.distinct_gemms);
             for launch in meter.launches {
                 let name = &launch.fusion.name;
                 match named.get(name) {
@@ -279,6 +284,12 @@ impl KernelTable {
     /// made for.
     pub fn peak_bytes(&self, rank: usize) -> u64 {
         self.peaks.get(rank).copied().unwrap_or(0)
+    }
+
+    /// The distinct GEMMs `rank` issues, in the order it first issues them (none for a rank
+    /// the table was not made for).
+    pub fn gemms(&self, rank: usize) -> &[MeteredGemm] {
+        self.gemms.get(rank).map_or(&[], Vec::as_slice)
     }
 
     /// Adds `entry`, replacing the one of the same segment and layouts if there is one.

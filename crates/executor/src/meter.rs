@@ -120,11 +120,55 @@ pub struct MeteredComm {
     pub bytes: usize,
 }
 
+/// A GEMM operand as the meter saw it: a box of an allocation, as a device buffer is one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GemmOperand {
+    /// Its element type.
+    pub dtype: DType,
+    /// The allocation's sizes.
+    pub full: Vec<usize>,
+    /// The box of the allocation the operand is.
+    pub ranges: Vec<Range<usize>>,
+}
+
+impl GemmOperand {
+    fn of(shape: &Shape) -> GemmOperand {
+        GemmOperand {
+            dtype: shape.dtype,
+            full: shape.full.to_vec(),
+            ranges: shape.ranges.clone(),
+        }
+    }
+}
+
+/// One distinct GEMM a rank's program issues: what a GPU run launches once before its first
+/// statement, so that no GEMM's first launch in the process (cuBLASLt's per-kernel set-up)
+/// happens while the GPU waits on another rank.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MeteredGemm {
+    /// A `linear` (`out = input · weightᵀ + bias`) rather than a `matmul`.
+    pub linear: bool,
+    /// A `matmul` that adds to its output.
+    pub accumulate: bool,
+    /// The left operand (a linear's input).
+    pub a: GemmOperand,
+    /// The right operand (a linear's weight).
+    pub b: GemmOperand,
+    /// A linear's bias.
+    pub bias: Option<GemmOperand>,
+    /// The output.
+    pub out: GemmOperand,
+    /// The stream it is issued on.
+    pub stream: StreamKey,
+}
+
 /// What a rank's program did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Meter {
     /// GEMMs issued.
     pub gemms: usize,
+    /// The distinct ones, in the order first issued.
+    pub distinct_gemms: Vec<MeteredGemm>,
     /// Their floating-point operations (2 · m · n · k each).
     pub gemm_flops: f64,
     /// Kernel segments launched.
@@ -236,10 +280,13 @@ impl MeterBackend {
         f(&mut self.meter.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    fn gemm(&self, m: usize, n: usize, k: usize) {
+    fn gemm(&self, m: usize, n: usize, k: usize, call: MeteredGemm) {
         self.count(|c| {
             c.gemms += 1;
             c.gemm_flops += 2.0 * m as f64 * n as f64 * k as f64;
+            if !c.distinct_gemms.contains(&call) {
+                c.distinct_gemms.push(call);
+            }
         });
     }
 }
@@ -377,15 +424,24 @@ impl Backend for MeterBackend {
         a: &Shape,
         b: &Shape,
         out: &Shape,
-        _accumulate: bool,
-        _stream: &StreamKey,
+        accumulate: bool,
+        stream: &StreamKey,
     ) -> Result<(), ExecError> {
         self.work(a.numel() + b.numel() + out.numel());
+        let call = MeteredGemm {
+            linear: false,
+            accumulate,
+            a: GemmOperand::of(a),
+            b: GemmOperand::of(b),
+            bias: None,
+            out: GemmOperand::of(out),
+            stream: *stream,
+        };
         let (a, b, o) = (a.sizes(), b.sizes(), out.sizes());
         let k = a.last().copied().unwrap_or(0);
         let n = b.last().copied().unwrap_or(0);
         let m = o.iter().product::<usize>() / n.max(1);
-        self.gemm(m, n, k);
+        self.gemm(m, n, k, call);
         Ok(())
     }
 
@@ -396,15 +452,24 @@ impl Backend for MeterBackend {
         weight: &Shape,
         bias: Option<&Shape>,
         out: &Shape,
-        _stream: &StreamKey,
+        stream: &StreamKey,
     ) -> Result<(), ExecError> {
+        let call = MeteredGemm {
+            linear: true,
+            accumulate: false,
+            a: GemmOperand::of(input),
+            b: GemmOperand::of(weight),
+            bias: bias.map(GemmOperand::of),
+            out: GemmOperand::of(out),
+            stream: *stream,
+        };
         let bias = bias.map_or(0, Shape::numel);
         self.work(input.numel() + weight.numel() + bias + out.numel());
         let (x, w) = (input.sizes(), weight.sizes());
         let k = x.last().copied().unwrap_or(0);
         let m = x.iter().product::<usize>() / k.max(1);
         let n = w.first().copied().unwrap_or(0);
-        self.gemm(m, n, k);
+        self.gemm(m, n, k, call);
         Ok(())
     }
 

@@ -17,6 +17,7 @@ use crate::backend::{Backend, StreamKey};
 use crate::dense::elem_bytes;
 use crate::error::ExecError;
 use crate::kernels::KernelTable;
+use crate::meter::GemmOperand;
 
 /// Each launch's kernel and scalar fallback of a plan, once loaded.
 type Loaded = Vec<[OnceLock<Arc<weave_cuda::Kernel>>; 2]>;
@@ -148,17 +149,19 @@ impl CudaBackend {
         self
     }
 
-    /// What a run calls before its first statement, launching nothing: compiles and loads
-    /// every kernel of its table (each launch's and its scalar fallback); makes every
-    /// stream the program can post on (the main stream and the table's pool) with its
-    /// cuBLASLt handle and workspace; and grows the GPU's memory pool to the rank's peak
-    /// ([`KernelTable::peak_bytes`], [`weave_cuda::Gpu::reserve_pool`]).
+    /// What a run calls before its first statement: compiles and loads every kernel of its
+    /// table (each launch's and its scalar fallback); makes every stream the program can
+    /// post on (the main stream and the table's pool) with its cuBLASLt handle and
+    /// workspace; grows the GPU's memory pool to the rank's peak
+    /// ([`KernelTable::peak_bytes`], [`weave_cuda::Gpu::reserve_pool`]); and launches each
+    /// distinct GEMM of the rank once ([`KernelTable::gemms`]), waiting for them.
     ///
-    /// Loading a module, the synchronous allocation of a stream's first GEMM and the growth
-    /// of a memory pool that peers may access can each wait for the whole GPU or hold the
-    /// driver's locks, and mid-run the GPU may wait on another rank (a collective, a
-    /// copy-engine flag) whose thread waits in the driver behind that call: with ranks that
-    /// are threads of one process, each then waits for the other.
+    /// Loading a module, the synchronous allocation of a stream's first GEMM, a GEMM
+    /// kernel's first launch and the growth of a memory pool that peers may access can each
+    /// wait for the whole GPU or hold the driver's locks, and mid-run the GPU may wait on
+    /// another rank (a collective, a copy-engine flag) whose thread waits in the driver
+    /// behind that call: with ranks that are threads of one process, each then waits for
+    /// the other.
     pub fn load_kernels(&self) -> Result<(), ExecError> {
         let table = &self.kernels.table;
         let peak = table.peak_bytes(self.kernels.rank);
@@ -186,6 +189,48 @@ impl CudaBackend {
             pool = ?self.gpu.pool_bytes(),
             "memory pool reserved for the rank's peak"
         );
+        self.warm_gemms()
+    }
+
+    /// Launches each distinct GEMM of the rank ([`KernelTable::gemms`]) once, on its stream,
+    /// on scratch operands of its layouts (their values are whatever the memory held; the
+    /// product is thrown away), and waits for them: a GEMM shape's first launch in a process
+    /// (cuBLASLt's set-up of its kernel) can wait for the whole GPU, which must not happen
+    /// once the GPU may wait on another rank (the MLP block's first copy-engine run on
+    /// 2 × H200 stalled in its first `linear`, docs/benchmarks.md).
+    fn warm_gemms(&self) -> Result<(), ExecError> {
+        let gemms = self.kernels.table.gemms(self.kernels.rank);
+        if gemms.is_empty() {
+            return Ok(());
+        }
+        let _span = tracing::debug_span!("warm_gemms", gemms = gemms.len()).entered();
+        for g in gemms {
+            let stream = self.stream(g.stream)?;
+            let operand = |o: &GemmOperand| -> Result<DeviceTensor, ExecError> {
+                let whole = self.allocate(o.dtype, &o.full, false, &stream)?;
+                Ok(DeviceTensor {
+                    ranges: o.ranges.clone(),
+                    ..whole
+                })
+            };
+            let a = operand(&g.a)?;
+            let b = operand(&g.b)?;
+            let out = operand(&g.out)?;
+            let bias = g.bias.as_ref().map(operand).transpose()?;
+            let label = "a GEMM warmed before the first statement";
+            let run = if g.linear {
+                self.gemm(label, &a, &b, true, bias.as_ref(), &out, false, &stream)
+            } else {
+                self.gemm(label, &a, &b, false, None, &out, g.accumulate, &stream)
+            };
+            for t in [Some(a), Some(b), Some(out), bias].into_iter().flatten() {
+                self.deallocate(t, &stream);
+            }
+            run?;
+        }
+        self.synchronize()?;
+        // The warm-ups leave no ordering behind for the run's first GEMM to wait on.
+        self.reset_compute_order();
         Ok(())
     }
 
