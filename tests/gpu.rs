@@ -1226,7 +1226,10 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
     // And launched each of the layer's GEMMs once (3 chunks: rows 0..4, 4..8 and 8..10).
     assert_eq!(table.gemms(0).len(), 3);
     let planned = gpu.gemm_plans();
-    assert!(planned >= 2, "the chunks' GEMMs of 4 and 2 rows were not planned");
+    assert!(
+        planned >= 2,
+        "the chunks' GEMMs of 4 and 2 rows were not planned"
+    );
     // And grew the memory pool to the rank's peak, so that the run does not grow it (a
     // pool peers may access maps new memory for them inside the driver, mid-run).
     let peak = table.peak_bytes(0);

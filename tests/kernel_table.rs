@@ -378,7 +378,11 @@ fn the_table_lists_each_ranks_distinct_gemms() {
         .map(|g| (g.a.ranges.clone(), g.linear))
         .collect();
     let metered = weave_executor::kernels::meter_rank(exe.program(), 0, 1, 2).unwrap();
-    assert!(metered.gemms >= 3, "three chunks, three GEMMs: {}", metered.gemms);
+    assert!(
+        metered.gemms >= 3,
+        "three chunks, three GEMMs: {}",
+        metered.gemms
+    );
     assert_eq!(gemms, metered.distinct_gemms.as_slice());
     let distinct: HashSet<_> = gemms.iter().collect();
     assert_eq!(distinct.len(), gemms.len(), "listed once each: {gemms:#?}");
@@ -390,4 +394,36 @@ fn the_table_lists_each_ranks_distinct_gemms() {
     let starts: HashSet<usize> = rows.iter().map(|(r, _)| r[0].start).collect();
     assert!(starts.contains(&0) && starts.contains(&8), "{rows:?}");
     assert!(table.gemms(1).is_empty());
+}
+
+/// A linear that only feeds a sum reduce-scatter is listed twice: whole (a run on NCCL
+/// computes it so) and by its blocks of rows, marked for the windows (a copy-engine run
+/// computes each block, in slot-sized pieces, straight into the peers' windows), so that a
+/// run warms either way's GEMMs.
+#[test]
+fn a_linear_feeding_a_sum_is_listed_whole_and_by_its_blocks_for_the_windows() {
+    let mlp = std::fs::read_to_string(common::fixture("sequence_parallel_mlp_block")).unwrap();
+    // t = 24 rows in one chunk, reduce-scattered over d = 2: blocks of 12 rows.
+    let exe = compile(&mlp, &[("t", 24), ("h", 8), ("f", 24), ("d", 2), ("s", 1)]);
+    let table = exe.kernel_table(2, 2, 132).unwrap();
+    for rank in 0..2 {
+        let gemms = table.gemms(rank);
+        let windows: Vec<_> = gemms.iter().filter(|g| g.into_windows).collect();
+        assert!(!windows.is_empty(), "rank {rank}: {gemms:#?}");
+        for g in &windows {
+            assert!(g.linear);
+            assert_eq!(g.a.ranges[0].len(), 12, "rank {rank}: {g:#?}");
+            assert_eq!(g.out.full, vec![12, 8], "rank {rank}: {g:#?}");
+        }
+        // The whole second linear: 24 rows of the SiLU's output, f / d = 12 wide.
+        assert!(
+            gemms
+                .iter()
+                .any(|g| !g.into_windows && g.out.full[0] == 24 && g.a.full[1] == 12),
+            "rank {rank}: {gemms:#?}"
+        );
+        // Counted once: the blocks are not GEMMs of their own.
+        let metered = weave_executor::kernels::meter_rank(exe.program(), rank, 2, 2).unwrap();
+        assert_eq!(metered.gemms, 2, "two linears");
+    }
 }

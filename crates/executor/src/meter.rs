@@ -160,6 +160,11 @@ pub struct MeteredGemm {
     pub out: GemmOperand,
     /// The stream it is issued on.
     pub stream: StreamKey,
+    /// A linear that a copy-engine sum computes straight into its windows
+    /// ([`Backend::linear_rows_into`]): `a` is one member's block of rows, which the
+    /// communicator cuts into pieces of whole rows that fit a window slot; a run warms the
+    /// GEMM of each piece size its slots give.
+    pub into_windows: bool,
 }
 
 /// What a rank's program did.
@@ -436,6 +441,7 @@ impl Backend for MeterBackend {
             bias: None,
             out: GemmOperand::of(out),
             stream: *stream,
+            into_windows: false,
         };
         let (a, b, o) = (a.sizes(), b.sizes(), out.sizes());
         let k = a.last().copied().unwrap_or(0);
@@ -462,6 +468,7 @@ impl Backend for MeterBackend {
             bias: bias.map(GemmOperand::of),
             out: GemmOperand::of(out),
             stream: *stream,
+            into_windows: false,
         };
         let bias = bias.map_or(0, Shape::numel);
         self.work(input.numel() + weight.numel() + bias + out.numel());
@@ -470,6 +477,59 @@ impl Backend for MeterBackend {
         let m = x.iter().product::<usize>() / k.max(1);
         let n = w.first().copied().unwrap_or(0);
         self.gemm(m, n, k, call);
+        Ok(())
+    }
+
+    /// The meter takes the path of a run whose copy-engine sums compute their linears into
+    /// the windows, so that it sees those GEMMs too ([`MeteredGemm::into_windows`]); its
+    /// communicator then hands each collective back, and the linear also runs whole (a run
+    /// on NCCL computes it so).
+    fn produces_into_windows(&self) -> bool {
+        true
+    }
+
+    fn linear_rows_into(
+        &self,
+        _label: &str,
+        input: &Shape,
+        weight: &Shape,
+        bias: Option<&Shape>,
+        rows: Range<usize>,
+        _at: u64,
+        stream: &StreamKey,
+    ) -> Result<(), ExecError> {
+        let (x, w) = (input.sizes(), weight.sizes());
+        if x.len() != 2 || w.len() != 2 || rows.end > x[0] || rows.start > rows.end {
+            return Err(ExecError::Compute {
+                stmt: "linear".into(),
+                message: format!("rows {rows:?} of a linear of a {x:?} input and a {w:?} weight"),
+            });
+        }
+        let mut block = GemmOperand::of(input);
+        let first = block.ranges[0].start;
+        block.ranges[0] = first + rows.start..first + rows.end;
+        let out = [rows.len(), w[0]];
+        let call = MeteredGemm {
+            linear: true,
+            accumulate: false,
+            a: block,
+            b: GemmOperand::of(weight),
+            bias: bias.map(GemmOperand::of),
+            out: GemmOperand {
+                dtype: input.dtype,
+                full: out.to_vec(),
+                ranges: out.iter().map(|&n| 0..n).collect(),
+            },
+            stream: *stream,
+            into_windows: true,
+        };
+        // Not counted as a GEMM: the meter's communicator hands the collective back, and the
+        // whole linear is counted when it runs.
+        self.count(|c| {
+            if !c.distinct_gemms.contains(&call) {
+                c.distinct_gemms.push(call);
+            }
+        });
         Ok(())
     }
 
@@ -597,6 +657,39 @@ impl Communicator for MeterComm {
     }
 
     fn abort(&self, _reason: &str) {}
+
+    /// A sum reduce-scatter or allreduce has each member's block of the input produced
+    /// (what a copy-engine communicator computes into its windows, block by block), then
+    /// is handed back: the meter records both ways a run may compute the linear.
+    fn post_produced(
+        &self,
+        collective: Collective<Shape>,
+        granule: usize,
+        produce: &mut weave_comm::Produce<'_>,
+        _stream: &StreamKey,
+    ) -> Result<Option<Collective<Shape>>, CommError> {
+        let input = match &collective.op {
+            CommOp::ReduceScatter {
+                input,
+                op: RedOp::Sum,
+                ..
+            }
+            | CommOp::Allreduce {
+                input,
+                op: RedOp::Sum,
+                ..
+            } => input,
+            _ => return Ok(Some(collective)),
+        };
+        let (n, team) = (input.numel() as usize, collective.team.len());
+        if team > 0 && granule > 0 && n % team == 0 && (n / team) % granule == 0 {
+            let block = n / team;
+            for b in 0..team {
+                produce(b * block, block, 0)?;
+            }
+        }
+        Ok(Some(collective))
+    }
 }
 
 #[cfg(test)]

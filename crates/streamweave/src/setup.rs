@@ -291,6 +291,10 @@ impl Overlap {
             pool_priority_high: self.pool_priority_high,
             ordered_compute: self.ordered_compute,
             produce_into_windows: self.gemm_into_windows,
+            produce_slot_bytes: match self.gemm_into_windows {
+                true => self.ce_windows().map_or(0, |w| w.slot_bytes),
+                false => 0,
+            },
             ..base
         })
     }

@@ -17,7 +17,7 @@ use crate::backend::{Backend, StreamKey};
 use crate::dense::elem_bytes;
 use crate::error::ExecError;
 use crate::kernels::KernelTable;
-use crate::meter::GemmOperand;
+use crate::meter::{GemmOperand, MeteredGemm};
 
 /// Each launch's kernel and scalar fallback of a plan, once loaded.
 type Loaded = Vec<[OnceLock<Arc<weave_cuda::Kernel>>; 2]>;
@@ -204,7 +204,7 @@ impl CudaBackend {
             return Ok(());
         }
         let _span = tracing::debug_span!("warm_gemms", gemms = gemms.len()).entered();
-        for g in gemms {
+        for g in gemms.iter().flat_map(|g| self.pieces(g)) {
             let stream = self.stream(g.stream)?;
             let operand = |o: &GemmOperand| -> Result<DeviceTensor, ExecError> {
                 let whole = self.allocate(o.dtype, &o.full, false, &stream)?;
@@ -232,6 +232,43 @@ impl CudaBackend {
         // The warm-ups leave no ordering behind for the run's first GEMM to wait on.
         self.reset_compute_order();
         Ok(())
+    }
+
+    /// The GEMMs a run of this backend launches for metered GEMM `g`: `g` itself; for a
+    /// linear computed into a copy-engine communicator's windows, none where this backend
+    /// does not produce into windows, else one per piece size the slots cut its block of
+    /// rows into (whole rows that fit a slot, and what is left of the block).
+    fn pieces(&self, g: &MeteredGemm) -> Vec<MeteredGemm> {
+        if !g.into_windows {
+            return vec![g.clone()];
+        }
+        let slot = self.options.produce_slot_bytes;
+        let (Some(block), Some(&n)) = (g.a.ranges.first(), g.out.full.get(1)) else {
+            return Vec::new();
+        };
+        let row_bytes = n * elem_bytes(g.out.dtype);
+        if !self.options.produce_into_windows || slot == 0 || row_bytes == 0 {
+            return Vec::new();
+        }
+        let per_piece = slot / row_bytes;
+        let rows = block.len();
+        if per_piece == 0 {
+            return Vec::new();
+        }
+        let mut sizes = vec![per_piece.min(rows)];
+        if rows > per_piece && rows % per_piece != 0 {
+            sizes.push(rows % per_piece);
+        }
+        sizes
+            .into_iter()
+            .map(|r| {
+                let mut piece = g.clone();
+                piece.a.ranges[0] = block.start..block.start + r;
+                piece.out.full = vec![r, n];
+                piece.out.ranges = vec![0..r, 0..n];
+                piece
+            })
+            .collect()
     }
 
     /// The kernel table this backend launches from.

@@ -72,6 +72,10 @@ pub struct CudaOptions {
     /// communicator is computed by that communicator, block by block, straight into the
     /// peers' receive windows ([`Backend::produces_into_windows`]).
     pub produce_into_windows: bool,
+    /// The bytes of a window slot of that communicator (0: unknown): the pieces it has a
+    /// linear compute are whole rows that fit one, which the GEMM warm-up of
+    /// [`CudaBackend::load_kernels`] launches once each.
+    pub produce_slot_bytes: usize,
 }
 
 impl Default for CudaOptions {
@@ -84,6 +88,7 @@ impl Default for CudaOptions {
             pool_priority_high: false,
             ordered_compute: false,
             produce_into_windows: false,
+            produce_slot_bytes: 0,
         }
     }
 }
