@@ -23,14 +23,27 @@ use streamweave::{Compiler, Executable, RunOptions, Target};
 use weave_executor::reference::{compare, run_reference};
 use weave_executor::Dense;
 
-/// The number of GPUs to test on, or `None` (with the reason printed) to skip.
-fn gpus() -> Option<usize> {
+/// One test's turn on the GPUs: the tests of this binary take them one at a time, also
+/// when the harness runs them on several threads. Two programs of one process on the same
+/// GPUs can wait on each other in the driver (one's GEMM set-up waits for a GPU that waits
+/// on the other's copy-engine flag): measured, two of these tests run side by side hung.
+type Turn = std::sync::MutexGuard<'static, ()>;
+
+fn turn() -> Turn {
+    static GPUS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that failed while holding its turn poisons the lock; the next one still runs.
+    GPUS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The number of GPUs to test on and the test's turn on them, or `None` (with the reason
+/// printed) to skip.
+fn gpus() -> Option<(usize, Turn)> {
     if std::env::var("WEAVE_GPU_TESTS").ok().as_deref() != Some("1") {
         eprintln!("skipped: set WEAVE_GPU_TESTS=1 on a machine with GPUs to run the GPU tests");
         return None;
     }
     match weave_cuda::device_count() {
-        Ok(n) if n >= 2 => Some(n),
+        Ok(n) if n >= 2 => Some((n, turn())),
         Ok(n) => {
             eprintln!("skipped: {n} GPU(s) visible, the GPU tests need 2 or more");
             None
@@ -111,7 +124,7 @@ fn the_scenarios_are_the_environments_then_the_bundles_then_the_sources() {
 
 #[test]
 fn every_scenario_matches_the_reference_on_2_and_4_gpus_and_the_race_checker_agrees() {
-    let Some(n) = gpus() else { return };
+    let Some((n, _turn)) = gpus() else { return };
     let mut table = Vec::new();
     let mut failures = Vec::new();
     for ranks in rank_counts(n) {
@@ -283,7 +296,7 @@ type Case<'a> = (&'a str, &'a [(&'a str, i64)], &'a str, i64);
 
 #[test]
 fn the_large_patterns_at_t_h_8192_match_a_row_sampled_reference() {
-    let Some(n) = gpus() else { return };
+    let Some((n, _turn)) = gpus() else { return };
     let mut lines = Vec::new();
     for ranks in rank_counts(n) {
         let cases: [Case; 6] = [
@@ -334,7 +347,7 @@ fn the_large_patterns_at_t_h_8192_match_a_row_sampled_reference() {
 
 #[test]
 fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
-    let Some(_) = gpus() else { return };
+    let Some((_, _turn)) = gpus() else { return };
     // Rank 1 sets up its GPU and communicator like every rank, then exits before posting
     // anything; rank 0 runs the program and waits in its first allreduce for a peer that
     // never comes.
@@ -400,7 +413,7 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
     use weave_comm::{IpcOptions, NcclId, NcclOptions, PeerHub};
     use weave_executor::CudaOptions;
 
-    let Some(n) = gpus() else { return };
+    let Some((n, _turn)) = gpus() else { return };
     let (t, h) = (256i64, 64i64);
     for ranks in rank_counts(n) {
         let world = World::open(WorldOptions {
@@ -588,20 +601,22 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
 }
 
 /// Whether one GPU is there for the single-GPU tests (the reason printed when not).
-fn one_gpu() -> bool {
+/// The test's turn on the GPUs when there is one to test on, or `None` (with the reason
+/// printed) to skip.
+fn one_gpu() -> Option<Turn> {
     if std::env::var("WEAVE_GPU_TESTS").ok().as_deref() != Some("1") {
         eprintln!("skipped: set WEAVE_GPU_TESTS=1 on a machine with GPUs to run the GPU tests");
-        return false;
+        return None;
     }
     match weave_cuda::device_count() {
-        Ok(n) if n >= 1 => true,
+        Ok(n) if n >= 1 => Some(turn()),
         Ok(_) => {
             eprintln!("skipped: no GPU visible");
-            false
+            None
         }
         Err(e) => {
             eprintln!("skipped: {e}");
-            false
+            None
         }
     }
 }
@@ -610,9 +625,7 @@ fn one_gpu() -> bool {
 /// sizes, the bytes asked for and the bytes available; the backend stays usable.
 #[test]
 fn a_device_buffer_larger_than_the_gpu_is_refused_with_the_bytes() {
-    if !one_gpu() {
-        return;
-    }
+    let Some(_turn) = one_gpu() else { return };
     use weave_executor::cuda::{CudaBackend, CudaOptions};
     let gpu = weave_cuda::Gpu::open(0).expect("GPU 0");
     let backend = CudaBackend::new(gpu.clone(), CudaOptions::default()).expect("backend");
@@ -642,9 +655,7 @@ fn a_device_buffer_larger_than_the_gpu_is_refused_with_the_bytes() {
 /// staying blocked until the process exits.
 #[test]
 fn an_aborted_copy_engine_rank_releases_its_flag_waits() {
-    if !one_gpu() {
-        return;
-    }
+    let Some(_turn) = one_gpu() else { return };
     use std::sync::{Arc, Barrier, Mutex};
     use weave_comm::copy::{CopyTransport, Transfers};
     use weave_comm::ipc::{IpcOptions, IpcTransport};
@@ -785,9 +796,7 @@ fn kernel_case_source(name: &str, body: &str, t: usize, h: usize, s: usize) -> S
 /// fallbacks run too).
 #[test]
 fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
-    if !one_gpu() {
-        return;
-    }
+    let Some(_turn) = one_gpu() else { return };
     let shapes = [
         (1, 1),
         (3, 5),
@@ -848,9 +857,7 @@ fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
 /// `replay: false` times eager runs instead.
 #[test]
 fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
-    if !one_gpu() {
-        return;
-    }
+    let Some(_turn) = one_gpu() else { return };
     let mut cases: Vec<(String, String)> = KERNEL_CASES
         .iter()
         .filter(|(n, _)| ["add", "softmax", "layernorm", "col_sum"].contains(n))
@@ -907,9 +914,7 @@ fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
 /// runner sets them: `n` = the row length, `eps` = 1e-6, `scale` = 1 / sqrt(hd), `neg` = -1e4.
 #[test]
 fn the_transformer_layer_fixtures_match_the_reference_on_one_gpu() {
-    if !one_gpu() {
-        return;
-    }
+    let Some(_turn) = one_gpu() else { return };
     let mut failures = Vec::new();
     let mut runs = 0;
     for name in [
@@ -973,9 +978,7 @@ fn linear_relu() -> String {
 #[test]
 fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
     use streamweave::tune::{self, Outcome, RunMeasure, TuneKey, TuneOptions};
-    if !one_gpu() {
-        return;
-    }
+    let Some(_turn) = one_gpu() else { return };
     let fusion = streamweave::load("linear_relu.weave", &linear_relu(), &[]).expect("loads");
     let gpu = tune::gpu_name(0).expect("GPU 0 opens");
     let options = TuneOptions::new(
@@ -1083,9 +1086,7 @@ fn the_tuner_measures_the_candidates_on_one_gpu_and_run_takes_the_winner() {
 /// + ReLU on one.
 #[test]
 fn repeated_runs_tune_themselves_and_run_the_winner() {
-    if !one_gpu() {
-        return;
-    }
+    let Some(_turn) = one_gpu() else { return };
     let two = streamweave::cuda::device_count().unwrap_or(0) >= 2;
     let (name, source, ranks) = if two {
         // The row-parallel scenario at small sizes.
@@ -1186,9 +1187,7 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
 /// not loaded does (the count the checks read moves).
 #[test]
 fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
-    if !one_gpu() {
-        return;
-    }
+    let Some(_turn) = one_gpu() else { return };
     use weave_comm::nccl::{Nccl, NcclId, NcclOptions};
     use weave_comm::{sum_kernels, DataType, Reducer, ReductionShape, SumKernel};
     use weave_executor::{BlockSums, CudaBackend, CudaOptions, DeviceTensor, RunConfig};
