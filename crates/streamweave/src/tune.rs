@@ -17,8 +17,15 @@
 //!   K > S is skipped;
 //! * a chunk count the compiler refuses is recorded with its message.
 //!
-//! Among the measured candidates, those within [`TIE_MARGIN`] of the fastest tie, and the
-//! simplest of them wins: fewer chunks, then fewer streams, then graph replay (the default).
+//! Before the choice, the fastest measured candidate, when another is within
+//! [`FINALIST_MARGIN`] of it, is measured a second time and ranks from then on by the mean of
+//! its two figures ([`Outcome::Confirmed`]); this repeats until the fastest is a candidate
+//! measured twice, at most [`FINALISTS`] times and within the budget. The least of a score
+//! of short medians is optimistic: a winner chosen on one measurement ran up to 7% slower
+//! than its figure in the `weave run` that followed (docs/benchmarks.md, 2026-11-27 ninth).
+//! Among the measured candidates, those
+//! within [`TIE_MARGIN`] of the fastest tie, and the simplest of them wins: fewer chunks, then
+//! fewer streams, then graph replay (the default).
 //!
 //! The cache is a TOML file whose path the caller gives (`weave` reads `$WEAVE_TUNE_CACHE`,
 //! else `~/.cache/streamweave/tune.toml`): one `[[entry]]` per [`TuneKey`], written whole
@@ -48,6 +55,13 @@ use crate::run::{Overlap, Transport};
 
 /// Measured candidates within this fraction of the fastest tie; the simplest of them wins.
 pub const TIE_MARGIN: f64 = 0.02;
+
+/// At most this many candidates are measured a second time.
+pub const FINALISTS: usize = 3;
+
+/// The fastest candidate is measured a second time when another is within this fraction
+/// of it.
+pub const FINALIST_MARGIN: f64 = 0.05;
 
 /// The stream-pool sizes a tuning considers by default.
 pub const STREAM_COUNTS: [usize; 3] = [1, 2, 4];
@@ -139,13 +153,21 @@ pub enum Outcome {
     Failed(String),
     /// Not measured: the tuning's time budget was spent.
     OverBudget,
+    /// A finalist, measured twice: its figure is the mean of the two medians.
+    Confirmed {
+        /// The first median.
+        first: Duration,
+        /// The second.
+        again: Duration,
+    },
 }
 
 impl Outcome {
-    /// The measured time, if any.
+    /// The measured time, if any (of a finalist, the mean of its two).
     pub fn time(&self) -> Option<Duration> {
         match self {
             Outcome::Measured(d) => Some(*d),
+            Outcome::Confirmed { first, again } => Some((*first + *again) / 2),
             _ => None,
         }
     }
@@ -163,6 +185,13 @@ impl fmt::Display for Outcome {
             Outcome::Refused(m) => write!(f, "refused: {}", first_line(m)),
             Outcome::Failed(m) => write!(f, "failed: {}", first_line(m)),
             Outcome::OverBudget => f.write_str("skipped: over the tuning budget"),
+            Outcome::Confirmed { first, again } => write!(
+                f,
+                "{:.3} ms (the mean of {:.3} and, measured again, {:.3})",
+                self.time().unwrap_or_default().as_secs_f64() * 1e3,
+                first.as_secs_f64() * 1e3,
+                again.as_secs_f64() * 1e3
+            ),
         }
     }
 }
@@ -613,6 +642,31 @@ pub fn tune(
             }
         }
     }
+    // The fastest, measured again while another is close to it and it was measured once.
+    let mut again = 0;
+    while again < FINALISTS && !over_budget(&rows) {
+        let Some(i) = to_confirm(&rows) else { break };
+        again += 1;
+        let Some(exe) = compiled
+            .iter()
+            .find(|(s, _)| *s == rows[i].candidate.chunks)
+            .and_then(|(_, e)| e.as_ref().ok())
+        else {
+            break;
+        };
+        let Outcome::Measured(first) = rows[i].outcome else {
+            break;
+        };
+        rows[i].outcome = match measure.measure(exe, &rows[i].candidate) {
+            Ok(again) => Outcome::Confirmed { first, again },
+            // A candidate that fails when it runs again is no safe winner.
+            Err(m) => Outcome::Failed(format!(
+                "measured at {:.3} ms, then failed when measured again: {}",
+                first.as_secs_f64() * 1e3,
+                m.0
+            )),
+        };
+    }
     let winner = choose(&rows);
     let contention = fitted_contention(&compiled, &rows, options);
     Ok(Tuning {
@@ -766,6 +820,23 @@ fn prune(
         }
     }
     out
+}
+
+/// The row to measure again: the fastest measured one, when it was measured once and another
+/// is within [`FINALIST_MARGIN`] of it.
+fn to_confirm(rows: &[Row]) -> Option<usize> {
+    let mut measured: Vec<(usize, Duration)> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.outcome.time().map(|t| (i, t)))
+        .collect();
+    measured.sort_by_key(|&(i, t)| (t, i));
+    let &(fastest, time) = measured.first()?;
+    let limit = time.as_secs_f64() * (1.0 + FINALIST_MARGIN);
+    let close = measured
+        .get(1)
+        .is_some_and(|&(_, t)| t.as_secs_f64() <= limit);
+    (close && matches!(rows[fastest].outcome, Outcome::Measured(_))).then_some(fastest)
 }
 
 /// The winner among measured rows: of those within [`TIE_MARGIN`] of the fastest, the one
