@@ -422,6 +422,28 @@ fn a_linear_feeding_a_sum_is_listed_whole_and_by_its_blocks_for_the_windows() {
                 .any(|g| !g.into_windows && g.out.full[0] == 24 && g.a.full[1] == 12),
             "rank {rank}: {gemms:#?}"
         );
+        // A run with window slots of 80 bytes (5 rows of 8 bf16) computes each block of 12
+        // rows as pieces of 5, 5 and 2 rows: GEMMs of 5 and of 2 rows, from the block's start.
+        for g in &windows {
+            let pieces = g.window_pieces(80);
+            let rows: Vec<std::ops::Range<usize>> =
+                pieces.iter().map(|p| p.a.ranges[0].clone()).collect();
+            let start = g.a.ranges[0].start;
+            assert_eq!(rows, [start..start + 5, start..start + 2], "{g:#?}");
+            for p in &pieces {
+                let r = p.a.ranges[0].len();
+                assert_eq!(
+                    (p.out.full.clone(), p.out.ranges.clone()),
+                    (vec![r, 8], vec![0..r, 0..8])
+                );
+                assert_eq!((&p.b, &p.bias, p.stream), (&g.b, &g.bias, g.stream));
+            }
+            // A slot that holds the block takes it whole; one that holds no row, nothing.
+            assert_eq!(g.window_pieces(12 * 16).len(), 1);
+            assert_eq!(g.window_pieces(12 * 16)[0].a.ranges[0].len(), 12);
+            assert!(g.window_pieces(15).is_empty());
+            assert!(g.window_pieces(0).is_empty());
+        }
         // Counted once: the blocks are not GEMMs of their own.
         let metered = weave_executor::kernels::meter_rank(exe.program(), rank, 2, 2).unwrap();
         assert_eq!(metered.gemms, 2, "two linears");

@@ -167,6 +167,39 @@ pub struct MeteredGemm {
     pub into_windows: bool,
 }
 
+impl MeteredGemm {
+    /// The GEMMs a copy-engine communicator with window slots of `slot_bytes` has this
+    /// linear ([`MeteredGemm::into_windows`]) compute: its block of rows cut into pieces of
+    /// as many whole rows as fit a slot, and what is left of the block — one GEMM per piece
+    /// size, each of those rows of `a` into an output of its own. None for a GEMM that is
+    /// not computed into windows, or rows that do not fit a slot.
+    pub fn window_pieces(&self, slot_bytes: usize) -> Vec<MeteredGemm> {
+        let (Some(block), Some(&n)) = (self.a.ranges.first(), self.out.full.get(1)) else {
+            return Vec::new();
+        };
+        let row_bytes = n.saturating_mul(elem_bytes(self.out.dtype));
+        let per_piece = slot_bytes.checked_div(row_bytes).unwrap_or(0);
+        let rows = block.len();
+        if !self.into_windows || per_piece == 0 || rows == 0 {
+            return Vec::new();
+        }
+        let mut sizes = vec![per_piece.min(rows)];
+        if rows > per_piece && rows % per_piece != 0 {
+            sizes.push(rows % per_piece);
+        }
+        sizes
+            .into_iter()
+            .map(|r| {
+                let mut piece = self.clone();
+                piece.a.ranges[0] = block.start..block.start + r;
+                piece.out.full = vec![r, n];
+                piece.out.ranges = vec![0..r, 0..n];
+                piece
+            })
+            .collect()
+    }
+}
+
 /// What a rank's program did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Meter {

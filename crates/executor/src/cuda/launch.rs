@@ -236,39 +236,14 @@ impl CudaBackend {
 
     /// The GEMMs a run of this backend launches for metered GEMM `g`: `g` itself; for a
     /// linear computed into a copy-engine communicator's windows, none where this backend
-    /// does not produce into windows, else one per piece size the slots cut its block of
-    /// rows into (whole rows that fit a slot, and what is left of the block).
+    /// does not produce into windows, else one per piece size its slots cut a block into
+    /// ([`MeteredGemm::window_pieces`]).
     fn pieces(&self, g: &MeteredGemm) -> Vec<MeteredGemm> {
-        if !g.into_windows {
-            return vec![g.clone()];
+        match (g.into_windows, self.options.produce_into_windows) {
+            (false, _) => vec![g.clone()],
+            (true, false) => Vec::new(),
+            (true, true) => g.window_pieces(self.options.produce_slot_bytes),
         }
-        let slot = self.options.produce_slot_bytes;
-        let (Some(block), Some(&n)) = (g.a.ranges.first(), g.out.full.get(1)) else {
-            return Vec::new();
-        };
-        let row_bytes = n * elem_bytes(g.out.dtype);
-        if !self.options.produce_into_windows || slot == 0 || row_bytes == 0 {
-            return Vec::new();
-        }
-        let per_piece = slot / row_bytes;
-        let rows = block.len();
-        if per_piece == 0 {
-            return Vec::new();
-        }
-        let mut sizes = vec![per_piece.min(rows)];
-        if rows > per_piece && rows % per_piece != 0 {
-            sizes.push(rows % per_piece);
-        }
-        sizes
-            .into_iter()
-            .map(|r| {
-                let mut piece = g.clone();
-                piece.a.ranges[0] = block.start..block.start + r;
-                piece.out.full = vec![r, n];
-                piece.out.ranges = vec![0..r, 0..n];
-                piece
-            })
-            .collect()
     }
 
     /// The kernel table this backend launches from.
