@@ -523,7 +523,7 @@ impl Backend for MeterBackend {
 
     fn linear_rows_into(
         &self,
-        _label: &str,
+        label: &str,
         input: &Shape,
         weight: &Shape,
         bias: Option<&Shape>,
@@ -534,7 +534,7 @@ impl Backend for MeterBackend {
         let (x, w) = (input.sizes(), weight.sizes());
         if x.len() != 2 || w.len() != 2 || rows.end > x[0] || rows.start > rows.end {
             return Err(ExecError::Compute {
-                stmt: "linear".into(),
+                stmt: label.to_string(),
                 message: format!("rows {rows:?} of a linear of a {x:?} input and a {w:?} weight"),
             });
         }
