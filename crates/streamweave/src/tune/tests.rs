@@ -747,13 +747,11 @@ fn runs_on_cpu_ranks_measure_and_choose() {
     };
     let mut measure = RunMeasure::new(Target::Cpu { ranks: 2 }, 1, 2, Duration::from_secs(30));
     let t = tune(&fusion(&[]), &options, &mut measure).unwrap();
-    // S ∈ {1, 2} × K ∈ {1, 2}, eager only; K = 2 for one chunk is redundant.
+    // S ∈ {1, 2} × K ∈ {1, 2}, eager only; K = 2 for one chunk is redundant. (The fastest
+    // may have been measured twice: its figure is then the mean.)
     assert_eq!(t.rows.len(), 4, "{t}");
     assert_eq!(
-        t.rows
-            .iter()
-            .filter(|r| matches!(r.outcome, Outcome::Measured(_)))
-            .count(),
+        t.rows.iter().filter(|r| r.outcome.time().is_some()).count(),
         3,
         "{t}"
     );
