@@ -76,10 +76,12 @@ pub enum ScalarOp {
     CeilDiv,
     /// `min(a, b)`
     Min,
+    /// `max(a, b)`
+    Max,
 }
 
 impl ScalarOp {
-    /// The operator as written: `+`, `-`, `*`, `/`, `%`, or the call name `ceilDiv`, `min`.
+    /// The operator as written: `+`, `-`, `*`, `/`, `%`, or the call name `ceilDiv`, `min`, `max`.
     pub fn symbol(self) -> &'static str {
         match self {
             ScalarOp::Add => "+",
@@ -89,12 +91,13 @@ impl ScalarOp {
             ScalarOp::Mod => "%",
             ScalarOp::CeilDiv => "ceilDiv",
             ScalarOp::Min => "min",
+            ScalarOp::Max => "max",
         }
     }
 
-    /// True for the operators written as calls (`ceilDiv(a, b)`, `min(a, b)`).
+    /// True for the operators written as calls (`ceilDiv(a, b)`, `min(a, b)`, `max(a, b)`).
     pub fn is_call(self) -> bool {
-        matches!(self, ScalarOp::CeilDiv | ScalarOp::Min)
+        matches!(self, ScalarOp::CeilDiv | ScalarOp::Min | ScalarOp::Max)
     }
 
     /// Binding strength in the `.weave` source form.
@@ -102,7 +105,7 @@ impl ScalarOp {
         match self {
             ScalarOp::Add | ScalarOp::Sub => 1,
             ScalarOp::Mul | ScalarOp::Div | ScalarOp::Mod => 2,
-            ScalarOp::CeilDiv | ScalarOp::Min => 3,
+            ScalarOp::CeilDiv | ScalarOp::Min | ScalarOp::Max => 3,
         }
     }
 }
@@ -194,6 +197,10 @@ impl Scalar {
     /// `min(self, rhs)`
     pub fn min(self, rhs: impl Into<Scalar>) -> Scalar {
         Scalar::binary(ScalarOp::Min, self, rhs.into())
+    }
+    /// `max(self, rhs)`
+    pub fn max(self, rhs: impl Into<Scalar>) -> Scalar {
+        Scalar::binary(ScalarOp::Max, self, rhs.into())
     }
     /// `ceilDiv(self, rhs)`
     pub fn ceil_div(self, rhs: impl Into<Scalar>) -> Scalar {
@@ -347,6 +354,7 @@ fn fold(op: ScalarOp, a: i64, b: i64) -> Option<i64> {
             }
         }
         ScalarOp::Min => Some(a.min(b)),
+        ScalarOp::Max => Some(a.max(b)),
     }
 }
 
@@ -461,11 +469,11 @@ fn simplify_binary(op: ScalarOp, a: Scalar, b: Scalar) -> Scalar {
             }
             bin(op, a, b)
         }
-        Min => {
+        Min | Max => {
             if a == b {
                 return a;
             }
-            bin(Min, a, b)
+            bin(op, a, b)
         }
         Mod => {
             if b.as_const() == Some(1) || a == b {

@@ -9,7 +9,8 @@
 //! * segmentation (`weave-segmenter`) into a [`weave_segmenter::SegmentedFusion`];
 //! * `lower-to-host` into a [`weave_host_ir::HostProgram`] (stream loops, `ShardByStream`,
 //!   `Communication` + `Wait`);
-//! * host passes: `merge-kernel-chunks → assign-streams → allocate-and-deallocate`.
+//! * host passes: `merge-kernel-chunks → assign-streams → allocate-and-deallocate →
+//!   prefetch-communications`.
 //!
 //! Before any pass, [`load_checks`] (run by `streamweave::load`) refuses user shardings the
 //! pipeline cannot lower, at the user's source position.
@@ -37,6 +38,7 @@ pub mod manager;
 pub mod merge_kernel_chunks;
 pub mod pass;
 pub mod pipeline;
+pub mod prefetch_communications;
 pub mod propagate_shardings;
 pub mod registry;
 pub mod reorder_sharded_axis;
@@ -57,4 +59,5 @@ pub use pass::{
     PassOptions, Stage,
 };
 pub use pipeline::{Pipeline, PipelineParseError};
+pub use prefetch_communications::PrefetchCommunications;
 pub use registry::{BadOptions, ItemError, PassInfo, Registry, UnknownPass};

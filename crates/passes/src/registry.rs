@@ -31,6 +31,7 @@ use crate::decompose_reshardings::DecomposeReshardings;
 use crate::finalize_multidevice_domains::FinalizeMultideviceDomains;
 use crate::lower_to_host::LowerToHost;
 use crate::merge_kernel_chunks::MergeKernelChunks;
+use crate::prefetch_communications::PrefetchCommunications;
 use crate::pass::{IntoStage, PassOptionError, PassOptions, Stage};
 use crate::propagate_shardings::PropagateShardings;
 use crate::reorder_sharded_axis::ReorderShardedAxis;
@@ -82,6 +83,7 @@ const STANDARD_PASSES: &[StandardPass] = &[
         aliases: &[("assign-streams-separate-sync", "sync=separate-loop")],
     },
     StandardPass::in_default(|o| plain(o, AllocateAndDeallocate)),
+    StandardPass::in_default(|o| plain(o, PrefetchCommunications)),
 ];
 
 /// The stage of a pass without options, refusing any option given.

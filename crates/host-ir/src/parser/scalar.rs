@@ -121,11 +121,11 @@ impl Parser<'_> {
                     _ => self.err(&n, "an integer after `-`"),
                 }
             }
-            Tok::Ident(w) if (w == "ceilDiv" || w == "min") && self.at_punct("(") => {
-                let op = if w == "min" {
-                    ScalarOp::Min
-                } else {
-                    ScalarOp::CeilDiv
+            Tok::Ident(w) if (w == "ceilDiv" || w == "min" || w == "max") && self.at_punct("(") => {
+                let op = match w.as_str() {
+                    "min" => ScalarOp::Min,
+                    "max" => ScalarOp::Max,
+                    _ => ScalarOp::CeilDiv,
                 };
                 self.bump();
                 let a = self.sexpr(depth + 1)?;

@@ -86,7 +86,7 @@ impl Parser {
         self.left_chain(st, &ops, Self::atom, scalar_binary)
     }
 
-    /// `INT | IDENT | 'ceilDiv' '(' expr ',' expr ')' | '(' expr ')'`
+    /// `INT | IDENT | ('ceilDiv' | 'min' | 'max') '(' expr ',' expr ')' | '(' expr ')'`
     fn atom(&mut self, st: &mut ExprState) -> PResult<Scalar> {
         let t = self.peek().clone();
         match t.tok {
@@ -95,13 +95,13 @@ impl Parser {
                 Ok(Scalar::c(int_value(&s, false, t.span)?))
             }
             Tok::Ident(s)
-                if (s == "ceilDiv" || s == "min")
+                if (s == "ceilDiv" || s == "min" || s == "max")
                     && self.peek_at(1).tok == Tok::Punct(Punct::LParen) =>
             {
-                let op = if s == "min" {
-                    ScalarOp::Min
-                } else {
-                    ScalarOp::CeilDiv
+                let op = match s.as_str() {
+                    "min" => ScalarOp::Min,
+                    "max" => ScalarOp::Max,
+                    _ => ScalarOp::CeilDiv,
                 };
                 self.enter(st, t.span)?;
                 self.count_op(st, t.span)?;
