@@ -91,7 +91,7 @@ fn weave_dump_selects_dumps_and_the_flags_add_to_it() {
         .collect();
     assert_eq!(
         expected.last().map(String::as_str),
-        Some("// -----// IR Dump After allocate-and-deallocate (host program) //----- //")
+        Some("// -----// IR Dump After prefetch-communications (host program) //----- //")
     );
     assert_eq!(headers(&out), expected);
     // Then the host program the pipeline leaves.

@@ -14,12 +14,21 @@ use streamweave::passes::{
     AssignStreams, DumpOptions, Ir, PassManager, Pipeline, Registry, SyncVariant,
 };
 
+/// The standard pipeline without `prefetch-communications`: the loop shapes these tests state
+/// are the lowering's and nvFuser's (§10), one chunk's communications and compute per
+/// iteration; tests/prefetch.rs states what that pass then makes of them.
 fn lower_with(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let f = streamweave::load_file(&fixture(name), &ov).unwrap();
     streamweave::Compiler::new()
+        .pipeline(Pipeline::standard().without(PREFETCH))
         .lower(f)
         .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The compiler of [`lower_with`].
+fn lowering() -> streamweave::Compiler {
+    streamweave::Compiler::new().pipeline(Pipeline::standard().without(PREFETCH))
 }
 
 fn lower(name: &str) -> HostProgram {
@@ -33,7 +42,7 @@ fn lower_unmerged_with(name: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let f = streamweave::load_file(&fixture(name), &ov).unwrap();
     streamweave::Compiler::new()
-        .pipeline(Pipeline::standard().without(MERGE))
+        .pipeline(Pipeline::standard().without(MERGE).without(PREFETCH))
         .lower(f)
         .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
@@ -43,6 +52,7 @@ fn lower_unmerged(name: &str) -> HostProgram {
 }
 
 const MERGE: &str = "merge-kernel-chunks";
+const PREFETCH: &str = "prefetch-communications";
 
 fn kinds(p: &HostProgram, scope: &[StmtId]) -> Vec<&'static str> {
     scope.iter().map(|s| p.stmts[*s].kind_name()).collect()
@@ -144,7 +154,8 @@ fn separate_entry_loop_variant() {
         pipeline,
         Pipeline::resolve(
             "-merge-kernel-chunks,-assign-streams,-allocate-and-deallocate,\
-             +assign-streams-separate-sync,+allocate-and-deallocate",
+             -prefetch-communications,+assign-streams-separate-sync,+allocate-and-deallocate,\
+             +prefetch-communications",
             &Pipeline::standard(),
             &Registry::standard()
         )
@@ -333,7 +344,7 @@ fn collectives_on_a_two_dimensional_mesh_run_within_its_rows() {
             .replace("devices(dy, dx)", &permuted_mesh(dy, dx));
         let ov: Vec<(String, i64)> = shape.iter().map(|(k, v)| (k.to_string(), *v)).collect();
         let f = streamweave::load("permuted.weave", &source, &ov).unwrap();
-        let p = streamweave::Compiler::new().lower(f).unwrap();
+        let p = lowering().lower(f).unwrap();
         let loops = compute_loops(&p);
         let rows: Vec<Vec<i64>> = rows(dy, dx)
             .into_iter()
@@ -391,7 +402,7 @@ fn send_recv_pairs_between_disjoint_meshes_share_one_node() {
 }
 ";
     let f = streamweave::load("pairs.weave", src, &[]).unwrap();
-    let p = streamweave::Compiler::new().lower(f).unwrap();
+    let p = lowering().lower(f).unwrap();
     assert_eq!(
         communications(&p),
         vec![(SendRecv, vec![vec![0, 2], vec![1, 3]])]
@@ -415,7 +426,7 @@ fn a_reduction_to_a_receiver_outside_the_senders_goes_through_them() {
 }
 ";
     let f = streamweave::load("outside.weave", src, &[]).unwrap();
-    let p = streamweave::Compiler::new().lower(f).unwrap();
+    let p = lowering().lower(f).unwrap();
     assert_eq!(
         communications(&p),
         vec![(Allreduce, vec![vec![0, 1]]), (Broadcast, vec![vec![2, 0]])]
@@ -641,7 +652,7 @@ fn two_sharding_changes_in_one_expr_become_one_collective_each() {
     use CommunicationType::*;
     let src = "fusion f(d = 2) {\n  mesh m = devices(d, d)\n  tensor a: f32[4, 4] on m\n  b = set(a)\n  output b\n  schedule a { outer_split(0, d) -> DIDx; outer_split(2, d) -> DIDy }\n  schedule b { mesh = m; outer_split(1, d) -> DIDx; outer_split(0, d) -> DIDy }\n}\n";
     let f = streamweave::load("two.weave", src, &[]).unwrap();
-    let p = streamweave::Compiler::new().lower(f).unwrap();
+    let p = lowering().lower(f).unwrap();
     let (rows, columns) = (vec![vec![0, 1], vec![2, 3]], vec![vec![0, 2], vec![1, 3]]);
     assert_eq!(
         communications(&p),
@@ -1032,7 +1043,7 @@ fn kernel_only_loops_keep_chunks_that_move_64_mib_or_more() {
             ("s".to_string(), 4),
         ];
         let f = streamweave::load_file(&path, &set).unwrap();
-        let p = streamweave::Compiler::new().lower(f).unwrap();
+        let p = lowering().lower(f).unwrap();
         assert_eq!(
             compute_loops(&p).len(),
             loops,

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{attention_inputs, communication_kinds, param, run_with, runs_on_with, Case, Checked};
-use streamweave::host_ir::{HostProgram, Stmt};
+use streamweave::host_ir::{HostProgram, Stmt, StmtId};
 use streamweave::ir::{Fusion, IterType, ParallelType, TensorId};
 use streamweave::passes::{Ir, PassManager, Pipeline, Registry};
 
@@ -67,24 +67,30 @@ fn loop_gemms(p: &HostProgram) -> (Vec<(bool, bool)>, usize) {
     let mut top = 0;
     for s in &p.top_level {
         match &p.stmts[*s] {
-            Stmt::ForLoop { body, .. } => {
-                let mut synced = false;
-                for (k, b) in body.iter().enumerate() {
-                    match &p.stmts[*b] {
-                        // The entry `Synchronize(main)` right after the stream switch is not
-                        // the accumulation's.
-                        Stmt::Synchronize { .. } if k > 1 => synced = true,
-                        Stmt::Matmul { accumulate, .. } => in_loops.push((*accumulate, synced)),
-                        Stmt::Linear { .. } => in_loops.push((false, synced)),
-                        _ => {}
-                    }
-                }
-            }
+            Stmt::ForLoop { body, .. } => loop_body_gemms(p, body, &mut in_loops),
             Stmt::Matmul { .. } | Stmt::Linear { .. } => top += 1,
             _ => {}
         }
     }
     (in_loops, top)
+}
+
+/// The GEMMs of one loop body (of the loops inside it, where `prefetch-communications` split
+/// the body into a posting and a computing loop): whether each accumulates, and whether a
+/// `Synchronize` other than the entry one precedes it in its body.
+fn loop_body_gemms(p: &HostProgram, body: &[StmtId], out: &mut Vec<(bool, bool)>) {
+    let mut synced = false;
+    for (k, b) in body.iter().enumerate() {
+        match &p.stmts[*b] {
+            Stmt::ForLoop { body, .. } => loop_body_gemms(p, body, out),
+            // The entry `Synchronize(main)` right after the stream switch is not the
+            // accumulation's.
+            Stmt::Synchronize { .. } if k > 1 => synced = true,
+            Stmt::Matmul { accumulate, .. } => out.push((*accumulate, synced)),
+            Stmt::Linear { .. } => out.push((false, synced)),
+            _ => {}
+        }
+    }
 }
 
 /// How many kernels the program launches, anywhere.
@@ -458,17 +464,26 @@ fn every_communication_is_waited_for_in_its_loop(p: &HostProgram) {
             );
             continue;
         };
-        for (k, b) in body.iter().enumerate() {
-            if matches!(p.stmts[*b], Stmt::Communication(_)) {
-                let waited = body[k + 1..].iter().any(|w| match &p.stmts[*w] {
-                    Stmt::Wait { comm } => comm == b,
-                    _ => false,
-                });
+        waited_in_body(p, body);
+    }
+}
+
+/// Every communication of `body` (and of the loops inside it) is waited for later in the
+/// same body.
+fn waited_in_body(p: &HostProgram, body: &[StmtId]) {
+    for (k, b) in body.iter().enumerate() {
+        match &p.stmts[*b] {
+            Stmt::ForLoop { body, .. } => waited_in_body(p, body),
+            Stmt::Communication(_) => {
+                let waited = body[k + 1..]
+                    .iter()
+                    .any(|w| matches!(&p.stmts[*w], Stmt::Wait { comm } if comm == b));
                 assert!(
                     waited,
                     "communication {b:?} has no Wait after it in its loop"
                 );
             }
+            _ => {}
         }
     }
 }

@@ -8,10 +8,13 @@ mod common;
 use common::fixture;
 use streamweave::host_ir::{self, CommunicationType, HostProgram, Stmt, StmtId};
 
+/// Lowered by the standard pipeline without `prefetch-communications`: the collectives each
+/// chunk posts, one chunk per iteration (tests/prefetch.rs covers their order after it).
 fn lower_source(source: &str, overrides: &[(&str, i64)]) -> HostProgram {
     let ov: Vec<(String, i64)> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let f = streamweave::load("test.weave", source, &ov).unwrap_or_else(|e| panic!("{e}"));
     streamweave::Compiler::new()
+        .pipeline(streamweave::passes::Pipeline::standard().without("prefetch-communications"))
         .lower(f)
         .unwrap_or_else(|e| panic!("{e}"))
 }

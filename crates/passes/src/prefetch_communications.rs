@@ -211,9 +211,9 @@ impl Plan {
             })
         };
         let defined_in_loop = |t: HostTensorId| {
-            inside.iter().any(|&s| {
-                matches!(&p.stmts[s], Stmt::ShardByStream { output, .. } if *output == t)
-            })
+            inside
+                .iter()
+                .any(|&s| matches!(&p.stmts[s], Stmt::ShardByStream { output, .. } if *output == t))
         };
         // Every view of the head cuts a tensor defined before the loop.
         for &s in &head {

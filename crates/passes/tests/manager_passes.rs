@@ -153,7 +153,7 @@ fn the_standard_manager_is_the_standard_pipeline_without_dumps() {
         Pipeline::standard().to_string(),
         "propagate-shardings,decompose-reshardings,reorder-sharded-axis,\
          finalize-multidevice-domains,segment,lower-to-host,merge-kernel-chunks,\
-         assign-streams,allocate-and-deallocate"
+         assign-streams,allocate-and-deallocate,prefetch-communications"
     );
 }
 
