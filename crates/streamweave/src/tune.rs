@@ -394,8 +394,8 @@ impl TuneOptions {
 
     /// The tuning of a first repeated run on GPUs (`weave run --iters`, a second
     /// [`Executable::run`](crate::Executable::run)): S ∈ {1, 2, 4, 8} at K = 2 replayed (what
-    /// repeated runs do), then the copy engines at every chunk count, the overlap knobs and the
-    /// other pool sizes on the best two, within `budget`.
+    /// repeated runs do), then the copy engines at every chunk count (replayed and eager), the
+    /// overlap knobs and the other pool sizes on the best two, within `budget`.
     pub fn first_run(
         ranks: usize,
         machine: &str,
@@ -586,6 +586,20 @@ pub fn tune(
                         Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(Knob::GemmIntoWindows.apply(ce)),
                     );
                 }
+                // Each issued eager too: copy-engine transfers replayed from a CUDA graph
+                // measured slower than issued statement by statement (the MLP block on 2 ×
+                // H200, S = 2: 6.43 ms eager against 6.80 replayed; on 4, traced eager, the
+                // chunks' GEMMs and sums took 3.14 ms a rank against a 3.77 ms replayed
+                // median, docs/benchmarks.md), while NCCL's are not.
+                let eager: Vec<Candidate> = tries
+                    .iter()
+                    .filter(|c| c.replay)
+                    .map(|c| Candidate {
+                        replay: false,
+                        ..*c
+                    })
+                    .collect();
+                tries.extend(eager);
                 for candidate in tries {
                     if options.allows(&candidate) && !rows.iter().any(|r| r.candidate == candidate)
                     {

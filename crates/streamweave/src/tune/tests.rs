@@ -249,11 +249,12 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
     // Every knob of the base was measured once on S = 2 (the fastest, also the fastest
     // chunked): ordered, priority, CTA limit, SM margin, K = 1, copy engines (the
     // allreduce is a sum), the efficiency CTA policy and a symmetric window (the
-    // window with the zero-CTA policy sets two knobs).
+    // window with the zero-CTA policy sets two knobs); the copy engines were tried eager
+    // as well.
     let on_base: Vec<Candidate> = t.rows[4..]
         .iter()
         .map(|r| r.candidate)
-        .filter(|c| c.chunks == Some(2) && c.knobs() + usize::from(c.streams != 2) == 1)
+        .filter(|c| c.replay && c.chunks == Some(2) && c.knobs() + usize::from(c.streams != 2) == 1)
         .collect();
     assert_eq!(on_base.len(), 8, "{t}");
     assert!(on_base
@@ -264,17 +265,16 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
         .filter(|c| c.transport == Transport::CopyEngine);
     assert_eq!(copy_engine.count(), 1);
     // The copy engines were tried at every chunk count, right after the grid, on that
-    // count's run, and (the allreduce sums) with GEMMs into 32 MiB window slots; no
-    // other candidate has larger slots.
-    let ce: Vec<Candidate> = t.rows[4..12].iter().map(|r| r.candidate).collect();
+    // count's run, and (the allreduce sums) with GEMMs into 32 MiB window slots, each
+    // replayed and eager; no other candidate has larger slots.
+    let ce: Vec<Candidate> = t.rows[4..20].iter().map(|r| r.candidate).collect();
     let expected: Vec<Candidate> = [(1, 1), (2, 2), (4, 2), (8, 2)]
         .into_iter()
         .flat_map(|(s, k)| {
             let ce = Knob::CopyEngine.apply(candidate(s, k, true));
-            [
-                ce,
-                Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(Knob::GemmIntoWindows.apply(ce)),
-            ]
+            let giw = Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(Knob::GemmIntoWindows.apply(ce));
+            let eager = |c: Candidate| Candidate { replay: false, ..c };
+            [ce, giw, eager(ce), eager(giw)]
         })
         .collect();
     assert_eq!(ce, expected);
@@ -400,6 +400,14 @@ fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
         let giw = Knob::CeSlots(TUNED_CE_SLOT_MIB)
             .apply(Knob::GemmIntoWindows.apply(Knob::CopyEngine.apply(candidate(s, k, true))));
         assert!(t.rows.iter().any(|r| r.candidate == giw), "S={s}: {t}");
+        // And each copy-engine candidate issued eager too.
+        for c in [giw, Knob::CopyEngine.apply(candidate(s, k, true))] {
+            let eager = Candidate { replay: false, ..c };
+            assert!(
+                t.rows.iter().any(|r| r.candidate == eager),
+                "S={s} eager: {t}"
+            );
+        }
     }
     assert!(best.overlap.gemm_into_windows);
     // They are a knob of copy-engine bases whose program sums: not of NCCL ones, not of
@@ -420,6 +428,38 @@ fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
     let on = Knob::GemmIntoWindows.apply(ce);
     assert_eq!(on.overlap.describe(), "GEMMs into windows");
     assert_eq!(on.knobs(), 2);
+}
+
+/// Where copy engines issued eager beat every replayed candidate, the first run's tuning
+/// finds them and keeps them eager; NCCL is never tried eager there (its grid is replayed).
+#[test]
+fn copy_engines_issued_eager_win_where_they_are_fastest() {
+    let fake = Fake::new(|c: &Candidate| {
+        let ce = c.transport == Transport::CopyEngine;
+        let base = match c.chunks {
+            Some(1) => 10.0,
+            Some(2) => 9.0,
+            _ => 9.5,
+        };
+        match (ce, c.replay) {
+            (true, false) => base * 0.8,
+            (true, true) => base * 1.1,
+            _ => base,
+        }
+    });
+    let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600));
+    let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+    let (best, _) = t.best().unwrap();
+    assert_eq!(
+        (best.chunks, best.transport, best.replay),
+        (Some(2), Transport::CopyEngine, false),
+        "{t}"
+    );
+    assert!(t
+        .rows
+        .iter()
+        .filter(|r| !r.candidate.replay)
+        .all(|r| r.candidate.transport == Transport::CopyEngine));
 }
 
 /// A session's tuning measures only what a session can switch to between calls (eager,
