@@ -13,6 +13,10 @@
 //! Contract:
 //!
 //! * **Input**: a host program after `assign-streams` and `allocate-and-deallocate`.
+//! * **Which loops**: those whose rest (below) posts a communication too — the place where
+//!   posting order costs. A loop that gathers and then only computes (a column-parallel
+//!   linear) already posts chunk `i + 1`'s gather right after chunk `i`'s GEMM, so it runs
+//!   beside it; such loops are left as they are.
 //! * **Output**: every top-level stream loop `FOR i in [0, S)` (`S` not the constant 1) whose
 //!   body is a *head* and a *rest* is rewritten. The body must start with the fork of
 //!   `assign-streams` (`SetCurrentStream(Stream (i % numberOfStreams))`, then `Synchronize`s),
@@ -191,6 +195,19 @@ impl Plan {
             return None;
         }
         let rest = body[forked + head.len()..].to_vec();
+        // Only where the rest posts a communication of its own: there the next chunk's
+        // would queue behind it. Without one (a column-parallel linear: gather, then GEMM),
+        // chunk `i + 1`'s gather is posted right after chunk `i`'s GEMM and runs beside it
+        // already; posting it earlier only puts it ahead of that GEMM on the GPU.
+        let rest_posts = loop_statements(p, &rest).iter().any(|&s| {
+            matches!(
+                p.stmts[s],
+                Stmt::Communication(_) | Stmt::P2PCommunication(_)
+            )
+        });
+        if !rest_posts {
+            return None;
+        }
         // A head's communication is waited for in the head only.
         let waited_later = loop_statements(p, &rest)
             .iter()
