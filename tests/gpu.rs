@@ -299,7 +299,7 @@ fn the_large_patterns_at_t_h_8192_match_a_row_sampled_reference() {
     let Some((n, _turn)) = gpus() else { return };
     let mut lines = Vec::new();
     for ranks in rank_counts(n) {
-        let cases: [Case; 6] = [
+        let cases: [Case; 7] = [
             (
                 "row_parallel_linear",
                 &[("t", 8192), ("h", 8192), ("s", 4)],
@@ -330,6 +330,14 @@ fn the_large_patterns_at_t_h_8192_match_a_row_sampled_reference() {
                 &[("M", 8192), ("K", 8192), ("N", 8192)],
                 "M",
                 64 * ranks as i64,
+            ),
+            // The MLP block as `prefetch-communications` rewrites it: chunk 1's allgather
+            // posted before chunk 0's reduce-scatter.
+            (
+                "sequence_parallel_mlp_block",
+                &[("t", 8192), ("h", 2048), ("f", 8192), ("s", 2)],
+                "t",
+                64,
             ),
         ];
         for (name, set, rows, sample_value) in cases {

@@ -586,11 +586,10 @@ pub fn tune(
                         Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(Knob::GemmIntoWindows.apply(ce)),
                     );
                 }
-                // Each issued eager too: copy-engine transfers replayed from a CUDA graph
-                // measured slower than issued statement by statement (the MLP block on 2 ×
-                // H200, S = 2: 6.43 ms eager against 6.80 replayed; on 4, traced eager, the
-                // chunks' GEMMs and sums took 3.14 ms a rank against a 3.77 ms replayed
-                // median, docs/benchmarks.md), while NCCL's are not.
+                // Each issued eager too: which of the two is faster differs with the program
+                // and S (4 × H200: plain copy engines in `matmul_rs` at S = 8 took 1.640 ms
+                // eager against 1.841 replayed, the MLP block at h = 4096, S = 2 1.292
+                // against 1.411; elsewhere replay won by up to 8%, docs/benchmarks.md).
                 let eager: Vec<Candidate> = tries
                     .iter()
                     .filter(|c| c.replay)
