@@ -517,6 +517,17 @@ mod tests {
         assert_eq!(Scalar::c(2).mul(n("h").mul(3)), n("h").mul(6));
         assert_eq!(n("t").ceil_div(4).ceil_div(2), n("t").ceil_div(8));
         assert_eq!(n("t").div(4).div(2), n("t").div(8));
+        // min and max fold, print as calls, and collapse equal operands.
+        assert_eq!(Scalar::c(3).max(5), Scalar::c(5));
+        assert_eq!(Scalar::c(3).min(5), Scalar::c(3));
+        assert_eq!(Scalar::c(-4).max(0), Scalar::c(0));
+        assert_eq!(n("k").max(2).to_string(), "( max(k, 2) )");
+        assert_eq!(n("k").max(2).to_source(), "max(k, 2)");
+        assert_eq!(n("k").max(n("k")), n("k"));
+        assert_eq!(
+            n("s").min(n("k").max(2)).eval(&|v| (v == "k").then_some(1).or(Some(4))),
+            Some(2)
+        );
     }
 
     #[test]

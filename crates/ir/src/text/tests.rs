@@ -935,3 +935,18 @@ fn a_parameter_may_not_take_a_built_in_name() {
         );
     }
 }
+
+/// `min` and `max` are calls in extents, as in printed host programs.
+#[test]
+fn min_and_max_are_extent_calls() {
+    let f = parse_ok(
+        "fusion f(t = 8, h = 3) {\n  tensor a: f32[max(t, 2 * h), min(t, h)]\n  output a\n}\n",
+    );
+    let a = f.tensor(f.tensor_by_name("a").unwrap());
+    let extents: Vec<String> = a
+        .logical
+        .iter()
+        .map(|i| f.id(*i).extent.to_source())
+        .collect();
+    assert_eq!(extents, ["max(t, 2 * h)", "min(t, h)"]);
+}
