@@ -525,7 +525,9 @@ mod tests {
         assert_eq!(n("k").max(2).to_source(), "max(k, 2)");
         assert_eq!(n("k").max(n("k")), n("k"));
         assert_eq!(
-            n("s").min(n("k").max(2)).eval(&|v| (v == "k").then_some(1).or(Some(4))),
+            n("s")
+                .min(n("k").max(2))
+                .eval(&|v| (v == "k").then_some(1).or(Some(4))),
             Some(2)
         );
     }

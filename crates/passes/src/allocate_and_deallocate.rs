@@ -74,11 +74,11 @@ use weave_host_ir::ids::SecondaryMap;
 use weave_host_ir::{
     ChunkOf, HostProgram, HostScalar, HostTensorId, ScalarId, Stmt, StmtId, Stream,
 };
-use weave_ir::{Scalar, ScalarOp};
+use weave_ir::ScalarOp;
 
 use crate::assign_streams::{is_stream_slot, number_of_streams, stream_slot};
 use crate::pass::{Changed, HostPass, Pass, PassError};
-use crate::shared::{find_or_insert_scalar, push_to};
+use crate::shared::{binary, push_to};
 
 /// The `allocate-and-deallocate` pass; see the module documentation for its contract.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -587,18 +587,6 @@ impl SlotPlan {
     }
 }
 
-/// `a op b`: one folded [`HostScalar::Value`] when both sides are values, else a
-/// [`HostScalar::Binary`]; an equal existing scalar is reused.
-fn binary(p: &mut HostProgram, op: ScalarOp, a: ScalarId, b: ScalarId) -> ScalarId {
-    let wanted = match (&p.scalars[a], &p.scalars[b]) {
-        (HostScalar::Value(x), HostScalar::Value(y)) => {
-            HostScalar::Value(Scalar::binary(op, x.clone(), y.clone()))
-        }
-        _ => HostScalar::Binary(op, a, b),
-    };
-    find_or_insert_scalar(p, wanted)
-}
-
 /// Whether every `SetCurrentStream` in `scope` (recursively) sets `Stream (index %
 /// numberOfStreams)`.
 fn streams_follow_slots(p: &HostProgram, scope: &[StmtId], index: ScalarId) -> bool {
@@ -757,6 +745,7 @@ fn apply_edits(p: &mut HostProgram, edits: Vec<Edit>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weave_ir::Scalar;
 
     #[test]
     fn common_depth_finds_the_innermost_shared_scope() {

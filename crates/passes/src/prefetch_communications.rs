@@ -59,7 +59,7 @@ use weave_ir::{Scalar, ScalarOp};
 
 use crate::assign_streams::{is_stream_slot, number_of_streams};
 use crate::pass::{Changed, HostPass, Pass, PassError};
-use crate::shared::find_or_insert_scalar;
+use crate::shared::{binary, find_or_insert_scalar};
 
 /// The `prefetch-communications` pass; see the module documentation for its contract.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -518,18 +518,6 @@ fn const_value(p: &HostProgram, s: ScalarId) -> Option<i64> {
         HostScalar::Value(x) => x.as_const(),
         _ => None,
     }
-}
-
-/// `a op b`: one folded [`HostScalar::Value`] when both sides are values, else a
-/// [`HostScalar::Binary`]; an equal existing scalar is reused.
-fn binary(p: &mut HostProgram, op: ScalarOp, a: ScalarId, b: ScalarId) -> ScalarId {
-    let wanted = match (&p.scalars[a], &p.scalars[b]) {
-        (HostScalar::Value(x), HostScalar::Value(y)) => {
-            HostScalar::Value(Scalar::binary(op, x.clone(), y.clone()))
-        }
-        _ => HostScalar::Binary(op, a, b),
-    };
-    find_or_insert_scalar(p, wanted)
 }
 
 /// `s` with the loop index `from` replaced by `to`.

@@ -1,9 +1,9 @@
 //! Helpers more than one pass uses: running a fusion pass's body on a copy (and the
-//! [`Pass`]/[`FusionPass`] impls of a pass that is only such a body), and interning a host
-//! scalar, and appending to a list in a side table.
+//! [`Pass`]/[`FusionPass`] impls of a pass that is only such a body), interning a host scalar
+//! (and a folded binary one), and appending to a list in a side table.
 
 use weave_host_ir::{HostProgram, HostScalar, ScalarId};
-use weave_ir::{print, Fusion, IrResult};
+use weave_ir::{print, Fusion, IrResult, Scalar, ScalarOp};
 
 use crate::pass::{Changed, FusionPass, Pass, PassError};
 
@@ -65,6 +65,18 @@ pub(crate) fn find_or_insert_scalar(p: &mut HostProgram, wanted: HostScalar) -> 
         }
     }
     p.scalars.insert(wanted)
+}
+
+/// `a op b`: one folded [`HostScalar::Value`] when both sides are values, else a
+/// [`HostScalar::Binary`]; an equal existing scalar is reused.
+pub(crate) fn binary(p: &mut HostProgram, op: ScalarOp, a: ScalarId, b: ScalarId) -> ScalarId {
+    let wanted = match (&p.scalars[a], &p.scalars[b]) {
+        (HostScalar::Value(x), HostScalar::Value(y)) => {
+            HostScalar::Value(Scalar::binary(op, x.clone(), y.clone()))
+        }
+        _ => HostScalar::Binary(op, a, b),
+    };
+    find_or_insert_scalar(p, wanted)
 }
 
 /// Appends `value` to the list of `key` in `map`, starting the list when there is none.
