@@ -8,7 +8,9 @@ mod common;
 use std::collections::HashMap;
 
 use common::fixture;
-use streamweave::host_ir::{self, CommunicationType, HostProgram, HostScalar, ScalarId, Stmt};
+use streamweave::host_ir::{
+    self, CommunicationType, HostProgram, HostScalar, ScalarId, Stmt, StmtId,
+};
 use streamweave::passes::{Pipeline, PrefetchCommunications};
 
 fn source(name: &str) -> String {
@@ -66,7 +68,7 @@ fn value(p: &HostProgram, s: ScalarId, env: &HashMap<ScalarId, i64>, k: i64) -> 
 fn posting_order(p: &HostProgram, k: i64) -> Vec<(CommunicationType, i64)> {
     fn walk(
         p: &HostProgram,
-        scope: &[streamweave::host_ir::StmtId],
+        scope: &[StmtId],
         env: &mut HashMap<ScalarId, i64>,
         chunk: Option<i64>,
         k: i64,
