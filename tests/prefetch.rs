@@ -124,6 +124,27 @@ fn the_mlp_block_posts_the_next_chunks_allgather_before_this_chunks_reduce_scatt
     }
 }
 
+/// The backward of the block gathers `x` at the head of its body and the output's gradient
+/// after its first GEMM: both are posted a chunk ahead of the chunk's GEMMs and its
+/// reduce-scatter.
+#[test]
+fn the_mlp_backward_posts_both_allgathers_of_the_next_chunk_first() {
+    use CommunicationType::{Allgather as Ag, ReduceScatter as Rs};
+    let src = source("sequence_parallel_mlp_backward");
+    for (d, s, t) in [(2, 2, 48), (2, 3, 36), (4, 4, 64)] {
+        let set = [("d", d), ("s", s), ("t", t)];
+        let mut want = vec![(Ag, 0), (Ag, 0)];
+        for i in 1..s {
+            want.extend([(Ag, i), (Ag, i), (Rs, i - 1)]);
+        }
+        want.push((Rs, s - 1));
+        for k in 1..=3 {
+            let p = lower_with(&src, &set, None);
+            assert_eq!(posting_order(&p, k), want, "d = {d}, s = {s}, K = {k}");
+        }
+    }
+}
+
 /// The gathered chunks live in `min(s, max(numberOfStreams, 2))` slots: with one pool stream,
 /// chunk `i + 1` arrives in the other slot while chunk `i` is computed from its own.
 #[test]
@@ -197,6 +218,8 @@ fn prefetched_programs_match_the_reference_on_every_pool_size() {
         ("sequence_parallel_mlp_block", &[("t", 48)]),
         ("sequence_parallel_mlp_block", &[("t", 40)]),
         ("sequence_parallel_mlp_broadcast", &[]),
+        ("sequence_parallel_mlp_backward", &[("t", 48)]),
+        ("sequence_parallel_mlp_backward", &[("t", 45)]),
     ];
     for &(name, set) in cases {
         let src = source(name);

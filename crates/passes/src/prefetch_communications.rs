@@ -21,7 +21,11 @@
 //!   body is a *head* and a *rest* is rewritten. The body must start with the fork of
 //!   `assign-streams` (`SetCurrentStream(Stream (i % numberOfStreams))`, then `Synchronize`s),
 //!   followed by the head: `ShardByStream` views, and communications each followed in the head
-//!   by its `Wait`, at least one. A communication of the head must read a tensor that no
+//!   by its `Wait`, at least one. A later communication of the body that could stand in the
+//!   head (the conditions below), whose `Wait` is in the body and between whose head's end
+//!   and `Wait` nothing touches the buffer it writes, first moves up to the head's end with
+//!   its views and its `Wait` (the MLP block's backward gathers the output's gradient after
+//!   its first GEMM). A communication of the head must read a tensor that no
 //!   statement of the loop writes (a view of it, or the tensor itself), and write a view `V`,
 //!   cut in the head, of a buffer `B` that is no program input or output, that the loop
 //!   touches only through views cut exactly like `V`, and that nothing outside the loop reads
@@ -110,7 +114,7 @@ struct Plan {
     head: Vec<StmtId>,
     /// The rest of the body.
     rest: Vec<StmtId>,
-    /// The buffers the head's communications write, with the views that cut them.
+    /// The buffers the head's communications write into (through views cut in the head).
     outputs: Vec<HostTensorId>,
 }
 
@@ -167,6 +171,9 @@ impl Plan {
         if switches != 1 {
             return None;
         }
+        // Later communications of loop-invariant data join the head.
+        let order = hoisted(p, lp, body, forked, &inside);
+        let body = &order;
 
         // The head: views, communications and their waits.
         let mut head = Vec::new();
@@ -427,6 +434,101 @@ impl Plan {
             *body = vec![post_loop, compute_loop];
         }
     }
+}
+
+/// `body` with each later communication that moves data the loop does not write (and its
+/// views and its `Wait`) moved up to the end of the head, after the fork `body[..forked]`:
+/// where nothing from the head's end to its `Wait` touches the buffer it writes, and that
+/// buffer passes the head's own tests. Moving its `Wait` up only orders more of the chunk's
+/// work after it. The backward of the MLP block gathers `x` in its head and the output's
+/// gradient after the first GEMM; both are then posted a chunk ahead.
+fn hoisted(
+    p: &HostProgram,
+    lp: StmtId,
+    body: &[StmtId],
+    forked: usize,
+    inside: &[StmtId],
+) -> Vec<StmtId> {
+    let mut order = body.to_vec();
+    // The end of the head as it stands: its views, communications and waits, cut after its
+    // last wait.
+    let mut end = forked;
+    for (k, &s) in order.iter().enumerate().skip(forked) {
+        match p.stmts[s] {
+            Stmt::Wait { .. } => end = k + 1,
+            Stmt::ShardByStream { .. } | Stmt::Communication(_) => {}
+            _ => break,
+        }
+    }
+    let mut k = end;
+    while k < order.len() {
+        let s = order[k];
+        let Stmt::Communication(c) = &p.stmts[s] else {
+            k += 1;
+            continue;
+        };
+        let cut = |t: HostTensorId| {
+            order[..k].iter().position(
+                |&x| matches!(&p.stmts[x], Stmt::ShardByStream { output, .. } if *output == t),
+            )
+        };
+        let wait = order
+            .iter()
+            .position(|&x| matches!(p.stmts[x], Stmt::Wait { comm } if comm == s));
+        let (Some(out_at), Some(w)) = (cut(c.output), wait) else {
+            k += 1;
+            continue;
+        };
+        let in_at = cut(c.input);
+        let (buffer, source) = match (&p.stmts[order[out_at]], in_at.map(|i| &p.stmts[order[i]])) {
+            (
+                Stmt::ShardByStream { input: b, .. },
+                Some(Stmt::ShardByStream { input: src, .. }),
+            ) => (*b, *src),
+            (Stmt::ShardByStream { input: b, .. }, None) => (*b, c.input),
+            _ => {
+                k += 1;
+                continue;
+            }
+        };
+        let defined_in_loop = |t: HostTensorId| {
+            inside
+                .iter()
+                .any(|&x| matches!(&p.stmts[x], Stmt::ShardByStream { output, .. } if *output == t))
+        };
+        let source_root = root(p, source);
+        let invariant = !defined_in_loop(source)
+            && !inside.iter().any(|&x| s_writes(p, x, source_root))
+            && !p.inputs.contains(&buffer)
+            && !p.outputs.contains(&buffer)
+            && buffer_used_only_through(p, lp, buffer, order[out_at]);
+        let mut moving: Vec<usize> = [in_at, Some(out_at), Some(k), Some(w)]
+            .into_iter()
+            .flatten()
+            .filter(|&i| i >= end)
+            .collect();
+        moving.sort_unstable();
+        moving.dedup();
+        let touched = (end..=w).filter(|i| !moving.contains(i)).any(|i| {
+            let e = p.stmts[order[i]].effects();
+            e.view.is_some_and(|t| root(p, t) == buffer)
+                || e.accesses.iter().any(|&(t, _)| root(p, t) == buffer)
+        });
+        if !invariant || touched || w < k {
+            k += 1;
+            continue;
+        }
+        let stmts: Vec<StmtId> = moving.iter().map(|&i| order[i]).collect();
+        for &i in moving.iter().rev() {
+            order.remove(i);
+        }
+        for (j, st) in stmts.into_iter().enumerate() {
+            order.insert(end + j, st);
+        }
+        end += moving.len();
+        k = end;
+    }
+    order
 }
 
 /// Every statement of `scope`, loops' bodies included.
