@@ -157,7 +157,7 @@ fn a_rank_failing_in_the_middle_of_an_allgather_loop_fails_every_rank() {
     let c = compiled("ag_matmul", &[("d", 2)]);
     let within = Duration::from_secs(10);
     let results = run_faulty(&c, 2, Fault::Fail, 2, Duration::from_secs(30), within);
-    let label = "Communication 9 (type=Allgather, team=(0 1), input=T4, output=T5, backend=NCCL)";
+    let label = "Communication 8 (type=Allgather, team=(0 1), input=T4, output=T5, backend=NCCL)";
     assert_eq!(
         results[1],
         Err(ExecError::Comm(CommError::Backend {
