@@ -56,6 +56,7 @@
 //! * **Idempotent**: a rewritten loop's body is two loops, which no head matches.
 
 use weave_host_ir::access::Access;
+use weave_host_ir::ids::SecondaryMap;
 use weave_host_ir::{
     HostProgram, HostScalar, HostTensorId, ScalarId, Stmt, StmtId, Stream, StreamId,
 };
@@ -172,7 +173,8 @@ impl Plan {
             return None;
         }
         // Later communications of loop-invariant data join the head.
-        let order = hoisted(p, lp, body, forked, &inside);
+        let bases = Bases::of(p);
+        let order = hoisted(p, &bases, lp, body, forked, &inside);
         let body = &order;
 
         // The head: views, communications and their waits.
@@ -223,7 +225,7 @@ impl Plan {
             return None;
         }
 
-        let writes_in_loop = |t: HostTensorId| inside.iter().any(|&s| s_writes(p, s, t));
+        let writes_in_loop = |t: HostTensorId| inside.iter().any(|&s| s_writes(p, &bases, s, t));
         let defined_in_head = |t: HostTensorId| {
             head.iter()
                 .any(|&s| matches!(p.stmts[s], Stmt::ShardByStream { output, .. } if output == t))
@@ -253,7 +255,7 @@ impl Plan {
                 continue;
             };
             // The input: loop-invariant data.
-            let source = root(p, view_of(c.input).map_or(c.input, |(_, base)| base));
+            let source = bases.root(view_of(c.input).map_or(c.input, |(_, base)| base));
             if writes_in_loop(source) || (!defined_in_head(c.input) && defined_in_loop(c.input)) {
                 return None;
             }
@@ -444,6 +446,7 @@ impl Plan {
 /// gradient after the first GEMM; both are then posted a chunk ahead.
 fn hoisted(
     p: &HostProgram,
+    bases: &Bases,
     lp: StmtId,
     body: &[StmtId],
     forked: usize,
@@ -496,9 +499,9 @@ fn hoisted(
                 .iter()
                 .any(|&x| matches!(&p.stmts[x], Stmt::ShardByStream { output, .. } if *output == t))
         };
-        let source_root = root(p, source);
+        let source_root = bases.root(source);
         let invariant = !defined_in_loop(source)
-            && !inside.iter().any(|&x| s_writes(p, x, source_root))
+            && !inside.iter().any(|&x| s_writes(p, bases, x, source_root))
             && !p.inputs.contains(&buffer)
             && !p.outputs.contains(&buffer)
             && buffer_used_only_through(p, lp, buffer, order[out_at]);
@@ -511,8 +514,8 @@ fn hoisted(
         moving.dedup();
         let touched = (end..=w).filter(|i| !moving.contains(i)).any(|i| {
             let e = p.stmts[order[i]].effects();
-            e.view.is_some_and(|t| root(p, t) == buffer)
-                || e.accesses.iter().any(|&(t, _)| root(p, t) == buffer)
+            e.view.is_some_and(|t| bases.root(t) == buffer)
+                || e.accesses.iter().any(|&(t, _)| bases.root(t) == buffer)
         });
         if !invariant || touched || w < k {
             k += 1;
@@ -544,28 +547,39 @@ fn loop_statements(p: &HostProgram, scope: &[StmtId]) -> Vec<StmtId> {
 }
 
 /// Whether statement `s` writes `t`, or a view whose base is `t`.
-fn s_writes(p: &HostProgram, s: StmtId, t: HostTensorId) -> bool {
+fn s_writes(p: &HostProgram, bases: &Bases, s: StmtId, t: HostTensorId) -> bool {
     p.stmts[s]
         .effects()
         .accesses
         .iter()
-        .any(|&(u, access)| access == Access::Write && root(p, u) == t)
+        .any(|&(u, access)| access == Access::Write && bases.root(u) == t)
 }
 
-/// The buffer at the root of `t`'s chain of views.
-fn root(p: &HostProgram, t: HostTensorId) -> HostTensorId {
-    let mut t = t;
-    for _ in 0..p.stmts.len() {
-        let base = p.walk().find_map(|w| match &p.stmts[w.stmt] {
-            Stmt::ShardByStream { input, output, .. } if *output == t => Some(*input),
-            _ => None,
-        });
-        match base {
-            Some(b) => t = b,
-            None => break,
+/// The tensor each `ShardByStream` view is cut from, for the whole program, read once.
+struct Bases(SecondaryMap<HostTensorId, HostTensorId>);
+
+impl Bases {
+    fn of(p: &HostProgram) -> Bases {
+        let mut bases = SecondaryMap::new();
+        for w in p.walk() {
+            if let Stmt::ShardByStream { input, output, .. } = &p.stmts[w.stmt] {
+                bases.insert(*output, *input);
+            }
         }
+        Bases(bases)
     }
-    t
+
+    /// The buffer at the root of `t`'s chain of views (a chain no longer than the views).
+    fn root(&self, t: HostTensorId) -> HostTensorId {
+        let mut t = t;
+        for _ in 0..=self.0.len() {
+            match self.0.get(t) {
+                Some(&b) => t = b,
+                None => break,
+            }
+        }
+        t
+    }
 }
 
 /// Whether the program touches `buffer` only through views cut like `cut` inside loop `lp`

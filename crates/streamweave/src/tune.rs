@@ -586,19 +586,21 @@ pub fn tune(
                         Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(Knob::GemmIntoWindows.apply(ce)),
                     );
                 }
-                // Each issued eager too: which of the two is faster differs with the program
-                // and S (4 × H200: plain copy engines in `matmul_rs` at S = 8 took 1.640 ms
-                // eager against 1.841 replayed, the MLP block at h = 4096, S = 2 1.292
-                // against 1.411; elsewhere replay won by up to 8%, docs/benchmarks.md).
-                let eager: Vec<Candidate> = tries
+                // Each with the other replay setting too (a first run's grid is replayed:
+                // its copy engines are also tried eager; where the grid had an eager base,
+                // they are also tried replayed, which `allows` refuses to a session). Which of
+                // the two is faster differs with the program and S (4 × H200: plain copy
+                // engines in `matmul_rs` at S = 8 took 1.640 ms eager against 1.841
+                // replayed, the MLP block at h = 4096, S = 2 1.292 against 1.411; elsewhere
+                // replay won by up to 8%, docs/benchmarks.md).
+                let flipped: Vec<Candidate> = tries
                     .iter()
-                    .filter(|c| c.replay)
                     .map(|c| Candidate {
-                        replay: false,
+                        replay: !c.replay,
                         ..*c
                     })
                     .collect();
-                tries.extend(eager);
+                tries.extend(flipped);
                 for candidate in tries {
                     if options.allows(&candidate) && !rows.iter().any(|r| r.candidate == candidate)
                     {

@@ -460,6 +460,32 @@ fn copy_engines_issued_eager_win_where_they_are_fastest() {
         .iter()
         .filter(|r| !r.candidate.replay)
         .all(|r| r.candidate.transport == Transport::CopyEngine));
+    // `weave tune`'s grid has eager runs too: where NCCL runs fastest eager, the copy
+    // engines are tried eager on that base and replayed as well.
+    let eager_nccl = Fake::new(|c: &Candidate| {
+        let t = if c.replay { 10.0 } else { 9.0 };
+        if c.transport == Transport::CopyEngine {
+            t * 1.1
+        } else {
+            t
+        }
+    });
+    let full = TuneOptions::new(4, true, "Test GPU", None);
+    let t = tune(&fusion(&[]), &full, &mut &eager_nccl).unwrap();
+    let ce: Vec<Candidate> = t
+        .rows
+        .iter()
+        .map(|r| r.candidate)
+        .filter(|c| c.transport == Transport::CopyEngine && c.knobs() == 1)
+        .collect();
+    assert!(ce.iter().any(|c| !c.replay), "{t}");
+    for c in &ce {
+        let twin = Candidate {
+            replay: !c.replay,
+            ..*c
+        };
+        assert!(ce.contains(&twin), "{c} without {twin}: {t}");
+    }
 }
 
 /// A session's tuning measures only what a session can switch to between calls (eager,
