@@ -281,6 +281,7 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
     for (flag, value) in [
         ("--ordered-compute", "on"),
         ("--pool-priority", "high"),
+        ("--comm-priority", "high"),
         ("--gemm-sm-margin", "16"),
         ("--nccl-max-ctas", "16"),
         ("--nccl-cta-policy", "zero"),
@@ -299,6 +300,7 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         ("--nccl-max-ctas", "65", CTAS),
         ("--ordered-compute", "yes", "expected on or off"),
         ("--pool-priority", "low", "expected high or normal"),
+        ("--comm-priority", "urgent", "expected high or normal"),
         ("--gemm-sm-margin", "x", "invalid digit"),
         ("--nccl-cta-policy", "fast", POLICIES),
         ("--nccl-window-mib", "65537", "65537 is not in 0..=65536"),

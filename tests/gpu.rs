@@ -408,7 +408,9 @@ fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
 type Layer<'a> = (&'a str, &'a [(&'a str, i64)], usize);
 
 /// The benchmark's execution variants produce the reference's numbers: CUDA-graph replay,
-/// ordered compute (eager and replayed), copy-engine allgathers and ring transfers, and a
+/// ordered compute (eager and replayed), collectives posted from high-priority streams of
+/// their own (eager and replayed, NCCL and copy engines), copy-engine allgathers and ring
+/// transfers, and a
 /// blocking NCCL communicator, on the chunked and P2P column-parallel layers and the
 /// row-parallel one, on 2 and 4 GPUs (sampled rows against the f64 host reference).
 #[test]
@@ -478,7 +480,35 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
                 },
                 ..ProgramRun::default()
             };
-            let variants: [(&str, ProgramRun, u8, Option<NcclOptions>); 17] = [
+            // Collectives posted from high-priority streams beside the pool's.
+            let comm_high = |graph| ProgramRun {
+                graph,
+                cuda: CudaOptions {
+                    comm_priority_high: true,
+                    ..CudaOptions::default()
+                },
+                ..ProgramRun::default()
+            };
+            let variants: [(&str, ProgramRun, u8, Option<NcclOptions>); 21] = [
+                ("collectives at high priority", comm_high(false), 0, None),
+                (
+                    "collectives at high priority replayed",
+                    comm_high(true),
+                    0,
+                    None,
+                ),
+                (
+                    "copy-engine windows, collectives at high priority",
+                    comm_high(false),
+                    2,
+                    None,
+                ),
+                (
+                    "copy-engine windows of 2 x 1 KiB, collectives at high priority replayed",
+                    comm_high(true),
+                    3,
+                    None,
+                ),
                 (
                     "GEMMs into copy-engine windows",
                     into_windows(false),

@@ -190,6 +190,12 @@ enum Command {
         /// Default: the tuned configuration's, else normal.
         #[arg(long, value_name = "high|normal", value_parser = parse_priority)]
         pool_priority: Option<bool>,
+        /// CUDA backend: post the collectives from high-priority streams of their own, one
+        /// beside each pool stream (`high`), so a chunk's collective is scheduled ahead of
+        /// the GEMM blocks other chunks queue; or on the pool streams (`normal`). Default: the
+        /// tuned configuration's, else normal.
+        #[arg(long, value_name = "high|normal", value_parser = parse_priority)]
+        comm_priority: Option<bool>,
         /// CUDA backend: SMs every GEMM leaves to concurrent communication (cuBLASLt's SM
         /// target is the GPU's SMs minus N; 0: the whole GPU). Default: the tuned
         /// configuration's, else 0.
@@ -358,7 +364,7 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// `--pool-priority`: `high` (true) or `normal`.
+/// `--pool-priority`, `--comm-priority`: `high` (true) or `normal`.
 fn parse_priority(s: &str) -> Result<bool, String> {
     match s {
         "high" => Ok(true),
@@ -509,6 +515,7 @@ fn run_command() -> ExitCode {
             transport,
             ordered_compute,
             pool_priority,
+            comm_priority,
             gemm_sm_margin,
             nccl_max_ctas,
             nccl_cta_policy,
@@ -537,6 +544,7 @@ fn run_command() -> ExitCode {
                 transport,
                 ordered_compute,
                 pool_priority_high: pool_priority,
+                comm_priority_high: comm_priority,
                 gemm_sm_margin,
                 nccl_max_ctas: nccl_max_ctas.map(|m| m.0),
                 nccl_cta_policy: nccl_cta_policy.map(|p| p.0),
@@ -555,6 +563,7 @@ fn run_command() -> ExitCode {
                     ),
                     (ordered_compute.is_some(), "--ordered-compute"),
                     (pool_priority.is_some(), "--pool-priority"),
+                    (comm_priority.is_some(), "--comm-priority"),
                     (gemm_sm_margin.is_some(), "--gemm-sm-margin"),
                     (nccl_max_ctas.is_some(), "--nccl-max-ctas"),
                     (nccl_cta_policy.is_some(), "--nccl-cta-policy"),

@@ -52,6 +52,8 @@ pub struct Pinned {
     pub ordered_compute: Option<bool>,
     /// `--pool-priority high|normal`.
     pub pool_priority_high: Option<bool>,
+    /// `--comm-priority high|normal`.
+    pub comm_priority_high: Option<bool>,
     /// `--gemm-sm-margin N`.
     pub gemm_sm_margin: Option<u32>,
     /// `--nccl-max-ctas N` (`Some(None)`: `--nccl-max-ctas auto`, NCCL's choice).
@@ -78,6 +80,7 @@ impl Pinned {
         let o = &mut options.gpu.overlap;
         pin(&mut o.ordered_compute, self.ordered_compute);
         pin(&mut o.pool_priority_high, self.pool_priority_high);
+        pin(&mut o.comm_priority_high, self.comm_priority_high);
         pin(&mut o.gemm_sm_margin, self.gemm_sm_margin);
         pin(&mut o.nccl_max_ctas, self.nccl_max_ctas);
         pin(&mut o.nccl_cta_policy, self.nccl_cta_policy);

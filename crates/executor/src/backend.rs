@@ -90,6 +90,15 @@ pub trait Backend: Send + Sync {
     /// The communicator's view of `stream`.
     fn comm_stream<'s>(&self, stream: &'s Self::Stream) -> &'s Self::CommStream;
 
+    /// Runs `post`, which enqueues a communication, on the stream a communication issued on
+    /// `stream` goes to: by default `stream` itself ([`Backend::comm_stream`]). A backend may
+    /// give it a stream of its own that waits, on the device, for everything enqueued on
+    /// `stream` so far, and that `stream` then waits for (the CUDA backend's high-priority
+    /// communication streams): `stream`'s order is the same either way.
+    fn post_comm<R>(&self, stream: &Self::Stream, post: impl FnOnce(&Self::CommStream) -> R) -> R {
+        post(self.comm_stream(stream))
+    }
+
     /// Runs `post`, which enqueues a communication on `stream`, and records the span the
     /// communication takes on the device when the backend traces. Backends whose
     /// communicator reports its own spans (the CPU's task queues) just run `post`.

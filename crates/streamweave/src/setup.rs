@@ -197,6 +197,12 @@ pub struct Overlap {
     /// Give the stream pool (which posts the chunks' collectives) the highest stream
     /// priority, so collective kernels are scheduled ahead of queued GEMM blocks.
     pub pool_priority_high: bool,
+    /// Post the collectives from high-priority streams of their own, one beside each pool
+    /// stream (each entered after its stream's work so far, and waited for by it): a
+    /// chunk's collective is then scheduled ahead of the GEMM blocks the other chunks'
+    /// streams queue at normal priority, which the pool priority cannot do (the pool carries
+    /// both).
+    pub comm_priority_high: bool,
     /// SMs every GEMM leaves to concurrent communication (cuBLASLt's SM-count target is the
     /// GPU's SM count minus this; 0: the whole GPU).
     pub gemm_sm_margin: u32,
@@ -239,6 +245,9 @@ impl Overlap {
         }
         if self.pool_priority_high {
             parts.push("pool priority high".to_string());
+        }
+        if self.comm_priority_high {
+            parts.push("collectives at high priority".to_string());
         }
         if self.gemm_sm_margin > 0 {
             parts.push(format!("GEMM SMs - {}", self.gemm_sm_margin));
@@ -289,6 +298,7 @@ impl Overlap {
         Ok(CudaOptions {
             gemm_sm_count,
             pool_priority_high: self.pool_priority_high,
+            comm_priority_high: self.comm_priority_high,
             ordered_compute: self.ordered_compute,
             produce_into_windows: self.gemm_into_windows,
             produce_slot_bytes: match self.gemm_into_windows {

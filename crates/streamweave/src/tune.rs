@@ -102,6 +102,7 @@ impl Candidate {
         usize::from(self.transport != Transport::Nccl)
             + usize::from(o.ordered_compute)
             + usize::from(o.pool_priority_high)
+            + usize::from(o.comm_priority_high)
             + usize::from(o.gemm_sm_margin > 0)
             + usize::from(o.nccl_max_ctas.is_some())
             + usize::from(o.nccl_cta_policy.is_some())
@@ -248,6 +249,7 @@ impl Tuning {
             transport: c.transport,
             ordered_compute: c.overlap.ordered_compute,
             pool_priority_high: c.overlap.pool_priority_high,
+            comm_priority_high: c.overlap.comm_priority_high,
             gemm_sm_margin: c.overlap.gemm_sm_margin,
             nccl_max_ctas: c.overlap.nccl_max_ctas,
             nccl_cta_policy: c.overlap.nccl_cta_policy,

@@ -62,6 +62,12 @@ pub struct CudaOptions {
     pub gemm_sm_count: i32,
     /// Give pool streams the highest priority (they carry the communication).
     pub pool_priority_high: bool,
+    /// Post every communication (except a linear's computed into windows) from a stream of
+    /// its own, one beside each stream that issues communications, at the highest priority:
+    /// it waits for its stream's work so far and its stream waits for it, so the order is
+    /// the program's, but a collective's kernels are scheduled ahead of the GEMM blocks other
+    /// chunks' streams queue at normal priority ([`Backend::post_comm`]).
+    pub comm_priority_high: bool,
     /// Run compute (GEMMs and generated kernels) in issue order across streams: each waits,
     /// on the GPU, for the one issued before it on another stream. Chunks of a stream loop
     /// then compute one after another while their collectives overlap the next chunk's
@@ -86,6 +92,7 @@ impl Default for CudaOptions {
             tf32: false,
             gemm_sm_count: 0,
             pool_priority_high: false,
+            comm_priority_high: false,
             ordered_compute: false,
             produce_into_windows: false,
             produce_slot_bytes: 0,
@@ -112,6 +119,9 @@ pub struct CudaBackend {
     gpu: Gpu,
     options: CudaOptions,
     streams: Mutex<BTreeMap<StreamKey, GpuStream>>,
+    /// With [`CudaOptions::comm_priority_high`]: the high-priority stream beside each stream
+    /// that posts communications.
+    comm_streams: Mutex<BTreeMap<StreamKey, GpuStream>>,
     error: Mutex<Option<ExecError>>,
     check: Mutex<Option<ErrorCheck>>,
     /// The kernel table kernel segments are launched from ([`CudaBackend::with_kernels`]).
@@ -139,6 +149,7 @@ impl CudaBackend {
             gpu,
             options,
             streams: Mutex::new(BTreeMap::new()),
+            comm_streams: Mutex::new(BTreeMap::new()),
             error: Mutex::new(None),
             check: Mutex::new(None),
             kernels: launch::Kernels::none(),
@@ -307,6 +318,19 @@ impl CudaBackend {
         })
     }
 
+    /// The high-priority stream beside `stream` that its communications are posted from
+    /// ([`CudaOptions::comm_priority_high`]), created on first use.
+    fn comm_side(&self, stream: &GpuStream) -> Result<GpuStream, CudaError> {
+        let key = self.key_of(stream);
+        let mut sides = self.comm_streams.lock().unwrap();
+        if let Some(s) = sides.get(&key) {
+            return Ok(s.clone());
+        }
+        let s = self.gpu.new_stream(Priority::High)?;
+        sides.insert(key, s.clone());
+        Ok(s)
+    }
+
     fn key_of(&self, stream: &GpuStream) -> StreamKey {
         let streams = self.streams.lock().unwrap();
         streams
@@ -367,6 +391,37 @@ impl Backend for CudaBackend {
 
     fn comm_stream<'s>(&self, stream: &'s GpuStream) -> &'s GpuStream {
         stream
+    }
+
+    fn post_comm<R>(&self, stream: &GpuStream, post: impl FnOnce(&GpuStream) -> R) -> R {
+        if !self.options.comm_priority_high {
+            return post(stream);
+        }
+        // The side stream enters after `stream`'s work so far; `stream` leaves after the
+        // side stream's communication. A failure to set the side stream up posts on `stream`
+        // itself and is reported at the next host wait.
+        let entered = self.comm_side(stream).and_then(|side| {
+            let e = self.pooled_event()?;
+            stream.record(&e)?;
+            side.wait(&e)?;
+            Ok(side)
+        });
+        match entered {
+            Ok(side) => {
+                let r = post(&side);
+                if let Err(e) = self
+                    .pooled_event()
+                    .and_then(|e| side.record(&e).and_then(|()| stream.wait(&e)))
+                {
+                    self.fail(e.into());
+                }
+                r
+            }
+            Err(e) => {
+                self.fail(e.into());
+                post(stream)
+            }
+        }
     }
 
     fn traced_post<R>(&self, stream: &GpuStream, label: &str, post: impl FnOnce() -> R) -> R {

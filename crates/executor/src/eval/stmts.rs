@@ -263,8 +263,10 @@ where
             if let Some(d) = deferred.take() {
                 self.run_deferred(&d, &stream)?;
             }
-            self.backend
-                .traced_post(&stream, &label, || self.comm.post(collective, comm_stream))?;
+            self.backend.traced_post(&stream, &label, || {
+                self.backend
+                    .post_comm(&stream, |on| self.comm.post(collective, on))
+            })?;
         }
         if let Some(t) = staged_out {
             self.backend.copy(&label, &t, &output, &stream)?;
@@ -390,8 +392,8 @@ where
         }
         let name = label.clone();
         self.backend.traced_post(&stream, &name, || {
-            self.comm
-                .post_p2p(label, staged, self.backend.comm_stream(&stream))
+            self.backend
+                .post_comm(&stream, |on| self.comm.post_p2p(label, staged, on))
         })?;
         for (t, buffer) in copy_out {
             self.backend.copy(&name, &t, &buffer, &stream)?;

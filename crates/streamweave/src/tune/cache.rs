@@ -114,6 +114,9 @@ pub struct Entry {
     /// [`Overlap::pool_priority_high`] (absent: off).
     #[serde(default, skip_serializing_if = "is_false")]
     pub pool_priority_high: bool,
+    /// [`Overlap::comm_priority_high`] (absent: off).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub comm_priority_high: bool,
     /// [`Overlap::gemm_sm_margin`] (absent: 0, the whole GPU).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub gemm_sm_margin: u32,
@@ -172,6 +175,7 @@ impl Entry {
             overlap: Overlap {
                 ordered_compute: self.ordered_compute,
                 pool_priority_high: self.pool_priority_high,
+                comm_priority_high: self.comm_priority_high,
                 gemm_sm_margin: self.gemm_sm_margin,
                 nccl_max_ctas: self.nccl_max_ctas,
                 nccl_cta_policy: self.nccl_cta_policy,

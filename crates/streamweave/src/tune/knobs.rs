@@ -16,6 +16,8 @@ pub enum Knob {
     OrderedCompute,
     /// [`Overlap::pool_priority_high`].
     PoolPriorityHigh,
+    /// [`Overlap::comm_priority_high`].
+    CommPriorityHigh,
     /// [`Overlap::nccl_max_ctas`] at this limit.
     NcclMaxCtas(u32),
     /// [`Overlap::gemm_sm_margin`] of this many SMs.
@@ -42,6 +44,7 @@ impl Knob {
         match self {
             Knob::OrderedCompute => c.overlap.ordered_compute = true,
             Knob::PoolPriorityHigh => c.overlap.pool_priority_high = true,
+            Knob::CommPriorityHigh => c.overlap.comm_priority_high = true,
             Knob::NcclMaxCtas(n) => c.overlap.nccl_max_ctas = Some(n),
             Knob::GemmSmMargin(n) => c.overlap.gemm_sm_margin = n,
             Knob::Streams(k) => c.streams = k,
@@ -74,6 +77,7 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
     if chunked {
         out.push(Knob::OrderedCompute);
         out.push(Knob::PoolPriorityHigh);
+        out.push(Knob::CommPriorityHigh);
     }
     if ranks > 1 {
         out.push(Knob::NcclMaxCtas(16));

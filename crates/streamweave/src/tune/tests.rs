@@ -247,7 +247,8 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
         grid
     );
     // Every knob of the base was measured once on S = 2 (the fastest, also the fastest
-    // chunked): ordered, priority, CTA limit, SM margin, K = 1, copy engines (the
+    // chunked): ordered, pool priority, collectives' priority, CTA limit, SM margin, K = 1,
+    // copy engines (the
     // allreduce is a sum), the efficiency CTA policy and a symmetric window (the
     // window with the zero-CTA policy sets two knobs); the copy engines were tried eager
     // as well.
@@ -256,7 +257,7 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
         .map(|r| r.candidate)
         .filter(|c| c.replay && c.chunks == Some(2) && c.knobs() + usize::from(c.streams != 2) == 1)
         .collect();
-    assert_eq!(on_base.len(), 8, "{t}");
+    assert_eq!(on_base.len(), 9, "{t}");
     assert!(on_base
         .iter()
         .any(|c| c.overlap.nccl_window_mib == TUNED_NCCL_WINDOW_MIB));
@@ -316,6 +317,12 @@ fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
     assert!(knobs.contains(&Knob::Streams(1)) && knobs.contains(&Knob::Streams(4)));
     let ce = Knob::CopyEngine.apply(base);
     assert_eq!((ce.transport, ce.replay), (Transport::CopyEngine, true));
+    // Chunks: collectives may be posted at high priority beside the pool's streams.
+    assert!(knobs.contains(&Knob::CommPriorityHigh));
+    let high = Knob::CommPriorityHigh.apply(base);
+    assert!(high.overlap.comm_priority_high && !high.overlap.pool_priority_high);
+    assert_eq!(high.knobs(), 1);
+    assert_eq!(high.overlap.describe(), "collectives at high priority");
     // One chunk: nothing to order or to prioritize, no other pool; one rank: no NCCL.
     let one = knob_variants(&candidate(1, 2, true), &["Allreduce".to_string()], 2);
     assert_eq!(
@@ -784,6 +791,19 @@ fn the_cache_round_trips_keeps_other_entries_and_replaces_its_own() {
     };
     eager.apply(&mut options);
     assert!(!options.gpu.replay);
+    // Collectives at high priority are kept, applied, and written only when on.
+    let high = Entry {
+        comm_priority_high: true,
+        ..stored.clone()
+    };
+    high.apply(&mut options);
+    assert!(options.gpu.overlap.comm_priority_high);
+    let one = |e: &Entry| TuneCache {
+        entries: vec![e.clone()],
+    };
+    assert!(one(&high).render().contains("comm_priority_high = true"));
+    assert!(!one(&stored).render().contains("comm_priority_high"));
+    assert_eq!(TuneCache::parse(&one(&high).render()).unwrap(), one(&high));
     // Another program's entry joins it; tuning the first again replaces its entry.
     let other = tune(&fusion(&[("t", 96)]), &unpruned(), &mut &fake).unwrap();
     store(&path, &other).unwrap();
