@@ -313,6 +313,31 @@ fn overlap_knobs_are_flags_and_the_configuration_is_printed_with_its_source() {
         assert!(!ok, "{flag} {value}");
         assert!(err.contains(why), "{flag} {value}: {err}");
     }
+    // Collectives at high priority run on NCCL only: with copy engines the run is refused
+    // before any rank starts (here, before a GPU is looked for).
+    let (ok, out, err) = weave(
+        &[
+            &[
+                "run",
+                file,
+                "--backend",
+                "cuda",
+                "--transport",
+                "copy-engine",
+            ][..],
+            &["--comm-priority", "high"],
+            &small[..],
+        ]
+        .concat(),
+    );
+    assert!(!ok, "{out}");
+    assert_eq!(
+        err.trim(),
+        "error: collectives at high priority (--comm-priority high) need the NCCL transport: \
+         the copy-engine transport's transfers wait on flags from streams of their own, which \
+         more streams would share hardware queues with"
+    );
+    assert!(!out.contains("rank(s) on the cuda backend"), "{out}");
     let (ok, out, err) = weave(&[&["run", file][..], &small[..]].concat());
     assert!(ok, "{out}\n{err}");
     assert!(

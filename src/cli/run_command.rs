@@ -306,6 +306,9 @@ pub fn run(
     if let Err(e) = options.target.check() {
         return fail(e.to_string());
     }
+    if let Err(e) = options.gpu.overlap.check(options.gpu.transport) {
+        return fail(e.to_string());
+    }
     if is_reporter {
         let transport = match options.gpu.transport {
             streamweave::Transport::Nccl => "",

@@ -33,7 +33,7 @@ fn cuda_options(options: &RunOptions, gpu: &Gpu) -> Result<CudaOptions, ExecErro
     options
         .gpu
         .overlap
-        .cuda_options(base, gpu.sm_count())
+        .cuda_options(base, gpu.sm_count(), options.gpu.transport)
         .map_err(|e| ExecError::Program(e.to_string()))
 }
 

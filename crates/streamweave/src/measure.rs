@@ -408,7 +408,8 @@ impl crate::tune::Measure for WorldMeasure {
                 ))
             }
         };
-        let engine = match candidate.transport {
+        let transport = candidate.transport;
+        let engine = match transport {
             crate::Transport::Nccl => CopyEngine::Off,
             // Shared windows: replayable, unlike peer copies (which wait on the host).
             crate::Transport::CopyEngine => {
@@ -426,7 +427,7 @@ impl crate::tune::Measure for WorldMeasure {
                 let how = ProgramRun {
                     streams,
                     cuda: overlap
-                        .cuda_options(CudaOptions::default(), r.gpu.sm_count())
+                        .cuda_options(CudaOptions::default(), r.gpu.sm_count(), transport)
                         .map_err(|e| e.to_string())?,
                     graph,
                     trace: false,

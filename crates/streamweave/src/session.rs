@@ -579,6 +579,7 @@ fn backend_of(
                 ..CudaOptions::default()
             },
             gpu.sm_count(),
+            options.gpu.transport,
         )
         .map_err(|e| e.to_string())?;
     let backend = crate::gpu::backend_for(gpu, cuda, comm)

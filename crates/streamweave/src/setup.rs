@@ -274,14 +274,26 @@ impl Overlap {
         }
     }
 
+    /// Whether these knobs can run with `transport`: collectives at high priority need NCCL
+    /// ([`OverlapError::CommPriorityOnCopyEngines`]).
+    pub fn check(&self, transport: Transport) -> Result<(), OverlapError> {
+        if self.comm_priority_high && transport == Transport::CopyEngine {
+            return Err(OverlapError::CommPriorityOnCopyEngines);
+        }
+        Ok(())
+    }
+
     #[cfg(feature = "cuda")]
-    /// The backend options these knobs give on a GPU of `sm_count` SMs (a margin that would
-    /// leave a GEMM no SM is refused).
+    /// The backend options these knobs give with `transport` on a GPU of `sm_count` SMs (a
+    /// margin that would leave a GEMM no SM, and knobs the transport cannot run
+    /// ([`Overlap::check`]), are refused).
     pub fn cuda_options(
         &self,
         base: CudaOptions,
         sm_count: i32,
+        transport: Transport,
     ) -> Result<CudaOptions, OverlapError> {
+        self.check(transport)?;
         let gemm_sm_count = match self.gemm_sm_margin {
             0 => 0,
             m => {
@@ -398,6 +410,15 @@ pub enum OverlapError {
         /// The largest, MiB ([`MAX_CE_SLOT_MIB`]).
         limit: u32,
     },
+    /// [`Overlap::comm_priority_high`] with the copy-engine transport, whose flag waits run
+    /// on streams of the posting stream's lane: more streams would share the device's
+    /// hardware queues with them (a run so configured stalled on 4 × H200).
+    #[error(
+        "collectives at high priority (--comm-priority high) need the NCCL transport: \
+         the copy-engine transport's transfers wait on flags from streams of their own, \
+         which more streams would share hardware queues with"
+    )]
+    CommPriorityOnCopyEngines,
     /// `WEAVE_CE_WINDOWS` does not parse.
     #[error(transparent)]
     Windows(#[from] weave_comm::WindowsError),

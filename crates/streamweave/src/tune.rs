@@ -391,7 +391,9 @@ impl TuneOptions {
         let o = &c.overlap;
         let copy_engine =
             c.transport == Transport::CopyEngine || o.ce_slot_mib > 0 || o.gemm_into_windows;
-        self.scope.admits(c) && (self.copy_engines || !copy_engine)
+        self.scope.admits(c)
+            && (self.copy_engines || !copy_engine)
+            && c.overlap.check(c.transport).is_ok()
     }
 
     /// The tuning of a first repeated run on GPUs (`weave run --iters`, a second
@@ -652,7 +654,7 @@ pub fn tune(
             // each: the last that helped).
             if helped.len() >= 2 {
                 let candidate = helped.iter().fold(base, |c, k| k.apply(c));
-                if !rows.iter().any(|r| r.candidate == candidate) {
+                if options.allows(&candidate) && !rows.iter().any(|r| r.candidate == candidate) {
                     let outcome = measured(measure, exe, &candidate, over_budget(&rows));
                     rows.push(Row { candidate, outcome });
                 }

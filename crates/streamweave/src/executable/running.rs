@@ -239,6 +239,13 @@ impl Executable {
         }
         let ranks = options.target.ranks();
         options.target.check()?;
+        if options.target.is_cuda() {
+            options
+                .gpu
+                .overlap
+                .check(options.gpu.transport)
+                .map_err(|e| RunError::Setup(e.to_string()))?;
+        }
         self.check_ranks(ranks)?;
         if let Target::Cpu { ranks } = options.target {
             // One budget for every rank of this process, reserved before the reference or

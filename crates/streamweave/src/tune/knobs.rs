@@ -64,7 +64,7 @@ impl Knob {
 }
 
 /// The knobs [`tune`] tries on `base`, whose program posts the collectives `comms` (their
-/// type names) on `ranks` ranks: ordered compute and pool priority where a loop has chunks
+/// type names) on `ranks` ranks: ordered compute, pool priority and (on NCCL) collectives at high priority where a loop has chunks
 /// to overlap; the NCCL CTA limit (16: fewer starve the collective, docs/benchmarks.md) and
 /// a GEMM SM margin (16) where NCCL kernels run beside GEMMs; pool sizes 1, 2 and 4 up to
 /// the chunk count; copy-engine transfers and reductions where allgathers, transfers or sum
@@ -77,7 +77,9 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
     if chunked {
         out.push(Knob::OrderedCompute);
         out.push(Knob::PoolPriorityHigh);
-        out.push(Knob::CommPriorityHigh);
+        if base.transport == Transport::Nccl {
+            out.push(Knob::CommPriorityHigh);
+        }
     }
     if ranks > 1 {
         out.push(Knob::NcclMaxCtas(16));

@@ -323,6 +323,13 @@ fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
     assert!(high.overlap.comm_priority_high && !high.overlap.pool_priority_high);
     assert_eq!(high.knobs(), 1);
     assert_eq!(high.overlap.describe(), "collectives at high priority");
+    // ... on NCCL only: a copy-engine base does not try it, and no tuning measures it there
+    // (the run would refuse it).
+    assert!(!knob_variants(&ce, &["Allgather".to_string()], 4).contains(&Knob::CommPriorityHigh));
+    let both = Knob::CommPriorityHigh.apply(ce);
+    assert!(both.overlap.check(both.transport).is_err());
+    let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(60));
+    assert!(options.allows(&high) && !options.allows(&both));
     // One chunk: nothing to order or to prioritize, no other pool; one rank: no NCCL.
     let one = knob_variants(&candidate(1, 2, true), &["Allreduce".to_string()], 2);
     assert_eq!(
