@@ -399,7 +399,8 @@ impl TuneOptions {
     /// The tuning of a first repeated run on GPUs (`weave run --iters`, a second
     /// [`Executable::run`](crate::Executable::run)): S ∈ {1, 2, 4, 8} at K = 2 replayed (what
     /// repeated runs do), then the copy engines at every chunk count (replayed and eager), the
-    /// overlap knobs and the other pool sizes on the best two, within `budget`.
+    /// overlap knobs, the other pool sizes and (chunked) the same run eager on the best two,
+    /// within `budget`.
     pub fn first_run(
         ranks: usize,
         machine: &str,

@@ -24,6 +24,11 @@ pub enum Knob {
     GemmSmMargin(u32),
     /// This stream-pool size.
     Streams(usize),
+    /// The other replay setting: a replayed base issued statement by statement, or an eager
+    /// one replayed. A CUDA graph launches the kernels of parallel branches in an order of
+    /// its own, not in the order they were issued (which `prefetch-communications` sets), and
+    /// which of the two is faster differs with the program and S.
+    FlipReplay,
     /// Copy-engine transfers and reductions ([`Transport::CopyEngine`]).
     CopyEngine,
     /// [`Overlap::nccl_cta_policy`] set to this policy.
@@ -48,6 +53,7 @@ impl Knob {
             Knob::NcclMaxCtas(n) => c.overlap.nccl_max_ctas = Some(n),
             Knob::GemmSmMargin(n) => c.overlap.gemm_sm_margin = n,
             Knob::Streams(k) => c.streams = k,
+            Knob::FlipReplay => c.replay = !c.replay,
             Knob::CopyEngine => c.transport = Transport::CopyEngine,
             Knob::NcclCtaPolicy(p) => c.overlap.nccl_cta_policy = Some(p),
             Knob::NcclWindow(mib, zero) => {
@@ -84,6 +90,9 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
     if ranks > 1 {
         out.push(Knob::NcclMaxCtas(16));
         out.push(Knob::GemmSmMargin(16));
+    }
+    if chunked && ranks > 1 {
+        out.push(Knob::FlipReplay);
     }
     if chunked {
         let s = base.chunks.unwrap_or(1);

@@ -258,6 +258,13 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
         .filter(|c| c.replay && c.chunks == Some(2) && c.knobs() + usize::from(c.streams != 2) == 1)
         .collect();
     assert_eq!(on_base.len(), 9, "{t}");
+    // ... and issued statement by statement (the grid is replayed only).
+    let eager_base = Candidate {
+        replay: false,
+        ..candidate(2, 2, true)
+    };
+    assert!(t.rows.iter().any(|r| r.candidate == eager_base), "{t}");
+    assert_eq!(Knob::FlipReplay.apply(eager_base), candidate(2, 2, true));
     assert!(on_base
         .iter()
         .any(|c| c.overlap.nccl_window_mib == TUNED_NCCL_WINDOW_MIB));
