@@ -70,8 +70,9 @@ impl Knob {
 }
 
 /// The knobs [`tune`] tries on `base`, whose program posts the collectives `comms` (their
-/// type names) on `ranks` ranks: ordered compute, pool priority and (on NCCL) collectives at high priority where a loop has chunks
-/// to overlap; the NCCL CTA limit (16: fewer starve the collective, docs/benchmarks.md) and
+/// type names) on `ranks` ranks: ordered compute, pool priority, (on NCCL) collectives at
+/// high priority and (on several ranks) the other replay setting where a loop has chunks to
+/// overlap; the NCCL CTA limit (16: fewer starve the collective, docs/benchmarks.md) and
 /// a GEMM SM margin (16) where NCCL kernels run beside GEMMs; pool sizes 1, 2 and 4 up to
 /// the chunk count; copy-engine transfers and reductions where allgathers, transfers or sum
 /// reductions move data; on a copy-engine base, slots of [`TUNED_CE_SLOT_MIB`] (a chunk's
