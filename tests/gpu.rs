@@ -880,7 +880,9 @@ fn generated_kernels_match_the_reference_at_odd_shapes_and_chunks() {
 /// timed runs say so, there are as many as asked for, and the eager run checked after the
 /// replays still matches the reference (the capture and its replays leave the backend, its
 /// memory pool and its streams usable). Kernel cases in uneven stream chunks (every loop kept:
-/// the default would launch each kernel of these small chunks once) and a chunked GEMM;
+/// the default would launch each kernel of these small chunks once), a chunked GEMM, and
+/// weight gradients added up across chunks (whose first chunk waits for the previous chunk's
+/// stream, outside the capture);
 /// `replay: false` times eager runs instead.
 #[test]
 fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
@@ -897,6 +899,17 @@ fn repeated_runs_replay_a_captured_graph_and_the_checked_run_stays_right() {
          schedule c { outer_split(0, s) -> Stream }\n}\n"
             .to_string(),
     ));
+    // Weight gradients added up across chunks: the first chunk synchronizes with the pool
+    // stream of the previous one, which has not joined the capture yet (nothing of the run
+    // to wait for; waiting on it would invalidate the capture).
+    let grads = std::fs::read_to_string(common::fixture("mlp_backward_weight_grads"))
+        .expect("the fixture reads")
+        .replace("d = 2, s = 2)", "d = 1, s = 2)");
+    assert!(
+        grads.contains("d = 1, s = 2)"),
+        "the fixture's parameters moved"
+    );
+    cases.push(("mlp_backward_weight_grads".to_string(), grads));
     for (name, source) in &cases {
         let exe = Compiler::new()
             .pipeline(Pipeline::standard().without("merge-kernel-chunks"))

@@ -101,7 +101,8 @@ impl Default for CudaOptions {
 }
 
 /// An event placed by the evaluator; `None` when recording failed (the failure is reported at
-/// the next host wait).
+/// the next host wait), or when there is nothing to wait for (a stream outside the capture of
+/// [`CudaBackend::set_capturing`]).
 pub type GpuEvent = Option<Arc<CudaEvent>>;
 
 struct PendingSpan {
@@ -134,6 +135,8 @@ pub struct CudaBackend {
     last_compute: Mutex<Option<(usize, Arc<CudaEvent>)>>,
     /// Events for [`Backend::record_event`], reused once nothing else holds them.
     events: Mutex<Vec<Arc<CudaEvent>>>,
+    /// Whether a run is being captured as a CUDA graph ([`CudaBackend::set_capturing`]).
+    capturing: std::sync::atomic::AtomicBool,
 }
 
 /// The most events a backend keeps for reuse.
@@ -150,6 +153,7 @@ impl CudaBackend {
             options,
             streams: Mutex::new(BTreeMap::new()),
             comm_streams: Mutex::new(BTreeMap::new()),
+            capturing: std::sync::atomic::AtomicBool::new(false),
             error: Mutex::new(None),
             check: Mutex::new(None),
             kernels: launch::Kernels::none(),
@@ -171,6 +175,17 @@ impl CudaBackend {
     /// Sets the check that host waits poll (the communicator's asynchronous error).
     pub fn set_error_check(&self, check: ErrorCheck) {
         *self.check.lock().unwrap() = Some(check);
+    }
+
+    /// Says that a run is (or no longer is) being captured as a CUDA graph, which starts
+    /// with every stream idle: while it is, [`Backend::record_event`] on a stream that has
+    /// not joined the capture gives no event, since that stream holds no work of the run and
+    /// a captured stream must not wait on an event recorded outside the capture (a
+    /// `Synchronize` of the pool stream of the previous chunk, in the first chunk of a loop
+    /// that adds up across chunks, would invalidate the capture).
+    pub fn set_capturing(&self, capturing: bool) {
+        self.capturing
+            .store(capturing, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Forgets the last compute operation of [`CudaOptions::ordered_compute`], so the next
@@ -448,6 +463,17 @@ impl Backend for CudaBackend {
     }
 
     fn record_event(&self, stream: &GpuStream) -> GpuEvent {
+        if self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
+            match stream.is_capturing() {
+                // Not in the capture: no work of this run to wait for.
+                Ok(false) => return None,
+                Ok(true) => {}
+                Err(e) => {
+                    self.fail(e.into());
+                    return None;
+                }
+            }
+        }
         match self
             .pooled_event()
             .and_then(|e| stream.record(&e).map(|()| e))

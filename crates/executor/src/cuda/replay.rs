@@ -64,7 +64,9 @@ impl Replay {
         // Events recorded before the capture cannot be waited for inside it, nor events
         // recorded inside it outside the graph.
         backend.reset_compute_order();
+        backend.set_capturing(true);
         let captured = main.capture(|| once().map_err(CaptureError::Run));
+        backend.set_capturing(false);
         backend.reset_compute_order();
         match captured {
             Ok(((), graph)) => Ok(Replay { graph, main }),
