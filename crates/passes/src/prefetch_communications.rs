@@ -20,13 +20,17 @@
 //! * **Output**: every top-level stream loop `FOR i in [0, S)` (`S` not the constant 1) whose
 //!   body is a *head* and a *rest* is rewritten. The body must start with the fork of
 //!   `assign-streams` (`SetCurrentStream(Stream (i % numberOfStreams))`, then `Synchronize`s),
-//!   followed by the head: `ShardByStream` views, and communications each followed in the head
-//!   by its `Wait`, at least one. A later communication of the body that could stand in the
+//!   followed by the head: `ShardByStream` views, kernel launches of data the loop does not
+//!   write (into views, cut in the head, of buffers no other statement of the loop writes and
+//!   the program touches only through views cut the same way: the permute before a 2-D
+//!   mesh's gather; `head_kernel`), and communications each followed in the head by its
+//!   `Wait`, at least one. A later communication of the body that could stand in the
 //!   head (the conditions below), whose `Wait` is in the body and between whose head's end
 //!   and `Wait` nothing touches the buffer it writes, first moves up to the head's end with
 //!   its views and its `Wait` (the MLP block's backward gathers the output's gradient after
 //!   its first GEMM). A communication of the head must read a tensor that no
-//!   statement of the loop writes (a view of it, or the tensor itself), and write a view `V`,
+//!   statement of the loop writes (a view of it, or the tensor itself), or a buffer a kernel
+//!   of the head writes, and write a view `V`,
 //!   cut in the head, of a buffer `B` that is no program input or output, that the loop
 //!   touches only through views cut exactly like `V`, and that nothing outside the loop reads
 //!   or writes (its `Allocate` and `Deallocate` aside). The loop becomes
@@ -35,13 +39,14 @@
 //!   FOR j in [0, S + 1):
 //!     FOR a in [j, min(j + 1, S)):             # post chunk a's communications
 //!       SetCurrentStream(Stream (a % numberOfStreams)); Synchronize(...)
-//!       <the head's views, cut for chunk a>; <its communications and waits>
+//!       <the head, cut for chunk a: views, kernels, communications, waits>
 //!     FOR i in [max(j - 1, 0), j):              # compute chunk i = j - 1
 //!       SetCurrentStream(Stream (i % numberOfStreams)); Synchronize(...)
 //!       <the head's views the rest uses>; <the rest>
 //!   ```
 //!
-//!   and each such `B` held in `numberOfStreams` slots (`allocate-and-deallocate`) holds
+//!   and each such `B` (and each buffer a kernel of the head writes) held in `numberOfStreams`
+//!   slots (`allocate-and-deallocate`) holds
 //!   `max(numberOfStreams, 2)`: `min(S, max(numberOfStreams, 2))` slots, chunk `i` in slot
 //!   `i % max(numberOfStreams, 2)`.
 //! * **Why it is safe**: a prefetched communication of chunk `i + 1` runs on chunk `i + 1`'s
@@ -177,10 +182,21 @@ impl Plan {
         let order = hoisted(p, &bases, lp, body, forked, &inside);
         let body = &order;
 
-        // The head: views, communications and their waits.
+        // The head: views, kernels of loop-invariant data, communications and their waits.
         let mut head = Vec::new();
         let mut open: Vec<StmtId> = Vec::new();
+        let mut kernel_buffers: Vec<HostTensorId> = Vec::new();
         for &s in &body[forked..] {
+            if matches!(p.stmts[s], Stmt::LaunchKernel { .. }) {
+                match head_kernel(p, &bases, lp, &inside, &head, s) {
+                    Some(buffers) => {
+                        kernel_buffers.extend(buffers);
+                        head.push(s);
+                        continue;
+                    }
+                    None => break,
+                }
+            }
             match &p.stmts[s] {
                 Stmt::ShardByStream { .. } | Stmt::Communication(_) => {
                     if matches!(p.stmts[s], Stmt::Communication(_)) {
@@ -200,6 +216,12 @@ impl Plan {
             .iter()
             .rposition(|&s| matches!(p.stmts[s], Stmt::Wait { .. }))?;
         head.truncate(last_wait + 1);
+        kernel_buffers.retain(|&b| {
+            head.iter().any(|&s| {
+                matches!(&p.stmts[s], Stmt::LaunchKernel { outputs, .. }
+                    if outputs.iter().any(|&o| bases.root(o) == b))
+            })
+        });
         if open.iter().any(|c| head.contains(c)) {
             return None;
         }
@@ -255,8 +277,12 @@ impl Plan {
                 continue;
             };
             // The input: loop-invariant data.
+            // (or what a kernel of the head computed from such data).
             let source = bases.root(view_of(c.input).map_or(c.input, |(_, base)| base));
-            if writes_in_loop(source) || (!defined_in_head(c.input) && defined_in_loop(c.input)) {
+            let from_kernel = kernel_buffers.contains(&source);
+            if (writes_in_loop(source) && !from_kernel)
+                || (!defined_in_head(c.input) && defined_in_loop(c.input))
+            {
                 return None;
             }
             // The output: a view, cut in the head, of a buffer only this loop uses, through
@@ -272,6 +298,12 @@ impl Plan {
         }
         if outputs.is_empty() {
             return None;
+        }
+        // The buffers the head's kernels write take slots too.
+        for b in kernel_buffers {
+            if !outputs.contains(&b) {
+                outputs.push(b);
+            }
         }
         Some(Plan {
             lp,
@@ -384,6 +416,24 @@ impl Plan {
                     p.stmts[s] = Stmt::Communication(c);
                     post.push(s);
                 }
+                Stmt::LaunchKernel {
+                    kernel,
+                    inputs,
+                    outputs,
+                } => {
+                    let rename = |t: HostTensorId| {
+                        renamed
+                            .iter()
+                            .find(|(old, _)| *old == t)
+                            .map_or(t, |&(_, new)| new)
+                    };
+                    p.stmts[s] = Stmt::LaunchKernel {
+                        kernel,
+                        inputs: inputs.into_iter().map(rename).collect(),
+                        outputs: outputs.into_iter().map(rename).collect(),
+                    };
+                    post.push(s);
+                }
                 Stmt::Wait { .. } => post.push(s),
                 _ => {}
             }
@@ -460,6 +510,8 @@ fn hoisted(
         match p.stmts[s] {
             Stmt::Wait { .. } => end = k + 1,
             Stmt::ShardByStream { .. } | Stmt::Communication(_) => {}
+            Stmt::LaunchKernel { .. }
+                if head_kernel(p, bases, lp, inside, &order[forked..k], s).is_some() => {}
             _ => break,
         }
     }
@@ -532,6 +584,62 @@ fn hoisted(
         k = end;
     }
     order
+}
+
+/// Whether kernel launch `s`, met in the head of loop `lp` after `before` (the head's
+/// statements so far), can be posted ahead with it, and if so the buffers it writes: it reads
+/// only data the loop does not write (tensors from before the loop, or views of them cut in
+/// `before`), and writes only views cut in `before` of buffers that are no program input or
+/// output, that no other statement of the loop writes, and that the program touches only
+/// through views cut the same way (the permute of a 2-D mesh's gather).
+fn head_kernel(
+    p: &HostProgram,
+    bases: &Bases,
+    lp: StmtId,
+    inside: &[StmtId],
+    before: &[StmtId],
+    s: StmtId,
+) -> Option<Vec<HostTensorId>> {
+    let Stmt::LaunchKernel {
+        inputs, outputs, ..
+    } = &p.stmts[s]
+    else {
+        return None;
+    };
+    let cut_before = |t: HostTensorId| {
+        before.iter().find_map(|&x| match &p.stmts[x] {
+            Stmt::ShardByStream { input, output, .. } if *output == t => Some((x, *input)),
+            _ => None,
+        })
+    };
+    let defined_in_loop = |t: HostTensorId| {
+        inside
+            .iter()
+            .any(|&x| matches!(&p.stmts[x], Stmt::ShardByStream { output, .. } if *output == t))
+    };
+    for &t in inputs {
+        let root = bases.root(t);
+        if inside.iter().any(|&x| s_writes(p, bases, x, root))
+            || (cut_before(t).is_none() && defined_in_loop(t))
+        {
+            return None;
+        }
+    }
+    let mut buffers = Vec::new();
+    for &t in outputs {
+        let (cut, buffer) = cut_before(t)?;
+        if p.inputs.contains(&buffer)
+            || p.outputs.contains(&buffer)
+            || !buffer_used_only_through(p, lp, buffer, cut)
+            || inside
+                .iter()
+                .any(|&x| x != s && s_writes(p, bases, x, buffer))
+        {
+            return None;
+        }
+        buffers.push(buffer);
+    }
+    Some(buffers)
 }
 
 /// Every statement of `scope`, loops' bodies included.
