@@ -248,21 +248,9 @@ impl Plan {
         }
 
         let writes_in_loop = |t: HostTensorId| inside.iter().any(|&s| s_writes(p, &bases, s, t));
-        let defined_in_head = |t: HostTensorId| {
-            head.iter()
-                .any(|&s| matches!(p.stmts[s], Stmt::ShardByStream { output, .. } if output == t))
-        };
-        let view_of = |t: HostTensorId| {
-            head.iter().find_map(|&s| match &p.stmts[s] {
-                Stmt::ShardByStream { input, output, .. } if *output == t => Some((s, *input)),
-                _ => None,
-            })
-        };
-        let defined_in_loop = |t: HostTensorId| {
-            inside
-                .iter()
-                .any(|&s| matches!(&p.stmts[s], Stmt::ShardByStream { output, .. } if *output == t))
-        };
+        let defined_in_head = |t: HostTensorId| cut_in(p, &head, t).is_some();
+        let view_of = |t: HostTensorId| cut_in(p, &head, t);
+        let defined_in_loop = |t: HostTensorId| cut_in(p, &inside, t).is_some();
         // Every view of the head cuts a tensor defined before the loop.
         for &s in &head {
             if let Stmt::ShardByStream { input, .. } = &p.stmts[s] {
@@ -546,11 +534,7 @@ fn hoisted(
                 continue;
             }
         };
-        let defined_in_loop = |t: HostTensorId| {
-            inside
-                .iter()
-                .any(|&x| matches!(&p.stmts[x], Stmt::ShardByStream { output, .. } if *output == t))
-        };
+        let defined_in_loop = |t: HostTensorId| cut_in(p, inside, t).is_some();
         let source_root = bases.root(source);
         let invariant = !defined_in_loop(source)
             && !inside.iter().any(|&x| s_writes(p, bases, x, source_root))
@@ -606,17 +590,8 @@ fn head_kernel(
     else {
         return None;
     };
-    let cut_before = |t: HostTensorId| {
-        before.iter().find_map(|&x| match &p.stmts[x] {
-            Stmt::ShardByStream { input, output, .. } if *output == t => Some((x, *input)),
-            _ => None,
-        })
-    };
-    let defined_in_loop = |t: HostTensorId| {
-        inside
-            .iter()
-            .any(|&x| matches!(&p.stmts[x], Stmt::ShardByStream { output, .. } if *output == t))
-    };
+    let cut_before = |t: HostTensorId| cut_in(p, before, t);
+    let defined_in_loop = |t: HostTensorId| cut_in(p, inside, t).is_some();
     for &t in inputs {
         let root = bases.root(t);
         if inside.iter().any(|&x| s_writes(p, bases, x, root))
@@ -640,6 +615,14 @@ fn head_kernel(
         buffers.push(buffer);
     }
     Some(buffers)
+}
+
+/// The view among `stmts` that cuts `t`, and the tensor it cuts `t` from.
+fn cut_in(p: &HostProgram, stmts: &[StmtId], t: HostTensorId) -> Option<(StmtId, HostTensorId)> {
+    stmts.iter().find_map(|&x| match &p.stmts[x] {
+        Stmt::ShardByStream { input, output, .. } if *output == t => Some((x, *input)),
+        _ => None,
+    })
 }
 
 /// Every statement of `scope`, loops' bodies included.
