@@ -104,7 +104,6 @@ mod world;
 
 pub use executable::{Chunks, Compiler, Error, Executable};
 pub use half;
-#[cfg(feature = "cuda")]
 pub use run::OverlapError;
 pub use run::{
     CpuRunOptions, GpuRunOptions, NcclCtaPolicy, Overlap, RunOptions, RunReport, Target, Timeouts,

@@ -13,7 +13,6 @@ use weave_host_ir::HostProgram;
 use crate::tensor::Outputs;
 use crate::threads::run_rank_threads;
 
-#[cfg(feature = "cuda")]
 pub use crate::setup::OverlapError;
 pub use crate::setup::{
     CpuRunOptions, GpuRunOptions, NcclCtaPolicy, Overlap, RunError, RunOptions, Target, Timeouts,

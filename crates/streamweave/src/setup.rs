@@ -374,7 +374,6 @@ impl Overlap {
 
 /// Why overlap knobs ([`Overlap`]) do not fit a GPU, NCCL or the copy-engine windows
 /// ([`Overlap::cuda_options`], [`Overlap::nccl_options`], [`Overlap::ce_windows`]).
-#[cfg(feature = "cuda")]
 #[derive(Debug, thiserror::Error)]
 pub enum OverlapError {
     /// [`Overlap::gemm_sm_margin`] leaves a GEMM no SM.
@@ -420,6 +419,7 @@ pub enum OverlapError {
     )]
     CommPriorityOnCopyEngines,
     /// `WEAVE_CE_WINDOWS` does not parse.
+    #[cfg(feature = "cuda")]
     #[error(transparent)]
     Windows(#[from] weave_comm::WindowsError),
 }
