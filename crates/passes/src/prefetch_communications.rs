@@ -392,12 +392,7 @@ impl Plan {
                     post.push(p.stmts.insert(view));
                 }
                 Stmt::Communication(mut c) => {
-                    let rename = |t: HostTensorId| {
-                        renamed
-                            .iter()
-                            .find(|(old, _)| *old == t)
-                            .map_or(t, |&(_, new)| new)
-                    };
+                    let rename = |t: HostTensorId| renamed_to(&renamed, t);
                     c.input = rename(c.input);
                     c.output = rename(c.output);
                     c.root = c.root.map(|r| subst(p, r, self.index, a));
@@ -409,12 +404,7 @@ impl Plan {
                     inputs,
                     outputs,
                 } => {
-                    let rename = |t: HostTensorId| {
-                        renamed
-                            .iter()
-                            .find(|(old, _)| *old == t)
-                            .map_or(t, |&(_, new)| new)
-                    };
+                    let rename = |t: HostTensorId| renamed_to(&renamed, t);
                     p.stmts[s] = Stmt::LaunchKernel {
                         kernel,
                         inputs: inputs.into_iter().map(rename).collect(),
@@ -615,6 +605,14 @@ fn head_kernel(
         buffers.push(buffer);
     }
     Some(buffers)
+}
+
+/// `t`, or the fresh tensor it was renamed to in `renamed`.
+fn renamed_to(renamed: &[(HostTensorId, HostTensorId)], t: HostTensorId) -> HostTensorId {
+    renamed
+        .iter()
+        .find(|(old, _)| *old == t)
+        .map_or(t, |&(_, new)| new)
 }
 
 /// The view among `stmts` that cuts `t`, and the tensor it cuts `t` from.
