@@ -804,10 +804,15 @@ fn logical_matmul_ar_and_rs_reduce_per_chunk() {
 }
 
 /// §10 #42 RSMatmul (reconstructed): the partial product is computed chunk by chunk inside
-/// the stream loop (over the D blocks of rows), and the Stream -> DID sum is one
-/// ReduceScatter after the loop; the broadcast of `b` is a kernel before the loop.
+/// the stream loop (over the D blocks of rows), and the Stream -> DID sum travels in the same
+/// loop, as nvFuser's ReduceScatterP2p: iteration i computes chunk (rank + 1 + i) % D (the
+/// rank's own block last), sends it to its device and receives this rank's partial of the
+/// block into a slot, which one kernel adds into the output zeroed before the loop. With
+/// `lower-to-host{allgather=broadcast}` it is nvFuser's ReduceScatterReduceBased: a Reduce
+/// rooted at device i in iteration i. The broadcast of `b` is a kernel before the loop.
 #[test]
-fn rs_matmul_multiplies_per_chunk_and_reduce_scatters_once() {
+fn rs_matmul_multiplies_and_reduces_per_chunk() {
+    use streamweave::passes::{LowerToHost, StreamAllgather};
     for d in 1..=4 {
         let p = lower_with("rs_matmul", &[("d", d)]);
         if d == 1 {
@@ -817,39 +822,60 @@ fn rs_matmul_multiplies_per_chunk_and_reduce_scatters_once() {
             continue;
         }
         let t = top(&p);
-        assert_eq!(
-            &t[..5],
-            [
-                "Allocate",
-                "LaunchKernel",
-                "Allocate",
-                "GetCurrentStream",
-                "ForLoop"
-            ],
-            "d={d}"
-        );
+        assert_eq!(&t[..2], ["Allocate", "LaunchKernel"], "d={d}");
         let loops = compute_loops(&p);
         assert_eq!(loops.len(), 1, "d={d}");
         let body = kinds(&p, &loops[0]);
         assert_eq!(
-            only(&body, &["Matmul", "Communication"]),
-            ["Matmul"],
+            only(
+                &body,
+                &[
+                    "Matmul",
+                    "P2PCommunication",
+                    "Communication",
+                    "LaunchKernel"
+                ]
+            ),
+            [
+                "Matmul",
+                "P2PCommunication",
+                "P2PCommunication",
+                "LaunchKernel"
+            ],
             "d={d}"
         );
         let after = t.iter().rposition(|k| *k == "ForLoop").unwrap();
-        assert_eq!(
-            only(&t[after..], &["Communication", "Wait"]),
-            ["Communication", "Wait"],
+        assert!(
+            only(&t[after..], &["Communication", "Wait"]).is_empty(),
             "d={d}: {t:?}"
         );
+        assert_eq!(communications(&p), vec![], "d={d}");
+        let text = host_ir::print(&p);
+        assert!(text.contains(&format!("FOR i0 from 0 to {d}:")), "{text}");
+        assert!(
+            text.contains(&format!("stream_index=( ( ( rank + 1 ) + i0 ) % {d} ))")),
+            "{text}"
+        );
+
+        let mut pipeline = Pipeline::standard().without(PREFETCH);
+        assert!(pipeline.replace(
+            "lower-to-host",
+            LowerToHost::new(StreamAllgather::Broadcast)
+        ));
+        let f = streamweave::load_file(&fixture("rs_matmul"), &[("d".to_string(), d)]).unwrap();
+        let p = streamweave::Compiler::new()
+            .pipeline(pipeline)
+            .lower(f)
+            .unwrap();
         let team: Vec<i64> = (0..d).collect();
         assert_eq!(
             communications(&p),
-            vec![(CommunicationType::ReduceScatter, vec![team])],
+            vec![(CommunicationType::Reduce, vec![team])],
             "d={d}"
         );
         let text = host_ir::print(&p);
-        assert!(text.contains(&format!("FOR i0 from 0 to {d}:")), "{text}");
+        assert!(text.contains("root=i0,"), "{text}");
+        assert!(!text.contains("rank"), "{text}");
     }
 }
 

@@ -140,8 +140,10 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
     // or 4 is refused at load wherever d does not divide it: 6 configurations each); 780 and
     // 124 with vocab_parallel_embedding (its 24 rows split on 1 to 4 devices: all 24 pass).
     // 828 and 124 with moe_experts_local_streams and tp_attention_head_streams
-    // (each device's experts or heads in stream chunks: all 48 pass).
+    // (each device's experts or heads in stream chunks: all 48 pass). 832 and 128 with
+    // matmul_rs_ring and sequence_parallel_mlp_ring (one stream chunk per device: t = 10 is
+    // refused on 3 and 4 devices, as for the other token splits).
     // Refusals may only turn into passes.
-    assert!(passed >= 780, "only {passed} configurations passed");
-    assert!(refused <= 124, "{refused} configurations were refused");
+    assert!(passed >= 832, "only {passed} configurations passed");
+    assert!(refused <= 128, "{refused} configurations were refused");
 }

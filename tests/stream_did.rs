@@ -310,3 +310,173 @@ fn implicit_did_to_stream_with_unrelated_factors_gathers_first() {
         assert_matches_reference(source, &[("d", d), ("s", s)], d as usize);
     }
 }
+
+/// Compiles `name` with `pipeline` and runs it on 1–4 ranks and 1–3 pool streams with the race
+/// checker, against the f64 reference.
+fn assert_runs(name: &str, pipeline: &streamweave::passes::Pipeline) {
+    use streamweave::{Compiler, RunOptions, Target};
+    let source = std::fs::read_to_string(fixture(name)).unwrap();
+    for ranks in 1..=4usize {
+        let ov = vec![
+            ("d".to_string(), ranks as i64),
+            ("t".to_string(), 12 * ranks as i64),
+            ("h".to_string(), 12),
+        ];
+        let fusion = streamweave::load(name, &source, &ov).unwrap_or_else(|e| panic!("{e}"));
+        let compiled = Compiler::new()
+            .pipeline(pipeline.clone())
+            .compile(&fusion)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for streams in 1..=3 {
+            let options = RunOptions {
+                target: Target::Cpu { ranks },
+                check: true,
+                streams,
+                check_races: true,
+                timeouts: streamweave::Timeouts::all(std::time::Duration::from_secs(20)),
+                ..RunOptions::default()
+            };
+            let globals = compiled.random_inputs(3 + ranks as u64).unwrap();
+            let report = compiled
+                .run_dense(&globals, &options)
+                .unwrap_or_else(|e| panic!("{name}, {ranks} ranks, {streams} streams: {e}"));
+            assert!(!report.checks.is_empty(), "{name}: no output was checked");
+            assert!(
+                report.passed(),
+                "{name}, {ranks} ranks, {streams} streams: {:?}",
+                report.checks
+            );
+        }
+    }
+}
+
+/// The P2P statements of the (only) stream loop, as (direction, peer as printed).
+fn p2p_peers(p: &HostProgram) -> Vec<String> {
+    let text = host_ir::print(p);
+    text.lines()
+        .filter(|l| l.contains("P2PCommunication"))
+        .map(|l| {
+            let kind = if l.contains("type=recv") {
+                "recv"
+            } else {
+                "send"
+            };
+            let peer = l.split("peer=").nth(1).unwrap_or("");
+            let peer = peer.rsplit_once(", backend").map_or(peer, |(p, _)| p);
+            format!("{kind} {peer}")
+        })
+        .collect()
+}
+
+/// The MLP block with one stream chunk per device: the P2P ring of the allgather also carries
+/// the partial sums back (iteration i sends chunk (rank + i) % d's partial to its device and
+/// receives this rank's from device (rank - i) % d), each added in place into the output
+/// zeroed before the loop. No collective is left: no Allreduce per chunk, no Scatter after.
+#[test]
+fn the_mlp_block_with_a_chunk_per_device_reduces_on_the_allgathers_ring() {
+    for d in [2, 3, 4] {
+        let p = lower("sequence_parallel_mlp_ring", &[("d", d), ("t", 12 * d)]);
+        assert_eq!(communications(&p), [], "d = {d}");
+        let text = host_ir::print(&p);
+        let view = "( ( rank + i0 ) % {d} )".replace("{d}", &d.to_string());
+        let from = format!("( ( ( {d} + ( rank + rank ) ) - {view} ) % {d} )");
+        assert_eq!(
+            p2p_peers(&p),
+            [
+                format!("recv {view}"),
+                format!("send ( ( ( {d} + rank ) - i0 ) % {d} )"),
+                format!("recv {from}"),
+                format!("send {view}"),
+            ],
+            "d = {d}:\n{text}"
+        );
+        assert_eq!(count(&p, "EndCoalescing"), 2, "{text}");
+        assert!(text.contains(&format!("FOR i0 from 0 to {d}:")), "{text}");
+        // The output, zeroed before the loop, is both an input and the output of the last
+        // kernel of the loop.
+        let last_kernel = text
+            .lines()
+            .filter(|l| l.contains("LaunchKernel"))
+            .last()
+            .unwrap()
+            .to_string();
+        let out_name = text
+            .lines()
+            .next()
+            .and_then(|l| l.split("-> (").nth(1))
+            .and_then(|l| l.split('_').next())
+            .unwrap()
+            .to_string();
+        assert!(
+            last_kernel.ends_with(&format!(", {out_name}), outputs=({out_name}))")),
+            "{last_kernel}"
+        );
+        assert!(
+            text.contains(&format!(
+                "{out_name} = ALLOCATE(mem_type=global, zero_init=true)"
+            )),
+            "{text}"
+        );
+    }
+    assert_runs(
+        "sequence_parallel_mlp_ring",
+        &streamweave::passes::Pipeline::standard(),
+    );
+}
+
+/// `lower-to-host{allgather=broadcast}` posts collectives instead of both rings: per
+/// iteration i one Broadcast rooted at device i and one Reduce rooted at device i, which
+/// writes the block of device i only.
+#[test]
+fn the_mlp_block_with_a_chunk_per_device_broadcasts_and_reduces_per_chunk() {
+    use streamweave::passes::{LowerToHost, Pipeline, StreamAllgather};
+    let mut pipeline = Pipeline::standard();
+    assert!(pipeline.replace(
+        "lower-to-host",
+        LowerToHost::new(StreamAllgather::Broadcast)
+    ));
+    let source = std::fs::read_to_string(fixture("sequence_parallel_mlp_ring")).unwrap();
+    let f = streamweave::load("ring.weave", &source, &[]).unwrap();
+    let p = streamweave::Compiler::new()
+        .pipeline(pipeline.clone().without("prefetch-communications"))
+        .lower(f)
+        .unwrap();
+    assert_eq!(
+        communications(&p),
+        [
+            (CommunicationType::Broadcast, 1),
+            (CommunicationType::Reduce, 1)
+        ]
+    );
+    let text = host_ir::print(&p);
+    assert!(text.contains("type=Reduce, team=(0 1), root=i0,"), "{text}");
+    assert_eq!(count(&p, "P2PCommunication"), 0);
+    assert_runs("sequence_parallel_mlp_ring", &pipeline);
+}
+
+/// A matmul whose partial sums leave in one stream chunk per device, with no allgather in its
+/// loop: a ring of its own that computes the rank's own chunk last (iteration i holds chunk
+/// (rank + 1 + i) % d, whose partial goes to that device while this rank's partial from device
+/// (rank - 1 - i) % d arrives).
+#[test]
+fn a_matmul_reduce_scattered_by_its_chunks_is_a_ring_that_ends_with_the_own_chunk() {
+    for d in [2, 3, 4] {
+        let p = lower("matmul_rs_ring", &[("d", d), ("t", 12 * d), ("h", 12)]);
+        assert_eq!(communications(&p), [], "d = {d}");
+        let text = host_ir::print(&p);
+        let view = format!("( ( ( rank + 1 ) + i0 ) % {d} )");
+        assert_eq!(
+            p2p_peers(&p),
+            [
+                format!("recv ( ( ( {d} + ( rank + rank ) ) - {view} ) % {d} )"),
+                format!("send {view}"),
+            ],
+            "d = {d}:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("axis=0, chunks={d}, stream_index={view})")),
+            "{text}"
+        );
+    }
+    assert_runs("matmul_rs_ring", &streamweave::passes::Pipeline::standard());
+}

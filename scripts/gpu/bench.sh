@@ -7,7 +7,9 @@
 #
 # Environment (each chooses the rows or runs of every side):
 #   RANKS (default 2,4)   world sizes;   HS (default 4096,8192)   hidden sizes;   T (8192) tokens
-#   PATTERNS (default row-parallel,column-parallel,matmul+rs,p2p-ring,sp-mlp)
+#   PATTERNS (default row-parallel,column-parallel,matmul+rs,p2p-ring,sp-mlp,matmul+rs-ring,
+#            sp-mlp-ring; the -ring ones are default runs only: the layer written with one
+#            stream chunk per device, compared with its base pattern's figures)
 #   DEFAULT=0             skip the default runs
 #   DEFAULT_TIMEOUT (300) seconds per default run; DEFAULT_WARMUP (5), DEFAULT_ITERS (20)
 #   DEFAULT_CALIBRATION   WEAVE_CALIBRATION of the default runs (default: a fresh, missing
@@ -24,7 +26,10 @@ mkdir -p "$OUT_DIR" || exit 2
 RANKS="${RANKS:-2,4}"
 HS="${HS:-4096,8192}"
 T="${T:-8192}"
-PATTERNS="${PATTERNS:-row-parallel,column-parallel,matmul+rs,p2p-ring,sp-mlp}"
+PATTERNS="${PATTERNS:-row-parallel,column-parallel,matmul+rs,p2p-ring,sp-mlp,matmul+rs-ring,sp-mlp-ring}"
+# gpu_overlap measures the base patterns (a -ring pattern's base is the same layer).
+OVERLAP_PATTERNS="$(echo "${PATTERNS//,/ }" | tr ' ' '\n' | sed 's/-ring$//;s/^p2p$/p2p-ring/' \
+  | awk 'NF && !seen[$0]++' | paste -sd, -)"
 DEFAULT="${DEFAULT:-1}"
 DEFAULT_TIMEOUT="${DEFAULT_TIMEOUT:-300}"
 DEFAULT_WARMUP="${DEFAULT_WARMUP:-5}"
@@ -41,7 +46,7 @@ rm -f "$OUT_DIR/ours.jsonl" "$OUT_DIR/torch.jsonl" "$OUT_DIR/default.jsonl" \
   "$OUT_DIR/details.tar.gz"
 
 echo "== streamweave ($(date -u +%FT%TZ))"
-timeout -k 10 1800 bin/gpu_overlap --ranks "$RANKS" --h "$HS" --t "$T" --patterns "$PATTERNS" \
+timeout -k 10 1800 bin/gpu_overlap --ranks "$RANKS" --h "$HS" --t "$T" --patterns "$OVERLAP_PATTERNS" \
   --out "$OUT_DIR" "$@" > "$OUT_DIR/ours.log" 2>&1
 echo "gpu_overlap exit: $?"
 grep -E "ERROR|error" "$OUT_DIR/ours.log" | head -20
@@ -55,12 +60,14 @@ fixture_of() {
     matmul+rs) echo matmul_rs ;;
     p2p-ring) echo column_parallel_p2p ;;
     sp-mlp) echo sequence_parallel_mlp_block ;;
+    matmul+rs-ring) echo matmul_rs_ring ;;
+    sp-mlp-ring) echo sequence_parallel_mlp_ring ;;
     *) return 1 ;;
   esac
 }
 extra_sets() {
   case "$1" in
-    sp-mlp) echo "--set f=$((4 * $2))" ;;
+    sp-mlp|sp-mlp-ring) echo "--set f=$((4 * $2))" ;;
   esac
 }
 

@@ -62,7 +62,9 @@ pub enum RootKind {
         device: i64,
     },
     /// The index of the host stream loop the communication runs in, as an index into the
-    /// team: iteration `i` broadcasts the shard of the team's `i`-th member (DID → Stream).
+    /// team: iteration `i` broadcasts the shard of the team's `i`-th member (DID → Stream),
+    /// or reduces its chunk onto that member (a device sum whose stream chunks are the
+    /// output's device blocks, Stream → DID).
     StreamIndex,
 }
 
@@ -267,9 +269,28 @@ fn derive(f: &Fusion, expr: ExprId) -> Result<CommunicationInfo, Diagnostic> {
                 p_reduced,
                 per_receiver(&pm, &cm),
             )),
-            Some(_) => {
+            Some(cd) => {
                 need_same_mesh("ReduceScatter")
                     .map_err(|d| Diagnostic::new(format!("{}: insert a set before or after the reduction to reshard to another device mesh", d.message)))?;
+                // Stream → DID: the producer's stream chunks are the consumer's device blocks
+                // (one chunk per device, cut alike), so iteration i reduces its chunk onto
+                // device i.
+                let p_axis = c_root.and_then(c2p);
+                let stream_chunks_are_blocks = parallel_axis(f, p_loop, ParallelType::Stream)
+                    .is_some_and(|ps| {
+                        p_axis.is_some()
+                            && ancestor(f, ps, &f.tensor(p).logical) == p_axis
+                            && same_index(f, p, ps, c, cd)
+                    });
+                if stream_chunks_are_blocks {
+                    return Ok(info(
+                        CommunicationType::Reduce,
+                        Some(pt),
+                        p_axis,
+                        c_root,
+                        slices(&pm, pt, Some(RootKind::StreamIndex)),
+                    ));
+                }
                 Ok(info(
                     CommunicationType::ReduceScatter,
                     Some(pt),

@@ -42,6 +42,14 @@
 //!    device looks up the ids that fall in its block of rows, `base` the block's first row as
 //!    a size over `rank`; other ids give zero rows) and `y = sum(y_partial)` (Allreduce), as
 //!    Megatron's vocabulary-parallel embedding does.
+//! 2b. **A reduction scattered by its stream chunks.** `p = sum(p_partial)` over a device
+//!    axis, stream-split on an axis in as many chunks as devices, whose only reader is
+//!    `out = set(p)` split over those devices on the same axis and cut alike (the
+//!    sequence-parallel MLP block written with one stream chunk per device: `schedule p {
+//!    outer_split(0, d) -> Stream }`, `schedule out { outer_split(0, d) -> DIDx }`), becomes
+//!    `out = sum(p_partial)`: a Reduce rooted at each iteration's device, which lowering
+//!    posts per iteration, or as the P2P ring of the loop's allgather. Without it, every
+//!    chunk would be allreduced into a replicated copy that a Scatter then cuts.
 //! 3. **Resharding sets.** A remaining resharding expr that is not a communication gets, for
 //!    each operand sharded differently from its output, `x_resharded = set(x)` inserted right
 //!    before it, on the output's mesh and sharded like the output (device and stream types,
@@ -97,7 +105,10 @@ mod rfactor;
 mod sets;
 
 use receivers::route_through_the_senders;
-use rfactor::{mark_device_reduced_axes, rfactor_device_reduction, split_device_reduced_bias};
+use rfactor::{
+    fold_reduction_into_stream_scatter, mark_device_reduced_axes, rfactor_device_reduction,
+    split_device_reduced_bias,
+};
 use sets::insert_resharding_sets;
 pub use sets::{changes_several_device_types, copies_onto_another_mesh_in_two};
 
@@ -112,7 +123,7 @@ impl FusionRewrite for DecomposeReshardings {
     const REWRITE: fn(&mut Fusion) -> IrResult<()> = decompose_reshardings;
 }
 
-/// Runs the three steps of the module doc.
+/// Runs the steps of the module doc.
 pub fn decompose_reshardings(f: &mut Fusion) -> IrResult<()> {
     let exprs: Vec<ExprId> = f.exprs().to_vec();
     for &e in &exprs {
@@ -122,6 +133,11 @@ pub fn decompose_reshardings(f: &mut Fusion) -> IrResult<()> {
             let e = split_device_reduced_bias(f, e).map_err(|d| d.or_at(span))?;
             rfactor_device_reduction(f, e).map_err(|d| d.or_at(span))?;
         }
+    }
+    let exprs: Vec<ExprId> = f.exprs().to_vec();
+    for &e in &exprs {
+        let span = f.expr(e).span;
+        fold_reduction_into_stream_scatter(f, e).map_err(|d| d.or_at(span))?;
     }
     let exprs: Vec<ExprId> = f.exprs().to_vec();
     for &e in &exprs {

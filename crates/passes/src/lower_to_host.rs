@@ -155,6 +155,10 @@ struct OpenLoop {
     view_index: ScalarId,
     /// Tensors bound inside this loop's body: chunk views and loop-local intermediates.
     bound: SecondaryMap<TensorId, HostTensorId>,
+    /// Whether the loop is a P2P ring (its allgather's, or one that only reduces): each
+    /// rank visits the chunks in its own order, and a Reduce rooted at each iteration's
+    /// device travels on the ring too.
+    ring: bool,
 }
 
 struct Lowering<'a> {
@@ -185,7 +189,13 @@ struct Lowering<'a> {
     /// The matmul segments that contract over a stream loop's axis, with the operand and
     /// Stream axis their loop is keyed by: each chunk's partial product is added into the
     /// output, allocated whole and zeroed before the loop (see [`Self::accumulating_stream`]).
+    /// Also the Reduces rooted at each iteration's device, keyed by their producer (see
+    /// [`Self::stream_rooted_reduce`]).
     accumulating: HashMap<SegmentId, (TensorId, IterDomainId)>,
+    /// Those Reduces whose teams are the world in rank order, with their team size: a loop
+    /// whose allgather is the P2P ring carries them back on the same ring, and a loop that
+    /// holds no other communication is a ring of its own.
+    ring_reduces: HashMap<SegmentId, i64>,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -216,6 +226,7 @@ pub fn lower_with(
         current_graph: None,
         stream_allgather,
         accumulating: HashMap::new(),
+        ring_reduces: HashMap::new(),
     };
     for (id, s) in sf.segments() {
         for t in s.produced(f) {

@@ -3,7 +3,9 @@
 
 use weave_comm::{Collective, Communicator, P2p};
 use weave_host_ir::access::Access;
-use weave_host_ir::{ChunkOf, Communication, HostTensorId, ScalarId, Stmt, StmtId, StreamId};
+use weave_host_ir::{
+    ChunkOf, Communication, CommunicationType, HostTensorId, ScalarId, Stmt, StmtId, StreamId,
+};
 
 use super::{Evaluator, Posted, MAX_TRIP_COUNT};
 use crate::backend::Backend;
@@ -268,8 +270,17 @@ where
                     .post_comm(&stream, |on| self.comm.post(collective, on))
             })?;
         }
+        // Only the root of a Reduce or Gather receives: another member's output is left as
+        // it was (a loop of Reduces rooted at each iteration's device writes each rank's
+        // block in one iteration only).
+        let receives = !matches!(
+            c.kind,
+            CommunicationType::Reduce | CommunicationType::Gather
+        ) || team.get(root).copied() == Some(self.comm.rank() as i64);
         if let Some(t) = staged_out {
-            self.backend.copy(&label, &t, &output, &stream)?;
+            if receives {
+                self.backend.copy(&label, &t, &output, &stream)?;
+            }
             self.backend.deallocate(t, &stream);
         }
         if let Some(t) = staged_in {
@@ -277,7 +288,8 @@ where
         }
         let agent = self.races.as_mut().map(|r| r.post(self.current));
         if let Some(agent) = agent {
-            self.record_effects(agent, id, &label);
+            let untouched = (!receives).then_some(c.output);
+            self.record_effects_except(agent, id, &label, untouched);
         }
         let event = self.backend.record_event(&stream);
         self.posted.insert(id, Posted { event, agent });
@@ -325,6 +337,18 @@ where
     /// (a stream-ordered allocation or free is a write of the whole buffer on its stream, as
     /// the race module says); a view touches nothing.
     pub(super) fn record_effects(&mut self, agent: Agent, id: StmtId, label: &str) {
+        self.record_effects_except(agent, id, label, None);
+    }
+
+    /// [`Self::record_effects`] without the write of `untouched` (the output of a Reduce or
+    /// Gather on a member that is not its root).
+    pub(super) fn record_effects_except(
+        &mut self,
+        agent: Agent,
+        id: StmtId,
+        label: &str,
+        untouched: Option<HostTensorId>,
+    ) {
         if self.races.is_none() {
             return;
         }
@@ -334,6 +358,7 @@ where
         for (t, access) in stmt.effects().accesses {
             let write = match access {
                 Access::Read => false,
+                Access::Write if untouched == Some(t) => continue,
                 Access::Write | Access::Allocate | Access::Free => true,
                 Access::View => continue,
             };

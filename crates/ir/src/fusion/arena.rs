@@ -163,6 +163,16 @@ impl Fusion {
         self.order.insert(to, e);
     }
 
+    /// Takes `e` out of the program order (a pass that folds one op into another). Its
+    /// outputs stay in the arena but no longer have a place in the program: the caller makes
+    /// sure nothing reads them. Does nothing when `e` is not in the program.
+    pub fn remove_expr(&mut self, e: ExprId) {
+        if let Some(at) = self.order.iter().position(|x| *x == e) {
+            self.uses_index = std::sync::OnceLock::new();
+            self.order.remove(at);
+        }
+    }
+
     /// True for fusion inputs.
     pub fn is_input(&self, t: TensorId) -> bool {
         self.inputs.contains(&t)

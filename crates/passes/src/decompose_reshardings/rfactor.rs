@@ -510,3 +510,67 @@ fn lookup_shard_base(
     };
     Ok(index.mul(extent / d.factor))
 }
+
+/// Step 2b: a device reduction whose stream chunks are the device blocks of the one `set`
+/// that reads it (`p = sum(p_partial)` over DIDx, stream-split on an axis in `d` chunks, and
+/// `out = set(p)` split over the same `d` devices on that axis, cut alike) becomes one
+/// reduction, `out = sum(p_partial)`: iteration `i` of the stream loop reduces its chunk onto
+/// device `i` (a Reduce rooted at the iteration's device), instead of an Allreduce of every
+/// chunk into a replicated copy that a Scatter then cuts. `p` leaves the program. Does
+/// nothing unless the folded expr is exactly that Reduce.
+pub(super) fn fold_reduction_into_stream_scatter(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    use crate::communication::{derive_communication, RootKind};
+    use weave_host_ir::CommunicationType;
+    let ex = f.expr(e);
+    if ex.kind != ExprKind::Set || ex.inputs.len() != 1 {
+        return Ok(());
+    }
+    let (y, z) = (ex.inputs[0], ex.outputs[0]);
+    let Some(ey) = f.tensor(y).definition else {
+        return Ok(());
+    };
+    if !matches!(f.expr(ey).kind, ExprKind::Reduction { .. })
+        || f.is_output(y)
+        || f.uses(y) != vec![e]
+        || f.mesh_of(y) != f.mesh_of(z)
+        || parallel_axis(f, &f.tensor(y).loop_domain, ParallelType::Stream).is_none()
+        || parallel_axis(f, &f.tensor(z).loop_domain, ParallelType::Stream).is_some()
+    {
+        return Ok(());
+    }
+    let Ok(info) = derive_communication(f, ey) else {
+        return Ok(());
+    };
+    if info.kind != CommunicationType::Allreduce {
+        return Ok(());
+    }
+    let mut g = f.clone();
+    let yt = g.tensor(y).clone();
+    let reduced = |g: &Fusion, dom: &[IterDomainId]| -> Vec<IterDomainId> {
+        dom.iter()
+            .copied()
+            .filter(|i| g.id(*i).iter_type == IterType::Reduction)
+            .collect()
+    };
+    let (r_logical, r_loop) = (reduced(&g, &yt.logical), reduced(&g, &yt.loop_domain));
+    {
+        let zt = g.tensor_mut(z);
+        zt.logical.extend(r_logical);
+        zt.loop_domain.extend(r_loop);
+    }
+    let kind = g.expr(ey).kind.clone();
+    let inputs = g.expr(ey).inputs.clone();
+    {
+        let ez = g.expr_mut(e);
+        ez.kind = kind;
+        ez.inputs = inputs;
+    }
+    g.remove_expr(ey);
+    let folded = derive_communication(&g, e).is_ok_and(|i| {
+        i.kind == CommunicationType::Reduce && i.root == Some(RootKind::StreamIndex)
+    });
+    if folded {
+        *f = g;
+    }
+    Ok(())
+}

@@ -2,10 +2,13 @@
 //! Broadcasts rooted from the loop index, and the P2P ring of a stream-split allgather.
 
 use weave_host_ir::{
-    Communication, CommunicationType, HostScalar, HostTensorId, P2PCommunication, P2PDirection,
-    ScalarId, Stmt,
+    Communication, CommunicationType, HostScalar, HostTensorId, KernelUnit, P2PCommunication,
+    P2PDirection, ScalarId, Stmt,
 };
-use weave_ir::{Diagnostic, ExprId, IterDomainId, Scalar, ScalarOp, TensorId};
+use weave_ir::{
+    BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IterDomainId, IterType, Scalar, ScalarOp,
+    TensorId,
+};
 use weave_transform::schedule::{walk_splits, SplitsEnd};
 
 use super::{loop_axis, Lowering, StreamAllgather};
@@ -29,11 +32,14 @@ impl Lowering<'_> {
                 if let Some(stride) = stride.filter(|_| {
                     self.stream_allgather == StreamAllgather::P2pRing
                         && open.extent == d
-                        && !self.other_communication_in_loop()
+                        && !self.other_communication_in_loop(stride == Some(None))
                 }) {
                     return self.lower_p2p_allgather(producer, consumer, d, stride);
                 }
             }
+        }
+        if info.root == Some(RootKind::StreamIndex) && info.kind == CommunicationType::Reduce {
+            return self.lower_stream_reduce(&info, producer, consumer);
         }
         if info.root == Some(RootKind::StreamIndex) {
             return self.lower_stream_broadcast(&info, producer, consumer);
@@ -158,6 +164,107 @@ impl Lowering<'_> {
             let out = self.piece(output, ca, d / s, jj)?;
             self.post(info, consumer, input, out, Some(root))?;
         }
+        Ok(())
+    }
+
+    /// A device sum whose stream chunks are its output's device blocks (Stream → DID, one
+    /// chunk per device): the output is each rank's whole block, allocated before the loop.
+    /// In a loop that the P2P ring of an allgather rotates (iteration `i` of rank `r` holds
+    /// chunk `c = (r + i) % d`), the same ring carries the partial sums back: iteration `i`
+    /// sends its chunk's partial to device `c` and receives, into slot `i` of a buffer of `d`
+    /// blocks, the partial of this rank's block that device `(d + r - i) % d` computed in its
+    /// iteration `i`, as one coalesced pair; one kernel then adds the slot into the block,
+    /// zeroed before the loop (`assign-streams` orders these additions across iterations).
+    /// Iteration 0 is the rank's own partial, a send/recv with itself. Otherwise iteration
+    /// `i` is a Reduce of its chunk rooted at device `i`.
+    fn lower_stream_reduce(
+        &mut self,
+        info: &CommunicationInfo,
+        producer: TensorId,
+        consumer: TensorId,
+    ) -> Result<(), Diagnostic> {
+        let f = self.f;
+        let Some((i, s, view_index, ring)) = self
+            .open
+            .as_ref()
+            .map(|o| (o.index, o.extent, o.view_index, o.ring))
+        else {
+            return Err(Diagnostic::new(format!(
+                "the Reduce onto `{}` takes its root from a stream loop index, but it is not inside a stream loop",
+                f.tensor(consumer).name
+            )));
+        };
+        let d = info.team.len() as i64;
+        if s != d {
+            return Err(Diagnostic::new(format!(
+                "the sum that `{}` scatters over {d} devices by its stream chunks needs one chunk per device, got {s} chunks",
+                f.tensor(consumer).name
+            )));
+        }
+        if self.top.contains_key(consumer) {
+            return Err(Diagnostic::new(format!(
+                "internal: `{}` is written twice",
+                f.tensor(consumer).name
+            )));
+        }
+        let input = self.resolve(producer, false)?;
+        let sizes = self.local_sizes(consumer, false)?;
+        let out = self.new_tensor(consumer, sizes.clone());
+        let ring = ring && ring_stride(&info.instances) == Some(None);
+        self.emit_before_loop(Stmt::Allocate {
+            tensor: out,
+            zero_init: ring,
+        });
+        self.top.insert(consumer, out);
+        if !ring {
+            return self.post(info, consumer, input, out, Some(i));
+        }
+        // The received partials: `d` blocks along the first axis, one per iteration.
+        let mut slots = sizes;
+        let Some(first) = slots.first_mut() else {
+            return Err(Diagnostic::new(format!(
+                "the sum that `{}` scatters by its stream chunks has no axis to cut",
+                f.tensor(consumer).name
+            )));
+        };
+        *first = first.clone().mul(Scalar::c(d));
+        let received = self.new_tensor(consumer, slots);
+        self.emit_before_loop(Stmt::Allocate {
+            tensor: received,
+            zero_init: false,
+        });
+        let slot = self.piece(received, 0, d, i)?;
+        // The device whose iteration i holds this rank's chunk: with chunk `c = (r + i + o)
+        // % d` in iteration i, `(2r - c) mod d`, written `(d + 2r - c) % d` (c < d).
+        let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
+        let dd = self.constant(d);
+        let twice = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, rank));
+        let back = self.scalar(HostScalar::Binary(ScalarOp::Add, dd, twice));
+        let back = self.scalar(HostScalar::Binary(ScalarOp::Sub, back, view_index));
+        let from = self.scalar(HostScalar::Binary(ScalarOp::Mod, back, dd));
+        self.emit(Stmt::StartCoalescing);
+        self.emit(Stmt::P2PCommunication(P2PCommunication {
+            direction: P2PDirection::Recv,
+            peer: from,
+            buffer: slot,
+        }));
+        self.emit(Stmt::P2PCommunication(P2PCommunication {
+            direction: P2PDirection::Send,
+            peer: view_index,
+            buffer: input,
+        }));
+        let end = self.emit(Stmt::EndCoalescing);
+        self.emit(Stmt::Wait { comm: end });
+        let unit = ring_sum_kernel(f, consumer, self.kernels)?;
+        self.kernels += 1;
+        let kernel = self.p.kernels.insert(KernelUnit {
+            fusion: std::sync::Arc::new(unit),
+        });
+        self.emit(Stmt::LaunchKernel {
+            kernel,
+            inputs: vec![slot, out],
+            outputs: vec![out],
+        });
         Ok(())
     }
 
@@ -433,6 +540,7 @@ impl Lowering<'_> {
     ) -> Result<(), Diagnostic> {
         if let Some(open) = self.open.as_mut() {
             open.view_index = chunk;
+            open.ring = true;
         }
         // The whole local shard is sent, never a chunk of it.
         let send = self.whole(producer)?;
@@ -459,7 +567,7 @@ impl Lowering<'_> {
 /// several teams that cover the world, each `t0, t0 + stride, …` with `t0 / stride` a
 /// multiple of the team size (so a rank's team index is `(rank / stride) % d`), `None`
 /// otherwise.
-fn ring_stride(instances: &[crate::communication::TeamInstance]) -> Option<Option<i64>> {
+pub(super) fn ring_stride(instances: &[crate::communication::TeamInstance]) -> Option<Option<i64>> {
     let first = &instances.first()?.team;
     let d = first.len() as i64;
     if instances.len() == 1 {
@@ -486,6 +594,41 @@ fn ring_stride(instances: &[crate::communication::TeamInstance]) -> Option<Optio
         }
     }
     Some(Some(stride))
+}
+
+/// The kernel of one step of the ring that reduces onto `out`: `received + so_far`, both of
+/// `out`'s global shape (the runtime binds the local block).
+fn ring_sum_kernel(f: &Fusion, out: TensorId, k: usize) -> Result<Fusion, Diagnostic> {
+    let mut u = Fusion::new(&format!("{}_kernel{k}", f.name));
+    for p in f.params() {
+        u.add_param(&p.name, p.value)?;
+    }
+    let tv = f.tensor(out);
+    let extents: Vec<Scalar> = tv
+        .logical
+        .iter()
+        .filter(|i| f.id(**i).iter_type != IterType::Reduction)
+        .map(|i| f.id(*i).extent.clone())
+        .collect();
+    let received = u.add_input(
+        &f.fresh_name(&format!("{}_received", tv.name)),
+        tv.dtype,
+        extents.clone(),
+        None,
+    )?;
+    let so_far = u.add_input(
+        &f.fresh_name(&format!("{}_so_far", tv.name)),
+        tv.dtype,
+        extents,
+        None,
+    )?;
+    let next = u.add_op(
+        &f.fresh_name(&format!("{}_accumulated", tv.name)),
+        ExprKind::Binary(BinaryOp::Add),
+        &[so_far, received],
+    )?;
+    u.add_output(next)?;
+    Ok(u)
 }
 
 fn unreachable_loop<T>() -> Result<T, Diagnostic> {

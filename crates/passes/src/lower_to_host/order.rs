@@ -37,7 +37,15 @@ impl Lowering<'_> {
             if key[&seg].is_some() {
                 continue;
             }
-            let Some(stream) = self.accumulating_stream(sf.segment(seg).exprs()) else {
+            let exprs = sf.segment(seg).exprs();
+            let rooted = self.stream_rooted_reduce(exprs);
+            if let Some((_, Some(d))) = rooted {
+                self.ring_reduces.insert(seg, d);
+            }
+            let Some(stream) = rooted
+                .map(|(stream, _)| stream)
+                .or_else(|| self.accumulating_stream(exprs))
+            else {
                 continue;
             };
             let read_in_a_loop = sf
@@ -176,6 +184,29 @@ impl Lowering<'_> {
         Ok(loop_axis(f, r, ParallelType::Stream).map(|s| (r, s)))
     }
 
+    /// The producer and its Stream axis that key the loop of a reduction `exprs` (one expr)
+    /// whose stream chunks are its output's device blocks (a Reduce rooted at each
+    /// iteration's device, `derive_communication`'s `RootKind::StreamIndex`): it runs in the
+    /// loop that produces its chunks, though its output has no Stream axis.
+    /// With it, the team size when its teams let a P2P ring carry it (the world in rank
+    /// order).
+    fn stream_rooted_reduce(
+        &self,
+        exprs: &[ExprId],
+    ) -> Option<((TensorId, IterDomainId), Option<i64>)> {
+        let [e] = exprs else { return None };
+        let info = crate::communication::derive_communication(self.f, *e).ok()?;
+        let rooted = info.kind == weave_host_ir::CommunicationType::Reduce
+            && info.root == Some(crate::communication::RootKind::StreamIndex);
+        let producer = self.f.expr(*e).inputs[0];
+        let ring = (super::collectives::ring_stride(&info.instances) == Some(None))
+            .then_some(info.team.len() as i64);
+        rooted
+            .then(|| loop_axis(self.f, producer, ParallelType::Stream))
+            .flatten()
+            .map(|s| ((producer, s), ring))
+    }
+
     /// The operand and its Stream axis that key the loop of a matmul `exprs` (one expr) whose
     /// contraction axis is streamed: its output has no Stream axis, both operands have rank 2
     /// or more, one operand has a Stream axis cut by outer splits from its contraction axis
@@ -310,7 +341,19 @@ impl Lowering<'_> {
         let index = self.scalar(HostScalar::LoopIndex);
         // A `swizzle1d(.., DIDx)` on the loop's stream axis (or an axis mapped to it) rotates
         // the chunks by the rank: iteration i visits chunk (rank + i) % extent in every view.
-        let view_index = if self.swizzled(sid) {
+        // A loop whose only communications are Reduces rooted at each iteration's device
+        // is a ring that leaves each rank's own chunk for last: iteration i computes chunk
+        // (rank + i + 1) % extent and sends its partial to that device while the other
+        // chunks' partials of this rank's block arrive (async-TP's matmul + reduce-scatter).
+        let reduce_ring = self.only_ring_reduces_in(self.current_loop(), extent);
+        let view_index = if reduce_ring {
+            let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
+            let one = self.constant(1);
+            let next = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, one));
+            let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, next, index));
+            let n = self.constant(extent);
+            self.scalar(HostScalar::Binary(ScalarOp::Mod, sum, n))
+        } else if self.swizzled(sid) {
             let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
             let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, index));
             let n = self.constant(extent);
@@ -339,6 +382,7 @@ impl Lowering<'_> {
             index,
             view_index,
             bound: weave_host_ir::ids::SecondaryMap::new(),
+            ring: reduce_ring,
         });
         Ok(())
     }
@@ -348,6 +392,21 @@ impl Lowering<'_> {
     fn current_loop(&self) -> Option<usize> {
         self.current
             .and_then(|c| self.loop_of.get(&c).copied().flatten())
+    }
+
+    /// Whether loop `l` holds communications, every one a Reduce that a ring of `extent`
+    /// devices can carry ([`Self::ring_reduces`]), and rings are not turned off
+    /// (`lower-to-host{allgather=broadcast}` posts collectives everywhere).
+    fn only_ring_reduces_in(&self, l: Option<usize>, extent: i64) -> bool {
+        let Some(l) = l else { return false };
+        let mut in_loop = self
+            .communications
+            .iter()
+            .filter(|c| self.loop_of.get(*c) == Some(&Some(l)))
+            .peekable();
+        self.stream_allgather == super::StreamAllgather::P2pRing
+            && in_loop.peek().is_some()
+            && in_loop.all(|c| self.ring_reduces.get(c) == Some(&extent))
     }
 
     /// A `swizzle1d` only reorders a loop's iterations on each rank. A collective posted per
@@ -390,7 +449,9 @@ impl Lowering<'_> {
     /// being lowered: a loop whose chunks are visited in a rank-dependent order (the P2P
     /// allgather's rotation) must hold no other communication, since every rank has to post a
     /// collective for the same chunk.
-    pub(super) fn other_communication_in_loop(&self) -> bool {
+    /// `reduces_may_ring`: the Reduces that the same ring can carry back (see
+    /// [`Self::ring_reduces`]) do not count.
+    pub(super) fn other_communication_in_loop(&self, reduces_may_ring: bool) -> bool {
         let Some(cur) = self.current else {
             return false;
         };
@@ -399,6 +460,7 @@ impl Lowering<'_> {
         };
         self.communications
             .iter()
+            .filter(|c| !(reduces_may_ring && self.ring_reduces.contains_key(*c)))
             .any(|c| *c != cur && self.loop_of.get(c) == Some(&Some(*l)))
     }
 }
