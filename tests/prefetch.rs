@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use common::fixture;
 use streamweave::host_ir::{
-    self, CommunicationType, HostProgram, HostScalar, ScalarId, Stmt, StmtId,
+    self, CommunicationType, HostProgram, HostScalar, P2PDirection, ScalarId, Stmt, StmtId,
 };
 use streamweave::passes::{Pipeline, PrefetchCommunications};
 
@@ -350,5 +350,81 @@ fn a_gather_of_a_kernels_output_of_loop_invariant_data_is_posted_ahead_with_that
                 );
             }
         }
+    }
+}
+
+/// The coalesced send/recv groups one rank posts, in the order it posts them, each named by
+/// what it moves (`gather`: it sends a program input, the ring's allgather; `reduce`: it
+/// sends what the loop computed) and its chunk (the innermost loop index at the post).
+fn p2p_posting_order(p: &HostProgram, k: i64) -> Vec<(&'static str, i64)> {
+    fn walk(
+        p: &HostProgram,
+        scope: &[StmtId],
+        env: &mut HashMap<ScalarId, i64>,
+        chunk: Option<i64>,
+        k: i64,
+        out: &mut Vec<(&'static str, i64)>,
+    ) {
+        for &s in scope {
+            match &p.stmts[s] {
+                Stmt::ForLoop {
+                    index,
+                    start,
+                    stop,
+                    body,
+                } => {
+                    let (a, b) = (value(p, *start, env, k), value(p, *stop, env, k));
+                    for i in a..b {
+                        env.insert(*index, i);
+                        walk(p, body, env, Some(i), k, out);
+                    }
+                    env.remove(index);
+                }
+                Stmt::P2PCommunication(c) if c.direction == P2PDirection::Send => {
+                    let what = if p.inputs.contains(&c.buffer) {
+                        "gather"
+                    } else {
+                        "reduce"
+                    };
+                    out.push((what, chunk.unwrap_or(-1)));
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(p, &p.top_level, &mut HashMap::new(), None, k, &mut out);
+    out
+}
+
+/// The MLP block with one stream chunk per device is one P2P ring both ways: the step of the
+/// ring that brings chunk `i + 1`'s block of `x` is posted before chunk `i`'s partial sums
+/// leave (which wait for chunk `i`'s GEMMs), as for the collectives of the chunked block.
+#[test]
+fn the_ring_mlp_block_posts_the_next_chunks_gather_step_before_this_chunks_reduce_step() {
+    let src = source("sequence_parallel_mlp_ring");
+    for d in [2i64, 3, 4] {
+        let set = [("d", d), ("t", 12 * d)];
+        let mut want = vec![("gather", 0)];
+        for i in 1..d {
+            want.push(("gather", i));
+            want.push(("reduce", i - 1));
+        }
+        want.push(("reduce", d - 1));
+        let before: Vec<_> = (0..d)
+            .flat_map(|i| [("gather", i), ("reduce", i)])
+            .collect();
+        for k in 1..=3 {
+            let p = lower_with(&src, &set, None);
+            assert_eq!(p2p_posting_order(&p, k), want, "d = {d}, K = {k}");
+            let old = lower_with(&src, &set, Some(without_prefetch()));
+            assert_eq!(p2p_posting_order(&old, k), before, "d = {d}, K = {k}");
+        }
+        let p = lower_with(&src, &set, None);
+        assert_eq!(
+            posting_loop_kinds(&p),
+            ["set", "sync", "view", "other", "other", "other", "other", "wait"],
+            "d = {d}"
+        );
     }
 }
