@@ -368,36 +368,43 @@ fn p2p_peers(p: &HostProgram) -> Vec<String> {
         .collect()
 }
 
-/// The MLP block with one stream chunk per device: the P2P ring of the allgather also carries
-/// the partial sums back (iteration i sends chunk (rank + i) % d's partial to its device and
-/// receives this rank's from device (rank - i) % d), each added in place into the output
-/// zeroed before the loop. No collective is left: no Allreduce per chunk, no Scatter after.
+/// The MLP block with one stream chunk per device is two P2P rings and no collective: the
+/// allgather's ring (iteration i of rank r receives chunk (r + i) % d, its own block first) with
+/// the first product and the SiLU, then, in a loop of its own, the ring that sends the partial
+/// sums back and computes the rank's own chunk last (iteration i: chunk (r + 1 + i) % d, sent
+/// to its device, while this rank's partial from device (r - 1 - i) % d arrives in a slot and
+/// is added in place into the output, zeroed before that loop). No Allreduce per chunk and no
+/// Scatter after the loop.
 #[test]
-fn the_mlp_block_with_a_chunk_per_device_reduces_on_the_allgathers_ring() {
+fn the_mlp_block_with_a_chunk_per_device_is_two_rings() {
     for d in [2, 3, 4] {
         let p = lower("sequence_parallel_mlp_ring", &[("d", d), ("t", 12 * d)]);
         assert_eq!(communications(&p), [], "d = {d}");
         let text = host_ir::print(&p);
-        let view = "( ( rank + i0 ) % {d} )".replace("{d}", &d.to_string());
-        let from = format!("( ( ( {d} + ( rank + rank ) ) - {view} ) % {d} )");
+        let gather = format!("( ( rank + i0 ) % {d} )");
+        let reduce = format!("( ( ( rank + 1 ) + i2 ) % {d} )");
         assert_eq!(
             p2p_peers(&p),
             [
-                format!("recv {view}"),
+                format!("recv {gather}"),
                 format!("send ( ( ( {d} + rank ) - i0 ) % {d} )"),
-                format!("recv {from}"),
-                format!("send {view}"),
+                format!("recv ( ( ( {d} + ( rank + rank ) ) - {reduce} ) % {d} )"),
+                format!("send {reduce}"),
             ],
             "d = {d}:\n{text}"
         );
         assert_eq!(count(&p, "EndCoalescing"), 2, "{text}");
         assert!(text.contains(&format!("FOR i0 from 0 to {d}:")), "{text}");
-        // The output, zeroed before the loop, is both an input and the output of the last
-        // kernel of the loop.
+        assert!(text.contains(&format!("FOR i2 from 0 to {d}:")), "{text}");
+        // The first loop ends with the SiLU kernel, the second starts with the second product.
+        let first_loop = &text[text.find("FOR i0").unwrap()..text.find("FOR i1").unwrap()];
+        assert!(!first_loop.contains("K1"), "{first_loop}");
+        assert_eq!(first_loop.matches("linear(").count(), 1, "{first_loop}");
+        // The output, zeroed before the second loop, is both an input and the output of the
+        // last kernel of the loop.
         let last_kernel = text
             .lines()
-            .filter(|l| l.contains("LaunchKernel"))
-            .last()
+            .rfind(|l| l.contains("LaunchKernel"))
             .unwrap()
             .to_string();
         let out_name = text

@@ -42,14 +42,15 @@
 //!    device looks up the ids that fall in its block of rows, `base` the block's first row as
 //!    a size over `rank`; other ids give zero rows) and `y = sum(y_partial)` (Allreduce), as
 //!    Megatron's vocabulary-parallel embedding does.
-//! 2b. **A reduction scattered by its stream chunks.** `p = sum(p_partial)` over a device
+//!
+//!    **A reduction scattered by its stream chunks.** Then `p = sum(p_partial)` over a device
 //!    axis, stream-split on an axis in as many chunks as devices, whose only reader is
 //!    `out = set(p)` split over those devices on the same axis and cut alike (the
 //!    sequence-parallel MLP block written with one stream chunk per device: `schedule p {
 //!    outer_split(0, d) -> Stream }`, `schedule out { outer_split(0, d) -> DIDx }`), becomes
 //!    `out = sum(p_partial)`: a Reduce rooted at each iteration's device, which lowering
-//!    posts per iteration, or as the P2P ring of the loop's allgather. Without it, every
-//!    chunk would be allreduced into a replicated copy that a Scatter then cuts.
+//!    posts per iteration, or as a P2P ring. Without it, every chunk would be allreduced into
+//!    a replicated copy that a Scatter then cuts.
 //! 3. **Resharding sets.** A remaining resharding expr that is not a communication gets, for
 //!    each operand sharded differently from its output, `x_resharded = set(x)` inserted right
 //!    before it, on the output's mesh and sharded like the output (device and stream types,

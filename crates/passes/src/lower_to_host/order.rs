@@ -136,7 +136,83 @@ impl Lowering<'_> {
             }
             self.loop_of.insert(seg, current.map(|(n, _)| n));
         }
+        self.split_ring_loops(sf, &order, loops);
         Ok(order)
+    }
+
+    /// A loop whose allgather is a P2P ring (it visits the rank's own chunk first, which needs
+    /// no transfer) and whose partial sums leave on a ring too is cut in two before the
+    /// product that computes those sums: the first loop gathers and computes up to it, the
+    /// second is a ring of its own that computes the rank's own chunk last. In one loop the
+    /// sums of the last chunk would leave after everything else (a transfer of a whole block
+    /// left exposed); cut, each ring hides its transfers behind its own GEMMs (async-TP's
+    /// `fused_all_gather_matmul` and `fused_matmul_reduce_scatter`). The second loop starts
+    /// once the first is done, and reads the tensor between them chunk by chunk.
+    fn split_ring_loops(&mut self, sf: &SegmentedFusion, order: &[SegmentId], loops: usize) {
+        if self.stream_allgather != super::StreamAllgather::P2pRing {
+            return;
+        }
+        let mut next = loops;
+        for l in 0..loops {
+            let members: Vec<SegmentId> = order
+                .iter()
+                .copied()
+                .filter(|s| self.loop_of.get(s) == Some(&Some(l)))
+                .collect();
+            let reduces: Vec<SegmentId> = members
+                .iter()
+                .copied()
+                .filter(|s| self.ring_reduces.contains_key(s))
+                .collect();
+            let gathers: Vec<SegmentId> = members
+                .iter()
+                .copied()
+                .filter(|s| self.communications.contains(s) && !reduces.contains(s))
+                .collect();
+            let [gather] = gathers[..] else { continue };
+            let Some(extent) = reduces.first().map(|r| self.ring_reduces[r]) else {
+                continue;
+            };
+            if !self.is_ring_gather(sf, gather, extent) {
+                continue;
+            }
+            // The first producer of a reduced partial, in the loop after the gather.
+            let at = reduces
+                .iter()
+                .filter_map(|r| {
+                    let partial = *sf.segment(*r).inputs().first()?;
+                    let g = *self.producer.get(partial)?;
+                    members.iter().position(|m| *m == g)
+                })
+                .min();
+            let Some(at) = at.filter(|&at| {
+                members
+                    .iter()
+                    .position(|m| *m == gather)
+                    .is_some_and(|g| g < at)
+            }) else {
+                continue;
+            };
+            for m in &members[at..] {
+                self.loop_of.insert(*m, Some(next));
+            }
+            next += 1;
+        }
+    }
+
+    /// Whether communication segment `seg` is a DID → Stream copy that the P2P ring of
+    /// `extent` devices carries (a Broadcast rooted at each iteration's device, over the
+    /// world in rank order, one chunk per device).
+    fn is_ring_gather(&self, sf: &SegmentedFusion, seg: SegmentId, extent: i64) -> bool {
+        let [e] = sf.segment(seg).exprs() else {
+            return false;
+        };
+        crate::communication::derive_communication(self.f, *e).is_ok_and(|info| {
+            info.kind == weave_host_ir::CommunicationType::Broadcast
+                && info.root == Some(crate::communication::RootKind::StreamIndex)
+                && info.team.len() as i64 == extent
+                && super::collectives::ring_stride(&info.instances) == Some(None)
+        })
     }
 
     /// True if `t` is written and read inside one stream loop only (see the module contract).
