@@ -38,10 +38,11 @@
 //!   and that no loop cuts into those pieces is posted once per piece, on views of it.
 //!   A device sum whose stream chunks are its output's device blocks (Stream → DID, one
 //!   chunk per device: a Reduce rooted at each iteration's device) runs in its producer's
-//!   loop though its output has no Stream axis: on the ring of the loop's P2P allgather
-//!   (which it does not stop from being a ring), as a ring of its own that visits the rank's
-//!   own chunk last when it is the loop's only communication, each received partial added in
-//!   place into the output zeroed before the loop; otherwise one Reduce per iteration.
+//!   loop though its output has no Stream axis: as a P2P ring that visits the rank's own
+//!   chunk last when it is the loop's only communication, each received partial added in
+//!   place into the output zeroed before the loop; otherwise one Reduce per iteration. A loop
+//!   whose allgather is a P2P ring and whose sums ride a ring too is cut in two before the
+//!   product that computes the sums (`split_ring_loops`).
 //! * Accumulation: a matmul whose output has no Stream axis but whose contraction axis an
 //!   operand's Stream axis is cut from (a weight gradient `dW = xᵀ · dy` over stream-split
 //!   tokens) joins that axis' loop as `dW += a_chunk @ b_chunk` (`Stmt::Matmul` with

@@ -14,9 +14,7 @@
 //!
 //! * **Input**: a host program after `assign-streams` and `allocate-and-deallocate`.
 //! * **Which loops**: those whose rest (below) posts a communication too — the place where
-//!   posting order costs (the ring of the MLP block written with one chunk per device: its
-//!   step that gathers chunk `i + 1` would queue behind chunk `i`'s step that sends the
-//!   partial sums back). A loop that gathers and then only computes (a column-parallel
+//!   posting order costs. A loop that gathers and then only computes (a column-parallel
 //!   linear) already posts chunk `i + 1`'s gather right after chunk `i`'s GEMM, so it runs
 //!   beside it; such loops are left as they are.
 //! * **Output**: every top-level stream loop `FOR i in [0, S)` (`S` not the constant 1) whose
@@ -26,9 +24,7 @@
 //!   write (into views, cut in the head, of buffers no other statement of the loop writes and
 //!   the program touches only through views cut the same way: the permute before a 2-D
 //!   mesh's gather; `head_kernel`), and communications each followed in the head by its
-//!   `Wait`, at least one. A coalesced group of sends and receives (`StartCoalescing`, its
-//!   P2P statements, `EndCoalescing`, the `Wait` of the group: a step of a P2P ring) counts
-//!   as one communication that reads what it sends and writes what it receives. A later communication of the body that could stand in the
+//!   `Wait`, at least one. A later communication of the body that could stand in the
 //!   head (the conditions below), whose `Wait` is in the body and between whose head's end
 //!   and `Wait` nothing touches the buffer it writes, first moves up to the head's end with
 //!   its views and its `Wait` (the MLP block's backward gathers the output's gradient after
@@ -67,7 +63,7 @@
 use weave_host_ir::access::Access;
 use weave_host_ir::ids::SecondaryMap;
 use weave_host_ir::{
-    HostProgram, HostScalar, HostTensorId, P2PDirection, ScalarId, Stmt, StmtId, Stream, StreamId,
+    HostProgram, HostScalar, HostTensorId, ScalarId, Stmt, StmtId, Stream, StreamId,
 };
 use weave_ir::{Scalar, ScalarOp};
 
@@ -208,13 +204,6 @@ impl Plan {
                     }
                     head.push(s);
                 }
-                // A coalesced group of sends and receives (the step of a P2P ring), waited
-                // for through its `EndCoalescing`.
-                Stmt::StartCoalescing | Stmt::P2PCommunication(_) => head.push(s),
-                Stmt::EndCoalescing => {
-                    open.push(s);
-                    head.push(s);
-                }
                 Stmt::Wait { comm } if open.contains(comm) => {
                     open.retain(|c| c != comm);
                     head.push(s);
@@ -272,31 +261,21 @@ impl Plan {
         }
         let mut outputs = Vec::new();
         for &s in &head {
-            // What the communication reads and what it writes: a collective's input and
-            // output, a send's buffer, a receive's buffer.
-            let (input, output) = match &p.stmts[s] {
-                Stmt::Communication(c) => (Some(c.input), Some(c.output)),
-                Stmt::P2PCommunication(c) => match c.direction {
-                    P2PDirection::Send => (Some(c.buffer), None),
-                    P2PDirection::Recv => (None, Some(c.buffer)),
-                },
-                _ => continue,
+            let Stmt::Communication(c) = &p.stmts[s] else {
+                continue;
             };
             // The input: loop-invariant data.
             // (or what a kernel of the head computed from such data).
-            if let Some(input) = input {
-                let source = bases.root(view_of(input).map_or(input, |(_, base)| base));
-                let from_kernel = kernel_buffers.contains(&source);
-                if (writes_in_loop(source) && !from_kernel)
-                    || (!defined_in_head(input) && defined_in_loop(input))
-                {
-                    return None;
-                }
+            let source = bases.root(view_of(c.input).map_or(c.input, |(_, base)| base));
+            let from_kernel = kernel_buffers.contains(&source);
+            if (writes_in_loop(source) && !from_kernel)
+                || (!defined_in_head(c.input) && defined_in_loop(c.input))
+            {
+                return None;
             }
-            let Some(output) = output else { continue };
             // The output: a view, cut in the head, of a buffer only this loop uses, through
             // views cut the same way.
-            let (cut, buffer) = view_of(output)?;
+            let (cut, buffer) = view_of(c.output)?;
             if p.inputs.contains(&buffer) || p.outputs.contains(&buffer) {
                 return None;
             }
@@ -433,13 +412,7 @@ impl Plan {
                     };
                     post.push(s);
                 }
-                Stmt::P2PCommunication(mut c) => {
-                    c.buffer = renamed_to(&renamed, c.buffer);
-                    c.peer = subst(p, c.peer, self.index, a);
-                    p.stmts[s] = Stmt::P2PCommunication(c);
-                    post.push(s);
-                }
-                Stmt::Wait { .. } | Stmt::StartCoalescing | Stmt::EndCoalescing => post.push(s),
+                Stmt::Wait { .. } => post.push(s),
                 _ => {}
             }
         }
@@ -514,11 +487,7 @@ fn hoisted(
     for (k, &s) in order.iter().enumerate().skip(forked) {
         match p.stmts[s] {
             Stmt::Wait { .. } => end = k + 1,
-            Stmt::ShardByStream { .. }
-            | Stmt::Communication(_)
-            | Stmt::StartCoalescing
-            | Stmt::P2PCommunication(_)
-            | Stmt::EndCoalescing => {}
+            Stmt::ShardByStream { .. } | Stmt::Communication(_) => {}
             Stmt::LaunchKernel { .. }
                 if head_kernel(p, bases, lp, inside, &order[forked..k], s).is_some() => {}
             _ => break,

@@ -169,13 +169,14 @@ impl Lowering<'_> {
 
     /// A device sum whose stream chunks are its output's device blocks (Stream → DID, one
     /// chunk per device): the output is each rank's whole block, allocated before the loop.
-    /// In a loop that the P2P ring of an allgather rotates (iteration `i` of rank `r` holds
-    /// chunk `c = (r + i) % d`), the same ring carries the partial sums back: iteration `i`
-    /// sends its chunk's partial to device `c` and receives, into slot `i` of a buffer of `d`
-    /// blocks, the partial of this rank's block that device `(d + r - i) % d` computed in its
-    /// iteration `i`, as one coalesced pair; one kernel then adds the slot into the block,
-    /// zeroed before the loop (`assign-streams` orders these additions across iterations).
-    /// Iteration 0 is the rank's own partial, a send/recv with itself. Otherwise iteration
+    /// In a loop that is a P2P ring (iteration `i` of rank `r` holds chunk `c = (r + i + o)
+    /// % d`: `o = 1` in a ring of its own, which leaves the own chunk for last; `o = 0` on an
+    /// allgather's ring, which `split_ring_loops` leaves only where it cannot cut the loop),
+    /// iteration `i` sends its chunk's partial to device `c` and receives, into slot `i` of a
+    /// buffer of `d` blocks, the partial of this rank's block that device `(2r - c) mod d`
+    /// computed in its iteration `i`, as one coalesced pair; one kernel then adds the slot
+    /// into the block, zeroed before the loop (`assign-streams` orders these additions across
+    /// iterations). The own chunk's partial is a send/recv with itself. Otherwise iteration
     /// `i` is a Reduce of its chunk rooted at device `i`.
     fn lower_stream_reduce(
         &mut self,
