@@ -63,16 +63,17 @@ fn value(p: &HostProgram, s: ScalarId, env: &HashMap<ScalarId, i64>, k: i64) -> 
     }
 }
 
-/// The collectives one rank posts, in the order it posts them, each with its chunk (the
-/// innermost loop index at the post), walking the loops as the evaluator does.
-fn posting_order(p: &HostProgram, k: i64) -> Vec<(CommunicationType, i64)> {
-    fn walk(
+/// What `pick` names of the statements one rank runs, in the order it runs them, each with
+/// its chunk (the innermost loop index there), walking the loops as the evaluator does.
+fn posted<T>(p: &HostProgram, k: i64, pick: &dyn Fn(&Stmt) -> Option<T>) -> Vec<(T, i64)> {
+    fn walk<T>(
         p: &HostProgram,
         scope: &[StmtId],
         env: &mut HashMap<ScalarId, i64>,
         chunk: Option<i64>,
         k: i64,
-        out: &mut Vec<(CommunicationType, i64)>,
+        pick: &dyn Fn(&Stmt) -> Option<T>,
+        out: &mut Vec<(T, i64)>,
     ) {
         for &s in scope {
             match &p.stmts[s] {
@@ -85,18 +86,37 @@ fn posting_order(p: &HostProgram, k: i64) -> Vec<(CommunicationType, i64)> {
                     let (a, b) = (value(p, *start, env, k), value(p, *stop, env, k));
                     for i in a..b {
                         env.insert(*index, i);
-                        walk(p, body, env, Some(i), k, out);
+                        walk(p, body, env, Some(i), k, pick, out);
                     }
                     env.remove(index);
                 }
-                Stmt::Communication(c) => out.push((c.kind, chunk.unwrap_or(-1))),
-                _ => {}
+                other => {
+                    if let Some(x) = pick(other) {
+                        out.push((x, chunk.unwrap_or(-1)));
+                    }
+                }
             }
         }
     }
     let mut out = Vec::new();
-    walk(p, &p.top_level, &mut HashMap::new(), None, k, &mut out);
+    walk(
+        p,
+        &p.top_level,
+        &mut HashMap::new(),
+        None,
+        k,
+        pick,
+        &mut out,
+    );
     out
+}
+
+/// The collectives one rank posts, in the order it posts them, each with its chunk.
+fn posting_order(p: &HostProgram, k: i64) -> Vec<(CommunicationType, i64)> {
+    posted(p, k, &|s| match s {
+        Stmt::Communication(c) => Some(c.kind),
+        _ => None,
+    })
 }
 
 /// The sequence-parallel MLP block posts chunk `i + 1`'s allgather before chunk `i`'s
@@ -355,46 +375,18 @@ fn a_gather_of_a_kernels_output_of_loop_invariant_data_is_posted_ahead_with_that
 
 /// The coalesced send/recv groups one rank posts, in the order it posts them, each named by
 /// what it moves (`gather`: it sends a program input, the ring's allgather; `reduce`: it
-/// sends what the loop computed) and its chunk (the innermost loop index at the post).
+/// sends what the loop computed) and its chunk.
 fn p2p_posting_order(p: &HostProgram, k: i64) -> Vec<(&'static str, i64)> {
-    fn walk(
-        p: &HostProgram,
-        scope: &[StmtId],
-        env: &mut HashMap<ScalarId, i64>,
-        chunk: Option<i64>,
-        k: i64,
-        out: &mut Vec<(&'static str, i64)>,
-    ) {
-        for &s in scope {
-            match &p.stmts[s] {
-                Stmt::ForLoop {
-                    index,
-                    start,
-                    stop,
-                    body,
-                } => {
-                    let (a, b) = (value(p, *start, env, k), value(p, *stop, env, k));
-                    for i in a..b {
-                        env.insert(*index, i);
-                        walk(p, body, env, Some(i), k, out);
-                    }
-                    env.remove(index);
-                }
-                Stmt::P2PCommunication(c) if c.direction == P2PDirection::Send => {
-                    let what = if p.inputs.contains(&c.buffer) {
-                        "gather"
-                    } else {
-                        "reduce"
-                    };
-                    out.push((what, chunk.unwrap_or(-1)));
-                }
-                _ => {}
-            }
+    posted(p, k, &|s| match s {
+        Stmt::P2PCommunication(c) if c.direction == P2PDirection::Send => {
+            Some(if p.inputs.contains(&c.buffer) {
+                "gather"
+            } else {
+                "reduce"
+            })
         }
-    }
-    let mut out = Vec::new();
-    walk(p, &p.top_level, &mut HashMap::new(), None, k, &mut out);
-    out
+        _ => None,
+    })
 }
 
 /// The MLP block with one stream chunk per device is two P2P rings in two loops

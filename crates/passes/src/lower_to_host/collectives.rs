@@ -2,8 +2,8 @@
 //! Broadcasts rooted from the loop index, and the P2P ring of a stream-split allgather.
 
 use weave_host_ir::{
-    Communication, CommunicationType, HostScalar, HostTensorId, KernelUnit, P2PCommunication,
-    P2PDirection, ScalarId, Stmt,
+    Communication, CommunicationType, HostScalar, HostTensorId, P2PCommunication, P2PDirection,
+    ScalarId, Stmt,
 };
 use weave_ir::{
     BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IterDomainId, IterType, Scalar, ScalarOp,
@@ -243,29 +243,9 @@ impl Lowering<'_> {
         let back = self.scalar(HostScalar::Binary(ScalarOp::Add, dd, twice));
         let back = self.scalar(HostScalar::Binary(ScalarOp::Sub, back, view_index));
         let from = self.scalar(HostScalar::Binary(ScalarOp::Mod, back, dd));
-        self.emit(Stmt::StartCoalescing);
-        self.emit(Stmt::P2PCommunication(P2PCommunication {
-            direction: P2PDirection::Recv,
-            peer: from,
-            buffer: slot,
-        }));
-        self.emit(Stmt::P2PCommunication(P2PCommunication {
-            direction: P2PDirection::Send,
-            peer: view_index,
-            buffer: input,
-        }));
-        let end = self.emit(Stmt::EndCoalescing);
-        self.emit(Stmt::Wait { comm: end });
+        self.emit_exchange((from, slot), (view_index, input));
         let unit = ring_sum_kernel(f, consumer, self.kernels)?;
-        self.kernels += 1;
-        let kernel = self.p.kernels.insert(KernelUnit {
-            fusion: std::sync::Arc::new(unit),
-        });
-        self.emit(Stmt::LaunchKernel {
-            kernel,
-            inputs: vec![slot, out],
-            outputs: vec![out],
-        });
+        self.emit_accumulation(unit, slot, out);
         Ok(())
     }
 
@@ -546,20 +526,26 @@ impl Lowering<'_> {
         // The whole local shard is sent, never a chunk of it.
         let send = self.whole(producer)?;
         let recv = self.resolve(consumer, true)?;
+        self.emit_exchange((recv_peer, recv), (send_peer, send));
+        Ok(())
+    }
+
+    /// One coalesced pair, waited for: receive `recv.1` from `recv.0` while sending `send.1`
+    /// to `send.0`.
+    fn emit_exchange(&mut self, recv: (ScalarId, HostTensorId), send: (ScalarId, HostTensorId)) {
         self.emit(Stmt::StartCoalescing);
         self.emit(Stmt::P2PCommunication(P2PCommunication {
             direction: P2PDirection::Recv,
-            peer: recv_peer,
-            buffer: recv,
+            peer: recv.0,
+            buffer: recv.1,
         }));
         self.emit(Stmt::P2PCommunication(P2PCommunication {
             direction: P2PDirection::Send,
-            peer: send_peer,
-            buffer: send,
+            peer: send.0,
+            buffer: send.1,
         }));
         let end = self.emit(Stmt::EndCoalescing);
         self.emit(Stmt::Wait { comm: end });
-        Ok(())
     }
 }
 

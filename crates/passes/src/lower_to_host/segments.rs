@@ -152,16 +152,27 @@ impl Lowering<'_> {
         });
         self.top.insert(*out, acc);
         let unit = accumulating_kernel_fusion(f, s.exprs(), *input, *out, self.kernels)?;
+        self.emit_accumulation(unit, chunk, acc);
+        Ok(())
+    }
+
+    /// Registers `unit` as the next kernel and launches it on `(addend, acc)` into `acc`, in
+    /// place (`assign-streams` orders such launches across iterations).
+    pub(super) fn emit_accumulation(
+        &mut self,
+        unit: Fusion,
+        addend: HostTensorId,
+        acc: HostTensorId,
+    ) {
         self.kernels += 1;
         let kernel = self.p.kernels.insert(KernelUnit {
             fusion: std::sync::Arc::new(unit),
         });
         self.emit(Stmt::LaunchKernel {
             kernel,
-            inputs: vec![chunk, acc],
+            inputs: vec![addend, acc],
             outputs: vec![acc],
         });
-        Ok(())
     }
 
     fn lower_kernel(&mut self, sf: &SegmentedFusion, seg: SegmentId) -> Result<(), Diagnostic> {
