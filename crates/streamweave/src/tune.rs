@@ -36,7 +36,7 @@ mod knobs;
 mod measurement;
 
 pub use cache::{lookup, store, CacheError, CacheParseError, Entry, TuneCache, TuneKey};
-pub use knobs::{knob_variants, Knob, TUNED_CE_SLOT_MIB, TUNED_NCCL_WINDOW_MIB};
+pub use knobs::{knob_variants, loop_chunks, Knob, TUNED_CE_SLOT_MIB, TUNED_NCCL_WINDOW_MIB};
 pub use measurement::{gpu_name, GpuNameError, Measure, MeasureError, RunMeasure};
 
 use knobs::{moves_data, sums};
@@ -637,7 +637,8 @@ pub fn tune(
                 continue;
             }
             let mut helped: Vec<Knob> = Vec::new();
-            for knob in knob_variants(&base, &comms, options.ranks) {
+            let chunks = base.chunks.or_else(|| loop_chunks(program));
+            for knob in knob_variants(&base, &comms, options.ranks, chunks) {
                 let candidate = knob.apply(base);
                 if !options.allows(&candidate) || rows.iter().any(|r| r.candidate == candidate) {
                     continue;

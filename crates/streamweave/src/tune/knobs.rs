@@ -77,9 +77,16 @@ impl Knob {
 /// the chunk count; copy-engine transfers and reductions where allgathers, transfers or sum
 /// reductions move data; on a copy-engine base, slots of [`TUNED_CE_SLOT_MIB`] (a chunk's
 /// block to one peer in one piece) and, where sums are reduced, GEMMs writing into the
-/// windows.
-pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Knob> {
-    let chunked = base.chunks.is_some_and(|s| s > 1);
+/// windows. `chunks` is the chunk count of the base's loops: its S, or for a fusion without a
+/// chunk-count parameter the trip count of its stream loops as written (a P2P ring's one
+/// chunk per device, [`loop_chunks`]).
+pub fn knob_variants(
+    base: &Candidate,
+    comms: &[String],
+    ranks: usize,
+    chunks: Option<usize>,
+) -> Vec<Knob> {
+    let chunked = chunks.is_some_and(|s| s > 1);
     let mut out = Vec::new();
     if chunked {
         out.push(Knob::OrderedCompute);
@@ -96,7 +103,7 @@ pub fn knob_variants(base: &Candidate, comms: &[String], ranks: usize) -> Vec<Kn
         out.push(Knob::FlipReplay);
     }
     if chunked {
-        let s = base.chunks.unwrap_or(1);
+        let s = chunks.unwrap_or(1);
         for k in [1, 2, 4] {
             if k != base.streams && k <= s {
                 out.push(Knob::Streams(k));
@@ -155,3 +162,30 @@ pub const TUNED_CE_SLOT_MIB: u32 = 32;
 /// The symmetric window the tuner tries: 256 MiB a direction holds the collectives of a
 /// t = h = 8192 bf16 layer on 2 ranks (128 MiB) with room to spare.
 pub const TUNED_NCCL_WINDOW_MIB: u32 = 256;
+
+/// The chunk count of `program`'s loops as written: the longest trip count of its stream
+/// loops (a loop whose body first makes a pool stream current) whose bounds are constants;
+/// `None` without one. A fusion without a chunk-count parameter (a P2P ring, one chunk per
+/// device) has its loops' chunks only here.
+pub fn loop_chunks(program: &weave_host_ir::HostProgram) -> Option<usize> {
+    use weave_host_ir::{HostScalar, Stmt};
+    let constant = |s| match &program.scalars[s] {
+        HostScalar::Value(v) => v.as_const(),
+        _ => None,
+    };
+    program
+        .top_level
+        .iter()
+        .filter_map(|&s| match &program.stmts[s] {
+            Stmt::ForLoop {
+                start, stop, body, ..
+            } if body
+                .first()
+                .is_some_and(|b| matches!(program.stmts[*b], Stmt::SetCurrentStream { .. })) =>
+            {
+                usize::try_from(constant(*stop)? - constant(*start)?).ok()
+            }
+            _ => None,
+        })
+        .max()
+}

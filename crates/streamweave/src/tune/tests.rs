@@ -319,7 +319,7 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
 #[test]
 fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
     let base = candidate(4, 2, true);
-    let knobs = knob_variants(&base, &["Allgather".to_string()], 4);
+    let knobs = knob_variants(&base, &["Allgather".to_string()], 4, base.chunks);
     assert!(knobs.contains(&Knob::CopyEngine));
     assert!(knobs.contains(&Knob::Streams(1)) && knobs.contains(&Knob::Streams(4)));
     let ce = Knob::CopyEngine.apply(base);
@@ -332,13 +332,21 @@ fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
     assert_eq!(high.overlap.describe(), "collectives at high priority");
     // ... on NCCL only: a copy-engine base does not try it, and no tuning measures it there
     // (the run would refuse it).
-    assert!(!knob_variants(&ce, &["Allgather".to_string()], 4).contains(&Knob::CommPriorityHigh));
+    assert!(
+        !knob_variants(&ce, &["Allgather".to_string()], 4, ce.chunks)
+            .contains(&Knob::CommPriorityHigh)
+    );
     let both = Knob::CommPriorityHigh.apply(ce);
     assert!(both.overlap.check(both.transport).is_err());
     let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(60));
     assert!(options.allows(&high) && !options.allows(&both));
     // One chunk: nothing to order or to prioritize, no other pool; one rank: no NCCL.
-    let one = knob_variants(&candidate(1, 2, true), &["Allreduce".to_string()], 2);
+    let one = knob_variants(
+        &candidate(1, 2, true),
+        &["Allreduce".to_string()],
+        2,
+        Some(1),
+    );
     assert_eq!(
         one,
         vec![
@@ -350,8 +358,19 @@ fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
             Knob::NcclWindow(TUNED_NCCL_WINDOW_MIB, true),
         ]
     );
-    assert!(knob_variants(&candidate(1, 1, true), &["Allreduce".to_string()], 1).is_empty());
-    let broadcast = knob_variants(&candidate(2, 2, true), &["Broadcast".to_string()], 2);
+    assert!(knob_variants(
+        &candidate(1, 1, true),
+        &["Allreduce".to_string()],
+        1,
+        Some(1)
+    )
+    .is_empty());
+    let broadcast = knob_variants(
+        &candidate(2, 2, true),
+        &["Broadcast".to_string()],
+        2,
+        Some(2),
+    );
     assert!(!broadcast.contains(&Knob::CopyEngine));
     // A window stages allgathers, allreduces and reduce-scatters only.
     assert!(!broadcast
@@ -411,10 +430,13 @@ fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
     let back = TuneCache::parse(&cache.render()).unwrap();
     assert_eq!(back.entries[0].candidate(), best);
     assert!(t.to_string().contains("copy-engine slots of 32 MiB"), "{t}");
-    assert!(
-        !knob_variants(&candidate(4, 2, true), &["Allreduce".to_string()], 4)
-            .contains(&Knob::CeSlots(TUNED_CE_SLOT_MIB))
-    );
+    assert!(!knob_variants(
+        &candidate(4, 2, true),
+        &["Allreduce".to_string()],
+        4,
+        Some(4)
+    )
+    .contains(&Knob::CeSlots(TUNED_CE_SLOT_MIB)));
     // GEMMs into 32 MiB slots were tried at every chunk count (the winner has them: they
     // cost nothing here, and the slots save 5%).
     for (s, k) in [(1, 1), (2, 2), (4, 2), (8, 2)] {
@@ -441,7 +463,8 @@ fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
         ("Allreduce", candidate(2, 2, true), false),
     ] {
         assert_eq!(
-            knob_variants(&base, &[comms.to_string()], 4).contains(&Knob::GemmIntoWindows),
+            knob_variants(&base, &[comms.to_string()], 4, base.chunks)
+                .contains(&Knob::GemmIntoWindows),
             offered,
             "{comms} on {base}"
         );
@@ -952,4 +975,46 @@ fn the_fastest_is_measured_again_and_ranked_by_the_mean_of_its_two_figures() {
     unique.sort_by_key(|c| c.to_string());
     unique.dedup();
     assert_eq!(calls.len(), unique.len(), "{t}");
+}
+
+/// A fusion without a chunk-count parameter whose loops have chunks as written (the MLP block
+/// as two P2P rings, one chunk per device): `loop_chunks` reads them from the program, and the
+/// knobs of a chunked base follow (ordered compute, priorities, the other replay setting,
+/// pool sizes up to that count); a program without a stream loop has none.
+#[test]
+fn a_ring_programs_loops_give_its_knobs_their_chunk_count() {
+    let source = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/scenarios/sequence_parallel_mlp_ring.weave"
+    ))
+    .unwrap();
+    let ov = [("d".to_string(), 4), ("t".to_string(), 48)];
+    let f = crate::load("ring.weave", &source, &ov).unwrap();
+    let exe = Compiler::new().compile(&f).unwrap();
+    assert_eq!(loop_chunks(exe.program()), Some(4));
+    let base = Candidate::new(None, 2, true);
+    let comms = ["P2P".to_string()];
+    let knobs = knob_variants(&base, &comms, 4, loop_chunks(exe.program()));
+    for k in [
+        Knob::OrderedCompute,
+        Knob::PoolPriorityHigh,
+        Knob::CommPriorityHigh,
+        Knob::FlipReplay,
+        Knob::Streams(1),
+        Knob::Streams(4),
+        Knob::CopyEngine,
+    ] {
+        assert!(knobs.contains(&k), "{k:?} not in {knobs:?}");
+    }
+    let unchunked = knob_variants(&base, &comms, 4, None);
+    assert!(!unchunked.contains(&Knob::OrderedCompute) && !unchunked.contains(&Knob::Streams(1)));
+    // No stream loop: no chunks as written.
+    let plain = crate::load(
+        "plain.weave",
+        "fusion plain(n = 8) {\n  tensor a: f32[n, n]\n  b = relu(a)\n  output b\n}\n",
+        &[],
+    )
+    .unwrap();
+    let exe = Compiler::new().compile(&plain).unwrap();
+    assert_eq!(loop_chunks(exe.program()), None);
 }
