@@ -487,3 +487,80 @@ fn a_matmul_reduce_scattered_by_its_chunks_is_a_ring_that_ends_with_the_own_chun
     }
     assert_runs("matmul_rs_ring", &streamweave::passes::Pipeline::standard());
 }
+
+/// `p = linear(a, w)` with a device-split contraction, written as `out = set(p)`: whether the
+/// device sum and the `set` fold into one Reduce per chunk (posted as the P2P ring) depends on
+/// the layouts, and every variant matches the reference on 1–4 ranks and 1–3 pool streams.
+/// `p`'s schedule, an op after `out`, and whether the ring is expected.
+const RS_VARIANTS: &[(&str, &str, &str, bool)] = &[
+    // One stream chunk per device, `out` read by another op: folded.
+    (
+        "p = linear(a, w)",
+        "outer_split(0, d) -> Stream",
+        "y = relu(out)\n  output y",
+        true,
+    ),
+    // Twice as many chunks as devices: a chunk is no device's block, no fold (an Allreduce
+    // per chunk, then a Scatter).
+    (
+        "p = linear(a, w)",
+        "outer_split(0, 2 * d) -> Stream",
+        "output out",
+        false,
+    ),
+    // A bias added after the sum stands between the sum and the `set`: no fold.
+    (
+        "p = linear(a, w, bias)",
+        "outer_split(0, d) -> Stream",
+        "output out",
+        false,
+    ),
+];
+
+#[test]
+fn stream_to_device_sums_fold_where_each_chunk_is_a_device_block() {
+    for &(def, split, tail, ring) in RS_VARIANTS {
+        let source = format!(
+            "fusion rs_variant(t = 48, h = 8, f = 24, d = 2) {{
+  mesh m = devices(d)
+  tensor a: f32[t, f] on m
+  tensor w: f32[h, f] on m
+  tensor bias: f32[h] on m
+  {def}
+  out = set(p)
+  {tail}
+  schedule a {{ outer_split(1, d) -> DIDx }}
+  schedule w {{ outer_split(1, d) -> DIDx }}
+  schedule p {{ mesh = m; outer_split(2, d) -> DIDx; {split} }}
+  schedule out {{ mesh = m; outer_split(0, d) -> DIDx }}
+}}
+"
+        );
+        for d in 1..=4i64 {
+            let set = [("d", d), ("t", 24 * d)];
+            let p = lower_source(&source, &set);
+            let rings = count(&p, "P2PCommunication") > 0;
+            if d > 1 {
+                assert_eq!(rings, ring, "{def} / {split} / {tail}, d = {d}");
+                let kinds: Vec<_> = communications(&p).into_iter().map(|(k, _)| k).collect();
+                if !ring {
+                    assert!(
+                        kinds.contains(&CommunicationType::Allreduce)
+                            && kinds.contains(&CommunicationType::Scatter),
+                        "{kinds:?}"
+                    );
+                }
+            }
+            for streams in 1..=3usize {
+                let ov: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+                let fusion = streamweave::load("v.weave", &source, &ov).unwrap();
+                if let Err(f) = common::run_checked(fusion, d as usize, streams, 9) {
+                    panic!(
+                        "{def} / {split}, d = {d}, {streams} streams, {}:\n{}",
+                        f.stage, f.detail
+                    );
+                }
+            }
+        }
+    }
+}
