@@ -564,3 +564,54 @@ fn stream_to_device_sums_fold_where_each_chunk_is_a_device_block() {
         }
     }
 }
+
+/// The MLP block with one stream chunk per device of each mesh row, on a `devices(dy, dx)`
+/// mesh: the teams are the rows, not the world in rank order, so neither ring is built; per
+/// iteration `i` one Broadcast and one Reduce rooted at the row's device `i`, every row at
+/// once. Results on every mesh shape of up to 4 devices, 1–2 pool streams.
+const MLP_RING_2D: &str = "fusion mlp_ring_2d(b = 4, t = 16, h = 8, f = 32, dy = 2, dx = 2) {
+  mesh m = devices(dy, dx)
+  tensor x: f32[b, t, h] on m
+  tensor w1: f32[f, h] on m
+  tensor w2: f32[h, f] on m
+  ag = set(x)
+  h1 = linear(ag, w1)
+  a = relu(h1)
+  p = linear(a, w2)
+  out = set(p)
+  output out
+  schedule x { outer_split(0, dy) -> DIDy; outer_split(2, dx) -> DIDx }
+  schedule w1 { outer_split(0, dx) -> DIDx }
+  schedule w2 { outer_split(1, dx) -> DIDx }
+  schedule ag { mesh = m; outer_split(0, dy) -> DIDy; outer_split(2, dx) -> Stream }
+  schedule p { mesh = m; outer_split(0, dy) -> DIDy; outer_split(4, dx) -> DIDx; outer_split(2, dx) -> Stream }
+  schedule out { mesh = m; outer_split(0, dy) -> DIDy; outer_split(2, dx) -> DIDx }
+}
+";
+
+#[test]
+fn the_ring_mlp_block_on_a_2d_mesh_posts_rooted_collectives_per_row() {
+    let p = lower_source(MLP_RING_2D, &[]);
+    assert_eq!(
+        communications(&p),
+        [
+            (CommunicationType::Broadcast, 1),
+            (CommunicationType::Reduce, 1)
+        ]
+    );
+    let text = host_ir::print(&p);
+    assert!(
+        text.contains("type=Reduce, team=(0 1 | 2 3), root=i0,"),
+        "{text}"
+    );
+    assert_eq!(count(&p, "P2PCommunication"), 0);
+    for (dy, dx) in [(1, 2), (2, 1), (2, 2), (1, 4), (4, 1)] {
+        let ov = vec![("dy".to_string(), dy), ("dx".to_string(), dx)];
+        for streams in 1..=2usize {
+            let fusion = streamweave::load("m.weave", MLP_RING_2D, &ov).unwrap();
+            if let Err(f) = common::run_checked(fusion, (dy * dx) as usize, streams, 4) {
+                panic!("{dy} x {dx}, {streams} streams, {}:\n{}", f.stage, f.detail);
+            }
+        }
+    }
+}
