@@ -508,10 +508,17 @@ const RS_VARIANTS: &[(&str, &str, &str, bool)] = &[
         "output out",
         false,
     ),
-    // A bias added after the sum stands between the sum and the `set`: no fold.
+    // A bias (added after the sum) is added after the ring instead, into the device block.
     (
         "p = linear(a, w, bias)",
         "outer_split(0, d) -> Stream",
+        "output out",
+        true,
+    ),
+    // ... and with twice as many chunks as devices, as without one: no fold.
+    (
+        "p = linear(a, w, bias)",
+        "outer_split(0, 2 * d) -> Stream",
         "output out",
         false,
     ),
@@ -611,6 +618,59 @@ fn the_ring_mlp_block_on_a_2d_mesh_posts_rooted_collectives_per_row() {
             let fusion = streamweave::load("m.weave", MLP_RING_2D, &ov).unwrap();
             if let Err(f) = common::run_checked(fusion, (dy * dx) as usize, streams, 4) {
                 panic!("{dy} x {dx}, {streams} streams, {}:\n{}", f.stage, f.detail);
+            }
+        }
+    }
+}
+
+/// The ring-form MLP block with the biases of Megatron's MLP (the first linear's split with
+/// its output features, the second's replicated): still two rings and no collective; the
+/// second bias is added once, into each device's block, after the sums' ring.
+#[test]
+fn the_ring_mlp_block_with_biases_adds_the_second_bias_after_the_sums_ring() {
+    let source = std::fs::read_to_string(fixture("sequence_parallel_mlp_ring"))
+        .unwrap()
+        .replace(
+            "tensor w1: bf16[f, h] on m",
+            "tensor w1: bf16[f, h] on m\n  tensor b1: bf16[f] on m",
+        )
+        .replace(
+            "tensor w2: bf16[h, f] on m",
+            "tensor w2: bf16[h, f] on m\n  tensor b2: bf16[h] on m",
+        )
+        .replace("linear(ag, w1)", "linear(ag, w1, b1)")
+        .replace("linear(a, w2)", "linear(a, w2, b2)")
+        .replace(
+            "schedule w2 {",
+            "schedule b1 { outer_split(0, d) -> DIDx }\n  schedule w2 {",
+        );
+    for d in 1..=4i64 {
+        let set = [("d", d), ("t", 12 * d)];
+        let p = lower_source(&source, &set);
+        // (One device: its splits of extent 1 are collectives of a team of one, as without
+        // biases.)
+        if d > 1 {
+            assert_eq!(communications(&p), [], "d = {d}");
+            assert_eq!(count(&p, "P2PCommunication"), 4, "d = {d}");
+        }
+        // The last statement that computes: the bias kernel, at top level, into the output.
+        let text = host_ir::print(&p);
+        let last = p
+            .top_level
+            .iter()
+            .rev()
+            .find(|s| matches!(p.stmts[**s], Stmt::LaunchKernel { .. }))
+            .map(|s| p.stmts[*s].clone());
+        assert!(
+            d == 1
+                || matches!(&last, Some(Stmt::LaunchKernel { outputs, .. }) if outputs == &p.outputs),
+            "{text}"
+        );
+        for streams in 1..=3usize {
+            let ov: Vec<(String, i64)> = set.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+            let fusion = streamweave::load("b.weave", &source, &ov).unwrap();
+            if let Err(f) = common::run_checked(fusion, d as usize, streams, 6) {
+                panic!("d = {d}, {streams} streams, {}:\n{}", f.stage, f.detail);
             }
         }
     }

@@ -50,7 +50,9 @@
 //!    outer_split(0, d) -> Stream }`, `schedule out { outer_split(0, d) -> DIDx }`), becomes
 //!    `out = sum(p_partial)`: a Reduce rooted at each iteration's device, which lowering
 //!    posts per iteration, or as a P2P ring. Without it, every chunk would be allreduced into
-//!    a replicated copy that a Scatter then cuts.
+//!    a replicated copy that a Scatter then cuts. A replicated bias that step 1b adds between
+//!    the two (`p = add(p_nobias, bias_broadcast)`) is added after the reduction instead:
+//!    `out_nobias = sum(p_partial)`, `out = add(out_nobias, bias_broadcast)`.
 //! 3. **Resharding sets.** A remaining resharding expr that is not a communication gets, for
 //!    each operand sharded differently from its output, `x_resharded = set(x)` inserted right
 //!    before it, on the output's mesh and sharded like the output (device and stream types,

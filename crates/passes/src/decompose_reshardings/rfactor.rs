@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use weave_ir::{
     BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IdExpr, IrResult, IterDomain, IterDomainId,
-    IterType, ParallelType, ReduceOp, Scalar, SplitKind,
+    IterType, ParallelType, ReduceOp, Scalar, SplitKind, TensorId,
 };
 use weave_transform::logical_map::pairwise_map;
 use weave_transform::schedule::{self, DomainKind};
@@ -516,19 +516,31 @@ fn lookup_shard_base(
 /// `out = set(p)` split over the same `d` devices on that axis, cut alike) becomes one
 /// reduction, `out = sum(p_partial)`: iteration `i` of the stream loop reduces its chunk onto
 /// device `i` (a Reduce rooted at the iteration's device), instead of an Allreduce of every
-/// chunk into a replicated copy that a Scatter then cuts. `p` leaves the program. Does
-/// nothing unless the folded expr is exactly that Reduce.
+/// chunk into a replicated copy that a Scatter then cuts. `p` leaves the program. A bias added
+/// between the two (`p = add(p_nobias, bias_broadcast)`, as step 1b splits a row-parallel
+/// `linear` with a bias) is added after the reduction instead: `out_nobias = sum(p_partial)`,
+/// `out = add(out_nobias, bias_broadcast)`, when the bias is replicated. Does nothing unless
+/// the folded expr is exactly that Reduce; works on a copy, so a fold that fails leaves the
+/// fusion as it was.
 pub(super) fn fold_reduction_into_stream_scatter(f: &mut Fusion, e: ExprId) -> IrResult<()> {
+    if let Some(g) = folded(f, e).or_else(|| folded_through_a_bias(f, e)) {
+        *f = g;
+    }
+    Ok(())
+}
+
+/// The fusion with `z = set(y)`, `y = sum(p_partial)` folded into `z = sum(p_partial)` (see
+/// [`fold_reduction_into_stream_scatter`]), if that is a Reduce rooted at each iteration's
+/// device.
+fn folded(f: &Fusion, e: ExprId) -> Option<Fusion> {
     use crate::communication::{derive_communication, RootKind};
     use weave_host_ir::CommunicationType;
     let ex = f.expr(e);
     if ex.kind != ExprKind::Set || ex.inputs.len() != 1 {
-        return Ok(());
+        return None;
     }
     let (y, z) = (ex.inputs[0], ex.outputs[0]);
-    let Some(ey) = f.tensor(y).definition else {
-        return Ok(());
-    };
+    let ey = f.tensor(y).definition?;
     if !matches!(f.expr(ey).kind, ExprKind::Reduction { .. })
         || f.is_output(y)
         || f.uses(y) != vec![e]
@@ -536,13 +548,10 @@ pub(super) fn fold_reduction_into_stream_scatter(f: &mut Fusion, e: ExprId) -> I
         || parallel_axis(f, &f.tensor(y).loop_domain, ParallelType::Stream).is_none()
         || parallel_axis(f, &f.tensor(z).loop_domain, ParallelType::Stream).is_some()
     {
-        return Ok(());
+        return None;
     }
-    let Ok(info) = derive_communication(f, ey) else {
-        return Ok(());
-    };
-    if info.kind != CommunicationType::Allreduce {
-        return Ok(());
+    if derive_communication(f, ey).ok()?.kind != CommunicationType::Allreduce {
+        return None;
     }
     let mut g = f.clone();
     let yt = g.tensor(y).clone();
@@ -566,11 +575,61 @@ pub(super) fn fold_reduction_into_stream_scatter(f: &mut Fusion, e: ExprId) -> I
         ez.inputs = inputs;
     }
     g.remove_expr(ey);
-    let folded = derive_communication(&g, e).is_ok_and(|i| {
-        i.kind == CommunicationType::Reduce && i.root == Some(RootKind::StreamIndex)
-    });
-    if folded {
-        *f = g;
+    derive_communication(&g, e)
+        .is_ok_and(|i| i.kind == CommunicationType::Reduce && i.root == Some(RootKind::StreamIndex))
+        .then_some(g)
+}
+
+/// The fusion with `z = set(y)`, `y = add(s, bias)` (`s` a device sum read only there, `bias`
+/// without any parallel axis) rewritten as `z_nobias = set(s)` sharded like `z`, then `z =
+/// add(z_nobias, bias)`, and `z_nobias = set(s)` [`folded`]; `None` unless all of it holds.
+fn folded_through_a_bias(f: &Fusion, e: ExprId) -> Option<Fusion> {
+    let ex = f.expr(e);
+    if ex.kind != ExprKind::Set || ex.inputs.len() != 1 {
+        return None;
     }
-    Ok(())
+    let (y, z) = (ex.inputs[0], ex.outputs[0]);
+    let ey = f.tensor(y).definition?;
+    let add = f.expr(ey);
+    if add.kind != ExprKind::Binary(BinaryOp::Add) || add.inputs.len() != 2 {
+        return None;
+    }
+    let is_sum = |t: TensorId| {
+        f.tensor(t)
+            .definition
+            .is_some_and(|d| matches!(f.expr(d).kind, ExprKind::Reduction { .. }))
+    };
+    let at = add.inputs.iter().position(|t| is_sum(*t))?;
+    let (s, bias) = (add.inputs[at], add.inputs[1 - at]);
+    let replicated = f
+        .tensor(bias)
+        .loop_domain
+        .iter()
+        .all(|i| f.id(*i).parallel == ParallelType::Serial);
+    if is_sum(bias)
+        || !replicated
+        || f.is_output(y)
+        || f.is_output(s)
+        || f.uses(y) != vec![e]
+        || f.uses(s) != vec![ey]
+    {
+        return None;
+    }
+    let mut g = f.clone();
+    let name = g.fresh_name(&format!("{}_nobias", g.tensor(z).name));
+    let mesh = g.tensor(z).mesh;
+    let (mid, me) = super::insert_before(&mut g, e, &name, ExprKind::Set, &[s], mesh, z).ok()?;
+    let graph = IdGraph::build(&g);
+    replay(&mut g, z, mid, &graph, &DEVICE_AND_STREAM_TYPES).ok()?;
+    let mut inputs = vec![mid, bias];
+    if at == 1 {
+        inputs.reverse();
+    }
+    {
+        let ez = g.expr_mut(e);
+        ez.kind = ExprKind::Binary(BinaryOp::Add);
+        ez.inputs = inputs;
+    }
+    g.remove_expr(ey);
+    folded(&g, me)
 }
