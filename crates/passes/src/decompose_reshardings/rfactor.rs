@@ -535,12 +535,7 @@ pub(super) fn fold_reduction_into_stream_scatter(f: &mut Fusion, e: ExprId) -> I
 fn folded(f: &Fusion, e: ExprId) -> Option<Fusion> {
     use crate::communication::{derive_communication, RootKind};
     use weave_host_ir::CommunicationType;
-    let ex = f.expr(e);
-    if ex.kind != ExprKind::Set || ex.inputs.len() != 1 {
-        return None;
-    }
-    let (y, z) = (ex.inputs[0], ex.outputs[0]);
-    let ey = f.tensor(y).definition?;
+    let (y, z, ey) = set_of_a_result(f, e)?;
     if !matches!(f.expr(ey).kind, ExprKind::Reduction { .. })
         || f.is_output(y)
         || f.uses(y) != vec![e]
@@ -584,12 +579,7 @@ fn folded(f: &Fusion, e: ExprId) -> Option<Fusion> {
 /// without any parallel axis) rewritten as `z_nobias = set(s)` sharded like `z`, then `z =
 /// add(z_nobias, bias)`, and `z_nobias = set(s)` [`folded`]; `None` unless all of it holds.
 fn folded_through_a_bias(f: &Fusion, e: ExprId) -> Option<Fusion> {
-    let ex = f.expr(e);
-    if ex.kind != ExprKind::Set || ex.inputs.len() != 1 {
-        return None;
-    }
-    let (y, z) = (ex.inputs[0], ex.outputs[0]);
-    let ey = f.tensor(y).definition?;
+    let (y, z, ey) = set_of_a_result(f, e)?;
     let add = f.expr(ey);
     if add.kind != ExprKind::Binary(BinaryOp::Add) || add.inputs.len() != 2 {
         return None;
@@ -632,4 +622,14 @@ fn folded_through_a_bias(f: &Fusion, e: ExprId) -> Option<Fusion> {
     }
     g.remove_expr(ey);
     folded(&g, me)
+}
+
+/// `(y, z, ey)` when `e` is `z = set(y)` and `ey` defines `y` (no fusion input).
+fn set_of_a_result(f: &Fusion, e: ExprId) -> Option<(TensorId, TensorId, ExprId)> {
+    let ex = f.expr(e);
+    if ex.kind != ExprKind::Set || ex.inputs.len() != 1 {
+        return None;
+    }
+    let (y, z) = (ex.inputs[0], ex.outputs[0]);
+    Some((y, z, f.tensor(y).definition?))
 }
