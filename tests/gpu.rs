@@ -409,10 +409,10 @@ type Layer<'a> = (&'a str, &'a [(&'a str, i64)], usize);
 
 /// The benchmark's execution variants produce the reference's numbers: CUDA-graph replay,
 /// ordered compute (eager and replayed), collectives posted from high-priority streams of
-/// their own (eager and replayed; NCCL only, as the product allows), copy-engine allgathers and ring
-/// transfers, and a
-/// blocking NCCL communicator, on the chunked and P2P column-parallel layers and the
-/// row-parallel one, on 2 and 4 GPUs (sampled rows against the f64 host reference).
+/// their own (eager and replayed; NCCL only, as the product allows), copy-engine allgathers
+/// and ring transfers, and a blocking NCCL communicator, on the chunked and P2P
+/// column-parallel layers and the row-parallel one, on 2 and 4 GPUs (sampled rows against
+/// the f64 host reference).
 #[test]
 fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference() {
     use std::sync::Arc;
