@@ -1371,3 +1371,46 @@ fn a_run_compiles_no_kernel_after_its_kernels_were_loaded() {
         .synchronize_timeout(Duration::from_secs(30))
         .expect("the sums finish");
 }
+
+/// A traced run puts every rank on one clock, also for a program of point-to-point
+/// transfers, which the timeline cannot align on a collective: `matmul_rs_ring` on 2 GPUs,
+/// where iteration 0 of rank `r` computes its peer's partial sums, sends them and receives
+/// the peer's partial of its own block. That exchange cannot end before the peer's GEMM
+/// that computed what it receives: with each rank timed from an origin of its own (the
+/// rank's first span), the ranks' start skew — milliseconds in a threads-mode run — breaks
+/// that order on one side or the other.
+#[test]
+fn a_traced_ring_puts_every_rank_on_one_clock() {
+    let Some((_n, _turn)) = gpus() else { return };
+    let fusion = load("matmul_rs_ring", &[("d", 2), ("t", 4096), ("h", 2048)]);
+    let exe = compile(fusion);
+    let globals = exe.random_inputs(3).unwrap();
+    let options = RunOptions {
+        check: false,
+        trace: true,
+        ..gpu_options(2)
+    };
+    let report = exe.run_dense(&globals, &options).expect("runs");
+    let ranks = report.rank_spans();
+    assert_eq!(ranks.len(), 2);
+    // Per rank: the end of its first GEMM and of its first exchange.
+    let first_end = |r: usize, prefix: &str| -> f64 {
+        ranks[r]
+            .spans
+            .iter()
+            .filter(|s| s.label.contains(prefix))
+            .min_by(|a, b| a.start_us.total_cmp(&b.start_us))
+            .map(|s| s.start_us + s.dur_us)
+            .unwrap_or_else(|| panic!("rank {r} has no `{prefix}` span: {:?}", ranks[r].spans))
+    };
+    for r in 0..2 {
+        let peer = 1 - r;
+        let exchange = first_end(r, "EndCoalescing");
+        let peer_gemm = first_end(peer, "linear(");
+        assert!(
+            exchange + 20.0 >= peer_gemm,
+            "rank {r}'s first exchange ends at {exchange:.1} µs, before rank {peer}'s GEMM \
+             that computes what it receives ends ({peer_gemm:.1} µs): the ranks are not on one clock"
+        );
+    }
+}

@@ -78,8 +78,9 @@ pub fn category(label: &str) -> &'static str {
 }
 
 /// Puts the ranks' spans on one clock. A backend times each rank from an origin of its own
-/// (the CUDA backend from the rank's first span: GPU clocks are not comparable across
-/// ranks), so ranks that began a run apart are drawn shifted against each other, and the
+/// (GPU clocks are not comparable across ranks; the runs of `streamweave` start a CUDA
+/// rank's trace behind a one-element allgather of the world, so their origins already
+/// coincide to microseconds, but an origin taken anywhere else does not), so ranks that began a run apart are drawn shifted against each other, and the
 /// first collective of the ranks that came early looks as long as the skew. Every member
 /// leaves a collective at the same moment: when every rank's first communication is the same
 /// statement and its team (`team=(…)` in the label, as the host program prints it) is one

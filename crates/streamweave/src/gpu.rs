@@ -246,12 +246,44 @@ where
         backend.synchronize()?;
     }
     if options.trace {
-        backend.start_trace()?;
+        start_trace_on_one_clock(backend, comm)?;
     }
     let mut run = run_rank(program, backend, comm, inputs, config)?;
     run.timed = timed;
     run.replayed = replayed;
     Ok(run)
+}
+
+/// Starts the rank's trace at a moment every rank shares: an allgather of one element over
+/// the whole world on the main stream, then the trace's origin recorded behind it. Each GPU
+/// times its spans from its own origin (GPU clocks are not comparable across devices), and
+/// every member leaves a collective at the same moment, so the ranks' origins coincide to a
+/// few microseconds and their spans are on one clock — for a program of point-to-point
+/// transfers too, which [`weave_executor::timeline::align_ranks`] cannot align. A world of
+/// one rank starts its trace at once.
+pub(crate) fn start_trace_on_one_clock<C>(backend: &CudaBackend, comm: &C) -> Result<(), ExecError>
+where
+    C: Communicator<Buffer = DeviceTensor, Stream = GpuStream> + ?Sized,
+{
+    if comm.size() > 1 {
+        let main = backend.stream(weave_executor::StreamKey::Main)?;
+        let input = backend.allocate(weave_ir::DType::F32, &[1], true, &main)?;
+        let output = backend.allocate(weave_ir::DType::F32, &[comm.size()], false, &main)?;
+        let collective = weave_comm::Collective {
+            label: "trace origin (allgather of one element)".to_string(),
+            team: (0..comm.size()).collect(),
+            op: weave_comm::CommOp::Allgather {
+                input: input.clone(),
+                output: output.clone(),
+            },
+        };
+        comm.post(collective, &main)?;
+        backend.start_trace()?;
+        backend.deallocate(input, &main);
+        backend.deallocate(output, &main);
+        return Ok(());
+    }
+    backend.start_trace()
 }
 
 /// Runs every rank of `exe` on its own GPU, one thread per rank, in this process: rank `r`

@@ -280,7 +280,7 @@ impl CudaSession {
             let (inputs, outputs) =
                 call.map_buffers(|b| backend.adopt(b.mem.clone(), b.dtype, &b.sizes))?;
             if trace {
-                backend.start_trace()?;
+                crate::gpu::start_trace_on_one_clock(backend, &*r.comm)?;
             }
             let main = backend.stream(StreamKey::Main)?;
             main.wait_foreign(&call.stream, &r.before)?;
