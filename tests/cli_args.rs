@@ -181,6 +181,58 @@ fn a_chunk_count_for_a_fusion_without_chunks_is_refused() {
     assert!(out.contains("result: PASS"), "{out}");
 }
 
+/// A chunk count that would size the data (`x: f32[s, n, h]`: `s` micro-batches, each a
+/// stream chunk) is refused by `--chunks`, and `--chunks auto` leaves it as written: another
+/// value runs other data, not other chunks. Chunks that only regroup the rows
+/// (`inp: bf16[s, d, t / (s * d), h]`) are chosen freely.
+#[test]
+fn a_chunk_count_that_would_change_the_data_is_refused() {
+    const GRADS: &str = "tests/scenarios/mlp_backward_weight_grads.weave";
+    let (code, out, err) = weave(&["run", GRADS, "--chunks", "1"]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains(
+            "--chunks 1: `s` = 1 would change the data, not its chunks: tensor `x` is [2, 12, 8] \
+             with `s` = 2 and [1, 12, 8] with `s` = 1"
+        ),
+        "{err}"
+    );
+    let (code, out, err) = weave(&["run", GRADS]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("result: PASS"), "{out}");
+    // Regrouped rows: 4 chunks of 2 devices' blocks of 8 rows, then 2 chunks of 16.
+    for chunks in ["4", "2"] {
+        let (code, out, err) = weave(&[
+            "run",
+            "tests/scenarios/column_parallel_chunked.weave",
+            "--set",
+            "t=64",
+            "--set",
+            "h=8",
+            "--chunks",
+            chunks,
+        ]);
+        assert_eq!(code, Some(0), "--chunks {chunks}: {out}\n{err}");
+        assert!(out.contains("result: PASS"), "{out}");
+    }
+    // 40 rows do not cut into 8 chunks of 2 devices' blocks: refused, not truncated to 32.
+    let (code, out, err) = weave(&[
+        "run",
+        "tests/scenarios/column_parallel_chunked.weave",
+        "--set",
+        "t=40",
+        "--set",
+        "h=8",
+        "--chunks",
+        "8",
+    ]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("--chunks 8: `s` = 8 would change the data, not its chunks: tensor `inp` is [4, 2, 5, 8] with `s` = 4 and [8, 2, 2, 8] with `s` = 8"),
+        "{err}"
+    );
+}
+
 /// The timeout bounds each candidate's warm-up and timed runs together: a million warm-up
 /// runs stop after the timeout, as a failed candidate, instead of running for hours.
 #[test]

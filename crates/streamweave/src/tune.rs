@@ -468,17 +468,31 @@ pub fn tune(
             && rows.iter().any(|r| r.outcome.time().is_some())
     };
     let key = TuneKey::of(fusion, options.ranks, options.backend(), &options.machine);
-    let has_chunks = fusion.role_param(ParamRole::ChunkCount).is_some();
-    let chunk_counts: Vec<Option<usize>> = if has_chunks {
+    // Only chunk counts that keep the caller's data (`Fusion::chunk_count_keeps_the_data`,
+    // with the mesh sized for the ranks); none, and the fusion runs as written.
+    let mut bound = fusion.clone();
+    if let Some(d) = fusion
+        .role_param(ParamRole::MeshSize)
+        .map(|p| p.name.clone())
+    {
+        let _ = bound.set_param(&d, i64::try_from(options.ranks).unwrap_or(i64::MAX));
+    }
+    let keeps = |n: usize| match (fusion.role_param(ParamRole::ChunkCount), i64::try_from(n)) {
+        (Some(p), Ok(n)) => bound.chunk_count_keeps_the_data(&p.name, n).is_ok(),
+        _ => false,
+    };
+    let chunk_counts: Vec<Option<usize>> = {
         let mut s: Vec<usize> = options.chunk_counts.clone();
         if !s.contains(&1) {
             s.insert(0, 1);
         }
         s.sort_unstable();
         s.dedup();
-        s.into_iter().map(Some).collect()
-    } else {
-        vec![None]
+        s.retain(|&n| keeps(n));
+        match s.is_empty() {
+            true => vec![None],
+            false => s.into_iter().map(Some).collect(),
+        }
     };
     let compiler = Compiler::new().devices(options.ranks);
     let compiled: Vec<(Option<usize>, Result<Executable, String>)> = chunk_counts

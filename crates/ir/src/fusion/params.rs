@@ -161,6 +161,54 @@ impl Fusion {
             .collect()
     }
 
+    /// Whether `value` for parameter `name` — the chunk count a runner is about to choose —
+    /// keeps the data: every input and output holds as many elements with it as with the
+    /// parameter's current value. A chunk count read off a logical axis
+    /// (`x: f32[s, d, t / (s * d), h]`, `parallelize(0, Stream)`) only regroups the same
+    /// rows, but one that sizes the data by itself (`x: f32[s, n, h]`: `s` micro-batches)
+    /// or a chunk count that does not divide an extent (`t / (s * d)` rounding down) would
+    /// run other data than the caller's. The error names the first tensor that changes.
+    pub fn chunk_count_keeps_the_data(&self, name: &str, value: i64) -> Result<(), String> {
+        let current = self.param_value(name);
+        let sizes = |tv: &TensorView, v: Option<i64>| -> Vec<Option<i64>> {
+            tv.logical
+                .iter()
+                .map(|id| {
+                    self.ids[*id]
+                        .extent
+                        .eval(&|n| if n == name { v } else { self.param_value(n) })
+                })
+                .collect()
+        };
+        let count = |sizes: &[Option<i64>]| {
+            sizes
+                .iter()
+                .try_fold(1i64, |acc, e| e.and_then(|e| acc.checked_mul(e)))
+        };
+        let show = |sizes: &[Option<i64>]| {
+            let each: Vec<String> = sizes
+                .iter()
+                .map(|e| e.map_or("?".to_string(), |e| e.to_string()))
+                .collect();
+            format!("[{}]", each.join(", "))
+        };
+        for &t in self.inputs().iter().chain(self.outputs()) {
+            let tv = self.tensor(t);
+            let (now, then) = (sizes(tv, current), sizes(tv, Some(value)));
+            if count(&now).is_none() || count(&now) != count(&then) {
+                return Err(format!(
+                    "`{name}` = {value} would change the data, not its chunks: tensor `{}` is \
+                     {} with `{name}` = {} and {} with `{name}` = {value}",
+                    tv.name,
+                    show(&now),
+                    current.map_or("?".to_string(), |c| c.to_string()),
+                    show(&then)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Overrides a parameter's value (`--set name=value`). Must happen before the parameter
     /// is used; fails for an unknown name, listing the known ones.
     pub fn set_param(&mut self, name: &str, value: i64) -> IrResult<()> {

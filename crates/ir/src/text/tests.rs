@@ -773,10 +773,17 @@ fn the_chunk_count_is_read_off_stream_axes_as_schedules_write_them() {
         chunks("fusion f(t = 8, k = 4) {\n  tensor a: f32[2, t]\n  b = neg(a)\n  output b\n  schedule b { outer_split(1, k); reorder(1 -> 0); parallelize(0, Stream) }\n}\n").as_deref(),
         Some("k")
     );
-    // A logical axis of extent `s` parallelized as Stream.
+    // A logical axis of extent `s` parallelized as Stream holds `s` pieces of the data (its
+    // inputs are `s` micro-batches): another `s` is other data, so it is no chunk count — a
+    // runner choosing it would change the inputs' shapes. Nor is a parameter that sizes a
+    // tensor through a product.
     assert_eq!(
-        chunks("fusion f(s = 4) {\n  tensor a: f32[s, 2]\n  b = neg(a)\n  output b\n  schedule b { parallelize(0, Stream) }\n}\n").as_deref(),
-        Some("s")
+        chunks("fusion f(s = 4) {\n  tensor a: f32[s, 2]\n  b = neg(a)\n  output b\n  schedule b { parallelize(0, Stream) }\n}\n"),
+        None
+    );
+    assert_eq!(
+        chunks("fusion f(s = 4, c = 3) {\n  tensor a: f32[s * c, 2]\n  b = neg(a)\n  output b\n  schedule b { outer_split(0, s) -> Stream }\n}\n"),
+        None
     );
     // The stream loop of a ring runs over the devices: its extent is the mesh size, which
     // is no chunk count; an inner split's stream axis has no parameter extent.

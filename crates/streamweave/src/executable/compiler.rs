@@ -134,9 +134,26 @@ impl Compiler {
         }
         let mut choice = None;
         if let Some((name, current)) = free(ParamRole::ChunkCount, &set) {
+            // The chunk counts that keep the caller's data (`Fusion::chunk_count_keeps_the_data`),
+            // judged with the parameters bound so far (the mesh size among them).
+            let mut bound = first.clone();
+            for (k, v) in &set {
+                bound
+                    .set_param(k, *v)
+                    .map_err(|d| Error::Program(d.to_string()))?;
+            }
+            let keeps = |n: usize| {
+                i64::try_from(n)
+                    .map_err(|_| format!("{n} chunks"))
+                    .and_then(|n| bound.chunk_count_keeps_the_data(&name, n))
+            };
             let value = match &self.chunks {
                 Chunks::AsWritten => None,
-                Chunks::Fixed(n) => Some(*n),
+                Chunks::Fixed(n) => {
+                    keeps(*n).map_err(|e| Error::Program(format!("--chunks {n}: {e}")))?;
+                    Some(*n)
+                }
+                Chunks::Auto(_) if keeps(1).is_err() => None,
                 Chunks::Auto(cal) => {
                     // Meter the program built with one chunk, then let the model choose.
                     let mut one = set.clone();
@@ -153,7 +170,12 @@ impl Compiler {
                     });
                     if fits {
                         let w = crate::chunks::workload(&program, ranks)?;
-                        let c = crate::chunks::choose(&w, cal, &crate::chunks::CANDIDATES);
+                        let candidates: Vec<usize> = crate::chunks::CANDIDATES
+                            .iter()
+                            .copied()
+                            .filter(|&n| keeps(n).is_ok())
+                            .collect();
+                        let c = crate::chunks::choose(&w, cal, &candidates);
                         let n = c.chunks;
                         choice = Some(c);
                         Some(n)

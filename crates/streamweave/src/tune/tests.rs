@@ -1018,3 +1018,45 @@ fn a_ring_programs_loops_give_its_knobs_their_chunk_count() {
     let exe = Compiler::new().compile(&plain).unwrap();
     assert_eq!(loop_chunks(exe.program()), None);
 }
+
+/// The tuning tries only chunk counts that keep the caller's data: the weight gradients of
+/// `s` micro-batches (`x: f32[s, n, h]`, each a stream chunk) have one chunk count, their
+/// own, where a runner choosing `s` would run other data; rows that chunks only regroup
+/// (`a: f32[s, t / s, h]`) get every chunk count that divides them.
+#[test]
+fn only_chunk_counts_that_keep_the_data_are_tried() {
+    let grads = crate::load(
+        "mlp_backward_weight_grads.weave",
+        include_str!("../../../../tests/scenarios/mlp_backward_weight_grads.weave"),
+        &[],
+    )
+    .unwrap();
+    let fake = Fake::new(|_: &Candidate| 1.0);
+    let t = tune(&grads, &unpruned(), &mut &fake).unwrap();
+    let chunks: std::collections::BTreeSet<Option<usize>> =
+        t.rows.iter().map(|r| r.candidate.chunks).collect();
+    assert_eq!(chunks, [Some(2)].into(), "{t}");
+    let regrouped = "fusion rows(t = 24, h = 8, s = 2) {
+  tensor a: f32[s, t / s, h]
+  out = neg(a)
+  output out
+  schedule out { parallelize(0, Stream) }
+}
+";
+    let fusion = crate::load("rows.weave", regrouped, &[]).unwrap();
+    let fake = Fake::new(|_: &Candidate| 1.0);
+    let t = tune(&fusion, &unpruned(), &mut &fake).unwrap();
+    let chunks: std::collections::BTreeSet<Option<usize>> =
+        t.rows.iter().map(|r| r.candidate.chunks).collect();
+    // 24 rows: the candidates that divide them (8 chunks of 3 rows), not those that would
+    // drop rows (16 chunks of 1 row: 16 of the 24).
+    let expected: std::collections::BTreeSet<Option<usize>> = unpruned()
+        .chunk_counts
+        .iter()
+        .chain(&[1])
+        .filter(|&&n| 24 % n == 0)
+        .map(|&n| Some(n))
+        .collect();
+    assert!(expected.len() >= 3, "{expected:?}");
+    assert_eq!(chunks, expected, "{t}");
+}
