@@ -1403,6 +1403,14 @@ fn a_traced_ring_puts_every_rank_on_one_clock() {
             .map(|s| s.start_us + s.dur_us)
             .unwrap_or_else(|| panic!("rank {r} has no `{prefix}` span: {:?}", ranks[r].spans))
     };
+    // Both ranks' first exchange is one coalesced pair between them: it ends when both
+    // transfers have, on both ranks at once (rebased to each rank's own first span instead,
+    // the rank whose host came first would end it later by its head start).
+    let (e0, e1) = (first_end(0, "EndCoalescing"), first_end(1, "EndCoalescing"));
+    assert!(
+        (e0 - e1).abs() < 100.0,
+        "the ranks' first exchange ends at {e0:.1} and {e1:.1} µs: not one clock"
+    );
     for r in 0..2 {
         let peer = 1 - r;
         let exchange = first_end(r, "EndCoalescing");

@@ -133,14 +133,27 @@ pub fn align_ranks(ranks: &mut [RankSpans]) -> Option<f64> {
 
 /// A run's Chrome trace and SVG picture, the ranks first put on one clock
 /// ([`align_ranks`]): the trace with every span, the picture from when every rank had begun
-/// ([`svg_from`]; the whole of it when there is nothing to align on).
+/// ([`svg_from`]; with nothing to align on, from the latest rank's first span, and the
+/// whole of it for one rank).
 pub fn trace_and_picture(mut ranks: Vec<RankSpans>) -> (String, String) {
-    let begun = align_ranks(&mut ranks);
+    let begun = align_ranks(&mut ranks).or_else(|| latest_first_span(&ranks));
     let picture = match begun {
         Some(t) => svg_from(&ranks, t),
         None => svg(&ranks),
     };
     (chrome_trace(&ranks), picture)
+}
+
+/// When the last of several ranks began: its first span's start (`None` for fewer than two
+/// ranks with spans). On clocks the ranks share (a CUDA world's traces start together), the
+/// picture of a program that [`align_ranks`] cannot align (point-to-point rings) starts
+/// there, without the early ranks' wait for the host of the last.
+fn latest_first_span(ranks: &[RankSpans]) -> Option<f64> {
+    let firsts: Vec<f64> = ranks
+        .iter()
+        .filter_map(|r| r.spans.iter().map(|s| s.start_us).reduce(f64::min))
+        .collect();
+    (firsts.len() >= 2).then(|| firsts.into_iter().fold(f64::NEG_INFINITY, f64::max))
 }
 
 /// The members of a communication's team when it is one group (`team=(0 1 2)` in its
@@ -378,6 +391,43 @@ mod tests {
             assert_eq!(align_ranks(&mut rows), None, "{team}");
             assert_eq!(rows[1].spans[0].start_us, 0.0);
         }
+    }
+
+    /// A ring of point-to-point exchanges has no collective to align on; on a clock the
+    /// ranks share, its picture starts when the last rank began (rank 1, 700 us in), rank
+    /// 0's first exchange — waiting for rank 1 — drawn from there.
+    #[test]
+    fn a_ring_is_pictured_from_when_the_last_rank_began() {
+        const EXCHANGE: &str = "EndCoalescing 11";
+        let ranks = vec![
+            RankSpans {
+                rank: 0,
+                spans: vec![
+                    span(EXCHANGE, 0.0, 800.0),
+                    span("T10 = linear(T9, T1)", 800.0, 100.0),
+                ],
+            },
+            RankSpans {
+                rank: 1,
+                spans: vec![
+                    span(EXCHANGE, 700.0, 100.0),
+                    span("T10 = linear(T9, T1)", 800.0, 100.0),
+                ],
+            },
+        ];
+        assert_eq!(align_ranks(&mut ranks.clone()), None);
+        assert_eq!(latest_first_span(&ranks), Some(700.0));
+        assert_eq!(latest_first_span(&ranks[..1]), None);
+        let (trace, picture) = trace_and_picture(ranks);
+        assert!(
+            picture.contains("time 0 .. 200.0 us, from when every rank had begun"),
+            "{picture}"
+        );
+        // The trace keeps every span where it was.
+        assert!(
+            trace.contains(r#""ts":0.0"#) && trace.contains(r#""ts":700.0"#),
+            "{trace}"
+        );
     }
 
     #[test]

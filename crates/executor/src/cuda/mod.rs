@@ -819,12 +819,13 @@ impl Backend for CudaBackend {
     fn spans(&self) -> Vec<Span> {
         let origin = self.origin.lock().unwrap();
         let spans = self.spans.lock().unwrap();
+        // Times count from the trace's origin (`start_trace`: the runs of a world record it
+        // behind an allgather of every rank, so the ranks' origins coincide), else from this
+        // rank's first span: GPUs' clocks are not comparable across ranks.
         let Some(origin) = origin.as_ref().or(spans.first().map(|s| &s.start)) else {
             return Vec::new();
         };
-        // Times count from this rank's first span: GPUs' clocks are not comparable across
-        // ranks, and the host work before the first span (input uploads) is not GPU work.
-        let mut out: Vec<Span> = spans
+        spans
             .iter()
             .filter_map(|s| {
                 let start = origin.elapsed_ms(&s.start).ok()? as f64 * 1000.0;
@@ -836,14 +837,7 @@ impl Backend for CudaBackend {
                     dur_us: (end - start).max(0.0),
                 })
             })
-            .collect();
-        let first = out.iter().map(|s| s.start_us).fold(f64::INFINITY, f64::min);
-        if first.is_finite() {
-            for s in &mut out {
-                s.start_us -= first;
-            }
-        }
-        out
+            .collect()
     }
 
     fn streams(&self) -> Vec<StreamKey> {
