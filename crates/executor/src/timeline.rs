@@ -213,7 +213,7 @@ fn draw(ranks: &[RankSpans], from: Option<f64>) -> String {
         height
     );
     let since = match from {
-        Some(_) => ", from when every rank had begun, the ranks aligned at the end of their first communication",
+        Some(_) => ", from when every rank had begun, the ranks on one clock",
         None => "",
     };
     let _ = writeln!(
