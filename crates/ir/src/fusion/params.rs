@@ -168,7 +168,7 @@ impl Fusion {
     /// rows, but one that sizes the data by itself (`x: f32[s, n, h]`: `s` micro-batches)
     /// or a chunk count that does not divide an extent (`t / (s * d)` rounding down) would
     /// run other data than the caller's. The error names the first tensor that changes.
-    pub fn chunk_count_keeps_the_data(&self, name: &str, value: i64) -> Result<(), String> {
+    pub fn chunk_count_keeps_the_data(&self, name: &str, value: i64) -> IrResult<()> {
         let current = self.param_value(name);
         let sizes = |tv: &TensorView, v: Option<i64>| -> Vec<Option<i64>> {
             tv.logical
@@ -196,14 +196,14 @@ impl Fusion {
             let tv = self.tensor(t);
             let (now, then) = (sizes(tv, current), sizes(tv, Some(value)));
             if count(&now).is_none() || count(&now) != count(&then) {
-                return Err(format!(
+                return Err(Diagnostic::new(format!(
                     "`{name}` = {value} would change the data, not its chunks: tensor `{}` is \
                      {} with `{name}` = {} and {} with `{name}` = {value}",
                     tv.name,
                     show(&now),
                     current.map_or("?".to_string(), |c| c.to_string()),
                     show(&then)
-                ));
+                )));
             }
         }
         Ok(())

@@ -145,7 +145,11 @@ impl Compiler {
             let keeps = |n: usize| {
                 i64::try_from(n)
                     .map_err(|_| format!("{n} chunks"))
-                    .and_then(|n| bound.chunk_count_keeps_the_data(&name, n))
+                    .and_then(|n| {
+                        bound
+                            .chunk_count_keeps_the_data(&name, n)
+                            .map_err(|d| d.message)
+                    })
             };
             let value = match &self.chunks {
                 Chunks::AsWritten => None,
