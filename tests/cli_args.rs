@@ -200,37 +200,36 @@ fn a_chunk_count_that_would_change_the_data_is_refused() {
     let (code, out, err) = weave(&["run", GRADS]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("result: PASS"), "{out}");
-    // Regrouped rows: 4 chunks of 2 devices' blocks of 8 rows, then 2 chunks of 16.
-    for chunks in ["4", "2"] {
+    // Rows regrouped: t = 64 in 4 chunks of 2 devices' blocks of 8 rows, or 2 chunks of 16,
+    // run; 40 rows do not cut into 8 chunks of 2 devices' blocks: refused, not truncated to 32.
+    let refused = "--chunks 8: `s` = 8 would change the data, not its chunks: tensor `inp` is \
+                   [4, 2, 5, 8] with `s` = 4 and [8, 2, 2, 8] with `s` = 8";
+    for (t, chunks, error) in [
+        ("64", "4", None),
+        ("64", "2", None),
+        ("40", "8", Some(refused)),
+    ] {
         let (code, out, err) = weave(&[
             "run",
             "tests/scenarios/column_parallel_chunked.weave",
             "--set",
-            "t=64",
+            &format!("t={t}"),
             "--set",
             "h=8",
             "--chunks",
             chunks,
         ]);
-        assert_eq!(code, Some(0), "--chunks {chunks}: {out}\n{err}");
-        assert!(out.contains("result: PASS"), "{out}");
+        match error {
+            None => {
+                assert_eq!(code, Some(0), "t={t} --chunks {chunks}: {out}\n{err}");
+                assert!(out.contains("result: PASS"), "{out}");
+            }
+            Some(e) => {
+                assert_eq!(code, Some(1), "t={t} --chunks {chunks}: {out}\n{err}");
+                assert!(err.contains(e), "{err}");
+            }
+        }
     }
-    // 40 rows do not cut into 8 chunks of 2 devices' blocks: refused, not truncated to 32.
-    let (code, out, err) = weave(&[
-        "run",
-        "tests/scenarios/column_parallel_chunked.weave",
-        "--set",
-        "t=40",
-        "--set",
-        "h=8",
-        "--chunks",
-        "8",
-    ]);
-    assert_eq!(code, Some(1), "{out}\n{err}");
-    assert!(
-        err.contains("--chunks 8: `s` = 8 would change the data, not its chunks: tensor `inp` is [4, 2, 5, 8] with `s` = 4 and [8, 2, 2, 8] with `s` = 8"),
-        "{err}"
-    );
 }
 
 /// The timeout bounds each candidate's warm-up and timed runs together: a million warm-up

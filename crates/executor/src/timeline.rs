@@ -322,28 +322,29 @@ mod tests {
 
     const AG: &str = "Communication 11 (type=Allgather, team=(0 1))";
 
+    /// Two ranks, each a first communication `first` (start, duration) then a GEMM of
+    /// 100 us starting at the third figure.
+    fn two_ranks(first: &str, r0: [f64; 3], r1: [f64; 3]) -> Vec<RankSpans> {
+        [r0, r1]
+            .into_iter()
+            .enumerate()
+            .map(|(rank, [start, dur, gemm])| RankSpans {
+                rank,
+                spans: vec![
+                    span(first, start, dur),
+                    span("T10 = linear(T9, T1)", gemm, 100.0),
+                ],
+            })
+            .collect()
+    }
+
     /// Two ranks on clocks of their own: rank 0 began 900 us before rank 1, so its first
     /// allgather waited 900 us longer; aligned, both allgathers end together and what
     /// follows lines up, and the picture from when both had begun draws rank 0's allgather
     /// from there.
     #[test]
     fn ranks_are_aligned_at_the_end_of_their_first_communication() {
-        let mut ranks = vec![
-            RankSpans {
-                rank: 0,
-                spans: vec![
-                    span(AG, 0.0, 1000.0),
-                    span("T10 = linear(T9, T1)", 1000.0, 100.0),
-                ],
-            },
-            RankSpans {
-                rank: 1,
-                spans: vec![
-                    span(AG, 0.0, 100.0),
-                    span("T10 = linear(T9, T1)", 100.0, 100.0),
-                ],
-            },
-        ];
+        let mut ranks = two_ranks(AG, [0.0, 1000.0, 1000.0], [0.0, 100.0, 100.0]);
         assert_eq!(align_ranks(&mut ranks), Some(900.0));
         let starts = |r: &RankSpans| r.spans.iter().map(|s| s.start_us).collect::<Vec<_>>();
         assert_eq!(starts(&ranks[0]), vec![0.0, 1000.0]);
@@ -398,23 +399,11 @@ mod tests {
     /// 0's first exchange — waiting for rank 1 — drawn from there.
     #[test]
     fn a_ring_is_pictured_from_when_the_last_rank_began() {
-        const EXCHANGE: &str = "EndCoalescing 11";
-        let ranks = vec![
-            RankSpans {
-                rank: 0,
-                spans: vec![
-                    span(EXCHANGE, 0.0, 800.0),
-                    span("T10 = linear(T9, T1)", 800.0, 100.0),
-                ],
-            },
-            RankSpans {
-                rank: 1,
-                spans: vec![
-                    span(EXCHANGE, 700.0, 100.0),
-                    span("T10 = linear(T9, T1)", 800.0, 100.0),
-                ],
-            },
-        ];
+        let ranks = two_ranks(
+            "EndCoalescing 11",
+            [0.0, 800.0, 800.0],
+            [700.0, 100.0, 800.0],
+        );
         assert_eq!(align_ranks(&mut ranks.clone()), None);
         assert_eq!(latest_first_span(&ranks), Some(700.0));
         assert_eq!(latest_first_span(&ranks[..1]), None);
