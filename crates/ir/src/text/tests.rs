@@ -773,17 +773,11 @@ fn the_chunk_count_is_read_off_stream_axes_as_schedules_write_them() {
         chunks("fusion f(t = 8, k = 4) {\n  tensor a: f32[2, t]\n  b = neg(a)\n  output b\n  schedule b { outer_split(1, k); reorder(1 -> 0); parallelize(0, Stream) }\n}\n").as_deref(),
         Some("k")
     );
-    // A logical axis of extent `s` parallelized as Stream holds `s` pieces of the data (its
-    // inputs are `s` micro-batches): another `s` is other data, so it is no chunk count — a
-    // runner choosing it would change the inputs' shapes. Nor is a parameter that sizes a
-    // tensor through a product.
+    // A logical axis of extent `s` parallelized as Stream (a runner may still only pick
+    // values that keep the data: `a_chunk_count_keeps_the_data_only_where_it_regroups_rows`).
     assert_eq!(
-        chunks("fusion f(s = 4) {\n  tensor a: f32[s, 2]\n  b = neg(a)\n  output b\n  schedule b { parallelize(0, Stream) }\n}\n"),
-        None
-    );
-    assert_eq!(
-        chunks("fusion f(s = 4, c = 3) {\n  tensor a: f32[s * c, 2]\n  b = neg(a)\n  output b\n  schedule b { outer_split(0, s) -> Stream }\n}\n"),
-        None
+        chunks("fusion f(s = 4) {\n  tensor a: f32[s, 2]\n  b = neg(a)\n  output b\n  schedule b { parallelize(0, Stream) }\n}\n").as_deref(),
+        Some("s")
     );
     // The stream loop of a ring runs over the devices: its extent is the mesh size, which
     // is no chunk count; an inner split's stream axis has no parameter extent.
@@ -794,6 +788,27 @@ fn the_chunk_count_is_read_off_stream_axes_as_schedules_write_them() {
     assert_eq!(
         chunks("fusion f(t = 8, c = 2) {\n  tensor a: f32[t]\n  b = neg(a)\n  output b\n  schedule b { inner_split(0, c) -> Stream }\n}\n"),
         None
+    );
+}
+
+/// A chunk count keeps the data where every input and output keeps its element count: rows
+/// regrouped into `s` chunks (`[s, t / s]`) for the counts that divide them; `s` pieces of
+/// data (`[s, 2]`) only as written.
+#[test]
+fn a_chunk_count_keeps_the_data_only_where_it_regroups_rows() {
+    let rows = parse_ok("fusion f(t = 12, s = 2) {\n  tensor a: f32[s, t / s]\n  b = neg(a)\n  output b\n  schedule b { parallelize(0, Stream) }\n}\n");
+    for s in [1, 2, 3, 4, 6, 12] {
+        assert!(rows.chunk_count_keeps_the_data("s", s).is_ok(), "s = {s}");
+    }
+    assert_eq!(
+        rows.chunk_count_keeps_the_data("s", 5).unwrap_err().message,
+        "`s` = 5 would change the data, not its chunks: tensor `a` is [2, 6] with `s` = 2 and [5, 2] with `s` = 5"
+    );
+    let pieces = parse_ok("fusion f(s = 4) {\n  tensor a: f32[s, 2]\n  b = neg(a)\n  output b\n  schedule b { parallelize(0, Stream) }\n}\n");
+    assert!(pieces.chunk_count_keeps_the_data("s", 4).is_ok());
+    assert_eq!(
+        pieces.chunk_count_keeps_the_data("s", 1).unwrap_err().message,
+        "`s` = 1 would change the data, not its chunks: tensor `a` is [4, 2] with `s` = 4 and [1, 2] with `s` = 1"
     );
 }
 
