@@ -11,7 +11,7 @@ use weave_ir::{
 };
 use weave_transform::schedule::{walk_splits, SplitsEnd};
 
-use super::{loop_axis, Lowering, StreamAllgather};
+use super::{loop_axis, Lowering, OpenLoop, StreamAllgather};
 use crate::communication::{derive_communication, CommunicationInfo, RootKind};
 
 impl Lowering<'_> {
@@ -115,6 +115,22 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// The stream loop whose index roots `info` (a collective rooted at each iteration's
+    /// device), or the error naming `consumer` when it is posted outside any stream loop.
+    fn rooting_loop(
+        &self,
+        info: &CommunicationInfo,
+        consumer: TensorId,
+    ) -> Result<&OpenLoop, Diagnostic> {
+        self.open.as_ref().ok_or_else(|| {
+            Diagnostic::new(format!(
+                "the {} of `{}` takes its root from a stream loop index, but it is not inside a stream loop",
+                info.kind.name(),
+                self.f.tensor(consumer).name
+            ))
+        })
+    }
+
     /// A DID → Stream copy as broadcasts (iteration `i` of `s` obtains stream chunk `i`): with
     /// as many chunks as devices, device `i` broadcasts its whole shard; with `s = k * d`,
     /// device `i / k` broadcasts piece `i % k` of its shard; with `d = k * s`, devices
@@ -126,13 +142,9 @@ impl Lowering<'_> {
         consumer: TensorId,
     ) -> Result<(), Diagnostic> {
         let f = self.f;
-        let Some((i, s)) = self.open.as_ref().map(|o| (o.index, o.extent)) else {
-            return Err(Diagnostic::new(format!(
-                "the {} of `{}` takes its root from a stream loop index, but it is not inside a stream loop",
-                info.kind.name(),
-                f.tensor(consumer).name
-            )));
-        };
+        let (i, s) = self
+            .rooting_loop(info, consumer)
+            .map(|o| (o.index, o.extent))?;
         let d = info.team.len() as i64;
         let input = self.whole(producer)?;
         let output = self.resolve(consumer, true)?;
@@ -185,16 +197,9 @@ impl Lowering<'_> {
         consumer: TensorId,
     ) -> Result<(), Diagnostic> {
         let f = self.f;
-        let Some((i, s, view_index, ring)) = self
-            .open
-            .as_ref()
-            .map(|o| (o.index, o.extent, o.view_index, o.ring))
-        else {
-            return Err(Diagnostic::new(format!(
-                "the Reduce onto `{}` takes its root from a stream loop index, but it is not inside a stream loop",
-                f.tensor(consumer).name
-            )));
-        };
+        let (i, s, view_index, ring) = self
+            .rooting_loop(info, consumer)
+            .map(|o| (o.index, o.extent, o.view_index, o.ring))?;
         let d = info.team.len() as i64;
         if s != d {
             return Err(Diagnostic::new(format!(
@@ -358,7 +363,6 @@ impl Lowering<'_> {
         output: HostTensorId,
         stream_root: Option<ScalarId>,
     ) -> Result<(), Diagnostic> {
-        let f = self.f;
         let mut groups: Vec<(Option<RootKind>, Vec<Vec<i64>>)> = Vec::new();
         for inst in &info.instances {
             let joins = groups.last().is_some_and(|(root, teams)| {
@@ -375,16 +379,7 @@ impl Lowering<'_> {
                 Some(RootKind::StreamIndex) if stream_root.is_some() => stream_root,
                 None => None,
                 Some(RootKind::Member { index, .. }) => Some(self.constant(index as i64)),
-                Some(RootKind::StreamIndex) => match &self.open {
-                    Some(open) => Some(open.index),
-                    None => {
-                        return Err(Diagnostic::new(format!(
-                            "the {} of `{}` takes its root from a stream loop index, but it is not inside a stream loop",
-                            info.kind.name(),
-                            f.tensor(consumer).name
-                        )))
-                    }
-                },
+                Some(RootKind::StreamIndex) => Some(self.rooting_loop(info, consumer)?.index),
             };
             let comm = self.emit(Stmt::Communication(Communication {
                 kind: info.kind,
