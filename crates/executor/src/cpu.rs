@@ -191,6 +191,13 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
+    /// The same backend timing its spans from `epoch` instead of its creation: the ranks of
+    /// one run given one epoch have their spans on one clock (the process's).
+    pub fn with_epoch(mut self, epoch: Instant) -> CpuBackend {
+        self.epoch = epoch;
+        self
+    }
+
     /// A backend with no streams yet; they start on first use.
     pub fn new(options: CpuOptions) -> CpuBackend {
         CpuBackend {
@@ -685,5 +692,30 @@ mod tests {
         issuer.join().unwrap();
         assert_eq!(pushed.load(Ordering::SeqCst), 3 * MAX_QUEUED);
         backend.synchronize().unwrap();
+    }
+
+    /// Backends given one epoch time their spans on one clock: a backend made 30 ms after the
+    /// epoch times its first job from the epoch (about 30 ms in), where one of its own would
+    /// time it from its creation (about 0).
+    #[test]
+    fn backends_with_one_epoch_share_a_clock() {
+        let epoch = Instant::now();
+        std::thread::sleep(Duration::from_millis(30));
+        let traced = CpuOptions {
+            trace: true,
+            ..CpuOptions::default()
+        };
+        let first_start = |backend: CpuBackend| {
+            backend
+                .stream(StreamKey::Main)
+                .unwrap()
+                .enqueue("job".into(), Box::new(|| Ok(())));
+            backend.synchronize().unwrap();
+            backend.spans()[0].start_us
+        };
+        let shared = first_start(CpuBackend::new(traced.clone()).with_epoch(epoch));
+        let own = first_start(CpuBackend::new(traced));
+        assert!(shared >= 30_000.0, "{shared} us");
+        assert!(own < shared - 25_000.0, "{own} us against {shared} us");
     }
 }

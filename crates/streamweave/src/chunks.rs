@@ -637,6 +637,45 @@ mod workload_tests {
         );
     }
 
+    /// The cost model chooses only among chunk counts that keep the data: none for the
+    /// weight gradients of `s` micro-batches (`x: f32[s, n, h]`), which keep their own `s`;
+    /// for rows regrouped into chunks (`inp: bf16[s, d, t / (s * d), h]`, t = 8192 on 2
+    /// ranks) every candidate, and for 40 rows those that divide them.
+    #[test]
+    fn auto_chooses_only_chunk_counts_that_keep_the_data() {
+        let cal = tests::fast_start();
+        let compile = |file: &str, source: &str, set: &[(&str, i64)]| {
+            let mut c = Compiler::new().devices(2).chunks(Chunks::Auto(cal.clone()));
+            for (k, v) in set {
+                c = c.set(k, *v);
+            }
+            c.compile_source(file, source).unwrap()
+        };
+        let grads = compile(
+            "mlp_backward_weight_grads.weave",
+            include_str!("../../../tests/scenarios/mlp_backward_weight_grads.weave"),
+            &[],
+        );
+        assert!(grads.chunk_choice().is_none());
+        let s = grads.signature().params.iter().find(|(k, _)| k == "s");
+        assert_eq!(s, Some(&("s".to_string(), 2)));
+        let rows = |t: i64| {
+            let exe = compile(
+                "column_parallel_chunked.weave",
+                include_str!("../../../tests/scenarios/column_parallel_chunked.weave"),
+                &[("t", t)],
+            );
+            let choice = exe.chunk_choice().cloned().expect("the cost model chose");
+            let predicted: Vec<usize> = choice.predicted.iter().map(|(s, _)| *s).collect();
+            (predicted, choice.chunks)
+        };
+        assert_eq!(rows(8192).0, CANDIDATES);
+        // 40 rows: 8 chunks of 2 devices' blocks would keep 32 of them.
+        let (predicted, chunks) = rows(40);
+        assert_eq!(predicted, [1, 2, 4]);
+        assert!(predicted.contains(&chunks));
+    }
+
     #[test]
     fn auto_picks_overlap_at_8192_and_none_for_a_small_layer() {
         let auto = |cal: &Calibration, set: &[(&str, i64)]| {

@@ -144,12 +144,15 @@ pub fn run_local(
         .enumerate()
         .map(|(rank, inputs)| (inputs, local.communicator(rank)))
         .collect();
+    // Every rank's spans count from one moment: the ranks' traces share the process's clock.
+    let epoch = std::time::Instant::now();
     run_rank_threads(rank_inputs, |_, (inputs, comm)| {
         let backend = CpuBackend::new(CpuOptions {
             timeout: options.timeouts.wait,
             trace: options.trace,
             delays: options.cpu.delays.clone(),
-        });
+        })
+        .with_epoch(epoch);
         run_rank(program, &backend, &comm, &inputs, config)
     })
 }
