@@ -143,6 +143,7 @@ mod tests {
                 lanes: 1,
                 slots: 2,
                 slot_bytes,
+                pull: false,
             },
         )
         .unwrap();
