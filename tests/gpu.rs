@@ -449,14 +449,11 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
             } as usize;
             let rows: Arc<Vec<usize>> = Arc::new((0..t as usize).step_by(37).collect());
             let reference = linear_reference(&rows, k, n_out, LINEAR_SEEDS[0], LINEAR_SEEDS[1]);
-            // Windows of 2 slots of 1 KiB, pushed through: every transfer is several pieces
-            // and reuses slots. (The default windows pull transfers between these ranks, which
-            // share a process: one piece each, no window.)
+            // Windows of 2 slots of 1 KiB: every transfer is several pieces and reuses slots.
             let small_windows = IpcOptions {
                 lanes: 4,
                 slots: 2,
                 slot_bytes: 1024,
-                pull: false,
             };
             let replay = ProgramRun {
                 graph: true,
@@ -555,14 +552,14 @@ fn replay_ordered_compute_copy_engine_and_window_transfers_match_the_reference()
                     None,
                 ),
                 ("copy engine", ProgramRun::default(), 1, None),
-                ("copy-engine pulls", ProgramRun::default(), 2, None),
+                ("copy-engine windows", ProgramRun::default(), 2, None),
                 (
                     "copy-engine windows of 2 x 1 KiB",
                     ProgramRun::default(),
                     3,
                     None,
                 ),
-                ("copy-engine pulls replayed", replay.clone(), 2, None),
+                ("copy-engine windows replayed", replay.clone(), 2, None),
                 (
                     "copy-engine windows of 2 x 1 KiB replayed",
                     replay.clone(),
@@ -690,13 +687,10 @@ fn an_aborted_copy_engine_rank_releases_its_flag_waits() {
     use weave_comm::copy::{CopyTransport, Transfers};
     use weave_comm::ipc::{IpcOptions, IpcTransport};
     let gpu = weave_cuda::Gpu::open(0).expect("GPU 0");
-    // Pushed through the windows: the receiver's stream waits on a flag. (Pulling, the
-    // post itself fails: see below.)
     let options = IpcOptions {
         lanes: 1,
         slots: 2,
         slot_bytes: 1 << 16,
-        pull: false,
     };
     // Both ranks live in this process on GPU 0; the exchange is a barrier.
     let cards = Arc::new(Mutex::new(vec![Vec::new(); 2]));
@@ -742,47 +736,6 @@ fn an_aborted_copy_engine_rank_releases_its_flag_waits() {
     println!("released in {:?}", start.elapsed());
     drop(dst);
     drop(rank0);
-    drop(_rank1);
-
-    // Pulling, a receive from a peer that never offers fails on the host within the
-    // communicator's timeout, naming the peer, and enqueues no copy.
-    let pulling = IpcOptions {
-        pull: true,
-        ..options
-    };
-    let cards = Arc::new(Mutex::new(vec![Vec::new(); 2]));
-    let connect = |me: usize| {
-        let (gpu, cards, barrier) = (gpu.clone(), cards.clone(), barrier.clone());
-        std::thread::spawn(move || {
-            IpcTransport::connect(me, 2, gpu, pulling, |card| {
-                cards.lock().unwrap()[me] = card;
-                barrier.wait();
-                Ok(cards.lock().unwrap().clone())
-            })
-        })
-    };
-    let (a, b) = (connect(0), connect(1));
-    let rank0 = a.join().unwrap().expect("rank 0 connects");
-    let _rank1 = b.join().unwrap().expect("rank 1 connects");
-    let dst = gpu.alloc(1 << 18, &stream).expect("destination");
-    let t = Transfers {
-        local: Vec::new(),
-        sends: Vec::new(),
-        recvs: vec![(1, dst.ptr(), 1 << 18)],
-    };
-    let start = Instant::now();
-    let err = rank0
-        .transfer(0, "recv", &t, &stream, Duration::from_millis(200))
-        .expect_err("nothing to pull")
-        .to_string();
-    assert!(start.elapsed() < Duration::from_secs(10), "{err}");
-    assert!(
-        err.contains("rank 1 offered nothing to pull within 200ms"),
-        "{err}"
-    );
-    stream
-        .synchronize_timeout(Duration::from_secs(10))
-        .expect("the stream waits on nothing it was given");
 }
 
 /// Fusions whose generated kernels take every path of the code generator: vectorized and

@@ -39,21 +39,6 @@
 //! process therefore asks for the most queues, 32 ([`weave_cuda::MAX_CONNECTIONS_VAR`]),
 //! before CUDA starts.
 //!
-//! Between ranks of one process (threads, whose memory is addressable from each other's
-//! streams), a transfer skips the window: the receiver *pulls* it. The sender's stream waits
-//! until the slot's flags are free, claims them and signals ready as above, but copies
-//! nothing: its host leaves the source's address in the world's offers (`Step::Offer`).
-//! The receiver's host takes that address when it enqueues its side of the post (waiting at
-//! most the communicator's timeout), and its stream waits for `ready`, copies the source
-//! straight into the destination — one peer copy on the copy engines — and sets `consumed`
-//! (`Step::Pull`). The sender's closing wait keeps the source untouched until then. A
-//! transfer pulled is one piece of any size, and nothing is copied out of a window: a copy
-//! out is a copy within one GPU, which CUDA runs as a kernel, so it waits behind a GEMM that
-//! holds every SM (measured: a 32 MiB copy within an H200 ends after the persistent GEMM
-//! beside it, 1.4 ms instead of 0.06), while a peer copy runs on the copy engines beside it.
-//! Captured into a graph, the addresses taken at capture are those every replay uses.
-//! [`PULL_VAR`]`=0` pushes through the windows between every pair instead.
-//!
 //! A sum reduce-scatter or allreduce reduces *in the windows*
 //! ([`CopyTransport::reduce_in_windows`]): the pushes run as above, and the posting stream,
 //! piece by piece, waits for every peer's piece, sums them where they landed together with
@@ -79,12 +64,10 @@ use crate::copy::{copy_error, CopyComm, CopyTransport, ProduceAt, Transfers, Win
 use crate::error::CommError;
 use crate::nccl::{DeviceBuffer, Nccl};
 
-mod offers;
 mod plan;
-use offers::{NoOffer, Offers};
 use plan::peers_of;
 pub use plan::{
-    plan, plan_reduce, plan_reduce_pieces, PieceCounts, ReduceRound, ReduceSteps, Step, Transfer,
+    plan, plan_reduce, plan_reduce_pieces, PieceCounts, ReduceRound, ReduceSteps, Step,
 };
 
 /// The receive windows' shape: the same on every rank.
@@ -96,20 +79,16 @@ pub struct IpcOptions {
     pub slots: usize,
     /// Bytes per slot (the largest piece), a positive multiple of 256.
     pub slot_bytes: usize,
-    /// Whether ranks of one process pull transfers from each other instead of pushing them
-    /// through the windows (see the module documentation).
-    pub pull: bool,
 }
 
 impl Default for IpcOptions {
     /// 8 lanes (a main stream and a pool of up to 7) of 2 slots of 8 MiB: 128 MiB of
-    /// windows per peer; ranks of one process pull.
+    /// windows per peer.
     fn default() -> IpcOptions {
         IpcOptions {
             lanes: 8,
             slots: 2,
             slot_bytes: 8 << 20,
-            pull: true,
         }
     }
 }
@@ -117,20 +96,10 @@ impl Default for IpcOptions {
 /// The variable that overrides the windows' shape ([`IpcOptions::from_env`]).
 pub const WINDOWS_VAR: &str = "WEAVE_CE_WINDOWS";
 
-/// The variable that turns pulls between ranks of one process off (`0`) or on (`1`, the
-/// default) ([`IpcOptions::from_env`]).
-pub const PULL_VAR: &str = "WEAVE_CE_PULL";
-
 /// Why a windows' shape is refused: a malformed [`WINDOWS_VAR`], or options
 /// [`WindowLayout::new`] cannot lay out.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WindowsError {
-    /// [`PULL_VAR`]'s value is neither `0` nor `1`.
-    #[error("{PULL_VAR}={value:?}: expected 0 (push through the windows) or 1 (pull)")]
-    Pull {
-        /// The value given.
-        value: String,
-    },
     /// [`WINDOWS_VAR`]'s value is not `SLOTSxMIB` within the limits.
     #[error(
         "{WINDOWS_VAR}={value:?}: expected SLOTSxMIB, such as 4x16 (1..=64 slots of 1..=1024 MiB)"
@@ -155,30 +124,12 @@ pub enum WindowsError {
 
 impl IpcOptions {
     /// The default shape, with slots and slot size from [`WINDOWS_VAR`] when it is set:
-    /// `SLOTSxMIB` (`4x16`: 4 slots of 16 MiB), and pulls as [`PULL_VAR`] says. Every rank
-    /// must see the same values (the set-up exchange refuses windows of different shapes).
+    /// `SLOTSxMIB` (`4x16`: 4 slots of 16 MiB). Every rank must see the same value (the
+    /// set-up exchange refuses windows of different shapes).
     pub fn from_env() -> Result<IpcOptions, WindowsError> {
-        let shape = match std::env::var(WINDOWS_VAR) {
-            Ok(v) => IpcOptions::parse_shape(&v)?,
-            Err(_) => IpcOptions::default(),
-        };
-        match std::env::var(PULL_VAR) {
-            Ok(v) => Ok(IpcOptions {
-                pull: IpcOptions::parse_pull(&v)?,
-                ..shape
-            }),
-            Err(_) => Ok(shape),
-        }
-    }
-
-    /// Parses [`PULL_VAR`]'s value: `0` or `1`.
-    pub fn parse_pull(v: &str) -> Result<bool, WindowsError> {
-        match v.trim() {
-            "0" => Ok(false),
-            "1" => Ok(true),
-            _ => Err(WindowsError::Pull {
-                value: v.to_string(),
-            }),
+        match std::env::var(WINDOWS_VAR) {
+            Ok(v) => IpcOptions::parse_shape(&v),
+            Err(_) => Ok(IpcOptions::default()),
         }
     }
 
@@ -209,7 +160,6 @@ pub struct WindowLayout {
     lanes: usize,
     slots: usize,
     slot_bytes: usize,
-    pull: bool,
 }
 
 impl WindowLayout {
@@ -231,13 +181,7 @@ impl WindowLayout {
             lanes: options.lanes,
             slots: options.slots,
             slot_bytes: options.slot_bytes,
-            pull: options.pull,
         })
-    }
-
-    /// Whether ranks of one process pull from each other ([`IpcOptions::pull`]).
-    pub fn pull(&self) -> bool {
-        self.pull
     }
 
     /// Streams that may post.
@@ -310,12 +254,11 @@ struct Card {
     lanes: u64,
     slots: u64,
     slot_bytes: u64,
-    pull: u64,
     ptr: u64,
     handle: [u8; IPC_HANDLE_BYTES],
 }
 
-const CARD_TAG: &[u8; 8] = b"weaveip2";
+const CARD_TAG: &[u8; 8] = b"weaveipc";
 
 /// What a rank sends instead of its card when it cannot set its windows up: the tag, then
 /// why, so that its peers fail at once instead of waiting for the store's timeout.
@@ -344,7 +287,6 @@ impl Card {
         b.extend(self.lanes.to_le_bytes());
         b.extend(self.slots.to_le_bytes());
         b.extend(self.slot_bytes.to_le_bytes());
-        b.extend(self.pull.to_le_bytes());
         b.extend(self.ptr.to_le_bytes());
         b.extend(self.handle);
         b
@@ -352,20 +294,19 @@ impl Card {
 
     fn decode(b: &[u8]) -> Option<Card> {
         let rest = b.strip_prefix(CARD_TAG)?;
-        if rest.len() != 8 + 4 + 8 + 8 + 8 + 8 + 8 + IPC_HANDLE_BYTES {
+        if rest.len() != 8 + 4 + 8 + 8 + 8 + 8 + IPC_HANDLE_BYTES {
             return None;
         }
         let u64_at = |i: usize| u64::from_le_bytes(rest[i..i + 8].try_into().unwrap_or([0; 8]));
         let mut handle = [0; IPC_HANDLE_BYTES];
-        handle.copy_from_slice(&rest[52..]);
+        handle.copy_from_slice(&rest[44..]);
         Some(Card {
             process: u64_at(0),
             device: u32::from_le_bytes(rest[8..12].try_into().unwrap_or([0; 4])),
             lanes: u64_at(12),
             slots: u64_at(20),
             slot_bytes: u64_at(28),
-            pull: u64_at(36),
-            ptr: u64_at(44),
+            ptr: u64_at(36),
             handle,
         })
     }
@@ -392,20 +333,13 @@ fn check_cards(cards: &[Option<Card>], layout: &WindowLayout) -> Result<(), Stri
                 "rank {rank}'s set-up message is not a copy-engine window description"
             ));
         };
-        let shape = |l: u64, s: u64, b: u64, pull: u64| {
-            let pull = match pull {
-                0 => "",
-                _ => ", pulling",
-            };
-            format!("{l} lane(s) x {s} slot(s) of {b} bytes{pull}")
-        };
+        let shape = |l: u64, s: u64, b: u64| format!("{l} lane(s) x {s} slot(s) of {b} bytes");
         let mine = shape(
             layout.lanes as u64,
             layout.slots as u64,
             layout.slot_bytes as u64,
-            u64::from(layout.pull),
         );
-        let theirs = shape(card.lanes, card.slots, card.slot_bytes, card.pull);
+        let theirs = shape(card.lanes, card.slots, card.slot_bytes);
         if theirs != mine {
             return Err(format!(
                 "rank {rank} has windows of {theirs} but this rank has {mine}"
@@ -434,11 +368,6 @@ pub struct IpcTransport {
     _mapped: Vec<Option<PeerRegion>>,
     /// Each rank's region base address in this process.
     bases: Vec<u64>,
-    /// The peers this rank pulls from and is pulled by: ranks of this process, when the
-    /// windows pull ([`IpcOptions::pull`]).
-    pulls: Vec<bool>,
-    /// Where the ranks of this process meet to pull: `None` when none pulls.
-    offers: Option<Arc<Offers>>,
     /// The posting streams, by lane, and the pieces numbered so far.
     lanes: std::sync::Mutex<(Vec<usize>, PieceCounts)>,
     /// One side stream per lane and peer, made on first use: a post's pieces to and from
@@ -503,7 +432,6 @@ impl IpcTransport {
                 lanes: layout.lanes as u64,
                 slots: layout.slots as u64,
                 slot_bytes: layout.slot_bytes as u64,
-                pull: u64::from(layout.pull),
                 ptr: region.ptr(),
                 handle: region.handle(),
             };
@@ -532,28 +460,6 @@ impl IpcTransport {
         }
         let cards: Vec<Option<Card>> = all.iter().map(|b| Card::decode(b)).collect();
         check_cards(&cards, &layout).map_err(setup)?;
-        // The ranks of this process pull from each other; they meet at the offers of their
-        // world, named by the lowest region address among them (live regions do not share
-        // addresses).
-        let pulls: Vec<bool> = cards
-            .iter()
-            .enumerate()
-            .map(|(rank, c)| {
-                layout.pull
-                    && rank != me
-                    && c.as_ref().is_some_and(|c| c.process == process_token())
-            })
-            .collect();
-        let offers = pulls.iter().any(|&p| p).then(|| {
-            let world = cards
-                .iter()
-                .flatten()
-                .filter(|c| c.process == process_token())
-                .map(|c| c.ptr)
-                .min()
-                .unwrap_or(region.ptr());
-            Offers::of_world(world)
-        });
         let mut mapped = Vec::with_capacity(n);
         let mut bases = Vec::with_capacity(n);
         for (rank, card) in cards.into_iter().flatten().enumerate() {
@@ -594,8 +500,6 @@ impl IpcTransport {
             releaser: std::sync::Mutex::new(None),
             _mapped: mapped,
             bases,
-            pulls,
-            offers,
             lanes: std::sync::Mutex::new((Vec::new(), PieceCounts::new(n, layout.lanes))),
             fans: std::sync::Mutex::new(fans),
         })
@@ -615,9 +519,6 @@ impl IpcTransport {
         keys
     }
 }
-
-/// The address of a piece this rank pulls, by `(peer, seq)`.
-type Source = ((usize, u64), u64);
 
 /// The thread releasing an aborted rank's flag waits, and how to stop it.
 struct Releaser {
@@ -682,49 +583,36 @@ impl CopyTransport for IpcTransport {
     /// The rank failed: its streams may wait on flags no peer will ever set, so they are
     /// released (see the module documentation).
     fn abort(&self) {
-        if let Some(offers) = &self.offers {
-            offers.abort();
-        }
         self.release_waits();
     }
 
-    /// Enqueues `t` on `stream`: every GPU-side wait is a flag wait (the executor's host
-    /// wait on the stream bounds it); `timeout` bounds the host's wait for a peer's offer
-    /// where this rank pulls.
+    /// Enqueues `t` on `stream`: every wait is a GPU-side flag wait, so `timeout` is not
+    /// used here (the executor's host wait on the stream bounds it).
     fn transfer(
         &self,
         me: usize,
         label: &str,
         t: &Transfers,
         stream: &GpuStream,
-        timeout: Duration,
+        _timeout: Duration,
     ) -> Result<(), CommError> {
         let (lane, steps) = self.with_lane(me, label, stream, |lane, counts| {
             (
                 lane,
-                plan(
-                    me,
-                    &self.layout,
-                    counts,
-                    lane,
-                    (&t.sends, &t.recvs),
-                    &self.pulls,
-                ),
+                plan(me, &self.layout, counts, lane, &t.sends, &t.recvs),
             )
         })?;
-        // The host's part first: this rank's offers, then the peers' that it pulls, so that a
-        // peer that never offers fails the post before anything is enqueued.
-        let sources = self.meet(me, (label, lane), &steps, timeout)?;
         // Each peer's steps on its own side stream of this lane (a pair's steps keep their
         // order, which is all the protocol needs), forked from `stream` and joined back,
         // enqueued in the plan's order across peers. The local copies go on `stream` after
-        // the fork: a copy within the GPU runs as a kernel and may wait behind a GEMM, and
-        // the peers' transfers, which read none of its bytes, need not wait with it.
+        // the fork: a copy within one GPU runs as a kernel and waits behind a GEMM that holds
+        // every SM, and the peers' transfers, which read none of its bytes, need not wait
+        // with it.
         let sides = self.fork(me, label, lane, &peers_of(&steps), stream)?;
         for &(dst, src, bytes) in &t.local {
             self.gpu.copy(dst, src, bytes, stream)?;
         }
-        self.dispatch(me, (label, lane), &steps, &sides, &sources)?;
+        self.dispatch(me, lane, &steps, &sides)?;
         self.join(&sides, stream)
     }
 
@@ -755,10 +643,10 @@ impl CopyTransport for IpcTransport {
         // Round by round, the pushes of the piece and then the posting stream's waits, sum
         // and releases of it: the order a single hardware queue could run without deadlock.
         for round in &reduce.rounds {
-            self.dispatch(me, (label, lane), &round.pushes, &sides, &[])?;
+            self.dispatch(me, lane, &round.pushes, &sides)?;
             self.sum_round(me, lane, round, stream, sum)?;
         }
-        self.dispatch(me, (label, lane), &reduce.closing, &sides, &[])?;
+        self.dispatch(me, lane, &reduce.closing, &sides)?;
         self.join(&sides, stream)
     }
 
@@ -884,40 +772,16 @@ impl IpcTransport {
 
     /// Enqueues `steps` one by one, in their order, each on its peer's side stream: the
     /// order of the plan, which stays deadlock-free even where every stream of the device
-    /// shares one hardware queue (see the module documentation). `sources` holds the
-    /// address of every [`Step::Pull`]'s piece (from [`IpcTransport::meet`]), by `(peer,
-    /// seq)`.
+    /// shares one hardware queue (see the module documentation).
     fn dispatch(
         &self,
         me: usize,
-        (label, lane): (&str, usize),
+        lane: usize,
         steps: &[Step],
         sides: &[(usize, Arc<GpuStream>)],
-        sources: &[Source],
     ) -> Result<(), CommError> {
         let local = self.region.ptr();
         for step in steps {
-            if let Step::Pull {
-                peer,
-                seq,
-                dst,
-                bytes,
-                ..
-            } = *step
-            {
-                let src = sources.iter().find(|(k, _)| *k == (peer, seq)).map(|s| s.1);
-                let side = sides.iter().find(|(p, _)| *p == peer).map(|(_, s)| s);
-                let (Some(src), Some(side)) = (src, side) else {
-                    return Err(copy_error(
-                        me,
-                        label,
-                        format!("a pull of piece {seq} from rank {peer} with no source or stream"),
-                    ));
-                };
-                self.enqueue(me, lane, std::slice::from_ref(step), side, local)?;
-                self.gpu.copy(dst, src, bytes, side)?;
-                continue;
-            }
             let peer = step.peer();
             let Some((_, side)) = sides.iter().find(|(p, _)| *p == peer) else {
                 return Err(CommError::Backend {
@@ -928,92 +792,6 @@ impl IpcTransport {
             self.enqueue(me, lane, std::slice::from_ref(step), side, local)?;
         }
         Ok(())
-    }
-
-    /// The host's part of a post's `steps`: every [`Step::Offer`] left for its peer, then the
-    /// address of every [`Step::Pull`]'s piece taken, by `(peer, seq)` (each wait at most
-    /// `timeout`). Offers go first, so that ranks meeting in one post cannot wait for each
-    /// other.
-    fn meet(
-        &self,
-        me: usize,
-        (label, lane): (&str, usize),
-        steps: &[Step],
-        timeout: Duration,
-    ) -> Result<Vec<Source>, CommError> {
-        for step in steps {
-            if let Step::Offer {
-                peer,
-                seq,
-                src,
-                bytes,
-                ..
-            } = *step
-            {
-                let Some(offers) = &self.offers else {
-                    return Err(copy_error(
-                        me,
-                        label,
-                        format!("an offer to rank {peer}, but no rank of this process pulls"),
-                    ));
-                };
-                offers.offer((me, peer, lane, seq), src, bytes);
-            }
-        }
-        let mut sources = Vec::new();
-        for step in steps {
-            if let Step::Pull {
-                peer, seq, bytes, ..
-            } = *step
-            {
-                let src = self.take_offer(me, (label, lane), (peer, seq, bytes), timeout)?;
-                sources.push(((peer, seq), src));
-            }
-        }
-        Ok(sources)
-    }
-
-    /// The address of piece `seq` that `peer` offers this rank on `lane`, once it is offered
-    /// (at most `timeout`); an error naming the peer when none comes, the world aborted, or
-    /// the piece's size is not the `bytes` this rank receives.
-    fn take_offer(
-        &self,
-        me: usize,
-        (label, lane): (&str, usize),
-        (peer, seq, bytes): (usize, u64, usize),
-        timeout: Duration,
-    ) -> Result<u64, CommError> {
-        let Some(offers) = &self.offers else {
-            return Err(copy_error(
-                me,
-                label,
-                format!("a pull from rank {peer}, but no rank of this process pulls"),
-            ));
-        };
-        match offers.take((peer, me, lane, seq), timeout) {
-            Ok((src, offered)) if offered == bytes => Ok(src),
-            Ok((_, offered)) => Err(copy_error(
-                me,
-                label,
-                format!(
-                    "rank {peer} sends {offered} bytes where this rank receives {bytes} \
-                     (piece {seq} of lane {lane})"
-                ),
-            )),
-            Err(NoOffer::Timeout) => Err(copy_error(
-                me,
-                label,
-                format!(
-                    "rank {peer} offered nothing to pull within {timeout:?} (piece {seq} of \
-                     lane {lane}): did every rank post the same transfers?"
-                ),
-            )),
-            Err(NoOffer::Aborted) => Err(copy_error(
-                me,
-                label,
-                format!("a rank failed while this one waited to pull from rank {peer}"),
-            )),
-        }
     }
 
     /// Makes `stream` wait for what is enqueued on the side streams `sides` so far.
@@ -1111,10 +889,6 @@ impl IpcTransport {
                 Step::SignalFree { peer, slot } => {
                     stream.write_value(self.bases[peer] + l.consumed(me, lane, slot) as u64, 1)?
                 }
-                // The host's part ([`IpcTransport::meet`]): nothing on the stream.
-                Step::Offer { .. } => {}
-                // The copy itself is [`IpcTransport::dispatch`]'s, with the source met.
-                Step::Pull { .. } => {}
             }
         }
         Ok(())

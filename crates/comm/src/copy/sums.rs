@@ -143,7 +143,6 @@ mod tests {
                 lanes: 1,
                 slots: 2,
                 slot_bytes,
-                pull: false,
             },
         )
         .unwrap();

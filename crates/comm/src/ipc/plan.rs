@@ -1,8 +1,7 @@
 //! The copy-engine windows' plans: how a post of one rank on one lane becomes stream steps
-//! (waits on flags, claims, pushes or offers, signals, drains or pulls, releases), piece by
-//! piece — a transfer ([`plan`]) or a reduction in the windows ([`plan_reduce`]) — pure
-//! functions of the window layout and the pieces counted so far, which the transport enqueues
-//! and the tests simulate.
+//! (waits on flags, claims, pushes, signals, drains, releases), piece by piece — a transfer
+//! ([`plan`]) or a reduction in the windows ([`plan_reduce`]) — pure functions of the window
+//! layout and the pieces counted so far, which the transport enqueues and the tests simulate.
 
 use super::WindowLayout;
 
@@ -73,37 +72,6 @@ pub enum Step {
         /// The slot.
         slot: usize,
     },
-    /// Sender, to a peer that pulls ([`plan`]'s `pulls`): nothing on the stream; the host
-    /// tells the peer that its piece `seq` on this lane lies at `src` (`bytes` long), where
-    /// it stays untouched until the peer signals the slot's flag free. Stands where a
-    /// [`Step::Push`] would.
-    Offer {
-        /// The receiver.
-        peer: usize,
-        /// The slot whose flags pace the piece.
-        slot: usize,
-        /// The piece's number between the pair on this lane.
-        seq: u64,
-        /// The local address the peer reads.
-        src: u64,
-        /// The piece's size.
-        bytes: usize,
-    },
-    /// Receiver, from a peer that offers: copy the peer's piece `seq` (its address known on
-    /// the host when the step is enqueued) straight to local address `dst` — one peer copy,
-    /// no window and no copy out of it. Stands where a [`Step::Drain`] would.
-    Pull {
-        /// The sender.
-        peer: usize,
-        /// The slot whose flags pace the piece.
-        slot: usize,
-        /// The piece's number between the pair on this lane.
-        seq: u64,
-        /// The local address written.
-        dst: u64,
-        /// The piece's size.
-        bytes: usize,
-    },
 }
 
 impl Step {
@@ -117,16 +85,10 @@ impl Step {
             | Step::WaitReady { peer, .. }
             | Step::Take { peer, .. }
             | Step::Drain { peer, .. }
-            | Step::SignalFree { peer, .. }
-            | Step::Offer { peer, .. }
-            | Step::Pull { peer, .. } => peer,
+            | Step::SignalFree { peer, .. } => peer,
         }
     }
 }
-
-/// One transfer of a post: `(peer, address, bytes)` — to the peer from the address for a
-/// send, from the peer to the address for a receive.
-pub type Transfer = (usize, u64, usize);
 
 /// Pieces sent to and received from each peer so far, per lane.
 #[derive(Clone, Debug, Default)]
@@ -159,119 +121,74 @@ impl PieceCounts {
 /// `(from, address, bytes)` cut into pieces, numbered from `counts` (which it advances),
 /// interleaved piece by piece (every send's piece j, then every receive's piece j), and
 /// closed by a wait until the last piece sent to each peer is consumed.
-///
-/// With a peer `p` for which `pulls[p]` holds (a rank of the same process: its memory is
-/// addressable here), a transfer is one piece of any size that the receiver pulls: the
-/// sender offers its source ([`Step::Offer`]) and signals it ready, the receiver copies it
-/// straight into the destination ([`Step::Pull`]) and signals the slot free; the sender's
-/// closing wait keeps the source untouched until then. `pulls` must be the same relation on
-/// both sides of a pair (it is symmetric: ranks of one process); an empty `pulls` pulls
-/// from no peer.
 pub fn plan(
     me: usize,
     layout: &WindowLayout,
     counts: &mut PieceCounts,
     lane: usize,
-    (sends, recvs): (&[Transfer], &[Transfer]),
-    pulls: &[bool],
+    sends: &[(usize, u64, usize)],
+    recvs: &[(usize, u64, usize)],
 ) -> Vec<Step> {
-    plan_pieces(
-        me,
-        layout,
-        counts,
-        lane,
-        (sends, recvs),
-        pulls,
-        layout.slot_bytes,
-    )
+    plan_pieces(me, layout, counts, lane, sends, recvs, layout.slot_bytes)
 }
 
-/// [`plan`] with window pieces of at most `z` bytes (at most a slot).
+/// [`plan`] with pieces of at most `z` bytes (at most a slot).
 fn plan_pieces(
     me: usize,
     layout: &WindowLayout,
     counts: &mut PieceCounts,
     lane: usize,
-    (sends, recvs): (&[Transfer], &[Transfer]),
-    pulls: &[bool],
+    sends: &[(usize, u64, usize)],
+    recvs: &[(usize, u64, usize)],
     z: usize,
 ) -> Vec<Step> {
     let z = z.clamp(1, layout.slot_bytes.max(1));
     let k = layout.slots as u64;
     let lanes = counts.lanes;
-    // The number and slot of the next piece counted in `count` for `peer`, which it
-    // advances.
-    let next_piece = |count: &mut [u64], peer: usize| {
+    // The slot of the next piece counted in `count` for `peer`, which it advances.
+    let next_slot = |count: &mut [u64], peer: usize| {
         let c = &mut count[peer * lanes + lane];
         let n = *c;
         *c += 1;
-        (n, (n % k) as usize)
+        (n % k) as usize
     };
-    let pulled = |peer: usize| pulls.get(peer).copied().unwrap_or(false);
-    // A pulled transfer is one piece (none when empty); a pushed one, pieces of a slot.
-    let pieces = |peer: usize, bytes: usize| match pulled(peer) {
-        true => usize::from(bytes > 0),
-        false => bytes.div_ceil(z),
-    };
+    let pieces = |bytes: usize| bytes.div_ceil(z);
     let rounds = sends
         .iter()
         .chain(recvs)
-        .map(|t| pieces(t.0, t.2))
+        .map(|t| pieces(t.2))
         .max()
         .unwrap_or(0);
-    let piece = |peer: usize, j: usize, bytes: usize| match pulled(peer) {
-        true => (0, bytes),
-        false => (j * z, z.min(bytes - j * z)),
-    };
+    let piece = |j: usize, bytes: usize| (j * z, z.min(bytes - j * z));
     let mut steps = Vec::new();
     // The slot of the last piece sent to each peer in this post.
     let mut last: Vec<Option<usize>> = vec![None; counts.sent.len() / counts.lanes.max(1)];
     debug_assert!(sends.iter().chain(recvs).all(|t| t.0 != me));
     for j in 0..rounds {
-        for &(to, src, bytes) in sends.iter().filter(|t| pieces(t.0, t.2) > j) {
-            let (offset, len) = piece(to, j, bytes);
-            let (seq, slot) = next_piece(&mut counts.sent, to);
+        for &(to, src, bytes) in sends.iter().filter(|t| pieces(t.2) > j) {
+            let (offset, len) = piece(j, bytes);
+            let slot = next_slot(&mut counts.sent, to);
             steps.push(Step::WaitFree { peer: to, slot });
             steps.push(Step::Claim { peer: to, slot });
-            let src = src + offset as u64;
-            steps.push(match pulled(to) {
-                true => Step::Offer {
-                    peer: to,
-                    slot,
-                    seq,
-                    src,
-                    bytes: len,
-                },
-                false => Step::Push {
-                    peer: to,
-                    slot,
-                    src,
-                    bytes: len,
-                },
+            steps.push(Step::Push {
+                peer: to,
+                slot,
+                src: src + offset as u64,
+                bytes: len,
             });
             steps.push(Step::SignalReady { peer: to, slot });
             last[to] = Some(slot);
         }
-        for &(from, dst, bytes) in recvs.iter().filter(|t| pieces(t.0, t.2) > j) {
-            let (offset, len) = piece(from, j, bytes);
-            let (seq, slot) = next_piece(&mut counts.received, from);
+        for &(from, dst, bytes) in recvs.iter().filter(|t| pieces(t.2) > j) {
+            let (offset, len) = piece(j, bytes);
+            let slot = next_slot(&mut counts.received, from);
             steps.push(Step::WaitReady { peer: from, slot });
             steps.push(Step::Take { peer: from, slot });
-            let dst = dst + offset as u64;
-            steps.push(match pulled(from) {
-                true => Step::Pull {
-                    peer: from,
-                    slot,
-                    seq,
-                    dst,
-                    bytes: len,
-                },
-                false => Step::Drain {
-                    peer: from,
-                    slot,
-                    dst,
-                    bytes: len,
-                },
+            steps.push(Step::Drain {
+                peer: from,
+                slot,
+                dst: dst + offset as u64,
+                bytes: len,
             });
             steps.push(Step::SignalFree { peer: from, slot });
         }
@@ -345,8 +262,7 @@ pub fn plan_reduce_pieces(
     (bytes, piece): (usize, usize),
 ) -> ReduceSteps {
     let z = piece.clamp(1, layout.slot_bytes.max(1));
-    // A reduction sums where the pieces landed: always pushed into the windows.
-    let mut pushes = plan_pieces(me, layout, counts, lane, (sends, &[]), &[], z).into_iter();
+    let mut pushes = plan_pieces(me, layout, counts, lane, sends, &[], z).into_iter();
     let rounds = (0..bytes.div_ceil(z))
         .map(|j| {
             // `plan` gives 4 steps per send that has a piece in round j, round by round.

@@ -1,12 +1,10 @@
 //! Tests of the shared-window protocol on the CPU: the layout, the plan of a post, the
 //! set-up messages, and a simulator that runs every rank's planned steps on streams in a
 //! random order (flags and windows as plain memory) to check that data arrives whole, that
-//! no schedule deadlocks, that no peer writes into a rank's region (or pulls from its memory)
-//! once that rank's streams are idle, and that replaying captured steps works and leaves the
-//! flags as they started — pushed through the windows and pulled between ranks of one
-//! process alike.
+//! no schedule deadlocks, that no peer writes into a rank's region once that rank's streams
+//! are idle, and that replaying captured steps works and leaves the flags as they started.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use super::*;
 
@@ -19,7 +17,6 @@ fn options(lanes: usize, slots: usize, slot_bytes: usize) -> IpcOptions {
         lanes,
         slots,
         slot_bytes,
-        pull: false,
     }
 }
 
@@ -118,14 +115,7 @@ fn a_post_interleaves_pieces_and_ends_waiting_for_its_last_send() {
     // receives 256 bytes from it.
     let l = layout(2, 2, 256);
     let mut counts = PieceCounts::new(2, 1);
-    let steps = plan(
-        0,
-        &l,
-        &mut counts,
-        0,
-        (&[(1, 1000, 600)], &[(1, 5000, 256)]),
-        &[],
-    );
+    let steps = plan(0, &l, &mut counts, 0, &[(1, 1000, 600)], &[(1, 5000, 256)]);
     use Step::*;
     let p = 1;
     assert_eq!(
@@ -141,75 +131,8 @@ fn a_post_interleaves_pieces_and_ends_waiting_for_its_last_send() {
         .concat()
     );
     // The next post goes on numbering: its piece (the fourth) takes slot 1.
-    let steps = plan(0, &l, &mut counts, 0, (&[(1, 0, 10)], &[]), &[]);
+    let steps = plan(0, &l, &mut counts, 0, &[(1, 0, 10)], &[]);
     assert_eq!(steps[0], WaitFree { peer: p, slot: 1 });
-}
-
-#[test]
-fn a_pulled_transfer_is_one_piece_offered_and_pulled_whatever_its_size() {
-    // The same post as above between ranks of one process: 600 bytes through slots of 256
-    // go as one piece; nothing is pushed into or drained from a window.
-    let l = layout(2, 2, 256);
-    let mut counts = PieceCounts::new(2, 1);
-    let pulls = [false, true];
-    let steps = plan(
-        0,
-        &l,
-        &mut counts,
-        0,
-        (&[(1, 1000, 600)], &[(1, 5000, 256)]),
-        &pulls,
-    );
-    use Step::*;
-    let p = 1;
-    assert_eq!(
-        steps,
-        [
-            WaitFree { peer: p, slot: 0 },
-            Claim { peer: p, slot: 0 },
-            Offer {
-                peer: p,
-                slot: 0,
-                seq: 0,
-                src: 1000,
-                bytes: 600,
-            },
-            SignalReady { peer: p, slot: 0 },
-            WaitReady { peer: p, slot: 0 },
-            Take { peer: p, slot: 0 },
-            Pull {
-                peer: p,
-                slot: 0,
-                seq: 0,
-                dst: 5000,
-                bytes: 256,
-            },
-            SignalFree { peer: p, slot: 0 },
-            // The source stays untouched until the peer has pulled it.
-            WaitFree { peer: p, slot: 0 },
-        ]
-    );
-    // Pieces go on numbering: the next post's is the second, in slot 1; an empty transfer
-    // is no piece.
-    let steps = plan(
-        0,
-        &l,
-        &mut counts,
-        0,
-        (&[(1, 0, 1 << 20)], &[(1, 0, 0)]),
-        &pulls,
-    );
-    assert_eq!(steps.len(), 5);
-    assert_eq!(
-        steps[2],
-        Offer {
-            peer: p,
-            slot: 1,
-            seq: 1,
-            src: 0,
-            bytes: 1 << 20,
-        }
-    );
 }
 
 #[test]
@@ -220,7 +143,6 @@ fn set_up_messages_round_trip_and_mismatched_windows_are_named() {
         lanes: 2,
         slots: 4,
         slot_bytes: 1 << 20,
-        pull: 0,
         ptr: 0x7f00_0000_0000,
         handle: [7; IPC_HANDLE_BYTES],
     };
@@ -238,17 +160,6 @@ fn set_up_messages_round_trip_and_mismatched_windows_are_named() {
     );
     assert!(Card::decode(b"weaveipc").is_none());
     assert!(Card::decode(&[0; 108]).is_none());
-    // Ranks that would pull from some peers and push to others are refused.
-    let pulling = Card {
-        pull: 1,
-        ..Card::decode(&card.encode()).unwrap()
-    };
-    assert_eq!(Card::decode(&pulling.encode()).unwrap().pull, 1);
-    assert_eq!(
-        check_cards(&[Card::decode(&card.encode()), Some(pulling)], &l_of(&card)).unwrap_err(),
-        "rank 1 has windows of 2 lane(s) x 4 slot(s) of 1048576 bytes, pulling but this \
-         rank has 2 lane(s) x 4 slot(s) of 1048576 bytes"
-    );
     let l = WindowLayout::new(2, options(2, 4, 1 << 20)).unwrap();
     let other = Card { slots: 2, ..back };
     let same = Card::decode(&card.encode());
@@ -260,34 +171,6 @@ fn set_up_messages_round_trip_and_mismatched_windows_are_named() {
     assert_eq!(
         check_cards(&[Card::decode(&card.encode()), None], &l).unwrap_err(),
         "rank 1's set-up message is not a copy-engine window description"
-    );
-}
-
-/// The layout a card describes, for a world of 2.
-fn l_of(card: &Card) -> WindowLayout {
-    let o = options(
-        card.lanes as usize,
-        card.slots as usize,
-        card.slot_bytes as usize,
-    );
-    WindowLayout::new(
-        2,
-        IpcOptions {
-            pull: card.pull != 0,
-            ..o
-        },
-    )
-    .unwrap()
-}
-
-#[test]
-fn pulls_are_on_by_default_and_the_variable_is_parsed() {
-    assert!(IpcOptions::default().pull);
-    assert_eq!(IpcOptions::parse_pull("0"), Ok(false));
-    assert_eq!(IpcOptions::parse_pull(" 1\n"), Ok(true));
-    assert_eq!(
-        IpcOptions::parse_pull("yes").unwrap_err().to_string(),
-        "WEAVE_CE_PULL=\"yes\": expected 0 (push through the windows) or 1 (pull)"
     );
 }
 
@@ -303,11 +186,6 @@ struct Sim {
     /// streams added by [`Sim::side`] share their posting stream's lane).
     lanes: Vec<Vec<usize>>,
     counts: Vec<PieceCounts>,
-    /// Whether the ranks are of one process and pull from each other.
-    pull: bool,
-    /// Pieces offered and not yet pulled: `(address, bytes)` by (sender, receiver, lane,
-    /// piece number), as the host's offers hold them.
-    offers: HashMap<(usize, usize, usize, u64), (u64, usize)>,
 }
 
 fn flag(region: &[u8], at: usize) -> u32 {
@@ -333,14 +211,7 @@ impl Sim {
             streams: vec![vec![VecDeque::new(); streams]; ranks],
             lanes: vec![(0..streams).collect(); ranks],
             counts: vec![PieceCounts::new(ranks, streams); ranks],
-            pull: false,
-            offers: HashMap::new(),
         }
-    }
-
-    /// The same ranks as ranks of one process, which pull from each other.
-    fn pulling(self, pull: bool) -> Sim {
-        Sim { pull, ..self }
     }
 
     /// A new stream of rank `me` whose steps use `lane` (a side stream of that lane).
@@ -359,36 +230,9 @@ impl Sim {
         sends: &[(usize, u64, usize)],
         recvs: &[(usize, u64, usize)],
     ) -> Vec<Step> {
-        let pulls: Vec<bool> = (0..self.heaps.len())
-            .map(|p| self.pull && p != me)
-            .collect();
-        let steps = plan(
-            me,
-            &self.layout,
-            &mut self.counts[me],
-            stream,
-            (sends, recvs),
-            &pulls,
-        );
-        self.offer(me, stream, &steps);
+        let steps = plan(me, &self.layout, &mut self.counts[me], stream, sends, recvs);
         self.streams[me][stream].extend(steps.iter().copied());
         steps
-    }
-
-    /// What the host does when rank `me` enqueues `steps` on `lane`: it offers its pieces.
-    fn offer(&mut self, me: usize, lane: usize, steps: &[Step]) {
-        for step in steps {
-            if let Step::Offer {
-                peer,
-                seq,
-                src,
-                bytes,
-                ..
-            } = *step
-            {
-                self.offers.insert((me, peer, lane, seq), (src, bytes));
-            }
-        }
     }
 
     fn can_run(&self, me: usize, lane: usize, step: &Step) -> bool {
@@ -438,35 +282,16 @@ impl Sim {
             Step::SignalFree { peer, slot } => {
                 put(&mut self.regions[peer], l.consumed(me, lane, slot), 1)
             }
-            Step::Offer { .. } => {}
-            Step::Pull {
-                peer,
-                seq,
-                dst,
-                bytes,
-                ..
-            } => {
-                let (src, offered) =
-                    self.offers
-                        .remove(&(peer, me, lane, seq))
-                        .unwrap_or_else(|| {
-                            panic!("rank {me} pulls piece {seq} that {peer} never offered")
-                        });
-                assert_eq!(offered, bytes, "rank {me} pulls piece {seq} of {peer}");
-                let data = self.heaps[peer][src as usize..src as usize + bytes].to_vec();
-                self.heaps[me][dst as usize..dst as usize + bytes].copy_from_slice(&data);
-            }
         }
     }
 
-    /// Whether a step still queued anywhere writes into `rank`'s region or pulls from its
-    /// memory.
+    /// Whether a step still queued anywhere writes into `rank`'s region.
     fn writes_pending_into(&self, rank: usize) -> bool {
         self.streams.iter().flatten().flatten().any(|s| {
             matches!(
                 *s,
                 Step::Push { peer, .. } | Step::SignalReady { peer, .. }
-                    | Step::SignalFree { peer, .. } | Step::Pull { peer, .. } if peer == rank
+                    | Step::SignalFree { peer, .. } if peer == rank
             )
         })
     }
@@ -522,7 +347,7 @@ impl Sim {
                 {
                     return Err(format!(
                         "rank {rank}'s streams are idle but a peer will still write into its \
-                         region or read its memory"
+                         region"
                     ));
                 }
             }
@@ -541,8 +366,8 @@ fn pattern(rank: usize, tag: usize, len: usize) -> Vec<u8> {
 fn an_allgather_longer_than_the_window_arrives_whole_in_every_schedule() {
     // 3 ranks, 2 slots of 256 bytes: each block of 1000 bytes is 4 pieces.
     let (n, len) = (3, 1000);
-    for (seed, pull) in (0..40).flat_map(|s| [(s, false), (s, true)]) {
-        let mut sim = Sim::new(n, 1, 2, 256, 8192).pulling(pull);
+    for seed in 0..40 {
+        let mut sim = Sim::new(n, 1, 2, 256, 8192);
         for r in 0..n {
             sim.heaps[r][..len].copy_from_slice(&pattern(r, 0, len));
         }
@@ -556,16 +381,14 @@ fn an_allgather_longer_than_the_window_arrives_whole_in_every_schedule() {
                 .collect();
             sim.post(me, 0, &sends, &recvs);
         }
-        sim.run(seed)
-            .unwrap_or_else(|e| panic!("seed {seed}, pull {pull}: {e}"));
-        assert!(sim.flags_at_rest() && sim.offers.is_empty());
+        sim.run(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         for me in 0..n {
             for p in (0..n).filter(|&p| p != me) {
                 let at = 4096 + p * len;
                 assert_eq!(
                     sim.heaps[me][at..at + len],
                     pattern(p, 0, len)[..],
-                    "seed {seed}, pull {pull}"
+                    "seed {seed}"
                 );
             }
         }
@@ -732,8 +555,8 @@ fn posts_running_out_of_order_on_two_streams_meet_their_own_pieces() {
     // 2 ranks exchange 6 messages of different sizes, posts alternating between two
     // streams that the scheduler runs in any order; 2 slots of 256 bytes.
     let sizes = [100usize, 700, 256, 40, 513, 300];
-    for (seed, pull) in (0..60).flat_map(|s| [(s, false), (s, true)]) {
-        let mut sim = Sim::new(2, 2, 2, 256, 16384).pulling(pull);
+    for seed in 0..60 {
+        let mut sim = Sim::new(2, 2, 2, 256, 16384);
         let mut at = 0;
         let mut spots = Vec::new();
         for (i, &len) in sizes.iter().enumerate() {
@@ -755,7 +578,7 @@ fn posts_running_out_of_order_on_two_streams_meet_their_own_pieces() {
                 assert_eq!(
                     sim.heaps[me][dst..dst + len],
                     pattern(1 - me, i, len)[..],
-                    "seed {seed}, pull {pull}, message {i}, rank {me}"
+                    "seed {seed}, message {i}, rank {me}"
                 );
             }
         }
@@ -768,8 +591,8 @@ fn a_ring_of_unequal_transfers_completes_with_one_slot() {
     // twice, through windows of a single slot.
     let n = 4;
     let len = |r: usize| 200 + r * 150;
-    for (seed, pull) in (0..40).flat_map(|s| [(s, false), (s, true)]) {
-        let mut sim = Sim::new(n, 1, 1, 256, 8192).pulling(pull);
+    for seed in 0..40 {
+        let mut sim = Sim::new(n, 1, 1, 256, 8192);
         for r in 0..n {
             sim.heaps[r][..len(r)].copy_from_slice(&pattern(r, 1, len(r)));
         }
@@ -784,8 +607,7 @@ fn a_ring_of_unequal_transfers_completes_with_one_slot() {
                 );
             }
         }
-        sim.run(seed)
-            .unwrap_or_else(|e| panic!("seed {seed}, pull {pull}: {e}"));
+        sim.run(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         for me in 0..n {
             let prev = (me + n - 1) % n;
             for round in 0..2 {
@@ -803,14 +625,8 @@ fn a_ring_of_unequal_transfers_completes_with_one_slot() {
 fn replayed_steps_move_new_data_and_leave_the_flags_at_rest() {
     // Capture: two posts per rank on two streams (an allgather of 700 bytes and a ring of
     // 300), 2 slots of 256 bytes. Replay the captured steps three times with new inputs.
-    for pull in [false, true] {
-        replay_sim(pull);
-    }
-}
-
-fn replay_sim(pull: bool) {
     let n = 3;
-    let mut sim = Sim::new(n, 2, 2, 256, 16384).pulling(pull);
+    let mut sim = Sim::new(n, 2, 2, 256, 16384);
     let mut captured: Vec<Vec<Vec<Step>>> = Vec::new();
     for me in 0..n {
         let peers: Vec<usize> = (0..n).filter(|&p| p != me).collect();
@@ -835,16 +651,12 @@ fn replay_sim(pull: bool) {
             sim.heaps[r][..700].copy_from_slice(&pattern(r, replay, 700));
             sim.heaps[r][1024..1324].copy_from_slice(&pattern(r, 10 + replay, 300));
             for (s, steps) in streams.iter().enumerate() {
-                // A graph replays the copies with the addresses taken at capture.
-                if replay > 0 {
-                    sim.offer(r, s, steps);
-                }
                 sim.streams[r][s].extend(steps.iter().copied());
             }
         }
         sim.run(replay as u64 + 11)
-            .unwrap_or_else(|e| panic!("replay {replay}, pull {pull}: {e}"));
-        assert!(sim.flags_at_rest(), "replay {replay}, pull {pull}");
+            .unwrap_or_else(|e| panic!("replay {replay}: {e}"));
+        assert!(sim.flags_at_rest(), "replay {replay}");
         for me in 0..n {
             for p in (0..n).filter(|&p| p != me) {
                 let at = 4096 + p * 700;
@@ -867,7 +679,6 @@ fn a_rank_that_fails_before_the_exchange_is_named_by_its_peers() {
         lanes: 1,
         slots: 2,
         slot_bytes: 64,
-        pull: 1,
         ptr: 0x1000,
         handle: [0; IPC_HANDLE_BYTES],
     };
