@@ -17,12 +17,15 @@
 //!   K > S is skipped;
 //! * a chunk count the compiler refuses is recorded with its message.
 //!
-//! Before the choice, the fastest measured candidate, when another is within
-//! [`FINALIST_MARGIN`] of it, is measured a second time and ranks from then on by the mean of
-//! its two figures ([`Outcome::Confirmed`]); this repeats until the fastest is a candidate
-//! measured twice, at most [`FINALISTS`] times and within the budget. The least of a score
-//! of short medians is optimistic: a winner chosen on one measurement ran up to 7% slower
-//! than its figure in the `weave run` that followed (docs/benchmarks.md, 2026-11-27 ninth).
+//! The least of a score of short medians is optimistic: a winner chosen on one measurement
+//! ran up to 7% slower than its figure in the `weave run` that followed, and on 2 × H200 a
+//! copy-engine candidate measured 3.4% faster than S = 1 ran 7% slower than it
+//! (docs/benchmarks.md, 2026-11-27 ninth and 2026-11-28 fifteenth). So after the search a
+//! final round measures the [`FINALISTS`] fastest candidates and the simplest measured one
+//! (S = 1, or the fewest streams of a program whose loops have their chunks as written)
+//! again, [`TuneOptions::final_rounds`] times each, in turn, and the winner is chosen among
+//! them by the median of these fresh figures alone ([`Outcome::Confirmed`]): the figure that
+//! made a candidate a finalist takes no part in its ranking.
 //! Among the measured candidates, those
 //! within [`TIE_MARGIN`] of the fastest tie, and the simplest of them wins: fewer chunks, then
 //! fewer streams, then graph replay (the default).
@@ -56,12 +59,12 @@ use crate::run::{Overlap, Transport};
 /// Measured candidates within this fraction of the fastest tie; the simplest of them wins.
 pub const TIE_MARGIN: f64 = 0.02;
 
-/// At most this many candidates are measured a second time.
+/// The final round measures this many of the fastest candidates again (and the simplest
+/// measured one).
 pub const FINALISTS: usize = 3;
 
-/// The fastest candidate is measured a second time when another is within this fraction
-/// of it.
-pub const FINALIST_MARGIN: f64 = 0.05;
+/// How many times the final round measures each finalist by default.
+pub const FINAL_ROUNDS: usize = 3;
 
 /// The stream-pool sizes a tuning considers by default.
 pub const STREAM_COUNTS: [usize; 3] = [1, 2, 4];
@@ -154,21 +157,22 @@ pub enum Outcome {
     Failed(String),
     /// Not measured: the tuning's time budget was spent.
     OverBudget,
-    /// A finalist, measured twice: its figure is the mean of the two medians.
+    /// A finalist, measured again in the final round: its figure is the median of those
+    /// fresh figures alone.
     Confirmed {
-        /// The first median.
+        /// The figure of the search that made it a finalist.
         first: Duration,
-        /// The second.
-        again: Duration,
+        /// The final round's figures, in the order measured (at least one).
+        again: Vec<Duration>,
     },
 }
 
 impl Outcome {
-    /// The measured time, if any (of a finalist, the mean of its two).
+    /// The measured time, if any (of a finalist, the median of its final round's figures).
     pub fn time(&self) -> Option<Duration> {
         match self {
             Outcome::Measured(d) => Some(*d),
-            Outcome::Confirmed { first, again } => Some((*first + *again) / 2),
+            Outcome::Confirmed { again, .. } => median(again),
             _ => None,
         }
     }
@@ -186,14 +190,32 @@ impl fmt::Display for Outcome {
             Outcome::Refused(m) => write!(f, "refused: {}", first_line(m)),
             Outcome::Failed(m) => write!(f, "failed: {}", first_line(m)),
             Outcome::OverBudget => f.write_str("skipped: over the tuning budget"),
-            Outcome::Confirmed { first, again } => write!(
-                f,
-                "{:.3} ms (the mean of {:.3} and, measured again, {:.3})",
-                self.time().unwrap_or_default().as_secs_f64() * 1e3,
-                first.as_secs_f64() * 1e3,
-                again.as_secs_f64() * 1e3
-            ),
+            Outcome::Confirmed { first, again } => {
+                let figures: Vec<String> = again
+                    .iter()
+                    .map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
+                    .collect();
+                write!(
+                    f,
+                    "{:.3} ms (the median of {}, measured again; first {:.3})",
+                    self.time().unwrap_or_default().as_secs_f64() * 1e3,
+                    figures.join(", "),
+                    first.as_secs_f64() * 1e3
+                )
+            }
         }
+    }
+}
+
+/// The median of `figures` (of an even count, the mean of the middle two); `None` when empty.
+fn median(figures: &[Duration]) -> Option<Duration> {
+    let mut v = figures.to_vec();
+    v.sort_unstable();
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2),
     }
 }
 
@@ -318,6 +340,10 @@ pub struct TuneOptions {
     /// docs/benchmarks.md). `false` (`weave tune --copy-engines off`, `weave run
     /// --tune-copy-engines off`) measures NCCL only.
     pub copy_engines: bool,
+    /// How many times the final round measures each finalist (the [`FINALISTS`] fastest and
+    /// the simplest measured candidate), in turn, before the winner is chosen among them by
+    /// these fresh figures alone; 0: no final round, the search's figures choose.
+    pub final_rounds: usize,
 }
 
 /// Which candidates a tuning may measure and choose: what the runner that applies the
@@ -381,6 +407,7 @@ impl TuneOptions {
             budget: None,
             scope: Scope::Any,
             copy_engines: true,
+            final_rounds: FINAL_ROUNDS,
         }
     }
 
@@ -677,30 +704,50 @@ pub fn tune(
             }
         }
     }
-    // The fastest, measured again while another is close to it and it was measured once.
-    let mut again = 0;
-    while again < FINALISTS && !over_budget(&rows) {
-        let Some(i) = to_confirm(&rows) else { break };
-        again += 1;
-        let Some(exe) = compiled
-            .iter()
-            .find(|(s, _)| *s == rows[i].candidate.chunks)
-            .and_then(|(_, e)| e.as_ref().ok())
-        else {
-            break;
-        };
-        let Outcome::Measured(first) = rows[i].outcome else {
-            break;
-        };
-        rows[i].outcome = match measure.measure(exe, &rows[i].candidate) {
-            Ok(again) => Outcome::Confirmed { first, again },
-            // A candidate that fails when it runs again is no safe winner.
-            Err(m) => Outcome::Failed(format!(
-                "measured at {:.3} ms, then failed when measured again: {}",
-                first.as_secs_f64() * 1e3,
-                m.0
-            )),
-        };
+    // The final round: the fastest candidates and the simplest measured one, measured again
+    // in turn; the winner is chosen among them by these fresh figures alone (the search's
+    // least figures are optimistic, see the module doc).
+    let finalists = finalists(&rows);
+    if finalists.len() >= 2 {
+        let mut fresh: Vec<Vec<Duration>> = vec![Vec::new(); finalists.len()];
+        let mut failed: Vec<Option<String>> = vec![None; finalists.len()];
+        for _ in 0..options.final_rounds {
+            if over_budget(&rows) {
+                break;
+            }
+            for (j, &i) in finalists.iter().enumerate() {
+                let candidate = rows[i].candidate;
+                let exe = compiled
+                    .iter()
+                    .find(|(s, _)| *s == candidate.chunks)
+                    .and_then(|(_, e)| e.as_ref().ok());
+                if failed[j].is_some() {
+                    continue;
+                }
+                let Some(exe) = exe else { continue };
+                match measure.measure(exe, &candidate) {
+                    Ok(t) => fresh[j].push(t),
+                    // A candidate that fails when it runs again is no safe winner.
+                    Err(m) => failed[j] = Some(m.0),
+                }
+            }
+        }
+        for (j, &i) in finalists.iter().enumerate() {
+            let Outcome::Measured(first) = rows[i].outcome else {
+                continue;
+            };
+            if let Some(m) = failed[j].take() {
+                rows[i].outcome = Outcome::Failed(format!(
+                    "measured at {:.3} ms, then failed when measured again: {m}",
+                    first.as_secs_f64() * 1e3
+                ));
+            } else if !fresh[j].is_empty() {
+                rows[i].outcome = Outcome::Confirmed {
+                    first,
+                    again: std::mem::take(&mut fresh[j]),
+                };
+            }
+        }
     }
     let winner = choose(&rows);
     let contention = fitted_contention(&compiled, &rows, options);
@@ -857,35 +904,56 @@ fn prune(
     out
 }
 
-/// The row to measure again: the fastest measured one, when it was measured once and another
-/// is within [`FINALIST_MARGIN`] of it.
-fn to_confirm(rows: &[Row]) -> Option<usize> {
+/// The final round's candidates, in this order: the [`FINALISTS`] fastest measured rows, the
+/// one the search's figures would choose (the simplest of those that tie with the fastest)
+/// and the simplest measured one ([`simplicity`]).
+fn finalists(rows: &[Row]) -> Vec<usize> {
     let mut measured: Vec<(usize, Duration)> = rows
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| r.outcome.time().map(|t| (i, t)))
+        .filter_map(|(i, r)| match r.outcome {
+            Outcome::Measured(t) => Some((i, t)),
+            _ => None,
+        })
         .collect();
     measured.sort_by_key(|&(i, t)| (t, i));
-    let &(fastest, time) = measured.first()?;
-    let limit = time.as_secs_f64() * (1.0 + FINALIST_MARGIN);
-    let close = measured
-        .get(1)
-        .is_some_and(|&(_, t)| t.as_secs_f64() <= limit);
-    (close && matches!(rows[fastest].outcome, Outcome::Measured(_))).then_some(fastest)
+    let mut out: Vec<usize> = measured.iter().take(FINALISTS).map(|&(i, _)| i).collect();
+    let simplest = measured
+        .iter()
+        .map(|&(i, _)| i)
+        .min_by_key(|&i| simplicity(&rows[i].candidate, i));
+    for i in [choose(rows), simplest].into_iter().flatten() {
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    out
 }
 
-/// The winner among measured rows: of those within [`TIE_MARGIN`] of the fastest, the one
-/// with the fewest chunks, then the fewest streams, then replay on.
+/// What ties are broken by: fewer chunks (a program's chunks as written first), then fewer
+/// streams, then fewer knobs, then replay on, then the earlier row.
+fn simplicity(c: &Candidate, row: usize) -> (usize, usize, usize, bool, usize) {
+    (c.chunks.unwrap_or(0), c.streams, c.knobs(), !c.replay, row)
+}
+
+/// The winner among measured rows (among the final round's, when it ran): of those within
+/// [`TIE_MARGIN`] of the fastest, the simplest ([`simplicity`]).
 fn choose(rows: &[Row]) -> Option<usize> {
-    let fastest = rows.iter().filter_map(|r| r.outcome.time()).min()?;
+    let finalists = rows
+        .iter()
+        .any(|r| matches!(r.outcome, Outcome::Confirmed { .. }));
+    let eligible = |r: &Row| !finalists || matches!(r.outcome, Outcome::Confirmed { .. });
+    let fastest = rows
+        .iter()
+        .filter(|r| eligible(r))
+        .filter_map(|r| r.outcome.time())
+        .min()?;
     let limit = fastest.as_secs_f64() * (1.0 + TIE_MARGIN);
     rows.iter()
         .enumerate()
+        .filter(|(_, r)| eligible(r))
         .filter(|(_, r)| r.outcome.time().is_some_and(|t| t.as_secs_f64() <= limit))
-        .min_by_key(|(i, r)| {
-            let c = r.candidate;
-            (c.chunks.unwrap_or(0), c.streams, c.knobs(), !c.replay, *i)
-        })
+        .min_by_key(|(i, r)| simplicity(&r.candidate, *i))
         .map(|(i, _)| i)
 }
 

@@ -156,12 +156,35 @@ fn the_fastest_measured_candidate_wins_and_every_candidate_is_recorded() {
             "{r:?}"
         );
     }
+    // Every measured candidate once, then the final round: the three fastest (S = 4 K = 2
+    // replayed and eager, then the first of those at 6.0: S = 4 K = 1 replayed) and the
+    // simplest (S = 1 K = 1 replayed), three times each, in turn.
+    let finalists = [
+        candidate(4, 2, true),
+        candidate(4, 2, false),
+        candidate(4, 1, true),
+        candidate(1, 1, true),
+    ];
+    let calls = fake.calls.borrow();
+    let searched = t.rows.iter().filter(|r| r.outcome.time().is_some()).count();
     assert_eq!(
-        fake.calls.borrow().len(),
-        t.rows.iter().filter(|r| r.outcome.time().is_some()).count()
+        calls.len(),
+        searched + FINAL_ROUNDS * finalists.len(),
+        "{t}"
     );
+    let mut sorted_finalists = finalists.to_vec();
+    sorted_finalists.sort_by_key(|c| c.to_string());
+    for round in calls[searched..].chunks(finalists.len()) {
+        let mut round = round.to_vec();
+        round.sort_by_key(|c| c.to_string());
+        assert_eq!(round, sorted_finalists, "{t}");
+    }
     let table = t.to_string();
     assert!(table.contains("* S=4 K=2 replay"), "{table}");
+    assert!(
+        table.contains("5.000 ms (the median of 5.000, 5.000, 5.000, measured again; first 5.000)"),
+        "{table}"
+    );
     assert!(
         table.contains("S=1 K=2 replay") && table.contains("the same run as K=1"),
         "{table}"
@@ -219,7 +242,12 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
             || c.overlap.ce_slot_mib > 0
             || c.overlap.gemm_into_windows
     };
-    let measured_without: Vec<Candidate> = plain.calls.borrow().clone();
+    // The search's measurements (the final round measures some of them again).
+    let searched = |t: &Tuning, calls: &[Candidate]| {
+        let n = t.rows.iter().filter(|r| r.outcome.time().is_some()).count();
+        calls[..n].to_vec()
+    };
+    let measured_without: Vec<Candidate> = searched(&without, &plain.calls.borrow());
     let expected: Vec<Candidate> = without
         .rows
         .iter()
@@ -291,12 +319,17 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
         .iter()
         .filter(|r| r.candidate.overlap.ce_slot_mib > 0)
         .all(|r| r.candidate.overlap.gemm_into_windows));
-    // No candidate measured twice.
-    let calls = fake.calls.borrow();
+    // No candidate measured twice before the final round, whose figures are the winner's.
+    let calls = searched(&t, &fake.calls.borrow());
     let mut unique = calls.clone();
     unique.sort_by_key(|c| format!("{c}"));
     unique.dedup();
     assert_eq!(unique.len(), calls.len());
+    let winner = t.rows.iter().find(|r| r.candidate == best).unwrap();
+    assert!(
+        matches!(&winner.outcome, Outcome::Confirmed { again, .. } if again.len() == FINAL_ROUNDS),
+        "{t}"
+    );
     // The winner's knobs go into the cache entry and back out of it, through TOML.
     let entry = t.entry().unwrap();
     let mut cache = TuneCache::default();
@@ -648,16 +681,9 @@ fn chunk_counts_with_the_same_host_program_and_pools_without_a_loop_are_measured
     let fake = Fake::new(|_: &Candidate| 1.0);
     let options = TuneOptions::new(1, true, "Test GPU", None);
     let t = tune(&fusion, &options, &mut &fake).unwrap();
-    // Both measured, then (tied) the fastest, the replayed one, measured again.
-    assert_eq!(
-        *fake.calls.borrow(),
-        [
-            candidate(1, 1, true),
-            candidate(1, 1, false),
-            candidate(1, 1, true)
-        ],
-        "{t}"
-    );
+    // Both measured, then both again in each round of the final (the two fastest).
+    let both = [candidate(1, 1, true), candidate(1, 1, false)];
+    assert_eq!(*fake.calls.borrow(), both.repeat(1 + FINAL_ROUNDS), "{t}");
     for row in &t.rows {
         let Outcome::Redundant(why) = &row.outcome else {
             assert_eq!(row.candidate.chunks, Some(1), "{t}");
@@ -889,16 +915,19 @@ fn runs_on_cpu_ranks_measure_and_choose() {
     assert!(best.as_secs_f64() <= least.as_secs_f64() * (1.0 + TIE_MARGIN));
 }
 
-/// The fastest candidate, when another is within 5% of it, is measured again and ranks by
-/// the mean of its two figures, until the fastest was measured twice: a lucky first figure
-/// loses to a steady one; a candidate that fails when measured again cannot win; a clearly
-/// fastest one is measured once.
+/// The final round measures the three fastest candidates, the one the search would choose and
+/// the simplest again, in turn, and chooses among them by these fresh figures alone: a lucky
+/// first figure loses to a steady one, a candidate that measured faster than S = 1 once and
+/// slower in every fresh run loses to S = 1 (the winner's curse of a search over many noisy
+/// figures), a candidate that fails when measured again cannot win, and without final rounds
+/// the search's figures choose.
 #[test]
-fn the_fastest_is_measured_again_and_ranked_by_the_mean_of_its_two_figures() {
+fn the_final_round_chooses_by_fresh_figures_alone() {
     use std::cell::Cell;
+    use std::collections::HashMap;
     let options = unpruned();
-    // S = 2 K = 2 replayed measures 0.90 ms first and 1.20 after (mean 1.05); every S = 4
-    // candidate 0.93 each time; the rest far behind.
+    // S = 2 K = 2 replayed measures 0.90 ms first and 1.20 after; every S = 4 candidate
+    // 0.93 each time; the rest far behind.
     let lucky = Cell::new(0usize);
     let fake = Fake::new(|c: &Candidate| match (c.chunks, c.streams, c.replay) {
         (Some(2), 2, true) => {
@@ -914,7 +943,7 @@ fn the_fastest_is_measured_again_and_ranked_by_the_mean_of_its_two_figures() {
     });
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     let (best, time) = t.best().unwrap();
-    // The S = 4 candidates tie; the simplest wins, measured twice.
+    // The S = 4 candidates tie; the simplest wins, by its fresh figures.
     assert_eq!(best, candidate(4, 1, true), "{t}");
     assert_eq!(time, ms(0.93), "{t}");
     let confirmed: Vec<Candidate> = t
@@ -925,16 +954,64 @@ fn the_fastest_is_measured_again_and_ranked_by_the_mean_of_its_two_figures() {
         .collect();
     assert_eq!(
         confirmed,
-        [candidate(2, 2, true), candidate(4, 1, true)],
+        [
+            candidate(1, 1, true),
+            candidate(2, 2, true),
+            candidate(4, 1, true),
+            candidate(4, 1, false)
+        ],
         "{t}"
     );
+    // The lucky one ranks by 1.20 (its three fresh figures), not by its first 0.90.
     let lucky_row = t.rows.iter().find(|r| r.candidate == candidate(2, 2, true));
-    assert_eq!(lucky_row.unwrap().outcome.time(), Some(ms(1.05)), "{t}");
-    let measured = t.rows.iter().filter(|r| r.outcome.time().is_some()).count();
-    assert_eq!(fake.calls.borrow().len(), measured + 2, "{t}");
-    assert!(t.to_string().contains("measured again, 1.200"), "{t}");
+    assert_eq!(lucky_row.unwrap().outcome.time(), Some(ms(1.2)), "{t}");
+    assert!(
+        t.to_string()
+            .contains("1.200 ms (the median of 1.200, 1.200, 1.200, measured again; first 0.900)"),
+        "{t}"
+    );
 
-    // A fastest candidate that fails its second run is recorded so and cannot win.
+    // The winner's curse: each candidate's figures wander by up to ±4% around its truth,
+    // S = 1 at 1.00 ms, the copy engines at 1.03, every chunked count at 1.10. The search
+    // meets the copy engines at their luckiest (0.99, 4% below S = 1's first 1.03); fresh
+    // figures put them back behind S = 1, which wins.
+    let seen: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+    let wander = Fake::new(|c: &Candidate| {
+        let mut seen = seen.borrow_mut();
+        let n = seen.entry(c.to_string()).or_insert(0);
+        *n += 1;
+        let (truth, first) = match (c.chunks, c.transport) {
+            (Some(1), Transport::CopyEngine) => (1.03, 0.99),
+            (Some(1), _) => (1.00, 1.03),
+            _ => (1.10, 1.10),
+        };
+        let wobble = [0.0, 0.01, -0.01][*n % 3];
+        if *n == 1 {
+            first
+        } else {
+            truth + wobble
+        }
+    });
+    let knobs = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+    let t = tune(&fusion(&[]), &knobs, &mut &wander).unwrap();
+    assert_eq!(t.best().unwrap().0, candidate(1, 1, true), "{t}");
+    assert_eq!(t.best().unwrap().1, ms(1.0), "{t}");
+    // Without the final round, the search's lucky figure would have won.
+    let seen_before = seen.borrow().len();
+    seen.borrow_mut().clear();
+    let no_final = TuneOptions {
+        final_rounds: 0,
+        ..knobs
+    };
+    let t = tune(&fusion(&[]), &no_final, &mut &wander).unwrap();
+    assert_eq!(t.best().unwrap().0.transport, Transport::CopyEngine, "{t}");
+    assert!(t
+        .rows
+        .iter()
+        .all(|r| !matches!(r.outcome, Outcome::Confirmed { .. })));
+    assert_eq!(seen.borrow().len(), seen_before, "{t}");
+
+    // A fastest candidate that fails when measured again is recorded so and cannot win.
     let runs = Cell::new(0usize);
     let mut flaky = |_: &Executable, c: &Candidate| -> Result<Duration, String> {
         match (c.chunks, c.streams, c.replay) {
@@ -953,28 +1030,6 @@ fn the_fastest_is_measured_again_and_ranked_by_the_mean_of_its_two_figures() {
             Outcome::Failed(m) if m == "measured at 0.900 ms, then failed when measured again: an illegal memory access")),
         "{t}"
     );
-
-    // One clearly fastest candidate: nothing is measured twice.
-    let clear = Fake::new(|c: &Candidate| {
-        if (c.chunks, c.streams, c.replay) == (Some(2), 2, true) {
-            1.0
-        } else {
-            2.0
-        }
-    });
-    let t = tune(&fusion(&[]), &options, &mut &clear).unwrap();
-    assert_eq!(t.best().unwrap().0, candidate(2, 2, true), "{t}");
-    assert!(
-        t.rows
-            .iter()
-            .all(|r| !matches!(r.outcome, Outcome::Confirmed { .. })),
-        "{t}"
-    );
-    let calls = clear.calls.borrow();
-    let mut unique = calls.clone();
-    unique.sort_by_key(|c| c.to_string());
-    unique.dedup();
-    assert_eq!(calls.len(), unique.len(), "{t}");
 }
 
 /// A fusion without a chunk-count parameter whose loops have chunks as written (the MLP block
