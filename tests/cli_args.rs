@@ -181,6 +181,39 @@ fn a_chunk_count_for_a_fusion_without_chunks_is_refused() {
     assert!(out.contains("result: PASS"), "{out}");
 }
 
+/// A fusion with Stream axes and no chunk-count parameter (a ring written with one stream
+/// chunk per device) takes `--chunks 1`: its Stream axes run serially and the ring becomes
+/// its collective, checked against the reference; any other count is refused.
+#[test]
+fn one_chunk_runs_a_ring_as_its_collective() {
+    const RING: &str = "tests/scenarios/matmul_rs_ring.weave";
+    let small = [
+        "--ranks", "2", "--set", "d=2", "--set", "t=16", "--set", "h=8",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", RING];
+        args.extend_from_slice(&small);
+        args.extend_from_slice(extra);
+        weave(&args)
+    };
+    let (code, out, err) = run(&["--chunks", "1"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("0 loop(s), 0 kernel launch(es), 1 GEMM(s), collectives: ReduceScatter"),
+        "{out}"
+    );
+    assert!(out.contains("result: PASS"), "{out}");
+    let (code, out, err) = run(&[]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("2 send/recv"), "{out}");
+    let (code, out, err) = run(&["--chunks", "2"]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("--chunks 2: `matmul_rs_ring` has no chunk-count parameter"),
+        "{err}"
+    );
+}
+
 /// A chunk count that would size the data (`x: f32[s, n, h]`: `s` micro-batches, each a
 /// stream chunk) is refused by `--chunks`, and `--chunks auto` leaves it as written: another
 /// value runs other data, not other chunks. Chunks that only regroup the rows

@@ -68,6 +68,44 @@ fn overrides(source: &str, ranks: usize) -> Vec<(String, i64)> {
     o
 }
 
+/// Runs `compiled` (scenario `name` loaded with `overrides`) on `ranks` CPU ranks with
+/// `streams` pool streams, the reference check and the race checker; the failure, if any.
+fn failure_of(
+    name: &str,
+    compiled: &streamweave::Executable,
+    ranks: usize,
+    streams: usize,
+    overrides: &[(String, i64)],
+) -> Option<String> {
+    let globals = compiled.random_inputs(7 + ranks as u64).unwrap();
+    let options = RunOptions {
+        target: Target::Cpu { ranks },
+        check: true,
+        streams,
+        check_races: true,
+        timeouts: streamweave::Timeouts::all(Duration::from_secs(20)),
+        ..RunOptions::default()
+    };
+    match compiled.run_dense(&globals, &options) {
+        Ok(report) if report.passed() => {
+            assert!(!report.checks.is_empty(), "{name}: no output was checked");
+            None
+        }
+        Ok(report) => {
+            let races: Vec<String> = report
+                .ranks
+                .iter()
+                .flat_map(|r| r.races.iter().map(ToString::to_string))
+                .collect();
+            let bad = common::failed_checks(&report);
+            Some(format!(
+                "{name} ({ranks} ranks, {overrides:?}): {bad:?} {races:?}"
+            ))
+        }
+        Err(e) => Some(format!("{name} ({ranks} ranks, {overrides:?}): {e}")),
+    }
+}
+
 #[test]
 fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
     let mut runs = 0;
@@ -83,37 +121,86 @@ fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
             let compiled = Compiler::new()
                 .compile(&fusion)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let globals = compiled.random_inputs(7 + ranks as u64).unwrap();
-            let options = RunOptions {
-                target: Target::Cpu { ranks },
-                check: true,
-                streams,
-                check_races: true,
-                timeouts: streamweave::Timeouts::all(Duration::from_secs(20)),
-                ..RunOptions::default()
-            };
             runs += 1;
-            match compiled.run_dense(&globals, &options) {
-                Ok(report) if report.passed() => {
-                    assert!(!report.checks.is_empty(), "{name}: no output was checked");
-                }
-                Ok(report) => {
-                    let races: Vec<String> = report
-                        .ranks
-                        .iter()
-                        .flat_map(|r| r.races.iter().map(ToString::to_string))
-                        .collect();
-                    let bad = common::failed_checks(&report);
-                    failures.push(format!(
-                        "{name} ({ranks} ranks, {overrides:?}): {bad:?} {races:?}"
-                    ));
-                }
-                Err(e) => failures.push(format!("{name} ({ranks} ranks, {overrides:?}): {e}")),
-            }
+            failures.extend(failure_of(&name, &compiled, ranks, streams, &overrides));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(runs >= 44 * 3, "only {runs} runs");
+}
+
+/// Every scenario with Stream axes and no chunk-count parameter (the rings written with one
+/// stream chunk per device, the swizzled and P2P forms), compiled with one chunk (`--chunks
+/// 1`, which the tuner measures as such a program's S = 1): its Stream axes run serially, so
+/// its host program has no stream loop, and it matches the reference on 1 to 4 ranks without
+/// races. The two rings become their collectives: one ReduceScatter of the partial sums (and
+/// the MLP block's Allgather first), no point-to-point transfer.
+#[test]
+fn scenarios_without_a_chunk_count_run_their_stream_axes_serially_with_one_chunk() {
+    use streamweave::ir::ParamRole;
+    let mut runs = 0;
+    let mut failures = Vec::new();
+    let mut names = Vec::new();
+    for path in fixtures() {
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (ranks, overrides) in runs_of(&name, &source) {
+            let fusion = streamweave::load(&name, &source, &overrides)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            if fusion.role_param(ParamRole::ChunkCount).is_some()
+                || fusion.clone().serialize_streams() == 0
+            {
+                continue;
+            }
+            let compiled = Compiler::new()
+                .chunks(streamweave::Chunks::Fixed(1))
+                .compile(&fusion)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let program = compiled.program();
+            assert_eq!(streamweave::tune::loop_chunks(program), None, "{name}");
+            assert!(
+                !program.walk().any(|w| matches!(
+                    program.stmts[w.stmt],
+                    streamweave::host_ir::Stmt::SetCurrentStream { .. }
+                )),
+                "{name}: a stream loop is left\n{}",
+                streamweave::host_ir::print(program)
+            );
+            if ranks == 2 {
+                let kinds = common::communication_kinds(program);
+                let p2p = program.walk().any(|w| {
+                    matches!(
+                        program.stmts[w.stmt],
+                        streamweave::host_ir::Stmt::P2PCommunication(_)
+                    )
+                });
+                match name.as_str() {
+                    "matmul_rs_ring" => assert_eq!(kinds, ["ReduceScatter"], "{name}"),
+                    "sequence_parallel_mlp_ring" => {
+                        assert_eq!(kinds, ["Allgather", "ReduceScatter"], "{name}")
+                    }
+                    _ => {}
+                }
+                if name.ends_with("_ring") {
+                    assert!(!p2p, "{name}");
+                }
+                names.push(name.clone());
+            }
+            runs += 1;
+            failures.extend(failure_of(
+                &name,
+                &compiled,
+                ranks,
+                1 + ranks % 3,
+                &overrides,
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for ring in ["matmul_rs_ring", "sequence_parallel_mlp_ring"] {
+        assert!(names.iter().any(|n| n == ring), "{ring} not run: {names:?}");
+    }
+    assert!(runs >= 8, "only {runs} runs: {names:?}");
 }
 
 #[test]

@@ -50,7 +50,9 @@
 //!    outer_split(0, d) -> Stream }`, `schedule out { outer_split(0, d) -> DIDx }`), becomes
 //!    `out = sum(p_partial)`: a Reduce rooted at each iteration's device, which lowering
 //!    posts per iteration, or as a P2P ring. Without it, every chunk would be allreduced into
-//!    a replicated copy that a Scatter then cuts. A replicated bias that step 1b adds between
+//!    a replicated copy that a Scatter then cuts. The same pair with neither stream-split (such
+//!    a fusion with its Stream axes run serially, `Fusion::serialize_streams`) folds into one
+//!    ReduceScatter. A replicated bias that step 1b adds between
 //!    the two (`p = add(p_nobias, bias_broadcast)`) is added after the reduction instead:
 //!    `out_nobias = sum(p_partial)`, `out = add(out_nobias, bias_broadcast)`.
 //! 3. **Resharding sets.** A remaining resharding expr that is not a communication gets, for

@@ -35,6 +35,7 @@
 //! through a temporary file and a rename.
 
 mod cache;
+mod choice;
 mod knobs;
 mod measurement;
 
@@ -42,6 +43,7 @@ pub use cache::{lookup, store, CacheError, CacheParseError, Entry, TuneCache, Tu
 pub use knobs::{knob_variants, loop_chunks, Knob, TUNED_CE_SLOT_MIB, TUNED_NCCL_WINDOW_MIB};
 pub use measurement::{gpu_name, GpuNameError, Measure, MeasureError, RunMeasure};
 
+use choice::{choose, median};
 use knobs::{moves_data, sums};
 
 use std::collections::BTreeMap;
@@ -73,7 +75,8 @@ pub const STREAM_COUNTS: [usize; 3] = [1, 2, 4];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Candidate {
     /// The chunk count S, or `None` when the fusion has no chunk-count parameter (its Stream
-    /// axes keep the extents it writes).
+    /// axes keep the extents it writes). For such a fusion, `Some(1)` runs its Stream axes
+    /// serially ([`Chunks::Fixed`] of 1, `Fusion::serialize_streams`).
     pub chunks: Option<usize>,
     /// The stream-pool size K ([`RunOptions::streams`]).
     pub streams: usize,
@@ -204,18 +207,6 @@ impl fmt::Display for Outcome {
                 )
             }
         }
-    }
-}
-
-/// The median of `figures` (of an even count, the mean of the middle two); `None` when empty.
-fn median(figures: &[Duration]) -> Option<Duration> {
-    let mut v = figures.to_vec();
-    v.sort_unstable();
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2),
     }
 }
 
@@ -517,6 +508,9 @@ pub fn tune(
         s.dedup();
         s.retain(|&n| keeps(n));
         match s.is_empty() {
+            // Without a chunk-count parameter: S = 1 (its Stream axes run serially, when it
+            // has any: a ring lowers to its collective), then the fusion as written.
+            true if fusion.clone().serialize_streams() > 0 => vec![Some(1), None],
             true => vec![None],
             false => s.into_iter().map(Some).collect(),
         }
@@ -657,10 +651,11 @@ pub fn tune(
             }
         }
         // The bases: the fastest candidate, and the fastest chunked one (the knobs are about
-        // overlap, which needs chunks; it may win once they are set).
+        // overlap, which needs chunks; it may win once they are set). A fusion's chunks as
+        // written count as chunked.
         let fastest = |chunked: bool| {
             rows.iter()
-                .filter(|r| !chunked || r.candidate.chunks.is_some_and(|s| s > 1))
+                .filter(|r| !chunked || r.candidate.chunks.is_none_or(|s| s > 1))
                 .filter_map(|r| r.outcome.time().map(|t| (r.candidate, t)))
                 .min_by_key(|(_, t)| *t)
         };
@@ -707,47 +702,19 @@ pub fn tune(
     // The final round: the fastest candidates and the simplest measured one, measured again
     // in turn; the winner is chosen among them by these fresh figures alone (the search's
     // least figures are optimistic, see the module doc).
-    let finalists = finalists(&rows);
-    if finalists.len() >= 2 {
-        let mut fresh: Vec<Vec<Duration>> = vec![Vec::new(); finalists.len()];
-        let mut failed: Vec<Option<String>> = vec![None; finalists.len()];
-        for _ in 0..options.final_rounds {
-            if over_budget(&rows) {
-                break;
-            }
-            for (j, &i) in finalists.iter().enumerate() {
-                let candidate = rows[i].candidate;
-                let exe = compiled
+    if !over_budget(&rows) {
+        choice::final_round(
+            &mut rows,
+            options.final_rounds,
+            measure,
+            &|c| {
+                compiled
                     .iter()
-                    .find(|(s, _)| *s == candidate.chunks)
-                    .and_then(|(_, e)| e.as_ref().ok());
-                if failed[j].is_some() {
-                    continue;
-                }
-                let Some(exe) = exe else { continue };
-                match measure.measure(exe, &candidate) {
-                    Ok(t) => fresh[j].push(t),
-                    // A candidate that fails when it runs again is no safe winner.
-                    Err(m) => failed[j] = Some(m.0),
-                }
-            }
-        }
-        for (j, &i) in finalists.iter().enumerate() {
-            let Outcome::Measured(first) = rows[i].outcome else {
-                continue;
-            };
-            if let Some(m) = failed[j].take() {
-                rows[i].outcome = Outcome::Failed(format!(
-                    "measured at {:.3} ms, then failed when measured again: {m}",
-                    first.as_secs_f64() * 1e3
-                ));
-            } else if !fresh[j].is_empty() {
-                rows[i].outcome = Outcome::Confirmed {
-                    first,
-                    again: std::mem::take(&mut fresh[j]),
-                };
-            }
-        }
+                    .find(|(s, _)| *s == c.chunks)
+                    .and_then(|(_, e)| e.as_ref().ok())
+            },
+            &|rows| over_budget(rows),
+        );
     }
     let winner = choose(&rows);
     let contention = fitted_contention(&compiled, &rows, options);
@@ -902,59 +869,6 @@ fn prune(
         }
     }
     out
-}
-
-/// The final round's candidates, in this order: the [`FINALISTS`] fastest measured rows, the
-/// one the search's figures would choose (the simplest of those that tie with the fastest)
-/// and the simplest measured one ([`simplicity`]).
-fn finalists(rows: &[Row]) -> Vec<usize> {
-    let mut measured: Vec<(usize, Duration)> = rows
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| match r.outcome {
-            Outcome::Measured(t) => Some((i, t)),
-            _ => None,
-        })
-        .collect();
-    measured.sort_by_key(|&(i, t)| (t, i));
-    let mut out: Vec<usize> = measured.iter().take(FINALISTS).map(|&(i, _)| i).collect();
-    let simplest = measured
-        .iter()
-        .map(|&(i, _)| i)
-        .min_by_key(|&i| simplicity(&rows[i].candidate, i));
-    for i in [choose(rows), simplest].into_iter().flatten() {
-        if !out.contains(&i) {
-            out.push(i);
-        }
-    }
-    out
-}
-
-/// What ties are broken by: fewer chunks (a program's chunks as written first), then fewer
-/// streams, then fewer knobs, then replay on, then the earlier row.
-fn simplicity(c: &Candidate, row: usize) -> (usize, usize, usize, bool, usize) {
-    (c.chunks.unwrap_or(0), c.streams, c.knobs(), !c.replay, row)
-}
-
-/// The winner among measured rows (among the final round's, when it ran): of those within
-/// [`TIE_MARGIN`] of the fastest, the simplest ([`simplicity`]).
-fn choose(rows: &[Row]) -> Option<usize> {
-    let finalists = rows
-        .iter()
-        .any(|r| matches!(r.outcome, Outcome::Confirmed { .. }));
-    let eligible = |r: &Row| !finalists || matches!(r.outcome, Outcome::Confirmed { .. });
-    let fastest = rows
-        .iter()
-        .filter(|r| eligible(r))
-        .filter_map(|r| r.outcome.time())
-        .min()?;
-    let limit = fastest.as_secs_f64() * (1.0 + TIE_MARGIN);
-    rows.iter()
-        .enumerate()
-        .filter(|(_, r)| eligible(r))
-        .filter(|(_, r)| r.outcome.time().is_some_and(|t| t.as_secs_f64() <= limit))
-        .min_by_key(|(i, r)| simplicity(&r.candidate, *i))
-        .map(|(i, _)| i)
 }
 
 #[cfg(test)]

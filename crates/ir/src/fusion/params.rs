@@ -57,6 +57,50 @@ impl Fusion {
         }
     }
 
+    /// Runs every Stream axis serially: a split's `-> Stream` is dropped (the split stays,
+    /// serial), `parallelize(axis, Stream)` and the `swizzle1d` steps (which only reorder a
+    /// stream loop's chunks) are removed, and logical axes declared Stream become serial. The
+    /// values are the same; the program is the one-chunk form of a fusion whose Stream axes
+    /// have no chunk-count parameter to set to one (a ring written with one stream chunk per
+    /// device lowers to its collective). Returns how many steps or axes changed (0: the
+    /// fusion had no Stream axis).
+    pub fn serialize_streams(&mut self) -> usize {
+        let mut changed = 0;
+        for tv in self.tensors.values_mut() {
+            let before = tv.schedule.len();
+            tv.schedule.retain(|step| {
+                !matches!(
+                    step.op,
+                    ScheduleOp::Parallelize {
+                        parallel: ParallelType::Stream,
+                        ..
+                    } | ScheduleOp::Swizzle1d { .. }
+                )
+            });
+            changed += before - tv.schedule.len();
+            for step in &mut tv.schedule {
+                match &mut step.op {
+                    ScheduleOp::OuterSplit { parallel, .. }
+                    | ScheduleOp::InnerSplit { parallel, .. }
+                        if *parallel == Some(ParallelType::Stream) =>
+                    {
+                        *parallel = None;
+                        changed += 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for id in self.ids.values_mut() {
+            if id.parallel == ParallelType::Stream {
+                id.parallel = ParallelType::Serial;
+                id.swizzle = None;
+                changed += 1;
+            }
+        }
+        changed
+    }
+
     /// The parameter that plays `role`: the one declared with it, else the one its use
     /// implies, when exactly one does. A mesh size is the parameter that alone sizes a 1-D
     /// mesh (`devices(d)`); a chunk count is a parameter, sizing no mesh, that is the extent

@@ -519,9 +519,10 @@ fn lookup_shard_base(
 /// chunk into a replicated copy that a Scatter then cuts. `p` leaves the program. A bias added
 /// between the two (`p = add(p_nobias, bias_broadcast)`, as step 1b splits a row-parallel
 /// `linear` with a bias) is added after the reduction instead: `out_nobias = sum(p_partial)`,
-/// `out = add(out_nobias, bias_broadcast)`, when the bias is replicated. Does nothing unless
-/// the folded expr is exactly that Reduce; works on a copy, so a fold that fails leaves the
-/// fusion as it was.
+/// `out = add(out_nobias, bias_broadcast)`, when the bias is replicated. The same pair with
+/// neither `p` nor `out` stream-split folds into one ReduceScatter. Does nothing unless the
+/// folded expr is exactly that Reduce (or ReduceScatter); works on a copy, so a fold that
+/// fails leaves the fusion as it was.
 pub(super) fn fold_reduction_into_stream_scatter(f: &mut Fusion, e: ExprId) -> IrResult<()> {
     if let Some(g) = folded(f, e).or_else(|| folded_through_a_bias(f, e)) {
         *f = g;
@@ -531,17 +532,23 @@ pub(super) fn fold_reduction_into_stream_scatter(f: &mut Fusion, e: ExprId) -> I
 
 /// The fusion with `z = set(y)`, `y = sum(p_partial)` folded into `z = sum(p_partial)` (see
 /// [`fold_reduction_into_stream_scatter`]), if that is a Reduce rooted at each iteration's
-/// device.
+/// device (`y` stream-split) or a ReduceScatter (neither stream-split).
 fn folded(f: &Fusion, e: ExprId) -> Option<Fusion> {
     use crate::communication::{derive_communication, RootKind};
     use weave_host_ir::CommunicationType;
     let (y, z, ey) = set_of_a_result(f, e)?;
+    let streamed = |t: TensorId| parallel_axis(f, &f.tensor(t).loop_domain, ParallelType::Stream);
+    // Stream-split `y` folds into a Reduce per chunk; unstreamed `y` and `z` into one
+    // ReduceScatter (the same program with its Stream axes run serially).
+    let per_chunk = match (streamed(y), streamed(z)) {
+        (Some(_), None) => true,
+        (None, None) => false,
+        _ => return None,
+    };
     if !matches!(f.expr(ey).kind, ExprKind::Reduction { .. })
         || f.is_output(y)
         || f.uses(y) != vec![e]
         || f.mesh_of(y) != f.mesh_of(z)
-        || parallel_axis(f, &f.tensor(y).loop_domain, ParallelType::Stream).is_none()
-        || parallel_axis(f, &f.tensor(z).loop_domain, ParallelType::Stream).is_some()
     {
         return None;
     }
@@ -571,7 +578,10 @@ fn folded(f: &Fusion, e: ExprId) -> Option<Fusion> {
     }
     g.remove_expr(ey);
     derive_communication(&g, e)
-        .is_ok_and(|i| i.kind == CommunicationType::Reduce && i.root == Some(RootKind::StreamIndex))
+        .is_ok_and(|i| match per_chunk {
+            true => i.kind == CommunicationType::Reduce && i.root == Some(RootKind::StreamIndex),
+            false => i.kind == CommunicationType::ReduceScatter,
+        })
         .then_some(g)
 }
 

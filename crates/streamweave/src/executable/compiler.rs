@@ -133,6 +133,7 @@ impl Compiler {
             bind(&mut set, name, current, n);
         }
         let mut choice = None;
+        let mut serial = false;
         if let Some((name, current)) = free(ParamRole::ChunkCount, &set) {
             // The chunk counts that keep the caller's data (`Fusion::chunk_count_keeps_the_data`),
             // judged with the parameters bound so far (the mesh size among them).
@@ -194,13 +195,20 @@ impl Compiler {
         } else if let (Chunks::Fixed(n), None) =
             (&self.chunks, first.role_param(ParamRole::ChunkCount))
         {
-            // A fixed chunk count with nothing to set is refused, never ignored.
-            return Err(Error::Program(format!(
-                "--chunks {n}: `{}` has no chunk-count parameter (declared `s: chunks` or the extent of its Stream axes) to set",
-                first.name
-            )));
+            // One chunk needs no parameter: the Stream axes run serially (below). Any other
+            // fixed chunk count with nothing to set is refused, never ignored.
+            if *n != 1 {
+                return Err(Error::Program(format!(
+                    "--chunks {n}: `{}` has no chunk-count parameter (declared `s: chunks` or the extent of its Stream axes) to set",
+                    first.name
+                )));
+            }
+            serial = true;
         }
-        let fusion = if changed { reload(&set)? } else { first };
+        let mut fusion = if changed { reload(&set)? } else { first };
+        if serial {
+            fusion.serialize_streams();
+        }
         let program = self.lower(fusion)?;
         let mut exe = Executable::from_program(program)?;
         exe.compile_time = start.elapsed();

@@ -1115,3 +1115,51 @@ fn only_chunk_counts_that_keep_the_data_are_tried() {
     assert!(expected.len() >= 3, "{expected:?}");
     assert_eq!(chunks, expected, "{t}");
 }
+
+/// A fusion without a chunk-count parameter whose Stream axes carry a ring
+/// (`matmul_rs_ring`): the tuning measures its S = 1 first (the Stream axes run serially: one
+/// GEMM and a ReduceScatter) and then the ring as written, tries the knobs on the ring, and
+/// runs whichever is faster.
+#[test]
+fn a_ring_program_is_also_measured_as_its_collective_and_runs_it_where_faster() {
+    let source = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/scenarios/matmul_rs_ring.weave"
+    ))
+    .unwrap();
+    let ov = [
+        ("d".to_string(), 2),
+        ("t".to_string(), 16),
+        ("h".to_string(), 8),
+    ];
+    let f = crate::load("ring.weave", &source, &ov).unwrap();
+    let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+    for (serial_ms, ring_ms) in [(1.0, 1.1), (1.1, 1.0)] {
+        let mut measure = |exe: &Executable, c: &Candidate| -> Result<Duration, String> {
+            let serial = loop_chunks(exe.program()).is_none();
+            assert_eq!(serial, c.chunks == Some(1), "{c}");
+            if serial {
+                assert!(!weave_host_ir::print(exe.program()).contains("P2PCommunication"));
+            }
+            Ok(ms(if serial { serial_ms } else { ring_ms }))
+        };
+        let t = tune(&f, &options, &mut measure).unwrap();
+        assert_eq!(t.rows[0].candidate, Candidate::new(Some(1), 1, true), "{t}");
+        assert_eq!(t.rows[1].candidate, Candidate::new(None, 2, true), "{t}");
+        assert!(
+            t.rows
+                .iter()
+                .any(|r| r.candidate.chunks.is_none() && r.candidate.overlap.ordered_compute),
+            "{t}"
+        );
+        let best = t.best().unwrap().0;
+        assert_eq!(best.chunks == Some(1), serial_ms < ring_ms, "{t}");
+        // The cached winner compiles back to the program it measured.
+        let exe = Compiler::new()
+            .devices(2)
+            .chunks(t.entry().unwrap().compiler_chunks())
+            .compile(&f)
+            .unwrap();
+        assert_eq!(loop_chunks(exe.program()).is_none(), serial_ms < ring_ms);
+    }
+}
