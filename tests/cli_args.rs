@@ -203,9 +203,11 @@ fn one_chunk_runs_a_ring_as_its_collective() {
         "{out}"
     );
     assert!(out.contains("result: PASS"), "{out}");
+    assert!(out.contains("config: S=1 K="), "{out}");
     let (code, out, err) = run(&[]);
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("2 send/recv"), "{out}");
+    assert!(out.contains("config: S=as written K="), "{out}");
     let (code, out, err) = run(&["--chunks", "2"]);
     assert_eq!(code, Some(1), "{out}\n{err}");
     assert!(

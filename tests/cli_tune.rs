@@ -153,3 +153,50 @@ fn tune_refuses_to_set_the_chunk_count_and_a_host_program() {
     assert!(err.contains("unknown backend"), "{err}");
     assert!(!cache.exists());
 }
+
+/// A ring written with one stream chunk per device has no chunk-count parameter: `weave tune`
+/// measures its S = 1 (the Stream axes serially: the collective form) beside the ring as
+/// written at every pool size, and `weave run` runs the cached winner, whichever it is.
+#[test]
+fn tune_measures_a_ring_and_its_collective_and_run_uses_the_winner() {
+    const RING: &str = "tests/scenarios/matmul_rs_ring.weave";
+    let dir = std::env::temp_dir().join(format!("weave-cli-tune-ring-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = dir.join("tune.toml");
+    let small = ["--set", "t=16", "--set", "h=8"];
+    let mut args = vec![
+        "tune",
+        RING,
+        "--ranks",
+        "2",
+        "--backend",
+        "cpu",
+        "--iters",
+        "2",
+    ];
+    args.extend(small);
+    let (ok, out, err) = weave(&args, &cache);
+    assert!(ok, "{out}\n{err}");
+    for row in [
+        "S=1 K=1 eager",
+        "S=as written K=1 eager",
+        "S=as written K=2 eager",
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.trim_start_matches(['*', ' ']).starts_with(row)),
+            "{row}\n{out}"
+        );
+    }
+    let entry = TuneCache::load(&cache).unwrap().entries[0].clone();
+    let winner = entry.candidate().to_string();
+    let mut run = vec!["run", RING, "--ranks", "2"];
+    run.extend(small);
+    let (ok, out, err) = weave(&run, &cache);
+    assert!(ok, "{out}\n{err}");
+    common::assert_ran_tuned(&out, &winner, &cache, entry.streams);
+    let serial = entry.chunks == Some(1);
+    assert_eq!(out.contains("collectives: ReduceScatter"), serial, "{out}");
+    assert_eq!(out.contains("send/recv"), !serial, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

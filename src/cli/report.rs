@@ -167,7 +167,13 @@ pub(super) fn describe_config(exe: &Executable, options: &RunOptions, cuda: bool
     let s = sig
         .role(streamweave::ir::ParamRole::ChunkCount)
         .and_then(|p| sig.param(p))
-        .map_or_else(|| "S=as written".to_string(), |v| format!("S={v}"));
+        .map(|v| format!("S={v}"))
+        // Without a chunk-count parameter: its stream loops as written, or one chunk (no
+        // stream loop: none written, or its Stream axes run serially by `--chunks 1`).
+        .unwrap_or_else(|| match streamweave::tune::loop_chunks(exe.program()) {
+            Some(_) => "S=as written".to_string(),
+            None => "S=1".to_string(),
+        });
     let mut out = format!("{s} K={}", options.streams);
     if cuda {
         out.push_str(if options.gpu.replay && options.iters > 0 {
