@@ -156,6 +156,28 @@ fn scenarios_without_a_chunk_count_run_their_stream_axes_serially_with_one_chunk
                 .chunks(streamweave::Chunks::Fixed(1))
                 .compile(&fusion)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
+            // The same inputs and outputs, each rank's buffers of the same sizes: a caller's
+            // buffers fit the serial form (a repeated `Executable::run` may switch to it).
+            let as_written = Compiler::new()
+                .compile(&fusion)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            for (a, b) in [
+                (as_written.inputs(), compiled.inputs()),
+                (as_written.outputs(), compiled.outputs()),
+            ] {
+                assert_eq!(a.len(), b.len(), "{name}");
+                for (x, y) in a.iter().zip(b) {
+                    assert_eq!((&x.name, x.dtype, &x.shape), (&y.name, y.dtype, &y.shape));
+                    for rank in 0..ranks {
+                        assert_eq!(
+                            x.local_sizes_of(rank),
+                            y.local_sizes_of(rank),
+                            "{name}: `{}` on rank {rank}",
+                            x.name
+                        );
+                    }
+                }
+            }
             let program = compiled.program();
             assert_eq!(streamweave::tune::loop_chunks(program), None, "{name}");
             assert!(
