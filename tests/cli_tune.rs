@@ -156,7 +156,8 @@ fn tune_refuses_to_set_the_chunk_count_and_a_host_program() {
 
 /// A ring written with one stream chunk per device has no chunk-count parameter: `weave tune`
 /// measures its S = 1 (the Stream axes serially: the collective form) beside the ring as
-/// written at every pool size, and `weave run` runs the cached winner, whichever it is.
+/// written at every pool size up to its two chunks, and `weave run` runs the cached winner,
+/// whichever it is.
 #[test]
 fn tune_measures_a_ring_and_its_collective_and_run_uses_the_winner() {
     const RING: &str = "tests/scenarios/matmul_rs_ring.weave";
@@ -188,6 +189,12 @@ fn tune_measures_a_ring_and_its_collective_and_run_uses_the_winner() {
             "{row}\n{out}"
         );
     }
+    // Two chunks as written use at most two streams.
+    assert!(
+        out.lines().any(|l| l.contains("S=as written K=4 eager")
+            && l.contains("skipped: 2 chunk(s) use at most 2 stream(s): the same run as K=2")),
+        "{out}"
+    );
     let entry = TuneCache::load(&cache).unwrap().entries[0].clone();
     let winner = entry.candidate().to_string();
     let mut run = vec!["run", RING, "--ranks", "2"];

@@ -551,12 +551,14 @@ pub fn tune(
         let loops = exe.as_ref().is_ok_and(|exe| has_loop(exe.program()));
         for &k in &options.stream_counts {
             // The pool a program can use: one stream without a loop, at most S with S
-            // chunks. A larger K is the same run as that one: recorded as such where the
-            // grid has it, measured as it (named so) where it does not.
+            // chunks (as written: its stream loops' trip count). A larger K is the same run
+            // as that one: recorded as such where the grid has it, measured as it (named so)
+            // where it does not.
+            let chunks = s.or_else(|| exe.as_ref().ok().and_then(|e| loop_chunks(e.program())));
             let usable = if exe.is_ok() && !loops {
                 1
             } else {
-                s.map_or(k, |s| k.min(s.max(1)))
+                chunks.map_or(k, |c| k.min(c.max(1)))
             };
             let k = if options.stream_counts.contains(&usable) {
                 k
@@ -575,8 +577,8 @@ pub fn tune(
                     (Ok(_), None) if !loops && k > 1 => Outcome::Redundant(
                         "no stream loop: the pool is never used, the same run as K=1".into(),
                     ),
-                    (Ok(_), None) if s.is_some_and(|s| k > s.max(1)) => {
-                        let s = s.unwrap_or(1).max(1);
+                    (Ok(_), None) if chunks.is_some_and(|c| k > c.max(1)) => {
+                        let s = chunks.unwrap_or(1).max(1);
                         Outcome::Redundant(format!(
                             "{s} chunk(s) use at most {s} stream(s): the same run as K={s}"
                         ))
