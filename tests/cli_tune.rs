@@ -29,24 +29,28 @@ fn weave(args: &[&str], cache: &Path) -> (bool, String, String) {
 
 const SCENARIO: &str = "tests/scenarios/row_parallel_linear.weave";
 
-#[test]
-fn tune_caches_the_winner_and_run_uses_it() {
-    let dir = std::env::temp_dir().join(format!("weave-cli-tune-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let cache = dir.join("cache/tune.toml");
-    let small = ["--set", "t=48", "--set", "h=8"];
-    let mut args = vec![
+/// `weave tune FILE` on 2 CPU ranks with 2 timed runs per candidate.
+fn cpu_tune(file: &str) -> Vec<&str> {
+    vec![
         "tune",
-        SCENARIO,
+        file,
         "--ranks",
         "2",
         "--backend",
         "cpu",
         "--iters",
         "2",
-        "--warmup",
-        "1",
-    ];
+    ]
+}
+
+#[test]
+fn tune_caches_the_winner_and_run_uses_it() {
+    let dir = std::env::temp_dir().join(format!("weave-cli-tune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = dir.join("cache/tune.toml");
+    let small = ["--set", "t=48", "--set", "h=8"];
+    let mut args = cpu_tune(SCENARIO);
+    args.extend(["--warmup", "1"]);
     args.extend(small);
     let (ok, out, err) = weave(&args, &cache);
     assert!(ok, "{out}\n{err}");
@@ -165,16 +169,7 @@ fn tune_measures_a_ring_and_its_collective_and_run_uses_the_winner() {
     let _ = std::fs::remove_dir_all(&dir);
     let cache = dir.join("tune.toml");
     let small = ["--set", "t=16", "--set", "h=8"];
-    let mut args = vec![
-        "tune",
-        RING,
-        "--ranks",
-        "2",
-        "--backend",
-        "cpu",
-        "--iters",
-        "2",
-    ];
+    let mut args = cpu_tune(RING);
     args.extend(small);
     let (ok, out, err) = weave(&args, &cache);
     assert!(ok, "{out}\n{err}");

@@ -132,6 +132,16 @@ write32 = getattr(cu, "cuStreamWriteValue32_v2", None) or cu.cuStreamWriteValue3
 write32.argtypes = [vp, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
 
 
+def counted(kind, rc, cc, M, N, K, **counters):
+    """The GEMM with `counters` over chunks of D's rows (`rc`) or columns (`cc`), or None
+    (printed) where cuBLASLt refuses it."""
+    try:
+        return Gemm(M, N, K, rows_chunks=rc, cols_chunks=cc, **counters)
+    except RuntimeError as e:
+        print(f"{kind}: refused: {e}")
+        return None
+
+
 def main():
     M, N, K = int(os.environ.get("M", 8192)), int(os.environ.get("N", 8192)), int(os.environ.get("K", 8192))
     CH = int(os.environ.get("CH", 4))
@@ -148,10 +158,8 @@ def main():
     print(f"plain {t_plain:.3f} ms torch {t_torch:.3f} ms maxdiff {(d0.float()-ref.float()).abs().max().item():.3g}")
     for kind, rc, cc in (("cols", 0, CH), ("rows", CH, 0)):
         outc = torch.ones(CH, dtype=torch.int32, device="cuda")
-        try:
-            g = Gemm(M, N, K, rows_chunks=rc, cols_chunks=cc, outc=outc)
-        except RuntimeError as e:
-            print(f"{kind}: out counters refused: {e}")
+        g = counted(f"out-{kind}", rc, cc, M, N, K, outc=outc)
+        if g is None:
             continue
         print(f"{kind}: heuristic count {g.count} caps {g.caps()[:8]}")
         d = torch.zeros(M, N, device="cuda", dtype=torch.bfloat16)
@@ -189,10 +197,8 @@ def main():
     # Input counters: chunk i of the output may start only when in[i] == 0.
     for kind, rc, cc in (("cols", 0, CH), ("rows", CH, 0)):
         inc = torch.zeros(CH, dtype=torch.int32, device="cuda")
-        try:
-            g = Gemm(M, N, K, rows_chunks=rc, cols_chunks=cc, inc=inc)
-        except RuntimeError as e:
-            print(f"in-{kind}: refused: {e}")
+        g = counted(f"in-{kind}", rc, cc, M, N, K, inc=inc)
+        if g is None:
             continue
         d = torch.zeros(M, N, device="cuda", dtype=torch.bfloat16)
         try:
