@@ -295,3 +295,42 @@ fn the_tuning_timeout_bounds_each_candidate() {
     );
     assert!(err.contains("no candidate could be measured"), "{err}");
 }
+
+/// The load judges the sizes a run binds: with `--ranks 3` and no `--set d`, the mesh size is
+/// 3 when the schedules are checked, so t = 21 (divisible by 3, not by the source's d = 2)
+/// runs, and t = 20 is refused naming 3 devices; `weave tune` loads the same way.
+#[test]
+fn the_load_checks_the_mesh_size_the_ranks_give() {
+    const RING: &str = "tests/scenarios/sequence_parallel_mlp_ring.weave";
+    let sizes = |t: &'static str| ["--set", t, "--set", "h=6", "--set", "f=9"];
+    let (code, out, err) = weave(&[&["run", RING, "--ranks", "3"][..], &sizes("t=21")].concat());
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("matches the reference on 3 rank(s)"), "{out}");
+    assert!(out.trim_end().ends_with("result: PASS"), "{out}");
+    let (code, out, err) = weave(&[&["run", RING, "--ranks", "3"][..], &sizes("t=20")].concat());
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("axis 0 has extent 20 (`t`), not divisible by 3 devices (DIDx)"),
+        "{err}"
+    );
+    let cache = std::env::temp_dir().join(format!("weave-load-ranks-{}.toml", std::process::id()));
+    let tune = [
+        &[
+            "tune",
+            RING,
+            "--ranks",
+            "3",
+            "--backend",
+            "cpu",
+            "--iters",
+            "1",
+        ][..],
+        &sizes("t=21"),
+        &["--cache", cache.to_str().unwrap()],
+    ]
+    .concat();
+    let (code, out, err) = weave(&tune);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("tuned: "), "{out}");
+    let _ = std::fs::remove_file(&cache);
+}

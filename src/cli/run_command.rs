@@ -121,26 +121,27 @@ pub fn run(
         Err(e) => return fail(e),
     };
     let name = file.display().to_string();
+    // The rank count the run binds as the mesh size: the launched world's, else `--ranks`.
+    let run_ranks = launched
+        .as_ref()
+        .map(|e| e.world)
+        .or(flags.ranks)
+        .unwrap_or(2);
     // The configuration `weave tune` cached for this program, when `--chunks auto` and no
     // `--streams` leave the choice open.
     let open_choice =
         !is_host_program(file, &text) && flags.chunks.is_none() && !flags.streams_given;
     // The fusion and the tuning cache's path, when there is a tuning to look up or to make.
     let to_tune = if open_choice {
-        tunable(&name, &text, set)
+        tunable(&name, &text, set, run_ranks)
     } else {
         None
     };
     let mut tuned = match &to_tune {
         None => None,
         Some((fusion, cache)) => {
-            let ranks = launched
-                .as_ref()
-                .map(|e| e.world)
-                .or(flags.ranks)
-                .unwrap_or(2);
             let device = launched.as_ref().map_or(0, |e| e.local_rank);
-            match tuned_entry(fusion, cache, ranks, flags.cuda, device) {
+            match tuned_entry(fusion, cache, run_ranks, flags.cuda, device) {
                 Ok(t) => t.map(|e| (e, cache.clone())),
                 Err(m) => return fail(m),
             }
@@ -172,11 +173,10 @@ pub fn run(
             }
             (None, Some(budget)) => {
                 if let Some((fusion, cache)) = &to_tune {
-                    let ranks = flags.ranks.unwrap_or(2);
                     match tune_first_run(
                         fusion,
                         cache,
-                        ranks,
+                        run_ranks,
                         budget,
                         options.timeouts.wait,
                         flags.tune_copy_engines,
@@ -206,7 +206,7 @@ pub fn run(
             }
             return Executable::from_text(&name, &text).map_err(|e| e.to_string());
         }
-        let ranks = launched.as_ref().map(|e| e.world).or(flags.ranks).unwrap_or(2);
+        let ranks = run_ranks;
         let dumps = DumpOptions::parse(flags.weave_dump.as_deref().unwrap_or_default())
             .map_err(|e| e.to_string())?;
         let chunks = match flags.chunks {

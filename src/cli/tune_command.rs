@@ -43,9 +43,10 @@ pub(super) fn tunable(
     name: &str,
     text: &str,
     set: &[(String, i64)],
+    ranks: usize,
 ) -> Option<(streamweave::ir::Fusion, PathBuf)> {
     let path = tune_cache_path()?;
-    let fusion = streamweave::load(name, text, set).ok()?;
+    let fusion = streamweave::load_on(name, text, set, ranks).ok()?;
     let chunk = fusion.role_param(streamweave::ir::ParamRole::ChunkCount);
     if chunk.is_some_and(|p| set.iter().any(|(k, _)| *k == p.name)) {
         return None;
@@ -174,7 +175,7 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
         ));
     }
     let name = file.display().to_string();
-    let fusion = match streamweave::load(&name, &text, set) {
+    let fusion = match streamweave::load_on(&name, &text, set, flags.ranks) {
         Ok(f) => f,
         Err(e) => return fail(e.to_string()),
     };

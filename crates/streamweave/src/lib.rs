@@ -169,6 +169,30 @@ pub fn load(file: &str, source: &str, overrides: &[(String, i64)]) -> Result<Fus
     Ok(fusion)
 }
 
+/// [`load`] for a run on `devices` devices: the fusion's mesh-size parameter (`d: mesh`, or
+/// the one parameter that sizes its 1-D mesh), where `overrides` leaves it, is loaded as
+/// `devices`, the value such a run binds, so that the load's checks (a split that must divide
+/// an extent) judge the sizes that run, not the source's default mesh size.
+pub fn load_on(
+    file: &str,
+    source: &str,
+    overrides: &[(String, i64)],
+    devices: usize,
+) -> Result<Fusion, LoadError> {
+    let mut set = overrides.to_vec();
+    let mesh = weave_ir::text::parse(source, overrides)
+        .ok()
+        .and_then(|f| {
+            f.role_param(weave_ir::ParamRole::MeshSize)
+                .map(|p| p.name.clone())
+        })
+        .filter(|name| !overrides.iter().any(|(k, _)| k == name));
+    if let Some(name) = mesh {
+        set.push((name, i64::try_from(devices).unwrap_or(i64::MAX)));
+    }
+    load(file, source, &set)
+}
+
 /// Where the fusion has an op that indexes an axis globally (`iota`, `slice`, `concat`, and
 /// the rows of an `index_select`, which a device split alone may cut):
 /// propagates the shardings on a copy and refuses, at the op, a split that the neighbours'

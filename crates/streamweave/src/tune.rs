@@ -510,7 +510,7 @@ pub fn tune(
         match s.is_empty() {
             // Without a chunk-count parameter: S = 1 (its Stream axes run serially, when it
             // has any: a ring lowers to its collective), then the fusion as written.
-            true if fusion.clone().serialize_streams() > 0 => vec![Some(1), None],
+            true if fusion.has_stream_axes() => vec![Some(1), None],
             true => vec![None],
             false => s.into_iter().map(Some).collect(),
         }
@@ -549,12 +549,12 @@ pub fn tune(
                 .and_then(|m| compiled[m].0)
         });
         let loops = exe.as_ref().is_ok_and(|exe| has_loop(exe.program()));
+        // The chunks it runs: S, or as written its stream loops' trip count.
+        let chunks = s.or_else(|| exe.as_ref().ok().and_then(|e| loop_chunks(e.program())));
         for &k in &options.stream_counts {
-            // The pool a program can use: one stream without a loop, at most S with S
-            // chunks (as written: its stream loops' trip count). A larger K is the same run
-            // as that one: recorded as such where the grid has it, measured as it (named so)
-            // where it does not.
-            let chunks = s.or_else(|| exe.as_ref().ok().and_then(|e| loop_chunks(e.program())));
+            // The pool a program can use: one stream without a loop, at most its chunks. A
+            // larger K is the same run as that one: recorded as such where the grid has it,
+            // measured as it (named so) where it does not.
             let usable = if exe.is_ok() && !loops {
                 1
             } else {

@@ -57,6 +57,25 @@ impl Fusion {
         }
     }
 
+    /// Whether [`Fusion::serialize_streams`] would change anything: a schedule step that puts
+    /// an axis on streams or rotates a stream loop, or a logical axis declared Stream.
+    pub fn has_stream_axes(&self) -> bool {
+        let streams = |op: &ScheduleOp| match op {
+            ScheduleOp::Parallelize { parallel, .. } => *parallel == ParallelType::Stream,
+            ScheduleOp::Swizzle1d { .. } => true,
+            _ => op
+                .as_split()
+                .is_some_and(|(_, _, _, p)| p == Some(ParallelType::Stream)),
+        };
+        self.tensors
+            .values()
+            .any(|tv| tv.schedule.iter().any(|step| streams(&step.op)))
+            || self
+                .ids
+                .values()
+                .any(|id| id.parallel == ParallelType::Stream)
+    }
+
     /// Runs every Stream axis serially: a split's `-> Stream` is dropped (the split stays,
     /// serial), `parallelize(axis, Stream)` and the `swizzle1d` steps (which only reorder a
     /// stream loop's chunks) are removed, and logical axes declared Stream become serial. The
@@ -65,6 +84,9 @@ impl Fusion {
     /// device lowers to its collective). Returns how many steps or axes changed (0: the
     /// fusion had no Stream axis).
     pub fn serialize_streams(&mut self) -> usize {
+        if !self.has_stream_axes() {
+            return 0;
+        }
         let mut changed = 0;
         for tv in self.tensors.values_mut() {
             let before = tv.schedule.len();

@@ -103,9 +103,14 @@ impl Compiler {
         self.build(first, &|set| Ok(crate::load(&file, &source(), set)?))
     }
 
-    /// Loads `source` (named `file` in errors) and compiles it.
+    /// Loads `source` (named `file` in errors) and compiles it. The load already sees the
+    /// device count as the mesh size (unless the caller sets that parameter), so that its checks
+    /// judge the sizes a run binds, not the source's default mesh size.
     pub fn compile_source(&self, file: &str, source: &str) -> Result<Executable, Error> {
-        let first = crate::load(file, source, &self.params)?;
+        let first = match self.devices {
+            Some(n) => crate::load_on(file, source, &self.params, n)?,
+            None => crate::load(file, source, &self.params)?,
+        };
         self.build(first, &|set| Ok(crate::load(file, source, set)?))
     }
 
