@@ -702,7 +702,8 @@ fn allgather_transfers<B: DeviceBuffer>(
 
 /// The transfers of a group of sends and receives of `me` over contiguous buffers (`None`
 /// when a buffer is not contiguous: NCCL moves it); sends to itself meet receives from
-/// itself in order and become local copies, an error when their count or sizes differ.
+/// itself in order and become local copies, an error when their count or sizes differ. A
+/// buffer sent to itself into the same memory (a reduce ring's last step) moves nothing.
 fn p2p_transfers<B: DeviceBuffer>(me: usize, ops: &[P2p<B>]) -> Result<Option<Transfers>, String> {
     if ops.iter().any(|op| match op {
         P2p::Send { buffer, .. } | P2p::Recv { buffer, .. } => !buffer.is_contiguous(),
@@ -724,7 +725,9 @@ fn p2p_transfers<B: DeviceBuffer>(me: usize, ops: &[P2p<B>]) -> Result<Option<Tr
     let sizes = |v: &[&B]| v.iter().map(|b| bytes(b)).collect::<Vec<usize>>();
     pair_self(&sizes(&to_self), &sizes(&from_self))?;
     for (s, r) in to_self.into_iter().zip(from_self) {
-        t.local.push((r.device_ptr(), s.device_ptr(), bytes(s)));
+        if r.device_ptr() != s.device_ptr() {
+            t.local.push((r.device_ptr(), s.device_ptr(), bytes(s)));
+        }
     }
     Ok(Some(t))
 }

@@ -207,7 +207,9 @@ pub trait Backend: Send + Sync {
         stream: &Self::Stream,
     ) -> Result<(), ExecError>;
 
-    /// `out = input @ weightᵀ (+ bias)` on `stream`.
+    /// `out = input @ weightᵀ (+ bias)` on `stream`; with `accumulate`, `out += input @
+    /// weightᵀ (+ bias)`.
+    #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
         label: &str,
@@ -215,6 +217,7 @@ pub trait Backend: Send + Sync {
         weight: &Self::Buffer,
         bias: Option<&Self::Buffer>,
         out: &Self::Buffer,
+        accumulate: bool,
         stream: &Self::Stream,
     ) -> Result<(), ExecError>;
 

@@ -353,6 +353,23 @@ fn dense_of(view: &HostView) -> Result<Dense, String> {
     })
 }
 
+/// `value += out` element for element: an accumulating GEMM's partial sum so far (the sizes
+/// differ at most by axes of size 1, which leave the order alone).
+fn add_what_it_holds(out: &HostView, value: &mut Dense) -> Result<(), String> {
+    let sum = out.try_read().map_err(|e| e.to_string())?;
+    if sum.len() != value.data.len() {
+        return Err(format!(
+            "the product has sizes {:?} but the accumulated output has sizes {:?}",
+            value.sizes,
+            out.sizes()
+        ));
+    }
+    for (v, s) in value.data.iter_mut().zip(sum) {
+        *v += s;
+    }
+    Ok(())
+}
+
 /// Writes `value` into `out`, whose sizes may differ from the value's only by axes of
 /// size 1 (a reduction's kept axis, a partial result's `rf` axis).
 fn store(out: &HostView, value: &Dense, what: &str) -> Result<(), String> {
@@ -557,19 +574,7 @@ impl Backend for CpuBackend {
             let mut value =
                 interp::matmul_dense(&dense_of(&a)?, &dense_of(&b)?).map_err(|e| e.to_string())?;
             if accumulate {
-                // `out += a @ b`: the partial sum so far, element for element (the sizes
-                // differ at most by axes of size 1, which leave the order alone).
-                let sum = out.try_read().map_err(|e| e.to_string())?;
-                if sum.len() != value.data.len() {
-                    return Err(format!(
-                        "the product has sizes {:?} but the accumulated output has sizes {:?}",
-                        value.sizes,
-                        out.sizes()
-                    ));
-                }
-                for (v, s) in value.data.iter_mut().zip(sum) {
-                    *v += s;
-                }
+                add_what_it_holds(&out, &mut value)?;
             }
             store(&out, &value, "the product")
         });
@@ -583,14 +588,18 @@ impl Backend for CpuBackend {
         weight: &HostView,
         bias: Option<&HostView>,
         out: &HostView,
+        accumulate: bool,
         stream: &CpuStream,
     ) -> Result<(), ExecError> {
         let (x, w, out) = (input.clone(), weight.clone(), out.clone());
         let bias = bias.cloned();
         self.enqueue_compute(stream, label, move || {
             let b = bias.as_ref().map(dense_of).transpose()?;
-            let value = interp::linear_dense(&dense_of(&x)?, &dense_of(&w)?, b.as_ref())
+            let mut value = interp::linear_dense(&dense_of(&x)?, &dense_of(&w)?, b.as_ref())
                 .map_err(|e| e.to_string())?;
+            if accumulate {
+                add_what_it_holds(&out, &mut value)?;
+            }
             store(&out, &value, "the product")
         });
         Ok(())

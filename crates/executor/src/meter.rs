@@ -491,11 +491,12 @@ impl Backend for MeterBackend {
         weight: &Shape,
         bias: Option<&Shape>,
         out: &Shape,
+        accumulate: bool,
         stream: &StreamKey,
     ) -> Result<(), ExecError> {
         let call = MeteredGemm {
             linear: true,
-            accumulate: false,
+            accumulate,
             a: GemmOperand::of(input),
             b: GemmOperand::of(weight),
             bias: bias.map(GemmOperand::of),

@@ -263,11 +263,16 @@ impl Stmt {
                 weight,
                 bias,
                 out,
-            } => Effects::reading_writing(
-                [*input, *weight].into_iter().chain(*bias),
-                [*out],
-                Runs::Stream,
-            ),
+                accumulate,
+            } => {
+                // An accumulating GEMM reads the partial sum it adds to.
+                let acc = accumulate.then_some(*out);
+                Effects::reading_writing(
+                    [*input, *weight].into_iter().chain(*bias).chain(acc),
+                    [*out],
+                    Runs::Stream,
+                )
+            }
             Stmt::Communication(c) => Effects {
                 scalars: c.root.into_iter().collect(),
                 ..Effects::reading_writing([c.input], [c.output], Runs::Posted)
@@ -562,9 +567,24 @@ mod tests {
                     weight: b,
                     bias: Some(c),
                     out: d,
+                    accumulate: false,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (c, Read), (d, Write)],
+                    runs: Runs::Stream,
+                    ..none()
+                },
+            ),
+            (
+                Stmt::Linear {
+                    input: a,
+                    weight: b,
+                    bias: None,
+                    out: d,
+                    accumulate: true,
+                },
+                Effects {
+                    accesses: vec![(a, Read), (b, Read), (d, Read), (d, Write)],
                     runs: Runs::Stream,
                     ..none()
                 },
@@ -621,6 +641,7 @@ mod tests {
             weight: w,
             bias: Some(bias),
             out,
+            accumulate: false,
         };
         assert_eq!(linear.reads(), [x, w, bias]);
         assert_eq!(linear.writes(), [out]);

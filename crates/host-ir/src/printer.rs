@@ -391,13 +391,14 @@ impl Names {
         format!("{o} {op} matmul({a}, {b})")
     }
 
-    /// `T5 = linear(T2, T3[, T4])`.
+    /// `T5 = linear(T2, T3[, T4])`, or `T5 += linear(T2, T3)` when it accumulates.
     fn linear(&mut self, p: &HostProgram, stmt: &Stmt, declare: bool) -> String {
         let Stmt::Linear {
             input,
             weight,
             bias,
             out,
+            accumulate,
         } = stmt
         else {
             return String::new();
@@ -410,7 +411,8 @@ impl Names {
         if let Some(b) = bias {
             args.push(self.tensor_text(p, *b, declare));
         }
-        format!("{o} = linear({})", args.join(", "))
+        let op = if *accumulate { "+=" } else { "=" };
+        format!("{o} {op} linear({})", args.join(", "))
     }
 
     /// `Communication 9 (type=Allgather, team=(0 1), input=T2, output=T3, backend=NCCL)`.

@@ -413,7 +413,10 @@ pub enum Stmt {
         accumulate: bool,
     },
     /// `out = input @ weightᵀ (+ bias)` by the GEMM library on the current stream, into a
-    /// preallocated `out`.
+    /// preallocated `out`; with `accumulate`, `out += input @ weightᵀ` (printed `T4 +=
+    /// linear(T5, T0)`): a step of a reduce ring adding this rank's partial of a piece to
+    /// the partial received into `out` (cuBLASLt's beta = 1), so `out` is read as well as
+    /// written.
     Linear {
         /// The activations.
         input: HostTensorId,
@@ -423,6 +426,8 @@ pub enum Stmt {
         bias: Option<HostTensorId>,
         /// The preallocated result.
         out: HostTensorId,
+        /// Add the product to `out` instead of overwriting it.
+        accumulate: bool,
     },
     /// Posts a collective on the current stream. Asynchronous: its buffers may be read or
     /// reused only after a [`Stmt::Wait`] names this statement.

@@ -165,6 +165,7 @@ fn build_row_parallel() -> HostProgram {
             weight: t1,
             bias: None,
             out: t4,
+            accumulate: false,
         },
     );
     p.push(
@@ -348,6 +349,7 @@ fn random_program(ops: &[(u8, u8, u8, u8)]) -> HostProgram {
                 weight: tensor(b),
                 bias: (c % 2 == 0).then(|| tensor(c)),
                 out: tensor(c / 2),
+                accumulate: c % 3 == 1,
             },
             11 => {
                 let kind = CommunicationType::ALL[a as usize % CommunicationType::ALL.len()];

@@ -45,6 +45,12 @@
 //!   updates one buffer in every iteration, `Synchronize(Stream ((i + (numberOfStreams - 1))
 //!   % numberOfStreams))` (the previous iteration's worker, which then holds all of that
 //!   iteration's work) goes right before the first one, so the accumulations are ordered.
+//!   When every accumulation adds to a slot `ShardByStream(B, index = e(i))` that a receive
+//!   of iteration `i - c` wrote through `ShardByStream(B, index = e'(i - c))`, for one
+//!   distance `c` in every iteration (a reduce ring that sums in its GEMMs, `c` its pieces
+//!   per step; both indices evaluated over the loop's constant range), the wait is for that
+//!   iteration's worker instead, `Stream ((i + c * (numberOfStreams - 1)) % numberOfStreams)`,
+//!   so that an accumulation does not wait for the transfers of the iterations in between.
 //! * **Preserves**: every original statement, in its scope and order; the statements of a loop
 //!   body run on one worker stream, so data dependences inside an iteration keep their stream
 //!   order. Every added loop has a fresh [`HostScalar::LoopIndex`] (an index names one loop).
@@ -167,7 +173,7 @@ impl AssignStreams {
         // iteration order whatever the pool size.
         let first_accumulation = match &p.stmts[lp] {
             Stmt::ForLoop { body, .. } => body.iter().position(|s| match &p.stmts[*s] {
-                Stmt::Matmul { accumulate, .. } => *accumulate,
+                Stmt::Matmul { accumulate, .. } | Stmt::Linear { accumulate, .. } => *accumulate,
                 Stmt::LaunchKernel {
                     inputs, outputs, ..
                 } => outputs.iter().any(|o| inputs.contains(o)),
@@ -176,7 +182,8 @@ impl AssignStreams {
             _ => None,
         };
         if let Some(at) = first_accumulation {
-            let previous = previous_worker_stream(p, index);
+            let distance = carried_distance(p, lp).unwrap_or(1);
+            let previous = earlier_worker_stream(p, index, distance);
             let sync = p.stmts.insert(Stmt::Synchronize { stream: previous });
             if let Stmt::ForLoop { body, .. } = &mut p.stmts[lp] {
                 body.insert(at, sync);
@@ -275,15 +282,111 @@ pub fn is_stream_slot(p: &HostProgram, s: ScalarId, index: ScalarId) -> bool {
     }
 }
 
-/// A new stream value `Stream ((index + (numberOfStreams - 1)) % numberOfStreams)`: the
-/// worker of the iteration before `index` (for the first iteration, the last worker, whose
-/// work so far precedes the loop).
-fn previous_worker_stream(p: &mut HostProgram, index: ScalarId) -> StreamId {
-    let n = number_of_streams(p);
-    let less = find_or_insert_scalar(
-        p,
-        HostScalar::Value(Scalar::builtin(Builtin::NumberOfStreams).sub(Scalar::c(1))),
+/// The one distance `c` at which every accumulation of loop `lp` (into a view of a buffer,
+/// indexed by the loop) adds to what a receive of iteration `i - c` wrote into the same
+/// slot, over the loop's constant range; `None` when an index or a bound is not a constant
+/// function of the loop index, when no accumulation reads a received slot, or when the
+/// distances differ (the caller then waits for the previous iteration, which orders
+/// everything before it).
+fn carried_distance(p: &HostProgram, lp: StmtId) -> Option<i64> {
+    /// Loops longer than this are not unrolled to find the distance.
+    const MAX_ITERATIONS: i64 = 1 << 12;
+    let Stmt::ForLoop {
+        index,
+        start,
+        stop,
+        body,
+    } = &p.stmts[lp]
+    else {
+        return None;
+    };
+    let (start, stop) = (
+        eval_at(p, *start, *index, 0)?,
+        eval_at(p, *stop, *index, 0)?,
     );
+    if stop - start > MAX_ITERATIONS {
+        return None;
+    }
+    let view_of = |t| {
+        body.iter().find_map(|s| match &p.stmts[*s] {
+            Stmt::ShardByStream {
+                input,
+                index,
+                output,
+                ..
+            } if *output == t => Some((*input, *index)),
+            _ => None,
+        })
+    };
+    let mut sums = Vec::new();
+    let mut received = Vec::new();
+    for s in body {
+        match &p.stmts[*s] {
+            Stmt::Matmul {
+                out,
+                accumulate: true,
+                ..
+            }
+            | Stmt::Linear {
+                out,
+                accumulate: true,
+                ..
+            } => sums.push(view_of(*out)?),
+            Stmt::P2PCommunication(c) if c.direction == weave_host_ir::P2PDirection::Recv => {
+                if let Some(v) = view_of(c.buffer) {
+                    received.push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut distances = std::collections::BTreeSet::new();
+    // The iteration that last received into each slot (buffer, index).
+    let mut last: std::collections::HashMap<(weave_host_ir::HostTensorId, i64), i64> =
+        std::collections::HashMap::new();
+    for i in start..stop {
+        for (buffer, at) in &sums {
+            let slot = eval_at(p, *at, *index, i)?;
+            if let Some(w) = last.get(&(*buffer, slot)) {
+                distances.insert(i - w);
+            }
+        }
+        for (buffer, at) in &received {
+            last.insert((*buffer, eval_at(p, *at, *index, i)?), i);
+        }
+    }
+    match distances.len() {
+        1 => distances.first().copied(),
+        _ => None,
+    }
+}
+
+/// The value of scalar `s` in iteration `i` of the loop whose index is `index`, when it is a
+/// constant function of that index.
+fn eval_at(p: &HostProgram, s: ScalarId, index: ScalarId, i: i64) -> Option<i64> {
+    if s == index {
+        return Some(i);
+    }
+    match &p.scalars[s] {
+        HostScalar::Value(v) => v.as_const(),
+        HostScalar::Binary(op, a, b) => {
+            let (a, b) = (eval_at(p, *a, index, i)?, eval_at(p, *b, index, i)?);
+            Scalar::binary(*op, Scalar::c(a), Scalar::c(b)).as_const()
+        }
+        _ => None,
+    }
+}
+
+/// A new stream value `Stream ((index + distance * (numberOfStreams - 1)) %
+/// numberOfStreams)`: the worker of iteration `index - distance` (for the first iterations,
+/// a worker whose work so far precedes the loop or this iteration).
+fn earlier_worker_stream(p: &mut HostProgram, index: ScalarId, distance: i64) -> StreamId {
+    let n = number_of_streams(p);
+    let mut less = Scalar::builtin(Builtin::NumberOfStreams).sub(Scalar::c(1));
+    if distance != 1 {
+        less = less.mul(Scalar::c(distance));
+    }
+    let less = find_or_insert_scalar(p, HostScalar::Value(less));
     let back = find_or_insert_scalar(p, HostScalar::Binary(ScalarOp::Add, index, less));
     let slot = find_or_insert_scalar(p, HostScalar::Binary(ScalarOp::Mod, back, n));
     p.streams.insert(Stream::Indexed(slot))

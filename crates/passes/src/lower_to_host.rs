@@ -71,6 +71,7 @@ use crate::pass::{self, Pass, PassError, PassOptionError, PassOptions};
 
 mod collectives;
 mod order;
+mod ring;
 mod segments;
 mod tensors;
 
@@ -88,17 +89,38 @@ pub enum StreamAllgather {
 }
 
 /// The `lower-to-host` pass; `lower-to-host{allgather=broadcast}` (also written
-/// `lower-to-host-broadcast`) with [`StreamAllgather::Broadcast`].
+/// `lower-to-host-broadcast`) with [`StreamAllgather::Broadcast`]; `lower-to-host{ring-pieces=K}`
+/// with [`LowerToHost::ring_pieces`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LowerToHost {
     /// The lowering of a DID → Stream copy with one chunk per device.
     pub stream_allgather: StreamAllgather,
+    /// `Some(k)`: every reduce ring whose partials a GEMM of its own loop computes
+    /// accumulates in that GEMM, each ring step cut into `k` pieces (see
+    /// `Lowering::lower_accumulating_ring`); a program without such a ring is refused.
+    /// `None`: the ring adds each received partial with a kernel.
+    pub ring_pieces: Option<i64>,
 }
+
+/// The most pieces a ring step may be cut into.
+pub const MAX_RING_PIECES: i64 = 64;
 
 impl LowerToHost {
     /// The pass with the given DID → Stream lowering.
     pub fn new(stream_allgather: StreamAllgather) -> LowerToHost {
-        LowerToHost { stream_allgather }
+        LowerToHost {
+            stream_allgather,
+            ring_pieces: None,
+        }
+    }
+
+    /// The same pass whose reduce rings accumulate in their GEMMs, in `pieces` pieces per
+    /// step.
+    pub fn with_ring_pieces(self, pieces: i64) -> LowerToHost {
+        LowerToHost {
+            ring_pieces: Some(pieces),
+            ..self
+        }
     }
 }
 
@@ -112,32 +134,39 @@ impl Pass for LowerToHost {
     }
 
     fn options(&self) -> String {
-        match self.stream_allgather {
-            StreamAllgather::P2pRing => String::new(),
-            StreamAllgather::Broadcast => "allgather=broadcast".to_string(),
+        let mut items = Vec::new();
+        if self.stream_allgather == StreamAllgather::Broadcast {
+            items.push("allgather=broadcast".to_string());
         }
+        if let Some(k) = self.ring_pieces {
+            items.push(format!("ring-pieces={k}"));
+        }
+        items.join(" ")
     }
 }
 
 impl pass::Lowering<SegmentedFusion, HostProgram> for LowerToHost {
     fn run(&self, sf: SegmentedFusion) -> Result<HostProgram, PassError> {
         let pass = self.name();
-        lower_with(&sf, self.stream_allgather)
-            .map_err(|diagnostic| PassError::Unsupported { pass, diagnostic })
+        lower_program(&sf, *self).map_err(|diagnostic| PassError::Unsupported { pass, diagnostic })
     }
 }
 
 impl LowerToHost {
     /// The pass with the options of a pipeline item: `allgather=p2p-ring` (the default) or
-    /// `allgather=broadcast`.
+    /// `allgather=broadcast`; `ring-pieces=K` (1 to [`MAX_RING_PIECES`]).
     pub fn with_options(options: &PassOptions) -> Result<LowerToHost, PassOptionError> {
         let stream_allgather = options.take_choice(
             "allgather",
             &["p2p-ring", "broadcast"],
             &[StreamAllgather::P2pRing, StreamAllgather::Broadcast],
         )?;
+        let ring_pieces = options.take_count("ring-pieces", MAX_RING_PIECES)?;
         options.finish()?;
-        Ok(LowerToHost::new(stream_allgather))
+        Ok(LowerToHost {
+            stream_allgather,
+            ring_pieces,
+        })
     }
 }
 
@@ -166,6 +195,12 @@ struct OpenLoop {
     /// rank visits the chunks in its own order, and a Reduce rooted at each iteration's
     /// device travels on the ring too.
     ring: bool,
+    /// The pieces each chunk is cut into (1, or the ring's pieces in a reduce ring that
+    /// accumulates in its GEMM): the loop runs `extent * pieces` iterations, and its chunk
+    /// views are `extent * pieces` pieces of the axis it cuts.
+    pieces: i64,
+    /// Whether the loop is a reduce ring that accumulates in its GEMM ([`Lowering::ring_products`]).
+    accumulating_ring: bool,
 }
 
 struct Lowering<'a> {
@@ -203,6 +238,14 @@ struct Lowering<'a> {
     /// whose allgather is the P2P ring carries them back on the same ring, and a loop that
     /// holds no other communication is a ring of its own.
     ring_reduces: HashMap<SegmentId, i64>,
+    /// [`LowerToHost::ring_pieces`].
+    ring_pieces: Option<i64>,
+    /// The GEMMs whose partials a reduce ring sums by accumulating in them, by the tensor
+    /// they compute: lowered with the ring's exchange (`lower_accumulating_ring`).
+    ring_products: SecondaryMap<TensorId, ExprId>,
+    /// Whether some ring accumulated in its GEMMs (a `ring_pieces` that none took is an
+    /// error).
+    accumulated_in_ring: bool,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -215,6 +258,18 @@ pub fn lower_with(
     sf: &SegmentedFusion,
     stream_allgather: StreamAllgather,
 ) -> Result<HostProgram, Diagnostic> {
+    lower_program(sf, LowerToHost::new(stream_allgather))
+}
+
+/// [`lower`] with every option of the pass.
+pub fn lower_program(
+    sf: &SegmentedFusion,
+    options: LowerToHost,
+) -> Result<HostProgram, Diagnostic> {
+    let LowerToHost {
+        stream_allgather,
+        ring_pieces,
+    } = options;
     let f = sf.fusion();
     let mut l = Lowering {
         f,
@@ -234,6 +289,9 @@ pub fn lower_with(
         stream_allgather,
         accumulating: HashMap::new(),
         ring_reduces: HashMap::new(),
+        ring_pieces,
+        ring_products: SecondaryMap::new(),
+        accumulated_in_ring: false,
     };
     for (id, s) in sf.segments() {
         for t in s.produced(f) {
@@ -249,6 +307,7 @@ pub fn lower_with(
         }
     }
     let order = l.run_order(sf)?;
+    l.find_ring_products(sf);
     for t in f.inputs() {
         let h = l.new_tensor(*t, l.local_sizes(*t, false)?);
         l.p.inputs.push(h);
@@ -266,6 +325,12 @@ pub fn lower_with(
             ))
         })?;
         l.p.outputs.push(h);
+    }
+    if let (Some(k), false) = (ring_pieces, l.accumulated_in_ring) {
+        return Err(Diagnostic::new(format!(
+            "ring-pieces={k}: `{}` has no reduce ring whose partials a GEMM of its loop computes (a sum scattered by stream chunks, one chunk per device, in a loop with no other communication)",
+            f.name
+        )));
     }
     l.unrotate_collective_loops();
     l.p.signature = Some(signature_of(f)?);

@@ -126,6 +126,16 @@ pub enum PassOptionError {
         /// The values it takes.
         allowed: &'static [&'static str],
     },
+    /// A count that is not a whole number in its range.
+    #[error("`{key}={value}`: write a whole number from 1 to {max}")]
+    BadCount {
+        /// The option.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// The largest count it takes.
+        max: i64,
+    },
 }
 
 /// `` `k=a` or `k=b` ``: the values an option takes, as an error lists them.
@@ -197,6 +207,26 @@ impl PassOptions {
                 key,
                 value: value.to_string(),
                 allowed,
+            }),
+        }
+    }
+
+    /// Takes option `key`, a whole number from 1 to `max` (absent: `None`); anything else is
+    /// [`PassOptionError::BadCount`].
+    pub(crate) fn take_count(
+        &self,
+        key: &'static str,
+        max: i64,
+    ) -> Result<Option<i64>, PassOptionError> {
+        let Some(value) = self.take(key) else {
+            return Ok(None);
+        };
+        match value.parse::<i64>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(PassOptionError::BadCount {
+                key,
+                value: value.to_string(),
+                max,
             }),
         }
     }

@@ -602,7 +602,7 @@ impl Gemm {
     /// Launches the GEMM on `stream`.
     fn launch(&self, backend: &CudaBackend, stream: &GpuStream) -> Result<(), JobError> {
         backend
-            .linear("gemm", &self.x, &self.w, None, &self.out, stream)
+            .linear("gemm", &self.x, &self.w, None, &self.out, false, stream)
             .map_err(|e| JobError(e.to_string()))
     }
 }

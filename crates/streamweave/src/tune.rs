@@ -71,6 +71,10 @@ pub const FINAL_ROUNDS: usize = 3;
 /// The stream-pool sizes a tuning considers by default.
 pub const STREAM_COUNTS: [usize; 3] = [1, 2, 4];
 
+/// The pieces per step a reduce ring without a chunk-count parameter is tried with (chunk
+/// counts of that many times the chunks its loops run; `lower-to-host{ring-pieces=K}`).
+pub const RING_PIECES: [usize; 2] = [2, 4];
+
 /// One configuration of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Candidate {
@@ -509,8 +513,22 @@ pub fn tune(
         s.retain(|&n| keeps(n));
         match s.is_empty() {
             // Without a chunk-count parameter: S = 1 (its Stream axes run serially, when it
-            // has any: a ring lowers to its collective), then the fusion as written.
-            true if fusion.has_stream_axes() => vec![Some(1), None],
+            // has any: a ring lowers to its collective), then the fusion as written, then
+            // its steps in pieces (a multiple of the chunks its loops run: a reduce ring
+            // summing in its GEMMs; refused where there is none).
+            true if fusion.has_stream_axes() => {
+                let mut v = vec![Some(1), None];
+                if let [e] = bound.stream_axis_extents().as_slice() {
+                    let e = usize::try_from(*e).unwrap_or(0);
+                    v.extend(
+                        RING_PIECES
+                            .iter()
+                            .map(|k| Some(e * k))
+                            .filter(|&n| n > Some(1)),
+                    );
+                }
+                v
+            }
             true => vec![None],
             false => s.into_iter().map(Some).collect(),
         }

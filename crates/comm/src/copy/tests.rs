@@ -97,6 +97,19 @@ fn a_group_pairs_sends_to_itself_with_receives_from_itself() {
         buffer: strided(0, 4),
     }];
     assert!(p2p_transfers(0, &strided).unwrap().is_none());
+    // A buffer sent to itself into the same memory moves nothing.
+    let in_place = vec![
+        P2p::Send {
+            peer: 0,
+            buffer: buf(0x20, 8),
+        },
+        P2p::Recv {
+            peer: 0,
+            buffer: buf(0x20, 8),
+        },
+    ];
+    let t = p2p_transfers(0, &in_place).unwrap().unwrap();
+    assert!(t.local.is_empty() && t.sends.is_empty() && t.recvs.is_empty());
 }
 
 /// What the fake communicator and transport saw, in order.

@@ -701,6 +701,7 @@ impl Backend for CudaBackend {
         weight: &DeviceTensor,
         bias: Option<&DeviceTensor>,
         out: &DeviceTensor,
+        accumulate: bool,
         stream: &GpuStream,
     ) -> Result<(), ExecError> {
         if weight.sizes().len() != 2 {
@@ -712,7 +713,7 @@ impl Backend for CudaBackend {
                 ),
             });
         }
-        self.gemm(label, input, weight, true, bias, out, false, stream)
+        self.gemm(label, input, weight, true, bias, out, accumulate, stream)
     }
 
     fn produces_into_windows(&self) -> bool {
@@ -751,7 +752,7 @@ impl Backend for CudaBackend {
         #[allow(unsafe_code)]
         let mem = unsafe { self.gpu.borrow(at, bytes) };
         let out = self.adopt(mem, input.dtype, &[rows.len(), n])?;
-        self.linear(label, &part, weight, bias, &out, stream)
+        self.linear(label, &part, weight, bias, &out, false, stream)
     }
 
     fn upload(&self, data: &Dense) -> Result<DeviceTensor, ExecError> {

@@ -344,6 +344,7 @@ where
                 weight,
                 bias,
                 out,
+                accumulate,
             } => {
                 let x = self.buffer(*input, &label)?;
                 let w = self.buffer(*weight, &label)?;
@@ -369,7 +370,7 @@ where
                 }
                 let stream = self.backend.stream(self.current)?;
                 self.backend
-                    .linear(&label, &x, &w, bb.as_ref(), &o, &stream)?;
+                    .linear(&label, &x, &w, bb.as_ref(), &o, *accumulate, &stream)?;
             }
             Stmt::Communication(c) => self.communication(id, label, c)?,
             Stmt::P2PCommunication(p) => {

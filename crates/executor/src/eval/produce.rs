@@ -27,7 +27,14 @@ pub(super) struct Deferred<T> {
 pub fn producers(program: &HostProgram) -> SecondaryMap<StmtId, StmtId> {
     let mut out = SecondaryMap::new();
     for w in program.walk() {
-        let Some(Stmt::Linear { out: p, .. }) = program.stmts.get(w.stmt) else {
+        // An accumulating linear adds to what `P` holds: only a linear that writes `P` whole
+        // can be computed where the collective wants each block.
+        let Some(Stmt::Linear {
+            out: p,
+            accumulate: false,
+            ..
+        }) = program.stmts.get(w.stmt)
+        else {
             continue;
         };
         let p = *p;

@@ -308,6 +308,7 @@ where
             &d.weight,
             d.bias.as_ref(),
             &d.out,
+            false,
             stream,
         )
     }

@@ -11,10 +11,10 @@ use crate::syntax::{ChunkOf, Stmt};
 
 impl Parser<'_> {
     /// `T3 = ALLOCATE(..)`, `T3 = ShardByStream(..)`, `T3 = matmul(..)`, `T3 += matmul(..)`,
-    /// `T3 = linear(..)`.
+    /// `T3 = linear(..)`, `T3 += linear(..)`.
     pub(super) fn tensor_statement(&mut self, scope: ScopeRef) -> PResult<StmtId> {
         let out = self.tensor_ref("a tensor")?;
-        // `T4 += matmul(..)`: an accumulating GEMM.
+        // `T4 += matmul(..)`, `T4 += linear(..)`: an accumulating GEMM.
         let accumulate = if self.at_punct("+") {
             self.bump();
             self.expect_punct("=", "after `+` (an accumulating `T… += matmul(..)`)")?;
@@ -28,14 +28,17 @@ impl Parser<'_> {
             Tok::Ident(op) => op.clone(),
             _ => String::new(),
         };
-        if accumulate && op != "matmul" {
-            return self.err(&t, "`matmul` after `T… +=` (only a GEMM accumulates)");
+        if accumulate && op != "matmul" && op != "linear" {
+            return self.err(
+                &t,
+                "`matmul` or `linear` after `T… +=` (only a GEMM accumulates)",
+            );
         }
         let stmt = match op.as_str() {
             "ALLOCATE" => self.allocate(out)?,
             "ShardByStream" => self.shard_by_stream(out)?,
             "matmul" => self.matmul(out, accumulate)?,
-            "linear" => self.linear(out)?,
+            "linear" => self.linear(out, accumulate)?,
             _ => {
                 return self.err(
                     &t,
@@ -142,8 +145,8 @@ impl Parser<'_> {
         })
     }
 
-    /// `linear(X, W[, bias])`, after `out =`.
-    fn linear(&mut self, out: HostTensorId) -> PResult<Stmt> {
+    /// `linear(X, W[, bias])`, after `out =` or (accumulating) `out +=`.
+    fn linear(&mut self, out: HostTensorId, accumulate: bool) -> PResult<Stmt> {
         self.expect_punct("(", "after `linear`")?;
         let input = self.tensor_ref("the activations")?;
         self.expect_punct(",", "after the activations")?;
@@ -159,6 +162,7 @@ impl Parser<'_> {
             weight,
             bias,
             out,
+            accumulate,
         })
     }
 

@@ -76,6 +76,20 @@ impl Fusion {
                 .any(|id| id.parallel == ParallelType::Stream)
     }
 
+    /// The distinct constant extents of the fusion's Stream axes, in increasing order (a ring
+    /// written with one stream chunk per device has one: the device count).
+    pub fn stream_axis_extents(&self) -> Vec<i64> {
+        let mut out: Vec<i64> = self
+            .ids
+            .values()
+            .filter(|id| id.parallel == ParallelType::Stream)
+            .filter_map(|id| self.eval(&id.extent))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// Runs every Stream axis serially: a split's `-> Stream` is dropped (the split stays,
     /// serial), `parallelize(axis, Stream)` and the `swizzle1d` steps (which only reorder a
     /// stream loop's chunks) are removed, and logical axes declared Stream become serial. The

@@ -207,6 +207,10 @@ impl Lowering<'_> {
                 f.tensor(consumer).name
             )));
         }
+        if ring && self.product_rides_the_ring(producer) {
+            let product = self.ring_products[producer];
+            return self.lower_accumulating_ring(consumer, product, d);
+        }
         if self.top.contains_key(consumer) {
             return Err(Diagnostic::new(format!(
                 "internal: `{}` is written twice",
@@ -527,7 +531,11 @@ impl Lowering<'_> {
 
     /// One coalesced pair, waited for: receive `recv.1` from `recv.0` while sending `send.1`
     /// to `send.0`.
-    fn emit_exchange(&mut self, recv: (ScalarId, HostTensorId), send: (ScalarId, HostTensorId)) {
+    pub(super) fn emit_exchange(
+        &mut self,
+        recv: (ScalarId, HostTensorId),
+        send: (ScalarId, HostTensorId),
+    ) {
         self.emit(Stmt::StartCoalescing);
         self.emit(Stmt::P2PCommunication(P2PCommunication {
             direction: P2PDirection::Recv,

@@ -422,13 +422,38 @@ impl Lowering<'_> {
         // (rank + i + 1) % extent and sends its partial to that device while the other
         // chunks' partials of this rank's block arrive (async-TP's matmul + reduce-scatter).
         let reduce_ring = self.only_ring_reduces_in(self.current_loop(), extent);
+        // A reduce ring that accumulates in its GEMMs cuts each step into pieces: iteration i
+        // is piece `i % k` of step `i / k`, and views piece `i % k` of chunk `(rank + i / k +
+        // 1) % extent`, chunk `c * k + q` of `extent * k`.
+        let accumulating_ring = reduce_ring && self.loop_accumulates_in_ring();
+        let pieces = match self.ring_pieces {
+            Some(k) if accumulating_ring => {
+                self.check_ring_pieces(stream_root, r, extent, k)?;
+                k
+            }
+            _ => 1,
+        };
         let view_index = if reduce_ring {
             let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
             let one = self.constant(1);
             let next = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, one));
-            let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, next, index));
+            let step = if pieces > 1 {
+                let k = self.constant(pieces);
+                self.scalar(HostScalar::Binary(ScalarOp::Div, index, k))
+            } else {
+                index
+            };
+            let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, next, step));
             let n = self.constant(extent);
-            self.scalar(HostScalar::Binary(ScalarOp::Mod, sum, n))
+            let chunk = self.scalar(HostScalar::Binary(ScalarOp::Mod, sum, n));
+            if pieces > 1 {
+                let k = self.constant(pieces);
+                let first = self.scalar(HostScalar::Binary(ScalarOp::Mul, chunk, k));
+                let q = self.scalar(HostScalar::Binary(ScalarOp::Mod, index, k));
+                self.scalar(HostScalar::Binary(ScalarOp::Add, first, q))
+            } else {
+                chunk
+            }
         } else if self.swizzled(sid) {
             let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
             let sum = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, index));
@@ -438,7 +463,7 @@ impl Lowering<'_> {
             index
         };
         let start = self.constant(0);
-        let stop = self.constant(extent);
+        let stop = self.constant(extent * pieces);
         let stmt = self.emit(Stmt::ForLoop {
             index,
             start,
@@ -459,13 +484,15 @@ impl Lowering<'_> {
             view_index,
             bound: weave_host_ir::ids::SecondaryMap::new(),
             ring: reduce_ring,
+            pieces,
+            accumulating_ring,
         });
         Ok(())
     }
 
     /// The number of the stream loop the segment being lowered runs in (`None`: top level,
     /// or no segment).
-    fn current_loop(&self) -> Option<usize> {
+    pub(super) fn current_loop(&self) -> Option<usize> {
         self.current
             .and_then(|c| self.loop_of.get(&c).copied().flatten())
     }

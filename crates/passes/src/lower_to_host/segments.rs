@@ -29,6 +29,8 @@ impl Lowering<'_> {
             SegmentKind::Library if self.accumulating.contains_key(&seg) => {
                 self.lower_accumulating_matmul(exprs[0])
             }
+            // Lowered with the ring's exchange, which decides where it writes.
+            SegmentKind::Library if self.product_rides_the_ring(s.outputs()[0]) => Ok(()),
             SegmentKind::Library => self.lower_library(exprs[0]),
             SegmentKind::Communication => self.lower_communication(exprs[0]),
             SegmentKind::Kernel if self.accumulating.contains_key(&seg) => {
@@ -58,6 +60,7 @@ impl Lowering<'_> {
                 weight: ins[1],
                 bias: ins.get(2).copied(),
                 out,
+                accumulate: false,
             },
             ref k => {
                 return Err(Diagnostic::new(format!(

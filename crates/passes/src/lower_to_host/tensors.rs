@@ -209,7 +209,7 @@ impl Lowering<'_> {
         let chunked = match &self.open {
             Some(open) => self
                 .chunk_root(t)
-                .map(|root| (root, open.view_index, open.extent)),
+                .map(|root| (root, open.view_index, open.extent * open.pieces)),
             None => None,
         };
         if let Some(open) = &self.open {

@@ -200,21 +200,24 @@ impl Compiler {
         } else if let (Chunks::Fixed(n), None) =
             (&self.chunks, first.role_param(ParamRole::ChunkCount))
         {
-            // One chunk needs no parameter: the Stream axes run serially (below). Any other
-            // fixed chunk count with nothing to set is refused, never ignored.
-            if *n != 1 {
-                return Err(Error::Program(format!(
-                    "--chunks {n}: `{}` has no chunk-count parameter (declared `s: chunks` or the extent of its Stream axes) to set",
-                    first.name
-                )));
-            }
-            serial = true;
+            // One chunk needs no parameter: the Stream axes run serially (below). A multiple
+            // of a ring's chunks cuts its steps into pieces (below). Any other fixed chunk
+            // count with nothing to set is refused, never ignored.
+            serial = *n == 1;
         }
         let mut fusion = if changed { reload(&set)? } else { first };
+        let mut ring_pieces = None;
         if serial {
             fusion.serialize_streams();
+        } else if let (Chunks::Fixed(n), None) =
+            (&self.chunks, fusion.role_param(ParamRole::ChunkCount))
+        {
+            ring_pieces = pieces_of(&fusion, *n)?;
         }
-        let program = self.lower(fusion)?;
+        let program = match ring_pieces {
+            Some(k) => self.lower_with_ring_pieces(fusion, k)?,
+            None => self.lower(fusion)?,
+        };
         let mut exe = Executable::from_program(program)?;
         exe.compile_time = start.elapsed();
         exe.chunk_choice = choice;
@@ -226,13 +229,69 @@ impl Compiler {
         let manager = match &self.registry_pipeline {
             Some(p) => PassManager::new(Registry::standard(), p.clone()),
             None => PassManager::standard(),
+        };
+        self.run_manager(manager, fusion)
+    }
+
+    /// [`Compiler::lower`] with every reduce ring summing in its GEMMs, `pieces` pieces per
+    /// step (`lower-to-host{ring-pieces=K}`, keeping the pipeline's other options of that
+    /// pass).
+    fn lower_with_ring_pieces(&self, fusion: Fusion, pieces: i64) -> Result<HostProgram, Error> {
+        let registry = Registry::standard();
+        let mut pipeline = self
+            .registry_pipeline
+            .clone()
+            .unwrap_or_else(Pipeline::standard);
+        let options = pipeline
+            .passes()
+            .iter()
+            .find(|s| s.name() == "lower-to-host")
+            .map(|s| s.pass().options())
+            .unwrap_or_default();
+        let item = format!("lower-to-host{{{options} ring-pieces={pieces}}}");
+        let stage = Pipeline::parse(&item, &registry)
+            .map_err(|e| Error::Program(format!("{item}: {e}")))?;
+        if let Some(s) = stage.passes().first() {
+            pipeline.replace("lower-to-host", s.clone());
         }
-        .with_options(self.dump.clone());
+        self.run_manager(PassManager::new(registry, pipeline), fusion)
+    }
+
+    fn run_manager(&self, manager: PassManager, fusion: Fusion) -> Result<HostProgram, Error> {
+        let manager = manager.with_options(self.dump.clone());
         match manager.run(weave_passes::Ir::Fusion(fusion))? {
             weave_passes::Ir::Host(p) => Ok(p),
             other => Err(weave_passes::PipelineError::WrongResult(other.form()).into()),
         }
     }
+}
+
+/// The pieces per ring step that `--chunks n` asks of `fusion`, which has no chunk-count
+/// parameter: `None` for the chunks as written, `Some(n / e)` for a multiple `n` of the
+/// chunks `e` its stream loops run (a ring's steps cut into pieces, which
+/// `lower-to-host{ring-pieces=K}` refuses where no ring sums in its GEMMs); any other count is
+/// refused, never ignored.
+fn pieces_of(fusion: &Fusion, n: usize) -> Result<Option<i64>, Error> {
+    let extents = fusion.stream_axis_extents();
+    let refused = |why: String| {
+        Error::Program(format!(
+            "--chunks {n}: `{}` has no chunk-count parameter (declared `s: chunks` or the extent of its Stream axes) to set{why}",
+            fusion.name
+        ))
+    };
+    let [e] = extents.as_slice() else {
+        return Err(refused(String::new()));
+    };
+    let n = i64::try_from(n).unwrap_or(i64::MAX);
+    if n == *e {
+        return Ok(None);
+    }
+    if n % e != 0 {
+        return Err(refused(format!(
+            "; its stream loops run {e} chunks, so it takes 1 (serial), {e} (as written) or a multiple of {e} (a ring's steps in pieces)"
+        )));
+    }
+    Ok(Some(n / e))
 }
 
 /// Loads the fusion again with other parameter values.
