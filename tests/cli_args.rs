@@ -183,9 +183,10 @@ fn a_chunk_count_for_a_fusion_without_chunks_is_refused() {
 
 /// A fusion with Stream axes and no chunk-count parameter (a ring written with one stream
 /// chunk per device) takes `--chunks 1`: its Stream axes run serially and the ring becomes
-/// its collective, checked against the reference; any other count is refused.
+/// its collective, checked against the reference. A multiple of its chunks cuts the ring's
+/// steps into pieces; any other count is refused.
 #[test]
-fn one_chunk_runs_a_ring_as_its_collective() {
+fn one_chunk_runs_a_ring_as_its_collective_and_a_multiple_cuts_its_steps() {
     const RING: &str = "tests/scenarios/matmul_rs_ring.weave";
     let small = [
         "--ranks", "2", "--set", "d=2", "--set", "t=16", "--set", "h=8",
@@ -208,10 +209,37 @@ fn one_chunk_runs_a_ring_as_its_collective() {
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("2 send/recv"), "{out}");
     assert!(out.contains("config: S=as written K="), "{out}");
+    // Its own chunk count is the ring as written; a multiple of it cuts the ring's steps
+    // into pieces summed in the GEMMs (no kernel adds); any other count is refused.
     let (code, out, err) = run(&["--chunks", "2"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("config: S=as written K="), "{out}");
+    let (code, out, err) = run(&["--chunks", "4"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("0 kernel launch(es), 1 GEMM(s), 2 send/recv"),
+        "{out}"
+    );
+    assert!(
+        out.contains("config: S=4 (ring steps in 2 pieces) K="),
+        "{out}"
+    );
+    assert!(out.contains("result: PASS"), "{out}");
+    let (code, out, err) = run(&["--chunks", "3"]);
     assert_eq!(code, Some(1), "{out}\n{err}");
     assert!(
-        err.contains("--chunks 2: `matmul_rs_ring` has no chunk-count parameter"),
+        err.contains(
+            "--chunks 3: `matmul_rs_ring` has no chunk-count parameter (declared `s: chunks` or the extent of its Stream axes) to set; its stream loops run 2 chunks, so it takes 1 (serial), 2 (as written) or a multiple of 2 (a ring's steps in pieces)"
+        ),
+        "{err}"
+    );
+    // Pieces that do not divide the rows are refused, naming them.
+    let mut args = vec!["run", RING, "--ranks", "2", "--set", "t=18", "--set", "h=8"];
+    args.extend_from_slice(&["--chunks", "4"]);
+    let (code, out, err) = weave(&args);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("ring-pieces=2: the 18 rows of `p_partial` do not fall into 2 device blocks of 2 equal pieces (4 pieces)"),
         "{err}"
     );
 }

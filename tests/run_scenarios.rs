@@ -353,6 +353,104 @@ fn swizzled_loops_rotate_compute_but_not_collectives() {
     }
 }
 
+/// Every scenario with Stream axes and no chunk-count parameter, compiled with a chunk count
+/// that is 2 and 4 times its chunks (`--chunks 2d`, `4d`: a reduce ring's steps cut into
+/// pieces and summed in its GEMMs). The two rings compile: the loop that sums runs `d * k`
+/// iterations, adds every product with an accumulating GEMM into a zeroed buffer whose last
+/// block is the output, launches no kernel, waits for the receive `k` iterations back, and
+/// matches the reference on 2 to 4 ranks without races, on 1 to 3 pool streams. Every other
+/// such scenario is refused, naming what is missing (no ring summed by a GEMM, or a stream
+/// axis of one element per device that cannot be cut into pieces).
+#[test]
+fn rings_in_pieces_sum_in_their_gemms_and_match_the_reference() {
+    use streamweave::host_ir::{HostScalar, Stmt};
+    use streamweave::ir::ParamRole;
+    let mut runs = 0;
+    let mut failures = Vec::new();
+    for path in fixtures() {
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (ranks, overrides) in runs_of(&name, &source) {
+            let fusion = streamweave::load(&name, &source, &overrides)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let no_count = fusion.role_param(ParamRole::ChunkCount).is_none();
+            if !no_count || !fusion.has_stream_axes() || ranks < 2 {
+                continue;
+            }
+            for k in [2usize, 4] {
+                let compiled = Compiler::new()
+                    .chunks(streamweave::Chunks::Fixed(ranks * k))
+                    .compile(&fusion);
+                let compiled = match compiled {
+                    Ok(c) => c,
+                    Err(e) => {
+                        assert!(!name.ends_with("_ring"), "{name}: {e}");
+                        let e = e.to_string();
+                        assert!(
+                            e.contains("has no reduce ring whose partials a GEMM of its loop computes")
+                                || e.contains("has no chunk-count parameter")
+                                // A ring whose stream axis is one chunk per device by
+                                // itself (`parallelize(1, Stream)` on an axis of size d).
+                                || e.contains("equal pieces"),
+                            "{name}: {e}"
+                        );
+                        continue;
+                    }
+                };
+                assert!(name.ends_with("_ring"), "{name} took ring pieces");
+                assert_eq!(compiled.ring_pieces(), Some((ranks * k, k as i64)));
+                let p = compiled.program();
+                let summing = p
+                    .walk()
+                    .find_map(|w| match &p.stmts[w.stmt] {
+                        Stmt::ForLoop { stop, body, .. }
+                            if body.iter().any(|s| {
+                                matches!(
+                                    p.stmts[*s],
+                                    Stmt::Linear {
+                                        accumulate: true,
+                                        ..
+                                    }
+                                )
+                            }) =>
+                        {
+                            Some((*stop, body.clone()))
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| panic!("{name}: no loop sums in its GEMM"));
+                let trip = match &p.scalars[summing.0] {
+                    HostScalar::Value(v) => v.as_const(),
+                    _ => None,
+                };
+                assert_eq!(trip, Some((ranks * k) as i64), "{name}");
+                let body: Vec<&Stmt> = summing.1.iter().map(|s| &p.stmts[*s]).collect();
+                assert!(
+                    !body.iter().any(|s| matches!(s, Stmt::LaunchKernel { .. })),
+                    "{name}"
+                );
+                let text = streamweave::host_ir::print(p);
+                let wait = format!("Synchronize(Stream ( ( i");
+                let back = format!("+ ( {k} * ( numberOfStreams - 1 ) ) ) % numberOfStreams ))");
+                assert!(
+                    text.lines().any(|l| l.contains(&wait) && l.contains(&back)),
+                    "{name}: no wait {k} iterations back\n{text}"
+                );
+                assert!(text.contains("zero_init=true"), "{name}\n{text}");
+                runs += 1;
+                let streams = 1 + (ranks + k) % 3;
+                failures.extend(failure_of(&name, &compiled, ranks, streams, &overrides));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(
+        runs,
+        2 * 3 * 2,
+        "both rings on 2, 3 and 4 ranks in 2 and 4 pieces"
+    );
+}
+
 /// A run on `ranks` CPU ranks with a pool of `streams`, checked against the reference, the
 /// race checker on (the default).
 fn checked_on_cpu(ranks: usize, streams: usize) -> RunOptions {

@@ -171,6 +171,10 @@ pub(super) fn describe_config(exe: &Executable, options: &RunOptions, cuda: bool
         // Without a chunk-count parameter: its stream loops as written, or one chunk (no
         // stream loop: none written, or its Stream axes run serially by `--chunks 1`).
         .unwrap_or_else(|| match streamweave::tune::loop_chunks(exe.program()) {
+            _ if exe.ring_pieces().is_some() => {
+                let (s, k) = exe.ring_pieces().unwrap_or_default();
+                format!("S={s} (ring steps in {k} pieces)")
+            }
             Some(_) => "S=as written".to_string(),
             None => "S=1".to_string(),
         });

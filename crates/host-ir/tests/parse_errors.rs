@@ -119,8 +119,8 @@ fn statement_errors() {
             "2:85: expected `chunks` after the chunk held, found `extent`",
         ),
         (
-            "  T1_g_f32[8] += linear(T0, T0)\n",
-            "2:18: expected `matmul` after `T… +=` (only a GEMM accumulates), found `linear`",
+            "  T1_g_f32[8] += ALLOCATE(mem_type=global, zero_init=false)\n",
+            "2:18: expected `matmul` or `linear` after `T… +=` (only a GEMM accumulates), found `ALLOCATE`",
         ),
         (
             "  T1_g_f32[8] + matmul(T0, T0)\n",

@@ -438,6 +438,121 @@ mod tests {
         (p, lp)
     }
 
+    /// `FOR i from 0 to 6`: `S = ShardByStream(B, index=i)`, `S += linear(x, w)`, a receive
+    /// into `ShardByStream(B or C, index=recv(i))`.
+    fn summing_loop(
+        recv: impl Fn(&mut HostProgram, ScalarId) -> ScalarId,
+        same_buffer: bool,
+    ) -> (HostProgram, StmtId) {
+        let mut p = HostProgram::default();
+        let mut tensor = |p: &mut HostProgram| {
+            p.tensors.insert(weave_host_ir::HostTensor {
+                dtype: weave_ir::DType::F32,
+                sizes: vec![],
+                memory: weave_ir::MemoryType::Global,
+            })
+        };
+        let [b, c, x, w, slot, into] = [(); 6].map(|()| tensor(&mut p));
+        let i = p.scalars.insert(HostScalar::LoopIndex);
+        let at = recv(&mut p, i);
+        let constant = |p: &mut HostProgram, v| p.scalars.insert(HostScalar::Value(Scalar::c(v)));
+        let (zero, six) = (constant(&mut p, 0), constant(&mut p, 6));
+        let view = |p: &mut HostProgram, input, index, output| {
+            p.stmts.insert(Stmt::ShardByStream {
+                input,
+                axis: 0,
+                chunks: six,
+                index,
+                holds: None,
+                output,
+            })
+        };
+        let body = vec![
+            view(&mut p, b, i, slot),
+            p.stmts.insert(Stmt::Linear {
+                input: x,
+                weight: w,
+                bias: None,
+                out: slot,
+                accumulate: true,
+            }),
+            view(&mut p, if same_buffer { b } else { c }, at, into),
+            p.stmts
+                .insert(Stmt::P2PCommunication(weave_host_ir::P2PCommunication {
+                    direction: weave_host_ir::P2PDirection::Recv,
+                    peer: zero,
+                    buffer: into,
+                })),
+        ];
+        let lp = p.stmts.insert(Stmt::ForLoop {
+            index: i,
+            start: zero,
+            stop: six,
+            body,
+        });
+        p.top_level.push(lp);
+        (p, lp)
+    }
+
+    /// The distance of a received slot that an accumulation adds to: found where every
+    /// iteration's is the same, none otherwise (and then the previous iteration's worker is
+    /// waited for).
+    #[test]
+    fn accumulations_wait_for_the_iteration_that_received_their_slot() {
+        let plus = |k: i64| {
+            move |p: &mut HostProgram, i: ScalarId| {
+                let k = p.scalars.insert(HostScalar::Value(Scalar::c(k)));
+                p.scalars.insert(HostScalar::Binary(ScalarOp::Add, i, k))
+            }
+        };
+        // A ring of 3 steps of 2 pieces: into `i + 2`, the last step into `i` itself.
+        let ring = |p: &mut HostProgram, i: ScalarId| {
+            let two = p.scalars.insert(HostScalar::Value(Scalar::c(2)));
+            let step = p.scalars.insert(HostScalar::Binary(ScalarOp::Div, i, two));
+            let last = p
+                .scalars
+                .insert(HostScalar::Binary(ScalarOp::Div, step, two));
+            let next = p.scalars.insert(HostScalar::Binary(ScalarOp::Add, i, two));
+            let stay = p
+                .scalars
+                .insert(HostScalar::Binary(ScalarOp::Mul, two, last));
+            p.scalars
+                .insert(HostScalar::Binary(ScalarOp::Sub, next, stay))
+        };
+        let twice = |p: &mut HostProgram, i: ScalarId| {
+            let two = p.scalars.insert(HostScalar::Value(Scalar::c(2)));
+            p.scalars.insert(HostScalar::Binary(ScalarOp::Mul, i, two))
+        };
+        let rank = |p: &mut HostProgram, i: ScalarId| {
+            let r = p
+                .scalars
+                .insert(HostScalar::Value(Scalar::builtin(Builtin::Rank)));
+            p.scalars.insert(HostScalar::Binary(ScalarOp::Add, i, r))
+        };
+        let (p, lp) = summing_loop(plus(3), true);
+        assert_eq!(carried_distance(&p, lp), Some(3));
+        let (p, lp) = summing_loop(ring, true);
+        assert_eq!(carried_distance(&p, lp), Some(2));
+        // Slots 0, 2, 4 are received in iterations 0, 1, 2: distances 2, 3 and 2.
+        let (p, lp) = summing_loop(twice, true);
+        assert_eq!(carried_distance(&p, lp), None);
+        // Received elsewhere, or at an index that is not a function of the loop index alone.
+        let (p, lp) = summing_loop(plus(1), false);
+        assert_eq!(carried_distance(&p, lp), None);
+        let (p, lp) = summing_loop(rank, true);
+        assert_eq!(carried_distance(&p, lp), None);
+        // The managed loop waits for the worker of iteration `i - 3` before the GEMM.
+        let (mut p, _) = summing_loop(plus(3), true);
+        AssignStreams::default().run_on(&mut p);
+        let text = weave_host_ir::print(&p);
+        assert!(
+            text.contains(
+                "Synchronize(Stream ( ( i0 + ( 3 * ( numberOfStreams - 1 ) ) ) % numberOfStreams ))\n    T0 += linear("
+            ),
+            "{text}"
+        );
+    }
+
     #[test]
     fn inline_shape_and_order() {
         let (mut p, lp) = bare_loop();

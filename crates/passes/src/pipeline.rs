@@ -521,6 +521,26 @@ mod tests {
             "pass `assign-streams`: `sync=never`: write `sync=inline` or `sync=separate-loop` \
              (in `assign-streams{sync=never}`)"
         );
+        // A count: printed back as given, refused out of range or not a number.
+        let pieces = Pipeline::parse(
+            "lower-to-host{allgather=broadcast ring-pieces=4}",
+            &registry,
+        )
+        .unwrap();
+        assert_eq!(
+            pieces.to_string(),
+            "lower-to-host{allgather=broadcast ring-pieces=4}"
+        );
+        for bad in ["0", "65", "two", "-1"] {
+            let item = format!("lower-to-host{{ring-pieces={bad}}}");
+            let err = Pipeline::parse(&item, &registry).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "pass `lower-to-host`: `ring-pieces={bad}`: write a whole number from 1 to 64 (in `{item}`)"
+                )
+            );
+        }
         let err = Pipeline::parse("segment{fast=yes}", &registry).unwrap_err();
         assert_eq!(
             err.to_string(),

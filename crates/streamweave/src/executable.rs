@@ -54,6 +54,9 @@ pub struct Executable {
     signature: Signature,
     compile_time: Duration,
     chunk_choice: Option<Choice>,
+    /// The chunk count and the pieces per ring step, when a chunk count that multiplies a
+    /// ring's chunks cut its steps into pieces (`lower-to-host{ring-pieces=K}`).
+    ring_pieces: Option<(usize, i64)>,
     /// Runs on GPUs so far and the tuned configuration they use (shared by clones).
     repeated: Arc<Mutex<running::Repeated>>,
     /// The kernel tables made so far, by rank count, pool size and SM count (shared by
@@ -89,6 +92,7 @@ impl Executable {
             signature,
             compile_time: Duration::ZERO,
             chunk_choice: None,
+            ring_pieces: None,
             repeated: Arc::default(),
             kernel_tables: Arc::default(),
         })
@@ -132,6 +136,12 @@ impl Executable {
     /// The cost model's choice, when [`Chunks::Auto`] picked the chunk count.
     pub fn chunk_choice(&self) -> Option<&Choice> {
         self.chunk_choice.as_ref()
+    }
+
+    /// `(S, K)` when the chunk count `S` cut a reduce ring's steps into `K` pieces each, summed
+    /// in the ring's GEMMs ([`Chunks::Fixed`] a multiple of the chunks its loops run).
+    pub fn ring_pieces(&self) -> Option<(usize, i64)> {
+        self.ring_pieces
     }
 
     /// The per-rank configuration of a run starting now: the parameter values, the stream

@@ -221,6 +221,10 @@ impl Compiler {
         let mut exe = Executable::from_program(program)?;
         exe.compile_time = start.elapsed();
         exe.chunk_choice = choice;
+        exe.ring_pieces = match (&self.chunks, ring_pieces) {
+            (Chunks::Fixed(n), Some(k)) => Some((*n, k)),
+            _ => None,
+        };
         Ok(exe)
     }
 
