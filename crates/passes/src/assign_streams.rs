@@ -445,7 +445,7 @@ mod tests {
         same_buffer: bool,
     ) -> (HostProgram, StmtId) {
         let mut p = HostProgram::default();
-        let mut tensor = |p: &mut HostProgram| {
+        let tensor = |p: &mut HostProgram| {
             p.tensors.insert(weave_host_ir::HostTensor {
                 dtype: weave_ir::DType::F32,
                 sizes: vec![],
