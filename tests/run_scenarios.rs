@@ -430,10 +430,10 @@ fn rings_in_pieces_sum_in_their_gemms_and_match_the_reference() {
                     "{name}"
                 );
                 let text = streamweave::host_ir::print(p);
-                let wait = format!("Synchronize(Stream ( ( i");
+                let wait = "Synchronize(Stream ( ( i";
                 let back = format!("+ ( {k} * ( numberOfStreams - 1 ) ) ) % numberOfStreams ))");
                 assert!(
-                    text.lines().any(|l| l.contains(&wait) && l.contains(&back)),
+                    text.lines().any(|l| l.contains(wait) && l.contains(&back)),
                     "{name}: no wait {k} iterations back\n{text}"
                 );
                 assert!(text.contains("zero_init=true"), "{name}\n{text}");
