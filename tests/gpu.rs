@@ -179,6 +179,52 @@ fn every_scenario_matches_the_reference_on_2_and_4_gpus_and_the_race_checker_agr
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
 }
 
+/// The two rings written with one stream chunk per device, their steps cut into 2 and 4
+/// pieces summed in their GEMMs (`--chunks` 2d and 4d), on NCCL and on the copy engines:
+/// every rank matches the reference on 2 and 4 GPUs.
+#[test]
+fn rings_in_pieces_match_the_reference_on_both_transports() {
+    let Some((n, _turn)) = gpus() else { return };
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for ranks in rank_counts(n) {
+        for name in ["matmul_rs_ring", "sequence_parallel_mlp_ring"] {
+            let set = [("d", ranks as i64), ("t", 64 * ranks as i64), ("h", 64)];
+            for k in [2, 4] {
+                let compiled = Compiler::new()
+                    .chunks(streamweave::Chunks::Fixed(ranks * k))
+                    .compile(&load(name, &set))
+                    .expect("compiles in pieces");
+                assert_eq!(compiled.ring_pieces(), Some((ranks * k, k as i64)));
+                let globals = compiled.random_inputs(11).unwrap();
+                for transport in [
+                    streamweave::Transport::Nccl,
+                    streamweave::Transport::CopyEngine,
+                ] {
+                    let mut options = gpu_options(ranks);
+                    options.gpu.transport = transport;
+                    let run = compiled.run_dense(&globals, &options);
+                    let line = match &run {
+                        Ok(r) => format!(
+                            "{name} {ranks} ranks, {k} pieces, {transport:?}: max abs {:.3e} {}",
+                            r.max_abs_error(),
+                            if r.passed() { "PASS" } else { "FAIL" }
+                        ),
+                        Err(e) => format!("{name} {ranks} ranks, {k} pieces, {transport:?}: {e}"),
+                    };
+                    println!("{line}");
+                    runs += 1;
+                    if !matches!(&run, Ok(r) if r.passed() && r.max_abs_error().is_finite()) {
+                        failures.push(line);
+                    }
+                }
+            }
+        }
+    }
+    assert!(runs > 0, "no ring ran");
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
 /// Runs `name` at full size on `ranks` GPUs and checks the rows `j * full / sample` of every
 /// output, along the axis that the parameter `rows` sizes, against the reference of the same
 /// fusion with `rows = sample_value` evaluated on the same rows of the inputs.

@@ -16,7 +16,10 @@ pub enum Chunks {
     /// The value the fusion gives it.
     #[default]
     AsWritten,
-    /// This many.
+    /// This many. For a fusion without a chunk-count parameter: 1 runs its Stream axes
+    /// serially, the chunks its loops run leave it as written, and a multiple `K·d` of those
+    /// `d` chunks cuts a reduce ring's steps into `K` pieces summed in its GEMMs
+    /// (`lower-to-host{ring-pieces=K}`); any other count is refused.
     Fixed(usize),
     /// The cost model's choice for this calibration (GEMM throughput, link bandwidths).
     Auto(Calibration),
