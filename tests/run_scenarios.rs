@@ -52,6 +52,34 @@ fn runs_of(name: &str, source: &str) -> Vec<(usize, Vec<(String, i64)>)> {
         .collect()
 }
 
+/// One run of a scenario: its name, rank count, overrides and the fusion loaded with them.
+struct Run {
+    name: String,
+    ranks: usize,
+    overrides: Vec<(String, i64)>,
+    fusion: streamweave::ir::Fusion,
+}
+
+/// Every run of every scenario ([`runs_of`]), loaded.
+fn every_run() -> Vec<Run> {
+    let mut out = Vec::new();
+    for path in fixtures() {
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (ranks, overrides) in runs_of(&name, &source) {
+            let fusion = streamweave::load(&name, &source, &overrides)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            out.push(Run {
+                name: name.clone(),
+                ranks,
+                overrides,
+                fusion,
+            });
+        }
+    }
+    out
+}
+
 /// Small sizes for the scenarios whose defaults are benchmark sizes.
 fn overrides(source: &str, ranks: usize) -> Vec<(String, i64)> {
     let has = |p: &str| has_param(source, p);
@@ -110,20 +138,20 @@ fn failure_of(
 fn every_scenario_matches_the_reference_on_1_to_4_ranks_without_races() {
     let mut runs = 0;
     let mut failures = Vec::new();
-    for path in fixtures() {
-        let name = path.file_stem().unwrap().to_string_lossy().to_string();
-        let source = std::fs::read_to_string(&path).unwrap();
-        for (ranks, overrides) in runs_of(&name, &source) {
-            // Vary the pool size too: 1, 2 and 3 streams across the rank counts.
-            let streams = 1 + ranks % 3;
-            let fusion = streamweave::load(&name, &source, &overrides)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let compiled = Compiler::new()
-                .compile(&fusion)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            runs += 1;
-            failures.extend(failure_of(&name, &compiled, ranks, streams, &overrides));
-        }
+    for Run {
+        name,
+        ranks,
+        overrides,
+        fusion,
+    } in every_run()
+    {
+        // Vary the pool size too: 1, 2 and 3 streams across the rank counts.
+        let streams = 1 + ranks % 3;
+        let compiled = Compiler::new()
+            .compile(&fusion)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        runs += 1;
+        failures.extend(failure_of(&name, &compiled, ranks, streams, &overrides));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(runs >= 44 * 3, "only {runs} runs");
@@ -141,80 +169,80 @@ fn scenarios_without_a_chunk_count_run_their_stream_axes_serially_with_one_chunk
     let mut runs = 0;
     let mut failures = Vec::new();
     let mut names = Vec::new();
-    for path in fixtures() {
-        let name = path.file_stem().unwrap().to_string_lossy().to_string();
-        let source = std::fs::read_to_string(&path).unwrap();
-        for (ranks, overrides) in runs_of(&name, &source) {
-            let fusion = streamweave::load(&name, &source, &overrides)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            if fusion.role_param(ParamRole::ChunkCount).is_some() || !fusion.has_stream_axes() {
-                continue;
-            }
-            let compiled = Compiler::new()
-                .chunks(streamweave::Chunks::Fixed(1))
-                .compile(&fusion)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            // The same inputs and outputs, each rank's buffers of the same sizes: a caller's
-            // buffers fit the serial form (a repeated `Executable::run` may switch to it).
-            let as_written = Compiler::new()
-                .compile(&fusion)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            for (a, b) in [
-                (as_written.inputs(), compiled.inputs()),
-                (as_written.outputs(), compiled.outputs()),
-            ] {
-                assert_eq!(a.len(), b.len(), "{name}");
-                for (x, y) in a.iter().zip(b) {
-                    assert_eq!((&x.name, x.dtype, &x.shape), (&y.name, y.dtype, &y.shape));
-                    for rank in 0..ranks {
-                        assert_eq!(
-                            x.local_sizes_of(rank),
-                            y.local_sizes_of(rank),
-                            "{name}: `{}` on rank {rank}",
-                            x.name
-                        );
-                    }
-                }
-            }
-            let program = compiled.program();
-            assert_eq!(streamweave::tune::loop_chunks(program), None, "{name}");
-            assert!(
-                !program.walk().any(|w| matches!(
-                    program.stmts[w.stmt],
-                    streamweave::host_ir::Stmt::SetCurrentStream { .. }
-                )),
-                "{name}: a stream loop is left\n{}",
-                streamweave::host_ir::print(program)
-            );
-            if ranks == 2 {
-                let kinds = common::communication_kinds(program);
-                let p2p = program.walk().any(|w| {
-                    matches!(
-                        program.stmts[w.stmt],
-                        streamweave::host_ir::Stmt::P2PCommunication(_)
-                    )
-                });
-                match name.as_str() {
-                    "matmul_rs_ring" => assert_eq!(kinds, ["ReduceScatter"], "{name}"),
-                    "sequence_parallel_mlp_ring" => {
-                        assert_eq!(kinds, ["Allgather", "ReduceScatter"], "{name}")
-                    }
-                    _ => {}
-                }
-                if name.ends_with("_ring") {
-                    assert!(!p2p, "{name}");
-                }
-                names.push(name.clone());
-            }
-            runs += 1;
-            failures.extend(failure_of(
-                &name,
-                &compiled,
-                ranks,
-                1 + ranks % 3,
-                &overrides,
-            ));
+    for Run {
+        name,
+        ranks,
+        overrides,
+        fusion,
+    } in every_run()
+    {
+        if fusion.role_param(ParamRole::ChunkCount).is_some() || !fusion.has_stream_axes() {
+            continue;
         }
+        let compiled = Compiler::new()
+            .chunks(streamweave::Chunks::Fixed(1))
+            .compile(&fusion)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The same inputs and outputs, each rank's buffers of the same sizes: a caller's
+        // buffers fit the serial form (a repeated `Executable::run` may switch to it).
+        let as_written = Compiler::new()
+            .compile(&fusion)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (a, b) in [
+            (as_written.inputs(), compiled.inputs()),
+            (as_written.outputs(), compiled.outputs()),
+        ] {
+            assert_eq!(a.len(), b.len(), "{name}");
+            for (x, y) in a.iter().zip(b) {
+                assert_eq!((&x.name, x.dtype, &x.shape), (&y.name, y.dtype, &y.shape));
+                for rank in 0..ranks {
+                    assert_eq!(
+                        x.local_sizes_of(rank),
+                        y.local_sizes_of(rank),
+                        "{name}: `{}` on rank {rank}",
+                        x.name
+                    );
+                }
+            }
+        }
+        let program = compiled.program();
+        assert_eq!(streamweave::tune::loop_chunks(program), None, "{name}");
+        assert!(
+            !program.walk().any(|w| matches!(
+                program.stmts[w.stmt],
+                streamweave::host_ir::Stmt::SetCurrentStream { .. }
+            )),
+            "{name}: a stream loop is left\n{}",
+            streamweave::host_ir::print(program)
+        );
+        if ranks == 2 {
+            let kinds = common::communication_kinds(program);
+            let p2p = program.walk().any(|w| {
+                matches!(
+                    program.stmts[w.stmt],
+                    streamweave::host_ir::Stmt::P2PCommunication(_)
+                )
+            });
+            match name.as_str() {
+                "matmul_rs_ring" => assert_eq!(kinds, ["ReduceScatter"], "{name}"),
+                "sequence_parallel_mlp_ring" => {
+                    assert_eq!(kinds, ["Allgather", "ReduceScatter"], "{name}")
+                }
+                _ => {}
+            }
+            if name.ends_with("_ring") {
+                assert!(!p2p, "{name}");
+            }
+            names.push(name.clone());
+        }
+        runs += 1;
+        failures.extend(failure_of(
+            &name,
+            &compiled,
+            ranks,
+            1 + ranks % 3,
+            &overrides,
+        ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     for ring in ["matmul_rs_ring", "sequence_parallel_mlp_ring"] {
@@ -367,80 +395,80 @@ fn rings_in_pieces_sum_in_their_gemms_and_match_the_reference() {
     use streamweave::ir::ParamRole;
     let mut runs = 0;
     let mut failures = Vec::new();
-    for path in fixtures() {
-        let name = path.file_stem().unwrap().to_string_lossy().to_string();
-        let source = std::fs::read_to_string(&path).unwrap();
-        for (ranks, overrides) in runs_of(&name, &source) {
-            let fusion = streamweave::load(&name, &source, &overrides)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let no_count = fusion.role_param(ParamRole::ChunkCount).is_none();
-            if !no_count || !fusion.has_stream_axes() || ranks < 2 {
-                continue;
-            }
-            for k in [2usize, 4] {
-                let compiled = Compiler::new()
-                    .chunks(streamweave::Chunks::Fixed(ranks * k))
-                    .compile(&fusion);
-                let compiled = match compiled {
-                    Ok(c) => c,
-                    Err(e) => {
-                        assert!(!name.ends_with("_ring"), "{name}: {e}");
-                        let e = e.to_string();
-                        assert!(
-                            e.contains("has no reduce ring whose partials a GEMM of its loop computes")
-                                || e.contains("has no chunk-count parameter")
-                                // A ring whose stream axis is one chunk per device by
-                                // itself (`parallelize(1, Stream)` on an axis of size d).
-                                || e.contains("equal pieces"),
-                            "{name}: {e}"
-                        );
-                        continue;
+    for Run {
+        name,
+        ranks,
+        overrides,
+        fusion,
+    } in every_run()
+    {
+        let no_count = fusion.role_param(ParamRole::ChunkCount).is_none();
+        if !no_count || !fusion.has_stream_axes() || ranks < 2 {
+            continue;
+        }
+        for k in [2usize, 4] {
+            let compiled = Compiler::new()
+                .chunks(streamweave::Chunks::Fixed(ranks * k))
+                .compile(&fusion);
+            let compiled = match compiled {
+                Ok(c) => c,
+                Err(e) => {
+                    assert!(!name.ends_with("_ring"), "{name}: {e}");
+                    let e = e.to_string();
+                    assert!(
+                        e.contains("has no reduce ring whose partials a GEMM of its loop computes")
+                            || e.contains("has no chunk-count parameter")
+                            // A ring whose stream axis is one chunk per device by
+                            // itself (`parallelize(1, Stream)` on an axis of size d).
+                            || e.contains("equal pieces"),
+                        "{name}: {e}"
+                    );
+                    continue;
+                }
+            };
+            assert!(name.ends_with("_ring"), "{name} took ring pieces");
+            assert_eq!(compiled.ring_pieces(), Some((ranks * k, k as i64)));
+            let p = compiled.program();
+            let summing = p
+                .walk()
+                .find_map(|w| match &p.stmts[w.stmt] {
+                    Stmt::ForLoop { stop, body, .. }
+                        if body.iter().any(|s| {
+                            matches!(
+                                p.stmts[*s],
+                                Stmt::Linear {
+                                    accumulate: true,
+                                    ..
+                                }
+                            )
+                        }) =>
+                    {
+                        Some((*stop, body.clone()))
                     }
-                };
-                assert!(name.ends_with("_ring"), "{name} took ring pieces");
-                assert_eq!(compiled.ring_pieces(), Some((ranks * k, k as i64)));
-                let p = compiled.program();
-                let summing = p
-                    .walk()
-                    .find_map(|w| match &p.stmts[w.stmt] {
-                        Stmt::ForLoop { stop, body, .. }
-                            if body.iter().any(|s| {
-                                matches!(
-                                    p.stmts[*s],
-                                    Stmt::Linear {
-                                        accumulate: true,
-                                        ..
-                                    }
-                                )
-                            }) =>
-                        {
-                            Some((*stop, body.clone()))
-                        }
-                        _ => None,
-                    })
-                    .unwrap_or_else(|| panic!("{name}: no loop sums in its GEMM"));
-                let trip = match &p.scalars[summing.0] {
-                    HostScalar::Value(v) => v.as_const(),
                     _ => None,
-                };
-                assert_eq!(trip, Some((ranks * k) as i64), "{name}");
-                let body: Vec<&Stmt> = summing.1.iter().map(|s| &p.stmts[*s]).collect();
-                assert!(
-                    !body.iter().any(|s| matches!(s, Stmt::LaunchKernel { .. })),
-                    "{name}"
-                );
-                let text = streamweave::host_ir::print(p);
-                let wait = "Synchronize(Stream ( ( i";
-                let back = format!("+ ( {k} * ( numberOfStreams - 1 ) ) ) % numberOfStreams ))");
-                assert!(
-                    text.lines().any(|l| l.contains(wait) && l.contains(&back)),
-                    "{name}: no wait {k} iterations back\n{text}"
-                );
-                assert!(text.contains("zero_init=true"), "{name}\n{text}");
-                runs += 1;
-                let streams = 1 + (ranks + k) % 3;
-                failures.extend(failure_of(&name, &compiled, ranks, streams, &overrides));
-            }
+                })
+                .unwrap_or_else(|| panic!("{name}: no loop sums in its GEMM"));
+            let trip = match &p.scalars[summing.0] {
+                HostScalar::Value(v) => v.as_const(),
+                _ => None,
+            };
+            assert_eq!(trip, Some((ranks * k) as i64), "{name}");
+            let body: Vec<&Stmt> = summing.1.iter().map(|s| &p.stmts[*s]).collect();
+            assert!(
+                !body.iter().any(|s| matches!(s, Stmt::LaunchKernel { .. })),
+                "{name}"
+            );
+            let text = streamweave::host_ir::print(p);
+            let wait = "Synchronize(Stream ( ( i";
+            let back = format!("+ ( {k} * ( numberOfStreams - 1 ) ) ) % numberOfStreams ))");
+            assert!(
+                text.lines().any(|l| l.contains(wait) && l.contains(&back)),
+                "{name}: no wait {k} iterations back\n{text}"
+            );
+            assert!(text.contains("zero_init=true"), "{name}\n{text}");
+            runs += 1;
+            let streams = 1 + (ranks + k) % 3;
+            failures.extend(failure_of(&name, &compiled, ranks, streams, &overrides));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

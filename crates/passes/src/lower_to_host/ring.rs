@@ -158,7 +158,7 @@ impl Lowering<'_> {
         let mut piece = sizes;
         piece[0] = rows.ceil_div(Scalar::c(k));
         let slot = self.slot(consumer, partials, &piece, d * k, i);
-        self.emit_ring_product(product, slot)?;
+        self.library_call(product, Some(slot), true)?;
         if d == 1 {
             return Ok(());
         }
@@ -212,33 +212,5 @@ impl Lowering<'_> {
             output: view,
         });
         view
-    }
-
-    /// The GEMM of `product` (a `linear` or `matmul` of this loop's chunks) adding its result
-    /// to `slot`.
-    fn emit_ring_product(&mut self, product: ExprId, slot: HostTensorId) -> Result<(), Diagnostic> {
-        let expr = self.f.expr(product).clone();
-        let ins: Vec<HostTensorId> = expr
-            .inputs
-            .iter()
-            .map(|t| self.resolve(*t, false))
-            .collect::<Result<_, _>>()?;
-        let stmt = match expr.kind {
-            ExprKind::Linear => Stmt::Linear {
-                input: ins[0],
-                weight: ins[1],
-                bias: ins.get(2).copied(),
-                out: slot,
-                accumulate: true,
-            },
-            _ => Stmt::Matmul {
-                a: ins[0],
-                b: ins[1],
-                out: slot,
-                accumulate: true,
-            },
-        };
-        self.emit(stmt);
-        Ok(())
     }
 }

@@ -41,26 +41,40 @@ impl Lowering<'_> {
     }
 
     fn lower_library(&mut self, e: ExprId) -> Result<(), Diagnostic> {
+        self.library_call(e, None, false)
+    }
+
+    /// The library call of `e` (a matmul or linear) on the open loop's chunks, writing `out`
+    /// (`None`: the binding of `e`'s output), adding to what it holds with `accumulate`.
+    pub(super) fn library_call(
+        &mut self,
+        e: ExprId,
+        out: Option<HostTensorId>,
+        accumulate: bool,
+    ) -> Result<(), Diagnostic> {
         let expr = self.f.expr(e).clone();
         let ins: Vec<HostTensorId> = expr
             .inputs
             .iter()
             .map(|t| self.resolve(*t, false))
             .collect::<Result<_, _>>()?;
-        let out = self.resolve(expr.outputs[0], true)?;
+        let out = match out {
+            Some(out) => out,
+            None => self.resolve(expr.outputs[0], true)?,
+        };
         let stmt = match expr.kind {
             ExprKind::Matmul => Stmt::Matmul {
                 a: ins[0],
                 b: ins[1],
                 out,
-                accumulate: false,
+                accumulate,
             },
             ExprKind::Linear => Stmt::Linear {
                 input: ins[0],
                 weight: ins[1],
                 bias: ins.get(2).copied(),
                 out,
-                accumulate: false,
+                accumulate,
             },
             ref k => {
                 return Err(Diagnostic::new(format!(
