@@ -458,7 +458,15 @@ fn rings_in_pieces_sum_in_their_gemms_and_match_the_reference() {
                 !body.iter().any(|s| matches!(s, Stmt::LaunchKernel { .. })),
                 "{name}"
             );
+            streamweave::host_ir::verify(p).unwrap_or_else(|e| panic!("{name}: {e}"));
             let text = streamweave::host_ir::print(p);
+            // The printed program parses back to the same text.
+            let reparsed = streamweave::host_ir::parse(&text)
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            assert_eq!(streamweave::host_ir::print(&reparsed), text, "{name}");
+            if name == "matmul_rs_ring" && ranks == 2 && k == 2 {
+                insta::assert_snapshot!("matmul_rs_ring_in_2_pieces_on_2_ranks", text);
+            }
             let wait = "Synchronize(Stream ( ( i";
             let back = format!("+ ( {k} * ( numberOfStreams - 1 ) ) ) % numberOfStreams ))");
             assert!(
