@@ -10,8 +10,9 @@ use super::Lowering;
 
 impl Lowering<'_> {
     /// With [`super::LowerToHost::ring_pieces`], the GEMMs whose partials a reduce ring sums
-    /// in their own loop: a library segment (one `linear` or `matmul`) whose output only
-    /// that Reduce reads. Recorded in [`Lowering::ring_products`].
+    /// in their own loop: a library segment (one `linear` without a bias, which every step
+    /// would add again, or one `matmul`) whose output only that Reduce reads. Recorded in
+    /// [`Lowering::ring_products`].
     pub(super) fn find_ring_products(&mut self, sf: &SegmentedFusion) {
         if self.ring_pieces.is_none() {
             return;
@@ -26,9 +27,10 @@ impl Lowering<'_> {
             };
             let s = sf.segment(seg);
             let [product] = s.exprs() else { continue };
-            let gemm = matches!(self.f.expr(*product).kind, ExprKind::Linear)
-                || (matches!(self.f.expr(*product).kind, ExprKind::Matmul)
-                    && self.f.expr(*product).inputs.len() == 2);
+            let gemm = matches!(
+                self.f.expr(*product).kind,
+                ExprKind::Linear | ExprKind::Matmul
+            ) && self.f.expr(*product).inputs.len() == 2;
             let same_loop = self
                 .loop_of
                 .get(&seg)

@@ -30,7 +30,13 @@ impl Lowering<'_> {
                 self.lower_accumulating_matmul(exprs[0])
             }
             // Lowered with the ring's exchange, which decides where it writes.
-            SegmentKind::Library if self.product_rides_the_ring(s.outputs()[0]) => Ok(()),
+            SegmentKind::Library
+                if s.outputs()
+                    .first()
+                    .is_some_and(|p| self.product_rides_the_ring(*p)) =>
+            {
+                Ok(())
+            }
             SegmentKind::Library => self.lower_library(exprs[0]),
             SegmentKind::Communication => self.lower_communication(exprs[0]),
             SegmentKind::Kernel if self.accumulating.contains_key(&seg) => {
