@@ -523,8 +523,9 @@ pub fn tune(
                     v.extend(
                         RING_PIECES
                             .iter()
-                            .map(|k| Some(e * k))
-                            .filter(|&n| n > Some(1)),
+                            .filter_map(|k| e.checked_mul(*k))
+                            .filter(|&n| n > 1)
+                            .map(Some),
                     );
                 }
                 v

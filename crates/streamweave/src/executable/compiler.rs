@@ -289,6 +289,9 @@ fn pieces_of(fusion: &Fusion, n: usize) -> Result<Option<i64>, Error> {
     let [e] = extents.as_slice() else {
         return Err(refused(String::new()));
     };
+    if *e < 1 {
+        return Err(refused(format!("; its stream loops run {e} chunks")));
+    }
     let n = i64::try_from(n).unwrap_or(i64::MAX);
     if n == *e {
         return Ok(None);
