@@ -330,7 +330,7 @@ pub fn lower_program(
     }
     if let (Some(k), false) = (ring_pieces, l.accumulated_in_ring) {
         return Err(Diagnostic::new(format!(
-            "ring-pieces={k}: `{}` has no reduce ring whose partials a GEMM of its loop computes (a sum scattered by stream chunks, one chunk per device, in a loop with no other communication)",
+            "ring-pieces={k}: `{}` has no reduce ring whose partials a GEMM of its loop computes (a sum scattered by stream chunks over the whole world in rank order, one chunk per device, in a loop with no other communication, its partials a linear without a bias or a matmul that nothing else reads)",
             f.name
         )));
     }
