@@ -255,8 +255,15 @@ impl Stmt {
                 accumulate,
             } => {
                 // An accumulating GEMM reads the partial sum it adds to.
-                let acc = accumulate.then_some(*out);
-                Effects::reading_writing([*a, *b].into_iter().chain(acc), [*out], Runs::Stream)
+                let acc = accumulate.may_read().then_some(*out);
+                Effects {
+                    scalars: accumulate.condition().into_iter().collect(),
+                    ..Effects::reading_writing(
+                        [*a, *b].into_iter().chain(acc),
+                        [*out],
+                        Runs::Stream,
+                    )
+                }
             }
             Stmt::Linear {
                 input,
@@ -266,12 +273,15 @@ impl Stmt {
                 accumulate,
             } => {
                 // An accumulating GEMM reads the partial sum it adds to.
-                let acc = accumulate.then_some(*out);
-                Effects::reading_writing(
-                    [*input, *weight].into_iter().chain(*bias).chain(acc),
-                    [*out],
-                    Runs::Stream,
-                )
+                let acc = accumulate.may_read().then_some(*out);
+                Effects {
+                    scalars: accumulate.condition().into_iter().collect(),
+                    ..Effects::reading_writing(
+                        [*input, *weight].into_iter().chain(*bias).chain(acc),
+                        [*out],
+                        Runs::Stream,
+                    )
+                }
             }
             Stmt::Communication(c) => Effects {
                 scalars: c.root.into_iter().collect(),
@@ -415,7 +425,7 @@ mod tests {
     use weave_ir::{DType, Fusion, MemoryType, ReduceOp, Scalar};
 
     use super::*;
-    use crate::syntax::{ChunkOf, Communication, CommunicationType, P2PCommunication};
+    use crate::syntax::{Accumulate, ChunkOf, Communication, CommunicationType, P2PCommunication};
 
     /// The effects of one statement of each kind, written out: what it reads, writes,
     /// allocates, frees and views, the scalars it evaluates, its stream, what it waits for
@@ -540,7 +550,7 @@ mod tests {
                     a,
                     b,
                     out: c,
-                    accumulate: false,
+                    accumulate: Accumulate::No,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (c, Write)],
@@ -553,7 +563,7 @@ mod tests {
                     a,
                     b,
                     out: c,
-                    accumulate: true,
+                    accumulate: Accumulate::Yes,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (c, Read), (c, Write)],
@@ -567,7 +577,7 @@ mod tests {
                     weight: b,
                     bias: Some(c),
                     out: d,
-                    accumulate: false,
+                    accumulate: Accumulate::No,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (c, Read), (d, Write)],
@@ -581,10 +591,25 @@ mod tests {
                     weight: b,
                     bias: None,
                     out: d,
-                    accumulate: true,
+                    accumulate: Accumulate::Yes,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (d, Read), (d, Write)],
+                    runs: Runs::Stream,
+                    ..none()
+                },
+            ),
+            (
+                Stmt::Linear {
+                    input: a,
+                    weight: b,
+                    bias: None,
+                    out: d,
+                    accumulate: Accumulate::If(index),
+                },
+                Effects {
+                    accesses: vec![(a, Read), (b, Read), (d, Read), (d, Write)],
+                    scalars: vec![index],
                     runs: Runs::Stream,
                     ..none()
                 },
@@ -641,7 +666,7 @@ mod tests {
             weight: w,
             bias: Some(bias),
             out,
-            accumulate: false,
+            accumulate: Accumulate::No,
         };
         assert_eq!(linear.reads(), [x, w, bias]);
         assert_eq!(linear.writes(), [out]);

@@ -35,7 +35,8 @@ use weave_ir::Scalar;
 
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
 use crate::syntax::{
-    Communication, HostProgram, HostScalar, P2PCommunication, P2PDirection, Stmt, Stream,
+    Accumulate, Communication, HostProgram, HostScalar, P2PCommunication, P2PDirection, Stmt,
+    Stream,
 };
 
 /// Prints `p` in the host text format; `print(&parse(&print(p))?)` equals `print(p)`.
@@ -373,7 +374,8 @@ impl Names {
         format!("LaunchKernel(kernel={k}, inputs=({i}), outputs=({o}))")
     }
 
-    /// `T4 = matmul(T2, T3)`, or `T4 += matmul(T2, T3)` when it accumulates.
+    /// `T4 = matmul(T2, T3)`, or `T4 += matmul(T2, T3)` when it accumulates (`T4 +=
+    /// matmul(T2, T3) if S` when a scalar decides).
     fn matmul(&mut self, p: &HostProgram, stmt: &Stmt, declare: bool) -> String {
         let Stmt::Matmul {
             a,
@@ -387,11 +389,12 @@ impl Names {
         let o = self.tensor_text(p, *out, declare);
         let a = self.tensor_text(p, *a, declare);
         let b = self.tensor_text(p, *b, declare);
-        let op = if *accumulate { "+=" } else { "=" };
-        format!("{o} {op} matmul({a}, {b})")
+        let (op, cond) = self.accumulation(p, *accumulate);
+        format!("{o} {op} matmul({a}, {b}){cond}")
     }
 
-    /// `T5 = linear(T2, T3[, T4])`, or `T5 += linear(T2, T3)` when it accumulates.
+    /// `T5 = linear(T2, T3[, T4])`, or `T5 += linear(T2, T3)` when it accumulates (`T5 +=
+    /// linear(T2, T3) if S` when a scalar decides).
     fn linear(&mut self, p: &HostProgram, stmt: &Stmt, declare: bool) -> String {
         let Stmt::Linear {
             input,
@@ -411,8 +414,18 @@ impl Names {
         if let Some(b) = bias {
             args.push(self.tensor_text(p, *b, declare));
         }
-        let op = if *accumulate { "+=" } else { "=" };
-        format!("{o} {op} linear({})", args.join(", "))
+        let (op, cond) = self.accumulation(p, *accumulate);
+        format!("{o} {op} linear({}){cond}", args.join(", "))
+    }
+
+    /// A GEMM's assignment (`=`, `+=`) and its condition (` if S`, for
+    /// [`Accumulate::If`]).
+    fn accumulation(&mut self, p: &HostProgram, how: Accumulate) -> (&'static str, String) {
+        match how {
+            Accumulate::No => ("=", String::new()),
+            Accumulate::Yes => ("+=", String::new()),
+            Accumulate::If(s) => ("+=", format!(" if {}", self.scalar(p, s))),
+        }
     }
 
     /// `Communication 9 (type=Allgather, team=(0 1), input=T2, output=T3, backend=NCCL)`.

@@ -173,7 +173,9 @@ impl AssignStreams {
         // iteration order whatever the pool size.
         let first_accumulation = match &p.stmts[lp] {
             Stmt::ForLoop { body, .. } => body.iter().position(|s| match &p.stmts[*s] {
-                Stmt::Matmul { accumulate, .. } | Stmt::Linear { accumulate, .. } => *accumulate,
+                Stmt::Matmul { accumulate, .. } | Stmt::Linear { accumulate, .. } => {
+                    accumulate.may_read()
+                }
                 Stmt::LaunchKernel {
                     inputs, outputs, ..
                 } => outputs.iter().any(|o| inputs.contains(o)),
@@ -323,15 +325,11 @@ fn carried_distance(p: &HostProgram, lp: StmtId) -> Option<i64> {
     for s in body {
         match &p.stmts[*s] {
             Stmt::Matmul {
-                out,
-                accumulate: true,
-                ..
+                out, accumulate, ..
             }
             | Stmt::Linear {
-                out,
-                accumulate: true,
-                ..
-            } => sums.push(view_of(*out)?),
+                out, accumulate, ..
+            } if accumulate.may_read() => sums.push(view_of(*out)?),
             Stmt::P2PCommunication(c) if c.direction == weave_host_ir::P2PDirection::Recv => {
                 if let Some(v) = view_of(c.buffer) {
                     received.push(v);
@@ -474,7 +472,7 @@ mod tests {
                 weight: w,
                 bias: None,
                 out: slot,
-                accumulate: true,
+                accumulate: weave_host_ir::Accumulate::Yes,
             }),
             view(&mut p, if same_buffer { b } else { c }, at, into),
             p.stmts

@@ -75,7 +75,7 @@ mod build {
                 a,
                 b,
                 out,
-                accumulate: false,
+                accumulate: weave_host_ir::Accumulate::No,
             })
         }
 

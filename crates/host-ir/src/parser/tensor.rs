@@ -1,5 +1,6 @@
 //! Tensors: names (`T3`, declared at first mention as `T3_g_f32[4]`) and the statements that
-//! define one (`T3 = ALLOCATE(..)`, `ShardByStream`, `matmul`, `linear`).
+//! define one (`T3 = ALLOCATE(..)`, `ShardByStream`, `matmul`, `linear`, `T3 += linear(..)
+//! [if S]`).
 
 use weave_ir::{DType, Diagnostic, MemoryType};
 
@@ -7,7 +8,7 @@ use super::{PResult, Parser};
 use crate::builder::ScopeRef;
 use crate::ids::{HostTensorId, StmtId};
 use crate::lexer::{clip, Tok};
-use crate::syntax::{ChunkOf, Stmt};
+use crate::syntax::{Accumulate, ChunkOf, Stmt};
 
 impl Parser<'_> {
     /// `T3 = ALLOCATE(..)`, `T3 = ShardByStream(..)`, `T3 = matmul(..)`, `T3 += matmul(..)`,
@@ -34,11 +35,11 @@ impl Parser<'_> {
                 "`matmul` or `linear` after `T… +=` (only a GEMM accumulates)",
             );
         }
-        let stmt = match op.as_str() {
+        let mut stmt = match op.as_str() {
             "ALLOCATE" => self.allocate(out)?,
             "ShardByStream" => self.shard_by_stream(out)?,
-            "matmul" => self.matmul(out, accumulate)?,
-            "linear" => self.linear(out, accumulate)?,
+            "matmul" => self.matmul(out)?,
+            "linear" => self.linear(out)?,
             _ => {
                 return self.err(
                     &t,
@@ -46,6 +47,24 @@ impl Parser<'_> {
                 )
             }
         };
+        // `T4 += linear(..) if ( i0 / 2 )`: adds when the scalar is nonzero, else writes.
+        let how = if self.at_ident("if")
+            && matches!(stmt, Stmt::Matmul { .. } | Stmt::Linear { .. })
+        {
+            let at = self.bump();
+            if !accumulate {
+                return self.err(
+                    &at,
+                    "end of line: a condition follows only an accumulating GEMM (`T… += linear(..) if S`)",
+                );
+            }
+            Accumulate::If(self.scalar()?)
+        } else {
+            Accumulate::always(accumulate)
+        };
+        if let Stmt::Matmul { accumulate, .. } | Stmt::Linear { accumulate, .. } = &mut stmt {
+            *accumulate = how;
+        }
         Ok(self.add(scope, stmt))
     }
 
@@ -130,8 +149,9 @@ impl Parser<'_> {
         })
     }
 
-    /// `matmul(A, B)`, after `out =` or (accumulating) `out +=`.
-    fn matmul(&mut self, out: HostTensorId, accumulate: bool) -> PResult<Stmt> {
+    /// `matmul(A, B)`, after `out =` or (accumulating) `out +=`; the caller sets how it
+    /// accumulates.
+    fn matmul(&mut self, out: HostTensorId) -> PResult<Stmt> {
         self.expect_punct("(", "after `matmul`")?;
         let a = self.tensor_ref("the left operand")?;
         self.expect_punct(",", "after the left operand")?;
@@ -141,12 +161,13 @@ impl Parser<'_> {
             a,
             b,
             out,
-            accumulate,
+            accumulate: Accumulate::No,
         })
     }
 
-    /// `linear(X, W[, bias])`, after `out =` or (accumulating) `out +=`.
-    fn linear(&mut self, out: HostTensorId, accumulate: bool) -> PResult<Stmt> {
+    /// `linear(X, W[, bias])`, after `out =` or (accumulating) `out +=`; the caller sets how
+    /// it accumulates.
+    fn linear(&mut self, out: HostTensorId) -> PResult<Stmt> {
         self.expect_punct("(", "after `linear`")?;
         let input = self.tensor_ref("the activations")?;
         self.expect_punct(",", "after the activations")?;
@@ -162,7 +183,7 @@ impl Parser<'_> {
             weight,
             bias,
             out,
-            accumulate,
+            accumulate: Accumulate::No,
         })
     }
 
