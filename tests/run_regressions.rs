@@ -86,9 +86,7 @@ fn loop_body_gemms(p: &HostProgram, body: &[StmtId], out: &mut Vec<(bool, bool)>
             // The entry `Synchronize(main)` right after the stream switch is not the
             // accumulation's.
             Stmt::Synchronize { .. } if k > 1 => synced = true,
-            Stmt::Matmul { accumulate, .. } => {
-                out.push((*accumulate == streamweave::host_ir::Accumulate::Yes, synced))
-            }
+            Stmt::Matmul { accumulate, .. } => out.push((*accumulate, synced)),
             Stmt::Linear { .. } => out.push((false, synced)),
             _ => {}
         }

@@ -200,7 +200,7 @@ fn a_weight_gradient_over_local_token_chunks_accumulates_then_allreduces() {
                     matches!(
                         p.stmts[w.stmt],
                         Stmt::Matmul {
-                            accumulate: streamweave::host_ir::Accumulate::Yes,
+                            accumulate: true,
                             ..
                         }
                     )

@@ -255,15 +255,8 @@ impl Stmt {
                 accumulate,
             } => {
                 // An accumulating GEMM reads the partial sum it adds to.
-                let acc = accumulate.may_read().then_some(*out);
-                Effects {
-                    scalars: accumulate.condition().into_iter().collect(),
-                    ..Effects::reading_writing(
-                        [*a, *b].into_iter().chain(acc),
-                        [*out],
-                        Runs::Stream,
-                    )
-                }
+                let acc = accumulate.then_some(*out);
+                Effects::reading_writing([*a, *b].into_iter().chain(acc), [*out], Runs::Stream)
             }
             Stmt::Linear {
                 input,
@@ -273,15 +266,12 @@ impl Stmt {
                 accumulate,
             } => {
                 // An accumulating GEMM reads the partial sum it adds to.
-                let acc = accumulate.may_read().then_some(*out);
-                Effects {
-                    scalars: accumulate.condition().into_iter().collect(),
-                    ..Effects::reading_writing(
-                        [*input, *weight].into_iter().chain(*bias).chain(acc),
-                        [*out],
-                        Runs::Stream,
-                    )
-                }
+                let acc = accumulate.then_some(*out);
+                Effects::reading_writing(
+                    [*input, *weight].into_iter().chain(*bias).chain(acc),
+                    [*out],
+                    Runs::Stream,
+                )
             }
             Stmt::Communication(c) => Effects {
                 scalars: c.root.into_iter().collect(),
@@ -425,7 +415,7 @@ mod tests {
     use weave_ir::{DType, Fusion, MemoryType, ReduceOp, Scalar};
 
     use super::*;
-    use crate::syntax::{Accumulate, ChunkOf, Communication, CommunicationType, P2PCommunication};
+    use crate::syntax::{ChunkOf, Communication, CommunicationType, P2PCommunication};
 
     /// The effects of one statement of each kind, written out: what it reads, writes,
     /// allocates, frees and views, the scalars it evaluates, its stream, what it waits for
@@ -550,7 +540,7 @@ mod tests {
                     a,
                     b,
                     out: c,
-                    accumulate: Accumulate::No,
+                    accumulate: false,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (c, Write)],
@@ -563,7 +553,7 @@ mod tests {
                     a,
                     b,
                     out: c,
-                    accumulate: Accumulate::Yes,
+                    accumulate: true,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (c, Read), (c, Write)],
@@ -577,7 +567,7 @@ mod tests {
                     weight: b,
                     bias: Some(c),
                     out: d,
-                    accumulate: Accumulate::No,
+                    accumulate: false,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (c, Read), (d, Write)],
@@ -591,25 +581,10 @@ mod tests {
                     weight: b,
                     bias: None,
                     out: d,
-                    accumulate: Accumulate::Yes,
+                    accumulate: true,
                 },
                 Effects {
                     accesses: vec![(a, Read), (b, Read), (d, Read), (d, Write)],
-                    runs: Runs::Stream,
-                    ..none()
-                },
-            ),
-            (
-                Stmt::Linear {
-                    input: a,
-                    weight: b,
-                    bias: None,
-                    out: d,
-                    accumulate: Accumulate::If(index),
-                },
-                Effects {
-                    accesses: vec![(a, Read), (b, Read), (d, Read), (d, Write)],
-                    scalars: vec![index],
                     runs: Runs::Stream,
                     ..none()
                 },
@@ -666,7 +641,7 @@ mod tests {
             weight: w,
             bias: Some(bias),
             out,
-            accumulate: Accumulate::No,
+            accumulate: false,
         };
         assert_eq!(linear.reads(), [x, w, bias]);
         assert_eq!(linear.writes(), [out]);

@@ -43,7 +43,7 @@ pub use parser::parse;
 pub use printer::{print, Names};
 pub use signature::{AxisSplit, DefinitionMismatch, ShardError, Sharding, Signature, TensorSig};
 pub use syntax::{
-    Accumulate, ChunkOf, Communication, CommunicationType, HostProgram, HostScalar, HostTensor,
-    KernelUnit, P2PCommunication, P2PDirection, Stmt, Stream,
+    ChunkOf, Communication, CommunicationType, HostProgram, HostScalar, HostTensor, KernelUnit,
+    P2PCommunication, P2PDirection, Stmt, Stream,
 };
 pub use verify::verify;

@@ -35,8 +35,7 @@ use weave_ir::Scalar;
 
 use crate::ids::{HostTensorId, KernelId, ScalarId, StmtId, StreamId};
 use crate::syntax::{
-    Accumulate, Communication, HostProgram, HostScalar, P2PCommunication, P2PDirection, Stmt,
-    Stream,
+    Communication, HostProgram, HostScalar, P2PCommunication, P2PDirection, Stmt, Stream,
 };
 
 /// Prints `p` in the host text format; `print(&parse(&print(p))?)` equals `print(p)`.
@@ -374,8 +373,7 @@ impl Names {
         format!("LaunchKernel(kernel={k}, inputs=({i}), outputs=({o}))")
     }
 
-    /// `T4 = matmul(T2, T3)`, or `T4 += matmul(T2, T3)` when it accumulates (`T4 +=
-    /// matmul(T2, T3) if S` when a scalar decides).
+    /// `T4 = matmul(T2, T3)`, or `T4 += matmul(T2, T3)` when it accumulates.
     fn matmul(&mut self, p: &HostProgram, stmt: &Stmt, declare: bool) -> String {
         let Stmt::Matmul {
             a,
@@ -389,12 +387,11 @@ impl Names {
         let o = self.tensor_text(p, *out, declare);
         let a = self.tensor_text(p, *a, declare);
         let b = self.tensor_text(p, *b, declare);
-        let (op, cond) = self.accumulation(p, *accumulate);
-        format!("{o} {op} matmul({a}, {b}){cond}")
+        let op = if *accumulate { "+=" } else { "=" };
+        format!("{o} {op} matmul({a}, {b})")
     }
 
-    /// `T5 = linear(T2, T3[, T4])`, or `T5 += linear(T2, T3)` when it accumulates (`T5 +=
-    /// linear(T2, T3) if S` when a scalar decides).
+    /// `T5 = linear(T2, T3[, T4])`, or `T5 += linear(T2, T3)` when it accumulates.
     fn linear(&mut self, p: &HostProgram, stmt: &Stmt, declare: bool) -> String {
         let Stmt::Linear {
             input,
@@ -414,18 +411,8 @@ impl Names {
         if let Some(b) = bias {
             args.push(self.tensor_text(p, *b, declare));
         }
-        let (op, cond) = self.accumulation(p, *accumulate);
-        format!("{o} {op} linear({}){cond}", args.join(", "))
-    }
-
-    /// A GEMM's assignment (`=`, `+=`) and its condition (` if S`, for
-    /// [`Accumulate::If`]).
-    fn accumulation(&mut self, p: &HostProgram, how: Accumulate) -> (&'static str, String) {
-        match how {
-            Accumulate::No => ("=", String::new()),
-            Accumulate::Yes => ("+=", String::new()),
-            Accumulate::If(s) => ("+=", format!(" if {}", self.scalar(p, s))),
-        }
+        let op = if *accumulate { "+=" } else { "=" };
+        format!("{o} {op} linear({})", args.join(", "))
     }
 
     /// `Communication 9 (type=Allgather, team=(0 1), input=T2, output=T3, backend=NCCL)`.

@@ -326,44 +326,6 @@ pub struct P2PCommunication {
     pub buffer: HostTensorId,
 }
 
-/// Whether a GEMM ([`Stmt::Matmul`], [`Stmt::Linear`]) adds its product to what its output
-/// holds (cuBLASLt's beta = 1) or overwrites it (beta = 0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Accumulate {
-    /// `T4 = linear(..)`: overwrites.
-    No,
-    /// `T4 += linear(..)`: adds, every time it runs.
-    Yes,
-    /// `T4 += linear(..) if ( i0 / 2 )`: adds when the scalar is nonzero, overwrites when it
-    /// is zero. The first steps of a loop that sums into its output write it instead, so
-    /// the output needs no zeroing before the loop.
-    If(ScalarId),
-}
-
-impl Accumulate {
-    /// [`Accumulate::Yes`] for `true`, [`Accumulate::No`] for `false`.
-    pub fn always(yes: bool) -> Self {
-        if yes {
-            Accumulate::Yes
-        } else {
-            Accumulate::No
-        }
-    }
-
-    /// Whether the GEMM may read its output: in some run, it adds to what it holds.
-    pub fn may_read(self) -> bool {
-        !matches!(self, Accumulate::No)
-    }
-
-    /// The scalar that decides, for [`Accumulate::If`].
-    pub fn condition(self) -> Option<ScalarId> {
-        match self {
-            Accumulate::If(s) => Some(s),
-            _ => None,
-        }
-    }
-}
-
 /// A statement of a host program.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stmt {
@@ -437,9 +399,9 @@ pub enum Stmt {
         outputs: Vec<HostTensorId>,
     },
     /// `out = a @ b` by the GEMM library on the current stream, into a preallocated `out`;
-    /// accumulating, `out += a @ b` (printed `T4 += matmul(T5, T0)`): the partial product of
-    /// one stream chunk of the contraction axis added to what `out` holds (cuBLASLt's
-    /// beta = 1), so `out` is read as well as written (see [`Accumulate`]).
+    /// with `accumulate`, `out += a @ b` (printed `T4 += matmul(T5, T0)`): the partial
+    /// product of one stream chunk of the contraction axis added to what `out` holds
+    /// (cuBLASLt's beta = 1), so `out` is read as well as written.
     Matmul {
         /// Left operand.
         a: HostTensorId,
@@ -447,14 +409,14 @@ pub enum Stmt {
         b: HostTensorId,
         /// The preallocated result.
         out: HostTensorId,
-        /// Whether the product is added to `out` instead of overwriting it.
-        accumulate: Accumulate,
+        /// Add the product to `out` instead of overwriting it.
+        accumulate: bool,
     },
     /// `out = input @ weightᵀ (+ bias)` by the GEMM library on the current stream, into a
-    /// preallocated `out`; accumulating, `out += input @ weightᵀ` (printed `T4 +=
+    /// preallocated `out`; with `accumulate`, `out += input @ weightᵀ` (printed `T4 +=
     /// linear(T5, T0)`): a step of a reduce ring adding this rank's partial of a piece to
     /// the partial received into `out` (cuBLASLt's beta = 1), so `out` is read as well as
-    /// written (see [`Accumulate`]).
+    /// written.
     Linear {
         /// The activations.
         input: HostTensorId,
@@ -464,8 +426,8 @@ pub enum Stmt {
         bias: Option<HostTensorId>,
         /// The preallocated result.
         out: HostTensorId,
-        /// Whether the product is added to `out` instead of overwriting it.
-        accumulate: Accumulate,
+        /// Add the product to `out` instead of overwriting it.
+        accumulate: bool,
     },
     /// Posts a collective on the current stream. Asynchronous: its buffers may be read or
     /// reused only after a [`Stmt::Wait`] names this statement.

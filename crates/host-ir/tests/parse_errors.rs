@@ -127,16 +127,6 @@ fn statement_errors() {
             "2:17: expected `=` after `+` (an accumulating `T… += matmul(..)`), found `matmul`",
         ),
         (
-            "  T1_g_f32[8] += linear(T0, T0) if\n",
-            "2:35: expected a scalar (an integer, a name, or a parenthesized expression such as \
-             `( i0 % numberOfStreams )`), found end of line",
-        ),
-        (
-            "  T1_g_f32[8] = linear(T0, T0) if i0\n",
-            "2:32: expected end of line: a condition follows only an accumulating GEMM \
-             (`T… += linear(..) if S`), found `if`",
-        ),
-        (
             "  T1_g_f32[8] = linear(T0, T0 T0)\n",
             "2:31: expected `)` or `,` with a bias to close `linear(`, found `T0`",
         ),

@@ -11,9 +11,8 @@ mod common;
 
 use proptest::prelude::*;
 use weave_host_ir::{
-    parse, print, verify, Accumulate, ChunkOf, Communication, CommunicationType, HostProgram,
-    HostScalar, HostTensorId, P2PCommunication, P2PDirection, ScalarId, ScopeRef, Stmt, StmtId,
-    StreamId,
+    parse, print, verify, ChunkOf, Communication, CommunicationType, HostProgram, HostScalar,
+    HostTensorId, P2PCommunication, P2PDirection, ScalarId, ScopeRef, Stmt, StmtId, StreamId,
 };
 use weave_ir::{DType, MemoryType, ReduceOp, Scalar, ScalarOp};
 
@@ -166,7 +165,7 @@ fn build_row_parallel() -> HostProgram {
             weight: t1,
             bias: None,
             out: t4,
-            accumulate: Accumulate::No,
+            accumulate: false,
         },
     );
     p.push(
@@ -262,12 +261,6 @@ fn random_program(ops: &[(u8, u8, u8, u8)]) -> HostProgram {
     let mut scopes = vec![ScopeRef::Top];
     for &(op, a, b, c) in ops {
         let pick = |v: &[ScalarId], k: u8| v[k as usize % v.len()];
-        // Writes, adds, or adds when a scalar is nonzero.
-        let accumulate = |how: u8, s: ScalarId| match how {
-            0 => Accumulate::No,
-            1 => Accumulate::Yes,
-            _ => Accumulate::If(s),
-        };
         let scope = *scopes.last().unwrap();
         let tensor = |k: u8| tensors[k as usize % tensors.len()];
         let tensor_a = tensor(a);
@@ -349,14 +342,14 @@ fn random_program(ops: &[(u8, u8, u8, u8)]) -> HostProgram {
                 a: tensor(a),
                 b: tensor(b),
                 out: tensor(c),
-                accumulate: accumulate(c % 3, pick(&scalars, a)),
+                accumulate: c % 2 == 1,
             },
             10 => Stmt::Linear {
                 input: tensor(a),
                 weight: tensor(b),
                 bias: (c % 2 == 0).then(|| tensor(c)),
                 out: tensor(c / 2),
-                accumulate: accumulate((c / 3) % 3, pick(&scalars, b)),
+                accumulate: c % 3 == 1,
             },
             11 => {
                 let kind = CommunicationType::ALL[a as usize % CommunicationType::ALL.len()];

@@ -173,9 +173,7 @@ impl AssignStreams {
         // iteration order whatever the pool size.
         let first_accumulation = match &p.stmts[lp] {
             Stmt::ForLoop { body, .. } => body.iter().position(|s| match &p.stmts[*s] {
-                Stmt::Matmul { accumulate, .. } | Stmt::Linear { accumulate, .. } => {
-                    accumulate.may_read()
-                }
+                Stmt::Matmul { accumulate, .. } | Stmt::Linear { accumulate, .. } => *accumulate,
                 Stmt::LaunchKernel {
                     inputs, outputs, ..
                 } => outputs.iter().any(|o| inputs.contains(o)),
@@ -325,11 +323,15 @@ fn carried_distance(p: &HostProgram, lp: StmtId) -> Option<i64> {
     for s in body {
         match &p.stmts[*s] {
             Stmt::Matmul {
-                out, accumulate, ..
+                out,
+                accumulate: true,
+                ..
             }
             | Stmt::Linear {
-                out, accumulate, ..
-            } if accumulate.may_read() => sums.push(view_of(*out)?),
+                out,
+                accumulate: true,
+                ..
+            } => sums.push(view_of(*out)?),
             Stmt::P2PCommunication(c) if c.direction == weave_host_ir::P2PDirection::Recv => {
                 if let Some(v) = view_of(c.buffer) {
                     received.push(v);
@@ -472,7 +474,7 @@ mod tests {
                 weight: w,
                 bias: None,
                 out: slot,
-                accumulate: weave_host_ir::Accumulate::Yes,
+                accumulate: true,
             }),
             view(&mut p, if same_buffer { b } else { c }, at, into),
             p.stmts

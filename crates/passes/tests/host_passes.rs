@@ -75,7 +75,7 @@ mod build {
                 a,
                 b,
                 out,
-                accumulate: weave_host_ir::Accumulate::No,
+                accumulate: false,
             })
         }
 

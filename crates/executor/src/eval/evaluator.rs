@@ -334,10 +334,10 @@ where
                     self.buffer(*b, &label)?,
                     self.buffer(*out, &label)?,
                 );
-                let adds = self.accumulates(*accumulate)?;
                 self.record_effects(Agent::Stream(self.current), id, &label);
                 let stream = self.backend.stream(self.current)?;
-                self.backend.matmul(&label, &x, &y, &o, adds, &stream)?;
+                self.backend
+                    .matmul(&label, &x, &y, &o, *accumulate, &stream)?;
             }
             Stmt::Linear {
                 input,
@@ -368,10 +368,9 @@ where
                     );
                     return Ok(());
                 }
-                let adds = self.accumulates(*accumulate)?;
                 let stream = self.backend.stream(self.current)?;
                 self.backend
-                    .linear(&label, &x, &w, bb.as_ref(), &o, adds, &stream)?;
+                    .linear(&label, &x, &w, bb.as_ref(), &o, *accumulate, &stream)?;
             }
             Stmt::Communication(c) => self.communication(id, label, c)?,
             Stmt::P2PCommunication(p) => {

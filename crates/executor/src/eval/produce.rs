@@ -31,7 +31,7 @@ pub fn producers(program: &HostProgram) -> SecondaryMap<StmtId, StmtId> {
         // can be computed where the collective wants each block.
         let Some(Stmt::Linear {
             out: p,
-            accumulate: weave_host_ir::Accumulate::No,
+            accumulate: false,
             ..
         }) = program.stmts.get(w.stmt)
         else {

@@ -4,8 +4,7 @@
 use weave_comm::{Collective, Communicator, P2p};
 use weave_host_ir::access::Access;
 use weave_host_ir::{
-    Accumulate, ChunkOf, Communication, CommunicationType, HostTensorId, ScalarId, Stmt, StmtId,
-    StreamId,
+    ChunkOf, Communication, CommunicationType, HostTensorId, ScalarId, Stmt, StmtId, StreamId,
 };
 
 use super::{Evaluator, Posted, MAX_TRIP_COUNT};
@@ -120,16 +119,6 @@ where
             r.synchronize(self.current, other);
         }
         Ok(())
-    }
-
-    /// Whether a GEMM adds to its output in this run: [`Accumulate::If`] evaluates its
-    /// scalar.
-    pub(super) fn accumulates(&mut self, how: Accumulate) -> Result<bool, ExecError> {
-        Ok(match how {
-            Accumulate::No => false,
-            Accumulate::Yes => true,
-            Accumulate::If(s) => self.eval(s)? != 0,
-        })
     }
 
     /// `ShardByStream`: the view of chunk `index` of `chunks` of `input` along `axis`,

@@ -1,6 +1,5 @@
 //! Tensors: names (`T3`, declared at first mention as `T3_g_f32[4]`) and the statements that
-//! define one (`T3 = ALLOCATE(..)`, `ShardByStream`, `matmul`, `linear`, `T3 += linear(..)
-//! [if S]`).
+//! define one (`T3 = ALLOCATE(..)`, `ShardByStream`, `matmul`, `linear`).
 
 use weave_ir::{DType, Diagnostic, MemoryType};
 
@@ -8,7 +7,7 @@ use super::{PResult, Parser};
 use crate::builder::ScopeRef;
 use crate::ids::{HostTensorId, StmtId};
 use crate::lexer::{clip, Tok};
-use crate::syntax::{Accumulate, ChunkOf, Stmt};
+use crate::syntax::{ChunkOf, Stmt};
 
 impl Parser<'_> {
     /// `T3 = ALLOCATE(..)`, `T3 = ShardByStream(..)`, `T3 = matmul(..)`, `T3 += matmul(..)`,
@@ -35,11 +34,11 @@ impl Parser<'_> {
                 "`matmul` or `linear` after `T… +=` (only a GEMM accumulates)",
             );
         }
-        let mut stmt = match op.as_str() {
+        let stmt = match op.as_str() {
             "ALLOCATE" => self.allocate(out)?,
             "ShardByStream" => self.shard_by_stream(out)?,
-            "matmul" => self.matmul(out)?,
-            "linear" => self.linear(out)?,
+            "matmul" => self.matmul(out, accumulate)?,
+            "linear" => self.linear(out, accumulate)?,
             _ => {
                 return self.err(
                     &t,
@@ -47,24 +46,6 @@ impl Parser<'_> {
                 )
             }
         };
-        // `T4 += linear(..) if ( i0 / 2 )`: adds when the scalar is nonzero, else writes.
-        let how = if self.at_ident("if")
-            && matches!(stmt, Stmt::Matmul { .. } | Stmt::Linear { .. })
-        {
-            let at = self.bump();
-            if !accumulate {
-                return self.err(
-                    &at,
-                    "end of line: a condition follows only an accumulating GEMM (`T… += linear(..) if S`)",
-                );
-            }
-            Accumulate::If(self.scalar()?)
-        } else {
-            Accumulate::always(accumulate)
-        };
-        if let Stmt::Matmul { accumulate, .. } | Stmt::Linear { accumulate, .. } = &mut stmt {
-            *accumulate = how;
-        }
         Ok(self.add(scope, stmt))
     }
 
@@ -149,9 +130,8 @@ impl Parser<'_> {
         })
     }
 
-    /// `matmul(A, B)`, after `out =` or (accumulating) `out +=`; the caller sets how it
-    /// accumulates.
-    fn matmul(&mut self, out: HostTensorId) -> PResult<Stmt> {
+    /// `matmul(A, B)`, after `out =` or (accumulating) `out +=`.
+    fn matmul(&mut self, out: HostTensorId, accumulate: bool) -> PResult<Stmt> {
         self.expect_punct("(", "after `matmul`")?;
         let a = self.tensor_ref("the left operand")?;
         self.expect_punct(",", "after the left operand")?;
@@ -161,13 +141,12 @@ impl Parser<'_> {
             a,
             b,
             out,
-            accumulate: Accumulate::No,
+            accumulate,
         })
     }
 
-    /// `linear(X, W[, bias])`, after `out =` or (accumulating) `out +=`; the caller sets how
-    /// it accumulates.
-    fn linear(&mut self, out: HostTensorId) -> PResult<Stmt> {
+    /// `linear(X, W[, bias])`, after `out =` or (accumulating) `out +=`.
+    fn linear(&mut self, out: HostTensorId, accumulate: bool) -> PResult<Stmt> {
         self.expect_punct("(", "after `linear`")?;
         let input = self.tensor_ref("the activations")?;
         self.expect_punct(",", "after the activations")?;
@@ -183,7 +162,7 @@ impl Parser<'_> {
             weight,
             bias,
             out,
-            accumulate: Accumulate::No,
+            accumulate,
         })
     }
 

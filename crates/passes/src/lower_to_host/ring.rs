@@ -2,7 +2,7 @@
 //! GEMM (cuBLASLt's beta = 1) onto the partial received from the next rank, each step cut
 //! into pieces so that a piece crosses while the next is computed, and no kernel adds.
 
-use weave_host_ir::{Accumulate, HostScalar, HostTensorId, ScalarId, Stmt};
+use weave_host_ir::{HostScalar, HostTensorId, ScalarId, Stmt};
 use weave_ir::{Diagnostic, ExprId, ExprKind, IterDomainId, Scalar, ScalarOp, TensorId};
 use weave_segmenter::{SegmentKind, SegmentedFusion};
 
@@ -96,13 +96,11 @@ impl Lowering<'_> {
     /// A reduce ring that sums in its GEMMs. With `d` devices and `k` pieces, the loop runs
     /// `d * k` iterations; iteration `i` is piece `q = i % k` of step `a = i / k`, which
     /// computes this rank's partial of piece `q` of device block `c = (rank + a + 1) % d`.
-    /// The partials live in one buffer `R` of `d` blocks of `k` pieces each; block `d - 1` is
-    /// the output. Iteration `i`:
-    /// * adds its product to slot `i` of `R` (`T += linear(..) if ( i / k )`): the partial of
-    ///   the same piece that the next rank, `rank + 1`, computed `k` iterations before and
-    ///   sent here. Step 0 has received nothing: its GEMMs write their slots instead
-    ///   ([`Accumulate::If`] on the step), so `R` is never zeroed. Every later slot is
-    ///   received into before it is added to;
+    /// The partials live in one buffer `R` of `d` blocks of `k` pieces each, zeroed before
+    /// the loop; block `d - 1` is the output. Iteration `i`:
+    /// * adds its product to slot `i` of `R` (`T += linear(..)`): the partial of the same
+    ///   piece that the next rank, `rank + 1`, computed `k` iterations before and sent here
+    ///   (nothing in step 0, whose slots stay zero);
     /// * sends slot `i` to the previous rank, `rank - 1`, whose step `a + 1` holds the same
     ///   block, while it receives into slot `i + k` the next rank's partial for its own step
     ///   `a + 1`, as one coalesced pair. In the last step the pair is slot `i` with itself:
@@ -146,7 +144,7 @@ impl Lowering<'_> {
         let partials = self.new_tensor(consumer, all);
         self.emit_before_loop(Stmt::Allocate {
             tensor: partials,
-            zero_init: false,
+            zero_init: true,
         });
         let out = self.new_tensor(consumer, sizes.clone());
         let (blocks, last) = (self.constant(d), self.constant(d - 1));
@@ -162,14 +160,13 @@ impl Lowering<'_> {
         let mut piece = sizes;
         piece[0] = rows.ceil_div(Scalar::c(k));
         let slot = self.slot(consumer, partials, &piece, d * k, i);
-        // The step, `i / k`: 0 (write) in the first, when nothing was received yet.
-        let kk = self.constant(k);
-        let step = self.scalar(HostScalar::Binary(ScalarOp::Div, i, kk));
-        self.library_call(product, Some(slot), Accumulate::If(step))?;
+        self.library_call(product, Some(slot), true)?;
         if d == 1 {
             return Ok(());
         }
         // `last` is 1 in the last step, else 0: `(i / k) / (d - 1)`.
+        let kk = self.constant(k);
+        let step = self.scalar(HostScalar::Binary(ScalarOp::Div, i, kk));
         let dm1 = self.constant(d - 1);
         let in_last = if d == 2 {
             step

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use weave_host_ir::{Accumulate, HostTensorId, KernelUnit, Stmt};
+use weave_host_ir::{HostTensorId, KernelUnit, Stmt};
 use weave_ir::{Diagnostic, ExprId, ExprKind, Fusion, IterType, TensorId};
 use weave_segmenter::{SegmentId, SegmentKind, SegmentedFusion};
 use weave_transform::id_graph::IdGraph;
@@ -47,16 +47,16 @@ impl Lowering<'_> {
     }
 
     fn lower_library(&mut self, e: ExprId) -> Result<(), Diagnostic> {
-        self.library_call(e, None, Accumulate::No)
+        self.library_call(e, None, false)
     }
 
     /// The library call of `e` (a matmul or linear) on the open loop's chunks, writing `out`
-    /// (`None`: the binding of `e`'s output), adding to what it holds as `accumulate` says.
+    /// (`None`: the binding of `e`'s output), adding to what it holds with `accumulate`.
     pub(super) fn library_call(
         &mut self,
         e: ExprId,
         out: Option<HostTensorId>,
-        accumulate: Accumulate,
+        accumulate: bool,
     ) -> Result<(), Diagnostic> {
         let expr = self.f.expr(e).clone();
         let ins: Vec<HostTensorId> = expr
@@ -129,7 +129,7 @@ impl Lowering<'_> {
             a,
             b,
             out: sum,
-            accumulate: Accumulate::Yes,
+            accumulate: true,
         });
         Ok(())
     }
