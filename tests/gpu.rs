@@ -399,55 +399,136 @@ fn the_large_patterns_at_t_h_8192_match_a_row_sampled_reference() {
     assert!(!lines.is_empty());
 }
 
+/// On both transports: rank 1 sets up its GPU and communicator like every rank, then exits
+/// before posting anything; rank 0 runs the program and waits in its first allreduce (NCCL)
+/// or on a flag of its copy-engine window (a stream that stalls on purpose) for a peer that
+/// never comes. Every rank ends with an error within the run's timeout and the grace to stop.
 #[test]
 fn a_rank_that_fails_early_ends_every_rank_with_an_error_within_the_timeout() {
     let Some((_, _turn)) = gpus() else { return };
-    // Rank 1 sets up its GPU and communicator like every rank, then exits before posting
-    // anything; rank 0 runs the program and waits in its first allreduce for a peer that
-    // never comes.
     let fusion = load(
         "row_parallel_linear",
         &[("t", 256), ("h", 64), ("d", 2), ("s", 4)],
     );
     let compiled = compile(fusion);
     let globals = compiled.random_inputs(3).unwrap();
-    let per_rank: Vec<Vec<Dense>> = (0..2)
-        .map(|r| compiled.shard_inputs(&globals, r).expect("shards"))
-        .collect();
-    let options = RunOptions {
-        timeouts: streamweave::Timeouts::all(Duration::from_secs(10)),
-        ..gpu_options(2)
-    };
-    let start = Instant::now();
-    let result = streamweave::gpu::run_threads_failing(
-        &compiled,
-        &compiled.config(&options),
-        per_rank,
-        &options,
-        1,
-    );
-    let elapsed = start.elapsed();
-    match result {
-        Err(RunError::Ranks(errors)) => {
-            let ranks: Vec<usize> = errors.iter().map(|(r, _)| *r).collect();
-            assert_eq!(
-                ranks,
-                vec![0, 1],
-                "every rank ends with an error: {errors:?}"
-            );
-            let rank0 = errors[0].1.to_string();
-            println!("rank 0: {rank0}\nrank 1: {}", errors[1].1);
-            assert!(
-                rank0.contains("timed out") || rank0.contains("communicator"),
-                "rank 0 names a timeout or the communicator: {rank0}"
-            );
+    let timeout = Duration::from_secs(10);
+    // The bound: the timeout, the grace to stop (half of it, 5 s at least) and set-up.
+    let bound = Duration::from_secs(10 + 5 + 10);
+    for transport in [
+        streamweave::Transport::Nccl,
+        streamweave::Transport::CopyEngine,
+    ] {
+        let per_rank: Vec<Vec<Dense>> = (0..2)
+            .map(|r| compiled.shard_inputs(&globals, r).expect("shards"))
+            .collect();
+        let mut options = RunOptions {
+            timeouts: streamweave::Timeouts::all(timeout),
+            ..gpu_options(2)
+        };
+        options.gpu.transport = transport;
+        let start = Instant::now();
+        let result = streamweave::gpu::run_threads_failing(
+            &compiled,
+            &compiled.config(&options),
+            per_rank,
+            &options,
+            1,
+        );
+        let elapsed = start.elapsed();
+        match result {
+            Err(RunError::Ranks(errors)) => {
+                let ranks: Vec<usize> = errors.iter().map(|(r, _)| *r).collect();
+                assert_eq!(
+                    ranks,
+                    vec![0, 1],
+                    "{transport:?}: every rank ends with an error: {errors:?}"
+                );
+                let rank0 = errors[0].1.to_string();
+                println!("{transport:?}: rank 0: {rank0}\nrank 1: {}", errors[1].1);
+                assert!(
+                    rank0.contains("timed out") || rank0.contains("communicator"),
+                    "{transport:?}: rank 0 names a timeout or the communicator: {rank0}"
+                );
+                assert!(
+                    !rank0.contains("did not stop"),
+                    "{transport:?}: rank 0 stopped (its waits were released): {rank0}"
+                );
+            }
+            other => panic!("{transport:?}: expected every rank to fail, got {other:?}"),
         }
-        other => panic!("expected every rank to fail, got {other:?}"),
+        assert!(
+            elapsed < bound,
+            "{transport:?}: every rank ended within {bound:?} (took {elapsed:?})"
+        );
     }
+}
+
+/// A world whose job outlives its limit fails that job naming the silent rank, is marked
+/// stuck, refuses every later job at once, and is dropped without waiting for that rank.
+#[test]
+fn a_world_job_past_its_limit_fails_at_once_and_later_jobs_are_refused() {
+    use weave_bench::{World, WorldOptions};
+    use weave_comm::NcclOptions;
+
+    let Some((_, _turn)) = gpus() else { return };
+    let world = World::open(WorldOptions {
+        devices: Vec::new(),
+        ranks: 2,
+        timeout: Duration::from_secs(30),
+        nccl: NcclOptions::default(),
+    })
+    .expect("the GPUs open");
+    let ok = world
+        .run_within(|r| Ok(r.rank), Duration::from_secs(30))
+        .expect("a quick job");
+    assert_eq!(ok, vec![0, 1]);
+    assert!(!world.failed() && !world.stuck());
+    let start = Instant::now();
+    let err = world
+        .run_within(
+            |r| {
+                if r.rank == 1 {
+                    std::thread::sleep(Duration::from_secs(8));
+                }
+                Ok(r.rank)
+            },
+            Duration::from_secs(2),
+        )
+        .unwrap_err();
     assert!(
-        elapsed < Duration::from_secs(40),
-        "every rank ended within the timeout (took {elapsed:?})"
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
     );
+    assert!(
+        err.0.contains("no reply from rank(s) 1 within 2s"),
+        "{}",
+        err.0
+    );
+    assert!(world.failed() && world.stuck());
+    let start = Instant::now();
+    let refused = world.run_within(|r| Ok(r.rank), Duration::from_secs(30));
+    assert!(
+        refused.as_ref().is_err_and(|e| e
+            .0
+            .starts_with("not run: a rank of an earlier job did not reply")),
+        "{refused:?}"
+    );
+    let before = streamweave::stuck_ranks();
+    drop(world);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        streamweave::stuck_ranks(),
+        before + 2,
+        "its threads are left, counted"
+    );
+    // Let the sleeping rank finish before the next test takes the GPUs.
+    std::thread::sleep(Duration::from_secs(7));
 }
 
 /// A layer to check: its fixture, parameters beyond t, h, d, and its contraction size.

@@ -45,8 +45,37 @@ rm -f "$OUT_DIR/ours.jsonl" "$OUT_DIR/torch.jsonl" "$OUT_DIR/default.jsonl" \
   "$OUT_DIR/default-calibration.txt" "$OUT_DIR/table.md" "$OUT_DIR/table-short.md" \
   "$OUT_DIR/details.tar.gz"
 
+# Every step runs as a child this script waits for, and a signal to the script (a `timeout`
+# around it, a Ctrl-C) ends that child's process group with it: a step left running would
+# hold the GPUs beside the next call's figures. (`timeout` puts its command in a group of its
+# own; bash runs a trap only once the foreground command is done, so steps run in the
+# background and are waited for.)
+CHILD=
+stop() {
+  trap - TERM INT HUP
+  if [ -n "$CHILD" ]; then
+    kill -TERM -- "-$CHILD" 2>/dev/null || kill -TERM "$CHILD" 2>/dev/null
+    sleep 2
+    kill -KILL -- "-$CHILD" 2>/dev/null
+  fi
+  echo "bench.sh: stopped by a signal" >&2
+  exit 143
+}
+trap stop TERM INT HUP
+# bounded SECONDS COMMAND...: COMMAND under `timeout` (killed 5-10 s after SECONDS), waited for.
+bounded() {
+  local secs="$1"
+  shift
+  timeout -k 10 "$secs" "$@" &
+  CHILD=$!
+  wait "$CHILD"
+  local rc=$?
+  CHILD=
+  return "$rc"
+}
+
 echo "== streamweave ($(date -u +%FT%TZ))"
-timeout -k 10 1800 bin/gpu_overlap --ranks "$RANKS" --h "$HS" --t "$T" --patterns "$OVERLAP_PATTERNS" \
+bounded 1800 bin/gpu_overlap --ranks "$RANKS" --h "$HS" --t "$T" --patterns "$OVERLAP_PATTERNS" \
   --out "$OUT_DIR" "$@" > "$OUT_DIR/ours.log" 2>&1
 echo "gpu_overlap exit: $?"
 grep -E "ERROR|error" "$OUT_DIR/ours.log" | head -20
@@ -130,7 +159,7 @@ if [ "$DEFAULT" != 0 ]; then
         json="$OUT_DIR/default-$row.json"
         log="$OUT_DIR/default-$row.log"
         # shellcheck disable=SC2046
-        WEAVE_CALIBRATION="$DEFAULT_CALIBRATION" timeout -k 5 "$DEFAULT_TIMEOUT" \
+        WEAVE_CALIBRATION="$DEFAULT_CALIBRATION" bounded "$DEFAULT_TIMEOUT" \
           bin/weave run "scenarios/$fx.weave" --backend cuda --ranks "$d" --set d="$d" \
           --set t="$T" --set h="$h" $(extra_sets "$p" "$h") --warmup "$DEFAULT_WARMUP" \
           --iters "$DEFAULT_ITERS" --no-check --json "$json" > "$log" 2>&1
@@ -145,7 +174,7 @@ fi
 
 echo "== PyTorch ($(date -u +%FT%TZ))"
 if python3 -c "import torch" 2>/dev/null; then
-  timeout -k 10 1200 python3 scripts/torch_reference.py --ranks "$RANKS" --h "$HS" --t "$T" \
+  bounded 1200 python3 scripts/torch_reference.py --ranks "$RANKS" --h "$HS" --t "$T" \
     --out "$OUT_DIR/torch.jsonl" > "$OUT_DIR/torch.log" 2>&1
   echo "torch_reference exit: $?"
 else

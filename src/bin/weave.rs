@@ -138,7 +138,10 @@ enum Command {
         #[arg(long, default_value_t = 0x5eed)]
         seed: u64,
         /// How long a stream or a collective waits before failing, and how long the whole run
-        /// may take, in seconds (1 to 31,536,000: a year).
+        /// may take, in seconds (1 to 31,536,000: a year). On GPUs a rank still running then
+        /// gets half as long again (5 to 30 s) to stop; one that does not is reported as
+        /// stuck and the command ends with an error. A first run's tuning bounds each
+        /// candidate's waits by this and half the tuning budget.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
         /// Write a one-line JSON summary (scenario, ranks, mode, max errors, wall time,

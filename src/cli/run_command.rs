@@ -188,6 +188,15 @@ pub fn run(
                         Ok(None) => {}
                         Err(m) => eprintln!("tuning: failed, running the untuned default: {m}"),
                     }
+                    // A candidate whose ranks did not stop may hold the GPUs until this
+                    // process ends: a run now would wait on them, so none starts. What was
+                    // measured before it is cached for the next run.
+                    if streamweave::stuck_ranks() > 0 {
+                        return fail(
+                            "tuning: a candidate's ranks did not stop (see the table above) and may still hold the GPUs, which only the end of this process frees: the run is not started; run again (the tuning cache keeps what was measured) or with --no-tune"
+                                .to_string(),
+                        );
+                    }
                 }
             }
         }

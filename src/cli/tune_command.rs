@@ -81,7 +81,8 @@ pub(super) fn tune_first_run(
         budget.as_secs()
     );
     let started = std::time::Instant::now();
-    let mut measure = world_measure(ranks, 3, 10, timeout)?;
+    let (wait, limit) = tune::candidate_bounds(budget, timeout);
+    let mut measure = world_measure(ranks, 3, 10, wait, Some(limit))?;
     let tuning = tune::tune(fusion, &options, measure.as_mut()).map_err(|e| e.to_string())?;
     drop(measure);
     let measured = tuning
@@ -120,16 +121,21 @@ fn world_measure(
     warmup: usize,
     iters: usize,
     timeout: Duration,
+    limit: Option<Duration>,
 ) -> Result<Box<dyn streamweave::tune::Measure>, String> {
     #[cfg(feature = "cuda")]
     {
         streamweave::measure::WorldMeasure::open(ranks, warmup, iters, timeout)
+            .map(|m| match limit {
+                Some(limit) => m.with_candidate_limit(limit),
+                None => m,
+            })
             .map(|m| Box::new(m) as Box<dyn streamweave::tune::Measure>)
             .map_err(|e| e.to_string())
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (ranks, warmup, iters, timeout);
+        let _ = (ranks, warmup, iters, timeout, limit);
         Err(NO_CUDA_FEATURE.to_string())
     }
 }
@@ -223,7 +229,7 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
     );
     // On GPUs every candidate runs on one world of GPUs and one NCCL communicator.
     let mut measure: Box<dyn tune::Measure> = if flags.cuda {
-        match world_measure(flags.ranks, flags.warmup, flags.iters, flags.timeout) {
+        match world_measure(flags.ranks, flags.warmup, flags.iters, flags.timeout, None) {
             Ok(m) => m,
             Err(e) => return fail(format!("cannot open {} GPU(s): {e}", flags.ranks)),
         }

@@ -378,6 +378,8 @@ pub struct World {
     barrier: Arc<Barrier>,
     options: WorldOptions,
     failed: AtomicBool,
+    /// Whether a job's limit passed before every rank replied ([`World::stuck`]).
+    stuck: AtomicBool,
 }
 
 impl World {
@@ -467,6 +469,7 @@ impl World {
             barrier,
             options,
             failed: AtomicBool::new(false),
+            stuck: AtomicBool::new(false),
         };
         world.collect::<()>(Duration::from_secs(120))?;
         Ok(world)
@@ -482,19 +485,34 @@ impl World {
         let mut errors = Vec::new();
         // A limit past the end of time has no deadline.
         let deadline = Instant::now().checked_add(limit);
+        let mut replied = vec![false; self.options.ranks];
         for _ in 0..self.options.ranks {
             let left = deadline.map_or(limit, |d| d.saturating_duration_since(Instant::now()));
             match self.replies.recv_timeout(left) {
-                Ok((rank, Ok(v))) => match v.downcast::<R>() {
-                    Ok(v) => out[rank] = Some(*v),
-                    Err(_) => errors.push(format!("rank {rank}: a reply of the wrong type")),
-                },
-                Ok((rank, Err(e))) => errors.push(format!("rank {rank}: {e}")),
+                Ok((rank, reply)) if rank < replied.len() => {
+                    replied[rank] = true;
+                    match reply {
+                        Ok(v) => match v.downcast::<R>() {
+                            Ok(v) => out[rank] = Some(*v),
+                            Err(_) => {
+                                errors.push(format!("rank {rank}: a reply of the wrong type"))
+                            }
+                        },
+                        Err(e) => errors.push(format!("rank {rank}: {e}")),
+                    }
+                }
+                Ok((rank, _)) => errors.push(format!("a reply from rank {rank}, not in the world")),
                 Err(_) => {
+                    let silent: Vec<String> = (0..self.options.ranks)
+                        .filter(|&r| !replied[r])
+                        .map(|r| r.to_string())
+                        .collect();
                     errors.push(format!(
-                        "no reply from some rank within {} s",
-                        limit.as_secs()
+                        "no reply from rank(s) {} within {:.0?}",
+                        silent.join(", "),
+                        limit
                     ));
+                    self.stuck.store(true, Ordering::SeqCst);
                     self.barrier.break_with("a rank did not reply in time");
                     break;
                 }
@@ -507,20 +525,41 @@ impl World {
         Ok(out.into_iter().flatten().collect())
     }
 
-    /// Runs `job` on every rank and returns the results by rank, or every rank's error.
+    /// Runs `job` on every rank and returns the results by rank, or every rank's error: a
+    /// job runs many timed iterations, each wait bounded by the timeout, so one that takes
+    /// longer than four timeouts is stuck ([`World::run_within`] with that limit).
     pub fn run<R: Send + 'static>(
         &self,
         job: impl Fn(&Rank) -> Result<R, JobError> + Send + Sync + 'static,
     ) -> Result<Vec<R>, JobError> {
+        self.run_within(job, self.options.timeout.saturating_mul(4))
+    }
+
+    /// [`World::run`] waiting at most `limit` for the ranks' replies: a rank that has not
+    /// replied by then fails the job and marks the world [`stuck`](World::stuck). A world
+    /// that failed runs nothing more (its communicator may be aborted, and a late reply of
+    /// the failed job would be taken for the next one's): this fails at once, saying why.
+    pub fn run_within<R: Send + 'static>(
+        &self,
+        job: impl Fn(&Rank) -> Result<R, JobError> + Send + Sync + 'static,
+        limit: Duration,
+    ) -> Result<Vec<R>, JobError> {
+        if self.failed() {
+            return Err(JobError(if self.stuck() {
+                "not run: a rank of an earlier job did not reply in time and may still hold \
+                 its GPU (only the end of this process frees it)"
+                    .to_string()
+            } else {
+                "not run: an earlier job failed and stopped this world (open another)".to_string()
+            }));
+        }
         let job: Job =
             Arc::new(move |rank: &Rank| job(rank).map(|r| Box::new(r) as Box<dyn Any + Send>));
         for tx in &self.jobs {
             tx.send(job.clone())
                 .map_err(|_| "a rank's thread has ended".to_string())?;
         }
-        // A job runs many timed iterations, each bounded by the timeout; a job that takes
-        // longer than a few timeouts is stuck.
-        let r = self.collect(self.options.timeout.saturating_mul(4));
+        let r = self.collect(limit);
         if r.is_err() {
             self.failed.store(true, Ordering::SeqCst);
         }
@@ -532,13 +571,20 @@ impl World {
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::SeqCst)
     }
+
+    /// Whether a job's limit passed before every rank replied: that rank's thread may still
+    /// wait on GPU work no timeout of it bounds, so the GPUs of this world may not run other
+    /// work until the process ends.
+    pub fn stuck(&self) -> bool {
+        self.stuck.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for World {
     fn drop(&mut self) {
         self.jobs.clear();
-        if self.failed() {
-            // A rank may still be stuck in a wait that ends with its timeout; do not wait.
+        if self.stuck() {
+            // A rank may still be stuck in GPU work; joining could wait forever.
             crate::threads::left_behind(self.threads.len());
             self.threads.clear();
             return;

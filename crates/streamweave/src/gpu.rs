@@ -327,7 +327,10 @@ fn run_threads_with(
     // The rank threads are detached and waited for until the run's deadline and a grace to
     // stop: a rank stuck in GPU work no wait of its bounds fails the run instead of hanging
     // the caller.
-    let limit = options.timeouts.run.checked_add(crate::threads::STOP_GRACE);
+    let limit = options
+        .timeouts
+        .run
+        .checked_add(crate::threads::stop_grace(options.timeouts.run));
     let (program, config, options) = (
         Arc::new(program.clone()),
         Arc::new(config.clone()),

@@ -339,11 +339,21 @@ pub fn run_program(
 /// with an NCCL CTA limit gets a communicator of its own, which that limit needs), its
 /// inputs filled on the device, `warmup` runs and `iters` timed ones
 /// ([`time_program`]); the figure is the slowest rank's median.
+///
+/// A candidate that fails leaves the world failed (its communicator aborted): the next
+/// candidate reopens it. One whose ranks do not reply within the candidate limit
+/// ([`WorldMeasure::with_candidate_limit`]) may have left GPU work that never ends: every
+/// candidate after it fails at once, unmeasured, instead of waiting on those GPUs in turn.
 pub struct WorldMeasure {
     world: crate::calibrate::World,
+    options: crate::calibrate::WorldOptions,
     warmup: usize,
     iters: usize,
     timeout: std::time::Duration,
+    /// How long one candidate's runs may take together.
+    limit: std::time::Duration,
+    /// The candidate whose ranks did not reply in time, once one did not.
+    stuck: Option<String>,
 }
 
 impl WorldMeasure {
@@ -365,18 +375,30 @@ impl WorldMeasure {
         iters: usize,
         timeout: std::time::Duration,
     ) -> Result<WorldMeasure, JobError> {
-        let world = crate::calibrate::World::open(crate::calibrate::WorldOptions {
+        let options = crate::calibrate::WorldOptions {
             ranks: devices.len(),
             devices,
             timeout,
             nccl: NcclOptions::default(),
-        })?;
+        };
+        let world = crate::calibrate::World::open(options.clone())?;
         Ok(WorldMeasure {
             world,
+            options,
             warmup,
             iters: iters.max(1),
             timeout,
+            limit: timeout.saturating_mul(4),
+            stuck: None,
         })
+    }
+
+    /// The longest one candidate's runs (warm-up and timed, every rank) may take together
+    /// (four times the wait timeout unless set; a tuning's budget bounds it): a candidate
+    /// past it fails, and so, unmeasured, does every candidate after it.
+    pub fn with_candidate_limit(mut self, limit: std::time::Duration) -> WorldMeasure {
+        self.limit = limit;
+        self
     }
 
     /// The world's rank count.
@@ -391,6 +413,17 @@ impl crate::tune::Measure for WorldMeasure {
         exe: &Executable,
         candidate: &crate::tune::Candidate,
     ) -> Result<std::time::Duration, MeasureError> {
+        if let Some(stuck) = &self.stuck {
+            return Err(MeasureError(format!(
+                "not measured: the ranks of {stuck} did not stop and may still hold the GPUs \
+                 (only the end of this process frees them)"
+            )));
+        }
+        if self.world.failed() {
+            // An earlier candidate failed and aborted the communicator: a fresh world.
+            self.world = crate::calibrate::World::open(self.options.clone())
+                .map_err(|e| MeasureError(format!("reopening the ranks: {e}")))?;
+        }
         let exe = Arc::new(exe.clone());
         let overlap = candidate.overlap;
         let fresh = match overlap.needs_own_communicators() {
@@ -421,9 +454,8 @@ impl crate::tune::Measure for WorldMeasure {
         };
         let graph = candidate.replay;
         let (streams, warmup, iters) = (candidate.streams, self.warmup, self.iters);
-        let timings: Vec<ProgramTiming> = self
-            .world
-            .run(move |r| {
+        let timings = self.world.run_within(
+            move |r| {
                 let how = ProgramRun {
                     streams,
                     cuda: overlap
@@ -442,8 +474,18 @@ impl crate::tune::Measure for WorldMeasure {
                     (warmup, iters),
                     &[],
                 )
-            })
-            .map_err(|e| MeasureError(e.0))?;
+            },
+            self.limit,
+        );
+        let timings: Vec<ProgramTiming> = match timings {
+            Ok(t) => t,
+            Err(e) => {
+                if self.world.stuck() {
+                    self.stuck = Some(candidate.to_string());
+                }
+                return Err(MeasureError(e.0));
+            }
+        };
         let slowest = timings
             .iter()
             .map(|t| crate::calibrate::median(&t.times))

@@ -99,11 +99,14 @@ pub(crate) fn left_behind(n: usize) {
     STUCK_RANKS.fetch_add(n, Ordering::SeqCst);
 }
 
-#[cfg(feature = "cuda")]
-/// How long the ranks of a GPU run get to stop after the run's deadline: an aborted rank
-/// releases its flag waits and NCCL's within seconds; past this, something waits that no
-/// timeout of the rank's bounds.
-pub(crate) const STOP_GRACE: Duration = Duration::from_secs(30);
+/// How long the ranks of a GPU run whose timeout is `timeout` get to stop after it: half the
+/// timeout, between 5 and 30 s (an aborted rank releases its flag waits and NCCL's within
+/// seconds; past this, something waits that no timeout of the rank's bounds). A stuck run
+/// so ends within 1.5 times its timeout, 5 s more at most.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn stop_grace(timeout: Duration) -> Duration {
+    (timeout / 2).clamp(Duration::from_secs(5), Duration::from_secs(30))
+}
 
 #[cfg(feature = "cuda")]
 /// [`run_rank_threads`] on detached threads, waited for at most `limit` (none: as long as
@@ -178,10 +181,11 @@ where
                 left_behind(1);
                 ExecError::Timeout {
                     what: format!(
-                        "the rank did not stop (its run's timeout and {:.0?} to stop): its GPU \
-                         work waits on something no timeout of the rank bounds, such as a peer \
-                         that never posts; the GPU is free again only when this process ends",
-                        STOP_GRACE
+                        "the rank did not stop (its run's timeout and a grace to stop, \
+                         {:.0?} in all): its GPU work waits on something no timeout of the \
+                         rank bounds, such as a peer that never posts; the GPU is free again \
+                         only when this process ends",
+                        limit.unwrap_or_default()
                     ),
                     millis: limit.unwrap_or_default().as_millis() as u64,
                 }
@@ -452,6 +456,19 @@ mod bounded_tests {
             statements: rank,
             ..RankRun::default()
         }
+    }
+
+    /// The grace after a run's timeout is half of it, between 5 and 30 s.
+    #[test]
+    fn the_grace_to_stop_is_half_the_timeout_within_5_and_30_s() {
+        for (timeout, grace) in [(1, 5), (10, 5), (12, 6), (20, 10), (60, 30), (600, 30)] {
+            assert_eq!(
+                stop_grace(Duration::from_secs(timeout)),
+                Duration::from_secs(grace),
+                "timeout {timeout} s"
+            );
+        }
+        assert_eq!(stop_grace(Duration::MAX), Duration::from_secs(30));
     }
 
     /// Ranks that finish come back in rank order; a rank that does not stop within the limit

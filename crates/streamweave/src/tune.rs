@@ -41,7 +41,9 @@ mod measurement;
 
 pub use cache::{lookup, store, CacheError, CacheParseError, Entry, TuneCache, TuneKey};
 pub use knobs::{knob_variants, loop_chunks, Knob, TUNED_CE_SLOT_MIB, TUNED_NCCL_WINDOW_MIB};
-pub use measurement::{gpu_name, GpuNameError, Measure, MeasureError, RunMeasure};
+pub use measurement::{
+    candidate_bounds, gpu_name, GpuNameError, Measure, MeasureError, RunMeasure,
+};
 
 use choice::{choose, median};
 use knobs::{moves_data, sums};

@@ -38,6 +38,17 @@ pub enum GpuNameError {
     NoCuda,
 }
 
+/// How a first-run tuning of `budget` bounds each candidate, given the run's wait `timeout`:
+/// `(wait, limit)`, every wait of a candidate's run at most `wait` (the timeout, or half the
+/// budget when that is less, but 5 s at least) and its runs together at most `limit` (the
+/// budget, but twice the wait at least, so that a candidate whose waits time out ends with
+/// their error rather than as one that did not stop). Candidates start only within the
+/// budget, so a tuning takes at most the budget and one limit.
+pub fn candidate_bounds(budget: Duration, timeout: Duration) -> (Duration, Duration) {
+    let wait = timeout.min((budget / 2).max(Duration::from_secs(5)));
+    (wait, budget.max(wait.saturating_mul(2)))
+}
+
 /// Why a candidate could not be measured: what its run said (the tuner records it as the
 /// candidate's [`Outcome::Failed`](super::Outcome::Failed)).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -1163,3 +1163,27 @@ fn a_ring_program_is_also_measured_as_its_collective_and_runs_it_where_faster() 
         assert_eq!(loop_chunks(exe.program()).is_none(), serial_ms < ring_ms);
     }
 }
+
+/// A first run's tuning bounds a candidate's waits by the timeout and half the budget (5 s at
+/// least), and its runs by the budget (twice the wait at least).
+#[test]
+fn candidate_bounds_follow_the_budget_and_the_timeout() {
+    let s = Duration::from_secs;
+    for (budget, timeout, wait, limit) in [
+        (60, 60, 30, 60),
+        (60, 10, 10, 60),
+        (4, 60, 5, 10),
+        (600, 60, 60, 600),
+        (1, 1, 1, 2),
+    ] {
+        assert_eq!(
+            candidate_bounds(s(budget), s(timeout)),
+            (s(wait), s(limit)),
+            "budget {budget} s, timeout {timeout} s"
+        );
+    }
+    assert_eq!(
+        candidate_bounds(Duration::MAX, Duration::MAX),
+        (Duration::MAX / 2, Duration::MAX)
+    );
+}
