@@ -142,8 +142,9 @@ fn every_scenario_with_every_stream_split_passes_or_is_refused_at_load() {
     // 828 and 124 with moe_experts_local_streams and tp_attention_head_streams
     // (each device's experts or heads in stream chunks: all 48 pass). 832 and 128 with
     // matmul_rs_ring and sequence_parallel_mlp_ring (one stream chunk per device: t = 10 is
-    // refused on 3 and 4 devices, as for the other token splits).
+    // refused on 3 and 4 devices, as for the other token splits). 834 and 130 with
+    // row_parallel_ring (the same token split, refused the same way).
     // Refusals may only turn into passes.
-    assert!(passed >= 832, "only {passed} configurations passed");
-    assert!(refused <= 128, "{refused} configurations were refused");
+    assert!(passed >= 834, "only {passed} configurations passed");
+    assert!(refused <= 130, "{refused} configurations were refused");
 }

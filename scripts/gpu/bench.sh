@@ -8,13 +8,17 @@
 # Environment (each chooses the rows or runs of every side):
 #   RANKS (default 2,4)   world sizes;   HS (default 4096,8192)   hidden sizes;   T (8192) tokens
 #   PATTERNS (default row-parallel,column-parallel,matmul+rs,p2p-ring,sp-mlp,matmul+rs-ring,
-#            sp-mlp-ring; the -ring ones are default runs only: the layer written with one
-#            stream chunk per device, compared with its base pattern's figures)
+#            sp-mlp-ring,row-parallel-ring; the -ring ones are default runs only: the layer
+#            written with one stream chunk per device, compared with its base pattern's figures)
 #   DEFAULT=0             skip the default runs
 #   DEFAULT_TIMEOUT (300) seconds per default run; DEFAULT_WARMUP (5), DEFAULT_ITERS (20)
 #   DEFAULT_CALIBRATION   WEAVE_CALIBRATION of the default runs (default: a fresh, missing
 #                         OUT_DIR/default-calibration.txt, as on a machine never calibrated;
 #                         OUT_DIR/calibration.txt is the one gpu_overlap measured)
+#   TORCH_JSONL           PyTorch's figures already measured on these GPUs in the same session
+#                         (scripts/torch_reference.py --out FILE, run first so that a time
+#                         limit cannot cut it): copied to OUT_DIR/torch.jsonl instead of
+#                         running PyTorch again
 # Writes into OUT_DIR: ours.{jsonl,log}, calibration.txt, default-ROW.{json,log} and
 # default.jsonl (ROW = PATTERN-dD-hH), tune.toml (the default runs' tuning cache), torch.{jsonl,log},
 # table.md (the full table and every experiment), table-short.md, and details.tar.gz (all of
@@ -26,7 +30,7 @@ mkdir -p "$OUT_DIR" || exit 2
 RANKS="${RANKS:-2,4}"
 HS="${HS:-4096,8192}"
 T="${T:-8192}"
-PATTERNS="${PATTERNS:-row-parallel,column-parallel,matmul+rs,p2p-ring,sp-mlp,matmul+rs-ring,sp-mlp-ring}"
+PATTERNS="${PATTERNS:-row-parallel,column-parallel,matmul+rs,p2p-ring,sp-mlp,matmul+rs-ring,sp-mlp-ring,row-parallel-ring}"
 # gpu_overlap measures the base patterns (a -ring pattern's base is the same layer).
 OVERLAP_PATTERNS="$(echo "${PATTERNS//,/ }" | tr ' ' '\n' | sed 's/-ring$//;s/^p2p$/p2p-ring/' \
   | awk 'NF && !seen[$0]++' | paste -sd, -)"
@@ -90,6 +94,7 @@ fixture_of() {
     p2p-ring) echo column_parallel_p2p ;;
     sp-mlp) echo sequence_parallel_mlp_block ;;
     matmul+rs-ring) echo matmul_rs_ring ;;
+    row-parallel-ring) echo row_parallel_ring ;;
     sp-mlp-ring) echo sequence_parallel_mlp_ring ;;
     *) return 1 ;;
   esac
@@ -173,7 +178,9 @@ if [ "$DEFAULT" != 0 ]; then
 fi
 
 echo "== PyTorch ($(date -u +%FT%TZ))"
-if python3 -c "import torch" 2>/dev/null; then
+if [ -n "${TORCH_JSONL:-}" ]; then
+  cp "$TORCH_JSONL" "$OUT_DIR/torch.jsonl" && echo "PyTorch: the figures of $TORCH_JSONL"
+elif python3 -c "import torch" 2>/dev/null; then
   bounded 1200 python3 scripts/torch_reference.py --ranks "$RANKS" --h "$HS" --t "$T" \
     --out "$OUT_DIR/torch.jsonl" > "$OUT_DIR/torch.log" 2>&1
   echo "torch_reference exit: $?"

@@ -30,18 +30,23 @@ import sys
 
 PATTERN_ORDER = {
     "row-parallel": 0,
-    "column-parallel": 1,
-    "matmul+rs": 2,
-    "matmul+rs-ring": 3,
-    "p2p-ring": 4,
-    "sp-mlp": 5,
-    "sp-mlp-ring": 6,
+    "row-parallel-ring": 1,
+    "column-parallel": 2,
+    "matmul+rs": 3,
+    "matmul+rs-ring": 4,
+    "p2p-ring": 5,
+    "sp-mlp": 6,
+    "sp-mlp-ring": 7,
 }
 MLP = "sp-mlp"
 # Default rows of a pattern written with one stream chunk per device (the program a user
 # writes for async-TP's decomposition): the same layer as the base pattern, whose mm, comm,
 # S=1 and PyTorch figures they are compared with.
-BASE = {"sp-mlp-ring": "sp-mlp", "matmul+rs-ring": "matmul+rs"}
+BASE = {
+    "sp-mlp-ring": "sp-mlp",
+    "matmul+rs-ring": "matmul+rs",
+    "row-parallel-ring": "row-parallel",
+}
 
 
 def base_key(key):

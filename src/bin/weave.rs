@@ -310,9 +310,10 @@ enum Command {
         /// The tuning cache (default: $WEAVE_TUNE_CACHE, else streamweave/tune.toml in the cache directory: ~/.cache on Linux).
         #[arg(long, value_name = "FILE")]
         cache: Option<PathBuf>,
-        /// How long a stream or a collective waits before failing, and how long each
-        /// candidate's runs (warm-up and timed) may take together, in seconds (1 to
-        /// 31,536,000: a year).
+        /// How long each candidate's runs (warm-up and timed) may take together, in seconds
+        /// (1 to 31,536,000: a year); on GPUs each wait of them (a stream, a collective) gets
+        /// half of it, 5 s at least. A candidate whose ranks do not stop within it fails, and
+        /// the candidates after it are not measured (its GPU work may hold the GPUs).
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
         /// Whether to try the copy-engine transport (its slots and GEMMs writing into the

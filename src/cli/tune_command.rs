@@ -82,7 +82,7 @@ pub(super) fn tune_first_run(
     );
     let started = std::time::Instant::now();
     let (wait, limit) = tune::candidate_bounds(budget, timeout);
-    let mut measure = world_measure(ranks, 3, 10, wait, Some(limit))?;
+    let mut measure = world_measure(ranks, 3, 10, wait, limit)?;
     let tuning = tune::tune(fusion, &options, measure.as_mut()).map_err(|e| e.to_string())?;
     drop(measure);
     let measured = tuning
@@ -114,22 +114,20 @@ pub(super) fn tune_first_run(
     Ok(Some(entry))
 }
 
-/// One world of `ranks` GPUs that measures tuning candidates (one NCCL communicator for all);
+/// One world of `ranks` GPUs that measures tuning candidates (one NCCL communicator for all),
+/// each wait at most `timeout` and each candidate's runs at most `limit`;
 /// [`NO_CUDA_FEATURE`] in a build without the `cuda` feature.
 fn world_measure(
     ranks: usize,
     warmup: usize,
     iters: usize,
     timeout: Duration,
-    limit: Option<Duration>,
+    limit: Duration,
 ) -> Result<Box<dyn streamweave::tune::Measure>, String> {
     #[cfg(feature = "cuda")]
     {
         streamweave::measure::WorldMeasure::open(ranks, warmup, iters, timeout)
-            .map(|m| match limit {
-                Some(limit) => m.with_candidate_limit(limit),
-                None => m,
-            })
+            .map(|m| m.with_candidate_limit(limit))
             .map(|m| Box::new(m) as Box<dyn streamweave::tune::Measure>)
             .map_err(|e| e.to_string())
     }
@@ -228,8 +226,10 @@ pub fn tune(file: &Path, set: &[(String, i64)], flags: &TuneFlags) -> ExitCode {
         flags.iters
     );
     // On GPUs every candidate runs on one world of GPUs and one NCCL communicator.
+    // The timeout bounds a candidate's runs together; each wait of them gets half of it.
     let mut measure: Box<dyn tune::Measure> = if flags.cuda {
-        match world_measure(flags.ranks, flags.warmup, flags.iters, flags.timeout, None) {
+        let (wait, limit) = tune::candidate_bounds(flags.timeout, flags.timeout);
+        match world_measure(flags.ranks, flags.warmup, flags.iters, wait, limit) {
             Ok(m) => m,
             Err(e) => return fail(format!("cannot open {} GPU(s): {e}", flags.ranks)),
         }

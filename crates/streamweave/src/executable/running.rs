@@ -80,10 +80,12 @@ pub(crate) fn tune_definition(
         Some(e) => (e, "the tuning cache"),
         None => {
             #[cfg(feature = "cuda")]
-            let (wait, limit) = crate::tune::candidate_bounds(budget, options.timeouts.wait);
-            let mut measure = crate::measure::WorldMeasure::open_on(devices, 3, 10, wait)
-                .map_err(|e| e.0)?
-                .with_candidate_limit(limit);
+            let mut measure = {
+                let (wait, limit) = crate::tune::candidate_bounds(budget, options.timeouts.wait);
+                crate::measure::WorldMeasure::open_on(devices, 3, 10, wait)
+                    .map_err(|e| e.0)?
+                    .with_candidate_limit(limit)
+            };
             #[cfg(not(feature = "cuda"))]
             let mut measure = {
                 let _ = devices;
