@@ -179,16 +179,21 @@ fn every_scenario_matches_the_reference_on_2_and_4_gpus_and_the_race_checker_agr
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
 }
 
-/// The two rings written with one stream chunk per device, their steps cut into 2 and 4
-/// pieces summed in their GEMMs (`--chunks` 2d and 4d), on NCCL and on the copy engines:
-/// every rank matches the reference on 2 and 4 GPUs.
+/// The three rings written with one stream chunk per device, their steps cut into 2 and 4
+/// pieces summed in their GEMMs (`--chunks` 2d and 4d; the row-parallel ring's allgather
+/// posted piece by piece in its last step), on NCCL and on the copy engines: every rank
+/// matches the reference on 2 and 4 GPUs.
 #[test]
 fn rings_in_pieces_match_the_reference_on_both_transports() {
     let Some((n, _turn)) = gpus() else { return };
     let mut failures = Vec::new();
     let mut runs = 0;
     for ranks in rank_counts(n) {
-        for name in ["matmul_rs_ring", "sequence_parallel_mlp_ring"] {
+        for name in [
+            "matmul_rs_ring",
+            "row_parallel_ring",
+            "sequence_parallel_mlp_ring",
+        ] {
             let set = [("d", ranks as i64), ("t", 64 * ranks as i64), ("h", 64)];
             for k in [2, 4] {
                 let compiled = Compiler::new()

@@ -393,7 +393,8 @@ fn swizzled_loops_rotate_compute_but_not_collectives() {
 /// pieces and summed in its GEMMs). The three rings compile: the loop that sums runs `d * k`
 /// iterations, adds every product with an accumulating GEMM into a zeroed buffer whose last
 /// block is the output, launches no kernel, waits for the receive `k` iterations back, and
-/// matches the reference on 2 to 4 ranks without races, on 1 to 3 pool streams. Every other
+/// matches the reference on 2 to 4 ranks without races, on 1 to 3 pool streams; the
+/// row-parallel ring posts its allgather in the last step's exchanges. Every other
 /// such scenario is refused, naming what is missing (no ring summed by a GEMM, or a stream
 /// axis of one element per device that cannot be cut into pieces).
 #[test]
@@ -481,6 +482,17 @@ fn rings_in_pieces_sum_in_their_gemms_and_match_the_reference() {
                 "{name}: no wait {k} iterations back\n{text}"
             );
             assert!(text.contains("zero_init=true"), "{name}\n{text}");
+            if name == "row_parallel_ring" {
+                // Its allgather goes out piece by piece in the ring's last step: no
+                // collective, and d pairs in each iteration's exchange (the ring's and one
+                // to each other rank).
+                assert!(common::communication_kinds(p).is_empty(), "{name}\n{text}");
+                let p2p = body
+                    .iter()
+                    .filter(|s| matches!(s, Stmt::P2PCommunication(_)))
+                    .count();
+                assert_eq!(p2p, 2 * ranks, "{name}\n{text}");
+            }
             runs += 1;
             let streams = 1 + (ranks + k) % 3;
             failures.extend(failure_of(&name, &compiled, ranks, streams, &overrides));

@@ -301,8 +301,8 @@ fn carried_distance(p: &HostProgram, lp: StmtId) -> Option<i64> {
         return None;
     };
     let (start, stop) = (
-        eval_at(p, *start, *index, 0)?,
-        eval_at(p, *stop, *index, 0)?,
+        eval_at(p, *start, *index, 0, None)?,
+        eval_at(p, *stop, *index, 0, None)?,
     );
     if stop - start > MAX_ITERATIONS {
         return None;
@@ -341,18 +341,27 @@ fn carried_distance(p: &HostProgram, lp: StmtId) -> Option<i64> {
         }
     }
     let mut distances = std::collections::BTreeSet::new();
-    // The iteration that last received into each slot (buffer, index).
-    let mut last: std::collections::HashMap<(weave_host_ir::HostTensorId, i64), i64> =
-        std::collections::HashMap::new();
-    for i in start..stop {
-        for (buffer, at) in &sums {
-            let slot = eval_at(p, *at, *index, i)?;
-            if let Some(w) = last.get(&(*buffer, slot)) {
-                distances.insert(i - w);
+    // Slots may depend on the rank (a ring whose last step sums into this rank's block of
+    // a gathered buffer): the distance must hold on every device the program names, and a
+    // rank-dependent slot of a program that names none has no distance.
+    let ranks: Vec<Option<i64>> = match p.signature.as_ref().map(|s| s.all_devices()) {
+        Some(devices) if !devices.is_empty() => devices.into_iter().map(Some).collect(),
+        _ => vec![None],
+    };
+    for rank in ranks {
+        // The iteration that last received into each slot (buffer, index).
+        let mut last: std::collections::HashMap<(weave_host_ir::HostTensorId, i64), i64> =
+            std::collections::HashMap::new();
+        for i in start..stop {
+            for (buffer, at) in &sums {
+                let slot = eval_at(p, *at, *index, i, rank)?;
+                if let Some(w) = last.get(&(*buffer, slot)) {
+                    distances.insert(i - w);
+                }
             }
-        }
-        for (buffer, at) in &received {
-            last.insert((*buffer, eval_at(p, *at, *index, i)?), i);
+            for (buffer, at) in &received {
+                last.insert((*buffer, eval_at(p, *at, *index, i, rank)?), i);
+            }
         }
     }
     match distances.len() {
@@ -361,16 +370,26 @@ fn carried_distance(p: &HostProgram, lp: StmtId) -> Option<i64> {
     }
 }
 
-/// The value of scalar `s` in iteration `i` of the loop whose index is `index`, when it is a
-/// constant function of that index.
-fn eval_at(p: &HostProgram, s: ScalarId, index: ScalarId, i: i64) -> Option<i64> {
+/// The value of scalar `s` in iteration `i` of the loop whose index is `index` on the device
+/// `rank` (`None`: any), when it is a constant function of that index and the rank.
+fn eval_at(
+    p: &HostProgram,
+    s: ScalarId,
+    index: ScalarId,
+    i: i64,
+    rank: Option<i64>,
+) -> Option<i64> {
     if s == index {
         return Some(i);
     }
     match &p.scalars[s] {
+        HostScalar::Value(Scalar::Builtin(Builtin::Rank)) => rank,
         HostScalar::Value(v) => v.as_const(),
         HostScalar::Binary(op, a, b) => {
-            let (a, b) = (eval_at(p, *a, index, i)?, eval_at(p, *b, index, i)?);
+            let (a, b) = (
+                eval_at(p, *a, index, i, rank)?,
+                eval_at(p, *b, index, i, rank)?,
+            );
             Scalar::binary(*op, Scalar::c(a), Scalar::c(b)).as_const()
         }
         _ => None,

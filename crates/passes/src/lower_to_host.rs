@@ -248,6 +248,11 @@ struct Lowering<'a> {
     /// Whether some ring accumulated in its GEMMs (a `ring_pieces` that none took is an
     /// error).
     accumulated_in_ring: bool,
+    /// The allgathers that such a ring's last step posts piece by piece: by the ring's
+    /// output, the gathered tensor (see `Lowering::find_ring_products`).
+    ring_gathers: SecondaryMap<TensorId, TensorId>,
+    /// The gathered tensors that a ring wrote: their own allgather posts nothing.
+    gathered_by_ring: HashSet<TensorId>,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -294,6 +299,8 @@ pub fn lower_program(
         ring_pieces,
         ring_products: SecondaryMap::new(),
         accumulated_in_ring: false,
+        ring_gathers: SecondaryMap::new(),
+        gathered_by_ring: HashSet::new(),
     };
     for (id, s) in sf.segments() {
         for t in s.produced(f) {

@@ -19,6 +19,10 @@ impl Lowering<'_> {
         let f = self.f;
         let expr = f.expr(e).clone();
         let (producer, consumer) = (expr.inputs[0], expr.outputs[0]);
+        if self.gathered_by_ring.contains(&consumer) {
+            // Its pieces went out in the last step of the ring that computed its input.
+            return Ok(());
+        }
         let info = derive_communication(f, e)?;
         if let Some(open) = &self.open {
             if info.kind == CommunicationType::Broadcast && info.root == Some(RootKind::StreamIndex)
@@ -536,21 +540,31 @@ impl Lowering<'_> {
         recv: (ScalarId, HostTensorId),
         send: (ScalarId, HostTensorId),
     ) {
+        self.emit_exchanges(&[(recv, send)]);
+    }
+
+    /// [`Self::emit_exchange`] of several `(recv, send)` pairs in one coalesced group.
+    pub(super) fn emit_exchanges(&mut self, pairs: &[ExchangePair]) {
         self.emit(Stmt::StartCoalescing);
-        self.emit(Stmt::P2PCommunication(P2PCommunication {
-            direction: P2PDirection::Recv,
-            peer: recv.0,
-            buffer: recv.1,
-        }));
-        self.emit(Stmt::P2PCommunication(P2PCommunication {
-            direction: P2PDirection::Send,
-            peer: send.0,
-            buffer: send.1,
-        }));
+        for (recv, send) in pairs {
+            self.emit(Stmt::P2PCommunication(P2PCommunication {
+                direction: P2PDirection::Recv,
+                peer: recv.0,
+                buffer: recv.1,
+            }));
+            self.emit(Stmt::P2PCommunication(P2PCommunication {
+                direction: P2PDirection::Send,
+                peer: send.0,
+                buffer: send.1,
+            }));
+        }
         let end = self.emit(Stmt::EndCoalescing);
         self.emit(Stmt::Wait { comm: end });
     }
 }
+
+/// One receive and one send of an exchange: `(peer, buffer)` each.
+pub(super) type ExchangePair = ((ScalarId, HostTensorId), (ScalarId, HostTensorId));
 
 /// Whether the ring allgather can run on these teams, and how: `Some(None)` for one team
 /// that is the world in rank order (peers are device numbers), `Some(Some(stride))` for

@@ -2,11 +2,12 @@
 //! GEMM (cuBLASLt's beta = 1) onto the partial received from the next rank, each step cut
 //! into pieces so that a piece crosses while the next is computed, and no kernel adds.
 
-use weave_host_ir::{HostScalar, HostTensorId, ScalarId, Stmt};
+use weave_host_ir::{CommunicationType, HostScalar, HostTensorId, ScalarId, Stmt};
 use weave_ir::{Diagnostic, ExprId, ExprKind, IterDomainId, Scalar, ScalarOp, TensorId};
 use weave_segmenter::{SegmentKind, SegmentedFusion};
 
 use super::Lowering;
+use crate::communication::{derive_communication, ShardedAxis};
 
 impl Lowering<'_> {
     /// With [`super::LowerToHost::ring_pieces`], the GEMMs whose partials a reduce ring sums
@@ -17,7 +18,8 @@ impl Lowering<'_> {
         if self.ring_pieces.is_none() {
             return;
         }
-        for (&reduce, _) in self.ring_reduces.iter() {
+        let mut gathers = Vec::new();
+        for (&reduce, &d) in self.ring_reduces.iter() {
             let Some(&e) = sf.segment(reduce).exprs().first() else {
                 continue;
             };
@@ -43,8 +45,45 @@ impl Lowering<'_> {
                 .is_some_and(|c| c.as_slice() == [reduce]);
             if s.kind() == SegmentKind::Library && gemm && same_loop && only_reader {
                 self.ring_products.insert(p, *product);
+                let y = self.f.expr(e).outputs[0];
+                if let Some(g) = self.ring_gather_of(sf, y, d) {
+                    gathers.push((y, g));
+                }
             }
         }
+        for (y, g) in gathers {
+            self.ring_gathers.insert(y, g);
+        }
+    }
+
+    /// The tensor `g` of `g = set(y)`, when that allgather of the ring's output `y` (to
+    /// `d` devices, the world in rank order, along the rows the ring cuts) is all that
+    /// reads `y`, at top level: the ring's last step then posts it piece by piece, each
+    /// piece as soon as its sum is done, into a buffer that holds `g` (see
+    /// [`Self::lower_accumulating_ring`]).
+    fn ring_gather_of(&self, sf: &SegmentedFusion, y: TensorId, d: i64) -> Option<TensorId> {
+        let f = self.f;
+        if f.is_output(y) || d < 2 {
+            return None;
+        }
+        let [seg] = self.consumers.get(y)?.as_slice() else {
+            return None;
+        };
+        let s = sf.segment(*seg);
+        let [e] = s.exprs() else { return None };
+        if s.kind() != SegmentKind::Communication || self.loop_of.get(seg) != Some(&None) {
+            return None;
+        }
+        let g = f.expr(*e).outputs[0];
+        let info = derive_communication(f, *e).ok()?;
+        let rows = |a: Option<ShardedAxis>| a.and_then(|a| a.axis) == Some(0);
+        let gathers = info.kind == CommunicationType::Allgather
+            && info.team.len() as i64 == d
+            && super::collectives::ring_stride(&info.instances) == Some(None)
+            && rows(info.producer_axis)
+            && rows(info.consumer_axis)
+            && f.tensor(g).dtype == f.tensor(y).dtype;
+        gathers.then_some(g)
     }
 
     /// Whether the loop of the segment being lowered holds a GEMM of
@@ -138,43 +177,100 @@ impl Lowering<'_> {
                 f.tensor(consumer).name
             )));
         };
-        // R: d blocks of the output's rows; the output is its last block.
+        let gather = self
+            .ring_gathers
+            .get(consumer)
+            .copied()
+            .filter(|g| d > 1 && !self.top.contains_key(*g));
+        // R: d blocks of the output's rows, the output its last block; with the gather,
+        // 2d blocks: the gathered tensor (every rank's block, this rank's summed in place)
+        // and then the blocks of the steps before the last.
+        let blocks = if gather.is_some() { 2 * d } else { d };
         let mut all = sizes.clone();
-        all[0] = rows.clone().mul(Scalar::c(d));
+        all[0] = rows.clone().mul(Scalar::c(blocks));
         let partials = self.new_tensor(consumer, all);
         self.emit_before_loop(Stmt::Allocate {
             tensor: partials,
             zero_init: true,
         });
+        let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
+        let dd = self.constant(d);
         let out = self.new_tensor(consumer, sizes.clone());
-        let (blocks, last) = (self.constant(d), self.constant(d - 1));
-        self.emit_before_loop(Stmt::ShardByStream {
-            input: partials,
-            axis: 0,
-            chunks: blocks,
-            index: last,
-            holds: None,
-            output: out,
-        });
+        if let Some(g) = gather {
+            let mut gathered_sizes = sizes.clone();
+            gathered_sizes[0] = rows.clone().mul(Scalar::c(d));
+            let gathered = self.new_tensor(g, gathered_sizes);
+            let (two, first) = (self.constant(2), self.constant(0));
+            self.emit_before_loop(Stmt::ShardByStream {
+                input: partials,
+                axis: 0,
+                chunks: two,
+                index: first,
+                holds: None,
+                output: gathered,
+            });
+            self.emit_before_loop(Stmt::ShardByStream {
+                input: gathered,
+                axis: 0,
+                chunks: dd,
+                index: rank,
+                holds: None,
+                output: out,
+            });
+            self.top.insert(g, gathered);
+            self.gathered_by_ring.insert(g);
+        } else {
+            let last = self.constant(d - 1);
+            self.emit_before_loop(Stmt::ShardByStream {
+                input: partials,
+                axis: 0,
+                chunks: dd,
+                index: last,
+                holds: None,
+                output: out,
+            });
+        }
         self.top.insert(consumer, out);
         let mut piece = sizes;
         piece[0] = rows.ceil_div(Scalar::c(k));
-        let slot = self.slot(consumer, partials, &piece, d * k, i);
+        let kk = self.constant(k);
+        let dm1 = self.constant(d - 1);
+        // `last(x)` is 1 when ring position `x` (of `d * k`) is in the last step, else 0:
+        // `(x / k) / (d - 1)`.
+        let last_of = |l: &mut Self, x: ScalarId| {
+            let step = l.scalar(HostScalar::Binary(ScalarOp::Div, x, kk));
+            if d <= 2 {
+                step
+            } else {
+                l.scalar(HostScalar::Binary(ScalarOp::Div, step, dm1))
+            }
+        };
+        // The slot of ring position `x`: `x` itself, or with the gather `x + d k` (after
+        // the gathered blocks) in the steps before the last and `x - (d - 1) k + rank k` (this
+        // rank's block of the gathered tensor) in the last, as `(x + d k + last · rank · k)
+        // - last · (2d - 1) k`, never negative on the way.
+        let n_slots = blocks * k;
+        let slot_of = |l: &mut Self, x: ScalarId| -> ScalarId {
+            if gather.is_none() {
+                return x;
+            }
+            let last = last_of(l, x);
+            let dk = l.constant(d * k);
+            let at = l.scalar(HostScalar::Binary(ScalarOp::Add, x, dk));
+            let rank_k = l.scalar(HostScalar::Binary(ScalarOp::Mul, rank, kk));
+            let own = l.scalar(HostScalar::Binary(ScalarOp::Mul, last, rank_k));
+            let at = l.scalar(HostScalar::Binary(ScalarOp::Add, at, own));
+            let back = l.constant((2 * d - 1) * k);
+            let back = l.scalar(HostScalar::Binary(ScalarOp::Mul, last, back));
+            l.scalar(HostScalar::Binary(ScalarOp::Sub, at, back))
+        };
+        let here = slot_of(self, i);
+        let slot = self.slot(consumer, partials, &piece, n_slots, here);
         self.library_call(product, Some(slot), true)?;
         if d == 1 {
             return Ok(());
         }
-        // `last` is 1 in the last step, else 0: `(i / k) / (d - 1)`.
-        let kk = self.constant(k);
-        let step = self.scalar(HostScalar::Binary(ScalarOp::Div, i, kk));
-        let dm1 = self.constant(d - 1);
-        let in_last = if d == 2 {
-            step
-        } else {
-            self.scalar(HostScalar::Binary(ScalarOp::Div, step, dm1))
-        };
-        let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
-        let dd = self.constant(d);
+        let in_last = last_of(self, i);
         // To `(rank + d - 1 + last) % d`, from `(rank + 1 + d - last) % d`.
         let back = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, dm1));
         let back = self.scalar(HostScalar::Binary(ScalarOp::Add, back, in_last));
@@ -183,12 +279,41 @@ impl Lowering<'_> {
         let ahead = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, d1));
         let ahead = self.scalar(HostScalar::Binary(ScalarOp::Sub, ahead, in_last));
         let from = self.scalar(HostScalar::Binary(ScalarOp::Mod, ahead, dd));
-        // Into slot `i + k - k * last`.
+        // Into the slot of position `i + k - k * last`.
         let next = self.scalar(HostScalar::Binary(ScalarOp::Add, i, kk));
         let stay = self.scalar(HostScalar::Binary(ScalarOp::Mul, kk, in_last));
         let into = self.scalar(HostScalar::Binary(ScalarOp::Sub, next, stay));
-        let received = self.slot(consumer, partials, &piece, d * k, into);
-        self.emit_exchange((from, received), (to, slot));
+        let into = slot_of(self, into);
+        let received = self.slot(consumer, partials, &piece, n_slots, into);
+        let mut pairs = vec![((from, received), (to, slot))];
+        if gather.is_some() {
+            // The gather: in the last step, the piece just summed goes to every other rank
+            // (`rank + j`, j = 1 .. d - 1), while piece `q` of rank `rank - j`'s block arrives
+            // into its place in the gathered tensor, slot `(i + d k + last · src · k) - last ·
+            // (2d - 1) k`. In the steps before, each pair is the slot with itself, which moves
+            // nothing.
+            for j in 1..d {
+                let jj = self.constant(j);
+                let ahead = self.scalar(HostScalar::Binary(ScalarOp::Mul, jj, in_last));
+                let ahead = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, ahead));
+                let peer_to = self.scalar(HostScalar::Binary(ScalarOp::Mod, ahead, dd));
+                let back = self.constant(d - j);
+                let back = self.scalar(HostScalar::Binary(ScalarOp::Mul, back, in_last));
+                let back = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, back));
+                let src = self.scalar(HostScalar::Binary(ScalarOp::Mod, back, dd));
+                let dk = self.constant(d * k);
+                let at = self.scalar(HostScalar::Binary(ScalarOp::Add, i, dk));
+                let src_k = self.scalar(HostScalar::Binary(ScalarOp::Mul, src, kk));
+                let theirs = self.scalar(HostScalar::Binary(ScalarOp::Mul, in_last, src_k));
+                let at = self.scalar(HostScalar::Binary(ScalarOp::Add, at, theirs));
+                let whole = self.constant((2 * d - 1) * k);
+                let whole = self.scalar(HostScalar::Binary(ScalarOp::Mul, in_last, whole));
+                let at = self.scalar(HostScalar::Binary(ScalarOp::Sub, at, whole));
+                let arriving = self.slot(consumer, partials, &piece, n_slots, at);
+                pairs.push(((src, arriving), (peer_to, slot)));
+            }
+        }
+        self.emit_exchanges(&pairs);
         self.accumulated_in_ring = true;
         Ok(())
     }
