@@ -3,7 +3,10 @@
 //! into pieces so that a piece crosses while the next is computed, and no kernel adds.
 
 use weave_host_ir::{CommunicationType, HostScalar, HostTensorId, ScalarId, Stmt};
-use weave_ir::{Diagnostic, ExprId, ExprKind, IterDomainId, Scalar, ScalarOp, TensorId};
+use weave_ir::{
+    BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IterDomainId, IterType, Literal, Scalar,
+    ScalarOp, TensorId,
+};
 use weave_segmenter::{SegmentKind, SegmentedFusion};
 
 use super::Lowering;
@@ -189,10 +192,39 @@ impl Lowering<'_> {
         let mut all = sizes.clone();
         all[0] = rows.clone().mul(Scalar::c(blocks));
         let partials = self.new_tensor(consumer, all);
+        // Only the first step's slots are added to before anything arrives in them: a kernel
+        // zeroes that block (every other slot is received into before its GEMM adds to it).
+        // A ring of one axis, which the ring cuts, is zeroed whole.
+        let one_axis = sizes.len() < 2;
         self.emit_before_loop(Stmt::Allocate {
             tensor: partials,
-            zero_init: true,
+            zero_init: one_axis,
         });
+        let first_step = self.new_tensor(consumer, sizes.clone());
+        let (all_blocks, first_block) = (
+            self.constant(blocks),
+            self.constant(if gather.is_some() { d } else { 0 }),
+        );
+        self.emit_before_loop(Stmt::ShardByStream {
+            input: partials,
+            axis: 0,
+            chunks: all_blocks,
+            index: first_block,
+            holds: None,
+            output: first_step,
+        });
+        if !one_axis {
+            let zeros = zero_kernel(f, consumer, self.kernels)?;
+            self.kernels += 1;
+            let kernel = self.p.kernels.insert(weave_host_ir::KernelUnit {
+                fusion: std::sync::Arc::new(zeros),
+            });
+            self.emit_before_loop(Stmt::LaunchKernel {
+                kernel,
+                inputs: vec![first_step],
+                outputs: vec![first_step],
+            });
+        }
         let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
         let dd = self.constant(d);
         let out = self.new_tensor(consumer, sizes.clone());
@@ -340,4 +372,38 @@ impl Lowering<'_> {
         });
         view
     }
+}
+
+/// The kernel that zeroes a block of `out`'s shape in place: `cast(iota(x, 0) * 0)`, which
+/// takes only the shape of the block it is given (never its values, which may be anything,
+/// NaN included).
+fn zero_kernel(f: &Fusion, out: TensorId, k: usize) -> Result<Fusion, Diagnostic> {
+    let mut u = Fusion::new(&format!("{}_kernel{k}", f.name));
+    for p in f.params() {
+        u.add_param(&p.name, p.value)?;
+    }
+    let tv = f.tensor(out);
+    let extents: Vec<Scalar> = tv
+        .logical
+        .iter()
+        .filter(|i| f.id(**i).iter_type != IterType::Reduction)
+        .map(|i| f.id(*i).extent.clone())
+        .collect();
+    let name = |what: &str| f.fresh_name(&format!("{}_{what}", tv.name));
+    let block = u.add_input(&name("block"), tv.dtype, extents.clone(), None)?;
+    // The index along the last axis, which the ring does not cut (the first is its rows).
+    let last = extents.len().saturating_sub(1);
+    let index = u.add_op(&name("index"), ExprKind::Iota { axis: last }, &[block])?;
+    let nothing = u.add_op(
+        &name("nothing"),
+        ExprKind::BinaryLit {
+            op: BinaryOp::Mul,
+            lit: Literal(0.0),
+            lit_first: false,
+        },
+        &[index],
+    )?;
+    let zeros = u.add_op(&name("zeros"), ExprKind::Cast(tv.dtype), &[nothing])?;
+    u.add_output(zeros)?;
+    Ok(u)
 }
