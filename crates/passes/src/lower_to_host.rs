@@ -252,7 +252,7 @@ struct Lowering<'a> {
     /// output, the gathered tensor (see `Lowering::find_ring_products`).
     ring_gathers: SecondaryMap<TensorId, TensorId>,
     /// The gathered tensors that a ring wrote: their own allgather posts nothing.
-    gathered_by_ring: HashSet<TensorId>,
+    gathered_by_ring: SecondaryMap<TensorId, ()>,
 }
 
 /// Lowers a segmented fusion to a host program (see the module contract).
@@ -300,7 +300,7 @@ pub fn lower_program(
         ring_products: SecondaryMap::new(),
         accumulated_in_ring: false,
         ring_gathers: SecondaryMap::new(),
-        gathered_by_ring: HashSet::new(),
+        gathered_by_ring: SecondaryMap::new(),
     };
     for (id, s) in sf.segments() {
         for t in s.produced(f) {

@@ -19,7 +19,7 @@ impl Lowering<'_> {
         let f = self.f;
         let expr = f.expr(e).clone();
         let (producer, consumer) = (expr.inputs[0], expr.outputs[0]);
-        if self.gathered_by_ring.contains(&consumer) {
+        if self.gathered_by_ring.contains_key(consumer) {
             // Its pieces went out in the last step of the ring that computed its input.
             return Ok(());
         }

@@ -250,7 +250,7 @@ impl Lowering<'_> {
                 output: out,
             });
             self.top.insert(g, gathered);
-            self.gathered_by_ring.insert(g);
+            self.gathered_by_ring.insert(g, ());
         } else {
             let last = self.constant(d - 1);
             self.emit_before_loop(Stmt::ShardByStream {
