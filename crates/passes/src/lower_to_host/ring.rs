@@ -4,8 +4,8 @@
 
 use weave_host_ir::{CommunicationType, HostScalar, HostTensorId, ScalarId, Stmt};
 use weave_ir::{
-    BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IterDomainId, IterType, Literal, Scalar,
-    ScalarOp, TensorId,
+    BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IterDomainId, Literal, Scalar, ScalarOp,
+    TensorId,
 };
 use weave_segmenter::{SegmentKind, SegmentedFusion};
 
@@ -374,21 +374,12 @@ impl Lowering<'_> {
     }
 }
 
-/// The kernel that zeroes a block of `out`'s shape in place: `cast(iota(x, 0) * 0)`, which
+/// The kernel that zeroes a block of `out`'s shape in place: `cast(iota(x, last) * 0)`, which
 /// takes only the shape of the block it is given (never its values, which may be anything,
 /// NaN included).
 fn zero_kernel(f: &Fusion, out: TensorId, k: usize) -> Result<Fusion, Diagnostic> {
-    let mut u = Fusion::new(&format!("{}_kernel{k}", f.name));
-    for p in f.params() {
-        u.add_param(&p.name, p.value)?;
-    }
+    let (mut u, extents) = super::collectives::kernel_over(f, out, k)?;
     let tv = f.tensor(out);
-    let extents: Vec<Scalar> = tv
-        .logical
-        .iter()
-        .filter(|i| f.id(**i).iter_type != IterType::Reduction)
-        .map(|i| f.id(*i).extent.clone())
-        .collect();
     let name = |what: &str| f.fresh_name(&format!("{}_{what}", tv.name));
     let block = u.add_input(&name("block"), tv.dtype, extents.clone(), None)?;
     // The index along the last axis, which the ring does not cut (the first is its rows).
