@@ -42,7 +42,8 @@
 //!   chunk last when it is the loop's only communication, each received partial added in
 //!   place into the output zeroed before the loop; otherwise one Reduce per iteration. With
 //!   `ring-pieces=K` such a ring whose partials a GEMM of its loop computes sums in that GEMM
-//!   instead, each step cut into `K` pieces (`ring.rs`). A loop
+//!   instead, each step cut into `K` pieces (`ring.rs`), and an allgather that alone reads
+//!   such a ring's output goes out piece by piece in the ring's last step. A loop
 //!   whose allgather is a P2P ring and whose sums ride a ring too is cut in two before the
 //!   product that computes the sums (`split_ring_loops`).
 //! * Accumulation: a matmul whose output has no Stream axis but whose contraction axis an

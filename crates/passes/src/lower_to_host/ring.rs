@@ -138,8 +138,9 @@ impl Lowering<'_> {
     /// A reduce ring that sums in its GEMMs. With `d` devices and `k` pieces, the loop runs
     /// `d * k` iterations; iteration `i` is piece `q = i % k` of step `a = i / k`, which
     /// computes this rank's partial of piece `q` of device block `c = (rank + a + 1) % d`.
-    /// The partials live in one buffer `R` of `d` blocks of `k` pieces each, zeroed before
-    /// the loop; block `d - 1` is the output. Iteration `i`:
+    /// The partials live in one buffer `R` of `d` blocks of `k` pieces each, whose block 0
+    /// (the first step's slots) one kernel zeroes before the loop; block `d - 1` is the
+    /// output. Iteration `i`:
     /// * adds its product to slot `i` of `R` (`T += linear(..)`): the partial of the same
     ///   piece that the next rank, `rank + 1`, computed `k` iterations before and sent here
     ///   (nothing in step 0, whose slots stay zero);
@@ -149,8 +150,13 @@ impl Lowering<'_> {
     ///   the sum is in place, and a transfer to itself of one buffer moves nothing.
     ///
     /// Every rank holds its own block last, summed over all ranks; only the pieces of the
-    /// last step wait for their transfers, and no kernel runs. `assign-streams` makes each
+    /// last step wait for their transfers, and no kernel adds. `assign-streams` makes each
     /// accumulation wait for the iteration whose receive it adds to.
+    ///
+    /// With a gather ([`Self::ring_gather_of`]) `R` has `2d` blocks: the gathered tensor,
+    /// then the steps' blocks (block `d` the first step's, zeroed). The last step adds into
+    /// this rank's block of the gathered tensor, and its exchange also sends each summed
+    /// piece to every other rank while their pieces arrive into their blocks.
     pub(super) fn lower_accumulating_ring(
         &mut self,
         consumer: TensorId,
