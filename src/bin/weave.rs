@@ -311,9 +311,10 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         cache: Option<PathBuf>,
         /// How long each candidate's runs (warm-up and timed) may take together, in seconds
-        /// (1 to 31,536,000: a year); on GPUs each wait of them (a stream, a collective) gets
-        /// half of it, 5 s at least. A candidate whose ranks do not stop within it fails, and
-        /// the candidates after it are not measured (its GPU work may hold the GPUs).
+        /// (1 to 31,536,000: a year). On GPUs each wait of them (a stream, a collective) gets
+        /// half of it, but 5 s at least (all of it when that is less), and the runs at least
+        /// two waits. A candidate whose ranks do not stop in that time fails, and the
+        /// candidates after it are not measured (its GPU work may hold the GPUs).
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
         timeout_secs: u64,
         /// Whether to try the copy-engine transport (its slots and GEMMs writing into the
