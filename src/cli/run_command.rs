@@ -14,7 +14,7 @@ use weave_passes::DumpOptions;
 use streamweave::{Chunks, Compiler, Executable, RunOptions, Target};
 
 use super::report::{describe_config, ms, summary_json};
-use super::tune_command::{tunable, tune_first_run, tuned_entry};
+use super::tune_command::{tunable, tune_first_run, tuned_entry, TuneStop};
 use super::{
     failures, gpu_calibration, is_host_program, print_report, read_source_text, summarize, RunFlags,
 };
@@ -186,16 +186,17 @@ pub fn run(
                             source = "tuned now";
                         }
                         Ok(None) => {}
-                        Err(m) => eprintln!("tuning: failed, running the untuned default: {m}"),
-                    }
-                    // A candidate whose ranks did not stop may hold the GPUs until this
-                    // process ends: a run now would wait on them, so none starts. What was
-                    // measured before it is cached for the next run.
-                    if streamweave::stuck_ranks() > 0 {
-                        return fail(
-                            "tuning: a candidate's ranks did not stop (see the table above) and may still hold the GPUs, which only the end of this process frees: the run is not started; run again (the tuning cache keeps what was measured) or with --no-tune"
-                                .to_string(),
-                        );
+                        Err(TuneStop::Failed(m)) => {
+                            eprintln!("tuning: failed, running the untuned default: {m}")
+                        }
+                        // A candidate whose ranks did not stop may hold the GPUs until this
+                        // process ends: a run now would wait on them, so none starts. What
+                        // was measured before it is cached for the next run.
+                        Err(TuneStop::Held(candidate)) => {
+                            return fail(format!(
+                                "tuning: the ranks of candidate {candidate} did not stop (see the table above) and may still hold the GPUs, which only the end of this process frees: the run is not started; run again (the tuning cache keeps what was measured) or with --no-tune"
+                            ));
+                        }
                     }
                 }
             }

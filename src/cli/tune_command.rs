@@ -59,6 +59,8 @@ pub(super) fn tunable(
 /// [`streamweave::tune::TuneOptions::first_run`] measured on one world of GPUs (one NCCL
 /// communicator for all) for at most `budget`, the winner stored in the tuning cache. Says on
 /// stderr what it does and what it found. `None`: no candidate could be measured.
+/// [`TuneStop::Held`] when a candidate's ranks did not stop in time (after caching what was
+/// measured): its GPU work may hold the GPUs until this process ends.
 pub(super) fn tune_first_run(
     fusion: &streamweave::ir::Fusion,
     cache: &Path,
@@ -66,11 +68,12 @@ pub(super) fn tune_first_run(
     budget: Duration,
     timeout: Duration,
     copy_engines: bool,
-) -> Result<Option<streamweave::tune::Entry>, String> {
+) -> Result<Option<streamweave::tune::Entry>, TuneStop> {
     use streamweave::tune;
+    let failed = |e: String| TuneStop::Failed(e);
     // A cache that cannot be read is the run's error, not the tuning's.
-    tune::TuneCache::load(cache).map_err(|e| e.to_string())?;
-    let machine = tune::gpu_name(0).map_err(|e| e.to_string())?;
+    tune::TuneCache::load(cache).map_err(|e| failed(e.to_string()))?;
+    let machine = tune::gpu_name(0).map_err(|e| failed(e.to_string()))?;
     let options = tune::TuneOptions {
         copy_engines,
         ..tune::TuneOptions::first_run(ranks, &machine, None, budget)
@@ -82,8 +85,10 @@ pub(super) fn tune_first_run(
     );
     let started = std::time::Instant::now();
     let (wait, limit) = tune::candidate_bounds(budget, timeout);
-    let mut measure = world_measure(ranks, 3, 10, wait, limit)?;
-    let tuning = tune::tune(fusion, &options, measure.as_mut()).map_err(|e| e.to_string())?;
+    let mut measure = world_measure(ranks, 3, 10, wait, limit).map_err(failed)?;
+    let tuning =
+        tune::tune(fusion, &options, measure.as_mut()).map_err(|e| failed(e.to_string()))?;
+    let held = measure.held_by().map(str::to_string);
     drop(measure);
     let measured = tuning
         .rows
@@ -98,7 +103,11 @@ pub(super) fn tune_first_run(
     eprint!("{tuning}");
     // A signal during the cache's write removes its temporary file.
     crate::output::clean_up_on_signals();
-    let Some(entry) = tune::store(cache, &tuning).map_err(|e| e.to_string())? else {
+    let stored = tune::store(cache, &tuning).map_err(|e| failed(e.to_string()))?;
+    if let Some(candidate) = held {
+        return Err(TuneStop::Held(candidate));
+    }
+    let Some(entry) = stored else {
         eprintln!("tuning: no candidate could be measured; running the untuned default");
         return Ok(None);
     };
@@ -112,6 +121,15 @@ pub(super) fn tune_first_run(
         cache.display()
     );
     Ok(Some(entry))
+}
+
+/// Why a first run's tuning gave no configuration to run.
+pub(super) enum TuneStop {
+    /// It failed (its message); the run goes on untuned.
+    Failed(String),
+    /// The ranks of this candidate did not stop in time: the GPUs may be held until the
+    /// process ends, so no run starts.
+    Held(String),
 }
 
 /// One world of `ranks` GPUs that measures tuning candidates (one NCCL communicator for all),

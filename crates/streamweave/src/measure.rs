@@ -408,6 +408,10 @@ impl WorldMeasure {
 }
 
 impl crate::tune::Measure for WorldMeasure {
+    fn held_by(&self) -> Option<&str> {
+        self.stuck.as_deref()
+    }
+
     fn measure(
         &mut self,
         exe: &Executable,

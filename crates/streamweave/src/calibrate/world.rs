@@ -220,8 +220,10 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         self.jobs.clear();
-        if self.stuck() {
-            // A rank may still be stuck in GPU work; joining could wait forever.
+        if self.failed() {
+            // A rank may still be stuck in GPU work (one that did not reply, or one whose wait
+            // timed out while its stream still waits): joining, or freeing its GPU memory,
+            // could wait forever. Its threads are left, counted, for the end of the process.
             crate::threads::left_behind(self.threads.len());
             self.threads.clear();
             return;

@@ -64,6 +64,12 @@ pub trait Measure {
         exe: &Executable,
         candidate: &Candidate,
     ) -> Result<Duration, MeasureError>;
+
+    /// The candidate whose ranks did not stop in time, if one did not: its GPU work may
+    /// still hold the GPUs, so nothing more should run on them in this process.
+    fn held_by(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl<F> Measure for F
