@@ -3,10 +3,7 @@
 //! into pieces so that a piece crosses while the next is computed, and no kernel adds.
 
 use weave_host_ir::{CommunicationType, HostScalar, HostTensorId, ScalarId, Stmt};
-use weave_ir::{
-    BinaryOp, Diagnostic, ExprId, ExprKind, Fusion, IterDomainId, Literal, Scalar, ScalarOp,
-    TensorId,
-};
+use weave_ir::{Diagnostic, ExprId, ExprKind, IterDomainId, Scalar, ScalarOp, TensorId};
 use weave_segmenter::{SegmentKind, SegmentedFusion};
 
 use super::Lowering;
@@ -138,9 +135,8 @@ impl Lowering<'_> {
     /// A reduce ring that sums in its GEMMs. With `d` devices and `k` pieces, the loop runs
     /// `d * k` iterations; iteration `i` is piece `q = i % k` of step `a = i / k`, which
     /// computes this rank's partial of piece `q` of device block `c = (rank + a + 1) % d`.
-    /// The partials live in one buffer `R` of `d` blocks of `k` pieces each, whose block 0
-    /// (the first step's slots) one kernel zeroes before the loop; block `d - 1` is the
-    /// output. Iteration `i`:
+    /// The partials live in one buffer `R` of `d` blocks of `k` pieces each, zeroed before
+    /// the loop; block `d - 1` is the output. Iteration `i`:
     /// * adds its product to slot `i` of `R` (`T += linear(..)`): the partial of the same
     ///   piece that the next rank, `rank + 1`, computed `k` iterations before and sent here
     ///   (nothing in step 0, whose slots stay zero);
@@ -150,13 +146,13 @@ impl Lowering<'_> {
     ///   the sum is in place, and a transfer to itself of one buffer moves nothing.
     ///
     /// Every rank holds its own block last, summed over all ranks; only the pieces of the
-    /// last step wait for their transfers, and no kernel adds. `assign-streams` makes each
+    /// last step wait for their transfers, and no kernel runs. `assign-streams` makes each
     /// accumulation wait for the iteration whose receive it adds to.
     ///
     /// With a gather ([`Self::ring_gather_of`]) `R` has `2d` blocks: the gathered tensor,
-    /// then the steps' blocks (block `d` the first step's, zeroed). The last step adds into
-    /// this rank's block of the gathered tensor, and its exchange also sends each summed
-    /// piece to every other rank while their pieces arrive into their blocks.
+    /// then the steps' blocks. The last step adds into this rank's block of the gathered
+    /// tensor, and its exchange also sends each summed piece to every other rank while their
+    /// pieces arrive into their blocks.
     pub(super) fn lower_accumulating_ring(
         &mut self,
         consumer: TensorId,
@@ -198,39 +194,10 @@ impl Lowering<'_> {
         let mut all = sizes.clone();
         all[0] = rows.clone().mul(Scalar::c(blocks));
         let partials = self.new_tensor(consumer, all);
-        // Only the first step's slots are added to before anything arrives in them: a kernel
-        // zeroes that block (every other slot is received into before its GEMM adds to it).
-        // A ring of one axis, which the ring cuts, is zeroed whole.
-        let one_axis = sizes.len() < 2;
         self.emit_before_loop(Stmt::Allocate {
             tensor: partials,
-            zero_init: one_axis,
+            zero_init: true,
         });
-        let first_step = self.new_tensor(consumer, sizes.clone());
-        let (all_blocks, first_block) = (
-            self.constant(blocks),
-            self.constant(if gather.is_some() { d } else { 0 }),
-        );
-        self.emit_before_loop(Stmt::ShardByStream {
-            input: partials,
-            axis: 0,
-            chunks: all_blocks,
-            index: first_block,
-            holds: None,
-            output: first_step,
-        });
-        if !one_axis {
-            let zeros = zero_kernel(f, consumer, self.kernels)?;
-            self.kernels += 1;
-            let kernel = self.p.kernels.insert(weave_host_ir::KernelUnit {
-                fusion: std::sync::Arc::new(zeros),
-            });
-            self.emit_before_loop(Stmt::LaunchKernel {
-                kernel,
-                inputs: vec![first_step],
-                outputs: vec![first_step],
-            });
-        }
         let rank = self.scalar(HostScalar::Value(Scalar::builtin(weave_ir::Builtin::Rank)));
         let dd = self.constant(d);
         let out = self.new_tensor(consumer, sizes.clone());
@@ -378,29 +345,4 @@ impl Lowering<'_> {
         });
         view
     }
-}
-
-/// The kernel that zeroes a block of `out`'s shape in place: `cast(iota(x, last) * 0)`, which
-/// takes only the shape of the block it is given (never its values, which may be anything,
-/// NaN included).
-fn zero_kernel(f: &Fusion, out: TensorId, k: usize) -> Result<Fusion, Diagnostic> {
-    let (mut u, extents) = super::collectives::kernel_over(f, out, k)?;
-    let tv = f.tensor(out);
-    let name = |what: &str| f.fresh_name(&format!("{}_{what}", tv.name));
-    let block = u.add_input(&name("block"), tv.dtype, extents.clone(), None)?;
-    // The index along the last axis, which the ring does not cut (the first is its rows).
-    let last = extents.len().saturating_sub(1);
-    let index = u.add_op(&name("index"), ExprKind::Iota { axis: last }, &[block])?;
-    let nothing = u.add_op(
-        &name("nothing"),
-        ExprKind::BinaryLit {
-            op: BinaryOp::Mul,
-            lit: Literal(0.0),
-            lit_first: false,
-        },
-        &[index],
-    )?;
-    let zeros = u.add_op(&name("zeros"), ExprKind::Cast(tv.dtype), &[nothing])?;
-    u.add_output(zeros)?;
-    Ok(u)
 }
