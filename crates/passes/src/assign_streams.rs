@@ -340,15 +340,10 @@ fn carried_distance(p: &HostProgram, lp: StmtId) -> Option<i64> {
             _ => {}
         }
     }
-    let mut distances = std::collections::BTreeSet::new();
-    // Slots may depend on the rank (a ring whose last step sums into this rank's block of
-    // a gathered buffer): the distance must hold on every device the program names, and a
-    // rank-dependent slot of a program that names none has no distance.
-    let ranks: Vec<Option<i64>> = match p.signature.as_ref().map(|s| s.all_devices()) {
-        Some(devices) if !devices.is_empty() => devices.into_iter().map(Some).collect(),
-        _ => vec![None],
-    };
-    for rank in ranks {
+    // The distances between each accumulation and the receive into its slot on device `rank`
+    // (`None`: slots that do not depend on the rank).
+    let distances_on = |rank: Option<i64>| {
+        let mut distances = std::collections::BTreeSet::new();
         // The iteration that last received into each slot (buffer, index).
         let mut last: std::collections::HashMap<(weave_host_ir::HostTensorId, i64), i64> =
             std::collections::HashMap::new();
@@ -363,7 +358,21 @@ fn carried_distance(p: &HostProgram, lp: StmtId) -> Option<i64> {
                 last.insert((*buffer, eval_at(p, *at, *index, i, rank)?), i);
             }
         }
-    }
+        Some(distances)
+    };
+    // Slots may depend on the rank (a ring whose last step sums into this rank's block of a
+    // gathered buffer): then the distance must hold on every device the program names.
+    let distances = match distances_on(None) {
+        Some(d) => d,
+        None => {
+            let devices = p.signature.as_ref()?.all_devices();
+            let mut all = std::collections::BTreeSet::new();
+            for rank in devices {
+                all.extend(distances_on(Some(rank))?);
+            }
+            all
+        }
+    };
     match distances.len() {
         1 => distances.first().copied(),
         _ => None,

@@ -603,8 +603,17 @@ pub(super) fn ring_stride(instances: &[crate::communication::TeamInstance]) -> O
 /// The kernel of one step of the ring that reduces onto `out`: `received + so_far`, both of
 /// `out`'s global shape (the runtime binds the local block).
 fn ring_sum_kernel(f: &Fusion, out: TensorId, k: usize) -> Result<Fusion, Diagnostic> {
-    let (mut u, extents) = kernel_over(f, out, k)?;
+    let mut u = Fusion::new(&format!("{}_kernel{k}", f.name));
+    for p in f.params() {
+        u.add_param(&p.name, p.value)?;
+    }
     let tv = f.tensor(out);
+    let extents: Vec<Scalar> = tv
+        .logical
+        .iter()
+        .filter(|i| f.id(**i).iter_type != IterType::Reduction)
+        .map(|i| f.id(*i).extent.clone())
+        .collect();
     let received = u.add_input(
         &f.fresh_name(&format!("{}_received", tv.name)),
         tv.dtype,
@@ -624,28 +633,6 @@ fn ring_sum_kernel(f: &Fusion, out: TensorId, k: usize) -> Result<Fusion, Diagno
     )?;
     u.add_output(next)?;
     Ok(u)
-}
-
-/// An empty kernel fusion, the `k`-th of `f` (its parameters), and the extents of `out`'s
-/// global shape without its reduction axes: what a kernel over blocks of `out` declares its
-/// tensors with (the runtime binds the local blocks).
-pub(super) fn kernel_over(
-    f: &Fusion,
-    out: TensorId,
-    k: usize,
-) -> Result<(Fusion, Vec<Scalar>), Diagnostic> {
-    let mut u = Fusion::new(&format!("{}_kernel{k}", f.name));
-    for p in f.params() {
-        u.add_param(&p.name, p.value)?;
-    }
-    let extents = f
-        .tensor(out)
-        .logical
-        .iter()
-        .filter(|i| f.id(**i).iter_type != IterType::Reduction)
-        .map(|i| f.id(*i).extent.clone())
-        .collect();
-    Ok((u, extents))
 }
 
 fn unreachable_loop<T>() -> Result<T, Diagnostic> {

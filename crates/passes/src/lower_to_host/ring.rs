@@ -250,24 +250,28 @@ impl Lowering<'_> {
                 l.scalar(HostScalar::Binary(ScalarOp::Div, step, dm1))
             }
         };
-        // The slot of ring position `x`: `x` itself, or with the gather `x + d k` (after
-        // the gathered blocks) in the steps before the last and `x - (d - 1) k + rank k` (this
-        // rank's block of the gathered tensor) in the last, as `(x + d k + last · rank · k)
-        // - last · (2d - 1) k`, never negative on the way.
+        // With the gather, the slot of ring position `x` whose step is the last or not
+        // (`last` 1 or 0), in the block of rank `owner` when it is the last: `x + d k` (after
+        // the gathered blocks) before the last step, `x - (d - 1) k + owner · k` (that rank's
+        // block of the gathered tensor) in it, as `(x + d k + last · owner · k) - last · (2d -
+        // 1) k`, never negative on the way.
+        let (dk, whole) = (self.constant(d * k), self.constant((2 * d - 1) * k));
+        let gathered_slot = |l: &mut Self, x: ScalarId, last: ScalarId, owner: ScalarId| {
+            let at = l.scalar(HostScalar::Binary(ScalarOp::Add, x, dk));
+            let owner_k = l.scalar(HostScalar::Binary(ScalarOp::Mul, owner, kk));
+            let owned = l.scalar(HostScalar::Binary(ScalarOp::Mul, last, owner_k));
+            let at = l.scalar(HostScalar::Binary(ScalarOp::Add, at, owned));
+            let back = l.scalar(HostScalar::Binary(ScalarOp::Mul, last, whole));
+            l.scalar(HostScalar::Binary(ScalarOp::Sub, at, back))
+        };
+        // The slot of ring position `x`: `x` itself, or with the gather in this rank's block.
         let n_slots = blocks * k;
         let slot_of = |l: &mut Self, x: ScalarId| -> ScalarId {
             if gather.is_none() {
                 return x;
             }
             let last = last_of(l, x);
-            let dk = l.constant(d * k);
-            let at = l.scalar(HostScalar::Binary(ScalarOp::Add, x, dk));
-            let rank_k = l.scalar(HostScalar::Binary(ScalarOp::Mul, rank, kk));
-            let own = l.scalar(HostScalar::Binary(ScalarOp::Mul, last, rank_k));
-            let at = l.scalar(HostScalar::Binary(ScalarOp::Add, at, own));
-            let back = l.constant((2 * d - 1) * k);
-            let back = l.scalar(HostScalar::Binary(ScalarOp::Mul, last, back));
-            l.scalar(HostScalar::Binary(ScalarOp::Sub, at, back))
+            gathered_slot(l, x, last, rank)
         };
         let here = slot_of(self, i);
         let slot = self.slot(consumer, partials, &piece, n_slots, here);
@@ -293,10 +297,9 @@ impl Lowering<'_> {
         let mut pairs = vec![((from, received), (to, slot))];
         if gather.is_some() {
             // The gather: in the last step, the piece just summed goes to every other rank
-            // (`rank + j`, j = 1 .. d - 1), while piece `q` of rank `rank - j`'s block arrives
-            // into its place in the gathered tensor, slot `(i + d k + last · src · k) - last ·
-            // (2d - 1) k`. In the steps before, each pair is the slot with itself, which moves
-            // nothing.
+            // (`rank + j`, j = 1 .. d - 1), while piece `q` of rank `src = rank - j`'s block
+            // arrives into its place in the gathered tensor. In the steps before, each pair is
+            // the slot with itself (`src` is this rank), which moves nothing.
             for j in 1..d {
                 let jj = self.constant(j);
                 let ahead = self.scalar(HostScalar::Binary(ScalarOp::Mul, jj, in_last));
@@ -306,14 +309,7 @@ impl Lowering<'_> {
                 let back = self.scalar(HostScalar::Binary(ScalarOp::Mul, back, in_last));
                 let back = self.scalar(HostScalar::Binary(ScalarOp::Add, rank, back));
                 let src = self.scalar(HostScalar::Binary(ScalarOp::Mod, back, dd));
-                let dk = self.constant(d * k);
-                let at = self.scalar(HostScalar::Binary(ScalarOp::Add, i, dk));
-                let src_k = self.scalar(HostScalar::Binary(ScalarOp::Mul, src, kk));
-                let theirs = self.scalar(HostScalar::Binary(ScalarOp::Mul, in_last, src_k));
-                let at = self.scalar(HostScalar::Binary(ScalarOp::Add, at, theirs));
-                let whole = self.constant((2 * d - 1) * k);
-                let whole = self.scalar(HostScalar::Binary(ScalarOp::Mul, in_last, whole));
-                let at = self.scalar(HostScalar::Binary(ScalarOp::Sub, at, whole));
+                let at = gathered_slot(self, i, in_last, src);
                 let arriving = self.slot(consumer, partials, &piece, n_slots, at);
                 pairs.push(((src, arriving), (peer_to, slot)));
             }
