@@ -9,7 +9,7 @@ use common::fixtures;
 
 use std::time::Duration;
 
-use streamweave::{Compiler, RunOptions, Target};
+use streamweave::{Compiler, Executable, RunOptions, Target};
 
 /// The rank counts a scenario runs with: every count, except for fusions whose meshes are
 /// written with fixed devices.
@@ -100,7 +100,7 @@ fn overrides(source: &str, ranks: usize) -> Vec<(String, i64)> {
 /// `streams` pool streams, the reference check and the race checker; the failure, if any.
 fn failure_of(
     name: &str,
-    compiled: &streamweave::Executable,
+    compiled: &Executable,
     ranks: usize,
     streams: usize,
     overrides: &[(String, i64)],
@@ -518,6 +518,23 @@ fn checked_on_cpu(ranks: usize, streams: usize) -> RunOptions {
     }
 }
 
+/// `compiled` on `ranks` CPU ranks and 1 to 3 pool streams, with the race checker: every
+/// output matches the reference, each value within `tolerance` (`what` names the case).
+fn matches_in_f32_on_cpu(compiled: &Executable, ranks: usize, tolerance: f64, what: &str) {
+    let globals = compiled.random_inputs(5).unwrap();
+    for streams in 1..=3 {
+        let report = compiled
+            .run_dense(&globals, &checked_on_cpu(ranks, streams))
+            .unwrap();
+        assert!(report.passed(), "{what}, K={streams}");
+        assert!(
+            report.max_abs_error() < tolerance,
+            "{what}, K={streams}: {}",
+            report.max_abs_error()
+        );
+    }
+}
+
 /// A reduce ring whose partials a `matmul` computes (the weight written `[4h, h]`) sums in
 /// that GEMM too (`T += matmul(..)`), in f32 within rounding of the reference, on 2 to 4 ranks
 /// in 2 and 4 pieces a step, on 1 to 3 pool streams, without races.
@@ -546,14 +563,8 @@ fn a_matmul_ring_in_pieces_sums_in_its_gemm() {
             let text = streamweave::host_ir::print(compiled.program());
             assert!(text.contains("+= matmul("), "{text}");
             assert!(!text.contains("LaunchKernel"), "{text}");
-            let globals = compiled.random_inputs(3).unwrap();
-            for streams in 1..=3 {
-                let report = compiled
-                    .run_dense(&globals, &checked_on_cpu(ranks, streams))
-                    .unwrap();
-                assert!(report.passed(), "{ranks} ranks, {k} pieces, K={streams}");
-                assert!(report.max_abs_error() < 1e-5, "{}", report.max_abs_error());
-            }
+            let what = format!("{ranks} ranks, {k} pieces");
+            matches_in_f32_on_cpu(&compiled, ranks, 1e-5, &what);
         }
     }
 }
@@ -603,14 +614,7 @@ fn a_ring_gathers_in_its_last_step_only_when_the_allgather_alone_reads_its_outpu
                 *keeps_collective,
                 "{ranks} ranks: {kinds:?}\n{printed}"
             );
-            let globals = compiled.random_inputs(5).unwrap();
-            for streams in 1..=3 {
-                let report = compiled
-                    .run_dense(&globals, &checked_on_cpu(ranks, streams))
-                    .unwrap();
-                assert!(report.passed(), "{ranks} ranks, K={streams}\n{text}");
-                assert!(report.max_abs_error() < 1e-4, "{}", report.max_abs_error());
-            }
+            matches_in_f32_on_cpu(&compiled, ranks, 1e-4, &format!("{ranks} ranks\n{text}"));
         }
     }
 }
