@@ -1350,6 +1350,71 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A reduce ring in pieces sums into its slots with accumulating GEMMs (cuBLASLt's beta = 1, a
+/// plan of its own). Loading rank 0's kernels of `matmul_rs_ring` in 2 pieces a step (2 ranks)
+/// plans them too: issuing each of the rank's GEMMs afterwards, in its own form, plans nothing
+/// new. (Warmed as plain GEMMs, the accumulating plans were made mid-run, in the driver, while
+/// the GPU could wait on a peer's copy: the stall of rings in pieces on copy engines,
+/// docs/benchmarks.md, 2026-11-28 eighteenth and nineteenth.)
+#[test]
+fn a_ring_in_pieces_plans_its_accumulating_gemms_before_the_first_statement() {
+    let Some(_turn) = one_gpu() else { return };
+    use weave_executor::{Backend, CudaBackend, CudaOptions};
+
+    let gpu = weave_cuda::Gpu::open(0).expect("GPU 0");
+    let compiled = Compiler::new()
+        .chunks(streamweave::Chunks::Fixed(4))
+        .compile(&load("matmul_rs_ring", &[("d", 2), ("t", 128), ("h", 64)]))
+        .expect("compiles in pieces");
+    assert_eq!(compiled.ring_pieces(), Some((4, 2)));
+    let sms = usize::try_from(gpu.sm_count()).unwrap_or(1).max(1);
+    let table = compiled.kernel_table(2, 2, sms).expect("kernel table");
+    let gemms = table.gemms(0).to_vec();
+    assert!(
+        gemms.iter().any(|g| g.linear && g.accumulate),
+        "the ring's pieces sum in their GEMMs: {gemms:?}"
+    );
+    let backend = CudaBackend::new(gpu.clone(), CudaOptions::default())
+        .expect("backend")
+        .with_kernels(table.clone(), 0);
+    backend.load_kernels().expect("the kernels load");
+    let planned = gpu.gemm_plans();
+    let stream = backend
+        .stream(weave_executor::StreamKey::Main)
+        .expect("the main stream");
+    for g in &gemms {
+        let operand = |o: &weave_executor::meter::GemmOperand| {
+            backend
+                .allocate(o.dtype, &o.full, true, &stream)
+                .expect("operand")
+                .boxed(&o.ranges)
+                .expect("the operand's box fits its allocation")
+        };
+        let (a, b, out) = (operand(&g.a), operand(&g.b), operand(&g.out));
+        let bias = g.bias.as_ref().map(operand);
+        let run = if g.linear {
+            backend.linear(
+                "the ring's GEMM",
+                &a,
+                &b,
+                bias.as_ref(),
+                &out,
+                g.accumulate,
+                &stream,
+            )
+        } else {
+            backend.matmul("the ring's GEMM", &a, &b, &out, g.accumulate, &stream)
+        };
+        run.expect("the GEMM launches");
+        assert_eq!(
+            gpu.gemm_plans(),
+            planned,
+            "{g:?} was planned after loading: the run would plan it mid-run"
+        );
+    }
+    backend.synchronize().expect("the GEMMs ran");
+}
+
 /// Loading ahead covers what a run launches, so no module is loaded and no stream or GEMM
 /// handle is made while a run's waits are in flight (the copy-engine stalls of
 /// docs/benchmarks.md, 2026-11-27 seventh and eighth): after `CudaBackend::load_kernels` a

@@ -148,7 +148,7 @@ impl GemmOperand {
 pub struct MeteredGemm {
     /// A `linear` (`out = input · weightᵀ + bias`) rather than a `matmul`.
     pub linear: bool,
-    /// A `matmul` that adds to its output.
+    /// A GEMM that adds to its output (cuBLASLt's beta = 1: a plan of its own).
     pub accumulate: bool,
     /// The left operand (a linear's input).
     pub a: GemmOperand,

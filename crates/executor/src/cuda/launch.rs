@@ -218,11 +218,17 @@ impl CudaBackend {
             let out = operand(&g.out)?;
             let bias = g.bias.as_ref().map(operand).transpose()?;
             let label = "a GEMM warmed before the first statement";
-            let run = if g.linear {
-                self.gemm(label, &a, &b, true, bias.as_ref(), &out, false, &stream)
-            } else {
-                self.gemm(label, &a, &b, false, None, &out, g.accumulate, &stream)
-            };
+            // The accumulating form (beta = 1) is a plan of its own in cuBLASLt's cache.
+            let run = self.gemm(
+                label,
+                &a,
+                &b,
+                g.linear,
+                bias.as_ref(),
+                &out,
+                g.accumulate,
+                &stream,
+            );
             for t in [Some(a), Some(b), Some(out), bias].into_iter().flatten() {
                 self.deallocate(t, &stream);
             }

@@ -47,6 +47,20 @@ impl DeviceTensor {
         self.ranges.iter().map(|r| r.len()).collect()
     }
 
+    /// The box `ranges` of the same allocation (one range per axis, within its shape), or
+    /// `None` when they do not fit it.
+    pub fn boxed(&self, ranges: &[Range<usize>]) -> Option<DeviceTensor> {
+        let fits = ranges.len() == self.shape.len()
+            && ranges
+                .iter()
+                .zip(self.shape.iter())
+                .all(|(r, &n)| r.start <= r.end && r.end <= n);
+        fits.then(|| DeviceTensor {
+            ranges: ranges.to_vec(),
+            ..self.clone()
+        })
+    }
+
     /// Element strides of the box's axes.
     pub fn strides(&self) -> Vec<usize> {
         row_major(&self.shape)
