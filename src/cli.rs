@@ -19,7 +19,7 @@ mod tune_command;
 use std::path::Path;
 
 pub use calibrate_command::{calibrate, gpu_calibration};
-pub use flags::{Pinned, RunFlags, TuneFlags};
+pub use flags::{ChunksFlag, Pinned, RunFlags, TuneFlags};
 pub use paths::{cache_file, calibration_path, tune_cache_path};
 pub use report::{failures, print_report, render_report, summarize};
 pub use run_command::run;

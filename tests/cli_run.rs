@@ -192,10 +192,59 @@ fn chunks_sets_the_stream_split_unless_set_gives_it() {
     );
     // `--set s=` wins over --chunks.
     assert_eq!(issued(&["--chunks", "3", "--set", "s=2"]), two);
-    let (ok, _, err) = dump(&["--chunks", "0"]);
+    for bad in ["0", "ring:0", "ring:x", "ring2", "ring:65"] {
+        let (ok, _, err) = dump(&["--chunks", bad]);
+        assert!(!ok, "--chunks {bad}");
+        assert!(
+            err.contains(&format!(
+                "`{bad}` is neither `auto`, a positive number, `ring` nor `ring:K` (K pieces a step, 1 to 64)"
+            )),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn chunks_ring_runs_the_ring_form_and_says_so_or_says_why_not() {
+    let run = |file: &str, chunks: &str, set: &[&str]| {
+        let path = format!("tests/scenarios/{file}.weave");
+        let mut args = vec!["run", path.as_str(), "--chunks", chunks];
+        for s in set {
+            args.extend_from_slice(&["--set", s]);
+        }
+        weave(&args)
+    };
+    let (ok, out, err) = run("row_parallel_linear", "ring:2", &["t=48", "h=8"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("result: PASS"), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("config: ring form")
+            && l.contains("2 pieces a step")
+            && l.contains(
+                "`out`: allreduce as a reduce ring and its gather on axis 0 (2 devices)"
+            )),
+        "{out}"
+    );
+    let (ok, out, err) = run("sequence_parallel_mlp_block", "ring", &[]);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.lines().any(|l| l.starts_with("config: ring form")
+            && l.contains("`ag`: allgather as a ring on axis 0")
+            && l.contains("`out`: reduce-scatter as a reduce ring on axis 0")),
+        "{out}"
+    );
+    // Nothing to make a ring of.
+    let (ok, _, err) = run("single_binary_op", "ring:2", &[]);
     assert!(!ok);
     assert!(
-        err.contains("`0` is neither `auto` nor a positive number"),
+        err.contains("`single_binary_op` has no ring form: it has no allgather, and no GEMM whose contraction is split over devices and reduced by an allreduce or reduce-scatter"),
+        "{err}"
+    );
+    // Rows that do not fall into one block per device.
+    let (ok, _, err) = run("row_parallel_linear", "ring:2", &["t=51", "h=8"]);
+    assert!(!ok);
+    assert!(
+        err.contains("`row_parallel_linear` has no ring form: `out`'s axis 0 (51) does not fall into 2 equal blocks"),
         "{err}"
     );
 }

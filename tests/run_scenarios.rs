@@ -506,6 +506,80 @@ fn rings_in_pieces_sum_in_their_gemms_and_match_the_reference() {
     );
 }
 
+/// The ring form (`Chunks::Ring`, `weave run --chunks ring:K`) of every scenario on 2 to 4
+/// ranks, each step whole and in 2 pieces: refused, saying why, or run with the race checker
+/// against the reference. The layers a user writes with a collective (the row-parallel and
+/// column-parallel linears, `matmul_rs`, the MLP block) all have one, and in pieces the
+/// rewritten collectives are gone from their host programs.
+#[test]
+fn ring_forms_of_every_scenario_match_the_reference_or_are_refused() {
+    const LAYERS: [&str; 4] = [
+        "row_parallel_linear",
+        "column_parallel_chunked",
+        "matmul_rs",
+        "sequence_parallel_mlp_block",
+    ];
+    let mut failures = Vec::new();
+    let mut layers = 0;
+    let mut others = 0;
+    for Run {
+        name,
+        ranks,
+        overrides,
+        fusion,
+    } in every_run()
+    {
+        for k in [1usize, 2] {
+            let compiled = match Compiler::new()
+                .devices(ranks)
+                .chunks(streamweave::Chunks::Ring(k))
+                .compile(&fusion)
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    let e = e.to_string();
+                    let is_layer = LAYERS.contains(&name.as_str()) && ranks >= 2;
+                    // Refused as a whole (no ring site), or its reduce rings not in pieces
+                    // (an allgather ring alone), or a one-chunk form the data refuses.
+                    let known = e.contains("has no ring form")
+                        || e.contains("has no reduce ring whose partials a GEMM")
+                        || e.contains("the ring form: ");
+                    if is_layer && !(k > 1 && name == "column_parallel_chunked") || !known {
+                        failures.push(format!("{name} on {ranks} ranks, ring:{k}: {e}"));
+                    }
+                    continue;
+                }
+            };
+            let form = compiled.ring_form().expect("compiled in its ring form");
+            assert!(!form.rings.is_empty(), "{name}");
+            let p = compiled.program();
+            streamweave::host_ir::verify(p).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if LAYERS.contains(&name.as_str()) {
+                layers += 1;
+                let kinds = common::communication_kinds(p);
+                let rewritten = ["ReduceScatter", "Allreduce"];
+                assert!(
+                    !kinds.iter().any(|c| rewritten.contains(&c.as_str())),
+                    "{name} on {ranks} ranks, ring:{k} ({form}): {kinds:?}"
+                );
+                if k > 1 {
+                    assert!(kinds.is_empty(), "{name} {ranks} ring:{k}: {kinds:?}");
+                    assert_eq!(compiled.ring_pieces(), Some((ranks * k, k as i64)));
+                }
+            } else {
+                others += 1;
+            }
+            let streams = 1 + (ranks + k) % 3;
+            failures.extend(failure_of(&name, &compiled, ranks, streams, &overrides));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Each layer on 2, 3 and 4 ranks, whole and (but for column-parallel, whose only ring
+    // gathers) in 2 pieces.
+    assert_eq!(layers, 3 * (4 * 2 - 1), "the four layers' ring forms");
+    assert!(others > 0, "no other scenario has a ring form");
+}
+
 /// A run on `ranks` CPU ranks with a pool of `streams`, checked against the reference, the
 /// race checker on (the default).
 fn checked_on_cpu(ranks: usize, streams: usize) -> RunOptions {

@@ -39,6 +39,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use weave_cli::cli::ChunksFlag;
 use weave_passes::{DumpFlags, Ir, PassManager, Registry, DUMP_ENV};
 
 /// Compile multi-GPU tensor programs into host programs that overlap communication with
@@ -162,9 +163,14 @@ enum Command {
         /// say otherwise), when the tuning cache holds one; else on the CUDA backend a cost
         /// model (GEMM work and communication of the unchunked program against the machine's
         /// calibration) picks the fastest of 1, 2, 4, 8, no overlap when it cannot pay; on
-        /// the CPU backend the fusion's own value.
+        /// the CPU backend the fusion's own value. `ring:K` runs the fusion's ring form: from
+        /// its one-chunk form, each GEMM whose contraction is split over the devices and
+        /// reduced by an allreduce or reduce-scatter becomes a reduce ring, and each
+        /// allgather a ring, one stream chunk per device, the reduce rings' steps cut into K
+        /// pieces summed in their GEMMs (`ring` is `ring:1`, each step whole); refused for a
+        /// fusion without such a communication.
         #[arg(long, default_value = "auto", value_parser = parse_chunks)]
-        chunks: Auto<usize>,
+        chunks: Auto<ChunksFlag>,
         /// CUDA backend: after the warm-up, time this many runs on inputs already on the
         /// device (issued back to back, each timed by CUDA events on the main stream) and
         /// print their median and minimum (the slowest rank's), before the checked run (at
@@ -413,12 +419,28 @@ fn parse_cta_policy(s: &str) -> Result<Auto<streamweave::NcclCtaPolicy>, String>
     )
 }
 
-/// `--chunks`: `auto` or a positive count.
-fn parse_chunks(s: &str) -> Result<Auto<usize>, String> {
+/// `--chunks`: `auto`, a positive count, `ring` or `ring:K` (K from 1 to 64).
+fn parse_chunks(s: &str) -> Result<Auto<ChunksFlag>, String> {
     parse_auto(
         s,
-        |s| s.parse::<usize>().ok().filter(|&n| n >= 1),
-        |s| format!("`{s}` is neither `auto` nor a positive number"),
+        |s| match s.strip_prefix("ring") {
+            Some("") => Some(ChunksFlag::Ring(1)),
+            Some(k) => k
+                .strip_prefix(':')
+                .and_then(|k| k.parse::<usize>().ok())
+                .filter(|k| (1..=64).contains(k))
+                .map(ChunksFlag::Ring),
+            None => s
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n >= 1)
+                .map(ChunksFlag::Count),
+        },
+        |s| {
+            format!(
+                "`{s}` is neither `auto`, a positive number, `ring` nor `ring:K` (K pieces a step, 1 to 64)"
+            )
+        },
     )
 }
 

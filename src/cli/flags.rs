@@ -10,6 +10,35 @@ use streamweave::RunOptions;
 #[cfg(doc)]
 use super::tune_cache_path;
 
+/// `--chunks` other than `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunksFlag {
+    /// `--chunks S`: this chunk count.
+    Count(usize),
+    /// `--chunks ring:K` (`ring` is `ring:1`): the fusion's ring form, its reduce rings' steps
+    /// in `K` pieces ([`streamweave::Chunks::Ring`]).
+    Ring(usize),
+}
+
+impl ChunksFlag {
+    /// How the compiler picks the chunk count for this flag.
+    pub fn compiler_chunks(self) -> streamweave::Chunks {
+        match self {
+            ChunksFlag::Count(n) => streamweave::Chunks::Fixed(n),
+            ChunksFlag::Ring(k) => streamweave::Chunks::Ring(k),
+        }
+    }
+}
+
+impl std::fmt::Display for ChunksFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChunksFlag::Count(n) => write!(f, "{n}"),
+            ChunksFlag::Ring(k) => write!(f, "ring:{k}"),
+        }
+    }
+}
+
 /// The flags of `weave run` beyond [`RunOptions`]: the rank count and backend (which make
 /// the target), the seed of the generated inputs, whether to check against the reference,
 /// where the one-line JSON summary goes, the chunk count, and the dumps `WEAVE_DUMP` asks for.
@@ -25,9 +54,9 @@ pub struct RunFlags {
     pub no_check: bool,
     /// The JSON summary's file, if any.
     pub path: Option<PathBuf>,
-    /// `--chunks`: a fixed S, or `None` for the tuned configuration or the cost model's
-    /// choice.
-    pub chunks: Option<usize>,
+    /// `--chunks`: a fixed S or the ring form, or `None` for the tuned configuration or the
+    /// cost model's choice.
+    pub chunks: Option<ChunksFlag>,
     /// Whether `--streams` was given (the tuned pool size is used only when it was not).
     pub streams_given: bool,
     /// The value of `WEAVE_DUMP` (`weave_passes::DumpOptions::parse` syntax), which the binary

@@ -164,20 +164,28 @@ pub fn failures(report: &RunReport) -> Option<String> {
 /// The configuration a run uses, as `weave run` prints it: `S=2 K=2 replay, ordered compute`.
 pub(super) fn describe_config(exe: &Executable, options: &RunOptions, cuda: bool) -> String {
     let sig = exe.signature();
-    let s = sig
-        .role(streamweave::ir::ParamRole::ChunkCount)
-        .and_then(|p| sig.param(p))
-        .map(|v| format!("S={v}"))
-        // Without a chunk-count parameter: its stream loops as written, or one chunk (no
-        // stream loop: none written, or its Stream axes run serially by `--chunks 1`).
-        .unwrap_or_else(|| match streamweave::tune::loop_chunks(exe.program()) {
-            _ if exe.ring_pieces().is_some() => {
-                let (s, k) = exe.ring_pieces().unwrap_or_default();
-                format!("S={s} (ring steps in {k} pieces)")
-            }
-            Some(_) => "S=as written".to_string(),
-            None => "S=1".to_string(),
-        });
+    let ring = exe.ring_form().map(|form| {
+        let pieces = match exe.ring_pieces() {
+            Some((_, k)) => format!("{k} pieces a step"),
+            None => "each step whole".to_string(),
+        };
+        format!("ring form, {pieces} ({form})")
+    });
+    let s = ring.unwrap_or_else(|| {
+        sig.role(streamweave::ir::ParamRole::ChunkCount)
+            .and_then(|p| sig.param(p))
+            .map(|v| format!("S={v}"))
+            // Without a chunk-count parameter: its stream loops as written, or one chunk (no
+            // stream loop: none written, or its Stream axes run serially by `--chunks 1`).
+            .unwrap_or_else(|| match streamweave::tune::loop_chunks(exe.program()) {
+                _ if exe.ring_pieces().is_some() => {
+                    let (s, k) = exe.ring_pieces().unwrap_or_default();
+                    format!("S={s} (ring steps in {k} pieces)")
+                }
+                Some(_) => "S=as written".to_string(),
+                None => "S=1".to_string(),
+            })
+    });
     let mut out = format!("{s} K={}", options.streams);
     if cuda {
         out.push_str(if options.gpu.replay && options.iters > 0 {

@@ -220,7 +220,7 @@ pub fn run(
         let dumps = DumpOptions::parse(flags.weave_dump.as_deref().unwrap_or_default())
             .map_err(|e| e.to_string())?;
         let chunks = match flags.chunks {
-            Some(n) => Chunks::Fixed(n),
+            Some(c) => c.compiler_chunks(),
             None if tuned.is_some() => tuned
                 .as_ref()
                 .map_or(Chunks::AsWritten, |(e, _)| e.compiler_chunks()),

@@ -43,6 +43,7 @@ pub mod propagate_shardings;
 pub mod registry;
 pub mod reorder_sharded_axis;
 pub mod resharding;
+pub mod ring_form;
 pub mod segment;
 pub mod shared;
 

@@ -57,6 +57,7 @@ pub struct Executable {
     /// The chunk count and the pieces per ring step, when a chunk count that multiplies a
     /// ring's chunks cut its steps into pieces (`lower-to-host{ring-pieces=K}`).
     ring_pieces: Option<(usize, i64)>,
+    ring_form: Option<weave_passes::ring_form::RingForm>,
     /// Runs on GPUs so far and the tuned configuration they use (shared by clones).
     repeated: Arc<Mutex<running::Repeated>>,
     /// The kernel tables made so far, by rank count, pool size and SM count (shared by
@@ -93,6 +94,7 @@ impl Executable {
             compile_time: Duration::ZERO,
             chunk_choice: None,
             ring_pieces: None,
+            ring_form: None,
             repeated: Arc::default(),
             kernel_tables: Arc::default(),
         })
@@ -139,9 +141,15 @@ impl Executable {
     }
 
     /// `(S, K)` when the chunk count `S` cut a reduce ring's steps into `K` pieces each, summed
-    /// in the ring's GEMMs ([`Chunks::Fixed`] a multiple of the chunks its loops run).
+    /// in the ring's GEMMs ([`Chunks::Fixed`] a multiple of the chunks its loops run, or
+    /// [`Chunks::Ring`] of `K` ≥ 2).
     pub fn ring_pieces(&self) -> Option<(usize, i64)> {
         self.ring_pieces
+    }
+
+    /// What [`Chunks::Ring`] rewrote into rings, when it compiled this executable.
+    pub fn ring_form(&self) -> Option<&weave_passes::ring_form::RingForm> {
+        self.ring_form.as_ref()
     }
 
     /// The per-rank configuration of a run starting now: the parameter values, the stream

@@ -23,6 +23,13 @@ pub enum Chunks {
     Fixed(usize),
     /// The cost model's choice for this calibration (GEMM throughput, link bandwidths).
     Auto(Calibration),
+    /// The fusion's ring form (`weave_passes::ring_form`): from its one-chunk form, each
+    /// GEMM whose contraction is split over the devices and reduced by an allreduce or
+    /// reduce-scatter becomes a reduce ring, and each allgather a ring, one stream chunk per
+    /// device; with `pieces` ≥ 2 the reduce rings' steps are cut into that many pieces summed
+    /// in their GEMMs (`lower-to-host{ring-pieces=K}`), with 1 they run as written. Refused,
+    /// saying why, for a fusion with no such communication.
+    Ring(usize),
 }
 
 /// Turns fusions into executables: the registry and pipeline of passes, parameter values,
@@ -162,6 +169,10 @@ impl Compiler {
             };
             let value = match &self.chunks {
                 Chunks::AsWritten => None,
+                Chunks::Ring(_) => {
+                    keeps(1).map_err(|e| Error::Program(format!("the ring form: {e}")))?;
+                    Some(1)
+                }
                 Chunks::Fixed(n) => {
                     keeps(*n).map_err(|e| Error::Program(format!("--chunks {n}: {e}")))?;
                     Some(*n)
@@ -210,7 +221,21 @@ impl Compiler {
         }
         let mut fusion = if changed { reload(&set)? } else { first };
         let mut ring_pieces = None;
-        if serial {
+        let mut rings = None;
+        if let Chunks::Ring(pieces) = self.chunks {
+            let form = weave_passes::ring_form::ring_form(&fusion)
+                .map_err(|d| Error::Program(d.to_string()))?;
+            let file = format!("{}.weave (its ring form)", fusion.name);
+            fusion = crate::load(&file, &form.source, &[])?;
+            if pieces > 1 {
+                ring_pieces = Some(i64::try_from(pieces).unwrap_or(i64::MAX));
+            } else if pieces == 0 {
+                return Err(Error::Program(
+                    "the ring form takes 1 (as written) or more pieces a step, not 0".into(),
+                ));
+            }
+            rings = Some(form);
+        } else if serial {
             fusion.serialize_streams();
         } else if let (Chunks::Fixed(n), None) =
             (&self.chunks, fusion.role_param(ParamRole::ChunkCount))
@@ -224,10 +249,18 @@ impl Compiler {
         let mut exe = Executable::from_program(program)?;
         exe.compile_time = start.elapsed();
         exe.chunk_choice = choice;
-        exe.ring_pieces = match (&self.chunks, ring_pieces) {
-            (Chunks::Fixed(n), Some(k)) => Some((*n, k)),
+        exe.ring_pieces = match (&self.chunks, ring_pieces, &rings) {
+            (Chunks::Fixed(n), Some(k), _) => Some((*n, k)),
+            (Chunks::Ring(_), Some(k), Some(form)) => {
+                let d = form.rings.first().map_or(1, |r| r.devices);
+                Some((
+                    d.saturating_mul(usize::try_from(k).unwrap_or(usize::MAX)),
+                    k,
+                ))
+            }
             _ => None,
         };
+        exe.ring_form = rings;
         Ok(exe)
     }
 
