@@ -57,7 +57,9 @@ use std::time::{Duration, Instant};
 use weave_ir::{Fusion, ParamRole};
 
 use crate::chunks::{Calibration, CANDIDATES};
-use crate::executable::{Chunks, Compiler, Error, Executable};
+#[cfg(doc)]
+use crate::executable::Chunks;
+use crate::executable::{Compiler, Error, Executable};
 use crate::run::{Overlap, Transport};
 
 /// Measured candidates within this fraction of the fastest tie; the simplest of them wins.
@@ -76,6 +78,23 @@ pub const STREAM_COUNTS: [usize; 3] = [1, 2, 4];
 /// The pieces per step a reduce ring without a chunk-count parameter is tried with (chunk
 /// counts of that many times the chunks its loops run; `lower-to-host{ring-pieces=K}`).
 pub const RING_PIECES: [usize; 2] = [2, 4];
+
+/// The pieces per step a fusion's ring form ([`Chunks::Ring`]) is tried with on more than one
+/// rank: each step whole, and the reduce rings' steps in 2 and 4 pieces.
+pub const RING_FORM_PIECES: [usize; 3] = [1, 2, 4];
+
+/// What a tuning compiles: a chunk count (`None`: as written) and, for the fusion's ring form,
+/// its pieces a step.
+type Form = (Option<usize>, Option<usize>);
+
+/// How `form` is named in a row's message.
+fn form_name((chunks, ring): Form) -> String {
+    match (ring, chunks) {
+        (Some(k), _) => format!("ring:{k}"),
+        (None, Some(s)) => format!("S={s}"),
+        (None, None) => "S=as written".to_string(),
+    }
+}
 
 /// One candidate and what became of it.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,6 +139,7 @@ impl Tuning {
             backend: self.key.backend.clone(),
             gpu: self.key.gpu.clone(),
             chunks: c.chunks,
+            ring: c.ring,
             streams: c.streams,
             replay: c.replay,
             transport: c.transport,
@@ -167,6 +187,9 @@ pub struct TuneOptions {
     pub machine: String,
     /// The chunk counts S to try (where the fusion has a chunk-count parameter).
     pub chunk_counts: Vec<usize>,
+    /// The pieces a step the fusion's ring form ([`Chunks::Ring`]) is tried with, on more than
+    /// one rank ([`RING_FORM_PIECES`] by default; empty: not tried).
+    pub ring_pieces: Vec<usize>,
     /// The stream-pool sizes K to try.
     pub stream_counts: Vec<usize>,
     /// The cost model's calibration that prunes chunk counts; `None` measures them all.
@@ -244,8 +267,9 @@ impl Scope {
 }
 
 impl TuneOptions {
-    /// S ∈ {1, 2, 4, 8}, K ∈ {1, 2, 4}, replay on and off on GPUs, pruned by `calibration`
-    /// at 1.5×; on GPUs then the copy engines at every chunk count and the overlap knobs; no
+    /// S ∈ {1, 2, 4, 8} and, on more than one rank, the ring form in 1, 2 and 4 pieces a
+    /// step; K ∈ {1, 2, 4}, replay on and off on GPUs, the chunk counts pruned by
+    /// `calibration` at 1.5×; on GPUs then the copy engines at every chunk count and the overlap knobs; no
     /// time limit (`weave tune`).
     pub fn new(ranks: usize, cuda: bool, machine: &str, calibration: Option<Calibration>) -> Self {
         TuneOptions {
@@ -253,6 +277,7 @@ impl TuneOptions {
             cuda,
             machine: machine.to_string(),
             chunk_counts: CANDIDATES.to_vec(),
+            ring_pieces: RING_FORM_PIECES.to_vec(),
             stream_counts: STREAM_COUNTS.to_vec(),
             calibration,
             prune_factor: 1.5,
@@ -393,11 +418,27 @@ pub fn tune(
             false => s.into_iter().map(Some).collect(),
         }
     };
+    // Then, on more than one rank, the fusion's ring form (where it has one: else each is a
+    // refused row), running as many chunks as devices times its pieces.
+    let mut forms: Vec<Form> = chunk_counts.iter().map(|&s| (s, None)).collect();
+    if options.ranks > 1 {
+        forms.extend(
+            options
+                .ring_pieces
+                .iter()
+                .filter(|&&k| k > 0)
+                .map(|&k| (Some(options.ranks.saturating_mul(k)), Some(k))),
+        );
+    }
     let compiler = Compiler::new().devices(options.ranks);
-    let compiled: Vec<(Option<usize>, Result<Executable, String>)> = chunk_counts
+    let compiled: Vec<(Form, Result<Executable, String>)> = forms
         .iter()
-        .map(|&s| {
-            let chunks = s.map_or(Chunks::AsWritten, Chunks::Fixed);
+        .map(|&(s, ring)| {
+            let chunks = Candidate {
+                ring,
+                ..Candidate::new(s, 1, false)
+            }
+            .compiler_chunks();
             let exe = compiler
                 .clone()
                 .chunks(chunks)
@@ -408,7 +449,7 @@ pub fn tune(
                         .map_err(|e| e.to_string())
                         .map(|()| exe)
                 });
-            (s, exe)
+            ((s, ring), exe)
         })
         .collect();
     let pruned = prune(&compiled, options);
@@ -420,11 +461,12 @@ pub fn tune(
         .map(|(_, e)| e.as_ref().ok().map(|exe| statements_of(exe.program())))
         .collect();
     let mut rows = Vec::new();
-    for (n, (s, exe)) in compiled.iter().enumerate() {
+    for (n, (form, exe)) in compiled.iter().enumerate() {
+        let (s, ring) = (&form.0, form.1);
         let same_as = bodies[n].as_ref().and_then(|body| {
             (0..n)
                 .find(|&m| bodies[m].as_ref() == Some(body))
-                .and_then(|m| compiled[m].0)
+                .map(|m| compiled[m].0)
         });
         let loops = exe.as_ref().is_ok_and(|exe| has_loop(exe.program()));
         // The chunks it runs: S, or as written its stream loops' trip count.
@@ -444,13 +486,18 @@ pub fn tune(
                 usable
             };
             for &replay in &options.replays {
-                let candidate = Candidate::new(*s, k, replay);
-                let outcome = match (exe, s.and_then(|s| pruned.get(&s))) {
+                let candidate = Candidate {
+                    ring,
+                    ..Candidate::new(*s, k, replay)
+                };
+                // The cost model knows chunk counts, not rings.
+                let prune = s.filter(|_| ring.is_none()).and_then(|s| pruned.get(&s));
+                let outcome = match (exe, prune) {
                     (Err(m), _) => Outcome::Refused(m.clone()),
                     (Ok(_), Some(&(ratio, best))) => Outcome::Pruned { ratio, best },
                     (Ok(_), None) if same_as.is_some() => Outcome::Redundant(format!(
-                        "the same host program as S={}: the same run",
-                        same_as.unwrap_or(1)
+                        "the same host program as {}: the same run",
+                        same_as.map_or_else(String::new, form_name)
                     )),
                     (Ok(_), None) if !loops && k > 1 => Outcome::Redundant(
                         "no stream loop: the pool is never used, the same run as K=1".into(),
@@ -471,7 +518,7 @@ pub fn tune(
         let exe_of = |c: &Candidate| {
             compiled
                 .iter()
-                .find(|(s, _)| *s == c.chunks)
+                .find(|(f, _)| *f == (c.chunks, c.ring))
                 .and_then(|(_, e)| e.as_ref().ok())
         };
         // The copy engines at every chunk count, on that count's fastest run: their best S
@@ -483,7 +530,7 @@ pub fn tune(
                 let Some(t) = r.outcome.time() else { continue };
                 match per_count
                     .iter_mut()
-                    .find(|(c, _)| c.chunks == r.candidate.chunks)
+                    .find(|(c, _)| (c.chunks, c.ring) == (r.candidate.chunks, r.candidate.ring))
                 {
                     Some(best) if t < best.1 => *best = (r.candidate, t),
                     Some(_) => {}
@@ -590,7 +637,7 @@ pub fn tune(
             &|c| {
                 compiled
                     .iter()
-                    .find(|(s, _)| *s == c.chunks)
+                    .find(|(f, _)| *f == (c.chunks, c.ring))
                     .and_then(|(_, e)| e.as_ref().ok())
             },
             &|rows| over_budget(rows),
@@ -610,7 +657,7 @@ pub fn tune(
 /// count's fastest run with NCCL and the default knobs (replayed where any was), against
 /// the workload of the one-chunk program, from `options`' calibration (else the default).
 fn fitted_contention(
-    compiled: &[(Option<usize>, Result<Executable, String>)],
+    compiled: &[(Form, Result<Executable, String>)],
     rows: &[Row],
     options: &TuneOptions,
 ) -> Option<f64> {
@@ -618,7 +665,7 @@ fn fitted_contention(
         return None;
     }
     let one = compiled.iter().find_map(|(s, e)| match (s, e) {
-        (Some(1), Ok(exe)) => Some(exe),
+        ((Some(1), None), Ok(exe)) => Some(exe),
         _ => None,
     })?;
     let w = crate::chunks::workload(one.program(), options.ranks).ok()?;
@@ -630,7 +677,7 @@ fn fitted_contention(
     for r in rows
         .iter()
         .filter(plain)
-        .filter(|r| r.candidate.replay == replayed)
+        .filter(|r| r.candidate.replay == replayed && r.candidate.ring.is_none())
     {
         if let (Some(s), Some(t)) = (r.candidate.chunks, r.outcome.time()) {
             let t = t.as_secs_f64();
@@ -716,7 +763,7 @@ fn has_loop(program: &weave_host_ir::HostProgram) -> bool {
 /// that best: none without a calibration, without communication, or when the one-chunk
 /// program did not compile or cannot be metered; never S = 1.
 fn prune(
-    compiled: &[(Option<usize>, Result<Executable, String>)],
+    compiled: &[(Form, Result<Executable, String>)],
     options: &TuneOptions,
 ) -> BTreeMap<usize, (f64, usize)> {
     let mut out = BTreeMap::new();
@@ -724,7 +771,7 @@ fn prune(
         return out;
     };
     let Some(one) = compiled.iter().find_map(|(s, e)| match (s, e) {
-        (Some(1), Ok(exe)) => Some(exe),
+        ((Some(1), None), Ok(exe)) => Some(exe),
         _ => None,
     }) else {
         return out;
@@ -735,7 +782,10 @@ fn prune(
     if w.comms.is_empty() {
         return out;
     }
-    let counts: Vec<usize> = compiled.iter().filter_map(|(s, _)| *s).collect();
+    let counts: Vec<usize> = compiled
+        .iter()
+        .filter_map(|((s, ring), _)| s.filter(|_| ring.is_none()))
+        .collect();
     let predicted: Vec<(usize, f64)> = counts
         .iter()
         .map(|&s| (s, crate::chunks::predict(&w, cal, s)))

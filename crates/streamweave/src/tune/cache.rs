@@ -101,6 +101,9 @@ pub struct Entry {
     /// The chunk count (absent: the fusion's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunks: Option<usize>,
+    /// The fusion's ring form, this many pieces a step (absent: the fusion as written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<usize>,
     /// The stream-pool size.
     pub streams: usize,
     /// Whether repeated runs replay a captured CUDA graph.
@@ -169,6 +172,7 @@ impl Entry {
     pub fn candidate(&self) -> Candidate {
         Candidate {
             chunks: self.chunks,
+            ring: self.ring,
             streams: self.streams,
             replay: self.replay,
             transport: self.transport,
@@ -188,7 +192,7 @@ impl Entry {
 
     /// How a [`Compiler`](crate::Compiler) should pick the chunk count for this entry.
     pub fn compiler_chunks(&self) -> Chunks {
-        self.chunks.map_or(Chunks::AsWritten, Chunks::Fixed)
+        self.candidate().compiler_chunks()
     }
 
     /// Sets `options`' stream pool, transport and overlap knobs to this entry's and turns
@@ -226,7 +230,7 @@ impl TuneCache {
         let cache: TuneCache =
             toml::from_str(text).map_err(|e| CacheParseError::Toml(toml_error(&e)))?;
         for e in &cache.entries {
-            if e.streams == 0 || e.chunks == Some(0) || e.ranks == 0 {
+            if e.streams == 0 || e.chunks == Some(0) || e.ring == Some(0) || e.ranks == 0 {
                 return Err(CacheParseError::NotPositive { key: e.key.clone() });
             }
         }

@@ -4,7 +4,6 @@ use std::fmt;
 use std::time::Duration;
 
 use super::choice::median;
-#[cfg(doc)]
 use crate::executable::Chunks;
 #[cfg(doc)]
 use crate::run::RunOptions;
@@ -17,6 +16,10 @@ pub struct Candidate {
     /// axes keep the extents it writes). For such a fusion, `Some(1)` runs its Stream axes
     /// serially ([`Chunks::Fixed`] of 1, `Fusion::serialize_streams`).
     pub chunks: Option<usize>,
+    /// The fusion's ring form with its reduce rings' steps in this many pieces
+    /// ([`Chunks::Ring`]); `chunks` is then the chunks its loops run. `None`: the fusion as
+    /// written.
+    pub ring: Option<usize>,
     /// The stream-pool size K ([`RunOptions::streams`]).
     pub streams: usize,
     /// Whether repeated runs replay a captured CUDA graph
@@ -34,6 +37,7 @@ impl Candidate {
     pub fn new(chunks: Option<usize>, streams: usize, replay: bool) -> Candidate {
         Candidate {
             chunks,
+            ring: None,
             streams,
             replay,
             transport: Transport::Nccl,
@@ -41,10 +45,28 @@ impl Candidate {
         }
     }
 
+    /// The fusion's ring form, `pieces` pieces a step, running `chunks` chunks, with
+    /// `streams`, `replay`, NCCL and the default overlap knobs.
+    pub fn ring(pieces: usize, chunks: usize, streams: usize, replay: bool) -> Candidate {
+        Candidate {
+            ring: Some(pieces),
+            ..Candidate::new(Some(chunks), streams, replay)
+        }
+    }
+
+    /// How the [`Compiler`](crate::Compiler) compiles this candidate's program.
+    pub fn compiler_chunks(&self) -> Chunks {
+        match self.ring {
+            Some(k) => Chunks::Ring(k),
+            None => self.chunks.map_or(Chunks::AsWritten, Chunks::Fixed),
+        }
+    }
+
     /// How many knobs differ from the defaults (ties go to fewer).
     pub(super) fn knobs(&self) -> usize {
         let o = &self.overlap;
         usize::from(self.transport != Transport::Nccl)
+            + usize::from(self.ring.is_some())
             + usize::from(o.ordered_compute)
             + usize::from(o.pool_priority_high)
             + usize::from(o.comm_priority_high)
@@ -59,9 +81,11 @@ impl Candidate {
 
 impl fmt::Display for Candidate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.chunks {
-            Some(s) => write!(f, "S={s}")?,
-            None => f.write_str("S=as written")?,
+        match (self.ring, self.chunks) {
+            (Some(k), Some(s)) => write!(f, "ring:{k} S={s}")?,
+            (Some(k), None) => write!(f, "ring:{k}")?,
+            (None, Some(s)) => write!(f, "S={s}")?,
+            (None, None) => f.write_str("S=as written")?,
         }
         write!(
             f,

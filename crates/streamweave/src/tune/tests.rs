@@ -2,8 +2,18 @@
 //! made-up figures (and the CPU backend).
 
 use super::*;
+use crate::executable::Chunks;
 use crate::run::{NcclCtaPolicy, RunOptions, Target};
 use std::cell::RefCell;
+
+/// `options` without the ring forms: the tests of the grid, the knobs and the choice count
+/// the rows of chunk counts (the ring forms have tests of their own).
+fn without_rings(options: TuneOptions) -> TuneOptions {
+    TuneOptions {
+        ring_pieces: Vec::new(),
+        ..options
+    }
+}
 
 /// The row-parallel layer (a GEMM and an allreduce per chunk), small.
 const ROW_PARALLEL: &str = "fusion row_parallel_linear(t = 48, h = 8, d = 2, s = 4) {
@@ -30,7 +40,7 @@ fn ms(x: f64) -> Duration {
 fn unpruned() -> TuneOptions {
     TuneOptions {
         knobs: false,
-        ..TuneOptions::new(2, true, "Test GPU", None)
+        ..without_rings(TuneOptions::new(2, true, "Test GPU", None))
     }
 }
 
@@ -51,9 +61,18 @@ impl<F: Fn(&Candidate) -> f64> Fake<F> {
 
 impl<F: Fn(&Candidate) -> f64> Measure for &Fake<F> {
     fn measure(&mut self, exe: &Executable, c: &Candidate) -> Result<Duration, MeasureError> {
-        // The program measured is the one of the candidate's chunk count.
+        // The program measured is the one of the candidate's chunk count, or its ring form
+        // (from the one-chunk form) in the candidate's pieces.
         let s = exe.signature().params.iter().find(|(k, _)| k == "s");
-        assert_eq!(s.map(|(_, v)| *v as usize), c.chunks, "{c}");
+        let s = s.map(|(_, v)| *v as usize);
+        match c.ring {
+            Some(k) => {
+                assert!(exe.ring_form().is_some(), "{c}");
+                assert_eq!(s, Some(1), "{c}");
+                assert_eq!(exe.ring_pieces().map(|(_, k)| k as usize), (k > 1).then_some(k));
+            }
+            None => assert_eq!(s, c.chunks, "{c}"),
+        }
         self.calls.borrow_mut().push(*c);
         Ok(ms((self.figure)(c)))
     }
@@ -96,7 +115,7 @@ fn a_gpu_tuning_fits_the_contention_it_measured_and_the_cache_keeps_it() {
         "{t}"
     );
     // On the CPU nothing is fitted: its ranks are threads, not a GPU's SMs.
-    let cpu = TuneOptions::new(2, false, "cpu", None);
+    let cpu = without_rings(TuneOptions::new(2, false, "cpu", None));
     assert_eq!(tune(&f, &cpu, &mut &fake).unwrap().contention, None);
     // Cached with the winner, read back as the machine's contention (the median).
     let dir = std::env::temp_dir().join(format!("weave-contention-{}", std::process::id()));
@@ -124,6 +143,84 @@ fn a_gpu_tuning_fits_the_contention_it_measured_and_the_cache_keeps_it() {
         None
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_ring_form_is_tried_whole_and_in_pieces_and_its_winner_is_cached() {
+    // The ring form in 2 pieces a step is fastest.
+    let fake = Fake::new(|c: &Candidate| match c.ring {
+        Some(2) => 4.0,
+        Some(_) => 6.0,
+        None => 10.0 / c.chunks.unwrap_or(1) as f64 + 3.0,
+    });
+    let options = TuneOptions {
+        knobs: false,
+        ..TuneOptions::new(2, true, "Test GPU", None)
+    };
+    let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
+    // 4 chunk counts and 3 ring forms, × 3 pool sizes × replay on/off.
+    assert_eq!(t.rows.len(), (4 + 3) * 3 * 2, "{t}");
+    for k in RING_FORM_PIECES {
+        let ring = Candidate::ring(k, 2 * k, 2, true);
+        let row = t.rows.iter().find(|r| r.candidate == ring);
+        assert!(
+            row.is_some_and(|r| r.outcome.time().is_some()),
+            "{ring} not measured\n{t}"
+        );
+    }
+    let (best, time) = t.best().unwrap();
+    assert_eq!((best.ring, best.chunks, time), (Some(2), Some(4), ms(4.0)), "{t}");
+    assert!(t.to_string().contains("ring:2 S=4 K=2 replay"), "{t}");
+    // Cached, read back and compiled again as that ring form.
+    let entry = t.entry().unwrap();
+    assert_eq!(entry.ring, Some(2));
+    let mut cache = TuneCache::default();
+    cache.insert(entry);
+    let text = cache.render();
+    assert!(text.contains("ring = 2"), "{text}");
+    let back = TuneCache::parse(&text).unwrap();
+    let entry = &back.entries[0];
+    assert_eq!(entry.candidate(), best);
+    assert!(matches!(entry.compiler_chunks(), Chunks::Ring(2)));
+    let exe = Compiler::new()
+        .devices(2)
+        .chunks(entry.compiler_chunks())
+        .compile(&fusion(&[]))
+        .unwrap();
+    assert_eq!(exe.ring_pieces(), Some((4, 2)));
+    // A ring of no pieces is no entry.
+    let zero = text.replace("ring = 2", "ring = 0");
+    assert!(TuneCache::parse(&zero).is_err(), "{zero}");
+    // One rank has no ring: none is tried.
+    let one = TuneOptions {
+        knobs: false,
+        ..TuneOptions::new(1, true, "Test GPU", None)
+    };
+    let t = tune(&fusion(&[("d", 1)]), &one, &mut &fake).unwrap();
+    assert!(t.rows.iter().all(|r| r.candidate.ring.is_none()), "{t}");
+    // A fusion without a collective has no ring form: its ring rows are refused, saying why.
+    let local = crate::load(
+        "local.weave",
+        "fusion local(t = 8, h = 4, d = 2, s = 2) {
+  mesh m = devices(d)
+  tensor x: f32[t, h] on m
+  y = relu(x)
+  output y
+  schedule y { outer_split(0, s) -> Stream }
+}
+",
+        &[],
+    )
+    .unwrap();
+    let t = tune(&local, &options, &mut &fake).unwrap();
+    let refused: Vec<&Row> = t.rows.iter().filter(|r| r.candidate.ring.is_some()).collect();
+    assert_eq!(refused.len(), 3 * 3 * 2, "{t}");
+    for r in refused {
+        assert!(
+            matches!(&r.outcome, Outcome::Refused(m) if m.contains("`local` has no ring form")),
+            "{r:?}"
+        );
+    }
 }
 
 #[test]
@@ -222,7 +319,12 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
         t
     });
     // Copy engines are tried by default.
-    let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+    let options = without_rings(TuneOptions::first_run(
+        2,
+        "Test GPU",
+        None,
+        Duration::from_secs(3600),
+    ));
     assert!(options.copy_engines);
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     // Without them (`--copy-engines off`) the same tuning measures every candidate but the
@@ -371,7 +473,12 @@ fn programs_that_gather_try_copy_engines_and_knob_variants_follow_the_base() {
     );
     let both = Knob::CommPriorityHigh.apply(ce);
     assert!(both.overlap.check(both.transport).is_err());
-    let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(60));
+    let options = without_rings(TuneOptions::first_run(
+        4,
+        "Test GPU",
+        None,
+        Duration::from_secs(60),
+    ));
     assert!(options.allows(&high) && !options.allows(&both));
     // One chunk: nothing to order or to prioritize, no other pool; one rank: no NCCL.
     let one = knob_variants(
@@ -442,7 +549,12 @@ fn copy_engines_are_tried_at_every_chunk_count_and_their_slots_on_a_winner() {
         }
         t
     });
-    let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600));
+    let options = without_rings(TuneOptions::first_run(
+        4,
+        "Test GPU",
+        None,
+        Duration::from_secs(3600),
+    ));
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     let (best, time) = t.best().unwrap();
     assert_eq!(
@@ -524,7 +636,12 @@ fn copy_engines_issued_eager_win_where_they_are_fastest() {
             _ => base,
         }
     });
-    let options = TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600));
+    let options = without_rings(TuneOptions::first_run(
+        4,
+        "Test GPU",
+        None,
+        Duration::from_secs(3600),
+    ));
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     let (best, _) = t.best().unwrap();
     assert_eq!(
@@ -547,7 +664,7 @@ fn copy_engines_issued_eager_win_where_they_are_fastest() {
             t
         }
     });
-    let full = TuneOptions::new(4, true, "Test GPU", None);
+    let full = without_rings(TuneOptions::new(4, true, "Test GPU", None));
     let t = tune(&fusion(&[]), &full, &mut &eager_nccl).unwrap();
     let ce: Vec<Candidate> = t
         .rows
@@ -587,8 +704,13 @@ fn a_session_tuning_measures_only_what_a_session_can_switch_to() {
             t
         }
     });
-    let options =
-        TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600)).in_session();
+    let options = without_rings(TuneOptions::first_run(
+        4,
+        "Test GPU",
+        None,
+        Duration::from_secs(3600),
+    ))
+    .in_session();
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     let measured = fake.calls.borrow().clone();
     assert!(!measured.is_empty());
@@ -599,7 +721,12 @@ fn a_session_tuning_measures_only_what_a_session_can_switch_to() {
     let any = Fake::new(|_: &Candidate| 5.0);
     tune(
         &fusion(&[]),
-        &TuneOptions::first_run(4, "Test GPU", None, Duration::from_secs(3600)),
+        &without_rings(TuneOptions::first_run(
+            4,
+            "Test GPU",
+            None,
+            Duration::from_secs(3600),
+        )),
         &mut &any,
     )
     .unwrap();
@@ -649,7 +776,12 @@ fn a_spent_budget_leaves_the_remaining_candidates_unmeasured_and_says_so() {
         std::thread::sleep(Duration::from_millis(30));
         5.0
     });
-    let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_millis(1));
+    let options = without_rings(TuneOptions::first_run(
+        2,
+        "Test GPU",
+        None,
+        Duration::from_millis(1),
+    ));
     let t = tune(&fusion(&[]), &options, &mut &fake).unwrap();
     let measured = t.rows.iter().filter(|r| r.outcome.time().is_some()).count();
     assert_eq!(measured, 1, "{t}");
@@ -679,7 +811,7 @@ fn chunk_counts_with_the_same_host_program_and_pools_without_a_loop_are_measured
 ";
     let fusion = crate::load("add.weave", source, &[]).unwrap();
     let fake = Fake::new(|_: &Candidate| 1.0);
-    let options = TuneOptions::new(1, true, "Test GPU", None);
+    let options = without_rings(TuneOptions::new(1, true, "Test GPU", None));
     let t = tune(&fusion, &options, &mut &fake).unwrap();
     // Both measured, then both again in each round of the final (the two fastest).
     let both = [candidate(1, 1, true), candidate(1, 1, false)];
@@ -821,7 +953,7 @@ fn refused_and_failed_candidates_are_recorded_with_their_message() {
     // A rank count the program's meshes cannot take is refused for every candidate.
     let t = tune(
         &fusion(&[("d", 2)]),
-        &TuneOptions::new(3, false, "cpu", None),
+        &without_rings(TuneOptions::new(3, false, "cpu", None)),
         &mut |_: &Executable, _: &Candidate| Ok(ms(1.0)),
     )
     .unwrap();
@@ -892,7 +1024,7 @@ fn runs_on_cpu_ranks_measure_and_choose() {
     let options = TuneOptions {
         chunk_counts: vec![1, 2],
         stream_counts: vec![1, 2],
-        ..TuneOptions::new(2, false, "cpu", None)
+        ..without_rings(TuneOptions::new(2, false, "cpu", None))
     };
     let mut measure = RunMeasure::new(Target::Cpu { ranks: 2 }, 1, 2, Duration::from_secs(30));
     let t = tune(&fusion(&[]), &options, &mut measure).unwrap();
@@ -992,7 +1124,12 @@ fn the_final_round_chooses_by_fresh_figures_alone() {
             truth + wobble
         }
     });
-    let knobs = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+    let knobs = without_rings(TuneOptions::first_run(
+        2,
+        "Test GPU",
+        None,
+        Duration::from_secs(3600),
+    ));
     let t = tune(&fusion(&[]), &knobs, &mut &wander).unwrap();
     assert_eq!(t.best().unwrap().0, candidate(1, 1, true), "{t}");
     assert_eq!(t.best().unwrap().1, ms(1.0), "{t}");
@@ -1133,7 +1270,12 @@ fn a_ring_program_is_also_measured_as_its_collective_and_runs_it_where_faster() 
         ("h".to_string(), 8),
     ];
     let f = crate::load("ring.weave", &source, &ov).unwrap();
-    let options = TuneOptions::first_run(2, "Test GPU", None, Duration::from_secs(3600));
+    let options = without_rings(TuneOptions::first_run(
+        2,
+        "Test GPU",
+        None,
+        Duration::from_secs(3600),
+    ));
     for (serial_ms, ring_ms) in [(1.0, 1.1), (1.1, 1.0)] {
         let mut measure = |exe: &Executable, c: &Candidate| -> Result<Duration, String> {
             let serial = loop_chunks(exe.program()).is_none();
