@@ -58,10 +58,18 @@ fn tune_caches_the_winner_and_run_uses_it() {
         out.contains("tuning on 2 rank(s) of the cpu backend, 1 warm-up and 2 timed run(s)"),
         "{out}"
     );
-    // S ∈ {1, 2, 4, 8} × K ∈ {1, 2, 4}, eager on the CPU; pools larger than the chunk count
-    // are skipped; exactly one winner.
+    // S ∈ {1, 2, 4, 8} and the ring form in 1, 2 and 4 pieces a step (2, 4 and 8 chunks),
+    // × K ∈ {1, 2, 4}, eager on the CPU; pools larger than the chunk count are skipped;
+    // exactly one winner.
     let rows: Vec<&str> = out.lines().filter(|l| l.contains(" K=")).collect();
-    assert_eq!(rows.len(), 13, "{out}"); // 12 candidates and the `tuned:` line
+    assert_eq!(rows.len(), 22, "{out}"); // 21 candidates and the `tuned:` line
+    for k in [1, 2, 4] {
+        let ring = format!("ring:{k} S={} K=2 eager", 2 * k);
+        assert!(
+            out.lines().any(|l| l.contains(&ring) && l.contains(" ms")),
+            "{ring} not measured\n{out}"
+        );
+    }
 
     // `--copy-engines on|off` (a bare flag says `on`, the default) lets the copy-engine
     // transport among the GPU knobs or leaves it out: on CPU ranks, which have no knobs, the
@@ -76,7 +84,7 @@ fn tune_caches_the_winner_and_run_uses_it() {
         let (ok, ce_out, err) = weave(&with, &ce_cache);
         assert!(ok, "{ce_out}\n{err}");
         let ce_rows = ce_out.lines().filter(|l| l.contains(" K=")).count();
-        assert_eq!(ce_rows, 13, "{ce_out}");
+        assert_eq!(ce_rows, 22, "{ce_out}");
         assert!(!ce_out.contains("copy-engine"), "{ce_out}");
     }
     let mut bad = args.clone();
@@ -87,8 +95,12 @@ fn tune_caches_the_winner_and_run_uses_it() {
         err.contains("invalid value 'maybe' for '--copy-engines [<on|off>]'"),
         "{err}"
     );
-    assert_eq!(out.matches("the same run as K=").count(), 3, "{out}");
-    assert_eq!(out.lines().filter(|l| l.starts_with("* S=")).count(), 1);
+    assert_eq!(out.matches("the same run as K=").count(), 4, "{out}");
+    let winners = out
+        .lines()
+        .filter(|l| l.starts_with("* S=") || l.starts_with("* ring:"))
+        .count();
+    assert_eq!(winners, 1, "{out}");
     assert!(out.contains(" ms\n"), "{out}");
     let cached = TuneCache::load(&cache).unwrap();
     assert_eq!(cached.entries.len(), 1, "{}", cached.render());
