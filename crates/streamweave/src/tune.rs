@@ -552,6 +552,11 @@ pub fn tune(
                     tries.push(
                         Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(Knob::GemmIntoWindows.apply(ce)),
                     );
+                } else if comms.iter().any(|c| c == "P2P") {
+                    // A ring's transfers in slots that hold a piece whole (the MLP block's
+                    // rings in 2 pieces a step on 2 × H200: 1.58 ms against 1.74 with the
+                    // default slots, docs/benchmarks.md, 2026-11-28 nineteenth).
+                    tries.push(Knob::CeSlots(TUNED_CE_SLOT_MIB).apply(ce));
                 }
                 // Each with the other replay setting too (a first run's grid is replayed:
                 // its copy engines are also tried eager; where the grid had an eager base,

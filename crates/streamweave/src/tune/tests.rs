@@ -69,7 +69,10 @@ impl<F: Fn(&Candidate) -> f64> Measure for &Fake<F> {
             Some(k) => {
                 assert!(exe.ring_form().is_some(), "{c}");
                 assert_eq!(s, Some(1), "{c}");
-                assert_eq!(exe.ring_pieces().map(|(_, k)| k as usize), (k > 1).then_some(k));
+                assert_eq!(
+                    exe.ring_pieces().map(|(_, k)| k as usize),
+                    (k > 1).then_some(k)
+                );
             }
             None => assert_eq!(s, c.chunks, "{c}"),
         }
@@ -169,7 +172,11 @@ fn the_ring_form_is_tried_whole_and_in_pieces_and_its_winner_is_cached() {
         );
     }
     let (best, time) = t.best().unwrap();
-    assert_eq!((best.ring, best.chunks, time), (Some(2), Some(4), ms(4.0)), "{t}");
+    assert_eq!(
+        (best.ring, best.chunks, time),
+        (Some(2), Some(4), ms(4.0)),
+        "{t}"
+    );
     assert!(t.to_string().contains("ring:2 S=4 K=2 replay"), "{t}");
     // Cached, read back and compiled again as that ring form.
     let entry = t.entry().unwrap();
@@ -191,6 +198,25 @@ fn the_ring_form_is_tried_whole_and_in_pieces_and_its_winner_is_cached() {
     // A ring of no pieces is no entry.
     let zero = text.replace("ring = 2", "ring = 0");
     assert!(TuneCache::parse(&zero).is_err(), "{zero}");
+    // With the knobs, each ring form is also measured on copy engines, and in slots that hold
+    // a piece whole (its transfers are point-to-point: no sum for GEMMs to write into).
+    let knobs = TuneOptions::new(2, true, "Test GPU", None);
+    let t = tune(&fusion(&[]), &knobs, &mut &fake).unwrap();
+    for k in RING_FORM_PIECES {
+        for slots in [0, TUNED_CE_SLOT_MIB] {
+            assert!(
+                t.rows.iter().any(|r| {
+                    let c = &r.candidate;
+                    c.ring == Some(k)
+                        && c.transport == Transport::CopyEngine
+                        && c.overlap.ce_slot_mib == slots
+                        && !c.overlap.gemm_into_windows
+                        && r.outcome.time().is_some()
+                }),
+                "ring:{k} on copy engines, slots {slots} MiB, not measured\n{t}"
+            );
+        }
+    }
     // One rank has no ring: none is tried.
     let one = TuneOptions {
         knobs: false,
@@ -213,7 +239,11 @@ fn the_ring_form_is_tried_whole_and_in_pieces_and_its_winner_is_cached() {
     )
     .unwrap();
     let t = tune(&local, &options, &mut &fake).unwrap();
-    let refused: Vec<&Row> = t.rows.iter().filter(|r| r.candidate.ring.is_some()).collect();
+    let refused: Vec<&Row> = t
+        .rows
+        .iter()
+        .filter(|r| r.candidate.ring.is_some())
+        .collect();
     assert_eq!(refused.len(), 3 * 3 * 2, "{t}");
     for r in refused {
         assert!(
