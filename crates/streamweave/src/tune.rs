@@ -72,6 +72,10 @@ pub const FINALISTS: usize = 3;
 /// How many times the final round measures each finalist by default.
 pub const FINAL_ROUNDS: usize = 3;
 
+/// How many rounds a first run's final round goes up to while less than half its budget is
+/// spent ([`TuneOptions::final_rounds_up_to`]).
+pub const FIRST_RUN_FINAL_ROUNDS: usize = 12;
+
 /// The stream-pool sizes a tuning considers by default.
 pub const STREAM_COUNTS: [usize; 3] = [1, 2, 4];
 
@@ -221,6 +225,12 @@ pub struct TuneOptions {
     /// the simplest measured candidate), in turn, before the winner is chosen among them by
     /// these fresh figures alone; 0: no final round, the search's figures choose.
     pub final_rounds: usize,
+    /// While the tuning has spent less than half its [`TuneOptions::budget`], the final round
+    /// goes on past [`TuneOptions::final_rounds`], up to this many rounds: the median of more
+    /// fresh figures chooses (on 2 × H200 at t = h = 8192 one candidate's figures of 3 rounds
+    /// spread 7.27–8.20 ms, docs/benchmarks.md, 2026-11-28 nineteenth). At most
+    /// `final_rounds` (the default) adds none.
+    pub final_rounds_up_to: usize,
 }
 
 /// Which candidates a tuning may measure and choose: what the runner that applies the
@@ -287,6 +297,7 @@ impl TuneOptions {
             scope: Scope::Any,
             copy_engines: true,
             final_rounds: FINAL_ROUNDS,
+            final_rounds_up_to: FINAL_ROUNDS,
         }
     }
 
@@ -306,7 +317,8 @@ impl TuneOptions {
     /// [`Executable::run`](crate::Executable::run)): S ∈ {1, 2, 4, 8} at K = 2 replayed (what
     /// repeated runs do), then the copy engines at every chunk count (replayed and eager), the
     /// overlap knobs, the other pool sizes and (chunked) the same run eager on the best two,
-    /// within `budget`.
+    /// within `budget`; the final round goes on up to [`FIRST_RUN_FINAL_ROUNDS`] rounds while
+    /// less than half the budget is spent.
     pub fn first_run(
         ranks: usize,
         machine: &str,
@@ -317,6 +329,7 @@ impl TuneOptions {
             stream_counts: vec![2],
             replays: vec![true],
             budget: Some(budget),
+            final_rounds_up_to: FIRST_RUN_FINAL_ROUNDS,
             ..TuneOptions::new(ranks, true, machine, calibration)
         }
     }
@@ -635,9 +648,15 @@ pub fn tune(
     // in turn; the winner is chosen among them by these fresh figures alone (the search's
     // least figures are optimistic, see the module doc).
     if !over_budget(&rows) {
+        // The rounds past `final_rounds` only while less than half the budget is spent.
+        let extra_until = options.budget.map(|b| b / 2);
         choice::final_round(
             &mut rows,
-            options.final_rounds,
+            // No final round at all stays none.
+            match options.final_rounds {
+                0 => 0,
+                n => n.max(options.final_rounds_up_to),
+            },
             measure,
             &|c| {
                 compiled
@@ -645,7 +664,11 @@ pub fn tune(
                     .find(|(f, _)| *f == (c.chunks, c.ring))
                     .and_then(|(_, e)| e.as_ref().ok())
             },
-            &|rows| over_budget(rows),
+            &|rows, round| {
+                !over_budget(rows)
+                    && (round < options.final_rounds
+                        || extra_until.is_some_and(|t| started.elapsed() < t))
+            },
         );
     }
     let winner = choose(&rows);

@@ -7,15 +7,15 @@ use super::{Candidate, Outcome, Row, FINALISTS, TIE_MARGIN};
 use crate::executable::Executable;
 use crate::tune::Measure;
 
-/// Measures the finalists ([`finalists`]) `rounds` times each, in turn, while `over_budget`
-/// allows another round, and records each as [`Outcome::Confirmed`] with its fresh figures,
+/// Measures the finalists ([`finalists`]) up to `rounds` times each, in turn, while `go_on`
+/// (the rows, the round about to start, from 0) allows each round after the first, and records each as [`Outcome::Confirmed`] with its fresh figures,
 /// or as failed when a fresh run fails. `exe_of` gives a candidate's compiled program.
 pub(super) fn final_round<'a>(
     rows: &mut [Row],
     rounds: usize,
     measure: &mut dyn Measure,
     exe_of: &dyn Fn(&Candidate) -> Option<&'a Executable>,
-    over_budget: &dyn Fn(&[Row]) -> bool,
+    go_on: &dyn Fn(&[Row], usize) -> bool,
 ) {
     let finalists = finalists(rows);
     if finalists.len() < 2 {
@@ -24,7 +24,7 @@ pub(super) fn final_round<'a>(
     let mut fresh: Vec<Vec<Duration>> = vec![Vec::new(); finalists.len()];
     let mut failed: Vec<Option<String>> = vec![None; finalists.len()];
     for round in 0..rounds {
-        if round > 0 && over_budget(rows) {
+        if round > 0 && !go_on(rows, round) {
             break;
         }
         for (j, &i) in finalists.iter().enumerate() {

@@ -459,7 +459,7 @@ fn knobs_are_tried_on_the_best_candidates_and_the_ones_that_help_are_combined() 
     assert_eq!(unique.len(), calls.len());
     let winner = t.rows.iter().find(|r| r.candidate == best).unwrap();
     assert!(
-        matches!(&winner.outcome, Outcome::Confirmed { again, .. } if again.len() == FINAL_ROUNDS),
+        matches!(&winner.outcome, Outcome::Confirmed { again, .. } if again.len() == FIRST_RUN_FINAL_ROUNDS),
         "{t}"
     );
     // The winner's knobs go into the cache entry and back out of it, through TOML.
@@ -1154,15 +1154,41 @@ fn the_final_round_chooses_by_fresh_figures_alone() {
             truth + wobble
         }
     });
-    let knobs = without_rings(TuneOptions::first_run(
+    let first_run = without_rings(TuneOptions::first_run(
         2,
         "Test GPU",
         None,
         Duration::from_secs(3600),
     ));
+    let knobs = TuneOptions {
+        final_rounds_up_to: FINAL_ROUNDS,
+        ..first_run.clone()
+    };
     let t = tune(&fusion(&[]), &knobs, &mut &wander).unwrap();
     assert_eq!(t.best().unwrap().0, candidate(1, 1, true), "{t}");
     assert_eq!(t.best().unwrap().1, ms(1.0), "{t}");
+    // A first run's final round goes on while less than half its budget is spent: here, far
+    // less, so every finalist is measured again the most times.
+    seen.borrow_mut().clear();
+    let t = tune(&fusion(&[]), &first_run, &mut &wander).unwrap();
+    assert_eq!(t.best().unwrap().0, candidate(1, 1, true), "{t}");
+    let again: Vec<usize> = t
+        .rows
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Confirmed { again, .. } => Some(again.len()),
+            _ => None,
+        })
+        .collect();
+    assert!(again.len() >= 2, "{t}");
+    assert!(again.iter().all(|&n| n == FIRST_RUN_FINAL_ROUNDS), "{t}");
+    // Without a budget (`weave tune`), the final round stays at its rounds.
+    assert_eq!(
+        TuneOptions::new(2, true, "Test GPU", None).final_rounds_up_to,
+        FINAL_ROUNDS
+    );
+    seen.borrow_mut().clear();
+    tune(&fusion(&[]), &knobs, &mut &wander).unwrap();
     // Without the final round, the search's lucky figure would have won.
     let seen_before = seen.borrow().len();
     seen.borrow_mut().clear();
