@@ -173,6 +173,17 @@ fn site(
 ) -> Result<Option<Site>, String> {
     let name = &decomposed.tensor(output).name;
     let Some(t) = serial.tensor_by_name(name) else {
+        // `decompose-reshardings` split a linear's bias off its device-reduced product
+        // (`<out>_nobias`): the ring in pieces sums in GEMMs without a bias.
+        if let Some(out) = name
+            .strip_suffix("_nobias")
+            .filter(|out| serial.tensor_by_name(out).is_some())
+        {
+            return Err(format!(
+                "`{out}` is a linear with a bias, which is added after the reduction (the \
+                 ring form takes a GEMM without one: add the bias after the linear)"
+            ));
+        }
         return Ok(None);
     };
     let Some(def) = serial.tensor(t).definition else {
