@@ -752,10 +752,17 @@ class Fusion:
         """The fusion's name."""
         return self._native.name()
 
-    def compile(self, *, devices: Optional[int] = None) -> Executable:
+    def compile(
+        self, *, devices: Optional[int] = None, chunks: Union[int, str, None] = None
+    ) -> Executable:
         """Lowers the fusion with the standard pipeline; ``devices`` sets the mesh size of a
-        program that leaves it to the runner (a ``d: mesh`` parameter)."""
-        return Executable(self._native.compile(devices))
+        program that leaves it to the runner (a ``d: mesh`` parameter). ``chunks`` is
+        ``weave run --chunks``: a positive count sets the chunk-count parameter, ``"ring"``
+        or ``"ring:K"`` compiles the fusion's ring form (its device-reduced GEMMs as reduce
+        rings, their steps in ``K`` pieces, and its allgathers as rings); ``None`` keeps the
+        fusion's own. A value it does not take raises :class:`ArgumentValueError`, a fusion
+        without a ring form :class:`FusionError`."""
+        return Executable(self._native.compile(devices, chunks))
 
     def dump(
         self,

@@ -10,7 +10,7 @@ import inspect
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Union
 
 import numpy as np
 import pytest
@@ -266,6 +266,34 @@ def test_the_result_repr_shows_shapes_and_dtypes_not_values() -> None:
     assert text.startswith("RunResult(outputs={'out': float32[50, 60]}, passed=True"), text
     assert "races=0" in text and "bytes of JSON" in text
     assert len(text) < 200, text
+
+
+def test_compile_takes_a_chunk_count_or_the_ring_form() -> None:
+    f = sw.examples.load("row_parallel_linear", t=8, h=4)
+    rng = np.random.default_rng(1)
+    inputs: Dict[str, Any] = {
+        "inp": rng.random((8, 16)).astype(np.float32),
+        "w": rng.random((4, 16)).astype(np.float32),
+    }
+    plain = f.compile(devices=2).run(inputs, ranks=2, check=True)
+    assert plain.passed and plain.checked
+    # The ring form, its steps in 2 pieces: the allreduce is gone from the program, the
+    # values are the same.
+    ring = f.compile(devices=2, chunks="ring:2")
+    assert "Allreduce" in str(f.compile(devices=2))
+    assert "Allreduce" not in str(ring)
+    r = ring.run(inputs, ranks=2, check=True)
+    assert r.passed and r.checked and r.max_abs_error < 0.1
+    np.testing.assert_allclose(r.outputs["out"], plain.outputs["out"], rtol=0.05, atol=0.05)
+    # A count sets the chunk-count parameter, as `weave run --chunks` does.
+    assert f.compile(devices=2, chunks=1).run(inputs, ranks=2, check=True).passed
+    bad_values: List[Union[int, str]] = ["ring:0", "ring:65", "rings", "0", 0, -1]
+    for bad in bad_values:
+        with pytest.raises(sw.ArgumentValueError, match="is neither a positive number, `ring` nor `ring:K`"):
+            f.compile(devices=2, chunks=bad)
+    # A fusion with no collective to make a ring of says so.
+    with pytest.raises(sw.FusionError, match="has no ring form"):
+        sw.examples.load("add_per_stream").compile(chunks="ring")
 
 
 def test_a_trace_file_gets_its_svg_timeline_beside_it(tmp_path: Path) -> None:

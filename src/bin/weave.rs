@@ -423,18 +423,10 @@ fn parse_cta_policy(s: &str) -> Result<Auto<streamweave::NcclCtaPolicy>, String>
 fn parse_chunks(s: &str) -> Result<Auto<ChunksFlag>, String> {
     parse_auto(
         s,
-        |s| match s.strip_prefix("ring") {
-            Some("") => Some(ChunksFlag::Ring(1)),
-            Some(k) => k
-                .strip_prefix(':')
-                .and_then(|k| k.parse::<usize>().ok())
-                .filter(|k| (1..=64).contains(k))
-                .map(ChunksFlag::Ring),
-            None => s
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n >= 1)
-                .map(ChunksFlag::Count),
+        |s| match streamweave::Chunks::parse(s) {
+            Ok(streamweave::Chunks::Fixed(n)) => Some(ChunksFlag::Count(n)),
+            Ok(streamweave::Chunks::Ring(k)) => Some(ChunksFlag::Ring(k)),
+            _ => None,
         },
         |s| {
             format!(

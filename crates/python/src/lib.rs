@@ -157,6 +157,13 @@ struct NativeFusion {
     fusion: Fusion,
 }
 
+/// `chunks=` of `Fusion.compile`: a count or its text form.
+#[derive(FromPyObject)]
+enum ChunksArg {
+    Count(i64),
+    Text(String),
+}
+
 #[pymethods]
 impl NativeFusion {
     /// The fusion as `.weave` text.
@@ -170,12 +177,26 @@ impl NativeFusion {
     }
 
     /// Compiles with the standard pipeline; `devices` fixes the mesh size for programs that
-    /// leave it to the runner.
-    #[pyo3(signature = (devices=None))]
-    fn compile(&self, devices: Option<usize>) -> PyResult<NativeExecutable> {
+    /// leave it to the runner; `chunks` (a positive count, `ring` or `ring:K`,
+    /// `streamweave::Chunks::parse`) fixes the chunk count or asks for the ring form.
+    #[pyo3(signature = (devices=None, chunks=None))]
+    fn compile(
+        &self,
+        devices: Option<usize>,
+        chunks: Option<ChunksArg>,
+    ) -> PyResult<NativeExecutable> {
         let mut compiler = Compiler::new();
         if let Some(n) = devices {
             compiler = compiler.devices(n);
+        }
+        if let Some(c) = chunks {
+            let text = match c {
+                ChunksArg::Count(n) => n.to_string(),
+                ChunksArg::Text(t) => t,
+            };
+            let chunks = streamweave::Chunks::parse(&text)
+                .map_err(|m| raise(Kind::ArgumentValue, format!("chunks: {m}")))?;
+            compiler = compiler.chunks(chunks);
         }
         let exe = compiler.compile(&self.fusion).map_err(error)?;
         Ok(NativeExecutable { exe: Arc::new(exe) })

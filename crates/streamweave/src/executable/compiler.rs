@@ -32,6 +32,37 @@ pub enum Chunks {
     Ring(usize),
 }
 
+/// The most pieces a step [`Chunks::parse`] takes for a ring form (`ring-pieces` takes as
+/// many).
+pub const MAX_RING_PIECES: usize = 64;
+
+impl Chunks {
+    /// A fixed choice written as text, as `weave run --chunks` and Python's
+    /// `Fusion.compile(chunks=)` take it: a positive count ([`Chunks::Fixed`]), `ring` or
+    /// `ring:K` with `K` from 1 to [`MAX_RING_PIECES`] ([`Chunks::Ring`]; `ring` is `ring:1`).
+    /// The error says what was expected.
+    pub fn parse(s: &str) -> Result<Chunks, String> {
+        let chunks = match s.strip_prefix("ring") {
+            Some("") => Some(Chunks::Ring(1)),
+            Some(k) => k
+                .strip_prefix(':')
+                .and_then(|k| k.parse::<usize>().ok())
+                .filter(|k| (1..=MAX_RING_PIECES).contains(k))
+                .map(Chunks::Ring),
+            None => s
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n >= 1)
+                .map(Chunks::Fixed),
+        };
+        chunks.ok_or_else(|| {
+            format!(
+                "`{s}` is neither a positive number, `ring` nor `ring:K` (K pieces a step, 1 to {MAX_RING_PIECES})"
+            )
+        })
+    }
+}
+
 /// Turns fusions into executables: the registry and pipeline of passes, parameter values,
 /// the device count and the chunk count.
 #[derive(Clone, Debug)]
