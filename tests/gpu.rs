@@ -186,21 +186,66 @@ fn every_scenario_matches_the_reference_on_2_and_4_gpus_and_the_race_checker_agr
 #[test]
 fn rings_in_pieces_match_the_reference_on_both_transports() {
     let Some((n, _turn)) = gpus() else { return };
+    let names = [
+        "matmul_rs_ring",
+        "row_parallel_ring",
+        "sequence_parallel_mlp_ring",
+    ];
+    rings_match_the_reference(n, &names, |ranks, k| {
+        (
+            streamweave::Chunks::Fixed(ranks * k),
+            Some((ranks * k, k as i64)),
+        )
+    });
+}
+
+/// The ring form (`Chunks::Ring`, `weave run --chunks ring:K`) of the layers a user writes
+/// with collectives, their reduce rings in 2 and 4 pieces a step (column-parallel, whose only
+/// ring gathers, each step whole), on NCCL and on the copy engines: every rank matches the
+/// reference on 2 and 4 GPUs.
+#[test]
+fn ring_forms_of_the_layers_match_the_reference_on_both_transports() {
+    let Some((n, _turn)) = gpus() else { return };
+    let names = [
+        "row_parallel_linear",
+        "matmul_rs",
+        "sequence_parallel_mlp_block",
+        "column_parallel_chunked",
+    ];
+    rings_match_the_reference(n, &names, |ranks, k| {
+        (
+            streamweave::Chunks::Ring(k),
+            (k > 1).then_some((ranks * k, k as i64)),
+        )
+    });
+}
+
+/// Runs each of `names` (t = 64 a rank, h = 64) on 2 and 4 of `gpus` GPUs, compiled with the
+/// chunks `how(ranks, pieces)` gives (with the ring pieces it must report) for 2 and 4 pieces
+/// (1 for `column_parallel_chunked`), on both transports, against the reference.
+fn rings_match_the_reference(
+    gpus: usize,
+    names: &[&str],
+    how: impl Fn(usize, usize) -> (streamweave::Chunks, Option<(usize, i64)>),
+) {
     let mut failures = Vec::new();
     let mut runs = 0;
-    for ranks in rank_counts(n) {
-        for name in [
-            "matmul_rs_ring",
-            "row_parallel_ring",
-            "sequence_parallel_mlp_ring",
-        ] {
+    for ranks in rank_counts(gpus) {
+        for &name in names {
             let set = [("d", ranks as i64), ("t", 64 * ranks as i64), ("h", 64)];
-            for k in [2, 4] {
+            let pieces: &[usize] = if name == "column_parallel_chunked" {
+                &[1]
+            } else {
+                &[2, 4]
+            };
+            for &k in pieces {
+                let (chunks, expected) = how(ranks, k);
                 let compiled = Compiler::new()
-                    .chunks(streamweave::Chunks::Fixed(ranks * k))
+                    .devices(ranks)
+                    .chunks(chunks)
                     .compile(&load(name, &set))
-                    .expect("compiles in pieces");
-                assert_eq!(compiled.ring_pieces(), Some((ranks * k, k as i64)));
+                    .expect("compiles as rings");
+                assert_eq!(compiled.ring_pieces(), expected, "{name}");
                 let globals = compiled.random_inputs(11).unwrap();
                 for transport in [
                     streamweave::Transport::Nccl,
