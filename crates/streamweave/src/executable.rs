@@ -27,7 +27,7 @@ mod inputs;
 mod outputs;
 mod running;
 
-pub use compiler::{Chunks, Compiler};
+pub use compiler::{Chunks, ChunksParseError, Compiler, MAX_RING_PIECES};
 pub use error::Error;
 #[cfg(feature = "cuda")]
 pub(crate) use running::{tune_definition, TuneFor};

@@ -102,7 +102,7 @@ pub mod tune;
 #[cfg(feature = "cuda")]
 mod world;
 
-pub use executable::{Chunks, Compiler, Error, Executable};
+pub use executable::{Chunks, ChunksParseError, Compiler, Error, Executable, MAX_RING_PIECES};
 pub use half;
 pub use run::OverlapError;
 pub use run::{

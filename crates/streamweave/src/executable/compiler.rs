@@ -41,7 +41,7 @@ impl Chunks {
     /// `Fusion.compile(chunks=)` take it: a positive count ([`Chunks::Fixed`]), `ring` or
     /// `ring:K` with `K` from 1 to [`MAX_RING_PIECES`] ([`Chunks::Ring`]; `ring` is `ring:1`).
     /// The error says what was expected.
-    pub fn parse(s: &str) -> Result<Chunks, String> {
+    pub fn parse(s: &str) -> Result<Chunks, ChunksParseError> {
         let chunks = match s.strip_prefix("ring") {
             Some("") => Some(Chunks::Ring(1)),
             Some(k) => k
@@ -55,12 +55,20 @@ impl Chunks {
                 .filter(|&n| n >= 1)
                 .map(Chunks::Fixed),
         };
-        chunks.ok_or_else(|| {
-            format!(
-                "`{s}` is neither a positive number, `ring` nor `ring:K` (K pieces a step, 1 to {MAX_RING_PIECES})"
-            )
+        chunks.ok_or_else(|| ChunksParseError {
+            text: s.to_string(),
         })
     }
+}
+
+/// Text that [`Chunks::parse`] does not take.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{text}` is neither a positive number, `ring` nor `ring:K` (K pieces a step, 1 to {MAX_RING_PIECES})"
+)]
+pub struct ChunksParseError {
+    /// The text given.
+    pub text: String,
 }
 
 /// Turns fusions into executables: the registry and pipeline of passes, parameter values,
