@@ -240,34 +240,46 @@ fn chunks_ring_runs_the_ring_form_and_says_so_or_says_why_not() {
         err.contains("`single_binary_op` has no ring form: it has no allgather, and no GEMM whose contraction is split over devices and reduced by an allreduce or reduce-scatter"),
         "{err}"
     );
-    // A linear with a bias: named, with what to write instead.
-    let (ok, _, err) = run("row_parallel_linear_bias", "ring:2", &["t=48", "h=8"]);
-    assert!(!ok);
-    assert!(
-        err.contains("`row_parallel_linear_bias` has no ring form: `out` is a linear with a bias, which is added after the reduction (the ring form takes a GEMM without one: add the bias after the linear)"),
-        "{err}"
-    );
-    // And what it says works: the bias added after the linear.
-    let dir = std::env::temp_dir().join(format!("weave-ring-bias-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let after = dir.join("bias_after.weave");
-    std::fs::write(
-        &after,
-        std::fs::read_to_string("tests/scenarios/row_parallel_linear_bias.weave")
-            .unwrap()
-            .replace(
-                "  out = linear(inp, w, bias)\n",
-                "  y = linear(inp, w)\n  bb = broadcast(bias, [0])\n  out = add(y, bb)\n",
-            ),
-    )
-    .unwrap();
-    let (ok, out, err) = weave(&["run", after.to_str().unwrap(), "--chunks", "ring:2"]);
+    // A linear with a bias sums without it in the ring and adds it after: to the gathered
+    // tensor of an allreduce, to the blocks of a reduce-scatter (`matmul_rs` given a bias).
+    let (ok, out, err) = run("row_parallel_linear_bias", "ring:2", &["t=48", "h=8"]);
     assert!(ok, "{out}\n{err}");
     assert!(
-        out.contains("`y`: allreduce as a reduce ring and its gather")
+        out.contains("`out`: allreduce as a reduce ring and its gather on axis 0 (2 devices)")
             && out.contains("result: PASS"),
         "{out}"
     );
+    let dir = std::env::temp_dir().join(format!("weave-ring-bias-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let with_bias = dir.join("matmul_rs_bias.weave");
+    std::fs::write(
+        &with_bias,
+        std::fs::read_to_string("tests/scenarios/matmul_rs.weave")
+            .unwrap()
+            .replace(
+                "  out = linear(inp, w)\n",
+                "  tensor bias: bf16[h] on m\n  out = linear(inp, w, bias)\n",
+            ),
+    )
+    .unwrap();
+    for chunks in ["auto", "ring:2"] {
+        let (ok, out, err) = weave(&[
+            "run",
+            with_bias.to_str().unwrap(),
+            "--chunks",
+            chunks,
+            "--set",
+            "t=48",
+            "--set",
+            "h=8",
+        ]);
+        assert!(ok && out.contains("result: PASS"), "{out}\n{err}");
+        assert_eq!(
+            out.contains("`out`: reduce-scatter as a reduce ring on axis 0 (2 devices)"),
+            chunks != "auto",
+            "{out}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
     // Rows that do not fall into one block per device.
     let (ok, _, err) = run("row_parallel_linear", "ring:2", &["t=51", "h=8"]);

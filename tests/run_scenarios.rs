@@ -508,13 +508,14 @@ fn rings_in_pieces_sum_in_their_gemms_and_match_the_reference() {
 
 /// The ring form (`Chunks::Ring`, `weave run --chunks ring:K`) of every scenario on 2 to 4
 /// ranks, each step whole and in 2 pieces: refused, saying why, or run with the race checker
-/// against the reference. The layers a user writes with a collective (the row-parallel and
-/// column-parallel linears, `matmul_rs`, the MLP block) all have one, and in pieces the
-/// rewritten collectives are gone from their host programs.
+/// against the reference. The layers a user writes with a collective (the row-parallel
+/// linear, with and without a bias, the column-parallel linear, `matmul_rs`, the MLP block)
+/// all have one, and in pieces the rewritten collectives are gone from their host programs.
 #[test]
 fn ring_forms_of_every_scenario_match_the_reference_or_are_refused() {
-    const LAYERS: [&str; 4] = [
+    const LAYERS: [&str; 5] = [
         "row_parallel_linear",
+        "row_parallel_linear_bias",
         "column_parallel_chunked",
         "matmul_rs",
         "sequence_parallel_mlp_block",
@@ -576,7 +577,7 @@ fn ring_forms_of_every_scenario_match_the_reference_or_are_refused() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Each layer on 2, 3 and 4 ranks, whole and (but for column-parallel, whose only ring
     // gathers) in 2 pieces.
-    assert_eq!(layers, 3 * (4 * 2 - 1), "the four layers' ring forms");
+    assert_eq!(layers, 3 * (5 * 2 - 1), "the five layers' ring forms");
     assert!(others > 0, "no other scenario has a ring form");
 }
 

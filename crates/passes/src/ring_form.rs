@@ -12,7 +12,8 @@
 //! * Output: the canonical text of the rewritten fusion ([`RingForm::source`]) and what was
 //!   rewritten ([`RingForm::rings`]); the same values for the same inputs, each rank's blocks of
 //!   the inputs and outputs laid out as in the one-chunk form. Tensor names of the fusion are
-//!   kept; new tensors are named `<out>_ring` and `<out>_ring_reduced` (made unique).
+//!   kept; new tensors are named `<out>_ring`, `<out>_ring_reduced`, `<out>_ring_gathered`
+//!   and `<out>_ring_bias` (made unique).
 //! * Not a pass: it reads the shardings that `propagate-shardings` and `decompose-reshardings`
 //!   give a copy of the fusion and rewrites the fusion as written, which the caller loads again.
 //!
@@ -24,7 +25,11 @@
 //!    outer_split(A, d) -> Stream }` (`R` the contraction axis) and `out = set(out_ring)` with
 //!    `schedule out { mesh = m; outer_split(A, d) -> DIDx }`. Reduced by an Allreduce, `A` is
 //!    axis 0 and the ring's output is gathered after it: `out_ring_reduced = set(out_ring)`
-//!    split like that, and `out = set(out_ring_reduced)` replicated.
+//!    split like that, and `out = set(out_ring_reduced)` replicated. A `linear` with a bias
+//!    (which `decompose-reshardings` adds after the reduction) sums without it in the ring,
+//!    and the bias, broadcast, is added after: to the blocks of a reduce-scatter, to the
+//!    gathered tensor of an allreduce (`out_ring_gathered`), so that the gather still reads
+//!    the ring's output alone and goes out in its last step.
 //! 2. **Allgather rings.** `ag = set(x)` gathering `x`'s device blocks of axis `A` into a
 //!    replicated tensor becomes stream-split on `A` in `d` chunks (chunk `i` is device `i`'s
 //!    block): `schedule ag { mesh = m; outer_split(A, d) -> Stream }`.
@@ -107,6 +112,12 @@ struct Site {
     contraction: usize,
     /// Of an allgather ring: the gathered axis's extent is the device count (`parallelize`).
     whole_axis: bool,
+    /// Of a reduce ring: the GEMM's call without its bias (`linear(a, w)`).
+    call: String,
+    /// Of a reduce ring: the linear's bias, added after the reduction.
+    bias: Option<String>,
+    /// The tensor's axes (without reductions).
+    rank: usize,
 }
 
 /// Rewrites `fusion` into its ring form (see the module doc), or says why it has none.
@@ -171,19 +182,18 @@ fn site(
     kind: RingKind,
     info: &crate::communication::CommunicationInfo,
 ) -> Result<Option<Site>, String> {
-    let name = &decomposed.tensor(output).name;
-    let Some(t) = serial.tensor_by_name(name) else {
-        // `decompose-reshardings` split a linear's bias off its device-reduced product
-        // (`<out>_nobias`): the ring in pieces sums in GEMMs without a bias.
-        if let Some(out) = name
+    let communicated = &decomposed.tensor(output).name;
+    // `decompose-reshardings` splits a linear's bias off its device-reduced product
+    // (`<out>_nobias`): the site is `out`, whose bias the ring form adds after the ring.
+    let found = serial
+        .tensor_by_name(communicated)
+        .map(|t| (communicated, t));
+    let Some((name, t)) = found.or_else(|| {
+        communicated
             .strip_suffix("_nobias")
-            .filter(|out| serial.tensor_by_name(out).is_some())
-        {
-            return Err(format!(
-                "`{out}` is a linear with a bias, which is added after the reduction (the \
-                 ring form takes a GEMM without one: add the bias after the linear)"
-            ));
-        }
+            .and_then(|out| serial.tensor_by_name(out))
+            .map(|t| (&serial.tensor(t).name, t))
+    }) else {
         return Ok(None);
     };
     let Some(def) = serial.tensor(t).definition else {
@@ -196,7 +206,7 @@ fn site(
                 && def.inputs.first().map(|&x| &serial.tensor(x).name)
                     == Some(&decomposed.tensor(input).name)
         }
-        _ => matches!(def.kind, ExprKind::Linear | ExprKind::Matmul),
+        _ => matches!(def.kind, ExprKind::Linear | ExprKind::Matmul) && def.inputs.len() >= 2,
     };
     if !written {
         return Ok(None);
@@ -267,7 +277,15 @@ fn site(
     } else {
         0
     };
+    let operand = |i: usize| def.inputs.get(i).map(|&x| serial.tensor(x).name.clone());
+    let (call, bias) = match (gemm, operand(0), operand(1)) {
+        (true, Some(a), Some(b)) => (format!("{}({a}, {b})", def.kind.op_name()), operand(2)),
+        _ => (String::new(), None),
+    };
     Ok(Some(Site {
+        call,
+        bias,
+        rank: axes.len(),
         ring: Ring {
             tensor: name.clone(),
             kind,
@@ -319,25 +337,50 @@ fn rewrite(serial: &Fusion, sites: &[Site]) -> Result<String, Diagnostic> {
             )));
         };
         let ring = fresh(format!("{name}_ring"));
-        let call = lines[at][head.len()..].to_string();
-        let mut defs = vec![format!("  {ring} = {call}")];
+        let reduced = fresh(format!("{name}_ring_reduced"));
+        let mut defs = vec![
+            format!("  {ring} = {}", s.call),
+            format!("  {reduced} = set({ring})"),
+        ];
         schedules.push(format!(
             "  schedule {ring} {{ mesh = {m}; outer_split({}, {d}) -> DIDx; outer_split({a}, {d}) -> Stream }}",
             s.contraction
         ));
+        schedules.push(format!(
+            "  schedule {reduced} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}"
+        ));
+        // What the reduced blocks become: gathered (an allreduce), then the bias added.
+        let mut last = reduced;
         if r.kind == RingKind::Allreduce {
-            let reduced = fresh(format!("{name}_ring_reduced"));
-            defs.push(format!("  {reduced} = set({ring})"));
-            defs.push(format!("  {name} = set({reduced})"));
-            schedules.push(format!(
-                "  schedule {reduced} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}"
+            let gathered = match s.bias {
+                Some(_) => fresh(format!("{name}_ring_gathered")),
+                None => name.clone(),
+            };
+            defs.push(format!("  {gathered} = set({last})"));
+            schedules.push(format!("  schedule {gathered} {{ mesh = {m} }}"));
+            last = gathered;
+        }
+        if let Some(bias) = &s.bias {
+            let broadcast = fresh(format!("{name}_ring_bias"));
+            let axes: Vec<String> = (0..s.rank.saturating_sub(1))
+                .map(|i| i.to_string())
+                .collect();
+            defs.push(format!(
+                "  {broadcast} = broadcast({bias}, [{}])",
+                axes.join(", ")
             ));
-            schedules.push(format!("  schedule {name} {{ mesh = {m} }}"));
-        } else {
-            defs.push(format!("  {name} = set({ring})"));
-            schedules.push(format!(
-                "  schedule {name} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}"
-            ));
+            defs.push(format!("  {name} = add({last}, {broadcast})"));
+            schedules.push(match r.kind {
+                RingKind::Allreduce => format!("  schedule {name} {{ mesh = {m} }}"),
+                _ => format!("  schedule {name} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}"),
+            });
+        } else if r.kind == RingKind::ReduceScatter {
+            // The reduced blocks are the output: named as it.
+            let last_def = defs.len() - 1;
+            defs[last_def] = format!("  {name} = set({ring})");
+            let last_schedule = schedules.len() - 1;
+            schedules[last_schedule] =
+                format!("  schedule {name} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}");
         }
         lines.splice(at..=at, defs);
     }
