@@ -200,7 +200,7 @@ fn rings_in_pieces_match_the_reference_on_both_transports() {
 }
 
 /// The ring form (`Chunks::Ring`, `weave run --chunks ring:K`) of the layers a user writes
-/// with collectives, their reduce rings in 2 and 4 pieces a step (column-parallel, whose only
+/// with collectives (the row-parallel linear with and without a bias), their reduce rings in 2 and 4 pieces a step (column-parallel, whose only
 /// ring gathers, each step whole), on NCCL and on the copy engines: every rank matches the
 /// reference on 2 and 4 GPUs.
 #[test]
@@ -208,6 +208,7 @@ fn ring_forms_of_the_layers_match_the_reference_on_both_transports() {
     let Some((n, _turn)) = gpus() else { return };
     let names = [
         "row_parallel_linear",
+        "row_parallel_linear_bias",
         "matmul_rs",
         "sequence_parallel_mlp_block",
         "column_parallel_chunked",
