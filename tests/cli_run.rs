@@ -233,6 +233,13 @@ fn chunks_ring_runs_the_ring_form_and_says_so_or_says_why_not() {
             && l.contains("`out`: reduce-scatter as a reduce ring on axis 0")),
         "{out}"
     );
+    // Only an allgather's ring: nothing to cut into pieces.
+    let (ok, _, err) = run("column_parallel_linear", "ring:2", &["t=48", "h=8"]);
+    assert!(!ok);
+    assert!(
+        err.contains("ring:2: the ring form of `column_parallel_linear` has no reduce ring to cut into pieces (its rings: `ag`: allgather as a ring on axis 0 (2 devices)); `ring` runs it with each step whole"),
+        "{err}"
+    );
     // Nothing to make a ring of.
     let (ok, _, err) = run("single_binary_op", "ring:2", &[]);
     assert!(!ok);

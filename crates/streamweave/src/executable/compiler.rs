@@ -266,6 +266,16 @@ impl Compiler {
                 .map_err(|d| Error::Program(d.to_string()))?;
             let file = format!("{}.weave (its ring form)", fusion.name);
             fusion = crate::load(&file, &form.source, &[])?;
+            let reduces = form
+                .rings
+                .iter()
+                .any(|r| r.kind != weave_passes::ring_form::RingKind::Allgather);
+            if pieces > 1 && !reduces {
+                return Err(Error::Program(format!(
+                    "ring:{pieces}: the ring form of `{}` has no reduce ring to cut into pieces (its rings: {form}); `ring` runs it with each step whole",
+                    fusion.name
+                )));
+            }
             if pieces > 1 {
                 ring_pieces = Some(i64::try_from(pieces).unwrap_or(i64::MAX));
             } else if pieces == 0 {
