@@ -1396,6 +1396,45 @@ fn repeated_runs_tune_themselves_and_run_the_winner() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A traced run names, for each collective, the transport that moved it: on copy engines a
+/// contiguous allgather and (with their reductions) a sum reduce-scatter say
+/// `backend=copy-engine`, though the host program's label says NCCL; on NCCL they say NCCL.
+#[test]
+fn a_traced_collective_names_the_transport_that_moved_it() {
+    let Some((_n, _turn)) = gpus() else { return };
+    let exe = Compiler::new()
+        .chunks(streamweave::Chunks::Fixed(1))
+        .compile(&load(
+            "sequence_parallel_mlp_block",
+            &[("d", 2), ("t", 256), ("h", 64), ("f", 256)],
+        ))
+        .expect("compiles");
+    let globals = exe.random_inputs(5).unwrap();
+    for (transport, word) in [
+        (streamweave::Transport::Nccl, "backend=NCCL"),
+        (streamweave::Transport::CopyEngine, "backend=copy-engine"),
+    ] {
+        let mut options = RunOptions {
+            check: false,
+            trace: true,
+            ..gpu_options(2)
+        };
+        options.gpu.transport = transport;
+        let report = exe.run_dense(&globals, &options).expect("runs");
+        let labels: Vec<String> = report.rank_spans()[0]
+            .spans
+            .iter()
+            .filter(|s| s.label.starts_with("Communication"))
+            .map(|s| s.label.clone())
+            .collect();
+        assert!(labels.len() >= 2, "{transport:?}: {labels:?}");
+        assert!(
+            labels.iter().all(|l| l.contains(word)),
+            "{transport:?}: {labels:?}"
+        );
+    }
+}
+
 /// A reduce ring in pieces sums into its slots with accumulating GEMMs (cuBLASLt's beta = 1, a
 /// plan of its own). Loading rank 0's kernels of `matmul_rs_ring` in 2 pieces a step (2 ranks)
 /// plans them too: issuing each of the rank's GEMMs afterwards, in its own form, plans nothing

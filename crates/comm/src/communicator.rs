@@ -276,6 +276,14 @@ pub trait Communicator: Send + Sync {
         let _ = (granule, produce, stream);
         Ok(Some(collective))
     }
+
+    /// The transport that moves `collective`'s bytes where it is not the program's label
+    /// (`backend=NCCL`): `"copy-engine"` where a copy-engine communicator takes it. For the
+    /// collective's name in traces; `None` (the default): the program's label.
+    fn moved_by(&self, collective: &Collective<Self::Buffer>) -> Option<&'static str> {
+        let _ = collective;
+        None
+    }
 }
 
 /// What [`Communicator::post_produced`] calls to compute part of a collective's input:

@@ -289,6 +289,19 @@ where
         }
     }
 
+    fn moved_by(&self, collective: &Collective<C::Buffer>) -> Option<&'static str> {
+        let me = self.rank();
+        let reduced = self
+            .reducer
+            .as_ref()
+            .is_some_and(|r| reduce_plan(me, collective, |t| r.reduces(t)).is_some());
+        if reduced || allgather_transfers(me, collective).is_some() {
+            Some("copy-engine")
+        } else {
+            self.inner.moved_by(collective)
+        }
+    }
+
     fn post_p2p(
         &self,
         label: String,

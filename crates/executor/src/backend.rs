@@ -99,6 +99,11 @@ pub trait Backend: Send + Sync {
         post(self.comm_stream(stream))
     }
 
+    /// Whether [`Backend::traced_post`] records spans (labels are worth making).
+    fn tracing(&self) -> bool {
+        false
+    }
+
     /// Runs `post`, which enqueues a communication on `stream`, and records the span the
     /// communication takes on the device when the backend traces. Backends whose
     /// communicator reports its own spans (the CPU's task queues) just run `post`.

@@ -280,6 +280,40 @@ fn the_transport_takes_contiguous_allgathers_and_groups_and_the_rest_goes_to_the
         (comm.rank(), comm.size(), comm.timeout()),
         (1, 3, Duration::from_secs(7))
     );
+    // What moves which, as traces name it: the transport a contiguous allgather, the inner
+    // communicator (the program's label) a strided one and, without a reducer, a sum.
+    let moved_by = |op| comm.moved_by(&collective("x", vec![0, 1, 2], op));
+    let ar = || CommOp::Allreduce {
+        input: buf(0x100, 4),
+        output: buf(0x100, 4),
+        op: RedOp::Sum,
+    };
+    assert_eq!(
+        moved_by(CommOp::Allgather {
+            input: buf(0x100, 4),
+            output: buf(0x1000, 12),
+        }),
+        Some("copy-engine")
+    );
+    assert_eq!(
+        moved_by(CommOp::Allgather {
+            input: strided(0x100, 4),
+            output: buf(0x1000, 12),
+        }),
+        None
+    );
+    assert_eq!(moved_by(ar()), None);
+    let summing = recording(&log, true).with_reducer(Arc::new(Summer(log.clone())));
+    let rs = CommOp::ReduceScatter {
+        input: buf(0x100, 12),
+        output: buf(0x1000, 4),
+        op: RedOp::Sum,
+    };
+    assert_eq!(
+        summing.moved_by(&collective("x", vec![0, 1, 2], rs)),
+        Some("copy-engine")
+    );
+    assert_eq!(log.take(), vec![], "naming moves nothing");
     let post = |label: &str, op| comm.post(collective(label, vec![0, 1, 2], op), &());
     post(
         "ag",

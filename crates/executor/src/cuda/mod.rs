@@ -439,6 +439,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn tracing(&self) -> bool {
+        self.options.trace
+    }
+
     fn traced_post<R>(&self, stream: &GpuStream, label: &str, post: impl FnOnce() -> R) -> R {
         if !self.options.trace {
             return post();

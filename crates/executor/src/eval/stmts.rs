@@ -229,6 +229,15 @@ where
             team: team.iter().map(|&d| d.max(0) as usize).collect(),
             op: comm_op(c, team, self.comm.rank(), root, i, o),
         };
+        // In traces, the transport that moves the bytes (the program's label says NCCL).
+        let traced = match self
+            .backend
+            .tracing()
+            .then(|| self.comm.moved_by(&collective))
+        {
+            Some(Some(by)) => label.replace("backend=NCCL", &format!("backend={by}")),
+            _ => label.clone(),
+        };
         let comm_stream = self.backend.comm_stream(&stream);
         let collective = match &deferred {
             Some(d) => {
@@ -253,7 +262,7 @@ where
                             message: e.to_string(),
                         })
                 };
-                self.backend.traced_post(&stream, &label, || {
+                self.backend.traced_post(&stream, &traced, || {
                     self.comm
                         .post_produced(collective, n, &mut produce, comm_stream)
                 })?
@@ -265,7 +274,7 @@ where
             if let Some(d) = deferred.take() {
                 self.run_deferred(&d, &stream)?;
             }
-            self.backend.traced_post(&stream, &label, || {
+            self.backend.traced_post(&stream, &traced, || {
                 self.backend
                     .post_comm(&stream, |on| self.comm.post(collective, on))
             })?;
