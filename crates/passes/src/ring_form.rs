@@ -337,28 +337,30 @@ fn rewrite(serial: &Fusion, sites: &[Site]) -> Result<String, Diagnostic> {
             )));
         };
         let ring = fresh(format!("{name}_ring"));
-        let reduced = fresh(format!("{name}_ring_reduced"));
-        let mut defs = vec![
-            format!("  {ring} = {}", s.call),
-            format!("  {reduced} = set({ring})"),
-        ];
+        let mut defs = vec![format!("  {ring} = {}", s.call)];
         schedules.push(format!(
             "  schedule {ring} {{ mesh = {m}; outer_split({}, {d}) -> DIDx; outer_split({a}, {d}) -> Stream }}",
             s.contraction
         ));
+        // The ring's output, each device's block summed: the tensor itself unless it is then
+        // gathered (an allreduce) or has its bias added.
+        let gathered = r.kind == RingKind::Allreduce;
+        let mut last = match gathered || s.bias.is_some() {
+            true => fresh(format!("{name}_ring_reduced")),
+            false => name.clone(),
+        };
+        defs.push(format!("  {last} = set({ring})"));
         schedules.push(format!(
-            "  schedule {reduced} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}"
+            "  schedule {last} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}"
         ));
-        // What the reduced blocks become: gathered (an allreduce), then the bias added.
-        let mut last = reduced;
-        if r.kind == RingKind::Allreduce {
-            let gathered = match s.bias {
+        if gathered {
+            let whole = match s.bias {
                 Some(_) => fresh(format!("{name}_ring_gathered")),
                 None => name.clone(),
             };
-            defs.push(format!("  {gathered} = set({last})"));
-            schedules.push(format!("  schedule {gathered} {{ mesh = {m} }}"));
-            last = gathered;
+            defs.push(format!("  {whole} = set({last})"));
+            schedules.push(format!("  schedule {whole} {{ mesh = {m} }}"));
+            last = whole;
         }
         if let Some(bias) = &s.bias {
             let broadcast = fresh(format!("{name}_ring_bias"));
@@ -370,17 +372,12 @@ fn rewrite(serial: &Fusion, sites: &[Site]) -> Result<String, Diagnostic> {
                 axes.join(", ")
             ));
             defs.push(format!("  {name} = add({last}, {broadcast})"));
-            schedules.push(match r.kind {
-                RingKind::Allreduce => format!("  schedule {name} {{ mesh = {m} }}"),
-                _ => format!("  schedule {name} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}"),
+            schedules.push(match gathered {
+                true => format!("  schedule {name} {{ mesh = {m} }}"),
+                false => {
+                    format!("  schedule {name} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}")
+                }
             });
-        } else if r.kind == RingKind::ReduceScatter {
-            // The reduced blocks are the output: named as it.
-            let last_def = defs.len() - 1;
-            defs[last_def] = format!("  {name} = set({ring})");
-            let last_schedule = schedules.len() - 1;
-            schedules[last_schedule] =
-                format!("  schedule {name} {{ mesh = {m}; outer_split({a}, {d}) -> DIDx }}");
         }
         lines.splice(at..=at, defs);
     }

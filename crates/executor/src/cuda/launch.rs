@@ -208,9 +208,11 @@ impl CudaBackend {
             let stream = self.stream(g.stream)?;
             let operand = |o: &GemmOperand| -> Result<DeviceTensor, ExecError> {
                 let whole = self.allocate(o.dtype, &o.full, false, &stream)?;
-                Ok(DeviceTensor {
-                    ranges: o.ranges.clone(),
-                    ..whole
+                whole.boxed(&o.ranges).ok_or_else(|| {
+                    ExecError::Program(format!(
+                        "a metered GEMM operand's box {:?} does not fit its allocation {:?}",
+                        o.ranges, o.full
+                    ))
                 })
             };
             let a = operand(&g.a)?;

@@ -262,6 +262,11 @@ impl Compiler {
         let mut ring_pieces = None;
         let mut rings = None;
         if let Chunks::Ring(pieces) = self.chunks {
+            if pieces == 0 {
+                return Err(Error::Program(
+                    "the ring form takes 1 (each step whole) or more pieces a step, not 0".into(),
+                ));
+            }
             let form = weave_passes::ring_form::ring_form(&fusion)
                 .map_err(|d| Error::Program(d.to_string()))?;
             let file = format!("{}.weave (its ring form)", fusion.name);
@@ -278,10 +283,6 @@ impl Compiler {
             }
             if pieces > 1 {
                 ring_pieces = Some(i64::try_from(pieces).unwrap_or(i64::MAX));
-            } else if pieces == 0 {
-                return Err(Error::Program(
-                    "the ring form takes 1 (as written) or more pieces a step, not 0".into(),
-                ));
             }
             rings = Some(form);
         } else if serial {
