@@ -240,6 +240,14 @@ fn chunks_ring_runs_the_ring_form_and_says_so_or_says_why_not() {
         err.contains("ring:2: the ring form of `column_parallel_linear` has no reduce ring to cut into pieces (its rings: `ag`: allgather as a ring on axis 0 (2 devices)); `ring` runs it with each step whole"),
         "{err}"
     );
+    // Pieces that do not cut the rows evenly: refused in the fusion's own names.
+    let (ok, _, err) = run("row_parallel_linear", "ring:5", &["t=48", "h=8"]);
+    assert!(!ok);
+    assert!(
+        err.contains("ring:5: the 48 rows of `out` (axis 0) do not fall into 2 device blocks of 5 equal pieces each")
+            && !err.contains("_ring"),
+        "{err}"
+    );
     // Nothing to make a ring of.
     let (ok, _, err) = run("single_binary_op", "ring:2", &[]);
     assert!(!ok);

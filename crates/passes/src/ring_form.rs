@@ -68,6 +68,8 @@ pub struct Ring {
     pub axis: usize,
     /// The ring's devices.
     pub devices: usize,
+    /// The extent of that axis (a multiple of `devices`).
+    pub extent: i64,
 }
 
 /// Which collective a [`Ring`] replaces.
@@ -257,14 +259,16 @@ fn site(
             }
         ));
     }
-    let extent = serial.eval(&serial.id(id).extent);
     let d = i64::try_from(devices).unwrap_or(i64::MAX);
-    if extent.is_none_or(|e| e % d != 0) {
-        return Err(format!(
-            "`{name}`'s axis {axis} ({}) does not fall into {devices} equal blocks",
-            extent.map_or("an unknown extent".to_string(), |e| e.to_string())
-        ));
-    }
+    let extent = match serial.eval(&serial.id(id).extent) {
+        Some(e) if e % d == 0 => e,
+        e => {
+            return Err(format!(
+                "`{name}`'s axis {axis} ({}) does not fall into {devices} equal blocks",
+                e.map_or("an unknown extent".to_string(), |e| e.to_string())
+            ))
+        }
+    };
     let contraction = if gemm {
         match tv
             .logical
@@ -291,10 +295,11 @@ fn site(
             kind,
             axis,
             devices,
+            extent,
         },
         mesh: decl.name.clone(),
         contraction,
-        whole_axis: extent == Some(d),
+        whole_axis: extent == d,
     }))
 }
 

@@ -273,9 +273,9 @@ impl CudaSession {
         let active = &turn.active;
         let config = active.exe.config(&active.options);
         let trace = active.options.trace;
-        let one = |r: &SessionRank,
-                   backend: &CudaBackend,
-                   call: &RankCall|
+        let issue_rank = |r: &SessionRank,
+                          backend: &CudaBackend,
+                          call: &RankCall|
          -> Result<IntoRun, ExecError> {
             let (inputs, outputs) =
                 call.map_buffers(|b| backend.adopt(b.mem.clone(), b.dtype, &b.sizes))?;
@@ -294,6 +294,16 @@ impl CudaSession {
             )?;
             main.signal_foreign(&call.stream, &r.after)?;
             Ok(run)
+        };
+        // A rank that fails aborts its communicator at once, on its own thread: the other
+        // ranks' waits for it (the trace's origin, a copy-engine handshake) then fail instead
+        // of waiting, so every thread below ends within its own bounded waits.
+        let one = |r: &SessionRank, backend: &CudaBackend, call: &RankCall| {
+            let result = issue_rank(r, backend, call);
+            if let Err(e) = &result {
+                r.comm.abort(&e.to_string());
+            }
+            result
         };
         let results: Vec<Result<IntoRun, ExecError>> = if self.ranks.len() == 1 {
             vec![one(&self.ranks[0], &active.backends[0], &calls[0])]
@@ -322,6 +332,7 @@ impl CudaSession {
         for (r, result) in self.ranks.iter().zip(results) {
             match result {
                 Ok(run) => runs.push(run),
+                // A panicked thread did not abort its communicator (idempotent for the rest).
                 Err(e) => {
                     r.comm.abort(&e.to_string());
                     errors.push((r.rank, e));

@@ -282,7 +282,24 @@ impl Compiler {
                 )));
             }
             if pieces > 1 {
-                ring_pieces = Some(i64::try_from(pieces).unwrap_or(i64::MAX));
+                let k = i64::try_from(pieces).unwrap_or(i64::MAX);
+                // Refused here in the fusion's own names (lowering would name the ring's
+                // internal partial).
+                let uneven = form.rings.iter().find(|r| {
+                    r.kind != weave_passes::ring_form::RingKind::Allgather
+                        && r.extent
+                            % i64::try_from(r.devices)
+                                .unwrap_or(i64::MAX)
+                                .saturating_mul(k)
+                            != 0
+                });
+                if let Some(r) = uneven {
+                    return Err(Error::Program(format!(
+                        "ring:{pieces}: the {} rows of `{}` (axis {}) do not fall into {} device blocks of {pieces} equal pieces each",
+                        r.extent, r.tensor, r.axis, r.devices
+                    )));
+                }
+                ring_pieces = Some(k);
             }
             rings = Some(form);
         } else if serial {
